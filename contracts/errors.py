@@ -1,0 +1,79 @@
+"""Error codes and the error messages that travel on the wire.
+
+Codes are stable strings: runtimes branch on them, dashboards count them. Never rename one;
+add a new code instead.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, JsonValue
+
+from ._base import WireModel
+
+__all__ = ["DeadLetter", "ErrorCode", "ErrorReply"]
+
+
+class ErrorCode(StrEnum):
+    """Every error the fleet reports, by stable code."""
+
+    # Bad events: dead-lettered with the raw payload, never retried.
+    INVALID_EVENT = "invalid_event"
+    UNKNOWN_EVENT_KIND = "unknown_event_kind"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    INVALID_ENCODING = "invalid_encoding"
+    MALFORMED_JSON = "malformed_json"
+    THREAD_MISMATCH = "thread_mismatch"
+    ORPHAN_TOOL_OUTCOME = "orphan_tool_outcome"
+    DUPLICATE_TOOL_OUTCOME = "duplicate_tool_outcome"
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+    SCOPE_VIOLATION = "scope_violation"
+    EVENT_KEY_CONFLICT = "event_key_conflict"
+    # Internal, treated as success by the caller.
+    DUPLICATE_EVENT = "duplicate_event"
+    # Concurrency and infrastructure: retryable.
+    REVISION_CONFLICT = "revision_conflict"
+    STORE_UNAVAILABLE = "store_unavailable"
+    FLEET_UNAVAILABLE = "fleet_unavailable"
+    # Requests.
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_MODEL_PROFILE = "unknown_model_profile"
+    THREAD_NOT_FOUND = "thread_not_found"
+    NOT_YET_RECORDED = "not_yet_recorded"
+    EVENT_REJECTED = "event_rejected"
+    CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
+    INTERNAL = "internal_error"
+
+
+class ErrorReply(WireModel):
+    """The reply to a request that failed; ``code`` is stable, ``details`` typed per code."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    retryable: bool = False
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class DeadLetter(WireModel):
+    """A rejected event with its reason and raw payload, published to ``ctx.dead.events.<thread>``.
+
+    The raw payload is kept whole (base64) up to ``raw_kept_bytes``; larger payloads (those over the
+    size limit) keep their head, with the full size and sha256 so the sender can find them.
+    """
+
+    schema_version: Literal[1] = 1
+    code: ErrorCode
+    reason: str
+    details: dict[str, JsonValue] = Field(default_factory=dict)
+    subject: str
+    thread_id: str | None
+    event_key: str | None
+    stream_seq: int
+    raw_size: int
+    raw_sha256: str
+    raw_base64: str
+    raw_truncated: bool

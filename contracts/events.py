@@ -1,0 +1,261 @@
+"""Events: what agent runtimes publish to ``ctx.events.<run>.<instance>``.
+
+Every event is an envelope (who, where, which key) around one typed payload, discriminated by
+``kind``. Runtimes in any language send the JSON form; :func:`decode_event` is the one place that
+turns raw bytes into a typed event, and it raises ``EventDecodeError`` with a stable code.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, TypeAlias, Union
+
+from pydantic import Field, JsonValue, TypeAdapter, ValidationError
+
+from ._base import WireModel
+from .errors import ErrorCode
+from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
+
+__all__ = [
+    "EVENT_KINDS",
+    "AssistantMessageEvent",
+    "AssistantMessagePayload",
+    "ChildResultEvent",
+    "ChildResultPayload",
+    "ChildStatus",
+    "Event",
+    "EventDecodeError",
+    "ResourceActivatedEvent",
+    "ResourceActivatedPayload",
+    "SystemEvent",
+    "SystemPayload",
+    "ToolCall",
+    "ToolOutcomeEvent",
+    "ToolOutcomePayload",
+    "ToolStatus",
+    "UserInputEvent",
+    "UserInputPayload",
+    "decode_event",
+    "event_json_schema",
+]
+
+
+class ToolStatus(StrEnum):
+    """The real status of a tool call, as the tool runtime observed it."""
+
+    SUCCESS = "success"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    UNKNOWN = "unknown"
+
+
+class ChildStatus(StrEnum):
+    """How a child agent's task ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ToolCall(WireModel):
+    """One tool call inside an assistant message."""
+
+    call_id: Annotated[str, Field(min_length=1, max_length=200)]
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SystemPayload(WireModel):
+    """The agent's instructions: pinned and required in every prepared context."""
+
+    text: str
+
+
+class UserInputPayload(WireModel):
+    """A question, answer or supplement from the user."""
+
+    text: str
+
+
+class AssistantMessagePayload(WireModel):
+    """A stored model response: text plus zero or more tool calls."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+class ToolOutcomePayload(WireModel):
+    """The result of one tool call, with its real status."""
+
+    call_id: Annotated[str, Field(min_length=1, max_length=200)]
+    status: ToolStatus = ToolStatus.SUCCESS
+    text: str = ""
+
+
+class ResourceActivatedPayload(WireModel):
+    """A loaded resource (skill body, file, document) that enters the context as material."""
+
+    resource_id: Annotated[str, Field(min_length=1, max_length=500)]
+    revision: str | None = None
+    uri: str | None = None
+    title: str | None = None
+    text: str = ""
+
+
+class ChildResultPayload(WireModel):
+    """A child agent's typed result; it enters the parent as material, never as instruction."""
+
+    child_instance_id: Identifier
+    status: ChildStatus = ChildStatus.COMPLETED
+    conclusion: str = ""
+    evidence_refs: tuple[str, ...] = ()
+    artifact_refs: tuple[str, ...] = ()
+    unresolved: tuple[str, ...] = ()
+
+
+class _Envelope(WireModel):
+    schema_version: Literal[1] = 1
+    event_key: EventKeyStr
+    session_id: Identifier
+    run_id: Identifier
+    instance_id: Identifier
+    client_ts: datetime | None = None
+
+    @property
+    def thread_id(self) -> ThreadId:
+        """The thread ``(run_id, instance_id)`` this event belongs to."""
+        return thread_id_of(self.run_id, self.instance_id)
+
+
+class SystemEvent(_Envelope):
+    """Envelope of a ``system`` event."""
+
+    kind: Literal["system"] = "system"
+    payload: SystemPayload
+
+
+class UserInputEvent(_Envelope):
+    """Envelope of a ``user_input`` event."""
+
+    kind: Literal["user_input"] = "user_input"
+    payload: UserInputPayload
+
+
+class AssistantMessageEvent(_Envelope):
+    """Envelope of an ``assistant_message`` event."""
+
+    kind: Literal["assistant_message"] = "assistant_message"
+    payload: AssistantMessagePayload
+
+
+class ToolOutcomeEvent(_Envelope):
+    """Envelope of a ``tool_outcome`` event."""
+
+    kind: Literal["tool_outcome"] = "tool_outcome"
+    payload: ToolOutcomePayload
+
+
+class ResourceActivatedEvent(_Envelope):
+    """Envelope of a ``resource_activated`` event."""
+
+    kind: Literal["resource_activated"] = "resource_activated"
+    payload: ResourceActivatedPayload
+
+
+class ChildResultEvent(_Envelope):
+    """Envelope of a ``child_result`` event."""
+
+    kind: Literal["child_result"] = "child_result"
+    payload: ChildResultPayload
+
+
+Event: TypeAlias = Annotated[
+    Union[
+        SystemEvent,
+        UserInputEvent,
+        AssistantMessageEvent,
+        ToolOutcomeEvent,
+        ResourceActivatedEvent,
+        ChildResultEvent,
+    ],
+    Field(discriminator="kind"),
+]
+
+EVENT_KINDS: tuple[str, ...] = (
+    "system",
+    "user_input",
+    "assistant_message",
+    "tool_outcome",
+    "resource_activated",
+    "child_result",
+)
+
+_EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class EventDecodeError(ValueError):
+    """Raw bytes that are not a valid event; ``code`` says why, ``details`` where."""
+
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+
+def decode_event(raw: bytes, *, max_bytes: int) -> Event:
+    """Decode one event from the wire, checking size, encoding, JSON, kind and fields in that order.
+
+    Raises:
+        EventDecodeError: with ``payload_too_large``, ``invalid_encoding``, ``malformed_json``,
+            ``unknown_event_kind`` or ``invalid_event``.
+    """
+    if len(raw) > max_bytes:
+        raise EventDecodeError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"event is {len(raw)} bytes; the limit is {max_bytes}",
+            {"size": len(raw), "limit": max_bytes},
+        )
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise EventDecodeError(
+            ErrorCode.INVALID_ENCODING,
+            f"event is not valid UTF-8 (byte {exc.start})",
+            {"offset": exc.start},
+        ) from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EventDecodeError(
+            ErrorCode.MALFORMED_JSON, f"event is not JSON: {exc.msg} at {exc.pos}", {"offset": exc.pos}
+        ) from None
+    if not isinstance(obj, dict):
+        raise EventDecodeError(ErrorCode.INVALID_EVENT, "an event is a JSON object")
+    kind = obj.get("kind")
+    if kind not in EVENT_KINDS:
+        raise EventDecodeError(
+            ErrorCode.UNKNOWN_EVENT_KIND,
+            f"unknown event kind {kind!r}; known: {', '.join(EVENT_KINDS)}",
+            {"kind": kind if isinstance(kind, str) else repr(kind)},
+        )
+    try:
+        return _EVENT_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        problems = [
+            {"loc": ".".join(str(p) for p in err["loc"]), "type": err["type"], "msg": err["msg"]}
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        first = problems[0]
+        raise EventDecodeError(
+            ErrorCode.INVALID_EVENT,
+            f"invalid {kind} event: {first['loc']}: {first['msg']}",
+            {"errors": problems},
+        ) from None
+
+
+def event_json_schema() -> dict[str, Any]:
+    """JSON Schema of the event union, for runtimes in other languages."""
+    return _EVENT_ADAPTER.json_schema()

@@ -1,0 +1,50 @@
+"""Inspect: an operator's read-only look at one thread's ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ._base import WireModel
+
+__all__ = ["InspectRequest", "InspectedRecord", "ThreadInspection"]
+
+
+class InspectRequest(WireModel):
+    """Ask for a thread's head and its last ``limit`` records."""
+
+    schema_version: Literal[1] = 1
+    limit: Annotated[int, Field(ge=1, le=10_000)] = 50
+
+
+class InspectedRecord(WireModel):
+    """One ledger record as an operator sees it."""
+
+    seq: int
+    session_seq: int
+    kind: str
+    event_key: str
+    tokens: int
+    content_sha256: str
+    record_hash: str
+    blob_sha256: str | None
+    preview: str
+
+
+class ThreadInspection(WireModel):
+    """A thread's head, a verification of its whole hash chain, and its most recent records."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["thread_inspection"] = "thread_inspection"
+    thread_id: str
+    session_id: str
+    revision: int
+    record_count: int
+    total_tokens: int
+    last_event_key: str | None
+    chain_verified: bool
+    chain_error: str | None
+    pending_call_ids: tuple[str, ...]
+    dead_letters: int
+    records: tuple[InspectedRecord, ...]

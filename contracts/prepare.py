@@ -1,0 +1,250 @@
+"""Prepare: a runtime's request for the context of its next model call, and the reply.
+
+The reply, :class:`PreparedContext`, is the model input in OpenAI Chat Completions shape plus
+everything needed to explain it: per block why it is there, where it came from, its priority
+and whether it may be dropped, and an itemized budget report.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field, JsonValue, model_validator
+
+from ._base import WireModel
+from .ids import EventKeyStr, Identifier
+
+__all__ = [
+    "BlockKind",
+    "BudgetCategory",
+    "BudgetReport",
+    "ChatFunction",
+    "ChatMessage",
+    "ChatToolCall",
+    "ContextBlock",
+    "ModelProfile",
+    "OmittedBlock",
+    "PendingCall",
+    "PrepareRequest",
+    "PreparedContext",
+    "Purpose",
+    "RecordRef",
+    "Retention",
+    "SourceWatermark",
+    "ToolSchema",
+]
+
+
+class Purpose(StrEnum):
+    """Why the runtime is calling its model (seed 000 §4)."""
+
+    ACTION = "action"
+    COMPACTION = "compaction"
+    COMPLETION = "completion"
+
+
+class ModelProfile(WireModel):
+    """A model's limits: ``InputBudget = min(input_limit, context_window − output_reserve − safety_margin)``."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    context_window: Annotated[int, Field(gt=0)]
+    input_limit: Annotated[int, Field(gt=0)] | None = None
+    output_reserve: Annotated[int, Field(ge=0)] = 0
+    safety_margin: Annotated[int, Field(ge=0)] = 0
+    # "estimate" is for models whose tokenizer is not shipped: UTF-8 bytes / 4, labelled as an estimate.
+    encoding: Literal["o200k_base", "cl100k_base", "estimate"] = "o200k_base"
+
+    @model_validator(mode="after")
+    def _leaves_room_for_input(self) -> ModelProfile:
+        if self.context_window - self.output_reserve - self.safety_margin <= 0:
+            raise ValueError("context_window must exceed output_reserve + safety_margin")
+        return self
+
+    @property
+    def input_budget(self) -> int:
+        """The tokens available to the prompt."""
+        room = self.context_window - self.output_reserve - self.safety_margin
+        return room if self.input_limit is None else min(self.input_limit, room)
+
+
+class ToolSchema(WireModel):
+    """A tool the model may call on this turn; counted against the budget and echoed back."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    description: str = ""
+    parameters: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PrepareRequest(WireModel):
+    """Ask for the prepared context of thread ``(run_id, instance_id)``.
+
+    Budget: name a built-in ``model_profile``, or pass a ``profile``, or a bare ``budget_tokens``
+    (which also caps a profile's budget). Read-your-writes: ``after_event_key`` is the last event
+    this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
+    ``wait_ms`` — never a silently stale context.
+    """
+
+    schema_version: Literal[1] = 1
+    session_id: Identifier
+    run_id: Identifier
+    instance_id: Identifier
+    purpose: Purpose = Purpose.ACTION
+    model_profile: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    profile: ModelProfile | None = None
+    budget_tokens: Annotated[int, Field(gt=0)] | None = None
+    tools: tuple[ToolSchema, ...] = ()
+    after_event_key: EventKeyStr | None = None
+    wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
+
+    @model_validator(mode="after")
+    def _names_a_budget(self) -> PrepareRequest:
+        if self.model_profile is None and self.profile is None and self.budget_tokens is None:
+            raise ValueError("name a model_profile, give a profile, or set budget_tokens")
+        if self.model_profile is not None and self.profile is not None:
+            raise ValueError("give model_profile or profile, not both")
+        return self
+
+
+class ChatFunction(WireModel):
+    """OpenAI ``function`` of a tool call: arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ChatToolCall(WireModel):
+    """OpenAI tool call."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ChatFunction
+
+
+class ChatMessage(WireModel):
+    """One message in OpenAI Chat Completions shape (``None`` fields are omitted on the wire)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: tuple[ChatToolCall, ...] | None = None
+    tool_call_id: str | None = None
+
+
+class BlockKind(StrEnum):
+    """What a block is (seed 000 §3)."""
+
+    INSTRUCTION = "instruction"
+    TASK = "task"
+    STATE = "state"
+    SUMMARY = "summary"
+    INTERACTION = "interaction"
+    MATERIAL = "material"
+
+
+class Retention(StrEnum):
+    """How hard the assembler holds on to a block (seed 000 §3)."""
+
+    REQUIRED = "required"
+    ACTIVE = "active"
+    COMPRESSIBLE = "compressible"
+    ON_DEMAND = "on_demand"
+
+
+class RecordRef(WireModel):
+    """A ledger record a block was built from."""
+
+    seq: int
+    event_key: str
+    kind: str
+
+
+class ContextBlock(WireModel):
+    """A selectable unit of the view and the messages it produced, with its explanation."""
+
+    block_id: str
+    kind: BlockKind
+    retention: Retention
+    priority: Annotated[int, Field(ge=0, le=3)]
+    droppable: bool
+    reason: str
+    sources: tuple[RecordRef, ...]
+    first_message: int
+    message_count: int
+    tokens: int
+
+
+class OmittedBlock(WireModel):
+    """A block left out of this context, and why."""
+
+    block_id: str
+    kind: BlockKind
+    reason: str
+    sources: tuple[RecordRef, ...]
+    tokens: int
+
+
+class PendingCall(WireModel):
+    """A tool call whose outcome has not been recorded yet; its group is held back whole."""
+
+    call_id: str
+    name: str
+    seq: int
+
+
+class BudgetCategory(WireModel):
+    """Tokens by what they are for; ``total`` is their sum."""
+
+    instructions: int = 0
+    tool_schemas: int = 0
+    history: int = 0
+    materials: int = 0
+    summaries: int = 0
+    envelopes: int = 0
+    total: int = 0
+
+
+class BudgetReport(WireModel):
+    """How the prepared context fits the model."""
+
+    profile: str
+    context_window: int | None
+    input_limit: int | None
+    output_reserve: int
+    safety_margin: int
+    input_budget: int
+    used: BudgetCategory
+    remaining: int
+    counting_method: str
+    estimated: bool
+
+
+class SourceWatermark(WireModel):
+    """How far into the ledger this context looked."""
+
+    thread_seq: int
+    head_revision: int
+    last_event_key: str | None
+
+
+class PreparedContext(WireModel):
+    """The reply to a prepare: messages for the model, and the explanation of each."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["prepared_context"] = "prepared_context"
+    prepared_id: str
+    session_id: str
+    run_id: str
+    instance_id: str
+    purpose: Purpose
+    assembly_revision: str
+    source_watermark: SourceWatermark
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSchema, ...]
+    blocks: tuple[ContextBlock, ...]
+    omitted: tuple[OmittedBlock, ...]
+    pending_calls: tuple[PendingCall, ...]
+    budget_report: BudgetReport
+
+    def openai_messages(self) -> list[dict[str, JsonValue]]:
+        """The messages exactly as an OpenAI-compatible endpoint takes them."""
+        return [m.model_dump(mode="json", exclude_none=True) for m in self.messages]

@@ -1,0 +1,107 @@
+"""Subject, stream and consumer names: defined once, used everywhere.
+
+Runtimes publish to ``ctx.events.<run>.<instance>``. The ``CTX_EVENTS`` stream rewrites that, on the
+server, to ``ctx.p.<partition>.<run>.<instance>`` where the partition is FNV-1a of the thread's
+tokens modulo the partition count; each partition has one durable consumer per worker kind, which
+gives one writer per thread in publish order (DESIGN.md, "Ordering on NATS").
+"""
+
+from __future__ import annotations
+
+from .ids import split_thread_id
+
+__all__ = [
+    "DEAD",
+    "DEAD_STREAM",
+    "EVENTS",
+    "EVENTS_STREAM",
+    "INSPECT",
+    "PARTITIONED",
+    "PREPARE",
+    "RECORDED",
+    "dead_subject",
+    "events_subject",
+    "inspect_subject",
+    "partition_consumer",
+    "partition_filter",
+    "partition_of",
+    "partition_transform",
+    "prepare_subject",
+    "recorded_subject",
+    "thread_from_partitioned_subject",
+]
+
+EVENTS = "ctx.events"
+PARTITIONED = "ctx.p"
+RECORDED = "ctx.recorded"
+PREPARE = "ctx.prepare"
+INSPECT = "ctx.inspect"
+DEAD = "ctx.dead"
+
+EVENTS_STREAM = "CTX_EVENTS"
+DEAD_STREAM = "CTX_DEAD"
+
+
+def events_subject(thread_id: str) -> str:
+    """Where a runtime publishes the events of ``thread_id``."""
+    split_thread_id(thread_id)
+    return f"{EVENTS}.{thread_id}"
+
+
+def prepare_subject(thread_id: str) -> str:
+    """Where a runtime asks for the prepared context of ``thread_id`` (request/reply)."""
+    split_thread_id(thread_id)
+    return f"{PREPARE}.{thread_id}"
+
+
+def inspect_subject(thread_id: str) -> str:
+    """Where an operator asks for the ledger view of ``thread_id`` (request/reply)."""
+    split_thread_id(thread_id)
+    return f"{INSPECT}.{thread_id}"
+
+
+def recorded_subject(thread_id: str) -> str:
+    """Where the recorder announces that a thread's ledger moved (core NATS, a hint only)."""
+    return f"{RECORDED}.{thread_id}"
+
+
+def dead_subject(thread_id: str | None) -> str:
+    """Where a rejected event goes; ``_`` stands for a message whose thread could not be read."""
+    return f"{DEAD}.events.{thread_id or '_._'}"
+
+
+def partition_of(run_id: str, instance_id: str, *, partitions: int) -> int:
+    """The partition the server assigns to a thread: FNV-1a 32 over the joined tokens, mod n.
+
+    This mirrors nats-server's ``{{partition(n,1,2)}}`` so clients and tests can predict routing.
+    """
+    h = 0x811C9DC5
+    for b in (run_id + instance_id).encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return h % partitions
+
+
+def partition_transform(partitions: int) -> tuple[str, str]:
+    """The ``(source, destination)`` subject transform of the events stream."""
+    return (
+        f"{EVENTS}.*.*",
+        f"{PARTITIONED}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}",
+    )
+
+
+def partition_filter(partition: int) -> str:
+    """The filter subject of one partition's consumers."""
+    return f"{PARTITIONED}.{partition}.*.*"
+
+
+def partition_consumer(worker: str, partition: int) -> str:
+    """The durable consumer name of ``worker`` on ``partition`` (e.g. ``recorder-p3``)."""
+    return f"{worker}-p{partition}"
+
+
+def thread_from_partitioned_subject(subject: str) -> str | None:
+    """The thread id carried by a stored subject ``ctx.p.<n>.<run>.<instance>``, if well formed."""
+    parts = subject.split(".")
+    if len(parts) != 5 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
+        return None
+    return f"{parts[3]}.{parts[4]}"

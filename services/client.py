@@ -1,0 +1,121 @@
+"""The Python client of the fleet, as agent runtimes and the CLI use it.
+
+``append`` publishes an event to JetStream with ``Nats-Msg-Id`` = thread + event key, so a retried
+publish is dropped by the server within its window and by the recorder after it. ``prepare``
+asks the assembler (request/reply) and raises the typed error of an error reply.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from types import TracebackType
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+
+from contracts import ErrorReply, Event, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection
+from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
+
+from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
+
+__all__ = ["AppendAck", "FleetClient", "msg_id_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """Where JetStream stored an event, and whether it was a duplicate publish."""
+
+    stream_seq: int
+    duplicate: bool
+
+
+def msg_id_of(thread_id: str, event_key: str) -> str:
+    """The ``Nats-Msg-Id`` of an event: event keys are unique per thread, so scope them by it."""
+    return f"{thread_id}/{event_key}"
+
+
+class FleetClient:
+    """A connection to the fleet over NATS."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream(timeout=10.0)
+
+    @classmethod
+    async def connect(cls, nats_url: str, *, name: str = "ctxfleet-client") -> FleetClient:
+        """Connect to the fleet's NATS server."""
+        try:
+            nc = await nats.connect(nats_url, name=name, connect_timeout=5, max_reconnect_attempts=3)
+        except Exception as exc:  # nats-py raises a variety of socket and protocol errors here.
+            raise FleetUnavailable(f"cannot connect to NATS at {nats_url}: {exc}") from exc
+        return cls(nc)
+
+    async def __aenter__(self) -> FleetClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Drain and close the connection."""
+        if not self._nc.is_closed:
+            await self._nc.drain()
+
+    async def append(self, event: Event, *, timeout: float = 10.0) -> AppendAck:
+        """Publish one event; returns once JetStream has stored it."""
+        return await self.append_raw(event.thread_id, event.event_key, event.model_dump_json().encode(), timeout=timeout)
+
+    async def append_raw(self, thread_id: str, event_key: str, data: bytes, *, timeout: float = 10.0) -> AppendAck:
+        """Publish raw bytes as an event of ``thread_id`` (the fleet validates them)."""
+        limit = self._nc.max_payload
+        if len(data) > limit:
+            raise PayloadTooLarge(len(data), limit)
+        try:
+            ack = await self._js.publish(
+                events_subject(thread_id),
+                data,
+                stream=EVENTS_STREAM,
+                timeout=timeout,
+                headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key)},
+            )
+        except MaxPayloadError as exc:
+            raise PayloadTooLarge(len(data), limit) from exc
+        except (NoRespondersError, NatsTimeout, ConnectionClosedError) as exc:
+            raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
+        return AppendAck(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def prepare(self, request: PrepareRequest, *, timeout: float | None = None) -> PreparedContext:
+        """The prepared context for the request's thread; raises the fleet's typed errors."""
+        thread_id = f"{request.run_id}.{request.instance_id}"
+        wait = timeout if timeout is not None else request.wait_ms / 1000 + 10.0
+        body = await self._request(prepare_subject(thread_id), request.model_dump_json().encode(), wait)
+        return PreparedContext.model_validate_json(body)
+
+    async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
+        """An operator's view of one thread."""
+        body = await self._request(inspect_subject(thread_id), InspectRequest(limit=limit).model_dump_json().encode(), timeout)
+        return ThreadInspection.model_validate_json(body)
+
+    async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout)
+        except NoRespondersError as exc:
+            raise FleetUnavailable(f"no assembler is serving {subject}") from exc
+        except NatsTimeout as exc:
+            raise FleetUnavailable(f"no reply on {subject} within {timeout:.1f}s") from exc
+        if _is_error(reply.data):
+            raise error_from_reply(ErrorReply.model_validate_json(reply.data))
+        return reply.data
+
+
+def _is_error(data: bytes) -> bool:
+    try:
+        return bool(json.loads(data).get("type") == "error")
+    except (ValueError, AttributeError) as exc:
+        raise CtxError(f"unreadable reply from the fleet: {exc}") from exc

@@ -1,0 +1,298 @@
+"""The fleet's error tree. Each class carries its stable wire code and whether a retry can help.
+
+::
+
+    CtxError                         code, retryable=False
+    ├── InvalidEvent                 dead-lettered with the raw payload; never retried
+    │   ├── OrphanToolOutcome(call_id)
+    │   ├── DuplicateToolOutcome(call_id)
+    │   ├── DuplicateCallId(call_id)
+    │   ├── ScopeViolation(thread_id, session_id, owner_session_id)
+    │   ├── ThreadMismatch(subject_thread, event_thread)
+    │   ├── EventKeyConflict(event_key)
+    │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
+    ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
+    ├── RevisionConflict(thread_id, expected, actual)    retryable
+    ├── StoreUnavailable(cause)      retryable
+    ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
+    ├── InvalidRequest               a prepare or inspect request that cannot be served as asked
+    │   ├── UnknownModelProfile(name)
+    │   └── ThreadNotFound(thread_id)
+    ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
+    ├── EventRejected(event_key, rejected_code, reason)
+    └── ContextBudgetExceeded(required, input_budget, items)
+
+Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
+dead-letters both kinds the same way.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import JsonValue
+
+from contracts import ErrorCode, ErrorReply
+
+__all__ = [
+    "BlockSize",
+    "ContextBudgetExceeded",
+    "CtxError",
+    "DuplicateCallId",
+    "DuplicateEvent",
+    "DuplicateToolOutcome",
+    "EventKeyConflict",
+    "EventRejected",
+    "FleetUnavailable",
+    "InvalidEvent",
+    "InvalidRequest",
+    "NotYetRecorded",
+    "OrphanToolOutcome",
+    "PayloadTooLarge",
+    "RevisionConflict",
+    "ScopeViolation",
+    "StoreUnavailable",
+    "ThreadMismatch",
+    "ThreadNotFound",
+    "UnknownModelProfile",
+    "error_from_reply",
+]
+
+
+class CtxError(Exception):
+    """Base of every fleet error."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, **details: JsonValue) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, JsonValue] = details
+
+    def to_reply(self) -> ErrorReply:
+        """The wire form of this error."""
+        return ErrorReply(code=self.code, message=self.message, retryable=self.retryable, details=self.details)
+
+
+class InvalidEvent(CtxError):
+    """An event that decodes but may not enter the ledger."""
+
+    code = ErrorCode.INVALID_EVENT
+
+
+class OrphanToolOutcome(InvalidEvent):
+    """A tool outcome whose call_id was never called in this thread."""
+
+    code = ErrorCode.ORPHAN_TOOL_OUTCOME
+
+    def __init__(self, call_id: str, thread_id: str) -> None:
+        super().__init__(
+            f"tool_outcome for call_id {call_id!r}, which was never called in thread {thread_id}",
+            call_id=call_id,
+            thread_id=thread_id,
+        )
+
+
+class DuplicateToolOutcome(InvalidEvent):
+    """A second outcome, under a new event key, for a call that already has one."""
+
+    code = ErrorCode.DUPLICATE_TOOL_OUTCOME
+
+    def __init__(self, call_id: str, first_seq: int) -> None:
+        super().__init__(
+            f"call {call_id!r} already has an outcome (record {first_seq})", call_id=call_id, first_seq=first_seq
+        )
+
+
+class DuplicateCallId(InvalidEvent):
+    """An assistant message reusing a call_id already used in the thread (or twice in itself)."""
+
+    code = ErrorCode.DUPLICATE_CALL_ID
+
+    def __init__(self, call_id: str) -> None:
+        super().__init__(f"call_id {call_id!r} is already used in this thread", call_id=call_id)
+
+
+class ScopeViolation(InvalidEvent):
+    """An event claiming a thread that belongs to another session."""
+
+    code = ErrorCode.SCOPE_VIOLATION
+
+    def __init__(self, thread_id: str, session_id: str, owner_session_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id} belongs to another session; event claims session {session_id}",
+            thread_id=thread_id,
+            session_id=session_id,
+        )
+        # The owner is not echoed on the wire: a dead letter must not leak another session's id.
+        self.owner_session_id = owner_session_id
+
+
+class ThreadMismatch(InvalidEvent):
+    """An event published on the subject of one thread while naming another."""
+
+    code = ErrorCode.THREAD_MISMATCH
+
+    def __init__(self, subject_thread: str, event_thread: str) -> None:
+        super().__init__(
+            f"published on thread {subject_thread} but the event names thread {event_thread}",
+            subject_thread=subject_thread,
+            event_thread=event_thread,
+        )
+
+
+class EventKeyConflict(InvalidEvent):
+    """An event key reused in the same thread for different content."""
+
+    code = ErrorCode.EVENT_KEY_CONFLICT
+
+    def __init__(self, event_key: str, first_seq: int | None) -> None:
+        super().__init__(
+            f"event key {event_key!r} was already recorded with different content",
+            event_key=event_key,
+            first_seq=first_seq,
+        )
+
+
+class PayloadTooLarge(InvalidEvent):
+    """An event bigger than the fleet (or the NATS server) accepts."""
+
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"event is {size} bytes; the limit is {limit}", size=size, limit=limit)
+
+
+class DuplicateEvent(CtxError):
+    """The event key is already recorded with the same content: a redelivery or a client retry."""
+
+    code = ErrorCode.DUPLICATE_EVENT
+
+    def __init__(self, event_key: str) -> None:
+        super().__init__(f"event {event_key!r} is already recorded", event_key=event_key)
+
+
+class RevisionConflict(CtxError):
+    """Another writer moved the thread head first; retry on fresh state."""
+
+    code = ErrorCode.REVISION_CONFLICT
+    retryable = True
+
+    def __init__(self, thread_id: str, expected: int, actual: int | None) -> None:
+        super().__init__(
+            f"thread {thread_id}: expected revision {expected}, found {actual}",
+            thread_id=thread_id,
+            expected=expected,
+            actual=actual,
+        )
+
+
+class StoreUnavailable(CtxError):
+    """PostgreSQL could not be reached or dropped the connection."""
+
+    code = ErrorCode.STORE_UNAVAILABLE
+    retryable = True
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"store unavailable: {cause}", cause=cause)
+
+
+class FleetUnavailable(CtxError):
+    """No fleet worker answered, or the broker cannot be reached."""
+
+    code = ErrorCode.FLEET_UNAVAILABLE
+    retryable = True
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"fleet unavailable: {cause}", cause=cause)
+
+
+class InvalidRequest(CtxError):
+    """A request that cannot be served as asked."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UnknownModelProfile(InvalidRequest):
+    """A model profile name the fleet does not know."""
+
+    code = ErrorCode.UNKNOWN_MODEL_PROFILE
+
+    def __init__(self, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(f"unknown model profile {name!r}; known: {', '.join(known)}", name=name, known=list(known))
+
+
+class ThreadNotFound(InvalidRequest):
+    """No event of this thread has been recorded (or it is not visible to the asker)."""
+
+    code = ErrorCode.THREAD_NOT_FOUND
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"thread {thread_id} has no recorded events", thread_id=thread_id)
+
+
+class NotYetRecorded(CtxError):
+    """The runtime's watermark event is not in the ledger yet; asking again later may succeed."""
+
+    code = ErrorCode.NOT_YET_RECORDED
+    retryable = True
+
+    def __init__(self, thread_id: str, event_key: str, waited_ms: int) -> None:
+        super().__init__(
+            f"event {event_key!r} of thread {thread_id} is not recorded after {waited_ms} ms",
+            thread_id=thread_id,
+            event_key=event_key,
+            waited_ms=waited_ms,
+        )
+
+
+class EventRejected(CtxError):
+    """The runtime's watermark event was dead-lettered; the context would never include it."""
+
+    code = ErrorCode.EVENT_REJECTED
+
+    def __init__(self, event_key: str, rejected_code: str, reason: str) -> None:
+        super().__init__(
+            f"event {event_key!r} was rejected ({rejected_code}): {reason}",
+            event_key=event_key,
+            rejected_code=rejected_code,
+            reason=reason,
+        )
+
+
+BlockSize = dict[str, JsonValue]
+
+
+class ContextBudgetExceeded(CtxError):
+    """Required content alone does not fit the input budget; nothing required is dropped silently."""
+
+    code = ErrorCode.CONTEXT_BUDGET_EXCEEDED
+
+    def __init__(self, required: int, input_budget: int, items: list[BlockSize]) -> None:
+        super().__init__(
+            f"required content needs {required} tokens; the input budget is {input_budget}",
+            required=required,
+            input_budget=input_budget,
+            items=list(items),
+        )
+
+
+_BY_CODE: dict[ErrorCode, type[CtxError]] = {}
+
+
+def _index(cls: type[CtxError]) -> None:
+    for sub in cls.__subclasses__():
+        _BY_CODE.setdefault(sub.code, sub)
+        _index(sub)
+
+
+_index(CtxError)
+
+
+def error_from_reply(reply: ErrorReply) -> CtxError:
+    """Rebuild a typed error from its wire form, so clients can ``except NotYetRecorded``."""
+    cls = _BY_CODE.get(reply.code, CtxError)
+    err = cls.__new__(cls)
+    CtxError.__init__(err, reply.message, **reply.details)
+    return err

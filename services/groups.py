@@ -1,0 +1,200 @@
+"""Blocks from records, with tool groups kept whole. Pure.
+
+Invariants, one function each:
+
+1. Instructions (``system`` records) are pinned before all history (``_split_instructions``).
+2. An assistant message with N tool calls forms one group with exactly its N outcomes, the
+   outcomes in call order right after it (``_close_groups``).
+3. A group still missing an outcome is never sent as half a group: it is held back whole and its
+   calls are reported as pending (``_close_groups``).
+4. An outcome never appears without its call: the recorder refuses orphans, and an outcome whose
+   group is unknown here is ignored rather than sent alone (``_attach_outcome``).
+5. Material (resources, child results) is quoted in a user message; it never becomes instruction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention
+
+from .render import arguments_json, content_of
+from .records import LedgerRecord
+
+__all__ = ["DraftBlock", "build_blocks"]
+
+
+@dataclass
+class DraftBlock:
+    """A block being assembled: its messages and the records they came from."""
+
+    block_id: str
+    kind: BlockKind
+    retention: Retention
+    priority: int
+    reason: str
+    records: list[LedgerRecord]
+    messages: list[ChatMessage]
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def droppable(self) -> bool:
+        """Whether the assembler may leave this block out to fit the budget."""
+        return self.retention is not Retention.REQUIRED
+
+    @property
+    def sources(self) -> tuple[RecordRef, ...]:
+        """The records this block was built from, in seq order."""
+        return tuple(RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq))
+
+
+def _seq(record: LedgerRecord) -> int:
+    return record.seq
+
+
+def build_blocks(records: Sequence[LedgerRecord]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+    """``(blocks in model order, open groups held back, pending calls)`` of a thread's records."""
+    last_user = max((r.seq for r in records if r.kind == "user_input"), default=None)
+    instructions, history = _split_instructions(records)
+    blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
+    groups: dict[str, DraftBlock] = {}
+    for record in history:
+        if record.kind == "tool_outcome":
+            _attach_outcome(record, groups)
+            continue
+        current_turn = last_user is not None and record.seq > last_user
+        block = _history_block(record, last_user, current_turn)
+        if block.waiting:
+            for call_id in block.waiting:
+                groups[call_id] = block
+        blocks.append(block)
+    return _close_groups(blocks)
+
+
+def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
+    pinned = [r for r in records if r.kind == "system"]
+    rest = [r for r in records if r.kind != "system"]
+    return pinned, rest
+
+
+def _instruction_block(record: LedgerRecord) -> DraftBlock:
+    return DraftBlock(
+        block_id=f"instruction:{record.seq}",
+        kind=BlockKind.INSTRUCTION,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="agent instructions: pinned first, required",
+        records=[record],
+        messages=[ChatMessage(role="system", content=record.text)],
+    )
+
+
+def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool) -> DraftBlock:
+    retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
+    turn = "in the current turn" if current_turn else "from an earlier turn"
+    match record.kind:
+        case "user_input":
+            if record.seq == last_user:
+                return DraftBlock(
+                    f"task:{record.seq}",
+                    BlockKind.TASK,
+                    Retention.REQUIRED,
+                    0,
+                    "the current request: the latest user input, required",
+                    [record],
+                    [ChatMessage(role="user", content=record.text)],
+                )
+            return DraftBlock(
+                f"turn:{record.seq}",
+                BlockKind.INTERACTION,
+                retention,
+                priority,
+                f"user input {turn}",
+                [record],
+                [ChatMessage(role="user", content=record.text)],
+            )
+        case "assistant_message":
+            return _assistant_block(record, retention, priority, turn)
+        case "resource_activated" | "child_result":
+            what = "activated resource" if record.kind == "resource_activated" else "child agent result"
+            return DraftBlock(
+                f"material:{record.seq}",
+                BlockKind.MATERIAL,
+                Retention.ACTIVE,
+                1,
+                f"{what}, quoted as material (never instruction)",
+                [record],
+                [ChatMessage(role="user", content=content_of(record.kind, record.payload, record.text))],
+            )
+        case _:
+            raise ValueError(f"record {record.seq} has unknown kind {record.kind!r}")
+
+
+def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, turn: str) -> DraftBlock:
+    raw_calls = record.payload.get("tool_calls") or []
+    assert isinstance(raw_calls, list)
+    calls = tuple(
+        ChatToolCall(id=c["call_id"], function=ChatFunction(name=c["name"], arguments=arguments_json(c["args"])))
+        for c in raw_calls
+    )
+    if not calls:
+        return DraftBlock(
+            f"turn:{record.seq}",
+            BlockKind.INTERACTION,
+            retention,
+            priority,
+            f"model message {turn}",
+            [record],
+            [ChatMessage(role="assistant", content=record.text)],
+        )
+    return DraftBlock(
+        f"group:{record.seq}",
+        BlockKind.INTERACTION,
+        retention,
+        priority,
+        f"tool group {turn}: {len(calls)} call(s) with all their results, kept whole",
+        [record],
+        [ChatMessage(role="assistant", content=record.text or None, tool_calls=calls)],
+        waiting={c.id: i for i, c in enumerate(calls)},
+    )
+
+
+def _attach_outcome(record: LedgerRecord, groups: dict[str, DraftBlock]) -> None:
+    call_id = str(record.payload.get("call_id"))
+    group = groups.pop(call_id, None)
+    if group is None:
+        return
+    group.records.append(record)
+    group.waiting[call_id] = -1 - len(group.records)  # mark as answered, remember arrival
+    group.messages.append(
+        ChatMessage(role="tool", tool_call_id=call_id, content=content_of(record.kind, record.payload, record.text))
+    )
+
+
+def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+    ready: list[DraftBlock] = []
+    held: list[DraftBlock] = []
+    pending: list[PendingCall] = []
+    for block in blocks:
+        if not block.waiting:
+            ready.append(block)
+            continue
+        open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
+        if open_calls:
+            call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
+            pending.extend(PendingCall(call_id=c, name=call_names[c], seq=block.records[0].seq) for c in open_calls)
+            block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
+            held.append(block)
+            continue
+        ready.append(_order_outcomes(block))
+    return ready, held, pending
+
+
+def _order_outcomes(block: DraftBlock) -> DraftBlock:
+    """Tool messages in the order of the calls, whatever order the results arrived in."""
+    head, tools = block.messages[0], block.messages[1:]
+    order = {c.id: i for i, c in enumerate(head.tool_calls or ())}
+    block.messages = [head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])]
+    block.waiting = {}
+    return block

@@ -1,0 +1,68 @@
+"""Canonical content hashes and the per-thread hash chain of the ledger.
+
+A record's ``content_sha256`` covers its identity and its full content (not the trimmed view);
+``record_hash`` chains it to the previous record of the thread, so a verifier can detect any
+edited, removed or reordered record by recomputing the chain from the start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+__all__ = [
+    "GENESIS_HASH",
+    "ChainLink",
+    "canonical_json",
+    "chain_hash",
+    "sha256_hex",
+    "verify_chain",
+]
+
+# The prev_hash of a thread's first record. Never change it: every stored chain starts here.
+GENESIS_HASH = "0" * 64
+
+
+def canonical_json(value: JsonValue) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the same value always gives the same bytes."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def chain_hash(prev_hash: str, thread_id: str, seq: int, content_sha256: str) -> str:
+    """The hash of a record: its position and content, chained to its predecessor."""
+    return sha256_hex(f"{prev_hash}|{thread_id}|{seq}|{content_sha256}".encode())
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """The hash fields of one stored record."""
+
+    seq: int
+    content_sha256: str
+    prev_hash: str
+    record_hash: str
+
+
+def verify_chain(thread_id: str, links: Iterable[ChainLink]) -> str | None:
+    """``None`` if the links form the thread's unbroken chain from seq 1, else what is wrong."""
+    prev = GENESIS_HASH
+    expected_seq = 1
+    for link in links:
+        if link.seq != expected_seq:
+            return f"seq {link.seq} found where {expected_seq} was expected"
+        if link.prev_hash != prev:
+            return f"seq {link.seq}: prev_hash does not match the previous record"
+        if link.record_hash != chain_hash(prev, thread_id, link.seq, link.content_sha256):
+            return f"seq {link.seq}: record_hash does not match its content"
+        prev = link.record_hash
+        expected_seq += 1
+    return None

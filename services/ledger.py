@@ -1,0 +1,521 @@
+"""Recording: turn a fetched batch of raw event messages into ledger writes, with no I/O.
+
+Two pure steps around one read: :func:`decode_batch` reads the raw messages; the store then loads
+what those events touch (thread heads, already-recorded keys, tool-call states); :func:`plan_batch`
+decides every write and every rejection. The invariants it enforces, one check each:
+
+1. An event is decodable, within the size limit and valid UTF-8 (``decode_event``).
+2. The event names the thread of the subject it was published on (``_check_subject``).
+3. A thread belongs to exactly one session, pinned by its first event (``_check_scope``).
+4. An event key is recorded once per thread; a redelivery with the same content is a no-op, the
+   same key with other content is rejected (``_check_key``).
+5. A tool outcome answers a call of its own thread that has no outcome yet (``_check_outcome``).
+6. A call id is used once per thread (``_check_calls``).
+7. Records of a thread get consecutive seqs and chain their hashes; seqs follow stream order.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import assert_never
+
+from pydantic import JsonValue
+
+from contracts import (
+    AssistantMessageEvent,
+    ChildResultEvent,
+    ErrorCode,
+    Event,
+    EventDecodeError,
+    ResourceActivatedEvent,
+    SystemEvent,
+    ToolOutcomeEvent,
+    UserInputEvent,
+    decode_event,
+)
+from contracts.subjects import thread_from_partitioned_subject
+
+from .errors import (
+    DuplicateCallId,
+    DuplicateToolOutcome,
+    EventKeyConflict,
+    InvalidEvent,
+    OrphanToolOutcome,
+    ScopeViolation,
+    ThreadMismatch,
+)
+from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
+from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, trim_tool_text
+from .tokens import EncodingName, TokenCounter
+
+__all__ = [
+    "BatchPlan",
+    "Blob",
+    "CallState",
+    "Decoded",
+    "HeadWrite",
+    "Incoming",
+    "KnownKey",
+    "LedgerReads",
+    "NewCall",
+    "NewOutcome",
+    "NewRecord",
+    "RecordingLimits",
+    "Rejection",
+    "ThreadHead",
+    "blob_ref",
+    "decode_batch",
+    "encode_raw",
+    "plan_batch",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """One message as fetched from the events stream."""
+
+    subject: str
+    data: bytes
+    stream_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingLimits:
+    """The recorder's configurable limits."""
+
+    max_event_bytes: int = 8 * 1024 * 1024
+    blob_min_bytes: int = 4096
+    tool_result_max_tokens: int = 2000
+    dead_letter_keep_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A decoded event with where it came from."""
+
+    incoming: Incoming
+    subject_thread: str
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """An event that goes to the dead-letter subject instead of the ledger."""
+
+    incoming: Incoming
+    thread_id: str | None
+    event_key: str | None
+    code: ErrorCode
+    reason: str
+    details: dict[str, JsonValue]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHead:
+    """The current head of a thread, as read before the batch."""
+
+    thread_id: str
+    session_id: str
+    revision: int
+    last_seq: int
+    last_hash: str
+    last_event_key: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KnownKey:
+    """An event key already in the ledger."""
+
+    seq: int
+    content_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallState:
+    """A tool call already in the ledger and whether it has its outcome."""
+
+    call_id: str
+    call_seq: int
+    outcome_seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerReads:
+    """What the store read for a batch: keyed by thread id, and (thread id, key or call id)."""
+
+    heads: Mapping[str, ThreadHead]
+    keys: Mapping[tuple[str, str], KnownKey]
+    calls: Mapping[tuple[str, str], CallState]
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """Large content, stored once under its sha256."""
+
+    sha256: str
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NewRecord:
+    """One row to append to the ledger."""
+
+    thread_id: str
+    seq: int
+    session_id: str
+    session_ordinal: int
+    run_id: str
+    instance_id: str
+    event_key: str
+    kind: str
+    payload_json: str
+    text: str | None
+    blob_sha256: str | None
+    view_text: str | None
+    tokens: TokenCounts
+    content_sha256: str
+    prev_hash: str
+    record_hash: str
+    client_ts: datetime | None
+    stream_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeadWrite:
+    """The new head of a thread; ``expected_revision`` is ``None`` for a thread's first batch."""
+
+    thread_id: str
+    session_id: str
+    run_id: str
+    instance_id: str
+    expected_revision: int | None
+    revision: int
+    last_seq: int
+    last_hash: str
+    last_event_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewCall:
+    """A tool call opened by a recorded assistant message."""
+
+    thread_id: str
+    call_id: str
+    name: str
+    call_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewOutcome:
+    """A tool call closed by a recorded outcome."""
+
+    thread_id: str
+    call_id: str
+    outcome_seq: int
+    status: str
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Every write a batch makes, decided before any of them happens."""
+
+    records: tuple[NewRecord, ...] = ()
+    blobs: tuple[Blob, ...] = ()
+    heads: tuple[HeadWrite, ...] = ()
+    calls: tuple[NewCall, ...] = ()
+    outcomes: tuple[NewOutcome, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+    duplicates: tuple[tuple[str, str], ...] = ()
+    session_counts: Mapping[str, int] = field(default_factory=dict)
+
+
+def blob_ref(sha256: str) -> str:
+    """The reference by which stored content can be read back."""
+    return f"ctx://blob/{sha256}"
+
+
+def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Decoded | Rejection]:
+    """Decode each message (invariants 1 and 2); order is kept."""
+    out: list[Decoded | Rejection] = []
+    for incoming in batch:
+        subject_thread = thread_from_partitioned_subject(incoming.subject)
+        try:
+            event = decode_event(incoming.data, max_bytes=limits.max_event_bytes)
+        except EventDecodeError as exc:
+            out.append(Rejection(incoming, subject_thread, None, exc.code, exc.message, exc.details))
+            continue
+        try:
+            _check_subject(subject_thread, event)
+        except InvalidEvent as exc:
+            out.append(_reject(incoming, event, exc))
+            continue
+        assert subject_thread is not None
+        out.append(Decoded(incoming, subject_thread, event))
+    return out
+
+
+def _reject(incoming: Incoming, event: Event, exc: InvalidEvent) -> Rejection:
+    return Rejection(incoming, event.thread_id, event.event_key, exc.code, exc.message, exc.details)
+
+
+def _check_subject(subject_thread: str | None, event: Event) -> None:
+    if subject_thread != event.thread_id:
+        raise ThreadMismatch(subject_thread or "?", event.thread_id)
+
+
+@dataclass
+class _ThreadCursor:
+    thread_id: str
+    session_id: str
+    run_id: str
+    instance_id: str
+    expected_revision: int | None
+    seq: int
+    last_hash: str
+    last_event_key: str | None
+    dirty: bool = False
+
+
+def plan_batch(
+    decoded: Sequence[Decoded | Rejection],
+    reads: LedgerReads,
+    limits: RecordingLimits,
+    counters: Mapping[EncodingName, TokenCounter],
+) -> BatchPlan:
+    """Decide the records, heads, blobs, call states and rejections of a decoded batch."""
+    cursors: dict[str, _ThreadCursor] = {}
+    keys: dict[tuple[str, str], KnownKey] = dict(reads.keys)
+    calls: dict[tuple[str, str], CallState] = dict(reads.calls)
+    records: list[NewRecord] = []
+    blobs: dict[str, Blob] = {}
+    new_calls: list[NewCall] = []
+    outcomes: list[NewOutcome] = []
+    rejections: list[Rejection] = []
+    duplicates: list[tuple[str, str]] = []
+    session_counts: dict[str, int] = {}
+
+    for item in decoded:
+        if isinstance(item, Rejection):
+            rejections.append(item)
+            continue
+        event = item.event
+        thread_id = item.subject_thread
+        cursor = cursors.get(thread_id) or _open_cursor(thread_id, event, reads.heads.get(thread_id))
+        content_sha = sha256_hex(canonical_json(_identity_and_content(event)))
+        try:
+            _check_scope(cursor, event)
+            if _check_key(keys.get((thread_id, event.event_key)), event.event_key, content_sha):
+                duplicates.append((thread_id, event.event_key))
+                continue
+            _check_outcome(event, thread_id, calls)
+            _check_calls(event, thread_id, calls)
+        except InvalidEvent as exc:
+            rejections.append(_reject(item.incoming, event, exc))
+            continue
+
+        cursors[thread_id] = cursor
+        seq = cursor.seq + 1
+        record, blob_list = _build_record(item, cursor, seq, content_sha, limits, counters)
+        session_counts[cursor.session_id] = session_counts.get(cursor.session_id, 0) + 1
+        record = _with_session_ordinal(record, session_counts[cursor.session_id])
+        records.append(record)
+        for blob in blob_list:
+            blobs.setdefault(blob.sha256, blob)
+        keys[(thread_id, event.event_key)] = KnownKey(seq, content_sha)
+        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = (
+            seq,
+            record.record_hash,
+            event.event_key,
+            True,
+        )
+        _note_calls(event, thread_id, seq, calls, new_calls, outcomes)
+
+    heads = tuple(
+        HeadWrite(
+            thread_id=c.thread_id,
+            session_id=c.session_id,
+            run_id=c.run_id,
+            instance_id=c.instance_id,
+            expected_revision=c.expected_revision,
+            revision=(c.expected_revision or 0) + 1,
+            last_seq=c.seq,
+            last_hash=c.last_hash,
+            last_event_key=c.last_event_key or "",
+        )
+        for c in cursors.values()
+        if c.dirty
+    )
+    return BatchPlan(
+        records=tuple(records),
+        blobs=tuple(blobs.values()),
+        heads=heads,
+        calls=tuple(new_calls),
+        outcomes=tuple(outcomes),
+        rejections=tuple(rejections),
+        duplicates=tuple(duplicates),
+        session_counts=session_counts,
+    )
+
+
+def _open_cursor(thread_id: str, event: Event, head: ThreadHead | None) -> _ThreadCursor:
+    if head is None:
+        return _ThreadCursor(
+            thread_id, event.session_id, event.run_id, event.instance_id, None, 0, GENESIS_HASH, None
+        )
+    return _ThreadCursor(
+        thread_id,
+        head.session_id,
+        event.run_id,
+        event.instance_id,
+        head.revision,
+        head.last_seq,
+        head.last_hash,
+        head.last_event_key,
+    )
+
+
+def _check_scope(cursor: _ThreadCursor, event: Event) -> None:
+    if cursor.session_id != event.session_id:
+        raise ScopeViolation(cursor.thread_id, event.session_id, cursor.session_id)
+
+
+def _check_key(known: KnownKey | None, event_key: str, content_sha: str) -> bool:
+    """True for an exact duplicate (skip it); raises for a key reused with other content."""
+    if known is None:
+        return False
+    if known.content_sha256 != content_sha:
+        raise EventKeyConflict(event_key, known.seq)
+    return True
+
+
+def _check_outcome(event: Event, thread_id: str, calls: Mapping[tuple[str, str], CallState]) -> None:
+    if not isinstance(event, ToolOutcomeEvent):
+        return
+    state = calls.get((thread_id, event.payload.call_id))
+    if state is None:
+        raise OrphanToolOutcome(event.payload.call_id, thread_id)
+    if state.outcome_seq is not None:
+        raise DuplicateToolOutcome(event.payload.call_id, state.outcome_seq)
+
+
+def _check_calls(event: Event, thread_id: str, calls: Mapping[tuple[str, str], CallState]) -> None:
+    if not isinstance(event, AssistantMessageEvent):
+        return
+    seen: set[str] = set()
+    for call in event.payload.tool_calls:
+        if call.call_id in seen or (thread_id, call.call_id) in calls:
+            raise DuplicateCallId(call.call_id)
+        seen.add(call.call_id)
+
+
+def _note_calls(
+    event: Event,
+    thread_id: str,
+    seq: int,
+    calls: dict[tuple[str, str], CallState],
+    new_calls: list[NewCall],
+    outcomes: list[NewOutcome],
+) -> None:
+    if isinstance(event, AssistantMessageEvent):
+        for call in event.payload.tool_calls:
+            calls[(thread_id, call.call_id)] = CallState(call.call_id, seq, None)
+            new_calls.append(NewCall(thread_id, call.call_id, call.name, seq))
+    elif isinstance(event, ToolOutcomeEvent):
+        state = calls[(thread_id, event.payload.call_id)]
+        calls[(thread_id, event.payload.call_id)] = CallState(state.call_id, state.call_seq, seq)
+        outcomes.append(NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value))
+
+
+def _identity_and_content(event: Event) -> dict[str, JsonValue]:
+    return {
+        "event_key": event.event_key,
+        "session_id": event.session_id,
+        "run_id": event.run_id,
+        "instance_id": event.instance_id,
+        "kind": event.kind,
+        "client_ts": event.client_ts.isoformat() if event.client_ts else None,
+        "payload": event.payload.model_dump(mode="json"),
+    }
+
+
+def _text_of(event: Event) -> str:
+    match event:
+        case SystemEvent() | UserInputEvent() | AssistantMessageEvent() | ToolOutcomeEvent():
+            return event.payload.text
+        case ResourceActivatedEvent():
+            return event.payload.text
+        case ChildResultEvent():
+            return ""
+        case _:
+            assert_never(event)
+
+
+def _calls_of(event: Event) -> list[RenderedCall]:
+    if isinstance(event, AssistantMessageEvent):
+        return [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in event.payload.tool_calls]
+    return []
+
+
+def _build_record(
+    item: Decoded,
+    cursor: _ThreadCursor,
+    seq: int,
+    content_sha: str,
+    limits: RecordingLimits,
+    counters: Mapping[EncodingName, TokenCounter],
+) -> tuple[NewRecord, list[Blob]]:
+    event = item.event
+    text = _text_of(event)
+    payload = event.payload.model_dump(mode="json", exclude={"text"})
+    raw_text = text.encode("utf-8")
+    blobs: list[Blob] = []
+    blob_sha: str | None = None
+    view_text: str | None = None
+    if isinstance(event, ToolOutcomeEvent) and text:
+        text_sha = sha256_hex(raw_text)
+        trimmed = trim_tool_text(
+            text, counters["o200k_base"], max_tokens=limits.tool_result_max_tokens, blob_ref=blob_ref(text_sha)
+        )
+        if trimmed is not None:
+            view_text = trimmed[0]
+            blob_sha = text_sha
+    if blob_sha is None and len(raw_text) >= limits.blob_min_bytes:
+        blob_sha = sha256_hex(raw_text)
+    if blob_sha is not None:
+        blobs.append(Blob(blob_sha, raw_text))
+    content = content_of(event.kind, payload, view_text if view_text is not None else text)
+    tokens = count_record(counters, content, _calls_of(event))
+    record = NewRecord(
+        thread_id=cursor.thread_id,
+        seq=seq,
+        session_id=cursor.session_id,
+        session_ordinal=0,
+        run_id=event.run_id,
+        instance_id=event.instance_id,
+        event_key=event.event_key,
+        kind=event.kind,
+        payload_json=json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
+        text=None if blob_sha is not None else text,
+        blob_sha256=blob_sha,
+        view_text=view_text,
+        tokens=tokens,
+        content_sha256=content_sha,
+        prev_hash=cursor.last_hash,
+        record_hash=chain_hash(cursor.last_hash, cursor.thread_id, seq, content_sha),
+        client_ts=event.client_ts,
+        stream_seq=item.incoming.stream_seq,
+    )
+    return record, blobs
+
+
+def _with_session_ordinal(record: NewRecord, ordinal: int) -> NewRecord:
+    return replace(record, session_ordinal=ordinal)
+
+
+def encode_raw(raw: bytes, keep: int) -> tuple[str, bool]:
+    """Base64 of the raw payload, cut to ``keep`` bytes; returns ``(b64, truncated)``."""
+    return base64.b64encode(raw[:keep]).decode("ascii"), len(raw) > keep

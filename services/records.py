@@ -1,0 +1,24 @@
+"""The read-side record: what the assembler needs of one ledger record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+from .render import TokenCounts
+
+__all__ = ["LedgerRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """A record as the assembler reads it: model-visible text and the tokens counted at recording."""
+
+    seq: int
+    event_key: str
+    kind: str
+    payload: Mapping[str, JsonValue]
+    text: str
+    tokens: TokenCounts

@@ -1,0 +1,208 @@
+"""Replaying a trace through the fleet exactly as an agent runtime would.
+
+Each event is published; before each assistant message the replayer asks for a prepared context
+(purpose ``action``) whose watermark is the last event it published. The report compares what
+the fleet prepared with what an agent sending its whole history would have sent.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from contracts import (
+    AssistantMessageEvent,
+    AssistantMessagePayload,
+    Event,
+    PrepareRequest,
+    SystemEvent,
+    SystemPayload,
+    ToolCall,
+    ToolOutcomeEvent,
+    ToolOutcomePayload,
+    ToolStatus,
+    UserInputEvent,
+    UserInputPayload,
+)
+
+from .client import FleetClient
+from .errors import CtxError
+from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, RenderedCall, arguments_json, content_of, count_record
+from .tokens import ENCODINGS, counter_for
+from .trace import TraceLine
+
+__all__ = ["ReplayOptions", "ReplayReport", "percentile", "replay_trace", "trace_events"]
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How to replay: into which session, against which budget, and where to dump contexts."""
+
+    session_id: str
+    instance_id: str = "main"
+    model_profile: str | None = "gpt-4o"
+    budget_tokens: int | None = None
+    dump_dir: Path | None = None
+    wait_ms: int = 10_000
+
+
+@dataclass
+class ReplayReport:
+    """The JSON report: one entry per prepare, and totals."""
+
+    prepares: list[dict[str, JsonValue]] = field(default_factory=list)
+    totals: dict[str, JsonValue] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, JsonValue]:
+        """The report as written by ``ctxfleet replay --report``."""
+        return {"prepares": list(self.prepares), "totals": dict(self.totals)}
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def trace_events(lines: Sequence[TraceLine], options: ReplayOptions) -> list[Event]:
+    """The events a runtime would publish for a trace: fresh run per ``run`` value, stable keys."""
+    events: list[Event] = []
+    run_names: dict[str | None, str] = {}
+    for index, line in enumerate(lines, start=1):
+        run_id = run_names.setdefault(line.run, f"{options.session_id}-r{len(run_names) + 1}")
+        common: dict[str, object] = {
+            "event_key": f"e{index:06d}",
+            "session_id": options.session_id,
+            "run_id": run_id,
+            "instance_id": options.instance_id,
+            "client_ts": _parse_ts(line.ts),
+        }
+        events.append(_event(line, common))
+    return events
+
+
+def _parse_ts(ts: str | None) -> datetime | None:
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+
+
+def _event(line: TraceLine, common: dict[str, object]) -> Event:
+    match line.kind:
+        case "system":
+            return SystemEvent(payload=SystemPayload(text=line.text), **common)  # type: ignore[arg-type]
+        case "user_input":
+            return UserInputEvent(payload=UserInputPayload(text=line.text), **common)  # type: ignore[arg-type]
+        case "assistant_message":
+            calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
+            return AssistantMessageEvent(payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common)  # type: ignore[arg-type]
+        case "tool_outcome":
+            payload = ToolOutcomePayload(call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text)
+            return ToolOutcomeEvent(payload=payload, **common)  # type: ignore[arg-type]
+        case _:
+            raise ValueError(f"line {line.line}: unknown kind {line.kind!r}")
+
+
+def full_history_tokens(event: Event) -> int:
+    """What this event costs an agent that sends its whole history (o200k_base, untrimmed)."""
+    payload = event.payload.model_dump(mode="json")
+    text = payload.get("text", "")
+    calls = [
+        RenderedCall(c.call_id, c.name, arguments_json(c.args))
+        for c in getattr(event.payload, "tool_calls", ())
+    ]
+    counters = {name: counter_for(name) for name in ENCODINGS}
+    return count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base + MESSAGE_OVERHEAD
+
+
+async def replay_trace(
+    client: FleetClient,
+    lines: Sequence[TraceLine],
+    options: ReplayOptions,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+) -> ReplayReport:
+    """Publish a trace and prepare before each assistant message; returns the report."""
+    report = ReplayReport()
+    latencies: list[float] = []
+    full_so_far: dict[str, int] = {}
+    last_key: dict[str, str] = {}
+    errors = 0
+    if options.dump_dir is not None:
+        options.dump_dir.mkdir(parents=True, exist_ok=True)
+    events = trace_events(lines, options)
+    for event, line in zip(events, lines, strict=True):
+        thread = event.thread_id
+        if isinstance(event, AssistantMessageEvent) and thread in last_key:
+            entry, ok = await _prepare(client, event, last_key[thread], options, len(report.prepares) + 1, clock)
+            entry["event_line"] = line.line
+            entry["full_history_tokens"] = full_so_far.get(thread, 0) + REPLY_PRIMING
+            report.prepares.append(entry)
+            if ok:
+                latencies.append(float(entry["latency_ms"]))  # type: ignore[arg-type]
+            else:
+                errors += 1
+        await client.append(event)
+        last_key[thread] = event.event_key
+        full_so_far[thread] = full_so_far.get(thread, 0) + full_history_tokens(event)
+    ok_prepares = [p for p in report.prepares if "error" not in p]
+    report.totals = {
+        "session_id": options.session_id,
+        "events": len(events),
+        "prepares": len(report.prepares),
+        "errors": errors,
+        "prepared_tokens_sum": sum(int(p["prepared_tokens"]) for p in ok_prepares),  # type: ignore[arg-type]
+        "full_history_tokens_sum": sum(int(p["full_history_tokens"]) for p in report.prepares),  # type: ignore[arg-type]
+        "latency_ms_p50": round(percentile(latencies, 50), 3),
+        "latency_ms_p99": round(percentile(latencies, 99), 3),
+    }
+    return report
+
+
+async def _prepare(
+    client: FleetClient,
+    event: Event,
+    after: str,
+    options: ReplayOptions,
+    ordinal: int,
+    clock: Callable[[], float],
+) -> tuple[dict[str, JsonValue], bool]:
+    request = PrepareRequest(
+        session_id=event.session_id,
+        run_id=event.run_id,
+        instance_id=event.instance_id,
+        model_profile=options.model_profile,
+        budget_tokens=options.budget_tokens,
+        after_event_key=after,
+        wait_ms=options.wait_ms,
+    )
+    started = clock()
+    try:
+        prepared = await client.prepare(request)
+    except CtxError as exc:
+        latency = (clock() - started) * 1000
+        return {"seq": ordinal, "error": exc.code.value, "message": exc.message, "latency_ms": round(latency, 3)}, False
+    latency = (clock() - started) * 1000
+    if options.dump_dir is not None:
+        (options.dump_dir / f"{ordinal:04d}.json").write_text(prepared.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return {
+        "seq": ordinal,
+        "prepared_id": prepared.prepared_id,
+        "prepared_tokens": prepared.budget_report.used.total,
+        "input_budget": prepared.budget_report.input_budget,
+        "messages": len(prepared.messages),
+        "omitted_blocks": len(prepared.omitted),
+        "latency_ms": round(latency, 3),
+    }, True

@@ -1,0 +1,399 @@
+"""Repositories of the ledger tables. The only module that holds ledger SQL.
+
+Every method that takes part in a caller's transaction takes the connection first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from ..errors import RevisionConflict
+from ..hashing import ChainLink, sha256_hex
+from ..ledger import (
+    BatchPlan,
+    CallState,
+    HeadWrite,
+    KnownKey,
+    LedgerReads,
+    Rejection,
+    ThreadHead,
+    encode_raw,
+)
+from ..records import LedgerRecord
+from ..render import TokenCounts
+
+__all__ = [
+    "DeadLettersRepo",
+    "HeadsRepo",
+    "LedgerRecord",
+    "RecordsRepo",
+    "StoredHead",
+    "TrackingRepo",
+    "read_for_batch",
+    "write_plan",
+]
+
+_SELECT_HEADS = """
+SELECT thread_id, session_id, revision, last_seq, last_hash, last_event_key
+FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])
+"""
+_SELECT_KEYS = """
+SELECT r.thread_id, r.event_key, r.seq, r.content_sha256
+FROM ctx.records r
+JOIN unnest($1::text[], $2::text[]) AS k(thread_id, event_key)
+  ON r.thread_id = k.thread_id AND r.event_key = k.event_key
+"""
+_SELECT_CALLS = """
+SELECT c.thread_id, c.call_id, c.call_seq, c.outcome_seq
+FROM ctx.tool_calls c
+JOIN unnest($1::text[], $2::text[]) AS k(thread_id, call_id)
+  ON c.thread_id = k.thread_id AND c.call_id = k.call_id
+"""
+_BUMP_SESSION = """
+INSERT INTO ctx.sessions (session_id, last_seq) VALUES ($1, $2)
+ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
+RETURNING last_seq
+"""
+_INSERT_HEAD = """
+INSERT INTO ctx.thread_heads
+    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING revision
+"""
+_UPDATE_HEAD = """
+UPDATE ctx.thread_heads
+SET revision = $2, last_seq = $3, last_hash = $4, last_event_key = $5, updated_at = now()
+WHERE thread_id = $1 AND revision = $6
+RETURNING revision
+"""
+_SELECT_REVISION = "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1"
+_INSERT_BLOBS = """
+INSERT INTO ctx.blobs (sha256, content, size)
+SELECT * FROM unnest($1::text[], $2::bytea[], $3::bigint[])
+ON CONFLICT (sha256) DO NOTHING
+"""
+_INSERT_RECORDS = """
+INSERT INTO ctx.records (
+    thread_id, seq, session_id, session_seq, run_id, instance_id, event_key, kind, payload, text,
+    blob_sha256, view_text, tokens_o200k, tokens_cl100k, content_sha256, prev_hash, record_hash,
+    client_ts, stream_seq, recorded_by)
+SELECT * FROM unnest(
+    $1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
+    $9::json[], $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
+    $16::text[], $17::text[], $18::timestamptz[], $19::bigint[], $20::text[])
+"""
+_INSERT_CALLS = """
+INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+"""
+_CLOSE_CALLS = """
+UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(thread_id, call_id, seq, status)
+WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS NULL
+"""
+_INSERT_DEAD = """
+INSERT INTO ctx.dead_letters (thread_id, event_key, code, reason, details, subject, stream_seq,
+                              raw_sha256, raw_size, raw, raw_truncated)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
+ON CONFLICT ON CONSTRAINT dead_letters_once DO NOTHING
+"""
+_UPSERT_TRACKING = """
+INSERT INTO ctx.tracking (consumer, partition, last_stream_seq) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, partition) DO UPDATE
+SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq), updated_at = now()
+"""
+_SELECT_TRACKING = "SELECT last_stream_seq FROM ctx.tracking WHERE consumer = $1 AND partition = $2"
+_SELECT_HEAD = """
+SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key
+FROM ctx.thread_heads WHERE thread_id = $1
+"""
+_SELECT_RECORDS = """
+SELECT r.seq, r.event_key, r.kind, r.payload,
+       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
+       r.tokens_o200k, r.tokens_cl100k
+FROM ctx.records r
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
+ORDER BY r.seq
+"""
+_FIND_EVENT = "SELECT seq FROM ctx.records WHERE thread_id = $1 AND event_key = $2"
+_FIND_DEAD = """
+SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1 AND event_key = $2 ORDER BY id DESC LIMIT 1
+"""
+_SELECT_LINKS = """
+SELECT seq, content_sha256, prev_hash, record_hash FROM ctx.records WHERE thread_id = $1 ORDER BY seq
+"""
+_SELECT_TAIL = """
+SELECT seq, session_seq, kind, event_key, tokens_o200k, content_sha256, record_hash, blob_sha256,
+       left(COALESCE(view_text, text, ''), $3) AS preview
+FROM ctx.records WHERE thread_id = $1 ORDER BY seq DESC LIMIT $2
+"""
+_THREAD_TOTALS = """
+SELECT count(*) AS n, COALESCE(sum(tokens_o200k), 0) AS tokens FROM ctx.records WHERE thread_id = $1
+"""
+_OPEN_CALLS = """
+SELECT call_id FROM ctx.tool_calls WHERE thread_id = $1 AND outcome_seq IS NULL ORDER BY call_seq, call_id
+"""
+_COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHead:
+    """A thread head as stored."""
+
+    thread_id: str
+    session_id: str
+    run_id: str
+    instance_id: str
+    revision: int
+    last_seq: int
+    last_hash: str
+    last_event_key: str | None
+
+
+async def read_for_batch(
+    conn: asyncpg.Connection,
+    thread_ids: Sequence[str],
+    keys: Sequence[tuple[str, str]],
+    calls: Sequence[tuple[str, str]],
+) -> LedgerReads:
+    """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
+    heads = {
+        r["thread_id"]: ThreadHead(
+            r["thread_id"], r["session_id"], r["revision"], r["last_seq"], r["last_hash"], r["last_event_key"]
+        )
+        for r in await conn.fetch(_SELECT_HEADS, list(thread_ids))
+    }
+    known = {
+        (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
+        for r in await conn.fetch(_SELECT_KEYS, [k[0] for k in keys], [k[1] for k in keys])
+    } if keys else {}
+    states = {
+        (r["thread_id"], r["call_id"]): CallState(r["call_id"], r["call_seq"], r["outcome_seq"])
+        for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
+    } if calls else {}
+    return LedgerReads(heads=heads, keys=known, calls=states)
+
+
+async def write_plan(conn: asyncpg.Connection, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+    """Apply a batch plan inside the caller's transaction; raises RevisionConflict on a moved head."""
+    bases: dict[str, int] = {}
+    # Sorted so that two recorders bumping the same sessions always lock them in the same order.
+    for session_id in sorted(plan.session_counts):
+        n = plan.session_counts[session_id]
+        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n) - n
+    for head in plan.heads:
+        await _write_head(conn, head)
+    if plan.blobs:
+        await conn.execute(
+            _INSERT_BLOBS,
+            [b.sha256 for b in plan.blobs],
+            [b.content for b in plan.blobs],
+            [len(b.content) for b in plan.blobs],
+        )
+    if plan.records:
+        await _insert_records(conn, plan, bases, recorded_by)
+    if plan.calls:
+        await conn.execute(
+            _INSERT_CALLS,
+            [c.thread_id for c in plan.calls],
+            [c.call_id for c in plan.calls],
+            [c.name for c in plan.calls],
+            [c.call_seq for c in plan.calls],
+        )
+    if plan.outcomes:
+        status = await conn.execute(
+            _CLOSE_CALLS,
+            [o.thread_id for o in plan.outcomes],
+            [o.call_id for o in plan.outcomes],
+            [o.outcome_seq for o in plan.outcomes],
+            [o.status for o in plan.outcomes],
+        )
+        if int(status.split()[-1]) != len(plan.outcomes):
+            first = plan.outcomes[0]
+            raise RevisionConflict(first.thread_id, -1, None)
+    for rejection in plan.rejections:
+        await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
+
+
+async def _write_head(conn: asyncpg.Connection, head: HeadWrite) -> None:
+    if head.expected_revision is None:
+        got = await conn.fetchval(
+            _INSERT_HEAD,
+            head.thread_id,
+            head.session_id,
+            head.run_id,
+            head.instance_id,
+            head.revision,
+            head.last_seq,
+            head.last_hash,
+            head.last_event_key,
+        )
+    else:
+        got = await conn.fetchval(
+            _UPDATE_HEAD,
+            head.thread_id,
+            head.revision,
+            head.last_seq,
+            head.last_hash,
+            head.last_event_key,
+            head.expected_revision,
+        )
+    if got is None:
+        actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
+        raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
+
+
+async def _insert_records(
+    conn: asyncpg.Connection, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str
+) -> None:
+    rs = plan.records
+    await conn.execute(
+        _INSERT_RECORDS,
+        [r.thread_id for r in rs],
+        [r.seq for r in rs],
+        [r.session_id for r in rs],
+        [bases[r.session_id] + r.session_ordinal for r in rs],
+        [r.run_id for r in rs],
+        [r.instance_id for r in rs],
+        [r.event_key for r in rs],
+        [r.kind for r in rs],
+        [r.payload_json for r in rs],
+        [r.text for r in rs],
+        [r.blob_sha256 for r in rs],
+        [r.view_text for r in rs],
+        [r.tokens.o200k_base for r in rs],
+        [r.tokens.cl100k_base for r in rs],
+        [r.content_sha256 for r in rs],
+        [r.prev_hash for r in rs],
+        [r.record_hash for r in rs],
+        [r.client_ts for r in rs],
+        [r.stream_seq for r in rs],
+        [recorded_by] * len(rs),
+    )
+
+
+class DeadLettersRepo:
+    """Rejected events, kept so a prepare can say why its watermark event will never arrive."""
+
+    @staticmethod
+    async def insert(conn: asyncpg.Connection, rejection: Rejection, *, keep_raw: int) -> None:
+        """Store one rejection; a redelivered one is stored once."""
+        raw = rejection.incoming.data
+        _, truncated = encode_raw(raw, keep_raw)
+        await conn.execute(
+            _INSERT_DEAD,
+            rejection.thread_id,
+            rejection.event_key,
+            rejection.code.value,
+            rejection.reason,
+            json.dumps(rejection.details),
+            rejection.incoming.subject,
+            rejection.incoming.stream_seq,
+            sha256_hex(raw),
+            len(raw),
+            raw[:keep_raw],
+            truncated,
+        )
+
+    @staticmethod
+    async def find(conn: asyncpg.Connection, thread_id: str, event_key: str) -> tuple[str, str] | None:
+        """``(code, reason)`` of the latest rejection of this event, if any."""
+        row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key)
+        return None if row is None else (row["code"], row["reason"])
+
+    @staticmethod
+    async def count(conn: asyncpg.Connection, thread_id: str) -> int:
+        """Rejections recorded for a thread."""
+        return int(await conn.fetchval(_COUNT_DEAD, thread_id))
+
+
+class TrackingRepo:
+    """How far each consumer has applied each partition, written with the effect it tracks."""
+
+    @staticmethod
+    async def insert_tracking(conn: asyncpg.Connection, consumer: str, partition: int, stream_seq: int) -> None:
+        """Advance the position (never backwards)."""
+        await conn.execute(_UPSERT_TRACKING, consumer, partition, stream_seq)
+
+    @staticmethod
+    async def max_tracking_seq(conn: asyncpg.Connection, consumer: str, partition: int) -> int:
+        """The last stream sequence applied, 0 if none."""
+        return int(await conn.fetchval(_SELECT_TRACKING, consumer, partition) or 0)
+
+
+class HeadsRepo:
+    """Thread heads."""
+
+    @staticmethod
+    async def select_head(conn: asyncpg.Connection, thread_id: str) -> StoredHead | None:
+        """The head of a thread, or ``None`` if nothing was recorded for it."""
+        r = await conn.fetchrow(_SELECT_HEAD, thread_id)
+        if r is None:
+            return None
+        return StoredHead(
+            r["thread_id"],
+            r["session_id"],
+            r["run_id"],
+            r["instance_id"],
+            r["revision"],
+            r["last_seq"],
+            r["last_hash"],
+            r["last_event_key"],
+        )
+
+    @staticmethod
+    async def open_call_ids(conn: asyncpg.Connection, thread_id: str) -> list[str]:
+        """Calls of the thread still waiting for an outcome."""
+        return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
+
+
+class RecordsRepo:
+    """Ledger records."""
+
+    @staticmethod
+    async def select_records(conn: asyncpg.Connection, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+        """Records of a thread with ``gt < seq <= lte``, in order, with their model-visible text."""
+        return [
+            LedgerRecord(
+                seq=r["seq"],
+                event_key=r["event_key"],
+                kind=r["kind"],
+                payload=json.loads(r["payload"]),
+                text=r["text"] or "",
+                tokens=TokenCounts(o200k_base=r["tokens_o200k"], cl100k_base=r["tokens_cl100k"]),
+            )
+            for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)
+        ]
+
+    @staticmethod
+    async def find_event(conn: asyncpg.Connection, thread_id: str, event_key: str) -> int | None:
+        """The seq at which an event key was recorded in a thread, if it was."""
+        seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key)
+        return None if seq is None else int(seq)
+
+    @staticmethod
+    async def select_links(conn: asyncpg.Connection, thread_id: str) -> list[ChainLink]:
+        """The hash chain of a thread, in order."""
+        return [
+            ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
+            for r in await conn.fetch(_SELECT_LINKS, thread_id)
+        ]
+
+    @staticmethod
+    async def select_tail(
+        conn: asyncpg.Connection, thread_id: str, *, limit: int, preview_chars: int
+    ) -> list[asyncpg.Record]:
+        """The last ``limit`` records of a thread, newest first, with a short preview."""
+        return list(await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars))
+
+    @staticmethod
+    async def totals(conn: asyncpg.Connection, thread_id: str) -> tuple[int, int]:
+        """``(record count, o200k tokens)`` of a thread."""
+        r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
+        return int(r["n"]), int(r["tokens"])

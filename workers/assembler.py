@@ -1,0 +1,129 @@
+"""assembler: answers ``ctx.prepare.<run>.<instance>`` and ``ctx.inspect.<run>.<instance>``.
+
+Core NATS request/reply in the ``assembler`` queue group, so replicas share the load. Bodies are
+decoded raw: a bad request must get a typed error reply, which FastStream's own validation
+(failing before the handler runs) could not give.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TypeVar
+
+from faststream import Path
+from faststream.nats import NatsMessage, NatsResponse, NatsRouter
+from pydantic import ValidationError
+
+from contracts import ErrorCode, ErrorReply, InspectRequest, PrepareRequest
+from contracts.subjects import INSPECT, PREPARE, RECORDED
+from services.errors import CtxError, InvalidRequest
+from services.notices import NoticeBoard
+from services.preparing import PrepareService
+
+from .metrics import FleetMetrics
+
+__all__ = ["AssemblerWorker"]
+
+log = logging.getLogger("ctxfleet.assembler")
+
+
+async def _raw_body(msg: NatsMessage) -> bytes:
+    return msg.body
+
+
+class AssemblerWorker:
+    """The assembler's handlers, bound to one PrepareService."""
+
+    def __init__(self, service: PrepareService | None, board: NoticeBoard, metrics: FleetMetrics) -> None:
+        self._service = service
+        self._board = board
+        self._metrics = metrics
+        self.router = NatsRouter()
+        self._register()
+
+    def _register(self) -> None:
+        r = self.router
+
+        @r.subscriber(
+            f"{PREPARE}.{{run_id}}.{{instance_id}}",
+            queue="assembler",
+            decoder=_raw_body,
+            title="prepare",
+            description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
+        )
+        async def on_prepare(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> NatsResponse:
+            return await self._prepare(body, run_id, instance_id)
+
+        @r.subscriber(
+            f"{INSPECT}.{{run_id}}.{{instance_id}}",
+            queue="assembler",
+            decoder=_raw_body,
+            title="inspect",
+            description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
+        )
+        async def on_inspect(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> NatsResponse:
+            return await self._inspect(body, f"{run_id}.{instance_id}")
+
+        @r.subscriber(
+            f"{RECORDED}.{{run_id}}.{{instance_id}}",
+            decoder=_raw_body,
+            title="recorded",
+            description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
+        )
+        async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+            self._board.notify(f"{run_id}.{instance_id}")
+
+    async def _prepare(self, body: bytes, run_id: str, instance_id: str) -> NatsResponse:
+        started = time.perf_counter()
+        purpose = "unknown"
+        try:
+            request = _parse(PrepareRequest, body)
+            purpose = request.purpose.value
+            if (request.run_id, request.instance_id) != (run_id, instance_id):
+                raise InvalidRequest(
+                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of {run_id}.{instance_id}"
+                )
+            prepared = await self._require_service().prepare(request)
+        except Exception as exc:
+            reply = _error_reply(exc)
+            self._metrics.prepare_errors.labels(code=reply.code.value).inc()
+            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
+        report = prepared.budget_report
+        self._metrics.prepare_seconds.labels(purpose=purpose).observe(time.perf_counter() - started)
+        self._metrics.prepare_tokens.labels(purpose=purpose).observe(report.used.total)
+        self._metrics.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
+        return NatsResponse(prepared.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
+    async def _inspect(self, body: bytes, thread_id: str) -> NatsResponse:
+        try:
+            request = _parse(InspectRequest, body) if body else InspectRequest()
+            inspection = await self._require_service().inspect(thread_id, request)
+        except Exception as exc:
+            reply = _error_reply(exc)
+            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
+        return NatsResponse(inspection.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
+    def _require_service(self) -> PrepareService:
+        if self._service is None:
+            raise CtxError("assembler has no store attached")
+        return self._service
+
+
+_M = TypeVar("_M", PrepareRequest, InspectRequest)
+
+
+def _parse(model: type[_M], body: bytes) -> _M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"invalid {model.__name__}: {loc}: {first['msg']}") from None
+
+
+def _error_reply(exc: Exception) -> ErrorReply:
+    if isinstance(exc, CtxError):
+        return exc.to_reply()
+    log.exception("prepare failed unexpectedly")
+    return ErrorReply(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}", retryable=True)

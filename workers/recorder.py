@@ -1,0 +1,182 @@
+"""recorder: applies each owned partition of the events stream to the ledger, in order.
+
+Why not a FastStream subscriber: FastStream 0.7.8's batch pull loop keeps fetching until the batch
+is full or its timeout passes (a latency floor on every prepare), and its per-message pull loop
+handles a fetched batch concurrently (no order). Here each partition is read by an ephemeral,
+ack-less pull consumer that starts right after the position committed in Postgres; each fetched
+batch is one transaction that also advances that position. Postgres, not the broker, is the
+source of truth for what was applied: a crash replays from the last commit, a delivery gap
+(consumer sequence jump) rebuilds the consumer from it, and nothing is applied twice or out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+
+import asyncpg
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
+from contracts import DeadLetter
+from services.errors import CtxError
+from services.ledger import Incoming, RecordingLimits
+from services.recording import BatchResult, RecordingService
+from services.store.ledger import TrackingRepo
+
+from .metrics import FleetMetrics
+
+__all__ = ["JetStreamDeadLetterSink", "RecorderWorker"]
+
+log = logging.getLogger("ctxfleet.recorder")
+_FETCH_TIMEOUT_S = 1.0
+_MAX_BACKOFF_S = 10.0
+
+
+class JetStreamDeadLetterSink:
+    """Publishes dead letters to ``ctx.dead.events.<thread>`` (the CTX_DEAD stream), deduplicated by id."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+
+    async def publish(self, letter: DeadLetter, msg_id: str) -> None:
+        """Store one dead letter durably."""
+        await self._js.publish(
+            dead_subject(letter.thread_id), letter.model_dump_json().encode(), headers={"Nats-Msg-Id": msg_id}, timeout=10.0
+        )
+
+
+class RecorderWorker:
+    """Runs one ordered read loop per owned partition."""
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        pool: asyncpg.Pool,
+        metrics: FleetMetrics,
+        *,
+        partitions: Sequence[int],
+        limits: RecordingLimits,
+        recorder_id: str,
+        batch: int,
+    ) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=10.0)
+        self._pool = pool
+        self._metrics = metrics
+        self._partitions = tuple(partitions)
+        self._batch = batch
+        self._service = RecordingService(pool, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        """Start reading every owned partition."""
+        for p in self._partitions:
+            self._tasks.append(asyncio.create_task(self._run(p), name=f"recorder-p{p}"))
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Finish the batch in hand on every partition, then stop (fetches end within a second)."""
+        self._stopping.set()
+        done, pending = await asyncio.wait(self._tasks, timeout=timeout) if self._tasks else (set(), set())
+        for task in pending:
+            task.cancel()
+        self._tasks.clear()
+
+    async def _run(self, partition: int) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                await self._consume(partition)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Keep the partition alive through broker or store outages.
+                if self._stopping.is_set():
+                    return
+                failures += 1
+                delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
+                code = exc.code.value if isinstance(exc, CtxError) else type(exc).__name__
+                self._metrics.record_retries.labels(code=code).inc()
+                log.warning("partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                except TimeoutError:
+                    pass
+
+    async def _consume(self, partition: int) -> None:
+        """Read from the committed position until stopped or until delivery has a gap."""
+        async with self._pool.acquire() as conn:
+            position = await TrackingRepo.max_tracking_seq(conn, "recorder", partition)
+        self._metrics.recorder_position.labels(partition=str(partition)).set(position)
+        config = ConsumerConfig(
+            filter_subject=partition_filter(partition),
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if position else DeliverPolicy.ALL,
+            opt_start_seq=position + 1 if position else None,
+            inactive_threshold=30.0,
+            mem_storage=True,
+            num_replicas=1,
+        )
+        name = f"recorder-p{partition}-{self._nc._nuid.next().decode()}"
+        config.name = name
+        await self._js.add_consumer(EVENTS_STREAM, config=config)
+        sub = await self._js.pull_subscribe_bind(stream=EVENTS_STREAM, consumer=name, name=name)
+        try:
+            expected = 1
+            while not self._stopping.is_set():
+                try:
+                    msgs = await sub.fetch(self._batch, timeout=_FETCH_TIMEOUT_S)
+                except NatsTimeout:
+                    continue
+                contiguous, gap = _contiguous(msgs, expected)
+                if contiguous:
+                    await self._apply(partition, contiguous)
+                    expected += len(contiguous)
+                if gap:
+                    log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
+                    return
+        finally:
+            await sub.unsubscribe()
+            try:
+                await self._js.delete_consumer(EVENTS_STREAM, name)
+            except Exception:  # The server drops it by inactive_threshold anyway.
+                pass
+
+    async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
+        batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream) for m in msgs]
+        started = time.perf_counter()
+        result = await self._service.record_batch(partition, batch)
+        self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
+        self._metrics.record_batch_size.observe(len(batch))
+        self._metrics.recorder_position.labels(partition=str(partition)).set(batch[-1].stream_seq)
+        await self._announce(result)
+
+    async def _announce(self, result: BatchResult) -> None:
+        self._metrics.events_recorded.inc(result.recorded)
+        self._metrics.events_duplicate.inc(result.duplicates)
+        touched = dict(result.heads)
+        for rejection in result.rejections:
+            self._metrics.events_rejected.labels(code=rejection.code.value).inc()
+            if rejection.thread_id and rejection.thread_id not in touched:
+                touched[rejection.thread_id] = (-1, -1)
+        for thread_id, (seq, revision) in touched.items():
+            # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
+            await self._nc.publish(recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode())
+
+
+def _contiguous(msgs: Sequence[Msg], expected: int) -> tuple[list[Msg], bool]:
+    """The messages before the first consumer-sequence gap, and whether there was one."""
+    out: list[Msg] = []
+    for m in msgs:
+        if m.metadata.sequence.consumer != expected + len(out):
+            return out, True
+        out.append(m)
+    return out, False
