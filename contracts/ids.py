@@ -13,8 +13,10 @@ from typing import Annotated, NewType
 from pydantic import StringConstraints
 
 __all__ = [
-    "ID_PATTERN",
+    "EVENT_KEY_PATTERN",
     "EventKey",
+    "EventKeyStr",
+    "ID_PATTERN",
     "Identifier",
     "InstanceId",
     "RunId",

@@ -28,7 +28,11 @@ from .provision import ProvisionError
 from .runtime import Servers, migrate, provision, start_fleet, start_servers
 from .schemas import write_schemas
 
-__all__ = ["main"]
+__all__ = [
+    "CliError",
+    "DEFAULT_SAMPLE",
+    "main",
+]
 
 log = logging.getLogger("ctxfleet")
 DEFAULT_SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"

@@ -27,6 +27,7 @@ __all__ = [
     "nats_server_binary",
     "read_endpoints",
     "remove_endpoints",
+    "server_version_ok",
     "write_endpoints",
 ]
 

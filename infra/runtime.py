@@ -17,7 +17,13 @@ from . import MIGRATIONS_DIR
 from .embedded import EmbeddedNats, EmbeddedPostgres
 from .provision import provision_streams
 
-__all__ = ["Servers", "migrate", "provision", "start_servers"]
+__all__ = [
+    "Servers",
+    "migrate",
+    "provision",
+    "start_fleet",
+    "start_servers",
+]
 
 log = logging.getLogger("ctxfleet")
 

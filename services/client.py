@@ -7,6 +7,7 @@ asks the assembler (request/reply) and raises the typed error of an error reply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from types import TracebackType
@@ -33,9 +34,14 @@ class AppendAck:
     duplicate: bool
 
 
-def msg_id_of(thread_id: str, event_key: str) -> str:
-    """The ``Nats-Msg-Id`` of an event: event keys are unique per thread, so scope them by it."""
-    return f"{thread_id}/{event_key}"
+def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
+    """The ``Nats-Msg-Id`` of an event: thread, key and a digest of the exact bytes.
+
+    JetStream then drops only byte-identical retries. Anything else under a known key (a conflicting
+    reuse, another session claiming the thread) reaches the recorder, which rejects it with a
+    reason instead of the publisher being told "duplicate" and nothing else.
+    """
+    return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
 
 
 class FleetClient:
@@ -82,7 +88,7 @@ class FleetClient:
                 data,
                 stream=EVENTS_STREAM,
                 timeout=timeout,
-                headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key)},
+                headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)},
             )
         except MaxPayloadError as exc:
             raise PayloadTooLarge(len(data), limit) from exc

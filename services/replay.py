@@ -37,7 +37,14 @@ from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, RenderedCall, arguments_jso
 from .tokens import ENCODINGS, counter_for
 from .trace import TraceLine
 
-__all__ = ["ReplayOptions", "ReplayReport", "percentile", "replay_trace", "trace_events"]
+__all__ = [
+    "ReplayOptions",
+    "ReplayReport",
+    "full_history_tokens",
+    "percentile",
+    "replay_trace",
+    "trace_events",
+]
 
 
 @dataclass(frozen=True)

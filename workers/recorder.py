@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 import asyncpg
 from nats.aio.client import Client as NatsClient
@@ -75,19 +75,29 @@ class RecorderWorker:
         self._batch = batch
         self._service = RecordingService(pool, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
         self._stopping = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._applying: set[int] = set()
 
     async def start(self) -> None:
         """Start reading every owned partition."""
         for p in self._partitions:
-            self._tasks.append(asyncio.create_task(self._run(p), name=f"recorder-p{p}"))
+            self._tasks[p] = asyncio.create_task(self._run(p), name=f"recorder-p{p}")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Finish the batch in hand on every partition, then stop (fetches end within a second)."""
+        """Finish the batch in hand on every partition, then stop.
+
+        A partition that is only waiting on a fetch is cancelled at once: what it may have fetched
+        is not applied, and the next recorder reads it again from the committed position.
+        """
         self._stopping.set()
-        done, pending = await asyncio.wait(self._tasks, timeout=timeout) if self._tasks else (set(), set())
-        for task in pending:
-            task.cancel()
+        for p, task in self._tasks.items():
+            if p not in self._applying:
+                task.cancel()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks.values(), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
 
     async def _run(self, partition: int) -> None:
@@ -138,17 +148,19 @@ class RecorderWorker:
                     continue
                 contiguous, gap = _contiguous(msgs, expected)
                 if contiguous:
-                    await self._apply(partition, contiguous)
+                    self._applying.add(partition)
+                    try:
+                        await self._apply(partition, contiguous)
+                    finally:
+                        self._applying.discard(partition)
                     expected += len(contiguous)
                 if gap:
                     log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
                     return
         finally:
-            await sub.unsubscribe()
-            try:
-                await self._js.delete_consumer(EVENTS_STREAM, name)
-            except Exception:  # The server drops it by inactive_threshold anyway.
-                pass
+            await _quietly(sub.unsubscribe())
+            # The server drops it after inactive_threshold anyway; this just tidies up sooner.
+            await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 
     async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
         batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream) for m in msgs]
@@ -170,6 +182,13 @@ class RecorderWorker:
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
             await self._nc.publish(recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode())
+
+
+async def _quietly(step: Awaitable[object]) -> None:
+    try:
+        await asyncio.shield(step)
+    except (Exception, asyncio.CancelledError):
+        pass
 
 
 def _contiguous(msgs: Sequence[Msg], expected: int) -> tuple[list[Msg], bool]:

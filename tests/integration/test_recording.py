@@ -128,7 +128,7 @@ async def test_msg_id_is_scoped_by_thread_so_equal_keys_in_two_threads_both_reco
     fleet: Fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
     a, b = Thread(), Thread()
-    assert msg_id_of(a.thread_id, "k1") != msg_id_of(b.thread_id, "k1")
+    assert msg_id_of(a.thread_id, "k1", b"same") != msg_id_of(b.thread_id, "k1", b"same")
     await client.append(a.user("in a", key="k1"))
     await client.append(b.user("in b", key="k1"))
     await eventually(lambda: _has(db, a, 1), what="a's record")

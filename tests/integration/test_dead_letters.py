@@ -1,0 +1,124 @@
+"""Every bad input is dead-lettered with its reason and raw payload; the recorder keeps serving."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import asyncpg
+import nats
+import pytest
+
+from contracts import DeadLetter, PrepareRequest
+from contracts.subjects import DEAD_STREAM
+from services.client import FleetClient
+from services.errors import EventRejected
+from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+SMALL_LIMIT = 4096  # bytes: small enough that a 5 KiB event exercises payload_too_large
+
+
+def _bad_inputs(t: Thread, other_session: Thread) -> list[tuple[str, bytes]]:
+    return [
+        ("unknown_event_kind", t.raw(kind="telepathy", payload={"text": "x"})),
+        ("invalid_event", json.dumps({"kind": "user_input", "session_id": t.session_id, "payload": {"text": "x"}}).encode()),
+        ("payload_too_large", t.raw(kind="user_input", payload={"text": "x" * 5000})),
+        ("invalid_encoding", b'{"kind": "user_input", "text": "\xff\xfe"}'),
+        ("malformed_json", b'{"kind": "user_input",'),
+        ("orphan_tool_outcome", t.raw(kind="tool_outcome", payload={"call_id": "never-called", "text": "42"})),
+        ("scope_violation", other_session.raw(kind="user_input", payload={"text": "not yours"})),
+        ("thread_mismatch", Thread().raw(kind="user_input", payload={"text": "wrong subject"})),
+    ]
+
+
+async def test_each_bad_input_is_dead_lettered_with_reason_and_raw_payload_and_nothing_valid_is_lost(
+    start_fleet, client: FleetClient, db: asyncpg.Connection, nats_url: str
+) -> None:
+    await start_fleet(max_event_bytes=SMALL_LIMIT)
+    t = Thread()
+    intruder = Thread(session_id="s-intruder", run_id=t.run_id)
+    await client.append(t.user("first valid", key="v0"))
+    bad = _bad_inputs(t, intruder)
+    for i, (_, raw) in enumerate(bad, start=1):
+        await client.append_raw(t.thread_id, f"bad{i}", raw)
+        await client.append(t.user(f"valid after bad input {i}", key=f"v{i}"))
+
+    async def all_recorded() -> bool:
+        return int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id)) == len(bad) + 1
+
+    await eventually(all_recorded, what="every valid event")
+    keys = [r["event_key"] for r in await db.fetch("SELECT event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)]
+    assert keys == [f"v{i}" for i in range(len(bad) + 1)]
+
+    codes = [r["code"] for r in await db.fetch("SELECT code FROM ctx.dead_letters ORDER BY stream_seq")]
+    assert codes == [code for code, _ in bad]
+
+    letters = await _read_dead_stream(nats_url, len(bad))
+    assert [letter.code.value for letter in letters] == [code for code, _ in bad]
+    for letter, (_, raw) in zip(letters, bad, strict=True):
+        assert letter.reason
+        kept = base64.b64decode(letter.raw_base64)
+        assert kept == raw[: len(kept)] and letter.raw_size == len(raw)
+        assert letter.raw_truncated == (len(raw) > len(kept))
+
+
+async def test_scope_violation_does_not_reveal_the_owning_session(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    owner = Thread(session_id="s-owner-secret")
+    intruder = Thread(session_id="s-intruder", run_id=owner.run_id)
+    await client.append(owner.user("mine"))
+    await client.append(intruder.user("claiming it"))
+    await eventually(lambda: _dead(db, 1), what="the dead letter")
+    row = await db.fetchrow("SELECT code, reason, details::text AS details FROM ctx.dead_letters")
+    assert row["code"] == "scope_violation"
+    assert "s-owner-secret" not in row["reason"] and "s-owner-secret" not in row["details"]
+
+
+async def test_duplicate_outcome_and_reused_call_id_and_reused_key_are_rejected(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    await client.append(t.assistant(calls=(("c1", "ls", {}),), key="a1"))
+    await client.append(t.outcome("c1", "ok", key="o1"))
+    await client.append(t.outcome("c1", "second answer", key="o2"))
+    await client.append(t.assistant(calls=(("c1", "ls", {}),), key="a2"))
+    await client.append_raw(t.thread_id, "a1-again", t.user("other content", key="a1").model_dump_json().encode())
+    await eventually(lambda: _dead(db, 3), what="three dead letters")
+    codes = [r["code"] for r in await db.fetch("SELECT code FROM ctx.dead_letters ORDER BY stream_seq")]
+    assert codes == ["duplicate_tool_outcome", "duplicate_call_id", "event_key_conflict"]
+
+
+async def test_prepare_after_a_rejected_event_answers_event_rejected_at_once(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    await client.append(t.user("hello", key="k1"))
+    await client.append_raw(t.thread_id, "k2", t.raw(kind="tool_outcome", event_key="k2", payload={"call_id": "nope"}))
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k2", wait_ms=5000
+    )
+    with pytest.raises(EventRejected) as err:
+        await client.prepare(request)
+    assert err.value.details["rejected_code"] == "orphan_tool_outcome"
+
+
+async def _dead(db: asyncpg.Connection, n: int) -> bool:
+    return int(await db.fetchval("SELECT count(*) FROM ctx.dead_letters")) >= n
+
+
+async def _read_dead_stream(nats_url: str, n: int) -> list[DeadLetter]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        sub = await js.subscribe("ctx.dead.>", stream=DEAD_STREAM, ordered_consumer=True)
+        letters = []
+        for _ in range(n):
+            msg = await sub.next_msg(timeout=5)
+            letters.append(DeadLetter.model_validate_json(msg.data))
+        return letters
+    finally:
+        await nc.close()

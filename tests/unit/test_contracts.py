@@ -1,0 +1,102 @@
+"""The wire: decoding raw events, ids that are safe in subjects, request validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from contracts import (
+    ErrorCode,
+    EventDecodeError,
+    ModelProfile,
+    PrepareRequest,
+    ToolOutcomeEvent,
+    decode_event,
+    split_thread_id,
+    thread_id_of,
+)
+from contracts.subjects import (
+    events_subject,
+    partition_filter,
+    partition_of,
+    partition_transform,
+    thread_from_partitioned_subject,
+)
+
+ENVELOPE = {"event_key": "k1", "session_id": "s1", "run_id": "r1", "instance_id": "main"}
+
+
+def _raw(**fields: object) -> bytes:
+    return json.dumps({**ENVELOPE, **fields}).encode()
+
+
+def test_decode_event_reads_every_kind_with_defaults() -> None:
+    event = decode_event(_raw(kind="tool_outcome", payload={"call_id": "c1"}), max_bytes=1000)
+    assert isinstance(event, ToolOutcomeEvent)
+    assert (event.payload.status.value, event.payload.text, event.thread_id) == ("success", "", "r1.main")
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (_raw(kind="user_input", payload={"text": "x" * 200}), ErrorCode.PAYLOAD_TOO_LARGE),
+        (b'{"kind": "user_input", "x": "\xc3\x28"}', ErrorCode.INVALID_ENCODING),
+        (b'{"kind": ', ErrorCode.MALFORMED_JSON),
+        (b"[1, 2]", ErrorCode.INVALID_EVENT),
+        (_raw(kind="dream", payload={}), ErrorCode.UNKNOWN_EVENT_KIND),
+        (_raw(payload={}), ErrorCode.UNKNOWN_EVENT_KIND),
+        (json.dumps({"kind": "user_input", "payload": {"text": "x"}}).encode(), ErrorCode.INVALID_EVENT),
+        (_raw(kind="user_input", payload={"text": "x", "extra": 1}), ErrorCode.INVALID_EVENT),
+        (_raw(kind="user_input", payload={"text": "x"}, run_id="has.dot"), ErrorCode.INVALID_EVENT),
+        (_raw(kind="tool_outcome", payload={"call_id": "c", "status": "great"}), ErrorCode.INVALID_EVENT),
+    ],
+    ids=["too-large", "bad-utf8", "bad-json", "not-an-object", "unknown-kind", "no-kind", "missing-fields", "extra-field", "dotted-id", "bad-status"],
+)
+def test_decode_event_rejects_bad_input_with_a_stable_code(raw: bytes, code: ErrorCode) -> None:
+    with pytest.raises(EventDecodeError) as err:
+        decode_event(raw, max_bytes=150)
+    assert err.value.code is code and err.value.message
+
+
+def test_decode_event_missing_field_names_the_field() -> None:
+    with pytest.raises(EventDecodeError) as err:
+        decode_event(json.dumps({"kind": "user_input", "payload": {"text": "x"}}).encode(), max_bytes=1000)
+    assert "event_key" in err.value.message
+
+
+def test_thread_ids_are_two_subject_tokens_and_round_trip() -> None:
+    assert thread_id_of("run-1", "main") == "run-1.main"
+    assert split_thread_id("run-1.main") == ("run-1", "main")
+    assert events_subject("run-1.main") == "ctx.events.run-1.main"
+    for bad in ("run.1.main", "run*", "a b.main", ".main", "run."):
+        with pytest.raises(ValueError):
+            split_thread_id(bad)
+
+
+def test_partition_helpers_agree_with_each_other() -> None:
+    src, dest = partition_transform(16)
+    assert src == "ctx.events.*.*" and dest == "ctx.p.{{partition(16,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}"
+    assert partition_filter(3) == "ctx.p.3.*.*"
+    assert thread_from_partitioned_subject("ctx.p.3.run-1.main") == "run-1.main"
+    assert thread_from_partitioned_subject("ctx.events.run-1.main") is None
+    spread = {partition_of(f"run-{i}", "main", partitions=16) for i in range(200)}
+    assert spread == set(range(16))
+
+
+def test_prepare_request_needs_a_budget_source_and_at_most_one_profile() -> None:
+    with pytest.raises(ValidationError, match="budget"):
+        PrepareRequest(session_id="s", run_id="r", instance_id="main")
+    with pytest.raises(ValidationError, match="not both"):
+        PrepareRequest(
+            session_id="s", run_id="r", instance_id="main", model_profile="gpt-4o",
+            profile=ModelProfile(name="x", context_window=1000),
+        )
+
+
+def test_model_profile_input_budget_is_min_of_limit_and_window_minus_reserve_and_margin() -> None:
+    assert ModelProfile(name="m", context_window=1000, output_reserve=200, safety_margin=50).input_budget == 750
+    assert ModelProfile(name="m", context_window=1000, input_limit=600, output_reserve=200).input_budget == 600
+    with pytest.raises(ValidationError, match="exceed"):
+        ModelProfile(name="m", context_window=100, output_reserve=100)

@@ -1,0 +1,59 @@
+"""Errors: one tree, stable unique codes, a lossless wire form."""
+
+from __future__ import annotations
+
+import services.errors as errors_module
+from contracts import ErrorCode, ErrorReply
+from services.errors import (
+    CtxError,
+    NotYetRecorded,
+    RevisionConflict,
+    ScopeViolation,
+    StoreUnavailable,
+    error_from_reply,
+)
+
+
+def _all_error_classes() -> list[type[CtxError]]:
+    out: list[type[CtxError]] = []
+    todo = [CtxError]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return out
+
+
+def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> None:
+    classes = [c for c in _all_error_classes() if c is not CtxError and c.__module__ == errors_module.__name__]
+    codes = [c.code for c in classes]
+    assert len(codes) == len(set(codes)), "two error classes share a code"
+    assert all(isinstance(code, ErrorCode) for code in codes)
+
+
+def test_errors_retryable_only_for_transient_failures() -> None:
+    retryable = {c.__name__ for c in _all_error_classes() if c.retryable}
+    assert retryable == {"RevisionConflict", "StoreUnavailable", "NotYetRecorded", "FleetUnavailable"}
+
+
+def test_error_from_reply_rebuilds_the_typed_error_with_its_details() -> None:
+    original = NotYetRecorded("r.main", "k9", 1200)
+    rebuilt = error_from_reply(ErrorReply.model_validate_json(original.to_reply().model_dump_json()))
+    assert type(rebuilt) is NotYetRecorded
+    assert (rebuilt.message, rebuilt.details, rebuilt.retryable) == (original.message, original.details, True)
+
+
+def test_error_from_reply_of_an_unknown_code_is_a_plain_ctx_error() -> None:
+    rebuilt = error_from_reply(ErrorReply(code=ErrorCode.INTERNAL, message="boom"))
+    assert type(rebuilt) is CtxError and rebuilt.message == "boom"
+
+
+def test_scope_violation_keeps_the_owner_out_of_its_wire_form() -> None:
+    err = ScopeViolation("r.main", "s-claimed", "s-owner")
+    assert "s-owner" not in err.to_reply().model_dump_json()
+    assert err.owner_session_id == "s-owner"
+
+
+def test_revision_conflict_and_store_unavailable_carry_typed_fields() -> None:
+    assert RevisionConflict("r.main", 3, 4).details == {"thread_id": "r.main", "expected": 3, "actual": 4}
+    assert StoreUnavailable("reset").details == {"cause": "reset"}

@@ -1,0 +1,138 @@
+"""The recording plan: every invariant of services/ledger.py, with no database."""
+
+from __future__ import annotations
+
+from services.hashing import GENESIS_HASH, verify_chain, ChainLink
+from services.ledger import (
+    CallState,
+    KnownKey,
+    LedgerReads,
+    RecordingLimits,
+    ThreadHead,
+    decode_batch,
+    plan_batch,
+)
+from services.tokens import ENCODINGS, counter_for
+from tests.fixtures.builders import Thread, incoming
+
+COUNTERS = {n: counter_for(n) for n in ENCODINGS}
+LIMITS = RecordingLimits()
+
+
+def _plan(events, reads: LedgerReads | None = None, limits: RecordingLimits = LIMITS):  # type: ignore[no-untyped-def]
+    return plan_batch(decode_batch(incoming(events), limits), reads or LedgerReads({}, {}, {}), limits, COUNTERS)
+
+
+def test_plan_batch_gives_consecutive_seqs_and_an_unbroken_chain() -> None:
+    t = Thread()
+    plan = _plan([t.system(), t.user("q"), t.assistant("a")])
+    assert [r.seq for r in plan.records] == [1, 2, 3]
+    assert plan.records[0].prev_hash == GENESIS_HASH
+    links = [ChainLink(r.seq, r.content_sha256, r.prev_hash, r.record_hash) for r in plan.records]
+    assert verify_chain(t.thread_id, links) is None
+    (head,) = plan.heads
+    assert (head.expected_revision, head.revision, head.last_seq, head.last_event_key) == (None, 1, 3, "k3")
+
+
+def test_plan_batch_continues_an_existing_head_with_a_revision_check() -> None:
+    t = Thread()
+    head = ThreadHead(t.thread_id, t.session_id, revision=7, last_seq=41, last_hash="f" * 64, last_event_key="k0")
+    plan = _plan([t.user("next")], LedgerReads({t.thread_id: head}, {}, {}))
+    assert plan.records[0].seq == 42 and plan.records[0].prev_hash == "f" * 64
+    assert (plan.heads[0].expected_revision, plan.heads[0].revision) == (7, 8)
+
+
+def test_plan_batch_same_key_same_content_is_a_duplicate_not_a_record() -> None:
+    t = Thread()
+    event = t.user("hello", key="k1")
+    plan = _plan([event, event])
+    assert len(plan.records) == 1 and plan.duplicates == ((t.thread_id, "k1"),) and not plan.rejections
+    known = {(t.thread_id, "k1"): KnownKey(1, plan.records[0].content_sha256)}
+    again = _plan([event], LedgerReads({}, known, {}))
+    assert again.records == () and len(again.duplicates) == 1
+
+
+def test_plan_batch_same_key_other_content_is_rejected() -> None:
+    t = Thread()
+    plan = _plan([t.user("hello", key="k1"), t.user("changed", key="k1")])
+    assert [r.code.value for r in plan.rejections] == ["event_key_conflict"]
+
+
+def test_plan_batch_rejects_orphan_and_second_outcomes_and_reused_call_ids() -> None:
+    t = Thread()
+    plan = _plan(
+        [
+            t.outcome("nobody-called-me", "x"),
+            t.assistant(calls=(("c1", "ls", {}), ("c1", "ls", {}))),
+            t.assistant(calls=(("c2", "ls", {}),)),
+            t.outcome("c2", "ok"),
+            t.outcome("c2", "again"),
+            t.assistant(calls=(("c2", "ls", {}),)),
+        ]
+    )
+    assert [r.code.value for r in plan.rejections] == [
+        "orphan_tool_outcome",
+        "duplicate_call_id",
+        "duplicate_tool_outcome",
+        "duplicate_call_id",
+    ]
+    assert [(c.call_id, c.call_seq) for c in plan.calls] == [("c2", 1)]
+    assert [(o.call_id, o.outcome_seq, o.status) for o in plan.outcomes] == [("c2", 2, "success")]
+
+
+def test_plan_batch_knows_calls_recorded_in_earlier_batches() -> None:
+    t = Thread()
+    reads = LedgerReads(
+        {t.thread_id: ThreadHead(t.thread_id, t.session_id, 1, 1, "a" * 64, "k0")},
+        {},
+        {(t.thread_id, "c1"): CallState("c1", 1, None)},
+    )
+    plan = _plan([t.outcome("c1", "done")], reads)
+    assert not plan.rejections and plan.outcomes[0].outcome_seq == 2
+
+
+def test_plan_batch_rejects_an_event_claiming_another_sessions_thread() -> None:
+    owner = Thread()
+    intruder = Thread(session_id="s-other", run_id=owner.run_id)
+    plan = _plan([owner.user("mine"), intruder.user("claimed", key="x1")])
+    assert [r.code.value for r in plan.rejections] == ["scope_violation"]
+    assert len(plan.records) == 1
+
+
+def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> None:
+    t = Thread()
+    batch = incoming([t.user("x")])
+    from services.ledger import Incoming
+
+    moved = [Incoming("ctx.p.0.other-run.main", batch[0].data, 1)]
+    decoded = decode_batch(moved, LIMITS)
+    assert decoded[0].code.value == "thread_mismatch"  # type: ignore[union-attr]
+
+
+def test_plan_batch_counts_session_order_across_threads() -> None:
+    a, b = Thread(session_id="s1"), Thread(session_id="s1")
+    plan = _plan([a.user("1"), b.user("2"), a.user("3")])
+    assert [r.session_ordinal for r in plan.records] == [1, 2, 3]
+    assert dict(plan.session_counts) == {"s1": 3}
+
+
+def test_plan_batch_stores_large_text_once_and_trims_long_tool_results_head_and_tail() -> None:
+    t = Thread()
+    huge = "\n".join(f"line {i}: something happened" for i in range(3000))
+    limits = RecordingLimits(tool_result_max_tokens=200, blob_min_bytes=1000)
+    plan = _plan([t.assistant(calls=(("c1", "bash", {"cmd": "make"}),)), t.outcome("c1", huge)], limits=limits)
+    outcome = plan.records[1]
+    assert outcome.text is None and outcome.blob_sha256 and len(plan.blobs) == 1
+    assert outcome.view_text is not None
+    assert outcome.view_text.startswith("line 0:") and outcome.view_text.endswith("line 2999: something happened")
+    assert f"ctx://blob/{outcome.blob_sha256}" in outcome.view_text and "3000 lines" in outcome.view_text
+    # The model pays for the trimmed view (200 tokens plus the ~70-token marker), not 30k tokens.
+    assert outcome.tokens.o200k_base < 300
+
+
+def test_plan_batch_counts_tokens_of_calls_and_content_in_both_encodings() -> None:
+    t = Thread()
+    (plain,) = _plan([t.assistant("thinking")]).records
+    (with_call,) = _plan([Thread().assistant("thinking", calls=(("c1", "bash", {"cmd": "ls -la"}),))]).records
+    assert with_call.tokens.o200k_base > plain.tokens.o200k_base > 0
+    assert with_call.tokens.cl100k_base > 0
