@@ -1,0 +1,142 @@
+"""End to end, as a user runs it: `ctxfleet up` serving, `ctxfleet replay` from another process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contracts import PreparedContext
+from infra import SAMPLES_DIR
+from infra.embedded import EmbeddedPostgres
+from services.trace import read_trace
+
+pytestmark = [pytest.mark.pg, pytest.mark.nats]
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = SAMPLES_DIR / "swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
+
+
+def _ctxfleet(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def serving_fleet(streams: str, database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """`ctxfleet up --no-replay` on the test servers; yields the env of a second terminal."""
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "CTX_NATS_URL": streams, "CTX_DATABASE_URL": database_url, "CTX_DATA_DIR": str(data_dir), "CTX_PARTITIONS": "4"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up", "--no-replay"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            if "serving" in line:
+                break
+            assert time.monotonic() < deadline, "fleet did not come up"
+        else:
+            pytest.fail(f"fleet exited: {proc.wait()}")
+        # The second terminal knows nothing but the checkout: no URLs, only the data folder.
+        second = {k: v for k, v in env.items() if k not in ("CTX_NATS_URL", "CTX_DATABASE_URL")}
+        yield second
+    finally:
+        proc.send_signal(2)  # Ctrl-C
+        out = proc.communicate(timeout=30)[0]
+        assert proc.returncode == 0, out
+        assert "stopped cleanly" in out
+
+
+def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(serving_fleet: dict[str, str], tmp_path: Path) -> None:
+    report_path, dumps = tmp_path / "report.json", tmp_path / "contexts"
+    result = _ctxfleet("replay", str(SAMPLE), "--report", str(report_path), "--dump-contexts", str(dumps), env=serving_fleet)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(report_path.read_text())
+    lines = read_trace(SAMPLE)
+    expected_prepares = sum(1 for line in lines[1:] if line.kind == "assistant_message")
+    totals = report["totals"]
+    assert totals["events"] == len(lines) and totals["prepares"] == expected_prepares == len(report["prepares"])
+    assert totals["errors"] == 0
+    assert totals["latency_ms_p50"] <= totals["latency_ms_p99"]
+    assert totals["prepared_tokens_sum"] <= totals["full_history_tokens_sum"]
+    for entry in report["prepares"]:
+        assert {"seq", "prepared_tokens", "input_budget", "messages", "latency_ms"} <= set(entry)
+    files = sorted(p.name for p in dumps.iterdir())
+    assert files == [f"{i:04d}.json" for i in range(1, expected_prepares + 1)]
+    for name in files:
+        _assert_protocol_valid(PreparedContext.model_validate_json((dumps / name).read_text()))
+
+
+def test_replay_twice_gives_the_same_messages_and_inspect_verifies_the_chain(serving_fleet: dict[str, str], tmp_path: Path) -> None:
+    runs = []
+    for n in (1, 2):
+        dumps = tmp_path / f"run{n}"
+        report = tmp_path / f"r{n}.json"
+        result = _ctxfleet("replay", str(SAMPLE), "--dump-contexts", str(dumps), "--report", str(report), "--budget", "3000", env=serving_fleet)
+        assert result.returncode == 0, result.stderr
+        runs.append([json.loads(p.read_text())["messages"] for p in sorted(dumps.iterdir())])
+        session = json.loads(report.read_text())["totals"]["session_id"]
+    assert runs[0] == runs[1]
+    inspect = _ctxfleet("inspect", f"{session}-r1.main", "--json", env=serving_fleet)
+    assert inspect.returncode == 0, inspect.stderr
+    assert json.loads(inspect.stdout)["chain_verified"] is True
+    human = _ctxfleet("inspect", f"{session}-r1.main", env=serving_fleet)
+    assert "hash chain verified" in human.stdout
+
+
+def test_replay_without_a_running_fleet_says_how_to_start_one(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+    env["CTX_DATA_DIR"] = str(tmp_path / "nothing-here")
+    result = _ctxfleet("replay", str(SAMPLE), env=env)
+    assert result.returncode == 2 and "make run" in result.stderr
+
+
+def test_up_on_embedded_servers_replays_the_sample_and_a_second_run_reuses_the_data(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+    env["CTX_DATA_DIR"] = str(tmp_path / "data")
+    os.chmod(tmp_path, 0o755)
+    for _ in range(2):
+        result = _ctxfleet("up", "--exit-after-replay", env=env, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "events recorded" in result.stdout and "prepare latency p50" in result.stdout
+    pg = EmbeddedPostgres(tmp_path / "data" / "postgres")
+    url = pg.start()
+    try:
+        import asyncio
+
+        import asyncpg
+
+        async def sessions() -> int:
+            conn = await asyncpg.connect(url)
+            try:
+                return int(await conn.fetchval("SELECT count(*) FROM ctx.sessions"))
+            finally:
+                await conn.close()
+
+        assert asyncio.run(sessions()) == 2
+    finally:
+        pg.stop()
+
+
+def _assert_protocol_valid(prepared: PreparedContext) -> None:
+    """Every tool call is answered right after its message; no result without its call."""
+    messages = prepared.messages
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        assert m.role != "tool", f"tool result without its call at message {i}"
+        if m.tool_calls:
+            ids = [c.id for c in m.tool_calls]
+            answers = [x.tool_call_id for x in messages[i + 1 : i + 1 + len(ids)]]
+            assert answers == ids, f"group at {i} is not whole: {ids} vs {answers}"
+            i += len(ids)
+        i += 1
