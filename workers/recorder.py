@@ -144,7 +144,8 @@ class RecorderWorker:
             while not self._stopping.is_set():
                 try:
                     msgs = await sub.fetch(self._batch, timeout=_FETCH_TIMEOUT_S)
-                except NatsTimeout:
+                except (NatsTimeout, TimeoutError):
+                    # nats-py raises either, depending on where in the fetch the time ran out.
                     continue
                 contiguous, gap = _contiguous(msgs, expected)
                 if contiguous:
