@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit bench schemas install clean
+.PHONY: run test test-unit typecheck bench schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
+
+## mypy --strict over contracts, services, workers and infra.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
 
 ## Throughput and latency figures (see README, "Measured").
 bench: $(STAMP)

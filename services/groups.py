@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention
+from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention, ToolCall
 
 from .render import arguments_json, content_of
 from .records import LedgerRecord
@@ -135,8 +135,8 @@ def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, 
     raw_calls = record.payload.get("tool_calls") or []
     assert isinstance(raw_calls, list)
     calls = tuple(
-        ChatToolCall(id=c["call_id"], function=ChatFunction(name=c["name"], arguments=arguments_json(c["args"])))
-        for c in raw_calls
+        ChatToolCall(id=c.call_id, function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
+        for c in (ToolCall.model_validate(raw) for raw in raw_calls)
     )
     if not calls:
         return DraftBlock(

@@ -31,10 +31,17 @@ from .hashing import verify_chain
 from .notices import NoticeBoard
 from .records import LedgerRecord
 from .store._errors import translate_pg_errors
-from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo, StoredHead
-from .tokens import counter_for
+from .store.ledger import Conn, DeadLettersRepo, HeadsRepo, RecordsRepo, StoredHead
+from .tokens import ENCODINGS, EncodingName, counter_for
 
 __all__ = ["PrepareService"]
+
+
+def _encoding(name: str) -> EncodingName:
+    for known in ENCODINGS:
+        if known == name:
+            return known
+    raise ValueError(f"no shipped encoding {name!r}")
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
@@ -78,7 +85,7 @@ class PrepareService:
             last_event_key=head.last_event_key,
             records=records,
         )
-        counter = None if budget.encoding == "estimate" else counter_for(budget.encoding)  # type: ignore[arg-type]
+        counter = None if budget.encoding == "estimate" else counter_for(_encoding(budget.encoding))
         return assemble_context(snapshot, request, budget, counter)
 
     async def inspect(self, thread_id: str, request: InspectRequest) -> ThreadInspection:
@@ -141,7 +148,7 @@ class PrepareService:
                 except TimeoutError:
                     pass
 
-    async def _records(self, conn: asyncpg.Connection, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
+    async def _records(self, conn: Conn, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         async with lock:
             cached = self._cache.get(thread_id)

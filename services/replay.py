@@ -109,15 +109,15 @@ def _parse_ts(ts: str | None) -> datetime | None:
 def _event(line: TraceLine, common: dict[str, object]) -> Event:
     match line.kind:
         case "system":
-            return SystemEvent(payload=SystemPayload(text=line.text), **common)  # type: ignore[arg-type]
+            return SystemEvent(payload=SystemPayload(text=line.text), **common)
         case "user_input":
-            return UserInputEvent(payload=UserInputPayload(text=line.text), **common)  # type: ignore[arg-type]
+            return UserInputEvent(payload=UserInputPayload(text=line.text), **common)
         case "assistant_message":
             calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
-            return AssistantMessageEvent(payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common)  # type: ignore[arg-type]
+            return AssistantMessageEvent(payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common)
         case "tool_outcome":
             payload = ToolOutcomePayload(call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text)
-            return ToolOutcomeEvent(payload=payload, **common)  # type: ignore[arg-type]
+            return ToolOutcomeEvent(payload=payload, **common)
         case _:
             raise ValueError(f"line {line.line}: unknown kind {line.kind!r}")
 
@@ -153,12 +153,12 @@ async def replay_trace(
     for event, line in zip(events, lines, strict=True):
         thread = event.thread_id
         if isinstance(event, AssistantMessageEvent) and thread in last_key:
-            entry, ok = await _prepare(client, event, last_key[thread], options, len(report.prepares) + 1, clock)
+            entry, latency_ms, ok = await _prepare(client, event, last_key[thread], options, len(report.prepares) + 1, clock)
             entry["event_line"] = line.line
             entry["full_history_tokens"] = full_so_far.get(thread, 0) + REPLY_PRIMING
             report.prepares.append(entry)
             if ok:
-                latencies.append(float(entry["latency_ms"]))  # type: ignore[arg-type]
+                latencies.append(latency_ms)
             else:
                 errors += 1
         await client.append(event)
@@ -170,12 +170,17 @@ async def replay_trace(
         "events": len(events),
         "prepares": len(report.prepares),
         "errors": errors,
-        "prepared_tokens_sum": sum(int(p["prepared_tokens"]) for p in ok_prepares),  # type: ignore[arg-type]
-        "full_history_tokens_sum": sum(int(p["full_history_tokens"]) for p in report.prepares),  # type: ignore[arg-type]
+        "prepared_tokens_sum": sum(_int(p["prepared_tokens"]) for p in ok_prepares),
+        "full_history_tokens_sum": sum(_int(p["full_history_tokens"]) for p in report.prepares),
         "latency_ms_p50": round(percentile(latencies, 50), 3),
         "latency_ms_p99": round(percentile(latencies, 99), 3),
     }
     return report
+
+
+def _int(value: JsonValue) -> int:
+    assert isinstance(value, int)
+    return value
 
 
 async def _prepare(
@@ -185,7 +190,7 @@ async def _prepare(
     options: ReplayOptions,
     ordinal: int,
     clock: Callable[[], float],
-) -> tuple[dict[str, JsonValue], bool]:
+) -> tuple[dict[str, JsonValue], float, bool]:
     request = PrepareRequest(
         session_id=event.session_id,
         run_id=event.run_id,
@@ -200,7 +205,9 @@ async def _prepare(
         prepared = await client.prepare(request)
     except CtxError as exc:
         latency = (clock() - started) * 1000
-        return {"seq": ordinal, "error": exc.code.value, "message": exc.message, "latency_ms": round(latency, 3)}, False
+        failed: dict[str, JsonValue] = {"seq": ordinal, "error": exc.code.value, "message": exc.message}
+        failed["latency_ms"] = round(latency, 3)
+        return failed, latency, False
     latency = (clock() - started) * 1000
     if options.dump_dir is not None:
         (options.dump_dir / f"{ordinal:04d}.json").write_text(prepared.model_dump_json(indent=2) + "\n", encoding="utf-8")
@@ -212,4 +219,4 @@ async def _prepare(
         "messages": len(prepared.messages),
         "omitted_blocks": len(prepared.omitted),
         "latency_ms": round(latency, 3),
-    }, True
+    }, latency, True

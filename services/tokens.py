@@ -78,7 +78,7 @@ def _read_shipped(name: EncodingName) -> bytes:
 
 
 def _load(name: EncodingName) -> tiktoken.Encoding:
-    from tiktoken_ext import openai_public
+    from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
     source = _SOURCES[name]
     data = _read_shipped(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
@@ -26,7 +27,14 @@ from ..ledger import (
 from ..records import LedgerRecord
 from ..render import TokenCounts
 
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+# A plain connection or one borrowed from a pool: repositories accept either.
+Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
+
 __all__ = [
+    "Conn",
     "DeadLettersRepo",
     "HeadsRepo",
     "LedgerRecord",
@@ -157,7 +165,7 @@ class StoredHead:
 
 
 async def read_for_batch(
-    conn: asyncpg.Connection,
+    conn: Conn,
     thread_ids: Sequence[str],
     keys: Sequence[tuple[str, str]],
     calls: Sequence[tuple[str, str]],
@@ -180,7 +188,7 @@ async def read_for_batch(
     return LedgerReads(heads=heads, keys=known, calls=states)
 
 
-async def write_plan(conn: asyncpg.Connection, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
     """Apply a batch plan inside the caller's transaction; raises RevisionConflict on a moved head."""
     bases: dict[str, int] = {}
     # Sorted so that two recorders bumping the same sessions always lock them in the same order.
@@ -221,7 +229,7 @@ async def write_plan(conn: asyncpg.Connection, plan: BatchPlan, *, recorded_by: 
         await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
 
 
-async def _write_head(conn: asyncpg.Connection, head: HeadWrite) -> None:
+async def _write_head(conn: Conn, head: HeadWrite) -> None:
     if head.expected_revision is None:
         got = await conn.fetchval(
             _INSERT_HEAD,
@@ -250,7 +258,7 @@ async def _write_head(conn: asyncpg.Connection, head: HeadWrite) -> None:
 
 
 async def _insert_records(
-    conn: asyncpg.Connection, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str
+    conn: Conn, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str
 ) -> None:
     rs = plan.records
     await conn.execute(
@@ -282,7 +290,7 @@ class DeadLettersRepo:
     """Rejected events, kept so a prepare can say why its watermark event will never arrive."""
 
     @staticmethod
-    async def insert(conn: asyncpg.Connection, rejection: Rejection, *, keep_raw: int) -> None:
+    async def insert(conn: Conn, rejection: Rejection, *, keep_raw: int) -> None:
         """Store one rejection; a redelivered one is stored once."""
         raw = rejection.incoming.data
         _, truncated = encode_raw(raw, keep_raw)
@@ -302,13 +310,13 @@ class DeadLettersRepo:
         )
 
     @staticmethod
-    async def find(conn: asyncpg.Connection, thread_id: str, event_key: str) -> tuple[str, str] | None:
+    async def find(conn: Conn, thread_id: str, event_key: str) -> tuple[str, str] | None:
         """``(code, reason)`` of the latest rejection of this event, if any."""
         row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key)
         return None if row is None else (row["code"], row["reason"])
 
     @staticmethod
-    async def count(conn: asyncpg.Connection, thread_id: str) -> int:
+    async def count(conn: Conn, thread_id: str) -> int:
         """Rejections recorded for a thread."""
         return int(await conn.fetchval(_COUNT_DEAD, thread_id))
 
@@ -317,12 +325,12 @@ class TrackingRepo:
     """How far each consumer has applied each partition, written with the effect it tracks."""
 
     @staticmethod
-    async def insert_tracking(conn: asyncpg.Connection, consumer: str, partition: int, stream_seq: int) -> None:
+    async def insert_tracking(conn: Conn, consumer: str, partition: int, stream_seq: int) -> None:
         """Advance the position (never backwards)."""
         await conn.execute(_UPSERT_TRACKING, consumer, partition, stream_seq)
 
     @staticmethod
-    async def max_tracking_seq(conn: asyncpg.Connection, consumer: str, partition: int) -> int:
+    async def max_tracking_seq(conn: Conn, consumer: str, partition: int) -> int:
         """The last stream sequence applied, 0 if none."""
         return int(await conn.fetchval(_SELECT_TRACKING, consumer, partition) or 0)
 
@@ -331,7 +339,7 @@ class HeadsRepo:
     """Thread heads."""
 
     @staticmethod
-    async def select_head(conn: asyncpg.Connection, thread_id: str) -> StoredHead | None:
+    async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
         """The head of a thread, or ``None`` if nothing was recorded for it."""
         r = await conn.fetchrow(_SELECT_HEAD, thread_id)
         if r is None:
@@ -348,7 +356,7 @@ class HeadsRepo:
         )
 
     @staticmethod
-    async def open_call_ids(conn: asyncpg.Connection, thread_id: str) -> list[str]:
+    async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:
         """Calls of the thread still waiting for an outcome."""
         return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
 
@@ -357,7 +365,7 @@ class RecordsRepo:
     """Ledger records."""
 
     @staticmethod
-    async def select_records(conn: asyncpg.Connection, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+    async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
         """Records of a thread with ``gt < seq <= lte``, in order, with their model-visible text."""
         return [
             LedgerRecord(
@@ -372,13 +380,13 @@ class RecordsRepo:
         ]
 
     @staticmethod
-    async def find_event(conn: asyncpg.Connection, thread_id: str, event_key: str) -> int | None:
+    async def find_event(conn: Conn, thread_id: str, event_key: str) -> int | None:
         """The seq at which an event key was recorded in a thread, if it was."""
         seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key)
         return None if seq is None else int(seq)
 
     @staticmethod
-    async def select_links(conn: asyncpg.Connection, thread_id: str) -> list[ChainLink]:
+    async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
         """The hash chain of a thread, in order."""
         return [
             ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
@@ -387,13 +395,13 @@ class RecordsRepo:
 
     @staticmethod
     async def select_tail(
-        conn: asyncpg.Connection, thread_id: str, *, limit: int, preview_chars: int
+        conn: Conn, thread_id: str, *, limit: int, preview_chars: int
     ) -> list[asyncpg.Record]:
         """The last ``limit`` records of a thread, newest first, with a short preview."""
         return list(await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars))
 
     @staticmethod
-    async def totals(conn: asyncpg.Connection, thread_id: str) -> tuple[int, int]:
+    async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:
         """``(record count, o200k tokens)`` of a thread."""
         r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
-        return int(r["n"]), int(r["tokens"])
+        return (0, 0) if r is None else (int(r["n"]), int(r["tokens"]))
