@@ -28,6 +28,7 @@ from .events import (
 )
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import InspectedRecord, InspectRequest, ThreadInspection
+from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
 from .prepare import (
     BlockKind,
     BudgetCategory,
@@ -49,7 +50,11 @@ from .prepare import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY_NAME",
     "EVENT_KINDS",
+    "CompactionPolicy",
+    "CompactionTriggers",
+    "ContextPolicy",
     "AssistantMessageEvent",
     "AssistantMessagePayload",
     "BlockKind",

@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     DUPLICATE_CALL_ID = "duplicate_call_id"
     SCOPE_VIOLATION = "scope_violation"
     EVENT_KEY_CONFLICT = "event_key_conflict"
+    UNKNOWN_POLICY = "unknown_policy"
     # Internal, treated as success by the caller.
     DUPLICATE_EVENT = "duplicate_event"
     # Concurrency and infrastructure: retryable.
@@ -44,6 +45,9 @@ class ErrorCode(StrEnum):
     NOT_YET_RECORDED = "not_yet_recorded"
     EVENT_REJECTED = "event_rejected"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
+    INVALID_POLICY = "invalid_policy"
+    INTEGRITY_ERROR = "integrity_error"
+    NOT_FOUND = "not_found"
     INTERNAL = "internal_error"
 
 

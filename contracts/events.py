@@ -74,16 +74,26 @@ class SystemPayload(WireModel):
 
 
 class UserInputPayload(WireModel):
-    """A question, answer or supplement from the user."""
+    """A question, answer or supplement from the user.
+
+    ``intent`` says how it counts toward the ``user_turns`` trigger (seed 000 §5.2): a new question
+    counts once; a supplement to a running question does not, though its tokens still count.
+    """
 
     text: str
+    intent: Literal["question", "supplement"] = "question"
 
 
 class AssistantMessagePayload(WireModel):
-    """A stored model response: text plus zero or more tool calls."""
+    """A stored model response: text plus zero or more tool calls.
+
+    Only ``action`` responses count as model steps; a ``completion`` check's answer is recorded
+    but never counted (compaction calls are not recorded as messages at all).
+    """
 
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    purpose: Literal["action", "completion"] = "action"
 
 
 class ToolOutcomePayload(WireModel):
@@ -122,6 +132,8 @@ class _Envelope(WireModel):
     run_id: Identifier
     instance_id: Identifier
     client_ts: datetime | None = None
+    # Honoured on a session's first event only: the policy the whole session runs under.
+    policy: Identifier | None = None
 
     @property
     def thread_id(self) -> ThreadId:

@@ -10,6 +10,7 @@
     │   ├── ScopeViolation(thread_id, session_id, owner_session_id)
     │   ├── ThreadMismatch(subject_thread, event_thread)
     │   ├── EventKeyConflict(event_key)
+    │   ├── UnknownPolicy(name)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
     ├── RevisionConflict(thread_id, expected, actual)    retryable
@@ -55,6 +56,7 @@ __all__ = [
     "ThreadMismatch",
     "ThreadNotFound",
     "UnknownModelProfile",
+    "UnknownPolicy",
     "error_from_reply",
 ]
 
@@ -162,6 +164,15 @@ class PayloadTooLarge(InvalidEvent):
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"event is {size} bytes; the limit is {limit}", size=size, limit=limit)
+
+
+class UnknownPolicy(InvalidEvent):
+    """A session's first event names a policy that is not registered."""
+
+    code = ErrorCode.UNKNOWN_POLICY
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no policy named {name!r} is registered (ctxfleet policy set)", name=name)
 
 
 class DuplicateEvent(CtxError):

@@ -22,7 +22,7 @@ from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, Pendin
 from .render import arguments_json, content_of
 from .records import LedgerRecord
 
-__all__ = ["DraftBlock", "build_blocks"]
+__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks"]
 
 
 @dataclass
@@ -51,6 +51,33 @@ class DraftBlock:
 
 def _seq(record: LedgerRecord) -> int:
     return record.seq
+
+
+@dataclass(frozen=True)
+class BlockSet:
+    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary."""
+
+    ready: list[DraftBlock]
+    held: list[DraftBlock]
+    pending: list[PendingCall]
+    covered: list[DraftBlock]
+
+
+def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0) -> BlockSet:
+    """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
+
+    Coverage is decided per block (by its first record), so an outcome recorded after the covered
+    range still belongs to its covered group. Instructions, the current request, material and open
+    groups are never covered: they are shown from their own records.
+    """
+    ready, held, pending = build_blocks(records)
+    shown = [b for b in ready if not _is_covered(b, covered_to)]
+    covered = [b for b in ready if _is_covered(b, covered_to)]
+    return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
+
+
+def _is_covered(block: DraftBlock, covered_to: int) -> bool:
+    return block.kind is BlockKind.INTERACTION and block.records[0].seq <= covered_to
 
 
 def build_blocks(records: Sequence[LedgerRecord]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:

@@ -26,6 +26,7 @@ from typing import assert_never
 from pydantic import JsonValue
 
 from contracts import (
+    DEFAULT_POLICY_NAME,
     AssistantMessageEvent,
     ChildResultEvent,
     ErrorCode,
@@ -47,6 +48,7 @@ from .errors import (
     OrphanToolOutcome,
     ScopeViolation,
     ThreadMismatch,
+    UnknownPolicy,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, trim_tool_text
@@ -91,6 +93,7 @@ class RecordingLimits:
     blob_min_bytes: int = 4096
     tool_result_max_tokens: int = 2000
     dead_letter_keep_bytes: int = 256 * 1024
+    mask_min_chars: int = 800
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,8 @@ class LedgerReads:
     heads: Mapping[str, ThreadHead]
     keys: Mapping[tuple[str, str], KnownKey]
     calls: Mapping[tuple[str, str], CallState]
+    sessions: frozenset[str] = frozenset()
+    policies: frozenset[str] = frozenset({DEFAULT_POLICY_NAME})
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,8 @@ class NewRecord:
     blob_sha256: str | None
     view_text: str | None
     tokens: TokenCounts
+    mask_text: str | None
+    mask_tokens: TokenCounts | None
     content_sha256: str
     prev_hash: str
     record_hash: str
@@ -197,6 +204,8 @@ class HeadWrite:
     last_seq: int
     last_hash: str
     last_event_key: str
+    user_turns: int = 0
+    model_steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +240,7 @@ class BatchPlan:
     rejections: tuple[Rejection, ...] = ()
     duplicates: tuple[tuple[str, str], ...] = ()
     session_counts: Mapping[str, int] = field(default_factory=dict)
+    session_policies: Mapping[str, str] = field(default_factory=dict)
 
 
 def blob_ref(sha256: str) -> str:
@@ -278,6 +288,8 @@ class _ThreadCursor:
     last_hash: str
     last_event_key: str | None
     dirty: bool = False
+    user_turns: int = 0
+    model_steps: int = 0
 
 
 def plan_batch(
@@ -297,6 +309,7 @@ def plan_batch(
     rejections: list[Rejection] = []
     duplicates: list[tuple[str, str]] = []
     session_counts: dict[str, int] = {}
+    session_policies: dict[str, str] = {}
 
     for item in decoded:
         if isinstance(item, Rejection):
@@ -313,11 +326,16 @@ def plan_batch(
                 continue
             _check_outcome(event, thread_id, calls)
             _check_calls(event, thread_id, calls)
+            policy = _check_policy(event, reads, session_policies)
         except InvalidEvent as exc:
             rejections.append(_reject(item.incoming, event, exc))
             continue
 
         cursors[thread_id] = cursor
+        if policy is not None:
+            session_policies[event.session_id] = policy
+        cursor.user_turns += _counts_as_turn(event)
+        cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
         record, blob_list = _build_record(item, cursor, seq, content_sha, limits, counters)
         session_counts[cursor.session_id] = session_counts.get(cursor.session_id, 0) + 1
@@ -345,6 +363,8 @@ def plan_batch(
             last_seq=c.seq,
             last_hash=c.last_hash,
             last_event_key=c.last_event_key or "",
+            user_turns=c.user_turns,
+            model_steps=c.model_steps,
         )
         for c in cursors.values()
         if c.dirty
@@ -358,7 +378,28 @@ def plan_batch(
         rejections=tuple(rejections),
         duplicates=tuple(duplicates),
         session_counts=session_counts,
+        session_policies=session_policies,
     )
+
+
+def _counts_as_turn(event: Event) -> int:
+    """A user turn counts once per accepted new question (seed 000 §5.2)."""
+    return int(isinstance(event, UserInputEvent) and event.payload.intent == "question")
+
+
+def _counts_as_step(event: Event) -> int:
+    """A model step counts once per stored action response; completion checks never count."""
+    return int(isinstance(event, AssistantMessageEvent) and event.payload.purpose == "action")
+
+
+def _check_policy(event: Event, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:
+    """The policy a new session pins (its first event's, else the default); ``None`` if not new."""
+    if event.session_id in reads.sessions or event.session_id in chosen:
+        return None
+    name = event.policy or DEFAULT_POLICY_NAME
+    if name not in reads.policies:
+        raise UnknownPolicy(name)
+    return name
 
 
 def _open_cursor(thread_id: str, event: Event, head: ThreadHead | None) -> _ThreadCursor:
@@ -439,6 +480,7 @@ def _identity_and_content(event: Event) -> dict[str, JsonValue]:
         "kind": event.kind,
         "client_ts": event.client_ts.isoformat() if event.client_ts else None,
         "payload": event.payload.model_dump(mode="json"),
+        "policy": event.policy,
     }
 
 
@@ -483,12 +525,20 @@ def _build_record(
         if trimmed is not None:
             view_text = trimmed[0]
             blob_sha = text_sha
+    mask_text: str | None = None
+    if isinstance(event, ToolOutcomeEvent) and len(text) > limits.mask_min_chars:
+        # Old outputs can later be shown as this preview; the full text must then be readable back.
+        blob_sha = blob_sha or sha256_hex(raw_text)
+        mask_text = _mask_preview(text, blob_ref(blob_sha))
     if blob_sha is None and len(raw_text) >= limits.blob_min_bytes:
         blob_sha = sha256_hex(raw_text)
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
     content = content_of(event.kind, payload, view_text if view_text is not None else text)
     tokens = count_record(counters, content, _calls_of(event))
+    mask_tokens = None
+    if mask_text is not None:
+        mask_tokens = count_record(counters, content_of(event.kind, payload, mask_text), [])
     record = NewRecord(
         thread_id=cursor.thread_id,
         seq=seq,
@@ -503,6 +553,8 @@ def _build_record(
         blob_sha256=blob_sha,
         view_text=view_text,
         tokens=tokens,
+        mask_text=mask_text,
+        mask_tokens=mask_tokens,
         content_sha256=content_sha,
         prev_hash=cursor.last_hash,
         record_hash=chain_hash(cursor.last_hash, cursor.thread_id, seq, content_sha),
@@ -510,6 +562,12 @@ def _build_record(
         stream_seq=item.incoming.stream_seq,
     )
     return record, blobs
+
+
+def _mask_preview(text: str, ref: str) -> str:
+    lines = text.splitlines()
+    head = "\n".join(lines[:3])[:300]
+    return f"{head}\n[… output masked to save context: {len(text)} chars, {len(lines)} lines; read it back from {ref} …]"
 
 
 def _with_session_ordinal(record: NewRecord, ordinal: int) -> NewRecord:

@@ -125,7 +125,10 @@ class RecordingService:
         return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
 
 
-def _touched(decoded: Sequence[Decoded | Rejection]) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]]]:
+def _touched(
+    decoded: Sequence[Decoded | Rejection],
+) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+    sessions: dict[str, None] = {}
     threads: dict[str, None] = {}
     keys: dict[tuple[str, str], None] = {}
     calls: dict[tuple[str, str], None] = {}
@@ -134,13 +137,14 @@ def _touched(decoded: Sequence[Decoded | Rejection]) -> tuple[list[str], list[tu
             continue
         thread = item.subject_thread
         threads[thread] = None
+        sessions[item.event.session_id] = None
         keys[(thread, item.event.event_key)] = None
         if isinstance(item.event, ToolOutcomeEvent):
             calls[(thread, item.event.payload.call_id)] = None
         elif isinstance(item.event, AssistantMessageEvent):
             for call in item.event.payload.tool_calls:
                 calls[(thread, call.call_id)] = None
-    return list(threads), list(keys), list(calls)
+    return list(threads), list(keys), list(calls), list(sessions)
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

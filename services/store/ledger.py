@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
+from contracts import DEFAULT_POLICY_NAME
+
 from ..errors import RevisionConflict
 from ..hashing import ChainLink, sha256_hex
 from ..ledger import (
@@ -62,20 +64,25 @@ JOIN unnest($1::text[], $2::text[]) AS k(thread_id, call_id)
   ON c.thread_id = k.thread_id AND c.call_id = k.call_id
 """
 _BUMP_SESSION = """
-INSERT INTO ctx.sessions (session_id, last_seq) VALUES ($1, $2)
+INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision)
+VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3))
 ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
 RETURNING last_seq
 """
+_SELECT_SESSIONS = "SELECT session_id FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_POLICY_NAMES = "SELECT DISTINCT name FROM ctx.policies"
 _INSERT_HEAD = """
 INSERT INTO ctx.thread_heads
-    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
+     user_turns, model_steps)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (thread_id) DO NOTHING
 RETURNING revision
 """
 _UPDATE_HEAD = """
 UPDATE ctx.thread_heads
-SET revision = $2, last_seq = $3, last_hash = $4, last_event_key = $5, updated_at = now()
+SET revision = $2, last_seq = $3, last_hash = $4, last_event_key = $5, updated_at = now(),
+    user_turns = user_turns + $7, model_steps = model_steps + $8
 WHERE thread_id = $1 AND revision = $6
 RETURNING revision
 """
@@ -89,11 +96,12 @@ _INSERT_RECORDS = """
 INSERT INTO ctx.records (
     thread_id, seq, session_id, session_seq, run_id, instance_id, event_key, kind, payload, text,
     blob_sha256, view_text, tokens_o200k, tokens_cl100k, content_sha256, prev_hash, record_hash,
-    client_ts, stream_seq, recorded_by)
+    client_ts, stream_seq, recorded_by, mask_text, mask_tokens_o200k, mask_tokens_cl100k)
 SELECT * FROM unnest(
     $1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
     $9::json[], $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
-    $16::text[], $17::text[], $18::timestamptz[], $19::bigint[], $20::text[])
+    $16::text[], $17::text[], $18::timestamptz[], $19::bigint[], $20::text[], $21::text[],
+    $22::integer[], $23::integer[])
 """
 _INSERT_CALLS = """
 INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq)
@@ -169,6 +177,7 @@ async def read_for_batch(
     thread_ids: Sequence[str],
     keys: Sequence[tuple[str, str]],
     calls: Sequence[tuple[str, str]],
+    session_ids: Sequence[str] = (),
 ) -> LedgerReads:
     """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
     heads = {
@@ -185,7 +194,9 @@ async def read_for_batch(
         (r["thread_id"], r["call_id"]): CallState(r["call_id"], r["call_seq"], r["outcome_seq"])
         for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
     } if calls else {}
-    return LedgerReads(heads=heads, keys=known, calls=states)
+    sessions = frozenset(r["session_id"] for r in await conn.fetch(_SELECT_SESSIONS, list(session_ids)))
+    policies = frozenset(r["name"] for r in await conn.fetch(_SELECT_POLICY_NAMES))
+    return LedgerReads(heads=heads, keys=known, calls=states, sessions=sessions, policies=policies)
 
 
 async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
@@ -194,7 +205,8 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
     # Sorted so that two recorders bumping the same sessions always lock them in the same order.
     for session_id in sorted(plan.session_counts):
         n = plan.session_counts[session_id]
-        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n) - n
+        policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
+        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy) - n
     for head in plan.heads:
         await _write_head(conn, head)
     if plan.blobs:
@@ -241,6 +253,8 @@ async def _write_head(conn: Conn, head: HeadWrite) -> None:
             head.last_seq,
             head.last_hash,
             head.last_event_key,
+            head.user_turns,
+            head.model_steps,
         )
     else:
         got = await conn.fetchval(
@@ -251,6 +265,8 @@ async def _write_head(conn: Conn, head: HeadWrite) -> None:
             head.last_hash,
             head.last_event_key,
             head.expected_revision,
+            head.user_turns,
+            head.model_steps,
         )
     if got is None:
         actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
@@ -283,6 +299,9 @@ async def _insert_records(
         [r.client_ts for r in rs],
         [r.stream_seq for r in rs],
         [recorded_by] * len(rs),
+        [r.mask_text for r in rs],
+        [r.mask_tokens.o200k_base if r.mask_tokens else None for r in rs],
+        [r.mask_tokens.cl100k_base if r.mask_tokens else None for r in rs],
     )
 
 

@@ -1,0 +1,171 @@
+"""When to compact: OR-combined triggers, one job per state, and retry throttling. Pure.
+
+Rules (seed 000 §5.2–5.3), one function each:
+
+1. Each enabled trigger fires at ``>=``: ``estimated / InputBudget >= context_ratio``; user turns or
+   model steps since the last successful compaction (``totals − baseline``) ``>=`` their period
+   (``trigger_hits``).
+2. Several triggers hitting together, or the same state evaluated again, make one job: the job is
+   named by a fingerprint of the state, and a thread with a pending job gets no other (``decide``).
+3. Nothing compressible → deferred, recorded, not retried on the same state (``decide``).
+4. While throttled (after a deferral, a failure, or a commit that left the trigger hitting), retry
+   only after compressible content grew by ``retry_growth_ratio × InputBudget``, an enabled counter
+   grew by another period, a trigger that was not hitting started to, or the budget or the
+   required content really changed (``retry_allowed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from contracts import CompactionPolicy
+
+__all__ = [
+    "Counters",
+    "Decision",
+    "Throttle",
+    "ViewMeasure",
+    "decide",
+    "job_fingerprint",
+    "ratio_threshold",
+    "retry_allowed",
+    "throttle_from",
+    "trigger_hits",
+]
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """Counter totals (or a baseline) of a thread."""
+
+    user_turns: int = 0
+    model_steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ViewMeasure:
+    """What the current view costs, in tokens of the policy's encoding."""
+
+    estimated: int
+    required: int
+    compressible: int
+    budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """The state at the last attempt that left the thread still hitting a trigger."""
+
+    reason: str
+    compressible: int
+    user_turns: int
+    model_steps: int
+    budget: int
+    required: int
+    hits: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        """For the ``thread_views.throttle`` column."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Throttle:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            reason=str(data["reason"]),
+            compressible=int(data["compressible"]),
+            user_turns=int(data["user_turns"]),
+            model_steps=int(data["model_steps"]),
+            budget=int(data["budget"]),
+            required=int(data["required"]),
+            hits=tuple(str(h) for h in data["hits"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the budgeter does with a thread's current state."""
+
+    action: Literal["none", "enqueue", "defer", "throttled", "pending"]
+    hits: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def ratio_threshold(ratio: float, budget: int) -> int:
+    """The smallest token count at which ``tokens / budget >= ratio`` (exact decimal arithmetic)."""
+    return math.ceil(Fraction(str(ratio)) * budget)
+
+
+def trigger_hits(measure: ViewMeasure, totals: Counters, baseline: Counters, policy: CompactionPolicy) -> tuple[str, ...]:
+    """The enabled triggers that fire now, in a fixed order."""
+    t = policy.triggers
+    hits: list[str] = []
+    if t.context_ratio is not None and measure.estimated >= ratio_threshold(t.context_ratio, measure.budget):
+        hits.append("context_ratio")
+    if t.user_turns is not None and totals.user_turns - baseline.user_turns >= t.user_turns:
+        hits.append("user_turns")
+    if t.model_steps is not None and totals.model_steps - baseline.model_steps >= t.model_steps:
+        hits.append("model_steps")
+    return tuple(hits)
+
+
+def retry_allowed(
+    throttle: Throttle, measure: ViewMeasure, totals: Counters, hits: tuple[str, ...], policy: CompactionPolicy
+) -> bool:
+    """Whether a throttled thread has changed enough to be worth another attempt."""
+    t = policy.triggers
+    if measure.compressible - throttle.compressible >= math.ceil(Fraction(str(policy.retry_growth_ratio)) * measure.budget):
+        return True
+    if t.user_turns is not None and totals.user_turns - throttle.user_turns >= t.user_turns:
+        return True
+    if t.model_steps is not None and totals.model_steps - throttle.model_steps >= t.model_steps:
+        return True
+    if measure.budget != throttle.budget or measure.required != throttle.required:
+        return True
+    return any(h not in throttle.hits for h in hits)
+
+
+def decide(
+    measure: ViewMeasure,
+    totals: Counters,
+    baseline: Counters,
+    policy: CompactionPolicy,
+    *,
+    throttle: Throttle | None,
+    pending: bool,
+) -> Decision:
+    """The budgeter's decision for one thread state."""
+    hits = trigger_hits(measure, totals, baseline, policy)
+    if not hits:
+        return Decision("none")
+    if pending:
+        return Decision("pending", hits, "a job for this thread is already queued")
+    if measure.compressible <= 0:
+        return Decision("defer", hits, "nothing_compressible")
+    if throttle is not None and not retry_allowed(throttle, measure, totals, hits, policy):
+        return Decision("throttled", hits, f"waiting for growth since: {throttle.reason}")
+    return Decision("enqueue", hits)
+
+
+def throttle_from(reason: str, measure: ViewMeasure, totals: Counters, hits: tuple[str, ...]) -> Throttle:
+    """The throttle to record after an attempt that leaves the thread hitting a trigger."""
+    return Throttle(
+        reason=reason,
+        compressible=measure.compressible,
+        user_turns=totals.user_turns,
+        model_steps=totals.model_steps,
+        budget=measure.budget,
+        required=measure.required,
+        hits=hits,
+    )
+
+
+def job_fingerprint(
+    thread_id: str, watermark: int, view_revision: int, policy_name: str, policy_revision: int, budget: int
+) -> str:
+    """The identity of a compaction job: same sources, view, policy and budget → same job."""
+    key = f"{thread_id}|{watermark}|{view_revision}|{policy_name}@{policy_revision}|{budget}"
+    return hashlib.sha256(key.encode()).hexdigest()[:32]

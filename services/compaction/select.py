@@ -1,0 +1,103 @@
+"""What a compaction covers: the oldest prefix of complete groups, never what must stay. Pure.
+
+Kept out of every summary: instructions, the current request, material, open groups (and so
+everything after the first open group), and the ``keep_recent_groups`` newest complete groups.
+Coverage is a prefix by first seq, so a view shows "summary, then every later interaction".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from contracts import BlockKind, CompactionPolicy
+
+from ..groups import BlockSet, DraftBlock
+from ..render import MESSAGE_OVERHEAD, REPLY_PRIMING
+from ..tokens import EncodingName
+from .policy import ViewMeasure, ratio_threshold
+
+__all__ = ["CoverChoice", "block_tokens", "choose_cover", "eligible_blocks", "measure_view", "split_segments"]
+
+
+@dataclass(frozen=True)
+class CoverChoice:
+    """The blocks a compaction covers (oldest first) and the new ``covered_to`` seq."""
+
+    blocks: tuple[DraftBlock, ...]
+    covered_to: int
+    tokens: int
+
+
+def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
+    """What a block costs in the view, envelopes included."""
+    return sum(r.tokens.get(encoding) for r in block.records) + MESSAGE_OVERHEAD * len(block.messages)
+
+
+def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
+    """Shown interaction blocks that may be covered, oldest first."""
+    stop = min((b.records[0].seq for b in blocks.held), default=None)
+    interactions = [b for b in blocks.ready if b.kind is BlockKind.INTERACTION]
+    if keep_recent:
+        interactions = interactions[:-keep_recent]
+    return [b for b in interactions if stop is None or max(r.seq for r in b.records) < stop]
+
+
+def measure_view(
+    blocks: BlockSet, summary_tokens: int, policy: CompactionPolicy, encoding: EncodingName, budget: int
+) -> tuple[ViewMeasure, list[DraftBlock]]:
+    """The view's size, its required part, and what could be compacted now."""
+    shown = sum(block_tokens(b, encoding) for b in blocks.ready)
+    required = sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
+    summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
+    eligible = eligible_blocks(blocks, policy.keep_recent_groups)
+    compressible = sum(block_tokens(b, encoding) for b in eligible)
+    return ViewMeasure(estimated=shown + summary + REPLY_PRIMING, required=required + REPLY_PRIMING, compressible=compressible, budget=budget), eligible
+
+
+def choose_cover(
+    eligible: Sequence[DraftBlock],
+    measure: ViewMeasure,
+    policy: CompactionPolicy,
+    encoding: EncodingName,
+    *,
+    ratio_hit: bool,
+) -> CoverChoice | None:
+    """The oldest prefix to cover: enough to reach the target (ratio trigger), else all eligible."""
+    if not eligible:
+        return None
+    target = ratio_threshold(policy.target_context_ratio, measure.budget)
+    allowance = measure.budget // 20  # room the summary itself will take
+    chosen: list[DraftBlock] = []
+    covered = 0
+    for block in eligible:
+        if ratio_hit and chosen and measure.estimated - covered <= target - allowance:
+            break
+        chosen.append(block)
+        covered += block_tokens(block, encoding)
+    covered_to = max(r.seq for b in chosen for r in b.records)
+    # Coverage is by first seq: every eligible block that starts inside the range is covered too.
+    for block in eligible[len(chosen) :]:
+        if block.records[0].seq > covered_to:
+            break
+        chosen.append(block)
+        covered += block_tokens(block, encoding)
+        covered_to = max(covered_to, *(r.seq for r in block.records))
+    return CoverChoice(blocks=tuple(chosen), covered_to=covered_to, tokens=covered)
+
+
+def split_segments(blocks: Sequence[DraftBlock], max_tokens: int, encoding: EncodingName) -> list[list[DraftBlock]]:
+    """Whole blocks packed in order into segments of at most ``max_tokens`` (a lone bigger block gets its own)."""
+    segments: list[list[DraftBlock]] = []
+    current: list[DraftBlock] = []
+    size = 0
+    for block in blocks:
+        t = block_tokens(block, encoding)
+        if current and size + t > max_tokens:
+            segments.append(current)
+            current, size = [], 0
+        current.append(block)
+        size += t
+    if current:
+        segments.append(current)
+    return segments

@@ -1,0 +1,98 @@
+"""Checks a candidate summary must pass before it may replace history (seed 003 §7, seed 000 §6). Pure.
+
+1. It says what the task is (goal or current request) when the thread has one, and what comes next.
+2. Every cited record exists; everything but goal and request lies in the covered range.
+3. Every file the covered records modified appears under files_modified.
+4. Every failed tool call in the covered records appears under failures, with its real status.
+5. The covered range continues the parent exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from ..records import LedgerRecord
+from .files import files_of_call
+from .model import StructuredSummary
+
+__all__ = ["CandidateInvalid", "validate_candidate"]
+
+
+class CandidateInvalid(Exception):
+    """A candidate summary that fails validation; ``problems`` says how."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
+
+
+def validate_candidate(
+    summary: StructuredSummary,
+    *,
+    parent: StructuredSummary | None,
+    covered: Sequence[LedgerRecord],
+    existing_seqs: Collection[int],
+    has_request: bool,
+) -> None:
+    """Raise CandidateInvalid unless ``summary`` may replace ``covered`` (on top of ``parent``)."""
+    problems: list[str] = []
+    if has_request and summary.goal is None and summary.current_request is None:
+        problems.append("no goal or current request")
+    if not summary.next_steps:
+        problems.append("no next steps")
+    expected_from = parent.covered_from if parent else covered[0].seq
+    if summary.covered_from != expected_from or summary.covered_to < covered[-1].seq:
+        problems.append(f"covers {summary.covered_from}–{summary.covered_to}, expected {expected_from}–{covered[-1].seq}")
+    problems += _check_sources(summary, existing_seqs)
+    problems += _check_files(summary, covered)
+    problems += _check_failures(summary, covered)
+    if problems:
+        raise CandidateInvalid(problems)
+
+
+def _check_sources(summary: StructuredSummary, existing: Collection[int]) -> list[str]:
+    problems = []
+    for item in (summary.goal, summary.current_request):
+        if item is not None and any(s not in existing for s in item.sources):
+            problems.append(f"cites unknown records {sorted(set(item.sources) - set(existing))}")
+    ranged: list[int] = []
+    for group in (summary.constraints, summary.decisions, summary.progress, summary.unresolved, summary.next_steps):
+        for text in group:
+            ranged += text.sources
+    for touches in (summary.files_read, summary.files_modified):
+        for touch in touches:
+            ranged += touch.sources
+    for failure in summary.failures:
+        ranged += failure.sources
+    outside = sorted({s for s in ranged if s not in existing or not summary.covered_from <= s <= summary.covered_to})
+    if outside:
+        problems.append(f"cites records outside the covered range: {outside[:10]}")
+    return problems
+
+
+def _check_files(summary: StructuredSummary, covered: Sequence[LedgerRecord]) -> list[str]:
+    listed = {t.path for t in summary.files_modified}
+    missing: list[str] = []
+    for record in covered:
+        if record.kind != "assistant_message":
+            continue
+        for call in record.payload.get("tool_calls") or []:  # type: ignore[union-attr]
+            if not isinstance(call, dict):
+                continue
+            args = call.get("args")
+            for path in files_of_call(str(call.get("name")), args if isinstance(args, dict) else {}).modified:
+                if path not in listed and path not in missing:
+                    missing.append(path)
+    return [f"modified files missing: {missing[:10]}"] if missing else []
+
+
+def _check_failures(summary: StructuredSummary, covered: Sequence[LedgerRecord]) -> list[str]:
+    listed = {(f.call_id, f.status) for f in summary.failures}
+    missing = [
+        f"{r.payload.get('call_id')} ({r.payload.get('status')})"
+        for r in covered
+        if r.kind == "tool_outcome"
+        and r.payload.get("status", "success") != "success"
+        and (str(r.payload.get("call_id")), str(r.payload.get("status"))) not in listed
+    ]
+    return [f"tool failures missing: {missing[:10]}"] if missing else []
