@@ -28,6 +28,8 @@ from .events import (
 )
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import InspectedRecord, InspectRequest, ThreadInspection
+from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
+from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
 from .prepare import (
     BlockKind,
@@ -44,13 +46,24 @@ from .prepare import (
     PrepareRequest,
     Purpose,
     RecordRef,
+    ReportedUsage,
     Retention,
     SourceWatermark,
+    SummaryRef,
     ToolSchema,
 )
 
 __all__ = [
+    "COMPACTION_JOBS",
     "DEFAULT_POLICY_NAME",
+    "JOBS_STREAM",
+    "POLICY_REGISTER",
+    "READ",
+    "PolicyRegistered",
+    "ReadReply",
+    "ReadRequest",
+    "CompactionJob",
+    "compacted_subject",
     "EVENT_KINDS",
     "CompactionPolicy",
     "CompactionTriggers",
@@ -83,12 +96,14 @@ __all__ = [
     "PreparedContext",
     "Purpose",
     "RecordRef",
+    "ReportedUsage",
     "ResourceActivatedEvent",
     "ResourceActivatedPayload",
     "Retention",
     "RunId",
     "SessionId",
     "SourceWatermark",
+    "SummaryRef",
     "SystemEvent",
     "SystemPayload",
     "ThreadId",

@@ -48,3 +48,9 @@ class ThreadInspection(WireModel):
     pending_call_ids: tuple[str, ...]
     dead_letters: int
     records: tuple[InspectedRecord, ...]
+    view_revision: int = 0
+    summaries: int = 0
+    compaction_attempts: int = 0
+    compaction_failures: int = 0
+    last_compaction_failure: str | None = None
+    deferred_reason: str | None = None

@@ -30,8 +30,10 @@ __all__ = [
     "PreparedContext",
     "Purpose",
     "RecordRef",
+    "ReportedUsage",
     "Retention",
     "SourceWatermark",
+    "SummaryRef",
     "ToolSchema",
 ]
 
@@ -76,6 +78,19 @@ class ToolSchema(WireModel):
     parameters: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+class ReportedUsage(WireModel):
+    """Provider usage of the model response recorded as ``response_event_key`` (seed 002).
+
+    The next estimate is this usage plus local counts of what was recorded after that response,
+    as long as the view is still the one the response was produced from (``view_revision``).
+    """
+
+    response_event_key: EventKeyStr
+    input_tokens: Annotated[int, Field(ge=0)]
+    output_tokens: Annotated[int, Field(ge=0)] = 0
+    view_revision: Annotated[int, Field(ge=0)] = 0
+
+
 class PrepareRequest(WireModel):
     """Ask for the prepared context of thread ``(run_id, instance_id)``.
 
@@ -96,6 +111,7 @@ class PrepareRequest(WireModel):
     tools: tuple[ToolSchema, ...] = ()
     after_event_key: EventKeyStr | None = None
     wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
+    usage: ReportedUsage | None = None
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:
@@ -216,6 +232,8 @@ class BudgetReport(WireModel):
     remaining: int
     counting_method: str
     estimated: bool
+    estimated_input: int
+    calibration: Literal["local", "provider_usage+local"] = "local"
 
 
 class SourceWatermark(WireModel):
@@ -224,6 +242,16 @@ class SourceWatermark(WireModel):
     thread_seq: int
     head_revision: int
     last_event_key: str | None
+
+
+class SummaryRef(WireModel):
+    """The committed summary a context shows in place of the history it covers."""
+
+    summary_id: str
+    view_revision: int
+    covered_from: int
+    covered_to: int
+    sources: tuple[int, ...]
 
 
 class PreparedContext(WireModel):
@@ -244,6 +272,10 @@ class PreparedContext(WireModel):
     omitted: tuple[OmittedBlock, ...]
     pending_calls: tuple[PendingCall, ...]
     budget_report: BudgetReport
+    view_revision: int = 0
+    summary: SummaryRef | None = None
+    reductions: tuple[str, ...] = ()
+    compaction_wait_ms: int = 0
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import json
 import logging
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contracts import ThreadInspection
+from contracts import ContextPolicy, ThreadInspection
 from services.client import FleetClient
 from services.errors import CtxError
 from services.replay import ReplayOptions, ReplayReport, replay_trace
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_cmd_up)
 
     worker = sub.add_parser("worker", help="run workers against running servers (CTX_NATS_URL, CTX_DATABASE_URL)")
-    worker.add_argument("names", nargs="+", choices=["recorder", "assembler"])
+    worker.add_argument("names", nargs="+", choices=["recorder", "assembler", "budgeter", "compactor"])
     worker.set_defaults(func=_cmd_worker)
 
     replay = sub.add_parser("replay", help="replay a trace through the running fleet")
@@ -162,7 +163,7 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         budget_tokens=args.budget,
         dump_dir=args.dump_contexts,
     )
-    report = asyncio.run(_replay(nats_url, args.file, options))
+    report = asyncio.run(_replay(nats_url, args.file, options, policy_budget=args.budget))
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report.as_json(), indent=2) + "\n")
@@ -170,9 +171,14 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _replay(nats_url: str, trace: Path, options: ReplayOptions) -> ReplayReport:
+async def _replay(nats_url: str, trace: Path, options: ReplayOptions, *, policy_budget: int | None = None) -> ReplayReport:
     lines = read_trace(trace)
     async with await FleetClient.connect(nats_url, name="ctxfleet-replay") as client:
+        if policy_budget is not None:
+            # The session runs under a policy whose input budget is the replay's budget.
+            policy = ContextPolicy(name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget)
+            await client.register_policy(policy)
+            options = dataclasses.replace(options, policy=policy.name)
         return await replay_trace(client, lines, options)
 
 
@@ -242,7 +248,8 @@ def _print_summary(trace: Path, report: ReplayReport) -> None:
         f"replayed {trace.name} (session {t['session_id']}): {t['events']} events recorded, "
         f"{t['prepares']} prepares served ({t['errors']} errors), {per_prepare:.0f} tokens per prepare "
         f"(whole history would average {int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
-        f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms",
+        f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms; "
+        f"{t['compactions']} compactions, {t['over_budget']} over budget",
         flush=True,
     )
 

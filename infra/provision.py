@@ -12,10 +12,20 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, SubjectTransform
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    SubjectTransform,
+)
 from nats.js.errors import NotFoundError
 
+from contracts import COMPACTION_JOBS, JOBS_STREAM
 from contracts.subjects import DEAD, DEAD_STREAM, EVENTS, EVENTS_STREAM, partition_transform
+from workers.compactor import COMPACTOR_DURABLE
 
 from .embedded import server_version_ok
 
@@ -36,6 +46,7 @@ class ProvisionResult:
 
     events: str
     dead: str
+    jobs: str = "unchanged"
 
 
 async def check_server(nc: NatsClient) -> str:
@@ -67,6 +78,29 @@ def _events_config(partitions: int, max_age_s: float) -> StreamConfig:
     )
 
 
+def _jobs_config() -> StreamConfig:
+    return StreamConfig(
+        name=JOBS_STREAM,
+        subjects=[COMPACTION_JOBS],
+        retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,
+        # A job nobody could finish is stale long before this; the budgeter re-enqueues.
+        max_age=24 * 3600.0,
+    )
+
+
+def _compactor_consumer() -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=COMPACTOR_DURABLE,
+        filter_subject=COMPACTION_JOBS,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=60.0,
+        max_deliver=10,
+        max_ack_pending=1000,
+    )
+
+
 def _dead_config() -> StreamConfig:
     return StreamConfig(
         name=DEAD_STREAM,
@@ -86,7 +120,10 @@ async def provision_streams(
     js = nc.jetstream(timeout=10.0)
     events = await _ensure(js, _events_config(partitions, events_max_age_s), partitions, force)
     dead = await _ensure(js, _dead_config(), None, force)
-    return ProvisionResult(events=events, dead=dead)
+    jobs = await _ensure(js, _jobs_config(), None, force)
+    # Idempotent: creating a durable with the same config again is accepted; a changed one is updated.
+    await js.add_consumer(JOBS_STREAM, config=_compactor_consumer())
+    return ProvisionResult(events=events, dead=dead, jobs=jobs)
 
 
 async def _ensure(js: JetStreamContext, config: StreamConfig, partitions: int | None, force: bool) -> str:

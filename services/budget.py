@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from contracts import ModelProfile, PrepareRequest
+from contracts import ContextPolicy, ModelProfile, PrepareRequest
 
 from .errors import UnknownModelProfile
 
-__all__ = ["BUILTIN_PROFILES", "BudgetSpec", "resolve_budget"]
+__all__ = ["BUILTIN_PROFILES", "BudgetSpec", "policy_budget", "resolve_budget"]
 
 # Public limits of common models. The safety margin absorbs what no local count can see
 # (provider-side framing, tokenizer drift); it is part of the profile so it is versioned with it.
@@ -81,3 +81,16 @@ def resolve_budget(request: PrepareRequest, profiles: dict[str, ModelProfile] = 
         input_budget=budget,
         encoding=profile.encoding,
     )
+
+
+def policy_budget(policy: ContextPolicy, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES) -> BudgetSpec:
+    """The budget the budgeter and compactor use for sessions under ``policy``."""
+    request = PrepareRequest(
+        session_id="policy",
+        run_id="policy",
+        instance_id="policy",
+        model_profile=policy.model_profile,
+        profile=policy.profile,
+        budget_tokens=policy.budget_tokens,
+    )
+    return resolve_budget(request, profiles)

@@ -18,7 +18,20 @@ from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersErro
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
-from contracts import ErrorReply, Event, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection
+from contracts import (
+    POLICY_REGISTER,
+    READ,
+    ContextPolicy,
+    ErrorReply,
+    Event,
+    InspectRequest,
+    PolicyRegistered,
+    PreparedContext,
+    PrepareRequest,
+    ReadReply,
+    ReadRequest,
+    ThreadInspection,
+)
 from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
 
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
@@ -107,6 +120,15 @@ class FleetClient:
         """An operator's view of one thread."""
         body = await self._request(inspect_subject(thread_id), InspectRequest(limit=limit).model_dump_json().encode(), timeout)
         return ThreadInspection.model_validate_json(body)
+
+    async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
+        """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
+        return ReadReply.model_validate_json(await self._request(READ, request.model_dump_json().encode(), timeout))
+
+    async def register_policy(self, policy: ContextPolicy, *, timeout: float = 10.0) -> PolicyRegistered:
+        """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
+        body = await self._request(POLICY_REGISTER, policy.model_dump_json().encode(), timeout)
+        return PolicyRegistered.model_validate_json(body)
 
     async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
         try:

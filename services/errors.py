@@ -16,6 +16,9 @@
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
+    ├── IntegrityError(ref, actual)  stored content that no longer matches its hash
+    ├── ContentNotFound(ref)         read-back of content the session cannot see
+    ├── InvalidPolicy                a policy that fails validation
     ├── InvalidRequest               a prepare or inspect request that cannot be served as asked
     │   ├── UnknownModelProfile(name)
     │   └── ThreadNotFound(thread_id)
@@ -37,6 +40,7 @@ from contracts import ErrorCode, ErrorReply
 
 __all__ = [
     "BlockSize",
+    "ContentNotFound",
     "ContextBudgetExceeded",
     "CtxError",
     "DuplicateCallId",
@@ -45,7 +49,9 @@ __all__ = [
     "EventKeyConflict",
     "EventRejected",
     "FleetUnavailable",
+    "IntegrityError",
     "InvalidEvent",
+    "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
     "OrphanToolOutcome",
@@ -217,6 +223,30 @@ class FleetUnavailable(CtxError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"fleet unavailable: {cause}", cause=cause)
+
+
+class IntegrityError(CtxError):
+    """Stored content no longer matches its hash: it is never served."""
+
+    code = ErrorCode.INTEGRITY_ERROR
+
+    def __init__(self, ref: str, actual: str) -> None:
+        super().__init__(f"{ref} fails its integrity check (content hashes to {actual})", ref=ref, actual=actual)
+
+
+class ContentNotFound(CtxError):
+    """No record visible to the asking session references this content."""
+
+    code = ErrorCode.NOT_FOUND
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(f"{ref} is not stored content of this session", ref=ref)
+
+
+class InvalidPolicy(CtxError):
+    """A policy that fails validation (seed 000 §5.2)."""
+
+    code = ErrorCode.INVALID_POLICY
 
 
 class InvalidRequest(CtxError):

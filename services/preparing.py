@@ -2,91 +2,112 @@
 
 Read-your-writes: a request naming ``after_event_key`` is answered only once the ledger holds that
 event (or says it was rejected); the wait is driven by recorder notices and bounded by the
-request's ``wait_ms``. Records are cached per thread and read incrementally: the ledger is
-append-only, so a cached prefix never goes stale and a prepare reads only what is new.
+request's ``wait_ms``. The hot path never calls a summarizer: when a view is over budget even after
+the deterministic reductions, it asks for the thread's compaction job and waits for its commit up
+to ``compaction_wait_ms``, then answers ``ContextBudgetExceeded`` — never an over-budget context.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import asyncpg
 
-from contracts import (
-    InspectedRecord,
-    InspectRequest,
-    PreparedContext,
-    PrepareRequest,
-    ThreadInspection,
-    thread_id_of,
-)
+from contracts import InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
 
-from .assemble import ThreadSnapshot, assemble_context
-from .budget import BUILTIN_PROFILES, resolve_budget
+from .assemble import OverBudget, assemble_context
+from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
 from .errors import EventRejected, NotYetRecorded, ThreadNotFound
 from .hashing import verify_chain
 from .notices import NoticeBoard
-from .records import LedgerRecord
+from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
-from .store.ledger import Conn, DeadLettersRepo, HeadsRepo, RecordsRepo, StoredHead
-from .tokens import ENCODINGS, EncodingName, counter_for
+from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo
+from .store.views import ViewsRepo
+from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+from .views import ThreadView, ViewLoader
 
 __all__ = ["PrepareService"]
-
-
-def _encoding(name: str) -> EncodingName:
-    for known in ENCODINGS:
-        if known == name:
-            return known
-    raise ValueError(f"no shipped encoding {name!r}")
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
 
 
-@dataclass
-class _Cached:
-    last_seq: int
-    records: list[LedgerRecord]
+def _counter(budget: BudgetSpec) -> TokenCounter | None:
+    for name in ENCODINGS:
+        if name == budget.encoding:
+            known: EncodingName = name
+            return counter_for(known)
+    return None
 
 
 class PrepareService:
     """Prepares contexts and inspections for any thread."""
 
-    def __init__(self, pool: asyncpg.Pool, board: NoticeBoard, *, cache_threads: int = 1024) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        board: NoticeBoard,
+        *,
+        loader: ViewLoader | None = None,
+        queue: JobQueue | None = None,
+        compaction_wait_ms: int = 5_000,
+    ) -> None:
         self._pool = pool
         self._board = board
-        self._cache: OrderedDict[str, _Cached] = OrderedDict()
-        self._cache_threads = cache_threads
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._loader = loader or ViewLoader(pool)
+        self._queue = queue
+        self._compaction_wait_ms = compaction_wait_ms
 
     async def prepare(self, request: PrepareRequest) -> PreparedContext:
         """The prepared context of the request's thread, reflecting its watermark event."""
         thread_id = thread_id_of(request.run_id, request.instance_id)
         budget = resolve_budget(request, BUILTIN_PROFILES)
+        counter = _counter(budget)
         if request.after_event_key is not None:
             await self._await_event(thread_id, request.after_event_key, request.wait_ms)
+        view = await self._view(thread_id, request.session_id)
+        try:
+            return assemble_context(view.snapshot(), request, budget, counter)
+        except OverBudget as over:
+            return await self._await_compaction(view, request, budget, counter, over)
+
+    async def _view(self, thread_id: str, session_id: str) -> ThreadView:
         async with self._pool.acquire() as conn:
             with translate_pg_errors(thread_id):
-                head = await HeadsRepo.select_head(conn, thread_id)
-                # Another session's thread is reported exactly like a missing one: no existence leak.
-                if head is None or head.session_id != request.session_id:
-                    raise ThreadNotFound(thread_id)
-                records = await self._records(conn, thread_id, head)
-        snapshot = ThreadSnapshot(
-            session_id=head.session_id,
-            run_id=head.run_id,
-            instance_id=head.instance_id,
-            revision=head.revision,
-            last_seq=head.last_seq,
-            last_event_key=head.last_event_key,
-            records=records,
-        )
-        counter = None if budget.encoding == "estimate" else counter_for(_encoding(budget.encoding))
-        return assemble_context(snapshot, request, budget, counter)
+                return await self._loader.load(conn, thread_id, session_id=session_id)
+
+    async def _await_compaction(
+        self, view: ThreadView, request: PrepareRequest, budget: BudgetSpec, counter: TokenCounter | None, over: OverBudget
+    ) -> PreparedContext:
+        """Ask for the thread's compaction and wait for a new view revision, up to the deadline."""
+        thread_id = view.head.thread_id
+        started = time.monotonic()
+        deadline = started + self._compaction_wait_ms / 1000
+        with self._board.waiting(thread_id) as woken:
+            if self._queue is not None:
+                async with self._pool.acquire() as conn:
+                    with translate_pg_errors(thread_id):
+                        await request_job(conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+            revision = view.state.view_revision
+            while (remaining := deadline - time.monotonic()) > 0:
+                woken.clear()
+                try:
+                    await asyncio.wait_for(woken.wait(), timeout=min(remaining, _RECHECK_S))
+                except TimeoutError:
+                    pass
+                current = await self._view(thread_id, request.session_id)
+                if current.state.view_revision != revision:
+                    waited = int((time.monotonic() - started) * 1000)
+                    try:
+                        return assemble_context(current.snapshot(), request, budget, counter, compaction_wait_ms=waited)
+                    except OverBudget as still:
+                        over, revision = still, current.state.view_revision
+                        async with self._pool.acquire() as conn:
+                            if self._queue is not None:
+                                await request_job(conn, self._queue, current, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+        raise over.exceeded(int((time.monotonic() - started) * 1000))
 
     async def inspect(self, thread_id: str, request: InspectRequest) -> ThreadInspection:
         """A thread's head, verified chain and latest records."""
@@ -100,6 +121,8 @@ class PrepareService:
                 tail = await RecordsRepo.select_tail(conn, thread_id, limit=request.limit, preview_chars=160)
                 open_calls = await HeadsRepo.open_call_ids(conn, thread_id)
                 dead = await DeadLettersRepo.count(conn, thread_id)
+                state = await ViewsRepo.load(conn, thread_id)
+                summaries = await ViewsRepo.summary_count(conn, thread_id)
         return ThreadInspection(
             thread_id=thread_id,
             session_id=head.session_id,
@@ -125,6 +148,12 @@ class PrepareService:
                 )
                 for r in reversed(tail)
             ),
+            view_revision=state.view_revision,
+            summaries=summaries,
+            compaction_attempts=state.attempts,
+            compaction_failures=state.failures,
+            last_compaction_failure=state.last_failure,
+            deferred_reason=state.deferred_reason,
         )
 
     async def _await_event(self, thread_id: str, event_key: str, wait_ms: int) -> None:
@@ -147,20 +176,3 @@ class PrepareService:
                     await asyncio.wait_for(woken.wait(), timeout=min(remaining, _RECHECK_S))
                 except TimeoutError:
                     pass
-
-    async def _records(self, conn: Conn, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
-        lock = self._locks.setdefault(thread_id, asyncio.Lock())
-        async with lock:
-            cached = self._cache.get(thread_id)
-            if cached is None:
-                cached = _Cached(0, [])
-            if cached.last_seq < head.last_seq:
-                new = await RecordsRepo.select_records(conn, thread_id, gt=cached.last_seq, lte=head.last_seq)
-                cached = _Cached(head.last_seq, cached.records + new)
-            self._cache[thread_id] = cached
-            self._cache.move_to_end(thread_id)
-            while len(self._cache) > self._cache_threads:
-                evicted, _ = self._cache.popitem(last=False)
-                self._locks.pop(evicted, None)
-            # A later head may already be cached by a concurrent prepare: serve exactly this head.
-            return [r for r in cached.records if r.seq <= head.last_seq]

@@ -22,3 +22,6 @@ class LedgerRecord:
     payload: Mapping[str, JsonValue]
     text: str
     tokens: TokenCounts
+    # A short preview of a long tool output and its tokens, shown when the hot path must shed tokens.
+    mask_text: str | None = None
+    mask_tokens: TokenCounts | None = None

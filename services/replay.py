@@ -57,6 +57,7 @@ class ReplayOptions:
     budget_tokens: int | None = None
     dump_dir: Path | None = None
     wait_ms: int = 10_000
+    policy: str | None = None
 
 
 @dataclass
@@ -92,6 +93,7 @@ def trace_events(lines: Sequence[TraceLine], options: ReplayOptions) -> list[Eve
             "run_id": run_id,
             "instance_id": options.instance_id,
             "client_ts": _parse_ts(line.ts),
+            "policy": options.policy if index == 1 else None,
         }
         events.append(_event(line, common))
     return events
@@ -165,6 +167,11 @@ async def replay_trace(
         last_key[thread] = event.event_key
         full_so_far[thread] = full_so_far.get(thread, 0) + full_history_tokens(event)
     ok_prepares = [p for p in report.prepares if "error" not in p]
+    compactions, failures = 0, 0
+    for thread_id in last_key:
+        inspection = await client.inspect(thread_id, limit=1)
+        compactions += inspection.summaries
+        failures += inspection.compaction_failures
     report.totals = {
         "session_id": options.session_id,
         "events": len(events),
@@ -174,11 +181,16 @@ async def replay_trace(
         "full_history_tokens_sum": sum(_int(p["full_history_tokens"]) for p in report.prepares),
         "latency_ms_p50": round(percentile(latencies, 50), 3),
         "latency_ms_p99": round(percentile(latencies, 99), 3),
+        "over_budget": sum(1 for p in ok_prepares if p.get("over_budget")),
+        "compactions": compactions,
+        "compaction_failures": failures,
+        "hot_path_waits": sum(1 for p in ok_prepares if _int(p.get("compaction_wait_ms", 0)) > 0),
+        "reductions": sum(_int(p.get("reductions", 0)) for p in ok_prepares),
     }
     return report
 
 
-def _int(value: JsonValue) -> int:
+def _int(value: JsonValue | None) -> int:
     assert isinstance(value, int)
     return value
 
@@ -219,4 +231,8 @@ async def _prepare(
         "messages": len(prepared.messages),
         "omitted_blocks": len(prepared.omitted),
         "latency_ms": round(latency, 3),
+        "summary_revision": prepared.view_revision,
+        "over_budget": prepared.budget_report.used.total > prepared.budget_report.input_budget,
+        "compaction_wait_ms": prepared.compaction_wait_ms,
+        "reductions": len(prepared.reductions),
     }, latency, True

@@ -6,9 +6,9 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_data_dir", "parse_partitions"]
@@ -62,18 +62,30 @@ class Settings(BaseSettings):
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
     db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    workers: str = "recorder,assembler"
+    workers: str = "recorder,assembler,budgeter,compactor"
+    compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
+    summarizer: Literal["structured", "openai"] = "structured"
+    summarizer_base_url: str | None = None
+    summarizer_model: str | None = None
+    summarizer_api: Literal["chat_completions", "responses"] = "chat_completions"
+    summarizer_api_key: SecretStr | None = None
     nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
 
     @field_validator("workers")
     @classmethod
     def _known_workers(cls, value: str) -> str:
-        known = {"recorder", "assembler"}
+        known = {"recorder", "assembler", "budgeter", "compactor"}
         names = [w.strip() for w in value.split(",") if w.strip()]
         unknown = sorted(set(names) - known)
         if unknown or not names:
             raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(known))}")
         return ",".join(names)
+
+    @model_validator(mode="after")
+    def _summarizer_configured(self) -> Settings:
+        if self.summarizer == "openai" and not (self.summarizer_base_url and self.summarizer_model):
+            raise ValueError("CTX_SUMMARIZER=openai needs CTX_SUMMARIZER_BASE_URL and CTX_SUMMARIZER_MODEL")
+        return self
 
     @property
     def worker_names(self) -> tuple[str, ...]:

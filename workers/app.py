@@ -17,16 +17,26 @@ from prometheus_client import start_http_server
 
 from contracts import DeadLetter
 from contracts.subjects import DEAD
+from services.budgeting import BudgetService
+from services.compacting import CompactionService, SummarizerFactory
+from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
+from services.compaction.model import Summarizer
+from services.compaction.structured import StructuredSummarizer
 from services.ledger import RecordingLimits
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
+from services.records import LedgerRecord
 from services.settings import Settings
+from services.views import ViewLoader
 
 from .assembler import AssemblerWorker
+from .budgeter import BudgeterWorker
+from .compactor import CompactorWorker
+from .jobs import JetStreamJobQueue
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
-__all__ = ["Fleet", "create_docs_app", "recording_limits"]
+__all__ = ["Fleet", "create_docs_app", "recording_limits", "summarizer_factory"]
 
 log = logging.getLogger("ctxfleet")
 
@@ -38,6 +48,28 @@ def recording_limits(settings: Settings) -> RecordingLimits:
         blob_min_bytes=settings.blob_min_bytes,
         tool_result_max_tokens=settings.tool_result_max_tokens,
     )
+
+
+def summarizer_factory(settings: Settings) -> SummarizerFactory:
+    """The configured summarizer (deterministic by default)."""
+    if settings.summarizer == "openai":
+        assert settings.summarizer_base_url and settings.summarizer_model
+        config = HttpSummarizerConfig(
+            base_url=settings.summarizer_base_url,
+            model=settings.summarizer_model,
+            api_key=settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None,
+            api=settings.summarizer_api,
+        )
+
+        def http(current_request: LedgerRecord | None) -> Summarizer:
+            return HttpSummarizer(config)
+
+        return http
+
+    def structured(current_request: LedgerRecord | None) -> Summarizer:
+        return StructuredSummarizer(current_request)
+
+    return structured
 
 
 def _document_outputs(broker: NatsBroker) -> None:
@@ -53,7 +85,10 @@ def _document_outputs(broker: NatsBroker) -> None:
 def create_docs_app() -> FastStream:
     """The FastStream app as AsyncAPI sees it (nothing connects)."""
     broker = NatsBroker("nats://localhost:4222")
-    broker.include_router(AssemblerWorker(None, NoticeBoard(), FleetMetrics()).router)
+    metrics = FleetMetrics()
+    broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
+    broker.include_router(BudgeterWorker(None, None, metrics).router)
+    broker.include_router(CompactorWorker(None, metrics).router)
     _document_outputs(broker)
     return FastStream(broker)
 
@@ -69,21 +104,39 @@ class Fleet:
     pool: asyncpg.Pool | None = None
     broker: NatsBroker | None = None
     recorder: RecorderWorker | None = None
-    _recorder_nc: NatsClient | None = None
+    budgeter: BudgeterWorker | None = None
+    _nc: NatsClient | None = None
 
     async def start(self) -> None:
         """Connect and start every configured worker."""
         s = self.settings
+        names = s.worker_names
         self.pool = await asyncpg.create_pool(self.database_url, min_size=2, max_size=s.db_pool_size)
-        if "assembler" in s.worker_names:
+        self._nc = await nats.connect(self.nats_url, name=f"ctxfleet-{s.recorder_id}")
+        queue = JetStreamJobQueue(self._nc.jetstream(timeout=10.0))
+        loader = ViewLoader(self.pool)
+        self.broker = NatsBroker(self.nats_url, name=f"ctxfleet-broker-{s.recorder_id}", logger=None)
+        if "assembler" in names:
             board = NoticeBoard()
-            self.broker = NatsBroker(self.nats_url, name=f"ctxfleet-assembler-{s.recorder_id}", logger=None)
-            self.broker.include_router(AssemblerWorker(PrepareService(self.pool, board), board, self.metrics).router)
-            await self.broker.start()
-        if "recorder" in s.worker_names:
-            self._recorder_nc = await nats.connect(self.nats_url, name=f"ctxfleet-recorder-{s.recorder_id}")
+            service = PrepareService(self.pool, board, loader=loader, queue=queue, compaction_wait_ms=s.compaction_wait_ms)
+            self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool).router)
+        if "budgeter" in names:
+            self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
+            self.broker.include_router(self.budgeter.router)
+        if "compactor" in names:
+            nc = self._nc
+
+            async def notify(subject: str, body: bytes) -> None:
+                await nc.publish(subject, body)
+
+            compaction = CompactionService(self.pool, ViewLoader(self.pool), summarizer_factory(s))
+            self.broker.include_router(CompactorWorker(compaction, self.metrics, notify).router)
+        await self.broker.start()
+        if self.budgeter is not None:
+            await self.budgeter.start()
+        if "recorder" in names:
             self.recorder = RecorderWorker(
-                self._recorder_nc,
+                self._nc,
                 self.pool,
                 self.metrics,
                 partitions=s.owned_partitions(),
@@ -94,17 +147,19 @@ class Fleet:
             await self.recorder.start()
         if s.metrics_port:
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
-        log.info("workers %s started", ", ".join(s.worker_names))
+        log.info("workers %s started", ", ".join(names))
 
     async def stop(self) -> None:
         """Stop pulling, finish what is in hand, close connections. Safe to call twice."""
-        recorder, nc, broker, pool = self.recorder, self._recorder_nc, self.broker, self.pool
-        self.recorder = self._recorder_nc = self.broker = self.pool = None
+        recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
+        self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if recorder is not None:
             await recorder.stop()
-        if nc is not None and not nc.is_closed:
-            await nc.drain()
         if broker is not None:
             await broker.stop()
+        if budgeter is not None:
+            await budgeter.stop()
+        if nc is not None and not nc.is_closed:
+            await nc.drain()
         if pool is not None:
             await pool.close()

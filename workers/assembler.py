@@ -15,11 +15,26 @@ from faststream import Path
 from faststream.nats import NatsMessage, NatsResponse, NatsRouter
 from pydantic import ValidationError
 
-from contracts import ErrorCode, ErrorReply, InspectRequest, PrepareRequest
+import asyncpg
+
+from contracts import (
+    POLICY_REGISTER,
+    READ,
+    ContextPolicy,
+    ErrorCode,
+    ErrorReply,
+    InspectRequest,
+    PolicyRegistered,
+    PrepareRequest,
+    ReadRequest,
+)
 from contracts.subjects import INSPECT, PREPARE, RECORDED
-from services.errors import CtxError, InvalidRequest
+from services.budget import policy_budget
+from services.errors import CtxError, InvalidPolicy, InvalidRequest
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
+from services.reading import read_range
+from services.store.views import PoliciesRepo
 
 from .metrics import FleetMetrics
 
@@ -35,8 +50,11 @@ async def _raw_body(msg: NatsMessage) -> bytes:
 class AssemblerWorker:
     """The assembler's handlers, bound to one PrepareService."""
 
-    def __init__(self, service: PrepareService | None, board: NoticeBoard, metrics: FleetMetrics) -> None:
+    def __init__(
+        self, service: PrepareService | None, board: NoticeBoard, metrics: FleetMetrics, pool: asyncpg.Pool | None = None
+    ) -> None:
         self._service = service
+        self._pool = pool
         self._board = board
         self._metrics = metrics
         self.router = NatsRouter()
@@ -74,6 +92,35 @@ class AssemblerWorker:
         async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
 
+        @r.subscriber(
+            READ,
+            queue="assembler",
+            decoder=_raw_body,
+            title="read",
+            description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
+        )
+        async def on_read(body: bytes) -> NatsResponse:
+            return await self._read(body)
+
+        @r.subscriber(
+            POLICY_REGISTER,
+            queue="assembler",
+            decoder=_raw_body,
+            title="policy.register",
+            description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
+        )
+        async def on_policy(body: bytes) -> NatsResponse:
+            return await self._register_policy(body)
+
+        @r.subscriber(
+            "ctx.compacted.{run_id}.{instance_id}",
+            decoder=_raw_body,
+            title="compacted",
+            description="Compactor notices: a thread's view has a new summary (wakes prepares waiting on it).",
+        )
+        async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+            self._board.notify(f"{run_id}.{instance_id}")
+
     async def _prepare(self, body: bytes, run_id: str, instance_id: str) -> NatsResponse:
         started = time.perf_counter()
         purpose = "unknown"
@@ -88,11 +135,26 @@ class AssemblerWorker:
         except Exception as exc:
             reply = _error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
+            if reply.code is ErrorCode.CONTEXT_BUDGET_EXCEEDED:
+                reason = "history" if "waited_ms" in reply.details else "required"
+                self._metrics.budget_overflows.labels(reason=reason).inc()
+                if reason == "history":
+                    self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
         report = prepared.budget_report
-        self._metrics.prepare_seconds.labels(purpose=purpose).observe(time.perf_counter() - started)
-        self._metrics.prepare_tokens.labels(purpose=purpose).observe(report.used.total)
-        self._metrics.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
+        m, policy = self._metrics, report.profile
+        m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
+        m.prepare_tokens.labels(purpose=purpose).observe(report.used.total)
+        m.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
+        m.prepare_input_tokens.labels(purpose=purpose, policy=policy).observe(report.estimated_input)
+        m.prepare_input_budget.labels(purpose=purpose, policy=policy).observe(report.input_budget)
+        if report.calibration != "local":
+            m.prepare_usage_tokens.labels(purpose=purpose).observe(report.estimated_input)
+        for reduction in prepared.reductions:
+            m.prepare_reductions.labels(kind=reduction.split(":")[0]).inc()
+        if prepared.compaction_wait_ms:
+            m.prepare_compaction_waits.labels(outcome="landed").inc()
+            m.prepare_compaction_wait_seconds.observe(prepared.compaction_wait_ms / 1000)
         return NatsResponse(prepared.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
     async def _inspect(self, body: bytes, thread_id: str) -> NatsResponse:
@@ -104,13 +166,44 @@ class AssemblerWorker:
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
         return NatsResponse(inspection.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
+    async def _read(self, body: bytes) -> NatsResponse:
+        try:
+            request = _parse(ReadRequest, body)
+            if self._pool is None:
+                raise CtxError("assembler has no store attached")
+            reply = await read_range(self._pool, request)
+        except Exception as exc:
+            error = _error_reply(exc)
+            self._metrics.read_backs.labels(outcome=error.code.value).inc()
+            return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+        self._metrics.read_backs.labels(outcome="ok").inc()
+        return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
+    async def _register_policy(self, body: bytes) -> NatsResponse:
+        try:
+            try:
+                policy = ContextPolicy.model_validate_json(body)
+            except ValidationError as exc:
+                first = exc.errors(include_url=False, include_input=False)[0]
+                raise InvalidPolicy(f"invalid policy: {'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}") from None
+            policy_budget(policy)
+            if self._pool is None:
+                raise CtxError("assembler has no store attached")
+            async with self._pool.acquire() as conn:
+                revision = await PoliciesRepo.register(conn, policy)
+        except Exception as exc:
+            error = _error_reply(exc)
+            return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+        reply = PolicyRegistered(name=policy.name, revision=revision)
+        return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
     def _require_service(self) -> PrepareService:
         if self._service is None:
             raise CtxError("assembler has no store attached")
         return self._service
 
 
-_M = TypeVar("_M", PrepareRequest, InspectRequest)
+_M = TypeVar("_M", PrepareRequest, InspectRequest, ReadRequest)
 
 
 def _parse(model: type[_M], body: bytes) -> _M:

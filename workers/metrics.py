@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["FleetMetrics"]
 
+_TOKEN_BUCKETS = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 1_000_000)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -39,7 +40,60 @@ class FleetMetrics:
             "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"], registry=r
         )
         self.prepare_seconds = Histogram(
-            "ctx_prepare_seconds", "Prepare latency by purpose", ["purpose"], buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_prepare_seconds", "Prepare latency by purpose", ["purpose", "policy"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.prepare_input_tokens = Histogram(
+            "ctx_prepare_input_tokens", "Estimated input tokens per prepare", ["purpose", "policy"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.prepare_input_budget = Histogram(
+            "ctx_prepare_input_budget", "Input budget per prepare", ["purpose", "policy"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.prepare_usage_tokens = Histogram(
+            "ctx_prepare_usage_tokens", "Provider-reported usage (input+output) of the last response", ["purpose"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.prepare_reductions = Counter(
+            "ctx_prepare_reductions", "Deterministic reductions applied on the hot path, by kind", ["kind"], registry=r
+        )
+        self.prepare_compaction_waits = Counter(
+            "ctx_prepare_compaction_waits", "Prepares that waited for a compaction to land", ["outcome"], registry=r
+        )
+        self.prepare_compaction_wait_seconds = Histogram(
+            "ctx_prepare_compaction_wait_seconds", "Time prepares waited for a compaction", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.budget_overflows = Counter(
+            "ctx_budget_overflows", "Prepares refused as over budget, by reason", ["reason"], registry=r
+        )
+        self.trigger_hits = Counter(
+            "ctx_compaction_trigger_hits", "Policy triggers that fired on evaluation, by condition", ["condition", "policy"], registry=r
+        )
+        self.jobs = Counter(
+            "ctx_compaction_jobs", "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled",
+            ["outcome", "reason"], registry=r,
+        )
+        self.compactions = Counter(
+            "ctx_compactions", "Compaction jobs by result (committed, failed, deferred, dropped, stale) and stage",
+            ["result", "stage"], registry=r,
+        )
+        self.compaction_tokens_before = Histogram(
+            "ctx_compaction_tokens_before", "View tokens before a committed compaction", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.compaction_tokens_after = Histogram(
+            "ctx_compaction_tokens_after", "View tokens after a committed compaction", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.compaction_target = Counter(
+            "ctx_compaction_target", "Committed compactions by whether they reached the target ratio", ["reached"], registry=r
+        )
+        self.compaction_seconds = Histogram(
+            "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.summarizer_calls = Counter("ctx_summarizer_calls", "Summarizer calls", ["summarizer"], registry=r)
+        self.revision_conflicts = Counter(
+            "ctx_revision_conflicts", "Optimistic revision checks that lost, by where", ["where"], registry=r
+        )
+        self.read_backs = Counter("ctx_read_backs", "ctx.read requests, by outcome", ["outcome"], registry=r)
+        self.queue_depth = Gauge("ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r)
+        self.queue_oldest_age = Gauge(
+            "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r
         )
         self.prepare_errors = Counter("ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r)
         self.prepare_tokens = Histogram(

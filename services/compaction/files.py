@@ -5,7 +5,9 @@ is unreliable, so this module looks only at the call: editor-style tools name th
 operation in their arguments, and shell lines are parsed with a small, deterministic heuristic
 (redirections, ``tee``, ``sed -i``, ``rm``/``mv``/``cp``/``touch``, readers such as ``cat`` and
 ``grep``, and ``open()`` in inline Python). It is best-effort: shell is too rich to analyse fully,
-so anything unrecognised yields nothing rather than a guess, and it never raises.
+so anything unrecognised yields nothing rather than a guess, and it never raises. A command
+argument counts only if it looks like a path (a ``/`` or a file extension, no globs, ``$(``,
+backticks or URLs); redirection targets need no extension since the syntax makes them files.
 
 Paths are kept verbatim — no normalisation, no resolving against a working directory — because
 the summary is validated against the covered records: a path is an identifier that must match
@@ -51,11 +53,15 @@ _OPEN = re.compile(
 )
 _HEREDOC = re.compile(r"""(?<!<)<<(?!<)-?\s*\\?(['"]?)(?P<delim>\w+)\1""")
 _MARK = "\x00heredoc"
+_SED_FLAG = re.compile(r"[^ief]*(?P<flag>[ief])(?P<rest>.*)", re.S)
 _NOT_A_PATH = re.compile(r"^(?:-|&|/dev/(?:null|std|fd))|\$\(|`|://|[*?\[]")
-_WRAPPERS = frozenset({"sudo", "env", "time", "nohup", "command", "exec", "nice", "xargs"})
+_WRAPPERS = frozenset({"sudo", "env", "time", "timeout", "nohup", "command", "exec", "nice", "xargs"})
+# Options of sudo, nice, timeout and xargs that take a value.
+_WRAPPER_ARG_OPTS = frozenset({"-u", "-g", "-n", "-s", "-k", "-I", "-L", "-P", "-d"})
 _NONE: frozenset[str] = frozenset()
 _HEAD_OPTS = frozenset({"-n", "-c", "--lines", "--bytes"})
-_READERS = {"head": _HEAD_OPTS, "tail": _HEAD_OPTS} | dict.fromkeys(("cat", "less", "more", "nl", "wc"), _NONE)
+_READERS = dict.fromkeys(("cat", "less", "more", "nl", "wc"), _NONE)
+_READERS |= dict.fromkeys(("head", "tail"), _HEAD_OPTS)
 _GREP_OPTS = frozenset(
     "-e -f -m -A -B -C --regexp --file --max-count --context --after-context --before-context"
     " --include --exclude --exclude-dir".split()
@@ -177,21 +183,17 @@ def _segments(tokens: Sequence[str]) -> Iterable[tuple[list[str], list[tuple[str
     """Split tokens into simple commands: (argv, [(redirect operator, target)])."""
     argv: list[str] = []
     redirects: list[tuple[str, str]] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok and all(c in _SEPARATOR_CHARS for c in tok):
-            if ">" in tok or tok in {"<", "<<", "<<<"}:
-                target = tokens[i + 1] if i + 1 < len(tokens) else ""
-                if ">" in tok or tok == "<":
-                    redirects.append((tok, target))
-                i += 2
-                continue
+    stream = iter(tokens)
+    for tok in stream:
+        if not tok or any(c not in _SEPARATOR_CHARS for c in tok):
+            argv.append(tok)
+        elif ">" in tok or tok in {"<", "<<", "<<<"}:
+            target = next(stream, "")  # a heredoc delimiter or here-string is consumed, not kept
+            if ">" in tok or tok == "<":
+                redirects.append((tok, target))
+        else:
             yield argv, redirects
             argv, redirects = [], []
-        else:
-            argv.append(tok)
-        i += 1
     yield argv, redirects
 
 
@@ -232,18 +234,14 @@ def _after(args: Sequence[str], options: Iterable[str]) -> list[str]:
 
 def _command(argv: list[str], acc: _Acc) -> None:
     while argv and (argv[0] in _WRAPPERS or "=" in argv[0] and not argv[0].startswith("-")):
-        argv = argv[1:]
+        wrapper, argv = argv[0], argv[1:]
         while argv and argv[0].startswith("-"):
-            argv = argv[1:]
+            argv = argv[2:] if argv[0] in _WRAPPER_ARG_OPTS else argv[1:]
+        argv = argv[1:] if wrapper == "timeout" else argv
     if not argv:
         return
     cmd, args = argv[0].rsplit("/", 1)[-1], argv[1:]
-    if cmd == "timeout":
-        rest = list(args)
-        while rest and rest[0].startswith("-"):
-            rest = rest[2:] if rest[0] in {"-s", "-k"} else rest[1:]
-        _command(rest[1:], acc)
-    elif cmd in _READERS:
+    if cmd in _READERS:
         acc.add(read=_paths(_positional(args, _READERS[cmd])))
     elif cmd in _GREPS:
         explicit = any(a in {"-e", "-f", "--regexp", "--file"} or a.startswith("--regexp=") for a in args)
@@ -275,52 +273,40 @@ def _command(argv: list[str], acc: _Acc) -> None:
 def _sed(args: Sequence[str], acc: _Acc) -> None:
     in_place = has_script = False
     positional: list[str] = []
-    i = 0
-    while i < len(args):
-        tok = args[i]
+    stream = iter(args)
+    for tok in stream:
         if tok.startswith("--in-place"):
             in_place = True
-        elif tok in {"--expression", "--file"} or tok.startswith(("--expression=", "--file=")):
+        elif tok.startswith(("--expression", "--file")):
             has_script = True
-            i += 0 if "=" in tok else 1
+            if "=" not in tok:
+                next(stream, None)
         elif tok.startswith("-") and not tok.startswith("--") and len(tok) > 1:
-            for j, flag in enumerate(tok[1:], start=1):
-                if flag == "i":
-                    in_place = True
-                    i += 1 if tok == "-i" and args[i + 1 : i + 2] == [""] else 0
-                    break
-                if flag in "ef":
-                    has_script = True
-                    i += 1 if j == len(tok) - 1 else 0
-                    break
-        else:
+            found = _SED_FLAG.match(tok[1:])  # -i takes a glued suffix, -e/-f a glued or next value
+            if found and found["flag"] == "i":
+                in_place = True
+            elif found:
+                has_script = True
+                if not found["rest"]:
+                    next(stream, None)
+        elif tok:  # an empty token is BSD sed's `-i ''` suffix
             positional.append(tok)
-        i += 1
     files = _paths(positional if has_script else positional[1:])
     acc.add(read=[] if in_place else files, modified=files if in_place else [])
 
 
 def _python(args: Sequence[str], acc: _Acc) -> None:
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok == "-c":
-            _python_code(args[i + 1] if i + 1 < len(args) else "", acc)
-            return
-        if tok.startswith(("-m", "-c")):
-            return
-        if not tok.startswith("-"):
-            acc.add(read=_paths([tok]))
-            return
-        i += 2 if tok in {"-W", "-X"} else 1
+    while args and args[0].startswith("-") and not args[0].startswith(("-c", "-m")):
+        args = args[2:] if args[0] in {"-W", "-X"} else args[1:]
+    if args and args[0] == "-c":
+        _python_code(" ".join(args[1:2]), acc)
+    elif args and not args[0].startswith("-"):
+        acc.add(read=_paths(args[:1]))
 
 
 def _python_code(code: str, acc: _Acc) -> None:
     for match in _OPEN.finditer(code):
         path, mode = match["path"], match["mode"]
-        if not _plain(path):
-            continue
-        if mode is None or "r" in mode:
-            acc.add(read=[path])
-        if mode is not None and any(c in mode for c in "wax+"):
-            acc.add(modified=[path])
+        if _plain(path):
+            writes = mode is not None and any(c in mode for c in "wax+")
+            acc.add(read=[path] if mode is None or "r" in mode else [], modified=[path] if writes else [])

@@ -143,10 +143,10 @@ def decide(
         return Decision("none")
     if pending:
         return Decision("pending", hits, "a job for this thread is already queued")
-    if measure.compressible <= 0:
-        return Decision("defer", hits, "nothing_compressible")
     if throttle is not None and not retry_allowed(throttle, measure, totals, hits, policy):
         return Decision("throttled", hits, f"waiting for growth since: {throttle.reason}")
+    if measure.compressible <= 0:
+        return Decision("defer", hits, "nothing_compressible")
     return Decision("enqueue", hits)
 
 

@@ -91,7 +91,7 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
 
     for record in records:
         if record.kind == "user_input":
-            item = SourcedText(text=_clip(record.text, 1200) or "(empty)", sources=(record.seq,))
+            item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
             if record.payload.get("intent", "question") == "question":
                 goal = goal or item
                 request = item
@@ -109,7 +109,7 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
                 for path in access.modified:
                     modified.setdefault(path, []).append(record.seq)
             if not _calls(record) and record.text.strip():
-                progress.append(SourcedText(text=_clip("replied: " + record.text, 300), sources=(record.seq,)))
+                progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
         elif record.kind == "tool_outcome":
             call_id = str(record.payload.get("call_id"))
             status = str(record.payload.get("status", "success"))

@@ -125,13 +125,14 @@ SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_strea
 """
 _SELECT_TRACKING = "SELECT last_stream_seq FROM ctx.tracking WHERE consumer = $1 AND partition = $2"
 _SELECT_HEAD = """
-SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key
+SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
+       user_turns, model_steps
 FROM ctx.thread_heads WHERE thread_id = $1
 """
 _SELECT_RECORDS = """
 SELECT r.seq, r.event_key, r.kind, r.payload,
        COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
-       r.tokens_o200k, r.tokens_cl100k
+       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
 FROM ctx.records r
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
@@ -170,6 +171,8 @@ class StoredHead:
     last_seq: int
     last_hash: str
     last_event_key: str | None
+    user_turns: int = 0
+    model_steps: int = 0
 
 
 async def read_for_batch(
@@ -372,6 +375,8 @@ class HeadsRepo:
             r["last_seq"],
             r["last_hash"],
             r["last_event_key"],
+            r["user_turns"],
+            r["model_steps"],
         )
 
     @staticmethod
@@ -394,6 +399,12 @@ class RecordsRepo:
                 payload=json.loads(r["payload"]),
                 text=r["text"] or "",
                 tokens=TokenCounts(o200k_base=r["tokens_o200k"], cl100k_base=r["tokens_cl100k"]),
+                mask_text=r["mask_text"],
+                mask_tokens=(
+                    TokenCounts(o200k_base=r["mask_tokens_o200k"], cl100k_base=r["mask_tokens_cl100k"])
+                    if r["mask_text"] is not None
+                    else None
+                ),
             )
             for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)
         ]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contracts import PreparedContext, PrepareRequest, ToolSchema, decode_event
-from services.assemble import ThreadSnapshot, assemble_context
+from services.assemble import OverBudget, ThreadSnapshot, assemble_context
 from services.budget import BudgetSpec, resolve_budget
 from services.errors import ContextBudgetExceeded, UnknownModelProfile
 from services.records import LedgerRecord
@@ -46,13 +46,40 @@ def test_assemble_keeps_tool_group_whole_when_budget_is_tight() -> None:
     events += [t.user("now?")]
     records = ledger_records(events)
     full = _prepare(t, records)
-    tight = _prepare(t, records, budget=full.budget_report.used.total - 5)
-    for prepared in (full, tight):
-        ids = [m.tool_call_id for m in prepared.messages if m.role == "tool"]
-        assert ids in ([], ["a", "b", "c"])  # the whole group or nothing, results in call order
-        calls = [m for m in prepared.messages if m.tool_calls]
-        assert len(calls) == (1 if ids else 0)
-    assert [o.block_id for o in tight.omitted] == ["turn:2"]  # oldest lowest-priority block goes first
+    ids = [m.tool_call_id for m in full.messages if m.role == "tool"]
+    assert ids == ["a", "b", "c"]  # results in call order, whatever order they arrived in
+    with pytest.raises(OverBudget) as err:
+        _prepare(t, records, budget=full.budget_report.used.total - 5)
+    # Nothing was dropped to make it fit: the whole group is still listed, waiting for compaction.
+    assert "group:3" in {i["block_id"] for i in err.value.items}
+    assert err.value.reductions == ()
+
+
+def test_assemble_masks_old_tool_outputs_to_previews_before_giving_up() -> None:
+    t = Thread()
+    events = [t.system("Sys."), t.user("investigate")]
+    for n in range(4):
+        events += [t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat log{n}.txt"}),)), t.outcome(f"c{n}", f"log {n} line\n" * 300)]
+    records = ledger_records(events)
+    full = _prepare(t, records)
+    prepared = _prepare(t, records, budget=full.budget_report.used.total - 50)
+    assert prepared.reductions[0] == "masked:group:3"
+    masked = prepared.messages[3]
+    assert masked.role == "tool" and "output masked to save context" in (masked.content or "")
+    assert "ctx://blob/" in (masked.content or "")
+    assert [m.tool_call_id for m in prepared.messages if m.role == "tool"] == ["c0", "c1", "c2", "c3"]
+    newest = prepared.messages[-1]
+    assert "masked" not in (newest.content or "")  # the newest groups keep their full output
+    assert prepared.budget_report.used.total <= full.budget_report.used.total - 50
+
+
+def test_assemble_drops_optional_material_before_masking() -> None:
+    t = Thread()
+    records = ledger_records([t.system("s"), t.user("q"), t.resource("doc", "body " * 400), t.assistant("a")])
+    full = _prepare(t, records)
+    prepared = _prepare(t, records, budget=full.budget_report.used.total - 10)
+    assert prepared.reductions == ("dropped:material:3",)
+    assert [o.block_id for o in prepared.omitted] == ["material:3"]
 
 
 def test_assemble_never_sends_an_outcome_without_its_call_or_half_a_group() -> None:

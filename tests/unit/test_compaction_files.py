@@ -260,7 +260,8 @@ def test_files_of_shell_python_inline_open_read_marks_read() -> None:
 
 
 def test_files_of_shell_python_open_read_plus_is_read_and_modified() -> None:
-    assert files_of_shell("""python -c "open('db.txt', 'r+')" """) == _fa(read=("db.txt",), modified=("db.txt",))
+    line = """python -c "open('db.txt', 'r+')" """
+    assert files_of_shell(line) == _fa(read=("db.txt",), modified=("db.txt",))
 
 
 def test_files_of_shell_python_open_ignores_urlopen_and_variables() -> None:
@@ -328,7 +329,8 @@ def test_files_of_shell_sed_without_in_place_marks_files_read() -> None:
 
 
 def test_files_of_shell_awk_with_file_marks_read() -> None:
-    assert files_of_shell("awk -F: '{print $1}' /etc/passwd data.csv") == _fa(read=("/etc/passwd", "data.csv"))
+    line = "awk -F: '{print $1}' /etc/passwd data.csv"
+    assert files_of_shell(line) == _fa(read=("/etc/passwd", "data.csv"))
     assert files_of_shell("awk '{print}'") == _fa()
 
 
@@ -351,7 +353,7 @@ def test_files_of_shell_ls_and_cd_are_not_counted() -> None:
 
 @pytest.mark.parametrize(
     "token",
-    ["-v", "$(pwd)/a.py", "`pwd`/a.py", "src/*.py", "a?.py", "[ab].py", "https://example.com/a.py", "5", "1.5"],
+    ["-v", "$(pwd)/a.py", "`pwd`/a.py", "src/*.py", "a?.py", "[ab].py", "https://x.org/a.py", "5", "1.5"],
 )
 def test_files_of_shell_rejects_tokens_that_do_not_look_like_paths(token: str) -> None:
     assert files_of_shell(f"cat {token!r}") == _fa()
@@ -421,3 +423,13 @@ def test_files_of_shell_is_deterministic() -> None:
     assert files_of_shell(line) == files_of_shell(line) == _fa(
         read=("a.py",), modified=("b.py", "c.py", "log.txt")
     )
+
+
+def test_files_of_shell_sed_glued_script_containing_i_is_not_in_place() -> None:
+    assert files_of_shell("sed -es/x/i/ a.py") == _fa(read=("a.py",))
+    assert files_of_shell("sed -ie 's/x/y/' a.py") == _fa(modified=("a.py",))
+
+
+def test_files_of_shell_wrapper_option_values_are_not_the_command() -> None:
+    line = "sudo -u app sed -i 's/x/y/' conf.ini && nice -n 10 cat a.log && xargs -I {} rm b.txt"
+    assert files_of_shell(line) == _fa(read=("a.log",), modified=("conf.ini", "b.txt"))

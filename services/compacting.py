@@ -1,0 +1,209 @@
+"""The compactor's service: run one job, commit a verified summary revision or leave the view as it was.
+
+Every outcome but ``committed`` leaves the counter baseline where it was (seed 000 §5.3): a failed
+summary, an empty or invalid one, no real reduction, or a lost race. Source records are never
+touched; a new summary chains to its parent and covers only records its parent did not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from contracts import CompactionJob
+
+from .compaction.merge import merge_summaries, render_summary
+from .compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, Summarizer, SummarizerFailed
+from .compaction.policy import Throttle, ViewMeasure, ratio_threshold, throttle_from, trigger_hits
+from .compaction.select import choose_cover, measure_view, split_segments
+from .compaction.structured import StructuredSummarizer
+from .compaction.validate import CandidateInvalid, validate_candidate
+from .errors import RevisionConflict
+from .groups import DraftBlock, build_view_blocks
+from .records import LedgerRecord
+from .render import MESSAGE_OVERHEAD
+from .store._errors import translate_pg_errors
+from .store.views import NewSummary, ViewsRepo
+from .tokens import EncodingName, counter_for
+from .views import ThreadView, ViewLoader, count_totals
+
+__all__ = [
+    "CompactionService",
+    "JobOutcome",
+    "SUMMARY_INSTRUCTION",
+    "SummarizerFactory",
+]
+
+SUMMARY_INSTRUCTION = "Summarize the covered records so the agent can continue the task without them."
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What a job did: ``committed``, ``deferred``, ``failed``, ``dropped`` (lost a race) or ``stale``."""
+
+    status: str
+    stage: str = ""
+    detail: str = ""
+    tokens_before: int = 0
+    tokens_after: int = 0
+    calls: int = 0
+    view_revision: int = 0
+    target_reached: bool = False
+
+
+SummarizerFactory = Callable[[LedgerRecord | None], Summarizer]
+
+
+def _default_summarizer(current_request: LedgerRecord | None) -> Summarizer:
+    return StructuredSummarizer(current_request)
+
+
+class CompactionService:
+    """Runs compaction jobs against the ledger and the view state."""
+
+    def __init__(self, pool: asyncpg.Pool, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer) -> None:
+        self._pool = pool
+        self._loader = loader
+        self._summarizer = summarizer
+
+    async def run(self, job: CompactionJob) -> JobOutcome:
+        """Run one job to a final outcome (the job may be acked whatever it returns)."""
+        async with self._pool.acquire() as conn:
+            with translate_pg_errors(job.thread_id):
+                view = await self._loader.load(conn, job.thread_id)
+                if view.state.view_revision != job.view_revision:
+                    await ViewsRepo.clear_pending(conn, job.thread_id, job.job_id)
+                    return JobOutcome("stale", "load", f"view moved to revision {view.state.view_revision}")
+                outcome, summary = await self._build(view, job)
+                if summary is None:
+                    failed = outcome.status == "failed"
+                    await ViewsRepo.record_attempt(
+                        conn, job.thread_id, throttle=_throttle_of(view, job, outcome), reason=f"{outcome.stage}: {outcome.detail}"[:500],
+                        failed=failed, fingerprint=job.job_id,
+                    )
+                    return outcome
+                try:
+                    await ViewsRepo.commit(conn, job.view_revision, summary)
+                except RevisionConflict as exc:
+                    # Another compactor covered a prefix first: ours would double-cover. Drop it.
+                    await ViewsRepo.clear_pending(conn, job.thread_id, job.job_id)
+                    return JobOutcome("dropped", "commit", exc.message, outcome.tokens_before, outcome.tokens_after, outcome.calls)
+        return outcome
+
+    async def _build(self, view: ThreadView, job: CompactionJob) -> tuple[JobOutcome, NewSummary | None]:
+        policy = view.policy.compaction
+        encoding = view.encoding
+        records = [r for r in view.records if r.seq <= job.watermark]
+        blocks = build_view_blocks(records, view.state.covered_to)
+        parent = view.state.summary
+        summary_tokens = parent.tokens(encoding) if parent else 0
+        # Over the hard budget nothing but the current request is sacred: recent groups may go too.
+        keep = policy if not job.urgent else policy.model_copy(update={"keep_recent_groups": 0})
+        measure, eligible = measure_view(blocks, summary_tokens, keep, encoding, job.input_budget)
+        ratio_hit = "context_ratio" in job.reasons or job.urgent
+        choice = choose_cover(eligible, measure, policy, encoding, ratio_hit=ratio_hit)
+        if choice is None:
+            return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
+        segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[: policy.max_compaction_calls]
+        covered_blocks = [b for seg in segments for b in seg]
+        current_request = next((r for r in reversed(records) if r.kind == "user_input" and r.payload.get("intent", "question") == "question"), None)
+        summarizer = self._summarizer(current_request)
+        try:
+            merged, calls = await _summarize(summarizer, segments, parent.body if parent else None, policy.max_compaction_calls)
+        except SummarizerFailed as exc:
+            return JobOutcome("failed", exc.stage, str(exc), measure.estimated), None
+        if current_request is not None:
+            # The task comes from its own record, whatever the summarizer made of it (seed 000 §6).
+            merged = merged.model_copy(
+                update={"current_request": SourcedText(text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,))}
+            )
+        covered_records = sorted((r for b in covered_blocks for r in b.records), key=lambda r: r.seq)
+        try:
+            validate_candidate(
+                merged,
+                parent=parent.body if parent else None,
+                covered=covered_records,
+                existing_seqs={r.seq for r in records},
+                has_request=current_request is not None,
+            )
+        except CandidateInvalid as exc:
+            return JobOutcome("failed", "validate", str(exc), measure.estimated, calls=calls), None
+        new_revision = view.state.view_revision + 1
+        text = render_summary(merged, revision=new_revision)
+        o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
+        covered_tokens = sum(_tokens(b, encoding) for b in covered_blocks)
+        new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
+        after = measure.estimated - covered_tokens - summary_tokens - (MESSAGE_OVERHEAD if parent else 0) + new_summary_tokens + MESSAGE_OVERHEAD
+        if after >= measure.estimated:
+            return JobOutcome("failed", "reduction", f"no real reduction ({measure.estimated} → {after})", measure.estimated, after, calls), None
+        totals = count_totals(records)
+        post = ViewMeasure(after, measure.required, max(0, measure.compressible - covered_tokens), measure.budget)
+        still = trigger_hits(post, totals, totals, policy)
+        target = after <= ratio_threshold(policy.target_context_ratio, job.input_budget)
+        covered_to = max(r.seq for r in covered_records)
+        outcome = JobOutcome("committed", "commit", "", measure.estimated, after, calls, new_revision, target)
+        return outcome, NewSummary(
+            thread_id=job.thread_id,
+            parent_summary_id=parent.summary_id if parent else None,
+            body=merged,
+            text=text,
+            tokens_o200k=o200k,
+            tokens_cl100k=cl100k,
+            covered_to=covered_to,
+            source_watermark=job.watermark,
+            policy_name=view.policy_name,
+            policy_revision=view.policy_revision,
+            summarizer=summarizer.name,
+            calls=calls,
+            trigger_reasons=job.reasons,
+            tokens_before=measure.estimated,
+            tokens_after=after,
+            target_reached=target,
+            job_id=job.job_id,
+            baseline=totals,
+            throttle=throttle_from("committed_still_over", post, totals, still) if still else None,
+        )
+
+
+async def _summarize(
+    summarizer: Summarizer, segments: Sequence[Sequence[DraftBlock]], parent: StructuredSummary | None, max_calls: int
+) -> tuple[StructuredSummary, int]:
+    """Summarize segments in order, halving any a provider rejects as too long; never skip one."""
+    queue: list[Sequence[DraftBlock]] = list(segments)
+    merged = parent
+    calls = 0
+    while queue:
+        segment = queue.pop(0)
+        if calls >= max_calls:
+            raise SummarizerFailed("max_calls", f"needs more than {max_calls} summarizer calls")
+        calls += 1
+        records = sorted((r for b in segment for r in b.records), key=lambda r: r.seq)
+        try:
+            part = await summarizer.summarize(Segment(records=records, parent=merged, instruction=SUMMARY_INSTRUCTION))
+        except SegmentTooLong:
+            if len(segment) == 1:
+                raise SummarizerFailed("too_long", f"one tool group ({segment[0].block_id}) is too long to summarize") from None
+            half = len(segment) // 2
+            queue[:0] = [segment[:half], segment[half:]]
+            continue
+        merged = merge_summaries(merged, part)
+    assert merged is not None
+    return merged, calls
+
+
+def _tokens(block: DraftBlock, encoding: EncodingName) -> int:
+    return sum(r.tokens.get(encoding) for r in block.records) + MESSAGE_OVERHEAD * len(block.messages)
+
+
+def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> Throttle:
+    """After an attempt that did not commit, wait for growth before the next one."""
+    encoding = view.encoding
+    records = [r for r in view.records if r.seq <= job.watermark]
+    blocks = build_view_blocks(records, view.state.covered_to)
+    parent = view.state.summary
+    measure, _ = measure_view(blocks, parent.tokens(encoding) if parent else 0, view.policy.compaction, encoding, job.input_budget)
+    totals = count_totals(records)
+    hits = trigger_hits(measure, totals, view.state.baseline, view.policy.compaction)
+    return throttle_from(f"{outcome.status}:{outcome.stage}", measure, totals, hits)

@@ -1,0 +1,68 @@
+"""Putting compaction jobs on the queue: one pending job per thread, named by the state it covers."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from contracts import CompactionJob
+
+from .compaction.policy import job_fingerprint
+from .store.ledger import Conn
+from .store.views import ViewsRepo
+from .views import ThreadView
+
+__all__ = [
+    "JobQueue",
+    "PENDING_STALE_S",
+    "request_job",
+]
+
+# A job that has not finished in this long is presumed lost (its compactor died past redelivery).
+PENDING_STALE_S = 300.0
+
+
+class JobQueue(Protocol):
+    """The work queue of compaction jobs; publishing the same job id twice must store it once."""
+
+    async def publish(self, job: CompactionJob) -> None:
+        """Enqueue one job."""
+
+
+async def request_job(
+    conn: Conn,
+    queue: JobQueue,
+    view: ThreadView,
+    reasons: tuple[str, ...],
+    *,
+    urgent: bool = False,
+    input_budget: int | None = None,
+) -> CompactionJob | None:
+    """Enqueue a job for the view's current state unless the thread already has one pending.
+
+    ``input_budget`` (a prepare's own, smaller budget) overrides the policy's for an urgent job.
+    """
+    budget = min(view.budget.input_budget, input_budget) if input_budget else view.budget.input_budget
+    fingerprint = job_fingerprint(
+        view.head.thread_id, view.head.last_seq, view.state.view_revision, view.policy_name, view.policy_revision, budget
+    )
+    await ViewsRepo.ensure(conn, view.head.thread_id)
+    if not await ViewsRepo.set_pending(conn, view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):
+        return None
+    job = CompactionJob(
+        job_id=fingerprint,
+        thread_id=view.head.thread_id,
+        session_id=view.head.session_id,
+        watermark=view.head.last_seq,
+        view_revision=view.state.view_revision,
+        policy_name=view.policy_name,
+        policy_revision=view.policy_revision,
+        input_budget=budget,
+        reasons=reasons,
+        urgent=urgent,
+    )
+    try:
+        await queue.publish(job)
+    except BaseException:
+        await ViewsRepo.clear_pending(conn, view.head.thread_id, fingerprint)
+        raise
+    return job

@@ -1,0 +1,298 @@
+"""Repositories of policies, summaries and thread views (the compaction state). Only SQL here."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from contracts import ContextPolicy
+
+from ..compaction.model import StructuredSummary
+from ..compaction.policy import Counters, Throttle
+from ..errors import RevisionConflict
+from .ledger import Conn
+
+__all__ = ["NewSummary", "PoliciesRepo", "SummaryRow", "ViewState", "ViewsRepo"]
+
+_SELECT_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 AND revision = $2"
+_LATEST_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 ORDER BY revision DESC LIMIT 1"
+_INSERT_POLICY = """
+INSERT INTO ctx.policies (name, revision, body)
+SELECT $1, COALESCE(max(revision), 0) + 1, $2::jsonb FROM ctx.policies WHERE name = $1
+RETURNING revision
+"""
+_SESSION_POLICY = "SELECT policy_name, policy_revision FROM ctx.sessions WHERE session_id = $1"
+_ENSURE_VIEW = "INSERT INTO ctx.thread_views (thread_id) VALUES ($1) ON CONFLICT (thread_id) DO NOTHING"
+_SELECT_VIEW = """
+SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
+       v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
+       v.deferred_reason, v.attempts, v.failures, v.last_failure,
+       s.body AS summary_body, s.text AS summary_text, s.tokens_o200k AS summary_o200k,
+       s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from,
+       extract(epoch FROM now() - v.pending_since) AS pending_age_s
+FROM ctx.thread_views v LEFT JOIN ctx.summaries s ON s.summary_id = v.summary_id
+WHERE v.thread_id = $1
+"""
+_SET_PENDING = """
+UPDATE ctx.thread_views SET pending_fingerprint = $2, pending_since = now(), updated_at = now()
+WHERE thread_id = $1 AND (pending_fingerprint IS NULL OR pending_since < now() - make_interval(secs => $3))
+RETURNING view_revision
+"""
+_CLEAR_PENDING = """
+UPDATE ctx.thread_views SET pending_fingerprint = NULL, pending_since = NULL WHERE thread_id = $1 AND pending_fingerprint = $2
+"""
+_MARK_EVALUATED = """
+UPDATE ctx.thread_views SET evaluated_revision = GREATEST(evaluated_revision, $2) WHERE thread_id = $1
+"""
+_SET_THROTTLE = """
+UPDATE ctx.thread_views
+SET throttle = $2::jsonb, deferred_reason = $3, attempts = attempts + $4, failures = failures + $5,
+    last_failure = COALESCE($6, last_failure), updated_at = now(),
+    pending_fingerprint = CASE WHEN pending_fingerprint = $7 THEN NULL ELSE pending_fingerprint END,
+    pending_since = CASE WHEN pending_fingerprint = $7 THEN NULL ELSE pending_since END
+WHERE thread_id = $1
+"""
+_INSERT_SUMMARY = """
+INSERT INTO ctx.summaries (summary_id, thread_id, view_revision, parent_summary_id, covered_from, covered_to,
+    source_watermark, policy_name, policy_revision, body, text, tokens_o200k, tokens_cl100k, summarizer, calls,
+    trigger_reasons, tokens_before, tokens_after, target_reached, job_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+"""
+_COMMIT_VIEW = """
+UPDATE ctx.thread_views
+SET view_revision = $3, summary_id = $4, covered_to = $5, baseline_user_turns = $6, baseline_model_steps = $7,
+    baseline_watermark = $8, throttle = $9::jsonb, deferred_reason = NULL, attempts = attempts + 1,
+    pending_fingerprint = NULL, pending_since = NULL, updated_at = now()
+WHERE thread_id = $1 AND view_revision = $2
+RETURNING view_revision
+"""
+_STALE_THREADS = """
+SELECT h.thread_id FROM ctx.thread_heads h LEFT JOIN ctx.thread_views v USING (thread_id)
+WHERE h.revision > COALESCE(v.evaluated_revision, 0)
+ORDER BY h.updated_at LIMIT $1
+"""
+_SUMMARY_COUNT = "SELECT count(*) FROM ctx.summaries WHERE thread_id = $1"
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryRow:
+    """The committed summary a view shows."""
+
+    summary_id: str
+    body: StructuredSummary
+    text: str
+    tokens_o200k: int
+    tokens_cl100k: int
+
+    def tokens(self, encoding: str) -> int:
+        """Tokens of the rendered summary in ``encoding``."""
+        return self.tokens_cl100k if encoding == "cl100k_base" else self.tokens_o200k
+
+
+@dataclass(frozen=True, slots=True)
+class ViewState:
+    """A thread's compaction state."""
+
+    view_revision: int = 0
+    summary: SummaryRow | None = None
+    covered_to: int = 0
+    baseline: Counters = Counters()
+    baseline_watermark: int = 0
+    evaluated_revision: int = 0
+    pending_fingerprint: str | None = None
+    pending_age_s: float | None = None
+    throttle: Throttle | None = None
+    deferred_reason: str | None = None
+    attempts: int = 0
+    failures: int = 0
+    last_failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewSummary:
+    """A validated candidate ready to commit."""
+
+    thread_id: str
+    parent_summary_id: str | None
+    body: StructuredSummary
+    text: str
+    tokens_o200k: int
+    tokens_cl100k: int
+    covered_to: int
+    source_watermark: int
+    policy_name: str
+    policy_revision: int
+    summarizer: str
+    calls: int
+    trigger_reasons: tuple[str, ...]
+    tokens_before: int
+    tokens_after: int
+    target_reached: bool
+    job_id: str
+    baseline: Counters
+    throttle: Throttle | None
+
+
+class PoliciesRepo:
+    """Named, immutable policy revisions."""
+
+    @staticmethod
+    async def register(conn: Conn, policy: ContextPolicy) -> int:
+        """Store ``policy`` as the next revision of its name; returns the revision."""
+        return int(await conn.fetchval(_INSERT_POLICY, policy.name, policy.model_dump_json()))
+
+    @staticmethod
+    async def get(conn: Conn, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+        """A revision of a policy (the latest when ``revision`` is None)."""
+        row = await (conn.fetchrow(_LATEST_POLICY, name) if revision is None else conn.fetchrow(_SELECT_POLICY, name, revision))
+        if row is None:
+            return None
+        return int(row["revision"]), ContextPolicy.model_validate_json(row["body"])
+
+    @staticmethod
+    async def of_session(conn: Conn, session_id: str) -> tuple[str, int] | None:
+        """The policy name and revision a session pinned."""
+        row = await conn.fetchrow(_SESSION_POLICY, session_id)
+        return None if row is None else (str(row["policy_name"]), int(row["policy_revision"]))
+
+
+def _throttle_json(throttle: Throttle | None) -> str | None:
+    return None if throttle is None else json.dumps(throttle.to_json())
+
+
+class ViewsRepo:
+    """Thread views: which summary a thread shows, counter baselines, pending jobs, throttling."""
+
+    @staticmethod
+    async def load(conn: Conn, thread_id: str) -> ViewState:
+        """The compaction state of a thread (an empty state if it never had one)."""
+        r = await conn.fetchrow(_SELECT_VIEW, thread_id)
+        if r is None:
+            return ViewState()
+        summary = None
+        if r["summary_id"] is not None:
+            summary = SummaryRow(
+                summary_id=str(r["summary_id"]),
+                body=StructuredSummary.model_validate_json(r["summary_body"]),
+                text=r["summary_text"],
+                tokens_o200k=r["summary_o200k"],
+                tokens_cl100k=r["summary_cl100k"],
+            )
+        throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
+        return ViewState(
+            view_revision=r["view_revision"],
+            summary=summary,
+            covered_to=r["covered_to"],
+            baseline=Counters(r["baseline_user_turns"], r["baseline_model_steps"]),
+            baseline_watermark=r["baseline_watermark"],
+            evaluated_revision=r["evaluated_revision"],
+            pending_fingerprint=r["pending_fingerprint"],
+            pending_age_s=float(r["pending_age_s"]) if r["pending_age_s"] is not None else None,
+            throttle=Throttle.from_json(throttle) if throttle else None,
+            deferred_reason=r["deferred_reason"],
+            attempts=r["attempts"],
+            failures=r["failures"],
+            last_failure=r["last_failure"],
+        )
+
+    @staticmethod
+    async def ensure(conn: Conn, thread_id: str) -> None:
+        """Create the thread's view row if missing."""
+        await conn.execute(_ENSURE_VIEW, thread_id)
+
+    @staticmethod
+    async def set_pending(conn: Conn, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
+        """Claim the thread's one pending-job slot; False if another job holds it."""
+        return await conn.fetchval(_SET_PENDING, thread_id, fingerprint, stale_after_s) is not None
+
+    @staticmethod
+    async def clear_pending(conn: Conn, thread_id: str, fingerprint: str) -> None:
+        """Release the slot if ``fingerprint`` still holds it."""
+        await conn.execute(_CLEAR_PENDING, thread_id, fingerprint)
+
+    @staticmethod
+    async def mark_evaluated(conn: Conn, thread_id: str, head_revision: int) -> None:
+        """The budgeter has looked at the thread up to ``head_revision``."""
+        await conn.execute(_MARK_EVALUATED, thread_id, head_revision)
+
+    @staticmethod
+    async def record_attempt(
+        conn: Conn,
+        thread_id: str,
+        *,
+        throttle: Throttle | None,
+        reason: str | None,
+        failed: bool,
+        fingerprint: str | None,
+        counts_as_attempt: bool = True,
+    ) -> None:
+        """Remember an attempt that did not commit (deferred or failed); never moves the baseline."""
+        await conn.execute(
+            _SET_THROTTLE,
+            thread_id,
+            _throttle_json(throttle),
+            reason,
+            int(counts_as_attempt),
+            int(failed),
+            reason if failed else None,
+            fingerprint or "",
+        )
+
+    @staticmethod
+    async def commit(conn: Conn, expected_revision: int, s: NewSummary) -> str:
+        """Insert the summary and point the view at it, if the view is still at ``expected_revision``."""
+        summary_id = str(uuid.uuid4())
+        new_revision = expected_revision + 1
+        async with conn.transaction():
+            got = await conn.fetchval(
+                _COMMIT_VIEW,
+                s.thread_id,
+                expected_revision,
+                new_revision,
+                None,
+                s.covered_to,
+                s.baseline.user_turns,
+                s.baseline.model_steps,
+                s.source_watermark,
+                _throttle_json(s.throttle),
+            )
+            if got is None:
+                actual = await conn.fetchval("SELECT view_revision FROM ctx.thread_views WHERE thread_id = $1", s.thread_id)
+                raise RevisionConflict(s.thread_id, expected_revision, actual)
+            await conn.execute(
+                _INSERT_SUMMARY,
+                uuid.UUID(summary_id),
+                s.thread_id,
+                new_revision,
+                uuid.UUID(s.parent_summary_id) if s.parent_summary_id else None,
+                s.body.covered_from,
+                s.covered_to,
+                s.source_watermark,
+                s.policy_name,
+                s.policy_revision,
+                s.body.model_dump_json(),
+                s.text,
+                s.tokens_o200k,
+                s.tokens_cl100k,
+                s.summarizer,
+                s.calls,
+                list(s.trigger_reasons),
+                s.tokens_before,
+                s.tokens_after,
+                s.target_reached,
+                s.job_id,
+            )
+            await conn.execute("UPDATE ctx.thread_views SET summary_id = $2 WHERE thread_id = $1", s.thread_id, uuid.UUID(summary_id))
+        return summary_id
+
+    @staticmethod
+    async def stale_threads(conn: Conn, limit: int) -> list[str]:
+        """Threads recorded past what the budgeter evaluated (catch-up after missed notices)."""
+        return [r["thread_id"] for r in await conn.fetch(_STALE_THREADS, limit)]
+
+    @staticmethod
+    async def summary_count(conn: Conn, thread_id: str) -> int:
+        """Summaries committed for a thread."""
+        return int(await conn.fetchval(_SUMMARY_COUNT, thread_id))
