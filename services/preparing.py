@@ -98,6 +98,13 @@ class PrepareService:
                 except TimeoutError:
                     pass
                 current = await self._view(thread_id, request.session_id)
+                if current.state.view_revision == revision:
+                    # A job that ended without a commit (or another thread's pending one) frees the
+                    # slot: ask again, more aggressively, for as long as this prepare waits.
+                    if self._queue is not None and current.state.pending_fingerprint is None:
+                        async with self._pool.acquire() as conn:
+                            await request_job(conn, self._queue, current, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+                    continue
                 if current.state.view_revision != revision:
                     waited = int((time.monotonic() - started) * 1000)
                     try:

@@ -43,7 +43,8 @@ async def request_job(
     """
     budget = min(view.budget.input_budget, input_budget) if input_budget else view.budget.input_budget
     fingerprint = job_fingerprint(
-        view.head.thread_id, view.head.last_seq, view.state.view_revision, view.policy_name, view.policy_revision, budget
+        view.head.thread_id, view.head.last_seq, view.state.view_revision, view.policy_name, view.policy_revision, budget,
+        urgent=urgent,
     )
     await ViewsRepo.ensure(conn, view.head.thread_id)
     if not await ViewsRepo.set_pending(conn, view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):

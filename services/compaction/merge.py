@@ -90,10 +90,12 @@ def render_summary(summary: StructuredSummary, *, revision: int) -> str:
         f"[context summary r{revision}: records {summary.covered_from}–{summary.covered_to} condensed; "
         "the original records remain readable in the ledger]"
     ]
-    if summary.goal:
-        lines.append(f"Goal: {summary.goal.text} ({_cite(summary.goal.sources)})")
-    if summary.current_request and summary.current_request != summary.goal:
-        lines.append(f"Current request: {summary.current_request.text} ({_cite(summary.current_request.sources)})")
+    request = summary.current_request
+    if summary.goal and (request is None or summary.goal.sources != request.sources):
+        lines.append(f"Goal: {summary.goal.text[:400]} ({_cite(summary.goal.sources)})")
+    if request is not None:
+        # The current request is always shown from its own record; the summary only points to it.
+        lines.append(f"Current request: record {request.sources[0]}, shown in full after this summary")
     sections: list[tuple[str, Sequence[SourcedText]]] = [
         ("Constraints (quoted)", summary.constraints),
         ("Decisions", summary.decisions),

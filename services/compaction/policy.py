@@ -164,8 +164,15 @@ def throttle_from(reason: str, measure: ViewMeasure, totals: Counters, hits: tup
 
 
 def job_fingerprint(
-    thread_id: str, watermark: int, view_revision: int, policy_name: str, policy_revision: int, budget: int
+    thread_id: str,
+    watermark: int,
+    view_revision: int,
+    policy_name: str,
+    policy_revision: int,
+    budget: int,
+    *,
+    urgent: bool = False,
 ) -> str:
-    """The identity of a compaction job: same sources, view, policy and budget → same job."""
-    key = f"{thread_id}|{watermark}|{view_revision}|{policy_name}@{policy_revision}|{budget}"
+    """The identity of a compaction job: same sources, view, policy, budget and urgency → same job."""
+    key = f"{thread_id}|{watermark}|{view_revision}|{policy_name}@{policy_revision}|{budget}|{'urgent' if urgent else 'proactive'}"
     return hashlib.sha256(key.encode()).hexdigest()[:32]
