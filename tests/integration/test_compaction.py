@@ -1,0 +1,260 @@
+"""Budgeter and compactor over real NATS and Postgres, with fixed small budgets (seed 000 §13)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from contracts import CompactionJob, CompactionPolicy, ContextPolicy, PrepareRequest
+from services.client import FleetClient
+from services.compacting import CompactionService
+from services.compaction.model import Segment, StructuredSummary, SummarizerFailed
+from services.compaction.structured import summarize_records
+from services.errors import ContextBudgetExceeded, ThreadNotFound
+from services.scheduling import request_job
+from services.views import ViewLoader
+from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+
+async def _policy(client: FleetClient, name: str, budget: int, **compaction: object) -> str:
+    policy = ContextPolicy(name=name, model_profile=None, budget_tokens=budget, compaction=CompactionPolicy.model_validate(compaction))
+    await client.register_policy(policy)
+    return name
+
+
+async def _start(client: FleetClient, t: Thread, policy: str) -> None:
+    first = t.system("You fix bugs in a Python repository.")
+    await client.append(first.model_copy(update={"policy": policy}))
+
+
+async def _groups(client: FleetClient, t: Thread, n: int, *, words: int = 60, start: int = 0) -> str:
+    key = ""
+    for i in range(start, start + n):
+        await client.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"cat file{i}.py"}),)))
+        key = f"out{i}"
+        await client.append(t.outcome(f"c{i}", f"contents of file{i}.py " * words, key=key))
+    return key
+
+
+async def _summaries(client: FleetClient, t: Thread) -> int:
+    try:
+        return (await client.inspect(t.thread_id, limit=1)).summaries
+    except ThreadNotFound:
+        return 0
+
+
+def _request(t: Thread, budget: int, after: str) -> PrepareRequest:
+    return PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=budget, after_event_key=after)
+
+
+async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await _start(client, t, await _policy(client, "bg", 3_000, keep_recent_groups=1))
+    await client.append(t.user("Fix the failing import in app.py", key="task"))
+    last = await _groups(client, t, 14)
+
+    async def summarized() -> bool:
+        return await _summaries(client, t) >= 1
+
+    await eventually(summarized, what="a background compaction")
+    inspection = await client.inspect(t.thread_id, limit=1)
+    assert inspection.record_count == 2 + 28  # source records are never deleted or rewritten
+    prepared = await client.prepare(_request(t, 3_000, last))
+    assert prepared.summary is not None and prepared.budget_report.used.total <= 3_000
+    assert [m.role for m in prepared.messages[:3]] == ["system", "user", "user"]
+    assert prepared.messages[1].content.startswith("[context summary")  # type: ignore[union-attr]
+    assert prepared.messages[2].content == "Fix the failing import in app.py"
+    row = await db.fetchrow("SELECT baseline_model_steps, baseline_watermark FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+    assert row["baseline_model_steps"] > 0 and row["baseline_watermark"] > 0
+
+
+async def test_turn_trigger_below_target_still_really_reduces_and_moves_the_baseline(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    policy = await _policy(client, "turns", 100_000, triggers={"context_ratio": None, "user_turns": 2}, keep_recent_groups=0)
+    await _start(client, t, policy)
+    await client.append(t.user("first question about parser.py"))
+    await _groups(client, t, 2)
+    await client.append(t.user("second question about render.py"))
+    await _groups(client, t, 1, start=5)
+
+    async def committed() -> bool:
+        return await _summaries(client, t) == 1
+
+    await eventually(committed, what="a turn-triggered compaction")
+    row = await db.fetchrow(
+        "SELECT s.tokens_before, s.tokens_after, s.trigger_reasons, v.baseline_user_turns "
+        "FROM ctx.summaries s JOIN ctx.thread_views v USING (thread_id) WHERE thread_id=$1",
+        t.thread_id,
+    )
+    assert row["trigger_reasons"] == ["user_turns"] and row["tokens_after"] < row["tokens_before"]
+    assert row["baseline_user_turns"] == 2
+    await client.append(t.user("third question", key="q3"))
+    await asyncio.sleep(0.5)  # the budgeter evaluates; one more question is below the period
+    assert (await client.inspect(t.thread_id, limit=1)).summaries == 1
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.jobs: list[CompactionJob] = []
+
+    async def publish(self, job: CompactionJob) -> None:
+        self.jobs.append(job)
+
+
+async def _job(pool: asyncpg.Pool, thread_id: str, reasons: tuple[str, ...] = ("context_ratio",)) -> CompactionJob:
+    queue = _Queue()
+    async with pool.acquire() as conn:
+        view = await ViewLoader(pool).load(conn, thread_id)
+        await conn.execute("UPDATE ctx.thread_views SET pending_fingerprint = NULL WHERE thread_id = $1", thread_id)
+        job = await request_job(conn, queue, view, reasons)
+    assert job is not None
+    return job
+
+
+@pytest.fixture
+async def quiet_fleet(start_fleet):  # type: ignore[no-untyped-def]
+    """Recorder and assembler only: jobs are run by the test itself."""
+    return await start_fleet(workers="recorder,assembler")
+
+
+async def _thread_with_history(client: FleetClient, db: asyncpg.Connection, policy: str, groups: int = 6) -> tuple[Thread, str]:
+    t = Thread()
+    await _start(client, t, policy)
+    await client.append(t.user("Fix the failing import in app.py", key="task"))
+    last = await _groups(client, t, groups)
+
+    async def recorded() -> bool:
+        return int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id)) == 2 + 2 * groups
+
+    await eventually(recorded, what="the history")
+    return t, last
+
+
+class _Failing:
+    name = "failing"
+
+    async def summarize(self, segment: Segment) -> StructuredSummary:
+        raise SummarizerFailed("malformed", "not JSON")
+
+
+async def test_failed_summary_never_moves_the_baseline_and_throttles(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t, _ = await _thread_with_history(client, db, await _policy(client, "f", 2_000))
+    pool = quiet_fleet.pool
+    service = CompactionService(pool, ViewLoader(pool), lambda request: _Failing())
+    outcome = await service.run(await _job(pool, t.thread_id))
+    assert (outcome.status, outcome.stage) == ("failed", "malformed")
+    row = await db.fetchrow("SELECT * FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+    assert (row["view_revision"], row["baseline_model_steps"], row["failures"]) == (0, 0, 1)
+    assert row["throttle"] is not None and row["pending_fingerprint"] is None
+    assert await db.fetchval("SELECT count(*) FROM ctx.summaries") == 0
+
+
+async def test_two_compactors_racing_on_one_thread_commit_exactly_one_summary(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t, _ = await _thread_with_history(client, db, await _policy(client, "race", 2_000))
+    pool = quiet_fleet.pool
+    job = await _job(pool, t.thread_id)
+    a = CompactionService(pool, ViewLoader(pool))
+    b = CompactionService(pool, ViewLoader(pool))
+    outcomes = await asyncio.gather(a.run(job), b.run(job))
+    assert sorted(o.status for o in outcomes) in (["committed", "dropped"], ["committed", "stale"])
+    assert await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id) == 1
+    assert await db.fetchval("SELECT view_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id) == 1
+
+
+class _Slow:
+    """Summarizes normally, but lets the test record a user message while the summary is being built."""
+
+    name = "slow"
+
+    def __init__(self, during: asyncio.Event, proceed: asyncio.Event) -> None:
+        self.during, self.proceed = during, proceed
+
+    async def summarize(self, segment: Segment) -> StructuredSummary:
+        self.during.set()
+        await self.proceed.wait()
+        return summarize_records(segment.records)
+
+
+async def test_user_message_arriving_while_a_compaction_commits_is_kept_after_the_summary(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t, _ = await _thread_with_history(client, db, await _policy(client, "mid", 2_000))
+    pool = quiet_fleet.pool
+    during, proceed = asyncio.Event(), asyncio.Event()
+    service = CompactionService(pool, ViewLoader(pool), lambda request: _Slow(during, proceed))
+    run = asyncio.create_task(service.run(await _job(pool, t.thread_id)))
+    await during.wait()
+    await client.append(t.user("Also keep the old CLI flag working.", key="late"))
+    await client.prepare(_request(t, 100_000, "late"))
+    proceed.set()
+    assert (await run).status == "committed"
+    prepared = await client.prepare(_request(t, 100_000, "late"))
+    assert prepared.summary is not None and prepared.messages[-1].content == "Also keep the old CLI flag working."
+    assert prepared.summary.covered_to < prepared.source_watermark.thread_seq
+
+
+async def test_required_content_at_82_percent_does_not_summarize_every_loop(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    budget = 2_000
+    await client.register_policy(ContextPolicy(name="heavy", model_profile=None, budget_tokens=budget))
+    system = t.system("Follow the release checklist exactly. " * 205)  # about 82% of the budget
+    await client.append(system.model_copy(update={"policy": "heavy"}))
+    await client.append(t.user("Ship it", key="task"))
+    for i in range(12):
+        await client.append(t.assistant(f"ok {i}", key=f"a{i}"))
+
+        async def evaluated() -> bool:
+            head = await db.fetchval("SELECT revision FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
+            seen = await db.fetchval("SELECT evaluated_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+            return seen is not None and seen >= head
+
+        await eventually(evaluated, what=f"evaluation after loop {i}")
+        await asyncio.sleep(0.05)
+    row = await db.fetchrow("SELECT attempts, failures FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+    summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)
+    # Twelve loops over the trigger; at most one real attempt, then it waits for 5% growth.
+    assert summaries + row["failures"] <= 1, (summaries, row["attempts"], row["failures"])
+
+
+async def test_huge_system_prompt_is_refused_with_itemized_sizes(fleet, client: FleetClient) -> None:
+    t = Thread()
+    await client.append(t.system("rule " * 3_000))
+    await client.append(t.user("hi", key="k"))
+    with pytest.raises(ContextBudgetExceeded) as err:
+        await client.prepare(_request(t, 1_000, "k"))
+    items = {i["block_id"]: i["tokens"] for i in err.value.details["items"]}  # type: ignore[union-attr]
+    assert items["instruction:1"] > 1_000
+
+
+async def test_single_group_larger_than_the_budget_is_summarized_not_dropped(fleet, client: FleetClient) -> None:
+    t = Thread()
+    await client.append(t.system("Short rules."))
+    await client.append(t.user("Summarize the logs", key="task"))
+    await client.append(t.assistant(calls=(("big", "bash", {"cmd": "cat build.log"}),)))
+    await client.append(t.outcome("big", "\n".join(f"line {i}: compiler warning W{i:04d}" for i in range(400)), key="o"))
+    await client.append(t.assistant("Most warnings are W0001-style.", key="after"))
+    await client.append(t.user("And the errors?", key="q2"))
+    prepared = await client.prepare(_request(t, 900, "q2"))
+    assert prepared.budget_report.used.total <= 900
+    assert prepared.summary is not None and prepared.omitted == ()
+    assert "cat build.log" in prepared.messages[1].content  # type: ignore[operator]
+
+
+async def test_replayed_event_and_completion_check_do_not_count_twice(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    step = t.assistant("step", key="s1")
+    await client.append(t.user("go", key="q"))
+    await client.append(step)
+    await client.append_raw(t.thread_id, "retry", step.model_dump_json().encode())
+    check = t.assistant("done?", key="check")
+    await client.append(check.model_copy(update={"payload": check.payload.model_copy(update={"purpose": "completion"})}))
+    await client.prepare(_request(t, 10_000, "check"))
+    row = await db.fetchrow("SELECT user_turns, model_steps FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
+    assert (row["user_turns"], row["model_steps"]) == (1, 1)
