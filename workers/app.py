@@ -5,7 +5,10 @@ All workers can run in one process (the embedded default) or one kind per proces
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -15,7 +18,7 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from prometheus_client import start_http_server
 
-from contracts import DeadLetter
+from contracts import JOBS_STREAM, DeadLetter
 from contracts.subjects import DEAD
 from services.budgeting import BudgetService
 from services.compacting import CompactionService, SummarizerFactory
@@ -93,6 +96,36 @@ def create_docs_app() -> FastStream:
     return FastStream(broker)
 
 
+def _parse_nats_time(value: str) -> datetime | None:
+    # NATS sends RFC 3339 with nanoseconds; Python parses at most microseconds.
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?", value)
+    if match is None:
+        return None
+    fraction = (match.group(2) or ".0")[:7]
+    return datetime.fromisoformat(match.group(1) + fraction).replace(tzinfo=UTC)
+
+
+async def _watch_queue(nc: NatsClient, metrics: FleetMetrics, every_s: float = 5.0) -> None:
+    """Export the compaction queue's depth and oldest job age (what operators scale compactors on)."""
+    js = nc.jetstream(timeout=5.0)
+    while True:
+        try:
+            info = await js.stream_info(JOBS_STREAM)
+            metrics.queue_depth.set(info.state.messages)
+            age = 0.0
+            if info.state.messages:
+                first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
+                stamp = first.time
+                if isinstance(stamp, str):
+                    stamp = _parse_nats_time(stamp)
+                if isinstance(stamp, datetime):
+                    age = (datetime.now(UTC) - stamp).total_seconds()
+            metrics.queue_oldest_age.set(max(0.0, age))
+        except Exception as exc:  # a metrics loop must never take the worker down
+            log.debug("queue metrics: %s", exc)
+        await asyncio.sleep(every_s)
+
+
 @dataclass
 class Fleet:
     """The running workers of this process."""
@@ -106,6 +139,7 @@ class Fleet:
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
     _nc: NatsClient | None = None
+    _gauges: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect and start every configured worker."""
@@ -145,6 +179,8 @@ class Fleet:
                 batch=s.record_batch,
             )
             await self.recorder.start()
+        if "compactor" in names or "budgeter" in names:
+            self._gauges = asyncio.create_task(_watch_queue(self._nc, self.metrics))
         if s.metrics_port:
             start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
         log.info("workers %s started", ", ".join(names))
@@ -153,6 +189,10 @@ class Fleet:
         """Stop pulling, finish what is in hand, close connections. Safe to call twice."""
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
+        if self._gauges is not None:
+            self._gauges.cancel()
+            await asyncio.gather(self._gauges, return_exceptions=True)
+            self._gauges = None
         if recorder is not None:
             await recorder.stop()
         if broker is not None:
