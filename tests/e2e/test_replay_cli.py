@@ -84,7 +84,11 @@ def test_replay_twice_gives_the_same_messages_and_inspect_verifies_the_chain(ser
         result = _ctxfleet("replay", str(SAMPLE), "--dump-contexts", str(dumps), "--report", str(report), "--budget", "3000", env=serving_fleet)
         assert result.returncode == 0, result.stderr
         runs.append([json.loads(p.read_text())["messages"] for p in sorted(dumps.iterdir())])
-        session = json.loads(report.read_text())["totals"]["session_id"]
+        data = json.loads(report.read_text())
+        session = data["totals"]["session_id"]
+        # A 3,000-token budget forces compaction on this trace; no prepared context may exceed it.
+        assert data["totals"]["compactions"] >= 1 and data["totals"]["over_budget"] == 0
+        assert all(p["over_budget"] is False and "summary_revision" in p for p in data["prepares"])
     assert runs[0] == runs[1]
     inspect = _ctxfleet("inspect", f"{session}-r1.main", "--json", env=serving_fleet)
     assert inspect.returncode == 0, inspect.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import asyncpg
 import pytest
@@ -258,3 +259,42 @@ async def test_replayed_event_and_completion_check_do_not_count_twice(fleet, cli
     await client.prepare(_request(t, 10_000, "check"))
     row = await db.fetchrow("SELECT user_turns, model_steps FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
     assert (row["user_turns"], row["model_steps"]) == (1, 1)
+
+
+async def test_a_session_keeps_the_policy_revision_it_started_with(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    first = await client.register_policy(ContextPolicy(name="pinned", model_profile=None, budget_tokens=50_000))
+    old, new = Thread(), Thread()
+    await client.append(old.system("s").model_copy(update={"policy": "pinned"}))
+    await client.append(old.user("q", key="k"))
+    await client.prepare(_request(old, 1_000, "k"))
+    second = await client.register_policy(ContextPolicy(name="pinned", model_profile=None, budget_tokens=8_000))
+    await client.append(new.system("s").model_copy(update={"policy": "pinned"}))
+    await client.append(new.user("q", key="k"))
+    await client.prepare(_request(new, 1_000, "k"))
+    await client.append(old.user("later", key="k2"))
+    await client.prepare(_request(old, 1_000, "k2"))
+    rows = dict(await db.fetch("SELECT session_id, policy_revision FROM ctx.sessions WHERE session_id = ANY($1)", [old.session_id, new.session_id]))
+    assert (first.revision, second.revision) == (1, 2)
+    assert rows == {old.session_id: 1, new.session_id: 2}
+
+
+async def test_an_unknown_policy_on_a_sessions_first_event_is_dead_lettered(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await client.append(t.user("q").model_copy(update={"policy": "no-such-policy"}))
+
+    async def rejected() -> bool:
+        return await db.fetchval("SELECT code FROM ctx.dead_letters") == "unknown_policy"
+
+    await eventually(rejected, what="the unknown_policy dead letter")
+
+
+async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(fleet, client: FleetClient, nats_url: str) -> None:
+    import nats as nats_client
+
+    nc = await nats_client.connect(nats_url)
+    try:
+        bad = {"name": "bad", "budget_tokens": 1000, "model_profile": None, "compaction": {"triggers": {"context_ratio": 0.5}, "target_context_ratio": 0.7}}
+        reply = await nc.request("ctx.policy.register", json.dumps(bad).encode(), timeout=5)
+        assert b'"code":"invalid_policy"' in reply.data and b"must be below" in reply.data
+    finally:
+        await nc.close()

@@ -182,3 +182,17 @@ def test_assemble_matches_golden_reply(case: str) -> None:
 
 def test_golden_cases_exist() -> None:
     assert len(list(GOLDEN.glob("*.json"))) >= 1
+
+
+def test_assemble_calibrates_with_provider_usage_plus_what_came_after_the_response() -> None:
+    t = Thread()
+    records = ledger_records([t.system("s"), t.user("q"), t.assistant("a", key="resp"), t.user("follow up " * 10)])
+    local = _prepare(t, records)
+    assert (local.budget_report.calibration, local.budget_report.estimated_input) == ("local", local.budget_report.used.total)
+    usage = {"response_event_key": "resp", "input_tokens": 1_000, "output_tokens": 50, "view_revision": 0}
+    calibrated = _prepare(t, records, usage=usage)
+    after = records[3].tokens.o200k_base + 4  # the follow-up and its envelope
+    assert calibrated.budget_report.calibration == "provider_usage+local"
+    assert calibrated.budget_report.estimated_input == 1_050 + after
+    stale = _prepare(t, records, usage={**usage, "view_revision": 3})  # usage from before a compaction
+    assert stale.budget_report.calibration == "local"
