@@ -1,6 +1,12 @@
-"""``make bench``: recording throughput and prepare latency on real servers.
+"""``make bench``: recording, prepare and compaction figures on real servers.
 
 Figures (printed, and written to out/bench.json):
+- busy: prepare p50/p99 on one busy thread, with compaction jobs running (small policy budget)
+  and without (large budget) — the hot path must not wait on compaction.
+- small_budget: every sample trace (../shared/samples when present, else the bundled ones)
+  replayed under a 16k policy budget: prepares over budget (must be 0), compactions, hot-path
+  waits, prepared tokens vs the full-history total.
+- compactor: 60 threads over their trigger, jobs queued, drained by 1 then 2 compactor processes.
 - burst: 10,000 events over 100 threads published concurrently; events/s from the first publish
   until the last one is in Postgres (what a runtime waits for before its prepare sees everything).
 - prepare: replay of every bundled sample trace; prepare round-trip latency p50/p99 as a runtime
@@ -28,6 +34,7 @@ import asyncpg
 from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats, EmbeddedPostgres
 from infra.runtime import Servers, start_fleet
+from contracts import ContextPolicy, PrepareRequest
 from services.client import FleetClient
 from services.replay import ReplayOptions, percentile, replay_trace
 from services.settings import Settings
@@ -96,6 +103,23 @@ async def bench_prepare(servers: Servers, settings: Settings) -> dict[str, objec
     }
 
 
+async def _reset_streams(nats_url: str) -> None:
+    import nats
+
+    from contracts import JOBS_STREAM
+    from contracts.subjects import DEAD_STREAM, EVENTS_STREAM
+
+    nc = await nats.connect(nats_url)
+    try:
+        for stream in (EVENTS_STREAM, DEAD_STREAM, JOBS_STREAM):
+            try:
+                await nc.jetstream().delete_stream(stream)
+            except Exception:
+                pass
+    finally:
+        await nc.close()
+
+
 def bench_cold_start() -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="ctx-bench-up-"))
     os.chmod(tmp, 0o755)
@@ -110,6 +134,101 @@ def bench_cold_start() -> dict[str, float]:
         return {"first_up_s": round(timings[0], 2), "second_up_s": round(timings[1], 2)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+async def bench_busy(servers: Servers, settings: Settings, *, budget: int, steps: int = 120) -> dict[str, object]:
+    fleet = await start_fleet(settings, servers)
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            name = f"busy-{budget}"
+            await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
+            t = Thread(session_id=f"busy-{uuid.uuid4().hex[:8]}")
+            await client.append(t.system("You are a coding agent. " * 20).model_copy(update={"policy": name}))
+            await client.append(t.user("Fix the failing tests", key="task"))
+            latencies: list[float] = []
+            compacted = 0
+            for i in range(steps):
+                await client.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"pytest tests/test_{i}.py"}),)))
+                await client.append(t.outcome(f"c{i}", f"test output {i}\n" * 60, key=f"o{i}"))
+                request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=budget, after_event_key=f"o{i}")
+                started = time.perf_counter()
+                prepared = await client.prepare(request)
+                latencies.append((time.perf_counter() - started) * 1000)
+                compacted = prepared.view_revision
+    finally:
+        await fleet.stop()
+    return {"budget": budget, "prepares": steps, "summaries": compacted, "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2)}
+
+
+async def bench_small_budget(servers: Servers, settings: Settings, *, budget: int = 16_000) -> dict[str, object]:
+    shared = ROOT.parent / "shared" / "samples"
+    traces = sorted(shared.glob("*.jsonl")) if shared.is_dir() else sorted(SAMPLES_DIR.glob("*.jsonl"))
+    fleet = await start_fleet(settings, servers)
+    totals = {"traces": len(traces), "prepares": 0, "errors": 0, "over_budget": 0, "compactions": 0, "compaction_failures": 0,
+              "hot_path_waits": 0, "prepared_tokens_sum": 0, "full_history_tokens_sum": 0}
+    latencies: list[float] = []
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            name = f"bench-{budget}"
+            await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
+            for trace in traces:
+                options = ReplayOptions(session_id=f"sb-{uuid.uuid4().hex[:10]}", budget_tokens=budget, policy=name)
+                report = await replay_trace(client, read_trace(trace), options)
+                for key in totals:
+                    if key != "traces":
+                        totals[key] += int(report.totals[key])  # type: ignore[call-overload]
+                latencies += [float(p["latency_ms"]) for p in report.prepares if "error" not in p]  # type: ignore[arg-type]
+    finally:
+        await fleet.stop()
+    return {**totals, "budget": budget, "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2)}
+
+
+async def bench_compactors(servers: Servers, settings: Settings, tmp: Path, *, replicas: int, threads: int = 200) -> dict[str, object]:
+    no_compactor = settings.model_copy(update={"workers": "recorder,assembler,budgeter"})
+    fleet = await start_fleet(no_compactor, servers)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            name = "compactor-bench"
+            await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=4_000))
+            pool = [Thread(session_id=f"cb-{uuid.uuid4().hex[:8]}") for _ in range(threads)]
+
+            async def history(t: Thread) -> None:
+                await client.append(t.system("Agent.").model_copy(update={"policy": name}))
+                await client.append(t.user("Investigate the logs", key="task"))
+                for i in range(24):  # about 4,300 tokens: over the 80% trigger of the 4,000-token policy
+                    await client.append(t.assistant(f"read {i}", calls=((f"c{i}", "bash", {"cmd": f"cat log{i}"}),)))
+                    await client.append(t.outcome(f"c{i}", f"log line {i}\n" * 40, key=f"o{i}"))
+
+            await asyncio.gather(*(history(t) for t in pool))
+            conn = await asyncpg.connect(servers.database_url)
+            deadline = time.monotonic() + 60
+            while int(await conn.fetchval("SELECT count(*) FROM ctx.thread_views WHERE pending_fingerprint IS NOT NULL")) < threads:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the budgeter did not queue a job for every thread")
+                await asyncio.sleep(0.05)
+            env = {**os.environ, "CTX_NATS_URL": servers.nats_url, "CTX_DATABASE_URL": servers.database_url, "CTX_DATA_DIR": str(tmp / "cdata")}
+            started = time.perf_counter()
+            for i in range(replicas):
+                procs.append(subprocess.Popen([sys.executable, "-m", "infra.cli", "worker", "compactor"], cwd=ROOT, env={**env, "CTX_RECORDER_ID": f"compactor-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            while int(await conn.fetchval("SELECT count(DISTINCT thread_id) FROM ctx.summaries")) < threads:
+                await asyncio.sleep(0.02)
+            wall = time.perf_counter() - started
+            # Throughput from the first commit to the last: process start-up is not compaction work.
+            span = float(await conn.fetchval("SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM ctx.summaries"))
+            await conn.close()
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=15)
+        await fleet.stop()
+    return {
+        "replicas": replicas,
+        "jobs": threads,
+        "wall_s_including_start": round(wall, 2),
+        "first_to_last_commit_s": round(span, 3),
+        "jobs_per_s": round((threads - 1) / span, 1) if span > 0 else None,
+    }
 
 
 async def _fresh_database(url: str) -> str:
@@ -139,16 +258,31 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
             settings = Settings(nats_url=nats_url, database_url=db, data_dir=tmp / "data", recorder_id="bench")
             servers = Servers(nats_url, db)
+            await _reset_streams(nats_url)
             if name == "burst":
                 results["burst"] = await bench_burst(servers, settings, threads=args.threads, per_thread=args.events // args.threads)
-            else:
+            elif name == "prepare":
                 results["prepare"] = await bench_prepare(servers, settings)
+            elif name == "busy":
+                results["busy"] = {
+                    "without_compaction": await bench_busy(servers, settings, budget=1_000_000),
+                    "with_compaction": await bench_busy(servers, settings, budget=8_000),
+                }
+            elif name == "small_budget":
+                results["small_budget"] = await bench_small_budget(servers, settings)
+            else:
+                runs = []
+                for replicas in (1, 2):
+                    db = await _fresh_database(pg_url)
+                    await _reset_streams(nats_url)
+                    runs.append(await bench_compactors(Servers(nats_url, db), settings.model_copy(update={"database_url": db}), tmp, replicas=replicas))
+                results["compactor"] = runs
         return results
     finally:
         for server in reversed(owned):
@@ -160,7 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "cold"])
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     if not args.only or "cold" in args.only:

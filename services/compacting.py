@@ -8,7 +8,8 @@ touched; a new summary chains to its parent and covers only records its parent d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import asyncpg
 
@@ -51,6 +52,10 @@ class JobOutcome:
     calls: int = 0
     view_revision: int = 0
     target_reached: bool = False
+    summarizer: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    summarizer_seconds: float = 0.0
 
 
 SummarizerFactory = Callable[[LedgerRecord | None], Summarizer]
@@ -110,10 +115,11 @@ class CompactionService:
         covered_blocks = [b for seg in segments for b in seg]
         current_request = next((r for r in reversed(records) if r.kind == "user_input" and r.payload.get("intent", "question") == "question"), None)
         summarizer = self._summarizer(current_request)
+        cost = _Cost()
         try:
-            merged, calls = await _summarize(summarizer, segments, parent.body if parent else None, policy.max_compaction_calls)
+            merged, calls = await _summarize(summarizer, segments, parent.body if parent else None, policy.max_compaction_calls, cost)
         except SummarizerFailed as exc:
-            return JobOutcome("failed", exc.stage, str(exc), measure.estimated), None
+            return replace(cost.outcome(summarizer.name), status="failed", stage=exc.stage, detail=str(exc), tokens_before=measure.estimated), None
         if current_request is not None:
             # The task comes from its own record, whatever the summarizer made of it (seed 000 §6).
             merged = merged.model_copy(
@@ -129,7 +135,7 @@ class CompactionService:
                 has_request=current_request is not None,
             )
         except CandidateInvalid as exc:
-            return JobOutcome("failed", "validate", str(exc), measure.estimated, calls=calls), None
+            return replace(cost.outcome(summarizer.name), status="failed", stage="validate", detail=str(exc), tokens_before=measure.estimated, calls=calls), None
         new_revision = view.state.view_revision + 1
         text = render_summary(merged, revision=new_revision)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
@@ -137,13 +143,23 @@ class CompactionService:
         new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
         after = measure.estimated - covered_tokens - summary_tokens - (MESSAGE_OVERHEAD if parent else 0) + new_summary_tokens + MESSAGE_OVERHEAD
         if after >= measure.estimated:
-            return JobOutcome("failed", "reduction", f"no real reduction ({measure.estimated} → {after})", measure.estimated, after, calls), None
+            detail = f"no real reduction ({measure.estimated} → {after})"
+            return replace(cost.outcome(summarizer.name), status="failed", stage="reduction", detail=detail, tokens_before=measure.estimated, tokens_after=after, calls=calls), None
         totals = count_totals(records)
         post = ViewMeasure(after, measure.required, max(0, measure.compressible - covered_tokens), measure.budget)
         still = trigger_hits(post, totals, totals, policy)
         target = after <= ratio_threshold(policy.target_context_ratio, job.input_budget)
         covered_to = max(r.seq for r in covered_records)
-        outcome = JobOutcome("committed", "commit", "", measure.estimated, after, calls, new_revision, target)
+        outcome = replace(
+            cost.outcome(summarizer.name),
+            status="committed",
+            stage="commit",
+            tokens_before=measure.estimated,
+            tokens_after=after,
+            calls=calls,
+            view_revision=new_revision,
+            target_reached=target,
+        )
         return outcome, NewSummary(
             thread_id=job.thread_id,
             parent_summary_id=parent.summary_id if parent else None,
@@ -167,8 +183,33 @@ class CompactionService:
         )
 
 
+@dataclass
+class _Cost:
+    """What the summarizer calls of one job cost (tokens when the provider reports usage)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, summarizer: Summarizer, seconds: float) -> None:
+        self.seconds += seconds
+        usage = getattr(summarizer, "last_usage", None)
+        if isinstance(usage, dict):
+            self.input_tokens += int(usage.get("input_tokens", 0))
+            self.output_tokens += int(usage.get("output_tokens", 0))
+
+    def outcome(self, name: str) -> JobOutcome:
+        return JobOutcome(
+            "failed", summarizer=name, input_tokens=self.input_tokens, output_tokens=self.output_tokens, summarizer_seconds=self.seconds
+        )
+
+
 async def _summarize(
-    summarizer: Summarizer, segments: Sequence[Sequence[DraftBlock]], parent: StructuredSummary | None, max_calls: int
+    summarizer: Summarizer,
+    segments: Sequence[Sequence[DraftBlock]],
+    parent: StructuredSummary | None,
+    max_calls: int,
+    cost: _Cost | None = None,
 ) -> tuple[StructuredSummary, int]:
     """Summarize segments in order, halving any a provider rejects as too long; never skip one."""
     queue: list[Sequence[DraftBlock]] = list(segments)
@@ -180,14 +221,19 @@ async def _summarize(
             raise SummarizerFailed("max_calls", f"needs more than {max_calls} summarizer calls")
         calls += 1
         records = sorted((r for b in segment for r in b.records), key=lambda r: r.seq)
+        started = time.perf_counter()
         try:
             part = await summarizer.summarize(Segment(records=records, parent=merged, instruction=SUMMARY_INSTRUCTION))
         except SegmentTooLong:
+            if cost is not None:
+                cost.add(summarizer, time.perf_counter() - started)
             if len(segment) == 1:
                 raise SummarizerFailed("too_long", f"one tool group ({segment[0].block_id}) is too long to summarize") from None
             half = len(segment) // 2
             queue[:0] = [segment[:half], segment[half:]]
             continue
+        if cost is not None:
+            cost.add(summarizer, time.perf_counter() - started)
         merged = merge_summaries(merged, part)
     assert merged is not None
     return merged, calls

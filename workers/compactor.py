@@ -73,7 +73,11 @@ class CompactorWorker:
         self._metrics.compaction_seconds.observe(time.perf_counter() - started)
         self._metrics.compactions.labels(result=outcome.status, stage=outcome.stage).inc()
         if outcome.calls:
-            self._metrics.summarizer_calls.labels(summarizer="any").inc(outcome.calls)
+            name = outcome.summarizer or "unknown"
+            self._metrics.summarizer_calls.labels(summarizer=name).inc(outcome.calls)
+            self._metrics.summarizer_seconds.labels(summarizer=name).observe(outcome.summarizer_seconds)
+            self._metrics.summarizer_tokens.labels(summarizer=name, direction="input").inc(outcome.input_tokens)
+            self._metrics.summarizer_tokens.labels(summarizer=name, direction="output").inc(outcome.output_tokens)
         if outcome.status == "committed":
             self._metrics.compaction_tokens_before.observe(outcome.tokens_before)
             self._metrics.compaction_tokens_after.observe(outcome.tokens_after)

@@ -87,6 +87,12 @@ class FleetMetrics:
             "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.summarizer_calls = Counter("ctx_summarizer_calls", "Summarizer calls", ["summarizer"], registry=r)
+        self.summarizer_tokens = Counter(
+            "ctx_summarizer_tokens", "Tokens summarizers reported using, by direction", ["summarizer", "direction"], registry=r
+        )
+        self.summarizer_seconds = Histogram(
+            "ctx_summarizer_seconds", "Time spent in summarizer calls per job", ["summarizer"], buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.revision_conflicts = Counter(
             "ctx_revision_conflicts", "Optimistic revision checks that lost, by where", ["where"], registry=r
         )
