@@ -276,6 +276,7 @@ class PreparedContext(WireModel):
     summary: SummaryRef | None = None
     reductions: tuple[str, ...] = ()
     compaction_wait_ms: int = 0
+    policy: str = ""
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

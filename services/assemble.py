@@ -97,6 +97,7 @@ class ThreadSnapshot:
     view_revision: int = 0
     covered_to: int = 0
     summary: SummaryView | None = None
+    policy: str = ""
 
 
 class OverBudget(CtxError):
@@ -210,6 +211,7 @@ def assemble_context(
         ),
         reductions=tuple(fit.reductions),
         compaction_wait_ms=compaction_wait_ms,
+        policy=snapshot.policy,
     )
 
 

@@ -66,6 +66,7 @@ class ThreadView:
             view_revision=self.state.view_revision,
             covered_to=self.state.covered_to,
             summary=summary,
+            policy=f"{self.policy_name}@{self.policy_revision}",
         )
 
     @property

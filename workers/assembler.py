@@ -142,7 +142,8 @@ class AssemblerWorker:
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
         report = prepared.budget_report
-        m, policy = self._metrics, report.profile
+        # The session's policy revision: bounded by registrations, unlike a request's ad-hoc budget.
+        m, policy = self._metrics, prepared.policy
         m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
         m.prepare_tokens.labels(purpose=purpose).observe(report.used.total)
         m.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)

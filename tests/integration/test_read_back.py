@@ -72,3 +72,4 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start
     for name in ("ctx_prepare_seconds_bucket", "ctx_prepare_input_tokens_bucket", "ctx_compactions_total", "ctx_compaction_queue_depth"):
         assert name in body or name.replace("_total", "") in body
     assert t.run_id not in body and t.session_id not in body  # no unbounded label values
+    assert 'ctx_prepare_seconds_count{policy="default@1",purpose="action"} 1.0' in body
