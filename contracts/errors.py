@@ -32,6 +32,9 @@ class ErrorCode(StrEnum):
     SCOPE_VIOLATION = "scope_violation"
     EVENT_KEY_CONFLICT = "event_key_conflict"
     UNKNOWN_POLICY = "unknown_policy"
+    RUN_ACTIVE = "run_active"
+    GRANT_VIOLATION = "grant_violation"
+    UNKNOWN_INSTANCE = "unknown_instance"
     # Internal, treated as success by the caller.
     DUPLICATE_EVENT = "duplicate_event"
     # Concurrency and infrastructure: retryable.
@@ -43,6 +46,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL_PROFILE = "unknown_model_profile"
     THREAD_NOT_FOUND = "thread_not_found"
     NOT_YET_RECORDED = "not_yet_recorded"
+    PREREQUISITE_NOT_RECORDED = "prerequisite_not_recorded"
     EVENT_REJECTED = "event_rejected"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
     INVALID_POLICY = "invalid_policy"

@@ -25,10 +25,17 @@ __all__ = [
     "ChildResultEvent",
     "ChildResultPayload",
     "ChildStatus",
+    "ContextExportEvent",
+    "ContextExportPayload",
+    "ContextResetEvent",
+    "ContextResetPayload",
     "Event",
     "EventDecodeError",
     "ResourceActivatedEvent",
     "ResourceActivatedPayload",
+    "RunStatusEvent",
+    "RunStatusPayload",
+    "SourceRef",
     "SystemEvent",
     "SystemPayload",
     "ToolCall",
@@ -125,6 +132,33 @@ class ChildResultPayload(WireModel):
     unresolved: tuple[str, ...] = ()
 
 
+class RunStatusPayload(WireModel):
+    """The runtime says how a run ended (or paused); a session has at most one active run."""
+
+    status: Literal["completed", "failed", "cancelled", "interrupted"]
+    reason: str = ""
+
+
+class SourceRef(WireModel):
+    """A record of another thread, by thread and thread seq."""
+
+    thread_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}\.[A-Za-z0-9_-]{1,128}$")]
+    seq: Annotated[int, Field(gt=0)]
+
+
+class ContextExportPayload(WireModel):
+    """What a parent explicitly hands a child as background: references, never copies (seed 000 §8.4)."""
+
+    refs: tuple[SourceRef, ...] = Field(min_length=1, max_length=500)
+    note: str = ""
+
+
+class ContextResetPayload(WireModel):
+    """An explicit reset of the session's context: a new origin; raw history stays readable."""
+
+    reason: str = ""
+
+
 class _Envelope(WireModel):
     schema_version: Literal[1] = 1
     event_key: EventKeyStr
@@ -134,6 +168,10 @@ class _Envelope(WireModel):
     client_ts: datetime | None = None
     # Honoured on a session's first event only: the policy the whole session runs under.
     policy: Identifier | None = None
+    # The principal the session belongs to, fixed by its first event; later events must match.
+    principal_id: Identifier | None = None
+    # Honoured on a thread's first event: this instance is a child agent of that instance (same run).
+    parent_instance_id: Identifier | None = None
 
     @property
     def thread_id(self) -> ThreadId:
@@ -183,6 +221,27 @@ class ChildResultEvent(_Envelope):
     payload: ChildResultPayload
 
 
+class RunStatusEvent(_Envelope):
+    """Envelope of a ``run_status`` event."""
+
+    kind: Literal["run_status"] = "run_status"
+    payload: RunStatusPayload
+
+
+class ContextExportEvent(_Envelope):
+    """Envelope of a ``context_export`` event (published into the child's thread)."""
+
+    kind: Literal["context_export"] = "context_export"
+    payload: ContextExportPayload
+
+
+class ContextResetEvent(_Envelope):
+    """Envelope of a ``context_reset`` event."""
+
+    kind: Literal["context_reset"] = "context_reset"
+    payload: ContextResetPayload
+
+
 Event: TypeAlias = Annotated[
     Union[
         SystemEvent,
@@ -191,6 +250,9 @@ Event: TypeAlias = Annotated[
         ToolOutcomeEvent,
         ResourceActivatedEvent,
         ChildResultEvent,
+        RunStatusEvent,
+        ContextExportEvent,
+        ContextResetEvent,
     ],
     Field(discriminator="kind"),
 ]
@@ -202,6 +264,9 @@ EVENT_KINDS: tuple[str, ...] = (
     "tool_outcome",
     "resource_activated",
     "child_result",
+    "run_status",
+    "context_export",
+    "context_reset",
 )
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -102,6 +102,8 @@ class PrepareRequest(WireModel):
 
     schema_version: Literal[1] = 1
     session_id: Identifier
+    # Checked against the session's principal when the session has one.
+    principal_id: Identifier | None = None
     run_id: Identifier
     instance_id: Identifier
     purpose: Purpose = Purpose.ACTION

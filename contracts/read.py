@@ -20,6 +20,7 @@ class ReadRequest(WireModel):
 
     schema_version: Literal[1] = 1
     session_id: Identifier
+    principal_id: Identifier | None = None
     ref: Annotated[str, Field(pattern=r"^ctx://blob/[0-9a-f]{64}$")]
     offset: Annotated[int, Field(ge=0)] = 0
     length: Annotated[int, Field(gt=0, le=1_048_576)] = 65_536

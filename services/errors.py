@@ -11,8 +11,12 @@
     │   ├── ThreadMismatch(subject_thread, event_thread)
     │   ├── EventKeyConflict(event_key)
     │   ├── UnknownPolicy(name)
+    │   ├── RunActive(session_id, active_run, run_id)
+    │   ├── UnknownInstance(thread_id, why)
+    │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
+    ├── PrerequisiteNotRecorded(thread_id, why)          retryable within a grace period
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
@@ -49,18 +53,22 @@ __all__ = [
     "EventKeyConflict",
     "EventRejected",
     "FleetUnavailable",
+    "GrantViolation",
     "IntegrityError",
     "InvalidEvent",
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
     "OrphanToolOutcome",
+    "PrerequisiteNotRecorded",
     "PayloadTooLarge",
     "RevisionConflict",
+    "RunActive",
     "ScopeViolation",
     "StoreUnavailable",
     "ThreadMismatch",
     "ThreadNotFound",
+    "UnknownInstance",
     "UnknownModelProfile",
     "UnknownPolicy",
     "error_from_reply",
@@ -179,6 +187,58 @@ class UnknownPolicy(InvalidEvent):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"no policy named {name!r} is registered (ctxfleet policy set)", name=name)
+
+
+class RunActive(InvalidEvent):
+    """A new question (or a resume) while another run of the session is active: wait or stop it."""
+
+    code = ErrorCode.RUN_ACTIVE
+
+    def __init__(self, session_id: str, active_run: str, run_id: str) -> None:
+        super().__init__(
+            f"session {session_id} already has active run {active_run}; wait for it or stop it before starting {run_id}",
+            session_id=session_id,
+            active_run=active_run,
+            run_id=run_id,
+        )
+
+
+class UnknownInstance(InvalidEvent):
+    """An instance the fleet cannot place: not a new run's main thread, and no known parent."""
+
+    code = ErrorCode.UNKNOWN_INSTANCE
+
+    def __init__(self, thread_id: str, why: str) -> None:
+        super().__init__(f"thread {thread_id}: {why}", thread_id=thread_id)
+
+
+class GrantViolation(InvalidEvent):
+    """A child referencing records beyond what its parent can grant."""
+
+    code = ErrorCode.GRANT_VIOLATION
+
+    def __init__(self, thread_id: str, ref_thread: str, ref_seq: int) -> None:
+        super().__init__(
+            f"thread {thread_id} may not reference {ref_thread}#{ref_seq}: only its parent's recorded records",
+            thread_id=thread_id,
+            ref_thread=ref_thread,
+            ref_seq=ref_seq,
+        )
+
+
+class PrerequisiteNotRecorded(CtxError):
+    """An event whose parent thread or finished run lives in another partition not yet recorded.
+
+    Threads of one session can sit in different partitions, so a child can arrive before its parent
+    and a new question before the previous run's end. The batch is retried shortly; only an event
+    still missing its prerequisite after the grace period is rejected.
+    """
+
+    code = ErrorCode.PREREQUISITE_NOT_RECORDED
+    retryable = True
+
+    def __init__(self, thread_id: str, why: str) -> None:
+        super().__init__(f"thread {thread_id}: {why}", thread_id=thread_id)
 
 
 class DuplicateEvent(CtxError):

@@ -29,10 +29,13 @@ from contracts import (
     DEFAULT_POLICY_NAME,
     AssistantMessageEvent,
     ChildResultEvent,
+    ContextExportEvent,
+    ContextResetEvent,
     ErrorCode,
     Event,
     EventDecodeError,
     ResourceActivatedEvent,
+    RunStatusEvent,
     SystemEvent,
     ToolOutcomeEvent,
     UserInputEvent,
@@ -49,8 +52,13 @@ from .errors import (
     ScopeViolation,
     ThreadMismatch,
     UnknownPolicy,
+    RunActive,
+    UnknownInstance,
+    GrantViolation,
+    PrerequisiteNotRecorded,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
+from .runs import Lifecycle, RunState, ThreadMeta
 from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, trim_tool_text
 from .tokens import EncodingName, TokenCounter
 
@@ -83,6 +91,8 @@ class Incoming:
     subject: str
     data: bytes
     stream_seq: int
+    # When the broker stored it (seconds since the epoch); used only for the cross-partition grace.
+    published_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,7 @@ class RecordingLimits:
     tool_result_max_tokens: int = 2000
     dead_letter_keep_bytes: int = 256 * 1024
     mask_min_chars: int = 800
+    prerequisite_grace_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +166,10 @@ class LedgerReads:
     calls: Mapping[tuple[str, str], CallState]
     sessions: frozenset[str] = frozenset()
     policies: frozenset[str] = frozenset({DEFAULT_POLICY_NAME})
+    runs: Mapping[str, RunState] = field(default_factory=dict)
+    active_runs: Mapping[str, str] = field(default_factory=dict)
+    threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
+    principals: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +256,11 @@ class BatchPlan:
     duplicates: tuple[tuple[str, str], ...] = ()
     session_counts: Mapping[str, int] = field(default_factory=dict)
     session_policies: Mapping[str, str] = field(default_factory=dict)
+    new_runs: tuple[RunState, ...] = ()
+    run_statuses: Mapping[str, str] = field(default_factory=dict)
+    new_threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
+    principals: Mapping[str, str] = field(default_factory=dict)
+    resets: tuple[tuple[str, str, int], ...] = ()
 
 
 def blob_ref(sha256: str) -> str:
@@ -297,6 +317,8 @@ def plan_batch(
     reads: LedgerReads,
     limits: RecordingLimits,
     counters: Mapping[EncodingName, TokenCounter],
+    *,
+    now: float = 0.0,
 ) -> BatchPlan:
     """Decide the records, heads, blobs, call states and rejections of a decoded batch."""
     cursors: dict[str, _ThreadCursor] = {}
@@ -310,6 +332,12 @@ def plan_batch(
     duplicates: list[tuple[str, str]] = []
     session_counts: dict[str, int] = {}
     session_policies: dict[str, str] = {}
+    life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals)
+    new_runs: list[RunState] = []
+    run_statuses: dict[str, str] = {}
+    new_threads: dict[str, ThreadMeta] = {}
+    principals: dict[str, str] = {}
+    resets: list[tuple[str, str, int]] = []
 
     for item in decoded:
         if isinstance(item, Rejection):
@@ -327,6 +355,14 @@ def plan_batch(
             _check_outcome(event, thread_id, calls)
             _check_calls(event, thread_id, calls)
             policy = _check_policy(event, reads, session_policies)
+            known = event.session_id in reads.sessions or event.session_id in session_policies
+            change = life.check(event, thread_id, session_known=known)
+        except (RunActive, UnknownInstance, GrantViolation) as exc:
+            if now - item.incoming.published_at < limits.prerequisite_grace_s:
+                # Its prerequisite may sit in another partition not yet recorded: retry the batch.
+                raise PrerequisiteNotRecorded(thread_id, exc.message) from exc
+            rejections.append(_reject(item.incoming, event, exc))
+            continue
         except InvalidEvent as exc:
             rejections.append(_reject(item.incoming, event, exc))
             continue
@@ -334,6 +370,15 @@ def plan_batch(
         cursors[thread_id] = cursor
         if policy is not None:
             session_policies[event.session_id] = policy
+        life.apply(change)
+        if change.new_run is not None:
+            new_runs.append(change.new_run)
+        if change.new_thread is not None:
+            new_threads[thread_id] = change.new_thread
+        if change.run_status is not None:
+            run_statuses[change.run_status[0]] = change.run_status[1]
+        if change.principal is not None:
+            principals[change.principal[0]] = change.principal[1]
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
@@ -351,6 +396,11 @@ def plan_batch(
             True,
         )
         _note_calls(event, thread_id, seq, calls, new_calls, outcomes)
+        if change.reset_session is not None:
+            resets.append((change.reset_session, thread_id, seq))
+        meta = life.threads.get(thread_id)
+        if meta is not None:
+            life.threads[thread_id] = ThreadMeta(meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq)
 
     heads = tuple(
         HeadWrite(
@@ -379,6 +429,11 @@ def plan_batch(
         duplicates=tuple(duplicates),
         session_counts=session_counts,
         session_policies=session_policies,
+        new_runs=tuple(new_runs),
+        run_statuses=run_statuses,
+        new_threads=new_threads,
+        principals=principals,
+        resets=tuple(resets),
     )
 
 
@@ -481,6 +536,8 @@ def _identity_and_content(event: Event) -> dict[str, JsonValue]:
         "client_ts": event.client_ts.isoformat() if event.client_ts else None,
         "payload": event.payload.model_dump(mode="json"),
         "policy": event.policy,
+        "principal_id": event.principal_id,
+        "parent_instance_id": event.parent_instance_id,
     }
 
 
@@ -492,6 +549,12 @@ def _text_of(event: Event) -> str:
             return event.payload.text
         case ChildResultEvent():
             return ""
+        case RunStatusEvent():
+            return event.payload.reason
+        case ContextExportEvent():
+            return event.payload.note
+        case ContextResetEvent():
+            return event.payload.reason
         case _:
             assert_never(event)
 

@@ -7,6 +7,7 @@ or a key recorded meanwhile means another writer got there first: re-read and re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -112,7 +113,7 @@ class RecordingService:
                     return BatchResult({}, 0, (), 0, len(batch), attempt)
                 decoded = decode_batch(fresh, self._limits)
                 reads = await read_for_batch(conn, *_touched(decoded))
-                plan = plan_batch(decoded, reads, self._limits, self._counters)
+                plan = plan_batch(decoded, reads, self._limits, self._counters, now=time.time())
                 for rejection in plan.rejections:
                     await self._sink.publish(
                         dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
@@ -127,8 +128,10 @@ class RecordingService:
 
 def _touched(
     decoded: Sequence[Decoded | Rejection],
-) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str]]:
     sessions: dict[str, None] = {}
+    runs: dict[str, None] = {}
+    parents: dict[str, None] = {}
     threads: dict[str, None] = {}
     keys: dict[tuple[str, str], None] = {}
     calls: dict[tuple[str, str], None] = {}
@@ -138,13 +141,16 @@ def _touched(
         thread = item.subject_thread
         threads[thread] = None
         sessions[item.event.session_id] = None
+        runs[item.event.run_id] = None
+        if item.event.parent_instance_id is not None:
+            parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
         keys[(thread, item.event.event_key)] = None
         if isinstance(item.event, ToolOutcomeEvent):
             calls[(thread, item.event.payload.call_id)] = None
         elif isinstance(item.event, AssistantMessageEvent):
             for call in item.event.payload.tool_calls:
                 calls[(thread, call.call_id)] = None
-    return list(threads), list(keys), list(calls), list(sessions)
+    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents)
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

@@ -17,7 +17,7 @@ from faststream.nats import NatsMessage, NatsRouter
 
 from contracts.subjects import RECORDED
 from services.budgeting import BudgetService
-from services.errors import CtxError
+from services.errors import CtxError, ThreadNotFound
 from services.store.views import ViewsRepo
 
 from .metrics import FleetMetrics
@@ -78,6 +78,8 @@ class BudgeterWorker:
                     elif d.action in ("defer", "throttled", "pending"):
                         outcome = {"defer": "deferred", "throttled": "throttled", "pending": "deduplicated"}[d.action]
                         self._metrics.jobs.labels(outcome=outcome, reason=d.reason.split(":")[0][:40]).inc()
+                except ThreadNotFound:
+                    pass  # a notice for a thread whose only events were rejected
                 except CtxError as exc:
                     log.warning("evaluating %s: %s", thread_id, exc)
                 if thread_id not in self._again:

@@ -38,7 +38,7 @@ def translate_pg_errors(thread_id: str = "?") -> Iterator[None]:
         constraint = getattr(exc, "constraint_name", None) or ""
         if constraint == "records_event_key":
             raise DuplicateEvent(str(getattr(exc, "detail", "") or "?")) from exc
-        if constraint in ("records_pkey", "records_session_seq", "thread_heads_pkey"):
+        if constraint in ("records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"):
             raise RevisionConflict(thread_id, -1, None) from exc
         raise
     except CONNECTION_ERRORS as exc:

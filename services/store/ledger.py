@@ -27,6 +27,7 @@ from ..ledger import (
     encode_raw,
 )
 from ..records import LedgerRecord
+from ..runs import RunState, ThreadMeta
 from ..render import TokenCounts
 
 if TYPE_CHECKING:
@@ -69,7 +70,28 @@ VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3))
 ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
 RETURNING last_seq
 """
-_SELECT_SESSIONS = "SELECT session_id FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_SESSIONS = "SELECT session_id, principal_id FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_RUNS = """
+SELECT run_id, session_id, status, main_thread_id FROM ctx.runs
+WHERE run_id = ANY($1::text[]) OR (session_id = ANY($2::text[]) AND status = 'active')
+"""
+_SELECT_THREAD_META = """
+SELECT thread_id, session_id, role, parent_thread_id, last_seq FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])
+"""
+_INSERT_RUN = """
+INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through) VALUES ($1, $2, 'active', $3, $4)
+"""
+_UPDATE_RUN = "UPDATE ctx.runs SET status = $2, updated_at = now() WHERE run_id = $1"
+_SET_PRINCIPAL = "UPDATE ctx.sessions SET principal_id = $2 WHERE session_id = $1 AND principal_id IS NULL"
+_RESET_SESSION = "UPDATE ctx.sessions SET reset_seq = GREATEST(reset_seq, $2) WHERE session_id = $1"
+_RESET_VIEWS = """
+UPDATE ctx.thread_views v
+SET view_revision = v.view_revision + 1, summary_id = NULL, covered_to = 0, baseline_user_turns = 0,
+    baseline_model_steps = 0, baseline_watermark = $2, throttle = NULL, deferred_reason = NULL,
+    pending_fingerprint = NULL, pending_since = NULL, updated_at = now()
+FROM ctx.thread_heads h WHERE h.thread_id = v.thread_id AND h.session_id = $1
+"""
+_SET_THREAD_ROLE = "UPDATE ctx.thread_heads SET role = $2, parent_thread_id = $3 WHERE thread_id = $1"
 _SELECT_POLICY_NAMES = "SELECT DISTINCT name FROM ctx.policies"
 _INSERT_HEAD = """
 INSERT INTO ctx.thread_heads
@@ -181,6 +203,8 @@ async def read_for_batch(
     keys: Sequence[tuple[str, str]],
     calls: Sequence[tuple[str, str]],
     session_ids: Sequence[str] = (),
+    run_ids: Sequence[str] = (),
+    extra_threads: Sequence[str] = (),
 ) -> LedgerReads:
     """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
     heads = {
@@ -197,9 +221,24 @@ async def read_for_batch(
         (r["thread_id"], r["call_id"]): CallState(r["call_id"], r["call_seq"], r["outcome_seq"])
         for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
     } if calls else {}
-    sessions = frozenset(r["session_id"] for r in await conn.fetch(_SELECT_SESSIONS, list(session_ids)))
+    session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
+    sessions = frozenset(r["session_id"] for r in session_rows)
+    principals = {r["session_id"]: r["principal_id"] for r in session_rows}
     policies = frozenset(r["name"] for r in await conn.fetch(_SELECT_POLICY_NAMES))
-    return LedgerReads(heads=heads, keys=known, calls=states, sessions=sessions, policies=policies)
+    runs: dict[str, RunState] = {}
+    active: dict[str, str] = {}
+    for r in await conn.fetch(_SELECT_RUNS, list(run_ids), list(session_ids)):
+        runs[r["run_id"]] = RunState(r["run_id"], r["session_id"], r["status"], r["main_thread_id"])
+        if r["status"] == "active":
+            active[r["session_id"]] = r["run_id"]
+    metas = {
+        r["thread_id"]: ThreadMeta(r["thread_id"], r["session_id"], r["role"], r["parent_thread_id"], r["last_seq"])
+        for r in await conn.fetch(_SELECT_THREAD_META, list({*thread_ids, *extra_threads}))
+    }
+    return LedgerReads(
+        heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
+        runs=runs, active_runs=active, threads=metas, principals=principals,
+    )
 
 
 async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
@@ -210,8 +249,12 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
         n = plan.session_counts[session_id]
         policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
         bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy) - n
+    for session_id, principal in sorted(plan.principals.items()):
+        await conn.execute(_SET_PRINCIPAL, session_id, principal)
     for head in plan.heads:
         await _write_head(conn, head)
+    for thread_id, meta in plan.new_threads.items():
+        await conn.execute(_SET_THREAD_ROLE, thread_id, meta.role, meta.parent_thread_id)
     if plan.blobs:
         await conn.execute(
             _INSERT_BLOBS,
@@ -221,6 +264,7 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
         )
     if plan.records:
         await _insert_records(conn, plan, bases, recorded_by)
+    await _write_runs(conn, plan, bases)
     if plan.calls:
         await conn.execute(
             _INSERT_CALLS,
@@ -242,6 +286,26 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
             raise RevisionConflict(first.thread_id, -1, None)
     for rejection in plan.rejections:
         await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
+
+
+def _session_seq_of(plan: BatchPlan, bases: Mapping[str, int], thread_id: str, seq: int) -> int:
+    record = next(r for r in plan.records if r.thread_id == thread_id and r.seq == seq)
+    return bases[record.session_id] + record.session_ordinal
+
+
+async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> None:
+    """New runs with their snapshot boundary, status changes, and context resets."""
+    for run in plan.new_runs:
+        # The snapshot is everything the session committed before the run's first record.
+        first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
+        through = _session_seq_of(plan, bases, run.main_thread_id, first) - 1
+        await conn.execute(_INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through)
+    for run_id, status in plan.run_statuses.items():
+        await conn.execute(_UPDATE_RUN, run_id, status)
+    for session_id, thread_id, seq in plan.resets:
+        origin = _session_seq_of(plan, bases, thread_id, seq)
+        await conn.execute(_RESET_SESSION, session_id, origin)
+        await conn.execute(_RESET_VIEWS, session_id, origin)
 
 
 async def _write_head(conn: Conn, head: HeadWrite) -> None:

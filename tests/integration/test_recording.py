@@ -70,7 +70,8 @@ async def test_recorder_redelivery_after_lost_position_records_nothing_twice(
 async def test_records_keep_publish_order_with_consecutive_seqs_and_a_verified_chain(
     fleet: Fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
-    threads = [Thread(session_id="s-shared") for _ in range(5)]
+    main = Thread()
+    threads = [main] + [main.child_thread(f"helper{i}") for i in range(4)]  # one session, five writers
     for i in range(20):
         for t in threads:
             await client.append(t.user(f"{t.run_id} #{i}", key=f"k{i}"))

@@ -110,7 +110,8 @@ def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> N
 
 
 def test_plan_batch_counts_session_order_across_threads() -> None:
-    a, b = Thread(session_id="s1"), Thread(session_id="s1")
+    a = Thread(session_id="s1")
+    b = a.child_thread()
     plan = _plan([a.user("1"), b.user("2"), a.user("3")])
     assert [r.session_ordinal for r in plan.records] == [1, 2, 3]
     assert dict(plan.session_counts) == {"s1": 3}

@@ -22,7 +22,10 @@ def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: P
     }
     event = json.loads((tmp_path / "Event.schema.json").read_text())
     kinds = set(event["discriminator"]["mapping"])
-    assert kinds == {"system", "user_input", "assistant_message", "tool_outcome", "resource_activated", "child_result"}
+    assert kinds == {
+        "system", "user_input", "assistant_message", "tool_outcome", "resource_activated", "child_result",
+        "run_status", "context_export", "context_reset",
+    }
     asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
     addresses = {c["address"] for c in asyncapi["channels"].values()}
     assert {"ctx.prepare.{run_id}.{instance_id}", "ctx.inspect.{run_id}.{instance_id}"} <= addresses
