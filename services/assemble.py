@@ -98,6 +98,7 @@ class ThreadSnapshot:
     covered_to: int = 0
     summary: SummaryView | None = None
     policy: str = ""
+    own_thread: str = ""
 
 
 class OverBudget(CtxError):
@@ -146,7 +147,7 @@ def assemble_context(
     compaction_wait_ms: int = 0,
 ) -> PreparedContext:
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate."""
-    blocks = build_view_blocks(snapshot.records, snapshot.covered_to)
+    blocks = build_view_blocks(snapshot.records, snapshot.covered_to, own_thread=snapshot.own_thread)
     sized = [_size(b, counter, snapshot.summary) for b in _with_summary(blocks.ready, snapshot.summary)]
     tools = () if request.purpose is Purpose.COMPACTION else request.tools
     schema_tokens = _tool_tokens(tools, counter)

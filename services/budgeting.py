@@ -43,17 +43,17 @@ class BudgetService:
                 view = await self._loader.load(conn, thread_id)
                 policy = view.policy.compaction
                 encoding = view.encoding
-                blocks = build_view_blocks(view.records, view.state.covered_to)
+                blocks = build_view_blocks(view.records, view.state.covered_to, own_thread=thread_id)
                 summary = view.state.summary
                 measure, _ = measure_view(blocks, summary.tokens(encoding) if summary else 0, policy, encoding, view.budget.input_budget)
                 pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
-                decision = decide(measure, view.totals, view.state.baseline, policy, throttle=view.state.throttle, pending=pending)
+                decision = decide(measure, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
                 enqueued = False
                 if decision.action == "enqueue":
                     enqueued = await request_job(conn, self._queue, view, decision.hits) is not None
                 elif decision.action == "defer":
                     await ViewsRepo.ensure(conn, thread_id)
-                    hits = trigger_hits(measure, view.totals, view.state.baseline, policy)
+                    hits = trigger_hits(measure, view.totals, view.baseline, policy)
                     await ViewsRepo.record_attempt(
                         conn, thread_id, throttle=throttle_from(decision.reason, measure, view.totals, hits),
                         reason=decision.reason, failed=False, fingerprint=None, counts_as_attempt=False,

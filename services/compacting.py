@@ -101,7 +101,7 @@ class CompactionService:
         policy = view.policy.compaction
         encoding = view.encoding
         records = [r for r in view.records if r.seq <= job.watermark]
-        blocks = build_view_blocks(records, view.state.covered_to)
+        blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
         parent = view.state.summary
         summary_tokens = parent.tokens(encoding) if parent else 0
         # Over the hard budget nothing but the current request is sacred: recent groups may go too.
@@ -247,9 +247,9 @@ def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> T
     """After an attempt that did not commit, wait for growth before the next one."""
     encoding = view.encoding
     records = [r for r in view.records if r.seq <= job.watermark]
-    blocks = build_view_blocks(records, view.state.covered_to)
+    blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
     parent = view.state.summary
     measure, _ = measure_view(blocks, parent.tokens(encoding) if parent else 0, view.policy.compaction, encoding, job.input_budget)
     totals = count_totals(records)
-    hits = trigger_hits(measure, totals, view.state.baseline, view.policy.compaction)
+    hits = trigger_hits(measure, totals, view.baseline, view.policy.compaction)
     return throttle_from(f"{outcome.status}:{outcome.stage}", measure, totals, hits)

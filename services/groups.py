@@ -14,6 +14,7 @@ Invariants, one function each:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,14 +64,14 @@ class BlockSet:
     covered: list[DraftBlock]
 
 
-def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0) -> BlockSet:
+def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, own_thread: str = "") -> BlockSet:
     """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
 
     Coverage is decided per block (by its first record), so an outcome recorded after the covered
     range still belongs to its covered group. Instructions, the current request, material and open
     groups are never covered: they are shown from their own records.
     """
-    ready, held, pending = build_blocks(records)
+    ready, held, pending = build_blocks(records, own_thread=own_thread)
     shown = [b for b in ready if not _is_covered(b, covered_to)]
     covered = [b for b in ready if _is_covered(b, covered_to)]
     return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
@@ -80,23 +81,78 @@ def _is_covered(block: DraftBlock, covered_to: int) -> bool:
     return block.kind is BlockKind.INTERACTION and block.records[0].seq <= covered_to
 
 
-def build_blocks(records: Sequence[LedgerRecord]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
-    """``(blocks in model order, open groups held back, pending calls)`` of a thread's records."""
+def build_blocks(
+    records: Sequence[LedgerRecord], *, own_thread: str = ""
+) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+    """``(blocks in model order, open groups held back, pending calls)`` of a view's records.
+
+    Records inherited from other threads keep their own call ids apart (``call_id@thread-tag``) so
+    two runs' ``c1`` never meet; an inherited call that never got its result becomes a state block
+    "result unknown" — never half a protocol group, never something to execute again.
+    """
     last_user = max((r.seq for r in records if r.kind == "user_input"), default=None)
     instructions, history = _split_instructions(records)
     blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
-    groups: dict[str, DraftBlock] = {}
+    groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
+        if record.kind == "context_reset":
+            continue
         if record.kind == "tool_outcome":
-            _attach_outcome(record, groups)
+            _attach_outcome(record, groups, own_thread)
             continue
         current_turn = last_user is not None and record.seq > last_user
-        block = _history_block(record, last_user, current_turn)
+        block = _history_block(record, last_user, current_turn, own_thread)
         if block.waiting:
             for call_id in block.waiting:
-                groups[call_id] = block
+                groups[(record.thread_id, _raw_call_id(call_id))] = block
         blocks.append(block)
-    return _close_groups(blocks)
+    ready, held, pending = _close_groups(blocks)
+    inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
+    held = [b for b in held if not _foreign(b.records[0], own_thread)]
+    pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
+    ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
+    return ready, held, pending
+
+
+def _order(block: DraftBlock) -> tuple[int, int]:
+    # Instructions first, everything else in ledger order (state blocks take their call's place).
+    return (0 if block.kind is BlockKind.INSTRUCTION else 1, block.records[0].seq)
+
+
+def _foreign(record: LedgerRecord, own_thread: str) -> bool:
+    return bool(own_thread) and bool(record.thread_id) and record.thread_id != own_thread
+
+
+def _call_tag(thread_id: str) -> str:
+    return hashlib.sha1(thread_id.encode()).hexdigest()[:6]
+
+
+def _view_call_id(record: LedgerRecord, call_id: str, own_thread: str) -> str:
+    """The id a call has in this view: its own, or tagged with its thread when inherited."""
+    return f"{call_id}@{_call_tag(record.thread_id)}" if _foreign(record, own_thread) else call_id
+
+
+def _raw_call_id(view_id: str) -> str:
+    return view_id.split("@", 1)[0]
+
+
+def _unknown_result_block(block: DraftBlock) -> DraftBlock:
+    record = block.records[0]
+    calls = block.messages[0].tool_calls or ()
+    lines = [
+        f"[state: {len(calls)} tool call(s) of thread {record.thread_id} (record {record.thread_seq}) never got a result. "
+        "Result unknown; they are history and will not be executed again.]"
+    ]
+    lines += [f"- {c.function.name}({c.function.arguments}) call {_raw_call_id(c.id)}: result unknown" for c in calls]
+    return DraftBlock(
+        block_id=f"state:{record.seq}",
+        kind=BlockKind.STATE,
+        retention=Retention.COMPRESSIBLE,
+        priority=2,
+        reason="inherited call without a result: shown as state, never as half a tool group",
+        records=block.records,
+        messages=[ChatMessage(role="user", content="\n".join(lines))],
+    )
 
 
 def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
@@ -117,7 +173,7 @@ def _instruction_block(record: LedgerRecord) -> DraftBlock:
     )
 
 
-def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool) -> DraftBlock:
+def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = "") -> DraftBlock:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
     match record.kind:
@@ -142,7 +198,20 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
                 [ChatMessage(role="user", content=record.text)],
             )
         case "assistant_message":
-            return _assistant_block(record, retention, priority, turn)
+            return _assistant_block(record, retention, priority, turn, own_thread)
+        case "run_status":
+            status = record.payload.get("status")
+            text = f"[state: run {record.thread_id.split('.')[0]} ended {status}" + (f": {record.text}]" if record.text else "]")
+            return DraftBlock(
+                f"state:{record.seq}", BlockKind.STATE, retention, priority, "how an earlier run ended (execution state)",
+                [record], [ChatMessage(role="user", content=text)],
+            )
+        case "context_export":
+            return DraftBlock(
+                f"material:{record.seq}", BlockKind.MATERIAL, Retention.ACTIVE, 1,
+                "background the parent exported to this child, quoted as material (never instruction)",
+                [record], [ChatMessage(role="user", content="[material: background from the parent agent]\n" + record.text)],
+            )
         case "resource_activated" | "child_result":
             what = "activated resource" if record.kind == "resource_activated" else "child agent result"
             return DraftBlock(
@@ -158,11 +227,11 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
             raise ValueError(f"record {record.seq} has unknown kind {record.kind!r}")
 
 
-def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, turn: str) -> DraftBlock:
+def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, turn: str, own_thread: str = "") -> DraftBlock:
     raw_calls = record.payload.get("tool_calls") or []
     assert isinstance(raw_calls, list)
     calls = tuple(
-        ChatToolCall(id=c.call_id, function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
+        ChatToolCall(id=_view_call_id(record, c.call_id, own_thread), function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
         for c in (ToolCall.model_validate(raw) for raw in raw_calls)
     )
     if not calls:
@@ -187,15 +256,16 @@ def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, 
     )
 
 
-def _attach_outcome(record: LedgerRecord, groups: dict[str, DraftBlock]) -> None:
+def _attach_outcome(record: LedgerRecord, groups: dict[tuple[str, str], DraftBlock], own_thread: str = "") -> None:
     call_id = str(record.payload.get("call_id"))
-    group = groups.pop(call_id, None)
+    group = groups.pop((record.thread_id, call_id), None)
     if group is None:
         return
+    view_id = _view_call_id(record, call_id, own_thread)
     group.records.append(record)
-    group.waiting[call_id] = -1 - len(group.records)  # mark as answered, remember arrival
+    group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
     group.messages.append(
-        ChatMessage(role="tool", tool_call_id=call_id, content=content_of(record.kind, record.payload, record.text))
+        ChatMessage(role="tool", tool_call_id=view_id, content=content_of(record.kind, record.payload, record.text))
     )
 
 
@@ -210,7 +280,7 @@ def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[Draf
         open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
         if open_calls:
             call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
-            pending.extend(PendingCall(call_id=c, name=call_names[c], seq=block.records[0].seq) for c in open_calls)
+            pending.extend(PendingCall(call_id=_raw_call_id(c), name=call_names[c], seq=block.records[0].seq) for c in open_calls)
             block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
             held.append(block)
             continue

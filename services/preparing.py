@@ -67,16 +67,18 @@ class PrepareService:
         counter = _counter(budget)
         if request.after_event_key is not None:
             await self._await_event(thread_id, request.after_event_key, request.wait_ms)
-        view = await self._view(thread_id, request.session_id)
+        view = await self._view(thread_id, request.session_id, request.principal_id)
         try:
             return assemble_context(view.snapshot(), request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(view, request, budget, counter, over)
 
-    async def _view(self, thread_id: str, session_id: str) -> ThreadView:
+    async def _view(self, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
         async with self._pool.acquire() as conn:
             with translate_pg_errors(thread_id):
-                return await self._loader.load(conn, thread_id, session_id=session_id)
+                return await self._loader.load(
+                    conn, thread_id, session_id=session_id, principal_id=principal_id, enforce_principal=True
+                )
 
     async def _await_compaction(
         self, view: ThreadView, request: PrepareRequest, budget: BudgetSpec, counter: TokenCounter | None, over: OverBudget
@@ -97,7 +99,7 @@ class PrepareService:
                     await asyncio.wait_for(woken.wait(), timeout=min(remaining, _RECHECK_S))
                 except TimeoutError:
                     pass
-                current = await self._view(thread_id, request.session_id)
+                current = await self._view(thread_id, request.session_id, request.principal_id)
                 if current.state.view_revision == revision:
                     # A job that ended without a commit (or another thread's pending one) frees the
                     # slot: ask again, more aggressively, for as long as this prepare waits.

@@ -14,7 +14,9 @@ __all__ = ["read_range"]
 
 _SELECT_BLOB = """
 SELECT b.content FROM ctx.blobs b
-WHERE b.sha256 = $2 AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
+WHERE b.sha256 = $2
+  AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
+  AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND (s.principal_id IS NULL OR s.principal_id = $3))
 """
 
 
@@ -23,7 +25,7 @@ async def read_range(pool: asyncpg.Pool, request: ReadRequest) -> ReadReply:
     sha = request.ref.rsplit("/", 1)[1]
     async with pool.acquire() as conn:
         with translate_pg_errors():
-            content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha)
+            content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha, request.principal_id)
     if content is None:
         raise ContentNotFound(request.ref)
     data = bytes(content)

@@ -25,3 +25,6 @@ class LedgerRecord:
     # A short preview of a long tool output and its tokens, shown when the hot path must shed tokens.
     mask_text: str | None = None
     mask_tokens: TokenCounts | None = None
+    # Which thread wrote it, and its seq there; a view orders records by ``seq`` = session seq.
+    thread_id: str = ""
+    thread_seq: int = 0

@@ -43,7 +43,7 @@ async def request_job(
     """
     budget = min(view.budget.input_budget, input_budget) if input_budget else view.budget.input_budget
     fingerprint = job_fingerprint(
-        view.head.thread_id, view.head.last_seq, view.state.view_revision, view.policy_name, view.policy_revision, budget,
+        view.head.thread_id, view.watermark, view.state.view_revision, view.policy_name, view.policy_revision, budget,
         urgent=urgent,
     )
     await ViewsRepo.ensure(conn, view.head.thread_id)
@@ -53,7 +53,7 @@ async def request_job(
         job_id=fingerprint,
         thread_id=view.head.thread_id,
         session_id=view.head.session_id,
-        watermark=view.head.last_seq,
+        watermark=view.watermark,
         view_revision=view.state.view_revision,
         policy_name=view.policy_name,
         policy_revision=view.policy_revision,

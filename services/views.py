@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncpg
 
@@ -20,11 +20,25 @@ from .compaction.merge import summary_sources
 from .compaction.policy import Counters
 from .errors import ThreadNotFound
 from .records import LedgerRecord
+from .render import TokenCounts
 from .store.ledger import Conn, HeadsRepo, RecordsRepo, StoredHead
-from .store.views import PoliciesRepo, ViewsRepo, ViewState
+from .store.views import PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
 from .tokens import EncodingName
 
-__all__ = ["ThreadView", "ViewLoader", "count_totals"]
+__all__ = ["ThreadView", "ViewLoader", "count_totals", "resolve_export"]
+
+
+def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerRecord:
+    """An export record carrying the text of the parent records it references, quoted as material."""
+    parts = [f"[exported from {r.thread_id} record {r.thread_seq} ({r.kind})]\n{r.text}" for r in sources]
+    note = record.text
+    text = (note + "\n\n" if note else "") + "\n\n".join(parts)
+    tokens = TokenCounts(
+        o200k_base=record.tokens.o200k_base + sum(r.tokens.o200k_base for r in sources),
+        cl100k_base=record.tokens.cl100k_base + sum(r.tokens.cl100k_base for r in sources),
+    )
+    payload = {**record.payload, "_resolved": True}
+    return replace(record, text=text, tokens=tokens, payload=payload)
 
 
 @dataclass(frozen=True)
@@ -38,10 +52,12 @@ class ThreadView:
     policy_revision: int
     policy: ContextPolicy
     budget: BudgetSpec
+    scope: ThreadScope = ThreadScope()
 
     def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
         """The assembler's input (records up to ``upto`` if given)."""
         records = self.records if upto is None else [r for r in self.records if r.seq <= upto]
+        own_thread = self.head.thread_id
         summary = None
         row = self.state.summary
         if row is not None:
@@ -67,6 +83,7 @@ class ThreadView:
             covered_to=self.state.covered_to,
             summary=summary,
             policy=f"{self.policy_name}@{self.policy_revision}",
+            own_thread=own_thread,
         )
 
     @property
@@ -76,8 +93,19 @@ class ThreadView:
 
     @property
     def totals(self) -> Counters:
-        """Counter totals at the head."""
-        return Counters(self.head.user_turns, self.head.model_steps)
+        """Counter totals of everything the view holds: inherited and own records, each once."""
+        return count_totals(self.records)
+
+    @property
+    def baseline(self) -> Counters:
+        """Counts up to the last successful compaction's observed watermark."""
+        mark = self.state.baseline_watermark
+        return count_totals([r for r in self.records if r.seq <= mark]) if mark else Counters()
+
+    @property
+    def watermark(self) -> int:
+        """The session seq of the newest record in the view."""
+        return self.records[-1].seq if self.records else 0
 
 
 def count_totals(records: list[LedgerRecord]) -> Counters:
@@ -102,18 +130,78 @@ class ViewLoader:
         self._cache_threads = cache_threads
         self._locks: dict[str, asyncio.Lock] = {}
         self._policies: dict[tuple[str, int], ContextPolicy] = {}
+        self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
 
-    async def load(self, conn: Conn, thread_id: str, *, session_id: str | None = None) -> ThreadView:
-        """The view of ``thread_id``; ThreadNotFound if it has no records (or is another session's)."""
+    async def load(
+        self,
+        conn: Conn,
+        thread_id: str,
+        *,
+        session_id: str | None = None,
+        principal_id: str | None = None,
+        enforce_principal: bool = False,
+    ) -> ThreadView:
+        """The view of ``thread_id``: what it inherited, what was exported to it, and its own records.
+
+        ThreadNotFound if it has no records, or belongs to another session or principal — a foreign
+        thread is reported exactly like a missing one, so ids cannot be probed.
+        """
         head = await HeadsRepo.select_head(conn, thread_id)
-        # Another session's thread is reported exactly like a missing one: no existence leak.
         if head is None or (session_id is not None and head.session_id != session_id):
             raise ThreadNotFound(thread_id)
-        records = await self._records(conn, thread_id, head)
+        scope = await ScopeRepo.of_thread(conn, thread_id)
+        if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
+            raise ThreadNotFound(thread_id)
+        own = await self._records(conn, thread_id, head)
+        own = await self._resolve_exports(conn, own)
+        inherited = await self._inherited(conn, head.session_id, thread_id, scope)
+        records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
         state = await ViewsRepo.load(conn, thread_id)
+        if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
+            if await self._adopt(conn, head, scope, records, state):
+                state = await ViewsRepo.load(conn, thread_id)
         name, revision = await PoliciesRepo.of_session(conn, head.session_id) or ("default", 1)
         policy = await self._policy(conn, name, revision)
-        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy))
+        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope)
+
+    async def _inherited(self, conn: Conn, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
+        """The run's immutable snapshot: the session's main-thread records up to its boundary."""
+        if scope.role != "main" or scope.snapshot_through <= 0:
+            return []
+        key = (session_id, scope.snapshot_through, scope.reset_seq, thread_id)
+        cached = self._snapshots.get(key)
+        if cached is None:
+            cached = await RecordsRepo.select_inherited(
+                conn, session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
+            )
+            self._snapshots[key] = cached
+            while len(self._snapshots) > self._cache_threads:
+                self._snapshots.pop(next(iter(self._snapshots)))
+        return cached
+
+    async def _resolve_exports(self, conn: Conn, records: list[LedgerRecord]) -> list[LedgerRecord]:
+        """A child's exported background, resolved to the parent records it references."""
+        out: list[LedgerRecord] = []
+        for record in records:
+            if record.kind != "context_export" or record.payload.get("_resolved"):
+                out.append(record)
+                continue
+            refs = record.payload.get("refs")
+            pairs = [
+                (str(r["thread_id"]), int(str(r["seq"]))) for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)
+            ]
+            out.append(resolve_export(record, await RecordsRepo.select_refs(conn, pairs)))
+        return out
+
+    async def _adopt(self, conn: Conn, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:
+        """Inherit the newest summary of an earlier run whose covered records are a prefix of ours."""
+        for candidate in await ViewsRepo.candidates(conn, head.session_id, head.thread_id, scope.snapshot_through):
+            other = await self.load(conn, candidate.thread_id)
+            theirs = [r.seq for r in other.records if r.seq <= candidate.covered_to]
+            ours = [r.seq for r in records if r.seq <= candidate.covered_to]
+            if theirs == ours and ours:
+                return await ViewsRepo.adopt(conn, head.thread_id, state.view_revision, candidate)
+        return False
 
     async def _policy(self, conn: Conn, name: str, revision: int) -> ContextPolicy:
         key = (name, revision)
@@ -140,4 +228,4 @@ class ViewLoader:
             if cached.last_seq == head.last_seq:
                 return cached.records
             # A later head may already be cached by a concurrent load: serve exactly this head.
-            return [r for r in cached.records if r.seq <= head.last_seq]
+            return [r for r in cached.records if r.thread_seq <= head.last_seq]

@@ -152,13 +152,32 @@ SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash
 FROM ctx.thread_heads WHERE thread_id = $1
 """
 _SELECT_RECORDS = """
-SELECT r.seq, r.event_key, r.kind, r.payload,
+SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
        COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
        r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
 FROM ctx.records r
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
 ORDER BY r.seq
+"""
+_SELECT_INHERITED = """
+SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
+       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
+       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
+FROM ctx.records r
+JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.session_id = $1 AND r.session_seq > $2 AND r.session_seq <= $3 AND r.thread_id <> $4
+ORDER BY r.session_seq
+"""
+_SELECT_BY_REF = """
+SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
+       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
+       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
+FROM ctx.records r
+JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+ORDER BY r.session_seq
 """
 _FIND_EVENT = "SELECT seq FROM ctx.records WHERE thread_id = $1 AND event_key = $2"
 _FIND_DEAD = """
@@ -372,6 +391,25 @@ async def _insert_records(
     )
 
 
+def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
+    return LedgerRecord(
+        seq=r["session_seq"],
+        event_key=r["event_key"],
+        kind=r["kind"],
+        payload=json.loads(r["payload"]),
+        text=r["text"] or "",
+        tokens=TokenCounts(o200k_base=r["tokens_o200k"], cl100k_base=r["tokens_cl100k"]),
+        mask_text=r["mask_text"],
+        mask_tokens=(
+            TokenCounts(o200k_base=r["mask_tokens_o200k"], cl100k_base=r["mask_tokens_cl100k"])
+            if r["mask_text"] is not None
+            else None
+        ),
+        thread_id=r["thread_id"],
+        thread_seq=r["seq"],
+    )
+
+
 class DeadLettersRepo:
     """Rejected events, kept so a prepare can say why its watermark event will never arrive."""
 
@@ -454,24 +492,20 @@ class RecordsRepo:
 
     @staticmethod
     async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
-        """Records of a thread with ``gt < seq <= lte``, in order, with their model-visible text."""
-        return [
-            LedgerRecord(
-                seq=r["seq"],
-                event_key=r["event_key"],
-                kind=r["kind"],
-                payload=json.loads(r["payload"]),
-                text=r["text"] or "",
-                tokens=TokenCounts(o200k_base=r["tokens_o200k"], cl100k_base=r["tokens_cl100k"]),
-                mask_text=r["mask_text"],
-                mask_tokens=(
-                    TokenCounts(o200k_base=r["mask_tokens_o200k"], cl100k_base=r["mask_tokens_cl100k"])
-                    if r["mask_text"] is not None
-                    else None
-                ),
-            )
-            for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)
-        ]
+        """Records of a thread with ``gt < seq <= lte``, in order; ``seq`` is their session seq."""
+        return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
+
+    @staticmethod
+    async def select_inherited(conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
+        """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
+        return [_ledger_record(r) for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)]
+
+    @staticmethod
+    async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
+        """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
+        if not refs:
+            return []
+        return [_ledger_record(r) for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])]
 
     @staticmethod
     async def find_event(conn: Conn, thread_id: str, event_key: str) -> int | None:

@@ -14,7 +14,68 @@ from ..compaction.policy import Counters, Throttle
 from ..errors import RevisionConflict
 from .ledger import Conn
 
-__all__ = ["NewSummary", "PoliciesRepo", "SummaryRow", "ViewState", "ViewsRepo"]
+__all__ = ["Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo"]
+
+_THREAD_SCOPE = """
+SELECT h.role, h.parent_thread_id, s.principal_id, s.reset_seq, COALESCE(r.snapshot_through, 0) AS snapshot_through,
+       r.status AS run_status
+FROM ctx.thread_heads h
+JOIN ctx.sessions s ON s.session_id = h.session_id
+LEFT JOIN ctx.runs r ON r.run_id = h.run_id
+WHERE h.thread_id = $1
+"""
+_CANDIDATES = """
+SELECT v.thread_id, v.summary_id, v.covered_to, v.baseline_watermark
+FROM ctx.thread_views v
+JOIN ctx.thread_heads h ON h.thread_id = v.thread_id
+JOIN ctx.summaries s ON s.summary_id = v.summary_id
+WHERE h.session_id = $1 AND h.role = 'main' AND v.thread_id <> $2 AND v.covered_to <= $3
+ORDER BY v.covered_to DESC, v.thread_id
+LIMIT 8
+"""
+_ADOPT = """
+INSERT INTO ctx.thread_views (thread_id, view_revision, summary_id, covered_to, baseline_watermark)
+VALUES ($1, 1, $2, $3, $4)
+ON CONFLICT (thread_id) DO UPDATE
+SET view_revision = ctx.thread_views.view_revision + 1, summary_id = EXCLUDED.summary_id,
+    covered_to = EXCLUDED.covered_to, baseline_watermark = EXCLUDED.baseline_watermark, updated_at = now()
+WHERE ctx.thread_views.view_revision = $5 AND ctx.thread_views.summary_id IS NULL
+RETURNING view_revision
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadScope:
+    """Where a thread stands in its session: role, parent, snapshot boundary, principal, reset fence."""
+
+    role: str = "main"
+    parent_thread_id: str | None = None
+    principal_id: str | None = None
+    reset_seq: int = 0
+    snapshot_through: int = 0
+    run_status: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """An earlier run's current summary that a new run may inherit if it covers a prefix of its records."""
+
+    thread_id: str
+    summary_id: str
+    covered_to: int
+    baseline_watermark: int
+
+
+class ScopeRepo:
+    """Thread scope reads."""
+
+    @staticmethod
+    async def of_thread(conn: Conn, thread_id: str) -> ThreadScope:
+        """The scope of a recorded thread."""
+        r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
+        if r is None:
+            return ThreadScope()
+        return ThreadScope(r["role"], r["parent_thread_id"], r["principal_id"], r["reset_seq"], r["snapshot_through"], r["run_status"])
 
 _SELECT_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 AND revision = $2"
 _LATEST_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 ORDER BY revision DESC LIMIT 1"
@@ -286,6 +347,22 @@ class ViewsRepo:
             )
             await conn.execute("UPDATE ctx.thread_views SET summary_id = $2 WHERE thread_id = $1", s.thread_id, uuid.UUID(summary_id))
         return summary_id
+
+    @staticmethod
+    async def candidates(conn: Conn, session_id: str, thread_id: str, through: int) -> list[Candidate]:
+        """Other main threads' current summaries that lie within ``through``, newest coverage first."""
+        return [
+            Candidate(r["thread_id"], str(r["summary_id"]), r["covered_to"], r["baseline_watermark"])
+            for r in await conn.fetch(_CANDIDATES, session_id, thread_id, through)
+        ]
+
+    @staticmethod
+    async def adopt(conn: Conn, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
+        """Point a thread's fresh view at an inherited summary (and its baseline); False if it moved on."""
+        got = await conn.fetchval(
+            _ADOPT, thread_id, uuid.UUID(candidate.summary_id), candidate.covered_to, candidate.baseline_watermark, expected_revision
+        )
+        return got is not None
 
     @staticmethod
     async def stale_threads(conn: Conn, limit: int) -> list[str]:
