@@ -34,7 +34,16 @@ from .events import (
     event_json_schema,
 )
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
-from .inspect import InspectedRecord, InspectRequest, ThreadInspection
+from .inspect import (
+    SESSION_INSPECT,
+    InspectedRecord,
+    InspectedRun,
+    InspectedThread,
+    InspectRequest,
+    SessionInspection,
+    ThreadInspection,
+    session_inspect_subject,
+)
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
@@ -99,6 +108,8 @@ __all__ = [
     "EventKey",
     "InspectRequest",
     "InspectedRecord",
+    "InspectedRun",
+    "InspectedThread",
     "InstanceId",
     "ModelProfile",
     "OmittedBlock",
@@ -115,7 +126,10 @@ __all__ = [
     "RunStatusEvent",
     "RunStatusPayload",
     "SourceRef",
+    "SESSION_INSPECT",
     "SessionId",
+    "SessionInspection",
+    "session_inspect_subject",
     "SourceWatermark",
     "SummaryRef",
     "SystemEvent",

@@ -8,7 +8,23 @@ from pydantic import Field
 
 from ._base import WireModel
 
-__all__ = ["InspectRequest", "InspectedRecord", "ThreadInspection"]
+__all__ = [
+    "SESSION_INSPECT",
+    "InspectRequest",
+    "InspectedRecord",
+    "InspectedRun",
+    "InspectedThread",
+    "SessionInspection",
+    "ThreadInspection",
+    "session_inspect_subject",
+]
+
+SESSION_INSPECT = "ctx.session.inspect"
+
+
+def session_inspect_subject(session_id: str) -> str:
+    """Where an operator asks for a session's runs, threads and snapshots."""
+    return f"{SESSION_INSPECT}.{session_id}"
 
 
 class InspectRequest(WireModel):
@@ -54,3 +70,37 @@ class ThreadInspection(WireModel):
     compaction_failures: int = 0
     last_compaction_failure: str | None = None
     deferred_reason: str | None = None
+
+
+class InspectedThread(WireModel):
+    """One thread of a run."""
+
+    thread_id: str
+    role: str
+    parent_thread_id: str | None
+    records: int
+    view_revision: int
+    summaries: int
+
+
+class InspectedRun(WireModel):
+    """One run (question) of a session, with the snapshot it inherited."""
+
+    run_id: str
+    status: str
+    main_thread_id: str
+    snapshot_through: int
+    threads: tuple[InspectedThread, ...]
+
+
+class SessionInspection(WireModel):
+    """A session's runs in order, their threads and snapshot boundaries."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["session_inspection"] = "session_inspection"
+    session_id: str
+    principal_id: str | None
+    policy: str
+    last_seq: int
+    reset_seq: int
+    runs: tuple[InspectedRun, ...]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contracts import ContextPolicy, ThreadInspection
+from contracts import ContextPolicy, SessionInspection, ThreadInspection
 from services.client import FleetClient
 from services.errors import CtxError
 from services.replay import ReplayOptions, ReplayReport, replay_trace
@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--profile", default="gpt-4o", help="model profile (default gpt-4o)")
     replay.set_defaults(func=_cmd_replay)
 
-    inspect = sub.add_parser("inspect", help="show a thread's ledger: head, hash chain, latest records")
-    inspect.add_argument("thread", help="<run_id>.<instance_id>")
+    inspect = sub.add_parser("inspect", help="show a thread's ledger (head, hash chain, records) or a session's runs")
+    inspect.add_argument("thread", nargs="?", help="<run_id>.<instance_id>")
+    inspect.add_argument("--session", help="show this session's runs, threads and snapshots instead")
     inspect.add_argument("--json", action="store_true")
     inspect.add_argument("--limit", type=int, default=20)
     inspect.set_defaults(func=_cmd_inspect)
@@ -184,6 +185,10 @@ async def _replay(nats_url: str, trace: Path, options: ReplayOptions, *, policy_
 
 def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     nats_url = _fleet_nats_url(settings)
+    if args.session:
+        return _inspect_session(nats_url, args.session, as_json=args.json)
+    if not args.thread:
+        raise CliError("name a thread (<run_id>.<instance_id>) or --session SESSION")
 
     async def run() -> ThreadInspection:
         async with await FleetClient.connect(nats_url, name="ctxfleet-inspect") as client:
@@ -194,6 +199,24 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         print(inspection.model_dump_json(indent=2))
     else:
         _print_inspection(inspection)
+    return 0
+
+
+def _inspect_session(nats_url: str, session_id: str, *, as_json: bool) -> int:
+    async def fetch() -> SessionInspection:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect") as client:
+            return await client.inspect_session(session_id)
+
+    s = asyncio.run(fetch())
+    if as_json:
+        print(s.model_dump_json(indent=2))
+        return 0
+    print(f"session {s.session_id} (principal {s.principal_id or '-'}, policy {s.policy}): {s.last_seq} records, reset at {s.reset_seq}")
+    for r in s.runs:
+        print(f"  run {r.run_id} [{r.status}] inherits records 1–{r.snapshot_through}")
+        for t in r.threads:
+            parent = f" child of {t.parent_thread_id}" if t.parent_thread_id else ""
+            print(f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, {t.summaries} summaries")
     return 0
 
 

@@ -30,7 +30,9 @@ from contracts import (
     PrepareRequest,
     ReadReply,
     ReadRequest,
+    SessionInspection,
     ThreadInspection,
+    session_inspect_subject,
 )
 from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
 
@@ -120,6 +122,10 @@ class FleetClient:
         """An operator's view of one thread."""
         body = await self._request(inspect_subject(thread_id), InspectRequest(limit=limit).model_dump_json().encode(), timeout)
         return ThreadInspection.model_validate_json(body)
+
+    async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
+        """An operator's view of a session: runs, threads, snapshots."""
+        return SessionInspection.model_validate_json(await self._request(session_inspect_subject(session_id), b"{}", timeout))
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""

@@ -17,6 +17,8 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from contracts import (
+    RunStatusEvent,
+    RunStatusPayload,
     AssistantMessageEvent,
     AssistantMessagePayload,
     Event,
@@ -82,11 +84,27 @@ def percentile(values: Sequence[float], pct: float) -> float:
 
 
 def trace_events(lines: Sequence[TraceLine], options: ReplayOptions) -> list[Event]:
-    """The events a runtime would publish for a trace: fresh run per ``run`` value, stable keys."""
+    """The events a runtime would publish for a trace: a new run per ``run`` value, stable keys.
+
+    A session has one active run at a time, so before a new run's first event the previous run is
+    closed with a ``run_status: completed`` event (key ``end-<run>``), as a runtime would.
+    """
     events: list[Event] = []
     run_names: dict[str | None, str] = {}
+    current: str | None = None
     for index, line in enumerate(lines, start=1):
         run_id = run_names.setdefault(line.run, f"{options.session_id}-r{len(run_names) + 1}")
+        if current is not None and run_id != current:
+            events.append(
+                RunStatusEvent(
+                    event_key=f"end-{current}",
+                    session_id=options.session_id,
+                    run_id=current,
+                    instance_id=options.instance_id,
+                    payload=RunStatusPayload(status="completed"),
+                )
+            )
+        current = run_id
         common: dict[str, object] = {
             "event_key": f"e{index:06d}",
             "session_id": options.session_id,
@@ -152,8 +170,14 @@ async def replay_trace(
     if options.dump_dir is not None:
         options.dump_dir.mkdir(parents=True, exist_ok=True)
     events = trace_events(lines, options)
-    for event, line in zip(events, lines, strict=True):
+    line_of = iter(lines)
+    for event in events:
         thread = event.thread_id
+        if isinstance(event, RunStatusEvent):
+            await client.append(event)
+            last_key[thread] = event.event_key
+            continue
+        line = next(line_of)
         if isinstance(event, AssistantMessageEvent) and thread in last_key:
             entry, latency_ms, ok = await _prepare(client, event, last_key[thread], options, len(report.prepares) + 1, clock)
             entry["event_line"] = line.line
@@ -174,7 +198,7 @@ async def replay_trace(
         failures += inspection.compaction_failures
     report.totals = {
         "session_id": options.session_id,
-        "events": len(events),
+        "events": len(lines),
         "prepares": len(report.prepares),
         "errors": errors,
         "prepared_tokens_sum": sum(_int(p["prepared_tokens"]) for p in ok_prepares),

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 import asyncpg
 
 from contracts import (
+    SESSION_INSPECT,
     POLICY_REGISTER,
     READ,
     ContextPolicy,
@@ -34,6 +35,7 @@ from services.errors import CtxError, InvalidPolicy, InvalidRequest
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
 from services.reading import read_range
+from services.sessions import inspect_session
 from services.store.views import PoliciesRepo
 
 from .metrics import FleetMetrics
@@ -91,6 +93,23 @@ class AssemblerWorker:
         )
         async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
+
+        @r.subscriber(
+            f"{SESSION_INSPECT}.{{session_id}}",
+            queue="assembler",
+            decoder=_raw_body,
+            title="session.inspect",
+            description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
+        )
+        async def on_session(body: bytes, session_id: str = Path()) -> NatsResponse:
+            try:
+                if self._pool is None:
+                    raise CtxError("assembler has no store attached")
+                reply = await inspect_session(self._pool, session_id)
+            except Exception as exc:
+                error = _error_reply(exc)
+                return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
         @r.subscriber(
             READ,

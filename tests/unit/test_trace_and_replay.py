@@ -51,9 +51,11 @@ def test_trace_events_start_a_new_run_per_run_value_and_use_stable_keys(tmp_path
         '{"kind": "user_input", "text": "next", "run": "second"}\n',
     )
     events = trace_events(read_trace(path), ReplayOptions(session_id="sess"))
-    assert [e.event_key for e in events] == ["e000001", "e000002", "e000003", "e000004"]
-    assert [e.run_id for e in events] == ["sess-r1", "sess-r1", "sess-r1", "sess-r2"]
+    assert [e.event_key for e in events] == ["e000001", "e000002", "e000003", "end-sess-r1", "e000004"]
+    assert [e.run_id for e in events] == ["sess-r1", "sess-r1", "sess-r1", "sess-r1", "sess-r2"]
+    assert events[3].kind == "run_status" and events[3].payload.status == "completed"  # type: ignore[union-attr]
     assert isinstance(events[1], AssistantMessageEvent) and events[1].payload.tool_calls[0].args == {"a": 1}
+    assert events[4].kind == "user_input"
     assert isinstance(events[2], ToolOutcomeEvent) and events[2].payload.status.value == "timeout"
 
 
