@@ -46,7 +46,6 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL_PROFILE = "unknown_model_profile"
     THREAD_NOT_FOUND = "thread_not_found"
     NOT_YET_RECORDED = "not_yet_recorded"
-    PREREQUISITE_NOT_RECORDED = "prerequisite_not_recorded"
     EVENT_REJECTED = "event_rejected"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
     INVALID_POLICY = "invalid_policy"

@@ -1,14 +1,16 @@
 """Subject, stream and consumer names: defined once, used everywhere.
 
-Runtimes publish to ``ctx.events.<run>.<instance>``. The ``CTX_EVENTS`` stream rewrites that, on the
-server, to ``ctx.p.<partition>.<run>.<instance>`` where the partition is FNV-1a of the thread's
-tokens modulo the partition count; each partition has one durable consumer per worker kind, which
-gives one writer per thread in publish order (DESIGN.md, "Ordering on NATS").
+Runtimes publish to ``ctx.events.<session>.<run>.<instance>``. The ``CTX_EVENTS`` stream rewrites
+that, on the server, to ``ctx.p.<partition>.<session>.<run>.<instance>`` where the partition is
+FNV-1a of the session token modulo the partition count. A whole session — its runs, main threads and
+children — lands in one partition and is recorded in publish order by one writer: decisions that span
+threads (a new question only after the previous run ended, a child only after its parent exists)
+see events in the order the runtime published them. Sessions spread across partitions.
 """
 
 from __future__ import annotations
 
-from .ids import split_thread_id
+from .ids import is_identifier, split_thread_id
 
 __all__ = [
     "DEAD",
@@ -28,6 +30,7 @@ __all__ = [
     "partition_transform",
     "prepare_subject",
     "recorded_subject",
+    "session_from_partitioned_subject",
     "thread_from_partitioned_subject",
 ]
 
@@ -42,10 +45,12 @@ EVENTS_STREAM = "CTX_EVENTS"
 DEAD_STREAM = "CTX_DEAD"
 
 
-def events_subject(thread_id: str) -> str:
-    """Where a runtime publishes the events of ``thread_id``."""
+def events_subject(session_id: str, thread_id: str) -> str:
+    """Where a runtime publishes the events of ``thread_id`` in ``session_id``."""
     split_thread_id(thread_id)
-    return f"{EVENTS}.{thread_id}"
+    if not is_identifier(session_id) and session_id != "_":
+        raise ValueError(f"not a valid session id: {session_id!r}")
+    return f"{EVENTS}.{session_id}.{thread_id}"
 
 
 def prepare_subject(thread_id: str) -> str:
@@ -70,13 +75,13 @@ def dead_subject(thread_id: str | None) -> str:
     return f"{DEAD}.events.{thread_id or '_._'}"
 
 
-def partition_of(run_id: str, instance_id: str, *, partitions: int) -> int:
-    """The partition the server assigns to a thread: FNV-1a 32 over the joined tokens, mod n.
+def partition_of(session_id: str, *, partitions: int) -> int:
+    """The partition the server assigns to a session: FNV-1a 32 over the session token, mod n.
 
-    This mirrors nats-server's ``{{partition(n,1,2)}}`` so clients and tests can predict routing.
+    This mirrors nats-server's ``{{partition(n,1)}}`` so clients and tests can predict routing.
     """
     h = 0x811C9DC5
-    for b in (run_id + instance_id).encode():
+    for b in session_id.encode():
         h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
     return h % partitions
 
@@ -84,14 +89,14 @@ def partition_of(run_id: str, instance_id: str, *, partitions: int) -> int:
 def partition_transform(partitions: int) -> tuple[str, str]:
     """The ``(source, destination)`` subject transform of the events stream."""
     return (
-        f"{EVENTS}.*.*",
-        f"{PARTITIONED}.{{{{partition({partitions},1,2)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}",
+        f"{EVENTS}.*.*.*",
+        f"{PARTITIONED}.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
     )
 
 
 def partition_filter(partition: int) -> str:
     """The filter subject of one partition's consumers."""
-    return f"{PARTITIONED}.{partition}.*.*"
+    return f"{PARTITIONED}.{partition}.*.*.*"
 
 
 def partition_consumer(worker: str, partition: int) -> str:
@@ -100,8 +105,16 @@ def partition_consumer(worker: str, partition: int) -> str:
 
 
 def thread_from_partitioned_subject(subject: str) -> str | None:
-    """The thread id carried by a stored subject ``ctx.p.<n>.<run>.<instance>``, if well formed."""
+    """The thread id carried by a stored subject ``ctx.p.<n>.<session>.<run>.<instance>``."""
     parts = subject.split(".")
-    if len(parts) != 5 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
+    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
         return None
-    return f"{parts[3]}.{parts[4]}"
+    return f"{parts[4]}.{parts[5]}"
+
+
+def session_from_partitioned_subject(subject: str) -> str | None:
+    """The session token of a stored subject ``ctx.p.<n>.<session>.<run>.<instance>``."""
+    parts = subject.split(".")
+    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
+        return None
+    return parts[3]

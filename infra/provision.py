@@ -67,7 +67,7 @@ def _events_config(partitions: int, max_age_s: float) -> StreamConfig:
     src, dest = partition_transform(partitions)
     return StreamConfig(
         name=EVENTS_STREAM,
-        subjects=[f"{EVENTS}.*.*"],
+        subjects=[src],
         subject_transform=SubjectTransform(src=src, dest=dest),
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,

@@ -34,6 +34,7 @@ from contracts import (
     ThreadInspection,
     session_inspect_subject,
 )
+from contracts.ids import is_identifier
 from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
 
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
@@ -90,16 +91,24 @@ class FleetClient:
 
     async def append(self, event: Event, *, timeout: float = 10.0) -> AppendAck:
         """Publish one event; returns once JetStream has stored it."""
-        return await self.append_raw(event.thread_id, event.event_key, event.model_dump_json().encode(), timeout=timeout)
+        data = event.model_dump_json().encode()
+        return await self.append_raw(event.thread_id, event.event_key, data, session_id=event.session_id, timeout=timeout)
 
-    async def append_raw(self, thread_id: str, event_key: str, data: bytes, *, timeout: float = 10.0) -> AppendAck:
-        """Publish raw bytes as an event of ``thread_id`` (the fleet validates them)."""
+    async def append_raw(
+        self, thread_id: str, event_key: str, data: bytes, *, session_id: str | None = None, timeout: float = 10.0
+    ) -> AppendAck:
+        """Publish raw bytes as an event of ``thread_id`` (the fleet validates them).
+
+        The session routes the event (one partition per session); when not given it is read from the
+        body, and a body that says none is published under ``_`` to be dead-lettered.
+        """
+        session = session_id or _session_of(data)
         limit = self._nc.max_payload
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
         try:
             ack = await self._js.publish(
-                events_subject(thread_id),
+                events_subject(session, thread_id),
                 data,
                 stream=EVENTS_STREAM,
                 timeout=timeout,
@@ -146,6 +155,14 @@ class FleetClient:
         if _is_error(reply.data):
             raise error_from_reply(ErrorReply.model_validate_json(reply.data))
         return reply.data
+
+
+def _session_of(data: bytes) -> str:
+    try:
+        value = json.loads(data).get("session_id")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return "_"
+    return value if isinstance(value, str) and is_identifier(value) else "_"
 
 
 def _is_error(data: bytes) -> bool:

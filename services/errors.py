@@ -16,7 +16,6 @@
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
-    ├── PrerequisiteNotRecorded(thread_id, why)          retryable within a grace period
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
@@ -60,7 +59,6 @@ __all__ = [
     "InvalidRequest",
     "NotYetRecorded",
     "OrphanToolOutcome",
-    "PrerequisiteNotRecorded",
     "PayloadTooLarge",
     "RevisionConflict",
     "RunActive",
@@ -224,21 +222,6 @@ class GrantViolation(InvalidEvent):
             ref_thread=ref_thread,
             ref_seq=ref_seq,
         )
-
-
-class PrerequisiteNotRecorded(CtxError):
-    """An event whose parent thread or finished run lives in another partition not yet recorded.
-
-    Threads of one session can sit in different partitions, so a child can arrive before its parent
-    and a new question before the previous run's end. The batch is retried shortly; only an event
-    still missing its prerequisite after the grace period is rejected.
-    """
-
-    code = ErrorCode.PREREQUISITE_NOT_RECORDED
-    retryable = True
-
-    def __init__(self, thread_id: str, why: str) -> None:
-        super().__init__(f"thread {thread_id}: {why}", thread_id=thread_id)
 
 
 class DuplicateEvent(CtxError):

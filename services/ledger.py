@@ -41,7 +41,7 @@ from contracts import (
     UserInputEvent,
     decode_event,
 )
-from contracts.subjects import thread_from_partitioned_subject
+from contracts.subjects import session_from_partitioned_subject, thread_from_partitioned_subject
 
 from .errors import (
     DuplicateCallId,
@@ -52,10 +52,6 @@ from .errors import (
     ScopeViolation,
     ThreadMismatch,
     UnknownPolicy,
-    RunActive,
-    UnknownInstance,
-    GrantViolation,
-    PrerequisiteNotRecorded,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, RunState, ThreadMeta
@@ -91,8 +87,6 @@ class Incoming:
     subject: str
     data: bytes
     stream_seq: int
-    # When the broker stored it (seconds since the epoch); used only for the cross-partition grace.
-    published_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +98,6 @@ class RecordingLimits:
     tool_result_max_tokens: int = 2000
     dead_letter_keep_bytes: int = 256 * 1024
     mask_min_chars: int = 800
-    prerequisite_grace_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +266,7 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
     out: list[Decoded | Rejection] = []
     for incoming in batch:
         subject_thread = thread_from_partitioned_subject(incoming.subject)
+        subject_session = session_from_partitioned_subject(incoming.subject)
         try:
             event = decode_event(incoming.data, max_bytes=limits.max_event_bytes)
         except EventDecodeError as exc:
@@ -280,6 +274,7 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
             continue
         try:
             _check_subject(subject_thread, event)
+            _check_subject_session(subject_session, event)
         except InvalidEvent as exc:
             out.append(_reject(incoming, event, exc))
             continue
@@ -295,6 +290,12 @@ def _reject(incoming: Incoming, event: Event, exc: InvalidEvent) -> Rejection:
 def _check_subject(subject_thread: str | None, event: Event) -> None:
     if subject_thread != event.thread_id:
         raise ThreadMismatch(subject_thread or "?", event.thread_id)
+
+
+def _check_subject_session(subject_session: str | None, event: Event) -> None:
+    # The subject routes by session: an event filed under another session would escape its order.
+    if subject_session != event.session_id:
+        raise ThreadMismatch(f"{subject_session}/{event.thread_id}", f"{event.session_id}/{event.thread_id}")
 
 
 @dataclass
@@ -317,8 +318,6 @@ def plan_batch(
     reads: LedgerReads,
     limits: RecordingLimits,
     counters: Mapping[EncodingName, TokenCounter],
-    *,
-    now: float = 0.0,
 ) -> BatchPlan:
     """Decide the records, heads, blobs, call states and rejections of a decoded batch."""
     cursors: dict[str, _ThreadCursor] = {}
@@ -357,12 +356,6 @@ def plan_batch(
             policy = _check_policy(event, reads, session_policies)
             known = event.session_id in reads.sessions or event.session_id in session_policies
             change = life.check(event, thread_id, session_known=known)
-        except (RunActive, UnknownInstance, GrantViolation) as exc:
-            if now - item.incoming.published_at < limits.prerequisite_grace_s:
-                # Its prerequisite may sit in another partition not yet recorded: retry the batch.
-                raise PrerequisiteNotRecorded(thread_id, exc.message) from exc
-            rejections.append(_reject(item.incoming, event, exc))
-            continue
         except InvalidEvent as exc:
             rejections.append(_reject(item.incoming, event, exc))
             continue

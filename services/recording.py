@@ -7,7 +7,6 @@ or a key recorded meanwhile means another writer got there first: re-read and re
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -113,7 +112,7 @@ class RecordingService:
                     return BatchResult({}, 0, (), 0, len(batch), attempt)
                 decoded = decode_batch(fresh, self._limits)
                 reads = await read_for_batch(conn, *_touched(decoded))
-                plan = plan_batch(decoded, reads, self._limits, self._counters, now=time.time())
+                plan = plan_batch(decoded, reads, self._limits, self._counters)
                 for rejection in plan.rejections:
                     await self._sink.publish(
                         dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)

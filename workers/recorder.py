@@ -26,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
 from contracts import DeadLetter
-from services.errors import CtxError, PrerequisiteNotRecorded
+from services.errors import CtxError
 from services.ledger import Incoming, RecordingLimits
 from services.recording import BatchResult, RecordingService
 from services.store.ledger import TrackingRepo
@@ -108,9 +108,6 @@ class RecorderWorker:
                 failures = 0
             except asyncio.CancelledError:
                 raise
-            except PrerequisiteNotRecorded:
-                # Expected when threads of one session race across partitions; re-read shortly.
-                await asyncio.sleep(0.05)
             except Exception as exc:  # Keep the partition alive through broker or store outages.
                 if self._stopping.is_set():
                     return
@@ -167,9 +164,14 @@ class RecorderWorker:
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 
     async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
-        batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _stored_at(m)) for m in msgs]
+        batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream) for m in msgs]
         started = time.perf_counter()
         result = await self._service.record_batch(partition, batch)
+        log.debug(
+            "partition %s: %d fetched (seq %d..%d): %d recorded, %d duplicate, %d rejected, %d skipped",
+            partition, len(batch), batch[0].stream_seq, batch[-1].stream_seq,
+            result.recorded, result.duplicates, len(result.rejections), result.skipped,
+        )
         self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
         self._metrics.record_batch_size.observe(len(batch))
         self._metrics.recorder_position.labels(partition=str(partition)).set(batch[-1].stream_seq)
@@ -204,7 +206,3 @@ def _contiguous(msgs: Sequence[Msg], expected: int) -> tuple[list[Msg], bool]:
         out.append(m)
     return out, False
 
-
-def _stored_at(msg: Msg) -> float:
-    stamp = msg.metadata.timestamp
-    return stamp.timestamp() if stamp is not None else 0.0

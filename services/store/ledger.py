@@ -314,13 +314,23 @@ def _session_seq_of(plan: BatchPlan, bases: Mapping[str, int], thread_id: str, s
 
 async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> None:
     """New runs with their snapshot boundary, status changes, and context resets."""
+    new = {run.run_id for run in plan.new_runs}
+    # Final statuses only, ordered so the one-active-run index never sees two active runs at once:
+    # runs leaving 'active' first, then new runs, then resumed runs.
+    for run_id, status in plan.run_statuses.items():
+        if run_id not in new and status != "active":
+            await conn.execute(_UPDATE_RUN, run_id, status)
     for run in plan.new_runs:
         # The snapshot is everything the session committed before the run's first record.
         first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
         through = _session_seq_of(plan, bases, run.main_thread_id, first) - 1
         await conn.execute(_INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through)
+        final = plan.run_statuses.get(run.run_id, "active")
+        if final != "active":
+            await conn.execute(_UPDATE_RUN, run.run_id, final)
     for run_id, status in plan.run_statuses.items():
-        await conn.execute(_UPDATE_RUN, run_id, status)
+        if run_id not in new and status == "active":
+            await conn.execute(_UPDATE_RUN, run_id, status)
     for session_id, thread_id, seq in plan.resets:
         origin = _session_seq_of(plan, bases, thread_id, seq)
         await conn.execute(_RESET_SESSION, session_id, origin)

@@ -41,6 +41,12 @@ async def test_each_bad_input_is_dead_lettered_with_reason_and_raw_payload_and_n
     t = Thread()
     intruder = Thread(session_id="s-intruder", run_id=t.run_id)
     await client.append(t.user("first valid", key="v0"))
+
+    async def owned() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id))
+
+    # The intruder's session routes to its own partition: let the owner's thread exist first.
+    await eventually(owned, what="the owner's first record")
     bad = _bad_inputs(t, intruder)
     for i, (_, raw) in enumerate(bad, start=1):
         await client.append_raw(t.thread_id, f"bad{i}", raw)
@@ -56,7 +62,8 @@ async def test_each_bad_input_is_dead_lettered_with_reason_and_raw_payload_and_n
     codes = [r["code"] for r in await db.fetch("SELECT code FROM ctx.dead_letters ORDER BY stream_seq")]
     assert codes == [code for code, _ in bad]
 
-    letters = await _read_dead_stream(nats_url, len(bad))
+    # Undecodable bodies name no session and route to their own partition: order by stream seq.
+    letters = sorted(await _read_dead_stream(nats_url, len(bad)), key=lambda letter: letter.stream_seq)
     assert [letter.code.value for letter in letters] == [code for code, _ in bad]
     for letter, (_, raw) in zip(letters, bad, strict=True):
         assert letter.reason
@@ -71,6 +78,11 @@ async def test_scope_violation_does_not_reveal_the_owning_session(
     owner = Thread(session_id="s-owner-secret")
     intruder = Thread(session_id="s-intruder", run_id=owner.run_id)
     await client.append(owner.user("mine"))
+
+    async def owned() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", owner.thread_id))
+
+    await eventually(owned, what="the owner's first record")
     await client.append(intruder.user("claiming it"))
     await eventually(lambda: _dead(db, 1), what="the dead letter")
     row = await db.fetchrow("SELECT code, reason, details::text AS details FROM ctx.dead_letters")

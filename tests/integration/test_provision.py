@@ -16,7 +16,7 @@ from tests.fixtures.fleet import TEST_PARTITIONS
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]
 
 
-async def test_server_partitions_threads_exactly_as_partition_of_predicts(streams: str) -> None:
+async def test_server_partitions_sessions_exactly_as_partition_of_predicts(streams: str) -> None:
     async with await FleetClient.connect(streams) as client:
         threads = [Thread() for _ in range(40)]
         for t in threads:
@@ -26,7 +26,8 @@ async def test_server_partitions_threads_exactly_as_partition_of_predicts(stream
         js = nc.jetstream()
         for seq, t in enumerate(threads, start=1):
             msg = await js.get_msg(EVENTS_STREAM, seq)
-            assert msg.subject == f"ctx.p.{partition_of(t.run_id, t.instance_id, partitions=TEST_PARTITIONS)}.{t.thread_id}"
+            partition = partition_of(t.session_id, partitions=TEST_PARTITIONS)
+            assert msg.subject == f"ctx.p.{partition}.{t.session_id}.{t.thread_id}"
     finally:
         await nc.close()
 
@@ -41,7 +42,7 @@ async def test_provision_is_idempotent_and_refuses_a_new_partition_count_unless_
         forced = await provision_streams(nc, partitions=8, force=True)
         assert forced.events == "updated"
         info = await nc.jetstream().stream_info(EVENTS_STREAM)
-        assert "partition(8,1,2)" in (info.config.subject_transform.dest or "")  # type: ignore[union-attr]
+        assert "partition(8,1)" in (info.config.subject_transform.dest or "")  # type: ignore[union-attr]
     finally:
         await nc.close()
 

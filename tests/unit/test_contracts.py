@@ -22,6 +22,7 @@ from contracts.subjects import (
     partition_filter,
     partition_of,
     partition_transform,
+    session_from_partitioned_subject,
     thread_from_partitioned_subject,
 )
 
@@ -69,7 +70,7 @@ def test_decode_event_missing_field_names_the_field() -> None:
 def test_thread_ids_are_two_subject_tokens_and_round_trip() -> None:
     assert thread_id_of("run-1", "main") == "run-1.main"
     assert split_thread_id("run-1.main") == ("run-1", "main")
-    assert events_subject("run-1.main") == "ctx.events.run-1.main"
+    assert events_subject("s1", "run-1.main") == "ctx.events.s1.run-1.main"
     for bad in ("run.1.main", "run*", "a b.main", ".main", "run."):
         with pytest.raises(ValueError):
             split_thread_id(bad)
@@ -77,11 +78,13 @@ def test_thread_ids_are_two_subject_tokens_and_round_trip() -> None:
 
 def test_partition_helpers_agree_with_each_other() -> None:
     src, dest = partition_transform(16)
-    assert src == "ctx.events.*.*" and dest == "ctx.p.{{partition(16,1,2)}}.{{wildcard(1)}}.{{wildcard(2)}}"
-    assert partition_filter(3) == "ctx.p.3.*.*"
-    assert thread_from_partitioned_subject("ctx.p.3.run-1.main") == "run-1.main"
-    assert thread_from_partitioned_subject("ctx.events.run-1.main") is None
-    spread = {partition_of(f"run-{i}", "main", partitions=16) for i in range(200)}
+    assert src == "ctx.events.*.*.*"
+    assert dest == "ctx.p.{{partition(16,1)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+    assert partition_filter(3) == "ctx.p.3.*.*.*"
+    assert thread_from_partitioned_subject("ctx.p.3.s1.run-1.main") == "run-1.main"
+    assert session_from_partitioned_subject("ctx.p.3.s1.run-1.main") == "s1"
+    assert thread_from_partitioned_subject("ctx.events.s1.run-1.main") is None
+    spread = {partition_of(f"session-{i}", partitions=16) for i in range(200)}
     assert spread == set(range(16))
 
 

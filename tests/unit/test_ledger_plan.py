@@ -104,7 +104,7 @@ def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> N
     batch = incoming([t.user("x")])
     from services.ledger import Incoming
 
-    moved = [Incoming("ctx.p.0.other-run.main", batch[0].data, 1)]
+    moved = [Incoming(f"ctx.p.0.{t.session_id}.other-run.main", batch[0].data, 1)]
     decoded = decode_batch(moved, LIMITS)
     assert decoded[0].code.value == "thread_mismatch"  # type: ignore[union-attr]
 
