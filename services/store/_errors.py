@@ -39,7 +39,11 @@ def translate_pg_errors(thread_id: str = "?") -> Iterator[None]:
         if constraint == "records_event_key":
             raise DuplicateEvent(str(getattr(exc, "detail", "") or "?")) from exc
         if constraint in ("records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"):
-            raise RevisionConflict(thread_id, -1, None) from exc
+            conflict = RevisionConflict(thread_id, -1, None)
+            conflict.details["constraint"] = constraint
+            conflict.message = f"{conflict.message} (unique constraint {constraint})"
+            conflict.args = (conflict.message,)
+            raise conflict from exc
         raise
     except CONNECTION_ERRORS as exc:
         raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc

@@ -79,7 +79,7 @@ _SELECT_THREAD_META = """
 SELECT thread_id, session_id, role, parent_thread_id, last_seq FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])
 """
 _INSERT_RUN = """
-INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through) VALUES ($1, $2, 'active', $3, $4)
+INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through) VALUES ($1, $2, $5, $3, $4)
 """
 _UPDATE_RUN = "UPDATE ctx.runs SET status = $2, updated_at = now() WHERE run_id = $1"
 _SET_PRINCIPAL = "UPDATE ctx.sessions SET principal_id = $2 WHERE session_id = $1 AND principal_id IS NULL"
@@ -320,14 +320,13 @@ async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> 
     for run_id, status in plan.run_statuses.items():
         if run_id not in new and status != "active":
             await conn.execute(_UPDATE_RUN, run_id, status)
-    for run in plan.new_runs:
+    # New runs are inserted with their final status, ended ones before the one left active.
+    for run in sorted(plan.new_runs, key=lambda r: plan.run_statuses.get(r.run_id, "active") == "active"):
         # The snapshot is everything the session committed before the run's first record.
         first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
         through = _session_seq_of(plan, bases, run.main_thread_id, first) - 1
-        await conn.execute(_INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through)
         final = plan.run_statuses.get(run.run_id, "active")
-        if final != "active":
-            await conn.execute(_UPDATE_RUN, run.run_id, final)
+        await conn.execute(_INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through, final)
     for run_id, status in plan.run_statuses.items():
         if run_id not in new and status == "active":
             await conn.execute(_UPDATE_RUN, run_id, status)

@@ -14,6 +14,9 @@ from tests.fixtures.fleet import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
+# A model step long enough that a summary of it is a real reduction.
+LONG = "{} " + "the step inspected the order records and compared totals " * 12
+
 async def _prepare(client: FleetClient, t: Thread, after: str, budget: int = 100_000, **extra: object) -> PreparedContext:
     request = PrepareRequest.model_validate(
         {"session_id": t.session_id, "run_id": t.run_id, "instance_id": t.instance_id, "budget_tokens": budget, "after_event_key": after, **extra}
@@ -230,15 +233,15 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     await client.register_policy(policy)
     a = Thread()
     await client.append(a.user("A?", key="q").model_copy(update={"policy": "steps3"}))
-    await client.append(a.assistant("a1", key="s1"))
+    await client.append(a.assistant(LONG.format("a1"), key="s1"))
     await client.append(a.run_status("completed", key="end"))
     b = a.next_run()
     await client.append(b.user("B?", key="q"))
-    await client.append(b.assistant("b1", key="s1"))
+    await client.append(b.assistant(LONG.format("b1"), key="s1"))
     await client.append(b.run_status("completed", key="end"))
     c = b.next_run()
     await client.append(c.user("C?", key="q"))
-    await client.append(c.assistant("c1", key="s1"))  # third step of the session: C compacts
+    await client.append(c.assistant(LONG.format("c1"), key="s1"))  # third step of the session: C compacts
 
     async def summarized(t: Thread, n: int = 1) -> bool:
         return int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= n
@@ -246,8 +249,8 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     await eventually(lambda: summarized(c), what="C's compaction")
     await client.append(c.run_status("completed", key="end"))
     await client.append(a.user("and one more thing for A", key="resume"))
-    await client.append(a.assistant("a2", key="s2"))
-    await client.append(a.assistant("a3", key="s3"))  # A's own view: 3 steps → A compacts
+    await client.append(a.assistant(LONG.format("a2"), key="s2"))
+    await client.append(a.assistant(LONG.format("a3"), key="s3"))  # A's own view: 3 steps → A compacts
     await eventually(lambda: summarized(a), what="resumed A's compaction")
     await client.append(a.run_status("completed", key="end2"))
     d = c.next_run()
@@ -260,5 +263,5 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     # D holds A's three steps (including the resumed two), B's and C's: five, each counted once;
     # since C's compaction only A's resumed steps are new.
     assert (view.totals.model_steps, view.baseline.model_steps) == (5, 3)
-    texts = [r.text for r in view.records]
-    assert "a2" in texts and "a3" in texts and "b1" in texts and "c1" in texts
+    heads = [r.text.split(" ", 1)[0] for r in view.records if r.kind == "assistant_message"]
+    assert heads == ["a1", "b1", "c1", "a2", "a3"]
