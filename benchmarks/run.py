@@ -231,6 +231,57 @@ async def bench_compactors(servers: Servers, settings: Settings, tmp: Path, *, r
     }
 
 
+async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, records: int = 5_000, questions: int = 10) -> dict[str, object]:
+    """The 10th question of a session whose history holds ``records`` records."""
+    fleet = await start_fleet(settings, servers)
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            name = f"sessions-{budget}"
+            await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
+            t = Thread(session_id=f"sess-{uuid.uuid4().hex[:8]}")
+            per_run = max(1, (records // (questions - 1) - 2) // 2)
+            first_load: list[float] = []
+            for q in range(1, questions):
+                first = t.user(f"question {q}: what changed in module {q}?", key="q")
+                await client.append(first.model_copy(update={"policy": name}) if q == 1 else first)
+                for i in range(per_run):
+                    await client.append(t.assistant(f"q{q} step {i}", calls=((f"c{i}", "bash", {"cmd": f"git show HEAD~{i} -- mod{q}.py"}),)))
+                    await client.append(t.outcome(f"c{i}", f"diff --git a/mod{q}.py b/mod{q}.py\n+line {i}\n", key=f"o{i}"))
+                await client.append(t.run_status("completed", key="end"))
+                # How long the next run's first prepare (snapshot load included) takes as the session grows.
+                probe = t.next_run()
+                await client.append(probe.user("probe", key="q"))
+                started = time.perf_counter()
+                await client.prepare(PrepareRequest(session_id=probe.session_id, run_id=probe.run_id, instance_id="main", budget_tokens=budget, after_event_key="q", wait_ms=30_000))
+                first_load.append((time.perf_counter() - started) * 1000)
+                await client.append(probe.run_status("completed", key="end"))
+                t = probe.next_run()
+            await client.append(t.user(f"question {questions}: summarize everything", key="q"))
+            latencies: list[float] = []
+            after = "q"
+            for i in range(30):
+                request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=budget, after_event_key=after, wait_ms=30_000)
+                started = time.perf_counter()
+                prepared = await client.prepare(request)
+                latencies.append((time.perf_counter() - started) * 1000)
+                await client.append(t.assistant(f"final step {i}", key=f"f{i}"))
+                after = f"f{i}"
+            conn = await asyncpg.connect(servers.database_url)
+            total = int(await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id = $1", t.session_id))
+            await conn.close()
+    finally:
+        await fleet.stop()
+    return {
+        "budget": budget,
+        "session_records": total,
+        "summary_revision": prepared.view_revision,
+        "prepared_tokens": prepared.budget_report.used.total,
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+        "first_prepare_of_a_new_run_ms_by_question": [round(x, 1) for x in first_load],
+    }
+
+
 async def _fresh_database(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
@@ -258,7 +309,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -276,6 +327,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 }
             elif name == "small_budget":
                 results["small_budget"] = await bench_small_budget(servers, settings)
+            elif name == "sessions":
+                without = await bench_sessions(servers, settings, budget=10_000_000)
+                db2 = await _fresh_database(pg_url)
+                await _reset_streams(nats_url)
+                with_summary = await bench_sessions(
+                    Servers(nats_url, db2), settings.model_copy(update={"database_url": db2}), budget=60_000
+                )
+                results["sessions"] = {"without_summary": without, "with_summary": with_summary}
             else:
                 runs = []
                 for replicas in (1, 2):
@@ -294,7 +353,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "cold"])
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     if not args.only or "cold" in args.only:

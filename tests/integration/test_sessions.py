@@ -265,3 +265,26 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     assert (view.totals.model_steps, view.baseline.model_steps) == (5, 3)
     heads = [r.text.split(" ", 1)[0] for r in view.records if r.kind == "assistant_message"]
     assert heads == ["a1", "b1", "c1", "a2", "a3"]
+
+
+async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_first(fleet, client: FleetClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from services.replay import ReplayOptions, replay_trace
+    from services.trace import read_trace
+
+    trace = tmp_path / "two-runs.jsonl"
+    trace.write_text(
+        '{"kind": "system", "text": "You help.", "run": "q1"}\n'
+        '{"kind": "user_input", "text": "first question: the code word is OSPREY", "run": "q1"}\n'
+        '{"kind": "assistant_message", "text": "noted", "run": "q1"}\n'
+        '{"kind": "user_input", "text": "second question: what was the code word?", "run": "q2"}\n'
+        '{"kind": "assistant_message", "text": "OSPREY", "run": "q2"}\n'
+    )
+    report = await replay_trace(client, read_trace(trace), ReplayOptions(session_id="s-replay-runs", model_profile=None, budget_tokens=10_000))
+    assert report.totals["errors"] == 0 and report.totals["prepares"] == 2
+    session = await client.inspect_session("s-replay-runs")
+    assert [r.status for r in session.runs] == ["completed", "active"]
+    second = session.runs[1]
+    prepared = await client.prepare(
+        PrepareRequest(session_id="s-replay-runs", run_id=second.run_id, instance_id="main", budget_tokens=10_000)
+    )
+    assert "first question: the code word is OSPREY" in _texts(prepared)
