@@ -71,10 +71,26 @@ def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, o
     range still belongs to its covered group. Instructions, the current request, material and open
     groups are never covered: they are shown from their own records.
     """
+    if covered_to:
+        records = _uncovered(records, covered_to)
     ready, held, pending = build_blocks(records, own_thread=own_thread)
     shown = [b for b in ready if not _is_covered(b, covered_to)]
     covered = [b for b in ready if _is_covered(b, covered_to)]
     return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
+
+
+_NEVER_COVERED = frozenset({"system", "resource_activated", "child_result", "context_export"})
+
+
+def _uncovered(records: Sequence[LedgerRecord], covered_to: int) -> list[LedgerRecord]:
+    """Skip what a summary covers before building blocks, so a long covered history costs nothing.
+
+    Kept: everything after ``covered_to``, records that are never covered (instructions, material),
+    and the current request. An outcome after ``covered_to`` whose call was covered finds no group
+    and is dropped with it, as its covered group would be.
+    """
+    last_question = max((r.seq for r in records if r.kind == "user_input"), default=None)
+    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq == last_question]
 
 
 def _is_covered(block: DraftBlock, covered_to: int) -> bool:
