@@ -33,6 +33,7 @@ class ErrorCode(StrEnum):
     EVENT_KEY_CONFLICT = "event_key_conflict"
     UNKNOWN_POLICY = "unknown_policy"
     RUN_ACTIVE = "run_active"
+    RELEASE_MISMATCH = "release_mismatch"
     GRANT_VIOLATION = "grant_violation"
     UNKNOWN_INSTANCE = "unknown_instance"
     # Internal, treated as success by the caller.

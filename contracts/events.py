@@ -170,6 +170,8 @@ class _Envelope(WireModel):
     policy: Identifier | None = None
     # The principal the session belongs to, fixed by its first event; later events must match.
     principal_id: Identifier | None = None
+    # The agent release the session runs, fixed by its first event: a new release is a new session.
+    agent_release: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     # Honoured on a thread's first event: this instance is a child agent of that instance (same run).
     parent_instance_id: Identifier | None = None
 

@@ -12,6 +12,7 @@
     │   ├── EventKeyConflict(event_key)
     │   ├── UnknownPolicy(name)
     │   ├── RunActive(session_id, active_run, run_id)
+    │   ├── ReleaseMismatch(session_id, pinned, claimed)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
@@ -60,6 +61,7 @@ __all__ = [
     "NotYetRecorded",
     "OrphanToolOutcome",
     "PayloadTooLarge",
+    "ReleaseMismatch",
     "RevisionConflict",
     "RunActive",
     "ScopeViolation",
@@ -198,6 +200,20 @@ class RunActive(InvalidEvent):
             session_id=session_id,
             active_run=active_run,
             run_id=run_id,
+        )
+
+
+class ReleaseMismatch(InvalidEvent):
+    """An event for a session pinned to another agent release: a new release opens a new session."""
+
+    code = ErrorCode.RELEASE_MISMATCH
+
+    def __init__(self, session_id: str, pinned: str, claimed: str) -> None:
+        super().__init__(
+            f"session {session_id} runs agent release {pinned}; start a new session for {claimed}",
+            session_id=session_id,
+            pinned=pinned,
+            claimed=claimed,
         )
 
 

@@ -163,6 +163,7 @@ class LedgerReads:
     active_runs: Mapping[str, str] = field(default_factory=dict)
     threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
     principals: Mapping[str, str | None] = field(default_factory=dict)
+    releases: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +254,7 @@ class BatchPlan:
     run_statuses: Mapping[str, str] = field(default_factory=dict)
     new_threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
     principals: Mapping[str, str] = field(default_factory=dict)
+    releases: Mapping[str, str] = field(default_factory=dict)
     resets: tuple[tuple[str, str, int], ...] = ()
 
 
@@ -331,7 +333,8 @@ def plan_batch(
     duplicates: list[tuple[str, str]] = []
     session_counts: dict[str, int] = {}
     session_policies: dict[str, str] = {}
-    life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals)
+    life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
+    releases: dict[str, str] = {}
     new_runs: list[RunState] = []
     run_statuses: dict[str, str] = {}
     new_threads: dict[str, ThreadMeta] = {}
@@ -372,6 +375,8 @@ def plan_batch(
             run_statuses[change.run_status[0]] = change.run_status[1]
         if change.principal is not None:
             principals[change.principal[0]] = change.principal[1]
+        if change.release is not None:
+            releases[change.release[0]] = change.release[1]
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
@@ -426,6 +431,7 @@ def plan_batch(
         run_statuses=run_statuses,
         new_threads=new_threads,
         principals=principals,
+        releases=releases,
         resets=tuple(resets),
     )
 
@@ -530,6 +536,7 @@ def _identity_and_content(event: Event) -> dict[str, JsonValue]:
         "payload": event.payload.model_dump(mode="json"),
         "policy": event.policy,
         "principal_id": event.principal_id,
+        "agent_release": event.agent_release,
         "parent_instance_id": event.parent_instance_id,
     }
 

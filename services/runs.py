@@ -2,7 +2,8 @@
 
 Rules, one check each:
 
-1. A session belongs to one principal, fixed by its first event (``_check_principal``).
+1. A session belongs to one principal and one agent release, fixed by its first event
+   (``_check_principal``, ``_check_release``).
 2. A new run is a new question: its first thread is the run's main thread, and it may start only
    while no other run of the session is active (``_check_new_thread``).
 3. Another instance of a running run is a child and must name its parent instance; the parent
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 from contracts import ContextExportEvent, ContextResetEvent, Event, RunStatusEvent, thread_id_of
 
-from .errors import GrantViolation, InvalidEvent, RunActive, ScopeViolation, UnknownInstance
+from .errors import GrantViolation, InvalidEvent, ReleaseMismatch, RunActive, ScopeViolation, UnknownInstance
 
 __all__ = ["Lifecycle", "LifecycleChange", "RunState", "ThreadMeta"]
 
@@ -53,6 +54,7 @@ class LifecycleChange:
     new_thread: ThreadMeta | None = None
     run_status: tuple[str, str] | None = None
     principal: tuple[str, str] | None = None
+    release: tuple[str, str] | None = None
     reset_session: str | None = None
 
 
@@ -64,6 +66,7 @@ class Lifecycle:
     active: dict[str, str] = field(default_factory=dict)
     threads: dict[str, ThreadMeta] = field(default_factory=dict)
     principals: dict[str, str | None] = field(default_factory=dict)
+    releases: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def from_reads(
@@ -72,13 +75,15 @@ class Lifecycle:
         active: Mapping[str, str],
         threads: Mapping[str, ThreadMeta],
         principals: Mapping[str, str | None],
+        releases: Mapping[str, str | None] | None = None,
     ) -> Lifecycle:
         """Start from the store's view of the batch's sessions, runs and threads."""
-        return cls(dict(runs), dict(active), dict(threads), dict(principals))
+        return cls(dict(runs), dict(active), dict(threads), dict(principals), dict(releases or {}))
 
     def check(self, event: Event, thread_id: str, *, session_known: bool) -> LifecycleChange:
         """Raise InvalidEvent unless the event may be recorded; what it would change otherwise."""
         principal = self._check_principal(event, session_known)
+        release = self._check_release(event, session_known)
         meta = self.threads.get(thread_id)
         if meta is None:
             change = self._check_new_thread(event, thread_id)
@@ -90,12 +95,14 @@ class Lifecycle:
         self._check_export(event, parent)
         status = (event.run_id, event.payload.status) if isinstance(event, RunStatusEvent) else change.run_status
         reset = event.session_id if isinstance(event, ContextResetEvent) else None
-        return LifecycleChange(change.new_run, change.new_thread, status, principal, reset)
+        return LifecycleChange(change.new_run, change.new_thread, status, principal, release, reset)
 
     def apply(self, change: LifecycleChange) -> None:
         """Remember an accepted event's change for the rest of the batch."""
         if change.principal is not None:
             self.principals[change.principal[0]] = change.principal[1]
+        if change.release is not None:
+            self.releases[change.release[0]] = change.release[1]
         if change.new_run is not None:
             self.runs[change.new_run.run_id] = change.new_run
             self.active[change.new_run.session_id] = change.new_run.run_id
@@ -119,6 +126,16 @@ class Lifecycle:
                 raise ScopeViolation(event.thread_id, event.session_id, owner)
             return None
         return (event.session_id, event.principal_id)
+
+    def _check_release(self, event: Event, session_known: bool) -> tuple[str, str] | None:
+        pinned = self.releases.get(event.session_id)
+        if event.agent_release is None:
+            return None
+        if session_known or event.session_id in self.releases:
+            if pinned is not None and pinned != event.agent_release:
+                raise ReleaseMismatch(event.session_id, pinned, event.agent_release)
+            return None
+        return (event.session_id, event.agent_release)
 
     def _check_new_thread(self, event: Event, thread_id: str) -> LifecycleChange:
         run = self.runs.get(event.run_id)

@@ -1,6 +1,7 @@
 -- Runs, thread roles, snapshots, principals and resets (seed 000 §8).
 
 ALTER TABLE ctx.sessions ADD COLUMN principal_id text;
+ALTER TABLE ctx.sessions ADD COLUMN agent_release text;
 -- Records with session_seq <= reset_seq are outside the current context origin (still readable).
 ALTER TABLE ctx.sessions ADD COLUMN reset_seq bigint NOT NULL DEFAULT 0;
 

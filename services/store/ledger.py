@@ -70,7 +70,7 @@ VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3))
 ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
 RETURNING last_seq
 """
-_SELECT_SESSIONS = "SELECT session_id, principal_id FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_SESSIONS = "SELECT session_id, principal_id, agent_release FROM ctx.sessions WHERE session_id = ANY($1::text[])"
 _SELECT_RUNS = """
 SELECT run_id, session_id, status, main_thread_id FROM ctx.runs
 WHERE run_id = ANY($1::text[]) OR (session_id = ANY($2::text[]) AND status = 'active')
@@ -83,6 +83,7 @@ INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_throu
 """
 _UPDATE_RUN = "UPDATE ctx.runs SET status = $2, updated_at = now() WHERE run_id = $1"
 _SET_PRINCIPAL = "UPDATE ctx.sessions SET principal_id = $2 WHERE session_id = $1 AND principal_id IS NULL"
+_SET_RELEASE = "UPDATE ctx.sessions SET agent_release = $2 WHERE session_id = $1 AND agent_release IS NULL"
 _RESET_SESSION = "UPDATE ctx.sessions SET reset_seq = GREATEST(reset_seq, $2) WHERE session_id = $1"
 _RESET_VIEWS = """
 UPDATE ctx.thread_views v
@@ -243,6 +244,7 @@ async def read_for_batch(
     session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
     sessions = frozenset(r["session_id"] for r in session_rows)
     principals = {r["session_id"]: r["principal_id"] for r in session_rows}
+    releases = {r["session_id"]: r["agent_release"] for r in session_rows}
     policies = frozenset(r["name"] for r in await conn.fetch(_SELECT_POLICY_NAMES))
     runs: dict[str, RunState] = {}
     active: dict[str, str] = {}
@@ -256,7 +258,7 @@ async def read_for_batch(
     }
     return LedgerReads(
         heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
-        runs=runs, active_runs=active, threads=metas, principals=principals,
+        runs=runs, active_runs=active, threads=metas, principals=principals, releases=releases,
     )
 
 
@@ -270,6 +272,8 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
         bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy) - n
     for session_id, principal in sorted(plan.principals.items()):
         await conn.execute(_SET_PRINCIPAL, session_id, principal)
+    for session_id, release in sorted(plan.releases.items()):
+        await conn.execute(_SET_RELEASE, session_id, release)
     for head in plan.heads:
         await _write_head(conn, head)
     for thread_id, meta in plan.new_threads.items():

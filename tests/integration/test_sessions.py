@@ -288,3 +288,14 @@ async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_fi
         PrepareRequest(session_id="s-replay-runs", run_id=second.run_id, instance_id="main", budget_tokens=10_000)
     )
     assert "first question: the code word is OSPREY" in _texts(prepared)
+
+
+async def test_a_session_keeps_its_agent_release_and_refuses_another(fleet, client: FleetClient) -> None:
+    a = Thread()
+    await client.append(a.user("hello", key="q").model_copy(update={"agent_release": "support-agent@41"}))
+    await client.append(a.assistant("hi", key="ok").model_copy(update={"agent_release": "support-agent@41"}))
+    await _prepare(client, a, "ok")
+    await client.append(a.user("again", key="q2").model_copy(update={"agent_release": "support-agent@42"}))
+    with pytest.raises(EventRejected) as err:
+        await _prepare(client, a, "q2")
+    assert err.value.details["rejected_code"] == "release_mismatch"
