@@ -318,6 +318,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             await _reset_streams(nats_url)
             if name == "burst":
                 results["burst"] = await bench_burst(servers, settings, threads=args.threads, per_thread=args.events // args.threads)
+                db = await _fresh_database(pg_url)
+                await _reset_streams(nats_url)
+                only_recording = settings.model_copy(update={"database_url": db, "workers": "recorder,assembler"})
+                results["burst_recorder_and_assembler_only"] = await bench_burst(
+                    Servers(nats_url, db), only_recording, threads=args.threads, per_thread=args.events // args.threads
+                )
             elif name == "prepare":
                 results["prepare"] = await bench_prepare(servers, settings)
             elif name == "busy":
