@@ -46,6 +46,18 @@ from .inspect import (
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
+from .state import (
+    TOOLS_REGISTER,
+    CatalogRegistered,
+    PatchOp,
+    PathRule,
+    StateKind,
+    StatePatchPayload,
+    ToolCatalog,
+    ToolEffect,
+    ToolSpec,
+    WriteSource,
+)
 from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
 from .prepare import (
     BlockKind,
@@ -70,6 +82,16 @@ from .prepare import (
 )
 
 __all__ = [
+    "TOOLS_REGISTER",
+    "CatalogRegistered",
+    "PatchOp",
+    "PathRule",
+    "StateKind",
+    "StatePatchPayload",
+    "ToolCatalog",
+    "ToolEffect",
+    "ToolSpec",
+    "WriteSource",
     "COMPACTION_JOBS",
     "DEFAULT_POLICY_NAME",
     "JOBS_STREAM",

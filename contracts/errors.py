@@ -34,6 +34,10 @@ class ErrorCode(StrEnum):
     UNKNOWN_POLICY = "unknown_policy"
     RUN_ACTIVE = "run_active"
     RELEASE_MISMATCH = "release_mismatch"
+    UNREGISTERED_PATH = "unregistered_path"
+    AUTHORITY_VIOLATION = "authority_violation"
+    STALE_STATE_VERSION = "stale_state_version"
+    INVARIANT_VIOLATION = "invariant_violation"
     GRANT_VIOLATION = "grant_violation"
     UNKNOWN_INSTANCE = "unknown_instance"
     # Internal, treated as success by the caller.

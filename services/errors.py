@@ -13,6 +13,8 @@
     │   ├── UnknownPolicy(name)
     │   ├── RunActive(session_id, active_run, run_id)
     │   ├── ReleaseMismatch(session_id, pinned, claimed)
+    │   ├── UnregisteredPath(path) / AuthorityViolation(pattern, kind, source)
+    │   ├── StaleStateVersion(aggregate, expected, actual) / InvariantViolation(path, why)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
@@ -43,6 +45,7 @@ from pydantic import JsonValue
 from contracts import ErrorCode, ErrorReply
 
 __all__ = [
+    "AuthorityViolation",
     "BlockSize",
     "ContentNotFound",
     "ContextBudgetExceeded",
@@ -56,6 +59,7 @@ __all__ = [
     "GrantViolation",
     "IntegrityError",
     "InvalidEvent",
+    "InvariantViolation",
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
@@ -65,12 +69,14 @@ __all__ = [
     "RevisionConflict",
     "RunActive",
     "ScopeViolation",
+    "StaleStateVersion",
     "StoreUnavailable",
     "ThreadMismatch",
     "ThreadNotFound",
     "UnknownInstance",
     "UnknownModelProfile",
     "UnknownPolicy",
+    "UnregisteredPath",
     "error_from_reply",
 ]
 
@@ -238,6 +244,47 @@ class GrantViolation(InvalidEvent):
             ref_thread=ref_thread,
             ref_seq=ref_seq,
         )
+
+
+class UnregisteredPath(InvalidEvent):
+    """A patch writing a state path no catalog registers."""
+
+    code = ErrorCode.UNREGISTERED_PATH
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"state path {path!r} is not registered for this release", path=path)
+
+
+class AuthorityViolation(InvalidEvent):
+    """A writer the authority matrix does not allow for this kind of state."""
+
+    code = ErrorCode.AUTHORITY_VIOLATION
+
+    def __init__(self, pattern: str, kind: str, source: str) -> None:
+        super().__init__(f"{source} may not write {kind} state ({pattern})", pattern=pattern, kind=kind, source=source)
+
+
+class StaleStateVersion(InvalidEvent):
+    """A patch based on an aggregate version that has moved on."""
+
+    code = ErrorCode.STALE_STATE_VERSION
+
+    def __init__(self, aggregate: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"aggregate {aggregate}: patch based on version {expected}, current is {actual}",
+            aggregate=aggregate,
+            expected=expected,
+            actual=actual,
+        )
+
+
+class InvariantViolation(InvalidEvent):
+    """A patch operation that would break its path's invariant."""
+
+    code = ErrorCode.INVARIANT_VIOLATION
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}", path=path)
 
 
 class DuplicateEvent(CtxError):
