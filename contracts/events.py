@@ -17,6 +17,7 @@ from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 from ._base import WireModel
 from .errors import ErrorCode
 from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
+from .state import StatePatchPayload
 
 __all__ = [
     "EVENT_KINDS",
@@ -36,6 +37,7 @@ __all__ = [
     "RunStatusEvent",
     "RunStatusPayload",
     "SourceRef",
+    "StatePatchEvent",
     "SystemEvent",
     "SystemPayload",
     "ToolCall",
@@ -244,6 +246,13 @@ class ContextResetEvent(_Envelope):
     payload: ContextResetPayload
 
 
+class StatePatchEvent(_Envelope):
+    """Envelope of a ``state_patch`` event: a typed patch from a user, the orchestrator or a model."""
+
+    kind: Literal["state_patch"] = "state_patch"
+    payload: StatePatchPayload
+
+
 Event: TypeAlias = Annotated[
     Union[
         SystemEvent,
@@ -255,6 +264,7 @@ Event: TypeAlias = Annotated[
         RunStatusEvent,
         ContextExportEvent,
         ContextResetEvent,
+        StatePatchEvent,
     ],
     Field(discriminator="kind"),
 ]
@@ -269,6 +279,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "run_status",
     "context_export",
     "context_reset",
+    "state_patch",
 )
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -17,7 +17,7 @@ Budget (seed 000 §5.4, DESIGN.md rule 5):
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pydantic import JsonValue
@@ -43,6 +43,7 @@ from .errors import BlockSize, ContextBudgetExceeded, CtxError
 from .groups import DraftBlock, build_view_blocks
 from .hashing import canonical_json
 from .records import LedgerRecord
+from .state import Fact, pattern_regex, render_facts
 from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, TOOL_SCHEMA_OVERHEAD, content_of, tool_schema_text
 from .tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 
@@ -54,6 +55,8 @@ ASSEMBLY_REVISION = "assembly-2"
 _PREPARED_NS = uuid.UUID("5d7a4f0e-2f7c-5b1e-9a55-6c7466c6c001")
 # The newest complete groups keep their full outputs even under pressure: the model is using them.
 _KEEP_UNMASKED_GROUPS = 2
+# A state block beyond this many facts would be a state dump, not a projection.
+_MAX_FACTS = 100
 
 _CATEGORY = {
     BlockKind.INSTRUCTION: "instructions",
@@ -99,6 +102,8 @@ class ThreadSnapshot:
     summary: SummaryView | None = None
     policy: str = ""
     own_thread: str = ""
+    facts: tuple[Fact, ...] = ()
+    reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class OverBudget(CtxError):
@@ -148,7 +153,11 @@ def assemble_context(
 ) -> PreparedContext:
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate."""
     blocks = build_view_blocks(snapshot.records, snapshot.covered_to, own_thread=snapshot.own_thread)
-    sized = [_size(b, counter, snapshot.summary) for b in _with_summary(blocks.ready, snapshot.summary)]
+    ordered = _with_summary(blocks.ready, snapshot.summary)
+    state_block = _state_block(snapshot, request)
+    if state_block is not None:
+        ordered.append(state_block)
+    sized = [_size(b, counter, snapshot.summary) for b in ordered]
     tools = () if request.purpose is Purpose.COMPACTION else request.tools
     schema_tokens = _tool_tokens(tools, counter)
 
@@ -234,7 +243,33 @@ def _with_summary(ready: list[DraftBlock], summary: SummaryView | None) -> list[
     return [*pinned, block, *rest]
 
 
+def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
+    """Current facts with status and source: the slice the requested tools declare they read, or all.
+
+    Placed last: it changes with every patch, and volatile parts go last (seed 002).
+    """
+    if not snapshot.facts:
+        return None
+    patterns = [pattern_regex(p) for t in request.tools for p in snapshot.reads.get(t.name, ())]
+    facts = [f for f in snapshot.facts if not patterns or any(p.match(f.path) for p in patterns)]
+    if not facts:
+        return None
+    facts = sorted(facts, key=lambda f: f.seq)[-_MAX_FACTS:]
+    return DraftBlock(
+        block_id=f"state:{max(f.seq for f in facts)}",
+        kind=BlockKind.STATE,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="current state projected from the ledger: latest facts with status and source",
+        records=[],
+        messages=[ChatMessage(role="user", content=render_facts(facts))],
+    )
+
+
 def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
+    if block.kind is BlockKind.STATE and not block.records:
+        text = block.messages[0].content or ""
+        return _Sized(block, counter.count(text) if counter else estimate_tokens(text), MESSAGE_OVERHEAD)
     if block.kind is BlockKind.SUMMARY and summary is not None:
         # Counted once when the summary was committed, like every record.
         content = summary.tokens(counter.name) if counter else estimate_tokens(summary.text)

@@ -19,6 +19,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from contracts import (
+    TOOLS_REGISTER,
+    CatalogRegistered,
+    ToolCatalog,
     POLICY_REGISTER,
     READ,
     ContextPolicy,
@@ -144,6 +147,11 @@ class FleetClient:
         """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
         body = await self._request(POLICY_REGISTER, policy.model_dump_json().encode(), timeout)
         return PolicyRegistered.model_validate_json(body)
+
+    async def register_catalog(self, catalog: ToolCatalog, *, timeout: float = 10.0) -> CatalogRegistered:
+        """Register a release's tool catalog (tools, declared reads and effects, state paths)."""
+        body = await self._request(TOOLS_REGISTER, catalog.model_dump_json().encode(), timeout)
+        return CatalogRegistered.model_validate_json(body)
 
     async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
         try:

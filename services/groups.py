@@ -111,8 +111,8 @@ def build_blocks(
     blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
     groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
-        if record.kind == "context_reset":
-            continue
+        if record.kind in ("context_reset", "state_patch"):
+            continue  # the origin boundary and state changes are not messages; state is projected apart
         if record.kind == "tool_outcome":
             _attach_outcome(record, groups, own_thread)
             continue

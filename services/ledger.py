@@ -27,6 +27,8 @@ from pydantic import JsonValue
 
 from contracts import (
     DEFAULT_POLICY_NAME,
+    PatchOp,
+    ToolCatalog,
     AssistantMessageEvent,
     ChildResultEvent,
     ContextExportEvent,
@@ -36,6 +38,7 @@ from contracts import (
     EventDecodeError,
     ResourceActivatedEvent,
     RunStatusEvent,
+    StatePatchEvent,
     SystemEvent,
     ToolOutcomeEvent,
     UserInputEvent,
@@ -55,6 +58,7 @@ from .errors import (
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, RunState, ThreadMeta
+from .state import StateView, StateWrite, effects_of, plan_patch, tool_spec
 from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, trim_tool_text
 from .tokens import EncodingName, TokenCounter
 
@@ -148,6 +152,8 @@ class CallState:
     call_id: str
     call_seq: int
     outcome_seq: int | None
+    name: str = ""
+    args: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,9 @@ class LedgerReads:
     threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
     principals: Mapping[str, str | None] = field(default_factory=dict)
     releases: Mapping[str, str | None] = field(default_factory=dict)
+    states: Mapping[str, StateView] = field(default_factory=dict)
+    catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
+    latest_catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +234,7 @@ class NewCall:
     call_id: str
     name: str
     call_seq: int
+    args: Mapping[str, JsonValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +266,8 @@ class BatchPlan:
     principals: Mapping[str, str] = field(default_factory=dict)
     releases: Mapping[str, str] = field(default_factory=dict)
     resets: tuple[tuple[str, str, int], ...] = ()
+    state_writes: tuple[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]], ...] = ()
+    session_catalogs: Mapping[str, int] = field(default_factory=dict)
 
 
 def blob_ref(sha256: str) -> str:
@@ -335,6 +347,10 @@ def plan_batch(
     session_policies: dict[str, str] = {}
     life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
     releases: dict[str, str] = {}
+    states: dict[str, StateView] = {}
+    catalogs: dict[str, tuple[int, ToolCatalog]] = dict(reads.catalogs)
+    session_catalogs: dict[str, int] = {}
+    state_writes: list[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]]] = []
     new_runs: list[RunState] = []
     run_statuses: dict[str, str] = {}
     new_threads: dict[str, ThreadMeta] = {}
@@ -359,6 +375,10 @@ def plan_batch(
             policy = _check_policy(event, reads, session_policies)
             known = event.session_id in reads.sessions or event.session_id in session_policies
             change = life.check(event, thread_id, session_known=known)
+            if not known and event.agent_release and event.agent_release in reads.latest_catalogs:
+                catalogs.setdefault(event.session_id, reads.latest_catalogs[event.agent_release])
+            state = states.setdefault(thread_id, _copy_state(reads.states.get(thread_id)))
+            write = _state_write(event, state, catalogs.get(event.session_id), calls, thread_id, cursor.seq + 1)
         except InvalidEvent as exc:
             rejections.append(_reject(item.incoming, event, exc))
             continue
@@ -377,6 +397,11 @@ def plan_batch(
             principals[change.principal[0]] = change.principal[1]
         if change.release is not None:
             releases[change.release[0]] = change.release[1]
+            if event.session_id in catalogs and event.session_id not in reads.catalogs:
+                session_catalogs[event.session_id] = catalogs[event.session_id][0]
+        if write is not None:
+            state.apply(write[0])
+            state_writes.append((thread_id, cursor.seq + 1, event.event_key, write[0], write[1]))
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
@@ -433,7 +458,48 @@ def plan_batch(
         principals=principals,
         releases=releases,
         resets=tuple(resets),
+        state_writes=tuple(state_writes),
+        session_catalogs=session_catalogs,
     )
+
+
+def _copy_state(view: StateView | None) -> StateView:
+    return StateView(dict(view.facts), dict(view.versions)) if view is not None else StateView()
+
+
+def _state_write(
+    event: Event,
+    state: StateView,
+    catalog: tuple[int, ToolCatalog] | None,
+    calls: Mapping[tuple[str, str], CallState],
+    thread_id: str,
+    seq: int,
+) -> tuple[StateWrite, tuple[PatchOp, ...]] | None:
+    """The state change an event makes: its own typed patch, or its tool's declared effects."""
+    rules = catalog[1].paths if catalog else ()
+    observed = event.client_ts.isoformat() if event.client_ts else None
+    if isinstance(event, StatePatchEvent):
+        p = event.payload
+        write = plan_patch(state, p.ops, source=p.source, based_on=p.based_on_version, rules=rules,
+                           event_key=event.event_key, seq=seq, observed_at=observed)
+        return write, p.ops
+    if isinstance(event, ToolOutcomeEvent) and catalog is not None:
+        call = calls.get((thread_id, event.payload.call_id))
+        spec = tool_spec(catalog[1], call.name) if call is not None else None
+        if call is None or spec is None:
+            return None
+        ops = tuple(effects_of(spec, call.args, event.payload.status.value, event.payload.text))
+        if not ops:
+            return None
+        try:
+            write = plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
+                               event_key=event.event_key, seq=seq, observed_at=observed)
+        except InvalidEvent:
+            # A catalog whose effect writes outside its own rules changes no state; the outcome
+            # itself is still recorded — it happened.
+            return None
+        return write, ops
+    return None
 
 
 def _counts_as_turn(event: Event) -> int:
@@ -517,11 +583,11 @@ def _note_calls(
 ) -> None:
     if isinstance(event, AssistantMessageEvent):
         for call in event.payload.tool_calls:
-            calls[(thread_id, call.call_id)] = CallState(call.call_id, seq, None)
-            new_calls.append(NewCall(thread_id, call.call_id, call.name, seq))
+            calls[(thread_id, call.call_id)] = CallState(call.call_id, seq, None, call.name, call.args)
+            new_calls.append(NewCall(thread_id, call.call_id, call.name, seq, call.args))
     elif isinstance(event, ToolOutcomeEvent):
         state = calls[(thread_id, event.payload.call_id)]
-        calls[(thread_id, event.payload.call_id)] = CallState(state.call_id, state.call_seq, seq)
+        calls[(thread_id, event.payload.call_id)] = CallState(state.call_id, state.call_seq, seq, state.name, state.args)
         outcomes.append(NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value))
 
 
@@ -555,6 +621,8 @@ def _text_of(event: Event) -> str:
             return event.payload.note
         case ContextResetEvent():
             return event.payload.reason
+        case StatePatchEvent():
+            return ""
         case _:
             assert_never(event)
 

@@ -127,8 +127,9 @@ class RecordingService:
 
 def _touched(
     decoded: Sequence[Decoded | Rejection],
-) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str]]:
+) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str], list[str]]:
     sessions: dict[str, None] = {}
+    releases: dict[str, None] = {}
     runs: dict[str, None] = {}
     parents: dict[str, None] = {}
     threads: dict[str, None] = {}
@@ -141,6 +142,8 @@ def _touched(
         threads[thread] = None
         sessions[item.event.session_id] = None
         runs[item.event.run_id] = None
+        if item.event.agent_release:
+            releases[item.event.agent_release] = None
         if item.event.parent_instance_id is not None:
             parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
         keys[(thread, item.event.event_key)] = None
@@ -149,7 +152,7 @@ def _touched(
         elif isinstance(item.event, AssistantMessageEvent):
             for call in item.event.payload.tool_calls:
                 calls[(thread, call.call_id)] = None
-    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents)
+    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases)
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

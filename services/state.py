@@ -34,6 +34,7 @@ __all__ = [
     "StateWrite",
     "aggregate_of",
     "effects_of",
+    "pattern_regex",
     "plan_patch",
     "render_facts",
     "state_hash",
@@ -41,9 +42,9 @@ __all__ = [
     "with_payload",
 ]
 
-Verdict = Literal["commit", "proposal", "deny"]
+_Verdict = Literal["commit", "proposal", "deny"]
 # Seed 004 §16. "Confirmation" (a user on a business fact) commits; "Proposal" is recorded, not applied.
-AUTHORITY: Mapping[str, Mapping[str, Verdict]] = {
+AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
     "tool_fact": {"tool_effect": "commit", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
     "goal": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
     "preference": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
@@ -101,6 +102,11 @@ def aggregate_of(path: str) -> str:
     return path.split(".", 1)[0]
 
 
+def pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A registered pattern (``item:{id}.location``) as a regex over concrete paths."""
+    return _pattern_regex(pattern)
+
+
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\{[A-Za-z0-9_]+\})", pattern)
     return re.compile("^" + "".join("[A-Za-z0-9_\\-]+" if p.startswith("{") else re.escape(p) for p in parts) + "$")
@@ -113,7 +119,7 @@ def _rule_for(path: str, rules: Sequence[PathRule]) -> PathRule:
     raise UnregisteredPath(path)
 
 
-def _authority(rule: PathRule, source: str) -> Verdict:
+def _authority(rule: PathRule, source: str) -> _Verdict:
     verdict = AUTHORITY[rule.kind][source]
     if verdict == "deny":
         raise AuthorityViolation(rule.pattern, rule.kind, source)
@@ -237,6 +243,12 @@ def effects_of(spec: ToolSpec, args: Mapping[str, JsonValue], status: str, text:
             ops.append(PatchOp(op="set", path=path, unknown=True))
             continue
         value = _fill(effect.value, args, result) if effect.value else None
+        if isinstance(value, str) and not _TEMPLATE.search(effect.value):
+            # A literal in the catalog ("1", "true", "[]") is JSON; anything else stays text.
+            try:
+                value = json.loads(value)
+            except ValueError:
+                pass
         if effect.op == "set" and value is None:
             continue
         ops.append(PatchOp(op=effect.op, path=path, value=value))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import asyncpg
 
-from contracts import ContextPolicy
+from contracts import ContextPolicy, ToolCatalog
 
 from .assemble import SummaryView, ThreadSnapshot
 from .budget import BudgetSpec, policy_budget
@@ -21,11 +21,16 @@ from .compaction.policy import Counters
 from .errors import ThreadNotFound
 from .records import LedgerRecord
 from .render import TokenCounts
-from .store.ledger import Conn, HeadsRepo, RecordsRepo, StoredHead
+from .state import StateView
+from .store.ledger import Conn, HeadsRepo, RecordsRepo, StoredHead, read_session_catalog, read_states
 from .store.views import PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
 from .tokens import EncodingName
 
 __all__ = ["ThreadView", "ViewLoader", "count_totals", "resolve_export"]
+
+
+def _declared_reads(catalog: ToolCatalog | None) -> dict[str, tuple[str, ...]]:
+    return {t.name: t.reads for t in catalog.tools} if catalog else {}
 
 
 def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerRecord:
@@ -53,6 +58,8 @@ class ThreadView:
     policy: ContextPolicy
     budget: BudgetSpec
     scope: ThreadScope = ThreadScope()
+    facts: StateView | None = None
+    catalog: ToolCatalog | None = None
 
     def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
         """The assembler's input (records up to ``upto`` if given)."""
@@ -84,6 +91,8 @@ class ThreadView:
             summary=summary,
             policy=f"{self.policy_name}@{self.policy_revision}",
             own_thread=own_thread,
+            facts=tuple(self.facts.facts.values()) if self.facts else (),
+            reads=_declared_reads(self.catalog),
         )
 
     @property
@@ -162,7 +171,9 @@ class ViewLoader:
                 state = await ViewsRepo.load(conn, thread_id)
         name, revision = await PoliciesRepo.of_session(conn, head.session_id) or ("default", 1)
         policy = await self._policy(conn, name, revision)
-        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope)
+        facts = (await read_states(conn, [thread_id])).get(thread_id)
+        catalog = await read_session_catalog(conn, head.session_id)
+        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog)
 
     async def _inherited(self, conn: Conn, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
         """The run's immutable snapshot: the session's main-thread records up to its boundary."""

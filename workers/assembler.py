@@ -18,6 +18,9 @@ from pydantic import ValidationError
 import asyncpg
 
 from contracts import (
+    TOOLS_REGISTER,
+    CatalogRegistered,
+    ToolCatalog,
     SESSION_INSPECT,
     POLICY_REGISTER,
     READ,
@@ -36,6 +39,7 @@ from services.notices import NoticeBoard
 from services.preparing import PrepareService
 from services.reading import read_range
 from services.sessions import inspect_session
+from services.catalogs import register_catalog
 from services.store.views import PoliciesRepo
 
 from .metrics import FleetMetrics
@@ -109,6 +113,29 @@ class AssemblerWorker:
             except Exception as exc:
                 error = _error_reply(exc)
                 return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
+        @r.subscriber(
+            TOOLS_REGISTER,
+            queue="assembler",
+            decoder=_raw_body,
+            title="tools.register",
+            description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.",
+        )
+        async def on_tools(body: bytes) -> NatsResponse:
+            try:
+                try:
+                    catalog = ToolCatalog.model_validate_json(body)
+                except ValidationError as exc:
+                    first = exc.errors(include_url=False, include_input=False)[0]
+                    raise InvalidRequest(f"invalid catalog: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+                if self._pool is None:
+                    raise CtxError("assembler has no store attached")
+                revision = await register_catalog(self._pool, catalog)
+            except Exception as exc:
+                error = _error_reply(exc)
+                return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+            reply = CatalogRegistered(release=catalog.release, revision=revision)
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
         @r.subscriber(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 
-from contracts import DEFAULT_POLICY_NAME
+from contracts import DEFAULT_POLICY_NAME, ToolCatalog
 
 from ..errors import RevisionConflict
 from ..hashing import ChainLink, sha256_hex
@@ -28,6 +28,7 @@ from ..ledger import (
 )
 from ..records import LedgerRecord
 from ..runs import RunState, ThreadMeta
+from ..state import Fact, StateView, aggregate_of
 from ..render import TokenCounts
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ __all__ = [
     "StoredHead",
     "TrackingRepo",
     "read_for_batch",
+    "read_session_catalog",
+    "read_states",
     "write_plan",
 ]
 
@@ -59,7 +62,7 @@ JOIN unnest($1::text[], $2::text[]) AS k(thread_id, event_key)
   ON r.thread_id = k.thread_id AND r.event_key = k.event_key
 """
 _SELECT_CALLS = """
-SELECT c.thread_id, c.call_id, c.call_seq, c.outcome_seq
+SELECT c.thread_id, c.call_id, c.call_seq, c.outcome_seq, c.name, c.args
 FROM ctx.tool_calls c
 JOIN unnest($1::text[], $2::text[]) AS k(thread_id, call_id)
   ON c.thread_id = k.thread_id AND c.call_id = k.call_id
@@ -127,9 +130,37 @@ SELECT * FROM unnest(
     $22::integer[], $23::integer[])
 """
 _INSERT_CALLS = """
-INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq, args)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::json[])
 """
+_SELECT_FACTS = """
+SELECT thread_id, path, value, status, source, event_key, seq, observed_at, supersedes, superseded_value
+FROM ctx.state_facts WHERE thread_id = ANY($1::text[]) AND is_current
+"""
+_SELECT_VERSIONS = "SELECT thread_id, aggregate, version FROM ctx.state_versions WHERE thread_id = ANY($1::text[])"
+_SESSION_CATALOGS = """
+SELECT s.session_id, c.revision, c.body FROM ctx.sessions s
+JOIN ctx.tool_catalogs c ON c.release = s.agent_release AND c.revision = s.catalog_revision
+WHERE s.session_id = ANY($1::text[])
+"""
+_LATEST_CATALOGS = """
+SELECT DISTINCT ON (release) release, revision, body FROM ctx.tool_catalogs
+WHERE release = ANY($1::text[]) ORDER BY release, revision DESC
+"""
+_RETIRE_FACT = "UPDATE ctx.state_facts SET is_current = false WHERE thread_id = $1 AND path = $2 AND is_current"
+_INSERT_FACT = """
+INSERT INTO ctx.state_facts (thread_id, path, aggregate, seq, value, status, source, event_key, observed_at,
+                             supersedes, superseded_value, is_current)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11::jsonb, true)
+"""
+_BUMP_VERSION = """
+INSERT INTO ctx.state_versions (thread_id, aggregate, version) VALUES ($1, $2, $3)
+ON CONFLICT (thread_id, aggregate) DO UPDATE SET version = EXCLUDED.version
+WHERE ctx.state_versions.version = EXCLUDED.version - 1
+RETURNING version
+"""
+_INSERT_PROPOSAL = "INSERT INTO ctx.state_proposals (thread_id, seq, event_key, ops) VALUES ($1, $2, $3, $4::jsonb)"
+_SET_CATALOG = "UPDATE ctx.sessions SET catalog_revision = $2 WHERE session_id = $1 AND catalog_revision IS NULL"
 _CLOSE_CALLS = """
 UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(thread_id, call_id, seq, status)
@@ -225,6 +256,7 @@ async def read_for_batch(
     session_ids: Sequence[str] = (),
     run_ids: Sequence[str] = (),
     extra_threads: Sequence[str] = (),
+    release_names: Sequence[str] = (),
 ) -> LedgerReads:
     """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
     heads = {
@@ -238,7 +270,9 @@ async def read_for_batch(
         for r in await conn.fetch(_SELECT_KEYS, [k[0] for k in keys], [k[1] for k in keys])
     } if keys else {}
     states = {
-        (r["thread_id"], r["call_id"]): CallState(r["call_id"], r["call_seq"], r["outcome_seq"])
+        (r["thread_id"], r["call_id"]): CallState(
+            r["call_id"], r["call_seq"], r["outcome_seq"], r["name"], json.loads(r["args"]) if r["args"] else {}
+        )
         for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
     } if calls else {}
     session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
@@ -256,10 +290,45 @@ async def read_for_batch(
         r["thread_id"]: ThreadMeta(r["thread_id"], r["session_id"], r["role"], r["parent_thread_id"], r["last_seq"])
         for r in await conn.fetch(_SELECT_THREAD_META, list({*thread_ids, *extra_threads}))
     }
+    views = await _read_states(conn, thread_ids)
+    catalogs = {
+        r["session_id"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
+        for r in await conn.fetch(_SESSION_CATALOGS, list(session_ids))
+    }
+    latest = {
+        r["release"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
+        for r in await conn.fetch(_LATEST_CATALOGS, list(release_names))
+    } if release_names else {}
     return LedgerReads(
         heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
         runs=runs, active_runs=active, threads=metas, principals=principals, releases=releases,
+        states=views, catalogs=catalogs, latest_catalogs=latest,
     )
+
+
+async def read_session_catalog(conn: Conn, session_id: str) -> ToolCatalog | None:
+    """The catalog revision a session pinned, if its release has one."""
+    row = await conn.fetchrow(_SESSION_CATALOGS, [session_id])
+    return None if row is None else ToolCatalog.model_validate_json(row["body"])
+
+
+async def read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
+    """Current facts and aggregate versions of threads."""
+    return await _read_states(conn, thread_ids)
+
+
+async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
+    views: dict[str, StateView] = {}
+    for r in await conn.fetch(_SELECT_FACTS, list(thread_ids)):
+        view = views.setdefault(r["thread_id"], StateView())
+        view.facts[r["path"]] = Fact(
+            r["path"], json.loads(r["value"]) if r["value"] is not None else None, r["status"], r["source"],
+            r["event_key"], r["seq"], r["observed_at"], r["supersedes"],
+            json.loads(r["superseded_value"]) if r["superseded_value"] is not None else None,
+        )
+    for r in await conn.fetch(_SELECT_VERSIONS, list(thread_ids)):
+        views.setdefault(r["thread_id"], StateView()).versions[r["aggregate"]] = r["version"]
+    return views
 
 
 async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
@@ -295,6 +364,7 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
             [c.call_id for c in plan.calls],
             [c.name for c in plan.calls],
             [c.call_seq for c in plan.calls],
+            [json.dumps(c.args, ensure_ascii=False) for c in plan.calls],
         )
     if plan.outcomes:
         status = await conn.execute(
@@ -309,6 +379,27 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
             raise RevisionConflict(first.thread_id, -1, None)
     for rejection in plan.rejections:
         await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
+    await _write_state(conn, plan)
+
+
+async def _write_state(conn: Conn, plan: BatchPlan) -> None:
+    """Facts, versions and proposals of the batch's state writes, in the records' transaction."""
+    for session_id, revision in sorted(plan.session_catalogs.items()):
+        await conn.execute(_SET_CATALOG, session_id, revision)
+    for thread_id, seq, event_key, write, ops in plan.state_writes:
+        if write.proposal:
+            await conn.execute(_INSERT_PROPOSAL, thread_id, seq, event_key, json.dumps([o.model_dump(mode="json") for o in ops]))
+            continue
+        for aggregate, version in sorted(write.versions.items()):
+            if await conn.fetchval(_BUMP_VERSION, thread_id, aggregate, version) is None:
+                raise RevisionConflict(thread_id, version - 1, None)
+        for fact in write.facts:
+            await conn.execute(_RETIRE_FACT, thread_id, fact.path)
+            await conn.execute(
+                _INSERT_FACT, thread_id, fact.path, aggregate_of(fact.path), fact.seq, json.dumps(fact.value),
+                fact.status, fact.source, fact.event_key, fact.observed_at, fact.supersedes,
+                json.dumps(fact.superseded_value),
+            )
 
 
 def _session_seq_of(plan: BatchPlan, bases: Mapping[str, int], thread_id: str, seq: int) -> int:

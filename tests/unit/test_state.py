@@ -87,7 +87,7 @@ def test_equal_rank_write_observed_earlier_marks_the_key_conflicted_not_last_wri
 
 def test_tool_effects_write_state_from_the_result_and_unknown_on_failure() -> None:
     ok = effects_of(MOVE, {"item_id": 42}, "success", '{"location": "shelf_B"}')
-    assert [(o.op, o.path, o.value) for o in ok] == [("set", "item:42.location", "shelf_B"), ("increment", "item:42.moves", "1")]
+    assert [(o.op, o.path, o.value) for o in ok] == [("set", "item:42.location", "shelf_B"), ("increment", "item:42.moves", 1)]
     failed = effects_of(MOVE, {"item_id": 42}, "timeout", "gateway timeout")
     assert all(o.unknown and o.op == "set" for o in failed)
     assert effects_of(MOVE, {}, "success", '{"location": "x"}') == []  # no item id: nothing is guessed

@@ -1,0 +1,170 @@
+"""The state runtime over real NATS and Postgres: the only write path, authority, versions, projection."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from contracts import (
+    CompactionPolicy,
+    ContextPolicy,
+    PatchOp,
+    PathRule,
+    PreparedContext,
+    PrepareRequest,
+    StatePatchEvent,
+    StatePatchPayload,
+    ToolCatalog,
+    ToolEffect,
+    ToolSchema,
+    ToolSpec,
+)
+from services.client import FleetClient
+from services.errors import EventRejected
+from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+CATALOG = ToolCatalog(
+    release="warehouse@1",
+    paths=(
+        PathRule(pattern="item:{id}.location", kind="business_fact"),
+        PathRule(pattern="item:{id}.moves", kind="tool_fact"),
+        PathRule(pattern="task.goal", kind="goal"),
+        PathRule(pattern="audit.actor", kind="audit"),
+    ),
+    tools=(
+        ToolSpec(
+            name="move_item",
+            reads=("item:{id}.location",),
+            effects=(
+                ToolEffect(path="item:{args.item_id}.location", value="{result.location}"),
+                ToolEffect(path="item:{args.item_id}.moves", op="increment", value="1"),
+            ),
+        ),
+        ToolSpec(name="count_stock", reads=("item:{id}.moves",)),
+    ),
+)
+
+
+def _patch(t: Thread, key: str, source: str, ops: list[PatchOp], based_on: dict[str, int] | None = None) -> StatePatchEvent:
+    payload = StatePatchPayload(source=source, ops=tuple(ops), based_on_version=based_on or {})  # type: ignore[arg-type]
+    return StatePatchEvent(payload=payload, event_key=key, session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id)
+
+
+async def _start(client: FleetClient, t: Thread, policy: str | None = None) -> None:
+    await client.register_catalog(CATALOG)
+    first = t.system("You run the warehouse.").model_copy(update={"agent_release": "warehouse@1", "policy": policy})
+    await client.append(first)
+
+
+async def _prepare(client: FleetClient, t: Thread, after: str, budget: int = 50_000, tools: tuple[str, ...] = ()) -> PreparedContext:
+    return await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=budget, after_event_key=after,
+            tools=tuple(ToolSchema(name=n) for n in tools),
+        )
+    )
+
+
+async def _move(client: FleetClient, t: Thread, n: int, location: str) -> str:
+    await client.append(t.assistant(f"moving item 42 ({n})", calls=((f"m{n}", "move_item", {"item_id": 42, "to": location}),)))
+    key = f"moved{n}"
+    await client.append(t.outcome(f"m{n}", f'{{"location": "{location}", "ok": true}}', key=key))
+    return key
+
+
+async def test_pollution_current_fact_wins_even_when_an_old_summary_still_says_the_stale_value(
+    start_fleet, client: FleetClient
+) -> None:
+    await start_fleet()
+    await client.register_policy(
+        ContextPolicy(name="tiny", model_profile=None, budget_tokens=1_500, compaction=CompactionPolicy(keep_recent_groups=1))
+    )
+    t = Thread()
+    await _start(client, t, policy="tiny")
+    await client.append(t.user("Where is item 42 now?", key="task"))
+    await _move(client, t, 10, "shelf_A")
+    for n in range(11, 24):
+        await client.append(t.assistant("checking the aisle " + "and the shelves carefully " * 15, calls=((f"c{n}", "count_stock", {"item_id": 42}),)))
+        await client.append(t.outcome(f"c{n}", "aisle ok " * 20, key=f"stock{n}"))
+
+    async def summarized() -> bool:
+        try:
+            return (await client.inspect(t.thread_id, limit=1)).summaries >= 1
+        except Exception:
+            return False
+
+    await eventually(summarized, what="a compaction covering the first move")
+    last = await _move(client, t, 30, "shelf_B")
+    prepared = await _prepare(client, t, last, budget=1_500, tools=("move_item",))
+    texts = [m.content or "" for m in prepared.messages]
+    assert prepared.summary is not None  # the old move is summarized ...
+    assert any("shelf_A" in x for x in texts if x.startswith("[context summary"))  # ... and its summary says shelf_A
+    state = texts[-1]
+    assert state.startswith("[state: current facts")
+    assert f'- item:42.location = "shelf_B" (CURRENT, source {last}); supersedes "shelf_A" from moved10' in state
+    assert state.count("shelf_A") == 1 and "item:42.moves" not in state  # only the slice move_item reads
+
+
+async def test_rejected_patches_change_nothing_and_say_why(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(_patch(t, "ok", "orchestrator", [PatchOp(op="set", path="item:7.location", value="dock")]))
+    cases = [
+        ("bad-path", "orchestrator", [PatchOp(op="set", path="item:7.colour", value="red")], {}, "unregistered_path"),
+        ("bad-writer", "model_proposal", [PatchOp(op="set", path="item:7.location", value="roof")], {}, "authority_violation"),
+        ("bad-audit", "user", [PatchOp(op="set", path="audit.actor", value="me")], {}, "authority_violation"),
+        ("stale", "orchestrator", [PatchOp(op="set", path="item:7.location", value="x")], {"item:7": 0}, "stale_state_version"),
+        ("bad-op", "orchestrator", [PatchOp(op="increment", path="item:7.location", value=1)], {}, "invariant_violation"),
+    ]
+    for key, source, ops, based_on, code in cases:
+        await client.append(_patch(t, key, source, ops, based_on))
+        with pytest.raises(EventRejected) as err:
+            await _prepare(client, t, key)
+        assert err.value.details["rejected_code"] == code
+    rows = await db.fetch("SELECT path, value, is_current FROM ctx.state_facts WHERE thread_id=$1", t.thread_id)
+    assert [(r["path"], r["value"], r["is_current"]) for r in rows] == [("item:7.location", '"dock"', True)]
+    assert await db.fetchval("SELECT version FROM ctx.state_versions WHERE thread_id=$1", t.thread_id) == 1
+
+
+async def test_two_writers_on_different_aggregates_both_commit_and_on_the_same_base_one_is_refused(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(_patch(t, "a", "orchestrator", [PatchOp(op="set", path="item:1.location", value="a")], {"item:1": 0}))
+    await client.append(_patch(t, "b", "orchestrator", [PatchOp(op="set", path="item:2.location", value="b")], {"item:2": 0}))
+    await client.append(_patch(t, "c", "orchestrator", [PatchOp(op="set", path="item:1.location", value="c")], {"item:1": 0}))
+    with pytest.raises(EventRejected) as err:
+        await _prepare(client, t, "c")
+    assert err.value.details["rejected_code"] == "stale_state_version"
+    current = dict(await db.fetch("SELECT path, value FROM ctx.state_facts WHERE thread_id=$1 AND is_current", t.thread_id))
+    assert current == {"item:1.location": '"a"', "item:2.location": '"b"'}
+
+
+async def test_tool_outcomes_update_state_through_declared_effects_and_failures_make_it_unknown(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(t.user("move item 42", key="task"))
+    await _move(client, t, 1, "aisle_3")
+    await client.append(t.assistant(calls=(("m2", "move_item", {"item_id": 42, "to": "dock"}),)))
+    await client.append(t.outcome("m2", "gateway timeout", status="timeout", key="late"))
+    state = (await _prepare(client, t, "late"))
+    text = state.messages[-1].content or ""
+    assert "- item:42.location = UNKNOWN (UNKNOWN, source late)" in text
+    assert 'item:42.moves' in text  # no tool requested: the whole (small) state is projected
+
+
+async def test_model_proposals_are_recorded_apart_and_never_become_state(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(_patch(t, "p", "model_proposal", [PatchOp(op="set", path="task.goal", value="ship it")]))
+    await client.append(t.user("hi", key="k"))
+    prepared = await _prepare(client, t, "k")
+    assert not any((m.content or "").startswith("[state:") for m in prepared.messages)
+    assert await db.fetchval("SELECT count(*) FROM ctx.state_proposals WHERE thread_id=$1", t.thread_id) == 1
+    assert await db.fetchval("SELECT count(*) FROM ctx.state_facts WHERE thread_id=$1", t.thread_id) == 0
