@@ -48,6 +48,9 @@ from .inspect import (
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
+    OPERATION_STATUS,
+    OperationStatusRequest,
+    Receipt,
     TOOLS_REGISTER,
     CatalogRegistered,
     PatchOp,
@@ -83,6 +86,9 @@ from .prepare import (
 )
 
 __all__ = [
+    "OPERATION_STATUS",
+    "OperationStatusRequest",
+    "Receipt",
     "TOOLS_REGISTER",
     "CatalogRegistered",
     "PatchOp",

@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     AUTHORITY_VIOLATION = "authority_violation"
     STALE_STATE_VERSION = "stale_state_version"
     INVARIANT_VIOLATION = "invariant_violation"
+    OPERATION_EXISTS = "operation_exists"
     GRANT_VIOLATION = "grant_violation"
     UNKNOWN_INSTANCE = "unknown_instance"
     # Internal, treated as success by the caller.

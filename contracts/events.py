@@ -74,6 +74,8 @@ class ToolCall(WireModel):
     call_id: Annotated[str, Field(min_length=1, max_length=200)]
     name: Annotated[str, Field(min_length=1, max_length=200)]
     args: dict[str, JsonValue] = Field(default_factory=dict)
+    # Set for side-effecting calls: the fleet keeps a receipt under it (seed 004 §19–20).
+    operation_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 
 class SystemPayload(WireModel):
@@ -111,6 +113,8 @@ class ToolOutcomePayload(WireModel):
     call_id: Annotated[str, Field(min_length=1, max_length=200)]
     status: ToolStatus = ToolStatus.SUCCESS
     text: str = ""
+    # The external system's id of what the call did (order id, payment id), when it reports one.
+    external_ref: str | None = None
 
 
 class ResourceActivatedPayload(WireModel):

@@ -15,6 +15,9 @@ from pydantic import Field, JsonValue
 from ._base import WireModel
 
 __all__ = [
+    "OPERATION_STATUS",
+    "OperationStatusRequest",
+    "Receipt",
     "TOOLS_REGISTER",
     "CatalogRegistered",
     "PatchOp",
@@ -28,6 +31,7 @@ __all__ = [
 ]
 
 TOOLS_REGISTER = "ctx.tools.register"
+OPERATION_STATUS = "ctx.operation.status"
 
 WriteSource = Literal["tool_effect", "user", "model_proposal", "orchestrator"]
 StateKind = Literal["tool_fact", "goal", "preference", "business_fact", "plan", "open_question", "audit"]
@@ -100,3 +104,29 @@ class CatalogRegistered(WireModel):
     type: Literal["catalog_registered"] = "catalog_registered"
     release: str
     revision: int
+
+
+class OperationStatusRequest(WireModel):
+    """A recovering runtime asks what became of an operation before it re-executes anything."""
+
+    schema_version: Literal[1] = 1
+    session_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+    principal_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
+    operation_id: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class Receipt(WireModel):
+    """The fleet's record of a side-effecting call: requested, then its real outcome (or unknown)."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["receipt"] = "receipt"
+    operation_id: str
+    thread_id: str
+    call_id: str
+    tool: str
+    request_sha256: str
+    status: Literal["requested", "success", "failed", "timeout", "unknown"]
+    requested_event: str
+    finished_event: str | None
+    response_sha256: str | None
+    external_ref: str | None

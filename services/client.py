@@ -19,6 +19,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from contracts import (
+    OPERATION_STATUS,
+    OperationStatusRequest,
+    Receipt,
     TOOLS_REGISTER,
     CatalogRegistered,
     ToolCatalog,
@@ -147,6 +150,10 @@ class FleetClient:
         """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
         body = await self._request(POLICY_REGISTER, policy.model_dump_json().encode(), timeout)
         return PolicyRegistered.model_validate_json(body)
+
+    async def operation_status(self, request: OperationStatusRequest, *, timeout: float = 10.0) -> Receipt:
+        """The receipt of an operation: ask before re-executing anything after a crash."""
+        return Receipt.model_validate_json(await self._request(OPERATION_STATUS, request.model_dump_json().encode(), timeout))
 
     async def register_catalog(self, catalog: ToolCatalog, *, timeout: float = 10.0) -> CatalogRegistered:
         """Register a release's tool catalog (tools, declared reads and effects, state paths)."""

@@ -15,6 +15,7 @@
     │   ├── ReleaseMismatch(session_id, pinned, claimed)
     │   ├── UnregisteredPath(path) / AuthorityViolation(pattern, kind, source)
     │   ├── StaleStateVersion(aggregate, expected, actual) / InvariantViolation(path, why)
+    │   ├── OperationExists(operation_id)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
@@ -63,6 +64,7 @@ __all__ = [
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
+    "OperationExists",
     "OrphanToolOutcome",
     "PayloadTooLarge",
     "ReleaseMismatch",
@@ -285,6 +287,18 @@ class InvariantViolation(InvalidEvent):
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(f"{path}: {why}", path=path)
+
+
+class OperationExists(InvalidEvent):
+    """A side-effecting call reusing an operation id: ask for its receipt instead of running it again."""
+
+    code = ErrorCode.OPERATION_EXISTS
+
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(
+            f"operation {operation_id!r} was already requested; ask ctx.operation.status before re-executing it",
+            operation_id=operation_id,
+        )
 
 
 class DuplicateEvent(CtxError):

@@ -55,6 +55,7 @@ from .errors import (
     ScopeViolation,
     ThreadMismatch,
     UnknownPolicy,
+    OperationExists,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, RunState, ThreadMeta
@@ -173,6 +174,7 @@ class LedgerReads:
     states: Mapping[str, StateView] = field(default_factory=dict)
     catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
     latest_catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
+    operations: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +270,8 @@ class BatchPlan:
     resets: tuple[tuple[str, str, int], ...] = ()
     state_writes: tuple[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]], ...] = ()
     session_catalogs: Mapping[str, int] = field(default_factory=dict)
+    receipts_requested: tuple[tuple[str, str, str, str, str, str, str], ...] = ()
+    receipts_finished: tuple[tuple[str, str, str, str, str, str | None], ...] = ()
 
 
 def blob_ref(sha256: str) -> str:
@@ -351,6 +355,9 @@ def plan_batch(
     catalogs: dict[str, tuple[int, ToolCatalog]] = dict(reads.catalogs)
     session_catalogs: dict[str, int] = {}
     state_writes: list[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]]] = []
+    operations: set[tuple[str, str]] = set(reads.operations)
+    requested: list[tuple[str, str, str, str, str, str, str]] = []
+    finished: list[tuple[str, str, str, str, str, str | None]] = []
     new_runs: list[RunState] = []
     run_statuses: dict[str, str] = {}
     new_threads: dict[str, ThreadMeta] = {}
@@ -377,6 +384,7 @@ def plan_batch(
             change = life.check(event, thread_id, session_known=known)
             if not known and event.agent_release and event.agent_release in reads.latest_catalogs:
                 catalogs.setdefault(event.session_id, reads.latest_catalogs[event.agent_release])
+            _check_operations(event, operations)
             state = states.setdefault(thread_id, _copy_state(reads.states.get(thread_id)))
             write = _state_write(event, state, catalogs.get(event.session_id), calls, thread_id, cursor.seq + 1)
         except InvalidEvent as exc:
@@ -399,6 +407,7 @@ def plan_batch(
             releases[change.release[0]] = change.release[1]
             if event.session_id in catalogs and event.session_id not in reads.catalogs:
                 session_catalogs[event.session_id] = catalogs[event.session_id][0]
+        _note_receipts(event, thread_id, operations, requested, finished)
         if write is not None:
             state.apply(write[0])
             state_writes.append((thread_id, cursor.seq + 1, event.event_key, write[0], write[1]))
@@ -460,7 +469,46 @@ def plan_batch(
         resets=tuple(resets),
         state_writes=tuple(state_writes),
         session_catalogs=session_catalogs,
+        receipts_requested=tuple(requested),
+        receipts_finished=tuple(finished),
     )
+
+
+def _check_operations(event: Event, operations: set[tuple[str, str]]) -> None:
+    """An operation id is executed once per session: a second request must ask for its status."""
+    if not isinstance(event, AssistantMessageEvent):
+        return
+    seen: set[str] = set()
+    for call in event.payload.tool_calls:
+        op = call.operation_id
+        if op is None:
+            continue
+        if (event.session_id, op) in operations or op in seen:
+            raise OperationExists(op)
+        seen.add(op)
+
+
+_RECEIPT_STATUS = {"success": "success", "error": "failed", "timeout": "timeout", "unknown": "unknown"}
+
+
+def _note_receipts(
+    event: Event,
+    thread_id: str,
+    operations: set[tuple[str, str]],
+    requested: list[tuple[str, str, str, str, str, str, str]],
+    finished: list[tuple[str, str, str, str, str, str | None]],
+) -> None:
+    if isinstance(event, AssistantMessageEvent):
+        for call in event.payload.tool_calls:
+            if call.operation_id is None:
+                continue
+            digest = sha256_hex(canonical_json({"tool": call.name, "args": call.args}))
+            operations.add((event.session_id, call.operation_id))
+            requested.append((event.session_id, call.operation_id, thread_id, call.call_id, call.name, digest, event.event_key))
+    elif isinstance(event, ToolOutcomeEvent):
+        p = event.payload
+        response = sha256_hex(p.text.encode("utf-8"))
+        finished.append((thread_id, p.call_id, _RECEIPT_STATUS[p.status.value], event.event_key, response, p.external_ref))
 
 
 def _copy_state(view: StateView | None) -> StateView:

@@ -127,9 +127,12 @@ class RecordingService:
 
 def _touched(
     decoded: Sequence[Decoded | Rejection],
-) -> tuple[list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str], list[str]]:
+) -> tuple[
+    list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str], list[str], list[tuple[str, str]]
+]:
     sessions: dict[str, None] = {}
     releases: dict[str, None] = {}
+    operations: dict[tuple[str, str], None] = {}
     runs: dict[str, None] = {}
     parents: dict[str, None] = {}
     threads: dict[str, None] = {}
@@ -152,7 +155,9 @@ def _touched(
         elif isinstance(item.event, AssistantMessageEvent):
             for call in item.event.payload.tool_calls:
                 calls[(thread, call.call_id)] = None
-    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases)
+                if call.operation_id is not None:
+                    operations[(item.event.session_id, call.operation_id)] = None
+    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases), list(operations)
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

@@ -18,6 +18,8 @@ from pydantic import ValidationError
 import asyncpg
 
 from contracts import (
+    OPERATION_STATUS,
+    OperationStatusRequest,
     TOOLS_REGISTER,
     CatalogRegistered,
     ToolCatalog,
@@ -40,6 +42,7 @@ from services.preparing import PrepareService
 from services.reading import read_range
 from services.sessions import inspect_session
 from services.catalogs import register_catalog
+from services.receipts import operation_status
 from services.store.views import PoliciesRepo
 
 from .metrics import FleetMetrics
@@ -137,6 +140,27 @@ class AssemblerWorker:
                 return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
             reply = CatalogRegistered(release=catalog.release, revision=revision)
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "ok"})
+
+        @r.subscriber(
+            OPERATION_STATUS,
+            queue="assembler",
+            decoder=_raw_body,
+            title="operation.status",
+            description="OperationStatusRequest in, Receipt or ErrorReply out.",
+        )
+        async def on_operation(body: bytes) -> NatsResponse:
+            try:
+                request = OperationStatusRequest.model_validate_json(body)
+                if self._pool is None:
+                    raise CtxError("assembler has no store attached")
+                receipt = await operation_status(self._pool, request)
+            except ValidationError as exc:
+                error = InvalidRequest(f"invalid OperationStatusRequest: {exc.errors()[0]['msg']}").to_reply()
+                return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+            except Exception as exc:
+                error = _error_reply(exc)
+                return NatsResponse(error.model_dump_json().encode(), headers={"ctx-status": "error"})
+            return NatsResponse(receipt.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
         @r.subscriber(
             READ,

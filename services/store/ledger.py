@@ -161,6 +161,18 @@ RETURNING version
 """
 _INSERT_PROPOSAL = "INSERT INTO ctx.state_proposals (thread_id, seq, event_key, ops) VALUES ($1, $2, $3, $4::jsonb)"
 _SET_CATALOG = "UPDATE ctx.sessions SET catalog_revision = $2 WHERE session_id = $1 AND catalog_revision IS NULL"
+_SELECT_OPERATIONS = """
+SELECT session_id, operation_id FROM ctx.receipts
+JOIN unnest($1::text[], $2::text[]) AS k(s, o) ON session_id = k.s AND operation_id = k.o
+"""
+_INSERT_RECEIPT = """
+INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256, status, requested_event)
+VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7)
+"""
+_FINISH_RECEIPT = """
+UPDATE ctx.receipts SET status = $3, finished_event = $4, response_sha256 = $5, external_ref = $6
+WHERE thread_id = $1 AND call_id = $2
+"""
 _CLOSE_CALLS = """
 UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(thread_id, call_id, seq, status)
@@ -257,6 +269,7 @@ async def read_for_batch(
     run_ids: Sequence[str] = (),
     extra_threads: Sequence[str] = (),
     release_names: Sequence[str] = (),
+    operation_ids: Sequence[tuple[str, str]] = (),
 ) -> LedgerReads:
     """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
     heads = {
@@ -295,6 +308,10 @@ async def read_for_batch(
         r["session_id"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
         for r in await conn.fetch(_SESSION_CATALOGS, list(session_ids))
     }
+    operations = frozenset(
+        (r["session_id"], r["operation_id"])
+        for r in await conn.fetch(_SELECT_OPERATIONS, [o[0] for o in operation_ids], [o[1] for o in operation_ids])
+    ) if operation_ids else frozenset()
     latest = {
         r["release"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
         for r in await conn.fetch(_LATEST_CATALOGS, list(release_names))
@@ -302,7 +319,7 @@ async def read_for_batch(
     return LedgerReads(
         heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
         runs=runs, active_runs=active, threads=metas, principals=principals, releases=releases,
-        states=views, catalogs=catalogs, latest_catalogs=latest,
+        states=views, catalogs=catalogs, latest_catalogs=latest, operations=operations,
     )
 
 
@@ -386,6 +403,10 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     """Facts, versions and proposals of the batch's state writes, in the records' transaction."""
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
+    for receipt in plan.receipts_requested:
+        await conn.execute(_INSERT_RECEIPT, *receipt)
+    for done in plan.receipts_finished:
+        await conn.execute(_FINISH_RECEIPT, *done)
     for thread_id, seq, event_key, write, ops in plan.state_writes:
         if write.proposal:
             await conn.execute(_INSERT_PROPOSAL, thread_id, seq, event_key, json.dumps([o.model_dump(mode="json") for o in ops]))

@@ -168,3 +168,37 @@ async def test_model_proposals_are_recorded_apart_and_never_become_state(fleet, 
     assert not any((m.content or "").startswith("[state:") for m in prepared.messages)
     assert await db.fetchval("SELECT count(*) FROM ctx.state_proposals WHERE thread_id=$1", t.thread_id) == 1
     assert await db.fetchval("SELECT count(*) FROM ctx.state_facts WHERE thread_id=$1", t.thread_id) == 0
+
+
+async def test_receipts_track_side_effecting_calls_and_a_reused_operation_id_is_refused(fleet, client: FleetClient) -> None:
+    from contracts import OperationStatusRequest, ToolCall
+
+    t = Thread()
+    await client.append(t.user("refund order 7", key="q"))
+    pay = t.assistant(calls=(("c1", "payments.refund", {"order": 7}),), key="a1")
+    pay = pay.model_copy(update={"payload": pay.payload.model_copy(update={"tool_calls": (ToolCall(call_id="c1", name="payments.refund", args={"order": 7}, operation_id="op-refund-7"),)})})
+    await client.append(pay)
+    await _prepare(client, t, "q")
+    status = OperationStatusRequest(session_id=t.session_id, operation_id="op-refund-7")
+
+    async def requested() -> bool:
+        try:
+            return (await client.operation_status(status)).status == "requested"
+        except Exception:
+            return False
+
+    await eventually(requested, what="the requested receipt")
+    # A crash here: the runtime does not know whether the refund ran. It asks; the answer is "requested",
+    # not "success" — an unknown result stays unknown until an outcome is recorded.
+    outcome = t.outcome("c1", "refunded", key="o1").model_copy()
+    outcome = outcome.model_copy(update={"payload": outcome.payload.model_copy(update={"external_ref": "rf_123"})})
+    await client.append(outcome)
+    await _prepare(client, t, "o1")
+    receipt = await client.operation_status(status)
+    assert (receipt.status, receipt.external_ref, receipt.tool) == ("success", "rf_123", "payments.refund")
+    again = t.assistant(key="a2")
+    again = again.model_copy(update={"payload": again.payload.model_copy(update={"tool_calls": (ToolCall(call_id="c2", name="payments.refund", args={"order": 7}, operation_id="op-refund-7"),)})})
+    await client.append(again)
+    with pytest.raises(EventRejected) as err:
+        await _prepare(client, t, "a2")
+    assert err.value.details["rejected_code"] == "operation_exists"
