@@ -70,6 +70,9 @@ class ThreadInspection(WireModel):
     compaction_failures: int = 0
     last_compaction_failure: str | None = None
     deferred_reason: str | None = None
+    state_facts: int = 0
+    state_hash: str | None = None
+    state_verified: bool = True
 
 
 class InspectedThread(WireModel):

@@ -282,6 +282,8 @@ def _print_inspection(i: ThreadInspection) -> None:
     print(f"thread {i.thread_id} (session {i.session_id}) revision {i.revision}")
     print(f"  {i.record_count} records, {i.total_tokens} tokens (o200k), hash chain {chain}")
     print(f"  pending calls: {', '.join(i.pending_call_ids) or 'none'}; dead letters: {i.dead_letters}")
+    verdict = "equals its replay from the ledger" if i.state_verified else "DIFFERS from its replay from the ledger"
+    print(f"  state: {i.state_facts} current facts, {verdict}; view r{i.view_revision}, {i.summaries} summaries")
     for r in i.records:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""

@@ -23,7 +23,8 @@ from .hashing import verify_chain
 from .notices import NoticeBoard
 from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
-from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo
+from .state import StateView, rebuild_state, state_hash
+from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo, read_session_catalog, read_states
 from .store.views import ViewsRepo
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from .views import ThreadView, ViewLoader
@@ -132,6 +133,9 @@ class PrepareService:
                 dead = await DeadLettersRepo.count(conn, thread_id)
                 state = await ViewsRepo.load(conn, thread_id)
                 summaries = await ViewsRepo.summary_count(conn, thread_id)
+                stored = (await read_states(conn, [thread_id])).get(thread_id) or StateView()
+                catalog = await read_session_catalog(conn, head.session_id)
+                replayed = rebuild_state(await RecordsRepo.select_full(conn, thread_id), catalog)  # type: ignore[arg-type]
         return ThreadInspection(
             thread_id=thread_id,
             session_id=head.session_id,
@@ -163,6 +167,9 @@ class PrepareService:
             compaction_failures=state.failures,
             last_compaction_failure=state.last_failure,
             deferred_reason=state.deferred_reason,
+            state_facts=len(stored.facts),
+            state_hash=state_hash(stored),
+            state_verified=state_hash(stored) == state_hash(replayed),
         )
 
     async def _await_event(self, thread_id: str, event_key: str, wait_ms: int) -> None:

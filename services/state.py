@@ -24,7 +24,7 @@ from pydantic import JsonValue
 
 from contracts import PatchOp, PathRule, StatePatchPayload, ToolCatalog, ToolSpec
 
-from .errors import AuthorityViolation, InvariantViolation, StaleStateVersion, UnregisteredPath
+from .errors import AuthorityViolation, InvalidEvent, InvariantViolation, StaleStateVersion, UnregisteredPath
 from .hashing import canonical_json, sha256_hex
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "effects_of",
     "pattern_regex",
     "plan_patch",
+    "rebuild_state",
     "render_facts",
     "state_hash",
     "tool_spec",
@@ -267,6 +268,38 @@ def render_facts(facts: Iterable[Fact]) -> str:
             line += f"; conflicts with {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue], str, str | None]], catalog: ToolCatalog | None) -> StateView:
+    """Replay a thread's records (seq, event key, kind, payload, full text, client time) into its state.
+
+    The recorder wrote the same facts through the same functions, so a stored projection that differs
+    from this replay was changed outside the write path.
+    """
+    state = StateView()
+    calls: dict[str, tuple[str, Mapping[str, JsonValue]]] = {}
+    rules = catalog.paths if catalog else ()
+    for seq, key, kind, payload, text, observed in records:
+        if kind == "assistant_message":
+            for call in payload.get("tool_calls") or []:  # type: ignore[union-attr]
+                if isinstance(call, dict):
+                    args = call.get("args")
+                    calls[str(call.get("call_id"))] = (str(call.get("name")), args if isinstance(args, dict) else {})
+        elif kind == "state_patch":
+            patch = StatePatchPayload.model_validate(payload)
+            state.apply(plan_patch(state, patch.ops, source=patch.source, based_on=patch.based_on_version, rules=rules,
+                                   event_key=key, seq=seq, observed_at=observed))
+        elif kind == "tool_outcome" and catalog is not None:
+            name, args = calls.get(str(payload.get("call_id")), ("", {}))
+            spec = tool_spec(catalog, name)
+            ops = effects_of(spec, args, str(payload.get("status", "success")), text) if spec else []
+            if ops:
+                try:
+                    state.apply(plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
+                                           event_key=key, seq=seq, observed_at=observed))
+                except InvalidEvent:
+                    pass
+    return state
 
 
 def state_hash(state: StateView) -> str:

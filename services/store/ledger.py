@@ -242,6 +242,11 @@ _OPEN_CALLS = """
 SELECT call_id FROM ctx.tool_calls WHERE thread_id = $1 AND outcome_seq IS NULL ORDER BY call_seq, call_id
 """
 _COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
+_SELECT_FULL = """
+SELECT r.seq, r.event_key, r.kind, r.payload, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.client_ts
+FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.thread_id = $1 ORDER BY r.seq
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -637,6 +642,15 @@ class RecordsRepo:
         """The seq at which an event key was recorded in a thread, if it was."""
         seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key)
         return None if seq is None else int(seq)
+
+    @staticmethod
+    async def select_full(conn: Conn, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+        """Every record of a thread with its full text, for replaying its state."""
+        return [
+            (r["seq"], r["event_key"], r["kind"], json.loads(r["payload"]), r["text"] or "",
+             r["client_ts"].isoformat() if r["client_ts"] else None)
+            for r in await conn.fetch(_SELECT_FULL, thread_id)
+        ]
 
     @staticmethod
     async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:

@@ -202,3 +202,19 @@ async def test_receipts_track_side_effecting_calls_and_a_reused_operation_id_is_
     with pytest.raises(EventRejected) as err:
         await _prepare(client, t, "a2")
     assert err.value.details["rejected_code"] == "operation_exists"
+
+
+async def test_state_equals_its_replay_from_the_ledger_and_a_tampered_projection_is_detected(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(t.user("move things", key="task"))
+    await _move(client, t, 1, "aisle_3")
+    await client.append(_patch(t, "goal", "user", [PatchOp(op="set", path="task.goal", value="tidy aisle 3")]))
+    await _move(client, t, 2, "dock")
+    await _prepare(client, t, "moved2")
+    inspection = await client.inspect(t.thread_id)
+    assert inspection.state_verified and inspection.state_facts == 3 and inspection.state_hash
+    await db.execute("UPDATE ctx.state_facts SET value = '\"roof\"' WHERE thread_id = $1 AND path = 'item:42.location' AND is_current", t.thread_id)
+    assert not (await client.inspect(t.thread_id)).state_verified
