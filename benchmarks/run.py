@@ -282,6 +282,59 @@ async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, r
     }
 
 
+async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]:
+    """Patch commits per second (one thread; 100 threads), replay of 100,000 events, projection vs dump."""
+    from contracts import PatchOp, PathRule, StatePatchEvent, StatePatchPayload, ToolCatalog, ToolSpec
+    from services.state import pattern_regex, rebuild_state, render_facts
+    from services.tokens import counter_for
+
+    catalog = ToolCatalog(
+        release="bench@1",
+        paths=(PathRule(pattern="item:{id}.location", kind="business_fact"), PathRule(pattern="order:{id}.status", kind="business_fact")),
+        tools=(ToolSpec(name="locate", reads=("item:{id}.location",)),),
+    )
+
+    def patch(t: Thread, n: int) -> StatePatchEvent:
+        payload = StatePatchPayload(source="orchestrator", ops=(PatchOp(op="set", path=f"item:{n % 50}.location", value=f"shelf_{n}"),))
+        return StatePatchEvent(payload=payload, event_key=f"p{n}", session_id=t.session_id, run_id=t.run_id, instance_id="main")
+
+    results: dict[str, object] = {}
+    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            await client.register_catalog(catalog)
+            conn = await asyncpg.connect(servers.database_url)
+            for label, threads, per in (("one_thread", 1, 2_000), ("hundred_threads", 100, 50)):
+                pool = [Thread(session_id=f"st-{uuid.uuid4().hex[:8]}") for _ in range(threads)]
+                for t in pool:
+                    await client.append(t.system("bench").model_copy(update={"agent_release": "bench@1"}))
+                before = int(await conn.fetchval("SELECT count(*) FROM ctx.state_facts"))
+                started = time.perf_counter()
+
+                async def publish(t: Thread) -> None:
+                    for n in range(per):
+                        await client.append(patch(t, n))
+
+                await asyncio.gather(*(publish(t) for t in pool))
+                while int(await conn.fetchval("SELECT count(*) FROM ctx.state_facts")) - before < threads * per:
+                    await asyncio.sleep(0.01)
+                elapsed = time.perf_counter() - started
+                results[f"patch_commits_{label}"] = {"patches": threads * per, "seconds": round(elapsed, 2), "per_s": round(threads * per / elapsed, 1)}
+            await conn.close()
+    finally:
+        await fleet.stop()
+    records = [(n, f"p{n}", "state_patch", {"source": "orchestrator", "ops": [{"op": "set", "path": f"item:{n % 5000}.location", "value": f"shelf_{n}"}], "based_on_version": {}, "evidence": []}, "", None) for n in range(1, 100_001)]
+    started = time.perf_counter()
+    rebuilt = rebuild_state(records, catalog)  # type: ignore[arg-type]
+    results["rebuild_100k_events_s"] = round(time.perf_counter() - started, 2)
+    counter = counter_for("o200k_base")
+    whole = counter.count(render_facts(rebuilt.facts.values()))
+    reads = [pattern_regex("item:{id}.location")]
+    sliced = [f for f in rebuilt.facts.values() if f.path in {"item:7.location", "item:8.location"} and any(p.match(f.path) for p in reads)]
+    results["projection_tokens"] = {"whole_state_dump": whole, "facts": len(rebuilt.facts), "two_fact_slice": counter.count(render_facts(sliced)), "assembler_cap_100_facts": counter.count(render_facts(sorted(rebuilt.facts.values(), key=lambda f: f.seq)[-100:]))}
+    return results
+
+
 async def _fresh_database(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
@@ -309,7 +362,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -333,6 +386,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 }
             elif name == "small_budget":
                 results["small_budget"] = await bench_small_budget(servers, settings)
+            elif name == "state":
+                results["state"] = await bench_state(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -359,7 +414,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "cold"])
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     if not args.only or "cold" in args.only:
