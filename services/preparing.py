@@ -20,6 +20,7 @@ from .assemble import OverBudget, assemble_context
 from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
 from .errors import EventRejected, NotYetRecorded, ThreadNotFound
 from .hashing import verify_chain
+from .killpoints import kill_point
 from .notices import NoticeBoard
 from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
@@ -69,6 +70,7 @@ class PrepareService:
         if request.after_event_key is not None:
             await self._await_event(thread_id, request.after_event_key, request.wait_ms)
         view = await self._view(thread_id, request.session_id, request.principal_id)
+        kill_point("prepare.before_reply")
         try:
             return assemble_context(view.snapshot(), request, budget, counter)
         except OverBudget as over:

@@ -17,6 +17,7 @@ from contracts import AssistantMessageEvent, DeadLetter, ToolOutcomeEvent
 
 from .errors import DuplicateEvent, RevisionConflict
 from .hashing import sha256_hex
+from .killpoints import kill_point
 from .ledger import (
     BatchPlan,
     Decoded,
@@ -122,6 +123,10 @@ class RecordingService:
                         conn, plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
                     )
                     await TrackingRepo.insert_tracking(conn, self._consumer, partition, fresh[-1].stream_seq)
+                    if plan.records:
+                        kill_point("record.before_commit")
+                if plan.records:
+                    kill_point("record.after_commit")
         return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
 
 

@@ -12,6 +12,7 @@ from contracts import ContextPolicy
 from ..compaction.model import StructuredSummary
 from ..compaction.policy import Counters, Throttle
 from ..errors import RevisionConflict
+from ..killpoints import kill_point
 from .ledger import Conn
 
 __all__ = ["Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo"]
@@ -346,6 +347,8 @@ class ViewsRepo:
                 s.job_id,
             )
             await conn.execute("UPDATE ctx.thread_views SET summary_id = $2 WHERE thread_id = $1", s.thread_id, uuid.UUID(summary_id))
+            kill_point("compact.before_commit")
+        kill_point("compact.after_commit")
         return summary_id
 
     @staticmethod
