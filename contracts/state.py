@@ -34,7 +34,9 @@ TOOLS_REGISTER = "ctx.tools.register"
 OPERATION_STATUS = "ctx.operation.status"
 
 WriteSource = Literal["tool_effect", "user", "model_proposal", "orchestrator"]
-StateKind = Literal["tool_fact", "goal", "preference", "business_fact", "plan", "open_question", "audit"]
+StateKind = Literal[
+    "tool_fact", "goal", "preference", "business_fact", "plan", "open_question", "audit", "constraint", "decision"
+]
 _PATH = r"^[A-Za-z0-9_:\-]+(\.[A-Za-z0-9_\-]+)+$"
 _PATTERN = r"^[A-Za-z0-9_:\-{}]+(\.[A-Za-z0-9_\-{}]+)+$"
 

@@ -29,6 +29,7 @@ from .hashing import canonical_json, sha256_hex
 
 __all__ = [
     "AUTHORITY",
+    "PLAN_TRANSITIONS",
     "Fact",
     "StateView",
     "StateWrite",
@@ -53,6 +54,19 @@ AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
     "plan": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
     "open_question": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
     "audit": {"tool_effect": "deny", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
+    # Constraints keep the user's own words; a model may suggest one, never impose it.
+    "constraint": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
+    "decision": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
+}
+# The plan lifecycle (seed 004 §37–38): where a plan's status may go from where it is.
+PLAN_TRANSITIONS: Mapping[str | None, frozenset[str]] = {
+    None: frozenset({"proposed"}),
+    "proposed": frozenset({"accepted", "cancelled"}),
+    "accepted": frozenset({"executing", "cancelled"}),
+    "executing": frozenset({"blocked", "completed", "cancelled"}),
+    "blocked": frozenset({"executing", "cancelled"}),
+    "completed": frozenset(),
+    "cancelled": frozenset(),
 }
 _RANK = {"tool_effect": 2, "orchestrator": 2, "user": 1, "model_proposal": 0}
 _TEMPLATE = re.compile(r"\{(args|result)\.([A-Za-z0-9_]+)\}")
@@ -135,8 +149,18 @@ def _check_versions(state: StateView, based_on: Mapping[str, int], aggregates: I
             raise StaleStateVersion(aggregate, expected, current)
 
 
-def _apply_op(op: PatchOp, current: Fact | None) -> tuple[JsonValue, bool]:
+def _check_plan_transition(op: PatchOp, current: Fact | None) -> None:
+    before = current.value if current is not None and isinstance(current.value, str) else None
+    after = op.value if isinstance(op.value, str) else None
+    allowed = PLAN_TRANSITIONS.get(before, frozenset())
+    if op.op != "set" or after not in allowed:
+        raise InvariantViolation(op.path, f"plan status cannot go from {before or 'nothing'} to {op.value!r}")
+
+
+def _apply_op(op: PatchOp, current: Fact | None, kind: str = "") -> tuple[JsonValue, bool]:
     """The new value of the path and whether it is UNKNOWN."""
+    if kind == "plan" and op.path.endswith(".status"):
+        _check_plan_transition(op, current)
     if op.unknown:
         return None, True
     now = current.value if current is not None and current.status != "unknown" else None
@@ -190,15 +214,16 @@ def plan_patch(
     observed_at: str | None,
 ) -> StateWrite:
     """Validate a patch against the state and decide its facts; raises a typed InvalidEvent."""
-    verdicts = [_authority(_rule_for(op.path, rules), source) for op in ops]
+    kinds = [_rule_for(op.path, rules) for op in ops]
+    verdicts = [_authority(rule, source) for rule in kinds]
     aggregates = sorted({aggregate_of(op.path) for op in ops})
     _check_versions(state, based_on, aggregates)
     proposal = any(v == "proposal" for v in verdicts)
     scratch = dict(state.facts)
     facts: list[Fact] = []
-    for op in ops:
+    for op, rule in zip(ops, kinds, strict=True):
         current = scratch.get(op.path)
-        value, unknown = _apply_op(op, current)
+        value, unknown = _apply_op(op, current, rule.kind)
         fact = _supersede(op.path, value, unknown, source, event_key, seq, observed_at, current)
         scratch[op.path] = fact
         facts.append(fact)

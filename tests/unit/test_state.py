@@ -108,3 +108,43 @@ def test_replaying_the_same_writes_gives_the_same_state_hash() -> None:
     other = build()
     _patch(other, [PatchOp(op="clear", path="item:1.location")], key="e4", seq=4)
     assert state_hash(other) != state_hash(build())
+
+
+PLAN_RULES = RULES + (
+    PathRule(pattern="plan:{id}.status", kind="plan"),
+    PathRule(pattern="plan:{id}.steps", kind="plan"),
+    PathRule(pattern="constraint:{id}.text", kind="constraint"),
+)
+
+
+def test_plan_moves_only_along_its_lifecycle_based_on_a_state_version() -> None:
+    state = StateView()
+
+    def status(value: str, based_on: dict[str, int] | None = None, key: str = "e") -> None:
+        write = plan_patch(state, [PatchOp(op="set", path="plan:1.status", value=value)], source="orchestrator",
+                           based_on=based_on or {}, rules=PLAN_RULES, event_key=key, seq=1, observed_at=None)
+        state.apply(write)
+
+    with pytest.raises(InvariantViolation, match="from nothing to 'executing'"):
+        status("executing")
+    status("proposed")
+    status("accepted", based_on={"plan:1": 1})
+    with pytest.raises(StaleStateVersion):
+        status("executing", based_on={"plan:1": 1})  # someone else moved the plan meanwhile
+    status("executing", based_on={"plan:1": 2})
+    status("blocked")
+    status("executing")
+    status("completed")
+    with pytest.raises(InvariantViolation, match="from completed"):
+        status("executing")
+
+
+def test_constraints_keep_the_users_words_and_a_model_can_only_propose_one() -> None:
+    state = StateView()
+    user = plan_patch(state, [PatchOp(op="set", path="constraint:c1.text", value="Never change the public API.")],
+                      source="user", based_on={}, rules=PLAN_RULES, event_key="u1", seq=1, observed_at=None)
+    state.apply(user)
+    model = plan_patch(state, [PatchOp(op="set", path="constraint:c1.text", value="APIs may change.")],
+                       source="model_proposal", based_on={}, rules=PLAN_RULES, event_key="m1", seq=2, observed_at=None)
+    state.apply(model)
+    assert model.proposal and state.facts["constraint:c1.text"].value == "Never change the public API."
