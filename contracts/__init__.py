@@ -21,6 +21,7 @@ from .events import (
     ResourceActivatedPayload,
     RunStatusEvent,
     RunStatusPayload,
+    OperationReconcileEvent,
     SourceRef,
     StatePatchEvent,
     SystemEvent,
@@ -49,6 +50,7 @@ from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadReques
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
     OPERATION_STATUS,
+    OperationReconcilePayload,
     OperationStatusRequest,
     Receipt,
     TOOLS_REGISTER,
@@ -87,6 +89,7 @@ from .prepare import (
 
 __all__ = [
     "OPERATION_STATUS",
+    "OperationReconcilePayload",
     "OperationStatusRequest",
     "Receipt",
     "TOOLS_REGISTER",
@@ -154,6 +157,7 @@ __all__ = [
     "RunId",
     "RunStatusEvent",
     "RunStatusPayload",
+    "OperationReconcileEvent",
     "SourceRef",
     "StatePatchEvent",
     "SESSION_INSPECT",

@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     STALE_STATE_VERSION = "stale_state_version"
     INVARIANT_VIOLATION = "invariant_violation"
     OPERATION_EXISTS = "operation_exists"
+    UNKNOWN_OPERATION = "unknown_operation"
     GRANT_VIOLATION = "grant_violation"
     UNKNOWN_INSTANCE = "unknown_instance"
     # Internal, treated as success by the caller.

@@ -17,7 +17,7 @@ from pydantic import Field, JsonValue, TypeAdapter, ValidationError
 from ._base import WireModel
 from .errors import ErrorCode
 from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
-from .state import StatePatchPayload
+from .state import OperationReconcilePayload, StatePatchPayload
 
 __all__ = [
     "EVENT_KINDS",
@@ -36,6 +36,7 @@ __all__ = [
     "ResourceActivatedPayload",
     "RunStatusEvent",
     "RunStatusPayload",
+    "OperationReconcileEvent",
     "SourceRef",
     "StatePatchEvent",
     "SystemEvent",
@@ -257,6 +258,13 @@ class StatePatchEvent(_Envelope):
     payload: StatePatchPayload
 
 
+class OperationReconcileEvent(_Envelope):
+    """Envelope of an ``operation_reconcile`` event."""
+
+    kind: Literal["operation_reconcile"] = "operation_reconcile"
+    payload: OperationReconcilePayload
+
+
 Event: TypeAlias = Annotated[
     Union[
         SystemEvent,
@@ -269,6 +277,7 @@ Event: TypeAlias = Annotated[
         ContextExportEvent,
         ContextResetEvent,
         StatePatchEvent,
+        OperationReconcileEvent,
     ],
     Field(discriminator="kind"),
 ]
@@ -284,6 +293,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "context_export",
     "context_reset",
     "state_patch",
+    "operation_reconcile",
 )
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

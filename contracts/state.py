@@ -16,6 +16,7 @@ from ._base import WireModel
 
 __all__ = [
     "OPERATION_STATUS",
+    "OperationReconcilePayload",
     "OperationStatusRequest",
     "Receipt",
     "TOOLS_REGISTER",
@@ -108,6 +109,15 @@ class CatalogRegistered(WireModel):
     revision: int
 
 
+class OperationReconcilePayload(WireModel):
+    """The orchestrator settles an operation whose outcome was unknown, after checking the world."""
+
+    operation_id: Annotated[str, Field(min_length=1, max_length=200)]
+    status: Literal["success", "failed"]
+    external_ref: str | None = None
+    evidence: str = ""
+
+
 class OperationStatusRequest(WireModel):
     """A recovering runtime asks what became of an operation before it re-executes anything."""
 
@@ -128,6 +138,7 @@ class Receipt(WireModel):
     tool: str
     request_sha256: str
     status: Literal["requested", "success", "failed", "timeout", "unknown"]
+    reconciled_event: str | None = None
     requested_event: str
     finished_event: str | None
     response_sha256: str | None

@@ -15,7 +15,7 @@
     │   ├── ReleaseMismatch(session_id, pinned, claimed)
     │   ├── UnregisteredPath(path) / AuthorityViolation(pattern, kind, source)
     │   ├── StaleStateVersion(aggregate, expected, actual) / InvariantViolation(path, why)
-    │   ├── OperationExists(operation_id)
+    │   ├── OperationExists(operation_id) / UnknownOperation(operation_id)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
@@ -77,6 +77,7 @@ __all__ = [
     "ThreadNotFound",
     "UnknownInstance",
     "UnknownModelProfile",
+    "UnknownOperation",
     "UnknownPolicy",
     "UnregisteredPath",
     "error_from_reply",
@@ -299,6 +300,15 @@ class OperationExists(InvalidEvent):
             f"operation {operation_id!r} was already requested; ask ctx.operation.status before re-executing it",
             operation_id=operation_id,
         )
+
+
+class UnknownOperation(InvalidEvent):
+    """A reconciliation naming an operation the session never requested."""
+
+    code = ErrorCode.UNKNOWN_OPERATION
+
+    def __init__(self, operation_id: str) -> None:
+        super().__init__(f"operation {operation_id!r} was never requested in this session", operation_id=operation_id)
 
 
 class DuplicateEvent(CtxError):

@@ -111,7 +111,7 @@ def build_blocks(
     blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
     groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
-        if record.kind in ("context_reset", "state_patch"):
+        if record.kind in ("context_reset", "state_patch", "operation_reconcile"):
             continue  # the origin boundary and state changes are not messages; state is projected apart
         if record.kind == "tool_outcome":
             _attach_outcome(record, groups, own_thread)

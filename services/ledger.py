@@ -37,6 +37,7 @@ from contracts import (
     Event,
     EventDecodeError,
     ResourceActivatedEvent,
+    OperationReconcileEvent,
     RunStatusEvent,
     StatePatchEvent,
     SystemEvent,
@@ -56,6 +57,7 @@ from .errors import (
     ThreadMismatch,
     UnknownPolicy,
     OperationExists,
+    UnknownOperation,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, RunState, ThreadMeta
@@ -272,6 +274,7 @@ class BatchPlan:
     session_catalogs: Mapping[str, int] = field(default_factory=dict)
     receipts_requested: tuple[tuple[str, str, str, str, str, str, str], ...] = ()
     receipts_finished: tuple[tuple[str, str, str, str, str, str | None], ...] = ()
+    receipts_reconciled: tuple[tuple[str, str, str, str | None, str], ...] = ()
 
 
 def blob_ref(sha256: str) -> str:
@@ -358,6 +361,7 @@ def plan_batch(
     operations: set[tuple[str, str]] = set(reads.operations)
     requested: list[tuple[str, str, str, str, str, str, str]] = []
     finished: list[tuple[str, str, str, str, str, str | None]] = []
+    reconciled: list[tuple[str, str, str, str | None, str]] = []
     new_runs: list[RunState] = []
     run_statuses: dict[str, str] = {}
     new_threads: dict[str, ThreadMeta] = {}
@@ -385,6 +389,7 @@ def plan_batch(
             if not known and event.agent_release and event.agent_release in reads.latest_catalogs:
                 catalogs.setdefault(event.session_id, reads.latest_catalogs[event.agent_release])
             _check_operations(event, operations)
+            _check_reconcile(event, operations)
             state = states.setdefault(thread_id, _copy_state(reads.states.get(thread_id)))
             write = _state_write(event, state, catalogs.get(event.session_id), calls, thread_id, cursor.seq + 1)
         except InvalidEvent as exc:
@@ -408,6 +413,9 @@ def plan_batch(
             if event.session_id in catalogs and event.session_id not in reads.catalogs:
                 session_catalogs[event.session_id] = catalogs[event.session_id][0]
         _note_receipts(event, thread_id, operations, requested, finished)
+        if isinstance(event, OperationReconcileEvent):
+            p = event.payload
+            reconciled.append((event.session_id, p.operation_id, p.status, p.external_ref, event.event_key))
         if write is not None:
             state.apply(write[0])
             state_writes.append((thread_id, cursor.seq + 1, event.event_key, write[0], write[1]))
@@ -471,6 +479,7 @@ def plan_batch(
         session_catalogs=session_catalogs,
         receipts_requested=tuple(requested),
         receipts_finished=tuple(finished),
+        receipts_reconciled=tuple(reconciled),
     )
 
 
@@ -486,6 +495,12 @@ def _check_operations(event: Event, operations: set[tuple[str, str]]) -> None:
         if (event.session_id, op) in operations or op in seen:
             raise OperationExists(op)
         seen.add(op)
+
+
+def _check_reconcile(event: Event, operations: set[tuple[str, str]]) -> None:
+    """Only the orchestrator's own event settles an operation, and only one that exists."""
+    if isinstance(event, OperationReconcileEvent) and (event.session_id, event.payload.operation_id) not in operations:
+        raise UnknownOperation(event.payload.operation_id)
 
 
 _RECEIPT_STATUS = {"success": "success", "error": "failed", "timeout": "timeout", "unknown": "unknown"}
@@ -671,6 +686,8 @@ def _text_of(event: Event) -> str:
             return event.payload.reason
         case StatePatchEvent():
             return ""
+        case OperationReconcileEvent():
+            return event.payload.evidence
         case _:
             assert_never(event)
 

@@ -13,7 +13,7 @@ __all__ = ["operation_status"]
 
 _SELECT = """
 SELECT r.operation_id, r.thread_id, r.call_id, r.tool, r.request_sha256, r.status, r.requested_event,
-       r.finished_event, r.response_sha256, r.external_ref
+       r.finished_event, r.response_sha256, r.external_ref, r.reconciled_event
 FROM ctx.receipts r JOIN ctx.sessions s ON s.session_id = r.session_id
 WHERE r.session_id = $1 AND r.operation_id = $2 AND (s.principal_id IS NULL OR s.principal_id = $3)
 """

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import asyncpg
 
-from contracts import AssistantMessageEvent, DeadLetter, ToolOutcomeEvent
+from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent
 
 from .errors import DuplicateEvent, RevisionConflict
 from .hashing import sha256_hex
@@ -152,6 +152,8 @@ def _touched(
         runs[item.event.run_id] = None
         if item.event.agent_release:
             releases[item.event.agent_release] = None
+        if isinstance(item.event, OperationReconcileEvent):
+            operations[(item.event.session_id, item.event.payload.operation_id)] = None
         if item.event.parent_instance_id is not None:
             parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
         keys[(thread, item.event.event_key)] = None

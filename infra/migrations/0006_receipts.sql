@@ -14,3 +14,5 @@ CREATE TABLE ctx.receipts (
     PRIMARY KEY (session_id, operation_id)
 );
 CREATE UNIQUE INDEX receipts_call ON ctx.receipts (thread_id, call_id);
+-- A receipt left unknown is settled only by an explicit reconciliation, recorded with its event.
+ALTER TABLE ctx.receipts ADD COLUMN reconciled_event text;

@@ -169,6 +169,10 @@ _INSERT_RECEIPT = """
 INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256, status, requested_event)
 VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7)
 """
+_RECONCILE_RECEIPT = """
+UPDATE ctx.receipts SET status = $3, external_ref = COALESCE($4, external_ref), reconciled_event = $5
+WHERE session_id = $1 AND operation_id = $2 AND status IN ('requested', 'unknown', 'timeout')
+"""
 _FINISH_RECEIPT = """
 UPDATE ctx.receipts SET status = $3, finished_event = $4, response_sha256 = $5, external_ref = $6
 WHERE thread_id = $1 AND call_id = $2
@@ -412,6 +416,8 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
         await conn.execute(_INSERT_RECEIPT, *receipt)
     for done in plan.receipts_finished:
         await conn.execute(_FINISH_RECEIPT, *done)
+    for settled in plan.receipts_reconciled:
+        await conn.execute(_RECONCILE_RECEIPT, *settled)
     for thread_id, seq, event_key, write, ops in plan.state_writes:
         if write.proposal:
             await conn.execute(_INSERT_PROPOSAL, thread_id, seq, event_key, json.dumps([o.model_dump(mode="json") for o in ops]))

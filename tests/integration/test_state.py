@@ -218,3 +218,30 @@ async def test_state_equals_its_replay_from_the_ledger_and_a_tampered_projection
     assert inspection.state_verified and inspection.state_facts == 3 and inspection.state_hash
     await db.execute("UPDATE ctx.state_facts SET value = '\"roof\"' WHERE thread_id = $1 AND path = 'item:42.location' AND is_current", t.thread_id)
     assert not (await client.inspect(t.thread_id)).state_verified
+
+
+async def test_an_unknown_outcome_stays_unknown_until_the_orchestrator_reconciles_it(fleet, client: FleetClient) -> None:
+    from contracts import OperationReconcileEvent, OperationReconcilePayload, OperationStatusRequest, ToolCall
+
+    t = Thread()
+    await client.append(t.user("charge the card", key="q"))
+    call = t.assistant(key="a")
+    call = call.model_copy(update={"payload": call.payload.model_copy(update={"tool_calls": (ToolCall(call_id="c", name="charge", args={"eur": 20}, operation_id="op-charge"),)})})
+    await client.append(call)
+    await client.append(t.outcome("c", "connection reset by peer", status="unknown", key="o"))
+    await _prepare(client, t, "o")
+    status = OperationStatusRequest(session_id=t.session_id, operation_id="op-charge")
+    assert (await client.operation_status(status)).status == "unknown"
+    settle = OperationReconcileEvent(
+        payload=OperationReconcilePayload(operation_id="op-charge", status="success", external_ref="ch_9", evidence="PSP shows ch_9 captured"),
+        event_key="settle", session_id=t.session_id, run_id=t.run_id, instance_id="main",
+    )
+    await client.append(settle)
+    await _prepare(client, t, "settle")
+    receipt = await client.operation_status(status)
+    assert (receipt.status, receipt.external_ref, receipt.reconciled_event) == ("success", "ch_9", "settle")
+    bogus = settle.model_copy(update={"event_key": "bogus", "payload": settle.payload.model_copy(update={"operation_id": "op-never"})})
+    await client.append(bogus)
+    with pytest.raises(EventRejected) as err:
+        await _prepare(client, t, "bogus")
+    assert err.value.details["rejected_code"] == "unknown_operation"

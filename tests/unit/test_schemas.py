@@ -24,7 +24,7 @@ def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: P
     kinds = set(event["discriminator"]["mapping"])
     assert kinds == {
         "system", "user_input", "assistant_message", "tool_outcome", "resource_activated", "child_result",
-        "run_status", "context_export", "context_reset", "state_patch",
+        "run_status", "context_export", "context_reset", "state_patch", "operation_reconcile",
     }
     asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
     addresses = {c["address"] for c in asyncapi["channels"].values()}
