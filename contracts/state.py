@@ -50,6 +50,8 @@ class PatchOp(WireModel):
     value: JsonValue = None
     expected: JsonValue = None
     unknown: bool = False
+    # Keep the value but say it may no longer hold (e.g. a cache the orchestrator knows is old).
+    stale: bool = False
 
 
 class StatePatchPayload(WireModel):

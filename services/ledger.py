@@ -544,7 +544,7 @@ def _state_write(
     if isinstance(event, StatePatchEvent):
         p = event.payload
         write = plan_patch(state, p.ops, source=p.source, based_on=p.based_on_version, rules=rules,
-                           event_key=event.event_key, seq=seq, observed_at=observed)
+                           event_key=event.event_key, seq=seq, observed_at=observed, evidence=p.evidence)
         return write, p.ops
     if isinstance(event, ToolOutcomeEvent) and catalog is not None:
         call = calls.get((thread_id, event.payload.call_id))
@@ -556,7 +556,8 @@ def _state_write(
             return None
         try:
             write = plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
-                               event_key=event.event_key, seq=seq, observed_at=observed)
+                               event_key=event.event_key, seq=seq, observed_at=observed,
+                               evidence=(f"call:{event.payload.call_id}", event.event_key))
         except InvalidEvent:
             # A catalog whose effect writes outside its own rules changes no state; the outcome
             # itself is still recorded — it happened.

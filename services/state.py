@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import JsonValue
@@ -85,6 +85,7 @@ class Fact:
     observed_at: str | None
     supersedes: str | None = None
     superseded_value: JsonValue = None
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,10 @@ def _apply_op(op: PatchOp, current: Fact | None, kind: str = "") -> tuple[JsonVa
         _check_plan_transition(op, current)
     if op.unknown:
         return None, True
+    if op.stale:
+        if current is None:
+            raise InvariantViolation(op.path, "only a recorded fact can be marked stale")
+        return current.value, False
     now = current.value if current is not None and current.status != "unknown" else None
     match op.op:
         case "set":
@@ -212,6 +217,7 @@ def plan_patch(
     event_key: str,
     seq: int,
     observed_at: str | None,
+    evidence: Sequence[str] = (),
 ) -> StateWrite:
     """Validate a patch against the state and decide its facts; raises a typed InvalidEvent."""
     kinds = [_rule_for(op.path, rules) for op in ops]
@@ -225,6 +231,9 @@ def plan_patch(
         current = scratch.get(op.path)
         value, unknown = _apply_op(op, current, rule.kind)
         fact = _supersede(op.path, value, unknown, source, event_key, seq, observed_at, current)
+        if op.stale:
+            fact = replace(fact, status="stale")
+        fact = replace(fact, evidence=tuple(evidence))
         scratch[op.path] = fact
         facts.append(fact)
     versions = {a: state.versions.get(a, 0) + 1 for a in aggregates}
@@ -287,6 +296,8 @@ def render_facts(facts: Iterable[Fact]) -> str:
     for fact in sorted(facts, key=lambda f: f.path):
         value = "UNKNOWN" if fact.status == "unknown" else json.dumps(fact.value, ensure_ascii=False)
         line = f"- {fact.path} = {value} ({fact.status.upper() if fact.status != 'known' else 'CURRENT'}, source {fact.event_key})"
+        if fact.status == "stale":
+            line += "; may no longer hold — check before relying on it"
         if fact.supersedes is not None and fact.status != "conflicted":
             line += f"; supersedes {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
         if fact.status == "conflicted":
@@ -313,7 +324,7 @@ def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue]
         elif kind == "state_patch":
             patch = StatePatchPayload.model_validate(payload)
             state.apply(plan_patch(state, patch.ops, source=patch.source, based_on=patch.based_on_version, rules=rules,
-                                   event_key=key, seq=seq, observed_at=observed))
+                                   event_key=key, seq=seq, observed_at=observed, evidence=patch.evidence))
         elif kind == "tool_outcome" and catalog is not None:
             name, args = calls.get(str(payload.get("call_id")), ("", {}))
             spec = tool_spec(catalog, name)

@@ -43,3 +43,6 @@ CREATE TABLE ctx.state_proposals (
     ops        jsonb NOT NULL,
     PRIMARY KEY (thread_id, seq)
 );
+-- Provenance: the events that back a fact, and when it stopped being current.
+ALTER TABLE ctx.state_facts ADD COLUMN evidence text[] NOT NULL DEFAULT '{}';
+ALTER TABLE ctx.state_facts ADD COLUMN valid_to_seq bigint;

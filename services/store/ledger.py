@@ -134,7 +134,7 @@ INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq, args)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::json[])
 """
 _SELECT_FACTS = """
-SELECT thread_id, path, value, status, source, event_key, seq, observed_at, supersedes, superseded_value
+SELECT thread_id, path, value, status, source, event_key, seq, observed_at, supersedes, superseded_value, evidence
 FROM ctx.state_facts WHERE thread_id = ANY($1::text[]) AND is_current
 """
 _SELECT_VERSIONS = "SELECT thread_id, aggregate, version FROM ctx.state_versions WHERE thread_id = ANY($1::text[])"
@@ -147,11 +147,13 @@ _LATEST_CATALOGS = """
 SELECT DISTINCT ON (release) release, revision, body FROM ctx.tool_catalogs
 WHERE release = ANY($1::text[]) ORDER BY release, revision DESC
 """
-_RETIRE_FACT = "UPDATE ctx.state_facts SET is_current = false WHERE thread_id = $1 AND path = $2 AND is_current"
+_RETIRE_FACT = """
+UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3 WHERE thread_id = $1 AND path = $2 AND is_current
+"""
 _INSERT_FACT = """
 INSERT INTO ctx.state_facts (thread_id, path, aggregate, seq, value, status, source, event_key, observed_at,
-                             supersedes, superseded_value, is_current)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11::jsonb, true)
+                             supersedes, superseded_value, is_current, evidence)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11::jsonb, true, $12::text[])
 """
 _BUMP_VERSION = """
 INSERT INTO ctx.state_versions (thread_id, aggregate, version) VALUES ($1, $2, $3)
@@ -351,6 +353,7 @@ async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, State
             r["path"], json.loads(r["value"]) if r["value"] is not None else None, r["status"], r["source"],
             r["event_key"], r["seq"], r["observed_at"], r["supersedes"],
             json.loads(r["superseded_value"]) if r["superseded_value"] is not None else None,
+            tuple(r["evidence"] or ()),
         )
     for r in await conn.fetch(_SELECT_VERSIONS, list(thread_ids)):
         views.setdefault(r["thread_id"], StateView()).versions[r["aggregate"]] = r["version"]
@@ -426,11 +429,11 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
             if await conn.fetchval(_BUMP_VERSION, thread_id, aggregate, version) is None:
                 raise RevisionConflict(thread_id, version - 1, None)
         for fact in write.facts:
-            await conn.execute(_RETIRE_FACT, thread_id, fact.path)
+            await conn.execute(_RETIRE_FACT, thread_id, fact.path, fact.seq)
             await conn.execute(
                 _INSERT_FACT, thread_id, fact.path, aggregate_of(fact.path), fact.seq, json.dumps(fact.value),
                 fact.status, fact.source, fact.event_key, fact.observed_at, fact.supersedes,
-                json.dumps(fact.superseded_value),
+                json.dumps(fact.superseded_value), list(fact.evidence),
             )
 
 

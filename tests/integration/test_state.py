@@ -245,3 +245,21 @@ async def test_an_unknown_outcome_stays_unknown_until_the_orchestrator_reconcile
     with pytest.raises(EventRejected) as err:
         await _prepare(client, t, "bogus")
     assert err.value.details["rejected_code"] == "unknown_operation"
+
+
+async def test_facts_keep_their_evidence_and_superseded_ones_say_until_when_they_held(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(t.user("move item 42", key="task"))
+    await _move(client, t, 1, "aisle_3")
+    await _move(client, t, 2, "dock")
+    await _prepare(client, t, "moved2")
+    rows = await db.fetch(
+        "SELECT value, is_current, valid_to_seq, evidence, seq FROM ctx.state_facts WHERE thread_id=$1 AND path='item:42.location' ORDER BY seq",
+        t.thread_id,
+    )
+    assert [(r["value"], r["is_current"]) for r in rows] == [('"aisle_3"', False), ('"dock"', True)]
+    assert rows[0]["valid_to_seq"] == rows[1]["seq"] and rows[1]["valid_to_seq"] is None
+    assert rows[1]["evidence"] == ["call:m2", "moved2"]

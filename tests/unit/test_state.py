@@ -148,3 +148,18 @@ def test_constraints_keep_the_users_words_and_a_model_can_only_propose_one() -> 
                        source="model_proposal", based_on={}, rules=PLAN_RULES, event_key="m1", seq=2, observed_at=None)
     state.apply(model)
     assert model.proposal and state.facts["constraint:c1.text"].value == "Never change the public API."
+
+
+def test_stale_keeps_the_value_but_says_it_may_no_longer_hold_and_evidence_is_kept() -> None:
+    state = StateView()
+    state.apply(plan_patch(state, [PatchOp(op="set", path="item:3.location", value="bay_1")], source="orchestrator",
+                           based_on={}, rules=RULES, event_key="e1", seq=1, observed_at=None, evidence=("scan-991",)))
+    assert state.facts["item:3.location"].evidence == ("scan-991",)
+    state.apply(plan_patch(state, [PatchOp(op="set", path="item:3.location", stale=True)], source="orchestrator",
+                           based_on={}, rules=RULES, event_key="e2", seq=2, observed_at=None))
+    fact = state.facts["item:3.location"]
+    assert (fact.value, fact.status) == ("bay_1", "stale")
+    assert "may no longer hold" in render_facts(state.facts.values())
+    with pytest.raises(InvariantViolation, match="only a recorded fact"):
+        plan_patch(state, [PatchOp(op="set", path="item:4.location", stale=True)], source="orchestrator",
+                   based_on={}, rules=RULES, event_key="e3", seq=3, observed_at=None)
