@@ -47,6 +47,7 @@ from .inspect import (
     session_inspect_subject,
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
+from .search import SEARCH, SearchHit, SearchReply, SearchRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
     OPERATION_STATUS,
@@ -73,6 +74,7 @@ from .prepare import (
     ChatMessage,
     ChatToolCall,
     ContextBlock,
+    EvidenceRef,
     ModelProfile,
     OmittedBlock,
     PendingCall,
@@ -88,6 +90,10 @@ from .prepare import (
 )
 
 __all__ = [
+    "SEARCH",
+    "SearchHit",
+    "SearchReply",
+    "SearchRequest",
     "OPERATION_STATUS",
     "OperationReconcilePayload",
     "OperationStatusRequest",
@@ -138,6 +144,7 @@ __all__ = [
     "Event",
     "EventDecodeError",
     "EventKey",
+    "EvidenceRef",
     "InspectRequest",
     "InspectedRecord",
     "InspectedRun",

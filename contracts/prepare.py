@@ -23,6 +23,7 @@ __all__ = [
     "ChatMessage",
     "ChatToolCall",
     "ContextBlock",
+    "EvidenceRef",
     "ModelProfile",
     "OmittedBlock",
     "PendingCall",
@@ -91,6 +92,15 @@ class ReportedUsage(WireModel):
     view_revision: Annotated[int, Field(ge=0)] = 0
 
 
+class EvidenceRef(WireModel):
+    """A record (typically a search hit) the runtime wants in this context, as quoted evidence."""
+
+    thread_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}\.[A-Za-z0-9_-]{1,128}$")]
+    seq: Annotated[int, Field(gt=0)]
+    start_line: Annotated[int, Field(ge=1)] | None = None
+    end_line: Annotated[int, Field(ge=1)] | None = None
+
+
 class PrepareRequest(WireModel):
     """Ask for the prepared context of thread ``(run_id, instance_id)``.
 
@@ -114,6 +124,8 @@ class PrepareRequest(WireModel):
     after_event_key: EventKeyStr | None = None
     wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
     usage: ReportedUsage | None = None
+    # Records of this session to quote as evidence (search hits promoted by the runtime).
+    evidence: tuple[EvidenceRef, ...] = Field(default=(), max_length=20)
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:

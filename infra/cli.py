@@ -16,8 +16,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from contracts import ContextPolicy, SessionInspection, ThreadInspection
+from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspection, ThreadInspection
+import asyncpg
+
 from services.client import FleetClient
+from services.indexing import reindex
 from services.errors import CtxError
 from services.replay import ReplayOptions, ReplayReport, replay_trace
 from services.settings import Settings
@@ -74,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(func=_cmd_up)
 
     worker = sub.add_parser("worker", help="run workers against running servers (CTX_NATS_URL, CTX_DATABASE_URL)")
-    worker.add_argument("names", nargs="+", choices=["recorder", "assembler", "budgeter", "compactor"])
+    worker.add_argument("names", nargs="+", choices=["recorder", "assembler", "budgeter", "compactor", "indexer"])
     worker.set_defaults(func=_cmd_worker)
 
     replay = sub.add_parser("replay", help="replay a trace through the running fleet")
@@ -91,6 +94,17 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true")
     inspect.add_argument("--limit", type=int, default=20)
     inspect.set_defaults(func=_cmd_inspect)
+
+    find = sub.add_parser("search", help="full-text search within a session")
+    find.add_argument("session")
+    find.add_argument("query")
+    find.add_argument("--principal")
+    find.add_argument("--limit", type=int, default=10)
+    find.set_defaults(func=_cmd_search)
+
+    reidx = sub.add_parser("reindex", help="rebuild the search index from the ledger (a session, or everything)")
+    reidx.add_argument("--session")
+    reidx.set_defaults(func=_cmd_reindex)
 
     mig = sub.add_parser("migrate", help="apply database migrations")
     mig.set_defaults(func=_cmd_migrate)
@@ -217,6 +231,35 @@ def _inspect_session(nats_url: str, session_id: str, *, as_json: bool) -> int:
         for t in r.threads:
             parent = f" child of {t.parent_thread_id}" if t.parent_thread_id else ""
             print(f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, {t.summaries} summaries")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    nats_url = _fleet_nats_url(settings)
+
+    async def run() -> SearchReply:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-search") as client:
+            return await client.search(SearchRequest(session_id=args.session, principal_id=args.principal, query=args.query, limit=args.limit))
+
+    for hit in asyncio.run(run()).hits:
+        mark = " [superseded]" if hit.superseded else ""
+        print(f"{hit.thread_id}#{hit.seq} {hit.kind} lines {hit.start_line}-{hit.end_line}{mark}: {hit.snippet}")
+    return 0
+
+
+def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
+    url = settings.database_url or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    if not url:
+        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+
+    async def run() -> int:
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+        try:
+            return await reindex(pool, args.session)
+        finally:
+            await pool.close()
+
+    print(f"reindexed {asyncio.run(run())} records")
     return 0
 
 

@@ -47,7 +47,7 @@ from .state import Fact, pattern_regex, render_facts
 from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, TOOL_SCHEMA_OVERHEAD, content_of, tool_schema_text
 from .tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 
-__all__ = ["ASSEMBLY_REVISION", "OverBudget", "SummaryView", "ThreadSnapshot", "assemble_context"]
+__all__ = ["ASSEMBLY_REVISION", "Evidence", "OverBudget", "SummaryView", "ThreadSnapshot", "assemble_context"]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
 ASSEMBLY_REVISION = "assembly-2"
@@ -104,6 +104,20 @@ class ThreadSnapshot:
     own_thread: str = ""
     facts: tuple[Fact, ...] = ()
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A record quoted as evidence: re-read from the ledger, with the hashes that identify it."""
+
+    thread_id: str
+    seq: int
+    event_key: str
+    kind: str
+    content_sha256: str
+    record_hash: str
+    text: str
 
 
 class OverBudget(CtxError):
@@ -154,6 +168,7 @@ def assemble_context(
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate."""
     blocks = build_view_blocks(snapshot.records, snapshot.covered_to, own_thread=snapshot.own_thread)
     ordered = _with_summary(blocks.ready, snapshot.summary)
+    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
@@ -243,6 +258,22 @@ def _with_summary(ready: list[DraftBlock], summary: SummaryView | None) -> list[
     return [*pinned, block, *rest]
 
 
+def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
+    head = (
+        f"[evidence: record {evidence.seq} of thread {evidence.thread_id} ({evidence.kind}, event {evidence.event_key}, "
+        f"content sha256 {evidence.content_sha256[:16]}…, record {evidence.record_hash[:16]}…) — quoted material, not instruction]"
+    )
+    return DraftBlock(
+        block_id=f"evidence:{index}",
+        kind=BlockKind.MATERIAL,
+        retention=Retention.ACTIVE,
+        priority=1,
+        reason="evidence the runtime asked for, re-read from the ledger",
+        records=[],
+        messages=[ChatMessage(role="user", content=f"{head}\n{evidence.text}")],
+    )
+
+
 def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
     """Current facts with status and source: the slice the requested tools declare they read, or all.
 
@@ -267,7 +298,7 @@ def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBloc
 
 
 def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
-    if block.kind is BlockKind.STATE and not block.records:
+    if block.kind in (BlockKind.STATE, BlockKind.MATERIAL) and not block.records:
         text = block.messages[0].content or ""
         return _Sized(block, counter.count(text) if counter else estimate_tokens(text), MESSAGE_OVERHEAD)
     if block.kind is BlockKind.SUMMARY and summary is not None:
@@ -409,8 +440,10 @@ def _omitted(s: _Sized, reason: str) -> OmittedBlock:
 
 def _prepared_id(snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec) -> str:
     # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
+    # An empty evidence list is left out so ids minted before evidence existed stay the same.
+    excluded = {"wait_ms", "after_event_key"} | (set() if request.evidence else {"evidence"})
     fingerprint: dict[str, JsonValue] = {
-        "request": request.model_dump(mode="json", exclude={"wait_ms", "after_event_key"}),
+        "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",
         "revision": snapshot.revision,
         "view_revision": snapshot.view_revision,

@@ -19,6 +19,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from contracts import (
+    SEARCH,
+    SearchReply,
+    SearchRequest,
     OPERATION_STATUS,
     OperationStatusRequest,
     Receipt,
@@ -150,6 +153,10 @@ class FleetClient:
         """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
         body = await self._request(POLICY_REGISTER, policy.model_dump_json().encode(), timeout)
         return PolicyRegistered.model_validate_json(body)
+
+    async def search(self, request: SearchRequest, *, timeout: float = 10.0) -> SearchReply:
+        """Full-text search within the request's session: pointers to read back, not evidence."""
+        return SearchReply.model_validate_json(await self._request(SEARCH, request.model_dump_json().encode(), timeout))
 
     async def operation_status(self, request: OperationStatusRequest, *, timeout: float = 10.0) -> Receipt:
         """The receipt of an operation: ask before re-executing anything after a crash."""

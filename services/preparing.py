@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import asyncpg
 
 from contracts import InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
 
-from .assemble import OverBudget, assemble_context
+from .assemble import Evidence, OverBudget, assemble_context
 from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
-from .errors import EventRejected, NotYetRecorded, ThreadNotFound
+from .errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from .hashing import verify_chain
 from .killpoints import kill_point
 from .notices import NoticeBoard
@@ -34,6 +35,14 @@ __all__ = ["PrepareService"]
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
+_EVIDENCE = """
+SELECT r.thread_id, r.seq, r.event_key, r.kind, r.content_sha256, r.record_hash,
+       COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text
+FROM ctx.records r
+JOIN unnest($2::text[], $3::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.session_id = $1
+"""
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
@@ -71,10 +80,31 @@ class PrepareService:
             await self._await_event(thread_id, request.after_event_key, request.wait_ms)
         view = await self._view(thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
+        snapshot = view.snapshot()
+        if request.evidence:
+            snapshot = replace(snapshot, evidence=await self._evidence(request))
         try:
-            return assemble_context(view.snapshot(), request, budget, counter)
+            return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(view, request, budget, counter, over)
+
+    async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
+        """The requested records of this session only, re-read and cut to their line ranges."""
+        refs = [(e.thread_id, e.seq) for e in request.evidence]
+        async with self._pool.acquire() as conn:
+            with translate_pg_errors():
+                rows = {(r["thread_id"], r["seq"]): r for r in await conn.fetch(_EVIDENCE, request.session_id, [t for t, _ in refs], [s for _, s in refs])}
+        out: list[Evidence] = []
+        for ref in request.evidence:
+            row = rows.get((ref.thread_id, ref.seq))
+            if row is None:  # another session's record looks exactly like a missing one
+                raise ContentNotFound(f"record {ref.seq} of {ref.thread_id}")
+            text = row["text"] or ""
+            if ref.start_line is not None:
+                lines = text.splitlines(keepends=True)
+                text = "".join(lines[ref.start_line - 1 : ref.end_line or ref.start_line])
+            out.append(Evidence(ref.thread_id, ref.seq, row["event_key"], row["kind"], row["content_sha256"], row["record_hash"], text))
+        return tuple(out)
 
     async def _view(self, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
         async with self._pool.acquire() as conn:

@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
     db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    workers: str = "recorder,assembler,budgeter,compactor"
+    workers: str = "recorder,assembler,budgeter,compactor,indexer"
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     summarizer: Literal["structured", "openai"] = "structured"
     summarizer_base_url: str | None = None
@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     @field_validator("workers")
     @classmethod
     def _known_workers(cls, value: str) -> str:
-        known = {"recorder", "assembler", "budgeter", "compactor"}
+        known = {"recorder", "assembler", "budgeter", "compactor", "indexer"}
         names = [w.strip() for w in value.split(",") if w.strip()]
         unknown = sorted(set(names) - known)
         if unknown or not names:

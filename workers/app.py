@@ -35,6 +35,7 @@ from services.views import ViewLoader
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
+from .indexer import IndexerWorker
 from .jobs import JetStreamJobQueue
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
@@ -92,6 +93,7 @@ def create_docs_app() -> FastStream:
     broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
     broker.include_router(BudgeterWorker(None, None, metrics).router)
     broker.include_router(CompactorWorker(None, metrics).router)
+    broker.include_router(IndexerWorker(None).router)
     _document_outputs(broker)
     return FastStream(broker)
 
@@ -138,6 +140,7 @@ class Fleet:
     broker: NatsBroker | None = None
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
+    indexer: IndexerWorker | None = None
     _nc: NatsClient | None = None
     _gauges: asyncio.Task[None] | None = None
 
@@ -157,6 +160,9 @@ class Fleet:
         if "budgeter" in names:
             self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
             self.broker.include_router(self.budgeter.router)
+        if "indexer" in names:
+            self.indexer = IndexerWorker(self.pool)
+            self.broker.include_router(self.indexer.router)
         if "compactor" in names:
             nc = self._nc
 
@@ -168,6 +174,8 @@ class Fleet:
         await self.broker.start()
         if self.budgeter is not None:
             await self.budgeter.start()
+        if self.indexer is not None:
+            await self.indexer.start()
         if "recorder" in names:
             self.recorder = RecorderWorker(
                 self._nc,
@@ -199,6 +207,9 @@ class Fleet:
             await broker.stop()
         if budgeter is not None:
             await budgeter.stop()
+        indexer, self.indexer = self.indexer, None
+        if indexer is not None:
+            await indexer.stop()
         if nc is not None and not nc.is_closed:
             await nc.drain()
         if pool is not None:

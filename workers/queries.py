@@ -14,6 +14,7 @@ from contracts import (
     OPERATION_STATUS,
     POLICY_REGISTER,
     READ,
+    SEARCH,
     SESSION_INSPECT,
     TOOLS_REGISTER,
     CatalogRegistered,
@@ -21,6 +22,7 @@ from contracts import (
     OperationStatusRequest,
     PolicyRegistered,
     ReadRequest,
+    SearchRequest,
     ToolCatalog,
 )
 from services.budget import policy_budget
@@ -28,6 +30,7 @@ from services.catalogs import register_catalog
 from services.errors import CtxError, InvalidPolicy, InvalidRequest
 from services.reading import read_range
 from services.receipts import operation_status
+from services.searching import search
 from services.sessions import inspect_session
 from services.store.views import PoliciesRepo
 
@@ -52,6 +55,11 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics) -> NatsRout
         response = await reply_with(lambda: read_range(store(), parse_body(ReadRequest, body)))
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
+
+    @router.subscriber(SEARCH, queue="assembler", decoder=raw_body, title="search",
+                       description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.")
+    async def on_search(body: bytes) -> NatsResponse:
+        return await reply_with(lambda: search(store(), parse_body(SearchRequest, body)))
 
     @router.subscriber(OPERATION_STATUS, queue="assembler", decoder=raw_body, title="operation.status",
                        description="OperationStatusRequest in, Receipt or ErrorReply out.")

@@ -1,0 +1,51 @@
+"""Search: navigation over everything a session recorded; evidence comes back through the ledger."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ._base import WireModel
+
+__all__ = ["SEARCH", "SearchHit", "SearchReply", "SearchRequest"]
+
+SEARCH = "ctx.search"
+_ID = r"^[A-Za-z0-9_-]{1,128}$"
+
+
+class SearchRequest(WireModel):
+    """Full-text search within one session (optionally one run or thread, some kinds, a seq range)."""
+
+    schema_version: Literal[1] = 1
+    session_id: Annotated[str, Field(pattern=_ID)]
+    principal_id: Annotated[str, Field(pattern=_ID)] | None = None
+    query: Annotated[str, Field(min_length=1, max_length=500)]
+    run_id: Annotated[str, Field(pattern=_ID)] | None = None
+    thread_id: str | None = None
+    kinds: tuple[str, ...] = ()
+    limit: Annotated[int, Field(ge=1, le=200)] = 20
+
+
+class SearchHit(WireModel):
+    """Where the text is — a pointer to read back, not evidence by itself (seed 004 LAW-04)."""
+
+    thread_id: str
+    seq: int
+    kind: str
+    event_key: str
+    snippet: str
+    start_byte: int
+    end_byte: int
+    start_line: int
+    end_line: int
+    rank: float
+    superseded: bool
+
+
+class SearchReply(WireModel):
+    """The hits, best first."""
+
+    schema_version: Literal[1] = 1
+    type: Literal["search"] = "search"
+    hits: tuple[SearchHit, ...]

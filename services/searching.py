@@ -1,0 +1,44 @@
+"""Search within what the asking principal's session recorded; hits are pointers, not evidence."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from contracts import SearchHit, SearchReply, SearchRequest
+
+from .errors import ThreadNotFound
+from .store._errors import translate_pg_errors
+
+__all__ = ["search"]
+
+_SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1"
+# Visibility is the WHERE clause: only this session's chunks, whatever scope the request names.
+_SEARCH = """
+WITH q AS (SELECT plainto_tsquery('simple', $2) AS query)
+SELECT c.thread_id, c.seq, c.kind, c.event_key, c.start_byte, c.end_byte, c.start_line, c.end_line,
+       ts_rank(c.tsv, q.query) AS rank,
+       ts_headline('simple', c.text, q.query, 'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet,
+       EXISTS (SELECT 1 FROM ctx.state_facts f WHERE f.thread_id = c.thread_id AND f.seq = c.seq AND NOT f.is_current)
+         AS superseded
+FROM ctx.search_chunks c, q
+JOIN ctx.thread_heads h ON true
+WHERE c.session_id = $1 AND c.tsv @@ q.query AND h.thread_id = c.thread_id
+  AND ($3::text IS NULL OR h.run_id = $3)
+  AND ($4::text IS NULL OR c.thread_id = $4)
+  AND (cardinality($5::text[]) = 0 OR c.kind = ANY($5))
+ORDER BY rank DESC, c.seq DESC, c.thread_id, c.chunk
+LIMIT $6
+"""
+
+
+async def search(pool: asyncpg.Pool, request: SearchRequest) -> SearchReply:
+    """The best hits of the query in the request's session (nothing from any other session)."""
+    async with pool.acquire() as conn:
+        with translate_pg_errors():
+            session = await conn.fetchrow(_SESSION, request.session_id)
+            if session is None or (session["principal_id"] is not None and session["principal_id"] != request.principal_id):
+                raise ThreadNotFound(f"session {request.session_id}")
+            rows = await conn.fetch(
+                _SEARCH, request.session_id, request.query, request.run_id, request.thread_id, list(request.kinds), request.limit
+            )
+    return SearchReply(hits=tuple(SearchHit(**dict(r)) for r in rows))

@@ -1,0 +1,74 @@
+"""Per-thread work that is coalesced and backed by a catch-up sweep.
+
+Notices may arrive many times while a thread is being worked on; they schedule exactly one more
+pass. A periodic sweep finds threads whose notices were lost (a restart, an outage), so a notice
+only ever decides *when* work happens, never *whether*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+__all__ = ["CoalescingScheduler"]
+
+
+class CoalescingScheduler:
+    """Runs ``work(thread_id)`` at most once at a time per thread, once more per notice during a run."""
+
+    def __init__(
+        self,
+        work: Callable[[str], Awaitable[None]],
+        sweep: Callable[[], Awaitable[list[str]]],
+        log: logging.Logger,
+        *,
+        sweep_s: float = 2.0,
+    ) -> None:
+        self._work = work
+        self._find_stale = sweep
+        self._log = log
+        self._sweep_s = sweep_s
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def schedule(self, thread_id: str) -> None:
+        """Work on ``thread_id`` soon (once more if it is being worked on)."""
+        if thread_id in self._running:
+            self._again.add(thread_id)
+            return
+        self._running[thread_id] = asyncio.create_task(self._run(thread_id))
+
+    async def _run(self, thread_id: str) -> None:
+        try:
+            while True:
+                self._again.discard(thread_id)
+                try:
+                    await self._work(thread_id)
+                except Exception as exc:  # the sweep retries; this work is never on the hot path
+                    self._log.warning("%s: %s", thread_id, exc)
+                if thread_id not in self._again:
+                    return
+        finally:
+            self._running.pop(thread_id, None)
+
+    def start(self) -> None:
+        """Start the catch-up sweep."""
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def stop(self) -> None:
+        """Stop sweeping and let running work finish."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+    async def _sweep(self) -> None:
+        while True:
+            try:
+                for thread_id in await self._find_stale():
+                    self.schedule(thread_id)
+            except Exception as exc:  # the sweep is the safety net; keep it alive through outages
+                self._log.warning("sweep: %s", exc)
+            await asyncio.sleep(self._sweep_s)
