@@ -100,6 +100,12 @@ class EvidenceRef(WireModel):
     start_line: Annotated[int, Field(ge=1)] | None = None
     end_line: Annotated[int, Field(ge=1)] | None = None
 
+    @model_validator(mode="after")
+    def _lines_are_ordered(self) -> EvidenceRef:
+        if self.end_line is not None and (self.start_line is None or self.end_line < self.start_line):
+            raise ValueError("end_line needs a start_line at or before it")
+        return self
+
 
 class PrepareRequest(WireModel):
     """Ask for the prepared context of thread ``(run_id, instance_id)``.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ._base import WireModel
 
@@ -15,7 +16,7 @@ _ID = r"^[A-Za-z0-9_-]{1,128}$"
 
 
 class SearchRequest(WireModel):
-    """Full-text search within one session (optionally one run or thread, some kinds, a seq range)."""
+    """Full-text search within one session (optionally one run or thread, some kinds, a time range)."""
 
     schema_version: Literal[1] = 1
     session_id: Annotated[str, Field(pattern=_ID)]
@@ -24,7 +25,16 @@ class SearchRequest(WireModel):
     run_id: Annotated[str, Field(pattern=_ID)] | None = None
     thread_id: str | None = None
     kinds: tuple[str, ...] = ()
+    # Recorded at or after ``since`` and before ``until`` (the fleet's clock, not the runtime's).
+    since: datetime | None = None
+    until: datetime | None = None
     limit: Annotated[int, Field(ge=1, le=200)] = 20
+
+    @model_validator(mode="after")
+    def _range_is_ordered(self) -> SearchRequest:
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise ValueError("until must be after since")
+        return self
 
 
 class SearchHit(WireModel):
@@ -34,6 +44,7 @@ class SearchHit(WireModel):
     seq: int
     kind: str
     event_key: str
+    recorded_at: datetime
     snippet: str
     start_byte: int
     end_byte: int

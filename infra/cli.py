@@ -99,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("session")
     find.add_argument("query")
     find.add_argument("--principal")
+    find.add_argument("--run", help="only this run")
+    find.add_argument("--thread", help="only this thread (run.instance)")
+    find.add_argument("--kind", action="append", default=[], help="only records of this kind (repeatable)")
+    find.add_argument("--since", help="recorded at or after this ISO-8601 time")
+    find.add_argument("--until", help="recorded before this ISO-8601 time")
     find.add_argument("--limit", type=int, default=10)
     find.set_defaults(func=_cmd_search)
 
@@ -239,7 +244,15 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
     async def run() -> SearchReply:
         async with await FleetClient.connect(nats_url, name="ctxfleet-search") as client:
-            return await client.search(SearchRequest(session_id=args.session, principal_id=args.principal, query=args.query, limit=args.limit))
+            return await client.search(request)
+
+    try:
+        request = SearchRequest(
+            session_id=args.session, principal_id=args.principal, query=args.query, run_id=args.run, thread_id=args.thread,
+            kinds=tuple(args.kind), since=args.since, until=args.until, limit=args.limit,
+        )
+    except ValidationError as exc:
+        raise CliError(f"bad search: {exc.errors()[0]['msg']} ({'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
 
     for hit in asyncio.run(run()).hits:
         mark = " [superseded]" if hit.superseded else ""

@@ -13,6 +13,9 @@ from contracts import (
     InspectRequest,
     PreparedContext,
     PrepareRequest,
+    ReadRequest,
+    SearchReply,
+    SearchRequest,
     ThreadInspection,
     event_json_schema,
 )
@@ -20,7 +23,9 @@ from workers.app import create_docs_app
 
 __all__ = ["write_schemas"]
 
-_MODELS: tuple[type[BaseModel], ...] = (PrepareRequest, PreparedContext, ErrorReply, DeadLetter, InspectRequest, ThreadInspection)
+_MODELS: tuple[type[BaseModel], ...] = (
+    PrepareRequest, PreparedContext, ErrorReply, DeadLetter, InspectRequest, ThreadInspection, SearchRequest, SearchReply, ReadRequest,
+)
 
 
 def write_schemas(out: Path) -> list[Path]:

@@ -19,16 +19,16 @@ _CHUNK_BYTES = 4096
 
 _POSITION = "SELECT last_seq FROM ctx.index_positions WHERE thread_id = $1 AND index_version = $2"
 _RECORDS = """
-SELECT r.seq, r.session_id, r.kind, r.event_key, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
+SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
 """
 _INSERT = """
 INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
-                               start_line, end_line, text, tsv)
-SELECT t, s, c, sess, k, e, sb, eb, sl, el, x, to_tsvector('simple', x)
+                               start_line, end_line, recorded_at, text, tsv)
+SELECT t, s, c, sess, k, e, sb, eb, sl, el, ts, x, to_tsvector('simple', x)
 FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-            $9::int[], $10::int[], $11::text[]) AS u(t, s, c, sess, k, e, sb, eb, sl, el, x)
+            $9::int[], $10::int[], $11::timestamptz[], $12::text[]) AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
 ON CONFLICT (thread_id, seq, chunk) DO NOTHING
 """
 _SET_POSITION = """
@@ -80,10 +80,10 @@ async def index_thread(pool: asyncpg.Pool, thread_id: str, *, batch: int = 500) 
                     rows = await conn.fetch(_RECORDS, thread_id, position, batch)
                     if not rows:
                         return total
-                    cols: list[list[object]] = [[] for _ in range(11)]
+                    cols: list[list[object]] = [[] for _ in range(12)]
                     for r in rows:
                         for i, (sb, eb, sl, el, text) in enumerate(chunk_text(_searchable(r["kind"], r["text"] or "", r["payload"]))):
-                            for col, value in zip(cols, (thread_id, r["seq"], i, r["session_id"], r["kind"], r["event_key"], sb, eb, sl, el, text), strict=True):
+                            for col, value in zip(cols, (thread_id, r["seq"], i, r["session_id"], r["kind"], r["event_key"], sb, eb, sl, el, r["recorded_at"], text), strict=True):
                                 col.append(value)
                     await conn.execute(_INSERT, *cols)
                     await conn.execute(_SET_POSITION, thread_id, rows[-1]["seq"], INDEX_VERSION)

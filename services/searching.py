@@ -15,7 +15,7 @@ _SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1"
 # Visibility is the WHERE clause: only this session's chunks, whatever scope the request names.
 _SEARCH = """
 WITH q AS (SELECT plainto_tsquery('simple', $2) AS query)
-SELECT c.thread_id, c.seq, c.kind, c.event_key, c.start_byte, c.end_byte, c.start_line, c.end_line,
+SELECT c.thread_id, c.seq, c.kind, c.event_key, c.recorded_at, c.start_byte, c.end_byte, c.start_line, c.end_line,
        ts_rank(c.tsv, q.query) AS rank,
        ts_headline('simple', c.text, q.query, 'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet,
        EXISTS (SELECT 1 FROM ctx.state_facts f WHERE f.thread_id = c.thread_id AND f.seq = c.seq AND NOT f.is_current)
@@ -26,6 +26,8 @@ WHERE c.session_id = $1 AND c.tsv @@ q.query AND h.thread_id = c.thread_id
   AND ($3::text IS NULL OR h.run_id = $3)
   AND ($4::text IS NULL OR c.thread_id = $4)
   AND (cardinality($5::text[]) = 0 OR c.kind = ANY($5))
+  AND ($7::timestamptz IS NULL OR c.recorded_at >= $7)
+  AND ($8::timestamptz IS NULL OR c.recorded_at < $8)
 ORDER BY rank DESC, c.seq DESC, c.thread_id, c.chunk
 LIMIT $6
 """
@@ -39,6 +41,7 @@ async def search(pool: asyncpg.Pool, request: SearchRequest) -> SearchReply:
             if session is None or (session["principal_id"] is not None and session["principal_id"] != request.principal_id):
                 raise ThreadNotFound(f"session {request.session_id}")
             rows = await conn.fetch(
-                _SEARCH, request.session_id, request.query, request.run_id, request.thread_id, list(request.kinds), request.limit
+                _SEARCH, request.session_id, request.query, request.run_id, request.thread_id, list(request.kinds), request.limit,
+                request.since, request.until,
             )
     return SearchReply(hits=tuple(SearchHit(**dict(r)) for r in rows))

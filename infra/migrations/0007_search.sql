@@ -11,6 +11,7 @@ CREATE TABLE ctx.search_chunks (
     end_byte    bigint NOT NULL,
     start_line  integer NOT NULL,
     end_line    integer NOT NULL,
+    recorded_at timestamptz NOT NULL,
     text        text NOT NULL,
     tsv         tsvector NOT NULL,
     PRIMARY KEY (thread_id, seq, chunk)

@@ -132,3 +132,22 @@ async def test_a_promoted_search_hit_is_quoted_verbatim_with_its_hashes_and_only
                             budget_tokens=20_000, evidence=(ref,))
     with pytest.raises(ContentNotFound):
         await client.prepare(stolen)
+
+
+async def test_search_narrows_to_kinds_and_a_time_range_and_rejects_a_backwards_range(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t = Thread()
+    await _history(client, t, 1)
+    await eventually(lambda: _indexed(db, t), what="the index")
+    both = (await client.search(SearchRequest(session_id=t.session_id, query="django/db/models/query.py"))).hits
+    assert {h.event_key for h in both} == {"a0", "o0"}
+    outcome = next(h for h in both if h.event_key == "o0")
+    only = (await client.search(SearchRequest(session_id=t.session_id, query="django/db/models/query.py", kinds=(outcome.kind,)))).hits
+    assert [h.event_key for h in only] == ["o0"]
+    stamps = sorted(h.recorded_at for h in both)
+    later = (await client.search(SearchRequest(session_id=t.session_id, query="django/db/models/query.py", since=stamps[-1]))).hits
+    assert stamps[-1] in {h.recorded_at for h in later} and all(h.recorded_at >= stamps[-1] for h in later)
+    assert (await client.search(SearchRequest(session_id=t.session_id, query="django", until=stamps[0]))).hits == ()
+    with pytest.raises(ValueError, match="until must be after since"):
+        SearchRequest(session_id=t.session_id, query="x", since=stamps[-1], until=stamps[0])

@@ -18,6 +18,9 @@ def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: P
         "DeadLetter.schema.json",
         "InspectRequest.schema.json",
         "ThreadInspection.schema.json",
+        "SearchRequest.schema.json",
+        "SearchReply.schema.json",
+        "ReadRequest.schema.json",
         "asyncapi.json",
     }
     event = json.loads((tmp_path / "Event.schema.json").read_text())
@@ -28,4 +31,4 @@ def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: P
     }
     asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
     addresses = {c["address"] for c in asyncapi["channels"].values()}
-    assert {"ctx.prepare.{run_id}.{instance_id}", "ctx.inspect.{run_id}.{instance_id}"} <= addresses
+    assert {"ctx.prepare.{run_id}.{instance_id}", "ctx.inspect.{run_id}.{instance_id}", "ctx.search", "ctx.read"} <= addresses
