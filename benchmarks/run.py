@@ -11,6 +11,8 @@ Figures (printed, and written to out/bench.json):
   until the last one is in Postgres (what a runtime waits for before its prepare sees everything).
 - prepare: replay of every bundled sample trace; prepare round-trip latency p50/p99 as a runtime
   sees it (publish → prepare with read-your-writes watermark → reply).
+- search: see benchmarks/search.py (index lag under load, search p50/p99 at 100k records,
+  reindex time, index size per recorded MB).
 - cold start: `ctxfleet up --exit-after-replay` on an empty data folder (embedded servers), wall time.
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
@@ -40,6 +42,8 @@ from services.replay import ReplayOptions, percentile, replay_trace
 from services.settings import Settings
 from services.trace import read_trace
 from tests.fixtures.builders import Thread
+
+from .search import bench_index_lag, bench_search_session
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -362,7 +366,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -386,6 +390,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 }
             elif name == "small_budget":
                 results["small_budget"] = await bench_small_budget(servers, settings)
+            elif name == "search":
+                lag = await bench_index_lag(servers, settings)
+                db2 = await _fresh_database(pg_url)
+                await _reset_streams(nats_url)
+                big = await bench_search_session(
+                    Servers(nats_url, db2), settings.model_copy(update={"database_url": db2}), records=args.search_records
+                )
+                results["search"] = {"index_lag": lag, "session": big}
             elif name == "state":
                 results["state"] = await bench_state(servers, settings)
             elif name == "sessions":
@@ -414,7 +426,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "cold"])
+    parser.add_argument("--search-records", type=int, default=100_000)
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     if not args.only or "cold" in args.only:

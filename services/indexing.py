@@ -7,6 +7,8 @@ a stopped indexer catches up from where it was, never twice, never skipping.
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from .store._errors import translate_pg_errors
@@ -17,7 +19,8 @@ __all__ = ["INDEX_VERSION", "chunk_text", "index_thread", "reindex", "stale_thre
 INDEX_VERSION = 1
 _CHUNK_BYTES = 4096
 
-_POSITION = "SELECT last_seq FROM ctx.index_positions WHERE thread_id = $1 AND index_version = $2"
+_POSITION = "SELECT last_seq, index_version FROM ctx.index_positions WHERE thread_id = $1 FOR UPDATE"
+_DROP_THREAD = "DELETE FROM ctx.search_chunks WHERE thread_id = $1"
 _RECORDS = """
 SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
@@ -33,8 +36,10 @@ ON CONFLICT (thread_id, seq, chunk) DO NOTHING
 """
 _SET_POSITION = """
 INSERT INTO ctx.index_positions (thread_id, last_seq, index_version) VALUES ($1, $2, $3)
-ON CONFLICT (thread_id) DO UPDATE SET last_seq = GREATEST(ctx.index_positions.last_seq, EXCLUDED.last_seq),
-                                      index_version = EXCLUDED.index_version
+ON CONFLICT (thread_id) DO UPDATE SET
+    last_seq = CASE WHEN ctx.index_positions.index_version = EXCLUDED.index_version
+                    THEN GREATEST(ctx.index_positions.last_seq, EXCLUDED.last_seq) ELSE EXCLUDED.last_seq END,
+    index_version = EXCLUDED.index_version
 """
 _STALE = """
 SELECT h.thread_id FROM ctx.thread_heads h LEFT JOIN ctx.index_positions p USING (thread_id)
@@ -76,7 +81,12 @@ async def index_thread(pool: asyncpg.Pool, thread_id: str, *, batch: int = 500) 
         async with pool.acquire() as conn:
             with translate_pg_errors(thread_id):
                 async with conn.transaction():
-                    position = int(await conn.fetchval(_POSITION, thread_id, INDEX_VERSION) or 0)
+                    row = await conn.fetchrow(_POSITION, thread_id)
+                    position = 0 if row is None else int(row["last_seq"])
+                    if row is not None and row["index_version"] != INDEX_VERSION:
+                        # Indexed under another chunking or text configuration: migrate by reindexing.
+                        await conn.execute(_DROP_THREAD, thread_id)
+                        position = 0
                     rows = await conn.fetch(_RECORDS, thread_id, position, batch)
                     if not rows:
                         return total
@@ -107,7 +117,11 @@ async def reindex(pool: asyncpg.Pool, session_id: str | None = None) -> int:
                 threads = [r["thread_id"] for r in await conn.fetch("SELECT thread_id FROM ctx.thread_heads WHERE session_id = $1", session_id)]
                 await conn.execute("DELETE FROM ctx.search_chunks WHERE session_id = $1", session_id)
                 await conn.execute("DELETE FROM ctx.index_positions WHERE thread_id = ANY($1::text[])", threads)
-    total = 0
-    for thread_id in threads:
-        total += await index_thread(pool, thread_id)
-    return total
+    # A few threads at once: each is its own transaction, and the pool bounds the fan-out anyway.
+    gate = asyncio.Semaphore(4)
+
+    async def one(thread_id: str) -> int:
+        async with gate:
+            return await index_thread(pool, thread_id)
+
+    return sum(await asyncio.gather(*(one(t) for t in threads)))

@@ -10,7 +10,7 @@ import pytest
 from contracts import EvidenceRef, PatchOp, PathRule, PrepareRequest, SearchRequest, StatePatchEvent, StatePatchPayload, ToolCatalog
 from services.client import FleetClient
 from services.errors import ContentNotFound, ThreadNotFound
-from services.indexing import reindex
+from services.indexing import INDEX_VERSION, reindex
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -29,10 +29,11 @@ async def _history(client: FleetClient, t: Thread, filler: int) -> str:
     return f"f{filler - 1}"
 
 
-async def _indexed(db: asyncpg.Connection, t: Thread) -> bool:
+async def _indexed(db: asyncpg.Connection, t: Thread, records: int) -> bool:
+    """All ``records`` of the thread are recorded and indexed (an index level with a lagging head is not enough)."""
     head = await db.fetchval("SELECT last_seq FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
     pos = await db.fetchval("SELECT last_seq FROM ctx.index_positions WHERE thread_id=$1", t.thread_id)
-    return head is not None and pos == head
+    return head == records and pos == head
 
 
 async def test_search_finds_an_error_and_a_path_a_thousand_records_back_only_in_its_session(
@@ -41,8 +42,8 @@ async def test_search_finds_an_error_and_a_path_a_thousand_records_back_only_in_
     t, other = Thread(), Thread()
     await _history(client, t, 1000)
     await _history(client, other, 3)
-    await eventually(lambda: _indexed(db, t), timeout=60, what="the index to catch up")
-    await eventually(lambda: _indexed(db, other), what="the other session's index")
+    await eventually(lambda: _indexed(db, t, 1003), timeout=60, what="the index to catch up")
+    await eventually(lambda: _indexed(db, other, 6), what="the other session's index")
     for query in ("ValueError: bad queryset", "django/db/models/query.py", "E1101", UUID):
         hits = (await client.search(SearchRequest(session_id=t.session_id, query=query))).hits
         assert hits and hits[0].thread_id == t.thread_id and hits[0].event_key in ("o0", "a0"), query
@@ -57,7 +58,7 @@ async def test_search_finds_an_error_and_a_path_a_thousand_records_back_only_in_
 async def test_search_refuses_another_principal(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
     t = Thread(principal_id="alice")
     await _history(client, t, 1)
-    await eventually(lambda: _indexed(db, t), what="the index")
+    await eventually(lambda: _indexed(db, t, 4), what="the index")
     assert (await client.search(SearchRequest(session_id=t.session_id, principal_id="alice", query="E1101"))).hits
     with pytest.raises(ThreadNotFound):
         await client.search(SearchRequest(session_id=t.session_id, principal_id="mallory", query="E1101"))
@@ -74,7 +75,7 @@ async def test_a_stopped_indexer_catches_up_without_gaps_or_duplicates(start_fle
     await eventually(recorded, what="the records")
     assert await db.fetchval("SELECT count(*) FROM ctx.search_chunks") == 0
     await start_fleet(workers="indexer", recorder_id="indexer-only")
-    await eventually(lambda: _indexed(db, t), what="the indexer to catch up")
+    await eventually(lambda: _indexed(db, t, 53), what="the indexer to catch up")
     per_record = await db.fetch("SELECT seq, count(*) AS n FROM ctx.search_chunks WHERE thread_id=$1 GROUP BY seq ORDER BY seq", t.thread_id)
     assert [r["seq"] for r in per_record] == list(range(1, 54)) and all(r["n"] == 1 for r in per_record)
     assert last == "f49"
@@ -95,7 +96,7 @@ async def test_superseded_facts_come_back_marked_and_reindex_matches_incremental
 
     await client.append(move("old", "shelf_A"))
     await client.append(move("new", "shelf_B"))
-    await eventually(lambda: _indexed(db, t), what="the index")
+    await eventually(lambda: _indexed(db, t, 3), what="the index")
     hits = {h.event_key: h for h in (await client.search(SearchRequest(session_id=t.session_id, query="item:42.location"))).hits}
     assert hits["old"].superseded and not hits["new"].superseded
     before = [(h.thread_id, h.seq, h.snippet) for h in (await client.search(SearchRequest(session_id=t.session_id, query="shelf_A"))).hits]
@@ -111,8 +112,8 @@ async def test_a_promoted_search_hit_is_quoted_verbatim_with_its_hashes_and_only
     t, other = Thread(), Thread()
     last = await _history(client, t, 2)
     await _history(client, other, 1)
-    await eventually(lambda: _indexed(db, t), what="the index")
-    await eventually(lambda: _indexed(db, other), what="the other session's index")
+    await eventually(lambda: _indexed(db, t, 5), what="the index")
+    await eventually(lambda: _indexed(db, other, 4), what="the other session's index")
     hit = next(h for h in (await client.search(SearchRequest(session_id=t.session_id, query="ValueError"))).hits if h.event_key == "o0")
     ref = EvidenceRef(thread_id=hit.thread_id, seq=hit.seq, start_line=3, end_line=3)
     request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id,
@@ -139,7 +140,7 @@ async def test_search_narrows_to_kinds_and_a_time_range_and_rejects_a_backwards_
 ) -> None:
     t = Thread()
     await _history(client, t, 1)
-    await eventually(lambda: _indexed(db, t), what="the index")
+    await eventually(lambda: _indexed(db, t, 4), what="the index")
     both = (await client.search(SearchRequest(session_id=t.session_id, query="django/db/models/query.py"))).hits
     assert {h.event_key for h in both} == {"a0", "o0"}
     outcome = next(h for h in both if h.event_key == "o0")
@@ -151,3 +152,27 @@ async def test_search_narrows_to_kinds_and_a_time_range_and_rejects_a_backwards_
     assert (await client.search(SearchRequest(session_id=t.session_id, query="django", until=stamps[0]))).hits == ()
     with pytest.raises(ValueError, match="until must be after since"):
         SearchRequest(session_id=t.session_id, query="x", since=stamps[-1], until=stamps[0])
+
+
+async def test_an_index_from_an_older_index_version_is_rebuilt_by_the_sweep(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await _history(client, t, 1)
+    await eventually(lambda: _indexed(db, t, 4), what="the index")
+    # One transaction, so the sweep sees the old version and its leftover chunk together.
+    async with db.transaction():
+        await db.execute("UPDATE ctx.index_positions SET index_version = $2 WHERE thread_id = $1", t.thread_id, INDEX_VERSION - 1)
+        await db.execute(
+            """INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
+                                              start_line, end_line, recorded_at, text, tsv)
+               VALUES ($1, 2, 7, $2, 'assistant_message', 'a0', 0, 5, 1, 1, now(), 'stale', to_tsvector('simple', 'stale'))""",
+            t.thread_id, t.session_id,
+        )
+
+    async def migrated() -> bool:
+        version = await db.fetchval("SELECT index_version FROM ctx.index_positions WHERE thread_id=$1", t.thread_id)
+        return version == INDEX_VERSION and await _indexed(db, t, 4)
+
+    await eventually(migrated, timeout=15, what="the sweep to reindex the old version")
+    chunks = await db.fetch("SELECT seq, chunk FROM ctx.search_chunks WHERE thread_id=$1 ORDER BY seq, chunk", t.thread_id)
+    assert [(r["seq"], r["chunk"]) for r in chunks] == [(1, 0), (2, 0), (3, 0), (4, 0)]
+    assert (await client.search(SearchRequest(session_id=t.session_id, query="stale"))).hits == ()
