@@ -93,7 +93,7 @@ def create_docs_app() -> FastStream:
     broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
     broker.include_router(BudgeterWorker(None, None, metrics).router)
     broker.include_router(CompactorWorker(None, metrics).router)
-    broker.include_router(IndexerWorker(None).router)
+    broker.include_router(IndexerWorker(None, metrics).router)
     _document_outputs(broker)
     return FastStream(broker)
 
@@ -161,7 +161,7 @@ class Fleet:
             self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
             self.broker.include_router(self.budgeter.router)
         if "indexer" in names:
-            self.indexer = IndexerWorker(self.pool)
+            self.indexer = IndexerWorker(self.pool, self.metrics)
             self.broker.include_router(self.indexer.router)
         if "compactor" in names:
             nc = self._nc

@@ -16,6 +16,7 @@ from contracts.subjects import RECORDED
 from services.indexing import index_thread, stale_threads
 
 from .coalescing import CoalescingScheduler
+from .metrics import FleetMetrics
 from .replies import raw_body
 
 __all__ = ["IndexerWorker"]
@@ -26,8 +27,9 @@ log = logging.getLogger("ctxfleet.indexer")
 class IndexerWorker:
     """Coalescing indexer of threads."""
 
-    def __init__(self, pool: asyncpg.Pool | None) -> None:
+    def __init__(self, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
         self._pool = pool
+        self._metrics = metrics
         self._scheduler = CoalescingScheduler(self._index, self._stale, log) if pool is not None else None
         self.router = NatsRouter()
 
@@ -45,7 +47,7 @@ class IndexerWorker:
 
     async def _index(self, thread_id: str) -> None:
         assert self._pool is not None
-        await index_thread(self._pool, thread_id)
+        self._metrics.indexed_records.inc(await index_thread(self._pool, thread_id))
 
     async def _stale(self) -> list[str]:
         assert self._pool is not None

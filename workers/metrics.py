@@ -97,6 +97,11 @@ class FleetMetrics:
             "ctx_revision_conflicts", "Optimistic revision checks that lost, by where", ["where"], registry=r
         )
         self.read_backs = Counter("ctx_read_backs", "ctx.read requests, by outcome", ["outcome"], registry=r)
+        self.searches = Counter("ctx_searches", "ctx.search requests, by outcome", ["outcome"], registry=r)
+        self.search_seconds = Histogram(
+            "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.indexed_records = Counter("ctx_indexed_records", "Records added to the search index", registry=r)
         self.queue_depth = Gauge("ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r)
         self.queue_oldest_age = Gauge(
             "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r

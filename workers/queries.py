@@ -59,7 +59,10 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics) -> NatsRout
     @router.subscriber(SEARCH, queue="assembler", decoder=raw_body, title="search",
                        description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.")
     async def on_search(body: bytes) -> NatsResponse:
-        return await reply_with(lambda: search(store(), parse_body(SearchRequest, body)))
+        with metrics.search_seconds.time():
+            response = await reply_with(lambda: search(store(), parse_body(SearchRequest, body)))
+        metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
+        return response
 
     @router.subscriber(OPERATION_STATUS, queue="assembler", decoder=raw_body, title="operation.status",
                        description="OperationStatusRequest in, Receipt or ErrorReply out.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from contracts import PrepareRequest, ReadRequest
+from contracts import PrepareRequest, ReadRequest, SearchRequest
 from services.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError
 from tests.fixtures.builders import Thread
@@ -69,7 +69,11 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start
 
     await eventually(scraped, what="the recorded-events counter")
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-    for name in ("ctx_prepare_seconds_bucket", "ctx_prepare_input_tokens_bucket", "ctx_compactions_total", "ctx_compaction_queue_depth"):
+    await client.search(SearchRequest(session_id=t.session_id, query="hello"))
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    for name in ("ctx_prepare_seconds_bucket", "ctx_prepare_input_tokens_bucket", "ctx_compactions_total", "ctx_compaction_queue_depth",
+                 "ctx_search_seconds_bucket", "ctx_indexed_records_total"):
         assert name in body or name.replace("_total", "") in body
     assert t.run_id not in body and t.session_id not in body  # no unbounded label values
     assert 'ctx_prepare_seconds_count{policy="default@1",purpose="action"} 1.0' in body
+    assert 'ctx_searches_total{outcome="ok"} 1.0' in body
