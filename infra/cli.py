@@ -240,23 +240,25 @@ def _inspect_session(nats_url: str, session_id: str, *, as_json: bool) -> int:
 
 
 def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
-    nats_url = _fleet_nats_url(settings)
-
-    async def run() -> SearchReply:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-search") as client:
-            return await client.search(request)
-
     try:
         request = SearchRequest(
             session_id=args.session, principal_id=args.principal, query=args.query, run_id=args.run, thread_id=args.thread,
             kinds=tuple(args.kind), since=args.since, until=args.until, limit=args.limit,
         )
     except ValidationError as exc:
-        raise CliError(f"bad search: {exc.errors()[0]['msg']} ({'.'.join(map(str, exc.errors()[0]['loc']))})") from exc
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"]))
+        raise CliError(f"bad search: {first['msg']}" + (f" ({where})" if where else "")) from exc
+    nats_url = _fleet_nats_url(settings)
+
+    async def run() -> SearchReply:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-search") as client:
+            return await client.search(request)
 
     for hit in asyncio.run(run()).hits:
         mark = " [superseded]" if hit.superseded else ""
-        print(f"{hit.thread_id}#{hit.seq} {hit.kind} lines {hit.start_line}-{hit.end_line}{mark}: {hit.snippet}")
+        snippet = " ".join(hit.snippet.split())  # one line per hit
+        print(f"{hit.thread_id}#{hit.seq} {hit.kind} lines {hit.start_line}-{hit.end_line}{mark}: {snippet}")
     return 0
 
 
