@@ -283,9 +283,13 @@ async def test_an_unknown_policy_on_a_sessions_first_event_is_dead_lettered(flee
     await client.append(t.user("q").model_copy(update={"policy": "no-such-policy"}))
 
     async def rejected() -> bool:
-        return await db.fetchval("SELECT code FROM ctx.dead_letters") == "unknown_policy"
+        return await db.fetchval("SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1", t.thread_id) > 0
 
     await eventually(rejected, what="the unknown_policy dead letter")
+    letter = await db.fetchrow("SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1", t.thread_id)
+    assert letter["code"] == "unknown_policy" and "no-such-policy" in letter["reason"]
+    assert await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", t.thread_id) == 0
+    assert await db.fetchval("SELECT count(*) FROM ctx.sessions WHERE session_id = $1", t.session_id) == 0
 
 
 async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(fleet, client: FleetClient, nats_url: str) -> None:
