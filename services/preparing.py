@@ -23,6 +23,7 @@ from .errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFou
 from .hashing import verify_chain
 from .killpoints import kill_point
 from .notices import NoticeBoard
+from .reading import verified_blob
 from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
 from .state import StateView, rebuild_state, state_hash
@@ -36,8 +37,8 @@ __all__ = ["PrepareService"]
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
 _EVIDENCE = """
-SELECT r.thread_id, r.seq, r.event_key, r.kind, r.content_sha256, r.record_hash,
-       COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text
+SELECT r.thread_id, r.seq, r.event_key, r.kind, r.content_sha256, r.record_hash, r.text, r.blob_sha256,
+       b.content AS blob
 FROM ctx.records r
 JOIN unnest($2::text[], $3::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
@@ -99,7 +100,9 @@ class PrepareService:
             row = rows.get((ref.thread_id, ref.seq))
             if row is None:  # another session's record looks exactly like a missing one
                 raise ContentNotFound(f"record {ref.seq} of {ref.thread_id}")
-            text = row["text"] or ""
+            # Externalized content is checked like a read-back: evidence is never a lookalike.
+            text = row["text"] if row["blob"] is None else verified_blob(bytes(row["blob"]), row["blob_sha256"]).decode("utf-8", "replace")
+            text = text or ""
             if ref.start_line is not None:
                 lines = text.splitlines(keepends=True)
                 text = "".join(lines[ref.start_line - 1 : ref.end_line or ref.start_line])

@@ -10,7 +10,7 @@ from .errors import ContentNotFound, IntegrityError
 from .hashing import sha256_hex
 from .store._errors import translate_pg_errors
 
-__all__ = ["read_range"]
+__all__ = ["read_range", "verified_blob"]
 
 _SELECT_BLOB = """
 SELECT b.content FROM ctx.blobs b
@@ -18,6 +18,14 @@ WHERE b.sha256 = $2
   AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
   AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND (s.principal_id IS NULL OR s.principal_id = $3))
 """
+
+
+def verified_blob(content: bytes, sha: str) -> bytes:
+    """``content`` if it still hashes to ``sha``; an integrity error, never lookalike content, otherwise."""
+    actual = sha256_hex(content)
+    if actual != sha:
+        raise IntegrityError(f"ctx://blob/{sha}", actual)
+    return content
 
 
 async def read_range(pool: asyncpg.Pool, request: ReadRequest) -> ReadReply:
@@ -28,10 +36,7 @@ async def read_range(pool: asyncpg.Pool, request: ReadRequest) -> ReadReply:
             content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha, request.principal_id)
     if content is None:
         raise ContentNotFound(request.ref)
-    data = bytes(content)
-    actual = sha256_hex(data)
-    if actual != sha:
-        raise IntegrityError(request.ref, actual)
+    data = verified_blob(bytes(content), sha)
     text = data.decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     if request.line is not None and request.lines is not None:

@@ -9,7 +9,7 @@ import pytest
 
 from contracts import EvidenceRef, PatchOp, PathRule, PrepareRequest, SearchRequest, StatePatchEvent, StatePatchPayload, ToolCatalog
 from services.client import FleetClient
-from services.errors import ContentNotFound, ThreadNotFound
+from services.errors import ContentNotFound, IntegrityError, ThreadNotFound
 from services.indexing import INDEX_VERSION, reindex
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
@@ -176,3 +176,21 @@ async def test_an_index_from_an_older_index_version_is_rebuilt_by_the_sweep(flee
     chunks = await db.fetch("SELECT seq, chunk FROM ctx.search_chunks WHERE thread_id=$1 ORDER BY seq, chunk", t.thread_id)
     assert [(r["seq"], r["chunk"]) for r in chunks] == [(1, 0), (2, 0), (3, 0), (4, 0)]
     assert (await client.search(SearchRequest(session_id=t.session_id, query="stale"))).hits == ()
+
+
+async def test_evidence_from_a_tampered_blob_is_an_integrity_error_not_content(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t = Thread()
+    await client.append(t.user("show the log", key="task"))
+    await client.append(t.assistant(calls=(("c0", "bash", {"cmd": "cat build.log"}),), key="a0"))
+    await client.append(t.outcome("c0", "".join(f"build line {n}: ok\n" for n in range(2000)), key="o0"))
+    await eventually(lambda: _indexed(db, t, 3), what="the index")
+    row = await db.fetchrow("SELECT seq, blob_sha256 FROM ctx.records WHERE thread_id=$1 AND event_key='o0'", t.thread_id)
+    assert row["blob_sha256"] is not None  # the output was externalized
+    request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=20_000,
+                             after_event_key="o0", evidence=(EvidenceRef(thread_id=t.thread_id, seq=row["seq"], start_line=7, end_line=7),))
+    prepared = await client.prepare(request)
+    block = next(b for b in prepared.blocks if b.block_id == "evidence:0")
+    assert prepared.messages[block.first_message].content.endswith("build line 6: ok\n")
+    await db.execute("UPDATE ctx.blobs SET content = convert_to('build line 6: ok', 'UTF8') WHERE sha256 = $1", row["blob_sha256"])
+    with pytest.raises(IntegrityError):
+        await client.prepare(request)
