@@ -11,17 +11,13 @@ from __future__ import annotations
 import logging
 
 import asyncpg
-from faststream import Path
-from faststream.nats import NatsRouter
 
-from contracts.subjects import RECORDED
 from services.budgeting import BudgetService
 from services.errors import CtxError, ThreadNotFound
 from services.store.views import ViewsRepo
 
-from .coalescing import CoalescingScheduler
+from .coalescing import CoalescingScheduler, recorded_notices
 from .metrics import FleetMetrics
-from .replies import raw_body
 
 __all__ = ["BudgeterWorker"]
 
@@ -38,17 +34,7 @@ class BudgeterWorker:
         self._metrics = metrics
         ready = service is not None and pool is not None
         self._scheduler = CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
-        self.router = NatsRouter()
-
-        @self.router.subscriber(
-            f"{RECORDED}.{{run_id}}.{{instance_id}}",
-            queue="budgeter",
-            decoder=raw_body,
-            title="budgeter",
-            description="Recorder notices: evaluate the thread's compaction policy.",
-        )
-        async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
-            self.schedule(f"{run_id}.{instance_id}")
+        self.router = recorded_notices("budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule)
 
     def schedule(self, thread_id: str) -> None:
         """Evaluate ``thread_id`` soon (once more if an evaluation is running)."""

@@ -11,7 +11,25 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-__all__ = ["CoalescingScheduler"]
+from faststream import Path
+from faststream.nats import NatsRouter
+
+from contracts.subjects import RECORDED
+
+from .replies import raw_body
+
+__all__ = ["CoalescingScheduler", "recorded_notices"]
+
+
+def recorded_notices(queue: str, description: str, schedule: Callable[[str], None]) -> NatsRouter:
+    """A router that schedules the thread of every recorder notice, shared by queue group ``queue``."""
+    router = NatsRouter()
+
+    @router.subscriber(f"{RECORDED}.{{run_id}}.{{instance_id}}", queue=queue, decoder=raw_body, title=queue, description=description)
+    async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+        schedule(f"{run_id}.{instance_id}")
+
+    return router
 
 
 class CoalescingScheduler:

@@ -9,15 +9,11 @@ from __future__ import annotations
 import logging
 
 import asyncpg
-from faststream import Path
-from faststream.nats import NatsRouter
 
-from contracts.subjects import RECORDED
 from services.indexing import index_thread, stale_threads
 
-from .coalescing import CoalescingScheduler
+from .coalescing import CoalescingScheduler, recorded_notices
 from .metrics import FleetMetrics
-from .replies import raw_body
 
 __all__ = ["IndexerWorker"]
 
@@ -31,14 +27,7 @@ class IndexerWorker:
         self._pool = pool
         self._metrics = metrics
         self._scheduler = CoalescingScheduler(self._index, self._stale, log) if pool is not None else None
-        self.router = NatsRouter()
-
-        @self.router.subscriber(
-            f"{RECORDED}.{{run_id}}.{{instance_id}}", queue="indexer", decoder=raw_body, title="indexer",
-            description="Recorder notices: index the thread's new records.",
-        )
-        async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
-            self.schedule(f"{run_id}.{instance_id}")
+        self.router = recorded_notices("indexer", "Recorder notices: index the thread's new records.", self.schedule)
 
     def schedule(self, thread_id: str) -> None:
         """Index ``thread_id`` soon (once more if it is being indexed)."""
