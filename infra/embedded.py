@@ -61,6 +61,8 @@ class EmbeddedNats:
     data_dir: Path
     max_payload: int = 16 * 1024 * 1024
     port: int = 0
+    # Appended to the generated server config: an authorization block, TLS, a monitoring port.
+    extra_config: str = ""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -82,6 +84,7 @@ class EmbeddedNats:
                     "jetstream {",
                     f'  store_dir: "{self.data_dir / "jetstream"}"',
                     "}",
+                    self.extra_config,
                     "",
                 ]
             )

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import asyncpg
 import nats
+from nats.js.errors import NotFoundError
 
 from services.settings import Settings
-from services.store.migrate import apply_migrations
+from services.store.migrate import apply_migrations, pending_migrations
 from workers.app import Fleet
 
 from . import MIGRATIONS_DIR
@@ -18,14 +19,39 @@ from .embedded import EmbeddedNats, EmbeddedPostgres
 from .provision import provision_streams
 
 __all__ = [
+    "NotProvisioned",
+    "SchemaBehind",
     "Servers",
     "migrate",
     "provision",
+    "require_current_schema",
+    "serve_workers",
     "start_fleet",
     "start_servers",
 ]
 
 log = logging.getLogger("ctxfleet")
+
+
+class SchemaBehind(RuntimeError):
+    """The database lacks migrations this build needs."""
+
+    def __init__(self, pending: list[str]) -> None:
+        super().__init__(
+            f"the database lacks migrations {', '.join(pending)}: run 'ctxfleet migrate' "
+            "(in Kubernetes, the migration Job does; workers never migrate or provision on their own)"
+        )
+        self.pending = pending
+
+
+class NotProvisioned(RuntimeError):
+    """The broker lacks the fleet's streams or the compactor's durable consumer."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(
+            f"the broker lacks the fleet's streams ({cause}): run 'ctxfleet provision' "
+            "(in Kubernetes, the migration Job does)"
+        )
 
 
 @dataclass
@@ -47,7 +73,7 @@ def start_servers(settings: Settings) -> Servers:
     """External servers where ``CTX_*_URL`` is set, embedded ones under the data folder otherwise."""
     owned: list[EmbeddedNats | EmbeddedPostgres] = []
     nats_url = settings.nats_url
-    database_url = settings.database_url
+    database_url = settings.database_dsn
     try:
         if database_url is None:
             pg = EmbeddedPostgres(settings.data_dir / "postgres")
@@ -64,29 +90,60 @@ def start_servers(settings: Settings) -> Servers:
     return Servers(nats_url=nats_url, database_url=database_url, owned=owned)
 
 
-async def migrate(database_url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def migrate(database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply pending migrations."""
-    conn = await asyncpg.connect(database_url)
+    options = settings.database_options() if settings is not None else {}
+    conn = await asyncpg.connect(database_url, **options)
     try:
         return await apply_migrations(conn, directory)
     finally:
         await conn.close()
 
 
+async def require_current_schema(database_url: str, settings: Settings, directory: Path = MIGRATIONS_DIR) -> None:
+    """Refuse to serve on a database this build's migrations have not reached (the Job's task, not ours)."""
+    conn = await asyncpg.connect(database_url, **settings.database_options())
+    try:
+        pending = await pending_migrations(conn, directory)
+    finally:
+        await conn.close()
+    if pending:
+        raise SchemaBehind(pending)
+
+
 async def provision(nats_url: str, settings: Settings, *, force: bool = False) -> None:
     """Check the broker and create or reconcile the streams."""
-    nc = await nats.connect(nats_url, name="ctxfleet-provision")
+    nc = await nats.connect(nats_url, name="ctxfleet-provision", **settings.nats_options())
     try:
         result = await provision_streams(nc, partitions=settings.partitions, force=force)
-        log.info("streams: events %s, dead letters %s", result.events, result.dead)
+        log.info("streams: events %s, dead letters %s, jobs %s", result.events, result.dead, result.jobs)
     finally:
         await nc.close()
 
 
 async def start_fleet(settings: Settings, servers: Servers) -> Fleet:
     """Migrate, provision and start the configured workers."""
-    await migrate(servers.database_url)
+    await migrate(servers.database_url, settings)
     await provision(servers.nats_url, settings)
     fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
     await fleet.start()
+    return fleet
+
+
+async def serve_workers(settings: Settings, servers: Servers) -> Fleet:
+    """Start workers on a fleet someone else migrated and provisioned (``ctxfleet worker``, the image).
+
+    Workers run with least privilege: a worker's NATS user cannot create streams, so checking and
+    creating them is ``ctxfleet provision``'s job, run once (the k8s Job, Compose's one-shot service).
+    """
+    await require_current_schema(servers.database_url, settings)
+    fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
+    try:
+        await fleet.start()
+    except NotFoundError as exc:
+        await fleet.stop()
+        raise NotProvisioned(str(exc)) from None
+    except BaseException:
+        await fleet.stop()
+        raise
     return fleet

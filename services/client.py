@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
@@ -47,6 +48,7 @@ from contracts.ids import is_identifier
 from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
 
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
+from .settings import redact_url
 
 __all__ = ["AppendAck", "FleetClient", "msg_id_of"]
 
@@ -77,12 +79,12 @@ class FleetClient:
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
 
     @classmethod
-    async def connect(cls, nats_url: str, *, name: str = "ctxfleet-client") -> FleetClient:
-        """Connect to the fleet's NATS server."""
+    async def connect(cls, nats_url: str, *, name: str = "ctxfleet-client", **options: Any) -> FleetClient:
+        """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS."""
         try:
-            nc = await nats.connect(nats_url, name=name, connect_timeout=5, max_reconnect_attempts=3)
+            nc = await nats.connect(nats_url, name=name, connect_timeout=5, max_reconnect_attempts=3, **options)
         except Exception as exc:  # nats-py raises a variety of socket and protocol errors here.
-            raise FleetUnavailable(f"cannot connect to NATS at {nats_url}: {exc}") from exc
+            raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
         return cls(nc)
 
     async def __aenter__(self) -> FleetClient:

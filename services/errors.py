@@ -31,7 +31,8 @@
     │   └── ThreadNotFound(thread_id)
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
     ├── EventRejected(event_key, rejected_code, reason)
-    └── ContextBudgetExceeded(required, input_budget, items)
+    ├── ContextBudgetExceeded(required, input_budget, items)
+    └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
 
 Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
 dead-letters both kinds the same way.
@@ -59,6 +60,7 @@ __all__ = [
     "FleetUnavailable",
     "GrantViolation",
     "IntegrityError",
+    "InvalidConfiguration",
     "InvalidEvent",
     "InvariantViolation",
     "InvalidPolicy",
@@ -343,6 +345,16 @@ class StoreUnavailable(CtxError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"store unavailable: {cause}", cause=cause)
+
+
+class InvalidConfiguration(CtxError):
+    """A setting is missing, malformed or contradicts another; the process does not start."""
+
+    code = ErrorCode.INVALID_CONFIGURATION
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("bad configuration:\n  " + "\n  ".join(problems), problems=list(problems))
+        self.problems = tuple(problems)
 
 
 class FleetUnavailable(CtxError):

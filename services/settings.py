@@ -1,17 +1,43 @@
-"""The fleet's configuration: one typed object, read from ``CTX_*`` environment variables."""
+"""The fleet's configuration: one typed object, read from ``CTX_*`` environment variables.
+
+Secrets (database password or URL, NATS password or token, summarizer API key) come from the
+environment or, with the ``_FILE`` suffix, from a file (a mounted Kubernetes or Compose secret).
+They are ``SecretStr`` or hidden from ``repr``, and a bad value is reported by name, never echoed.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
+import ssl
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-__all__ = ["Settings", "default_data_dir", "parse_partitions"]
+from .errors import InvalidConfiguration
+
+__all__ = [
+    "ENV_PREFIX",
+    "SECRET_FIELDS",
+    "WORKER_NAMES",
+    "Settings",
+    "default_data_dir",
+    "load_settings",
+    "parse_partitions",
+    "redact_url",
+]
+
+ENV_PREFIX = "CTX_"
+# The settings that may hold a credential: never echoed, readable from ``CTX_<NAME>_FILE``.
+SECRET_FIELDS = ("nats_password", "nats_token", "database_url", "database_password", "summarizer_api_key")
+WORKER_NAMES = ("recorder", "assembler", "budgeter", "compactor", "indexer")
+_ORDINAL = re.compile(r"-(\d+)$")
 
 
 def default_data_dir() -> Path:
@@ -25,13 +51,25 @@ def default_data_dir() -> Path:
     return Path.cwd() / ".ctxfleet"
 
 
-def parse_partitions(spec: str, partitions: int) -> tuple[int, ...]:
-    """``"all"``, ``"3"``, ``"0-7"``, ``"0-3,8,12-15"`` or ``"i/k"`` (replica i of k) → partitions."""
+def parse_partitions(spec: str, partitions: int, *, pod_name: str | None = None) -> tuple[int, ...]:
+    """``"all"``, ``"3"``, ``"0-7"``, ``"0-3,8,12-15"``, ``"i/k"`` (replica i of k) or ``"pod/k"``.
+
+    ``pod/k`` is ``i/k`` with ``i`` the ordinal of a StatefulSet pod (``recorder-2`` → 2), so one
+    manifest serves every replica.
+    """
     spec = spec.strip()
     if spec == "all":
         return tuple(range(partitions))
     if "/" in spec:
-        index, count = (int(x) for x in spec.split("/", 1))
+        index_text, count_text = spec.split("/", 1)
+        count = int(count_text)
+        if index_text == "pod":
+            match = _ORDINAL.search(pod_name or "")
+            if match is None:
+                raise ValueError(f"'pod/{count}' needs CTX_POD_NAME ending in -<ordinal>; it is {pod_name!r}")
+            index = int(match.group(1))
+        else:
+            index = int(index_text)
         if not 0 <= index < count:
             raise ValueError(f"replica {index} of {count} does not exist")
         return tuple(p for p in range(partitions) if p % count == index)
@@ -45,47 +83,166 @@ def parse_partitions(spec: str, partitions: int) -> tuple[int, ...]:
     return tuple(sorted(set(chosen)))
 
 
+def redact_url(url: str | None) -> str:
+    """``url`` without its password, for logs and messages."""
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+class _SecretFiles(PydanticBaseSettingsSource):
+    """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content (one trailing newline dropped)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for name in SECRET_FIELDS:
+            var = f"{ENV_PREFIX}{name.upper()}"
+            path = os.environ.get(f"{var}_FILE")
+            if not path:
+                continue
+            if os.environ.get(var):
+                problems.append(f"{var}_FILE: set either {var} or {var}_FILE, not both")
+                continue
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(f"{var}_FILE: cannot read {path}: {getattr(exc, 'strerror', None) or exc}")
+                continue
+            value = text[:-1] if text.endswith("\n") else text
+            if not value.strip():
+                problems.append(f"{var}_FILE: {path} is empty")
+                continue
+            values[name] = value.rstrip("\r")
+        if problems:
+            raise InvalidConfiguration(problems)
+        return values
+
+
 class Settings(BaseSettings):
     """Every knob of the fleet. Unset URLs mean: start the embedded servers."""
 
-    model_config = SettingsConfigDict(env_prefix="CTX_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
+    # Where the servers are. Unset: the embedded NATS and PostgreSQL under ``data_dir``.
     nats_url: str | None = None
-    database_url: str | None = None
+    database_url: SecretStr | None = None
     data_dir: Path = Field(default_factory=default_data_dir)
+    # NATS authentication (at most one method) and TLS.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    nats_token: SecretStr | None = None
+    nats_nkey_seed_file: FilePath | None = None
+    nats_creds_file: FilePath | None = None
+    nats_tls_ca_file: FilePath | None = None
+    nats_tls_cert_file: FilePath | None = None
+    nats_tls_key_file: FilePath | None = None
+    nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.
+    database_password: SecretStr | None = None
+    db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
+    # What this process runs.
+    workers: str = ",".join(WORKER_NAMES)
     partitions: Annotated[int, Field(ge=1, le=1024)] = 16
     recorder_partitions: str = "all"
+    pod_name: str = Field(default_factory=socket.gethostname)
     recorder_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     record_batch: Annotated[int, Field(ge=1, le=4096)] = 256
     max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
-    db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
-    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    workers: str = "recorder,assembler,budgeter,compactor,indexer"
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     summarizer: Literal["structured", "openai"] = "structured"
     summarizer_base_url: str | None = None
     summarizer_model: str | None = None
     summarizer_api: Literal["chat_completions", "responses"] = "chat_completions"
     summarizer_api_key: SecretStr | None = None
-    nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    # Operations: /metrics, /healthz and /readyz on one port (0: not served); drain bound on SIGTERM.
+    http_host: str = "127.0.0.1"
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    shutdown_timeout_s: Annotated[float, Field(gt=0, le=600)] = 25.0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _SecretFiles(settings_cls))
+
+    @classmethod
+    def env_names(cls) -> frozenset[str]:
+        """Every environment variable the fleet reads."""
+        names = {f"{ENV_PREFIX}{name.upper()}" for name in cls.model_fields}
+        names |= {f"{ENV_PREFIX}{name.upper()}_FILE" for name in SECRET_FIELDS}
+        return frozenset(names)
 
     @field_validator("workers")
     @classmethod
     def _known_workers(cls, value: str) -> str:
-        known = {"recorder", "assembler", "budgeter", "compactor", "indexer"}
         names = [w.strip() for w in value.split(",") if w.strip()]
-        unknown = sorted(set(names) - known)
+        unknown = sorted(set(names) - set(WORKER_NAMES))
         if unknown or not names:
-            raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(known))}")
+            raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
         return ",".join(names)
 
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_scheme(cls, value: str | None) -> str | None:
+        if value is not None:
+            for one in value.split(","):
+                if urlsplit(one.strip()).scheme not in ("nats", "tls", "ws", "wss"):
+                    raise ValueError(f"must be nats://, tls://, ws:// or wss:// URLs, got {redact_url(one.strip())!r}")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and urlsplit(value.get_secret_value()).scheme not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql:// URL (value not shown: it may hold a password)")
+        return value
+
     @model_validator(mode="after")
-    def _summarizer_configured(self) -> Settings:
+    def _consistent(self) -> Settings:
         if self.summarizer == "openai" and not (self.summarizer_base_url and self.summarizer_model):
             raise ValueError("CTX_SUMMARIZER=openai needs CTX_SUMMARIZER_BASE_URL and CTX_SUMMARIZER_MODEL")
+        methods = [
+            name
+            for name, present in (
+                ("CTX_NATS_USER", self.nats_user is not None),
+                ("CTX_NATS_TOKEN", self.nats_token is not None),
+                ("CTX_NATS_NKEY_SEED_FILE", self.nats_nkey_seed_file is not None),
+                ("CTX_NATS_CREDS_FILE", self.nats_creds_file is not None),
+            )
+            if present
+        ]
+        if len(methods) > 1:
+            raise ValueError(f"choose one NATS authentication method, not {' and '.join(methods)}")
+        if (self.nats_user is None) != (self.nats_password is None):
+            raise ValueError("CTX_NATS_USER and CTX_NATS_PASSWORD go together")
+        if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
+            raise ValueError("CTX_NATS_TLS_CERT_FILE and CTX_NATS_TLS_KEY_FILE go together")
+        self.owned_partitions()  # a bad CTX_RECORDER_PARTITIONS stops the process here, not at first fetch
         return self
+
+    @property
+    def database_dsn(self) -> str | None:
+        """``CTX_DATABASE_URL`` as the driver takes it (it may hold a password: never log it)."""
+        value: SecretStr | str | None = self.database_url
+        # model_copy(update=...) does not validate, so a plain string can land here.
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
 
     @property
     def worker_names(self) -> tuple[str, ...]:
@@ -94,4 +251,51 @@ class Settings(BaseSettings):
 
     def owned_partitions(self) -> tuple[int, ...]:
         """The events partitions this process records."""
-        return parse_partitions(self.recorder_partitions, self.partitions)
+        try:
+            return parse_partitions(self.recorder_partitions, self.partitions, pod_name=self.pod_name)
+        except ValueError as exc:
+            raise ValueError(f"CTX_RECORDER_PARTITIONS={self.recorder_partitions!r}: {exc}") from None
+
+    def nats_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect``: credentials and TLS as configured."""
+        options: dict[str, Any] = {}
+        if self.nats_user is not None and self.nats_password is not None:
+            options["user"] = self.nats_user
+            options["password"] = self.nats_password.get_secret_value()
+        if self.nats_token is not None:
+            options["token"] = self.nats_token.get_secret_value()
+        if self.nats_nkey_seed_file is not None:
+            options["nkeys_seed"] = str(self.nats_nkey_seed_file)
+        if self.nats_creds_file is not None:
+            options["user_credentials"] = str(self.nats_creds_file)
+        if self.nats_tls_ca_file or self.nats_tls_cert_file:
+            context = ssl.create_default_context(
+                cafile=str(self.nats_tls_ca_file) if self.nats_tls_ca_file else None
+            )
+            if self.nats_tls_cert_file and self.nats_tls_key_file:
+                context.load_cert_chain(str(self.nats_tls_cert_file), str(self.nats_tls_key_file))
+            options["tls"] = context
+        return options
+
+    def database_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``asyncpg.connect`` / ``create_pool`` beyond the URL."""
+        if self.database_password is None:
+            return {}
+        return {"password": self.database_password.get_secret_value()}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment, or ``InvalidConfiguration`` naming each bad variable.
+
+    Values are not echoed: a rejected secret must not end up in a log.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(x) for x in error["loc"])
+            var = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{var}: {message}" if field else message)
+        raise InvalidConfiguration(problems) from None

@@ -15,8 +15,8 @@ import asyncpg
 import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
-from prometheus_client import start_http_server
 
 from contracts import JOBS_STREAM, DeadLetter
 from contracts.subjects import DEAD
@@ -34,13 +34,14 @@ from services.views import ViewLoader
 
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
-from .compactor import CompactorWorker
+from .compactor import COMPACTOR_DURABLE, CompactorWorker
+from .health import HealthServer
 from .indexer import IndexerWorker
 from .jobs import JetStreamJobQueue
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
-__all__ = ["Fleet", "create_docs_app", "recording_limits", "summarizer_factory"]
+__all__ = ["Fleet", "broker_security", "create_docs_app", "recording_limits", "summarizer_factory"]
 
 log = logging.getLogger("ctxfleet")
 
@@ -107,25 +108,31 @@ def _parse_nats_time(value: str) -> datetime | None:
     return datetime.fromisoformat(match.group(1) + fraction).replace(tzinfo=UTC)
 
 
-async def _watch_queue(nc: NatsClient, metrics: FleetMetrics, every_s: float = 5.0) -> None:
-    """Export the compaction queue's depth and oldest job age (what operators scale compactors on)."""
-    js = nc.jetstream(timeout=5.0)
+async def _watch_backlogs(fleet: Fleet, every_s: float = 5.0) -> None:
+    """Export what operators scale and alert on: the compaction queue and each worker's lag."""
     while True:
         try:
-            info = await js.stream_info(JOBS_STREAM)
-            metrics.queue_depth.set(info.state.messages)
-            age = 0.0
-            if info.state.messages:
-                first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
-                stamp = first.time
-                if isinstance(stamp, str):
-                    stamp = _parse_nats_time(stamp)
-                if isinstance(stamp, datetime):
-                    age = (datetime.now(UTC) - stamp).total_seconds()
-            metrics.queue_oldest_age.set(max(0.0, age))
+            await fleet.export_backlogs()
         except Exception as exc:  # a metrics loop must never take the worker down
-            log.debug("queue metrics: %s", exc)
+            log.debug("backlog metrics: %s", exc)
         await asyncio.sleep(every_s)
+
+
+def broker_security(settings: Settings) -> NatsSecurity | None:
+    """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
+    options = settings.nats_options()
+    tls = options.get("tls")
+    if "user" in options:
+        return NatsUserPassword(options["user"], options["password"], ssl_context=tls)
+    if "token" in options:
+        return NatsToken(options["token"], ssl_context=tls)
+    if "nkeys_seed" in options:
+        return NatsNKey(options["nkeys_seed"], ssl_context=tls)
+    if "user_credentials" in options:
+        return NatsCredentials(options["user_credentials"], ssl_context=tls)
+    if tls is not None:
+        return NatsSecurity(ssl_context=tls)
+    return None
 
 
 @dataclass
@@ -141,18 +148,35 @@ class Fleet:
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
     indexer: IndexerWorker | None = None
+    http_port: int | None = None
     _nc: NatsClient | None = None
     _gauges: asyncio.Task[None] | None = None
+    _http: HealthServer | None = None
+    _started: bool = False
+    _draining: bool = False
 
     async def start(self) -> None:
-        """Connect and start every configured worker."""
+        """Serve the operations endpoint, connect and start every configured worker."""
         s = self.settings
         names = s.worker_names
-        self.pool = await asyncpg.create_pool(self.database_url, min_size=2, max_size=s.db_pool_size)
-        self._nc = await nats.connect(self.nats_url, name=f"ctxfleet-{s.recorder_id}")
+        if s.http_port:
+            # First, so a probe can tell "starting" (503) from "dead" while connections come up.
+            self._http = HealthServer(self.metrics.registry, self.readiness)
+            self.http_port = await self._http.start(s.http_host, s.http_port)
+        self.pool = await asyncpg.create_pool(
+            self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
+        )
+        self._nc = await nats.connect(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
         queue = JetStreamJobQueue(self._nc.jetstream(timeout=10.0))
         loader = ViewLoader(self.pool)
-        self.broker = NatsBroker(self.nats_url, name=f"ctxfleet-broker-{s.recorder_id}", logger=None)
+        self.broker = NatsBroker(
+            self.nats_url,
+            name=f"ctxfleet-broker-{s.recorder_id}",
+            logger=None,
+            security=broker_security(s),
+            # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
+            graceful_timeout=s.shutdown_timeout_s,
+        )
         if "assembler" in names:
             board = NoticeBoard()
             service = PrepareService(self.pool, board, loader=loader, queue=queue, compaction_wait_ms=s.compaction_wait_ms)
@@ -187,14 +211,78 @@ class Fleet:
                 batch=s.record_batch,
             )
             await self.recorder.start()
-        if "compactor" in names or "budgeter" in names:
-            self._gauges = asyncio.create_task(_watch_queue(self._nc, self.metrics))
-        if s.metrics_port:
-            start_http_server(s.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+        self._gauges = asyncio.create_task(_watch_backlogs(self))
+        self._started = True
         log.info("workers %s started", ", ".join(names))
 
+    async def readiness(self) -> dict[str, str | None]:
+        """Each dependency of serving, ``None`` when fine: NATS, Postgres, bound consumers."""
+        checks: dict[str, str | None] = {}
+        if self._draining:
+            checks["shutdown"] = "draining"
+        checks["nats"] = None if self._nc is not None and self._nc.is_connected else "not connected"
+        if self.broker is None:
+            checks["broker"] = "not started"
+        else:
+            checks["broker"] = None if await self.broker.ping(timeout=1.0) else "not connected"
+        checks["postgres"] = await self._check_postgres()
+        checks["consumers"] = self._check_consumers()
+        return checks
+
+    async def _check_postgres(self) -> str | None:
+        pool = self.pool
+        if pool is None:
+            return "not connected"
+        try:
+            await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2.0)
+        except Exception as exc:  # whatever the driver raises, the answer is "not ready, because"
+            return f"{type(exc).__name__}: {exc}"[:200]
+        return None
+
+    def _check_consumers(self) -> str | None:
+        if not self._started:
+            return "starting"
+        if self.recorder is not None:
+            unbound = sorted(set(self.recorder.partitions) - self.recorder.bound_partitions)
+            if unbound:
+                return f"recorder partitions not bound: {unbound}"
+        return None
+
+    async def export_backlogs(self) -> None:
+        """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers of this process."""
+        nc, names, lag = self._nc, self.settings.worker_names, self.metrics.consumer_lag
+        if nc is None:
+            return
+        js = nc.jetstream(timeout=5.0)
+        if "compactor" in names or "budgeter" in names:
+            info = await js.stream_info(JOBS_STREAM)
+            self.metrics.queue_depth.set(info.state.messages)
+            age = 0.0
+            if info.state.messages:
+                first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
+                stamp = first.time
+                if isinstance(stamp, str):
+                    stamp = _parse_nats_time(stamp)
+                if isinstance(stamp, datetime):
+                    age = (datetime.now(UTC) - stamp).total_seconds()
+            self.metrics.queue_oldest_age.set(max(0.0, age))
+        if "compactor" in names:
+            consumer = await js.consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
+            lag.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(consumer.num_pending + consumer.num_ack_pending)
+        if self.recorder is not None:
+            for partition, pending in (await self.recorder.lag()).items():
+                lag.labels(worker="recorder", consumer=f"p{partition}").set(pending)
+        if self.budgeter is not None:
+            lag.labels(worker="budgeter", consumer="threads").set(self.budgeter.backlog)
+        if self.indexer is not None:
+            lag.labels(worker="indexer", consumer="threads").set(self.indexer.backlog)
+
     async def stop(self) -> None:
-        """Stop pulling, finish what is in hand, close connections. Safe to call twice."""
+        """Stop pulling, finish and ack what is in hand, close connections. Safe to call twice.
+
+        Readiness turns 503 first, so a load balancer stops routing prepares here while we drain.
+        """
+        self._draining = True
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:
@@ -202,7 +290,7 @@ class Fleet:
             await asyncio.gather(self._gauges, return_exceptions=True)
             self._gauges = None
         if recorder is not None:
-            await recorder.stop()
+            await recorder.stop(timeout=self.settings.shutdown_timeout_s)
         if broker is not None:
             await broker.stop()
         if budgeter is not None:
@@ -214,3 +302,6 @@ class Fleet:
             await nc.drain()
         if pool is not None:
             await pool.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None

@@ -64,6 +64,11 @@ class BudgeterWorker:
         async with self._pool.acquire() as conn:
             return list(await ViewsRepo.stale_threads(conn, 200))
 
+    @property
+    def backlog(self) -> int:
+        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
+        return self._scheduler.backlog if self._scheduler is not None else 0
+
     async def start(self) -> None:
         """Start the catch-up sweep."""
         if self._scheduler is not None:

@@ -71,6 +71,11 @@ class CoalescingScheduler:
         finally:
             self._running.pop(thread_id, None)
 
+    @property
+    def backlog(self) -> int:
+        """Threads being worked on or waiting for another pass."""
+        return len(self._running) + len(self._again - self._running.keys())
+
     def start(self) -> None:
         """Start the catch-up sweep."""
         self._sweeper = asyncio.create_task(self._sweep())

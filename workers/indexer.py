@@ -42,6 +42,11 @@ class IndexerWorker:
         assert self._pool is not None
         return list(await stale_threads(self._pool))
 
+    @property
+    def backlog(self) -> int:
+        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
+        return self._scheduler.backlog if self._scheduler is not None else 0
+
     async def start(self) -> None:
         """Start the catch-up sweep."""
         if self._scheduler is not None:

@@ -106,6 +106,12 @@ class FleetMetrics:
         self.queue_oldest_age = Gauge(
             "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r
         )
+        self.consumer_lag = Gauge(
+            "ctx_consumer_lag",
+            "Work a worker has not finished: events per recorder partition, jobs for compactors, threads for budgeter/indexer",
+            ["worker", "consumer"],
+            registry=r,
+        )
         self.prepare_errors = Counter("ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r)
         self.prepare_tokens = Histogram(
             "ctx_prepare_tokens",

@@ -77,6 +77,27 @@ class RecorderWorker:
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()
+        self._subs: dict[int, JetStreamContext.PullSubscription] = {}
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this recorder owns."""
+        return self._partitions
+
+    @property
+    def bound_partitions(self) -> set[int]:
+        """The owned partitions whose consumer is bound right now (readiness)."""
+        return set(self._subs)
+
+    async def lag(self) -> dict[int, int]:
+        """Events stored but not yet fetched, per bound partition."""
+        out: dict[int, int] = {}
+        for partition, sub in list(self._subs.items()):
+            try:
+                out[partition] = (await sub.consumer_info()).num_pending or 0
+            except Exception:  # rebinding right now; the next round reports it
+                continue
+        return out
 
     async def start(self) -> None:
         """Start reading every owned partition."""
@@ -139,6 +160,7 @@ class RecorderWorker:
         config.name = name
         await self._js.add_consumer(EVENTS_STREAM, config=config)
         sub = await self._js.pull_subscribe_bind(stream=EVENTS_STREAM, consumer=name, name=name)
+        self._subs[partition] = sub
         try:
             expected = 1
             while not self._stopping.is_set():
@@ -159,6 +181,7 @@ class RecorderWorker:
                     log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
                     return
         finally:
+            self._subs.pop(partition, None)
             await _quietly(sub.unsubscribe())
             # The server drops it after inactive_threshold anyway; this just tidies up sooner.
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import asyncpg
 
-__all__ = ["MigrationError", "apply_migrations", "list_migrations"]
+__all__ = ["MigrationError", "apply_migrations", "list_migrations", "pending_migrations"]
 
 _NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Any constant works; it only has to be the same for every process that migrates this database.
@@ -53,3 +53,10 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path) -> list[st
             await conn.execute("INSERT INTO ctx.schema_migrations (version, name) VALUES ($1, $2)", version, name)
             applied_now.append(name)
     return applied_now
+
+
+async def pending_migrations(conn: asyncpg.Connection, directory: Path) -> list[str]:
+    """The migrations this build has that the database has not applied (read-only)."""
+    exists = await conn.fetchval("SELECT to_regclass('ctx.schema_migrations') IS NOT NULL")
+    done = {r["version"] for r in await conn.fetch("SELECT version FROM ctx.schema_migrations")} if exists else set()
+    return [name for version, name, _ in list_migrations(directory) if version not in done]

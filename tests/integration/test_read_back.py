@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 import pytest
 
@@ -59,18 +61,22 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    await start_fleet(metrics_port=port)
+    await start_fleet(http_port=port)
     t = Thread()
     await client.append(t.user("hello", key="k"))
     await client.prepare(PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k"))
 
+    async def scrape() -> str:
+        # The endpoint runs on the fleet's own loop: fetch from a thread, as a scraper would from afar.
+        page = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        return bytes(page).decode()
+
     async def scraped() -> bool:
-        return "ctx_events_recorded_total 1.0" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        return "ctx_events_recorded_total 1.0" in await scrape()
 
     await eventually(scraped, what="the recorded-events counter")
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     await client.search(SearchRequest(session_id=t.session_id, query="hello"))
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    body = await scrape()
     for name in ("ctx_prepare_seconds_bucket", "ctx_prepare_input_tokens_bucket", "ctx_compactions_total", "ctx_compaction_queue_depth",
                  "ctx_search_seconds_bucket", "ctx_indexed_records_total"):
         assert name in body or name.replace("_total", "") in body
