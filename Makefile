@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit typecheck bench schemas install clean
+.PHONY: run test test-unit typecheck bench dashboard schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ typecheck: $(STAMP)
 ## Throughput and latency figures (see README, "Measured").
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+## The README's dashboard picture: a real replay, /metrics scraped every second, plotted.
+dashboard: $(STAMP)
+	$(PY) -m benchmarks.dashboard_png --out docs/dashboard.png
 
 ## JSON Schema per message + the AsyncAPI document, into schemas/.
 schemas: $(STAMP)

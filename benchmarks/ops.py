@@ -3,7 +3,7 @@
 Each worker runs as the image runs it (`ctxfleet worker NAME`, one process) against real servers.
 Start-to-ready is from process spawn to the first 200 on /readyz (so it includes the interpreter,
 imports, the migration and provisioning checks, connecting and binding consumers). Idle memory is
-VmRSS after 3 s ready with no traffic. Drain time is SIGTERM to exit while small-budget replays keep
+VmRSS after 3 s ready with no traffic. Drain time is SIGTERM to exit while small-budget (6,000-token) replays keep
 every worker busy (recording, prepares, compactions, indexing); each drained worker is restarted so
 the load continues, and the bench then checks that every replayed event was recorded exactly once.
 """
@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import statistics
+from collections import Counter
 import subprocess
 import sys
 import time
@@ -114,14 +115,17 @@ async def bench_ops(nats_url: str, database_url: str, tmp: Path, *, rounds: int 
             await asyncio.to_thread(worker.ready_after)
         traces = sorted(SAMPLES_DIR.glob("*.jsonl"))
         async with await FleetClient.connect(nats_url, name="ops-bench") as client:
-            policy = ContextPolicy(name="ops-3000", model_profile=None, budget_tokens=3000)
+            policy = ContextPolicy(name="ops-6000", model_profile=None, budget_tokens=6000)
             await client.register_policy(policy)
             lines_by_trace = [read_trace(t) for t in traces]
+
+            error_codes: Counter[str] = Counter()
 
             async def replay(i: int) -> int:
                 lines = lines_by_trace[i % len(lines_by_trace)]
                 options = ReplayOptions(session_id=f"ops-{i}", policy=policy.name)
                 report = await replay_trace(client, lines, options)
+                error_codes.update(str(p["error"]).split(":")[0] for p in report.prepares if "error" in p)
                 errors = report.totals.get("errors", 0)
                 return int(errors) if isinstance(errors, int) else 0
 
@@ -159,6 +163,8 @@ async def bench_ops(nats_url: str, database_url: str, tmp: Path, *, rounds: int 
         "load": {
             "sessions": sessions,
             "replay_errors": replay_errors,
+            # Refusals a budget this small causes anyway (pinned content alone exceeds it) are not drain losses.
+            "replay_errors_by_code": dict(error_codes),
             "replays_failed": failed,
             # Run-closing events the replay adds are counted in the ledger too: at least, never fewer.
             "events_replayed_at_least": expected_events,

@@ -306,8 +306,8 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
-    asyncio.run(provision(_fleet_nats_url(settings), settings, force=args.force))
-    print("streams provisioned")
+    result = asyncio.run(provision(_fleet_nats_url(settings), settings, force=args.force))
+    print(f"streams provisioned: events {result.events}, dead letters {result.dead}, jobs {result.jobs}")
     return 0
 
 

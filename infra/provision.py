@@ -21,7 +21,7 @@ from nats.js.api import (
     StreamConfig,
     SubjectTransform,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
 from contracts.subjects import DEAD, DEAD_STREAM, EVENTS, EVENTS_STREAM, partition_transform
@@ -63,9 +63,10 @@ async def check_server(nc: NatsClient) -> str:
     return version
 
 
-def _events_config(partitions: int, max_age_s: float) -> StreamConfig:
+def _events_config(partitions: int, max_age_s: float, replicas: int) -> StreamConfig:
     src, dest = partition_transform(partitions)
     return StreamConfig(
+        num_replicas=replicas,
         name=EVENTS_STREAM,
         subjects=[src],
         subject_transform=SubjectTransform(src=src, dest=dest),
@@ -78,8 +79,9 @@ def _events_config(partitions: int, max_age_s: float) -> StreamConfig:
     )
 
 
-def _jobs_config() -> StreamConfig:
+def _jobs_config(replicas: int) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=JOBS_STREAM,
         subjects=[COMPACTION_JOBS],
         retention=RetentionPolicy.WORK_QUEUE,
@@ -101,8 +103,9 @@ def _compactor_consumer() -> ConsumerConfig:
     )
 
 
-def _dead_config() -> StreamConfig:
+def _dead_config(replicas: int) -> StreamConfig:
     return StreamConfig(
+        num_replicas=replicas,
         name=DEAD_STREAM,
         subjects=[f"{DEAD}.>"],
         retention=RetentionPolicy.LIMITS,
@@ -113,16 +116,25 @@ def _dead_config() -> StreamConfig:
 
 
 async def provision_streams(
-    nc: NatsClient, *, partitions: int, force: bool = False, events_max_age_s: float = 7 * 24 * 3600.0
+    nc: NatsClient,
+    *,
+    partitions: int,
+    force: bool = False,
+    events_max_age_s: float = 7 * 24 * 3600.0,
+    replicas: int = 1,
 ) -> ProvisionResult:
     """Create or reconcile the streams; refuses to change the partition count unless ``force``."""
     await check_server(nc)
     js = nc.jetstream(timeout=10.0)
-    events = await _ensure(js, _events_config(partitions, events_max_age_s), partitions, force)
-    dead = await _ensure(js, _dead_config(), None, force)
-    jobs = await _ensure(js, _jobs_config(), None, force)
-    # Idempotent: creating a durable with the same config again is accepted; a changed one is updated.
-    await js.add_consumer(JOBS_STREAM, config=_compactor_consumer())
+    try:
+        events = await _ensure(js, _events_config(partitions, events_max_age_s, replicas), partitions, force)
+        dead = await _ensure(js, _dead_config(replicas), None, force)
+        jobs = await _ensure(js, _jobs_config(replicas), None, force)
+        # Idempotent: creating a durable with the same config again is accepted; a changed one is updated.
+        await js.add_consumer(JOBS_STREAM, config=_compactor_consumer())
+    except APIError as exc:
+        hint = f" CTX_STREAM_REPLICAS={replicas} needs a JetStream cluster of at least {replicas} servers." if replicas > 1 else ""
+        raise ProvisionError(f"the server refused the fleet's streams: {exc.description or exc}.{hint}") from None
     return ProvisionResult(events=events, dead=dead, jobs=jobs)
 
 
@@ -164,6 +176,7 @@ def _same(a: StreamConfig, b: StreamConfig) -> bool:
             c.retention,
             c.duplicate_window,
             c.max_age,
+            c.num_replicas or 1,
         )
 
     return key(a) == key(b)

@@ -16,7 +16,7 @@ from workers.app import Fleet
 
 from . import MIGRATIONS_DIR
 from .embedded import EmbeddedNats, EmbeddedPostgres
-from .provision import provision_streams
+from .provision import ProvisionResult, provision_streams
 
 __all__ = [
     "NotProvisioned",
@@ -111,12 +111,13 @@ async def require_current_schema(database_url: str, settings: Settings, director
         raise SchemaBehind(pending)
 
 
-async def provision(nats_url: str, settings: Settings, *, force: bool = False) -> None:
+async def provision(nats_url: str, settings: Settings, *, force: bool = False) -> ProvisionResult:
     """Check the broker and create or reconcile the streams."""
     nc = await nats.connect(nats_url, name="ctxfleet-provision", **settings.nats_options())
     try:
-        result = await provision_streams(nc, partitions=settings.partitions, force=force)
+        result = await provision_streams(nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas)
         log.info("streams: events %s, dead letters %s, jobs %s", result.events, result.dead, result.jobs)
+        return result
     finally:
         await nc.close()
 

@@ -17,6 +17,8 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from contracts import JOBS_STREAM, DeadLetter
 from contracts.subjects import DEAD
@@ -37,7 +39,7 @@ from .budgeter import BudgeterWorker
 from .compactor import COMPACTOR_DURABLE, CompactorWorker
 from .health import HealthServer
 from .indexer import IndexerWorker
-from .jobs import JetStreamJobQueue
+from .jobs import CountedJobQueue, JetStreamJobQueue
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
@@ -118,6 +120,27 @@ async def _watch_backlogs(fleet: Fleet, every_s: float = 5.0) -> None:
         await asyncio.sleep(every_s)
 
 
+async def _answer_what_was_delivered(broker: NatsBroker) -> None:
+    """Drain every core subscription: requests already delivered here are answered, then it unsubscribes.
+
+    FastStream's stop unsubscribes outright, which drops requests buffered in this process (their
+    callers would time out although another assembler could have served them). A drain tells the
+    server to stop sending, then handles what was delivered; new requests go to the other replicas.
+    """
+
+    async def drain(subscriber: object) -> None:
+        subscription = getattr(subscriber, "subscription", None)
+        if not isinstance(subscription, Subscription):  # JetStream pull subscriptions ack or redeliver
+            return
+        try:
+            await subscription.drain()  # type: ignore[no-untyped-call]
+        except NatsError as exc:
+            log.debug("drain: %s", exc)
+        setattr(subscriber, "subscription", None)  # drained: nothing left for FastStream to unsubscribe
+
+    await asyncio.gather(*(drain(s) for s in broker.subscribers))
+
+
 def broker_security(settings: Settings) -> NatsSecurity | None:
     """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
     options = settings.nats_options()
@@ -179,7 +202,8 @@ class Fleet:
         )
         if "assembler" in names:
             board = NoticeBoard()
-            service = PrepareService(self.pool, board, loader=loader, queue=queue, compaction_wait_ms=s.compaction_wait_ms)
+            counted = CountedJobQueue(queue, self.metrics)
+            service = PrepareService(self.pool, board, loader=loader, queue=counted, compaction_wait_ms=s.compaction_wait_ms)
             self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool).router)
         if "budgeter" in names:
             self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
@@ -292,6 +316,7 @@ class Fleet:
         if recorder is not None:
             await recorder.stop(timeout=self.settings.shutdown_timeout_s)
         if broker is not None:
+            await _answer_what_was_delivered(broker)
             await broker.stop()
         if budgeter is not None:
             await budgeter.stop()

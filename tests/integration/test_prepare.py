@@ -146,3 +146,7 @@ async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budge
     assert prepared.messages[0].role == "system" and prepared.messages[-1].content == "final question"
     assert prepared.messages[1].content.startswith("[context summary")  # type: ignore[union-attr]
     assert prepared.omitted == ()  # history was summarized, not dropped
+    # The urgent job this prepare asked for is counted like the budgeter's, so dashboards see its cause.
+    registry = fleet.metrics.registry
+    assert (registry.get_sample_value("ctx_compaction_trigger_hits_total", {"condition": "hard_budget", "policy": "default@1"}) or 0) >= 1
+    assert (registry.get_sample_value("ctx_compaction_jobs_total", {"outcome": "enqueued", "reason": "hard_budget"}) or 0) >= 1

@@ -35,14 +35,29 @@ async def test_server_partitions_sessions_exactly_as_partition_of_predicts(strea
 async def test_provision_is_idempotent_and_refuses_a_new_partition_count_unless_forced(streams: str) -> None:
     nc = await nats.connect(streams)
     try:
+        js = nc.jetstream()
+        consumer_before = await js.consumer_info("CTX_JOBS", "compactor")
         again = await provision_streams(nc, partitions=TEST_PARTITIONS)
-        assert (again.events, again.dead) == ("unchanged", "unchanged")
+        assert (again.events, again.dead, again.jobs) == ("unchanged", "unchanged", "unchanged")
+        consumer_after = await js.consumer_info("CTX_JOBS", "compactor")
+        assert consumer_after.config == consumer_before.config and consumer_after.created == consumer_before.created
         with pytest.raises(ProvisionError, match="partitioned 4 ways"):
             await provision_streams(nc, partitions=8)
         forced = await provision_streams(nc, partitions=8, force=True)
         assert forced.events == "updated"
         info = await nc.jetstream().stream_info(EVENTS_STREAM)
         assert "partition(8,1)" in (info.config.subject_transform.dest or "")  # type: ignore[union-attr]
+    finally:
+        await nc.close()
+
+
+async def test_provision_asks_for_a_cluster_when_replicas_exceed_the_servers(streams: str) -> None:
+    nc = await nats.connect(streams)
+    try:
+        with pytest.raises(ProvisionError, match="CTX_STREAM_REPLICAS=3 needs a JetStream cluster of at least 3 servers"):
+            await provision_streams(nc, partitions=TEST_PARTITIONS, replicas=3)
+        info = await nc.jetstream().stream_info(EVENTS_STREAM)
+        assert info.config.num_replicas == 1  # refused, not half-applied
     finally:
         await nc.close()
 
@@ -74,3 +89,24 @@ async def test_check_server_accepts_the_embedded_server(nats_url: str) -> None:
         assert (await check_server(nc)).startswith("2.")
     finally:
         await nc.close()
+
+
+def test_ctxfleet_provision_twice_changes_nothing_the_second_time(streams: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+    env.update(CTX_NATS_URL=streams, CTX_PARTITIONS=str(TEST_PARTITIONS), CTX_DATA_DIR=str(tmp_path))
+    root = Path(__file__).resolve().parents[2]
+    runs = [
+        subprocess.run([sys.executable, "-m", "infra.cli", "provision"], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
+    assert runs[1].stdout.strip() == "streams provisioned: events unchanged, dead letters unchanged, jobs unchanged"
+    refused = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "provision"], cwd=root, env={**env, "CTX_PARTITIONS": "8"}, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2 and "--force" in refused.stderr and "Traceback" not in refused.stderr

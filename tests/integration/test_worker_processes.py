@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from infra.embedded import EmbeddedNats, free_port
+from contracts import PrepareRequest
 from services.client import FleetClient
 from services.settings import WORKER_NAMES
 from tests.fixtures.builders import Thread
@@ -205,3 +206,23 @@ async def test_a_worker_refuses_a_broker_without_the_fleet_streams_and_names_the
         await asyncio.to_thread(bare.stop)
     assert result.returncode == 2
     assert "ctxfleet provision" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(start_fleet, client: FleetClient) -> None:  # type: ignore[no-untyped-def]
+    await start_fleet(workers="recorder")
+    leaving = await start_fleet(workers="assembler", recorder_id="leaving")
+    await start_fleet(workers="assembler", recorder_id="staying")
+    threads = [Thread() for _ in range(20)]
+    for t in threads:
+        await client.append(t.system("Be brief."))
+        await client.append(t.user("what changed?", key="q"))
+
+    async def prepare(t: Thread) -> str:
+        request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=4000, after_event_key="q")
+        return (await client.prepare(request)).messages[-1].content  # type: ignore[return-value]
+
+    load = asyncio.gather(*(prepare(t) for t in threads * 15))
+    await asyncio.sleep(0.05)
+    await leaving.stop()  # what SIGTERM does, in this process
+    answers = await load
+    assert answers == ["what changed?"] * len(threads) * 15
