@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncpg
-import nats
 from nats.js.errors import NotFoundError
 
+from services.client import connect_nats
 from services.settings import Settings
 from services.store.migrate import apply_migrations, pending_migrations
 from workers.app import Fleet
@@ -113,7 +113,7 @@ async def require_current_schema(database_url: str, settings: Settings, director
 
 async def provision(nats_url: str, settings: Settings, *, force: bool = False) -> ProvisionResult:
     """Check the broker and create or reconcile the streams."""
-    nc = await nats.connect(nats_url, name="ctxfleet-provision", **settings.nats_options())
+    nc = await connect_nats(nats_url, name="ctxfleet-provision", **settings.nats_options())
     try:
         result = await provision_streams(nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas)
         log.info("streams: events %s, dead letters %s, jobs %s", result.events, result.dead, result.jobs)

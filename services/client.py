@@ -50,7 +50,7 @@ from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, p
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
 from .settings import redact_url
 
-__all__ = ["AppendAck", "FleetClient", "msg_id_of"]
+__all__ = ["AppendAck", "FleetClient", "connect_nats", "msg_id_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,34 @@ def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
     reason instead of the publisher being told "duplicate" and nothing else.
     """
     return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
+
+
+async def connect_nats(nats_url: str, *, name: str, **options: Any) -> NatsClient:
+    """A connection for a long-running process: fail fast at start, then reconnect for ever.
+
+    A wrong password or an unreachable server at start is a configuration error to report now
+    (nats-py would otherwise retry for minutes); once connected, a broker restart or failover must
+    never leave a worker alive but permanently disconnected.
+    """
+    nc = NatsClient()
+    try:
+        await nc.connect(nats_url, name=name, allow_reconnect=False, connect_timeout=5, **options)
+    except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
+        await _close_quietly(nc)  # nats-py leaves the failed socket open
+        raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
+    nc.options["allow_reconnect"] = True
+    nc.options["max_reconnect_attempts"] = -1
+    return nc
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    try:
+        await nc.close()
+    except Exception:  # already closed or never opened: nothing left to release
+        pass
+    transport = getattr(nc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 class FleetClient:

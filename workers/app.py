@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from dataclasses import dataclass, field
 
 import asyncpg
-import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
@@ -23,6 +22,7 @@ from nats.errors import Error as NatsError
 from contracts import JOBS_STREAM, DeadLetter
 from contracts.subjects import DEAD
 from services.budgeting import BudgetService
+from services.client import connect_nats
 from services.compacting import CompactionService, SummarizerFactory
 from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.compaction.model import Summarizer
@@ -184,12 +184,12 @@ class Fleet:
         names = s.worker_names
         if s.http_port:
             # First, so a probe can tell "starting" (503) from "dead" while connections come up.
-            self._http = HealthServer(self.metrics.registry, self.readiness)
+            self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness)
             self.http_port = await self._http.start(s.http_host, s.http_port)
         self.pool = await asyncpg.create_pool(
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
-        self._nc = await nats.connect(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
+        self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
         queue = JetStreamJobQueue(self._nc.jetstream(timeout=10.0))
         loader = ViewLoader(self.pool)
         self.broker = NatsBroker(
@@ -238,6 +238,11 @@ class Fleet:
         self._gauges = asyncio.create_task(_watch_backlogs(self))
         self._started = True
         log.info("workers %s started", ", ".join(names))
+
+    async def liveness(self) -> dict[str, str | None]:
+        """Whether a restart would help: only when the NATS connection is gone for good."""
+        closed = self._nc is not None and self._nc.is_closed and not self._draining
+        return {"nats": "connection closed" if closed else None}
 
     async def readiness(self) -> dict[str, str | None]:
         """Each dependency of serving, ``None`` when fine: NATS, Postgres, bound consumers."""

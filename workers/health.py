@@ -26,9 +26,10 @@ _REQUEST_TIMEOUT_S = 5.0
 class HealthServer:
     """Serves the three routes on ``host:port`` until closed."""
 
-    def __init__(self, registry: CollectorRegistry, readiness: Readiness) -> None:
+    def __init__(self, registry: CollectorRegistry, readiness: Readiness, liveness: Readiness) -> None:
         self._registry = registry
         self._readiness = readiness
+        self._liveness = liveness
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -75,7 +76,10 @@ class HealthServer:
         if route == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         if route == "/healthz":
-            return 200, "text/plain", b"ok\n"
+            checks = dict(await self._liveness())
+            if all(v is None for v in checks.values()):
+                return 200, "text/plain", b"ok\n"
+            return 503, "text/plain", "".join(f"{k}: {v}\n" for k, v in checks.items() if v).encode()
         if route == "/readyz":
             checks = dict(await self._readiness())
             ready = all(v is None for v in checks.values())
