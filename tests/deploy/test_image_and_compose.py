@@ -123,6 +123,33 @@ def test_image_installs_the_package_itself_not_editable_and_without_dev_extras()
     assert "[dev" not in CONTAINERFILE.read_text(encoding="utf-8")
 
 
+def test_the_wheel_the_image_installs_carries_every_file_the_workers_read(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    # Build from a copy: an in-tree build leaves build/ behind, and the image builds from a clean context.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".ctxfleet", "build", "*.egg-info", "__pycache__", "out"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
+        check=True, capture_output=True, timeout=120,
+    )
+    [wheel] = (tmp_path / "dist").glob("ctxfleet-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    needed = [
+        *(f"infra/migrations/{p.name}" for p in (ROOT / "infra" / "migrations").glob("*.sql")),
+        *(f"services/tokenizer_data/{p.name}" for p in (ROOT / "services" / "tokenizer_data").glob("*.tiktoken.gz")),
+        *(f"infra/samples/{p.name}" for p in (ROOT / "infra" / "samples").glob("*.jsonl")),
+        "contracts/py.typed", "services/py.typed", "workers/py.typed", "infra/nats_accounts.py", "workers/health.py",
+    ]
+    assert len(needed) > 10 and sorted(set(needed) - names) == []
+    assert not any(n.startswith(("tests/", "benchmarks/")) for n in names), "test or bench code in the image"
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "ctxfleet = infra.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
 def test_final_stage_runs_as_a_numeric_non_root_user() -> None:
     # A numeric uid lets Kubernetes' runAsNonRoot verify the user without reading /etc/passwd.
     users = instruction_values(final_stage(), "USER")

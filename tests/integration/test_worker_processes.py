@@ -226,3 +226,20 @@ async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(star
     await leaving.stop()  # what SIGTERM does, in this process
     answers = await load
     assert answers == ["what changed?"] * len(threads) * 15
+
+
+async def test_secrets_never_reach_the_log_even_at_debug_level(worker_env: dict[str, str], tmp_path: Path) -> None:
+    secrets = {"CTX_DATABASE_PASSWORD": "pg-Secret-4711", "CTX_SUMMARIZER_API_KEY": "sk-Secret-4712", "CTX_NATS_PASSWORD": "nats-Secret-4713"}
+    # The test servers ignore credentials (trust auth, no NATS authorization), so the worker still starts.
+    env = {**worker_env, **secrets, "CTX_NATS_USER": "assembler", "CTX_LOG_LEVEL": "DEBUG"}
+    worker = Worker("assembler", env, tmp_path / "debug.log")
+    try:
+        await asyncio.to_thread(worker.wait_ready)
+        status, page = await asyncio.to_thread(_get, worker.port, "/metrics")
+        await asyncio.to_thread(worker.terminate)
+    finally:
+        worker.kill()
+    log = worker.log.read_text()
+    assert "DEBUG" in log  # the level really was DEBUG: the check below looked at everything
+    for value in secrets.values():
+        assert value not in log and value not in page
