@@ -17,13 +17,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspection, ThreadInspection
-import asyncpg
 
 from services.client import FleetClient
 from services.indexing import reindex
 from services.errors import CtxError, InvalidConfiguration
 from services.replay import ReplayOptions, ReplayReport, replay_trace
 from services.settings import Settings, load_settings, redact_url
+from services.store.connect import create_pool
 from services.trace import TraceFormatError, read_trace
 
 from . import SAMPLES_DIR
@@ -286,7 +286,7 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
 
     async def run() -> int:
-        pool = await asyncpg.create_pool(url, min_size=1, max_size=2, **settings.database_options())
+        pool = await create_pool(url, min_size=1, max_size=2, **settings.database_options())
         try:
             return await reindex(pool, args.session)
         finally:

@@ -6,11 +6,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import asyncpg
 from nats.js.errors import NotFoundError
 
 from services.client import connect_nats
 from services.settings import Settings
+from services.store.connect import connect as pg_connect
 from services.store.migrate import apply_migrations, pending_migrations
 from workers.app import Fleet
 
@@ -93,7 +93,7 @@ def start_servers(settings: Settings) -> Servers:
 async def migrate(database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply pending migrations."""
     options = settings.database_options() if settings is not None else {}
-    conn = await asyncpg.connect(database_url, **options)
+    conn = await pg_connect(database_url, **options)
     try:
         return await apply_migrations(conn, directory)
     finally:
@@ -102,7 +102,7 @@ async def migrate(database_url: str, settings: Settings | None = None, directory
 
 async def require_current_schema(database_url: str, settings: Settings, directory: Path = MIGRATIONS_DIR) -> None:
     """Refuse to serve on a database this build's migrations have not reached (the Job's task, not ours)."""
-    conn = await asyncpg.connect(database_url, **settings.database_options())
+    conn = await pg_connect(database_url, **settings.database_options())
     try:
         pending = await pending_migrations(conn, directory)
     finally:

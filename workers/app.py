@@ -22,6 +22,7 @@ from nats.errors import Error as NatsError
 from contracts import JOBS_STREAM, DeadLetter
 from contracts.subjects import DEAD
 from services.budgeting import BudgetService
+from services.errors import InvalidConfiguration
 from services.client import connect_nats
 from services.compacting import CompactionService, SummarizerFactory
 from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
@@ -32,6 +33,7 @@ from services.notices import NoticeBoard
 from services.preparing import PrepareService
 from services.records import LedgerRecord
 from services.settings import Settings
+from services.store.connect import create_pool
 from services.views import ViewLoader
 
 from .assembler import AssemblerWorker
@@ -185,8 +187,12 @@ class Fleet:
         if s.http_port:
             # First, so a probe can tell "starting" (503) from "dead" while connections come up.
             self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness)
-            self.http_port = await self._http.start(s.http_host, s.http_port)
-        self.pool = await asyncpg.create_pool(
+            try:
+                self.http_port = await self._http.start(s.http_host, s.http_port)
+            except OSError as exc:
+                self._http = None
+                raise InvalidConfiguration([f"CTX_HTTP_PORT: cannot listen on {s.http_host}:{s.http_port}: {exc.strerror or exc}"]) from None
+        self.pool = await create_pool(
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())

@@ -243,3 +243,24 @@ async def test_secrets_never_reach_the_log_even_at_debug_level(worker_env: dict[
     assert "DEBUG" in log  # the level really was DEBUG: the check below looked at everything
     for value in secrets.values():
         assert value not in log and value not in page
+
+
+async def test_a_worker_that_cannot_reach_postgres_says_where_without_the_password(worker_env: dict[str, str]) -> None:
+    port = free_port()  # nothing listens here
+    env = {**worker_env, "CTX_DATABASE_URL": f"postgresql://app:pw-Secret-99@127.0.0.1:{port}/ctx"}
+    result = await asyncio.to_thread(_run_worker, "indexer", env)
+    assert result.returncode == 2
+    assert f"cannot connect to PostgreSQL at postgresql://app:***@127.0.0.1:{port}/ctx" in result.stderr
+    assert "pw-Secret-99" not in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_taken_http_port_is_a_clear_startup_error(worker_env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = await asyncio.to_thread(_run_worker, "budgeter", {**worker_env, "CTX_HTTP_PORT": str(port)})
+    assert result.returncode == 2
+    assert f"CTX_HTTP_PORT: cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
