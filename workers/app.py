@@ -203,6 +203,8 @@ class Fleet:
             name=f"ctxfleet-broker-{s.recorder_id}",
             logger=None,
             security=broker_security(s),
+            # Like our own connection: ride out any broker outage rather than give up after a minute.
+            max_reconnect_attempts=-1,
             # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
             graceful_timeout=s.shutdown_timeout_s,
         )

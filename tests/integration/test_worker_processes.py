@@ -264,3 +264,46 @@ async def test_a_taken_http_port_is_a_clear_startup_error(worker_env: dict[str, 
         result = await asyncio.to_thread(_run_worker, "budgeter", {**worker_env, "CTX_HTTP_PORT": str(port)})
     assert result.returncode == 2
     assert f"CTX_HTTP_PORT: cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_a_broker_restart_turns_readiness_503_then_the_worker_reconnects_and_records_again(
+    database_url: str, tmp_path: Path
+) -> None:
+    from infra.runtime import provision
+    from tests.fixtures.fleet import make_settings
+    from workers.app import Fleet
+
+    broker = EmbeddedNats(tmp_path / "own-nats")
+    url = await asyncio.to_thread(broker.start)
+    port = free_port()
+    settings = make_settings(url, database_url, tmp_path, http_port=port, workers="recorder,assembler")
+    fleet = Fleet(settings, nats_url=url, database_url=database_url)
+    try:
+        await provision(url, settings)
+        await fleet.start()
+
+        async def status() -> int:
+            return (await asyncio.to_thread(_get, port, "/readyz"))[0]
+
+        async def ready() -> bool:
+            return await status() == 200
+
+        await eventually(ready, what="ready")
+        await asyncio.to_thread(broker.stop)
+
+        async def unready() -> bool:
+            return await status() == 503
+
+        await eventually(unready, what="503 while NATS is down")
+        _, body = await asyncio.to_thread(_get, port, "/readyz")
+        assert json.loads(body)["checks"]["nats"] == "not connected"
+        await asyncio.to_thread(broker.start)  # same port, same JetStream store
+        await eventually(ready, timeout=30, what="ready again after the broker came back")
+        async with await FleetClient.connect(url) as client:
+            t = Thread()
+            await client.append(t.user("after the restart", key="k"))
+            prepared = await client.prepare(PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k"))
+        assert prepared.messages[-1].content == "after the restart"
+    finally:
+        await fleet.stop()
+        await asyncio.to_thread(broker.stop)
