@@ -18,6 +18,8 @@ from infra.provision import ProvisionResult
 from infra.runtime import provision
 from services.errors import FleetUnavailable
 from services.settings import load_settings
+from tests.fixtures.nats_jwt import mint_jwt_setup
+from workers.app import Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]
 
@@ -109,4 +111,26 @@ async def test_mutual_tls_verifies_the_server_and_presents_a_client_certificate(
         with pytest.raises(FleetUnavailable, match="cannot connect to NATS"):
             await asyncio.wait_for(provision(url, load_settings()), timeout=20)
     finally:
+        await asyncio.to_thread(server.stop)
+
+
+@pytest.mark.pg
+async def test_a_creds_file_authenticates_provisioning_and_a_running_fleet(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path, database_url: str
+) -> None:
+    setup = mint_jwt_setup(tmp_path)
+    server = await _start(tmp_path, setup.server_config)
+    fleet: Fleet | None = None
+    try:
+        result = await _provision_as(server.url, tmp_path, {"CTX_NATS_CREDS_FILE": str(setup.creds_file)}, clean_env)
+        assert result.events == "created"
+        # The FastStream broker authenticates separately (NatsCredentials): the compactor and assembler use it.
+        clean_env.setenv("CTX_WORKERS", "recorder,assembler,compactor")
+        fleet = Fleet(load_settings(), nats_url=server.url, database_url=database_url)
+        await fleet.start()
+        checks = await fleet.readiness()
+        assert checks["broker"] is None and checks["nats"] is None, checks
+    finally:
+        if fleet is not None:
+            await fleet.stop()
         await asyncio.to_thread(server.stop)
