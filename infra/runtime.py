@@ -8,11 +8,14 @@ from pathlib import Path
 
 from nats.js.errors import NotFoundError
 
+from contracts import JOBS_STREAM
 from services.client import connect_nats
+from services.errors import FleetUnavailable, StoreUnavailable
 from services.settings import Settings
 from services.store.connect import connect as pg_connect
 from services.store.migrate import apply_migrations, pending_migrations
 from workers.app import Fleet
+from workers.compactor import COMPACTOR_DURABLE
 
 from . import MIGRATIONS_DIR
 from .embedded import EmbeddedNats, EmbeddedPostgres
@@ -24,6 +27,7 @@ __all__ = [
     "Servers",
     "migrate",
     "provision",
+    "fleet_prerequisites",
     "require_current_schema",
     "serve_workers",
     "start_fleet",
@@ -131,16 +135,37 @@ async def start_fleet(settings: Settings, servers: Servers) -> Fleet:
     return fleet
 
 
+async def fleet_prerequisites(settings: Settings, servers: Servers) -> None:
+    """What someone else must have done before these workers can serve: migrations, and provisioning.
+
+    Provisioning is checked where a worker would fail without it (the compactor binds the durable
+    consumer that ``ctxfleet provision`` creates last); recorders retry on their own, others need none.
+    """
+    await require_current_schema(servers.database_url, settings)
+    if "compactor" in settings.worker_names:
+        nc = await connect_nats(servers.nats_url, name="ctxfleet-startup-check", **settings.nats_options())
+        try:
+            await nc.jetstream(timeout=5.0).consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
+        except NotFoundError as exc:
+            raise NotProvisioned(str(exc)) from None
+        finally:
+            await nc.close()
+
+
 async def serve_workers(settings: Settings, servers: Servers) -> Fleet:
     """Start workers on a fleet someone else migrated and provisioned (``ctxfleet worker``, the image).
 
     Workers run with least privilege: a worker's NATS user cannot create streams, so checking and
     creating them is ``ctxfleet provision``'s job, run once (the k8s Job, Compose's one-shot service).
+    With ``CTX_STARTUP_WAIT_S`` the worker waits that long for it (live, not ready) instead of exiting.
     """
-    await require_current_schema(servers.database_url, settings)
     fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
+
+    async def prerequisites() -> None:
+        await fleet_prerequisites(settings, servers)
+
     try:
-        await fleet.start()
+        await fleet.start(prerequisites=prerequisites, retry_on=_NOT_YET)
     except NotFoundError as exc:
         await fleet.stop()
         raise NotProvisioned(str(exc)) from None
@@ -148,3 +173,7 @@ async def serve_workers(settings: Settings, servers: Servers) -> Fleet:
         await fleet.stop()
         raise
     return fleet
+
+
+# A fresh deployment: the migration Job, PostgreSQL or NATS may simply not be there yet.
+_NOT_YET: tuple[type[BaseException], ...] = (SchemaBehind, NotProvisioned, StoreUnavailable, FleetUnavailable)

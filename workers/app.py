@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from dataclasses import dataclass, field
 
@@ -48,6 +50,7 @@ from .recorder import RecorderWorker
 __all__ = ["Fleet", "broker_security", "create_docs_app", "recording_limits", "summarizer_factory"]
 
 log = logging.getLogger("ctxfleet")
+_STARTUP_RETRY_S = 2.0
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
@@ -179,9 +182,18 @@ class Fleet:
     _http: HealthServer | None = None
     _started: bool = False
     _draining: bool = False
+    _waiting: str | None = None
 
-    async def start(self) -> None:
-        """Serve the operations endpoint, connect and start every configured worker."""
+    async def start(
+        self,
+        prerequisites: Callable[[], Awaitable[None]] | None = None,
+        retry_on: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        """Serve the operations endpoint, wait for ``prerequisites``, connect and start every worker.
+
+        ``prerequisites`` failing with one of ``retry_on`` is retried for ``CTX_STARTUP_WAIT_S``
+        (live, not ready, the reason on /readyz); then, or with any other error, start fails.
+        """
         s = self.settings
         names = s.worker_names
         if s.http_port:
@@ -192,6 +204,8 @@ class Fleet:
             except OSError as exc:
                 self._http = None
                 raise InvalidConfiguration([f"CTX_HTTP_PORT: cannot listen on {s.http_host}:{s.http_port}: {exc.strerror or exc}"]) from None
+        if prerequisites is not None:
+            await self._wait_for(prerequisites, retry_on)
         self.pool = await create_pool(
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
@@ -247,6 +261,21 @@ class Fleet:
         self._started = True
         log.info("workers %s started", ", ".join(names))
 
+    async def _wait_for(self, prerequisites: Callable[[], Awaitable[None]], retry_on: tuple[type[BaseException], ...]) -> None:
+        deadline = time.monotonic() + self.settings.startup_wait_s
+        while True:
+            try:
+                await prerequisites()
+                self._waiting = None
+                return
+            except retry_on as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                if self._waiting != str(exc):
+                    log.warning("startup: waiting: %s", exc)
+                self._waiting = str(exc)
+                await asyncio.sleep(_STARTUP_RETRY_S)
+
     async def liveness(self) -> dict[str, str | None]:
         """Whether a restart would help: only when the NATS connection is gone for good."""
         closed = self._nc is not None and self._nc.is_closed and not self._draining
@@ -257,6 +286,8 @@ class Fleet:
         checks: dict[str, str | None] = {}
         if self._draining:
             checks["shutdown"] = "draining"
+        if self._waiting is not None:
+            checks["startup"] = f"waiting: {self._waiting}"[:300]
         checks["nats"] = None if self._nc is not None and self._nc.is_connected else "not connected"
         if self.broker is None:
             checks["broker"] = "not started"

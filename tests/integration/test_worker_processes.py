@@ -307,3 +307,35 @@ async def test_a_broker_restart_turns_readiness_503_then_the_worker_reconnects_a
     finally:
         await fleet.stop()
         await asyncio.to_thread(broker.stop)
+
+
+async def test_with_a_startup_wait_a_worker_is_live_unready_until_the_migrations_land(
+    worker_env: dict[str, str], pg_server_url: str, tmp_path: Path
+) -> None:
+    from infra.runtime import migrate
+
+    name = f"ctx_late_{os.getpid()}"
+    conn = await asyncpg.connect(pg_server_url)
+    await conn.execute(f"DROP DATABASE IF EXISTS {name}")
+    await conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(pg_server_url, name)
+    worker = Worker("compactor", {**worker_env, "CTX_DATABASE_URL": url, "CTX_STARTUP_WAIT_S": "60"}, tmp_path / "late.log")
+    try:
+        async def waiting() -> bool:
+            try:
+                status, body = await asyncio.to_thread(_get, worker.port, "/readyz")
+            except OSError:
+                return False
+            return status == 503 and "lacks migrations" in json.loads(body)["checks"].get("startup", "")
+
+        await eventually(waiting, timeout=30, what="503 naming the missing migrations")
+        assert (await asyncio.to_thread(_get, worker.port, "/healthz"))[0] == 200
+        await migrate(url)  # what the migration Job does
+        checks = await asyncio.to_thread(worker.wait_ready)
+        assert checks["ready"] is True and "startup" not in checks["checks"]
+        code, _ = await asyncio.to_thread(worker.terminate)
+        assert code == 0
+    finally:
+        worker.kill()
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await conn.close()
