@@ -198,12 +198,7 @@ class Fleet:
         names = s.worker_names
         if s.http_port:
             # First, so a probe can tell "starting" (503) from "dead" while connections come up.
-            self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness)
-            try:
-                self.http_port = await self._http.start(s.http_host, s.http_port)
-            except OSError as exc:
-                self._http = None
-                raise InvalidConfiguration([f"CTX_HTTP_PORT: cannot listen on {s.http_host}:{s.http_port}: {exc.strerror or exc}"]) from None
+            await self._serve_operations(s.http_host, s.http_port)
         if prerequisites is not None:
             await self._wait_for(prerequisites, retry_on)
         self.pool = await create_pool(
@@ -260,6 +255,14 @@ class Fleet:
         self._gauges = asyncio.create_task(_watch_backlogs(self))
         self._started = True
         log.info("workers %s started", ", ".join(names))
+
+    async def _serve_operations(self, host: str, port: int) -> None:
+        self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness)
+        try:
+            self.http_port = await self._http.start(host, port)
+        except OSError as exc:
+            self._http = None
+            raise InvalidConfiguration([f"CTX_HTTP_PORT: cannot listen on {host}:{port}: {exc.strerror or exc}"]) from None
 
     async def _wait_for(self, prerequisites: Callable[[], Awaitable[None]], retry_on: tuple[type[BaseException], ...]) -> None:
         deadline = time.monotonic() + self.settings.startup_wait_s
