@@ -16,7 +16,7 @@ from services.budgeting import BudgetService
 from services.errors import CtxError, ThreadNotFound
 from services.store.views import ViewsRepo
 
-from .coalescing import CoalescingScheduler, recorded_notices
+from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
 
 __all__ = ["BudgeterWorker"]
@@ -25,7 +25,7 @@ log = logging.getLogger("ctxfleet.budgeter")
 _SWEEP_S = 2.0
 
 
-class BudgeterWorker:
+class BudgeterWorker(CoalescingWorker):
     """Coalescing evaluator of threads."""
 
     def __init__(self, service: BudgetService | None, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
@@ -35,11 +35,6 @@ class BudgeterWorker:
         ready = service is not None and pool is not None
         self._scheduler = CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
         self.router = recorded_notices("budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule)
-
-    def schedule(self, thread_id: str) -> None:
-        """Evaluate ``thread_id`` soon (once more if an evaluation is running)."""
-        if self._scheduler is not None:
-            self._scheduler.schedule(thread_id)
 
     async def _evaluate(self, thread_id: str) -> None:
         assert self._service is not None
@@ -63,18 +58,3 @@ class BudgeterWorker:
         assert self._pool is not None
         async with self._pool.acquire() as conn:
             return list(await ViewsRepo.stale_threads(conn, 200))
-
-    @property
-    def backlog(self) -> int:
-        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
-        return self._scheduler.backlog if self._scheduler is not None else 0
-
-    async def start(self) -> None:
-        """Start the catch-up sweep."""
-        if self._scheduler is not None:
-            self._scheduler.start()
-
-    async def stop(self) -> None:
-        """Stop sweeping and let running evaluations finish."""
-        if self._scheduler is not None:
-            await self._scheduler.stop()

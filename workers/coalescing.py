@@ -18,7 +18,7 @@ from contracts.subjects import RECORDED
 
 from .replies import raw_body
 
-__all__ = ["CoalescingScheduler", "recorded_notices"]
+__all__ = ["CoalescingScheduler", "CoalescingWorker", "recorded_notices"]
 
 
 def recorded_notices(queue: str, description: str, schedule: Callable[[str], None]) -> NatsRouter:
@@ -95,3 +95,29 @@ class CoalescingScheduler:
             except Exception as exc:  # the sweep is the safety net; keep it alive through outages
                 self._log.warning("sweep: %s", exc)
             await asyncio.sleep(self._sweep_s)
+
+
+class CoalescingWorker:
+    """A worker that does per-thread work through a scheduler (none: documentation only, no servers)."""
+
+    _scheduler: CoalescingScheduler | None
+
+    def schedule(self, thread_id: str) -> None:
+        """Work on ``thread_id`` soon (once more if it is being worked on)."""
+        if self._scheduler is not None:
+            self._scheduler.schedule(thread_id)
+
+    @property
+    def backlog(self) -> int:
+        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
+        return self._scheduler.backlog if self._scheduler is not None else 0
+
+    async def start(self) -> None:
+        """Start the catch-up sweep."""
+        if self._scheduler is not None:
+            self._scheduler.start()
+
+    async def stop(self) -> None:
+        """Stop sweeping; let running work finish."""
+        if self._scheduler is not None:
+            await self._scheduler.stop()

@@ -12,7 +12,7 @@ import asyncpg
 
 from services.indexing import index_thread, stale_threads
 
-from .coalescing import CoalescingScheduler, recorded_notices
+from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
 
 __all__ = ["IndexerWorker"]
@@ -20,7 +20,7 @@ __all__ = ["IndexerWorker"]
 log = logging.getLogger("ctxfleet.indexer")
 
 
-class IndexerWorker:
+class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
     def __init__(self, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
@@ -29,11 +29,6 @@ class IndexerWorker:
         self._scheduler = CoalescingScheduler(self._index, self._stale, log) if pool is not None else None
         self.router = recorded_notices("indexer", "Recorder notices: index the thread's new records.", self.schedule)
 
-    def schedule(self, thread_id: str) -> None:
-        """Index ``thread_id`` soon (once more if it is being indexed)."""
-        if self._scheduler is not None:
-            self._scheduler.schedule(thread_id)
-
     async def _index(self, thread_id: str) -> None:
         assert self._pool is not None
         self._metrics.indexed_records.inc(await index_thread(self._pool, thread_id))
@@ -41,18 +36,3 @@ class IndexerWorker:
     async def _stale(self) -> list[str]:
         assert self._pool is not None
         return list(await stale_threads(self._pool))
-
-    @property
-    def backlog(self) -> int:
-        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
-        return self._scheduler.backlog if self._scheduler is not None else 0
-
-    async def start(self) -> None:
-        """Start the catch-up sweep."""
-        if self._scheduler is not None:
-            self._scheduler.start()
-
-    async def stop(self) -> None:
-        """Stop sweeping; let running indexing finish."""
-        if self._scheduler is not None:
-            await self._scheduler.stop()
