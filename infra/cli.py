@@ -211,7 +211,7 @@ async def _replay(
     settings: Settings, nats_url: str, trace: Path, options: ReplayOptions, *, policy_budget: int | None = None
 ) -> ReplayReport:
     lines = read_trace(trace)
-    async with await FleetClient.connect(nats_url, name="ctxfleet-replay", **settings.nats_options()) as client:
+    async with await _connect(settings, nats_url, "ctxfleet-replay") as client:
         if policy_budget is not None:
             # The session runs under a policy whose input budget is the replay's budget.
             policy = ContextPolicy(name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget)
@@ -228,7 +228,7 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("name a thread (<run_id>.<instance_id>) or --session SESSION")
 
     async def run() -> ThreadInspection:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect", **settings.nats_options()) as client:
+        async with await _connect(settings, nats_url, "ctxfleet-inspect") as client:
             return await client.inspect(args.thread, limit=args.limit)
 
     inspection = asyncio.run(run())
@@ -241,7 +241,7 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 
 def _inspect_session(settings: Settings, nats_url: str, session_id: str, *, as_json: bool) -> int:
     async def fetch() -> SessionInspection:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-inspect", **settings.nats_options()) as client:
+        async with await _connect(settings, nats_url, "ctxfleet-inspect") as client:
             return await client.inspect_session(session_id)
 
     s = asyncio.run(fetch())
@@ -270,7 +270,7 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     nats_url = _fleet_nats_url(settings)
 
     async def run() -> SearchReply:
-        async with await FleetClient.connect(nats_url, name="ctxfleet-search", **settings.nats_options()) as client:
+        async with await _connect(settings, nats_url, "ctxfleet-search") as client:
             return await client.search(request)
 
     for hit in asyncio.run(run()).hits:
@@ -315,6 +315,11 @@ def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
     written = write_schemas(args.out)
     print(f"wrote {len(written)} files to {args.out}")
     return 0
+
+
+async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
+    """A client of the fleet with the configured NATS credentials and TLS."""
+    return await FleetClient.connect(nats_url, name=name, **settings.nats_options())
 
 
 def _fleet_nats_url(settings: Settings) -> str:
