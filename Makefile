@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit typecheck bench dashboard schemas install clean
+.PHONY: run test test-unit typecheck lint chaos bench dashboard schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test-unit: $(STAMP)
 ## mypy --strict over contracts, services, workers and infra.
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+## ruff over the whole tree (bugs, not taste: see [tool.ruff.lint] in pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 ## Throughput and latency figures (see README, "Measured").
 bench: $(STAMP)

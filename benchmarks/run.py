@@ -316,7 +316,7 @@ async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]
                 before = int(await conn.fetchval("SELECT count(*) FROM ctx.state_facts"))
                 started = time.perf_counter()
 
-                async def publish(t: Thread) -> None:
+                async def publish(t: Thread, per: int = per) -> None:
                     for n in range(per):
                         await client.append(patch(t, n))
 

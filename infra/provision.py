@@ -24,7 +24,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, NotFoundError
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
-from contracts.subjects import DEAD, DEAD_STREAM, EVENTS, EVENTS_STREAM, partition_transform
+from contracts.subjects import DEAD, DEAD_STREAM, EVENTS_STREAM, partition_transform
 from workers.compactor import COMPACTOR_DURABLE
 
 from .embedded import server_version_ok

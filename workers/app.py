@@ -141,7 +141,7 @@ async def _answer_what_was_delivered(broker: NatsBroker) -> None:
             await subscription.drain()  # type: ignore[no-untyped-call]
         except NatsError as exc:
             log.debug("drain: %s", exc)
-        setattr(subscriber, "subscription", None)  # drained: nothing left for FastStream to unsubscribe
+        setattr(subscriber, "subscription", None)  # noqa: B010  # typed as object: nothing left to unsubscribe
 
     await asyncio.gather(*(drain(s) for s in broker.subscribers))
 

@@ -19,11 +19,6 @@ from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
-from services.reading import read_range
-from services.sessions import inspect_session
-from services.catalogs import register_catalog
-from services.receipts import operation_status
-from services.store.views import PoliciesRepo
 
 from .metrics import FleetMetrics
 from .replies import error_reply, parse_body, raw_body

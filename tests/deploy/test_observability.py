@@ -147,7 +147,7 @@ def parse_promql(expr: str) -> Query:
             if following == "{":
                 end = _closing(tokens, i + 1)
                 inside = tokens[i + 2 : end]
-                matchers = frozenset(t for t, n in zip(inside, inside[1:]) if _IDENT.fullmatch(t) and n in ("=", "!"))
+                matchers = frozenset(t for t, n in zip(inside, inside[1:], strict=False) if _IDENT.fullmatch(t) and n in ("=", "!"))
             query.selectors.append((token, matchers))
             selectors[i] = token
             i = end + 1
@@ -381,7 +381,7 @@ def duration_seconds(text: str) -> float:
     if not text or match is None:
         raise ValueError(f"not a Prometheus duration: {text!r}")
     units = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-    return sum(int(n) * unit for n, unit in zip(match.groups(), units) if n)
+    return sum(int(n) * unit for n, unit in zip(match.groups(), units, strict=False) if n)
 
 
 def test_duration_parser_rejects_what_prometheus_rejects() -> None:

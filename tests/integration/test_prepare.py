@@ -7,7 +7,7 @@ import time
 import nats
 import pytest
 
-from contracts import PreparedContext, PrepareRequest, ToolSchema
+from contracts import PrepareRequest, ToolSchema
 from contracts.subjects import prepare_subject
 from services.client import FleetClient
 from services.errors import (

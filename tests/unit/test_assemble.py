@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts import PreparedContext, PrepareRequest, ToolSchema, decode_event
+from contracts import PreparedContext, PrepareRequest, decode_event
 from services.assemble import OverBudget, ThreadSnapshot, assemble_context
 from services.budget import BudgetSpec, resolve_budget
 from services.errors import ContextBudgetExceeded, UnknownModelProfile
