@@ -31,6 +31,7 @@ class ErrorCode(StrEnum):
     DUPLICATE_CALL_ID = "duplicate_call_id"
     SCOPE_VIOLATION = "scope_violation"
     EVENT_KEY_CONFLICT = "event_key_conflict"
+    MSG_ID_MISMATCH = "msg_id_mismatch"
     UNKNOWN_POLICY = "unknown_policy"
     RUN_ACTIVE = "run_active"
     RELEASE_MISMATCH = "release_mismatch"
@@ -42,12 +43,15 @@ class ErrorCode(StrEnum):
     UNKNOWN_OPERATION = "unknown_operation"
     GRANT_VIOLATION = "grant_violation"
     UNKNOWN_INSTANCE = "unknown_instance"
+    # Passed every check yet the planner or PostgreSQL could not apply it (the recorder's safety net).
+    UNSTORABLE_EVENT = "unstorable_event"
     # Internal, treated as success by the caller.
     DUPLICATE_EVENT = "duplicate_event"
     # Concurrency and infrastructure: retryable.
     REVISION_CONFLICT = "revision_conflict"
     STORE_UNAVAILABLE = "store_unavailable"
     FLEET_UNAVAILABLE = "fleet_unavailable"
+    OVERLOADED = "overloaded"
     # Requests.
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_MODEL_PROFILE = "unknown_model_profile"

@@ -10,6 +10,8 @@ see events in the order the runtime published them. Sessions spread across parti
 
 from __future__ import annotations
 
+import hashlib
+
 from .ids import is_identifier, split_thread_id
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "dead_subject",
     "events_subject",
     "inspect_subject",
+    "msg_id_of",
     "partition_consumer",
     "partition_filter",
     "partition_of",
@@ -43,6 +46,18 @@ DEAD = "ctx.dead"
 
 EVENTS_STREAM = "CTX_EVENTS"
 DEAD_STREAM = "CTX_DEAD"
+
+
+def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
+    """The ``Nats-Msg-Id`` of an event: thread, key and a digest of the exact bytes.
+
+    JetStream then drops only byte-identical retries. Anything else under a known key (a conflicting
+    reuse, another session claiming the thread) reaches the recorder, which rejects it with a
+    reason instead of the publisher being told "duplicate" and nothing else. The recorder checks
+    the header against the body, so a publisher that derives it otherwise learns so from a dead
+    letter on its first event, not from a silent duplicate later.
+    """
+    return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
 
 
 def events_subject(session_id: str, thread_id: str) -> str:

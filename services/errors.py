@@ -10,6 +10,7 @@
     │   ├── ScopeViolation(thread_id, session_id, owner_session_id)
     │   ├── ThreadMismatch(subject_thread, event_thread)
     │   ├── EventKeyConflict(event_key)
+    │   ├── MsgIdMismatch(sent, expected)   a Nats-Msg-Id not derived from the event's bytes
     │   ├── UnknownPolicy(name)
     │   ├── RunActive(session_id, active_run, run_id)
     │   ├── ReleaseMismatch(session_id, pinned, claimed)
@@ -18,11 +19,13 @@
     │   ├── OperationExists(operation_id) / UnknownOperation(operation_id)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
+    │   ├── UnstorableEvent(stage, error, cause, sqlstate)   passed every check, yet planning or storing it failed
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
+    ├── Overloaded(retry_after_ms, reason, limit)   retryable: refused at once, retry after the hint
     ├── IntegrityError(ref, actual)  stored content that no longer matches its hash
     ├── ContentNotFound(ref)         read-back of content the session cannot see
     ├── InvalidPolicy                a policy that fails validation
@@ -63,11 +66,13 @@ __all__ = [
     "InvalidConfiguration",
     "InvalidEvent",
     "InvariantViolation",
+    "MsgIdMismatch",
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
     "OperationExists",
     "OrphanToolOutcome",
+    "Overloaded",
     "PayloadTooLarge",
     "ReleaseMismatch",
     "RevisionConflict",
@@ -82,6 +87,7 @@ __all__ = [
     "UnknownOperation",
     "UnknownPolicy",
     "UnregisteredPath",
+    "UnstorableEvent",
     "error_from_reply",
 ]
 
@@ -166,6 +172,20 @@ class ThreadMismatch(InvalidEvent):
             f"published on thread {subject_thread} but the event names thread {event_thread}",
             subject_thread=subject_thread,
             event_thread=event_thread,
+        )
+
+
+class MsgIdMismatch(InvalidEvent):
+    """A ``Nats-Msg-Id`` header that is not ``thread/key/sha256[:16]`` of the event's bytes."""
+
+    code = ErrorCode.MSG_ID_MISMATCH
+
+    def __init__(self, sent: str, expected: str) -> None:
+        super().__init__(
+            f"Nats-Msg-Id {sent[:200]!r} is not derived from this event (expected {expected!r}): JetStream would "
+            "drop a later, different event under the same id as a duplicate; derive it as thread/key/sha256[:16]",
+            sent=sent[:200],
+            expected=expected,
         )
 
 
@@ -313,6 +333,20 @@ class UnknownOperation(InvalidEvent):
         super().__init__(f"operation {operation_id!r} was never requested in this session", operation_id=operation_id)
 
 
+class UnstorableEvent(InvalidEvent):
+    """An event that passed every check, yet planning or storing it failed deterministically."""
+
+    code = ErrorCode.UNSTORABLE_EVENT
+
+    def __init__(self, stage: str, error: str, cause: str, sqlstate: str | None = None) -> None:
+        super().__init__(
+            f"event could not be applied ({stage} failed with {error}: {cause}); set aside so its partition keeps recording",
+            stage=stage,
+            error=error,
+            sqlstate=sqlstate,
+        )
+
+
 class DuplicateEvent(CtxError):
     """The event key is already recorded with the same content: a redelivery or a client retry."""
 
@@ -365,6 +399,27 @@ class FleetUnavailable(CtxError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"fleet unavailable: {cause}", cause=cause)
+
+
+class Overloaded(CtxError):
+    """An assembler at its request limit refused the request at once; retry after ``retry_after_ms``."""
+
+    code = ErrorCode.OVERLOADED
+    retryable = True
+
+    def __init__(self, retry_after_ms: int, reason: str, limit: int) -> None:
+        super().__init__(
+            f"assembler overloaded ({reason}, limit {limit} requests in flight); retry after {retry_after_ms} ms",
+            retry_after_ms=retry_after_ms,
+            reason=reason,
+            limit=limit,
+        )
+
+    @property
+    def retry_after_ms(self) -> int:
+        """How long the caller should wait before retrying (also set on errors rebuilt from a reply)."""
+        value = self.details.get("retry_after_ms")
+        return value if isinstance(value, int) else 0
 
 
 class IntegrityError(CtxError):

@@ -4,8 +4,10 @@ Two pure steps around one read: :func:`decode_batch` reads the raw messages; the
 what those events touch (thread heads, already-recorded keys, tool-call states); :func:`plan_batch`
 decides every write and every rejection. The invariants it enforces, one check each:
 
-1. An event is decodable, within the size limit and valid UTF-8 (``decode_event``).
-2. The event names the thread of the subject it was published on (``_check_subject``).
+1. An event is decodable, within the size limit, valid UTF-8 and within the wire's JSON limits
+   (finite numbers, 64-bit integers, bounded depth, no NUL or lone surrogate: ``decode_event``).
+2. The event names the thread of the subject it was published on (``_check_subject``), and a
+   ``Nats-Msg-Id`` it carries is derived from its bytes (``_check_msg_id``).
 3. A thread belongs to exactly one session, pinned by its first event (``_check_scope``).
 4. An event key is recorded once per thread; a redelivery with the same content is a no-op, the
    same key with other content is rejected (``_check_key``).
@@ -45,9 +47,10 @@ from contracts import (
     UserInputEvent,
     decode_event,
 )
-from contracts.subjects import session_from_partitioned_subject, thread_from_partitioned_subject
+from contracts.subjects import msg_id_of, session_from_partitioned_subject, thread_from_partitioned_subject
 
 from .errors import (
+    MsgIdMismatch,
     DuplicateCallId,
     DuplicateToolOutcome,
     EventKeyConflict,
@@ -94,6 +97,8 @@ class Incoming:
     subject: str
     data: bytes
     stream_seq: int
+    # The publisher's ``Nats-Msg-Id``; ``None`` when it sent none (then only Postgres dedups).
+    msg_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +301,7 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
         try:
             _check_subject(subject_thread, event)
             _check_subject_session(subject_session, event)
+            _check_msg_id(incoming, event)
         except InvalidEvent as exc:
             out.append(_reject(incoming, event, exc))
             continue
@@ -311,6 +317,16 @@ def _reject(incoming: Incoming, event: Event, exc: InvalidEvent) -> Rejection:
 def _check_subject(subject_thread: str | None, event: Event) -> None:
     if subject_thread != event.thread_id:
         raise ThreadMismatch(subject_thread or "?", event.thread_id)
+
+
+def _check_msg_id(incoming: Incoming, event: Event) -> None:
+    # JetStream deduplicates by this header before we see anything: an id not derived from the bytes
+    # would let a later, different event under it vanish as a "duplicate" with no dead letter.
+    if incoming.msg_id is None:
+        return
+    expected = msg_id_of(event.thread_id, event.event_key, incoming.data)
+    if incoming.msg_id != expected:
+        raise MsgIdMismatch(incoming.msg_id, expected)
 
 
 def _check_subject_session(subject_session: str | None, event: Event) -> None:

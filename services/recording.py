@@ -3,19 +3,29 @@
 Optimistic: read what the batch touches, plan every write with no lock held (tokenizing is the
 expensive part), then write in one transaction that compare-and-sets each thread head. A moved head
 or a key recorded meanwhile means another writer got there first: re-read and re-plan.
+
+No event can stop its partition. A failure the batch's own content causes (a value PostgreSQL
+refuses, a planner bug one event trips) would fail every retry alike, so the batch is split in halves,
+each applied in order on fresh reads, until the one event at fault is alone; that event is
+dead-lettered ``unstorable_event`` and every other event is recorded once, in order. Failures of the
+store itself (lost connections, a missing table, a full disk) are not the events' fault: they
+propagate and the worker retries, so a broken database never turns valid events into dead letters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, TypeAlias
 
 import asyncpg
 
-from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent
+from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent, decode_event
+from contracts.subjects import thread_from_partitioned_subject
 
-from .errors import DuplicateEvent, RevisionConflict
+from .errors import CtxError, DuplicateEvent, RevisionConflict, UnstorableEvent
 from .hashing import sha256_hex
 from .killpoints import kill_point
 from .ledger import (
@@ -28,13 +38,24 @@ from .ledger import (
     encode_raw,
     plan_batch,
 )
-from .store._errors import translate_pg_errors
-from .store.ledger import TrackingRepo, read_for_batch, write_plan
+from .store._errors import CONNECTION_ERRORS, translate_pg_errors
+from .store.ledger import DeadLettersRepo, TrackingRepo, read_for_batch, write_plan
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
 
+log = logging.getLogger("ctxfleet.recorder")
+
 _MAX_ATTEMPTS = 4
+# SQLSTATE classes that blame the values sent: data exception (22), integrity constraint violation
+# (23), program limit exceeded (54). Every other class is about the server or the schema — connection
+# (08), transaction state (25), rollback (40), undefined table or permission (42), resources (53),
+# locks (55), operator intervention (57), system (58), internal (XX) — and would fail for any event:
+# isolating a culprit there would dead-letter valid events one by one, so those are retried instead.
+_CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
+_CAUSE_CHARS = 300
+# The steps of an attempt that handle the events' values, named in an unstorable event's details.
+_Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
 
 
 class DeadLetterSink(Protocol):
@@ -95,7 +116,34 @@ class RecordingService:
         self._counters: dict[EncodingName, TokenCounter] = {name: counter_for(name) for name in ENCODINGS}
 
     async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
-        """Apply a batch exactly once; raises a retryable error if the store is unavailable."""
+        """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
+
+        Raises:
+            StoreUnavailable: the store cannot be reached; the worker retries the batch.
+            RevisionConflict: another writer kept moving the heads through every attempt.
+            asyncpg.PostgresError: a failure of the store that no event caused (a missing table, a
+                full disk), unchanged, so the worker retries rather than dead-letter valid events.
+        """
+        parts = await self._record_isolating(partition, list(batch))
+        return _merge(parts)
+
+    async def _record_isolating(self, partition: int, batch: list[Incoming]) -> list[BatchResult]:
+        """The batch, or, if its content cannot be applied, its halves in order until the culprit is alone."""
+        try:
+            return [await self._record_retrying(partition, batch)]
+        except _Unappliable as failure:
+            if len(batch) == 1:
+                return [await self._set_aside(partition, batch[0], failure)]
+            log.warning(
+                "partition %s: seq %d..%d cannot be applied (%s: %s); isolating the event at fault",
+                partition, batch[0].stream_seq, batch[-1].stream_seq, failure.stage, type(failure.cause).__name__,
+            )
+        half = len(batch) // 2
+        # In order, each half on fresh reads: the second sees what the first committed, as in one batch.
+        first = await self._record_isolating(partition, batch[:half])
+        return [*first, *await self._record_isolating(partition, batch[half:])]
+
+    async def _record_retrying(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
                 return await self._attempt(partition, batch, attempt)
@@ -111,23 +159,120 @@ class RecordingService:
                 fresh = [m for m in batch if m.stream_seq > applied]
                 if not fresh:
                     return BatchResult({}, 0, (), 0, len(batch), attempt)
-                decoded = decode_batch(fresh, self._limits)
-                reads = await read_for_batch(conn, *_touched(decoded))
-                plan = plan_batch(decoded, reads, self._limits, self._counters)
+                # Each step that handles the events' values is guarded; translation comes first, so a
+                # redelivered key or a lost connection keeps its own meaning.
+                with _content_failures("decode"):
+                    decoded = decode_batch(fresh, self._limits)
+                with _content_failures("read"), translate_pg_errors():
+                    reads = await read_for_batch(conn, *_touched(decoded))
+                with _content_failures("plan"):
+                    plan = plan_batch(decoded, reads, self._limits, self._counters)
                 for rejection in plan.rejections:
                     await self._sink.publish(
                         dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
                     )
                 async with conn.transaction():
-                    await write_plan(
-                        conn, plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
-                    )
+                    with _content_failures("write"), translate_pg_errors():
+                        await write_plan(
+                            conn, plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
+                        )
                     await TrackingRepo.insert_tracking(conn, self._consumer, partition, fresh[-1].stream_seq)
                     if plan.records:
                         kill_point("record.before_commit")
                 if plan.records:
                     kill_point("record.after_commit")
         return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
+
+    async def _set_aside(self, partition: int, incoming: Incoming, failure: _Unappliable) -> BatchResult:
+        """Dead-letter the one event that cannot be applied and move the position past it."""
+        rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
+        log.error(
+            "partition %s: seq %d (thread %s) is set aside as %s: %s",
+            partition, incoming.stream_seq, rejection.thread_id, rejection.code.value, rejection.reason,
+        )
+        async with self._pool.acquire() as conn:
+            with translate_pg_errors():
+                if await TrackingRepo.max_tracking_seq(conn, self._consumer, partition) >= incoming.stream_seq:
+                    return BatchResult({}, 0, (), 0, 1, 1)
+                await self._sink.publish(
+                    dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
+                )
+                async with conn.transaction():
+                    await DeadLettersRepo.insert(conn, rejection, keep_raw=self._limits.dead_letter_keep_bytes)
+                    await TrackingRepo.insert_tracking(conn, self._consumer, partition, incoming.stream_seq)
+        return BatchResult({}, 0, (rejection,), 0, 0, 1)
+
+
+class _Unappliable(Exception):
+    """The batch's own content made a step fail: retrying the same batch would fail the same way."""
+
+    def __init__(self, stage: _Stage, cause: Exception) -> None:
+        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.cause = cause
+
+
+def _is_content_failure(exc: Exception) -> bool:
+    """True when the values of the batch, not the state of the store, made a step fail."""
+    if isinstance(exc, CtxError):
+        # Retryable errors and DuplicateEvent already have their own handling in the retry loop.
+        return not exc.retryable and not isinstance(exc, DuplicateEvent)
+    if isinstance(exc, CONNECTION_ERRORS) or isinstance(exc, (asyncpg.exceptions.InternalClientError, MemoryError)):
+        return False
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc.sqlstate)[:2] in _CONTENT_SQLSTATE_CLASSES
+    # Python raising on a value (UnicodeEncodeError, ValueError, OverflowError, RecursionError…), in
+    # pure planning or while asyncpg encodes a parameter: the same input fails the same way again.
+    return True
+
+
+@contextmanager
+def _content_failures(stage: _Stage) -> Iterator[None]:
+    """Re-raise a failure the batch's content caused as ``_Unappliable``; others unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_content_failure(exc):
+            raise _Unappliable(stage, exc) from exc
+        raise
+
+
+def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Rejection:
+    """The dead letter of an event that cannot be applied, built only from text that is safe to store."""
+    cause = failure.cause
+    sqlstate = str(cause.sqlstate) if isinstance(cause, asyncpg.PostgresError) else None
+    error = UnstorableEvent(failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], sqlstate)
+    subject = _printable(incoming.subject)
+    thread_id = thread_from_partitioned_subject(subject)
+    event_key: str | None = None
+    try:
+        # Best effort, so a prepare waiting for this key learns of the rejection at once.
+        event_key = decode_event(incoming.data, max_bytes=max_bytes).event_key
+    except Exception:  # whatever made the event unstorable may also make it undecodable
+        event_key = None
+    return Rejection(
+        Incoming(subject, incoming.data, incoming.stream_seq), thread_id, event_key, error.code, error.message, error.details
+    )
+
+
+def _printable(text: str) -> str:
+    """``text`` with what PostgreSQL text and JSON cannot hold (NUL, lone surrogates) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _merge(parts: Sequence[BatchResult]) -> BatchResult:
+    """One result for a batch applied in parts; later heads win, as they were committed later."""
+    heads: dict[str, tuple[int, int]] = {}
+    for part in parts:
+        heads.update(part.heads)
+    return BatchResult(
+        heads=heads,
+        recorded=sum(p.recorded for p in parts),
+        rejections=tuple(r for p in parts for r in p.rejections),
+        duplicates=sum(p.duplicates for p in parts),
+        skipped=sum(p.skipped for p in parts),
+        attempts=sum(p.attempts for p in parts),
+    )
 
 
 def _touched(

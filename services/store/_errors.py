@@ -18,6 +18,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.InterfaceError,
+    # "cannot switch to state …; another operation is in progress": a connection the server dropped
+    # mid-operation (seen on PostgreSQL restarts); the pool replaces it on the next acquire.
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.SerializationError,

@@ -10,7 +10,7 @@ import nats
 import pytest
 
 from contracts import DeadLetter, PrepareRequest
-from contracts.subjects import DEAD_STREAM
+from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, events_subject, msg_id_of
 from services.client import FleetClient
 from services.errors import EventRejected
 from tests.fixtures.builders import Thread
@@ -116,6 +116,31 @@ async def test_prepare_after_a_rejected_event_answers_event_rejected_at_once(
     with pytest.raises(EventRejected) as err:
         await client.prepare(request)
     assert err.value.details["rejected_code"] == "orphan_tool_outcome"
+
+
+async def test_an_event_whose_msg_id_is_not_derived_from_its_bytes_is_rejected_at_once(
+    fleet, client: FleetClient, nats_url: str
+) -> None:
+    t = Thread()
+    original = t.user("the original", key="k1")
+    await client.append(original)
+    # An id not derived from the bytes (here: the original's, altered so JetStream does not drop it):
+    # a publisher deriving ids that way would see later events vanish as "duplicates", so it is told now.
+    forged = t.user("forged under a borrowed id", key="k2").model_dump_json().encode()
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().publish(
+            events_subject(t.session_id, t.thread_id), forged, stream=EVENTS_STREAM,
+            headers={"Nats-Msg-Id": msg_id_of(t.thread_id, "k1", original.model_dump_json().encode()) + "x"},
+        )
+    finally:
+        await nc.close()
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k2", wait_ms=5000
+    )
+    with pytest.raises(EventRejected) as err:
+        await client.prepare(request)
+    assert err.value.details["rejected_code"] == "msg_id_mismatch"
 
 
 async def _dead(db: asyncpg.Connection, n: int) -> bool:

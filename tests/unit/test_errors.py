@@ -33,7 +33,7 @@ def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> Non
 
 def test_errors_retryable_only_for_transient_failures() -> None:
     retryable = {c.__name__ for c in _all_error_classes() if c.retryable}
-    assert retryable == {"RevisionConflict", "StoreUnavailable", "NotYetRecorded", "FleetUnavailable"}
+    assert retryable == {"RevisionConflict", "StoreUnavailable", "NotYetRecorded", "FleetUnavailable", "Overloaded"}
 
 
 def test_error_from_reply_rebuilds_the_typed_error_with_its_details() -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from contracts import ErrorCode
+from contracts.subjects import msg_id_of
 from services.hashing import GENESIS_HASH, verify_chain, ChainLink
 from services.ledger import (
     CallState,
+    Decoded,
+    Incoming,
+    Rejection,
     KnownKey,
     LedgerReads,
     RecordingLimits,
@@ -137,3 +142,22 @@ def test_plan_batch_counts_tokens_of_calls_and_content_in_both_encodings() -> No
     (with_call,) = _plan([Thread().assistant("thinking", calls=(("c1", "bash", {"cmd": "ls -la"}),))]).records
     assert with_call.tokens.o200k_base > plain.tokens.o200k_base > 0
     assert with_call.tokens.cl100k_base > 0
+
+
+def test_decode_batch_refuses_a_msg_id_not_derived_from_the_events_bytes() -> None:
+    t = Thread()
+    (plain,) = incoming([t.user("hello")])
+    right = msg_id_of(t.thread_id, "k1", plain.data)
+    # The original's id reused for other bytes: JetStream would drop a later, different event under it.
+    reused = msg_id_of(t.thread_id, "k1", b"other bytes")
+    batch = [
+        Incoming(plain.subject, plain.data, 1, right),
+        Incoming(plain.subject, plain.data, 2, None),
+        Incoming(plain.subject, plain.data, 3, reused),
+    ]
+    first, second, third = decode_batch(batch, LIMITS)
+    assert isinstance(first, Decoded) and isinstance(second, Decoded)
+    assert isinstance(third, Rejection)
+    assert third.code is ErrorCode.MSG_ID_MISMATCH
+    assert third.event_key == "k1"
+    assert third.details == {"sent": reused, "expected": right}
