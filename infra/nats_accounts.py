@@ -59,6 +59,8 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
                 f"$JS.API.CONSUMER.INFO.{EVENTS_STREAM}.*",
                 f"$JS.API.CONSUMER.DELETE.{EVENTS_STREAM}.*",
                 f"$JS.API.CONSUMER.MSG.NEXT.{EVENTS_STREAM}.*",
+                # Checks the stream did not go backwards or get re-created under its positions.
+                f"$JS.API.STREAM.INFO.{EVENTS_STREAM}",
                 f"{DEAD}.>",
                 f"{RECORDED}.>",
             ),

@@ -7,6 +7,11 @@ ack-less pull consumer that starts right after the position committed in Postgre
 batch is one transaction that also advances that position. Postgres, not the broker, is the
 source of truth for what was applied: a crash replays from the last commit, a delivery gap
 (consumer sequence jump) rebuilds the consumer from it, and nothing is applied twice or out of order.
+
+Positions are only meaningful for the stream they were read from: a ``StreamGuard`` checks, on
+start, after binding each consumer, when a fetch comes back idle and every couple of seconds while
+busy, that the events stream has not gone backwards or been re-created. If it has, every partition
+stops (they share one sequence space) and stays stopped, unready, until ``ctxfleet rebaseline``.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ from services.recording import BatchResult, RecordingService
 from services.store.ledger import TrackingRepo
 
 from .metrics import FleetMetrics
+from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
 
 __all__ = ["JetStreamDeadLetterSink", "RecorderWorker"]
 
 log = logging.getLogger("ctxfleet.recorder")
 _FETCH_TIMEOUT_S = 1.0
-_MAX_BACKOFF_S = 10.0
+# Short: deterministic failures no longer retry (they are dead-lettered), so only outages wait here,
+# and recovery after one should not lag it by more than a couple of seconds.
+_MAX_BACKOFF_S = 2.0
 
 
 class JetStreamDeadLetterSink:
@@ -66,6 +74,7 @@ class RecorderWorker:
         limits: RecordingLimits,
         recorder_id: str,
         batch: int,
+        stream_check_s: float = DEFAULT_CHECK_EVERY_S,
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=10.0)
@@ -78,6 +87,9 @@ class RecorderWorker:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()
         self._subs: dict[int, JetStreamContext.PullSubscription] = {}
+        # Consecutive failures per partition; a fetch that answers (even empty) proves health again.
+        self._failures: dict[int, int] = {}
+        self._guard = StreamGuard(self._js, pool, metrics, every_s=stream_check_s)
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -88,6 +100,16 @@ class RecorderWorker:
     def bound_partitions(self) -> set[int]:
         """The owned partitions whose consumer is bound right now (readiness)."""
         return set(self._subs)
+
+    @property
+    def halt_reason(self) -> str | None:
+        """Why nothing is being recorded (the events stream no longer matches the positions), or ``None``."""
+        return self._guard.halt_reason
+
+    @property
+    def stream_checked(self) -> bool:
+        """Whether the events stream was checked against the positions at least once (readiness)."""
+        return self._guard.verdict is not None
 
     async def lag(self) -> dict[int, int]:
         """Events stored but not yet fetched, per bound partition."""
@@ -122,25 +144,32 @@ class RecorderWorker:
         self._tasks.clear()
 
     async def _run(self, partition: int) -> None:
-        failures = 0
+        self._failures[partition] = 0
         while not self._stopping.is_set():
             try:
+                if (await self._guard.check()).halted:
+                    # Re-checked at the guard's pace, so a re-baseline resumes us without a restart.
+                    await self._pause(self._guard.every_s)
+                    continue
                 await self._consume(partition)
-                failures = 0
+                self._failures[partition] = 0
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Keep the partition alive through broker or store outages.
                 if self._stopping.is_set():
                     return
-                failures += 1
+                failures = self._failures[partition] = self._failures.get(partition, 0) + 1
                 delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
                 code = exc.code.value if isinstance(exc, CtxError) else type(exc).__name__
                 self._metrics.record_retries.labels(code=code).inc()
                 log.warning("partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-                except TimeoutError:
-                    pass
+                await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+        except TimeoutError:
+            pass
 
     async def _consume(self, partition: int) -> None:
         """Read from the committed position until stopped or until delivery has a gap."""
@@ -158,16 +187,24 @@ class RecorderWorker:
         )
         name = f"recorder-p{partition}-{self._nc._nuid.next().decode()}"
         config.name = name
+        bound_at = self._guard.now()
         await self._js.add_consumer(EVENTS_STREAM, config=config)
         sub = await self._js.pull_subscribe_bind(stream=EVENTS_STREAM, consumer=name, name=name)
-        self._subs[partition] = sub
         try:
+            # A check begun after the consumer exists proves it sits on the stream the position
+            # describes (a consumer dies with its stream); only then does the partition count as bound.
+            if (await self._guard.check(since=bound_at)).halted:
+                return
+            self._subs[partition] = sub
             expected = 1
             while not self._stopping.is_set():
                 try:
                     msgs = await sub.fetch(self._batch, timeout=_FETCH_TIMEOUT_S)
                 except (NatsTimeout, TimeoutError):
                     # nats-py raises either, depending on where in the fetch the time ran out.
+                    self._failures[partition] = 0
+                    if not await self._stream_still_ours(partition):
+                        return
                     continue
                 contiguous, gap = _contiguous(msgs, expected)
                 if contiguous:
@@ -176,9 +213,14 @@ class RecorderWorker:
                         await self._apply(partition, contiguous)
                     finally:
                         self._applying.discard(partition)
+                    # Recovered: the next outage starts its backoff from the shortest delay again.
+                    self._failures[partition] = 0
                     expected += len(contiguous)
                 if gap:
                     log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
+                    return
+                # Cached: a JetStream call at most every few seconds for the whole recorder, not per batch.
+                if not await self._stream_still_ours(partition):
                     return
         finally:
             self._subs.pop(partition, None)
@@ -186,8 +228,16 @@ class RecorderWorker:
             # The server drops it after inactive_threshold anyway; this just tidies up sooner.
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 
+    async def _stream_still_ours(self, partition: int) -> bool:
+        """False once the guard halts; a failed check keeps a bound consumer (it dies with its stream)."""
+        try:
+            return not (await self._guard.check()).halted
+        except Exception as exc:  # a broker or store blip; the fetch or the next batch reports it
+            log.warning("partition %s: events stream check failed: %s: %s", partition, type(exc).__name__, exc)
+            return True
+
     async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
-        batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream) for m in msgs]
+        batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _msg_id(m)) for m in msgs]
         started = time.perf_counter()
         result = await self._service.record_batch(partition, batch)
         log.debug(
@@ -218,6 +268,10 @@ async def _quietly(step: Awaitable[object]) -> None:
         await asyncio.shield(step)
     except (Exception, asyncio.CancelledError):
         pass
+
+
+def _msg_id(msg: Msg) -> str | None:
+    return (msg.headers or {}).get("Nats-Msg-Id")
 
 
 def _contiguous(msgs: Sequence[Msg], expected: int) -> tuple[list[Msg], bool]:

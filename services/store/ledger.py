@@ -6,6 +6,7 @@ Every method that takes part in a caller's transaction takes the connection firs
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
@@ -14,6 +15,7 @@ import asyncpg
 
 from contracts import DEFAULT_POLICY_NAME, ToolCatalog
 
+from ..baseline import PositionReset, Positions
 from ..errors import RevisionConflict
 from ..hashing import ChainLink, sha256_hex
 from ..ledger import (
@@ -196,6 +198,24 @@ ON CONFLICT (consumer, partition) DO UPDATE
 SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq), updated_at = now()
 """
 _SELECT_TRACKING = "SELECT last_stream_seq FROM ctx.tracking WHERE consumer = $1 AND partition = $2"
+_SELECT_POSITIONS = "SELECT partition, last_stream_seq FROM ctx.tracking WHERE consumer = $1"
+_SELECT_POSITIONS_FOR_UPDATE = _SELECT_POSITIONS + " FOR UPDATE"
+_SELECT_BASELINE = "SELECT created FROM ctx.stream_baselines WHERE stream = $1"
+_SELECT_BASELINE_FOR_UPDATE = _SELECT_BASELINE + " FOR UPDATE"
+_INSERT_BASELINE = "INSERT INTO ctx.stream_baselines (stream, created) VALUES ($1, $2) ON CONFLICT (stream) DO NOTHING"
+# Compare-and-set: only replaces the identity the caller saw, so two recorders cannot flip-flop it.
+_REPLACE_BASELINE = """
+UPDATE ctx.stream_baselines SET created = $2, updated_at = now() WHERE stream = $1 AND created = $3
+"""
+_UPSERT_BASELINE = """
+INSERT INTO ctx.stream_baselines (stream, created) VALUES ($1, $2)
+ON CONFLICT (stream) DO UPDATE SET created = EXCLUDED.created, updated_at = now()
+"""
+# The one write that moves a position backwards (insert_tracking never does); only a re-baseline may.
+_RESET_TRACKING = """
+UPDATE ctx.tracking SET last_stream_seq = $3, updated_at = now()
+WHERE consumer = $1 AND partition = $2 AND last_stream_seq = $4
+"""
 _SELECT_HEAD = """
 SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
        user_turns, model_steps
@@ -596,6 +616,41 @@ class TrackingRepo:
     async def max_tracking_seq(conn: Conn, consumer: str, partition: int) -> int:
         """The last stream sequence applied, 0 if none."""
         return int(await conn.fetchval(_SELECT_TRACKING, consumer, partition) or 0)
+
+    @staticmethod
+    async def select_positions(conn: Conn, consumer: str, stream: str, *, for_update: bool = False) -> Positions:
+        """Every partition's position and the identity of the stream they were read from.
+
+        Call it in a transaction (repeatable read, or ``for_update`` to re-baseline) so both halves
+        are one snapshot.
+        """
+        rows = await conn.fetch(_SELECT_POSITIONS_FOR_UPDATE if for_update else _SELECT_POSITIONS, consumer)
+        created = await conn.fetchval(_SELECT_BASELINE_FOR_UPDATE if for_update else _SELECT_BASELINE, stream)
+        return Positions({int(r["partition"]): int(r["last_stream_seq"]) for r in rows}, created)
+
+    @staticmethod
+    async def adopt_stream(conn: Conn, stream: str, created: datetime, *, replacing: datetime | None) -> bool:
+        """Record ``created`` as the stream's identity if it is still ``replacing``; whether it was."""
+        if replacing is None:
+            status = await conn.execute(_INSERT_BASELINE, stream, created)
+        else:
+            status = await conn.execute(_REPLACE_BASELINE, stream, created, replacing)
+        return str(status).endswith(" 1")
+
+    @staticmethod
+    async def reset_positions(
+        conn: Conn, consumer: str, stream: str, created: datetime, resets: Sequence[PositionReset]
+    ) -> bool:
+        """Move positions back to where a re-baseline says and record the stream's identity.
+
+        Returns ``False`` (and the caller rolls back) when a position is no longer what was read.
+        """
+        for reset in resets:
+            status = await conn.execute(_RESET_TRACKING, consumer, reset.partition, reset.new, reset.old)
+            if not str(status).endswith(" 1"):
+                return False
+        await conn.execute(_UPSERT_BASELINE, stream, created)
+        return True
 
 
 class HeadsRepo:
