@@ -3,19 +3,29 @@
 ``append`` publishes an event to JetStream with ``Nats-Msg-Id`` = thread + event key, so a retried
 publish is dropped by the server within its window and by the recorder after it. ``prepare``
 asks the assembler (request/reply) and raises the typed error of an error reply.
+
+Every request carries the caller's deadline (``ctx-deadline-ms``, epoch milliseconds), so an
+assembler never computes an answer nobody waits for. While the connection is down the client keeps
+reconnecting, and requests fail at once with ``FleetUnavailable`` instead of hanging until timeout.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import time
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NatsClient
-from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    MaxPayloadError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+)
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
@@ -45,12 +55,17 @@ from contracts import (
     session_inspect_subject,
 )
 from contracts.ids import is_identifier
-from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, prepare_subject
+from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, msg_id_of, prepare_subject
 
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
 from .settings import redact_url
 
-__all__ = ["AppendAck", "FleetClient", "connect_nats", "msg_id_of"]
+__all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "msg_id_of"]
+
+# The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
+DEADLINE_HEADER = "ctx-deadline-ms"
+# Errors of a connection that is down (reconnecting, draining, closed): the fleet is unreachable.
+_DISCONNECTED = (ConnectionClosedError, ConnectionReconnectingError, ConnectionDrainingError, OutboundBufferLimitError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +76,15 @@ class AppendAck:
     duplicate: bool
 
 
-def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
-    """The ``Nats-Msg-Id`` of an event: thread, key and a digest of the exact bytes.
-
-    JetStream then drops only byte-identical retries. Anything else under a known key (a conflicting
-    reuse, another session claiming the thread) reaches the recorder, which rejects it with a
-    reason instead of the publisher being told "duplicate" and nothing else.
-    """
-    return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
-
-
-async def connect_nats(nats_url: str, *, name: str, **options: Any) -> NatsClient:
+async def connect_nats(
+    nats_url: str, *, name: str, max_reconnect_attempts: int = -1, reconnect_wait_s: float | None = 0.5, **options: Any
+) -> NatsClient:
     """A connection for a long-running process: fail fast at start, then reconnect for ever.
 
     A wrong password or an unreachable server at start is a configuration error to report now
     (nats-py would otherwise retry for minutes); once connected, a broker restart or failover must
-    never leave a worker alive but permanently disconnected.
+    never leave a worker alive but permanently disconnected. ``max_reconnect_attempts`` (per
+    server, -1: no limit) and ``reconnect_wait_s`` (between attempts) apply after the first connect.
     """
     nc = NatsClient()
     try:
@@ -85,7 +93,9 @@ async def connect_nats(nats_url: str, *, name: str, **options: Any) -> NatsClien
         await _close_quietly(nc)  # nats-py leaves the failed socket open
         raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
     nc.options["allow_reconnect"] = True
-    nc.options["max_reconnect_attempts"] = -1
+    nc.options["max_reconnect_attempts"] = max_reconnect_attempts
+    if reconnect_wait_s is not None:
+        nc.options["reconnect_time_wait"] = reconnect_wait_s
     return nc
 
 
@@ -107,12 +117,32 @@ class FleetClient:
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
 
     @classmethod
-    async def connect(cls, nats_url: str, *, name: str = "ctxfleet-client", **options: Any) -> FleetClient:
-        """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS."""
-        try:
-            nc = await nats.connect(nats_url, name=name, connect_timeout=5, max_reconnect_attempts=3, **options)
-        except Exception as exc:  # nats-py raises a variety of socket and protocol errors here.
-            raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
+    async def connect(
+        cls,
+        nats_url: str,
+        *,
+        name: str = "ctxfleet-client",
+        max_reconnect_attempts: int = -1,
+        reconnect_wait_s: float = 0.5,
+        **options: Any,
+    ) -> FleetClient:
+        """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS.
+
+        Args:
+            nats_url: The server(s), comma-separated for a cluster.
+            name: The connection name the server shows.
+            max_reconnect_attempts: Reconnect attempts per server after a lost connection; -1 (the
+                default) reconnects for as long as the client lives.
+            reconnect_wait_s: Pause between attempts on one server.
+            options: Credentials and TLS, as ``nats.connect`` takes them.
+
+        Raises:
+            FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
+                retried, only a connection that was up and dropped).
+        """
+        nc = await connect_nats(
+            nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s, **options
+        )
         return cls(nc)
 
     async def __aenter__(self) -> FleetClient:
@@ -124,14 +154,18 @@ class FleetClient:
         await self.close()
 
     async def close(self) -> None:
-        """Drain and close the connection."""
-        if not self._nc.is_closed:
+        """Drain and close the connection (just close it while it is down: nothing can drain)."""
+        if self._nc.is_closed:
+            return
+        if self._nc.is_connected:
             await self._nc.drain()
+        else:
+            await self._nc.close()
 
     async def append(self, event: Event, *, timeout: float = 10.0) -> AppendAck:
         """Publish one event; returns once JetStream has stored it."""
         data = event.model_dump_json().encode()
-        return await self.append_raw(event.thread_id, event.event_key, data, session_id=event.session_id, timeout=timeout)
+        return await self._publish(event.thread_id, event.event_key, data, event.session_id, timeout)
 
     async def append_raw(
         self, thread_id: str, event_key: str, data: bytes, *, session_id: str | None = None, timeout: float = 10.0
@@ -139,12 +173,18 @@ class FleetClient:
         """Publish raw bytes as an event of ``thread_id`` (the fleet validates them).
 
         The session routes the event (one partition per session); when not given it is read from the
-        body, and a body that says none is published under ``_`` to be dead-lettered.
+        body, and a body that says none is published under ``_`` to be dead-lettered. The
+        ``Nats-Msg-Id`` is derived from the body's own event key where it names one (the recorder
+        checks that), ``event_key`` otherwise.
         """
-        session = session_id or _session_of(data)
+        body_session, body_key = _envelope_of(data)
+        return await self._publish(thread_id, body_key or event_key, data, session_id or body_session, timeout)
+
+    async def _publish(self, thread_id: str, event_key: str, data: bytes, session: str, timeout: float) -> AppendAck:
         limit = self._nc.max_payload
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
+        self._ensure_connected(f"cannot append to {thread_id}")
         try:
             ack = await self._js.publish(
                 events_subject(session, thread_id),
@@ -155,7 +195,7 @@ class FleetClient:
             )
         except MaxPayloadError as exc:
             raise PayloadTooLarge(len(data), limit) from exc
-        except (NoRespondersError, NatsTimeout, ConnectionClosedError) as exc:
+        except (NoRespondersError, NatsTimeout, *_DISCONNECTED) as exc:
             raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
         return AppendAck(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
 
@@ -197,11 +237,21 @@ class FleetClient:
         body = await self._request(TOOLS_REGISTER, catalog.model_dump_json().encode(), timeout)
         return CatalogRegistered.model_validate_json(body)
 
+    def _ensure_connected(self, what: str) -> None:
+        # nats-py would buffer the publish and let the caller wait out its whole timeout.
+        if not self._nc.is_connected:
+            state = "closed" if self._nc.is_closed else "reconnecting"
+            raise FleetUnavailable(f"{what}: the NATS connection is {state}")
+
     async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        self._ensure_connected(f"cannot request {subject}")
+        deadline = int(time.time() * 1000 + timeout * 1000)
         try:
-            reply = await self._nc.request(subject, data, timeout=timeout)
+            reply = await self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)})
         except NoRespondersError as exc:
             raise FleetUnavailable(f"no assembler is serving {subject}") from exc
+        except _DISCONNECTED as exc:
+            raise FleetUnavailable(f"the NATS connection dropped during {subject}: {type(exc).__name__}") from exc
         except NatsTimeout as exc:
             raise FleetUnavailable(f"no reply on {subject} within {timeout:.1f}s") from exc
         if _is_error(reply.data):
@@ -209,12 +259,17 @@ class FleetClient:
         return reply.data
 
 
-def _session_of(data: bytes) -> str:
+def _envelope_of(data: bytes) -> tuple[str, str | None]:
+    """The session (``_`` if none) and event key (if any) a raw body names."""
     try:
-        value = json.loads(data).get("session_id")
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return "_"
-    return value if isinstance(value, str) and is_identifier(value) else "_"
+        body = json.loads(data)
+        session, key = body.get("session_id"), body.get("event_key")
+    except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
+        return "_", None
+    return (
+        session if isinstance(session, str) and is_identifier(session) else "_",
+        key if isinstance(key, str) else None,
+    )
 
 
 def _is_error(data: bytes) -> bool:

@@ -8,10 +8,42 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from typing import Protocol
 
-__all__ = ["NoticeBoard"]
+__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "wait_for_notice"]
+
+
+class Pause(Protocol):
+    """What a request gives back while it only waits: the shell's compute slot, taken again after."""
+
+    def released(self) -> AbstractAsyncContextManager[None]:
+        """Hold no slot for the duration of the block."""
+        ...
+
+
+class _NoPause:
+    @asynccontextmanager
+    async def released(self) -> AsyncIterator[None]:
+        yield
+
+
+# For callers without admission control (tests, tools): waiting gives nothing back.
+NO_PAUSE: Pause = _NoPause()
+
+
+async def wait_for_notice(woken: asyncio.Event, timeout: float, pause: Pause) -> None:
+    """Wait until ``woken`` is set or ``timeout`` seconds pass, holding no slot meanwhile.
+
+    A waiting request must not keep an unrelated one from computing: ten prepares waiting out
+    their ``wait_ms`` would otherwise fill the process's slots and starve everyone else.
+    """
+    async with pause.released():
+        try:
+            await asyncio.wait_for(woken.wait(), timeout=timeout)
+        except TimeoutError:
+            pass
 
 
 class NoticeBoard:

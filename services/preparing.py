@@ -9,7 +9,6 @@ to ``compaction_wait_ms``, then answers ``ContextBudgetExceeded`` — never an o
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 
@@ -22,7 +21,7 @@ from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
 from .errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from .hashing import verify_chain
 from .killpoints import kill_point
-from .notices import NoticeBoard
+from .notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from .reading import verified_blob
 from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
@@ -72,13 +71,19 @@ class PrepareService:
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
 
-    async def prepare(self, request: PrepareRequest) -> PreparedContext:
-        """The prepared context of the request's thread, reflecting its watermark event."""
+    async def prepare(self, request: PrepareRequest, *, pause: Pause = NO_PAUSE) -> PreparedContext:
+        """The prepared context of the request's thread, reflecting its watermark event.
+
+        Args:
+            request: What to prepare.
+            pause: Released while the request only waits (for its event or a compaction), so the
+                caller's compute slot serves other requests meanwhile.
+        """
         thread_id = thread_id_of(request.run_id, request.instance_id)
         budget = resolve_budget(request, BUILTIN_PROFILES)
         counter = _counter(budget)
         if request.after_event_key is not None:
-            await self._await_event(thread_id, request.after_event_key, request.wait_ms)
+            await self._await_event(thread_id, request.after_event_key, request.wait_ms, pause)
         view = await self._view(thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
         snapshot = view.snapshot()
@@ -87,13 +92,14 @@ class PrepareService:
         try:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
-            return await self._await_compaction(view, request, budget, counter, over)
+            return await self._await_compaction(view, request, budget, counter, over, pause)
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
         refs = [(e.thread_id, e.seq) for e in request.evidence]
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors():
+        # Acquiring is inside the translation: a refused connection is StoreUnavailable too.
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
                 rows = {(r["thread_id"], r["seq"]): r for r in await conn.fetch(_EVIDENCE, request.session_id, [t for t, _ in refs], [s for _, s in refs])}
         out: list[Evidence] = []
         for ref in request.evidence:
@@ -110,14 +116,20 @@ class PrepareService:
         return tuple(out)
 
     async def _view(self, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors(thread_id):
+        with translate_pg_errors(thread_id):
+            async with self._pool.acquire() as conn:
                 return await self._loader.load(
                     conn, thread_id, session_id=session_id, principal_id=principal_id, enforce_principal=True
                 )
 
     async def _await_compaction(
-        self, view: ThreadView, request: PrepareRequest, budget: BudgetSpec, counter: TokenCounter | None, over: OverBudget
+        self,
+        view: ThreadView,
+        request: PrepareRequest,
+        budget: BudgetSpec,
+        counter: TokenCounter | None,
+        over: OverBudget,
+        pause: Pause,
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline."""
         thread_id = view.head.thread_id
@@ -125,23 +137,17 @@ class PrepareService:
         deadline = started + self._compaction_wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
             if self._queue is not None:
-                async with self._pool.acquire() as conn:
-                    with translate_pg_errors(thread_id):
-                        await request_job(conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+                await self._request_job(view, budget)
             revision = view.state.view_revision
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
-                try:
-                    await asyncio.wait_for(woken.wait(), timeout=min(remaining, _RECHECK_S))
-                except TimeoutError:
-                    pass
+                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
                 current = await self._view(thread_id, request.session_id, request.principal_id)
                 if current.state.view_revision == revision:
                     # A job that ended without a commit (or another thread's pending one) frees the
                     # slot: ask again, more aggressively, for as long as this prepare waits.
                     if self._queue is not None and current.state.pending_fingerprint is None:
-                        async with self._pool.acquire() as conn:
-                            await request_job(conn, self._queue, current, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+                        await self._request_job(current, budget)
                     continue
                 if current.state.view_revision != revision:
                     waited = int((time.monotonic() - started) * 1000)
@@ -149,15 +155,21 @@ class PrepareService:
                         return assemble_context(current.snapshot(), request, budget, counter, compaction_wait_ms=waited)
                     except OverBudget as still:
                         over, revision = still, current.state.view_revision
-                        async with self._pool.acquire() as conn:
-                            if self._queue is not None:
-                                await request_job(conn, self._queue, current, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+                        if self._queue is not None:
+                            await self._request_job(current, budget)
         raise over.exceeded(int((time.monotonic() - started) * 1000))
+
+    async def _request_job(self, view: ThreadView, budget: BudgetSpec) -> None:
+        """Ask for the thread's urgent compaction (a no-op while one is pending)."""
+        assert self._queue is not None
+        with translate_pg_errors(view.head.thread_id):
+            async with self._pool.acquire() as conn:
+                await request_job(conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
 
     async def inspect(self, thread_id: str, request: InspectRequest) -> ThreadInspection:
         """A thread's head, verified chain and latest records."""
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors(thread_id):
+        with translate_pg_errors(thread_id):
+            async with self._pool.acquire() as conn:
                 head = await HeadsRepo.select_head(conn, thread_id)
                 if head is None:
                     raise ThreadNotFound(thread_id)
@@ -207,14 +219,14 @@ class PrepareService:
             state_verified=state_hash(stored) == state_hash(replayed),
         )
 
-    async def _await_event(self, thread_id: str, event_key: str, wait_ms: int) -> None:
+    async def _await_event(self, thread_id: str, event_key: str, wait_ms: int, pause: Pause) -> None:
         started = time.monotonic()
         deadline = started + wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
             while True:
                 woken.clear()
-                async with self._pool.acquire() as conn:
-                    with translate_pg_errors(thread_id):
+                with translate_pg_errors(thread_id):
+                    async with self._pool.acquire() as conn:
                         if await RecordsRepo.find_event(conn, thread_id, event_key) is not None:
                             return
                         rejected = await DeadLettersRepo.find(conn, thread_id, event_key)
@@ -223,7 +235,4 @@ class PrepareService:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))
-                try:
-                    await asyncio.wait_for(woken.wait(), timeout=min(remaining, _RECHECK_S))
-                except TimeoutError:
-                    pass
+                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)

@@ -3,6 +3,9 @@
 Core NATS request/reply in the ``assembler`` queue group, so replicas share the load. Bodies are
 decoded raw: a bad request must get a typed error reply, which FastStream's own validation
 (failing before the handler runs) could not give.
+
+Requests are handled concurrently: FastStream hands up to ``RequestLimits.max_tasks`` to handlers at
+once, and one ``Admission`` per process bounds how many compute (see ``workers/admission.py``).
 """
 
 from __future__ import annotations
@@ -10,63 +13,77 @@ from __future__ import annotations
 import logging
 import time
 
+import asyncpg
 from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
+from faststream.nats.annotations import NatsMessage
 
-import asyncpg
 from contracts import ErrorCode, InspectRequest, PrepareRequest
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
 
+from .admission import Admission, RequestLimits, Slot
 from .metrics import FleetMetrics
-from .replies import error_reply, parse_body, raw_body
 from .queries import queries_router
+from .replies import admitted, error_reply, parse_body, raw_body
 
 __all__ = ["AssemblerWorker"]
 
 log = logging.getLogger("ctxfleet.assembler")
 
 
-
-
 class AssemblerWorker:
     """The assembler's handlers, bound to one PrepareService."""
 
     def __init__(
-        self, service: PrepareService | None, board: NoticeBoard, metrics: FleetMetrics, pool: asyncpg.Pool | None = None
+        self,
+        service: PrepareService | None,
+        board: NoticeBoard,
+        metrics: FleetMetrics,
+        pool: asyncpg.Pool | None = None,
+        *,
+        limits: RequestLimits | None = None,
     ) -> None:
         self._service = service
         self._pool = pool
         self._board = board
         self._metrics = metrics
+        self.admission = Admission(limits or RequestLimits(), metrics)
         self.router = NatsRouter()
         self._register()
-        self.router.include_router(queries_router(pool, metrics))
+        self.router.include_router(queries_router(pool, metrics, self.admission))
 
     def _register(self) -> None:
-        r = self.router
+        r, admission = self.router, self.admission
+        tasks = admission.limits.max_tasks
 
         @r.subscriber(
             f"{PREPARE}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             decoder=raw_body,
+            max_workers=tasks,
             title="prepare",
             description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
-        async def on_prepare(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> NatsResponse:
-            return await self._prepare(body, run_id, instance_id)
+        async def on_prepare(
+            body: bytes, message: NatsMessage, run_id: str = Path(), instance_id: str = Path()
+        ) -> NatsResponse:
+            return await admitted(admission, message.headers, lambda slot: self._prepare(body, run_id, instance_id, slot))
 
         @r.subscriber(
             f"{INSPECT}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             decoder=raw_body,
+            max_workers=tasks,
             title="inspect",
             description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
         )
-        async def on_inspect(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> NatsResponse:
-            return await self._inspect(body, f"{run_id}.{instance_id}")
+        async def on_inspect(
+            body: bytes, message: NatsMessage, run_id: str = Path(), instance_id: str = Path()
+        ) -> NatsResponse:
+            return await admitted(admission, message.headers, lambda _slot: self._inspect(body, f"{run_id}.{instance_id}"))
 
         @r.subscriber(
             f"{RECORDED}.{{run_id}}.{{instance_id}}",
@@ -86,7 +103,7 @@ class AssemblerWorker:
         async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
 
-    async def _prepare(self, body: bytes, run_id: str, instance_id: str) -> NatsResponse:
+    async def _prepare(self, body: bytes, run_id: str, instance_id: str, slot: Slot) -> NatsResponse:
         started = time.perf_counter()
         purpose = "unknown"
         try:
@@ -96,7 +113,7 @@ class AssemblerWorker:
                 raise InvalidRequest(
                     f"request for thread {request.run_id}.{request.instance_id} sent on the subject of {run_id}.{instance_id}"
                 )
-            prepared = await self._require_service().prepare(request)
+            prepared = await self._require_service().prepare(request, pause=slot)
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
@@ -136,6 +153,3 @@ class AssemblerWorker:
         if self._service is None:
             raise CtxError("assembler has no store attached")
         return self._service
-
-
-

@@ -1,14 +1,18 @@
 """Request/reply endpoints beside prepare: read-back, receipts, sessions, policy and catalog registration.
 
 Served by the assembler process (queue group ``assembler``); each validates its raw body and
-answers its typed reply or a typed error.
+answers its typed reply or a typed error. They share the process's compute slots with prepare.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import asyncpg
 from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
+from faststream.nats.annotations import NatsMessage
+from pydantic import BaseModel
 
 from contracts import (
     OPERATION_STATUS,
@@ -32,69 +36,76 @@ from services.reading import read_range
 from services.receipts import operation_status
 from services.searching import search
 from services.sessions import inspect_session
+from services.store._errors import translate_pg_errors
 from services.store.views import PoliciesRepo
 
+from .admission import Admission
 from .metrics import FleetMetrics
-from .replies import parse_body, raw_body, reply_with
+from .replies import admitted, parse_body, raw_body, reply_with
 
 __all__ = ["queries_router"]
 
 
-def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics) -> NatsRouter:
-    """The router of the query and registration endpoints, bound to one pool."""
+def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
+    """The router of the query and registration endpoints, bound to one pool and one admission."""
     router = NatsRouter()
+    tasks = admission.limits.max_tasks
+
+    async def serve(message: NatsMessage, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
+        return await admitted(admission, message.headers, lambda _slot: reply_with(run))
 
     def store() -> asyncpg.Pool:
         if pool is None:
             raise CtxError("this process has no store attached")
         return pool
 
-    @router.subscriber(READ, queue="assembler", decoder=raw_body, title="read",
+    @router.subscriber(READ, queue="assembler", decoder=raw_body, max_workers=tasks, title="read",
                        description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.")
-    async def on_read(body: bytes) -> NatsResponse:
-        response = await reply_with(lambda: read_range(store(), parse_body(ReadRequest, body)))
+    async def on_read(body: bytes, message: NatsMessage) -> NatsResponse:
+        response = await serve(message, lambda: read_range(store(), parse_body(ReadRequest, body)))
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(SEARCH, queue="assembler", decoder=raw_body, title="search",
+    @router.subscriber(SEARCH, queue="assembler", decoder=raw_body, max_workers=tasks, title="search",
                        description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.")
-    async def on_search(body: bytes) -> NatsResponse:
+    async def on_search(body: bytes, message: NatsMessage) -> NatsResponse:
         with metrics.search_seconds.time():
-            response = await reply_with(lambda: search(store(), parse_body(SearchRequest, body)))
+            response = await serve(message, lambda: search(store(), parse_body(SearchRequest, body)))
         metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(OPERATION_STATUS, queue="assembler", decoder=raw_body, title="operation.status",
+    @router.subscriber(OPERATION_STATUS, queue="assembler", decoder=raw_body, max_workers=tasks, title="operation.status",
                        description="OperationStatusRequest in, Receipt or ErrorReply out.")
-    async def on_operation(body: bytes) -> NatsResponse:
-        return await reply_with(lambda: operation_status(store(), parse_body(OperationStatusRequest, body)))
+    async def on_operation(body: bytes, message: NatsMessage) -> NatsResponse:
+        return await serve(message, lambda: operation_status(store(), parse_body(OperationStatusRequest, body)))
 
-    @router.subscriber(f"{SESSION_INSPECT}.{{session_id}}", queue="assembler", decoder=raw_body, title="session.inspect",
+    @router.subscriber(f"{SESSION_INSPECT}.{{session_id}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="session.inspect",
                        description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).")
-    async def on_session(body: bytes, session_id: str = Path()) -> NatsResponse:
-        return await reply_with(lambda: inspect_session(store(), session_id))
+    async def on_session(body: bytes, message: NatsMessage, session_id: str = Path()) -> NatsResponse:
+        return await serve(message, lambda: inspect_session(store(), session_id))
 
-    @router.subscriber(POLICY_REGISTER, queue="assembler", decoder=raw_body, title="policy.register",
+    @router.subscriber(POLICY_REGISTER, queue="assembler", decoder=raw_body, max_workers=tasks, title="policy.register",
                        description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.")
-    async def on_policy(body: bytes) -> NatsResponse:
+    async def on_policy(body: bytes, message: NatsMessage) -> NatsResponse:
         async def register() -> PolicyRegistered:
             try:
                 policy = parse_body(ContextPolicy, body)
             except InvalidRequest as exc:
                 raise InvalidPolicy(exc.message) from None
             policy_budget(policy)
-            async with store().acquire() as conn:
-                return PolicyRegistered(name=policy.name, revision=await PoliciesRepo.register(conn, policy))
+            with translate_pg_errors():
+                async with store().acquire() as conn:
+                    return PolicyRegistered(name=policy.name, revision=await PoliciesRepo.register(conn, policy))
 
-        return await reply_with(register)
+        return await serve(message, register)
 
-    @router.subscriber(TOOLS_REGISTER, queue="assembler", decoder=raw_body, title="tools.register",
+    @router.subscriber(TOOLS_REGISTER, queue="assembler", decoder=raw_body, max_workers=tasks, title="tools.register",
                        description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.")
-    async def on_tools(body: bytes) -> NatsResponse:
+    async def on_tools(body: bytes, message: NatsMessage) -> NatsResponse:
         async def register() -> CatalogRegistered:
             catalog = parse_body(ToolCatalog, body)
             return CatalogRegistered(release=catalog.release, revision=await register_catalog(store(), catalog))
 
-        return await reply_with(register)
+        return await serve(message, register)
 
     return router

@@ -1,21 +1,49 @@
-"""Request/reply plumbing shared by the request handlers: raw decode, typed errors, replies."""
+"""Request/reply plumbing shared by the request handlers: raw decode, admission, typed errors, replies."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from faststream.nats import NatsMessage, NatsResponse
+from nats.errors import Error as NatsError
 from pydantic import BaseModel, ValidationError
 
 from contracts import ErrorCode, ErrorReply
-from services.errors import CtxError, InvalidRequest
+from services.errors import CtxError, FleetUnavailable, InvalidRequest, Overloaded, StoreUnavailable
+from services.store._errors import CONNECTION_ERRORS
 
-__all__ = ["error_reply", "parse_body", "raw_body", "reply_with"]
+from .admission import Admission, Slot
+
+__all__ = ["admitted", "error_reply", "error_response", "parse_body", "raw_body", "reply_with"]
 
 log = logging.getLogger("ctxfleet.requests")
 _M = TypeVar("_M", bound=BaseModel)
+# An outage fails every request the same way: one warning line per interval, not one per request.
+_OUTAGE_LOG_EVERY_S = 10.0
+
+
+class _OutageLog:
+    """Rate-limited warnings of store outages, with how many were not logged."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._last = float("-inf")
+        self._quiet = 0
+
+    def warn(self, cause: str) -> None:
+        now = time.monotonic()
+        if now - self._last < self._every_s:
+            self._quiet += 1
+            return
+        more = f" (and {self._quiet} more since the last warning)" if self._quiet else ""
+        log.warning("requests answered store_unavailable: %s%s", cause, more)
+        self._last, self._quiet = now, 0
+
+
+_outages = _OutageLog(_OUTAGE_LOG_EVERY_S)
 
 
 async def raw_body(msg: NatsMessage) -> bytes:
@@ -34,11 +62,40 @@ def parse_body(model: type[_M], body: bytes) -> _M:
 
 
 def error_reply(exc: Exception) -> ErrorReply:
-    """The wire error of any failure; an unexpected one is logged and reported as internal."""
+    """The wire error of any failure; an unexpected one is logged and reported as internal.
+
+    A lost or refused database connection is ``store_unavailable`` wherever it was raised (a pool
+    acquire raises a bare ``OSError``), logged as one rate-limited line, not a traceback each.
+    """
+    if isinstance(exc, NatsError):  # its timeouts are TimeoutErrors too, but not the database's
+        exc = FleetUnavailable(f"{type(exc).__name__}: {exc}")
+    elif isinstance(exc, CONNECTION_ERRORS) and not isinstance(exc, CtxError):
+        exc = StoreUnavailable(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, StoreUnavailable):
+        _outages.warn(exc.message)
     if isinstance(exc, CtxError):
         return exc.to_reply()
     log.exception("request failed unexpectedly")
     return ErrorReply(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}", retryable=True)
+
+
+def error_response(exc: Exception) -> NatsResponse:
+    """The NATS reply of a failure."""
+    return NatsResponse(error_reply(exc).model_dump_json().encode(), headers={"ctx-status": "error"})
+
+
+async def admitted(
+    admission: Admission, headers: Mapping[str, str] | None, run: Callable[[Slot], Awaitable[NatsResponse]]
+) -> NatsResponse:
+    """Run a request in a compute slot; answer ``overloaded`` at once when there is none.
+
+    ``DeadlinePassed`` propagates on purpose: FastStream then sends no reply to a caller that is gone.
+    """
+    try:
+        async with admission.slot(headers) as slot:
+            return await run(slot)
+    except Overloaded as exc:
+        return error_response(exc)
 
 
 async def reply_with(run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
@@ -46,5 +103,5 @@ async def reply_with(run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
     try:
         result = await run()
     except Exception as exc:
-        return NatsResponse(error_reply(exc).model_dump_json().encode(), headers={"ctx-status": "error"})
+        return error_response(exc)
     return NatsResponse(result.model_dump_json().encode(), headers={"ctx-status": "ok"})
