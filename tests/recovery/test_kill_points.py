@@ -7,11 +7,7 @@ chain holds; and the next prepared context is rebuilt correctly.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import asyncpg
@@ -33,11 +29,12 @@ from contracts import (
 )
 from services.client import FleetClient
 from services.errors import CtxError
+from tests.fixtures.audit import audit_thread
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually
+from tests.fixtures.processes import WorkerProcess, worker_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
-ROOT = Path(__file__).resolve().parents[2]
 
 CATALOG = ToolCatalog(
     release="depot@1",
@@ -57,36 +54,6 @@ MATRIX = [
     ("K8", "after a checkpoint (summary revision) commits, before the job is acked", "compact.after_commit"),
     ("K9", "while the window closes (summary being committed)", "compact.before_commit"),
 ]
-
-
-class FleetProcess:
-    def __init__(self, nats_url: str, database_url: str, tmp: Path) -> None:
-        self.env = {**os.environ, "CTX_NATS_URL": nats_url, "CTX_DATABASE_URL": database_url,
-                    "CTX_DATA_DIR": str(tmp / "data"), "CTX_PARTITIONS": str(TEST_PARTITIONS), "CTX_RECORD_BATCH": "4"}
-        self.tmp = tmp
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, kill_point: str | None) -> None:
-        env = dict(self.env)
-        if kill_point:
-            env["CTX_KILL_POINT"] = kill_point
-        else:
-            env.pop("CTX_KILL_POINT", None)
-        log = open(self.tmp / f"fleet-{kill_point or 'clean'}.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.cli", "worker", "recorder", "assembler", "budgeter", "compactor"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 async def _until_ready(client: FleetClient) -> None:
@@ -122,16 +89,17 @@ def _events(t: Thread) -> list:  # type: ignore[type-arg]
 async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effects(
     point_id: str, moment: str, kill_point: str, streams: str, database_url: str, tmp_path: Path, db: asyncpg.Connection
 ) -> None:
-    fleet = FleetProcess(streams, database_url, tmp_path)
+    env = worker_env(streams, database_url, tmp_path / "data", TEST_PARTITIONS, record_batch="4")
+    fleet = WorkerProcess(env, tmp_path, workers=("recorder", "assembler", "budgeter", "compactor"))
     client = await FleetClient.connect(streams)
     try:
-        fleet.start(None)
+        fleet.start()
         await _until_ready(client)
         await client.register_policy(
             ContextPolicy(name="kp", model_profile=None, budget_tokens=1_800, compaction=CompactionPolicy(keep_recent_groups=1))
         )
         fleet.stop()
-        fleet.start(kill_point)
+        fleet.start(kill_point=kill_point)
         t = Thread()
         events = _events(t)
         for event in events:
@@ -149,23 +117,21 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
                 assert failed.value.retryable
                 if fleet.proc.poll() is not None:
                     break
-        await asyncio.to_thread(fleet.proc.wait, 60)
-        assert fleet.proc.returncode == -signal.SIGKILL, f"{point_id}: the fleet did not die at {kill_point}"
+        assert await fleet.wait_exit(60) == -signal.SIGKILL, f"{point_id}: the fleet did not die at {kill_point}"
 
-        fleet.start(None)  # recovery: same ledger, same stream, no memory of the crash
+        fleet.start()  # recovery: same ledger, same stream, no memory of the crash
         await _until_ready(client)
         prepared = await client.prepare(request.model_copy(update={"budget_tokens": 4_000, "wait_ms": 20_000}), timeout=30)
 
-        keys = [r["event_key"] for r in await db.fetch("SELECT event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)]
-        assert keys == [e.event_key for e in events], f"{point_id}: events lost, duplicated or reordered"
+        audit = await audit_thread(db, client, t.thread_id, [e.event_key for e in events])
+        assert audit.recorded == audit.expected, f"{point_id}: events lost, duplicated or reordered"
         assert await db.fetchval("SELECT count(*) FROM ctx.dead_letters") == 0
         receipts = await db.fetch("SELECT operation_id, status, external_ref FROM ctx.receipts")
         assert [tuple(r) for r in receipts] == [("op-move-9", "success", "mv-77")], f"{point_id}: side effect bookkeeping"
         receipt = await client.operation_status(OperationStatusRequest(session_id=t.session_id, operation_id="op-move-9"))
         assert receipt.status == "success"
-        inspection = await client.inspect(t.thread_id)
-        assert inspection.chain_verified and inspection.state_verified, f"{point_id}: ledger or state diverged"
-        assert inspection.state_facts == 2
+        assert audit.chain_ok and audit.replay_ok, f"{point_id}: ledger or state diverged"
+        assert audit.inspection.state_facts == 2
         assert prepared.budget_report.used.total <= 4_000
         assert prepared.messages[-1].content and '"bay_4"' in prepared.messages[-1].content  # state block rebuilt
         summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)
