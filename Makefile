@@ -33,6 +33,10 @@ typecheck: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+## Every chaos scenario at full scale (kills, restarts, duplicates, poison; bounded to about 10 minutes).
+chaos: $(STAMP)
+	$(PY) -m tests.chaos --scale full --json out/chaos.json
+
 ## Throughput and latency figures (see README, "Measured").
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -29,7 +30,10 @@ from services.trace import TraceFormatError, read_trace
 from . import SAMPLES_DIR
 from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
 from .provision import ProvisionError
+from .rebaseline import RebaselineError, format_report, rebaseline
+from .datafolder import lock_data_folder
 from .runtime import NotProvisioned, SchemaBehind, Servers, migrate, provision, serve_workers, start_fleet, start_servers
+from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
 
@@ -122,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     prov.add_argument("--force", action="store_true", help="allow changing the partition count")
     prov.set_defaults(func=_cmd_provision)
 
+    rebase = sub.add_parser(
+        "rebaseline", help="after the events stream went backwards or was re-created: show, then reset, the recorder's positions"
+    )
+    rebase.add_argument("--yes", action="store_true", help="reset the positions (without it: only show what would change)")
+    rebase.set_defaults(func=_cmd_rebaseline)
+
     schemas = sub.add_parser("schemas", help="write JSON Schemas of every message and the AsyncAPI document")
     schemas.add_argument("out", type=Path)
     schemas.set_defaults(func=_cmd_schemas)
@@ -130,32 +140,90 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     started = time.perf_counter()
-    servers = start_servers(settings)
+    # First of all, and for the life of the process: one fleet per data folder (see infra.datafolder).
+    lock = lock_data_folder(settings.data_dir)
     try:
-        asyncio.run(_up(args, settings, servers, started))
+        servers = start_servers(settings, lock)
+        try:
+            code = asyncio.run(_up(args, settings, servers, started))
+        finally:
+            remove_endpoints(settings.data_dir)
+            servers.stop()
     finally:
-        remove_endpoints(settings.data_dir)
-        servers.stop()
+        lock.release()
     print("ctxfleet: stopped cleanly")
-    return 0
+    return code
 
 
-async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, started: float) -> None:
+async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, started: float) -> int:
+    """Serve until Ctrl-C; the startup replays are a demonstration: interruptible, and never fatal."""
     stop = _stop_event()
     fleet = await start_fleet(settings, servers)
+    supervisor = asyncio.create_task(supervise_servers(settings, servers))
+    code = 0
     try:
         write_endpoints(settings.data_dir, servers.nats_url, servers.database_url)
         print(f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {redact_url(servers.nats_url)}, "
-              f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}")
+              f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}", flush=True)
         traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
         for trace in traces:
-            report = await _replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
-            _print_summary(trace, report)
-        if not args.exit_after_replay:
+            if stop.is_set() or supervisor.done():
+                break
+            replay = asyncio.create_task(_replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id())))
+            if not await _first_of(replay, stop, supervisor):
+                print(f"ctxfleet: replay of {trace.name} interrupted", flush=True)
+                break
+            try:
+                _print_summary(trace, replay.result())
+            except Exception as exc:  # a demonstration replay: whatever broke it, say so and keep serving
+                print(f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving", flush=True)
+                code = 2 if args.exit_after_replay else 0
+        if not args.exit_after_replay and not stop.is_set() and not supervisor.done():
             print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'. Ctrl-C stops.", flush=True)
-            await stop.wait()
+            await _first_of(None, stop, supervisor)
+        if supervisor.done():
+            supervisor.result()  # raises ServerDied: which server, and where its log is
     finally:
-        await fleet.stop()
+        died = supervisor.done() and not supervisor.cancelled() and supervisor.exception() is not None
+        supervisor.cancel()
+        await asyncio.gather(supervisor, return_exceptions=True)
+        try:
+            # Work in hand cannot be acked or committed through a dead server: do not wait long for it.
+            await _drain(fleet, min(settings.shutdown_timeout_s, _DEAD_SERVER_DRAIN_S) if died else settings.shutdown_timeout_s)
+        except Exception as exc:
+            if not died:
+                raise
+            # With a server dead, draining towards it fails or times out; the ServerDied line is the one to show.
+            log.info("shutdown: drain incomplete with a server down: %s", _one_line(exc))
+    return code
+
+
+async def _first_of(work: asyncio.Task[ReplayReport] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]) -> bool:
+    """Wait for ``work``, Ctrl-C or the supervisor giving up; ``True`` if ``work`` finished first.
+
+    Unfinished ``work`` is cancelled (and awaited), so nothing of it runs while the fleet stops.
+    """
+    stopping = asyncio.create_task(stop.wait())
+    waiting: set[asyncio.Future[Any]] = {stopping, supervisor}
+    if work is not None:
+        waiting.add(work)
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if work is None or work.done():
+        return work is not None
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return False
+
+
+_DEAD_SERVER_DRAIN_S = 5.0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, CtxError | TraceFormatError | OSError) else f"{type(exc).__name__}: {text}"
 
 
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -308,6 +376,18 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     result = asyncio.run(provision(_fleet_nats_url(settings), settings, force=args.force))
     print(f"streams provisioned: events {result.events}, dead letters {result.dead}, jobs {result.jobs}")
+    return 0
+
+
+def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
+    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    if not url:
+        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    try:
+        report = asyncio.run(rebaseline(_fleet_nats_url(settings), url, settings, apply=args.yes))
+    except RebaselineError as exc:
+        raise CliError(str(exc)) from None
+    print(format_report(report))
     return 0
 
 

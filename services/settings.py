@@ -162,6 +162,10 @@ class Settings(BaseSettings):
     blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
+    # Request/reply admission per process: requests computing at once (waits excluded), and how
+    # long one may queue for a slot before it is answered `overloaded` instead.
+    max_inflight_requests: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_queue_age_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
     summarizer: Literal["structured", "openai"] = "structured"
     summarizer_base_url: str | None = None
     summarizer_model: str | None = None
@@ -173,6 +177,10 @@ class Settings(BaseSettings):
     shutdown_timeout_s: Annotated[float, Field(gt=0, le=600)] = 25.0
     # How long `ctxfleet worker` waits for migrations, provisioning and the servers before giving up.
     startup_wait_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    # `ctxfleet up`: how often it checks its embedded servers, and how many restarts of one it
+    # tries within 10 minutes before it stops the fleet instead (0: stop on the first exit).
+    supervise_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    server_restarts: Annotated[int, Field(ge=0, le=100)] = 3
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
 
     @classmethod

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 from faststream import FastStream
+from faststream.exceptions import IncorrectState
 from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
@@ -38,6 +39,7 @@ from services.settings import Settings
 from services.store.connect import create_pool
 from services.views import ViewLoader
 
+from .admission import RequestLimits
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import COMPACTOR_DURABLE, CompactorWorker
@@ -214,6 +216,8 @@ class Fleet:
             security=broker_security(s),
             # Like our own connection: ride out any broker outage rather than give up after a minute.
             max_reconnect_attempts=-1,
+            # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]
             # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
             graceful_timeout=s.shutdown_timeout_s,
         )
@@ -221,7 +225,8 @@ class Fleet:
             board = NoticeBoard()
             counted = CountedJobQueue(queue, self.metrics)
             service = PrepareService(self.pool, board, loader=loader, queue=counted, compaction_wait_ms=s.compaction_wait_ms)
-            self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool).router)
+            limits = RequestLimits(max_inflight=s.max_inflight_requests, max_queue_age_ms=s.max_queue_age_ms)
+            self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool, limits=limits).router)
         if "budgeter" in names:
             self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
             self.broker.include_router(self.budgeter.router)
@@ -292,13 +297,32 @@ class Fleet:
         if self._waiting is not None:
             checks["startup"] = f"waiting: {self._waiting}"[:300]
         checks["nats"] = None if self._nc is not None and self._nc.is_connected else "not connected"
+        nats_down = self._nats_down()
         if self.broker is None:
             checks["broker"] = "not started"
         else:
             checks["broker"] = None if await self.broker.ping(timeout=1.0) else "not connected"
         checks["postgres"] = await self._check_postgres()
-        checks["consumers"] = self._check_consumers()
+        # Consumers bound before an outage receive nothing during it: not "ok" while NATS is down.
+        checks["consumers"] = f"NATS {nats_down}" if nats_down is not None else self._check_consumers()
         return checks
+
+    def _nats_down(self) -> str | None:
+        """Why this process cannot reach NATS (our connection or the broker's), ``None`` when it can."""
+        nc = self._nc
+        if nc is None:
+            return "not connected"
+        if not nc.is_connected:
+            return "reconnecting" if nc.is_reconnecting else "not connected"
+        if self.broker is None:
+            return None
+        try:
+            broker_nc = self.broker.connection
+        except IncorrectState:
+            return "broker not connected"
+        if not broker_nc.is_connected:
+            return "broker reconnecting" if broker_nc.is_reconnecting else "broker not connected"
+        return None
 
     async def _check_postgres(self) -> str | None:
         pool = self.pool
@@ -314,9 +338,22 @@ class Fleet:
         if not self._started:
             return "starting"
         if self.recorder is not None:
+            # A halted recorder unbinds every partition: its one reason says why, not the unbinding.
+            halted = self._check_recorder(self.recorder)
+            if halted is not None:
+                return halted
             unbound = sorted(set(self.recorder.partitions) - self.recorder.bound_partitions)
             if unbound:
                 return f"recorder partitions not bound: {unbound}"
+        return None
+
+    @staticmethod
+    def _check_recorder(recorder: RecorderWorker) -> str | None:
+        # Bound consumers are not enough: positions ahead of a re-created stream bind fine and read nothing.
+        if recorder.halt_reason is not None:
+            return recorder.halt_reason
+        if not recorder.stream_checked:
+            return "events stream not yet checked against the committed positions"
         return None
 
     async def export_backlogs(self) -> None:
@@ -364,14 +401,21 @@ class Fleet:
             await recorder.stop(timeout=self.settings.shutdown_timeout_s)
         if broker is not None:
             await _answer_what_was_delivered(broker)
-            await broker.stop()
+            try:
+                await broker.stop()
+            except NatsError as exc:  # NATS is down or reconnecting: there is nothing left to drain
+                log.warning("shutdown: broker: %s", type(exc).__name__)
         if budgeter is not None:
             await budgeter.stop()
         indexer, self.indexer = self.indexer, None
         if indexer is not None:
             await indexer.stop()
         if nc is not None and not nc.is_closed:
-            await nc.drain()
+            try:
+                await nc.drain()
+            except NatsError as exc:  # reconnecting: unacked work is redelivered, so just close
+                log.warning("shutdown: NATS: %s; closing", type(exc).__name__)
+                await nc.close()
         if pool is not None:
             await pool.close()
         if self._http is not None:

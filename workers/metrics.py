@@ -39,6 +39,11 @@ class FleetMetrics:
         self.recorder_position = Gauge(
             "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"], registry=r
         )
+        self.recorder_halted = Gauge(
+            "ctx_recorder_halted",
+            "1 while the recorder records nothing because the events stream went backwards or was re-created (see /readyz)",
+            registry=r,
+        )
         self.prepare_seconds = Histogram(
             "ctx_prepare_seconds", "Prepare latency by purpose", ["purpose", "policy"], buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -113,6 +118,20 @@ class FleetMetrics:
             registry=r,
         )
         self.prepare_errors = Counter("ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r)
+        self.requests_rejected = Counter(
+            "ctx_requests_rejected",
+            "Requests refused by admission: queue_full/queue_age answered overloaded, deadline dropped unanswered",
+            ["reason"],
+            registry=r,
+        )
+        self.requests_inflight = Gauge("ctx_requests_inflight", "Requests holding a compute slot", registry=r)
+        self.requests_queued = Gauge("ctx_requests_queued", "Requests queued for a compute slot", registry=r)
+        self.requests_waiting = Gauge(
+            "ctx_requests_waiting", "Admitted requests waiting for an event or a compaction (holding no slot)", registry=r
+        )
+        self.request_queue_seconds = Histogram(
+            "ctx_request_queue_seconds", "Time admitted requests queued for a compute slot", buckets=_LATENCY_BUCKETS, registry=r
+        )
         self.prepare_tokens = Histogram(
             "ctx_prepare_tokens",
             "Tokens in a prepared context",
