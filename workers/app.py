@@ -23,7 +23,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from contracts import JOBS_STREAM, DeadLetter
-from contracts.subjects import DEAD
+from contracts.subjects import DEAD, RECORDED
 from services.budgeting import BudgetService
 from services.errors import InvalidConfiguration
 from services.client import connect_nats
@@ -127,6 +127,10 @@ async def _watch_backlogs(fleet: Fleet, every_s: float = 5.0) -> None:
         await asyncio.sleep(every_s)
 
 
+# Subjects whose messages only say "look again"; dropping buffered ones on shutdown loses nothing.
+_HINT_SUBJECTS = (f"{RECORDED}.", "ctx.compacted.")
+
+
 async def _answer_what_was_delivered(broker: NatsBroker) -> None:
     """Drain every core subscription: requests already delivered here are answered, then it unsubscribes.
 
@@ -140,7 +144,12 @@ async def _answer_what_was_delivered(broker: NatsBroker) -> None:
         if not isinstance(subscription, Subscription):  # JetStream pull subscriptions ack or redeliver
             return
         try:
-            await subscription.drain()  # type: ignore[no-untyped-call]
+            if subscription.subject.startswith(_HINT_SUBJECTS):
+                # Notices are hints (the sweep and Postgres are the truth): a burst leaves thousands
+                # buffered, and handling them all would hold the shutdown past its bound for nothing.
+                await subscription.unsubscribe()
+            else:
+                await subscription.drain()  # type: ignore[no-untyped-call]
         except NatsError as exc:
             log.debug("drain: %s", exc)
         setattr(subscriber, "subscription", None)  # noqa: B010  # typed as object: nothing left to unsubscribe
@@ -397,19 +406,24 @@ class Fleet:
             self._gauges.cancel()
             await asyncio.gather(self._gauges, return_exceptions=True)
             self._gauges = None
+        started = time.perf_counter()
         if recorder is not None:
             await recorder.stop(timeout=self.settings.shutdown_timeout_s)
+            log.info("shutdown: recorder stopped after %.2fs", time.perf_counter() - started)
         if broker is not None:
             await _answer_what_was_delivered(broker)
+            log.info("shutdown: subscriptions drained after %.2fs", time.perf_counter() - started)
             try:
                 await broker.stop()
             except NatsError as exc:  # NATS is down or reconnecting: there is nothing left to drain
                 log.warning("shutdown: broker: %s", type(exc).__name__)
+            log.info("shutdown: requests answered and jobs finished after %.2fs", time.perf_counter() - started)
         if budgeter is not None:
             await budgeter.stop()
         indexer, self.indexer = self.indexer, None
         if indexer is not None:
             await indexer.stop()
+        log.info("shutdown: budgeter and indexer stopped after %.2fs", time.perf_counter() - started)
         if nc is not None and not nc.is_closed:
             try:
                 await nc.drain()

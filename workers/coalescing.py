@@ -50,9 +50,12 @@ class CoalescingScheduler:
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def schedule(self, thread_id: str) -> None:
         """Work on ``thread_id`` soon (once more if it is being worked on)."""
+        if self._stopping:
+            return  # the next process catches up from the durable positions
         if thread_id in self._running:
             self._again.add(thread_id)
             return
@@ -66,7 +69,7 @@ class CoalescingScheduler:
                     await self._work(thread_id)
                 except Exception as exc:  # the sweep retries; this work is never on the hot path
                     self._log.warning("%s: %s", thread_id, exc)
-                if thread_id not in self._again:
+                if thread_id not in self._again or self._stopping:
                     return
         finally:
             self._running.pop(thread_id, None)
@@ -80,12 +83,24 @@ class CoalescingScheduler:
         """Start the catch-up sweep."""
         self._sweeper = asyncio.create_task(self._sweep())
 
-    async def stop(self) -> None:
-        """Stop sweeping and let running work finish."""
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop sweeping and scheduling; let running passes finish within ``grace_s``, then cancel them.
+
+        A pass commits its effect with its position in one transaction, so a cancelled one rolls
+        back and the next process (or this one's sweep after a restart) does it again: nothing is
+        lost, and a long catch-up never holds a shutdown past its bound.
+        """
+        self._stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        running = list(self._running.values())
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        self._again.clear()
 
     async def _sweep(self) -> None:
         while True:

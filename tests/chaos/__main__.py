@@ -18,12 +18,12 @@ from rich.table import Table
 from .harness import Stack
 from .scenarios import SCALES, Scenario, ScenarioReport, run_scenario
 
-# (header, report attribute); lost … unserved are the invariants and must all read 0.
+# (header, report attribute); lost … drain are the invariants and must all read 0.
 _COLUMNS: tuple[tuple[str, str], ...] = (
     ("scenario", "scenario"), ("events", "events"), ("publishes", "publishes"), ("faults", "faults"),
     ("lost", "lost"), ("dup", "duplicated"), ("reord", "reordered"), ("stuck", "stuck"),
     ("chain", "chain_failures"), ("replay", "replay_failures"), ("dlq err", "dead_letter_errors"),
-    ("unserved", "unserved"), ("prepares", "prepares"), ("prep err", "failed_prepares"), ("ready s", "ready_s"), ("recover s", "recover_s"), ("took s", "elapsed_s"),
+    ("unserved", "unserved"), ("drain", "unbounded_shutdowns"), ("prepares", "prepares"), ("prep err", "failed_prepares"), ("ready s", "ready_s"), ("recover s", "recover_s"), ("took s", "elapsed_s"),
 )
 
 

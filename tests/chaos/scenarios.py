@@ -103,6 +103,7 @@ class ScenarioReport:
     replay_failures: int = 0
     dead_letter_errors: int = 0
     unserved: int = 0
+    unbounded_shutdowns: int = 0  # SIGTERM not drained within CTX_SHUTDOWN_TIMEOUT_S
     prepares: int = 0
     prepare_errors: dict[str, int] = field(default_factory=dict)
     ready_s: float | None = None  # worst fault: cleared → /readyz 200
@@ -115,7 +116,7 @@ class ScenarioReport:
     def failures(self) -> dict[str, int]:
         """The invariants that did not hold (by field name), and by how much."""
         names = ("unacked", "lost", "stuck", "duplicated", "reordered", "chain_failures", "replay_failures",
-                 "dead_letter_errors", "unserved")
+                 "dead_letter_errors", "unserved", "unbounded_shutdowns")
         return {name: count for name in names if (count := getattr(self, name))}
 
     @property
@@ -157,6 +158,7 @@ async def run_scenario(stack: Stack, scenario: Scenario, scale: Scale, *, seed: 
         await store.close()
         code = await asyncio.to_thread(fleet.stop)
         if code not in (0, None):
+            report.unbounded_shutdowns += 1
             report.notes.append(f"the last worker exited with {code} on SIGTERM; see {fleet.log}")
         await stack.drop_database(database_url)
     report.elapsed_s = round(time.monotonic() - started, 1)
@@ -387,8 +389,8 @@ async def _stream_keys(client: FleetClient, t: Thread) -> set[str]:
                 return keys
             try:
                 keys.add(str(json.loads(msg.data)["event_key"]))
-            except (ValueError, KeyError, TypeError):
-                pass  # an invalid input of this thread
+            except (ValueError, KeyError, TypeError, RecursionError):
+                pass  # an invalid input of this thread (the nesting poison defeats json itself)
             if msg.metadata.num_pending == 0:
                 return keys
     finally:

@@ -1,0 +1,58 @@
+"""The per-thread scheduler of budgeter and indexer: coalesced passes, and a shutdown that keeps its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from workers.coalescing import CoalescingScheduler
+
+pytestmark = pytest.mark.anyio
+log = logging.getLogger("test")
+
+
+async def _no_stale() -> list[str]:
+    return []
+
+
+async def test_stop_cancels_a_pass_that_outlives_the_grace_and_schedules_nothing_after() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    passes: list[str] = []
+
+    async def work(thread_id: str) -> None:
+        passes.append(thread_id)
+        started.set()
+        try:
+            await asyncio.sleep(60)  # a long catch-up: it commits with its position, so cancelling is safe
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    scheduler = CoalescingScheduler(work, _no_stale, log, sweep_s=60)
+    scheduler.start()
+    scheduler.schedule("r.a")
+    await started.wait()
+    scheduler.schedule("r.a")  # would ask for one more pass
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    await scheduler.stop(grace_s=0.2)
+    assert loop.time() - begun < 2.0
+    assert cancelled.is_set()
+    scheduler.schedule("r.b")
+    await asyncio.sleep(0)
+    assert passes == ["r.a"] and scheduler.backlog == 0
+
+
+async def test_stop_lets_a_short_pass_finish() -> None:
+    finished: list[str] = []
+
+    async def work(thread_id: str) -> None:
+        await asyncio.sleep(0.05)
+        finished.append(thread_id)
+
+    scheduler = CoalescingScheduler(work, _no_stale, log, sweep_s=60)
+    scheduler.schedule("r.a")
+    await scheduler.stop(grace_s=5.0)
+    assert finished == ["r.a"]
