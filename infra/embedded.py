@@ -152,6 +152,7 @@ class EmbeddedNats:
     port: int = 0
     # Appended to the generated server config: an authorization block, TLS, a monitoring port.
     extra_config: str = ""
+    sync_always: bool = True
     process: subprocess.Popen[bytes] | None = None
     name = "nats-server"
 
@@ -200,6 +201,8 @@ class EmbeddedNats:
                     f"max_payload: {self.max_payload}",
                     "jetstream {",
                     f'  store_dir: "{self.data_dir / "jetstream"}"',
+                    # Written and fsynced before the ack: a SIGKILL / OOM of a single node loses nothing acked.
+                    "  sync_interval: always" if self.sync_always else "",
                     "}",
                     self.extra_config,
                     "",

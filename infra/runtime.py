@@ -143,7 +143,9 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
             servers.database_url = pg.start()
             servers.record()  # at once: a crash before NATS is up must still leave PostgreSQL findable
         if nats_url is None:
-            broker = EmbeddedNats(data_dir / "nats", max_payload=settings.nats_max_payload, port=previous_port)
+            broker = EmbeddedNats(
+                data_dir / "nats", max_payload=settings.nats_max_payload, port=previous_port, sync_always=settings.nats_sync_always
+            )
             owned.append(broker)
             servers.nats_url = broker.start()
             servers.record()

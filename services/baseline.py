@@ -7,7 +7,15 @@ new stream holds below that position — acked by JetStream, yet never recorded 
 
 Invariants (one function each below):
 
-1. A committed position ahead of the stream's last sequence halts recording (``went_backwards``).
+0. A stream of the recorded identity whose last sequence fell below committed positions lost its
+   tail: a broker killed before it flushed what it had acked (a single node's store syncs
+   asynchronously). That is repaired without anyone (``truncated``): every sequence up to the last
+   one was applied, and the broker numbers the next publish ``last_seq + 1``, so the positions ahead
+   are lowered to ``last_seq`` and nothing new is skipped. The sequences in between were acked and
+   then lost by the broker; those the recorder had read are in the ledger, and the verdict names
+   the range so the loss of any other is reported, never silent.
+1. A committed position ahead of the stream's last sequence, of a stream whose identity was never
+   recorded, halts recording (``went_backwards``): nothing tells a lost tail from another log.
 2. A stream whose creation time differs from the one recorded with the positions halts recording
    (``recreated``), even when every position is below its last sequence: the sequences are those
    of another log.
@@ -36,9 +44,10 @@ __all__ = [
     "VerdictKind",
     "check_stream",
     "plan_rebaseline",
+    "plan_truncation",
 ]
 
-VerdictKind = Literal["intact", "adopt", "went_backwards", "recreated"]
+VerdictKind = Literal["intact", "adopt", "truncated", "went_backwards", "recreated"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +88,7 @@ class StreamVerdict:
     def halted(self) -> bool:
         """Whether nothing may be recorded until an operator re-baselines."""
         match self.kind:
-            case "intact" | "adopt":
+            case "intact" | "adopt" | "truncated":
                 return False
             case "went_backwards" | "recreated":
                 return True
@@ -91,7 +100,7 @@ class StreamVerdict:
         """One sentence for ``/readyz`` and the log, ``None`` when recording may go on."""
         s = self.stream
         match self.kind:
-            case "intact" | "adopt":
+            case "intact" | "adopt" | "truncated":
                 return None
             case "went_backwards":
                 seq, partition = self.ahead or (0, -1)
@@ -140,6 +149,8 @@ def check_stream(positions: Positions, stream: StreamFacts) -> StreamVerdict:
     if positions.created is not None and positions.created != stream.created:
         return StreamVerdict("recreated", stream, positions.created, tuple(sorted(committed)), ahead)
     if ahead[0] > stream.last_seq:
+        if positions.created is not None:
+            return _truncated(positions, stream, committed, ahead)
         return _halt_when_ahead(positions, stream, committed, ahead)
     if positions.created is None:
         # Invariant 4: positions from before identities were recorded, all within this stream.
@@ -155,6 +166,22 @@ def plan_rebaseline(positions: Positions, stream: StreamFacts) -> Rebaseline:
     start = max(0, stream.first_seq - 1)
     resets = tuple(PositionReset(p, seq, start) for p, seq in sorted(positions.committed.items()))
     return Rebaseline(verdict, resets)
+
+
+def plan_truncation(positions: Positions, verdict: StreamVerdict) -> tuple[PositionReset, ...]:
+    """For a ``truncated`` stream, the positions ahead of its last sequence lowered to it (invariant 0)."""
+    if verdict.kind != "truncated":
+        return ()
+    last = verdict.stream.last_seq
+    return tuple(PositionReset(p, seq, last) for p, seq in sorted(positions.committed.items()) if seq > last)
+
+
+def _truncated(
+    positions: Positions, stream: StreamFacts, committed: Mapping[int, int], ahead: tuple[int, int]
+) -> StreamVerdict:
+    # Invariant 0: the same log, shorter; only the partitions past its end are affected.
+    affected = tuple(sorted(p for p, seq in committed.items() if seq > stream.last_seq))
+    return StreamVerdict("truncated", stream, positions.created, affected, ahead)
 
 
 def _adopt_when_nothing_committed(positions: Positions, stream: StreamFacts) -> StreamVerdict:

@@ -146,6 +146,9 @@ class Settings(BaseSettings):
     nats_tls_cert_file: FilePath | None = None
     nats_tls_key_file: FilePath | None = None
     nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    # The embedded nats-server fsyncs every write before it acks: a killed single node then loses
+    # nothing it acked (its default flushes asynchronously). Costs publish throughput; see README.
+    nats_sync_always: bool = True
     # Copies JetStream keeps of each stream: 3 on a 3-node cluster, so losing a node loses nothing.
     stream_replicas: Annotated[int, Field(ge=1, le=5)] = 1
     # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.

@@ -39,6 +39,12 @@ class FleetMetrics:
         self.recorder_position = Gauge(
             "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"], registry=r
         )
+        self.stream_truncations = Counter(
+            "ctx_recorder_stream_truncations_total",
+            "Times the events stream came back shorter than the committed positions (a broker killed before it "
+            "flushed what it acked) and the positions past its end were lowered to it",
+            registry=r,
+        )
         self.recorder_halted = Gauge(
             "ctx_recorder_halted",
             "1 while the recorder records nothing because the events stream went backwards or was re-created (see /readyz)",

@@ -195,6 +195,9 @@ class RecorderWorker:
             # describes (a consumer dies with its stream); only then does the partition count as bound.
             if (await self._guard.check(since=bound_at)).halted:
                 return
+            if await self._position_moved(partition, position):
+                return  # lowered after a lost tail (by us or another recorder): start from the new one
+            epoch = self._guard.epoch
             self._subs[partition] = sub
             expected = 1
             while not self._stopping.is_set():
@@ -203,7 +206,7 @@ class RecorderWorker:
                 except (NatsTimeout, TimeoutError):
                     # nats-py raises either, depending on where in the fetch the time ran out.
                     self._failures[partition] = 0
-                    if not await self._stream_still_ours(partition):
+                    if not await self._stream_still_ours(partition, epoch):
                         return
                     continue
                 contiguous, gap = _contiguous(msgs, expected)
@@ -220,7 +223,7 @@ class RecorderWorker:
                     log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
                     return
                 # Cached: a JetStream call at most every few seconds for the whole recorder, not per batch.
-                if not await self._stream_still_ours(partition):
+                if not await self._stream_still_ours(partition, epoch):
                     return
         finally:
             self._subs.pop(partition, None)
@@ -228,10 +231,14 @@ class RecorderWorker:
             # The server drops it after inactive_threshold anyway; this just tidies up sooner.
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 
-    async def _stream_still_ours(self, partition: int) -> bool:
-        """False once the guard halts; a failed check keeps a bound consumer (it dies with its stream)."""
+    async def _position_moved(self, partition: int, position: int) -> bool:
+        async with self._pool.acquire() as conn:
+            return await TrackingRepo.max_tracking_seq(conn, "recorder", partition) != position
+
+    async def _stream_still_ours(self, partition: int, epoch: int) -> bool:
+        """False once the guard halts or lowered positions; a failed check keeps a bound consumer."""
         try:
-            return not (await self._guard.check()).halted
+            return not (await self._guard.check()).halted and self._guard.epoch == epoch
         except Exception as exc:  # a broker or store blip; the fetch or the next batch reports it
             log.warning("partition %s: events stream check failed: %s: %s", partition, type(exc).__name__, exc)
             return True

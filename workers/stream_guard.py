@@ -20,12 +20,16 @@ import asyncpg
 from nats.js import JetStreamContext
 
 from contracts.subjects import EVENTS_STREAM
-from services.baseline import Positions, StreamFacts, StreamVerdict, check_stream
+from services.baseline import Positions, StreamFacts, StreamVerdict, check_stream, plan_truncation
 from services.store.ledger import TrackingRepo
 
 from .metrics import FleetMetrics
 
 __all__ = ["DEFAULT_CHECK_EVERY_S", "StreamGuard"]
+
+
+class _Moved(Exception):
+    """Positions moved while a lost tail was being repaired: another recorder did it; check again."""
 
 log = logging.getLogger("ctxfleet.recorder")
 DEFAULT_CHECK_EVERY_S = 2.0
@@ -57,6 +61,8 @@ class StreamGuard:
         self._verdict: StreamVerdict | None = None
         # What Postgres said when we halted: the halt holds until it changes (an operator acted).
         self._halted_on: Positions | None = None
+        # Bumped whenever positions are lowered: consumers bound before must be rebuilt from Postgres.
+        self.epoch = 0
 
     @property
     def verdict(self) -> StreamVerdict | None:
@@ -91,14 +97,27 @@ class StreamGuard:
     async def _refresh(self) -> None:
         started = self._clock()
         self._attempted_at = started
+        # Positions first: a position read now is a message the stream held by now, so a stream state
+        # read after it can only be at or past it unless the stream really lost it. The other order
+        # races a busy recorder (seq 1206 recorded between the two reads looked like a lost tail).
+        async with self._pool.acquire() as conn:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                positions = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM)
         info = await self._js.stream_info(EVENTS_STREAM)
         if info.created is None:  # every server we support (>= 2.10) reports it
             raise RuntimeError(f"{EVENTS_STREAM}: the server reported no creation time")
         stream = StreamFacts(EVENTS_STREAM, info.state.first_seq, info.state.last_seq, info.created)
-        async with self._pool.acquire() as conn:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                positions = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM)
         verdict = check_stream(positions, stream)
+        if verdict.kind == "truncated":
+            try:
+                await self._repair_truncation(positions, verdict)
+            except _Moved:
+                pass
+            self.epoch += 1  # either way, positions went down: consumers bound before are stale
+            async with self._pool.acquire() as conn:
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    positions = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM)
+            verdict = check_stream(positions, stream)
         if self._halted_on is not None and positions == self._halted_on:
             # Nothing changed in Postgres since the halt: stay halted whatever the stream did since.
             verdict = self._verdict if self._verdict is not None else verdict
@@ -108,6 +127,29 @@ class StreamGuard:
             log.info("recorder: positions describe %s created at %s; recorded its identity", EVENTS_STREAM, stream.created)
         self._note(verdict, positions)
         self._verified_at = started
+
+    async def _repair_truncation(self, positions: Positions, verdict: StreamVerdict) -> None:
+        """Lower the positions past a lost tail to the stream's end (``_Moved`` if they changed meanwhile)."""
+        resets = plan_truncation(positions, verdict)
+        s = verdict.stream
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                current = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM, for_update=True)
+                repaired = current == positions and await TrackingRepo.reset_positions(
+                    conn, self._consumer, EVENTS_STREAM, s.created, resets
+                )
+                if not repaired:
+                    # Another recorder repaired it (or a position moved): roll back, read again.
+                    raise _Moved()
+        lost_to = max(r.old for r in resets)
+        self._metrics.stream_truncations.inc()
+        log.error(
+            "events stream %s lost its tail (last seq %d < committed positions up to %d, partitions %s): the broker "
+            "acked seqs %d..%d and lost them; those the recorder had read are in the ledger, any other is gone. "
+            "Positions lowered to %d: the next publish is read as seq %d",
+            s.name, s.last_seq, lost_to, ", ".join(str(r.partition) for r in resets), s.last_seq + 1, lost_to,
+            s.last_seq, s.last_seq + 1,
+        )
 
     def _note(self, verdict: StreamVerdict, positions: Positions) -> None:
         was = self._verdict.halted if self._verdict is not None else False

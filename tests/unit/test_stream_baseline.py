@@ -12,6 +12,7 @@ from services.baseline import (
     StreamVerdict,
     check_stream,
     plan_rebaseline,
+    plan_truncation,
 )
 
 OLD = datetime(2026, 12, 1, 9, 0, 0, 123456, tzinfo=UTC)
@@ -40,10 +41,10 @@ def test_check_stream_adopts_a_recreated_stream_when_nothing_was_ever_committed(
     assert verdict.kind == "adopt" and not verdict.halted
 
 
-def test_check_stream_halts_when_a_position_is_ahead_of_the_last_seq() -> None:
+def test_check_stream_halts_when_a_position_is_ahead_of_a_stream_of_unknown_identity() -> None:
     s = stream(first=1, last=7)
-    verdict = check_stream(Positions({1: 5, 3: 120, 2: 120}, OLD), s)
-    assert verdict == StreamVerdict("went_backwards", s, OLD, (1, 2, 3), (120, 2))
+    verdict = check_stream(Positions({1: 5, 3: 120, 2: 120}, None), s)
+    assert verdict == StreamVerdict("went_backwards", s, None, (1, 2, 3), (120, 2))
     assert verdict.halted
     assert verdict.reason == (
         "events stream CTX_EVENTS went backwards: last seq 7 < committed position 120 of partition 2; "
@@ -96,3 +97,19 @@ def test_rebaselined_positions_check_intact_against_the_new_stream() -> None:
     plan = plan_rebaseline(Positions({3: 120}, OLD), s)
     after = Positions({r.partition: r.new for r in plan.resets}, s.created)
     assert check_stream(after, s).kind == "intact"
+
+
+def test_check_stream_repairs_a_lost_tail_of_the_same_stream_without_halting() -> None:
+    # A broker killed before flushing what it acked: the same log, shorter.
+    s = stream(first=1, last=1205)
+    positions = Positions({0: 1180, 3: 1206, 5: 1210}, OLD)
+    verdict = check_stream(positions, s)
+    assert verdict == StreamVerdict("truncated", s, OLD, (3, 5), (1210, 5))
+    assert not verdict.halted and verdict.reason is None
+    # Only the partitions past the end move, and only down to it: the next publish is 1206.
+    assert plan_truncation(positions, verdict) == (PositionReset(3, 1206, 1205), PositionReset(5, 1210, 1205))
+
+
+def test_plan_truncation_changes_nothing_for_any_other_verdict() -> None:
+    positions = Positions({0: 150}, OLD)
+    assert plan_truncation(positions, check_stream(positions, stream())) == ()

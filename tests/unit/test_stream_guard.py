@@ -65,6 +65,7 @@ def stored(monkeypatch: pytest.MonkeyPatch) -> dict[str, Positions]:
 
 
 async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_change(stored: dict[str, Positions]) -> None:
+    stored["positions"] = Positions({0: 120}, None)  # committed before identities: a lost tail is not provable
     js, clock, metrics = FakeJetStream(last_seq=7), Clock(), FleetMetrics()
     guard = StreamGuard(js, FakePool(), metrics, every_s=2.0, clock=clock)  # type: ignore[arg-type]
     assert (await guard.check()).kind == "went_backwards"
@@ -101,3 +102,46 @@ async def test_stream_guard_checks_at_most_every_interval_and_a_failure_never_co
         await guard.check(since=2.5)  # a consumer bound after the last success needs a real check
     js.fail = False
     assert (await guard.check(since=2.5)).kind == "intact" and js.calls == 4
+
+
+async def test_stream_guard_lowers_positions_past_a_lost_tail_and_tells_bound_consumers_to_rebind(
+    stored: dict[str, Positions], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored["positions"] = Positions({0: 1206, 1: 50, 2: 1210}, CREATED)
+    written: list[tuple[int, int, int]] = []
+
+    async def reset_positions(conn: Any, consumer: str, stream: str, created: datetime, resets: Any) -> bool:
+        written.extend((r.partition, r.old, r.new) for r in resets)
+        by_partition = dict(stored["positions"].by_partition)
+        by_partition.update({r.partition: r.new for r in resets})
+        stored["positions"] = Positions(by_partition, created)
+        return True
+
+    monkeypatch.setattr(TrackingRepo, "reset_positions", staticmethod(reset_positions))
+    metrics = FleetMetrics()
+    guard = StreamGuard(FakeJetStream(last_seq=1205), FakePool(), metrics, clock=Clock())  # type: ignore[arg-type]
+    verdict = await guard.check()
+    assert verdict.kind == "intact" and not verdict.halted
+    assert written == [(0, 1206, 1205), (2, 1210, 1205)], "only partitions past the end, down to it"
+    assert guard.epoch == 1 and metrics.stream_truncations._value.get() == 1
+
+
+async def test_stream_guard_reads_positions_before_the_stream_so_a_busy_recorder_is_no_lost_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each read of the positions finds the newest event recorded; the stream always holds it by then.
+    published = {"last": 1205}
+
+    async def select_positions(conn: Any, consumer: str, stream: str, *, for_update: bool = False) -> Positions:
+        published["last"] += 1
+        return Positions({3: published["last"]}, CREATED)
+
+    class RacingJetStream(FakeJetStream):
+        async def stream_info(self, name: str) -> Any:
+            self.last_seq = published["last"]
+            return await super().stream_info(name)
+
+    monkeypatch.setattr(TrackingRepo, "select_positions", staticmethod(select_positions))
+    guard = StreamGuard(RacingJetStream(last_seq=0), FakePool(), FleetMetrics(), clock=Clock())  # type: ignore[arg-type]
+    assert (await guard.check()).kind == "intact"
+    assert guard.epoch == 0
