@@ -14,6 +14,7 @@ Figures (printed, and written to out/bench.json):
 - search: see benchmarks/search.py (index lag under load, search p50/p99 at 100k records,
   reindex time, index size per recorded MB).
 - cold start: `ctxfleet up --exit-after-replay` on an empty data folder (embedded servers), wall time.
+- recovery: see benchmarks/recovery.py (SIGKILL of an embedded server under `ctxfleet up` → ready again).
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
@@ -46,6 +47,7 @@ from tests.fixtures.builders import Thread
 
 from .ops import bench_ops
 from .overload import bench_overload
+from .recovery import bench_recovery
 from .search import bench_index_lag, bench_search_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -369,7 +371,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -405,6 +407,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["state"] = await bench_state(servers, settings)
             elif name == "ops":
                 results["ops"] = await bench_ops(nats_url, db, tmp)
+            elif name == "recovery":
+                results["recovery"] = await asyncio.to_thread(bench_recovery)
             elif name == "overload":
                 results["overload"] = await bench_overload(nats_url, db, tmp, seconds=args.overload_seconds)
             elif name == "sessions":
@@ -433,7 +437,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "cold"])
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument("--overload-seconds", type=float, default=20.0, help="duration of each overload configuration")
     args = parser.parse_args()
