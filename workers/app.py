@@ -53,6 +53,8 @@ __all__ = ["Fleet", "broker_security", "create_docs_app", "recording_limits", "s
 
 log = logging.getLogger("ctxfleet")
 _STARTUP_RETRY_S = 2.0
+_POOL_CLOSE_S = 5.0
+_GAUGES_STOP_S = 2.0
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
@@ -119,7 +121,9 @@ def _parse_nats_time(value: str) -> datetime | None:
 
 async def _watch_backlogs(fleet: Fleet, every_s: float = 5.0) -> None:
     """Export what operators scale and alert on: the compaction queue and each worker's lag."""
-    while True:
+    # Ends on the flag, not only on cancellation: a cancel that lands in a client library's own
+    # wait_for can be swallowed (Python 3.11), and this loop would then run on for ever.
+    while not fleet.draining:
         try:
             await fleet.export_backlogs()
         except Exception as exc:  # a metrics loop must never take the worker down
@@ -293,6 +297,11 @@ class Fleet:
                 self._waiting = str(exc)
                 await asyncio.sleep(_STARTUP_RETRY_S)
 
+    @property
+    def draining(self) -> bool:
+        """Whether ``stop`` has begun."""
+        return self._draining
+
     async def liveness(self) -> dict[str, str | None]:
         """Whether a restart would help: only when the NATS connection is gone for good."""
         closed = self._nc is not None and self._nc.is_closed and not self._draining
@@ -404,14 +413,18 @@ class Fleet:
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:
             self._gauges.cancel()
-            await asyncio.gather(self._gauges, return_exceptions=True)
+            # Bounded: see _watch_backlogs; it ends on the flag within one round if the cancel is lost.
+            await asyncio.wait({self._gauges}, timeout=_GAUGES_STOP_S)
             self._gauges = None
         started = time.perf_counter()
         if recorder is not None:
             await recorder.stop(timeout=self.settings.shutdown_timeout_s)
             log.info("shutdown: recorder stopped after %.2fs", time.perf_counter() - started)
         if broker is not None:
-            await _answer_what_was_delivered(broker)
+            try:
+                await asyncio.wait_for(_answer_what_was_delivered(broker), timeout=self.settings.shutdown_timeout_s)
+            except TimeoutError:
+                log.warning("shutdown: requests still being answered after %.1fs; stopping anyway", self.settings.shutdown_timeout_s)
             log.info("shutdown: subscriptions drained after %.2fs", time.perf_counter() - started)
             try:
                 await broker.stop()
@@ -431,7 +444,15 @@ class Fleet:
                 log.warning("shutdown: NATS: %s; closing", type(exc).__name__)
                 await nc.close()
         if pool is not None:
-            await pool.close()
+            # close() waits for every connection to be released, and asyncpg 0.32's floor-keeping task can
+            # swallow its cancellation (seen here: a close that never returned). Not wait_for, which
+            # would wait for the cancelled close too: past the bound, terminate and move on.
+            closing = asyncio.ensure_future(pool.close())
+            done, _ = await asyncio.wait({closing}, timeout=_POOL_CLOSE_S)
+            if not done:
+                log.warning("shutdown: database pool not closed after %.0fs; terminating its connections", _POOL_CLOSE_S)
+                pool.terminate()
+                closing.cancel()
         if self._http is not None:
             await self._http.close()
             self._http = None

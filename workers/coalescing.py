@@ -93,7 +93,9 @@ class CoalescingScheduler:
         self._stopping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+            # Bounded: a cancel lost in a client library's wait_for (Python 3.11) leaves the sweep to
+            # end on the flag at its next round instead.
+            await asyncio.wait({self._sweeper}, timeout=grace_s)
         running = list(self._running.values())
         if running:
             _, late = await asyncio.wait(running, timeout=grace_s)
@@ -103,7 +105,7 @@ class CoalescingScheduler:
         self._again.clear()
 
     async def _sweep(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 for thread_id in await self._find_stale():
                     self.schedule(thread_id)

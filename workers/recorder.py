@@ -46,6 +46,7 @@ _FETCH_TIMEOUT_S = 1.0
 # Short: deterministic failures no longer retry (they are dead-lettered), so only outages wait here,
 # and recovery after one should not lag it by more than a couple of seconds.
 _MAX_BACKOFF_S = 2.0
+_STOP_GRACE_S = 2.0
 
 
 class JetStreamDeadLetterSink:
@@ -140,7 +141,11 @@ class RecorderWorker:
             _, pending = await asyncio.wait(self._tasks.values(), timeout=timeout)
             for task in pending:
                 task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            # Bounded too: a cancel swallowed inside a client library must not hold the shutdown. A
+            # partition left running here has applied nothing uncommitted; the next recorder re-reads.
+            _, stuck = await asyncio.wait(self._tasks.values(), timeout=_STOP_GRACE_S)
+            if stuck:
+                log.warning("stop: %d partition reader(s) did not end after cancellation; leaving them", len(stuck))
         self._tasks.clear()
 
     async def _run(self, partition: int) -> None:
