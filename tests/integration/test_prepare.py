@@ -7,7 +7,7 @@ import time
 import nats
 import pytest
 
-from contracts import PrepareRequest, ToolSchema
+from contracts import ToolSchema
 from contracts.subjects import prepare_subject
 from services.client import FleetClient
 from services.errors import (
@@ -17,20 +17,9 @@ from services.errors import (
     ThreadNotFound,
     UnknownModelProfile,
 )
-from tests.fixtures.builders import Thread
+from tests.fixtures.builders import Thread, prepare_request as _request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
-
-
-def _request(t: Thread, **overrides: object) -> PrepareRequest:
-    fields: dict[str, object] = {
-        "session_id": t.session_id,
-        "run_id": t.run_id,
-        "instance_id": t.instance_id,
-        "model_profile": "gpt-4o",
-    }
-    fields.update(overrides)
-    return PrepareRequest.model_validate(fields)
 
 
 async def _coding_turn(client: FleetClient, t: Thread) -> str:

@@ -13,21 +13,10 @@ from contracts import PreparedContext, PrepareRequest
 from contracts.subjects import prepare_subject
 from services.client import DEADLINE_HEADER, FleetClient
 from services.errors import ContentNotFound, ContextBudgetExceeded, NotYetRecorded, Overloaded
-from tests.fixtures.builders import Thread
+from tests.fixtures.builders import Thread, prepare_request as _request
 from tests.fixtures.fleet import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
-
-
-def _request(t: Thread, **overrides: object) -> PrepareRequest:
-    fields: dict[str, object] = {
-        "session_id": t.session_id,
-        "run_id": t.run_id,
-        "instance_id": t.instance_id,
-        "model_profile": "gpt-4o",
-    }
-    fields.update(overrides)
-    return PrepareRequest.model_validate(fields)
 
 
 def _sample(fleet, name: str, **labels: str) -> float:
