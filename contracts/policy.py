@@ -44,12 +44,16 @@ class CompactionPolicy(WireModel):
     max_compaction_calls: Annotated[int, Field(gt=0, le=64)] = 4
     retry_growth_ratio: _Ratio = 0.05
     keep_recent_groups: Annotated[int, Field(ge=0, le=64)] = 2
+    # The summary's own budget: a share of the input budget it never grows past (rolled up instead).
+    summary_ratio: Annotated[float, Field(ge=0.05, le=0.5)] = 0.25
 
     @model_validator(mode="after")
     def _target_below_trigger(self) -> CompactionPolicy:
         ratio = self.triggers.context_ratio
         if ratio is not None and self.target_context_ratio >= ratio:
             raise ValueError(f"target_context_ratio ({self.target_context_ratio}) must be below context_ratio ({ratio})")
+        if self.summary_ratio >= self.target_context_ratio:
+            raise ValueError(f"summary_ratio ({self.summary_ratio}) must be below target_context_ratio ({self.target_context_ratio})")
         return self
 
 
