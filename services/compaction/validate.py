@@ -1,10 +1,14 @@
 """Checks a candidate summary must pass before it may replace history (seed 003 §7, seed 000 §6). Pure.
 
 1. It says what the task is (goal or current request) when the thread has one, and what comes next.
-2. Every cited record exists; everything but goal and request lies in the covered range.
+2. Every cited record exists; everything but goal and request lies in the covered range — at any
+   depth (file changes and views, commands, failed approaches, the hypothesis, folded progress).
 3. Every file the covered records modified appears under files_modified.
 4. Every failed tool call in the covered records appears under failures, with its real status.
 5. The covered range continues the parent exactly.
+6. Counts are sane: every command ran at least once, folded progress and actions span a real range.
+7. Every state-changing call in the covered records (actions.py) appears under actions — by call
+   id or by citing its record — or lies in the range of the folded actions.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from ..records import LedgerRecord
+from .actions import is_action
 from .files import files_of_call
-from .model import StructuredSummary
+from .model import StructuredSummary, cited_seqs
 
 __all__ = ["CandidateInvalid", "validate_candidate"]
 
@@ -46,6 +51,8 @@ def validate_candidate(
     problems += _check_sources(summary, existing_seqs)
     problems += _check_files(summary, covered)
     problems += _check_failures(summary, covered)
+    problems += _check_counts(summary)
+    problems += _check_actions(summary, covered)
     if problems:
         raise CandidateInvalid(problems)
 
@@ -55,19 +62,36 @@ def _check_sources(summary: StructuredSummary, existing: Collection[int]) -> lis
     for item in (summary.goal, summary.current_request):
         if item is not None and any(s not in existing for s in item.sources):
             problems.append(f"cites unknown records {sorted(set(item.sources) - set(existing))}")
-    ranged: list[int] = []
-    for group in (summary.constraints, summary.decisions, summary.progress, summary.unresolved, summary.next_steps):
-        for text in group:
-            ranged += text.sources
-    for touches in (summary.files_read, summary.files_modified):
-        for touch in touches:
-            ranged += touch.sources
-    for failure in summary.failures:
-        ranged += failure.sources
+    ranged = cited_seqs(summary, skip=("goal", "current_request"))
     outside = sorted({s for s in ranged if s not in existing or not summary.covered_from <= s <= summary.covered_to})
     if outside:
         problems.append(f"cites records outside the covered range: {outside[:10]}")
     return problems
+
+
+def _check_counts(summary: StructuredSummary) -> list[str]:
+    problems = [f"command ran {c.runs} times: {c.command[:80]}" for c in summary.commands if c.runs < 1]
+    for what, fold in (("progress", summary.folded), ("actions", summary.actions_folded)):
+        if fold is not None and (fold.first > fold.last or fold.steps < 1):
+            problems.append(f"folded {what} {fold.first}–{fold.last} with {fold.steps} steps")
+    return problems
+
+
+def _check_actions(summary: StructuredSummary, covered: Sequence[LedgerRecord]) -> list[str]:
+    ids = {a.call_id for a in summary.actions if a.call_id}
+    cited = {s for a in summary.actions for s in a.sources}
+    fold = summary.actions_folded
+    missing: list[str] = []
+    for record in covered:
+        if record.kind != "assistant_message" or record.seq in cited or fold is not None and fold.first <= record.seq <= fold.last:
+            continue
+        for call in record.payload.get("tool_calls") or []:  # type: ignore[union-attr]
+            if not isinstance(call, dict) or str(call.get("call_id")) in ids:
+                continue
+            args = call.get("args")
+            if is_action(str(call.get("name")), args if isinstance(args, dict) else {}):
+                missing.append(f"{call.get('name')} {call.get('call_id')}")
+    return [f"actions missing: {missing[:10]}"] if missing else []
 
 
 def _check_files(summary: StructuredSummary, covered: Sequence[LedgerRecord]) -> list[str]:

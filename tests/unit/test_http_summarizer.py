@@ -188,6 +188,31 @@ async def test_http_summarizer_schema_omits_covered_range_and_requires_every_pro
     assert "default" not in json.dumps(schema)
 
 
+async def test_http_summarizer_schema_carries_the_typed_ledger_fields_all_required_in_strict_mode() -> None:
+    schema = summary_schema()
+    properties = schema["properties"]
+    assert isinstance(properties, dict)
+    assert {"commands", "approaches_failed", "hypothesis", "folded"} <= set(properties)
+    defs = schema["$defs"]
+    assert isinstance(defs, dict)
+    for name, fields in {"FileTouch": {"changes", "views"}, "ToolFailure": {"command", "cleared_at"}, "CommandRun": {"runs", "last_failure"}}.items():
+        model = defs[name]
+        assert isinstance(model, dict) and isinstance(model["properties"], dict)
+        assert fields <= set(model["properties"]) and model["required"] == list(model["properties"])
+
+
+async def test_http_summarizer_accepts_typed_ledger_fields_in_its_answer(scripted_openai: ScriptedOpenAI) -> None:
+    answer = {
+        **ANSWER,
+        "files_read": [{"path": "src/app.py", "sources": [12], "changes": [], "views": [{"lines": "L1-20", "sha": "", "sources": [12, 13]}]}],
+        "commands": [{"command": "read_file src/app.py", "tool": "read_file", "runs": 1, "status": "error", "last_failure": "ENOENT", "sources": [12, 13]}],
+        "hypothesis": {"text": "the file was moved", "sources": [13]},
+    }
+    scripted_openai.script([_chat(json.dumps(answer))])
+    summary = await _summarizer(scripted_openai).summarize(_segment())
+    assert summary.files_read[0].views[0].lines == "L1-20" and summary.commands[0].last_failure == "ENOENT"
+
+
 async def test_http_summarizer_labels_parent_summary_and_accepts_its_sources(scripted_openai: ScriptedOpenAI) -> None:
     parent = StructuredSummary(covered_from=1, covered_to=10, goal=SourcedText(text="Ship v2", sources=(4,)))
     answer = {**ANSWER, "constraints": [{"text": "Ship v2", "sources": [4]}]}
@@ -261,6 +286,13 @@ async def test_http_summarizer_sources_outside_segment_fail_invalid_sources(scri
     assert failed.stage == "invalid_sources" and "[7]" in str(failed)
 
 
+async def test_http_summarizer_nested_sources_outside_segment_fail_invalid_sources(scripted_openai: ScriptedOpenAI) -> None:
+    change = {"text": "str_replace", "sources": [9]}
+    answer = {**ANSWER, "files_modified": [{"path": "src/app.py", "sources": [12], "changes": [change], "views": []}]}
+    failed = await _failure(scripted_openai, _chat(json.dumps(answer)))
+    assert failed.stage == "invalid_sources" and "[9]" in str(failed)
+
+
 async def test_http_summarizer_http_500_fails_transport_with_status(scripted_openai: ScriptedOpenAI) -> None:
     failed = await _failure(scripted_openai, (500, {"error": {"message": "upstream overloaded", "type": "server_error"}}))
     assert failed.stage == "transport" and "HTTP 500" in str(failed) and "upstream overloaded" in str(failed)
@@ -297,3 +329,17 @@ async def test_http_summarizer_never_exposes_api_key_in_repr_or_errors(scripted_
     failed = await _failure(scripted_openai, (401, {"error": {"message": f"Incorrect API key provided: {KEY}"}}))
     assert failed.stage == "transport" and "HTTP 401" in str(failed) and "***" in str(failed)
     assert KEY not in repr(failed) and KEY not in str(failed.__cause__ or "")
+
+
+async def test_http_summarizer_schema_and_answer_carry_the_actions_taken(scripted_openai: ScriptedOpenAI) -> None:
+    schema = summary_schema()
+    properties, defs = schema["properties"], schema["$defs"]
+    assert isinstance(properties, dict) and isinstance(defs, dict)
+    assert {"actions", "actions_folded"} <= set(properties)
+    action = defs["ActionTaken"]
+    assert isinstance(action, dict) and isinstance(action["properties"], dict)
+    assert {"tool", "args", "status", "result", "target"} <= set(action["properties"]) and action["required"] == list(action["properties"])
+    taken = {"tool": "cancel_reservation", "args": '{"reservation_id":"Q69X3R"}', "status": "success", "result": "cancelled", "call_id": "c1", "target": "reservation_id=Q69X3R", "sources": [12, 13]}
+    scripted_openai.script([_chat(json.dumps({**ANSWER, "actions": [taken], "actions_folded": None}))])
+    summary = await _summarizer(scripted_openai).summarize(_segment())
+    assert [(a.tool, a.args, a.sources) for a in summary.actions] == [("cancel_reservation", taken["args"], (12, 13))]
