@@ -31,6 +31,7 @@ __all__ = [
     "PreparedContext",
     "Purpose",
     "RecordRef",
+    "ReductionCounts",
     "ReportedUsage",
     "Retention",
     "SourceWatermark",
@@ -239,6 +240,24 @@ class BudgetCategory(WireModel):
     total: int = 0
 
 
+class ReductionCounts(WireModel):
+    """What each step of the reduction order (seed 000 §5.4) did to this context, in step order."""
+
+    # 1. Later tool outputs byte-identical to one still in view, shown as a one-line reference.
+    deduplicated: int = 0
+    # 2. Outputs of the newest tool group cut to head + tail to fit the room left.
+    trimmed: int = 0
+    # 3. Optional material left out, and older tool groups whose outputs were masked to previews.
+    dropped_material: int = 0
+    masked: int = 0
+    # The committed summary shown as its skeleton (0 or 1).
+    summary_skeleton: int = 0
+    # 4. Uncovered history left out because compaction did not land in time (``allow_drop_history``).
+    dropped_history: int = 0
+    # Tokens the steps above saved, all together.
+    tokens_saved: int = 0
+
+
 class BudgetReport(WireModel):
     """How the prepared context fits the model."""
 
@@ -254,6 +273,7 @@ class BudgetReport(WireModel):
     estimated: bool
     estimated_input: int
     calibration: Literal["local", "provider_usage+local"] = "local"
+    reductions: ReductionCounts = ReductionCounts()
 
 
 class SourceWatermark(WireModel):

@@ -10,6 +10,8 @@ Invariants, one function each:
 4. An outcome never appears without its call: the recorder refuses orphans, and an outcome whose
    group is unknown here is ignored rather than sent alone (``_attach_outcome``).
 5. Material (resources, child results) is quoted in a user message; it never becomes instruction.
+6. The run's task (the first question of the thread's own run) and the current request are task
+   blocks, required and never covered by a summary (``run_task_seq``, ``_uncovered``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, Pendin
 from .render import arguments_json, content_of
 from .records import LedgerRecord
 
-__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks"]
+__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
 
 
 @dataclass
@@ -72,7 +74,7 @@ def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, o
     groups are never covered: they are shown from their own records.
     """
     if covered_to:
-        records = _uncovered(records, covered_to)
+        records = _uncovered(records, covered_to, own_thread)
     ready, held, pending = build_blocks(records, own_thread=own_thread)
     shown = [b for b in ready if not _is_covered(b, covered_to)]
     covered = [b for b in ready if _is_covered(b, covered_to)]
@@ -82,15 +84,32 @@ def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, o
 _NEVER_COVERED = frozenset({"system", "resource_activated", "child_result", "context_export"})
 
 
-def _uncovered(records: Sequence[LedgerRecord], covered_to: int) -> list[LedgerRecord]:
+def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int | None:
+    """The seq of the run's task: the first question of the thread's own run, if any.
+
+    Supplements and answers to the agent's questions are not the task; inherited records (other
+    runs, a parent) are someone else's task.
+    """
+    return next(
+        (
+            r.seq
+            for r in sorted(records, key=_seq)
+            if r.kind == "user_input" and r.payload.get("intent", "question") == "question" and not _foreign(r, own_thread)
+        ),
+        None,
+    )
+
+
+def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str = "") -> list[LedgerRecord]:
     """Skip what a summary covers before building blocks, so a long covered history costs nothing.
 
     Kept: everything after ``covered_to``, records that are never covered (instructions, material),
-    and the current request. An outcome after ``covered_to`` whose call was covered finds no group
-    and is dropped with it, as its covered group would be.
+    the current request and the run's task. An outcome after ``covered_to`` whose call was covered
+    finds no group and is dropped with it, as its covered group would be.
     """
     last_question = max((r.seq for r in records if r.kind == "user_input"), default=None)
-    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq == last_question]
+    pinned = {last_question, run_task_seq(records, own_thread)}
+    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned]
 
 
 def _is_covered(block: DraftBlock, covered_to: int) -> bool:
@@ -107,6 +126,7 @@ def build_blocks(
     "result unknown" — never half a protocol group, never something to execute again.
     """
     last_user = max((r.seq for r in records if r.kind == "user_input"), default=None)
+    run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
     blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
     groups: dict[tuple[str, str], DraftBlock] = {}
@@ -117,10 +137,13 @@ def build_blocks(
             _attach_outcome(record, groups, own_thread)
             continue
         current_turn = last_user is not None and record.seq > last_user
+        if record.seq == run_task and record.seq != last_user:
+            blocks.append(_run_task_block(record))
+            continue
         block = _history_block(record, last_user, current_turn, own_thread)
         if block.waiting:
-            for call_id in block.waiting:
-                groups[(record.thread_id, _raw_call_id(call_id))] = block
+            for call_id in _recorded_ids(block).values():
+                groups[(record.thread_id, call_id)] = block
         blocks.append(block)
     ready, held, pending = _close_groups(blocks)
     inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
@@ -148,8 +171,15 @@ def _view_call_id(record: LedgerRecord, call_id: str, own_thread: str) -> str:
     return f"{call_id}@{_call_tag(record.thread_id)}" if _foreign(record, own_thread) else call_id
 
 
-def _raw_call_id(view_id: str) -> str:
-    return view_id.split("@", 1)[0]
+def _recorded_ids(block: DraftBlock) -> dict[str, str]:
+    """A group's call ids as shown (tagged when inherited) → as recorded, in call order.
+
+    Read from the record, never parsed back from the shown id: a recorded id may contain "@".
+    """
+    raw = block.records[0].payload.get("tool_calls") or []
+    assert isinstance(raw, list)
+    shown = block.messages[0].tool_calls or ()
+    return {c.id: ToolCall.model_validate(r).call_id for c, r in zip(shown, raw, strict=True)}
 
 
 def _unknown_result_block(block: DraftBlock) -> DraftBlock:
@@ -159,7 +189,8 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
         f"[state: {len(calls)} tool call(s) of thread {record.thread_id} (record {record.thread_seq}) never got a result. "
         "Result unknown; they are history and will not be executed again.]"
     ]
-    lines += [f"- {c.function.name}({c.function.arguments}) call {_raw_call_id(c.id)}: result unknown" for c in calls]
+    recorded = _recorded_ids(block)
+    lines += [f"- {c.function.name}({c.function.arguments}) call {recorded[c.id]}: result unknown" for c in calls]
     return DraftBlock(
         block_id=f"state:{record.seq}",
         kind=BlockKind.STATE,
@@ -186,6 +217,19 @@ def _instruction_block(record: LedgerRecord) -> DraftBlock:
         reason="agent instructions: pinned first, required",
         records=[record],
         messages=[ChatMessage(role="system", content=record.text)],
+    )
+
+
+def _run_task_block(record: LedgerRecord) -> DraftBlock:
+    # A task block, not an interaction: the compactor never covers it, so it stays verbatim.
+    return DraftBlock(
+        f"task:{record.seq}",
+        BlockKind.TASK,
+        Retention.REQUIRED,
+        0,
+        "the run's task: the question that started the run, pinned verbatim, required",
+        [record],
+        [ChatMessage(role="user", content=record.text)],
     )
 
 
@@ -296,7 +340,8 @@ def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[Draf
         open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
         if open_calls:
             call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
-            pending.extend(PendingCall(call_id=_raw_call_id(c), name=call_names[c], seq=block.records[0].seq) for c in open_calls)
+            recorded = _recorded_ids(block)
+            pending.extend(PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq) for c in open_calls)
             block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
             held.append(block)
             continue

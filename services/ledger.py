@@ -44,6 +44,7 @@ from contracts import (
     StatePatchEvent,
     SystemEvent,
     ToolOutcomeEvent,
+    ToolStatus,
     UserInputEvent,
     decode_event,
 )
@@ -65,7 +66,7 @@ from .errors import (
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, RunState, ThreadMeta
 from .state import StateView, StateWrite, effects_of, plan_patch, tool_spec
-from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, trim_tool_text
+from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, telling_line, trim_tool_text
 from .tokens import EncodingName, TokenCounter
 
 __all__ = [
@@ -732,8 +733,10 @@ def _build_record(
     view_text: str | None = None
     if isinstance(event, ToolOutcomeEvent) and text:
         text_sha = sha256_hex(raw_text)
+        # A failed output keeps its telling line even when it sits in the part the cut leaves out.
+        keep = telling_line(text) if event.payload.status is not ToolStatus.SUCCESS else None
         trimmed = trim_tool_text(
-            text, counters["o200k_base"], max_tokens=limits.tool_result_max_tokens, blob_ref=blob_ref(text_sha)
+            text, counters["o200k_base"], max_tokens=limits.tool_result_max_tokens, blob_ref=blob_ref(text_sha), keep=keep
         )
         if trimmed is not None:
             view_text = trimmed[0]

@@ -151,7 +151,10 @@ def full_history_tokens(event: Event) -> int:
         for c in getattr(event.payload, "tool_calls", ())
     ]
     counters = {name: counter_for(name) for name in ENCODINGS}
-    return count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base + MESSAGE_OVERHEAD
+    tokens = count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base + MESSAGE_OVERHEAD
+    if isinstance(event, ToolOutcomeEvent):
+        tokens += counters["o200k_base"].count(event.payload.call_id)  # sent as the message's tool_call_id
+    return tokens
 
 
 async def replay_trace(

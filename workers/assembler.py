@@ -136,7 +136,10 @@ class AssemblerWorker:
         for reduction in prepared.reductions:
             m.prepare_reductions.labels(kind=reduction.split(":")[0]).inc()
         if prepared.compaction_wait_ms:
-            m.prepare_compaction_waits.labels(outcome="landed").inc()
+            # Served after the wait either way; "timed_out" when no compaction landed in time and the
+            # oldest history awaiting it was left out instead.
+            landed = prepared.budget_report.reductions.dropped_history == 0
+            m.prepare_compaction_waits.labels(outcome="landed" if landed else "timed_out").inc()
             m.prepare_compaction_wait_seconds.observe(prepared.compaction_wait_ms / 1000)
         return NatsResponse(prepared.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
