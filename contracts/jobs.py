@@ -31,3 +31,6 @@ class CompactionJob(WireModel):
     input_budget: int
     reasons: tuple[str, ...]
     urgent: bool = False
+    # Tokens the prepare that asked must keep free besides the view (its tool schemas): the compactor
+    # leaves room for them when it sizes the summary and the history it keeps.
+    reserved_tokens: int = 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncpg
 
@@ -45,7 +45,9 @@ class BudgetService:
                 encoding = view.encoding
                 blocks = build_view_blocks(view.records, view.state.covered_to, own_thread=thread_id)
                 summary = view.state.summary
-                measure, _ = measure_view(blocks, summary.tokens(encoding) if summary else 0, policy, encoding, view.budget.input_budget)
+                measure, _ = measure_view(blocks, summary.tokens(encoding) if summary else 0, policy, encoding, view.compaction_budget)
+                reserved = view.state.prepare_reserved
+                measure = replace(measure, estimated=measure.estimated + reserved, required=measure.required + reserved)
                 pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
                 decision = decide(measure, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
                 enqueued = False

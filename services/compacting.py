@@ -18,7 +18,8 @@ from contracts import CompactionJob
 from .compaction.merge import merge_summaries, render_summary
 from .compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, Summarizer, SummarizerFailed
 from .compaction.policy import Throttle, ViewMeasure, ratio_threshold, throttle_from, trigger_hits
-from .compaction.select import choose_cover, measure_view, split_segments
+from .compaction.rollup import fit_summary
+from .compaction.select import choose_cover, measure_view, split_segments, summary_cap
 from .compaction.structured import StructuredSummarizer
 from .compaction.validate import CandidateInvalid, validate_candidate
 from .errors import RevisionConflict
@@ -104,12 +105,23 @@ class CompactionService:
         blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
         parent = view.state.summary
         summary_tokens = parent.tokens(encoding) if parent else 0
-        # Over the hard budget nothing but the current request is sacred: recent groups may go too.
-        keep = policy if not job.urgent else policy.model_copy(update={"keep_recent_groups": 0})
+        # Over the hard budget the recent groups may go too — but never the newest complete one:
+        # the model must see the result of its last action.
+        keep = policy if not job.urgent else policy.model_copy(update={"keep_recent_groups": min(1, policy.keep_recent_groups) or 1})
         measure, eligible = measure_view(blocks, summary_tokens, keep, encoding, job.input_budget)
+        # The tool schemas the asking prepare sends count against the same budget as the view.
+        measure = replace(measure, estimated=measure.estimated + job.reserved_tokens, required=measure.required + job.reserved_tokens)
+        cap = summary_cap(policy, job.input_budget, measure.required)
         ratio_hit = "context_ratio" in job.reasons or job.urgent
-        choice = choose_cover(eligible, measure, policy, encoding, ratio_hit=ratio_hit)
+        choice = choose_cover(
+            eligible, measure, policy, encoding, ratio_hit=ratio_hit, summary_allowance=cap,
+            current_summary=summary_tokens + (MESSAGE_OVERHEAD if parent else 0),
+        )
+        counter = counter_for(encoding)
+        new_revision = view.state.view_revision + 1
         if choice is None:
+            if parent is not None and summary_tokens > cap:
+                return self._rolled_up(view, job, measure, parent.body, cap, new_revision)
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
         segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[: policy.max_compaction_calls]
         covered_blocks = [b for seg in segments for b in seg]
@@ -136,8 +148,10 @@ class CompactionService:
             )
         except CandidateInvalid as exc:
             return replace(cost.outcome(summarizer.name), status="failed", stage="validate", detail=str(exc), tokens_before=measure.estimated, calls=calls), None
-        new_revision = view.state.view_revision + 1
-        text = render_summary(merged, revision=new_revision)
+        # Validated whole, then rolled up to its share: a long thread's summary converges instead of
+        # growing with every compaction (what must survive is kept verbatim by the roll-up).
+        fitted = fit_summary(merged, max_tokens=cap, count=counter.count, revision=new_revision)
+        text = render_summary(fitted, revision=new_revision)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         covered_tokens = sum(_tokens(b, encoding) for b in covered_blocks)
         new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
@@ -145,34 +159,71 @@ class CompactionService:
         if after >= measure.estimated:
             detail = f"no real reduction ({measure.estimated} → {after})"
             return replace(cost.outcome(summarizer.name), status="failed", stage="reduction", detail=detail, tokens_before=measure.estimated, tokens_after=after, calls=calls), None
+        covered_to = max(r.seq for r in covered_records)
+        outcome = replace(cost.outcome(summarizer.name), calls=calls)
+        return self._commit_plan(
+            view, job, measure, fitted, text, (o200k, cl100k), covered_to, after,
+            max(0, measure.compressible - covered_tokens), outcome, records,
+        )
+
+    def _rolled_up(
+        self, view: ThreadView, job: CompactionJob, measure: ViewMeasure, body: StructuredSummary, cap: int, new_revision: int
+    ) -> tuple[JobOutcome, NewSummary | None]:
+        """Nothing new to cover, but the summary is over its share of this budget: roll it up alone."""
+        counter = counter_for(view.encoding)
+        fitted = fit_summary(body, max_tokens=cap, count=counter.count, revision=new_revision)
+        text = render_summary(fitted, revision=new_revision)
+        o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
+        parent = view.state.summary
+        assert parent is not None
+        before = parent.tokens(view.encoding)
+        after = measure.estimated - before + (o200k if view.encoding == "o200k_base" else cl100k)
+        if after >= measure.estimated:
+            return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
+        records = [r for r in view.records if r.seq <= job.watermark]
+        outcome = JobOutcome("failed", summarizer="rollup")
+        return self._commit_plan(
+            view, job, measure, fitted, text, (o200k, cl100k), view.state.covered_to, after, measure.compressible, outcome, records
+        )
+
+    def _commit_plan(
+        self,
+        view: ThreadView,
+        job: CompactionJob,
+        measure: ViewMeasure,
+        body: StructuredSummary,
+        text: str,
+        tokens: tuple[int, int],
+        covered_to: int,
+        after: int,
+        compressible: int,
+        outcome: JobOutcome,
+        records: list[LedgerRecord],
+    ) -> tuple[JobOutcome, NewSummary]:
+        policy = view.policy.compaction
+        parent = view.state.summary
         totals = count_totals(records)
-        post = ViewMeasure(after, measure.required, max(0, measure.compressible - covered_tokens), measure.budget)
+        post = ViewMeasure(after, measure.required, compressible, measure.budget)
         still = trigger_hits(post, totals, totals, policy)
         target = after <= ratio_threshold(policy.target_context_ratio, job.input_budget)
-        covered_to = max(r.seq for r in covered_records)
+        new_revision = view.state.view_revision + 1
         outcome = replace(
-            cost.outcome(summarizer.name),
-            status="committed",
-            stage="commit",
-            tokens_before=measure.estimated,
-            tokens_after=after,
-            calls=calls,
-            view_revision=new_revision,
-            target_reached=target,
+            outcome, status="committed", stage="commit", tokens_before=measure.estimated, tokens_after=after,
+            view_revision=new_revision, target_reached=target,
         )
         return outcome, NewSummary(
             thread_id=job.thread_id,
             parent_summary_id=parent.summary_id if parent else None,
-            body=merged,
+            body=body,
             text=text,
-            tokens_o200k=o200k,
-            tokens_cl100k=cl100k,
+            tokens_o200k=tokens[0],
+            tokens_cl100k=tokens[1],
             covered_to=covered_to,
             source_watermark=job.watermark,
             policy_name=view.policy_name,
             policy_revision=view.policy_revision,
-            summarizer=summarizer.name,
-            calls=calls,
+            summarizer=outcome.summarizer,
+            calls=outcome.calls,
             trigger_reasons=job.reasons,
             tokens_before=measure.estimated,
             tokens_after=after,
@@ -250,6 +301,8 @@ def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> T
     blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
     parent = view.state.summary
     measure, _ = measure_view(blocks, parent.tokens(encoding) if parent else 0, view.policy.compaction, encoding, job.input_budget)
+    # Measured as the budgeter measures, or its retry check would see a change that is not one.
+    measure = replace(measure, estimated=measure.estimated + job.reserved_tokens, required=measure.required + job.reserved_tokens)
     totals = count_totals(records)
     hits = trigger_hits(measure, totals, view.baseline, view.policy.compaction)
     return throttle_from(f"{outcome.status}:{outcome.stage}", measure, totals, hits)

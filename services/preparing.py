@@ -4,7 +4,9 @@ Read-your-writes: a request naming ``after_event_key`` is answered only once the
 event (or says it was rejected); the wait is driven by recorder notices and bounded by the
 request's ``wait_ms``. The hot path never calls a summarizer: when a view is over budget even after
 the deterministic reductions, it asks for the thread's compaction job and waits for its commit up
-to ``compaction_wait_ms``, then answers ``ContextBudgetExceeded`` — never an over-budget context.
+to ``compaction_wait_ms`` (less when the job ends without one), then serves the context without the
+oldest history still awaiting compaction, each omission named — never an over-budget context, and
+``ContextBudgetExceeded`` only when required content alone does not fit.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from dataclasses import replace
 
 import asyncpg
 
-from contracts import InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
+from contracts import CompactionJob, InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
 
-from .assemble import Evidence, OverBudget, assemble_context
+from .assemble import Evidence, OverBudget, ThreadSnapshot, assemble_context
 from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
 from .errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from .hashing import verify_chain
@@ -43,6 +45,11 @@ JOIN unnest($2::text[], $3::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.th
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.session_id = $1
 """
+
+
+def _reserved_tokens(over: OverBudget) -> int:
+    """What the prepare needs besides the view: its tool schemas, as the assembler itemized them."""
+    return sum(int(str(item["tokens"])) for item in over.items if item["kind"] == "tool_schemas")
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
@@ -92,7 +99,7 @@ class PrepareService:
         try:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
-            return await self._await_compaction(view, request, budget, counter, over, pause)
+            return await self._await_compaction(view, request, budget, counter, over, pause, snapshot.evidence)
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
@@ -130,41 +137,60 @@ class PrepareService:
         counter: TokenCounter | None,
         over: OverBudget,
         pause: Pause,
+        evidence: tuple[Evidence, ...] = (),
     ) -> PreparedContext:
-        """Ask for the thread's compaction and wait for a new view revision, up to the deadline."""
+        """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
+
+        When none lands in time, the context is served without the oldest history still awaiting
+        compaction (each omission named in the reply): required content fits, so a prepare never
+        fails for history the compactor has not caught up with.
+        """
         thread_id = view.head.thread_id
         started = time.monotonic()
         deadline = started + self._compaction_wait_ms / 1000
+        reserved = _reserved_tokens(over)
+        current = view
         with self._board.waiting(thread_id) as woken:
-            if self._queue is not None:
-                await self._request_job(view, budget)
+            ours = await self._request_job(view, budget, reserved)
             revision = view.state.view_revision
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
                 await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
                 current = await self._view(thread_id, request.session_id, request.principal_id)
                 if current.state.view_revision == revision:
-                    # A job that ended without a commit (or another thread's pending one) frees the
-                    # slot: ask again, more aggressively, for as long as this prepare waits.
-                    if self._queue is not None and current.state.pending_fingerprint is None:
-                        await self._request_job(current, budget)
+                    if current.state.pending_fingerprint is not None:
+                        continue
+                    if ours is not None and ours.watermark == current.watermark:
+                        break  # our job ended without a commit (nothing to cover): waiting longer cannot help
+                    # Another job held the slot, or history grew since ours: ask for this state.
+                    ours = await self._request_job(current, budget, reserved)
                     continue
-                if current.state.view_revision != revision:
-                    waited = int((time.monotonic() - started) * 1000)
-                    try:
-                        return assemble_context(current.snapshot(), request, budget, counter, compaction_wait_ms=waited)
-                    except OverBudget as still:
-                        over, revision = still, current.state.view_revision
-                        if self._queue is not None:
-                            await self._request_job(current, budget)
-        raise over.exceeded(int((time.monotonic() - started) * 1000))
+                waited = int((time.monotonic() - started) * 1000)
+                try:
+                    return assemble_context(self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited)
+                except OverBudget as still:
+                    revision = current.state.view_revision
+                    reserved = _reserved_tokens(still)
+                    ours = await self._request_job(current, budget, reserved)
+        waited = int((time.monotonic() - started) * 1000)
+        return assemble_context(
+            self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited, allow_drop_history=True
+        )
 
-    async def _request_job(self, view: ThreadView, budget: BudgetSpec) -> None:
-        """Ask for the thread's urgent compaction (a no-op while one is pending)."""
-        assert self._queue is not None
+    @staticmethod
+    def _snapshot(view: ThreadView, evidence: tuple[Evidence, ...]) -> ThreadSnapshot:
+        snapshot = view.snapshot()
+        return replace(snapshot, evidence=evidence) if evidence else snapshot
+
+    async def _request_job(self, view: ThreadView, budget: BudgetSpec, reserved: int) -> CompactionJob | None:
+        """Ask for the thread's urgent compaction; the job, or None while another one is pending."""
+        if self._queue is None:
+            return None
         with translate_pg_errors(view.head.thread_id):
             async with self._pool.acquire() as conn:
-                await request_job(conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget)
+                return await request_job(
+                    conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
+                )
 
     async def inspect(self, thread_id: str, request: InspectRequest) -> ThreadInspection:
         """A thread's head, verified chain and latest records."""

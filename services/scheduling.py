@@ -36,17 +36,22 @@ async def request_job(
     *,
     urgent: bool = False,
     input_budget: int | None = None,
+    reserved_tokens: int = 0,
 ) -> CompactionJob | None:
     """Enqueue a job for the view's current state unless the thread already has one pending.
 
-    ``input_budget`` (a prepare's own, smaller budget) overrides the policy's for an urgent job.
+    ``input_budget`` (a prepare's own, smaller budget) overrides the policy's for an urgent job;
+    ``reserved_tokens`` is what that prepare needs besides the view (its tool schemas).
     """
-    budget = min(view.budget.input_budget, input_budget) if input_budget else view.budget.input_budget
+    budget = min(view.budget.input_budget, input_budget) if input_budget else view.compaction_budget
+    reserved_tokens = reserved_tokens if input_budget else max(reserved_tokens, view.state.prepare_reserved)
     fingerprint = job_fingerprint(
         view.head.thread_id, view.watermark, view.state.view_revision, view.policy_name, view.policy_revision, budget,
         urgent=urgent,
     )
     await ViewsRepo.ensure(conn, view.head.thread_id)
+    if urgent and input_budget and input_budget < view.budget.input_budget:
+        await ViewsRepo.note_prepare_budget(conn, view.head.thread_id, budget, reserved_tokens)
     if not await ViewsRepo.set_pending(conn, view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):
         return None
     job = CompactionJob(
@@ -60,6 +65,7 @@ async def request_job(
         input_budget=budget,
         reasons=reasons,
         urgent=urgent,
+        reserved_tokens=reserved_tokens,
     )
     try:
         await queue.publish(job)

@@ -16,7 +16,9 @@ from contracts import ContextPolicy, ToolCatalog
 
 from .assemble import SummaryView, ThreadSnapshot
 from .budget import BudgetSpec, policy_budget
-from .compaction.merge import summary_sources
+from .compaction.merge import render_summary, summary_sources
+from .compaction.model import StructuredSummary
+from .compaction.rollup import skeleton
 from .compaction.policy import Counters
 from .errors import ThreadNotFound
 from .records import LedgerRecord
@@ -24,9 +26,9 @@ from .render import TokenCounts
 from .state import StateView
 from .store.ledger import Conn, HeadsRepo, RecordsRepo, StoredHead, read_session_catalog, read_states
 from .store.views import PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
-from .tokens import EncodingName
+from .tokens import EncodingName, counter_for
 
-__all__ = ["ThreadView", "ViewLoader", "count_totals", "resolve_export"]
+__all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
 
 
 def _declared_reads(catalog: ToolCatalog | None) -> dict[str, tuple[str, ...]]:
@@ -46,6 +48,22 @@ def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerR
     return replace(record, text=text, tokens=tokens, payload=payload)
 
 
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The smallest rendering of a committed summary: what a prepare falls back to when the full one
+    does not fit its budget (seed 000 §5.4: only what must survive)."""
+
+    text: str
+    tokens_o200k: int
+    tokens_cl100k: int
+
+
+def skeleton_of(body: StructuredSummary, revision: int) -> Skeleton:
+    """The skeleton of ``body`` as committed at view ``revision``, counted in every encoding."""
+    text = render_summary(skeleton(body), revision=revision)
+    return Skeleton(text, counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text))
+
+
 @dataclass(frozen=True)
 class ThreadView:
     """Everything known about one thread's view at one head."""
@@ -60,6 +78,7 @@ class ThreadView:
     scope: ThreadScope = ThreadScope()
     facts: StateView | None = None
     catalog: ToolCatalog | None = None
+    skeleton: Skeleton | None = None
 
     def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
         """The assembler's input (records up to ``upto`` if given)."""
@@ -77,6 +96,9 @@ class ThreadView:
                 tokens_o200k=row.tokens_o200k,
                 tokens_cl100k=row.tokens_cl100k,
                 sources=tuple(summary_sources(row.body)),
+                skeleton_text=self.skeleton.text if self.skeleton else None,
+                skeleton_o200k=self.skeleton.tokens_o200k if self.skeleton else 0,
+                skeleton_cl100k=self.skeleton.tokens_cl100k if self.skeleton else 0,
             )
         return ThreadSnapshot(
             session_id=self.head.session_id,
@@ -94,6 +116,12 @@ class ThreadView:
             facts=tuple(self.facts.facts.values()) if self.facts else (),
             reads=_declared_reads(self.catalog),
         )
+
+    @property
+    def compaction_budget(self) -> int:
+        """The budget to compact ahead of: the policy's, or the smaller one prepares wait under."""
+        learned = self.state.prepare_budget
+        return min(self.budget.input_budget, learned) if learned else self.budget.input_budget
 
     @property
     def encoding(self) -> EncodingName:
@@ -140,6 +168,8 @@ class ViewLoader:
         self._locks: dict[str, asyncio.Lock] = {}
         self._policies: dict[tuple[str, int], ContextPolicy] = {}
         self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
+        # Summaries are immutable: a skeleton is rendered and counted once per summary.
+        self._skeletons: OrderedDict[str, Skeleton] = OrderedDict()
 
     async def load(
         self,
@@ -173,7 +203,20 @@ class ViewLoader:
         policy = await self._policy(conn, name, revision)
         facts = (await read_states(conn, [thread_id])).get(thread_id)
         catalog = await read_session_catalog(conn, head.session_id)
-        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog)
+        return ThreadView(
+            head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, self._skeleton(state)
+        )
+
+    def _skeleton(self, state: ViewState) -> Skeleton | None:
+        row = state.summary
+        if row is None:
+            return None
+        found = self._skeletons.get(row.summary_id)
+        if found is None:
+            found = self._skeletons[row.summary_id] = skeleton_of(row.body, state.view_revision)
+            while len(self._skeletons) > self._cache_threads:
+                self._skeletons.popitem(last=False)
+        return found
 
     async def _inherited(self, conn: Conn, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
         """The run's immutable snapshot: the session's main-thread records up to its boundary."""

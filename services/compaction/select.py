@@ -7,8 +7,10 @@ Coverage is a prefix by first seq, so a view shows "summary, then every later in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from contracts import BlockKind, CompactionPolicy
 
@@ -17,7 +19,15 @@ from ..render import MESSAGE_OVERHEAD, REPLY_PRIMING
 from ..tokens import EncodingName
 from .policy import ViewMeasure, ratio_threshold
 
-__all__ = ["CoverChoice", "block_tokens", "choose_cover", "eligible_blocks", "measure_view", "split_segments"]
+__all__ = [
+    "CoverChoice",
+    "block_tokens",
+    "choose_cover",
+    "eligible_blocks",
+    "measure_view",
+    "split_segments",
+    "summary_cap",
+]
 
 
 @dataclass(frozen=True)
@@ -36,10 +46,14 @@ def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
 
 def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
     """Shown interaction blocks that may be covered, oldest first."""
-    stop = min((b.records[0].seq for b in blocks.held), default=None)
     interactions = [b for b in blocks.ready if b.kind is BlockKind.INTERACTION]
     if keep_recent:
         interactions = interactions[:-keep_recent]
+    # Coverage is a prefix by seq: it ends before the first open group, and before the newest
+    # complete tool group whatever follows it — the model must see the result of its last action.
+    stops = [b.records[0].seq for b in blocks.held]
+    stops += [b.records[0].seq for b in blocks.ready if b.block_id.startswith("group:")][-1:]
+    stop = min(stops, default=None)
     return [b for b in interactions if stop is None or max(r.seq for r in b.records) < stop]
 
 
@@ -55,6 +69,15 @@ def measure_view(
     return ViewMeasure(estimated=shown + summary + REPLY_PRIMING, required=required + REPLY_PRIMING, compressible=compressible, budget=budget), eligible
 
 
+def summary_cap(policy: CompactionPolicy, budget: int, required: int) -> int:
+    """The most tokens a summary may render to: its policy share of the budget, and never more than
+    half of what the required content leaves free — the other half is for recent history (seed 002),
+    so a large system prompt at a tight budget shrinks the summary instead of crowding out the
+    result of the model's last action."""
+    share = math.floor(Fraction(str(policy.summary_ratio)) * budget)
+    return max(0, min(share, (budget - required) // 2))
+
+
 def choose_cover(
     eligible: Sequence[DraftBlock],
     measure: ViewMeasure,
@@ -62,16 +85,22 @@ def choose_cover(
     encoding: EncodingName,
     *,
     ratio_hit: bool,
+    summary_allowance: int | None = None,
+    current_summary: int = 0,
 ) -> CoverChoice | None:
-    """The oldest prefix to cover: enough to reach the target (ratio trigger), else all eligible."""
+    """The oldest prefix to cover: enough to reach the target (ratio trigger), else all eligible.
+
+    ``summary_allowance`` is the room the new summary will take (its cap); ``current_summary`` what
+    the summary it replaces takes in ``measure.estimated`` now.
+    """
     if not eligible:
         return None
     target = ratio_threshold(policy.target_context_ratio, measure.budget)
-    allowance = measure.budget // 20  # room the summary itself will take
+    allowance = measure.budget // 20 if summary_allowance is None else summary_allowance
     chosen: list[DraftBlock] = []
     covered = 0
     for block in eligible:
-        if ratio_hit and chosen and measure.estimated - covered <= target - allowance:
+        if ratio_hit and chosen and measure.estimated - current_summary - covered + allowance <= target:
             break
         chosen.append(block)
         covered += block_tokens(block, encoding)

@@ -90,7 +90,7 @@ _ENSURE_VIEW = "INSERT INTO ctx.thread_views (thread_id) VALUES ($1) ON CONFLICT
 _SELECT_VIEW = """
 SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
        v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
-       v.deferred_reason, v.attempts, v.failures, v.last_failure,
+       v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
        s.body AS summary_body, s.text AS summary_text, s.tokens_o200k AS summary_o200k,
        s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from,
        extract(epoch FROM now() - v.pending_since) AS pending_age_s
@@ -136,6 +136,10 @@ WHERE h.revision > COALESCE(v.evaluated_revision, 0)
 ORDER BY h.updated_at LIMIT $1
 """
 _SUMMARY_COUNT = "SELECT count(*) FROM ctx.summaries WHERE thread_id = $1"
+_NOTE_PREPARE_BUDGET = """
+UPDATE ctx.thread_views SET prepare_budget = $2, prepare_reserved = $3
+WHERE thread_id = $1 AND (prepare_budget IS DISTINCT FROM $2 OR prepare_reserved <> $3)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,9 @@ class ViewState:
     attempts: int = 0
     failures: int = 0
     last_failure: str | None = None
+    # The smaller budget (and tool-schema reservation) the thread's prepares last had to wait under.
+    prepare_budget: int | None = None
+    prepare_reserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +264,14 @@ class ViewsRepo:
             attempts=r["attempts"],
             failures=r["failures"],
             last_failure=r["last_failure"],
+            prepare_budget=r["prepare_budget"],
+            prepare_reserved=r["prepare_reserved"],
         )
+
+    @staticmethod
+    async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved: int) -> None:
+        """Remember the budget a prepare had to wait under (a no-op write when it is unchanged)."""
+        await conn.execute(_NOTE_PREPARE_BUDGET, thread_id, budget, reserved)
 
     @staticmethod
     async def ensure(conn: Conn, thread_id: str) -> None:

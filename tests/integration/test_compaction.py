@@ -67,9 +67,10 @@ async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(fle
     assert inspection.record_count == 2 + 28  # source records are never deleted or rewritten
     prepared = await client.prepare(_request(t, 3_000, last))
     assert prepared.summary is not None and prepared.budget_report.used.total <= 3_000
+    # Stable before volatile: instructions, the run's task, then the summary (issue 12).
     assert [m.role for m in prepared.messages[:3]] == ["system", "user", "user"]
-    assert prepared.messages[1].content.startswith("[context summary")  # type: ignore[union-attr]
-    assert prepared.messages[2].content == "Fix the failing import in app.py"
+    assert prepared.messages[1].content == "Fix the failing import in app.py"
+    assert prepared.messages[2].content.startswith("[context summary")  # type: ignore[union-attr]
     row = await db.fetchrow("SELECT baseline_model_steps, baseline_watermark FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
     assert row["baseline_model_steps"] > 0 and row["baseline_watermark"] > 0
 
@@ -234,7 +235,7 @@ async def test_huge_system_prompt_is_refused_with_itemized_sizes(fleet, client: 
     assert items["instruction:1"] > 1_000
 
 
-async def test_single_group_larger_than_the_budget_is_summarized_not_dropped(fleet, client: FleetClient) -> None:
+async def test_single_group_larger_than_the_budget_is_cut_to_head_and_tail_not_dropped(fleet, client: FleetClient) -> None:
     t = Thread()
     await client.append(t.system("Short rules."))
     await client.append(t.user("Summarize the logs", key="task"))
@@ -244,8 +245,13 @@ async def test_single_group_larger_than_the_budget_is_summarized_not_dropped(fle
     await client.append(t.user("And the errors?", key="q2"))
     prepared = await client.prepare(_request(t, 900, "q2"))
     assert prepared.budget_report.used.total <= 900
-    assert prepared.summary is not None and prepared.omitted == ()
-    assert "cat build.log" in prepared.messages[1].content  # type: ignore[operator]
+    # The newest tool group is the model's last action: never summarized away, never dropped —
+    # its output is cut to head + tail with where to read the rest, and the reply after it stays.
+    assert prepared.omitted == () and prepared.compaction_wait_ms == 0
+    assert prepared.budget_report.reductions.trimmed == 1
+    tool = next(m for m in prepared.messages if m.role == "tool")
+    assert "line 0: compiler warning W0000" in str(tool.content) and "ctx://blob/" in str(tool.content)
+    assert [m.content for m in prepared.messages[-2:]] == ["Most warnings are W0001-style.", "And the errors?"]
 
 
 async def test_replayed_event_and_completion_check_do_not_count_twice(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
@@ -302,3 +308,43 @@ async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(fleet
         assert b'"code":"invalid_policy"' in reply.data and b"must be below" in reply.data
     finally:
         await nc.close()
+
+
+async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    t, _ = await _thread_with_history(client, db, await _policy(client, "urgent-keep", 100_000), groups=8)
+    pool = quiet_fleet.pool
+    queue = _Queue()
+    async with pool.acquire() as conn:
+        view = await ViewLoader(pool).load(conn, t.thread_id)
+        job = await request_job(conn, queue, view, ("hard_budget",), urgent=True, input_budget=900)
+    assert job is not None
+    outcome = await CompactionService(pool, ViewLoader(pool)).run(job)
+    assert outcome.status == "committed", outcome
+    prepared = await client.prepare(_request(t, 900, "out7"))
+    tool_messages = [m for m in prepared.messages if m.role == "tool"]
+    assert tool_messages and tool_messages[-1].tool_call_id == "c7"
+    assert prepared.summary is not None and prepared.summary.covered_to < prepared.source_watermark.thread_seq
+
+
+async def test_summary_stays_within_its_share_however_long_the_thread(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+    budget = 3_000
+    t = Thread()
+    await _start(client, t, await _policy(client, "converge", budget, keep_recent_groups=1))
+    await client.append(t.user("Fix the failing import in app.py; never touch setup.py", key="task"))
+    last = ""
+    for chunk in range(6):
+        last = await _groups(client, t, 10, words=40, start=chunk * 10)
+        prepared = await client.prepare(_request(t, budget, last))
+        assert prepared.budget_report.used.total <= budget
+        assert [m for m in prepared.messages if m.role == "tool"], "the newest tool result is always in view"
+
+    async def compacted_often() -> bool:
+        return int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= 3
+
+    await eventually(compacted_often, timeout=20, what="several compactions")
+    share = int(CompactionPolicy().summary_ratio * budget)
+    rows = await db.fetch("SELECT tokens_o200k FROM ctx.summaries WHERE thread_id=$1 ORDER BY view_revision", t.thread_id)
+    assert max(r["tokens_o200k"] for r in rows) <= share, [r["tokens_o200k"] for r in rows]
+    final = await client.prepare(_request(t, budget, last))
+    text = "\n".join(str(m.content) for m in final.messages)
+    assert "never touch setup.py" in text

@@ -131,9 +131,11 @@ async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budge
     budget = full.budget_report.used.total // 2  # half of what the whole history needs
     prepared = await client.prepare(_request(t, model_profile=None, budget_tokens=budget, after_event_key="final"))
     assert prepared.budget_report.used.total <= budget
-    assert prepared.summary is not None and prepared.summary.covered_from == 2
+    # seq 2 (the run's task, "question 0") is never covered: it is shown verbatim before the summary.
+    assert prepared.summary is not None and prepared.summary.covered_from == 3
     assert prepared.messages[0].role == "system" and prepared.messages[-1].content == "final question"
-    assert prepared.messages[1].content.startswith("[context summary")  # type: ignore[union-attr]
+    assert str(prepared.messages[1].content).startswith("question 0: ")
+    assert prepared.messages[2].content.startswith("[context summary")  # type: ignore[union-attr]
     assert prepared.omitted == ()  # history was summarized, not dropped
     # The urgent job this prepare asked for is counted like the budgeter's, so dashboards see its cause.
     registry = fleet.metrics.registry

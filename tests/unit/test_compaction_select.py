@@ -1,0 +1,62 @@
+"""How much a summary may take and how far a compaction covers at tight budgets. Pure."""
+
+from __future__ import annotations
+
+from contracts import CompactionPolicy
+from services.compaction.policy import ViewMeasure
+from services.compaction.select import block_tokens, choose_cover, eligible_blocks, measure_view, summary_cap
+from services.groups import build_view_blocks
+from tests.fixtures.builders import Thread, ledger_records
+
+
+def test_summary_cap_is_the_policy_share_at_comfortable_budgets() -> None:
+    assert summary_cap(CompactionPolicy(), 100_000, 5_000) == 25_000
+    assert summary_cap(CompactionPolicy(summary_ratio=0.1), 100_000, 5_000) == 10_000
+
+
+def test_summary_cap_leaves_half_the_free_room_to_recent_history_under_a_large_system_prompt() -> None:
+    # 8k budget, 5k required (a 4.7k system prompt + the task): 3k free, the summary gets 1.5k, not 2k.
+    assert summary_cap(CompactionPolicy(), 8_000, 5_000) == 1_500
+    assert summary_cap(CompactionPolicy(), 8_000, 9_000) == 0
+
+
+def _events(t: Thread, groups: int, words: int = 50) -> list:  # type: ignore[type-arg]
+    events = [t.system("rules"), t.user("fix it", key="task")]
+    for i in range(groups):
+        events.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"cat f{i}.py"}),)))
+        events.append(t.outcome(f"c{i}", "x " * words))
+    return events
+
+
+def _history(groups: int, words: int = 50) -> list:  # type: ignore[type-arg]
+    return ledger_records(_events(Thread(), groups, words))
+
+
+def test_cover_counts_the_summary_it_replaces_once_and_the_new_one_at_its_cap() -> None:
+    policy = CompactionPolicy(keep_recent_groups=1)
+    blocks = build_view_blocks(_history(10))
+    measure, eligible = measure_view(blocks, 0, policy, "o200k_base", 2_000)
+    each = block_tokens(eligible[0], "o200k_base")
+    with_parent = ViewMeasure(measure.estimated + 300, measure.required, measure.compressible, measure.budget)
+    small = choose_cover(eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=50, current_summary=300)
+    large = choose_cover(eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=500, current_summary=300)
+    assert small is not None and large is not None
+    # A bigger summary allowance means more history must go to reach the target, never less.
+    assert len(large.blocks) >= len(small.blocks)
+    target = int(policy.target_context_ratio * 2_000)
+    assert with_parent.estimated - 300 - small.tokens + 50 <= target or len(small.blocks) == len(eligible)
+    assert each > 0
+
+
+def test_the_newest_tool_group_is_never_eligible_even_with_nothing_kept_or_a_turn_after_it() -> None:
+    t = Thread()
+    events = _events(t, 4)
+    blocks = build_view_blocks(ledger_records(events))
+    newest = [b for b in blocks.ready if b.block_id.startswith("group:")][-1]
+    assert newest not in eligible_blocks(blocks, 0)
+    assert len(eligible_blocks(blocks, 0)) == 3
+    later = build_view_blocks(ledger_records([*events, t.assistant("Done: all four files read.")]))
+    eligible = eligible_blocks(later, 0)
+    # Coverage is a prefix: a text turn after the newest group cannot pull that group into it.
+    assert newest.block_id not in [b.block_id for b in eligible]
+    assert all(max(r.seq for r in b.records) < newest.records[0].seq for b in eligible)
