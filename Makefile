@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit typecheck lint chaos bench dashboard schemas install clean
+.PHONY: run test test-unit typecheck lint chaos bench eval dashboard schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,9 +37,15 @@ lint: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m tests.chaos --scale full --json out/chaos.json
 
-## Throughput and latency figures (see README, "Measured").
+## Throughput and latency figures (see README, "Measured"); one part: make bench BENCH_ARGS="--only eval".
 bench: $(STAMP)
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run $(BENCH_ARGS)
+
+## What the model sees at 4k/8k/16k/32k on the bundled samples, beside full/window/masking (see docs/eval.md).
+## Then again with a 4.7k-token system prompt, at the budgets where it fits. Uses a running fleet if there is one.
+eval: $(STAMP)
+	$(VENV)/bin/ctxfleet eval --budget 4000 8000 16000 32000 --json out/eval.json
+	$(VENV)/bin/ctxfleet eval --budget 8000 16000 32000 --system-prompt infra/samples/system-prompt-large.txt --json out/eval-large-prompt.json
 
 ## The README's dashboard picture: a real replay, /metrics scraped every second, plotted.
 dashboard: $(STAMP)

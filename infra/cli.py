@@ -22,6 +22,9 @@ from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspecti
 from services.client import FleetClient
 from services.indexing import reindex
 from services.errors import CtxError, InvalidConfiguration
+from services.evaluating import EvalReport, EvalTrace, evaluate
+from services.evaluation import TraceScore, with_system_prompt
+from services.tokens import counter_for
 from services.replay import ReplayOptions, ReplayReport, replay_trace
 from services.settings import Settings, load_settings, redact_url
 from services.store.connect import create_pool
@@ -135,6 +138,17 @@ def _parser() -> argparse.ArgumentParser:
     schemas = sub.add_parser("schemas", help="write JSON Schemas of every message and the AsyncAPI document")
     schemas.add_argument("out", type=Path)
     schemas.set_defaults(func=_cmd_schemas)
+
+    ev = sub.add_parser("eval", help="score what the model sees at each budget, beside full/window/masking baselines")
+    ev.add_argument("traces", nargs="*", type=Path, help="trace files (default: the bundled samples)")
+    ev.add_argument("--budget", type=int, nargs="+", action="extend", help="input budgets (default 4000 8000 16000 32000)")
+    ev.add_argument("--system-prompt", type=Path, help="put this file's text before each trace's system text")
+    ev.add_argument("--json", type=Path, dest="json_out", help="write every figure here")
+    ev.add_argument(
+        "--fleet", choices=["auto", "running", "in-process"], default="auto",
+        help="a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: running if found)",
+    )
+    ev.set_defaults(func=_cmd_eval)
     return p
 
 
@@ -449,6 +463,107 @@ def _print_inspection(i: ThreadInspection) -> None:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""
         print(f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}")
+
+
+_EVAL_BUDGETS = (4000, 8000, 16000, 32000)
+
+
+def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
+    paths = list(args.traces) or sorted(SAMPLES_DIR.glob("*.jsonl"))
+    if not paths:
+        raise CliError("no traces to evaluate")
+    budgets = tuple(dict.fromkeys(args.budget or _EVAL_BUDGETS))
+    if any(b <= 0 for b in budgets):
+        raise CliError("budgets must be positive")
+    prompt = args.system_prompt.read_text(encoding="utf-8") if args.system_prompt else None
+    prompt_tokens = counter_for("o200k_base").count(prompt) if prompt is not None else None
+    traces = []
+    for path in paths:
+        lines = read_trace(path)
+        traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
+    running = args.fleet == "running" or (args.fleet == "auto" and (settings.nats_url or read_endpoints(settings.data_dir)))
+    if running:
+        report = asyncio.run(_eval_on(settings, _fleet_nats_url(settings), traces, budgets))
+    else:
+        servers = start_servers(settings)
+        try:
+            report = asyncio.run(_eval_in_process(settings, servers, traces, budgets))
+        finally:
+            servers.stop()
+    report.system_prompt_tokens = prompt_tokens
+    _print_eval(report)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+async def _eval_in_process(settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+    """Workers in this process, on ``servers``: ``ctxfleet eval`` needs no second terminal."""
+    fleet = await start_fleet(settings, servers)
+    try:
+        return await _eval_on(settings, servers.nats_url, traces, budgets)
+    finally:
+        await _drain(fleet, settings.shutdown_timeout_s)
+
+
+async def _eval_on(settings: Settings, nats_url: str, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+    def progress(score: TraceScore) -> None:
+        fleet = score.systems["ctxfleet"]
+        print(f"ctxfleet: evaluated {score.trace} at {score.budget}: {fleet.scored} contexts scored, "
+              f"{fleet.failed} failed prepares", file=sys.stderr, flush=True)
+
+    async with await _connect(settings, nats_url, "ctxfleet-eval") as client:
+        return await evaluate(client, traces, budgets, session_prefix=f"eval-{uuid.uuid4().hex[:10]}", on_done=progress)
+
+
+_EVAL_PROBES = (("task", "task"), ("files_written", "written"), ("files_read", "read"), ("last_error", "error"),
+                ("last_outcome", "outcome"), ("constraints", "constr."))
+
+
+def _print_eval(report: EvalReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def rate(s: dict[str, Any], kind: str) -> str:
+        r = s["probes"][kind]["rate"]
+        return "-" if r is None else f"{100 * r:.0f}%"
+
+    def row(s: dict[str, Any]) -> list[str]:  # the JSON figures, as the --json file has them
+        cache = "-" if s["cache_reuse"] is None else f"{100 * s['cache_reuse']:.0f}%"
+        comp = "-" if s["compactions_per_100_steps"] is None else f"{s['compactions_per_100_steps']:g}"
+        summary = "-" if s["summary_tokens_end"] is None else str(s["summary_tokens_end"])
+        fleet = s["system"] == "ctxfleet"
+        # For ctxfleet, how many failed although system + task + latest user input fit: the ones that should not.
+        fits = f" ({s['failed_while_required_fits']} fit)" if fleet and s["failed"] else ""
+        failed = f"{s['failed']}/{s['prepares']}{fits}"
+        over = str(s["over_budget"]) if fleet else "-"
+        cells = [f"{s['tokens_per_task']:,}", cache, failed, over, comp, summary]
+        return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
+
+    heads = ["scored", *(h for _, h in _EVAL_PROBES), "tokens/task", "cache", "failed", "over", "compact/100", "summary"]
+    console = Console(width=200)
+    per_trace = Table(title="ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)")
+    for head in ["trace", "budget", "system", *heads]:
+        per_trace.add_column(head, justify="left" if head in ("trace", "system") else "right")
+    for score in report.traces:
+        for name, system in score.systems.items():
+            per_trace.add_row(score.trace[:48], str(score.budget), name, *row(system.as_json()))
+        per_trace.add_section()
+    console.print(per_trace)
+    total = Table(title="ctxfleet eval: all traces, per budget")
+    for head in ["budget", "system", *heads]:
+        total.add_column(head, justify="left" if head == "system" else "right")
+    aggregate = report.aggregate()
+    for budget, systems in aggregate.items():
+        for name, system in systems.items():
+            total.add_row(str(budget), name, *row(system.as_json()))
+        total.add_section()
+    console.print(total)
+    for budget, systems in aggregate.items():
+        for miss in systems["ctxfleet"].misses:
+            console.print(f"ctxfleet missed at {budget}: {miss['probe']} in {miss['trace']} (prepare {miss['prepare']}, line {miss['line']}; "
+                          f"from line {miss['from_line']}): {miss['text']!r}", markup=False, highlight=False)
 
 
 if __name__ == "__main__":
