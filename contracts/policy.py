@@ -40,7 +40,7 @@ class CompactionPolicy(WireModel):
     """When and how far to compact."""
 
     triggers: CompactionTriggers = Field(default_factory=CompactionTriggers)
-    target_context_ratio: _Ratio = 0.60
+    target_context_ratio: _Ratio = 0.50
     max_compaction_calls: Annotated[int, Field(gt=0, le=64)] = 4
     retry_growth_ratio: _Ratio = 0.05
     keep_recent_groups: Annotated[int, Field(ge=0, le=64)] = 2

@@ -538,10 +538,11 @@ def _print_eval(report: EvalReport) -> None:
         fits = f" ({s['failed_while_required_fits']} fit)" if fleet and s["failed"] else ""
         failed = f"{s['failed']}/{s['prepares']}{fits}"
         over = str(s["over_budget"]) if fleet else "-"
-        cells = [f"{s['tokens_per_task']:,}", cache, failed, over, comp, summary]
+        waits = str(s["hot_path_waits"]) if fleet else "-"
+        cells = [f"{s['tokens_per_task']:,}", cache, failed, over, waits, comp, summary]
         return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
 
-    heads = ["scored", *(h for _, h in _EVAL_PROBES), "tokens/task", "cache", "failed", "over", "compact/100", "summary"]
+    heads = ["scored", *(h for _, h in _EVAL_PROBES), "tokens/task", "cache", "failed", "over", "waits", "compact/100", "summary"]
     console = Console(width=200)
     per_trace = Table(title="ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)")
     for head in ["trace", "budget", "system", *heads]:

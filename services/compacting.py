@@ -23,7 +23,7 @@ from .compaction.select import choose_cover, measure_view, split_segments, summa
 from .compaction.structured import StructuredSummarizer
 from .compaction.validate import CandidateInvalid, validate_candidate
 from .errors import RevisionConflict
-from .groups import DraftBlock, build_view_blocks
+from .groups import DraftBlock, build_view_blocks, run_task_seq
 from .records import LedgerRecord
 from .render import MESSAGE_OVERHEAD
 from .store._errors import translate_pg_errors
@@ -150,8 +150,9 @@ class CompactionService:
             return replace(cost.outcome(summarizer.name), status="failed", stage="validate", detail=str(exc), tokens_before=measure.estimated, calls=calls), None
         # Validated whole, then rolled up to its share: a long thread's summary converges instead of
         # growing with every compaction (what must survive is kept verbatim by the roll-up).
-        fitted = fit_summary(merged, max_tokens=cap, count=counter.count, revision=new_revision)
-        text = render_summary(fitted, revision=new_revision)
+        pinned = _pinned(records, job.thread_id)
+        fitted = fit_summary(merged, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
+        text = render_summary(fitted, revision=new_revision, pinned=pinned)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         covered_tokens = sum(_tokens(b, encoding) for b in covered_blocks)
         new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
@@ -171,8 +172,9 @@ class CompactionService:
     ) -> tuple[JobOutcome, NewSummary | None]:
         """Nothing new to cover, but the summary is over its share of this budget: roll it up alone."""
         counter = counter_for(view.encoding)
-        fitted = fit_summary(body, max_tokens=cap, count=counter.count, revision=new_revision)
-        text = render_summary(fitted, revision=new_revision)
+        pinned = _pinned(view.records, job.thread_id)
+        fitted = fit_summary(body, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
+        text = render_summary(fitted, revision=new_revision, pinned=pinned)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         parent = view.state.summary
         assert parent is not None
@@ -288,6 +290,12 @@ async def _summarize(
         merged = merge_summaries(merged, part)
     assert merged is not None
     return merged, calls
+
+
+def _pinned(records: Sequence[LedgerRecord], thread_id: str) -> tuple[int, ...]:
+    """Records every context shows verbatim beside the summary: the run's task."""
+    task = run_task_seq(records, thread_id)
+    return (task,) if task is not None else ()
 
 
 def _tokens(block: DraftBlock, encoding: EncodingName) -> int:

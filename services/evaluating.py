@@ -16,6 +16,7 @@ from contracts import AssistantMessageEvent, BlockKind, ContextPolicy, PreparedC
 
 from .client import FleetClient
 from .errors import CtxError
+from .render import MESSAGE_OVERHEAD
 from .evaluation import (
     SYSTEMS,
     ContextCounter,
@@ -86,8 +87,11 @@ def policy_name(budget: int) -> str:
 def fleet_context(prepared: PreparedContext) -> FleetContext:
     """What the model sees of a prepared context, with its summary's tokens."""
     tools = tuple(t.model_dump(mode="json") for t in prepared.tools)
-    summary = sum(b.tokens for b in prepared.blocks if b.kind == BlockKind.SUMMARY)
-    return FleetContext(tuple(prepared.openai_messages()), tools, summary, prepared.budget_report.used.total)
+    # The summary's own text, as its share bounds it (the block also counts its message framing).
+    summary = sum(b.tokens - MESSAGE_OVERHEAD * b.message_count for b in prepared.blocks if b.kind == BlockKind.SUMMARY)
+    return FleetContext(
+        tuple(prepared.openai_messages()), tools, summary, prepared.budget_report.used.total, prepared.compaction_wait_ms
+    )
 
 
 async def run_through_fleet(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 import asyncpg
@@ -21,6 +22,7 @@ from .compaction.model import StructuredSummary
 from .compaction.rollup import skeleton
 from .compaction.policy import Counters
 from .errors import ThreadNotFound
+from .groups import run_task_seq
 from .records import LedgerRecord
 from .render import TokenCounts
 from .state import StateView
@@ -58,9 +60,10 @@ class Skeleton:
     tokens_cl100k: int
 
 
-def skeleton_of(body: StructuredSummary, revision: int) -> Skeleton:
-    """The skeleton of ``body`` as committed at view ``revision``, counted in every encoding."""
-    text = render_summary(skeleton(body), revision=revision)
+def skeleton_of(body: StructuredSummary, revision: int, pinned: Collection[int] = ()) -> Skeleton:
+    """The skeleton of ``body`` as committed at view ``revision``, counted in every encoding;
+    ``pinned`` are the records shown in full beside it (the run's task)."""
+    text = render_summary(skeleton(body), revision=revision, pinned=pinned)
     return Skeleton(text, counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text))
 
 
@@ -169,7 +172,7 @@ class ViewLoader:
         self._policies: dict[tuple[str, int], ContextPolicy] = {}
         self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
-        self._skeletons: OrderedDict[str, Skeleton] = OrderedDict()
+        self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
 
     async def load(
         self,
@@ -203,17 +206,20 @@ class ViewLoader:
         policy = await self._policy(conn, name, revision)
         facts = (await read_states(conn, [thread_id])).get(thread_id)
         catalog = await read_session_catalog(conn, head.session_id)
-        return ThreadView(
-            head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, self._skeleton(state)
-        )
+        skeleton = self._skeleton(state, records, thread_id)
+        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, skeleton)
 
-    def _skeleton(self, state: ViewState) -> Skeleton | None:
+    def _skeleton(self, state: ViewState, records: list[LedgerRecord], thread_id: str) -> Skeleton | None:
         row = state.summary
         if row is None:
             return None
-        found = self._skeletons.get(row.summary_id)
+        # An adopted summary is shown beside another run's task: cached per thread too.
+        key = (row.summary_id, thread_id)
+        found = self._skeletons.get(key)
         if found is None:
-            found = self._skeletons[row.summary_id] = skeleton_of(row.body, state.view_revision)
+            task = run_task_seq(records, thread_id)
+            pinned = (task,) if task is not None else ()
+            found = self._skeletons[key] = skeleton_of(row.body, state.view_revision, pinned)
             while len(self._skeletons) > self._cache_threads:
                 self._skeletons.popitem(last=False)
         return found

@@ -10,7 +10,7 @@ is rollup's job.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TypeVar
 
 from .actions import overwrites
@@ -303,22 +303,29 @@ def _texts(title: str, items: Sequence[SourcedText]) -> list[str]:
     return [f"{title}:", *(f"- {i.text} ({_cite(i.sources)})" for i in items)] if items else []
 
 
-def render_summary(summary: StructuredSummary, *, revision: int) -> str:
-    """The summary as the model reads it: labelled as derived history, every line with its sources."""
+def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collection[int] = ()) -> str:
+    """The summary as the model reads it: labelled as derived history, every line with its sources.
+
+    ``pinned``: seqs of records every context shows verbatim beside the summary (the run's task).
+    """
     lines = [
         f"[context summary r{revision}: records {summary.covered_from}–{summary.covered_to} condensed, derived from"
         " the ledger where the originals stay readable; (seq N) cites the source records]"
     ]
     request = summary.current_request
-    if summary.goal and (request is None or summary.goal.sources != request.sources):
-        lines.append(f"Goal: {summary.goal.text[:400]} ({_cite(summary.goal.sources)})")
-    shown_in_full: tuple[int, ...] = ()
+    shown_in_full = set(pinned) | set(request.sources if request is not None else ())
+    goal = summary.goal
+    if goal and (request is None or goal.sources != request.sources):
+        if set(goal.sources) <= set(pinned):
+            lines.append(f"Goal: record {goal.sources[0]}, shown in full outside this summary")
+        else:
+            lines.append(f"Goal: {goal.text[:400]} ({_cite(goal.sources)})")
     if request is not None:
         # The current request is always shown from its own record; the summary only points to it.
         lines.append(f"Current request: record {request.sources[0]}, shown in full outside this summary")
-        shown_in_full = request.sources
-    # Constraints quoted by the request itself are in view with it: quoting them twice is waste.
-    lines += _texts("Constraints (quoted)", [c for c in summary.constraints if c.sources != shown_in_full])
+    # Constraints quoted by a record in view in full (the request, the run's task) are in view with
+    # it: quoting them twice is waste.
+    lines += _texts("Constraints (quoted)", [c for c in summary.constraints if not set(c.sources) <= shown_in_full])
     if summary.actions or summary.actions_folded:
         # What the agent already changed in the world: without it a later step may do it again.
         lines.append("Actions taken (side effects already done, oldest first):")

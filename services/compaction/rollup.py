@@ -15,11 +15,11 @@ thread of any length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 
 from .merge import fold_actions, fold_progress, latest_failures, render_summary
-from .model import FileTouch, StructuredSummary
+from .model import ActionTaken, FileTouch, StructuredSummary
 
 __all__ = ["SKELETON_ACTIONS", "fit_summary", "rollup_ladder", "skeleton"]
 
@@ -39,20 +39,41 @@ def skeleton(summary: StructuredSummary) -> StructuredSummary:
         files_modified=tuple(FileTouch(path=t.path, sources=t.sources[-1:]) for t in summary.files_modified),
         failures=latest_failures(summary),
         next_steps=summary.next_steps,
-        actions=acted.actions,
+        actions=tuple(_brief(a) for a in acted.actions),
         actions_folded=acted.actions_folded,
     )
 
 
-def fit_summary(summary: StructuredSummary, *, max_tokens: int, count: Callable[[str], int], revision: int) -> StructuredSummary:
+# In the skeleton an action says what was done to what, not every argument (an editor tool's
+# `command` can hold a whole patch): the call itself stays readable in the ledger by its seqs.
+_SKELETON_ARGS = 160
+_SKELETON_RESULT = 120
+
+
+def _brief(action: ActionTaken) -> ActionTaken:
+    def clip(text: str, limit: int) -> str:
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    return action.model_copy(update={"args": clip(action.args, _SKELETON_ARGS), "result": clip(action.result, _SKELETON_RESULT)})
+
+
+def fit_summary(
+    summary: StructuredSummary,
+    *,
+    max_tokens: int,
+    count: Callable[[str], int],
+    revision: int,
+    pinned: Collection[int] = (),
+) -> StructuredSummary:
     """``summary`` itself if its rendering fits ``max_tokens``, else the first rung of the ladder
-    that fits; the skeleton when none does (even if the skeleton is over: the caller decides)."""
-    if count(render_summary(summary, revision=revision)) <= max_tokens:
+    that fits; the skeleton when none does (even if the skeleton is over: the caller decides).
+    ``pinned`` is passed to :func:`render_summary` (records shown in full beside the summary)."""
+    if count(render_summary(summary, revision=revision, pinned=pinned)) <= max_tokens:
         return summary
     current = summary
     for rung in rollup_ladder():
         current = rung(current)
-        if count(render_summary(current, revision=revision)) <= max_tokens:
+        if count(render_summary(current, revision=revision, pinned=pinned)) <= max_tokens:
             return current
     return current
 

@@ -39,7 +39,13 @@ __all__ = [
 # A probe line longer than this is checked by its beginning: an output of one 10,000-character
 # line is shown trimmed by any system, and its start is what tells the model what happened.
 MAX_PROBE_CHARS = 160
-_ERROR_WORDS = re.compile(r"error|exception|traceback|failed|failure|fatal|assert", re.IGNORECASE)
+# How shell tools word a failure besides "error": `patch: **** malformed patch`, `cannot open`,
+# `No such file or directory`, `Permission denied`… (a line of them beats the first line of output).
+_ERROR_WORDS = re.compile(
+    r"error|exception|traceback|failed|failure|fatal|assert|malformed|invalid|cannot|can't|unable|no such|not found"
+    r"|denied|refused|aborted",
+    re.IGNORECASE,
+)
 _NOISE = re.compile(r"^(?:<returncode>-?\d+</returncode>|</?output>|</?error>|bash-\$|\$|[\W_]*)$")
 _CONSTRAINT = re.compile(
     r"\b(?:must|never|always|do not|don't|only|should not|shouldn't|make sure|avoid)\b", re.IGNORECASE

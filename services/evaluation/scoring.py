@@ -47,6 +47,8 @@ class FleetContext:
     tools: tuple[ChatMsg, ...] = ()
     summary_tokens: int = 0
     reported_tokens: int = 0
+    # How long the prepare waited on the hot path for a compaction to land (0: it did not).
+    compaction_wait_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,8 @@ class SystemScore:
     compactions: int | None = None
     summary_tokens_end: int | None = None
     tasks: int = 0
+    hot_path_waits: int = 0
+    waited_ms: int = 0
     misses: list[dict[str, JsonValue]] = field(default_factory=list)
 
     @property
@@ -110,6 +114,8 @@ class SystemScore:
         self.later_tokens += other.later_tokens
         self.steps += other.steps
         self.tasks += other.tasks
+        self.hot_path_waits += other.hot_path_waits
+        self.waited_ms += other.waited_ms
         for kind, tally in other.probes.items():
             self.probes[kind].passed += tally.passed
             self.probes[kind].total += tally.total
@@ -126,6 +132,8 @@ class SystemScore:
             "prepares": self.prepares,
             "failed": self.failed,
             "failed_while_required_fits": self.failed_required_fits,
+            "hot_path_waits": self.hot_path_waits,
+            "waited_ms": self.waited_ms,
             "over_budget": self.over_budget,
             "scored_contexts": self.scored,
             "tokens": self.tokens,
@@ -206,7 +214,9 @@ def score_trace(
         history = history_of(seen)
         full_tokens = counter.context(history.messages())
         required_fits = _required_tokens(history, counter) <= budget
-        probed = full_tokens > budget
+        # Probed where context management matters and is possible: the whole history no longer fits,
+        # but the required content does (where it does not, every system fails: see `failed`).
+        probed = full_tokens > budget and required_fits
         probes = probes_at(seen) if probed else []
         row: dict[str, JsonValue] = {"prepare": ordinal, "line": lines[index].line, "full_tokens": full_tokens}
         contexts: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...], int, bool] | None] = {}
@@ -214,6 +224,8 @@ def score_trace(
             tokens = counter.context(outcome.messages, outcome.tools)
             contexts[CTXFLEET] = (outcome.messages, outcome.tools, tokens, tokens > budget)
             scores[CTXFLEET].summary_tokens_end = outcome.summary_tokens
+            scores[CTXFLEET].hot_path_waits += int(outcome.compaction_wait_ms > 0)
+            scores[CTXFLEET].waited_ms += outcome.compaction_wait_ms
         else:
             contexts[CTXFLEET] = None
             row["ctxfleet_error"] = f"{outcome.code}: {outcome.message}"

@@ -378,3 +378,18 @@ def test_validation_refuses_a_summary_that_forgets_an_action_unless_it_is_in_the
     outside = folded.model_copy(update={"actions_folded": folded.actions_folded.model_copy(update={"last": 99})})
     with pytest.raises(CandidateInvalid, match="outside the covered range"):
         validate_candidate(outside, parent=None, covered=t.records, existing_seqs=seqs, has_request=True)
+
+
+def test_a_summary_beside_the_run_task_points_to_it_instead_of_quoting_it_again() -> None:
+    summary = StructuredSummary(
+        covered_from=2,
+        covered_to=9,
+        goal=SourcedText(text="Fix parser.py. Never touch setup.py.", sources=(2,)),
+        constraints=(SourcedText(text="Never touch setup.py.", sources=(2,)), SourcedText(text="Only use pytest -x.", sources=(5,))),
+        next_steps=(SourcedText(text="run the tests", sources=(9,)),),
+    )
+    alone = render_summary(summary, revision=1)
+    beside = render_summary(summary, revision=1, pinned=(2,))
+    assert "Fix parser.py" in alone and "Never touch setup.py." in alone
+    assert "Goal: record 2, shown in full outside this summary" in beside
+    assert "Never touch setup.py." not in beside and "Only use pytest -x." in beside
