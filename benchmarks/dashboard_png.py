@@ -129,6 +129,7 @@ async def run_load(
     traces: Sequence[Path], *, seconds: float, sessions: int, tail_s: float
 ) -> tuple[list[Scrape], list[str]]:
     """Start servers and fleet in a temp folder, replay for ``seconds``, scrape throughout; clean up."""
+    from infra.credentials import as_identity
     from infra.runtime import start_fleet, start_servers
     from services.settings import Settings
 
@@ -143,7 +144,7 @@ async def run_load(
         fleet = await start_fleet(settings, servers)
         try:
             assert fleet.http_port is not None
-            nats_options = settings.nats_options()
+            nats_options = as_identity(settings, "runtime").nats_options()  # the embedded broker is closed
             await register_policies(servers.nats_url, nats_options)
             started = time.perf_counter()
             scraper = asyncio.create_task(scrape_loop(fleet.http_port, started, scrapes))

@@ -7,6 +7,7 @@ import dataclasses
 import asyncio
 import json
 import logging
+import shlex
 import signal
 import sys
 import time
@@ -31,6 +32,7 @@ from services.store.connect import create_pool
 from services.trace import TraceFormatError, read_trace
 
 from . import SAMPLES_DIR
+from .credentials import as_identity, load_credentials
 from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
 from .provision import ProvisionError
 from .rebaseline import RebaselineError, format_report, rebaseline
@@ -139,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     schemas.add_argument("out", type=Path)
     schemas.set_defaults(func=_cmd_schemas)
 
+    env = sub.add_parser("env", help="print the CTX_* lines a client needs to reach the running embedded fleet")
+    env.add_argument("--user", default="runtime", help="the NATS identity (default runtime: agent runtimes and the CLI)")
+    env.set_defaults(func=_cmd_env)
+
     ev = sub.add_parser("eval", help="score what the model sees at each budget, beside full/window/masking baselines")
     ev.add_argument("traces", nargs="*", type=Path, help="trace files (default: the bundled samples)")
     ev.add_argument("--budget", type=int, nargs="+", action="extend", help="input budgets (default 4000 8000 16000 32000)")
@@ -193,7 +199,8 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
                 print(f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving", flush=True)
                 code = 2 if args.exit_after_replay else 0
         if not args.exit_after_replay and not stop.is_set() and not supervisor.done():
-            print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'. Ctrl-C stops.", flush=True)
+            print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'; a client elsewhere gets its "
+                  "CTX_NATS_* lines from '.venv/bin/ctxfleet env'. Ctrl-C stops.", flush=True)
             await _first_of(None, stop, supervisor)
         if supervisor.done():
             supervisor.result()  # raises ServerDied: which server, and where its log is
@@ -247,6 +254,9 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if not nats_url or not database_url:
         raise CliError("set CTX_NATS_URL and CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     settings = settings.model_copy(update={"workers": ",".join(args.names)})
+    # Against the embedded fleet: a lone worker under its own user (least privilege), several under `fleet`.
+    names = settings.worker_names
+    settings = as_identity(settings, names[0] if len(names) == 1 else "fleet")
     asyncio.run(_serve_workers(settings, Servers(nats_url, database_url)))
     return 0
 
@@ -388,7 +398,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
-    result = asyncio.run(provision(_fleet_nats_url(settings), settings, force=args.force))
+    result = asyncio.run(provision(_fleet_nats_url(settings), as_identity(settings, "provisioner"), force=args.force))
     print(f"streams provisioned: events {result.events}, dead letters {result.dead}, jobs {result.jobs}")
     return 0
 
@@ -398,7 +408,7 @@ def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     try:
-        report = asyncio.run(rebaseline(_fleet_nats_url(settings), url, settings, apply=args.yes))
+        report = asyncio.run(rebaseline(_fleet_nats_url(settings), url, as_identity(settings, "provisioner"), apply=args.yes))
     except RebaselineError as exc:
         raise CliError(str(exc)) from None
     print(format_report(report))
@@ -412,8 +422,8 @@ def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
-    """A client of the fleet with the configured NATS credentials and TLS."""
-    return await FleetClient.connect(nats_url, name=name, **settings.nats_options())
+    """A client of the fleet with the configured NATS credentials and TLS (``runtime`` on the embedded one)."""
+    return await FleetClient.connect(nats_url, name=name, **as_identity(settings, "runtime").nats_options())
 
 
 def _fleet_nats_url(settings: Settings) -> str:
@@ -423,6 +433,20 @@ def _fleet_nats_url(settings: Settings) -> str:
     if endpoints is None:
         raise CliError(f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL")
     return endpoints["nats_url"]
+
+
+def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
+    """``CTX_NATS_URL`` and the identity's credentials, as shell lines (``eval "$(ctxfleet env)"``)."""
+    nats_url = _fleet_nats_url(settings)
+    print(f"CTX_NATS_URL={shlex.quote(nats_url)}")
+    if settings.nats_url is not None:
+        return 0  # an external server: its credentials are the operator's, not ours to print
+    found = load_credentials(settings.data_dir)
+    if found is None or args.user not in found.nats:
+        raise CliError(f"no credentials for NATS user {args.user!r} in {settings.data_dir}")
+    print(f"CTX_NATS_USER={shlex.quote(args.user)}")
+    print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(args.user))}")
+    return 0
 
 
 def _session_id() -> str:

@@ -194,6 +194,8 @@ class EmbeddedNats:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         conf = self.data_dir / "nats.conf"
+        conf.touch(mode=0o600, exist_ok=True)
+        conf.chmod(0o600)  # it may hold the users' passwords
         conf.write_text(
             "\n".join(
                 [
@@ -389,6 +391,8 @@ def write_endpoints(data_dir: Path, nats_url: str, database_url: str) -> None:
     """Tell other processes in this checkout where the running fleet is."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tmp = data_dir / (_ENDPOINTS + ".tmp")
+    tmp.touch(mode=0o600, exist_ok=True)
+    tmp.chmod(0o600)  # only the user who runs the fleet learns where it is
     me = ProcessIdentity.of(os.getpid())
     started = me.create_time if me is not None else None
     tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid(), "started": started}))

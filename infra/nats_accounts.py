@@ -12,7 +12,7 @@ to publish to inboxes at large. Regenerate the Compose file with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
@@ -27,6 +27,8 @@ __all__ = [
     "USERS",
     "SubjectPermissions",
     "authorization_conf",
+    "embedded_grants",
+    "fleet_permissions",
     "password_variable",
     "render_auth_conf",
     "worker_permissions",
@@ -95,15 +97,36 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
     }
 
 
+def fleet_permissions() -> SubjectPermissions:
+    """The all-in-one process (``ctxfleet up``, the embedded default): every worker, and provisioning.
+
+    One process runs the five workers on one connection, so it holds their union — still nothing
+    a runtime may do: it never publishes events.
+    """
+    grants = worker_permissions()
+    kinds = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner")
+    publish = tuple(dict.fromkeys(s for k in kinds for s in grants[k].publish))
+    subscribe = tuple(dict.fromkeys(s for k in kinds for s in grants[k].subscribe))
+    return SubjectPermissions(publish=publish, subscribe=subscribe, allow_responses=True)
+
+
+def embedded_grants() -> dict[str, SubjectPermissions]:
+    """The users of the embedded default's server: every worker kind, provisioning, runtime, ``fleet``."""
+    return {**worker_permissions(), "fleet": fleet_permissions()}
+
+
 def password_variable(user: str) -> str:
     """The environment variable of the NATS server that holds ``user``'s password."""
     return f"NATS_PASSWORD_{user.upper()}"
 
 
-def authorization_conf(password: Callable[[str], str]) -> str:
-    """A NATS server ``authorization`` block; ``password(user)`` is the value as written in the conf."""
+def authorization_conf(password: Callable[[str], str], grants: Mapping[str, SubjectPermissions] | None = None) -> str:
+    """A NATS server ``authorization`` block; ``password(user)`` is the value as written in the conf.
+
+    No ``no_auth_user``: a client that does not authenticate as one of ``grants`` cannot connect.
+    """
     lines = ["authorization {", "  users: ["]
-    for user, grant in worker_permissions().items():
+    for user, grant in (grants if grants is not None else worker_permissions()).items():
         lines.append("    {")
         lines.append(f"      user: {json.dumps(user)}")
         lines.append(f"      password: {password(user)}")

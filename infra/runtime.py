@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,9 @@ from .datafolder import (
     read_server_records,
     write_server_records,
 )
+from .credentials import DATA_FOLDER_MODE, as_identity, load_or_create_credentials, secure_folder
 from .embedded import EmbeddedNats, EmbeddedPostgres, port_is_free
+from .nats_accounts import authorization_conf, embedded_grants
 from .provision import ProvisionResult, provision_streams
 from .supervise import supervise
 
@@ -130,6 +133,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
     data_dir = settings.data_dir
     own_lock = lock is None
     held = lock if lock is not None else lock_data_folder(data_dir)
+    secure_folder(data_dir, DATA_FOLDER_MODE)  # credentials, endpoints and the broker's store: the owner's alone
     servers = Servers(nats_url or "", database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock)
     try:
         previous_port = _recorded_port(data_dir)
@@ -143,8 +147,15 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
             servers.database_url = pg.start()
             servers.record()  # at once: a crash before NATS is up must still leave PostgreSQL findable
         if nats_url is None:
+            # Closed: only the generated users connect, each confined to its subjects (infra.credentials).
+            credentials = load_or_create_credentials(data_dir)
+            secure_folder(data_dir / "nats")  # raw events and the users' passwords (nats.conf)
             broker = EmbeddedNats(
-                data_dir / "nats", max_payload=settings.nats_max_payload, port=previous_port, sync_always=settings.nats_sync_always
+                data_dir / "nats",
+                max_payload=settings.nats_max_payload,
+                port=previous_port,
+                sync_always=settings.nats_sync_always,
+                extra_config=authorization_conf(lambda user: json.dumps(credentials.password(user)), embedded_grants()),
             )
             owned.append(broker)
             servers.nats_url = broker.start()
@@ -213,7 +224,8 @@ async def provision(nats_url: str, settings: Settings, *, force: bool = False) -
 
 
 async def start_fleet(settings: Settings, servers: Servers) -> Fleet:
-    """Migrate, provision and start the configured workers."""
+    """Migrate, provision and start the configured workers (as ``fleet`` on the embedded server)."""
+    settings = as_identity(settings, "fleet")
     await migrate(servers.database_url, settings)
     await provision(servers.nats_url, settings)
     fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)

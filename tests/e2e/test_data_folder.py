@@ -25,6 +25,7 @@ import pytest
 from infra import SAMPLES_DIR
 from infra.datafolder import holders_of
 from infra.embedded import free_port
+from infra.credentials import load_credentials
 from services.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
@@ -149,7 +150,11 @@ async def test_up_after_sigkill_stops_the_orphans_and_records_what_they_acked_ex
         await crashed.wait_for("serving")
         orphans = crashed.servers()
         url = json.loads((crashed.data / "endpoints.json").read_text())["database_url"]
-        async with await FleetClient.connect(f"nats://127.0.0.1:{orphans['nats-server']['port']}") as client:
+        runtime = load_credentials(crashed.data)
+        assert runtime is not None  # the broker is closed: a runtime connects as the generated `runtime` user
+        async with await FleetClient.connect(
+            f"nats://127.0.0.1:{orphans['nats-server']['port']}", user="runtime", password=runtime.password("runtime")
+        ) as client:
             for event in events[:2]:  # recorded by the fleet before it dies
                 await client.append(event)
 

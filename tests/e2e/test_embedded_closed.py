@@ -1,0 +1,133 @@
+"""The embedded default is closed: generated identities only, each confined to its subjects (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from contracts import ContextPolicy
+from infra import SAMPLES_DIR
+from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
+from infra.runtime import Servers, start_fleet, start_servers
+from services.client import FleetClient
+from services.errors import FleetUnavailable
+from services.replay import ReplayOptions, replay_trace
+from services.settings import Settings
+from services.trace import read_trace
+from tests.fixtures.fleet import make_settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.nats, pytest.mark.pg]
+
+SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
+
+
+@pytest.fixture
+async def embedded(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[Settings, Servers]]:
+    """The embedded default's broker (as `ctxfleet up` starts it) beside the test's PostgreSQL."""
+    settings = make_settings(None, database_url, tmp_path)  # type: ignore[arg-type]
+    servers = await asyncio.to_thread(start_servers, settings)
+    try:
+        yield settings, servers
+    finally:
+        await asyncio.to_thread(servers.stop)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alone(embedded: tuple[Settings, Servers]) -> None:
+    settings, servers = embedded
+    with pytest.raises(FleetUnavailable):
+        await FleetClient.connect(servers.nats_url)
+    with pytest.raises(FleetUnavailable):
+        await FleetClient.connect(servers.nats_url, user="runtime", password="guessed")
+    assert _mode(settings.data_dir / CREDENTIALS_FILE) == 0o600
+    assert _mode(settings.data_dir / "nats") == 0o700 and _mode(settings.data_dir / "nats" / "nats.conf") == 0o600
+    assert _mode(settings.data_dir) & 0o077 in (0, 0o011)  # nobody else may list the folder
+
+
+async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(embedded: tuple[Settings, Servers]) -> None:
+    settings, servers = embedded
+    fleet = await start_fleet(settings, servers)
+    try:
+        runtime = as_identity(settings, "runtime")
+        assert runtime.nats_user == "runtime"
+        async with await FleetClient.connect(servers.nats_url, **runtime.nats_options()) as client:
+            policy = ContextPolicy(name="closed-3000", model_profile=None, budget_tokens=3_000)
+            await client.register_policy(policy)
+            report = await replay_trace(client, read_trace(SAMPLE), ReplayOptions(session_id="closed-s1", policy=policy.name))
+        assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
+    finally:
+        await fleet.stop()
+    log = (settings.data_dir / "nats" / "nats.log").read_text()
+    assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line]
+
+
+async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forge_notices(embedded: tuple[Settings, Servers]) -> None:
+    settings, servers = embedded
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    creds = load_credentials(settings.data_dir)
+    assert creds is not None
+    nc = await nats.connect(servers.nats_url, user="runtime", password=creds.password("runtime"), error_cb=on_error)
+    try:
+        await nc.subscribe("ctx.prepare.>")
+        await nc.subscribe(">")
+        await nc.publish("ctx.compaction.jobs", b"{}")
+        await nc.publish("ctx.recorded.r1.main", b"{}")
+        await nc.flush()
+        with pytest.raises((NoRespondersError, NatsTimeout)):
+            await nc.request("$JS.API.STREAM.UPDATE.CTX_EVENTS", b"{}", timeout=1.0)
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+    assert any("permissions violation" in str(e).lower() for e in errors)
+    logged = "\n".join(line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line)
+    for subject in ("ctx.prepare.>", "ctx.compaction.jobs", "ctx.recorded.r1.main", "STREAM.UPDATE"):
+        assert subject in logged, (subject, logged)
+
+
+def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    env = {**os.environ, "CTX_DATA_DIR": str(data)}
+    env.pop("CTX_NATS_URL", None)
+    env.pop("CTX_DATABASE_URL", None)
+    up = subprocess.Popen([sys.executable, "-m", "infra.cli", "up", "--no-replay"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if line.startswith("ctxfleet: serving"):
+                break
+        out = subprocess.run([sys.executable, "-m", "infra.cli", "env"], env=env, capture_output=True, text=True, check=True).stdout
+        lines = dict(line.split("=", 1) for line in out.splitlines())
+        assert set(lines) == {"CTX_NATS_URL", "CTX_NATS_USER", "CTX_NATS_PASSWORD"} and lines["CTX_NATS_USER"] == "runtime"
+
+        async def register() -> int:
+            async with await FleetClient.connect(lines["CTX_NATS_URL"], user="runtime", password=lines["CTX_NATS_PASSWORD"]) as client:
+                return (await client.register_policy(ContextPolicy(name="env-check", model_profile=None, budget_tokens=1_000))).revision
+
+        assert asyncio.run(register()) >= 1
+        # And the CLI in a second terminal finds its identity by itself.
+        replay = subprocess.run(
+            [sys.executable, "-m", "infra.cli", "replay", str(SAMPLE)], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert replay.returncode == 0 and "0 errors" in replay.stdout, replay.stdout + replay.stderr
+    finally:
+        up.terminate()
+        up.wait(timeout=60)
+        if up.stdout is not None:
+            up.stdout.close()
