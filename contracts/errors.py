@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     STORE_UNAVAILABLE = "store_unavailable"
     FLEET_UNAVAILABLE = "fleet_unavailable"
     OVERLOADED = "overloaded"
+    PERMISSION_DENIED = "permission_denied"
     # Requests.
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_MODEL_PROFILE = "unknown_model_profile"

@@ -422,8 +422,9 @@ def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
-    """A client of the fleet with the configured NATS credentials and TLS (``runtime`` on the embedded one)."""
-    return await FleetClient.connect(nats_url, name=name, **as_identity(settings, "runtime").nats_options())
+    """A client of the fleet with the configured NATS credentials and TLS (``operator`` on the embedded one:
+    the CLI inspects, and its replays report what the fleet did)."""
+    return await FleetClient.connect(nats_url, name=name, **as_identity(settings, "operator").nats_options())
 
 
 def _fleet_nats_url(settings: Settings) -> str:

@@ -34,10 +34,13 @@ __all__ = [
     "worker_permissions",
 ]
 
-USERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner", "runtime")
+USERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner", "runtime", "operator")
 _INBOX = "_INBOX.>"
 _COMPACTED = "ctx.compacted.>"
 _REQUESTS = (f"{PREPARE}.>", f"{INSPECT}.>", READ, SEARCH, f"{SESSION_INSPECT}.>", POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS)
+# Looking into any thread's ledger or any session's runs (and principals) is an operator's job.
+_OPERATOR_ONLY = (f"{INSPECT}.>", f"{SESSION_INSPECT}.>")
+_RUNTIME_REQUESTS = tuple(r for r in _REQUESTS if r not in _OPERATOR_ONLY)
 # The compaction queue gauges (depth, oldest job) that budgeters and compactors export.
 _QUEUE_GAUGES = (f"$JS.API.STREAM.INFO.{JOBS_STREAM}", f"$JS.API.STREAM.MSG.GET.{JOBS_STREAM}")
 
@@ -92,8 +95,10 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         "indexer": SubjectPermissions(publish=(), subscribe=(f"{RECORDED}.>", _INBOX)),
         # The migration Job: creates and reconciles streams and the compactor's durable.
         "provisioner": SubjectPermissions(publish=("$JS.API.>",), subscribe=(_INBOX,)),
-        # Agent runtimes and the ctxfleet CLI: publish events, ask for contexts; never read the ledger's streams.
-        "runtime": SubjectPermissions(publish=(f"{EVENTS}.>", *_REQUESTS), subscribe=(_INBOX,)),
+        # Agent runtimes: publish events, ask for contexts; never read the ledger's streams or inspect.
+        "runtime": SubjectPermissions(publish=(f"{EVENTS}.>", *_RUNTIME_REQUESTS), subscribe=(_INBOX,)),
+        # People and the ctxfleet CLI: what a runtime may, plus inspecting threads and sessions.
+        "operator": SubjectPermissions(publish=(f"{EVENTS}.>", *_REQUESTS), subscribe=(_INBOX,)),
     }
 
 

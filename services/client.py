@@ -11,11 +11,14 @@ reconnecting, and requests fail at once with ``FleetUnavailable`` instead of han
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import (
@@ -57,7 +60,7 @@ from contracts import (
 from contracts.ids import is_identifier
 from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, msg_id_of, prepare_subject
 
-from .errors import CtxError, FleetUnavailable, PayloadTooLarge, error_from_reply
+from .errors import CtxError, FleetUnavailable, PayloadTooLarge, PermissionDenied, error_from_reply
 from .settings import redact_url
 
 __all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "msg_id_of"]
@@ -112,9 +115,10 @@ async def _close_quietly(nc: NatsClient) -> None:
 class FleetClient:
     """A connection to the fleet over NATS."""
 
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: NatsClient, denials: _Denials | None = None) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
+        self._denials = denials or _Denials()
 
     @classmethod
     async def connect(
@@ -140,10 +144,12 @@ class FleetClient:
             FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
                 retried, only a connection that was up and dropped).
         """
+        denials = _Denials(options.pop("error_cb", None))
         nc = await connect_nats(
-            nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s, **options
+            nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s,
+            error_cb=denials.on_error, **options,
         )
-        return cls(nc)
+        return cls(nc, denials)
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -185,13 +191,13 @@ class FleetClient:
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
         self._ensure_connected(f"cannot append to {thread_id}")
+        subject = events_subject(session, thread_id)
         try:
-            ack = await self._js.publish(
-                events_subject(session, thread_id),
-                data,
-                stream=EVENTS_STREAM,
-                timeout=timeout,
-                headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)},
+            ack = await self._denials.guard(
+                subject,
+                self._js.publish(
+                    subject, data, stream=EVENTS_STREAM, timeout=timeout, headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)}
+                ),
             )
         except MaxPayloadError as exc:
             raise PayloadTooLarge(len(data), limit) from exc
@@ -247,7 +253,9 @@ class FleetClient:
         self._ensure_connected(f"cannot request {subject}")
         deadline = int(time.time() * 1000 + timeout * 1000)
         try:
-            reply = await self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)})
+            reply = await self._denials.guard(
+                subject, self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)})
+            )
         except NoRespondersError as exc:
             raise FleetUnavailable(f"no assembler is serving {subject}") from exc
         except _DISCONNECTED as exc:
@@ -257,6 +265,56 @@ class FleetClient:
         if _is_error(reply.data):
             raise error_from_reply(ErrorReply.model_validate_json(reply.data))
         return reply.data
+
+
+_DENIED = re.compile(r'permissions violation for publish to "(?P<subject>[^"]+)"', re.IGNORECASE)
+_T = TypeVar("_T")
+
+
+class _Denials:
+    """Fails a publish or request at once when the broker refuses this identity its subject.
+
+    The server reports a permissions violation asynchronously (an ``-ERR`` to the connection's
+    error callback), and the message is simply not delivered: without this a request would wait
+    out its whole timeout and end as ``fleet_unavailable``, which a runtime would retry.
+    """
+
+    def __init__(self, chained: Callable[[Exception], Awaitable[None]] | None = None) -> None:
+        self._chained = chained
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+
+    async def on_error(self, exc: Exception) -> None:
+        found = _DENIED.search(str(exc))
+        if found is not None:
+            for waiter in self._waiting.get(found["subject"], ()):
+                if not waiter.done():
+                    waiter.set_exception(PermissionDenied(found["subject"]))
+        if self._chained is not None:
+            await self._chained(exc)
+
+    async def guard(self, subject: str, work: Awaitable[_T]) -> _T:
+        """``work``'s result, or ``PermissionDenied`` as soon as the broker refuses ``subject``."""
+        denied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(subject, []).append(denied)
+        task = asyncio.ensure_future(work)
+        either: list[asyncio.Future[Any]] = [task, denied]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)  # never wait unboundedly on a cancelled task
+                denied.result()  # raises PermissionDenied
+            return task.result()
+        finally:
+            waiters = self._waiting.get(subject, [])
+            if denied in waiters:
+                waiters.remove(denied)
+            if not waiters:
+                self._waiting.pop(subject, None)
+            if not denied.done():
+                denied.cancel()
+            elif not denied.cancelled():
+                denied.exception()  # retrieved: a denial that lost the race is not an unhandled error
 
 
 def _envelope_of(data: bytes) -> tuple[str, str | None]:

@@ -25,6 +25,7 @@
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
+    ├── PermissionDenied(subject)    the broker refused this identity the subject: never retried
     ├── Overloaded(retry_after_ms, reason, limit)   retryable: refused at once, retry after the hint
     ├── IntegrityError(ref, actual)  stored content that no longer matches its hash
     ├── ContentNotFound(ref)         read-back of content the session cannot see
@@ -73,6 +74,7 @@ __all__ = [
     "OperationExists",
     "OrphanToolOutcome",
     "Overloaded",
+    "PermissionDenied",
     "PayloadTooLarge",
     "ReleaseMismatch",
     "RevisionConflict",
@@ -399,6 +401,15 @@ class FleetUnavailable(CtxError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"fleet unavailable: {cause}", cause=cause)
+
+
+class PermissionDenied(CtxError):
+    """The broker refused this connection's identity the subject (its grants do not include it)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"permission denied: this NATS identity may not publish to {subject}", subject=subject)
 
 
 class Overloaded(CtxError):

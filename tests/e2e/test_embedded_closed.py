@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,18 +16,23 @@ import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from contracts import ContextPolicy
+from contracts import ContextPolicy, PrepareRequest
 from infra import SAMPLES_DIR
 from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
 from services.client import FleetClient
-from services.errors import FleetUnavailable
+from services.errors import FleetUnavailable, PermissionDenied
 from services.replay import ReplayOptions, replay_trace
 from services.settings import Settings
 from services.trace import read_trace
 from tests.fixtures.fleet import make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats, pytest.mark.pg]
+
+
+def prepare_request_for(thread_id: str) -> PrepareRequest:
+    run_id, instance_id = thread_id.split(".")
+    return PrepareRequest(session_id="closed-s1", run_id=run_id, instance_id=instance_id, budget_tokens=3_000)
 
 SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
 
@@ -61,17 +67,29 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(emb
     settings, servers = embedded
     fleet = await start_fleet(settings, servers)
     try:
-        runtime = as_identity(settings, "runtime")
-        assert runtime.nats_user == "runtime"
-        async with await FleetClient.connect(servers.nats_url, **runtime.nats_options()) as client:
+        # The CLI's replay inspects the thread at its end: it runs as the operator.
+        operator = as_identity(settings, "operator")
+        assert operator.nats_user == "operator"
+        async with await FleetClient.connect(servers.nats_url, **operator.nats_options()) as client:
             policy = ContextPolicy(name="closed-3000", model_profile=None, budget_tokens=3_000)
             await client.register_policy(policy)
             report = await replay_trace(client, read_trace(SAMPLE), ReplayOptions(session_id="closed-s1", policy=policy.name))
         assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
+        # A runtime prepares the same thread; it may not inspect it.
+        async with await FleetClient.connect(servers.nats_url, **as_identity(settings, "runtime").nats_options()) as client:
+            thread = "closed-s1-r1.main"
+            prepared = await client.prepare(prepare_request_for(thread))
+            assert prepared.messages
+            started = time.monotonic()
+            with pytest.raises(PermissionDenied) as denied:
+                await client.inspect(thread, limit=1)
+            assert time.monotonic() - started < 2.0  # at once, not after the request's 10 s timeout
+            assert denied.value.code.value == "permission_denied" and not denied.value.retryable
     finally:
         await fleet.stop()
-    log = (settings.data_dir / "nats" / "nats.log").read_text()
-    assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line]
+    # The fleet's own identity never needed more than its grants (the runtime's refusal above is the only one).
+    violations = [line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line]
+    assert all("user:runtime" in line and "ctx.inspect." in line for line in violations), violations
 
 
 async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forge_notices(embedded: tuple[Settings, Servers]) -> None:

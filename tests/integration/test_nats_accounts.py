@@ -72,7 +72,8 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
         for fleet in fleets:
             assert all(v is None for v in (await fleet.readiness()).values()), await fleet.readiness()
 
-        async with await FleetClient.connect(secured_nats.url, user="runtime", password=pw["runtime"]) as client:
+        # The replay reports compactions by inspecting the thread: the CLI's (operator's) identity.
+        async with await FleetClient.connect(secured_nats.url, user="operator", password=pw["operator"]) as client:
             # A small budget, so the budgeter enqueues and the compactor pulls, acks and announces.
             policy = ContextPolicy(name="accounts-3000", model_profile=None, budget_tokens=3000)
             await client.register_policy(policy)
@@ -101,6 +102,9 @@ async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(sec
         # Straight into a partition (skipping the server's transform), and answering prepares.
         await nc.publish("ctx.p.0.s1.r1.main", b"{}")
         await nc.subscribe("ctx.prepare.>")
+        # Inspecting another thread's ledger or a session's principals is the operator's, not a runtime's.
+        await nc.publish("ctx.inspect.r1.main", b"{}")
+        await nc.publish("ctx.session.inspect.s1", b"{}")
         await nc.flush()
         with pytest.raises((NoRespondersError, NatsTimeout)):
             await nc.request("$JS.API.STREAM.DELETE.CTX_EVENTS", b"", timeout=1.0)
@@ -110,6 +114,7 @@ async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(sec
     assert any("permissions violation" in str(e).lower() for e in errors)
     logged = "\n".join(secured_nats.violations())
     assert "ctx.p.0.s1.r1.main" in logged and "ctx.prepare.>" in logged and "STREAM.DELETE" in logged
+    assert "ctx.inspect.r1.main" in logged and "ctx.session.inspect.s1" in logged
 
 
 async def test_a_wrong_password_fails_at_connect_without_echoing_it(secured_nats: SecuredNats) -> None:
