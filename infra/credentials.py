@@ -1,6 +1,6 @@
 """The embedded default's credentials: one NATS user per identity, generated once per data folder.
 
-``make run`` must not leave the bus open to any local process: its nats-server accepts only the
+``make run`` must not leave the bus (or the database) open to any local process: its nats-server accepts only the
 users of ``infra.nats_accounts.embedded_grants`` (each worker kind, provisioning, the all-in-one
 ``fleet`` process, and ``runtime`` for agent runtimes and the CLI). Their passwords are random,
 made on first start and kept in ``<data folder>/credentials.json`` (0600), so a restart keeps
@@ -11,7 +11,8 @@ PostgreSQL — which runs as its own system user when started by root — must r
 
 Processes of this checkout pick their identity with :func:`as_identity`: when no NATS URL or
 credentials are configured (the embedded default), the settings get that user's password from
-the data folder; configured settings are never overridden.
+the data folder; configured settings are never overridden. The embedded PostgreSQL's superuser
+gets a generated password too: local connections must give it, whoever can reach the socket.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ DATA_FOLDER_MODE = 0o711
 
 @dataclass(frozen=True)
 class EmbeddedCredentials:
-    """The embedded server's users and their passwords."""
+    """The embedded servers' users and their passwords."""
 
     nats: Mapping[str, str]
+    # The embedded PostgreSQL superuser's (``""`` in a file written before it had one).
+    postgres: str = ""
 
     def password(self, user: str) -> str:
         """``user``'s password; KeyError for a user the server does not know."""
@@ -60,9 +63,14 @@ def load_credentials(data_dir: Path) -> EmbeddedCredentials | None:
     except FileNotFoundError:
         return None
     nats = raw.get("nats") if isinstance(raw, dict) else None
-    if not isinstance(nats, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in nats.items()):
+    postgres = raw.get("postgres", "") if isinstance(raw, dict) else None
+    if (
+        not isinstance(nats, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in nats.items())
+        or not isinstance(postgres, str)
+    ):
         raise ValueError(f"{data_dir / CREDENTIALS_FILE} is not a credentials file: remove it to generate new ones")
-    return EmbeddedCredentials(nats=dict(nats))
+    return EmbeddedCredentials(nats=dict(nats), postgres=postgres)
 
 
 def load_or_create_credentials(data_dir: Path) -> EmbeddedCredentials:
@@ -75,15 +83,16 @@ def load_or_create_credentials(data_dir: Path) -> EmbeddedCredentials:
     current = load_credentials(data_dir)
     known = dict(current.nats) if current is not None else {}
     wanted = {user: known.get(user) or secrets.token_urlsafe(24) for user in embedded_grants()}
-    if wanted != known:
+    postgres = (current.postgres if current is not None else "") or secrets.token_urlsafe(24)
+    if current is None or wanted != known or postgres != current.postgres:
         path = data_dir / CREDENTIALS_FILE
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"nats": wanted}, f, indent=2, sort_keys=True)
+            json.dump({"nats": wanted, "postgres": postgres}, f, indent=2, sort_keys=True)
         os.chmod(tmp, 0o600)
         tmp.replace(path)
-    return EmbeddedCredentials(nats=wanted)
+    return EmbeddedCredentials(nats=wanted, postgres=postgres)
 
 
 def _configured(settings: Settings) -> bool:

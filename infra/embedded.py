@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 import psutil
@@ -252,6 +253,9 @@ class EmbeddedPostgres:
     data_dir: Path
     delete_on_stop: bool = False
     sole_owner: bool = False
+    # The superuser's password: with one, local connections must give it (never trust, whoever can
+    # reach the socket); ``None`` keeps the wheel's trust (tests' throwaway clusters).
+    password: str | None = None
     _server: Any = None
     name = "postgres"
 
@@ -275,9 +279,36 @@ class EmbeddedPostgres:
         _forget_dead_handles(self.data_dir, everyone=self.sole_owner)
         try:
             self._server = get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
+            self._require_password()
         except Exception as exc:
             raise EmbeddedServerError(f"embedded PostgreSQL did not start under {self.data_dir}: {_say(exc)}") from exc
-        return str(self._server.get_uri())
+        return self._url()
+
+    def _require_password(self) -> None:
+        """Set the superuser's password and switch local authentication to it (once per cluster).
+
+        The wheel initialises with ``trust``: until this has run the socket's permissions are the
+        only guard. It runs while the cluster still trusts (its first start, or one made before
+        passwords): set the password, rewrite ``pg_hba.conf``, then reload — the reload's own
+        connection is still let in by the rules loaded before it.
+        """
+        if self.password is None:
+            return
+        hba = self.data_dir / "pg_hba.conf"
+        if _HBA_MARK in hba.read_text():
+            return
+        self._server.psql(f"ALTER ROLE postgres PASSWORD '{_sql_literal(self.password)}';")
+        hba.write_text(_HBA)
+        self._server.psql("SELECT pg_reload_conf();")
+
+    def _url(self) -> str:
+        uri = str(self._server.get_uri())
+        if self.password is None:
+            return uri
+        anonymous = "postgresql://postgres:@"
+        if not uri.startswith(anonymous):
+            raise EmbeddedServerError(f"embedded PostgreSQL gave an unexpected URI shape: {uri.split('@', 1)[-1]}")
+        return f"postgresql://postgres:{quote(self.password, safe='')}@" + uri[len(anonymous) :]
 
     def identity(self) -> ProcessIdentity | None:
         """PID and start time of the running postmaster."""
@@ -317,7 +348,7 @@ class EmbeddedPostgres:
                 server.ensure_postgres_running()
         except Exception as exc:
             raise EmbeddedServerError(f"embedded PostgreSQL did not restart under {self.data_dir}: {_say(exc)}") from exc
-        return str(server.get_uri())
+        return self._url()
 
     def stop(self, timeout: float = 15.0) -> None:
         """Stop the server (and delete its data if asked); safe when it already died."""
@@ -335,6 +366,18 @@ class EmbeddedPostgres:
 
     def _postmaster(self) -> Any:
         return None if self._server is None else self._server._postmaster_info
+
+
+_HBA_MARK = "# ctxfleet: password required"
+_HBA = f"""{_HBA_MARK} (written by infra/embedded.py; the cluster listens on its socket only)
+local   all   all                 scram-sha-256
+host    all   all   127.0.0.1/32  scram-sha-256
+host    all   all   ::1/128       scram-sha-256
+"""
+
+
+def _sql_literal(text: str) -> str:
+    return text.replace("'", "''")
 
 
 def _say(exc: BaseException) -> str:

@@ -141,14 +141,14 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         if orphans:
             log.warning("stopped servers a previous run of %s left: %s", data_dir, "; ".join(orphans))
         previous_port = previous_port if previous_port and port_is_free(previous_port) else 0
+        credentials = load_or_create_credentials(data_dir)
         if database_url is None:
-            pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True)
+            pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True, password=credentials.postgres)
             owned.append(pg)
             servers.database_url = pg.start()
             servers.record()  # at once: a crash before NATS is up must still leave PostgreSQL findable
         if nats_url is None:
             # Closed: only the generated users connect, each confined to its subjects (infra.credentials).
-            credentials = load_or_create_credentials(data_dir)
             secure_folder(data_dir / "nats")  # raw events and the users' passwords (nats.conf)
             broker = EmbeddedNats(
                 data_dir / "nats",

@@ -149,3 +149,22 @@ def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_pa
         up.wait(timeout=60)
         if up.stdout is not None:
             up.stdout.close()
+
+
+async def test_the_embedded_postgres_requires_its_generated_password_across_restarts(tmp_path: Path) -> None:
+    import asyncpg
+
+    settings = Settings(data_dir=tmp_path / "data")
+    for _ in range(2):  # the second start finds a cluster already switched to passwords
+        servers = await asyncio.to_thread(start_servers, settings)
+        try:
+            url = servers.database_url
+            creds = load_credentials(settings.data_dir)
+            assert creds is not None and creds.postgres and f":{creds.postgres}@" in url  # url-safe: never escaped
+            conn = await asyncpg.connect(url)
+            assert await conn.fetchval("SELECT 1") == 1
+            await conn.close()
+            with pytest.raises(asyncpg.InvalidPasswordError):
+                await asyncpg.connect(url.replace(f":{creds.postgres}@", ":@", 1))
+        finally:
+            await asyncio.to_thread(servers.stop)

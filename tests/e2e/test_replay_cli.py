@@ -14,6 +14,7 @@ import pytest
 
 from contracts import PreparedContext
 from infra import SAMPLES_DIR
+from infra.credentials import load_credentials
 from infra.embedded import EmbeddedPostgres
 from services.trace import read_trace
 
@@ -120,7 +121,10 @@ def test_up_on_embedded_servers_replays_the_sample_and_a_second_run_reuses_the_d
         result = _ctxfleet("up", "--exit-after-replay", env=env, timeout=180)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "events recorded" in result.stdout and "prepare latency p50" in result.stdout
-    pg = EmbeddedPostgres(tmp_path / "data" / "postgres")
+    # The cluster now requires the superuser's generated password (infra.credentials).
+    creds = load_credentials(tmp_path / "data")
+    assert creds is not None
+    pg = EmbeddedPostgres(tmp_path / "data" / "postgres", password=creds.postgres)
     url = pg.start()
     try:
         import asyncio
