@@ -2,7 +2,10 @@
 
 Notices may arrive many times while a thread is being worked on; they schedule exactly one more
 pass. A periodic sweep finds threads whose notices were lost (a restart, an outage), so a notice
-only ever decides *when* work happens, never *whether*.
+only ever decides *when* work happens, never *whether*. That is also what bounds a flood of them
+(forged, or a recorder replaying a backlog): at most ``max_concurrent`` passes run at once, at
+most ``max_pending`` threads wait, and a notice beyond that is dropped — the sweep, which reads
+from the ledger which threads really moved, catches those up.
 """
 
 from __future__ import annotations
@@ -42,15 +45,20 @@ class CoalescingScheduler:
         log: logging.Logger,
         *,
         sweep_s: float = 2.0,
+        max_concurrent: int = 8,
+        max_pending: int = 4096,
     ) -> None:
         self._work = work
         self._find_stale = sweep
         self._log = log
         self._sweep_s = sweep_s
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._max_pending = max_pending
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
+        self.dropped = 0
 
     def schedule(self, thread_id: str) -> None:
         """Work on ``thread_id`` soon (once more if it is being worked on)."""
@@ -59,18 +67,24 @@ class CoalescingScheduler:
         if thread_id in self._running:
             self._again.add(thread_id)
             return
+        if len(self._running) >= self._max_pending:
+            self.dropped += 1
+            if self.dropped % 1000 == 1:
+                self._log.warning("%d notices dropped over %d threads waiting; the sweep catches up", self.dropped, self._max_pending)
+            return
         self._running[thread_id] = asyncio.create_task(self._run(thread_id))
 
     async def _run(self, thread_id: str) -> None:
         try:
-            while True:
-                self._again.discard(thread_id)
-                try:
-                    await self._work(thread_id)
-                except Exception as exc:  # the sweep retries; this work is never on the hot path
-                    self._log.warning("%s: %s", thread_id, exc)
-                if thread_id not in self._again or self._stopping:
-                    return
+            async with self._slots:
+                while True:
+                    self._again.discard(thread_id)
+                    try:
+                        await self._work(thread_id)
+                    except Exception as exc:  # the sweep retries; this work is never on the hot path
+                        self._log.warning("%s: %s", thread_id, exc)
+                    if thread_id not in self._again or self._stopping:
+                        return
         finally:
             self._running.pop(thread_id, None)
 

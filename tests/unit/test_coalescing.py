@@ -56,3 +56,35 @@ async def test_stop_lets_a_short_pass_finish() -> None:
     scheduler.schedule("r.a")
     await scheduler.stop(grace_s=5.0)
     assert finished == ["r.a"]
+
+
+async def test_a_flood_of_notices_runs_bounded_passes_and_the_sweep_catches_up_what_it_dropped() -> None:
+    active, peak, done = 0, 0, set()
+    release = asyncio.Event()
+
+    async def work(thread_id: str) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await release.wait()
+        active -= 1
+        done.add(thread_id)
+
+    flood = [f"r{i}.main" for i in range(2_000)]
+
+    async def stale() -> list[str]:  # the ledger says which threads really moved and are not done
+        return [t for t in flood if t not in done]
+
+    scheduler = CoalescingScheduler(work, stale, log, sweep_s=0.01, max_concurrent=4, max_pending=100)
+    for thread_id in flood:
+        scheduler.schedule(thread_id)
+    await asyncio.sleep(0.05)
+    assert peak == 4 and scheduler.backlog == 100 and scheduler.dropped == 1_900
+    release.set()
+    scheduler.start()
+    for _ in range(500):
+        if len(done) == len(flood):
+            break
+        await asyncio.sleep(0.01)
+    await scheduler.stop()
+    assert done == set(flood) and peak == 4
