@@ -20,6 +20,7 @@ from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
+from nats.js.errors import NotFoundError
 from nats.errors import Error as NatsError
 
 from contracts import JOBS_STREAM, DeadLetter
@@ -385,8 +386,11 @@ class Fleet:
             self.metrics.queue_depth.set(info.state.messages)
             age = 0.0
             if info.state.messages:
-                first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
-                stamp = first.time
+                try:
+                    first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
+                except NotFoundError:
+                    first = None  # a compactor acked it between the two calls: the queue moved on
+                stamp = first.time if first is not None else None
                 if isinstance(stamp, str):
                     stamp = _parse_nats_time(stamp)
                 if isinstance(stamp, datetime):
