@@ -174,7 +174,8 @@ async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
     limiter, workers, queued = (getattr(subscriber, name, None) for name in ("limiter", "max_workers", "receive_stream"))
     if limiter is None or not isinstance(workers, int):
         return
-    while limiter.value < workers or (queued is not None and queued.statistics().current_buffer_used > 0):
+    # Polled: FastStream's workers signal nothing when they go idle.
+    while limiter.value < workers or (queued is not None and queued.statistics().current_buffer_used > 0):  # noqa: ASYNC110
         await asyncio.sleep(poll_s)
 
 
