@@ -267,17 +267,18 @@ def assemble_context(
     room = budget.input_budget - schema_tokens - REPLY_PRIMING
     inputs = _Inputs(ordered, counter, snapshot.summary, snapshot.own_thread, room, max(1, budget.input_budget // _MASK_CHUNK_DIVISOR))
 
-    smallest = _smallest(inputs)
-    minimum = sum(s.total for s in smallest) + schema_tokens + REPLY_PRIMING
-    if minimum > budget.input_budget:
-        err = ContextBudgetExceeded(minimum, budget.input_budget, _items(smallest, schema_tokens))
-        err.details["reason"] = (
-            "required content at its smallest (summary as its skeleton, the newest tool group cut to "
-            f"{_MIN_OUTPUT_TOKENS} tokens per output) does not fit"
-        )
-        raise err
-
     fit = _fit(inputs, frozenset())
+    if fit.total > inputs.room:
+        # Only a context that does not fit needs to know whether one could: most prepares fit at once.
+        smallest = _smallest(inputs)
+        minimum = sum(s.total for s in smallest) + schema_tokens + REPLY_PRIMING
+        if minimum > budget.input_budget:
+            err = ContextBudgetExceeded(minimum, budget.input_budget, _items(smallest, schema_tokens))
+            err.details["reason"] = (
+                "required content at its smallest (summary as its skeleton, the newest tool group cut to "
+                f"{_MIN_OUTPUT_TOKENS} tokens per output) does not fit"
+            )
+            raise err
     while allow_drop_history and fit.total > inputs.room:
         dropped = frozenset(s.block.block_id for s in fit.history_dropped)
         more = _history_to_drop(fit, fit.total - inputs.room)
