@@ -90,13 +90,14 @@ def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int |
     Supplements and answers to the agent's questions are not the task; inherited records (other
     runs, a parent) are someone else's task.
     """
-    return next(
+    # A minimum, not a sort: this runs on every prepare, over every record of the view.
+    return min(
         (
             r.seq
-            for r in sorted(records, key=_seq)
+            for r in records
             if r.kind == "user_input" and r.payload.get("intent", "question") == "question" and not _foreign(r, own_thread)
         ),
-        None,
+        default=None,
     )
 
 
