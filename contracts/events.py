@@ -1,4 +1,4 @@
-"""Events: what agent runtimes publish to ``ctx.events.<session>.<run>.<instance>``.
+"""Events: what agent runtimes publish to ``ctx.events.<tenant>.<session>.<run>.<instance>``.
 
 Every event is an envelope (who, where, which key) around one typed payload, discriminated by
 ``kind``. Runtimes in any language send the JSON form; :func:`decode_event` is the one place that

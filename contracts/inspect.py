@@ -22,9 +22,9 @@ __all__ = [
 SESSION_INSPECT = "ctx.session.inspect"
 
 
-def session_inspect_subject(session_id: str) -> str:
-    """Where an operator asks for a session's runs, threads and snapshots."""
-    return f"{SESSION_INSPECT}.{session_id}"
+def session_inspect_subject(tenant: str, session_id: str) -> str:
+    """Where an operator asks for the runs, threads and snapshots of a session of ``tenant``."""
+    return f"{SESSION_INSPECT}.{tenant}.{session_id}"
 
 
 class InspectRequest(WireModel):

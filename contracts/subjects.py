@@ -1,8 +1,13 @@
 """Subject, stream and consumer names: defined once, used everywhere.
 
-Runtimes publish to ``ctx.events.<session>.<run>.<instance>``. The ``CTX_EVENTS`` stream rewrites
-that, on the server, to ``ctx.p.<partition>.<session>.<run>.<instance>`` where the partition is
-FNV-1a of the session token modulo the partition count. A whole session — its runs, main threads and
+Every subject a runtime may use carries its tenant as the token after the verb — ``ctx.events.<tenant>.…``,
+``ctx.prepare.<tenant>.…``, ``ctx.read.<tenant>`` — so the NATS server's permissions, not a payload
+field, confine an identity to its tenant, and the fleet takes the tenant from the subject the server
+delivered (see ``infra/nats_accounts.py``).
+
+Runtimes publish to ``ctx.events.<tenant>.<session>.<run>.<instance>``. The ``CTX_EVENTS`` stream
+rewrites that, on the server, to ``ctx.p.<partition>.<tenant>.<session>.<run>.<instance>`` where the
+partition is FNV-1a of the session token modulo the partition count. A whole session — its runs, main threads and
 children — lands in one partition and is recorded in publish order by one writer: decisions that span
 threads (a new question only after the previous run ended, a child only after its parent exists)
 see events in the order the runtime published them. Sessions spread across partitions.
@@ -12,9 +17,12 @@ from __future__ import annotations
 
 import hashlib
 
+from dataclasses import dataclass
+
 from .ids import is_identifier, split_thread_id
 
 __all__ = [
+    "DEFAULT_TENANT",
     "DEAD",
     "DEAD_STREAM",
     "EVENTS",
@@ -23,6 +31,8 @@ __all__ = [
     "PARTITIONED",
     "PREPARE",
     "RECORDED",
+    "StoredSubject",
+    "check_tenant",
     "dead_subject",
     "events_subject",
     "inspect_subject",
@@ -33,7 +43,9 @@ __all__ = [
     "partition_transform",
     "prepare_subject",
     "recorded_subject",
+    "parse_stored_subject",
     "session_from_partitioned_subject",
+    "tenant_subject",
     "thread_from_partitioned_subject",
 ]
 
@@ -43,6 +55,9 @@ RECORDED = "ctx.recorded"
 PREPARE = "ctx.prepare"
 INSPECT = "ctx.inspect"
 DEAD = "ctx.dead"
+
+# The tenant of a fleet with one, and of events stored before subjects carried a tenant.
+DEFAULT_TENANT = "default"
 
 EVENTS_STREAM = "CTX_EVENTS"
 DEAD_STREAM = "CTX_DEAD"
@@ -60,24 +75,36 @@ def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
     return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
 
 
-def events_subject(session_id: str, thread_id: str) -> str:
-    """Where a runtime publishes the events of ``thread_id`` in ``session_id``."""
+def check_tenant(tenant: str) -> str:
+    """``tenant`` if it can be one subject token; raises ``ValueError`` otherwise."""
+    if not is_identifier(tenant):
+        raise ValueError(f"not a valid tenant (allowed: letters, digits, '_' and '-', 1-128): {tenant!r}")
+    return tenant
+
+
+def tenant_subject(base: str, tenant: str) -> str:
+    """A request subject of one tenant: ``ctx.read`` → ``ctx.read.<tenant>``."""
+    return f"{base}.{check_tenant(tenant)}"
+
+
+def events_subject(tenant: str, session_id: str, thread_id: str) -> str:
+    """Where a runtime of ``tenant`` publishes the events of ``thread_id`` in ``session_id``."""
     split_thread_id(thread_id)
     if not is_identifier(session_id) and session_id != "_":
         raise ValueError(f"not a valid session id: {session_id!r}")
-    return f"{EVENTS}.{session_id}.{thread_id}"
+    return f"{EVENTS}.{check_tenant(tenant)}.{session_id}.{thread_id}"
 
 
-def prepare_subject(thread_id: str) -> str:
-    """Where a runtime asks for the prepared context of ``thread_id`` (request/reply)."""
+def prepare_subject(tenant: str, thread_id: str) -> str:
+    """Where a runtime of ``tenant`` asks for the prepared context of ``thread_id`` (request/reply)."""
     split_thread_id(thread_id)
-    return f"{PREPARE}.{thread_id}"
+    return f"{PREPARE}.{check_tenant(tenant)}.{thread_id}"
 
 
-def inspect_subject(thread_id: str) -> str:
-    """Where an operator asks for the ledger view of ``thread_id`` (request/reply)."""
+def inspect_subject(tenant: str, thread_id: str) -> str:
+    """Where an operator asks for the ledger view of ``thread_id`` of ``tenant`` (request/reply)."""
     split_thread_id(thread_id)
-    return f"{INSPECT}.{thread_id}"
+    return f"{INSPECT}.{check_tenant(tenant)}.{thread_id}"
 
 
 def recorded_subject(thread_id: str) -> str:
@@ -93,7 +120,7 @@ def dead_subject(thread_id: str | None) -> str:
 def partition_of(session_id: str, *, partitions: int) -> int:
     """The partition the server assigns to a session: FNV-1a 32 over the session token, mod n.
 
-    This mirrors nats-server's ``{{partition(n,1)}}`` so clients and tests can predict routing.
+    This mirrors nats-server's ``{{partition(n,2)}}`` so clients and tests can predict routing.
     """
     h = 0x811C9DC5
     for b in session_id.encode():
@@ -102,16 +129,25 @@ def partition_of(session_id: str, *, partitions: int) -> int:
 
 
 def partition_transform(partitions: int) -> tuple[str, str]:
-    """The ``(source, destination)`` subject transform of the events stream."""
+    """The ``(source, destination)`` subject transform of the events stream.
+
+    The partition hashes the session token alone, so one session id is one writer's whatever
+    tenant names it: the recorder can refuse a second tenant's claim without a race.
+    """
     return (
-        f"{EVENTS}.*.*.*",
-        f"{PARTITIONED}.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}",
+        f"{EVENTS}.*.*.*.*",
+        f"{PARTITIONED}.{{{{partition({partitions},2)}}}}"
+        ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}",
     )
 
 
 def partition_filter(partition: int) -> str:
-    """The filter subject of one partition's consumers."""
-    return f"{PARTITIONED}.{partition}.*.*.*"
+    """The filter subject of one partition's consumers.
+
+    ``>`` rather than four ``*``: events stored before subjects carried a tenant (one token fewer)
+    are still read, as the default tenant's.
+    """
+    return f"{PARTITIONED}.{partition}.>"
 
 
 def partition_consumer(worker: str, partition: int) -> str:
@@ -119,17 +155,39 @@ def partition_consumer(worker: str, partition: int) -> str:
     return f"{worker}-p{partition}"
 
 
-def thread_from_partitioned_subject(subject: str) -> str | None:
-    """The thread id carried by a stored subject ``ctx.p.<n>.<session>.<run>.<instance>``."""
+@dataclass(frozen=True, slots=True)
+class StoredSubject:
+    """What the server vouches for in a stored event's subject."""
+
+    tenant: str
+    session_id: str
+    thread_id: str
+
+
+def parse_stored_subject(subject: str) -> StoredSubject | None:
+    """``ctx.p.<n>.<tenant>.<session>.<run>.<instance>`` (or the tenant-less form of older events)."""
     parts = subject.split(".")
-    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
+    if ".".join(parts[:2]) != PARTITIONED:
         return None
-    return f"{parts[4]}.{parts[5]}"
+    match len(parts):
+        case 7:
+            tenant, session, run, instance = parts[3:]
+        case 6:
+            tenant, (session, run, instance) = DEFAULT_TENANT, parts[3:]
+        case _:
+            return None
+    if not is_identifier(tenant):
+        return None
+    return StoredSubject(tenant, session, f"{run}.{instance}")
+
+
+def thread_from_partitioned_subject(subject: str) -> str | None:
+    """The thread id carried by a stored subject."""
+    stored = parse_stored_subject(subject)
+    return stored.thread_id if stored else None
 
 
 def session_from_partitioned_subject(subject: str) -> str | None:
-    """The session token of a stored subject ``ctx.p.<n>.<session>.<run>.<instance>``."""
-    parts = subject.split(".")
-    if len(parts) != 6 or f"{parts[0]}.{parts[1]}" != PARTITIONED:
-        return None
-    return parts[3]
+    """The session token of a stored subject."""
+    stored = parse_stored_subject(subject)
+    return stored.session_id if stored else None

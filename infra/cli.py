@@ -33,6 +33,7 @@ from services.trace import TraceFormatError, read_trace
 
 from . import SAMPLES_DIR
 from .credentials import as_identity, load_credentials
+from .nats_accounts import runtime_user
 from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
 from .provision import ProvisionError
 from .rebaseline import RebaselineError, format_report, rebaseline
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ctxfleet`` command."""
     args = _parser().parse_args(argv)
     try:
-        settings = load_settings()
+        settings = load_settings(**({"tenant": args.tenant} if args.tenant else {}))
     except InvalidConfiguration as exc:
         print(f"ctxfleet: {exc.message}", file=sys.stderr)
         return 2
@@ -81,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctxfleet", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
+    p.add_argument("--tenant", help="the tenant whose sessions and threads to replay, inspect or search (default $CTX_TENANT, else 'default')")
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="start servers (embedded unless CTX_*_URL), all workers, replay samples, serve")
@@ -142,7 +144,9 @@ def _parser() -> argparse.ArgumentParser:
     schemas.set_defaults(func=_cmd_schemas)
 
     env = sub.add_parser("env", help="print the CTX_* lines a client needs to reach the running embedded fleet")
-    env.add_argument("--user", default="runtime", help="the NATS identity (default runtime: agent runtimes and the CLI)")
+    env.add_argument(
+        "--user", help="the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)"
+    )
     env.set_defaults(func=_cmd_env)
 
     ev = sub.add_parser("eval", help="score what the model sees at each budget, beside full/window/masking baselines")
@@ -424,7 +428,9 @@ def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
 async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
     """A client of the fleet with the configured NATS credentials and TLS (``operator`` on the embedded one:
     the CLI inspects, and its replays report what the fleet did)."""
-    return await FleetClient.connect(nats_url, name=name, **as_identity(settings, "operator").nats_options())
+    return await FleetClient.connect(
+        nats_url, name=name, tenant=settings.tenant, **as_identity(settings, "operator").nats_options()
+    )
 
 
 def _fleet_nats_url(settings: Settings) -> str:
@@ -442,11 +448,14 @@ def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     print(f"CTX_NATS_URL={shlex.quote(nats_url)}")
     if settings.nats_url is not None:
         return 0  # an external server: its credentials are the operator's, not ours to print
+    user = args.user or runtime_user(settings.tenant)
     found = load_credentials(settings.data_dir)
-    if found is None or args.user not in found.nats:
-        raise CliError(f"no credentials for NATS user {args.user!r} in {settings.data_dir}")
-    print(f"CTX_NATS_USER={shlex.quote(args.user)}")
-    print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(args.user))}")
+    if found is None or user not in found.nats:
+        hint = f" (add {settings.tenant!r} to CTX_TENANTS and restart the fleet)" if args.user is None else ""
+        raise CliError(f"no credentials for NATS user {user!r} in {settings.data_dir}{hint}")
+    print(f"CTX_NATS_USER={shlex.quote(user)}")
+    print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(user))}")
+    print(f"CTX_TENANT={shlex.quote(settings.tenant)}")
     return 0
 
 
@@ -472,7 +481,7 @@ def _print_summary(trace: Path, report: ReplayReport) -> None:
         f"{t['prepares']} prepares served ({t['errors']} errors), {per_prepare:.0f} tokens per prepare "
         f"(whole history would average {int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
         f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms; "
-        f"{t['compactions']} compactions, {t['over_budget']} over budget",
+        f"{'?' if t['compactions'] is None else t['compactions']} compactions, {t['over_budget']} over budget",
         flush=True,
     )
 

@@ -2,7 +2,8 @@
 
 ``make run`` must not leave the bus (or the database) open to any local process: its nats-server accepts only the
 users of ``infra.nats_accounts.embedded_grants`` (each worker kind, provisioning, the all-in-one
-``fleet`` process, and ``runtime`` for agent runtimes and the CLI). Their passwords are random,
+``fleet`` process, ``operator`` for people and the CLI, and ``runtime-<tenant>`` for each tenant's
+agent runtimes). Their passwords are random,
 made on first start and kept in ``<data folder>/credentials.json`` (0600), so a restart keeps
 them and clients in other terminals of the same user find them; other users of the machine
 cannot read them. The data folder itself is 0711: nobody else may list it, but the embedded
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from pydantic import SecretStr
 
 from services.settings import Settings
 
-from .nats_accounts import embedded_grants
+from .nats_accounts import DEFAULT_TENANTS, embedded_grants
 
 __all__ = ["CREDENTIALS_FILE", "DATA_FOLDER_MODE", "EmbeddedCredentials", "as_identity", "load_credentials", "load_or_create_credentials", "secure_folder"]
 
@@ -73,16 +74,17 @@ def load_credentials(data_dir: Path) -> EmbeddedCredentials | None:
     return EmbeddedCredentials(nats=dict(nats), postgres=postgres)
 
 
-def load_or_create_credentials(data_dir: Path) -> EmbeddedCredentials:
+def load_or_create_credentials(data_dir: Path, tenants: Iterable[str] = DEFAULT_TENANTS) -> EmbeddedCredentials:
     """The data folder's credentials, completed with a password for every user the server needs.
 
     Passwords already there are kept (clients of a running fleet keep working across restarts); a
-    user added by a newer build gets a new one.
+    user added by a newer build or a tenant added to ``CTX_TENANTS`` gets a new one, and a tenant
+    taken out of it loses its user.
     """
     secure_folder(data_dir, DATA_FOLDER_MODE)
     current = load_credentials(data_dir)
     known = dict(current.nats) if current is not None else {}
-    wanted = {user: known.get(user) or secrets.token_urlsafe(24) for user in embedded_grants()}
+    wanted = {user: known.get(user) or secrets.token_urlsafe(24) for user in embedded_grants(tenants)}
     postgres = (current.postgres if current is not None else "") or secrets.token_urlsafe(24)
     if current is None or wanted != known or postgres != current.postgres:
         path = data_dir / CREDENTIALS_FILE

@@ -1,4 +1,14 @@
-"""Who may publish and subscribe to what on NATS: one user per worker kind, plus provisioning and runtimes.
+"""Who may publish and subscribe to what on NATS: one user per worker kind, provisioning, operators, tenants.
+
+A tenant is an identity, never a payload field: each tenant's agent runtimes connect as its own user,
+``runtime-<tenant>``, whose grants name only that tenant's subjects (``ctx.events.<tenant>.>``,
+``ctx.prepare.<tenant>.>``, ``ctx.read.<tenant>``, …) and its own reply inboxes
+(``_INBOX.runtime-<tenant>.>``). The fleet takes the tenant from the subject the server delivered, which
+these grants vouch for. The tenants come from configuration (``CTX_TENANTS``); the ``operator`` user
+(people, the CLI) may name any tenant. Only the assembler subscribes to request subjects, only the
+recorder reads the partitions and publishes notices, only the budgeter and the assembler put
+compaction jobs, only provisioning changes streams — in every deployment, since all of them render
+this table.
 
 One table, rendered into ``infra/nats/auth.conf`` (Compose) and checked against ``k8s/nats/values.yaml``
 (Helm). A test runs each worker under its own user against a real server and fails on any
@@ -6,13 +16,16 @@ permissions violation, so a grant is never a guess that happens to be wide enoug
 
 ``allow_responses`` lets a request handler answer on the requester's inbox without being allowed
 to publish to inboxes at large. Regenerate the Compose file with
-``python -m infra.nats_accounts > infra/nats/auth.conf``.
+``CTX_TENANTS=default,acme python -m infra.nats_accounts > infra/nats/auth.conf`` (the Helm users
+with ``--helm``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
@@ -20,27 +33,43 @@ from contracts.inspect import SESSION_INSPECT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
 from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
-from contracts.subjects import DEAD, EVENTS, EVENTS_STREAM, INSPECT, PREPARE, RECORDED
+from contracts.subjects import DEAD, DEFAULT_TENANT, EVENTS, EVENTS_STREAM, INSPECT, PREPARE, RECORDED, check_tenant
+from services.settings import parse_tenants
 from workers.compactor import COMPACTOR_DURABLE
 
 __all__ = [
-    "USERS",
+    "DEFAULT_TENANTS",
+    "OPERATOR",
+    "WORKERS",
     "SubjectPermissions",
     "authorization_conf",
+    "configured_tenants",
     "embedded_grants",
     "fleet_permissions",
+    "grants",
+    "helm_users",
+    "operator_permissions",
     "password_variable",
     "render_auth_conf",
+    "runtime_user",
+    "tenant_permissions",
     "worker_permissions",
 ]
 
-USERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner", "runtime", "operator")
+WORKERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner")
+OPERATOR = "operator"
+DEFAULT_TENANTS = (DEFAULT_TENANT,)
 _INBOX = "_INBOX.>"
 _COMPACTED = "ctx.compacted.>"
-_REQUESTS = (f"{PREPARE}.>", f"{INSPECT}.>", READ, SEARCH, f"{SESSION_INSPECT}.>", POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS)
-# Looking into any thread's ledger or any session's runs (and principals) is an operator's job.
-_OPERATOR_ONLY = (f"{INSPECT}.>", f"{SESSION_INSPECT}.>")
-_RUNTIME_REQUESTS = tuple(r for r in _REQUESTS if r not in _OPERATOR_ONLY)
+# Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
+_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS)
+_PER_TENANT_TREE = (PREPARE,)
+# Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
+_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT)
+_REQUESTS = (
+    *(f"{s}.>" for s in (*_PER_TENANT_TREE, *_OPERATOR_ONLY)),
+    *(f"{s}.*" for s in _PER_TENANT),
+)
 # The compaction queue gauges (depth, oldest job) that budgeters and compactors export.
 _QUEUE_GAUGES = (f"$JS.API.STREAM.INFO.{JOBS_STREAM}", f"$JS.API.STREAM.MSG.GET.{JOBS_STREAM}")
 
@@ -95,11 +124,44 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         "indexer": SubjectPermissions(publish=(), subscribe=(f"{RECORDED}.>", _INBOX)),
         # The migration Job: creates and reconciles streams and the compactor's durable.
         "provisioner": SubjectPermissions(publish=("$JS.API.>",), subscribe=(_INBOX,)),
-        # Agent runtimes: publish events, ask for contexts; never read the ledger's streams or inspect.
-        "runtime": SubjectPermissions(publish=(f"{EVENTS}.>", *_RUNTIME_REQUESTS), subscribe=(_INBOX,)),
-        # People and the ctxfleet CLI: what a runtime may, plus inspecting threads and sessions.
-        "operator": SubjectPermissions(publish=(f"{EVENTS}.>", *_REQUESTS), subscribe=(_INBOX,)),
     }
+
+
+def runtime_user(tenant: str) -> str:
+    """The NATS user of ``tenant``'s agent runtimes."""
+    return f"runtime-{check_tenant(tenant)}"
+
+
+def tenant_permissions(tenant: str) -> SubjectPermissions:
+    """``tenant``'s runtimes: publish its events, ask its requests; read replies on their own inboxes only.
+
+    Never the ledger's streams, the JetStream API, compaction jobs, notices or another tenant's
+    subjects; never inspection. Their clients must use the inbox prefix ``_INBOX.<user>``
+    (``FleetClient`` does), or no reply can reach them.
+    """
+    t = check_tenant(tenant)
+    return SubjectPermissions(
+        publish=(f"{EVENTS}.{t}.>", *(f"{s}.{t}.>" for s in _PER_TENANT_TREE), *(f"{s}.{t}" for s in _PER_TENANT)),
+        subscribe=(f"_INBOX.{runtime_user(t)}.>",),
+    )
+
+
+def operator_permissions() -> SubjectPermissions:
+    """People and the ctxfleet CLI: any tenant's events and requests, and inspecting threads and sessions."""
+    return SubjectPermissions(publish=(f"{EVENTS}.>", *_REQUESTS), subscribe=(f"_INBOX.{OPERATOR}.>",))
+
+
+def grants(tenants: Iterable[str] = DEFAULT_TENANTS) -> dict[str, SubjectPermissions]:
+    """Every user of a deployment: the worker kinds, provisioning, the operator and one user per tenant."""
+    out = {**worker_permissions(), OPERATOR: operator_permissions()}
+    for tenant in tenants:
+        out[runtime_user(tenant)] = tenant_permissions(tenant)
+    return out
+
+
+def configured_tenants(value: str | None = None) -> tuple[str, ...]:
+    """The tenants of ``value``, else of ``CTX_TENANTS`` (comma-separated; ``default`` when unset)."""
+    return parse_tenants(value if value is not None else os.environ.get("CTX_TENANTS") or DEFAULT_TENANT)
 
 
 def fleet_permissions() -> SubjectPermissions:
@@ -109,29 +171,28 @@ def fleet_permissions() -> SubjectPermissions:
     a runtime may do: it never publishes events.
     """
     grants = worker_permissions()
-    kinds = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner")
-    publish = tuple(dict.fromkeys(s for k in kinds for s in grants[k].publish))
-    subscribe = tuple(dict.fromkeys(s for k in kinds for s in grants[k].subscribe))
+    publish = tuple(dict.fromkeys(s for k in WORKERS for s in grants[k].publish))
+    subscribe = tuple(dict.fromkeys(s for k in WORKERS for s in grants[k].subscribe))
     return SubjectPermissions(publish=publish, subscribe=subscribe, allow_responses=True)
 
 
-def embedded_grants() -> dict[str, SubjectPermissions]:
-    """The users of the embedded default's server: every worker kind, provisioning, runtime, ``fleet``."""
-    return {**worker_permissions(), "fleet": fleet_permissions()}
+def embedded_grants(tenants: Iterable[str] = DEFAULT_TENANTS) -> dict[str, SubjectPermissions]:
+    """The users of the embedded default's server: :func:`grants` and the all-in-one ``fleet``."""
+    return {**grants(tenants), "fleet": fleet_permissions()}
 
 
 def password_variable(user: str) -> str:
     """The environment variable of the NATS server that holds ``user``'s password."""
-    return f"NATS_PASSWORD_{user.upper()}"
+    return f"NATS_PASSWORD_{user.upper().replace('-', '_')}"
 
 
-def authorization_conf(password: Callable[[str], str], grants: Mapping[str, SubjectPermissions] | None = None) -> str:
+def authorization_conf(password: Callable[[str], str], users: Mapping[str, SubjectPermissions] | None = None) -> str:
     """A NATS server ``authorization`` block; ``password(user)`` is the value as written in the conf.
 
-    No ``no_auth_user``: a client that does not authenticate as one of ``grants`` cannot connect.
+    No ``no_auth_user``: a client that does not authenticate as one of ``users`` cannot connect.
     """
     lines = ["authorization {", "  users: ["]
-    for user, grant in (grants if grants is not None else worker_permissions()).items():
+    for user, grant in (users if users is not None else grants()).items():
         lines.append("    {")
         lines.append(f"      user: {json.dumps(user)}")
         lines.append(f"      password: {password(user)}")
@@ -153,16 +214,44 @@ def _rule(subjects: tuple[str, ...]) -> str:
     return f"{{ allow: {json.dumps(list(subjects))} }}"
 
 
-def render_auth_conf() -> str:
+def render_auth_conf(tenants: Iterable[str] = DEFAULT_TENANTS) -> str:
     """``infra/nats/auth.conf``: passwords are the server's environment variables, never in the file."""
+    users = grants(tenants)
     header = (
         "# Generated by `python -m infra.nats_accounts` from infra/nats_accounts.py; edit the table, not this file.\n"
+        f"# Tenants: {', '.join(tenants)} (CTX_TENANTS).\n"
         "# Passwords come from the NATS server's environment: "
-        + ", ".join(f"${password_variable(u)}" for u in USERS)
+        + ", ".join(f"${password_variable(u)}" for u in users)
         + ".\n"
     )
-    return header + authorization_conf(lambda user: f"${password_variable(user)}")
+    return header + authorization_conf(lambda user: f"${password_variable(user)}", users)
+
+
+def helm_users(tenants: Iterable[str] = DEFAULT_TENANTS) -> list[dict[str, object]]:
+    """The ``authorization.users`` entries of the NATS Helm chart's values (``k8s/nats/values.yaml``)."""
+    out: list[dict[str, object]] = []
+    for user, grant in grants(tenants).items():
+        permissions: dict[str, object] = {
+            "publish": {"allow": list(grant.publish)} if grant.publish else {"deny": [">"]},
+            "subscribe": {"allow": list(grant.subscribe)} if grant.subscribe else {"deny": [">"]},
+        }
+        if grant.allow_responses:
+            permissions["allow_responses"] = True
+        out.append({"user": user, "password": f"<< ${password_variable(user)} >>", "permissions": permissions})
+    return out
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m infra.nats_accounts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tenants", default=None, help="comma-separated tenants (default: $CTX_TENANTS, else 'default')")
+    parser.add_argument("--helm", action="store_true", help="print the Helm values' users (YAML) instead of auth.conf")
+    args = parser.parse_args()
+    tenants = configured_tenants(args.tenants)
+    if args.helm:
+        print(json.dumps(helm_users(tenants), indent=2))
+    else:
+        print(render_auth_conf(tenants), end="")
 
 
 if __name__ == "__main__":
-    print(render_auth_conf(), end="")
+    _main()

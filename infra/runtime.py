@@ -141,7 +141,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         if orphans:
             log.warning("stopped servers a previous run of %s left: %s", data_dir, "; ".join(orphans))
         previous_port = previous_port if previous_port and port_is_free(previous_port) else 0
-        credentials = load_or_create_credentials(data_dir)
+        credentials = load_or_create_credentials(data_dir, settings.tenant_names)
         if database_url is None:
             pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True, password=credentials.postgres)
             owned.append(pg)
@@ -155,7 +155,9 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
                 max_payload=settings.nats_max_payload,
                 port=previous_port,
                 sync_always=settings.nats_sync_always,
-                extra_config=authorization_conf(lambda user: json.dumps(credentials.password(user)), embedded_grants()),
+                extra_config=authorization_conf(
+                    lambda user: json.dumps(credentials.password(user)), embedded_grants(settings.tenant_names)
+                ),
             )
             owned.append(broker)
             servers.nats_url = broker.start()

@@ -13,8 +13,8 @@ from .store._errors import translate_pg_errors
 __all__ = ["register_catalog", "validate_catalog"]
 
 _INSERT = """
-INSERT INTO ctx.tool_catalogs (release, revision, body)
-SELECT $1, COALESCE(max(revision), 0) + 1, $2::jsonb FROM ctx.tool_catalogs WHERE release = $1
+INSERT INTO ctx.tool_catalogs (tenant, release, revision, body)
+SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.tool_catalogs WHERE tenant = $1 AND release = $2
 RETURNING revision
 """
 
@@ -35,9 +35,9 @@ def validate_catalog(catalog: ToolCatalog) -> None:
                 raise InvalidRequest(f"tool {tool.name}: {path!r} matches no registered path of release {catalog.release}")
 
 
-async def register_catalog(pool: asyncpg.Pool, catalog: ToolCatalog) -> int:
-    """Store ``catalog`` as the next revision of its release; new sessions of the release pin it."""
+async def register_catalog(pool: asyncpg.Pool, tenant: str, catalog: ToolCatalog) -> int:
+    """Store ``catalog`` as the next revision of its release in ``tenant``; its new sessions of the release pin it."""
     validate_catalog(catalog)
     async with pool.acquire() as conn:
         with translate_pg_errors():
-            return int(await conn.fetchval(_INSERT, catalog.release, catalog.model_dump_json()))
+            return int(await conn.fetchval(_INSERT, tenant, catalog.release, catalog.model_dump_json()))

@@ -4,6 +4,11 @@
 publish is dropped by the server within its window and by the recorder after it. ``prepare``
 asks the assembler (request/reply) and raises the typed error of an error reply.
 
+A client speaks for one tenant (``tenant``, ``default`` unless told): every subject it uses names it,
+and the NATS server's permissions decide whether this identity may. Replies come back on inboxes
+under ``_INBOX.<user>``, the only inboxes a runtime identity may subscribe to, so no other client
+can read them.
+
 Every request carries the caller's deadline (``ctx-deadline-ms``, epoch milliseconds), so an
 assembler never computes an answer nobody waits for. While the connection is down the client keeps
 reconnecting, and requests fail at once with ``FleetUnavailable`` instead of hanging until timeout.
@@ -15,6 +20,7 @@ import asyncio
 import json
 import re
 import time
+from urllib.parse import urlsplit
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -58,12 +64,21 @@ from contracts import (
     session_inspect_subject,
 )
 from contracts.ids import is_identifier
-from contracts.subjects import EVENTS_STREAM, events_subject, inspect_subject, msg_id_of, prepare_subject
+from contracts.subjects import (
+    DEFAULT_TENANT,
+    EVENTS_STREAM,
+    check_tenant,
+    events_subject,
+    inspect_subject,
+    msg_id_of,
+    prepare_subject,
+    tenant_subject,
+)
 
 from .errors import CtxError, FleetUnavailable, PayloadTooLarge, PermissionDenied, error_from_reply
 from .settings import redact_url
 
-__all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "msg_id_of"]
+__all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "inbox_prefix", "msg_id_of"]
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
@@ -112,10 +127,16 @@ async def _close_quietly(nc: NatsClient) -> None:
         transport.close()
 
 
-class FleetClient:
-    """A connection to the fleet over NATS."""
+def inbox_prefix(user: str | None) -> str:
+    """The reply inboxes of ``user``: its permissions allow subscribing under this prefix only."""
+    return f"_INBOX.{user}" if user else "_INBOX"
 
-    def __init__(self, nc: NatsClient, denials: _Denials | None = None) -> None:
+
+class FleetClient:
+    """A connection to the fleet over NATS, speaking for one tenant."""
+
+    def __init__(self, nc: NatsClient, denials: _Denials | None = None, *, tenant: str = DEFAULT_TENANT) -> None:
+        self.tenant = check_tenant(tenant)
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
         self._denials = denials or _Denials()
@@ -126,6 +147,7 @@ class FleetClient:
         nats_url: str,
         *,
         name: str = "ctxfleet-client",
+        tenant: str = DEFAULT_TENANT,
         max_reconnect_attempts: int = -1,
         reconnect_wait_s: float = 0.5,
         **options: Any,
@@ -135,6 +157,7 @@ class FleetClient:
         Args:
             nats_url: The server(s), comma-separated for a cluster.
             name: The connection name the server shows.
+            tenant: The tenant this client speaks for; the server refuses it another tenant's subjects.
             max_reconnect_attempts: Reconnect attempts per server after a lost connection; -1 (the
                 default) reconnects for as long as the client lives.
             reconnect_wait_s: Pause between attempts on one server.
@@ -145,11 +168,12 @@ class FleetClient:
                 retried, only a connection that was up and dropped).
         """
         denials = _Denials(options.pop("error_cb", None))
+        options.setdefault("inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username))
         nc = await connect_nats(
             nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s,
             error_cb=denials.on_error, **options,
         )
-        return cls(nc, denials)
+        return cls(nc, denials, tenant=tenant)
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -191,7 +215,7 @@ class FleetClient:
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
         self._ensure_connected(f"cannot append to {thread_id}")
-        subject = events_subject(session, thread_id)
+        subject = events_subject(self.tenant, session, thread_id)
         try:
             ack = await self._denials.guard(
                 subject,
@@ -209,39 +233,46 @@ class FleetClient:
         """The prepared context for the request's thread; raises the fleet's typed errors."""
         thread_id = f"{request.run_id}.{request.instance_id}"
         wait = timeout if timeout is not None else request.wait_ms / 1000 + 10.0
-        body = await self._request(prepare_subject(thread_id), request.model_dump_json().encode(), wait)
+        body = await self._request(prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait)
         return PreparedContext.model_validate_json(body)
 
     async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
         """An operator's view of one thread."""
-        body = await self._request(inspect_subject(thread_id), InspectRequest(limit=limit).model_dump_json().encode(), timeout)
+        request = InspectRequest(limit=limit).model_dump_json().encode()
+        body = await self._request(inspect_subject(self.tenant, thread_id), request, timeout)
         return ThreadInspection.model_validate_json(body)
 
     async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
         """An operator's view of a session: runs, threads, snapshots."""
-        return SessionInspection.model_validate_json(await self._request(session_inspect_subject(session_id), b"{}", timeout))
+        subject = session_inspect_subject(self.tenant, session_id)
+        return SessionInspection.model_validate_json(await self._request(subject, b"{}", timeout))
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
-        return ReadReply.model_validate_json(await self._request(READ, request.model_dump_json().encode(), timeout))
+        return ReadReply.model_validate_json(await self._request(self._of_tenant(READ), request.model_dump_json().encode(), timeout))
 
     async def register_policy(self, policy: ContextPolicy, *, timeout: float = 10.0) -> PolicyRegistered:
         """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
-        body = await self._request(POLICY_REGISTER, policy.model_dump_json().encode(), timeout)
+        body = await self._request(self._of_tenant(POLICY_REGISTER), policy.model_dump_json().encode(), timeout)
         return PolicyRegistered.model_validate_json(body)
 
     async def search(self, request: SearchRequest, *, timeout: float = 10.0) -> SearchReply:
         """Full-text search within the request's session: pointers to read back, not evidence."""
-        return SearchReply.model_validate_json(await self._request(SEARCH, request.model_dump_json().encode(), timeout))
+        body = await self._request(self._of_tenant(SEARCH), request.model_dump_json().encode(), timeout)
+        return SearchReply.model_validate_json(body)
 
     async def operation_status(self, request: OperationStatusRequest, *, timeout: float = 10.0) -> Receipt:
         """The receipt of an operation: ask before re-executing anything after a crash."""
-        return Receipt.model_validate_json(await self._request(OPERATION_STATUS, request.model_dump_json().encode(), timeout))
+        body = await self._request(self._of_tenant(OPERATION_STATUS), request.model_dump_json().encode(), timeout)
+        return Receipt.model_validate_json(body)
 
     async def register_catalog(self, catalog: ToolCatalog, *, timeout: float = 10.0) -> CatalogRegistered:
         """Register a release's tool catalog (tools, declared reads and effects, state paths)."""
-        body = await self._request(TOOLS_REGISTER, catalog.model_dump_json().encode(), timeout)
+        body = await self._request(self._of_tenant(TOOLS_REGISTER), catalog.model_dump_json().encode(), timeout)
         return CatalogRegistered.model_validate_json(body)
+
+    def _of_tenant(self, base: str) -> str:
+        return tenant_subject(base, self.tenant)
 
     def _ensure_connected(self, what: str) -> None:
         # nats-py would buffer the publish and let the caller wait out its whole timeout.

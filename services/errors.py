@@ -8,6 +8,7 @@
     │   ├── DuplicateToolOutcome(call_id)
     │   ├── DuplicateCallId(call_id)
     │   ├── ScopeViolation(thread_id, session_id, owner_session_id)
+    │   │   └── ForeignSession(session_id)
     │   ├── ThreadMismatch(subject_thread, event_thread)
     │   ├── EventKeyConflict(event_key)
     │   ├── MsgIdMismatch(sent, expected)   a Nats-Msg-Id not derived from the event's bytes
@@ -80,6 +81,7 @@ __all__ = [
     "RevisionConflict",
     "RunActive",
     "ScopeViolation",
+    "ForeignSession",
     "StaleStateVersion",
     "StoreUnavailable",
     "ThreadMismatch",
@@ -162,6 +164,16 @@ class ScopeViolation(InvalidEvent):
         )
         # The owner is not echoed on the wire: a dead letter must not leak another session's id.
         self.owner_session_id = owner_session_id
+
+
+
+class ForeignSession(ScopeViolation):
+    """An event naming a session that another tenant's first event created (a scope violation too)."""
+
+    def __init__(self, session_id: str) -> None:
+        # Which tenant owns it is not said: a dead letter must not tell one tenant about another.
+        InvalidEvent.__init__(self, f"session {session_id} belongs to another tenant", session_id=session_id)
+        self.owner_session_id = ""
 
 
 class ThreadMismatch(InvalidEvent):

@@ -8,7 +8,9 @@ decides every write and every rejection. The invariants it enforces, one check e
    (finite numbers, 64-bit integers, bounded depth, no NUL or lone surrogate: ``decode_event``).
 2. The event names the thread of the subject it was published on (``_check_subject``), and a
    ``Nats-Msg-Id`` it carries is derived from its bytes (``_check_msg_id``).
-3. A thread belongs to exactly one session, pinned by its first event (``_check_scope``).
+3. A session belongs to exactly one tenant — the one on the subject of its first event, which the
+   server's permissions vouch for (``_check_tenant``) — and a thread to exactly one session,
+   pinned by its first event (``_check_scope``).
 4. An event key is recorded once per thread; a redelivery with the same content is a no-op, the
    same key with other content is rejected (``_check_key``).
 5. A tool outcome answers a call of its own thread that has no outcome yet (``_check_outcome``).
@@ -48,13 +50,14 @@ from contracts import (
     UserInputEvent,
     decode_event,
 )
-from contracts.subjects import msg_id_of, session_from_partitioned_subject, thread_from_partitioned_subject
+from contracts.subjects import msg_id_of, parse_stored_subject
 
 from .errors import (
     MsgIdMismatch,
     DuplicateCallId,
     DuplicateToolOutcome,
     EventKeyConflict,
+    ForeignSession,
     InvalidEvent,
     OrphanToolOutcome,
     ScopeViolation,
@@ -120,6 +123,8 @@ class Decoded:
     incoming: Incoming
     subject_thread: str
     event: Event
+    # The tenant of the subject the server stored it under: who published it, not what it claims.
+    tenant: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +177,10 @@ class LedgerReads:
     heads: Mapping[str, ThreadHead]
     keys: Mapping[tuple[str, str], KnownKey]
     calls: Mapping[tuple[str, str], CallState]
-    sessions: frozenset[str] = frozenset()
-    policies: frozenset[str] = frozenset({DEFAULT_POLICY_NAME})
+    # The tenant of every known session the batch names.
+    sessions: Mapping[str, str] = field(default_factory=dict)
+    # (tenant, name) of registered policies; tenant ``""`` is a built-in every tenant may name.
+    policies: frozenset[tuple[str, str]] = frozenset({("", DEFAULT_POLICY_NAME)})
     runs: Mapping[str, RunState] = field(default_factory=dict)
     active_runs: Mapping[str, str] = field(default_factory=dict)
     threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
@@ -181,7 +188,8 @@ class LedgerReads:
     releases: Mapping[str, str | None] = field(default_factory=dict)
     states: Mapping[str, StateView] = field(default_factory=dict)
     catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
-    latest_catalogs: Mapping[str, tuple[int, ToolCatalog]] = field(default_factory=dict)
+    # The newest catalog of each (tenant, release) the batch names.
+    latest_catalogs: Mapping[tuple[str, str], tuple[int, ToolCatalog]] = field(default_factory=dict)
     operations: frozenset[tuple[str, str]] = frozenset()
 
 
@@ -269,7 +277,9 @@ class BatchPlan:
     rejections: tuple[Rejection, ...] = ()
     duplicates: tuple[tuple[str, str], ...] = ()
     session_counts: Mapping[str, int] = field(default_factory=dict)
+    # The policy and tenant of each session the batch creates.
     session_policies: Mapping[str, str] = field(default_factory=dict)
+    session_tenants: Mapping[str, str] = field(default_factory=dict)
     new_runs: tuple[RunState, ...] = ()
     run_statuses: Mapping[str, str] = field(default_factory=dict)
     new_threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
@@ -292,8 +302,9 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
     """Decode each message (invariants 1 and 2); order is kept."""
     out: list[Decoded | Rejection] = []
     for incoming in batch:
-        subject_thread = thread_from_partitioned_subject(incoming.subject)
-        subject_session = session_from_partitioned_subject(incoming.subject)
+        stored = parse_stored_subject(incoming.subject)
+        subject_thread = stored.thread_id if stored else None
+        subject_session = stored.session_id if stored else None
         try:
             event = decode_event(incoming.data, max_bytes=limits.max_event_bytes)
         except EventDecodeError as exc:
@@ -306,8 +317,8 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
         except InvalidEvent as exc:
             out.append(_reject(incoming, event, exc))
             continue
-        assert subject_thread is not None
-        out.append(Decoded(incoming, subject_thread, event))
+        assert stored is not None
+        out.append(Decoded(incoming, stored.thread_id, event, stored.tenant))
     return out
 
 
@@ -369,6 +380,7 @@ def plan_batch(
     duplicates: list[tuple[str, str]] = []
     session_counts: dict[str, int] = {}
     session_policies: dict[str, str] = {}
+    tenants: dict[str, str] = dict(reads.sessions)
     life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
     releases: dict[str, str] = {}
     states: dict[str, StateView] = {}
@@ -394,17 +406,19 @@ def plan_batch(
         cursor = cursors.get(thread_id) or _open_cursor(thread_id, event, reads.heads.get(thread_id))
         content_sha = sha256_hex(canonical_json(_identity_and_content(event)))
         try:
+            _check_tenant(item.tenant, event.session_id, tenants)
             _check_scope(cursor, event)
             if _check_key(keys.get((thread_id, event.event_key)), event.event_key, content_sha):
                 duplicates.append((thread_id, event.event_key))
                 continue
             _check_outcome(event, thread_id, calls)
             _check_calls(event, thread_id, calls)
-            policy = _check_policy(event, reads, session_policies)
+            policy = _check_policy(event, item.tenant, reads, session_policies)
             known = event.session_id in reads.sessions or event.session_id in session_policies
             change = life.check(event, thread_id, session_known=known)
-            if not known and event.agent_release and event.agent_release in reads.latest_catalogs:
-                catalogs.setdefault(event.session_id, reads.latest_catalogs[event.agent_release])
+            release = (item.tenant, event.agent_release or "")
+            if not known and event.agent_release and release in reads.latest_catalogs:
+                catalogs.setdefault(event.session_id, reads.latest_catalogs[release])
             _check_operations(event, operations)
             _check_reconcile(event, operations)
             state = states.setdefault(thread_id, _copy_state(reads.states.get(thread_id)))
@@ -416,6 +430,7 @@ def plan_batch(
         cursors[thread_id] = cursor
         if policy is not None:
             session_policies[event.session_id] = policy
+            tenants[event.session_id] = item.tenant
         life.apply(change)
         if change.new_run is not None:
             new_runs.append(change.new_run)
@@ -486,6 +501,7 @@ def plan_batch(
         duplicates=tuple(duplicates),
         session_counts=session_counts,
         session_policies=session_policies,
+        session_tenants={s: tenants[s] for s in session_policies},
         new_runs=tuple(new_runs),
         run_statuses=run_statuses,
         new_threads=new_threads,
@@ -593,14 +609,21 @@ def _counts_as_step(event: Event) -> int:
     return int(isinstance(event, AssistantMessageEvent) and event.payload.purpose == "action")
 
 
-def _check_policy(event: Event, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:
+def _check_policy(event: Event, tenant: str, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:
     """The policy a new session pins (its first event's, else the default); ``None`` if not new."""
     if event.session_id in reads.sessions or event.session_id in chosen:
         return None
     name = event.policy or DEFAULT_POLICY_NAME
-    if name not in reads.policies:
+    if (tenant, name) not in reads.policies and ("", name) not in reads.policies:
         raise UnknownPolicy(name)
     return name
+
+
+def _check_tenant(tenant: str, session_id: str, tenants: Mapping[str, str]) -> None:
+    """A session is its first event's tenant's: another tenant cannot write into it."""
+    owner = tenants.get(session_id)
+    if owner is not None and owner != tenant:
+        raise ForeignSession(session_id)
 
 
 def _open_cursor(thread_id: str, event: Event, head: ThreadHead | None) -> _ThreadCursor:

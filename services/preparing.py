@@ -17,6 +17,7 @@ from dataclasses import replace
 import asyncpg
 
 from contracts import CompactionJob, InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
+from contracts.subjects import DEFAULT_TENANT
 
 from .assemble import Evidence, OverBudget, ThreadSnapshot, assemble_context
 from .budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
@@ -29,7 +30,7 @@ from .scheduling import JobQueue, request_job
 from .store._errors import translate_pg_errors
 from .state import StateView, rebuild_state, state_hash
 from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo, read_session_catalog, read_states
-from .store.views import ViewsRepo
+from .store.views import ScopeRepo, ViewsRepo
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from .views import ThreadView, ViewLoader
 
@@ -78,11 +79,15 @@ class PrepareService:
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
 
-    async def prepare(self, request: PrepareRequest, *, pause: Pause = NO_PAUSE) -> PreparedContext:
+    async def prepare(
+        self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
+    ) -> PreparedContext:
         """The prepared context of the request's thread, reflecting its watermark event.
 
         Args:
             request: What to prepare.
+            tenant: Whose request it is (from the subject the server delivered it on): another
+                tenant's thread is reported exactly like a missing one.
             pause: Released while the request only waits (for its event or a compaction), so the
                 caller's compute slot serves other requests meanwhile.
         """
@@ -90,8 +95,8 @@ class PrepareService:
         budget = resolve_budget(request, BUILTIN_PROFILES)
         counter = _counter(budget)
         if request.after_event_key is not None:
-            await self._await_event(thread_id, request.after_event_key, request.wait_ms, pause)
-        view = await self._view(thread_id, request.session_id, request.principal_id)
+            await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
+        view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
         snapshot = view.snapshot()
         if request.evidence:
@@ -122,11 +127,11 @@ class PrepareService:
             out.append(Evidence(ref.thread_id, ref.seq, row["event_key"], row["kind"], row["content_sha256"], row["record_hash"], text))
         return tuple(out)
 
-    async def _view(self, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
+    async def _view(self, tenant: str, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
         with translate_pg_errors(thread_id):
             async with self._pool.acquire() as conn:
                 return await self._loader.load(
-                    conn, thread_id, session_id=session_id, principal_id=principal_id, enforce_principal=True
+                    conn, thread_id, tenant=tenant, session_id=session_id, principal_id=principal_id, enforce_principal=True
                 )
 
     async def _await_compaction(
@@ -156,7 +161,7 @@ class PrepareService:
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
                 await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
-                current = await self._view(thread_id, request.session_id, request.principal_id)
+                current = await self._view(view.scope.tenant, thread_id, request.session_id, request.principal_id)
                 if current.state.view_revision == revision:
                     if current.state.pending_fingerprint is not None:
                         continue
@@ -192,12 +197,12 @@ class PrepareService:
                     conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
                 )
 
-    async def inspect(self, thread_id: str, request: InspectRequest) -> ThreadInspection:
-        """A thread's head, verified chain and latest records."""
+    async def inspect(self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT) -> ThreadInspection:
+        """A thread's head, verified chain and latest records (``ThreadNotFound`` if not ``tenant``'s)."""
         with translate_pg_errors(thread_id):
             async with self._pool.acquire() as conn:
                 head = await HeadsRepo.select_head(conn, thread_id)
-                if head is None:
+                if head is None or (await ScopeRepo.of_thread(conn, thread_id)).tenant != tenant:
                     raise ThreadNotFound(thread_id)
                 count, tokens = await RecordsRepo.totals(conn, thread_id)
                 chain_error = verify_chain(thread_id, await RecordsRepo.select_links(conn, thread_id))
@@ -245,7 +250,8 @@ class PrepareService:
             state_verified=state_hash(stored) == state_hash(replayed),
         )
 
-    async def _await_event(self, thread_id: str, event_key: str, wait_ms: int, pause: Pause) -> None:
+    async def _await_event(self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause) -> None:
+        # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
         started = time.monotonic()
         deadline = started + wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
@@ -253,9 +259,9 @@ class PrepareService:
                 woken.clear()
                 with translate_pg_errors(thread_id):
                     async with self._pool.acquire() as conn:
-                        if await RecordsRepo.find_event(conn, thread_id, event_key) is not None:
+                        if await RecordsRepo.find_event(conn, tenant, thread_id, event_key) is not None:
                             return
-                        rejected = await DeadLettersRepo.find(conn, thread_id, event_key)
+                        rejected = await DeadLettersRepo.find(conn, tenant, thread_id, event_key)
                 if rejected is not None:
                     raise EventRejected(event_key, rejected[0], rejected[1])
                 remaining = deadline - time.monotonic()

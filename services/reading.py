@@ -16,7 +16,8 @@ _SELECT_BLOB = """
 SELECT b.content FROM ctx.blobs b
 WHERE b.sha256 = $2
   AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
-  AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND (s.principal_id IS NULL OR s.principal_id = $3))
+  AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND s.tenant = $4
+              AND (s.principal_id IS NULL OR s.principal_id = $3))
 """
 
 
@@ -28,12 +29,15 @@ def verified_blob(content: bytes, sha: str) -> bytes:
     return content
 
 
-async def read_range(pool: asyncpg.Pool, request: ReadRequest) -> ReadReply:
-    """The requested range after re-reading the content and checking its sha256."""
+async def read_range(pool: asyncpg.Pool, request: ReadRequest, *, tenant: str) -> ReadReply:
+    """The requested range after re-reading the content and checking its sha256.
+
+    Only content a session of ``tenant`` recorded: another tenant's looks exactly like missing content.
+    """
     sha = request.ref.rsplit("/", 1)[1]
     async with pool.acquire() as conn:
         with translate_pg_errors():
-            content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha, request.principal_id)
+            content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha, request.principal_id, tenant)
     if content is None:
         raise ContentNotFound(request.ref)
     data = verified_blob(bytes(content), sha)

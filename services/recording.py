@@ -278,10 +278,12 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
 def _touched(
     decoded: Sequence[Decoded | Rejection],
 ) -> tuple[
-    list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str], list[str], list[tuple[str, str]]
+    list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str],
+    list[tuple[str, str]], list[tuple[str, str]], list[str],
 ]:
     sessions: dict[str, None] = {}
-    releases: dict[str, None] = {}
+    tenants: dict[str, None] = {}
+    releases: dict[tuple[str, str], None] = {}
     operations: dict[tuple[str, str], None] = {}
     runs: dict[str, None] = {}
     parents: dict[str, None] = {}
@@ -294,9 +296,10 @@ def _touched(
         thread = item.subject_thread
         threads[thread] = None
         sessions[item.event.session_id] = None
+        tenants[item.tenant] = None
         runs[item.event.run_id] = None
         if item.event.agent_release:
-            releases[item.event.agent_release] = None
+            releases[(item.tenant, item.event.agent_release)] = None
         if isinstance(item.event, OperationReconcileEvent):
             operations[(item.event.session_id, item.event.payload.operation_id)] = None
         if item.event.parent_instance_id is not None:
@@ -309,7 +312,10 @@ def _touched(
                 calls[(thread, call.call_id)] = None
                 if call.operation_id is not None:
                     operations[(item.event.session_id, call.operation_id)] = None
-    return list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases), list(operations)
+    return (
+        list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases),
+        list(operations), list(tenants),
+    )
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

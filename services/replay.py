@@ -34,7 +34,7 @@ from contracts import (
 )
 
 from .client import FleetClient
-from .errors import CtxError
+from .errors import CtxError, PermissionDenied
 from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, RenderedCall, arguments_json, content_of, count_record
 from .tokens import ENCODINGS, counter_for
 from .trace import TraceLine
@@ -194,11 +194,7 @@ async def replay_trace(
         last_key[thread] = event.event_key
         full_so_far[thread] = full_so_far.get(thread, 0) + full_history_tokens(event)
     ok_prepares = [p for p in report.prepares if "error" not in p]
-    compactions, failures = 0, 0
-    for thread_id in last_key:
-        inspection = await client.inspect(thread_id, limit=1)
-        compactions += inspection.summaries
-        failures += inspection.compaction_failures
+    compactions, failures = await _compactions(client, list(last_key))
     report.totals = {
         "session_id": options.session_id,
         "events": len(lines),
@@ -215,6 +211,20 @@ async def replay_trace(
         "reductions": sum(_int(p.get("reductions", 0)) for p in ok_prepares),
     }
     return report
+
+
+async def _compactions(client: FleetClient, thread_ids: list[str]) -> tuple[int | None, int | None]:
+    """Summaries and failed compactions of the threads; ``None`` for an identity that may not inspect
+    (a tenant's runtime: inspecting is the operator's)."""
+    compactions, failures = 0, 0
+    try:
+        for thread_id in thread_ids:
+            inspection = await client.inspect(thread_id, limit=1)
+            compactions += inspection.summaries
+            failures += inspection.compaction_failures
+    except PermissionDenied:
+        return None, None
+    return compactions, failures
 
 
 def _int(value: JsonValue | None) -> int:

@@ -11,7 +11,7 @@ from .store._errors import translate_pg_errors
 
 __all__ = ["search"]
 
-_SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1"
+_SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1 AND tenant = $2"
 # Visibility is the WHERE clause: only this session's chunks, whatever scope the request names.
 # Ranking reads every candidate's tsvector, so a common word over a huge session is ranked among
 # its most recent matches only (_CANDIDATES); rare identifiers and error codes are unaffected.
@@ -40,11 +40,11 @@ LIMIT $6
 """
 
 
-async def search(pool: asyncpg.Pool, request: SearchRequest) -> SearchReply:
-    """The best hits of the query in the request's session (nothing from any other session)."""
+async def search(pool: asyncpg.Pool, request: SearchRequest, *, tenant: str) -> SearchReply:
+    """The best hits of the query in the request's session of ``tenant`` (nothing from any other session)."""
     async with pool.acquire() as conn:
         with translate_pg_errors():
-            session = await conn.fetchrow(_SESSION, request.session_id)
+            session = await conn.fetchrow(_SESSION, request.session_id, tenant)
             if session is None or (session["principal_id"] is not None and session["principal_id"] != request.principal_id):
                 raise ThreadNotFound(f"session {request.session_id}")
             rows = await conn.fetch(

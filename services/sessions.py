@@ -11,7 +11,7 @@ from .store._errors import translate_pg_errors
 
 __all__ = ["inspect_session"]
 
-_SESSION = "SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions WHERE session_id = $1"
+_SESSION = "SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions WHERE session_id = $1 AND tenant = $2"
 _RUNS = "SELECT run_id, status, main_thread_id, snapshot_through FROM ctx.runs WHERE session_id = $1 ORDER BY snapshot_through, created_at"
 _THREADS = """
 SELECT h.thread_id, h.run_id, h.role, h.parent_thread_id, h.last_seq,
@@ -22,11 +22,11 @@ WHERE h.session_id = $1 ORDER BY h.created_at, h.thread_id
 """
 
 
-async def inspect_session(pool: asyncpg.Pool, session_id: str) -> SessionInspection:
-    """Everything recorded about a session's structure."""
+async def inspect_session(pool: asyncpg.Pool, tenant: str, session_id: str) -> SessionInspection:
+    """Everything recorded about the structure of a session of ``tenant``."""
     async with pool.acquire() as conn:
         with translate_pg_errors():
-            session = await conn.fetchrow(_SESSION, session_id)
+            session = await conn.fetchrow(_SESSION, session_id, tenant)
             if session is None:
                 raise ThreadNotFound(f"session {session_id}")
             runs = await conn.fetch(_RUNS, session_id)

@@ -20,6 +20,8 @@ from pydantic import Field, FilePath, SecretStr, ValidationError, field_validato
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from contracts.subjects import DEFAULT_TENANT, check_tenant
+
 from .errors import InvalidConfiguration
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "default_data_dir",
     "load_settings",
     "parse_partitions",
+    "parse_tenants",
     "redact_url",
 ]
 
@@ -81,6 +84,14 @@ def parse_partitions(spec: str, partitions: int, *, pod_name: str | None = None)
     if bad:
         raise ValueError(f"partitions {bad} are outside 0..{partitions - 1}")
     return tuple(sorted(set(chosen)))
+
+
+def parse_tenants(spec: str) -> tuple[str, ...]:
+    """``"default,acme"`` → ``("default", "acme")``; raises ``ValueError`` for a name that cannot be a tenant."""
+    tenants = tuple(dict.fromkeys(check_tenant(t.strip()) for t in spec.split(",") if t.strip()))
+    if not tenants:
+        raise ValueError("name at least one tenant")
+    return tenants
 
 
 def redact_url(url: str | None) -> str:
@@ -154,6 +165,10 @@ class Settings(BaseSettings):
     # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.
     database_password: SecretStr | None = None
     db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
+    # The tenants whose runtime users the embedded server and `python -m infra.nats_accounts` generate.
+    tenants: str = DEFAULT_TENANT
+    # The tenant the CLI and a client built from these settings speak for.
+    tenant: str = DEFAULT_TENANT
     # What this process runs.
     workers: str = ",".join(WORKER_NAMES)
     partitions: Annotated[int, Field(ge=1, le=1024)] = 16
@@ -250,7 +265,17 @@ class Settings(BaseSettings):
         if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
             raise ValueError("CTX_NATS_TLS_CERT_FILE and CTX_NATS_TLS_KEY_FILE go together")
         self.owned_partitions()  # a bad CTX_RECORDER_PARTITIONS stops the process here, not at first fetch
+        try:
+            self.tenant_names  # noqa: B018 -- validates CTX_TENANTS at start
+            check_tenant(self.tenant)
+        except ValueError as exc:
+            raise ValueError(f"CTX_TENANTS={self.tenants!r} / CTX_TENANT={self.tenant!r}: {exc}") from None
         return self
+
+    @property
+    def tenant_names(self) -> tuple[str, ...]:
+        """The configured tenants (``CTX_TENANTS``), each a valid subject token, in order, once each."""
+        return parse_tenants(self.tenants)
 
     @property
     def database_dsn(self) -> str | None:

@@ -169,7 +169,7 @@ class ViewLoader:
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._cache_threads = cache_threads
         self._locks: dict[str, asyncio.Lock] = {}
-        self._policies: dict[tuple[str, int], ContextPolicy] = {}
+        self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
         self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
         self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
@@ -179,19 +179,22 @@ class ViewLoader:
         conn: Conn,
         thread_id: str,
         *,
+        tenant: str | None = None,
         session_id: str | None = None,
         principal_id: str | None = None,
         enforce_principal: bool = False,
     ) -> ThreadView:
         """The view of ``thread_id``: what it inherited, what was exported to it, and its own records.
 
-        ThreadNotFound if it has no records, or belongs to another session or principal — a foreign
-        thread is reported exactly like a missing one, so ids cannot be probed.
+        ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
+        foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
         head = await HeadsRepo.select_head(conn, thread_id)
         if head is None or (session_id is not None and head.session_id != session_id):
             raise ThreadNotFound(thread_id)
         scope = await ScopeRepo.of_thread(conn, thread_id)
+        if tenant is not None and scope.tenant != tenant:
+            raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
             raise ThreadNotFound(thread_id)
         own = await self._records(conn, thread_id, head)
@@ -202,8 +205,8 @@ class ViewLoader:
         if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
             if await self._adopt(conn, head, scope, records, state):
                 state = await ViewsRepo.load(conn, thread_id)
-        name, revision = await PoliciesRepo.of_session(conn, head.session_id) or ("default", 1)
-        policy = await self._policy(conn, name, revision)
+        _, name, revision = await PoliciesRepo.of_session(conn, head.session_id) or (scope.tenant, "default", 1)
+        policy = await self._policy(conn, scope.tenant, name, revision)
         facts = (await read_states(conn, [thread_id])).get(thread_id)
         catalog = await read_session_catalog(conn, head.session_id)
         skeleton = self._skeleton(state, records, thread_id)
@@ -263,11 +266,11 @@ class ViewLoader:
                 return await ViewsRepo.adopt(conn, head.thread_id, state.view_revision, candidate)
         return False
 
-    async def _policy(self, conn: Conn, name: str, revision: int) -> ContextPolicy:
-        key = (name, revision)
+    async def _policy(self, conn: Conn, tenant: str, name: str, revision: int) -> ContextPolicy:
+        key = (tenant, name, revision)
         policy = self._policies.get(key)
         if policy is None:
-            found = await PoliciesRepo.get(conn, name, revision)
+            found = await PoliciesRepo.get(conn, tenant, name, revision)
             if found is None:
                 raise ThreadNotFound(f"policy {name}@{revision}")
             policy = self._policies[key] = found[1]

@@ -1,4 +1,7 @@
-"""assembler: answers ``ctx.prepare.<run>.<instance>`` and ``ctx.inspect.<run>.<instance>``.
+"""assembler: answers ``ctx.prepare.<tenant>.<run>.<instance>`` and ``ctx.inspect.<tenant>.<run>.<instance>``.
+
+The tenant is the subject's: the NATS server only delivers a request there from an identity its
+permissions allow on that tenant's subjects, so no payload can claim another tenant.
 
 Core NATS request/reply in the ``assembler`` queue group, so replicas share the load. Bodies are
 decoded raw: a bad request must get a typed error reply, which FastStream's own validation
@@ -60,7 +63,7 @@ class AssemblerWorker:
         tasks = admission.limits.max_tasks
 
         @r.subscriber(
-            f"{PREPARE}.{{run_id}}.{{instance_id}}",
+            f"{PREPARE}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             decoder=raw_body,
             max_workers=tasks,
@@ -68,12 +71,14 @@ class AssemblerWorker:
             description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
         async def on_prepare(
-            body: bytes, message: NatsMessage, run_id: str = Path(), instance_id: str = Path()
+            body: bytes, message: NatsMessage, tenant: str = Path(), run_id: str = Path(), instance_id: str = Path()
         ) -> NatsResponse:
-            return await admitted(admission, message.headers, lambda slot: self._prepare(body, run_id, instance_id, slot))
+            return await admitted(
+                admission, message.headers, lambda slot: self._prepare(body, tenant, run_id, instance_id, slot)
+            )
 
         @r.subscriber(
-            f"{INSPECT}.{{run_id}}.{{instance_id}}",
+            f"{INSPECT}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             decoder=raw_body,
             max_workers=tasks,
@@ -81,9 +86,11 @@ class AssemblerWorker:
             description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
         )
         async def on_inspect(
-            body: bytes, message: NatsMessage, run_id: str = Path(), instance_id: str = Path()
+            body: bytes, message: NatsMessage, tenant: str = Path(), run_id: str = Path(), instance_id: str = Path()
         ) -> NatsResponse:
-            return await admitted(admission, message.headers, lambda _slot: self._inspect(body, f"{run_id}.{instance_id}"))
+            return await admitted(
+                admission, message.headers, lambda _slot: self._inspect(body, tenant, f"{run_id}.{instance_id}")
+            )
 
         @r.subscriber(
             f"{RECORDED}.{{run_id}}.{{instance_id}}",
@@ -103,7 +110,7 @@ class AssemblerWorker:
         async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
 
-    async def _prepare(self, body: bytes, run_id: str, instance_id: str, slot: Slot) -> NatsResponse:
+    async def _prepare(self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot) -> NatsResponse:
         started = time.perf_counter()
         purpose = "unknown"
         try:
@@ -113,7 +120,7 @@ class AssemblerWorker:
                 raise InvalidRequest(
                     f"request for thread {request.run_id}.{request.instance_id} sent on the subject of {run_id}.{instance_id}"
                 )
-            prepared = await self._require_service().prepare(request, pause=slot)
+            prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
@@ -143,10 +150,10 @@ class AssemblerWorker:
             m.prepare_compaction_wait_seconds.observe(prepared.compaction_wait_ms / 1000)
         return NatsResponse(prepared.model_dump_json().encode(), headers={"ctx-status": "ok"})
 
-    async def _inspect(self, body: bytes, thread_id: str) -> NatsResponse:
+    async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
         try:
             request = parse_body(InspectRequest, body) if body else InspectRequest()
-            inspection = await self._require_service().inspect(thread_id, request)
+            inspection = await self._require_service().inspect(thread_id, request, tenant=tenant)
         except Exception as exc:
             reply = error_reply(exc)
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})

@@ -59,34 +59,39 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: 
             raise CtxError("this process has no store attached")
         return pool
 
-    @router.subscriber(READ, queue="assembler", decoder=raw_body, max_workers=tasks, title="read",
+    # Every endpoint's subject ends in the asking tenant (``{tenant}``): the server's permissions vouch for it.
+    @router.subscriber(f"{READ}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="read",
                        description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.")
-    async def on_read(body: bytes, message: NatsMessage) -> NatsResponse:
-        response = await serve(message, lambda: read_range(store(), parse_body(ReadRequest, body)))
+    async def on_read(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+        response = await serve(message, lambda: read_range(store(), parse_body(ReadRequest, body), tenant=tenant))
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(SEARCH, queue="assembler", decoder=raw_body, max_workers=tasks, title="search",
+    @router.subscriber(f"{SEARCH}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="search",
                        description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.")
-    async def on_search(body: bytes, message: NatsMessage) -> NatsResponse:
+    async def on_search(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         with metrics.search_seconds.time():
-            response = await serve(message, lambda: search(store(), parse_body(SearchRequest, body)))
+            response = await serve(message, lambda: search(store(), parse_body(SearchRequest, body), tenant=tenant))
         metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(OPERATION_STATUS, queue="assembler", decoder=raw_body, max_workers=tasks, title="operation.status",
-                       description="OperationStatusRequest in, Receipt or ErrorReply out.")
-    async def on_operation(body: bytes, message: NatsMessage) -> NatsResponse:
-        return await serve(message, lambda: operation_status(store(), parse_body(OperationStatusRequest, body)))
+    @router.subscriber(f"{OPERATION_STATUS}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
+                       title="operation.status", description="OperationStatusRequest in, Receipt or ErrorReply out.")
+    async def on_operation(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+        return await serve(
+            message, lambda: operation_status(store(), parse_body(OperationStatusRequest, body), tenant=tenant)
+        )
 
-    @router.subscriber(f"{SESSION_INSPECT}.{{session_id}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="session.inspect",
+    @router.subscriber(f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}", queue="assembler", decoder=raw_body, max_workers=tasks,
+                       title="session.inspect",
                        description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).")
-    async def on_session(body: bytes, message: NatsMessage, session_id: str = Path()) -> NatsResponse:
-        return await serve(message, lambda: inspect_session(store(), session_id))
+    async def on_session(body: bytes, message: NatsMessage, tenant: str = Path(), session_id: str = Path()) -> NatsResponse:
+        return await serve(message, lambda: inspect_session(store(), tenant, session_id))
 
-    @router.subscriber(POLICY_REGISTER, queue="assembler", decoder=raw_body, max_workers=tasks, title="policy.register",
+    @router.subscriber(f"{POLICY_REGISTER}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
+                       title="policy.register",
                        description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.")
-    async def on_policy(body: bytes, message: NatsMessage) -> NatsResponse:
+    async def on_policy(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> PolicyRegistered:
             try:
                 policy = parse_body(ContextPolicy, body)
@@ -95,16 +100,17 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: 
             policy_budget(policy)
             with translate_pg_errors():
                 async with store().acquire() as conn:
-                    return PolicyRegistered(name=policy.name, revision=await PoliciesRepo.register(conn, policy))
+                    return PolicyRegistered(name=policy.name, revision=await PoliciesRepo.register(conn, tenant, policy))
 
         return await serve(message, register)
 
-    @router.subscriber(TOOLS_REGISTER, queue="assembler", decoder=raw_body, max_workers=tasks, title="tools.register",
+    @router.subscriber(f"{TOOLS_REGISTER}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
+                       title="tools.register",
                        description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.")
-    async def on_tools(body: bytes, message: NatsMessage) -> NatsResponse:
+    async def on_tools(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> CatalogRegistered:
             catalog = parse_body(ToolCatalog, body)
-            return CatalogRegistered(release=catalog.release, revision=await register_catalog(store(), catalog))
+            return CatalogRegistered(release=catalog.release, revision=await register_catalog(store(), tenant, catalog))
 
         return await serve(message, register)
 

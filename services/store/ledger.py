@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, TypeAlias
 import asyncpg
 
 from contracts import DEFAULT_POLICY_NAME, ToolCatalog
+from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
 from ..baseline import PositionReset, Positions
 from ..errors import RevisionConflict
@@ -70,12 +71,12 @@ JOIN unnest($1::text[], $2::text[]) AS k(thread_id, call_id)
   ON c.thread_id = k.thread_id AND c.call_id = k.call_id
 """
 _BUMP_SESSION = """
-INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision)
-VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3))
+INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision, tenant)
+VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3 AND tenant IN ($4, '')), $4)
 ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
 RETURNING last_seq
 """
-_SELECT_SESSIONS = "SELECT session_id, principal_id, agent_release FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_SESSIONS = "SELECT session_id, tenant, principal_id, agent_release FROM ctx.sessions WHERE session_id = ANY($1::text[])"
 _SELECT_RUNS = """
 SELECT run_id, session_id, status, main_thread_id FROM ctx.runs
 WHERE run_id = ANY($1::text[]) OR (session_id = ANY($2::text[]) AND status = 'active')
@@ -98,7 +99,7 @@ SET view_revision = v.view_revision + 1, summary_id = NULL, covered_to = 0, base
 FROM ctx.thread_heads h WHERE h.thread_id = v.thread_id AND h.session_id = $1
 """
 _SET_THREAD_ROLE = "UPDATE ctx.thread_heads SET role = $2, parent_thread_id = $3 WHERE thread_id = $1"
-_SELECT_POLICY_NAMES = "SELECT DISTINCT name FROM ctx.policies"
+_SELECT_POLICY_NAMES = "SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($1::text[]) OR tenant = ''"
 _INSERT_HEAD = """
 INSERT INTO ctx.thread_heads
     (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
@@ -142,12 +143,13 @@ FROM ctx.state_facts WHERE thread_id = ANY($1::text[]) AND is_current
 _SELECT_VERSIONS = "SELECT thread_id, aggregate, version FROM ctx.state_versions WHERE thread_id = ANY($1::text[])"
 _SESSION_CATALOGS = """
 SELECT s.session_id, c.revision, c.body FROM ctx.sessions s
-JOIN ctx.tool_catalogs c ON c.release = s.agent_release AND c.revision = s.catalog_revision
+JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release AND c.revision = s.catalog_revision
 WHERE s.session_id = ANY($1::text[])
 """
 _LATEST_CATALOGS = """
-SELECT DISTINCT ON (release) release, revision, body FROM ctx.tool_catalogs
-WHERE release = ANY($1::text[]) ORDER BY release, revision DESC
+SELECT DISTINCT ON (c.tenant, c.release) c.tenant, c.release, c.revision, c.body FROM ctx.tool_catalogs c
+JOIN unnest($1::text[], $2::text[]) AS k(tenant, release) ON c.tenant = k.tenant AND c.release = k.release
+ORDER BY c.tenant, c.release, c.revision DESC
 """
 _RETIRE_FACT = """
 UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3 WHERE thread_id = $1 AND path = $2 AND is_current
@@ -188,8 +190,8 @@ WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS N
 """
 _INSERT_DEAD = """
 INSERT INTO ctx.dead_letters (thread_id, event_key, code, reason, details, subject, stream_seq,
-                              raw_sha256, raw_size, raw, raw_truncated)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
+                              raw_sha256, raw_size, raw, raw_truncated, tenant)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12)
 ON CONFLICT ON CONSTRAINT dead_letters_once DO NOTHING
 """
 _UPSERT_TRACKING = """
@@ -249,9 +251,13 @@ JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.th
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 ORDER BY r.session_seq
 """
-_FIND_EVENT = "SELECT seq FROM ctx.records WHERE thread_id = $1 AND event_key = $2"
+_FIND_EVENT = """
+SELECT r.seq FROM ctx.records r JOIN ctx.sessions s ON s.session_id = r.session_id
+WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3
+"""
 _FIND_DEAD = """
-SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1 AND event_key = $2 ORDER BY id DESC LIMIT 1
+SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1 AND event_key = $2 AND tenant = $3
+ORDER BY id DESC LIMIT 1
 """
 _SELECT_LINKS = """
 SELECT seq, content_sha256, prev_hash, record_hash FROM ctx.records WHERE thread_id = $1 ORDER BY seq
@@ -299,8 +305,9 @@ async def read_for_batch(
     session_ids: Sequence[str] = (),
     run_ids: Sequence[str] = (),
     extra_threads: Sequence[str] = (),
-    release_names: Sequence[str] = (),
+    release_names: Sequence[tuple[str, str]] = (),
     operation_ids: Sequence[tuple[str, str]] = (),
+    tenants: Sequence[str] = (),
 ) -> LedgerReads:
     """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
     heads = {
@@ -320,10 +327,10 @@ async def read_for_batch(
         for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
     } if calls else {}
     session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
-    sessions = frozenset(r["session_id"] for r in session_rows)
+    sessions = {r["session_id"]: r["tenant"] for r in session_rows}
     principals = {r["session_id"]: r["principal_id"] for r in session_rows}
     releases = {r["session_id"]: r["agent_release"] for r in session_rows}
-    policies = frozenset(r["name"] for r in await conn.fetch(_SELECT_POLICY_NAMES))
+    policies = frozenset((r["tenant"], r["name"]) for r in await conn.fetch(_SELECT_POLICY_NAMES, list(tenants)))
     runs: dict[str, RunState] = {}
     active: dict[str, str] = {}
     for r in await conn.fetch(_SELECT_RUNS, list(run_ids), list(session_ids)):
@@ -344,8 +351,8 @@ async def read_for_batch(
         for r in await conn.fetch(_SELECT_OPERATIONS, [o[0] for o in operation_ids], [o[1] for o in operation_ids])
     ) if operation_ids else frozenset()
     latest = {
-        r["release"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
-        for r in await conn.fetch(_LATEST_CATALOGS, list(release_names))
+        (r["tenant"], r["release"]): (r["revision"], ToolCatalog.model_validate_json(r["body"]))
+        for r in await conn.fetch(_LATEST_CATALOGS, [k[0] for k in release_names], [k[1] for k in release_names])
     } if release_names else {}
     return LedgerReads(
         heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
@@ -387,7 +394,9 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
     for session_id in sorted(plan.session_counts):
         n = plan.session_counts[session_id]
         policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
-        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy) - n
+        # The tenant only matters to a session this batch creates; a known one keeps its own.
+        tenant = plan.session_tenants.get(session_id, DEFAULT_TENANT)
+        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy, tenant) - n
     for session_id, principal in sorted(plan.principals.items()):
         await conn.execute(_SET_PRINCIPAL, session_id, principal)
     for session_id, release in sorted(plan.releases.items()):
@@ -590,12 +599,13 @@ class DeadLettersRepo:
             len(raw),
             raw[:keep_raw],
             truncated,
+            stored.tenant if (stored := parse_stored_subject(rejection.incoming.subject)) else DEFAULT_TENANT,
         )
 
     @staticmethod
-    async def find(conn: Conn, thread_id: str, event_key: str) -> tuple[str, str] | None:
-        """``(code, reason)`` of the latest rejection of this event, if any."""
-        row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key)
+    async def find(conn: Conn, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
+        """``(code, reason)`` of the latest rejection of this event published by ``tenant``, if any."""
+        row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key, tenant)
         return None if row is None else (row["code"], row["reason"])
 
     @staticmethod
@@ -702,9 +712,9 @@ class RecordsRepo:
         return [_ledger_record(r) for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])]
 
     @staticmethod
-    async def find_event(conn: Conn, thread_id: str, event_key: str) -> int | None:
-        """The seq at which an event key was recorded in a thread, if it was."""
-        seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key)
+    async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
+        """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
+        seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
         return None if seq is None else int(seq)
 
     @staticmethod

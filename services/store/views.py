@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts import ContextPolicy
+from contracts.subjects import DEFAULT_TENANT
 
 from ..compaction.model import StructuredSummary
 from ..compaction.policy import Counters, Throttle
@@ -18,7 +19,7 @@ from .ledger import Conn
 __all__ = ["Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo"]
 
 _THREAD_SCOPE = """
-SELECT h.role, h.parent_thread_id, s.principal_id, s.reset_seq, COALESCE(r.snapshot_through, 0) AS snapshot_through,
+SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq, COALESCE(r.snapshot_through, 0) AS snapshot_through,
        r.status AS run_status
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
@@ -51,6 +52,7 @@ class ThreadScope:
 
     role: str = "main"
     parent_thread_id: str | None = None
+    tenant: str = DEFAULT_TENANT
     principal_id: str | None = None
     reset_seq: int = 0
     snapshot_through: int = 0
@@ -76,16 +78,22 @@ class ScopeRepo:
         r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
         if r is None:
             return ThreadScope()
-        return ThreadScope(r["role"], r["parent_thread_id"], r["principal_id"], r["reset_seq"], r["snapshot_through"], r["run_status"])
+        return ThreadScope(
+            r["role"], r["parent_thread_id"], r["tenant"], r["principal_id"], r["reset_seq"], r["snapshot_through"],
+            r["run_status"],
+        )
 
-_SELECT_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 AND revision = $2"
-_LATEST_POLICY = "SELECT revision, body FROM ctx.policies WHERE name = $1 ORDER BY revision DESC LIMIT 1"
+# A tenant sees its own policies and the shared built-ins (tenant ''); revisions number across both.
+_SELECT_POLICY = "SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 AND revision = $3"
+_LATEST_POLICY = """
+SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 ORDER BY revision DESC LIMIT 1
+"""
 _INSERT_POLICY = """
-INSERT INTO ctx.policies (name, revision, body)
-SELECT $1, COALESCE(max(revision), 0) + 1, $2::jsonb FROM ctx.policies WHERE name = $1
+INSERT INTO ctx.policies (tenant, name, revision, body)
+SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2
 RETURNING revision
 """
-_SESSION_POLICY = "SELECT policy_name, policy_revision FROM ctx.sessions WHERE session_id = $1"
+_SESSION_POLICY = "SELECT tenant, policy_name, policy_revision FROM ctx.sessions WHERE session_id = $1"
 _ENSURE_VIEW = "INSERT INTO ctx.thread_views (thread_id) VALUES ($1) ON CONFLICT (thread_id) DO NOTHING"
 _SELECT_VIEW = """
 SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
@@ -208,23 +216,27 @@ class PoliciesRepo:
     """Named, immutable policy revisions."""
 
     @staticmethod
-    async def register(conn: Conn, policy: ContextPolicy) -> int:
-        """Store ``policy`` as the next revision of its name; returns the revision."""
-        return int(await conn.fetchval(_INSERT_POLICY, policy.name, policy.model_dump_json()))
+    async def register(conn: Conn, tenant: str, policy: ContextPolicy) -> int:
+        """Store ``policy`` as the next revision of its name in ``tenant``; returns the revision."""
+        return int(await conn.fetchval(_INSERT_POLICY, tenant, policy.name, policy.model_dump_json()))
 
     @staticmethod
-    async def get(conn: Conn, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
-        """A revision of a policy (the latest when ``revision`` is None)."""
-        row = await (conn.fetchrow(_LATEST_POLICY, name) if revision is None else conn.fetchrow(_SELECT_POLICY, name, revision))
+    async def get(conn: Conn, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+        """A revision of a policy ``tenant`` may use (the latest when ``revision`` is None)."""
+        row = await (
+            conn.fetchrow(_LATEST_POLICY, tenant, name)
+            if revision is None
+            else conn.fetchrow(_SELECT_POLICY, tenant, name, revision)
+        )
         if row is None:
             return None
         return int(row["revision"]), ContextPolicy.model_validate_json(row["body"])
 
     @staticmethod
-    async def of_session(conn: Conn, session_id: str) -> tuple[str, int] | None:
-        """The policy name and revision a session pinned."""
+    async def of_session(conn: Conn, session_id: str) -> tuple[str, str, int] | None:
+        """The tenant of a session, and the policy name and revision it pinned."""
         row = await conn.fetchrow(_SESSION_POLICY, session_id)
-        return None if row is None else (str(row["policy_name"]), int(row["policy_revision"]))
+        return None if row is None else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
 
 
 def _throttle_json(throttle: Throttle | None) -> str | None:

@@ -117,7 +117,7 @@ class Runtime:
         for event in self.late:
             data = event.model_dump_json().encode()
             await js.publish(
-                events_subject(event.session_id, event.thread_id), data, stream=EVENTS_STREAM,
+                events_subject(self.client.tenant, event.session_id, event.thread_id), data, stream=EVENTS_STREAM,
                 headers={},  # no Nats-Msg-Id: as if past the duplicate window, so only Postgres dedups
             )
             self.publishes += 1

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from contracts.jobs import JOBS_STREAM
-from infra.nats_accounts import password_variable, worker_permissions
+from infra.nats_accounts import grants, password_variable
 from services.settings import Settings
 from workers.compactor import COMPACTOR_DURABLE
 
@@ -478,7 +478,7 @@ def test_nats_users_and_permissions_match_infra_nats_accounts() -> None:
             "subscribe": _rule(g.subscribe),
             "allow_responses": g.allow_responses,
         }
-        for name, g in worker_permissions().items()
+        for name, g in grants().items()
     }
     configured = {}
     for user in nats_values()["config"]["merge"]["authorization"]["users"]:

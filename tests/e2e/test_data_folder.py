@@ -153,7 +153,7 @@ async def test_up_after_sigkill_stops_the_orphans_and_records_what_they_acked_ex
         runtime = load_credentials(crashed.data)
         assert runtime is not None  # the broker is closed: a runtime connects as the generated `runtime` user
         async with await FleetClient.connect(
-            f"nats://127.0.0.1:{orphans['nats-server']['port']}", user="runtime", password=runtime.password("runtime")
+            f"nats://127.0.0.1:{orphans['nats-server']['port']}", user="runtime-default", password=runtime.password("runtime-default")
         ) as client:
             for event in events[:2]:  # recorded by the fleet before it dies
                 await client.append(event)

@@ -57,7 +57,7 @@ async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alo
     with pytest.raises(FleetUnavailable):
         await FleetClient.connect(servers.nats_url)
     with pytest.raises(FleetUnavailable):
-        await FleetClient.connect(servers.nats_url, user="runtime", password="guessed")
+        await FleetClient.connect(servers.nats_url, user="runtime-default", password="guessed")
     assert _mode(settings.data_dir / CREDENTIALS_FILE) == 0o600
     assert _mode(settings.data_dir / "nats") == 0o700 and _mode(settings.data_dir / "nats" / "nats.conf") == 0o600
     assert _mode(settings.data_dir) & 0o077 in (0, 0o011)  # nobody else may list the folder
@@ -76,7 +76,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(emb
             report = await replay_trace(client, read_trace(SAMPLE), ReplayOptions(session_id="closed-s1", policy=policy.name))
         assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
         # A runtime prepares the same thread; it may not inspect it.
-        async with await FleetClient.connect(servers.nats_url, **as_identity(settings, "runtime").nats_options()) as client:
+        async with await FleetClient.connect(servers.nats_url, **as_identity(settings, "runtime-default").nats_options()) as client:
             thread = "closed-s1-r1.main"
             prepared = await client.prepare(prepare_request_for(thread))
             assert prepared.messages
@@ -89,7 +89,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(emb
         await fleet.stop()
     # The fleet's own identity never needed more than its grants (the runtime's refusal above is the only one).
     violations = [line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line]
-    assert all("user:runtime" in line and "ctx.inspect." in line for line in violations), violations
+    assert all("user:runtime-default" in line and "ctx.inspect." in line for line in violations), violations
 
 
 async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forge_notices(embedded: tuple[Settings, Servers]) -> None:
@@ -101,10 +101,14 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
 
     creds = load_credentials(settings.data_dir)
     assert creds is not None
-    nc = await nats.connect(servers.nats_url, user="runtime", password=creds.password("runtime"), error_cb=on_error)
+    nc = await nats.connect(
+        servers.nats_url, user="runtime-default", password=creds.password("runtime-default"), error_cb=on_error,
+        inbox_prefix="_INBOX.runtime-default",
+    )
     try:
         await nc.subscribe("ctx.prepare.>")
         await nc.subscribe(">")
+        await nc.subscribe("_INBOX.>")  # other clients' replies
         await nc.publish("ctx.compaction.jobs", b"{}")
         await nc.publish("ctx.recorded.r1.main", b"{}")
         await nc.flush()
@@ -115,7 +119,7 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
         await nc.close()
     assert any("permissions violation" in str(e).lower() for e in errors)
     logged = "\n".join(line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line)
-    for subject in ("ctx.prepare.>", "ctx.compaction.jobs", "ctx.recorded.r1.main", "STREAM.UPDATE"):
+    for subject in ("ctx.prepare.>", "_INBOX.>", "ctx.compaction.jobs", "ctx.recorded.r1.main", "STREAM.UPDATE"):
         assert subject in logged, (subject, logged)
 
 
@@ -132,10 +136,13 @@ def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_pa
                 break
         out = subprocess.run([sys.executable, "-m", "infra.cli", "env"], env=env, capture_output=True, text=True, check=True).stdout
         lines = dict(line.split("=", 1) for line in out.splitlines())
-        assert set(lines) == {"CTX_NATS_URL", "CTX_NATS_USER", "CTX_NATS_PASSWORD"} and lines["CTX_NATS_USER"] == "runtime"
+        assert set(lines) == {"CTX_NATS_URL", "CTX_NATS_USER", "CTX_NATS_PASSWORD", "CTX_TENANT"}
+        assert lines["CTX_NATS_USER"] == "runtime-default" and lines["CTX_TENANT"] == "default"
 
         async def register() -> int:
-            async with await FleetClient.connect(lines["CTX_NATS_URL"], user="runtime", password=lines["CTX_NATS_PASSWORD"]) as client:
+            async with await FleetClient.connect(
+                lines["CTX_NATS_URL"], user=lines["CTX_NATS_USER"], password=lines["CTX_NATS_PASSWORD"], tenant=lines["CTX_TENANT"]
+            ) as client:
                 return (await client.register_policy(ContextPolicy(name="env-check", model_profile=None, budget_tokens=1_000))).revision
 
         assert asyncio.run(register()) >= 1

@@ -304,7 +304,7 @@ async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(fleet
     nc = await nats_client.connect(nats_url)
     try:
         bad = {"name": "bad", "budget_tokens": 1000, "model_profile": None, "compaction": {"triggers": {"context_ratio": 0.5}, "target_context_ratio": 0.7}}
-        reply = await nc.request("ctx.policy.register", json.dumps(bad).encode(), timeout=5)
+        reply = await nc.request("ctx.policy.register.default", json.dumps(bad).encode(), timeout=5)
         assert b'"code":"invalid_policy"' in reply.data and b"must be below" in reply.data
     finally:
         await nc.close()

@@ -130,7 +130,7 @@ async def test_an_event_whose_msg_id_is_not_derived_from_its_bytes_is_rejected_a
     nc = await nats.connect(nats_url)
     try:
         await nc.jetstream().publish(
-            events_subject(t.session_id, t.thread_id), forged, stream=EVENTS_STREAM,
+            events_subject("default", t.session_id, t.thread_id), forged, stream=EVENTS_STREAM,
             headers={"Nats-Msg-Id": msg_id_of(t.thread_id, "k1", original.model_dump_json().encode()) + "x"},
         )
     finally:

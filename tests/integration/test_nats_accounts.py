@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from contracts import ContextPolicy, SearchRequest
 from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats
-from infra.nats_accounts import USERS, authorization_conf
+from infra.nats_accounts import authorization_conf, grants
 from infra.runtime import provision
 from services.client import FleetClient
 from services.replay import ReplayOptions, replay_trace
@@ -44,8 +44,9 @@ class SecuredNats:
 @pytest.fixture
 async def secured_nats(tmp_path: Path) -> AsyncIterator[SecuredNats]:
     """A NATS server whose only users are the fleet's, with the grants of infra.nats_accounts."""
-    passwords = {user: secrets.token_hex(12) for user in USERS}
-    server = EmbeddedNats(tmp_path / "nats", extra_config=authorization_conf(lambda user: json.dumps(passwords[user])))
+    users = grants(("acme",))
+    passwords = {user: secrets.token_hex(12) for user in users}
+    server = EmbeddedNats(tmp_path / "nats", extra_config=authorization_conf(lambda user: json.dumps(passwords[user]), users))
     url = await asyncio.to_thread(server.start)
     try:
         yield SecuredNats(url, passwords, tmp_path / "nats" / "nats.log")
@@ -97,14 +98,17 @@ async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(sec
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
-    nc = await nats.connect(secured_nats.url, user="runtime", password=secured_nats.passwords["runtime"], error_cb=on_error)
+    nc = await nats.connect(
+        secured_nats.url, user="runtime-acme", password=secured_nats.passwords["runtime-acme"], error_cb=on_error,
+        inbox_prefix="_INBOX.runtime-acme",
+    )
     try:
         # Straight into a partition (skipping the server's transform), and answering prepares.
-        await nc.publish("ctx.p.0.s1.r1.main", b"{}")
+        await nc.publish("ctx.p.0.acme.s1.r1.main", b"{}")
         await nc.subscribe("ctx.prepare.>")
-        # Inspecting another thread's ledger or a session's principals is the operator's, not a runtime's.
-        await nc.publish("ctx.inspect.r1.main", b"{}")
-        await nc.publish("ctx.session.inspect.s1", b"{}")
+        # Inspecting a thread's ledger or a session's principals is the operator's, not a runtime's.
+        await nc.publish("ctx.inspect.acme.r1.main", b"{}")
+        await nc.publish("ctx.session.inspect.acme.s1", b"{}")
         await nc.flush()
         with pytest.raises((NoRespondersError, NatsTimeout)):
             await nc.request("$JS.API.STREAM.DELETE.CTX_EVENTS", b"", timeout=1.0)
@@ -113,13 +117,13 @@ async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(sec
         await nc.close()
     assert any("permissions violation" in str(e).lower() for e in errors)
     logged = "\n".join(secured_nats.violations())
-    assert "ctx.p.0.s1.r1.main" in logged and "ctx.prepare.>" in logged and "STREAM.DELETE" in logged
-    assert "ctx.inspect.r1.main" in logged and "ctx.session.inspect.s1" in logged
+    assert "ctx.p.0.acme.s1.r1.main" in logged and "ctx.prepare.>" in logged and "STREAM.DELETE" in logged
+    assert "ctx.inspect.acme.r1.main" in logged and "ctx.session.inspect.acme.s1" in logged
 
 
 async def test_a_wrong_password_fails_at_connect_without_echoing_it(secured_nats: SecuredNats) -> None:
     from services.errors import FleetUnavailable
 
     with pytest.raises(FleetUnavailable) as caught:
-        await FleetClient.connect(secured_nats.url, user="runtime", password="not-the-password")
+        await FleetClient.connect(secured_nats.url, user="runtime-acme", password="not-the-password", tenant="acme")
     assert "not-the-password" not in str(caught.value)

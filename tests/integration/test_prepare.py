@@ -97,10 +97,10 @@ async def test_prepare_answers_typed_errors_for_bad_requests(fleet, client: Flee
         await client.prepare(_request(t, session_id="s-someone-else"))
     nc = await nats.connect(nats_url)
     try:
-        reply = await nc.request(prepare_subject(t.thread_id), b'{"session_id": 3}', timeout=5)
+        reply = await nc.request(prepare_subject("default", t.thread_id), b'{"session_id": 3}', timeout=5)
         assert b'"code":"invalid_request"' in reply.data
         other = _request(Thread()).model_dump_json().encode()
-        reply = await nc.request(prepare_subject(t.thread_id), other, timeout=5)
+        reply = await nc.request(prepare_subject("default", t.thread_id), other, timeout=5)
         assert b'"code":"invalid_request"' in reply.data
     finally:
         await nc.close()

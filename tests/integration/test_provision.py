@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 
 import nats
 import pytest
+from nats.js.api import SubjectTransform
 
 from contracts.subjects import EVENTS_STREAM, partition_of
 from infra.provision import ProvisionError, check_server, provision_streams
 from services.client import FleetClient
 from tests.fixtures.builders import Thread
-from tests.fixtures.fleet import TEST_PARTITIONS
+from tests.fixtures.fleet import TEST_PARTITIONS, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]
 
@@ -27,7 +29,7 @@ async def test_server_partitions_sessions_exactly_as_partition_of_predicts(strea
         for seq, t in enumerate(threads, start=1):
             msg = await js.get_msg(EVENTS_STREAM, seq)
             partition = partition_of(t.session_id, partitions=TEST_PARTITIONS)
-            assert msg.subject == f"ctx.p.{partition}.{t.session_id}.{t.thread_id}"
+            assert msg.subject == f"ctx.p.{partition}.default.{t.session_id}.{t.thread_id}"
     finally:
         await nc.close()
 
@@ -46,9 +48,37 @@ async def test_provision_is_idempotent_and_refuses_a_new_partition_count_unless_
         forced = await provision_streams(nc, partitions=8, force=True)
         assert forced.events == "updated"
         info = await nc.jetstream().stream_info(EVENTS_STREAM)
-        assert "partition(8,1)" in (info.config.subject_transform.dest or "")  # type: ignore[union-attr]
+        assert "partition(8,2)" in (info.config.subject_transform.dest or "")  # type: ignore[union-attr]
     finally:
         await nc.close()
+
+
+async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_after_the_upgrade(
+    streams: str, start_fleet, db  # type: ignore[no-untyped-def]
+) -> None:
+    """A stream provisioned by an older build (no tenant token) is reconciled in place, and what it holds
+    unrecorded is still recorded — nothing valid is lost to the upgrade."""
+    nc = await nats.connect(streams)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(EVENTS_STREAM)
+        old_src = "ctx.events.*.*.*"
+        old_dest = f"ctx.p.{{{{partition({TEST_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}"
+        await js.update_stream(replace(info.config, subjects=[old_src], subject_transform=SubjectTransform(src=old_src, dest=old_dest)))
+        t = Thread()
+        await js.publish(f"ctx.events.{t.session_id}.{t.thread_id}", t.user("from before the upgrade").model_dump_json().encode())
+        upgraded = await provision_streams(nc, partitions=TEST_PARTITIONS)
+        assert upgraded.events == "updated"
+        info = await js.stream_info(EVENTS_STREAM)
+        assert info.config.subjects == ["ctx.events.*.*.*.*"]
+    finally:
+        await nc.close()
+    await start_fleet()
+
+    async def recorded() -> bool:
+        return await db.fetchval("SELECT tenant FROM ctx.sessions WHERE session_id = $1", t.session_id) == "default"
+
+    await eventually(recorded, timeout=15, what="the pre-upgrade event to be recorded")
 
 
 async def test_provision_asks_for_a_cluster_when_replicas_exceed_the_servers(streams: str) -> None:

@@ -81,7 +81,7 @@ async def test_prepares_beyond_the_limit_are_answered_overloaded_with_a_retry_hi
 
 async def test_request_whose_deadline_passed_is_dropped_unanswered_and_counted(fleet, streams: str) -> None:
     t = Thread()  # never recorded: a processed prepare would answer thread_not_found
-    subject, body = prepare_subject(t.thread_id), _request(t).model_dump_json().encode()
+    subject, body = prepare_subject("default", t.thread_id), _request(t).model_dump_json().encode()
     nc = await nats.connect(streams)
     try:
         past = str(int(time.time() * 1000) - 1_000)
@@ -107,7 +107,7 @@ async def test_client_sends_its_deadline_with_every_request(nats_url: str) -> No
         seen.append(dict(msg.headers or {}))
         await msg.respond(b'{"type": "error", "code": "not_found", "message": "nothing here"}')
 
-    await nc.subscribe(prepare_subject("r-deadline.main"), cb=answer)
+    await nc.subscribe(prepare_subject("default", "r-deadline.main"), cb=answer)
     client = await FleetClient.connect(nats_url)
     try:
         before = time.time() * 1000

@@ -19,7 +19,12 @@ from contracts import (
 )
 from contracts.subjects import (
     events_subject,
+    StoredSubject,
+    inspect_subject,
+    parse_stored_subject,
     partition_filter,
+    prepare_subject,
+    tenant_subject,
     partition_of,
     partition_transform,
     session_from_partitioned_subject,
@@ -70,20 +75,35 @@ def test_decode_event_missing_field_names_the_field() -> None:
 def test_thread_ids_are_two_subject_tokens_and_round_trip() -> None:
     assert thread_id_of("run-1", "main") == "run-1.main"
     assert split_thread_id("run-1.main") == ("run-1", "main")
-    assert events_subject("s1", "run-1.main") == "ctx.events.s1.run-1.main"
+    assert events_subject("acme", "s1", "run-1.main") == "ctx.events.acme.s1.run-1.main"
     for bad in ("run.1.main", "run*", "a b.main", ".main", "run."):
         with pytest.raises(ValueError):
             split_thread_id(bad)
 
 
+def test_every_subject_a_runtime_uses_names_its_tenant_and_a_bad_tenant_is_refused() -> None:
+    assert prepare_subject("acme", "run-1.main") == "ctx.prepare.acme.run-1.main"
+    assert inspect_subject("acme", "run-1.main") == "ctx.inspect.acme.run-1.main"
+    assert tenant_subject("ctx.read", "acme") == "ctx.read.acme"
+    for bad in ("a.b", "*", ">", "", "a b"):
+        with pytest.raises(ValueError, match="tenant"):
+            tenant_subject("ctx.read", bad)
+        with pytest.raises(ValueError, match="tenant"):
+            events_subject(bad, "s1", "run-1.main")
+
+
 def test_partition_helpers_agree_with_each_other() -> None:
     src, dest = partition_transform(16)
-    assert src == "ctx.events.*.*.*"
-    assert dest == "ctx.p.{{partition(16,1)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
-    assert partition_filter(3) == "ctx.p.3.*.*.*"
-    assert thread_from_partitioned_subject("ctx.p.3.s1.run-1.main") == "run-1.main"
-    assert session_from_partitioned_subject("ctx.p.3.s1.run-1.main") == "s1"
-    assert thread_from_partitioned_subject("ctx.events.s1.run-1.main") is None
+    assert src == "ctx.events.*.*.*.*"
+    assert dest == "ctx.p.{{partition(16,2)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}"
+    assert partition_filter(3) == "ctx.p.3.>"
+    assert parse_stored_subject("ctx.p.3.acme.s1.run-1.main") == StoredSubject("acme", "s1", "run-1.main")
+    # Stored before subjects carried a tenant: still read, as the default tenant's.
+    assert parse_stored_subject("ctx.p.3.s1.run-1.main") == StoredSubject("default", "s1", "run-1.main")
+    assert thread_from_partitioned_subject("ctx.p.3.acme.s1.run-1.main") == "run-1.main"
+    assert session_from_partitioned_subject("ctx.p.3.acme.s1.run-1.main") == "s1"
+    assert thread_from_partitioned_subject("ctx.events.acme.s1.run-1.main") is None
+    assert parse_stored_subject("ctx.p.3.s1.main") is None
     spread = {partition_of(f"session-{i}", partitions=16) for i in range(200)}
     assert spread == set(range(16))
 

@@ -6,6 +6,7 @@ import services.errors as errors_module
 from contracts import ErrorCode, ErrorReply
 from services.errors import (
     CtxError,
+    ForeignSession,
     NotYetRecorded,
     RevisionConflict,
     ScopeViolation,
@@ -25,7 +26,11 @@ def _all_error_classes() -> list[type[CtxError]]:
 
 
 def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> None:
-    classes = [c for c in _all_error_classes() if c is not CtxError and c.__module__ == errors_module.__name__]
+    # A refinement that keeps its parent's code (ForeignSession is a ScopeViolation) defines none of its own.
+    classes = [
+        c for c in _all_error_classes()
+        if c is not CtxError and c.__module__ == errors_module.__name__ and "code" in vars(c)
+    ]
     codes = [c.code for c in classes]
     assert len(codes) == len(set(codes)), "two error classes share a code"
     assert all(isinstance(code, ErrorCode) for code in codes)
@@ -52,6 +57,12 @@ def test_scope_violation_keeps_the_owner_out_of_its_wire_form() -> None:
     err = ScopeViolation("r.main", "s-claimed", "s-owner")
     assert "s-owner" not in err.to_reply().model_dump_json()
     assert err.owner_session_id == "s-owner"
+
+
+def test_a_foreign_session_is_a_scope_violation_that_names_no_tenant() -> None:
+    err = ForeignSession("s-1")
+    assert isinstance(err, ScopeViolation) and err.code is ErrorCode.SCOPE_VIOLATION
+    assert err.details == {"session_id": "s-1"} and "another tenant" in err.message
 
 
 def test_revision_conflict_and_store_unavailable_carry_typed_fields() -> None:

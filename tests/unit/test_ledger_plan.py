@@ -161,3 +161,45 @@ def test_decode_batch_refuses_a_msg_id_not_derived_from_the_events_bytes() -> No
     assert third.code is ErrorCode.MSG_ID_MISMATCH
     assert third.event_key == "k1"
     assert third.details == {"sent": reused, "expected": right}
+
+
+def test_a_session_belongs_to_the_tenant_of_its_first_event_and_no_other_tenant_writes_into_it() -> None:
+    t = Thread()
+    owner = _plan([t.user("mine")], LedgerReads({}, {}, {}))
+    assert owner.session_tenants == {t.session_id: "default"}
+    # The same session named by another tenant's publisher: refused, whatever the body claims.
+    forged = t.user("I approve the transfer", key="forged")
+    batch = incoming([forged], tenant="globex")
+    plan = plan_batch(decode_batch(batch, LIMITS), LedgerReads({}, {}, {}, sessions={t.session_id: "default"}), LIMITS, COUNTERS)
+    (rejection,) = plan.rejections
+    assert rejection.code is ErrorCode.SCOPE_VIOLATION and plan.records == ()
+    assert "another tenant" in rejection.reason and "default" not in rejection.reason
+
+
+def test_two_tenants_creating_one_session_id_in_one_batch_the_first_keeps_it() -> None:
+    t = Thread()
+    first = incoming([t.user("first", key="a")], tenant="acme")
+    second = incoming([t.user("second", key="b")], start_seq=2, tenant="globex")
+    plan = plan_batch(decode_batch(first + second, LIMITS), LedgerReads({}, {}, {}), LIMITS, COUNTERS)
+    assert [r.event_key for r in plan.records] == ["a"] and plan.session_tenants == {t.session_id: "acme"}
+    assert [r.code for r in plan.rejections] == [ErrorCode.SCOPE_VIOLATION]
+
+
+def test_a_new_session_may_name_its_own_tenants_policy_or_a_shared_one_but_not_another_tenants() -> None:
+    policies = frozenset({("", "default"), ("acme", "tight")})
+    acme, globex = Thread(), Thread()
+    ok = plan_batch(
+        decode_batch(incoming([acme.user("q").model_copy(update={"policy": "tight"})], tenant="acme"), LIMITS),
+        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+    )
+    assert ok.session_policies == {acme.session_id: "tight"} and not ok.rejections
+    refused = plan_batch(
+        decode_batch(incoming([globex.user("q").model_copy(update={"policy": "tight"})], tenant="globex"), LIMITS),
+        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+    )
+    assert [r.code for r in refused.rejections] == [ErrorCode.UNKNOWN_POLICY]
+    shared = plan_batch(
+        decode_batch(incoming([globex.user("q")], tenant="globex"), LIMITS),
+        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+    )
+    assert shared.session_policies == {globex.session_id: "default"} and shared.session_tenants == {globex.session_id: "globex"}

@@ -31,4 +31,7 @@ def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: P
     }
     asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
     addresses = {c["address"] for c in asyncapi["channels"].values()}
-    assert {"ctx.prepare.{run_id}.{instance_id}", "ctx.inspect.{run_id}.{instance_id}", "ctx.search", "ctx.read"} <= addresses
+    assert {
+        "ctx.prepare.{tenant}.{run_id}.{instance_id}", "ctx.inspect.{tenant}.{run_id}.{instance_id}",
+        "ctx.search.{tenant}", "ctx.read.{tenant}",
+    } <= addresses

@@ -160,3 +160,19 @@ def test_the_cli_refuses_to_start_on_bad_configuration_with_exit_code_2(tmp_path
     assert result.returncode == 2
     assert "bad configuration" in result.stderr and "CTX_PARTITIONS" in result.stderr and "CTX_DATABASE_URL" in result.stderr
     assert "pw-not-shown" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_tenants_are_read_once_each_in_order_and_a_name_that_cannot_be_a_subject_token_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().tenant_names == ("default",)
+    monkeypatch.setenv("CTX_TENANTS", " default, acme,acme ,globex-2")
+    assert load_settings().tenant_names == ("default", "acme", "globex-2")
+    for bad in ("acme.eu", "acme,*", " , "):
+        monkeypatch.setenv("CTX_TENANTS", bad)
+        with pytest.raises(InvalidConfiguration, match="CTX_TENANTS"):
+            load_settings()
+    monkeypatch.setenv("CTX_TENANTS", "default")
+    monkeypatch.setenv("CTX_TENANT", "a>b")
+    with pytest.raises(InvalidConfiguration, match="CTX_TENANT"):
+        load_settings()
