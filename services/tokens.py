@@ -2,9 +2,10 @@
 
 tiktoken downloads its BPE files on first use; fleet machines often cannot. The two encodings the
 fleet supports ship gzipped in ``services/tokenizer_data`` (2.4 MB). On first use each file is
-gunzipped, its sha256 checked against the hash tiktoken itself expects, and handed to tiktoken
-through a private cache directory, so tiktoken's own encoding definitions (regex, special tokens)
-are used unchanged and nothing ever touches the network.
+gunzipped, its sha256 checked against the hash tiktoken itself expects, and parsed here (one
+base64 token and its rank per line, tiktoken's own format); tiktoken's encoding definitions
+(regex, special tokens) are used unchanged, given these ranks instead of a download, so nothing
+ever touches the network, the environment or a cache directory.
 
 UTF-8 bytes / 4 exists only as a labelled fallback (``estimate:utf8_bytes_div_4``): on real agent
 traffic it undercounts by about 13% (DESIGN.md).
@@ -12,11 +13,11 @@ traffic it undercounts by about 13% (DESIGN.md).
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
-import os
-import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Final, Literal
@@ -77,24 +78,30 @@ def _read_shipped(name: EncodingName) -> bytes:
     return data
 
 
+def _ranks(data: bytes) -> dict[bytes, int]:
+    """A ``.tiktoken`` file's mergeable ranks (what ``tiktoken.load.load_tiktoken_bpe`` returns)."""
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+
+
 def _load(name: EncodingName) -> tiktoken.Encoding:
     from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
     source = _SOURCES[name]
-    data = _read_shipped(name)
+    ranks = _ranks(_read_shipped(name))
     constructor = {"o200k_base": openai_public.o200k_base, "cl100k_base": openai_public.cl100k_base}[name]
-    with tempfile.TemporaryDirectory(prefix="ctxfleet-tiktoken-") as cache:
-        with open(os.path.join(cache, hashlib.sha1(source.url.encode()).hexdigest()), "wb") as fh:
-            fh.write(data)
-        previous = os.environ.get("TIKTOKEN_CACHE_DIR")
-        os.environ["TIKTOKEN_CACHE_DIR"] = cache
-        try:
-            spec = constructor()
-        finally:
-            if previous is None:
-                del os.environ["TIKTOKEN_CACHE_DIR"]
-            else:
-                os.environ["TIKTOKEN_CACHE_DIR"] = previous
+
+    def shipped(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        if url != source.url or expected_hash not in (None, source.sha256):
+            raise TokenizerDataError(f"tiktoken asked for {url} ({expected_hash}); only {source.url} ships")
+        return ranks
+
+    # The constructor's only I/O is this one call; it gets the shipped ranks instead (under _lock).
+    fetch: Callable[..., dict[bytes, int]] = openai_public.load_tiktoken_bpe
+    openai_public.load_tiktoken_bpe = shipped
+    try:
+        spec = constructor()
+    finally:
+        openai_public.load_tiktoken_bpe = fetch
     return tiktoken.Encoding(
         spec["name"],
         pat_str=spec["pat_str"],
