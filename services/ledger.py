@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import assert_never
+from typing import NamedTuple, assert_never
 
 from pydantic import JsonValue
 
@@ -67,7 +67,7 @@ from .errors import (
     UnknownOperation,
 )
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
-from .runs import Lifecycle, RunState, ThreadMeta
+from .runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from .state import StateView, StateWrite, effects_of, plan_patch, tool_spec
 from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, telling_line, trim_tool_text
 from .tokens import EncodingName, TokenCounter
@@ -77,6 +77,7 @@ __all__ = [
     "Blob",
     "CallState",
     "Decoded",
+    "Duplicate",
     "HeadWrite",
     "Incoming",
     "KnownKey",
@@ -84,8 +85,13 @@ __all__ = [
     "NewCall",
     "NewOutcome",
     "NewRecord",
+    "PlannedStateWrite",
+    "ReceiptFinish",
+    "ReceiptReconcile",
+    "ReceiptRequest",
     "RecordingLimits",
     "Rejection",
+    "SessionReset",
     "ThreadHead",
     "blob_ref",
     "decode_batch",
@@ -265,6 +271,64 @@ class NewOutcome:
     status: str
 
 
+class Duplicate(NamedTuple):
+    """An exact redelivery of an event already recorded: nothing is written for it."""
+
+    thread_id: str
+    event_key: str
+
+
+class SessionReset(NamedTuple):
+    """A context reset: the session's views start over at the reset's record."""
+
+    session_id: str
+    thread_id: str
+    seq: int
+
+
+class PlannedStateWrite(NamedTuple):
+    """A state change made by the record at (thread, seq), with the ops it came from."""
+
+    thread_id: str
+    seq: int
+    event_key: str
+    write: StateWrite
+    ops: tuple[PatchOp, ...]
+
+
+class ReceiptRequest(NamedTuple):
+    """A side-effecting call's receipt, opened by the assistant message that asked for it."""
+
+    session_id: str
+    operation_id: str
+    thread_id: str
+    call_id: str
+    tool: str
+    request_sha256: str
+    requested_event: str
+
+
+class ReceiptFinish(NamedTuple):
+    """A receipt closed by the call's outcome."""
+
+    thread_id: str
+    call_id: str
+    status: str
+    finished_event: str
+    response_sha256: str
+    external_ref: str | None
+
+
+class ReceiptReconcile(NamedTuple):
+    """A receipt settled by the orchestrator after the fact."""
+
+    session_id: str
+    operation_id: str
+    status: str
+    external_ref: str | None
+    reconciled_event: str
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """Every write a batch makes, decided before any of them happens."""
@@ -275,7 +339,7 @@ class BatchPlan:
     calls: tuple[NewCall, ...] = ()
     outcomes: tuple[NewOutcome, ...] = ()
     rejections: tuple[Rejection, ...] = ()
-    duplicates: tuple[tuple[str, str], ...] = ()
+    duplicates: tuple[Duplicate, ...] = ()
     session_counts: Mapping[str, int] = field(default_factory=dict)
     # The policy and tenant of each session the batch creates.
     session_policies: Mapping[str, str] = field(default_factory=dict)
@@ -285,12 +349,12 @@ class BatchPlan:
     new_threads: Mapping[str, ThreadMeta] = field(default_factory=dict)
     principals: Mapping[str, str] = field(default_factory=dict)
     releases: Mapping[str, str] = field(default_factory=dict)
-    resets: tuple[tuple[str, str, int], ...] = ()
-    state_writes: tuple[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]], ...] = ()
+    resets: tuple[SessionReset, ...] = ()
+    state_writes: tuple[PlannedStateWrite, ...] = ()
     session_catalogs: Mapping[str, int] = field(default_factory=dict)
-    receipts_requested: tuple[tuple[str, str, str, str, str, str, str], ...] = ()
-    receipts_finished: tuple[tuple[str, str, str, str, str, str | None], ...] = ()
-    receipts_reconciled: tuple[tuple[str, str, str, str | None, str], ...] = ()
+    receipts_requested: tuple[ReceiptRequest, ...] = ()
+    receipts_finished: tuple[ReceiptFinish, ...] = ()
+    receipts_reconciled: tuple[ReceiptReconcile, ...] = ()
 
 
 def blob_ref(sha256: str) -> str:
@@ -369,151 +433,279 @@ def plan_batch(
     counters: Mapping[EncodingName, TokenCounter],
 ) -> BatchPlan:
     """Decide the records, heads, blobs, call states and rejections of a decoded batch."""
-    cursors: dict[str, _ThreadCursor] = {}
-    keys: dict[tuple[str, str], KnownKey] = dict(reads.keys)
-    calls: dict[tuple[str, str], CallState] = dict(reads.calls)
-    records: list[NewRecord] = []
-    blobs: dict[str, Blob] = {}
-    new_calls: list[NewCall] = []
-    outcomes: list[NewOutcome] = []
+    chains = _Chains(reads.heads, dict(reads.keys))
+    calls = _Calls(dict(reads.calls))
+    sessions = _Sessions(reads)
+    state = _States(reads)
+    receipts = _Receipts(set(reads.operations))
     rejections: list[Rejection] = []
-    duplicates: list[tuple[str, str]] = []
-    session_counts: dict[str, int] = {}
-    session_policies: dict[str, str] = {}
-    tenants: dict[str, str] = dict(reads.sessions)
-    life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
-    releases: dict[str, str] = {}
-    states: dict[str, StateView] = {}
-    catalogs: dict[str, tuple[int, ToolCatalog]] = dict(reads.catalogs)
-    session_catalogs: dict[str, int] = {}
-    state_writes: list[tuple[str, int, str, StateWrite, tuple[PatchOp, ...]]] = []
-    operations: set[tuple[str, str]] = set(reads.operations)
-    requested: list[tuple[str, str, str, str, str, str, str]] = []
-    finished: list[tuple[str, str, str, str, str, str | None]] = []
-    reconciled: list[tuple[str, str, str, str | None, str]] = []
-    new_runs: list[RunState] = []
-    run_statuses: dict[str, str] = {}
-    new_threads: dict[str, ThreadMeta] = {}
-    principals: dict[str, str] = {}
-    resets: list[tuple[str, str, int]] = []
-
     for item in decoded:
         if isinstance(item, Rejection):
             rejections.append(item)
             continue
-        event = item.event
-        thread_id = item.subject_thread
-        cursor = cursors.get(thread_id) or _open_cursor(thread_id, event, reads.heads.get(thread_id))
+        event, thread_id = item.event, item.subject_thread
+        cursor = chains.cursor(thread_id, event)
         content_sha = sha256_hex(canonical_json(_identity_and_content(event)))
+        # The checks run in this order so an event breaking several rules is always rejected for the same one.
         try:
-            _check_tenant(item.tenant, event.session_id, tenants)
-            _check_scope(cursor, event)
-            if _check_key(keys.get((thread_id, event.event_key)), event.event_key, content_sha):
-                duplicates.append((thread_id, event.event_key))
+            sessions.check_tenant(item)
+            if chains.check(cursor, event, content_sha):
+                chains.duplicates.append(Duplicate(thread_id, event.event_key))
                 continue
-            _check_outcome(event, thread_id, calls)
-            _check_calls(event, thread_id, calls)
-            policy = _check_policy(event, item.tenant, reads, session_policies)
-            known = event.session_id in reads.sessions or event.session_id in session_policies
-            change = life.check(event, thread_id, session_known=known)
-            release = (item.tenant, event.agent_release or "")
-            if not known and event.agent_release and release in reads.latest_catalogs:
-                catalogs.setdefault(event.session_id, reads.latest_catalogs[release])
-            _check_operations(event, operations)
-            _check_reconcile(event, operations)
-            state = states.setdefault(thread_id, _copy_state(reads.states.get(thread_id)))
-            write = _state_write(event, state, catalogs.get(event.session_id), calls, thread_id, cursor.seq + 1)
+            calls.check(event, thread_id)
+            admitted = sessions.check(item)
+            state.pin_catalog(item, admitted.known)
+            receipts.check(event)
+            write = state.check(event, thread_id, cursor.seq + 1, calls.known)
         except InvalidEvent as exc:
             rejections.append(_reject(item.incoming, event, exc))
             continue
+        seq = chains.apply(item, cursor, content_sha, limits, counters)
+        sessions.apply(item, admitted, seq)
+        state.apply(event, write, pins_release=admitted.change.release is not None)
+        receipts.apply(event, thread_id)
+        calls.apply(event, thread_id, seq)
+    return BatchPlan(
+        records=tuple(chains.records),
+        blobs=tuple(chains.blobs.values()),
+        heads=chains.heads(),
+        calls=tuple(calls.new_calls),
+        outcomes=tuple(calls.outcomes),
+        rejections=tuple(rejections),
+        duplicates=tuple(chains.duplicates),
+        session_counts=chains.session_counts,
+        session_policies=sessions.policies,
+        session_tenants={s: sessions.tenants[s] for s in sessions.policies},
+        new_runs=tuple(sessions.new_runs),
+        run_statuses=sessions.run_statuses,
+        new_threads=sessions.new_threads,
+        principals=sessions.principals,
+        releases=sessions.releases,
+        resets=tuple(sessions.resets),
+        state_writes=tuple(state.writes),
+        session_catalogs=state.session_catalogs,
+        receipts_requested=tuple(receipts.requested),
+        receipts_finished=tuple(receipts.finished),
+        receipts_reconciled=tuple(receipts.reconciled),
+    )
 
-        cursors[thread_id] = cursor
-        if policy is not None:
-            session_policies[event.session_id] = policy
-            tenants[event.session_id] = item.tenant
-        life.apply(change)
-        if change.new_run is not None:
-            new_runs.append(change.new_run)
-        if change.new_thread is not None:
-            new_threads[thread_id] = change.new_thread
-        if change.run_status is not None:
-            run_statuses[change.run_status[0]] = change.run_status[1]
-        if change.principal is not None:
-            principals[change.principal[0]] = change.principal[1]
-        if change.release is not None:
-            releases[change.release[0]] = change.release[1]
-            if event.session_id in catalogs and event.session_id not in reads.catalogs:
-                session_catalogs[event.session_id] = catalogs[event.session_id][0]
-        _note_receipts(event, thread_id, operations, requested, finished)
-        if isinstance(event, OperationReconcileEvent):
-            p = event.payload
-            reconciled.append((event.session_id, p.operation_id, p.status, p.external_ref, event.event_key))
-        if write is not None:
-            state.apply(write[0])
-            state_writes.append((thread_id, cursor.seq + 1, event.event_key, write[0], write[1]))
+
+# Each sub-plan below owns one part of the batch's writes: ``check`` raises InvalidEvent (and changes
+# nothing a later event could see) unless the event may be recorded; ``apply`` records an accepted event.
+
+
+@dataclass
+class _Chains:
+    """Records, blobs and thread heads: consecutive seqs, chained hashes, one record per key (4 and 7)."""
+
+    heads_read: Mapping[str, ThreadHead]
+    keys: dict[tuple[str, str], KnownKey]
+    cursors: dict[str, _ThreadCursor] = field(default_factory=dict)
+    records: list[NewRecord] = field(default_factory=list)
+    blobs: dict[str, Blob] = field(default_factory=dict)
+    duplicates: list[Duplicate] = field(default_factory=list)
+    session_counts: dict[str, int] = field(default_factory=dict)
+
+    def cursor(self, thread_id: str, event: Event) -> _ThreadCursor:
+        """The thread's cursor so far; a new one is kept only once its thread records an event."""
+        return self.cursors.get(thread_id) or _open_cursor(thread_id, event, self.heads_read.get(thread_id))
+
+    def check(self, cursor: _ThreadCursor, event: Event, content_sha: str) -> bool:
+        """True for an exact redelivery, which records nothing."""
+        _check_scope(cursor, event)
+        return _check_key(self.keys.get((cursor.thread_id, event.event_key)), event.event_key, content_sha)
+
+    def apply(
+        self,
+        item: Decoded,
+        cursor: _ThreadCursor,
+        content_sha: str,
+        limits: RecordingLimits,
+        counters: Mapping[EncodingName, TokenCounter],
+    ) -> int:
+        """Append the event's record to its thread; its seq."""
+        event = item.event
+        self.cursors[cursor.thread_id] = cursor
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
         record, blob_list = _build_record(item, cursor, seq, content_sha, limits, counters)
-        session_counts[cursor.session_id] = session_counts.get(cursor.session_id, 0) + 1
-        record = _with_session_ordinal(record, session_counts[cursor.session_id])
-        records.append(record)
+        self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
+        self.records.append(_with_session_ordinal(record, self.session_counts[cursor.session_id]))
         for blob in blob_list:
-            blobs.setdefault(blob.sha256, blob)
-        keys[(thread_id, event.event_key)] = KnownKey(seq, content_sha)
-        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = (
-            seq,
-            record.record_hash,
-            event.event_key,
-            True,
-        )
-        _note_calls(event, thread_id, seq, calls, new_calls, outcomes)
-        if change.reset_session is not None:
-            resets.append((change.reset_session, thread_id, seq))
-        meta = life.threads.get(thread_id)
-        if meta is not None:
-            life.threads[thread_id] = ThreadMeta(meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq)
+            self.blobs.setdefault(blob.sha256, blob)
+        self.keys[(cursor.thread_id, event.event_key)] = KnownKey(seq, content_sha)
+        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = seq, record.record_hash, event.event_key, True
+        return seq
 
-    heads = tuple(
-        HeadWrite(
-            thread_id=c.thread_id,
-            session_id=c.session_id,
-            run_id=c.run_id,
-            instance_id=c.instance_id,
-            expected_revision=c.expected_revision,
-            revision=(c.expected_revision or 0) + 1,
-            last_seq=c.seq,
-            last_hash=c.last_hash,
-            last_event_key=c.last_event_key or "",
-            user_turns=c.user_turns,
-            model_steps=c.model_steps,
+    def heads(self) -> tuple[HeadWrite, ...]:
+        """The new head of every thread the batch recorded into."""
+        return tuple(
+            HeadWrite(
+                thread_id=c.thread_id,
+                session_id=c.session_id,
+                run_id=c.run_id,
+                instance_id=c.instance_id,
+                expected_revision=c.expected_revision,
+                revision=(c.expected_revision or 0) + 1,
+                last_seq=c.seq,
+                last_hash=c.last_hash,
+                last_event_key=c.last_event_key or "",
+                user_turns=c.user_turns,
+                model_steps=c.model_steps,
+            )
+            for c in self.cursors.values()
+            if c.dirty
         )
-        for c in cursors.values()
-        if c.dirty
-    )
-    return BatchPlan(
-        records=tuple(records),
-        blobs=tuple(blobs.values()),
-        heads=heads,
-        calls=tuple(new_calls),
-        outcomes=tuple(outcomes),
-        rejections=tuple(rejections),
-        duplicates=tuple(duplicates),
-        session_counts=session_counts,
-        session_policies=session_policies,
-        session_tenants={s: tenants[s] for s in session_policies},
-        new_runs=tuple(new_runs),
-        run_statuses=run_statuses,
-        new_threads=new_threads,
-        principals=principals,
-        releases=releases,
-        resets=tuple(resets),
-        state_writes=tuple(state_writes),
-        session_catalogs=session_catalogs,
-        receipts_requested=tuple(requested),
-        receipts_finished=tuple(finished),
-        receipts_reconciled=tuple(reconciled),
-    )
+
+
+@dataclass
+class _Calls:
+    """Tool calls opened and closed: an outcome answers an open call of its thread, a call id is used once (5, 6)."""
+
+    known: dict[tuple[str, str], CallState]
+    new_calls: list[NewCall] = field(default_factory=list)
+    outcomes: list[NewOutcome] = field(default_factory=list)
+
+    def check(self, event: Event, thread_id: str) -> None:
+        _check_outcome(event, thread_id, self.known)
+        _check_calls(event, thread_id, self.known)
+
+    def apply(self, event: Event, thread_id: str, seq: int) -> None:
+        if isinstance(event, AssistantMessageEvent):
+            for call in event.payload.tool_calls:
+                self.known[(thread_id, call.call_id)] = CallState(call.call_id, seq, None, call.name, call.args)
+                self.new_calls.append(NewCall(thread_id, call.call_id, call.name, seq, call.args))
+        elif isinstance(event, ToolOutcomeEvent):
+            state = self.known[(thread_id, event.payload.call_id)]
+            self.known[(thread_id, event.payload.call_id)] = CallState(
+                state.call_id, state.call_seq, seq, state.name, state.args
+            )
+            self.outcomes.append(NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value))
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """What the session checks decided for an event: the policy a new session pins, and its lifecycle change."""
+
+    policy: str | None
+    known: bool
+    change: LifecycleChange
+
+
+class _Sessions:
+    """Sessions, runs and threads: tenant, policy, principal, release and lifecycle (invariant 3)."""
+
+    def __init__(self, reads: LedgerReads) -> None:
+        self._reads = reads
+        self.tenants: dict[str, str] = dict(reads.sessions)
+        self.policies: dict[str, str] = {}
+        self.life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
+        self.new_runs: list[RunState] = []
+        self.run_statuses: dict[str, str] = {}
+        self.new_threads: dict[str, ThreadMeta] = {}
+        self.principals: dict[str, str] = {}
+        self.releases: dict[str, str] = {}
+        self.resets: list[SessionReset] = []
+
+    def check_tenant(self, item: Decoded) -> None:
+        _check_tenant(item.tenant, item.event.session_id, self.tenants)
+
+    def check(self, item: Decoded) -> _Admitted:
+        event = item.event
+        policy = _check_policy(event, item.tenant, self._reads, self.policies)
+        known = event.session_id in self._reads.sessions or event.session_id in self.policies
+        return _Admitted(policy, known, self.life.check(event, item.subject_thread, session_known=known))
+
+    def apply(self, item: Decoded, admitted: _Admitted, seq: int) -> None:
+        event, thread_id, change = item.event, item.subject_thread, admitted.change
+        if admitted.policy is not None:
+            self.policies[event.session_id] = admitted.policy
+            self.tenants[event.session_id] = item.tenant
+        self.life.apply(change)
+        if change.new_run is not None:
+            self.new_runs.append(change.new_run)
+        if change.new_thread is not None:
+            self.new_threads[thread_id] = change.new_thread
+        if change.run_status is not None:
+            self.run_statuses[change.run_status[0]] = change.run_status[1]
+        if change.principal is not None:
+            self.principals[change.principal[0]] = change.principal[1]
+        if change.release is not None:
+            self.releases[change.release[0]] = change.release[1]
+        if change.reset_session is not None:
+            self.resets.append(SessionReset(change.reset_session, thread_id, seq))
+        meta = self.life.threads.get(thread_id)
+        if meta is not None:
+            self.life.threads[thread_id] = ThreadMeta(meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq)
+
+
+class _States:
+    """Typed state: each thread's facts as the batch changes them, and the tool catalog each session pins."""
+
+    def __init__(self, reads: LedgerReads) -> None:
+        self._reads = reads
+        self.views: dict[str, StateView] = {}
+        self.catalogs: dict[str, tuple[int, ToolCatalog]] = dict(reads.catalogs)
+        self.session_catalogs: dict[str, int] = {}
+        self.writes: list[PlannedStateWrite] = []
+
+    def pin_catalog(self, item: Decoded, session_known: bool) -> None:
+        """A new session naming a release takes that release's newest catalog."""
+        event = item.event
+        release = (item.tenant, event.agent_release or "")
+        if not session_known and event.agent_release and release in self._reads.latest_catalogs:
+            self.catalogs.setdefault(event.session_id, self._reads.latest_catalogs[release])
+
+    def check(
+        self, event: Event, thread_id: str, seq: int, calls: Mapping[tuple[str, str], CallState]
+    ) -> PlannedStateWrite | None:
+        view = self.views.setdefault(thread_id, _copy_state(self._reads.states.get(thread_id)))
+        write = _state_write(event, view, self.catalogs.get(event.session_id), calls, thread_id, seq)
+        return None if write is None else PlannedStateWrite(thread_id, seq, event.event_key, write[0], write[1])
+
+    def apply(self, event: Event, write: PlannedStateWrite | None, *, pins_release: bool) -> None:
+        if pins_release and event.session_id in self.catalogs and event.session_id not in self._reads.catalogs:
+            self.session_catalogs[event.session_id] = self.catalogs[event.session_id][0]
+        if write is not None:
+            self.views[write.thread_id].apply(write.write)
+            self.writes.append(write)
+
+
+@dataclass
+class _Receipts:
+    """Operation receipts: an operation id is executed once per session and settled only if it exists."""
+
+    operations: set[tuple[str, str]]
+    requested: list[ReceiptRequest] = field(default_factory=list)
+    finished: list[ReceiptFinish] = field(default_factory=list)
+    reconciled: list[ReceiptReconcile] = field(default_factory=list)
+
+    def check(self, event: Event) -> None:
+        _check_operations(event, self.operations)
+        _check_reconcile(event, self.operations)
+
+    def apply(self, event: Event, thread_id: str) -> None:
+        if isinstance(event, AssistantMessageEvent):
+            for call in event.payload.tool_calls:
+                if call.operation_id is None:
+                    continue
+                digest = sha256_hex(canonical_json({"tool": call.name, "args": call.args}))
+                self.operations.add((event.session_id, call.operation_id))
+                self.requested.append(ReceiptRequest(
+                    event.session_id, call.operation_id, thread_id, call.call_id, call.name, digest, event.event_key
+                ))
+        elif isinstance(event, ToolOutcomeEvent):
+            out = event.payload
+            response = sha256_hex(out.text.encode("utf-8"))
+            self.finished.append(ReceiptFinish(
+                thread_id, out.call_id, _RECEIPT_STATUS[out.status.value], event.event_key, response, out.external_ref
+            ))
+        elif isinstance(event, OperationReconcileEvent):
+            settle = event.payload
+            self.reconciled.append(ReceiptReconcile(
+                event.session_id, settle.operation_id, settle.status, settle.external_ref, event.event_key
+            ))
 
 
 def _check_operations(event: Event, operations: set[tuple[str, str]]) -> None:
@@ -537,26 +729,6 @@ def _check_reconcile(event: Event, operations: set[tuple[str, str]]) -> None:
 
 
 _RECEIPT_STATUS = {"success": "success", "error": "failed", "timeout": "timeout", "unknown": "unknown"}
-
-
-def _note_receipts(
-    event: Event,
-    thread_id: str,
-    operations: set[tuple[str, str]],
-    requested: list[tuple[str, str, str, str, str, str, str]],
-    finished: list[tuple[str, str, str, str, str, str | None]],
-) -> None:
-    if isinstance(event, AssistantMessageEvent):
-        for call in event.payload.tool_calls:
-            if call.operation_id is None:
-                continue
-            digest = sha256_hex(canonical_json({"tool": call.name, "args": call.args}))
-            operations.add((event.session_id, call.operation_id))
-            requested.append((event.session_id, call.operation_id, thread_id, call.call_id, call.name, digest, event.event_key))
-    elif isinstance(event, ToolOutcomeEvent):
-        p = event.payload
-        response = sha256_hex(p.text.encode("utf-8"))
-        finished.append((thread_id, p.call_id, _RECEIPT_STATUS[p.status.value], event.event_key, response, p.external_ref))
 
 
 def _copy_state(view: StateView | None) -> StateView:
@@ -675,24 +847,6 @@ def _check_calls(event: Event, thread_id: str, calls: Mapping[tuple[str, str], C
         if call.call_id in seen or (thread_id, call.call_id) in calls:
             raise DuplicateCallId(call.call_id)
         seen.add(call.call_id)
-
-
-def _note_calls(
-    event: Event,
-    thread_id: str,
-    seq: int,
-    calls: dict[tuple[str, str], CallState],
-    new_calls: list[NewCall],
-    outcomes: list[NewOutcome],
-) -> None:
-    if isinstance(event, AssistantMessageEvent):
-        for call in event.payload.tool_calls:
-            calls[(thread_id, call.call_id)] = CallState(call.call_id, seq, None, call.name, call.args)
-            new_calls.append(NewCall(thread_id, call.call_id, call.name, seq, call.args))
-    elif isinstance(event, ToolOutcomeEvent):
-        state = calls[(thread_id, event.payload.call_id)]
-        calls[(thread_id, event.payload.call_id)] = CallState(state.call_id, state.call_seq, seq, state.name, state.args)
-        outcomes.append(NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value))
 
 
 def _identity_and_content(event: Event) -> dict[str, JsonValue]:

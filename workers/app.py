@@ -1,135 +1,45 @@
-"""Composition: the workers of one process, wired to one pool, one broker and one registry.
+"""Wiring and lifecycle of one process's workers: start, health, backlog gauges, drain and stop.
 
-All workers can run in one process (the embedded default) or one kind per process (k8s).
+What runs is decided in :mod:`workers.compose`; all workers can run in one process (the embedded
+default) or one kind per process (k8s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
 
 import asyncpg
-from faststream import FastStream
 from faststream.exceptions import IncorrectState
 from faststream.nats import NatsBroker
-from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
 from nats.aio.subscription import Subscription
-from nats.js.errors import NotFoundError
 from nats.errors import Error as NatsError
 
-from contracts import JOBS_STREAM, DeadLetter
-from contracts.subjects import DEAD, RECORDED
-from services.budgeting import BudgetService
+from contracts.subjects import RECORDED
 from services.errors import InvalidConfiguration
 from services.client import connect_nats
-from services.compacting import CompactionService, SummarizerFactory
-from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
-from services.compaction.model import Summarizer
-from services.compaction.structured import StructuredSummarizer
-from services.ledger import RecordingLimits
-from services.notices import NoticeBoard
-from services.preparing import PrepareService
-from services.records import LedgerRecord
 from services.settings import Settings
 from services.store.connect import create_pool
-from services.views import ViewLoader
 
-from .admission import RequestLimits
-from .assembler import AssemblerWorker
+from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
-from .compactor import COMPACTOR_DURABLE, CompactorWorker
+from .compose import compose, create_docs_app
 from .health import HealthServer
 from .indexer import IndexerWorker
-from .jobs import CountedJobQueue, JetStreamJobQueue
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
-__all__ = ["Fleet", "broker_security", "create_docs_app", "recording_limits", "summarizer_factory"]
+# create_docs_app is composition; it is named here too because infra/schemas.py imports it from here.
+__all__ = ["Fleet", "create_docs_app"]
 
 log = logging.getLogger("ctxfleet")
 _STARTUP_RETRY_S = 2.0
 _POOL_CLOSE_S = 5.0
 _GAUGES_STOP_S = 2.0
-
-
-def recording_limits(settings: Settings) -> RecordingLimits:
-    """The recorder limits a settings object describes."""
-    return RecordingLimits(
-        max_event_bytes=settings.max_event_bytes,
-        blob_min_bytes=settings.blob_min_bytes,
-        tool_result_max_tokens=settings.tool_result_max_tokens,
-    )
-
-
-def summarizer_factory(settings: Settings) -> SummarizerFactory:
-    """The configured summarizer (deterministic by default)."""
-    if settings.summarizer == "openai":
-        assert settings.summarizer_base_url and settings.summarizer_model
-        config = HttpSummarizerConfig(
-            base_url=settings.summarizer_base_url,
-            model=settings.summarizer_model,
-            api_key=settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None,
-            api=settings.summarizer_api,
-        )
-
-        def http(current_request: LedgerRecord | None) -> Summarizer:
-            return HttpSummarizer(config)
-
-        return http
-
-    def structured(current_request: LedgerRecord | None) -> Summarizer:
-        return StructuredSummarizer(current_request)
-
-    return structured
-
-
-def _document_outputs(broker: NatsBroker) -> None:
-    # Declared so the AsyncAPI document lists what the recorder publishes.
-    broker.publisher(
-        f"{DEAD}.events.{{thread}}",
-        title="dead letters",
-        description="Rejected events with reason and raw payload (stream CTX_DEAD).",
-        schema=DeadLetter,
-    )
-
-
-def create_docs_app() -> FastStream:
-    """The FastStream app as AsyncAPI sees it (nothing connects)."""
-    broker = NatsBroker("nats://localhost:4222")
-    metrics = FleetMetrics()
-    broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
-    broker.include_router(BudgeterWorker(None, None, metrics).router)
-    broker.include_router(CompactorWorker(None, metrics).router)
-    broker.include_router(IndexerWorker(None, metrics).router)
-    _document_outputs(broker)
-    return FastStream(broker)
-
-
-def _parse_nats_time(value: str) -> datetime | None:
-    # NATS sends RFC 3339 with nanoseconds; Python parses at most microseconds.
-    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?", value)
-    if match is None:
-        return None
-    fraction = (match.group(2) or ".0")[:7]
-    return datetime.fromisoformat(match.group(1) + fraction).replace(tzinfo=UTC)
-
-
-async def _watch_backlogs(fleet: Fleet, every_s: float = 5.0) -> None:
-    """Export what operators scale and alert on: the compaction queue and each worker's lag."""
-    # Ends on the flag, not only on cancellation: a cancel that lands in a client library's own
-    # wait_for can be swallowed (Python 3.11), and this loop would then run on for ever.
-    while not fleet.draining:
-        try:
-            await fleet.export_backlogs()
-        except Exception as exc:  # a metrics loop must never take the worker down
-            log.debug("backlog metrics: %s", exc)
-        await asyncio.sleep(every_s)
 
 
 # Subjects whose messages only say "look again"; dropping buffered ones on shutdown loses nothing.
@@ -179,23 +89,6 @@ async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
         await asyncio.sleep(poll_s)
 
 
-def broker_security(settings: Settings) -> NatsSecurity | None:
-    """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
-    options = settings.nats_options()
-    tls = options.get("tls")
-    if "user" in options:
-        return NatsUserPassword(options["user"], options["password"], ssl_context=tls)
-    if "token" in options:
-        return NatsToken(options["token"], ssl_context=tls)
-    if "nkeys_seed" in options:
-        return NatsNKey(options["nkeys_seed"], ssl_context=tls)
-    if "user_credentials" in options:
-        return NatsCredentials(options["user_credentials"], ssl_context=tls)
-    if tls is not None:
-        return NatsSecurity(ssl_context=tls)
-    return None
-
-
 @dataclass
 class Fleet:
     """The running workers of this process."""
@@ -238,57 +131,17 @@ class Fleet:
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
-        queue = JetStreamJobQueue(self._nc.jetstream(timeout=10.0))
-        loader = ViewLoader(self.pool)
-        self.broker = NatsBroker(
-            self.nats_url,
-            name=f"ctxfleet-broker-{s.recorder_id}",
-            logger=None,
-            security=broker_security(s),
-            # Like our own connection: ride out any broker outage rather than give up after a minute.
-            max_reconnect_attempts=-1,
-            # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]
-            # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
-            graceful_timeout=s.shutdown_timeout_s,
-        )
-        if "assembler" in names:
-            board = NoticeBoard()
-            counted = CountedJobQueue(queue, self.metrics)
-            service = PrepareService(self.pool, board, loader=loader, queue=counted, compaction_wait_ms=s.compaction_wait_ms)
-            limits = RequestLimits(max_inflight=s.max_inflight_requests, max_queue_age_ms=s.max_queue_age_ms)
-            self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool, limits=limits).router)
-        if "budgeter" in names:
-            self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
-            self.broker.include_router(self.budgeter.router)
-        if "indexer" in names:
-            self.indexer = IndexerWorker(self.pool, self.metrics)
-            self.broker.include_router(self.indexer.router)
-        if "compactor" in names:
-            nc = self._nc
-
-            async def notify(subject: str, body: bytes) -> None:
-                await nc.publish(subject, body)
-
-            compaction = CompactionService(self.pool, ViewLoader(self.pool), summarizer_factory(s))
-            self.broker.include_router(CompactorWorker(compaction, self.metrics, notify).router)
+        workers = compose(s, self.nats_url, self.pool, self._nc, self.metrics)
+        self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         await self.broker.start()
         if self.budgeter is not None:
             await self.budgeter.start()
         if self.indexer is not None:
             await self.indexer.start()
-        if "recorder" in names:
-            self.recorder = RecorderWorker(
-                self._nc,
-                self.pool,
-                self.metrics,
-                partitions=s.owned_partitions(),
-                limits=recording_limits(s),
-                recorder_id=s.recorder_id,
-                batch=s.record_batch,
-            )
+        if workers.recorder is not None:
+            self.recorder = workers.recorder
             await self.recorder.start()
-        self._gauges = asyncio.create_task(_watch_backlogs(self))
+        self._gauges = asyncio.create_task(watch_backlogs(self.export_backlogs, lambda: self._draining))
         self._started = True
         log.info("workers %s started", ", ".join(names))
 
@@ -394,35 +247,9 @@ class Fleet:
 
     async def export_backlogs(self) -> None:
         """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers of this process."""
-        nc, names, lag = self._nc, self.settings.worker_names, self.metrics.consumer_lag
-        if nc is None:
+        if self._nc is None:
             return
-        js = nc.jetstream(timeout=5.0)
-        if "compactor" in names or "budgeter" in names:
-            info = await js.stream_info(JOBS_STREAM)
-            self.metrics.queue_depth.set(info.state.messages)
-            age = 0.0
-            if info.state.messages:
-                try:
-                    first = await js.get_msg(JOBS_STREAM, info.state.first_seq)
-                except NotFoundError:
-                    first = None  # a compactor acked it between the two calls: the queue moved on
-                stamp = first.time if first is not None else None
-                if isinstance(stamp, str):
-                    stamp = _parse_nats_time(stamp)
-                if isinstance(stamp, datetime):
-                    age = (datetime.now(UTC) - stamp).total_seconds()
-            self.metrics.queue_oldest_age.set(max(0.0, age))
-        if "compactor" in names:
-            consumer = await js.consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
-            lag.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(consumer.num_pending + consumer.num_ack_pending)
-        if self.recorder is not None:
-            for partition, pending in (await self.recorder.lag()).items():
-                lag.labels(worker="recorder", consumer=f"p{partition}").set(pending)
-        if self.budgeter is not None:
-            lag.labels(worker="budgeter", consumer="threads").set(self.budgeter.backlog)
-        if self.indexer is not None:
-            lag.labels(worker="indexer", consumer="threads").set(self.indexer.backlog)
+        await export_backlogs(self._nc, self.settings.worker_names, self.metrics, self.recorder, self.budgeter, self.indexer)
 
     async def stop(self) -> None:
         """Stop pulling, finish and ack what is in hand, close connections. Safe to call twice.
@@ -434,7 +261,7 @@ class Fleet:
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:
             self._gauges.cancel()
-            # Bounded: see _watch_backlogs; it ends on the flag within one round if the cancel is lost.
+            # Bounded: see watch_backlogs; it ends on the flag within one round if the cancel is lost.
             await asyncio.wait({self._gauges}, timeout=_GAUGES_STOP_S)
             self._gauges = None
         started = time.perf_counter()

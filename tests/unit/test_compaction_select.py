@@ -44,7 +44,14 @@ def test_cover_counts_the_summary_it_replaces_once_and_the_new_one_at_its_cap() 
     # A bigger summary allowance means more history must go to reach the target, never less.
     assert len(large.blocks) >= len(small.blocks)
     target = int(policy.target_context_ratio * 2_000)
-    assert with_parent.estimated - 300 - small.tokens + 50 <= target or len(small.blocks) == len(eligible)
+    # Left after a cover of k blocks: the view without the summary it replaces (counted once), minus
+    # the blocks, plus the new summary at its allowance. Each cover is the smallest that reaches the target.
+    def left(k: int, allowance: int) -> int:
+        return with_parent.estimated - 300 - k * each + allowance
+
+    assert [block_tokens(b, "o200k_base") for b in eligible] == [each] * len(eligible)
+    assert len(small.blocks) == 1 and left(0, 50) <= target  # already under it: the least a cover takes
+    assert left(len(large.blocks), 500) <= target < left(len(large.blocks) - 1, 500)
     assert each > 0
 
 

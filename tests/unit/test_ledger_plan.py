@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts import ErrorCode
+from contracts import AssistantMessagePayload, ErrorCode, ToolCall
 from contracts.subjects import msg_id_of
 from services.hashing import GENESIS_HASH, verify_chain, ChainLink
 from services.ledger import (
@@ -13,6 +13,7 @@ from services.ledger import (
     KnownKey,
     LedgerReads,
     RecordingLimits,
+    SessionReset,
     ThreadHead,
     decode_batch,
     plan_batch,
@@ -203,3 +204,37 @@ def test_a_new_session_may_name_its_own_tenants_policy_or_a_shared_one_but_not_a
         LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
     )
     assert shared.session_policies == {globex.session_id: "default"} and shared.session_tenants == {globex.session_id: "globex"}
+
+
+def test_an_event_breaking_several_rules_is_rejected_for_the_rule_checked_first() -> None:
+    t = Thread()
+    question = t.user("q", key="k1")
+    known = {(t.thread_id, "k1"): KnownKey(1, _plan([question]).records[0].content_sha256)}
+    # A redelivery by another tenant is refused as a foreign write, not waved through as a duplicate.
+    batch = incoming([question], tenant="globex")
+    reads = LedgerReads({}, known, {}, sessions={t.session_id: "default"})
+    foreign = plan_batch(decode_batch(batch, LIMITS), reads, LIMITS, COUNTERS)
+    assert [r.code for r in foreign.rejections] == [ErrorCode.SCOPE_VIOLATION] and foreign.duplicates == ()
+    # An exact redelivery of an outcome whose call is unknown is a duplicate: the key is checked before the call.
+    orphan = t.outcome("c9", "late", key="k2")
+    sha = _plan([t.assistant("", (("c9", "read", {}),), key="k0"), orphan]).records[1].content_sha256
+    again = _plan([orphan], LedgerReads({}, {(t.thread_id, "k2"): KnownKey(2, sha)}, {}))
+    assert again.duplicates == ((t.thread_id, "k2"),) and again.rejections == ()
+
+
+def test_plan_names_its_receipts_resets_and_state_writes_fields_as_the_store_writes_them() -> None:
+    t = Thread()
+    call = ToolCall(call_id="c1", name="pay", args={"to": "bob"}, operation_id="op1")
+    ask = t.assistant().model_copy(update={"payload": AssistantMessagePayload(text="", tool_calls=(call,))})
+    plan = _plan([t.system(), ask, t.outcome("c1", "paid", key="k3"), t.reset(key="k4")])
+    (requested,) = plan.receipts_requested
+    assert (requested.session_id, requested.operation_id, requested.thread_id, requested.call_id, requested.tool) == (
+        t.session_id, "op1", t.thread_id, "c1", "pay"
+    )
+    assert requested.requested_event == ask.event_key
+    (finished,) = plan.receipts_finished
+    assert (finished.thread_id, finished.call_id, finished.status, finished.finished_event) == (t.thread_id, "c1", "success", "k3")
+    assert plan.resets == (SessionReset(t.session_id, t.thread_id, 4),)
+    # Positional order is the store's column order: the tuples still unpack as they did.
+    session_id, operation_id, *_ = requested
+    assert (session_id, operation_id) == (t.session_id, "op1")

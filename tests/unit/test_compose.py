@@ -1,0 +1,46 @@
+"""Composition: a process builds exactly the workers its settings name, around one shared view cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import workers.compose as compose_module
+from services.settings import Settings
+from workers.compose import compose
+from workers.metrics import FleetMetrics
+
+
+class _Connection:
+    """The NATS client as composition uses it: contexts are made, nothing is sent."""
+
+    def jetstream(self, timeout: float) -> object:
+        return object()
+
+
+def _compose(monkeypatch: pytest.MonkeyPatch, workers: str) -> tuple[compose_module.Workers, list[Any]]:
+    made: list[Any] = []
+    real = compose_module.ViewLoader
+
+    def counted(pool: Any) -> Any:
+        made.append(real(pool))
+        return made[-1]
+
+    monkeypatch.setattr(compose_module, "ViewLoader", counted)
+    built = compose(Settings(workers=workers), "nats://localhost:4222", object(), _Connection(), FleetMetrics())  # type: ignore[arg-type]
+    return built, made
+
+
+def test_the_assembler_budgeter_and_compactor_of_a_process_share_one_view_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    built, made = _compose(monkeypatch, "recorder,assembler,budgeter,compactor,indexer")
+    assert len(made) == 1 and built.loader is made[0]
+    assert built.recorder is not None and built.budgeter is not None and built.indexer is not None
+
+
+def test_a_process_builds_only_the_workers_its_settings_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    built, _ = _compose(monkeypatch, "assembler")
+    assert (built.recorder, built.budgeter, built.indexer) == (None, None, None)
+    assert built.broker.subscribers, "the assembler's request subscribers are on the broker"
+    alone, _ = _compose(monkeypatch, "indexer")
+    assert alone.indexer is not None and alone.recorder is None and alone.budgeter is None

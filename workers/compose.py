@@ -1,0 +1,188 @@
+"""Composition: which workers this process runs, built from settings around one pool and one connection.
+
+Nothing here connects or starts anything: :func:`compose` only builds; ``workers.app.Fleet`` starts,
+checks and stops what it built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
+from nats.aio.client import Client as NatsClient
+
+from contracts import DeadLetter
+from contracts.subjects import DEAD
+from services.budgeting import BudgetService
+from services.compacting import CompactionService, SummarizerFactory
+from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
+from services.compaction.model import Summarizer
+from services.compaction.structured import StructuredSummarizer
+from services.ledger import RecordingLimits
+from services.notices import NoticeBoard
+from services.preparing import PrepareService
+from services.records import LedgerRecord
+from services.settings import Settings
+from services.views import ViewLoader
+
+from .admission import RequestLimits
+from .assembler import AssemblerWorker
+from .budgeter import BudgeterWorker
+from .compactor import CompactorWorker
+from .indexer import IndexerWorker
+from .jobs import CountedJobQueue, JetStreamJobQueue
+from .metrics import FleetMetrics
+from .recorder import RecorderWorker
+
+__all__ = [
+    "Workers",
+    "broker_security",
+    "compose",
+    "create_broker",
+    "create_docs_app",
+    "recording_limits",
+    "summarizer_factory",
+]
+
+
+def recording_limits(settings: Settings) -> RecordingLimits:
+    """The recorder limits a settings object describes."""
+    return RecordingLimits(
+        max_event_bytes=settings.max_event_bytes,
+        blob_min_bytes=settings.blob_min_bytes,
+        tool_result_max_tokens=settings.tool_result_max_tokens,
+    )
+
+
+def summarizer_factory(settings: Settings) -> SummarizerFactory:
+    """The configured summarizer (deterministic by default)."""
+    if settings.summarizer == "openai":
+        assert settings.summarizer_base_url and settings.summarizer_model
+        config = HttpSummarizerConfig(
+            base_url=settings.summarizer_base_url,
+            model=settings.summarizer_model,
+            api_key=settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None,
+            api=settings.summarizer_api,
+        )
+
+        def http(current_request: LedgerRecord | None) -> Summarizer:
+            return HttpSummarizer(config)
+
+        return http
+
+    def structured(current_request: LedgerRecord | None) -> Summarizer:
+        return StructuredSummarizer(current_request)
+
+    return structured
+
+
+def broker_security(settings: Settings) -> NatsSecurity | None:
+    """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
+    options = settings.nats_options()
+    tls = options.get("tls")
+    if "user" in options:
+        return NatsUserPassword(options["user"], options["password"], ssl_context=tls)
+    if "token" in options:
+        return NatsToken(options["token"], ssl_context=tls)
+    if "nkeys_seed" in options:
+        return NatsNKey(options["nkeys_seed"], ssl_context=tls)
+    if "user_credentials" in options:
+        return NatsCredentials(options["user_credentials"], ssl_context=tls)
+    if tls is not None:
+        return NatsSecurity(ssl_context=tls)
+    return None
+
+
+def create_broker(settings: Settings, nats_url: str) -> NatsBroker:
+    """The FastStream broker of this process, not yet connected."""
+    return NatsBroker(
+        nats_url,
+        name=f"ctxfleet-broker-{settings.recorder_id}",
+        logger=None,
+        security=broker_security(settings),
+        # Like our own connection: ride out any broker outage rather than give up after a minute.
+        max_reconnect_attempts=-1,
+        # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]
+        # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
+        graceful_timeout=settings.shutdown_timeout_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """What one process runs: the broker carrying its subscribers, and the workers with their own loops."""
+
+    broker: NatsBroker
+    loader: ViewLoader
+    budgeter: BudgeterWorker | None
+    indexer: IndexerWorker | None
+    recorder: RecorderWorker | None
+
+
+def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClient, metrics: FleetMetrics) -> Workers:
+    """The workers ``settings`` name, wired to ``pool``, ``nc`` and one broker; nothing is started."""
+    names = settings.worker_names
+    queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
+    # One loader per process: the assembler, budgeter and compactor of a process read the same hot
+    # threads, and three caches would hold (and re-read) the same records three times.
+    loader = ViewLoader(pool)
+    broker = create_broker(settings, nats_url)
+    if "assembler" in names:
+        board = NoticeBoard()
+        counted = CountedJobQueue(queue, metrics)
+        service = PrepareService(pool, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms)
+        limits = RequestLimits(max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms)
+        broker.include_router(AssemblerWorker(service, board, metrics, pool, limits=limits).router)
+    budgeter = None
+    if "budgeter" in names:
+        budgeter = BudgeterWorker(BudgetService(pool, loader, queue), pool, metrics)
+        broker.include_router(budgeter.router)
+    indexer = None
+    if "indexer" in names:
+        indexer = IndexerWorker(pool, metrics)
+        broker.include_router(indexer.router)
+    if "compactor" in names:
+
+        async def notify(subject: str, body: bytes) -> None:
+            await nc.publish(subject, body)
+
+        compaction = CompactionService(pool, loader, summarizer_factory(settings))
+        broker.include_router(CompactorWorker(compaction, metrics, notify).router)
+    recorder = None
+    if "recorder" in names:
+        recorder = RecorderWorker(
+            nc,
+            pool,
+            metrics,
+            partitions=settings.owned_partitions(),
+            limits=recording_limits(settings),
+            recorder_id=settings.recorder_id,
+            batch=settings.record_batch,
+        )
+    return Workers(broker, loader, budgeter, indexer, recorder)
+
+
+def _document_outputs(broker: NatsBroker) -> None:
+    # Declared so the AsyncAPI document lists what the recorder publishes.
+    broker.publisher(
+        f"{DEAD}.events.{{thread}}",
+        title="dead letters",
+        description="Rejected events with reason and raw payload (stream CTX_DEAD).",
+        schema=DeadLetter,
+    )
+
+
+def create_docs_app() -> FastStream:
+    """The FastStream app as AsyncAPI sees it (nothing connects)."""
+    broker = NatsBroker("nats://localhost:4222")
+    metrics = FleetMetrics()
+    broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
+    broker.include_router(BudgeterWorker(None, None, metrics).router)
+    broker.include_router(CompactorWorker(None, metrics).router)
+    broker.include_router(IndexerWorker(None, metrics).router)
+    _document_outputs(broker)
+    return FastStream(broker)
