@@ -19,7 +19,7 @@ from contracts import (
     ThreadInspection,
     event_json_schema,
 )
-from workers.app import create_docs_app
+from workers.compose import create_docs_app
 
 __all__ = ["write_schemas"]
 

@@ -27,14 +27,13 @@ from services.store.connect import create_pool
 
 from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
-from .compose import compose, create_docs_app
+from .compose import compose
 from .health import HealthServer
 from .indexer import IndexerWorker
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
-# create_docs_app is composition; it is named here too because infra/schemas.py imports it from here.
-__all__ = ["Fleet", "create_docs_app"]
+__all__ = ["Fleet"]
 
 log = logging.getLogger("ctxfleet")
 _STARTUP_RETRY_S = 2.0
