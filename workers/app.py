@@ -38,6 +38,7 @@ from services.preparing import PrepareService
 from services.records import LedgerRecord
 from services.settings import Settings
 from services.store.connect import create_pool
+from services.store.postgres import PgStore
 from services.views import ViewLoader
 
 from .admission import RequestLimits
@@ -239,7 +240,8 @@ class Fleet:
         )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
         queue = JetStreamJobQueue(self._nc.jetstream(timeout=10.0))
-        loader = ViewLoader(self.pool)
+        store = PgStore(self.pool)
+        loader = ViewLoader()
         self.broker = NatsBroker(
             self.nats_url,
             name=f"ctxfleet-broker-{s.recorder_id}",
@@ -255,11 +257,11 @@ class Fleet:
         if "assembler" in names:
             board = NoticeBoard()
             counted = CountedJobQueue(queue, self.metrics)
-            service = PrepareService(self.pool, board, loader=loader, queue=counted, compaction_wait_ms=s.compaction_wait_ms)
+            service = PrepareService(store, board, loader=loader, queue=counted, compaction_wait_ms=s.compaction_wait_ms)
             limits = RequestLimits(max_inflight=s.max_inflight_requests, max_queue_age_ms=s.max_queue_age_ms)
             self.broker.include_router(AssemblerWorker(service, board, self.metrics, self.pool, limits=limits).router)
         if "budgeter" in names:
-            self.budgeter = BudgeterWorker(BudgetService(self.pool, ViewLoader(self.pool), queue), self.pool, self.metrics)
+            self.budgeter = BudgeterWorker(BudgetService(store, ViewLoader(), queue), self.pool, self.metrics)
             self.broker.include_router(self.budgeter.router)
         if "indexer" in names:
             self.indexer = IndexerWorker(self.pool, self.metrics)
@@ -270,7 +272,7 @@ class Fleet:
             async def notify(subject: str, body: bytes) -> None:
                 await nc.publish(subject, body)
 
-            compaction = CompactionService(self.pool, ViewLoader(self.pool), summarizer_factory(s))
+            compaction = CompactionService(store, ViewLoader(), summarizer_factory(s))
             self.broker.include_router(CompactorWorker(compaction, self.metrics, notify).router)
         await self.broker.start()
         if self.budgeter is not None:
