@@ -113,8 +113,8 @@ class RecordingService:
         Raises:
             StoreUnavailable: the store cannot be reached; the worker retries the batch.
             RevisionConflict: another writer kept moving the heads through every attempt.
-            StoreFault: a failure of the store that no event caused (a missing table, a full disk; a
-                StoreUnavailable), so the worker retries rather than dead-letter valid events.
+            StoreUnavailable: also for a failure of the store that no event caused (a missing table,
+                a full disk), so the worker retries rather than dead-letter valid events.
         """
         parts = await self._record_isolating(partition, list(batch))
         return _merge(parts)
@@ -201,7 +201,7 @@ class _Unappliable(Exception):
 def _is_content_failure(exc: Exception) -> bool:
     """True when the values of the batch, not the state of the store, made a step fail."""
     if isinstance(exc, CtxError):
-        # Retryable errors (StoreUnavailable, StoreFault: the store's state, not the values) and
+        # Retryable errors (StoreUnavailable: the store's state, not the values) and
         # DuplicateEvent already have their own handling; StoreRejected blames the values sent.
         return not exc.retryable and not isinstance(exc, DuplicateEvent)
     if isinstance(exc, MemoryError):

@@ -1,8 +1,8 @@
 """The one place where asyncpg's exceptions become fleet errors.
 
 Every store method runs under :func:`translate_pg_errors`, so nothing above the store sees a driver
-type: a caller sees ``DuplicateEvent``, ``RevisionConflict``, ``StoreUnavailable`` (or its
-``StoreFault``) or ``StoreRejected`` — never an ``asyncpg`` exception.
+type: a caller sees ``DuplicateEvent``, ``RevisionConflict``, ``StoreUnavailable`` or
+``StoreRejected`` — never an ``asyncpg`` exception.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncpg
 from ..errors import DuplicateEvent, InvalidRequest, RevisionConflict, StoreUnavailable
 from ..settings import redact_url
 
-__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "StoreFault", "StoreRejected", "translate_pg_errors"]
+__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "StoreRejected", "translate_pg_errors"]
 
 # Every asyncpg failure that means "the database is not reachable right now"; retrying later helps.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -58,13 +58,12 @@ class StoreRejected(InvalidRequest):
         self.cause = cause
 
 
-class StoreFault(StoreUnavailable):
-    """A failure of the store that no value caused (a missing table, a full disk, a permission):
-    it would fail for any input alike, so the caller retries later instead of blaming the input."""
-
-    def __init__(self, error: str, sqlstate: str, cause: str) -> None:
-        super().__init__(f"{error} (SQLSTATE {sqlstate}): {cause}")
-        self.details.update(error=error, sqlstate=sqlstate)
+def _store_fault(exc: asyncpg.PostgresError) -> StoreUnavailable:
+    """A failure of the store that no value caused (a missing table, a full disk, a permission): it
+    would fail for any input alike, so the caller retries later instead of blaming the input."""
+    fault = StoreUnavailable(f"{type(exc).__name__} (SQLSTATE {exc.sqlstate}): {exc}")
+    fault.details.update(error=type(exc).__name__, sqlstate=str(exc.sqlstate))
+    return fault
 
 
 # What the mapping below catches besides unique violations: every driver and connection failure.
@@ -74,8 +73,8 @@ _DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.P
 @contextmanager
 def translate_pg_errors(thread_id: str = "?", *, connecting_to: str | None = None) -> Iterator[None]:
     """Map asyncpg errors: event-key unique → DuplicateEvent, a racing unique → RevisionConflict,
-    lost connections → StoreUnavailable, refused values → StoreRejected, any other server error →
-    StoreFault. With ``connecting_to`` (a URL), any failure to open a connection is StoreUnavailable
+    lost connections → StoreUnavailable, refused values → StoreRejected, any other server error (a
+    fault of the store itself) → StoreUnavailable naming it. With ``connecting_to`` (a URL), any failure to open a connection is StoreUnavailable
     naming the server, never its password."""
     try:
         yield
@@ -102,4 +101,4 @@ def translate_pg_errors(thread_id: str = "?", *, connecting_to: str | None = Non
         sqlstate = str(exc.sqlstate)
         if sqlstate[:2] in CONTENT_SQLSTATE_CLASSES:
             raise StoreRejected(type(exc).__name__, sqlstate, str(exc)) from exc
-        raise StoreFault(type(exc).__name__, sqlstate, str(exc)) from exc
+        raise _store_fault(exc) from exc

@@ -27,20 +27,25 @@ __all__ = [
     "BudgetStore",
     "CompactionSession",
     "CompactionStore",
+    "FullRecord",
     "IndexStore",
     "PrepareSession",
     "PrepareStore",
     "QueryStore",
     "RecordingSession",
     "RecordingStore",
+    "Transactional",
     "ViewReads",
     "ViewWrites",
 ]
 
+# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
 FullRecord = tuple[int, str, str, dict[str, object], str, str | None]
 
 
 class Transactional(Protocol):
+    """A session whose writes can be grouped."""
+
     def transaction(self) -> AbstractAsyncContextManager[None]:
         """Everything in the block commits together or not at all."""
         ...

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import asyncpg
 
@@ -25,6 +25,9 @@ from . import search as search_sql
 from ._errors import translate_pg_errors
 from .ledger import Conn, DeadLettersRepo, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord, TrackingRepo
 from .views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
+
+if TYPE_CHECKING:
+    from .ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
 
 __all__ = ["PgSession", "PgStore"]
 
@@ -265,6 +268,11 @@ class PgStore:
         async with self._conn() as conn:
             return await queries.insert_catalog(conn, tenant, catalog)
 
+    async def ping(self) -> None:
+        """One round trip (readiness): StoreUnavailable if the server does not answer."""
+        async with self._conn() as conn:
+            await conn.fetchval("SELECT 1")
+
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         async with self._conn() as conn:
             return await PoliciesRepo.register(conn, tenant, policy)
@@ -280,3 +288,11 @@ class PgStore:
     async def reset_index(self, session_id: str | None) -> list[str]:
         async with self._conn() as conn:
             return await search_sql.reset_index(conn, session_id)
+
+
+if TYPE_CHECKING:
+    # Checked by mypy: the PostgreSQL store implements every port.
+    def _implements(
+        store: PgStore,
+    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, QueryStore, IndexStore]:
+        return store, store, store, store, store, store
