@@ -94,6 +94,7 @@ class MemoryStore:
 
     def __init__(self, *, now: Callable[[], float] = time.monotonic) -> None:
         self.tables = _Tables()
+        self.open_sessions = 0
         self._now = now
         # The built-in policy every tenant may use, as migration 0002 seeds it.
         self.tables.policies[("", DEFAULT_POLICY_NAME, 1)] = ContextPolicy.model_validate_json(
@@ -102,8 +103,12 @@ class MemoryStore:
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[MemorySession]:
-        """A session on the shared tables."""
-        yield MemorySession(self, self._now)
+        """A session on the shared tables (counted in ``open_sessions``, as a pool counts connections)."""
+        self.open_sessions += 1
+        try:
+            yield MemorySession(self, self._now)
+        finally:
+            self.open_sessions -= 1
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
