@@ -1,4 +1,7 @@
-"""Repositories of the ledger tables. The only module that holds ledger SQL.
+"""Repositories of the ledger tables (records, heads, blobs, calls, state, runs, tracking, dead letters).
+
+All SQL lives in ``services.store``: this module the ledger's, ``views`` the compaction state's,
+``queries`` the request reads', ``search`` the index's; ``postgres`` exposes them as the ports.
 
 Every method that takes part in a caller's transaction takes the connection first.
 """

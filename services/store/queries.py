@@ -1,5 +1,6 @@
-"""Reads for operators and runtimes (sessions, receipts, read-back) and the registrations of
-catalogs and policies' siblings. Only SQL here; each function takes the connection first."""
+"""Sessions, receipts, read-back and tool catalogs: what requests read straight from the store.
+
+Only SQL here; each function takes the connection first."""
 
 from __future__ import annotations
 
