@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MemorySession", "MemoryStore"]
 
-Row = dict[str, Any]
+_Row = dict[str, Any]
 
 
 def _conflict(thread_id: str, constraint: str) -> RevisionConflict:
@@ -56,22 +56,22 @@ def _refused(error: str, sqlstate: str, cause: str) -> StoreRejected:
 
 @dataclass
 class _Tables:
-    sessions: dict[str, Row] = field(default_factory=dict)
+    sessions: dict[str, _Row] = field(default_factory=dict)
     policies: dict[tuple[str, str, int], ContextPolicy] = field(default_factory=dict)
-    heads: dict[str, Row] = field(default_factory=dict)
-    records: dict[tuple[str, int], Row] = field(default_factory=dict)
+    heads: dict[str, _Row] = field(default_factory=dict)
+    records: dict[tuple[str, int], _Row] = field(default_factory=dict)
     blobs: dict[str, bytes] = field(default_factory=dict)
-    runs: dict[str, Row] = field(default_factory=dict)
-    calls: dict[tuple[str, str], Row] = field(default_factory=dict)
-    dead_letters: list[Row] = field(default_factory=list)
+    runs: dict[str, _Row] = field(default_factory=dict)
+    calls: dict[tuple[str, str], _Row] = field(default_factory=dict)
+    dead_letters: list[_Row] = field(default_factory=list)
     tracking: dict[tuple[str, int], int] = field(default_factory=dict)
     facts: dict[tuple[str, str], Fact] = field(default_factory=dict)
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
-    proposals: list[Row] = field(default_factory=list)
+    proposals: list[_Row] = field(default_factory=list)
     catalogs: dict[tuple[str, str, int], ToolCatalog] = field(default_factory=dict)
-    receipts: dict[tuple[str, str], Row] = field(default_factory=dict)
-    views: dict[str, Row] = field(default_factory=dict)
-    summaries: dict[str, Row] = field(default_factory=dict)
+    receipts: dict[tuple[str, str], _Row] = field(default_factory=dict)
+    views: dict[str, _Row] = field(default_factory=dict)
+    summaries: dict[str, _Row] = field(default_factory=dict)
     # Insertion order stands in for created_at / updated_at.
     clock: int = 0
 
@@ -80,7 +80,7 @@ class _Tables:
         return self.clock
 
 
-def _new_view(thread_id: str) -> Row:
+def _new_view(thread_id: str) -> _Row:
     return {
         "thread_id": thread_id, "view_revision": 0, "summary_id": None, "covered_to": 0, "baseline_user_turns": 0,
         "baseline_model_steps": 0, "baseline_watermark": 0, "evaluated_revision": 0, "pending_fingerprint": None,
@@ -407,11 +407,11 @@ class MemorySession:
 
     # Views.
 
-    def _record(self, row: Row) -> LedgerRecord:
+    def _record(self, row: _Row) -> LedgerRecord:
         # The row → LedgerRecord mapping is the store's one (``_ledger_record``): fed the same columns.
         return _ledger_record(cast(Any, {**row, "text": self._view_text(row)}))
 
-    def _view_text(self, row: Row) -> str | None:
+    def _view_text(self, row: _Row) -> str | None:
         """``COALESCE(view_text, text, blob)``, as the records queries read it."""
         if row["view_text"] is not None:
             return str(row["view_text"])
@@ -525,7 +525,7 @@ class MemorySession:
             return None
         return self._t.catalogs.get((s["tenant"], s["agent_release"], s["catalog_revision"]))
 
-    def _view(self, thread_id: str) -> Iterator[Row]:
+    def _view(self, thread_id: str) -> Iterator[_Row]:
         view = self._t.views.get(thread_id)
         if view is not None:
             yield view
@@ -629,7 +629,7 @@ class MemorySession:
                 out[ref] = EvidenceRow(r["event_key"], r["kind"], r["content_sha256"], r["record_hash"], r["text"], r["blob_sha256"], blob)
         return out
 
-    def _thread_rows(self, thread_id: str) -> list[Row]:
+    def _thread_rows(self, thread_id: str) -> list[_Row]:
         return sorted((r for (tid, _), r in self._t.records.items() if tid == thread_id), key=lambda r: r["seq"])
 
     async def totals(self, thread_id: str) -> tuple[int, int]:
