@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from contracts import DEFAULT_POLICY_NAME, ContextPolicy, ToolCatalog
@@ -78,6 +79,12 @@ class _Tables:
     def tick(self) -> int:
         self.clock += 1
         return self.clock
+
+
+def _as_timestamptz(ts: datetime | None) -> datetime | None:
+    """What a ``timestamptz`` column gives back: the instant in UTC (asyncpg, like ``astimezone``,
+    takes a naive time as local)."""
+    return None if ts is None else ts.astimezone(timezone.utc)
 
 
 def _new_view(thread_id: str) -> _Row:
@@ -301,7 +308,8 @@ class MemorySession:
             "run_id": r.run_id, "instance_id": r.instance_id, "event_key": r.event_key, "kind": r.kind,
             "payload": r.payload_json, "text": r.text, "blob_sha256": r.blob_sha256, "view_text": r.view_text,
             "tokens_o200k": r.tokens.o200k_base, "tokens_cl100k": r.tokens.cl100k_base, "content_sha256": r.content_sha256,
-            "prev_hash": r.prev_hash, "record_hash": r.record_hash, "client_ts": r.client_ts, "stream_seq": r.stream_seq,
+            "prev_hash": r.prev_hash, "record_hash": r.record_hash, "client_ts": _as_timestamptz(r.client_ts),
+            "stream_seq": r.stream_seq,
             "recorded_by": recorded_by, "mask_text": r.mask_text,
             "mask_tokens_o200k": mask.o200k_base if mask else None, "mask_tokens_cl100k": mask.cl100k_base if mask else None,
             "recorded_at": t.tick(),
