@@ -1,4 +1,4 @@
-"""The assembler's service: answer prepares and inspections from Postgres.
+"""The assembler's service: answer prepares and inspections from the store.
 
 Read-your-writes: a request naming ``after_event_key`` is answered only once the ledger holds that
 event (or says it was rejected); the wait is driven by recorder notices and bounded by the

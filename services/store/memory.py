@@ -384,7 +384,8 @@ class MemorySession:
         for session_id, operation_id, status, ref, reconciled in plan.receipts_reconciled:
             receipt = t.receipts.get((session_id, operation_id))
             if receipt is not None and receipt["status"] in ("requested", "unknown", "timeout"):
-                receipt.update(status=status, external_ref=ref or receipt["external_ref"], reconciled_event=reconciled)
+                external_ref = ref if ref is not None else receipt["external_ref"]  # COALESCE, not truthiness
+                receipt.update(status=status, external_ref=external_ref, reconciled_event=reconciled)
         for thread_id, seq, event_key, write, ops in plan.state_writes:
             if write.proposal:
                 t.proposals.append({"thread_id": thread_id, "seq": seq, "event_key": event_key, "ops": [o.model_dump(mode="json") for o in ops]})

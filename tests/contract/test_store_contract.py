@@ -218,3 +218,39 @@ async def test_policies_are_revisioned_per_tenant_beside_the_shared_built_ins(st
         assert found is not None and found[0] == 2 and found[1].budget_tokens == 4_000
         assert await s.get_policy("globex", policy.name) is None
         assert (await s.get_policy("globex", "default", 1)) is not None
+
+
+async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) -> None:
+    a = Thread()
+    await _write(store, [a.user("one", key="k1"), a.assistant("two", key="k2"), a.run_status("completed", key="end")])
+    b = a.next_run()
+    await _write(store, [b.user("three", key="k3")], 4)
+    async with store.session() as s:
+        await s.ensure_view(a.thread_id)
+        summary_id = await s.commit_summary(0, _summary(a.thread_id, 2))
+        scope = await s.scope_of(b.thread_id)
+        assert scope.snapshot_through == 3
+        (candidate,) = await s.candidates(b.session_id, b.thread_id, scope.snapshot_through)
+        assert (candidate.thread_id, candidate.summary_id, candidate.covered_to) == (a.thread_id, summary_id, 2)
+        assert await s.candidates(b.session_id, b.thread_id, 1) == []
+        assert await s.adopt(b.thread_id, 0, candidate)
+        assert not await s.adopt(b.thread_id, 1, candidate)  # it shows a summary already
+        state = await s.load_view(b.thread_id)
+        assert (state.view_revision, state.covered_to, state.baseline_watermark) == (1, 2, 2)
+        assert state.summary is not None and state.summary.summary_id == summary_id
+        inherited = await s.select_inherited(b.session_id, after=0, through=scope.snapshot_through, exclude_thread=b.thread_id)
+        assert [r.event_key for r in inherited] == ["k1", "k2", "end"]
+
+
+async def test_a_context_reset_moves_the_session_fence_and_empties_its_views(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
+    async with store.session() as s:
+        await s.ensure_view(t.thread_id)
+        await s.commit_summary(0, _summary(t.thread_id, 2))
+    await _write(store, [t.reset(key="r1"), t.user("three", key="k3")], 3)
+    async with store.session() as s:
+        scope = await s.scope_of(t.thread_id)
+        state = await s.load_view(t.thread_id)
+    assert scope.reset_seq == 3
+    assert (state.view_revision, state.summary, state.covered_to, state.baseline_watermark) == (2, None, 0, 3)
