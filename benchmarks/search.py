@@ -22,6 +22,7 @@ from contracts import SearchRequest
 from infra.runtime import Servers, start_fleet
 from services.client import FleetClient
 from services.indexing import reindex
+from services.store.postgres import PgStore
 from services.replay import percentile
 from services.settings import Settings
 from tests.fixtures.builders import Thread
@@ -163,7 +164,7 @@ async def bench_search_session(servers: Servers, settings: Settings, *, records:
             await fleet.stop()  # the operator's reindex, without the fleet's indexer racing it for the count
             pool = await asyncpg.create_pool(servers.database_url, min_size=1, max_size=5)
             t0 = time.perf_counter()
-            reindexed = await reindex(pool, session)
+            reindexed = await reindex(PgStore(pool), session)
             await pool.close()
             reindex_s = time.perf_counter() - t0
             # Deleted chunks stay as dead tuples until autovacuum: the table's size right after.

@@ -22,6 +22,7 @@ from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspecti
 
 from services.client import FleetClient
 from services.indexing import reindex
+from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
 from services.evaluating import EvalReport, EvalTrace, evaluate
 from services.evaluation import TraceScore, with_system_prompt
@@ -384,7 +385,7 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     async def run() -> int:
         pool = await create_pool(url, min_size=1, max_size=2, **settings.database_options())
         try:
-            return await reindex(pool, args.session)
+            return await reindex(PgStore(pool), args.session)
         finally:
             await pool.close()
 

@@ -4,18 +4,40 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import asyncpg
+from contracts import CompactionPolicy
 
-from .compaction.policy import Decision, decide, throttle_from, trigger_hits
+from .compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
 from .compaction.select import measure_view
-from .groups import build_view_blocks
+from .groups import DraftBlock, build_view_blocks
+from .records import LedgerRecord
 from .scheduling import PENDING_STALE_S, JobQueue, request_job
-from .store._errors import translate_pg_errors
-from .store.views import ViewsRepo
-from .views import ViewLoader
+from .store.ports import BudgetStore
+from .views import ThreadView, ViewLoader
 
-__all__ = ["BudgetService", "Evaluation"]
+__all__ = ["BudgetService", "Evaluation", "measure"]
 
+
+def measure(
+    view: ThreadView,
+    records: list[LedgerRecord],
+    policy: CompactionPolicy | None = None,
+    *,
+    budget: int,
+    reserved: int,
+) -> tuple[ViewMeasure, list[DraftBlock]]:
+    """How ``records`` of the view measure against ``budget``, with ``reserved`` tokens (the tool
+    schemas a prepare sends beside the view) counted as required; and the blocks eligible to compact.
+
+    The one measure of a view: the budgeter's decision, the compactor's cover and its throttle must
+    agree, or a retry check would see a change that is not one.
+    """
+    encoding = view.encoding
+    blocks = build_view_blocks(records, view.state.covered_to, own_thread=view.head.thread_id)
+    summary = view.state.summary
+    measured, eligible = measure_view(
+        blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget
+    )
+    return replace(measured, estimated=measured.estimated + reserved, required=measured.required + reserved), eligible
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -31,35 +53,29 @@ class Evaluation:
 class BudgetService:
     """Evaluates threads and enqueues compaction jobs."""
 
-    def __init__(self, pool: asyncpg.Pool, loader: ViewLoader, queue: JobQueue) -> None:
-        self._pool = pool
+    def __init__(self, store: BudgetStore, loader: ViewLoader, queue: JobQueue) -> None:
+        self._store = store
         self._loader = loader
         self._queue = queue
 
     async def evaluate(self, thread_id: str) -> Evaluation:
         """Evaluate one thread at its current head; at most one job results, whatever the hits."""
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors(thread_id):
-                view = await self._loader.load(conn, thread_id)
-                policy = view.policy.compaction
-                encoding = view.encoding
-                blocks = build_view_blocks(view.records, view.state.covered_to, own_thread=thread_id)
-                summary = view.state.summary
-                measure, _ = measure_view(blocks, summary.tokens(encoding) if summary else 0, policy, encoding, view.compaction_budget)
-                reserved = view.state.prepare_reserved
-                measure = replace(measure, estimated=measure.estimated + reserved, required=measure.required + reserved)
-                pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
-                decision = decide(measure, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
-                enqueued = False
-                if decision.action == "enqueue":
-                    enqueued = await request_job(conn, self._queue, view, decision.hits) is not None
-                elif decision.action == "defer":
-                    await ViewsRepo.ensure(conn, thread_id)
-                    hits = trigger_hits(measure, view.totals, view.baseline, policy)
-                    await ViewsRepo.record_attempt(
-                        conn, thread_id, throttle=throttle_from(decision.reason, measure, view.totals, hits),
-                        reason=decision.reason, failed=False, fingerprint=None, counts_as_attempt=False,
-                    )
-                await ViewsRepo.ensure(conn, thread_id)
-                await ViewsRepo.mark_evaluated(conn, thread_id, view.head.revision)
-        return Evaluation(decision, measure.estimated, measure.budget, enqueued, f"{view.policy_name}@{view.policy_revision}")
+        async with self._store.session() as store:
+            view = await self._loader.load(store, thread_id)
+            policy = view.policy.compaction
+            measured, _ = measure(view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved)
+            pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
+            decision = decide(measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
+            enqueued = False
+            if decision.action == "enqueue":
+                enqueued = await request_job(store, self._queue, view, decision.hits) is not None
+            elif decision.action == "defer":
+                await store.ensure_view(thread_id)
+                hits = trigger_hits(measured, view.totals, view.baseline, policy)
+                await store.record_attempt(
+                    thread_id, throttle=throttle_from(decision.reason, measured, view.totals, hits),
+                    reason=decision.reason, failed=False, fingerprint=None, counts_as_attempt=False,
+                )
+            await store.ensure_view(thread_id)
+            await store.mark_evaluated(thread_id, view.head.revision)
+        return Evaluation(decision, measured.estimated, measured.budget, enqueued, f"{view.policy_name}@{view.policy_revision}")

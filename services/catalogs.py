@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import asyncpg
-
 from contracts import ToolCatalog
 
 from .errors import InvalidRequest
 from .state import pattern_regex
-from .store._errors import translate_pg_errors
+from .store.ports import QueryStore
 
 __all__ = ["register_catalog", "validate_catalog"]
-
-_INSERT = """
-INSERT INTO ctx.tool_catalogs (tenant, release, revision, body)
-SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.tool_catalogs WHERE tenant = $1 AND release = $2
-RETURNING revision
-"""
-
 
 def validate_catalog(catalog: ToolCatalog) -> None:
     """Every declared read and effect must land on a registered path pattern of the release."""
@@ -35,9 +26,7 @@ def validate_catalog(catalog: ToolCatalog) -> None:
                 raise InvalidRequest(f"tool {tool.name}: {path!r} matches no registered path of release {catalog.release}")
 
 
-async def register_catalog(pool: asyncpg.Pool, tenant: str, catalog: ToolCatalog) -> int:
+async def register_catalog(store: QueryStore, tenant: str, catalog: ToolCatalog) -> int:
     """Store ``catalog`` as the next revision of its release in ``tenant``; its new sessions of the release pin it."""
     validate_catalog(catalog)
-    async with pool.acquire() as conn:
-        with translate_pg_errors():
-            return int(await conn.fetchval(_INSERT, tenant, catalog.release, catalog.model_dump_json()))
+    return await store.register_catalog(tenant, catalog)

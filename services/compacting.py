@@ -11,23 +11,22 @@ from collections.abc import Callable, Sequence
 import time
 from dataclasses import dataclass, replace
 
-import asyncpg
-
 from contracts import CompactionJob
 
 from .compaction.merge import merge_summaries, render_summary
 from .compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, Summarizer, SummarizerFailed
 from .compaction.policy import Throttle, ViewMeasure, ratio_threshold, throttle_from, trigger_hits
 from .compaction.rollup import fit_summary
-from .compaction.select import choose_cover, measure_view, split_segments, summary_cap
+from .budgeting import measure as measure_of
+from .compaction.select import choose_cover, split_segments, summary_cap
 from .compaction.structured import StructuredSummarizer
 from .compaction.validate import CandidateInvalid, validate_candidate
 from .errors import RevisionConflict
-from .groups import DraftBlock, build_view_blocks, run_task_seq
+from .groups import DraftBlock, run_task_seq
 from .records import LedgerRecord
 from .render import MESSAGE_OVERHEAD
-from .store._errors import translate_pg_errors
-from .store.views import NewSummary, ViewsRepo
+from .store.ports import CompactionStore
+from .store.views import NewSummary
 from .tokens import EncodingName, counter_for
 from .views import ThreadView, ViewLoader, count_totals
 
@@ -69,48 +68,48 @@ def _default_summarizer(current_request: LedgerRecord | None) -> Summarizer:
 class CompactionService:
     """Runs compaction jobs against the ledger and the view state."""
 
-    def __init__(self, pool: asyncpg.Pool, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer) -> None:
-        self._pool = pool
+    def __init__(self, store: CompactionStore, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer) -> None:
+        self._store = store
         self._loader = loader
         self._summarizer = summarizer
 
     async def run(self, job: CompactionJob) -> JobOutcome:
         """Run one job to a final outcome (the job may be acked whatever it returns)."""
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors(job.thread_id):
-                view = await self._loader.load(conn, job.thread_id)
-                if view.state.view_revision != job.view_revision:
-                    await ViewsRepo.clear_pending(conn, job.thread_id, job.job_id)
-                    return JobOutcome("stale", "load", f"view moved to revision {view.state.view_revision}")
-                outcome, summary = await self._build(view, job)
-                if summary is None:
-                    failed = outcome.status == "failed"
-                    await ViewsRepo.record_attempt(
-                        conn, job.thread_id, throttle=_throttle_of(view, job, outcome), reason=f"{outcome.stage}: {outcome.detail}"[:500],
-                        failed=failed, fingerprint=job.job_id,
-                    )
-                    return outcome
-                try:
-                    await ViewsRepo.commit(conn, job.view_revision, summary)
-                except RevisionConflict as exc:
-                    # Another compactor covered a prefix first: ours would double-cover. Drop it.
-                    await ViewsRepo.clear_pending(conn, job.thread_id, job.job_id)
-                    return JobOutcome("dropped", "commit", exc.message, outcome.tokens_before, outcome.tokens_after, outcome.calls)
+        async with self._store.session() as store:
+            view = await self._loader.load(store, job.thread_id)
+            if view.state.view_revision != job.view_revision:
+                await store.clear_pending(job.thread_id, job.job_id)
+                return JobOutcome("stale", "load", f"view moved to revision {view.state.view_revision}")
+        # No connection is held while the summarizer runs (a network call that may take seconds): the
+        # commit compare-and-sets the view revision, so nothing read above can go stale unnoticed.
+        outcome, summary = await self._build(view, job)
+        async with self._store.session() as store:
+            if summary is None:
+                failed = outcome.status == "failed"
+                await store.record_attempt(
+                    job.thread_id, throttle=_throttle_of(view, job, outcome), reason=f"{outcome.stage}: {outcome.detail}"[:500],
+                    failed=failed, fingerprint=job.job_id,
+                )
+                return outcome
+            try:
+                await store.commit_summary(job.view_revision, summary)
+            except RevisionConflict as exc:
+                # Another compactor covered a prefix first: ours would double-cover. Drop it.
+                await store.clear_pending(job.thread_id, job.job_id)
+                return JobOutcome("dropped", "commit", exc.message, outcome.tokens_before, outcome.tokens_after, outcome.calls)
         return outcome
 
     async def _build(self, view: ThreadView, job: CompactionJob) -> tuple[JobOutcome, NewSummary | None]:
         policy = view.policy.compaction
         encoding = view.encoding
         records = [r for r in view.records if r.seq <= job.watermark]
-        blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
         parent = view.state.summary
         summary_tokens = parent.tokens(encoding) if parent else 0
         # Over the hard budget the recent groups may go too — but never the newest complete one:
         # the model must see the result of its last action.
         keep = policy if not job.urgent else policy.model_copy(update={"keep_recent_groups": min(1, policy.keep_recent_groups) or 1})
-        measure, eligible = measure_view(blocks, summary_tokens, keep, encoding, job.input_budget)
         # The tool schemas the asking prepare sends count against the same budget as the view.
-        measure = replace(measure, estimated=measure.estimated + job.reserved_tokens, required=measure.required + job.reserved_tokens)
+        measure, eligible = measure_of(view, records, keep, budget=job.input_budget, reserved=job.reserved_tokens)
         cap = summary_cap(policy, job.input_budget, measure.required)
         ratio_hit = "context_ratio" in job.reasons or job.urgent
         choice = choose_cover(
@@ -304,13 +303,9 @@ def _tokens(block: DraftBlock, encoding: EncodingName) -> int:
 
 def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> Throttle:
     """After an attempt that did not commit, wait for growth before the next one."""
-    encoding = view.encoding
     records = [r for r in view.records if r.seq <= job.watermark]
-    blocks = build_view_blocks(records, view.state.covered_to, own_thread=job.thread_id)
-    parent = view.state.summary
-    measure, _ = measure_view(blocks, parent.tokens(encoding) if parent else 0, view.policy.compaction, encoding, job.input_budget)
     # Measured as the budgeter measures, or its retry check would see a change that is not one.
-    measure = replace(measure, estimated=measure.estimated + job.reserved_tokens, required=measure.required + job.reserved_tokens)
+    measure, _ = measure_of(view, records, budget=job.input_budget, reserved=job.reserved_tokens)
     totals = count_totals(records)
     hits = trigger_hits(measure, totals, view.baseline, view.policy.compaction)
     return throttle_from(f"{outcome.status}:{outcome.stage}", measure, totals, hits)

@@ -9,44 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
-import asyncpg
 
-from .store._errors import translate_pg_errors
+from .store.ports import IndexStore
 
 __all__ = ["INDEX_VERSION", "chunk_text", "index_thread", "reindex", "stale_threads"]
 
 # Bump when chunking or the text configuration changes: reindexing migrates the index.
 INDEX_VERSION = 1
 _CHUNK_BYTES = 4096
-
-_POSITION = "SELECT last_seq, index_version FROM ctx.index_positions WHERE thread_id = $1 FOR UPDATE"
-_DROP_THREAD = "DELETE FROM ctx.search_chunks WHERE thread_id = $1"
-_RECORDS = """
-SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
-FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
-WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
-"""
-_INSERT = """
-INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
-                               start_line, end_line, recorded_at, text, tsv)
-SELECT t, s, c, sess, k, e, sb, eb, sl, el, ts, x, to_tsvector('simple', x)
-FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-            $9::int[], $10::int[], $11::timestamptz[], $12::text[]) AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
-ON CONFLICT (thread_id, seq, chunk) DO NOTHING
-"""
-_SET_POSITION = """
-INSERT INTO ctx.index_positions (thread_id, last_seq, index_version) VALUES ($1, $2, $3)
-ON CONFLICT (thread_id) DO UPDATE SET
-    last_seq = CASE WHEN ctx.index_positions.index_version = EXCLUDED.index_version
-                    THEN GREATEST(ctx.index_positions.last_seq, EXCLUDED.last_seq) ELSE EXCLUDED.last_seq END,
-    index_version = EXCLUDED.index_version
-"""
-_STALE = """
-SELECT h.thread_id FROM ctx.thread_heads h LEFT JOIN ctx.index_positions p USING (thread_id)
-WHERE h.last_seq > COALESCE(p.last_seq, 0) OR p.index_version IS DISTINCT FROM $2
-LIMIT $1
-"""
-
 
 def chunk_text(text: str) -> list[tuple[int, int, int, int, str]]:
     """``(start_byte, end_byte, start_line, end_line, text)`` chunks of whole lines, ~4 KiB each."""
@@ -74,54 +44,31 @@ def _searchable(kind: str, text: str, payload: str) -> str:
     return f"{text}\n{payload}" if kind in ("assistant_message", "state_patch", "resource_activated", "child_result") else text
 
 
-async def index_thread(pool: asyncpg.Pool, thread_id: str, *, batch: int = 500) -> int:
+def _chunks(kind: str, text: str, payload: str) -> list[tuple[int, int, int, int, str]]:
+    return chunk_text(_searchable(kind, text, payload))
+
+
+async def index_thread(store: IndexStore, thread_id: str, *, batch: int = 500) -> int:
     """Index every record of ``thread_id`` after its position; returns how many were indexed."""
     total = 0
-    while True:
-        async with pool.acquire() as conn:
-            with translate_pg_errors(thread_id):
-                async with conn.transaction():
-                    row = await conn.fetchrow(_POSITION, thread_id)
-                    position = 0 if row is None else int(row["last_seq"])
-                    if row is not None and row["index_version"] != INDEX_VERSION:
-                        # Indexed under another chunking or text configuration: migrate by reindexing.
-                        await conn.execute(_DROP_THREAD, thread_id)
-                        position = 0
-                    rows = await conn.fetch(_RECORDS, thread_id, position, batch)
-                    if not rows:
-                        return total
-                    cols: list[list[object]] = [[] for _ in range(12)]
-                    for r in rows:
-                        for i, (sb, eb, sl, el, text) in enumerate(chunk_text(_searchable(r["kind"], r["text"] or "", r["payload"]))):
-                            for col, value in zip(cols, (thread_id, r["seq"], i, r["session_id"], r["kind"], r["event_key"], sb, eb, sl, el, r["recorded_at"], text), strict=True):
-                                col.append(value)
-                    await conn.execute(_INSERT, *cols)
-                    await conn.execute(_SET_POSITION, thread_id, rows[-1]["seq"], INDEX_VERSION)
-        total += len(rows)
+    while n := await store.index_next(thread_id, batch=batch, version=INDEX_VERSION, chunker=_chunks):
+        total += n
+    return total
 
 
-async def stale_threads(pool: asyncpg.Pool, limit: int = 500) -> list[str]:
+async def stale_threads(store: IndexStore, limit: int = 500) -> list[str]:
     """Threads recorded past their index position (or indexed under an older index version)."""
-    async with pool.acquire() as conn:
-        return [r["thread_id"] for r in await conn.fetch(_STALE, limit, INDEX_VERSION)]
+    return await store.stale_index_threads(limit, INDEX_VERSION)
 
 
-async def reindex(pool: asyncpg.Pool, session_id: str | None = None) -> int:
+async def reindex(index: IndexStore, session_id: str | None = None) -> int:
     """Drop and rebuild the index of one session (or of everything) from the ledger."""
-    async with pool.acquire() as conn:
-        async with conn.transaction():
-            if session_id is None:
-                await conn.execute("TRUNCATE ctx.search_chunks, ctx.index_positions")
-                threads = [r["thread_id"] for r in await conn.fetch("SELECT thread_id FROM ctx.thread_heads")]
-            else:
-                threads = [r["thread_id"] for r in await conn.fetch("SELECT thread_id FROM ctx.thread_heads WHERE session_id = $1", session_id)]
-                await conn.execute("DELETE FROM ctx.search_chunks WHERE session_id = $1", session_id)
-                await conn.execute("DELETE FROM ctx.index_positions WHERE thread_id = ANY($1::text[])", threads)
+    threads = await index.reset_index(session_id)
     # A few threads at once: each is its own transaction, and the pool bounds the fan-out anyway.
     gate = asyncio.Semaphore(4)
 
     async def one(thread_id: str) -> int:
         async with gate:
-            return await index_thread(pool, thread_id)
+            return await index_thread(index, thread_id)
 
     return sum(await asyncio.gather(*(one(t) for t in threads)))

@@ -1,4 +1,4 @@
-"""The assembler's service: answer prepares and inspections from Postgres.
+"""The assembler's service: answer prepares and inspections from the store.
 
 Read-your-writes: a request naming ``after_event_key`` is answered only once the ledger holds that
 event (or says it was rejected); the wait is driven by recorder notices and bounded by the
@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-import asyncpg
-
 from contracts import CompactionJob, InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
 from contracts.subjects import DEFAULT_TENANT
 
@@ -27,10 +25,8 @@ from .killpoints import kill_point
 from .notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from .reading import verified_blob
 from .scheduling import JobQueue, request_job
-from .store._errors import translate_pg_errors
 from .state import StateView, rebuild_state, state_hash
-from .store.ledger import DeadLettersRepo, HeadsRepo, RecordsRepo, read_session_catalog, read_states
-from .store.views import ScopeRepo, ViewsRepo
+from .store.ports import PrepareStore
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from .views import ThreadView, ViewLoader
 
@@ -38,14 +34,6 @@ __all__ = ["PrepareService"]
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
-_EVIDENCE = """
-SELECT r.thread_id, r.seq, r.event_key, r.kind, r.content_sha256, r.record_hash, r.text, r.blob_sha256,
-       b.content AS blob
-FROM ctx.records r
-JOIN unnest($2::text[], $3::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
-LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
-WHERE r.session_id = $1
-"""
 
 
 def _reserved_tokens(over: OverBudget) -> int:
@@ -66,16 +54,16 @@ class PrepareService:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        store: PrepareStore,
         board: NoticeBoard,
         *,
         loader: ViewLoader | None = None,
         queue: JobQueue | None = None,
         compaction_wait_ms: int = 5_000,
     ) -> None:
-        self._pool = pool
+        self._store = store
         self._board = board
-        self._loader = loader or ViewLoader(pool)
+        self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
 
@@ -109,30 +97,29 @@ class PrepareService:
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
         refs = [(e.thread_id, e.seq) for e in request.evidence]
-        # Acquiring is inside the translation: a refused connection is StoreUnavailable too.
-        with translate_pg_errors():
-            async with self._pool.acquire() as conn:
-                rows = {(r["thread_id"], r["seq"]): r for r in await conn.fetch(_EVIDENCE, request.session_id, [t for t, _ in refs], [s for _, s in refs])}
+        async with self._store.session() as store:
+            rows = await store.select_evidence(request.session_id, refs)
         out: list[Evidence] = []
         for ref in request.evidence:
             row = rows.get((ref.thread_id, ref.seq))
             if row is None:  # another session's record looks exactly like a missing one
                 raise ContentNotFound(f"record {ref.seq} of {ref.thread_id}")
             # Externalized content is checked like a read-back: evidence is never a lookalike.
-            text = row["text"] if row["blob"] is None else verified_blob(bytes(row["blob"]), row["blob_sha256"]).decode("utf-8", "replace")
-            text = text or ""
+            if row.blob is None or row.blob_sha256 is None:
+                text = row.text or ""
+            else:
+                text = verified_blob(row.blob, row.blob_sha256).decode("utf-8", "replace")
             if ref.start_line is not None:
                 lines = text.splitlines(keepends=True)
                 text = "".join(lines[ref.start_line - 1 : ref.end_line or ref.start_line])
-            out.append(Evidence(ref.thread_id, ref.seq, row["event_key"], row["kind"], row["content_sha256"], row["record_hash"], text))
+            out.append(Evidence(ref.thread_id, ref.seq, row.event_key, row.kind, row.content_sha256, row.record_hash, text))
         return tuple(out)
 
     async def _view(self, tenant: str, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
-        with translate_pg_errors(thread_id):
-            async with self._pool.acquire() as conn:
-                return await self._loader.load(
-                    conn, thread_id, tenant=tenant, session_id=session_id, principal_id=principal_id, enforce_principal=True
-                )
+        async with self._store.session() as store:
+            return await self._loader.load(
+                store, thread_id, tenant=tenant, session_id=session_id, principal_id=principal_id, enforce_principal=True
+            )
 
     async def _await_compaction(
         self,
@@ -191,29 +178,27 @@ class PrepareService:
         """Ask for the thread's urgent compaction; the job, or None while another one is pending."""
         if self._queue is None:
             return None
-        with translate_pg_errors(view.head.thread_id):
-            async with self._pool.acquire() as conn:
-                return await request_job(
-                    conn, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
-                )
+        async with self._store.session() as store:
+            return await request_job(
+                store, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
+            )
 
     async def inspect(self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT) -> ThreadInspection:
         """A thread's head, verified chain and latest records (``ThreadNotFound`` if not ``tenant``'s)."""
-        with translate_pg_errors(thread_id):
-            async with self._pool.acquire() as conn:
-                head = await HeadsRepo.select_head(conn, thread_id)
-                if head is None or (await ScopeRepo.of_thread(conn, thread_id)).tenant != tenant:
-                    raise ThreadNotFound(thread_id)
-                count, tokens = await RecordsRepo.totals(conn, thread_id)
-                chain_error = verify_chain(thread_id, await RecordsRepo.select_links(conn, thread_id))
-                tail = await RecordsRepo.select_tail(conn, thread_id, limit=request.limit, preview_chars=160)
-                open_calls = await HeadsRepo.open_call_ids(conn, thread_id)
-                dead = await DeadLettersRepo.count(conn, thread_id)
-                state = await ViewsRepo.load(conn, thread_id)
-                summaries = await ViewsRepo.summary_count(conn, thread_id)
-                stored = (await read_states(conn, [thread_id])).get(thread_id) or StateView()
-                catalog = await read_session_catalog(conn, head.session_id)
-                replayed = rebuild_state(await RecordsRepo.select_full(conn, thread_id), catalog)  # type: ignore[arg-type]
+        async with self._store.session() as store:
+            head = await store.select_head(thread_id)
+            if head is None or (await store.scope_of(thread_id)).tenant != tenant:
+                raise ThreadNotFound(thread_id)
+            count, tokens = await store.totals(thread_id)
+            chain_error = verify_chain(thread_id, await store.select_links(thread_id))
+            tail = await store.select_tail(thread_id, limit=request.limit, preview_chars=160)
+            open_calls = await store.open_call_ids(thread_id)
+            dead = await store.count_dead_letters(thread_id)
+            state = await store.load_view(thread_id)
+            summaries = await store.summary_count(thread_id)
+            stored = (await store.read_states([thread_id])).get(thread_id) or StateView()
+            catalog = await store.read_session_catalog(head.session_id)
+            replayed = rebuild_state(await store.select_full(thread_id), catalog)  # type: ignore[arg-type]
         return ThreadInspection(
             thread_id=thread_id,
             session_id=head.session_id,
@@ -227,15 +212,15 @@ class PrepareService:
             dead_letters=dead,
             records=tuple(
                 InspectedRecord(
-                    seq=r["seq"],
-                    session_seq=r["session_seq"],
-                    kind=r["kind"],
-                    event_key=r["event_key"],
-                    tokens=r["tokens_o200k"],
-                    content_sha256=r["content_sha256"],
-                    record_hash=r["record_hash"],
-                    blob_sha256=r["blob_sha256"],
-                    preview=r["preview"],
+                    seq=r.seq,
+                    session_seq=r.session_seq,
+                    kind=r.kind,
+                    event_key=r.event_key,
+                    tokens=r.tokens_o200k,
+                    content_sha256=r.content_sha256,
+                    record_hash=r.record_hash,
+                    blob_sha256=r.blob_sha256,
+                    preview=r.preview,
                 )
                 for r in reversed(tail)
             ),
@@ -257,11 +242,10 @@ class PrepareService:
         with self._board.waiting(thread_id) as woken:
             while True:
                 woken.clear()
-                with translate_pg_errors(thread_id):
-                    async with self._pool.acquire() as conn:
-                        if await RecordsRepo.find_event(conn, tenant, thread_id, event_key) is not None:
-                            return
-                        rejected = await DeadLettersRepo.find(conn, tenant, thread_id, event_key)
+                async with self._store.session() as store:
+                    if await store.find_event(tenant, thread_id, event_key) is not None:
+                        return
+                    rejected = await store.find_dead_letter(tenant, thread_id, event_key)
                 if rejected is not None:
                     raise EventRejected(event_key, rejected[0], rejected[1])
                 remaining = deadline - time.monotonic()

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import asyncpg
-
 from contracts import ReadReply, ReadRequest
 
 from .errors import ContentNotFound, IntegrityError
 from .hashing import sha256_hex
-from .store._errors import translate_pg_errors
+from .store.ports import QueryStore
 
 __all__ = ["read_range", "verified_blob"]
-
-_SELECT_BLOB = """
-SELECT b.content FROM ctx.blobs b
-WHERE b.sha256 = $2
-  AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
-  AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND s.tenant = $4
-              AND (s.principal_id IS NULL OR s.principal_id = $3))
-"""
-
 
 def verified_blob(content: bytes, sha: str) -> bytes:
     """``content`` if it still hashes to ``sha``; an integrity error, never lookalike content, otherwise."""
@@ -29,18 +18,16 @@ def verified_blob(content: bytes, sha: str) -> bytes:
     return content
 
 
-async def read_range(pool: asyncpg.Pool, request: ReadRequest, *, tenant: str) -> ReadReply:
+async def read_range(store: QueryStore, request: ReadRequest, *, tenant: str) -> ReadReply:
     """The requested range after re-reading the content and checking its sha256.
 
     Only content a session of ``tenant`` recorded: another tenant's looks exactly like missing content.
     """
     sha = request.ref.rsplit("/", 1)[1]
-    async with pool.acquire() as conn:
-        with translate_pg_errors():
-            content = await conn.fetchval(_SELECT_BLOB, request.session_id, sha, request.principal_id, tenant)
+    content = await store.session_blob(tenant, request.session_id, sha, request.principal_id)
     if content is None:
         raise ContentNotFound(request.ref)
-    data = verified_blob(bytes(content), sha)
+    data = verified_blob(content, sha)
     text = data.decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     if request.line is not None and request.lines is not None:

@@ -20,8 +20,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
 
-import asyncpg
-
 from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent, decode_event
 from contracts.subjects import thread_from_partitioned_subject
 
@@ -38,8 +36,8 @@ from .ledger import (
     encode_raw,
     plan_batch,
 )
-from .store._errors import CONNECTION_ERRORS, translate_pg_errors
-from .store.ledger import DeadLettersRepo, TrackingRepo, read_for_batch, write_plan
+from .store._errors import StoreRejected
+from .store.ports import RecordingStore
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
@@ -47,12 +45,6 @@ __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"
 log = logging.getLogger("ctxfleet.recorder")
 
 _MAX_ATTEMPTS = 4
-# SQLSTATE classes that blame the values sent: data exception (22), integrity constraint violation
-# (23), program limit exceeded (54). Every other class is about the server or the schema — connection
-# (08), transaction state (25), rollback (40), undefined table or permission (42), resources (53),
-# locks (55), operator intervention (57), system (58), internal (XX) — and would fail for any event:
-# isolating a culprit there would dead-letter valid events one by one, so those are retried instead.
-_CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
 _CAUSE_CHARS = 300
 # The steps of an attempt that handle the events' values, named in an unstorable event's details.
 _Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
@@ -101,14 +93,14 @@ class RecordingService:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        store: RecordingStore,
         sink: DeadLetterSink,
         *,
         limits: RecordingLimits,
         recorder_id: str,
         consumer: str = "recorder",
     ) -> None:
-        self._pool = pool
+        self._store = store
         self._sink = sink
         self._limits = limits
         self._recorder_id = recorder_id
@@ -121,8 +113,8 @@ class RecordingService:
         Raises:
             StoreUnavailable: the store cannot be reached; the worker retries the batch.
             RevisionConflict: another writer kept moving the heads through every attempt.
-            asyncpg.PostgresError: a failure of the store that no event caused (a missing table, a
-                full disk), unchanged, so the worker retries rather than dead-letter valid events.
+            StoreUnavailable: also for a failure of the store that no event caused (a missing table,
+                a full disk), so the worker retries rather than dead-letter valid events.
         """
         parts = await self._record_isolating(partition, list(batch))
         return _merge(parts)
@@ -153,34 +145,31 @@ class RecordingService:
         raise AssertionError("unreachable")
 
     async def _attempt(self, partition: int, batch: Sequence[Incoming], attempt: int) -> BatchResult:
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors():
-                applied = await TrackingRepo.max_tracking_seq(conn, self._consumer, partition)
-                fresh = [m for m in batch if m.stream_seq > applied]
-                if not fresh:
-                    return BatchResult({}, 0, (), 0, len(batch), attempt)
-                # Each step that handles the events' values is guarded; translation comes first, so a
-                # redelivered key or a lost connection keeps its own meaning.
-                with _content_failures("decode"):
-                    decoded = decode_batch(fresh, self._limits)
-                with _content_failures("read"), translate_pg_errors():
-                    reads = await read_for_batch(conn, *_touched(decoded))
-                with _content_failures("plan"):
-                    plan = plan_batch(decoded, reads, self._limits, self._counters)
-                for rejection in plan.rejections:
-                    await self._sink.publish(
-                        dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
-                    )
-                async with conn.transaction():
-                    with _content_failures("write"), translate_pg_errors():
-                        await write_plan(
-                            conn, plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
-                        )
-                    await TrackingRepo.insert_tracking(conn, self._consumer, partition, fresh[-1].stream_seq)
-                    if plan.records:
-                        kill_point("record.before_commit")
+        async with self._store.session() as store:
+            applied = await store.max_tracking_seq(self._consumer, partition)
+            fresh = [m for m in batch if m.stream_seq > applied]
+            if not fresh:
+                return BatchResult({}, 0, (), 0, len(batch), attempt)
+            # Each step that handles the events' values is guarded; the store has already translated
+            # its errors, so a redelivered key or a lost connection keeps its own meaning.
+            with _content_failures("decode"):
+                decoded = decode_batch(fresh, self._limits)
+            with _content_failures("read"):
+                reads = await store.read_for_batch(*_touched(decoded))
+            with _content_failures("plan"):
+                plan = plan_batch(decoded, reads, self._limits, self._counters)
+            for rejection in plan.rejections:
+                await self._sink.publish(
+                    dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
+                )
+            async with store.transaction():
+                with _content_failures("write"):
+                    await store.write_plan(plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes)
+                await store.insert_tracking(self._consumer, partition, fresh[-1].stream_seq)
                 if plan.records:
-                    kill_point("record.after_commit")
+                    kill_point("record.before_commit")
+            if plan.records:
+                kill_point("record.after_commit")
         return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
 
     async def _set_aside(self, partition: int, incoming: Incoming, failure: _Unappliable) -> BatchResult:
@@ -190,16 +179,13 @@ class RecordingService:
             "partition %s: seq %d (thread %s) is set aside as %s: %s",
             partition, incoming.stream_seq, rejection.thread_id, rejection.code.value, rejection.reason,
         )
-        async with self._pool.acquire() as conn:
-            with translate_pg_errors():
-                if await TrackingRepo.max_tracking_seq(conn, self._consumer, partition) >= incoming.stream_seq:
-                    return BatchResult({}, 0, (), 0, 1, 1)
-                await self._sink.publish(
-                    dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
-                )
-                async with conn.transaction():
-                    await DeadLettersRepo.insert(conn, rejection, keep_raw=self._limits.dead_letter_keep_bytes)
-                    await TrackingRepo.insert_tracking(conn, self._consumer, partition, incoming.stream_seq)
+        async with self._store.session() as store:
+            if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
+                return BatchResult({}, 0, (), 0, 1, 1)
+            await self._sink.publish(dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection))
+            async with store.transaction():
+                await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
+                await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
         return BatchResult({}, 0, (rejection,), 0, 0, 1)
 
 
@@ -215,12 +201,11 @@ class _Unappliable(Exception):
 def _is_content_failure(exc: Exception) -> bool:
     """True when the values of the batch, not the state of the store, made a step fail."""
     if isinstance(exc, CtxError):
-        # Retryable errors and DuplicateEvent already have their own handling in the retry loop.
+        # Retryable errors (StoreUnavailable: the store's state, not the values) and
+        # DuplicateEvent already have their own handling; StoreRejected blames the values sent.
         return not exc.retryable and not isinstance(exc, DuplicateEvent)
-    if isinstance(exc, CONNECTION_ERRORS) or isinstance(exc, (asyncpg.exceptions.InternalClientError, MemoryError)):
+    if isinstance(exc, MemoryError):
         return False
-    if isinstance(exc, asyncpg.PostgresError):
-        return str(exc.sqlstate)[:2] in _CONTENT_SQLSTATE_CLASSES
     # Python raising on a value (UnicodeEncodeError, ValueError, OverflowError, RecursionError…), in
     # pure planning or while asyncpg encodes a parameter: the same input fails the same way again.
     return True
@@ -240,8 +225,13 @@ def _content_failures(stage: _Stage) -> Iterator[None]:
 def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Rejection:
     """The dead letter of an event that cannot be applied, built only from text that is safe to store."""
     cause = failure.cause
-    sqlstate = str(cause.sqlstate) if isinstance(cause, asyncpg.PostgresError) else None
-    error = UnstorableEvent(failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], sqlstate)
+    if isinstance(cause, StoreRejected):
+        # Named after the server's refusal, not its translation: that is what an operator looks up.
+        error = UnstorableEvent(
+            failure.stage, str(cause.details["error"]), _printable(cause.cause)[:_CAUSE_CHARS], str(cause.details["sqlstate"])
+        )
+    else:
+        error = UnstorableEvent(failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], None)
     subject = _printable(incoming.subject)
     thread_id = thread_from_partitioned_subject(subject)
     event_key: str | None = None

@@ -7,8 +7,7 @@ from typing import Protocol
 from contracts import CompactionJob
 
 from .compaction.policy import job_fingerprint
-from .store.ledger import Conn
-from .store.views import ViewsRepo
+from .store.ports import ViewWrites
 from .views import ThreadView
 
 __all__ = [
@@ -29,7 +28,7 @@ class JobQueue(Protocol):
 
 
 async def request_job(
-    conn: Conn,
+    store: ViewWrites,
     queue: JobQueue,
     view: ThreadView,
     reasons: tuple[str, ...],
@@ -49,10 +48,10 @@ async def request_job(
         view.head.thread_id, view.watermark, view.state.view_revision, view.policy_name, view.policy_revision, budget,
         urgent=urgent,
     )
-    await ViewsRepo.ensure(conn, view.head.thread_id)
+    await store.ensure_view(view.head.thread_id)
     if urgent and input_budget and input_budget < view.budget.input_budget:
-        await ViewsRepo.note_prepare_budget(conn, view.head.thread_id, budget, reserved_tokens)
-    if not await ViewsRepo.set_pending(conn, view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):
+        await store.note_prepare_budget(view.head.thread_id, budget, reserved_tokens)
+    if not await store.set_pending(view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):
         return None
     job = CompactionJob(
         job_id=fingerprint,
@@ -70,6 +69,6 @@ async def request_job(
     try:
         await queue.publish(job)
     except BaseException:
-        await ViewsRepo.clear_pending(conn, view.head.thread_id, fingerprint)
+        await store.clear_pending(view.head.thread_id, fingerprint)
         raise
     return job

@@ -11,8 +11,6 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-import asyncpg
-
 from contracts import ContextPolicy, ToolCatalog
 
 from .assemble import SummaryView, ThreadSnapshot
@@ -26,8 +24,9 @@ from .groups import run_task_seq
 from .records import LedgerRecord
 from .render import TokenCounts
 from .state import StateView
-from .store.ledger import Conn, HeadsRepo, RecordsRepo, StoredHead, read_session_catalog, read_states
-from .store.views import PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
+from .store.ledger import StoredHead
+from .store.ports import ViewReads
+from .store.views import ThreadScope, ViewState
 from .tokens import EncodingName, counter_for
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
@@ -164,8 +163,7 @@ class _Cached:
 class ViewLoader:
     """Loads thread views with a per-process record cache."""
 
-    def __init__(self, pool: asyncpg.Pool, *, cache_threads: int = 1024) -> None:
-        self._pool = pool
+    def __init__(self, *, cache_threads: int = 1024) -> None:
         self._cache: OrderedDict[str, _Cached] = OrderedDict()
         self._cache_threads = cache_threads
         self._locks: dict[str, asyncio.Lock] = {}
@@ -176,7 +174,7 @@ class ViewLoader:
 
     async def load(
         self,
-        conn: Conn,
+        conn: ViewReads,
         thread_id: str,
         *,
         tenant: str | None = None,
@@ -189,10 +187,10 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
-        head = await HeadsRepo.select_head(conn, thread_id)
+        head = await conn.select_head(thread_id)
         if head is None or (session_id is not None and head.session_id != session_id):
             raise ThreadNotFound(thread_id)
-        scope = await ScopeRepo.of_thread(conn, thread_id)
+        scope = await conn.scope_of(thread_id)
         if tenant is not None and scope.tenant != tenant:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
@@ -201,14 +199,14 @@ class ViewLoader:
         own = await self._resolve_exports(conn, own)
         inherited = await self._inherited(conn, head.session_id, thread_id, scope)
         records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
-        state = await ViewsRepo.load(conn, thread_id)
+        state = await conn.load_view(thread_id)
         if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
             if await self._adopt(conn, head, scope, records, state):
-                state = await ViewsRepo.load(conn, thread_id)
-        _, name, revision = await PoliciesRepo.of_session(conn, head.session_id) or (scope.tenant, "default", 1)
+                state = await conn.load_view(thread_id)
+        _, name, revision = await conn.session_policy(head.session_id) or (scope.tenant, "default", 1)
         policy = await self._policy(conn, scope.tenant, name, revision)
-        facts = (await read_states(conn, [thread_id])).get(thread_id)
-        catalog = await read_session_catalog(conn, head.session_id)
+        facts = (await conn.read_states([thread_id])).get(thread_id)
+        catalog = await conn.read_session_catalog(head.session_id)
         skeleton = self._skeleton(state, records, thread_id)
         return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, skeleton)
 
@@ -227,22 +225,22 @@ class ViewLoader:
                 self._skeletons.popitem(last=False)
         return found
 
-    async def _inherited(self, conn: Conn, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
+    async def _inherited(self, conn: ViewReads, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
         """The run's immutable snapshot: the session's main-thread records up to its boundary."""
         if scope.role != "main" or scope.snapshot_through <= 0:
             return []
         key = (session_id, scope.snapshot_through, scope.reset_seq, thread_id)
         cached = self._snapshots.get(key)
         if cached is None:
-            cached = await RecordsRepo.select_inherited(
-                conn, session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
+            cached = await conn.select_inherited(
+                session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
             )
             self._snapshots[key] = cached
             while len(self._snapshots) > self._cache_threads:
                 self._snapshots.pop(next(iter(self._snapshots)))
         return cached
 
-    async def _resolve_exports(self, conn: Conn, records: list[LedgerRecord]) -> list[LedgerRecord]:
+    async def _resolve_exports(self, conn: ViewReads, records: list[LedgerRecord]) -> list[LedgerRecord]:
         """A child's exported background, resolved to the parent records it references."""
         out: list[LedgerRecord] = []
         for record in records:
@@ -253,35 +251,35 @@ class ViewLoader:
             pairs = [
                 (str(r["thread_id"]), int(str(r["seq"]))) for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)
             ]
-            out.append(resolve_export(record, await RecordsRepo.select_refs(conn, pairs)))
+            out.append(resolve_export(record, await conn.select_refs(pairs)))
         return out
 
-    async def _adopt(self, conn: Conn, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:
+    async def _adopt(self, conn: ViewReads, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:
         """Inherit the newest summary of an earlier run whose covered records are a prefix of ours."""
-        for candidate in await ViewsRepo.candidates(conn, head.session_id, head.thread_id, scope.snapshot_through):
+        for candidate in await conn.candidates(head.session_id, head.thread_id, scope.snapshot_through):
             other = await self.load(conn, candidate.thread_id)
             theirs = [r.seq for r in other.records if r.seq <= candidate.covered_to]
             ours = [r.seq for r in records if r.seq <= candidate.covered_to]
             if theirs == ours and ours:
-                return await ViewsRepo.adopt(conn, head.thread_id, state.view_revision, candidate)
+                return await conn.adopt(head.thread_id, state.view_revision, candidate)
         return False
 
-    async def _policy(self, conn: Conn, tenant: str, name: str, revision: int) -> ContextPolicy:
+    async def _policy(self, conn: ViewReads, tenant: str, name: str, revision: int) -> ContextPolicy:
         key = (tenant, name, revision)
         policy = self._policies.get(key)
         if policy is None:
-            found = await PoliciesRepo.get(conn, tenant, name, revision)
+            found = await conn.get_policy(tenant, name, revision)
             if found is None:
                 raise ThreadNotFound(f"policy {name}@{revision}")
             policy = self._policies[key] = found[1]
         return policy
 
-    async def _records(self, conn: Conn, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
+    async def _records(self, conn: ViewReads, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         async with lock:
             cached = self._cache.get(thread_id) or _Cached(0, [])
             if cached.last_seq < head.last_seq:
-                new = await RecordsRepo.select_records(conn, thread_id, gt=cached.last_seq, lte=head.last_seq)
+                new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
                 cached = _Cached(head.last_seq, cached.records + new)
             self._cache[thread_id] = cached
             self._cache.move_to_end(thread_id)

@@ -24,6 +24,7 @@ from services.errors import InvalidConfiguration
 from services.client import connect_nats
 from services.settings import Settings
 from services.store.connect import create_pool
+from services.store.postgres import PgStore
 
 from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
@@ -217,7 +218,7 @@ class Fleet:
         if pool is None:
             return "not connected"
         try:
-            await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2.0)
+            await asyncio.wait_for(PgStore(pool).ping(), timeout=2.0)
         except Exception as exc:  # whatever the driver raises, the answer is "not ready, because"
             return f"{type(exc).__name__}: {exc}"[:200]
         return None

@@ -26,6 +26,7 @@ from services.notices import NoticeBoard
 from services.preparing import PrepareService
 from services.records import LedgerRecord
 from services.settings import Settings
+from services.store.postgres import PgStore
 from services.views import ViewLoader
 
 from .admission import RequestLimits
@@ -129,17 +130,18 @@ def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClien
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
-    loader = ViewLoader(pool)
+    store = PgStore(pool)
+    loader = ViewLoader()
     broker = create_broker(settings, nats_url)
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
-        service = PrepareService(pool, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms)
+        service = PrepareService(store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms)
         limits = RequestLimits(max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms)
         broker.include_router(AssemblerWorker(service, board, metrics, pool, limits=limits).router)
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(BudgetService(pool, loader, queue), pool, metrics)
+        budgeter = BudgeterWorker(BudgetService(store, loader, queue), pool, metrics)
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
@@ -150,7 +152,7 @@ def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClien
         async def notify(subject: str, body: bytes) -> None:
             await nc.publish(subject, body)
 
-        compaction = CompactionService(pool, loader, summarizer_factory(settings))
+        compaction = CompactionService(store, loader, summarizer_factory(settings))
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
     recorder = None
     if "recorder" in names:

@@ -11,6 +11,7 @@ import logging
 import asyncpg
 
 from services.indexing import index_thread, stale_threads
+from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
@@ -24,15 +25,15 @@ class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
     def __init__(self, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
-        self._pool = pool
+        self._store = PgStore(pool) if pool is not None else None
         self._metrics = metrics
         self._scheduler = CoalescingScheduler(self._index, self._stale, log) if pool is not None else None
         self.router = recorded_notices("indexer", "Recorder notices: index the thread's new records.", self.schedule)
 
     async def _index(self, thread_id: str) -> None:
-        assert self._pool is not None
-        self._metrics.indexed_records.inc(await index_thread(self._pool, thread_id))
+        assert self._store is not None
+        self._metrics.indexed_records.inc(await index_thread(self._store, thread_id))
 
     async def _stale(self) -> list[str]:
-        assert self._pool is not None
-        return list(await stale_threads(self._pool))
+        assert self._store is not None
+        return list(await stale_threads(self._store))

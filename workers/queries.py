@@ -36,8 +36,7 @@ from services.reading import read_range
 from services.receipts import operation_status
 from services.searching import search
 from services.sessions import inspect_session
-from services.store._errors import translate_pg_errors
-from services.store.views import PoliciesRepo
+from services.store.postgres import PgStore
 
 from .admission import Admission
 from .metrics import FleetMetrics
@@ -54,10 +53,12 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: 
     async def serve(message: NatsMessage, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
         return await admitted(admission, message.headers, lambda _slot: reply_with(run))
 
-    def store() -> asyncpg.Pool:
-        if pool is None:
+    attached = PgStore(pool) if pool is not None else None
+
+    def store() -> PgStore:
+        if attached is None:
             raise CtxError("this process has no store attached")
-        return pool
+        return attached
 
     # Every endpoint's subject ends in the asking tenant (``{tenant}``): the server's permissions vouch for it.
     @router.subscriber(f"{READ}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="read",
@@ -98,9 +99,7 @@ def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: 
             except InvalidRequest as exc:
                 raise InvalidPolicy(exc.message) from None
             policy_budget(policy)
-            with translate_pg_errors():
-                async with store().acquire() as conn:
-                    return PolicyRegistered(name=policy.name, revision=await PoliciesRepo.register(conn, tenant, policy))
+            return PolicyRegistered(name=policy.name, revision=await store().register_policy(tenant, policy))
 
         return await serve(message, register)
 

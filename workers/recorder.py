@@ -35,6 +35,7 @@ from services.errors import CtxError
 from services.ledger import Incoming, RecordingLimits
 from services.recording import BatchResult, RecordingService
 from services.store.ledger import TrackingRepo
+from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics
 from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
@@ -83,7 +84,7 @@ class RecorderWorker:
         self._metrics = metrics
         self._partitions = tuple(partitions)
         self._batch = batch
-        self._service = RecordingService(pool, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
+        self._service = RecordingService(PgStore(pool), JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()

@@ -1,4 +1,9 @@
-"""The one place where asyncpg's exceptions become fleet errors."""
+"""The one place where asyncpg's exceptions become fleet errors.
+
+Every store method runs under :func:`translate_pg_errors`, so nothing above the store sees a driver
+type: a caller sees ``DuplicateEvent``, ``RevisionConflict``, ``StoreUnavailable`` or
+``StoreRejected`` — never an ``asyncpg`` exception.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from ..errors import DuplicateEvent, RevisionConflict, StoreUnavailable
+from ..errors import DuplicateEvent, InvalidRequest, RevisionConflict, StoreUnavailable
+from ..settings import redact_url
 
-__all__ = ["CONNECTION_ERRORS", "translate_pg_errors"]
+__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "StoreRejected", "translate_pg_errors"]
 
 # Every asyncpg failure that means "the database is not reachable right now"; retrying later helps.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -30,23 +36,69 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 
+# SQLSTATE classes that blame the values sent: data exception (22), integrity constraint violation
+# (23), program limit exceeded (54). Every other class is about the server or the schema — connection
+# (08), transaction state (25), rollback (40), undefined table or permission (42), resources (53),
+# locks (55), operator intervention (57), system (58), internal (XX) — and would fail for any value.
+CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
+
+# Unique constraints whose violation means another writer got there first (retry on fresh reads).
+_RACE_CONSTRAINTS = frozenset({"records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"})
+
+
+class StoreRejected(InvalidRequest):
+    """PostgreSQL refused the values sent (SQLSTATE class 22, 23 or 54): the same values fail again.
+
+    ``details`` name the driver's error and its SQLSTATE, so a recorder can dead-letter the event at
+    fault with them.
+    """
+
+    def __init__(self, error: str, sqlstate: str, cause: str) -> None:
+        super().__init__(f"the store refused the values ({error}, SQLSTATE {sqlstate}): {cause}", error=error, sqlstate=sqlstate)
+        self.cause = cause
+
+
+def _store_fault(exc: asyncpg.PostgresError) -> StoreUnavailable:
+    """A failure of the store that no value caused (a missing table, a full disk, a permission): it
+    would fail for any input alike, so the caller retries later instead of blaming the input."""
+    fault = StoreUnavailable(f"{type(exc).__name__} (SQLSTATE {exc.sqlstate}): {exc}")
+    fault.details.update(error=type(exc).__name__, sqlstate=str(exc.sqlstate))
+    return fault
+
+
+# What the mapping below catches besides unique violations: every driver and connection failure.
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
+
 
 @contextmanager
-def translate_pg_errors(thread_id: str = "?") -> Iterator[None]:
-    """Map asyncpg errors: event-key unique → DuplicateEvent, seq unique → RevisionConflict,
-    lost connections → StoreUnavailable. Anything else is a bug and propagates unchanged."""
+def translate_pg_errors(thread_id: str = "?", *, connecting_to: str | None = None) -> Iterator[None]:
+    """Map asyncpg errors: event-key unique → DuplicateEvent, a racing unique → RevisionConflict,
+    lost connections → StoreUnavailable, refused values → StoreRejected, any other server error (a
+    fault of the store itself) → StoreUnavailable naming it. With ``connecting_to`` (a URL), any failure to open a connection is StoreUnavailable
+    naming the server, never its password."""
     try:
         yield
     except asyncpg.exceptions.UniqueViolationError as exc:
         constraint = getattr(exc, "constraint_name", None) or ""
         if constraint == "records_event_key":
             raise DuplicateEvent(str(getattr(exc, "detail", "") or "?")) from exc
-        if constraint in ("records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"):
+        if constraint in _RACE_CONSTRAINTS:
             conflict = RevisionConflict(thread_id, -1, None)
             conflict.details["constraint"] = constraint
             conflict.message = f"{conflict.message} (unique constraint {constraint})"
             conflict.args = (conflict.message,)
             raise conflict from exc
-        raise
-    except CONNECTION_ERRORS as exc:
-        raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        raise StoreRejected(type(exc).__name__, str(exc.sqlstate), str(exc)) from exc
+    except _DRIVER_ERRORS as exc:
+        if connecting_to is not None:
+            # What a wrong host, port, socket permission, password or database name raises at connect time.
+            raise StoreUnavailable(
+                f"cannot connect to PostgreSQL at {redact_url(connecting_to)}: {type(exc).__name__}: {exc}"
+            ) from None
+        if isinstance(exc, CONNECTION_ERRORS):
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        assert isinstance(exc, asyncpg.PostgresError)
+        sqlstate = str(exc.sqlstate)
+        if sqlstate[:2] in CONTENT_SQLSTATE_CLASSES:
+            raise StoreRejected(type(exc).__name__, sqlstate, str(exc)) from exc
+        raise _store_fault(exc) from exc

@@ -6,26 +6,18 @@ from typing import Any
 
 import asyncpg
 
-from ..errors import StoreUnavailable
-from ..settings import redact_url
+from ._errors import translate_pg_errors
 
 __all__ = ["connect", "create_pool"]
-
-# What a wrong host, port, socket permission, password or database name raises at connect time.
-_AT_CONNECT = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
 async def connect(url: str, **options: Any) -> asyncpg.Connection:
     """One connection, or StoreUnavailable naming the server (never its password) and the cause."""
-    try:
+    with translate_pg_errors(connecting_to=url):
         return await asyncpg.connect(url, timeout=10, **options)
-    except _AT_CONNECT as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {type(exc).__name__}: {exc}") from None
 
 
 async def create_pool(url: str, *, min_size: int, max_size: int, **options: Any) -> asyncpg.Pool:
     """A pool whose first connections are open, or StoreUnavailable as for ``connect``."""
-    try:
+    with translate_pg_errors(connecting_to=url):
         return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, timeout=10, **options)
-    except _AT_CONNECT as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {redact_url(url)}: {type(exc).__name__}: {exc}") from None

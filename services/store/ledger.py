@@ -1,4 +1,7 @@
-"""Repositories of the ledger tables. The only module that holds ledger SQL.
+"""Repositories of the ledger tables (records, heads, blobs, calls, state, runs, tracking, dead letters).
+
+All SQL lives in ``services.store``: this module the ledger's, ``views`` the compaction state's,
+``queries`` the request reads', ``search`` the index's; ``postgres`` exposes them as the ports.
 
 Every method that takes part in a caller's transaction takes the connection first.
 """
@@ -43,10 +46,12 @@ Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyn
 __all__ = [
     "Conn",
     "DeadLettersRepo",
+    "EvidenceRow",
     "HeadsRepo",
     "LedgerRecord",
     "RecordsRepo",
     "StoredHead",
+    "TailRecord",
     "TrackingRepo",
     "read_for_batch",
     "read_session_catalog",
@@ -223,31 +228,23 @@ SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash
        user_turns, model_steps
 FROM ctx.thread_heads WHERE thread_id = $1
 """
-_SELECT_RECORDS = """
+# What a LedgerRecord is read from (``_ledger_record``), written once for every query that reads one.
+_RECORD_COLUMNS = """
 SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
        COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
        r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
 FROM ctx.records r
-LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+"""
+_SELECT_RECORDS = _RECORD_COLUMNS + """LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
 ORDER BY r.seq
 """
-_SELECT_INHERITED = """
-SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
-       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
-       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
-FROM ctx.records r
-JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
+_SELECT_INHERITED = _RECORD_COLUMNS + """JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.session_id = $1 AND r.session_seq > $2 AND r.session_seq <= $3 AND r.thread_id <> $4
 ORDER BY r.session_seq
 """
-_SELECT_BY_REF = """
-SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
-       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
-       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
-FROM ctx.records r
-JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+_SELECT_BY_REF = _RECORD_COLUMNS + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 ORDER BY r.session_seq
 """
@@ -273,12 +270,48 @@ SELECT count(*) AS n, COALESCE(sum(tokens_o200k), 0) AS tokens FROM ctx.records 
 _OPEN_CALLS = """
 SELECT call_id FROM ctx.tool_calls WHERE thread_id = $1 AND outcome_seq IS NULL ORDER BY call_seq, call_id
 """
+_SELECT_EVIDENCE = """
+SELECT r.thread_id, r.seq, r.event_key, r.kind, r.content_sha256, r.record_hash, r.text, r.blob_sha256,
+       b.content AS blob
+FROM ctx.records r
+JOIN unnest($2::text[], $3::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.session_id = $1
+"""
 _COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
 _SELECT_FULL = """
 SELECT r.seq, r.event_key, r.kind, r.payload, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.client_ts
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 ORDER BY r.seq
 """
+
+
+@dataclass(frozen=True, slots=True)
+class TailRecord:
+    """One of a thread's latest records, as an inspection lists it."""
+
+    seq: int
+    session_seq: int
+    kind: str
+    event_key: str
+    tokens_o200k: int
+    content_sha256: str
+    record_hash: str
+    blob_sha256: str | None
+    preview: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRow:
+    """A record asked for as evidence: its identity and its text, inline or as stored blob bytes."""
+
+    event_key: str
+    kind: str
+    content_sha256: str
+    record_hash: str
+    text: str | None
+    blob_sha256: str | None
+    blob: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,11 +768,28 @@ class RecordsRepo:
         ]
 
     @staticmethod
-    async def select_tail(
-        conn: Conn, thread_id: str, *, limit: int, preview_chars: int
-    ) -> list[asyncpg.Record]:
+    async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
         """The last ``limit`` records of a thread, newest first, with a short preview."""
-        return list(await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars))
+        return [
+            TailRecord(
+                r["seq"], r["session_seq"], r["kind"], r["event_key"], r["tokens_o200k"], r["content_sha256"],
+                r["record_hash"], r["blob_sha256"], r["preview"],
+            )
+            for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
+        ]
+
+    @staticmethod
+    async def select_evidence(conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+        """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
+        inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
+        rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
+        return {
+            (r["thread_id"], r["seq"]): EvidenceRow(
+                r["event_key"], r["kind"], r["content_sha256"], r["record_hash"], r["text"], r["blob_sha256"],
+                None if r["blob"] is None else bytes(r["blob"]),
+            )
+            for r in rows
+        }
 
     @staticmethod
     async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:

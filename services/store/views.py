@@ -16,7 +16,9 @@ from ..errors import RevisionConflict
 from ..killpoints import kill_point
 from .ledger import Conn
 
-__all__ = ["Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo"]
+__all__ = [
+    "Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo", "summary_id_of",
+]
 
 _THREAD_SCOPE = """
 SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq, COALESCE(r.snapshot_through, 0) AS snapshot_through,
@@ -138,6 +140,8 @@ SET view_revision = $3, summary_id = $4, covered_to = $5, baseline_user_turns = 
 WHERE thread_id = $1 AND view_revision = $2
 RETURNING view_revision
 """
+_VIEW_REVISION = "SELECT view_revision FROM ctx.thread_views WHERE thread_id = $1"
+_POINT_VIEW = "UPDATE ctx.thread_views SET summary_id = $2 WHERE thread_id = $1"
 _STALE_THREADS = """
 SELECT h.thread_id FROM ctx.thread_heads h LEFT JOIN ctx.thread_views v USING (thread_id)
 WHERE h.revision > COALESCE(v.evaluated_revision, 0)
@@ -239,6 +243,19 @@ class PoliciesRepo:
         return None if row is None else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
 
 
+# Summary ids are derived, not drawn: a re-run of the same commit names the same summary.
+_SUMMARY_NAMESPACE = uuid.UUID("6a1f3c5e-2b7d-4e8a-9c0f-5d4b3a2e1f60")
+
+
+def summary_id_of(thread_id: str, view_revision: int, covered_from: int, covered_to: int) -> str:
+    """The id of the summary a thread commits at ``view_revision`` covering ``covered_from..covered_to``.
+
+    Unique per committed summary: a thread commits at most one summary per view revision
+    (``summaries_revision``), and revisions only grow, resets included.
+    """
+    return str(uuid.uuid5(_SUMMARY_NAMESPACE, f"{thread_id}\x1f{view_revision}\x1f{covered_from}\x1f{covered_to}"))
+
+
 def _throttle_json(throttle: Throttle | None) -> str | None:
     return None if throttle is None else json.dumps(throttle.to_json())
 
@@ -331,8 +348,8 @@ class ViewsRepo:
     @staticmethod
     async def commit(conn: Conn, expected_revision: int, s: NewSummary) -> str:
         """Insert the summary and point the view at it, if the view is still at ``expected_revision``."""
-        summary_id = str(uuid.uuid4())
         new_revision = expected_revision + 1
+        summary_id = summary_id_of(s.thread_id, new_revision, s.body.covered_from, s.covered_to)
         async with conn.transaction():
             got = await conn.fetchval(
                 _COMMIT_VIEW,
@@ -347,7 +364,7 @@ class ViewsRepo:
                 _throttle_json(s.throttle),
             )
             if got is None:
-                actual = await conn.fetchval("SELECT view_revision FROM ctx.thread_views WHERE thread_id = $1", s.thread_id)
+                actual = await conn.fetchval(_VIEW_REVISION, s.thread_id)
                 raise RevisionConflict(s.thread_id, expected_revision, actual)
             await conn.execute(
                 _INSERT_SUMMARY,
@@ -372,7 +389,7 @@ class ViewsRepo:
                 s.target_reached,
                 s.job_id,
             )
-            await conn.execute("UPDATE ctx.thread_views SET summary_id = $2 WHERE thread_id = $1", s.thread_id, uuid.UUID(summary_id))
+            await conn.execute(_POINT_VIEW, s.thread_id, uuid.UUID(summary_id))
             kill_point("compact.before_commit")
         kill_point("compact.after_commit")
         return summary_id

@@ -16,6 +16,7 @@ from services.compaction.structured import summarize_records
 from services.errors import ContextBudgetExceeded, ThreadNotFound
 from services.scheduling import request_job
 from services.views import ViewLoader
+from services.store.postgres import PgSession, PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -113,9 +114,9 @@ class _Queue:
 async def _job(pool: asyncpg.Pool, thread_id: str, reasons: tuple[str, ...] = ("context_ratio",)) -> CompactionJob:
     queue = _Queue()
     async with pool.acquire() as conn:
-        view = await ViewLoader(pool).load(conn, thread_id)
+        view = await ViewLoader().load(PgSession(conn), thread_id)
         await conn.execute("UPDATE ctx.thread_views SET pending_fingerprint = NULL WHERE thread_id = $1", thread_id)
-        job = await request_job(conn, queue, view, reasons)
+        job = await request_job(PgSession(conn), queue, view, reasons)
     assert job is not None
     return job
 
@@ -149,7 +150,7 @@ class _Failing:
 async def test_failed_summary_never_moves_the_baseline_and_throttles(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
     t, _ = await _thread_with_history(client, db, await _policy(client, "f", 2_000))
     pool = quiet_fleet.pool
-    service = CompactionService(pool, ViewLoader(pool), lambda request: _Failing())
+    service = CompactionService(PgStore(pool), ViewLoader(), lambda request: _Failing())
     outcome = await service.run(await _job(pool, t.thread_id))
     assert (outcome.status, outcome.stage) == ("failed", "malformed")
     row = await db.fetchrow("SELECT * FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
@@ -162,8 +163,8 @@ async def test_two_compactors_racing_on_one_thread_commit_exactly_one_summary(qu
     t, _ = await _thread_with_history(client, db, await _policy(client, "race", 2_000))
     pool = quiet_fleet.pool
     job = await _job(pool, t.thread_id)
-    a = CompactionService(pool, ViewLoader(pool))
-    b = CompactionService(pool, ViewLoader(pool))
+    a = CompactionService(PgStore(pool), ViewLoader())
+    b = CompactionService(PgStore(pool), ViewLoader())
     outcomes = await asyncio.gather(a.run(job), b.run(job))
     assert sorted(o.status for o in outcomes) in (["committed", "dropped"], ["committed", "stale"])
     assert await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id) == 1
@@ -190,7 +191,7 @@ async def test_user_message_arriving_while_a_compaction_commits_is_kept_after_th
     t, _ = await _thread_with_history(client, db, await _policy(client, "mid", 2_000))
     pool = quiet_fleet.pool
     during, proceed = asyncio.Event(), asyncio.Event()
-    service = CompactionService(pool, ViewLoader(pool), lambda request: _Slow(during, proceed))
+    service = CompactionService(PgStore(pool), ViewLoader(), lambda request: _Slow(during, proceed))
     run = asyncio.create_task(service.run(await _job(pool, t.thread_id)))
     await during.wait()
     await client.append(t.user("Also keep the old CLI flag working.", key="late"))
@@ -315,10 +316,10 @@ async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(quiet_fl
     pool = quiet_fleet.pool
     queue = _Queue()
     async with pool.acquire() as conn:
-        view = await ViewLoader(pool).load(conn, t.thread_id)
-        job = await request_job(conn, queue, view, ("hard_budget",), urgent=True, input_budget=900)
+        view = await ViewLoader().load(PgSession(conn), t.thread_id)
+        job = await request_job(PgSession(conn), queue, view, ("hard_budget",), urgent=True, input_budget=900)
     assert job is not None
-    outcome = await CompactionService(pool, ViewLoader(pool)).run(job)
+    outcome = await CompactionService(PgStore(pool), ViewLoader()).run(job)
     assert outcome.status == "committed", outcome
     prepared = await client.prepare(_request(t, 900, "out7"))
     tool_messages = [m for m in prepared.messages if m.role == "tool"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from contracts import DeadLetter
 from services.ledger import Incoming, RecordingLimits
 from services.recording import RecordingService
+from services.store.postgres import PgStore
 from tests.unit.test_fuzz_events import encode_body, event_bodies
 
 pytestmark = [pytest.mark.pg]
@@ -46,7 +47,7 @@ async def _record_and_account(database_url: str, batch: list[Incoming]) -> tuple
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
         sink = _Sink()
-        service = RecordingService(pool, sink, limits=RecordingLimits(), recorder_id="fuzz", consumer=consumer)
+        service = RecordingService(PgStore(pool), sink, limits=RecordingLimits(), recorder_id="fuzz", consumer=consumer)
         result = await service.record_batch(0, batch)
         for rejection in result.rejections:
             event(f"dead-lettered: {rejection.code.value}")

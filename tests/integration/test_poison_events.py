@@ -27,6 +27,8 @@ from services.ledger import plan_batch as real_plan_batch
 from services.recording import RecordingService
 from services.store.ledger import RecordsRepo
 from services.store.ledger import write_plan as real_write_plan
+import services.store.ledger as store_ledger
+from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually
 
@@ -116,7 +118,7 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 
 def _service(pool: asyncpg.Pool, sink: _Sink) -> RecordingService:
-    return RecordingService(pool, sink, limits=RecordingLimits(), recorder_id="poison-test")
+    return RecordingService(PgStore(pool), sink, limits=RecordingLimits(), recorder_id="poison-test")
 
 
 def _fail_write_for(key: str, error: Exception, times: int | None = None) -> Any:
@@ -154,7 +156,7 @@ async def test_record_batch_sets_aside_the_one_event_the_store_refuses_and_recor
     t, n = Thread(), Thread()
     batch = _mixed_batch(t, n, "t3")
     refused = asyncpg.exceptions.DataError("invalid input for query argument $9: the store refuses this value")
-    monkeypatch.setattr(recording, "write_plan", _fail_write_for("t3", refused))
+    monkeypatch.setattr(store_ledger, "write_plan", _fail_write_for("t3", refused))
     sink = _Sink()
 
     result = await _service(pool, sink).record_batch(0, batch)
@@ -235,7 +237,7 @@ async def test_record_batch_propagates_a_store_failure_and_dead_letters_nothing_
     # turn valid events into dead letters, so it propagates for the worker to retry.
     t, n = Thread(), Thread()
     batch = _mixed_batch(t, n, "t3")
-    monkeypatch.setattr(recording, "write_plan", _fail_write_for("t3", transient, times=1))
+    monkeypatch.setattr(store_ledger, "write_plan", _fail_write_for("t3", transient, times=1))
     sink = _Sink()
 
     with pytest.raises((StoreUnavailable, type(transient))):
@@ -254,7 +256,7 @@ async def test_recorder_worker_sets_aside_an_event_the_store_refuses_and_records
     start_fleet: Any, client: FleetClient, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     refused = asyncpg.exceptions.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00')
-    monkeypatch.setattr(recording, "write_plan", _fail_write_for("t-bad", refused))
+    monkeypatch.setattr(store_ledger, "write_plan", _fail_write_for("t-bad", refused))
     await start_fleet()
     t = Thread()
     neighbour = _neighbour_of(t.session_id)

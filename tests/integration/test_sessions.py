@@ -9,6 +9,7 @@ from contracts import CompactionPolicy, CompactionTriggers, ContextPolicy, Prepa
 from services.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
 from services.views import ViewLoader
+from services.store.postgres import PgSession
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -257,7 +258,7 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     await client.append(d.user("D?", key="q"))
     await _prepare(client, d, "q")
     async with fleet.pool.acquire() as conn:
-        view = await ViewLoader(fleet.pool).load(conn, d.thread_id)
+        view = await ViewLoader().load(PgSession(conn), d.thread_id)
     c_summary = await db.fetchval("SELECT summary_id FROM ctx.thread_views WHERE thread_id=$1", c.thread_id)
     assert view.state.summary is not None and view.state.summary.summary_id == str(c_summary)  # not resumed A's view
     # D holds A's three steps (including the resumed two), B's and C's: five, each counted once;

@@ -23,8 +23,8 @@ def _compose(monkeypatch: pytest.MonkeyPatch, workers: str) -> tuple[compose_mod
     made: list[Any] = []
     real = compose_module.ViewLoader
 
-    def counted(pool: Any) -> Any:
-        made.append(real(pool))
+    def counted(**options: Any) -> Any:
+        made.append(real(**options))
         return made[-1]
 
     monkeypatch.setattr(compose_module, "ViewLoader", counted)

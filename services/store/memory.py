@@ -1,0 +1,682 @@
+"""An in-memory store: the recording, view, prepare, budget and compaction ports without a server.
+
+It keeps the tables PostgreSQL keeps, as dicts, and raises what ``PgStore`` raises for the same
+writes (``RevisionConflict`` on a moved head or view, ``DuplicateEvent`` on a key recorded meanwhile,
+``StoreRejected`` for a value the schema refuses), so the services' shells can be tested without
+PostgreSQL and the two are held to one contract (tests/contract). A transaction is a snapshot of
+the tables, restored when its block raises. Single event loop only; not for production.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, cast
+
+from contracts import DEFAULT_POLICY_NAME, ContextPolicy, ToolCatalog
+from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
+
+from ..compaction.model import StructuredSummary
+from ..compaction.policy import Counters, Throttle
+from ..errors import DuplicateEvent, RevisionConflict
+from ..hashing import ChainLink, sha256_hex
+from ..killpoints import kill_point
+from ..ledger import BatchPlan, CallState, HeadWrite, KnownKey, LedgerReads, Rejection, ThreadHead, encode_raw
+from ..records import LedgerRecord
+from ..runs import RunState, ThreadMeta
+from ..state import Fact, StateView
+from ._errors import StoreRejected
+from .ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
+from .views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
+
+if TYPE_CHECKING:
+    from .ports import BudgetStore, CompactionStore, PrepareStore, RecordingStore
+
+__all__ = ["MemorySession", "MemoryStore"]
+
+_Row = dict[str, Any]
+
+
+def _conflict(thread_id: str, constraint: str) -> RevisionConflict:
+    """What ``translate_pg_errors`` makes of a racing unique violation."""
+    conflict = RevisionConflict(thread_id, -1, None)
+    conflict.details["constraint"] = constraint
+    conflict.message = f"{conflict.message} (unique constraint {constraint})"
+    conflict.args = (conflict.message,)
+    return conflict
+
+
+def _refused(error: str, sqlstate: str, cause: str) -> StoreRejected:
+    return StoreRejected(error, sqlstate, cause)
+
+
+@dataclass
+class _Tables:
+    sessions: dict[str, _Row] = field(default_factory=dict)
+    policies: dict[tuple[str, str, int], ContextPolicy] = field(default_factory=dict)
+    heads: dict[str, _Row] = field(default_factory=dict)
+    records: dict[tuple[str, int], _Row] = field(default_factory=dict)
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    runs: dict[str, _Row] = field(default_factory=dict)
+    calls: dict[tuple[str, str], _Row] = field(default_factory=dict)
+    dead_letters: list[_Row] = field(default_factory=list)
+    tracking: dict[tuple[str, int], int] = field(default_factory=dict)
+    facts: dict[tuple[str, str], Fact] = field(default_factory=dict)
+    versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    proposals: list[_Row] = field(default_factory=list)
+    catalogs: dict[tuple[str, str, int], ToolCatalog] = field(default_factory=dict)
+    receipts: dict[tuple[str, str], _Row] = field(default_factory=dict)
+    views: dict[str, _Row] = field(default_factory=dict)
+    summaries: dict[str, _Row] = field(default_factory=dict)
+    # Insertion order stands in for created_at / updated_at.
+    clock: int = 0
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+
+def _as_timestamptz(ts: datetime | None) -> datetime | None:
+    """What a ``timestamptz`` column gives back: the instant in UTC (asyncpg, like ``astimezone``,
+    takes a naive time as local)."""
+    return None if ts is None else ts.astimezone(timezone.utc)
+
+
+def _new_view(thread_id: str) -> _Row:
+    return {
+        "thread_id": thread_id, "view_revision": 0, "summary_id": None, "covered_to": 0, "baseline_user_turns": 0,
+        "baseline_model_steps": 0, "baseline_watermark": 0, "evaluated_revision": 0, "pending_fingerprint": None,
+        "pending_since": None, "throttle": None, "deferred_reason": None, "attempts": 0, "failures": 0,
+        "last_failure": None, "prepare_budget": None, "prepare_reserved": 0,
+    }
+
+
+class MemoryStore:
+    """The tables, shared by every session opened on it."""
+
+    def __init__(self, *, now: Callable[[], float] = time.monotonic) -> None:
+        self.tables = _Tables()
+        self.open_sessions = 0
+        self._now = now
+        # The built-in policy every tenant may use, as migration 0002 seeds it.
+        self.tables.policies[("", DEFAULT_POLICY_NAME, 1)] = ContextPolicy.model_validate_json(
+            '{"schema_version": 1, "name": "default"}'
+        )
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[MemorySession]:
+        """A session on the shared tables (counted in ``open_sessions``, as a pool counts connections)."""
+        self.open_sessions += 1
+        try:
+            yield MemorySession(self, self._now)
+        finally:
+            self.open_sessions -= 1
+
+    async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
+        """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
+        revision = max((r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0) + 1
+        self.tables.policies[(tenant, policy.name, revision)] = policy
+        return revision
+
+
+class MemorySession:
+    """The ports of ``ports.py`` over a ``MemoryStore``'s tables."""
+
+    def __init__(self, store: MemoryStore, now: Callable[[], float]) -> None:
+        self._store = store
+        self._now = now
+
+    @property
+    def _t(self) -> _Tables:
+        return self._store.tables
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """All or nothing: the tables as they were are put back if the block raises."""
+        saved = copy.deepcopy(self._store.tables)
+        try:
+            yield
+        except BaseException:
+            self._store.tables = saved
+            raise
+
+    # Recording.
+
+    async def max_tracking_seq(self, consumer: str, partition: int) -> int:
+        return self._t.tracking.get((consumer, partition), 0)
+
+    async def insert_tracking(self, consumer: str, partition: int, stream_seq: int) -> None:
+        key = (consumer, partition)
+        self._t.tracking[key] = max(self._t.tracking.get(key, 0), stream_seq)
+
+    async def read_for_batch(
+        self,
+        thread_ids: Sequence[str],
+        keys: Sequence[tuple[str, str]],
+        calls: Sequence[tuple[str, str]],
+        session_ids: Sequence[str] = (),
+        run_ids: Sequence[str] = (),
+        extra_threads: Sequence[str] = (),
+        release_names: Sequence[tuple[str, str]] = (),
+        operation_ids: Sequence[tuple[str, str]] = (),
+        tenants: Sequence[str] = (),
+    ) -> LedgerReads:
+        t = self._t
+        heads = {
+            h["thread_id"]: ThreadHead(h["thread_id"], h["session_id"], h["revision"], h["last_seq"], h["last_hash"], h["last_event_key"])
+            for tid in thread_ids
+            if (h := t.heads.get(tid)) is not None
+        }
+        wanted = set(keys)
+        known = {
+            (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
+            for r in t.records.values()
+            if (r["thread_id"], r["event_key"]) in wanted
+        }
+        states = {
+            key: CallState(key[1], c["call_seq"], c["outcome_seq"], c["name"], dict(c["args"]))
+            for key in calls
+            if (c := t.calls.get(key)) is not None
+        }
+        sessions = [s for sid in session_ids if (s := t.sessions.get(sid)) is not None]
+        tenant_set = {*tenants, ""}
+        runs: dict[str, RunState] = {}
+        active: dict[str, str] = {}
+        for r in t.runs.values():
+            if r["run_id"] in run_ids or (r["session_id"] in session_ids and r["status"] == "active"):
+                runs[r["run_id"]] = RunState(r["run_id"], r["session_id"], r["status"], r["main_thread_id"])
+                if r["status"] == "active":
+                    active[r["session_id"]] = r["run_id"]
+        metas = {
+            tid: ThreadMeta(tid, h["session_id"], h["role"], h["parent_thread_id"], h["last_seq"])
+            for tid in {*thread_ids, *extra_threads}
+            if (h := t.heads.get(tid)) is not None
+        }
+        catalogs: dict[str, tuple[int, ToolCatalog]] = {}
+        for s in sessions:
+            pinned = t.catalogs.get((s["tenant"], s["agent_release"], s["catalog_revision"]))
+            if pinned is not None:
+                catalogs[s["session_id"]] = (s["catalog_revision"], pinned)
+        latest: dict[tuple[str, str], tuple[int, ToolCatalog]] = {}
+        for (tenant, release, revision), catalog in t.catalogs.items():
+            if (tenant, release) in release_names and revision > latest.get((tenant, release), (0, catalog))[0]:
+                latest[(tenant, release)] = (revision, catalog)
+        return LedgerReads(
+            heads=heads, keys=known, calls=states,
+            sessions={s["session_id"]: s["tenant"] for s in sessions},
+            policies=frozenset((tn, n) for (tn, n, _) in t.policies if tn in tenant_set),
+            runs=runs, active_runs=active, threads=metas,
+            principals={s["session_id"]: s["principal_id"] for s in sessions},
+            releases={s["session_id"]: s["agent_release"] for s in sessions},
+            states=await self.read_states(thread_ids), catalogs=catalogs, latest_catalogs=latest,
+            operations=frozenset(o for o in operation_ids if o in t.receipts),
+        )
+
+    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+        """As ``ledger.write_plan``: every write of the plan, or (inside a transaction) none."""
+        t = self._t
+        bases: dict[str, int] = {}
+        for session_id in sorted(plan.session_counts):
+            n = plan.session_counts[session_id]
+            session = t.sessions.get(session_id)
+            if session is None:
+                policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
+                tenant = plan.session_tenants.get(session_id, DEFAULT_TENANT)
+                revision = max((r for (tn, nm, r) in t.policies if nm == policy and tn in (tenant, "")), default=None)
+                if revision is None:
+                    raise _refused("NotNullViolationError", "23502", 'null value in column "policy_revision"')
+                session = t.sessions[session_id] = {
+                    "session_id": session_id, "tenant": tenant, "principal_id": None, "agent_release": None, "last_seq": 0,
+                    "reset_seq": 0, "policy_name": policy, "policy_revision": revision, "catalog_revision": None,
+                }
+            session["last_seq"] += n
+            bases[session_id] = session["last_seq"] - n
+        for session_id, principal in sorted(plan.principals.items()):
+            if (s := t.sessions.get(session_id)) is not None and s["principal_id"] is None:
+                s["principal_id"] = principal
+        for session_id, release in sorted(plan.releases.items()):
+            if (s := t.sessions.get(session_id)) is not None and s["agent_release"] is None:
+                s["agent_release"] = release
+        for head in plan.heads:
+            self._write_head(head)
+        for thread_id, meta in plan.new_threads.items():
+            if (h := t.heads.get(thread_id)) is not None:
+                h["role"], h["parent_thread_id"] = meta.role, meta.parent_thread_id
+        for blob in plan.blobs:
+            t.blobs.setdefault(blob.sha256, blob.content)
+        for r in plan.records:
+            self._insert_record(r, bases[r.session_id] + r.session_ordinal, recorded_by)
+        self._write_runs(plan, bases)
+        for c in plan.calls:
+            if (c.thread_id, c.call_id) in t.calls:
+                raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "tool_calls_pkey"')
+            t.calls[(c.thread_id, c.call_id)] = {
+                "name": c.name, "call_seq": c.call_seq, "args": json.loads(json.dumps(c.args)), "outcome_seq": None, "status": None,
+            }
+        closed = 0
+        for o in plan.outcomes:
+            call = t.calls.get((o.thread_id, o.call_id))
+            if call is not None and call["outcome_seq"] is None:
+                call["outcome_seq"], call["status"] = o.outcome_seq, o.status
+                closed += 1
+        if closed != len(plan.outcomes):
+            raise RevisionConflict(plan.outcomes[0].thread_id, -1, None)
+        for rejection in plan.rejections:
+            await self.insert_dead_letter(rejection, keep_raw=keep_raw)
+        self._write_state(plan)
+
+    def _write_head(self, head: HeadWrite) -> None:
+        t = self._t
+        current = t.heads.get(head.thread_id)
+        if head.expected_revision is None:
+            if current is None:
+                t.heads[head.thread_id] = {
+                    "thread_id": head.thread_id, "session_id": head.session_id, "run_id": head.run_id,
+                    "instance_id": head.instance_id, "revision": head.revision, "last_seq": head.last_seq,
+                    "last_hash": head.last_hash, "last_event_key": head.last_event_key, "user_turns": head.user_turns,
+                    "model_steps": head.model_steps, "role": "main", "parent_thread_id": None,
+                    "created": t.tick(), "updated": t.clock,
+                }
+                return
+        elif current is not None and current["revision"] == head.expected_revision:
+            current.update(
+                revision=head.revision, last_seq=head.last_seq, last_hash=head.last_hash, last_event_key=head.last_event_key,
+                user_turns=current["user_turns"] + head.user_turns, model_steps=current["model_steps"] + head.model_steps,
+                updated=t.tick(),
+            )
+            return
+        raise RevisionConflict(head.thread_id, head.expected_revision or 0, None if current is None else current["revision"])
+
+    def _insert_record(self, r: Any, session_seq: int, recorded_by: str) -> None:
+        t = self._t
+        if (r.thread_id, r.seq) in t.records:
+            raise _conflict("?", "records_pkey")
+        if any(x["thread_id"] == r.thread_id and x["event_key"] == r.event_key for x in t.records.values()):
+            raise DuplicateEvent(f"Key (thread_id, event_key)=({r.thread_id}, {r.event_key}) already exists.")
+        if any(x["session_id"] == r.session_id and x["session_seq"] == session_seq for x in t.records.values()):
+            raise _conflict("?", "records_session_seq")
+        if (r.text is None) == (r.blob_sha256 is None):
+            raise _refused("CheckViolationError", "23514", 'new row violates check constraint "records_text_xor_blob"')
+        mask = r.mask_tokens
+        t.records[(r.thread_id, r.seq)] = {
+            "thread_id": r.thread_id, "seq": r.seq, "session_id": r.session_id, "session_seq": session_seq,
+            "run_id": r.run_id, "instance_id": r.instance_id, "event_key": r.event_key, "kind": r.kind,
+            "payload": r.payload_json, "text": r.text, "blob_sha256": r.blob_sha256, "view_text": r.view_text,
+            "tokens_o200k": r.tokens.o200k_base, "tokens_cl100k": r.tokens.cl100k_base, "content_sha256": r.content_sha256,
+            "prev_hash": r.prev_hash, "record_hash": r.record_hash, "client_ts": _as_timestamptz(r.client_ts),
+            "stream_seq": r.stream_seq,
+            "recorded_by": recorded_by, "mask_text": r.mask_text,
+            "mask_tokens_o200k": mask.o200k_base if mask else None, "mask_tokens_cl100k": mask.cl100k_base if mask else None,
+            "recorded_at": t.tick(),
+        }
+
+    def _write_runs(self, plan: BatchPlan, bases: Mapping[str, int]) -> None:
+        t = self._t
+        new = {run.run_id for run in plan.new_runs}
+
+        def session_seq_of(thread_id: str, seq: int) -> int:
+            record = next(r for r in plan.records if r.thread_id == thread_id and r.seq == seq)
+            return bases[record.session_id] + record.session_ordinal
+
+        def set_status(run_id: str, status: str) -> None:
+            run = t.runs.get(run_id)
+            if run is None:
+                return
+            if status == "active" and any(
+                o["session_id"] == run["session_id"] and o["status"] == "active" and o["run_id"] != run_id for o in t.runs.values()
+            ):
+                raise _conflict("?", "runs_one_active")
+            run["status"] = status
+
+        for run_id, status in plan.run_statuses.items():
+            if run_id not in new and status != "active":
+                set_status(run_id, status)
+        for run in sorted(plan.new_runs, key=lambda r: plan.run_statuses.get(r.run_id, "active") == "active"):
+            first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
+            final = plan.run_statuses.get(run.run_id, "active")
+            if run.run_id in t.runs:
+                raise _conflict("?", "runs_pkey")
+            if final == "active" and any(o["session_id"] == run.session_id and o["status"] == "active" for o in t.runs.values()):
+                raise _conflict("?", "runs_one_active")
+            t.runs[run.run_id] = {
+                "run_id": run.run_id, "session_id": run.session_id, "status": final, "main_thread_id": run.main_thread_id,
+                "snapshot_through": session_seq_of(run.main_thread_id, first) - 1, "created": t.tick(),
+            }
+        for run_id, status in plan.run_statuses.items():
+            if run_id not in new and status == "active":
+                set_status(run_id, status)
+        for session_id, thread_id, seq in plan.resets:
+            origin = session_seq_of(thread_id, seq)
+            session = t.sessions[session_id]
+            session["reset_seq"] = max(session["reset_seq"], origin)
+            for tid, view in t.views.items():
+                if t.heads.get(tid, {}).get("session_id") == session_id:
+                    view.update(
+                        view_revision=view["view_revision"] + 1, summary_id=None, covered_to=0, baseline_user_turns=0,
+                        baseline_model_steps=0, baseline_watermark=origin, throttle=None, deferred_reason=None,
+                        pending_fingerprint=None, pending_since=None,
+                    )
+
+    def _write_state(self, plan: BatchPlan) -> None:
+        t = self._t
+        for session_id, revision in sorted(plan.session_catalogs.items()):
+            if (s := t.sessions.get(session_id)) is not None and s["catalog_revision"] is None:
+                s["catalog_revision"] = revision
+        for session_id, operation_id, thread_id, call_id, tool, request_sha, requested in plan.receipts_requested:
+            if (session_id, operation_id) in t.receipts or any(
+                r["thread_id"] == thread_id and r["call_id"] == call_id for r in t.receipts.values()
+            ):
+                raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "receipts_pkey"')
+            t.receipts[(session_id, operation_id)] = {
+                "operation_id": operation_id, "thread_id": thread_id, "call_id": call_id, "tool": tool,
+                "request_sha256": request_sha, "status": "requested", "requested_event": requested, "finished_event": None,
+                "response_sha256": None, "external_ref": None, "reconciled_event": None,
+            }
+        for thread_id, call_id, status, finished, response_sha, ref in plan.receipts_finished:
+            for r in t.receipts.values():
+                if r["thread_id"] == thread_id and r["call_id"] == call_id:
+                    r.update(status=status, finished_event=finished, response_sha256=response_sha, external_ref=ref)
+        for session_id, operation_id, status, ref, reconciled in plan.receipts_reconciled:
+            receipt = t.receipts.get((session_id, operation_id))
+            if receipt is not None and receipt["status"] in ("requested", "unknown", "timeout"):
+                external_ref = ref if ref is not None else receipt["external_ref"]  # COALESCE, not truthiness
+                receipt.update(status=status, external_ref=external_ref, reconciled_event=reconciled)
+        for thread_id, seq, event_key, write, ops in plan.state_writes:
+            if write.proposal:
+                t.proposals.append({"thread_id": thread_id, "seq": seq, "event_key": event_key, "ops": [o.model_dump(mode="json") for o in ops]})
+                continue
+            for aggregate, version in sorted(write.versions.items()):
+                current = t.versions.get((thread_id, aggregate))
+                if current is not None and current != version - 1:
+                    raise RevisionConflict(thread_id, version - 1, None)
+                t.versions[(thread_id, aggregate)] = version
+            for fact in write.facts:
+                # Round-tripped like a jsonb column, so a stored value never aliases the caller's.
+                t.facts[(thread_id, fact.path)] = copy.deepcopy(fact)
+
+    async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None:
+        raw = rejection.incoming.data
+        digest = sha256_hex(raw)
+        if any(d["stream_seq"] == rejection.incoming.stream_seq and d["raw_sha256"] == digest for d in self._t.dead_letters):
+            return
+        _, truncated = encode_raw(raw, keep_raw)
+        stored = parse_stored_subject(rejection.incoming.subject)
+        self._t.dead_letters.append({
+            "id": self._t.tick(), "thread_id": rejection.thread_id, "event_key": rejection.event_key,
+            "code": rejection.code.value, "reason": rejection.reason, "details": json.loads(json.dumps(rejection.details)),
+            "subject": rejection.incoming.subject, "stream_seq": rejection.incoming.stream_seq, "raw_sha256": digest,
+            "raw_size": len(raw), "raw": raw[:keep_raw], "raw_truncated": truncated,
+            "tenant": stored.tenant if stored else DEFAULT_TENANT,
+        })
+
+    # Views.
+
+    def _record(self, row: _Row) -> LedgerRecord:
+        # The row → LedgerRecord mapping is the store's one (``_ledger_record``): fed the same columns.
+        return _ledger_record(cast(Any, {**row, "text": self._view_text(row)}))
+
+    def _view_text(self, row: _Row) -> str | None:
+        """``COALESCE(view_text, text, blob)``, as the records queries read it."""
+        if row["view_text"] is not None:
+            return str(row["view_text"])
+        if row["text"] is not None:
+            return str(row["text"])
+        blob = self._t.blobs.get(row["blob_sha256"]) if row["blob_sha256"] else None
+        return None if blob is None else blob.decode("utf-8", "replace")
+
+    async def select_head(self, thread_id: str) -> StoredHead | None:
+        h = self._t.heads.get(thread_id)
+        if h is None:
+            return None
+        return StoredHead(
+            h["thread_id"], h["session_id"], h["run_id"], h["instance_id"], h["revision"], h["last_seq"], h["last_hash"],
+            h["last_event_key"], h["user_turns"], h["model_steps"],
+        )
+
+    async def scope_of(self, thread_id: str) -> ThreadScope:
+        h = self._t.heads.get(thread_id)
+        if h is None or (s := self._t.sessions.get(h["session_id"])) is None:
+            return ThreadScope()
+        run = self._t.runs.get(h["run_id"])
+        return ThreadScope(
+            h["role"], h["parent_thread_id"], s["tenant"], s["principal_id"], s["reset_seq"],
+            run["snapshot_through"] if run else 0, run["status"] if run else None,
+        )
+
+    async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+        rows = sorted((r for (tid, seq), r in self._t.records.items() if tid == thread_id and gt < seq <= lte), key=lambda r: r["seq"])
+        return [self._record(r) for r in rows]
+
+    async def select_inherited(self, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
+        rows = sorted(
+            (
+                r for r in self._t.records.values()
+                if r["session_id"] == session_id and after < r["session_seq"] <= through and r["thread_id"] != exclude_thread
+                and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
+            ),
+            key=lambda r: r["session_seq"],
+        )
+        return [self._record(r) for r in rows]
+
+    async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
+        rows = sorted((r for ref in refs if (r := self._t.records.get(ref)) is not None), key=lambda r: r["session_seq"])
+        return [self._record(r) for r in rows]
+
+    async def load_view(self, thread_id: str) -> ViewState:
+        v = self._t.views.get(thread_id)
+        if v is None:
+            return ViewState()
+        summary = None
+        if v["summary_id"] is not None:
+            s = self._t.summaries[v["summary_id"]]
+            summary = SummaryRow(
+                s["summary_id"], StructuredSummary.model_validate_json(s["body"]), s["text"], s["tokens_o200k"], s["tokens_cl100k"]
+            )
+        since = v["pending_since"]
+        return ViewState(
+            view_revision=v["view_revision"], summary=summary, covered_to=v["covered_to"],
+            baseline=Counters(v["baseline_user_turns"], v["baseline_model_steps"]), baseline_watermark=v["baseline_watermark"],
+            evaluated_revision=v["evaluated_revision"], pending_fingerprint=v["pending_fingerprint"],
+            pending_age_s=None if since is None else self._now() - since,
+            throttle=Throttle.from_json(json.loads(v["throttle"])) if v["throttle"] else None,
+            deferred_reason=v["deferred_reason"], attempts=v["attempts"], failures=v["failures"],
+            last_failure=v["last_failure"], prepare_budget=v["prepare_budget"], prepare_reserved=v["prepare_reserved"],
+        )
+
+    async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:
+        found = [
+            Candidate(tid, v["summary_id"], v["covered_to"], v["baseline_watermark"])
+            for tid, v in self._t.views.items()
+            if v["summary_id"] is not None and tid != thread_id and v["covered_to"] <= through
+            and (h := self._t.heads.get(tid)) is not None and h["session_id"] == session_id and h["role"] == "main"
+        ]
+        return sorted(found, key=lambda c: (-c.covered_to, c.thread_id))[:8]
+
+    async def adopt(self, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
+        view = self._t.views.get(thread_id)
+        if view is None:
+            # As the upsert's insert path: a thread that never had a view gets revision 1 whatever was expected.
+            view = self._t.views[thread_id] = _new_view(thread_id)
+        elif view["view_revision"] != expected_revision or view["summary_id"] is not None:
+            return False
+        view.update(
+            view_revision=view["view_revision"] + 1, summary_id=candidate.summary_id, covered_to=candidate.covered_to,
+            baseline_watermark=candidate.baseline_watermark,
+        )
+        return True
+
+    async def session_policy(self, session_id: str) -> tuple[str, str, int] | None:
+        s = self._t.sessions.get(session_id)
+        return None if s is None else (s["tenant"], s["policy_name"], s["policy_revision"])
+
+    async def get_policy(self, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+        found = sorted((r, p) for (tn, n, r), p in self._t.policies.items() if tn in (tenant, "") and n == name and revision in (None, r))
+        return None if not found else (found[-1][0], found[-1][1].model_copy(deep=True))
+
+    async def read_states(self, thread_ids: Sequence[str]) -> dict[str, StateView]:
+        views: dict[str, StateView] = {}
+        for (tid, path), fact in self._t.facts.items():
+            if tid in thread_ids:
+                views.setdefault(tid, StateView()).facts[path] = copy.deepcopy(fact)
+        for (tid, aggregate), version in self._t.versions.items():
+            if tid in thread_ids:
+                views.setdefault(tid, StateView()).versions[aggregate] = version
+        return views
+
+    async def read_session_catalog(self, session_id: str) -> ToolCatalog | None:
+        s = self._t.sessions.get(session_id)
+        if s is None:
+            return None
+        return self._t.catalogs.get((s["tenant"], s["agent_release"], s["catalog_revision"]))
+
+    def _view(self, thread_id: str) -> Iterator[_Row]:
+        view = self._t.views.get(thread_id)
+        if view is not None:
+            yield view
+
+    async def ensure_view(self, thread_id: str) -> None:
+        if thread_id not in self._t.heads:
+            raise _refused("ForeignKeyViolationError", "23503", 'insert or update on table "thread_views" violates foreign key')
+        self._t.views.setdefault(thread_id, _new_view(thread_id))
+
+    async def note_prepare_budget(self, thread_id: str, budget: int, reserved: int) -> None:
+        for view in self._view(thread_id):
+            view.update(prepare_budget=budget, prepare_reserved=reserved)
+
+    async def set_pending(self, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
+        for view in self._view(thread_id):
+            since = view["pending_since"]
+            if view["pending_fingerprint"] is None or (since is not None and since < self._now() - stale_after_s):
+                view.update(pending_fingerprint=fingerprint, pending_since=self._now())
+                return True
+        return False
+
+    async def clear_pending(self, thread_id: str, fingerprint: str) -> None:
+        for view in self._view(thread_id):
+            if view["pending_fingerprint"] == fingerprint:
+                view.update(pending_fingerprint=None, pending_since=None)
+
+    async def mark_evaluated(self, thread_id: str, head_revision: int) -> None:
+        for view in self._view(thread_id):
+            view["evaluated_revision"] = max(view["evaluated_revision"], head_revision)
+
+    async def record_attempt(
+        self,
+        thread_id: str,
+        *,
+        throttle: Throttle | None,
+        reason: str | None,
+        failed: bool,
+        fingerprint: str | None,
+        counts_as_attempt: bool = True,
+    ) -> None:
+        for view in self._view(thread_id):
+            view.update(
+                throttle=None if throttle is None else json.dumps(throttle.to_json()), deferred_reason=reason,
+                attempts=view["attempts"] + int(counts_as_attempt), failures=view["failures"] + int(failed),
+                last_failure=reason if failed and reason is not None else view["last_failure"],
+            )
+            if view["pending_fingerprint"] == (fingerprint or ""):
+                view.update(pending_fingerprint=None, pending_since=None)
+
+    async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
+        view = self._t.views.get(summary.thread_id)
+        if view is None or view["view_revision"] != expected_revision:
+            raise RevisionConflict(summary.thread_id, expected_revision, None if view is None else view["view_revision"])
+        new_revision = expected_revision + 1
+        summary_id = summary_id_of(summary.thread_id, new_revision, summary.body.covered_from, summary.covered_to)
+        if summary_id in self._t.summaries or any(
+            s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision for s in self._t.summaries.values()
+        ):
+            raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "summaries_revision"')
+        async with self.transaction():
+            self._t.summaries[summary_id] = {
+                "summary_id": summary_id, "thread_id": summary.thread_id, "view_revision": new_revision,
+                "parent_summary_id": summary.parent_summary_id, "covered_from": summary.body.covered_from,
+                "covered_to": summary.covered_to, "body": summary.body.model_dump_json(), "text": summary.text,
+                "tokens_o200k": summary.tokens_o200k, "tokens_cl100k": summary.tokens_cl100k, "job_id": summary.job_id,
+            }
+            # Looked up again: the transaction may have replaced the tables object.
+            self._t.views[summary.thread_id].update(
+                view_revision=new_revision, summary_id=summary_id, covered_to=summary.covered_to,
+                baseline_user_turns=summary.baseline.user_turns, baseline_model_steps=summary.baseline.model_steps,
+                baseline_watermark=summary.source_watermark,
+                throttle=None if summary.throttle is None else json.dumps(summary.throttle.to_json()),
+                deferred_reason=None, attempts=view["attempts"] + 1, pending_fingerprint=None, pending_since=None,
+            )
+            kill_point("compact.before_commit")
+        kill_point("compact.after_commit")
+        return summary_id
+
+    # Prepares and inspections.
+
+    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None:
+        for r in self._t.records.values():
+            if r["thread_id"] == thread_id and r["event_key"] == event_key:
+                session = self._t.sessions.get(r["session_id"])
+                if session is not None and session["tenant"] == tenant:
+                    return int(r["seq"])
+        return None
+
+    async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
+        for d in reversed(self._t.dead_letters):
+            if d["thread_id"] == thread_id and d["event_key"] == event_key and d["tenant"] == tenant:
+                return d["code"], d["reason"]
+        return None
+
+    async def select_evidence(self, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+        out: dict[tuple[str, int], EvidenceRow] = {}
+        for ref in refs:
+            r = self._t.records.get(ref)
+            if r is not None and r["session_id"] == session_id:
+                blob = self._t.blobs.get(r["blob_sha256"]) if r["text"] is None and r["blob_sha256"] else None
+                out[ref] = EvidenceRow(r["event_key"], r["kind"], r["content_sha256"], r["record_hash"], r["text"], r["blob_sha256"], blob)
+        return out
+
+    def _thread_rows(self, thread_id: str) -> list[_Row]:
+        return sorted((r for (tid, _), r in self._t.records.items() if tid == thread_id), key=lambda r: r["seq"])
+
+    async def totals(self, thread_id: str) -> tuple[int, int]:
+        rows = self._thread_rows(thread_id)
+        return len(rows), sum(r["tokens_o200k"] for r in rows)
+
+    async def select_links(self, thread_id: str) -> list[ChainLink]:
+        return [ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"]) for r in self._thread_rows(thread_id)]
+
+    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+        return [
+            TailRecord(
+                r["seq"], r["session_seq"], r["kind"], r["event_key"], r["tokens_o200k"], r["content_sha256"], r["record_hash"],
+                r["blob_sha256"], (r["view_text"] if r["view_text"] is not None else r["text"] or "")[:preview_chars],
+            )
+            for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
+        ]
+
+    async def select_full(self, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+        out: list[tuple[int, str, str, dict[str, object], str, str | None]] = []
+        for r in self._thread_rows(thread_id):
+            text = r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8")
+            ts = r["client_ts"].isoformat() if r["client_ts"] else None
+            out.append((r["seq"], r["event_key"], r["kind"], json.loads(r["payload"]), text or "", ts))
+        return out
+
+    async def open_call_ids(self, thread_id: str) -> list[str]:
+        open_calls = [(c["call_seq"], cid) for (tid, cid), c in self._t.calls.items() if tid == thread_id and c["outcome_seq"] is None]
+        return [cid for _, cid in sorted(open_calls)]
+
+    async def count_dead_letters(self, thread_id: str) -> int:
+        return sum(1 for d in self._t.dead_letters if d["thread_id"] == thread_id)
+
+    async def summary_count(self, thread_id: str) -> int:
+        return sum(1 for s in self._t.summaries.values() if s["thread_id"] == thread_id)
+
+
+if TYPE_CHECKING:
+    # Checked by mypy: the memory store implements every port it claims to.
+    def _implements(store: MemoryStore) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore]:
+        return store, store, store, store

@@ -1,0 +1,211 @@
+"""What the services need from the store, as ports: PostgreSQL (``postgres.PgStore``) and memory
+(``memory.MemoryStore``) both implement them, and raise the same typed errors.
+
+A service opens a session (one connection's worth of work) from its store; the store translates its
+own driver errors, so a port never surfaces a driver type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+
+from ..compaction.policy import Throttle
+from ..hashing import ChainLink
+from ..ledger import BatchPlan, LedgerReads, Rejection
+from ..records import LedgerRecord
+from ..state import StateView
+from .ledger import EvidenceRow, StoredHead, TailRecord
+from .search import Chunker
+from .views import Candidate, NewSummary, ThreadScope, ViewState
+
+__all__ = [
+    "BudgetSession",
+    "BudgetStore",
+    "CompactionSession",
+    "CompactionStore",
+    "FullRecord",
+    "IndexStore",
+    "PrepareSession",
+    "PrepareStore",
+    "QueryStore",
+    "RecordingSession",
+    "RecordingStore",
+    "Transactional",
+    "ViewReads",
+    "ViewWrites",
+]
+
+# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
+FullRecord = tuple[int, str, str, dict[str, object], str, str | None]
+
+
+class Transactional(Protocol):
+    """A session whose writes can be grouped."""
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """Everything in the block commits together or not at all."""
+        ...
+
+
+class RecordingSession(Transactional, Protocol):
+    """What the recorder reads and writes per batch."""
+
+    async def max_tracking_seq(self, consumer: str, partition: int) -> int: ...
+
+    async def insert_tracking(self, consumer: str, partition: int, stream_seq: int) -> None: ...
+
+    async def read_for_batch(
+        self,
+        thread_ids: Sequence[str],
+        keys: Sequence[tuple[str, str]],
+        calls: Sequence[tuple[str, str]],
+        session_ids: Sequence[str] = (),
+        run_ids: Sequence[str] = (),
+        extra_threads: Sequence[str] = (),
+        release_names: Sequence[tuple[str, str]] = (),
+        operation_ids: Sequence[tuple[str, str]] = (),
+        tenants: Sequence[str] = (),
+    ) -> LedgerReads: ...
+
+    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+        """Apply a plan (RevisionConflict on a moved head, DuplicateEvent on a key recorded meanwhile)."""
+        ...
+
+    async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None: ...
+
+
+class ViewReads(Protocol):
+    """What loading a thread's view reads (``services.views.ViewLoader``), plus adopting a summary."""
+
+    async def select_head(self, thread_id: str) -> StoredHead | None: ...
+
+    async def scope_of(self, thread_id: str) -> ThreadScope: ...
+
+    async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]: ...
+
+    async def select_inherited(self, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]: ...
+
+    async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]: ...
+
+    async def load_view(self, thread_id: str) -> ViewState: ...
+
+    async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]: ...
+
+    async def adopt(self, thread_id: str, expected_revision: int, candidate: Candidate) -> bool: ...
+
+    async def session_policy(self, session_id: str) -> tuple[str, str, int] | None: ...
+
+    async def get_policy(self, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None: ...
+
+    async def read_states(self, thread_ids: Sequence[str]) -> dict[str, StateView]: ...
+
+    async def read_session_catalog(self, session_id: str) -> ToolCatalog | None: ...
+
+
+class ViewWrites(Protocol):
+    """The compaction state of a thread's view: the pending-job slot, attempts, commits."""
+
+    async def ensure_view(self, thread_id: str) -> None: ...
+
+    async def note_prepare_budget(self, thread_id: str, budget: int, reserved: int) -> None: ...
+
+    async def set_pending(self, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool: ...
+
+    async def clear_pending(self, thread_id: str, fingerprint: str) -> None: ...
+
+    async def mark_evaluated(self, thread_id: str, head_revision: int) -> None: ...
+
+    async def record_attempt(
+        self,
+        thread_id: str,
+        *,
+        throttle: Throttle | None,
+        reason: str | None,
+        failed: bool,
+        fingerprint: str | None,
+        counts_as_attempt: bool = True,
+    ) -> None: ...
+
+    async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
+        """The new summary's id; RevisionConflict if the view is no longer at ``expected_revision``."""
+        ...
+
+
+class PrepareSession(ViewReads, ViewWrites, Protocol):
+    """What a prepare and an inspection read."""
+
+    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None: ...
+
+    async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None: ...
+
+    async def select_evidence(self, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]: ...
+
+    async def totals(self, thread_id: str) -> tuple[int, int]: ...
+
+    async def select_links(self, thread_id: str) -> list[ChainLink]: ...
+
+    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]: ...
+
+    async def select_full(self, thread_id: str) -> list[FullRecord]: ...
+
+    async def open_call_ids(self, thread_id: str) -> list[str]: ...
+
+    async def count_dead_letters(self, thread_id: str) -> int: ...
+
+    async def summary_count(self, thread_id: str) -> int: ...
+
+
+class BudgetSession(ViewReads, ViewWrites, Protocol):
+    """What the budgeter reads and writes."""
+
+
+class CompactionSession(ViewReads, ViewWrites, Protocol):
+    """What the compactor reads and writes."""
+
+
+class RecordingStore(Protocol):
+    def session(self) -> AbstractAsyncContextManager[RecordingSession]:
+        """One connection's worth of work (acquiring it may raise StoreUnavailable)."""
+        ...
+
+
+class PrepareStore(Protocol):
+    def session(self) -> AbstractAsyncContextManager[PrepareSession]: ...
+
+
+class BudgetStore(Protocol):
+    def session(self) -> AbstractAsyncContextManager[BudgetSession]: ...
+
+
+class CompactionStore(Protocol):
+    def session(self) -> AbstractAsyncContextManager[CompactionSession]: ...
+
+
+class QueryStore(Protocol):
+    """Requests answered straight from the store (no view involved)."""
+
+    async def session_inspection(self, tenant: str, session_id: str) -> SessionInspection | None: ...
+
+    async def receipt(self, tenant: str, session_id: str, operation_id: str, principal_id: str | None) -> Receipt | None: ...
+
+    async def session_blob(self, tenant: str, session_id: str, sha256: str, principal_id: str | None) -> bytes | None: ...
+
+    async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None: ...
+
+    async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int: ...
+
+    async def register_policy(self, tenant: str, policy: ContextPolicy) -> int: ...
+
+
+class IndexStore(Protocol):
+    """The search index's positions and chunks."""
+
+    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int: ...
+
+    async def stale_index_threads(self, limit: int, version: int) -> list[str]: ...
+
+    async def reset_index(self, session_id: str | None) -> list[str]: ...

@@ -1,0 +1,298 @@
+"""The PostgreSQL store: the ports of ``ports.py`` over an asyncpg pool.
+
+Every method runs under ``translate_pg_errors`` (acquiring a connection and opening a transaction
+too), so what leaves this module is a fleet error, never a driver type.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+import asyncpg
+
+from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+
+from ..compaction.policy import Throttle
+from ..hashing import ChainLink
+from ..ledger import BatchPlan, LedgerReads, Rejection
+from ..records import LedgerRecord
+from ..state import StateView
+from . import ledger, queries
+from . import search as search_sql
+from ._errors import translate_pg_errors
+from .ledger import Conn, DeadLettersRepo, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord, TrackingRepo
+from .views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
+
+if TYPE_CHECKING:
+    from .ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
+
+__all__ = ["PgSession", "PgStore"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_S = TypeVar("_S")
+
+
+def _translated(
+    method: Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]],
+) -> Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]]:
+    @functools.wraps(method)
+    async def run(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with translate_pg_errors():
+            return await method(self, *args, **kwargs)
+
+    return run
+
+
+class PgSession:
+    """One borrowed connection, for a service's unit of work."""
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A transaction (a savepoint inside another one); its commit is translated too."""
+        with translate_pg_errors():
+            async with self._conn.transaction():
+                yield
+
+    # Recording.
+
+    @_translated
+    async def max_tracking_seq(self, consumer: str, partition: int) -> int:
+        return await TrackingRepo.max_tracking_seq(self._conn, consumer, partition)
+
+    @_translated
+    async def insert_tracking(self, consumer: str, partition: int, stream_seq: int) -> None:
+        await TrackingRepo.insert_tracking(self._conn, consumer, partition, stream_seq)
+
+    @_translated
+    async def read_for_batch(
+        self,
+        thread_ids: Sequence[str],
+        keys: Sequence[tuple[str, str]],
+        calls: Sequence[tuple[str, str]],
+        session_ids: Sequence[str] = (),
+        run_ids: Sequence[str] = (),
+        extra_threads: Sequence[str] = (),
+        release_names: Sequence[tuple[str, str]] = (),
+        operation_ids: Sequence[tuple[str, str]] = (),
+        tenants: Sequence[str] = (),
+    ) -> LedgerReads:
+        return await ledger.read_for_batch(
+            self._conn, thread_ids, keys, calls, session_ids, run_ids, extra_threads, release_names, operation_ids, tenants
+        )
+
+    @_translated
+    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+        # Looked up on the module at call time, so a test can make one plan fail as the server would.
+        await ledger.write_plan(self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw)
+
+    @_translated
+    async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None:
+        await DeadLettersRepo.insert(self._conn, rejection, keep_raw=keep_raw)
+
+    # Views.
+
+    @_translated
+    async def select_head(self, thread_id: str) -> StoredHead | None:
+        return await HeadsRepo.select_head(self._conn, thread_id)
+
+    @_translated
+    async def scope_of(self, thread_id: str) -> ThreadScope:
+        return await ScopeRepo.of_thread(self._conn, thread_id)
+
+    @_translated
+    async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+        return await RecordsRepo.select_records(self._conn, thread_id, gt=gt, lte=lte)
+
+    @_translated
+    async def select_inherited(self, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
+        return await RecordsRepo.select_inherited(self._conn, session_id, after=after, through=through, exclude_thread=exclude_thread)
+
+    @_translated
+    async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
+        return await RecordsRepo.select_refs(self._conn, refs)
+
+    @_translated
+    async def load_view(self, thread_id: str) -> ViewState:
+        return await ViewsRepo.load(self._conn, thread_id)
+
+    @_translated
+    async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:
+        return await ViewsRepo.candidates(self._conn, session_id, thread_id, through)
+
+    @_translated
+    async def adopt(self, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
+        return await ViewsRepo.adopt(self._conn, thread_id, expected_revision, candidate)
+
+    @_translated
+    async def session_policy(self, session_id: str) -> tuple[str, str, int] | None:
+        return await PoliciesRepo.of_session(self._conn, session_id)
+
+    @_translated
+    async def get_policy(self, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+        return await PoliciesRepo.get(self._conn, tenant, name, revision)
+
+    @_translated
+    async def read_states(self, thread_ids: Sequence[str]) -> dict[str, StateView]:
+        return await ledger.read_states(self._conn, thread_ids)
+
+    @_translated
+    async def read_session_catalog(self, session_id: str) -> ToolCatalog | None:
+        return await ledger.read_session_catalog(self._conn, session_id)
+
+    @_translated
+    async def ensure_view(self, thread_id: str) -> None:
+        await ViewsRepo.ensure(self._conn, thread_id)
+
+    @_translated
+    async def note_prepare_budget(self, thread_id: str, budget: int, reserved: int) -> None:
+        await ViewsRepo.note_prepare_budget(self._conn, thread_id, budget, reserved)
+
+    @_translated
+    async def set_pending(self, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
+        return await ViewsRepo.set_pending(self._conn, thread_id, fingerprint, stale_after_s=stale_after_s)
+
+    @_translated
+    async def clear_pending(self, thread_id: str, fingerprint: str) -> None:
+        await ViewsRepo.clear_pending(self._conn, thread_id, fingerprint)
+
+    @_translated
+    async def mark_evaluated(self, thread_id: str, head_revision: int) -> None:
+        await ViewsRepo.mark_evaluated(self._conn, thread_id, head_revision)
+
+    @_translated
+    async def record_attempt(
+        self,
+        thread_id: str,
+        *,
+        throttle: Throttle | None,
+        reason: str | None,
+        failed: bool,
+        fingerprint: str | None,
+        counts_as_attempt: bool = True,
+    ) -> None:
+        await ViewsRepo.record_attempt(
+            self._conn, thread_id, throttle=throttle, reason=reason, failed=failed, fingerprint=fingerprint,
+            counts_as_attempt=counts_as_attempt,
+        )
+
+    @_translated
+    async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
+        return await ViewsRepo.commit(self._conn, expected_revision, summary)
+
+    # Prepares and inspections.
+
+    @_translated
+    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None:
+        return await RecordsRepo.find_event(self._conn, tenant, thread_id, event_key)
+
+    @_translated
+    async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
+        return await DeadLettersRepo.find(self._conn, tenant, thread_id, event_key)
+
+    @_translated
+    async def select_evidence(self, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+        return await RecordsRepo.select_evidence(self._conn, session_id, refs)
+
+    @_translated
+    async def totals(self, thread_id: str) -> tuple[int, int]:
+        return await RecordsRepo.totals(self._conn, thread_id)
+
+    @_translated
+    async def select_links(self, thread_id: str) -> list[ChainLink]:
+        return await RecordsRepo.select_links(self._conn, thread_id)
+
+    @_translated
+    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+        return await RecordsRepo.select_tail(self._conn, thread_id, limit=limit, preview_chars=preview_chars)
+
+    @_translated
+    async def select_full(self, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+        return await RecordsRepo.select_full(self._conn, thread_id)
+
+    @_translated
+    async def open_call_ids(self, thread_id: str) -> list[str]:
+        return await HeadsRepo.open_call_ids(self._conn, thread_id)
+
+    @_translated
+    async def count_dead_letters(self, thread_id: str) -> int:
+        return await DeadLettersRepo.count(self._conn, thread_id)
+
+    @_translated
+    async def summary_count(self, thread_id: str) -> int:
+        return await ViewsRepo.summary_count(self._conn, thread_id)
+
+
+class PgStore:
+    """The store over one pool; sessions borrow a connection each, one-shot queries borrow their own."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[PgSession]:
+        """A connection for a unit of work; a refused acquire is StoreUnavailable too."""
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                yield PgSession(conn)
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[Conn]:
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                yield conn
+
+    async def session_inspection(self, tenant: str, session_id: str) -> SessionInspection | None:
+        async with self._conn() as conn:
+            return await queries.select_session(conn, tenant, session_id)
+
+    async def receipt(self, tenant: str, session_id: str, operation_id: str, principal_id: str | None) -> Receipt | None:
+        async with self._conn() as conn:
+            return await queries.select_receipt(conn, tenant, session_id, operation_id, principal_id)
+
+    async def session_blob(self, tenant: str, session_id: str, sha256: str, principal_id: str | None) -> bytes | None:
+        async with self._conn() as conn:
+            return await queries.select_session_blob(conn, tenant, session_id, sha256, principal_id)
+
+    async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
+        async with self._conn() as conn:
+            return await search_sql.search_session(conn, tenant, request)
+
+    async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
+        async with self._conn() as conn:
+            return await queries.insert_catalog(conn, tenant, catalog)
+
+    async def ping(self) -> None:
+        """One round trip (readiness): StoreUnavailable if the server does not answer."""
+        async with self._conn() as conn:
+            await conn.fetchval("SELECT 1")
+
+    async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
+        async with self._conn() as conn:
+            return await PoliciesRepo.register(conn, tenant, policy)
+
+    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: search_sql.Chunker) -> int:
+        async with self._conn() as conn:
+            return await search_sql.index_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
+
+    async def stale_index_threads(self, limit: int, version: int) -> list[str]:
+        async with self._conn() as conn:
+            return await search_sql.stale_index_threads(conn, limit, version)
+
+    async def reset_index(self, session_id: str | None) -> list[str]:
+        async with self._conn() as conn:
+            return await search_sql.reset_index(conn, session_id)
+
+
+if TYPE_CHECKING:
+    # Checked by mypy: the PostgreSQL store implements every port.
+    def _implements(
+        store: PgStore,
+    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, QueryStore, IndexStore]:
+        return store, store, store, store, store, store

@@ -1,0 +1,127 @@
+"""The search index: chunks per thread record, index positions, and the ranked query. Only SQL here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from contracts import SearchHit, SearchRequest
+
+from .ledger import Conn
+
+__all__ = ["Chunker", "index_next", "reset_index", "search_session", "stale_index_threads"]
+
+# ``(kind, text, payload)`` of a record → its ``(start_byte, end_byte, start_line, end_line, text)`` chunks.
+Chunker = Callable[[str, str, str], Sequence[tuple[int, int, int, int, str]]]
+
+_SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1 AND tenant = $2"
+# Visibility is the WHERE clause: only this session's chunks, whatever scope the request names.
+# Ranking reads every candidate's tsvector, so a common word over a huge session is ranked among
+# its most recent matches only (_CANDIDATES); rare identifiers and error codes are unaffected.
+_CANDIDATES = 2000
+_SEARCH = """
+WITH q AS (SELECT plainto_tsquery('simple', $2) AS query),
+m AS (
+  SELECT c.* FROM ctx.search_chunks c, q, ctx.thread_heads h
+  WHERE c.session_id = $1 AND c.tsv @@ q.query AND h.thread_id = c.thread_id
+    AND ($3::text IS NULL OR h.run_id = $3)
+    AND ($4::text IS NULL OR c.thread_id = $4)
+    AND (cardinality($5::text[]) = 0 OR c.kind = ANY($5))
+    AND ($7::timestamptz IS NULL OR c.recorded_at >= $7)
+    AND ($8::timestamptz IS NULL OR c.recorded_at < $8)
+  ORDER BY c.recorded_at DESC, c.seq DESC
+  LIMIT $9
+)
+SELECT m.thread_id, m.seq, m.kind, m.event_key, m.recorded_at, m.start_byte, m.end_byte, m.start_line, m.end_line,
+       ts_rank(m.tsv, q.query) AS rank,
+       ts_headline('simple', m.text, q.query, 'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet,
+       EXISTS (SELECT 1 FROM ctx.state_facts f WHERE f.thread_id = m.thread_id AND f.seq = m.seq AND NOT f.is_current)
+         AS superseded
+FROM m, q
+ORDER BY rank DESC, m.seq DESC, m.thread_id, m.chunk
+LIMIT $6
+"""
+_POSITION = "SELECT last_seq, index_version FROM ctx.index_positions WHERE thread_id = $1 FOR UPDATE"
+_DROP_THREAD = "DELETE FROM ctx.search_chunks WHERE thread_id = $1"
+_RECORDS = """
+SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
+FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
+"""
+_INSERT = """
+INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
+                               start_line, end_line, recorded_at, text, tsv)
+SELECT t, s, c, sess, k, e, sb, eb, sl, el, ts, x, to_tsvector('simple', x)
+FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
+            $9::int[], $10::int[], $11::timestamptz[], $12::text[]) AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
+ON CONFLICT (thread_id, seq, chunk) DO NOTHING
+"""
+_SET_POSITION = """
+INSERT INTO ctx.index_positions (thread_id, last_seq, index_version) VALUES ($1, $2, $3)
+ON CONFLICT (thread_id) DO UPDATE SET
+    last_seq = CASE WHEN ctx.index_positions.index_version = EXCLUDED.index_version
+                    THEN GREATEST(ctx.index_positions.last_seq, EXCLUDED.last_seq) ELSE EXCLUDED.last_seq END,
+    index_version = EXCLUDED.index_version
+"""
+_STALE = """
+SELECT h.thread_id FROM ctx.thread_heads h LEFT JOIN ctx.index_positions p USING (thread_id)
+WHERE h.last_seq > COALESCE(p.last_seq, 0) OR p.index_version IS DISTINCT FROM $2
+LIMIT $1
+"""
+_TRUNCATE = "TRUNCATE ctx.search_chunks, ctx.index_positions"
+_ALL_THREADS = "SELECT thread_id FROM ctx.thread_heads"
+_SESSION_THREADS = "SELECT thread_id FROM ctx.thread_heads WHERE session_id = $1"
+_DROP_SESSION = "DELETE FROM ctx.search_chunks WHERE session_id = $1"
+_DROP_POSITIONS = "DELETE FROM ctx.index_positions WHERE thread_id = ANY($1::text[])"
+
+
+async def search_session(conn: Conn, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
+    """The best hits of the query in the request's session of ``tenant``; ``None`` if the asking
+    principal may not see the session (or it is not ``tenant``'s)."""
+    session = await conn.fetchrow(_SESSION, request.session_id, tenant)
+    if session is None or (session["principal_id"] is not None and session["principal_id"] != request.principal_id):
+        return None
+    rows = await conn.fetch(
+        _SEARCH, request.session_id, request.query, request.run_id, request.thread_id, list(request.kinds), request.limit,
+        request.since, request.until, _CANDIDATES,
+    )
+    return tuple(SearchHit(**dict(r)) for r in rows)
+
+
+async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
+    """Index up to ``batch`` records of the thread after its position, in one transaction; how many."""
+    async with conn.transaction():
+        row = await conn.fetchrow(_POSITION, thread_id)
+        position = 0 if row is None else int(row["last_seq"])
+        if row is not None and row["index_version"] != version:
+            # Indexed under another chunking or text configuration: migrate by reindexing.
+            await conn.execute(_DROP_THREAD, thread_id)
+            position = 0
+        rows = await conn.fetch(_RECORDS, thread_id, position, batch)
+        if not rows:
+            return 0
+        cols: list[list[object]] = [[] for _ in range(12)]
+        for r in rows:
+            for i, (sb, eb, sl, el, text) in enumerate(chunker(r["kind"], r["text"] or "", r["payload"])):
+                values = (thread_id, r["seq"], i, r["session_id"], r["kind"], r["event_key"], sb, eb, sl, el, r["recorded_at"], text)
+                for col, value in zip(cols, values, strict=True):
+                    col.append(value)
+        await conn.execute(_INSERT, *cols)
+        await conn.execute(_SET_POSITION, thread_id, rows[-1]["seq"], version)
+    return len(rows)
+
+
+async def stale_index_threads(conn: Conn, limit: int, version: int) -> list[str]:
+    """Threads recorded past their index position (or indexed under another index version)."""
+    return [r["thread_id"] for r in await conn.fetch(_STALE, limit, version)]
+
+
+async def reset_index(conn: Conn, session_id: str | None) -> list[str]:
+    """Drop the index of one session (or of everything); the threads to index again."""
+    async with conn.transaction():
+        if session_id is None:
+            await conn.execute(_TRUNCATE)
+            return [r["thread_id"] for r in await conn.fetch(_ALL_THREADS)]
+        threads = [r["thread_id"] for r in await conn.fetch(_SESSION_THREADS, session_id)]
+        await conn.execute(_DROP_SESSION, session_id)
+        await conn.execute(_DROP_POSITIONS, threads)
+        return threads

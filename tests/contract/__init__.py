@@ -1,0 +1,1 @@
+"""Contract tests: one suite run against every store implementation."""

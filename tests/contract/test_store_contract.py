@@ -1,0 +1,256 @@
+"""The store ports' contract, run against the in-memory store and PostgreSQL alike.
+
+Whatever a service can observe through a port — what is read back, which typed error a racing or
+refused write raises, what a failed transaction leaves — must be the same on both, or unit tests on
+the memory store would prove nothing about production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from contracts import ContextPolicy
+from contracts.subjects import DEFAULT_TENANT
+from services.compaction.model import StructuredSummary
+from services.compaction.policy import Counters
+from services.errors import DuplicateEvent, ErrorCode, RevisionConflict
+from services.hashing import verify_chain
+from services.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
+from services.recording import _touched
+from services.store._errors import StoreRejected
+from services.store.memory import MemoryStore
+from services.store.postgres import PgStore
+from services.store.views import NewSummary, ViewState, summary_id_of
+from services.tokens import ENCODINGS, counter_for
+from tests.fixtures.builders import Thread, incoming
+
+pytestmark = pytest.mark.anyio
+
+COUNTERS = {n: counter_for(n) for n in ENCODINGS}
+LIMITS = RecordingLimits()
+Store = Any  # MemoryStore | PgStore: the same ports
+
+
+@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.pg)])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """``None`` for the memory store; a fresh database (started outside the event loop) for PostgreSQL."""
+    return None if request.param == "memory" else str(request.getfixturevalue("database_url"))
+
+
+@pytest.fixture
+async def store(store_url: str | None) -> AsyncIterator[Store]:
+    if store_url is None:
+        yield MemoryStore()
+        return
+    pool = await asyncpg.create_pool(store_url, min_size=1, max_size=2)
+    try:
+        yield PgStore(pool)
+    finally:
+        await pool.close()
+
+
+async def _plan(s: Any, events: list[Any], start_seq: int = 1, *, known_keys: bool = True) -> Any:
+    decoded = decode_batch(incoming(events, start_seq=start_seq), LIMITS)
+    touched = list(_touched(decoded))
+    if not known_keys:  # planned as if the keys were never read: a writer that raced another
+        touched[1] = []
+    return plan_batch(decoded, await s.read_for_batch(*touched), LIMITS, COUNTERS)
+
+
+async def _write(store: Store, events: list[Any], start_seq: int = 1) -> None:
+    async with store.session() as s:
+        plan = await _plan(s, events, start_seq)
+        async with s.transaction():
+            await s.write_plan(plan, recorded_by="contract", keep_raw=1024)
+
+
+async def test_written_records_read_back_alike(store: Store) -> None:
+    t = Thread()
+    await _write(store, [
+        t.system("Be brief.", key="sys"), t.user("Fix app.py", key="u1"),
+        t.assistant("looking", calls=(("c1", "bash", {"cmd": "cat app.py"}),), key="a1"),
+    ])
+    async with store.session() as s:
+        head = await s.select_head(t.thread_id)
+        assert head is not None and (head.revision, head.last_seq, head.last_event_key) == (1, 3, "a1")
+        records = await s.select_records(t.thread_id, gt=1, lte=3)
+        assert [(r.thread_seq, r.seq, r.event_key, r.kind, r.text) for r in records] == [
+            (2, 2, "u1", "user_input", "Fix app.py"), (3, 3, "a1", "assistant_message", records[1].text),
+        ]
+        assert records[0].tokens.o200k_base > 0
+        assert await s.find_event(DEFAULT_TENANT, t.thread_id, "u1") == 2
+        assert await s.find_event("another-tenant", t.thread_id, "u1") is None
+        assert await s.open_call_ids(t.thread_id) == ["c1"]
+        assert (await s.totals(t.thread_id))[0] == 3
+        assert verify_chain(t.thread_id, await s.select_links(t.thread_id)) is None
+        assert [r.event_key for r in await s.select_tail(t.thread_id, limit=2, preview_chars=3)] == ["a1", "u1"]
+        assert (await s.select_tail(t.thread_id, limit=1, preview_chars=3))[0].preview == records[1].text[:3]
+        scope = await s.scope_of(t.thread_id)
+        assert (scope.role, scope.tenant, scope.reset_seq, scope.run_status) == ("main", DEFAULT_TENANT, 0, "active")
+        assert await s.session_policy(t.session_id) == (DEFAULT_TENANT, "default", 1)
+        assert await s.load_view(t.thread_id) == ViewState()
+        assert [e[1] for e in await s.select_full(t.thread_id)] == ["sys", "u1", "a1"]
+        evidence = await s.select_evidence(t.session_id, [(t.thread_id, 2), (t.thread_id, 9)])
+        assert list(evidence) == [(t.thread_id, 2)] and evidence[(t.thread_id, 2)].text == "Fix app.py"
+        assert await s.select_evidence("another-session", [(t.thread_id, 2)]) == {}
+
+
+async def test_a_plan_on_a_moved_head_is_a_revision_conflict_and_writes_nothing(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1")])
+    async with store.session() as s:
+        a = await _plan(s, [t.user("two", key="k2")], 2)
+        b = await _plan(s, [t.user("three", key="k3")], 3)
+        async with s.transaction():
+            await s.write_plan(a, recorded_by="a", keep_raw=1024)
+        with pytest.raises(RevisionConflict):
+            async with s.transaction():
+                await s.write_plan(b, recorded_by="b", keep_raw=1024)
+        head = await s.select_head(t.thread_id)
+        assert head is not None and (head.revision, head.last_event_key) == (2, "k2")
+        assert await s.find_event(DEFAULT_TENANT, t.thread_id, "k3") is None
+
+
+async def test_a_key_recorded_meanwhile_is_a_duplicate_event_and_writes_nothing(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1")])
+    async with store.session() as s:
+        stale = await _plan(s, [t.user("one", key="k1")], 2, known_keys=False)
+        with pytest.raises(DuplicateEvent):
+            async with s.transaction():
+                await s.write_plan(stale, recorded_by="b", keep_raw=1024)
+        assert (await s.select_head(t.thread_id)).revision == 1  # type: ignore[union-attr]
+
+
+async def test_a_transaction_whose_block_raises_leaves_nothing(store: Store) -> None:
+    t = Thread()
+    with pytest.raises(ZeroDivisionError):
+        async with store.session() as s:
+            plan = await _plan(s, [t.user("one", key="k1")])
+            async with s.transaction():
+                await s.write_plan(plan, recorded_by="a", keep_raw=1024)
+                await s.insert_tracking("contract", 0, 7)
+                raise ZeroDivisionError
+    async with store.session() as s:
+        assert await s.select_head(t.thread_id) is None
+        assert await s.max_tracking_seq("contract", 0) == 0
+
+
+async def test_tracking_never_moves_backwards(store: Store) -> None:
+    async with store.session() as s:
+        await s.insert_tracking("contract", 3, 10)
+        await s.insert_tracking("contract", 3, 4)
+        assert (await s.max_tracking_seq("contract", 3), await s.max_tracking_seq("contract", 4)) == (10, 0)
+
+
+async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: Store) -> None:
+    t = Thread()
+    (message,) = incoming([t.user("x", key="bad")], start_seq=41)
+    rejection = Rejection(Incoming(message.subject, message.data, 41), t.thread_id, "bad", ErrorCode.INVALID_EVENT, "no", {"why": "test"})
+    async with store.session() as s:
+        await s.insert_dead_letter(rejection, keep_raw=16)
+        await s.insert_dead_letter(rejection, keep_raw=16)  # redelivered
+        assert await s.count_dead_letters(t.thread_id) == 1
+        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "bad") == ("invalid_event", "no")
+        assert await s.find_dead_letter("another-tenant", t.thread_id, "bad") is None
+
+
+async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1")])
+    async with store.session() as s:
+        await s.ensure_view(t.thread_id)
+        assert await s.set_pending(t.thread_id, "job-a", stale_after_s=300)
+        assert not await s.set_pending(t.thread_id, "job-b", stale_after_s=300)
+        await s.clear_pending(t.thread_id, "job-b")  # not the holder: no effect
+        assert (await s.load_view(t.thread_id)).pending_fingerprint == "job-a"
+        await s.clear_pending(t.thread_id, "job-a")
+        assert await s.set_pending(t.thread_id, "job-b", stale_after_s=300)
+        await s.record_attempt(t.thread_id, throttle=None, reason="select: nothing", failed=True, fingerprint="job-b")
+        state = await s.load_view(t.thread_id)
+        assert (state.pending_fingerprint, state.attempts, state.failures, state.last_failure) == (None, 1, 1, "select: nothing")
+        await s.mark_evaluated(t.thread_id, 5)
+        await s.mark_evaluated(t.thread_id, 3)
+        assert (await s.load_view(t.thread_id)).evaluated_revision == 5
+
+
+async def test_a_view_of_an_unrecorded_thread_is_refused(store: Store) -> None:
+    async with store.session() as s:
+        with pytest.raises(StoreRejected):
+            await s.ensure_view("r-none.main")
+
+
+def _summary(thread_id: str, covered_to: int) -> NewSummary:
+    return NewSummary(
+        thread_id=thread_id, parent_summary_id=None, body=StructuredSummary(covered_from=1, covered_to=covered_to),
+        text="[context summary]", tokens_o200k=3, tokens_cl100k=3, covered_to=covered_to, source_watermark=covered_to,
+        policy_name="default", policy_revision=1, summarizer="contract", calls=1, trigger_reasons=("context_ratio",),
+        tokens_before=100, tokens_after=10, target_reached=True, job_id="job", baseline=Counters(1, 1), throttle=None,
+    )
+
+
+async def test_a_summary_commits_once_per_view_revision_under_a_derived_id(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
+    async with store.session() as s:
+        await s.ensure_view(t.thread_id)
+        summary_id = await s.commit_summary(0, _summary(t.thread_id, 2))
+        assert summary_id == summary_id_of(t.thread_id, 1, 1, 2)
+        with pytest.raises(RevisionConflict) as lost:
+            await s.commit_summary(0, _summary(t.thread_id, 1))
+        assert lost.value.details["actual"] == 1
+        state = await s.load_view(t.thread_id)
+        assert state.view_revision == 1 and state.summary is not None and state.summary.summary_id == summary_id
+        assert (state.covered_to, state.baseline, state.baseline_watermark) == (2, Counters(1, 1), 2)
+        assert await s.summary_count(t.thread_id) == 1
+
+
+async def test_policies_are_revisioned_per_tenant_beside_the_shared_built_ins(store: Store) -> None:
+    policy = ContextPolicy(name=f"p-{Thread().run_id}", model_profile=None, budget_tokens=4_000)
+    assert await store.register_policy("acme", policy) == 1
+    assert await store.register_policy("acme", policy) == 2
+    async with store.session() as s:
+        found = await s.get_policy("acme", policy.name)
+        assert found is not None and found[0] == 2 and found[1].budget_tokens == 4_000
+        assert await s.get_policy("globex", policy.name) is None
+        assert (await s.get_policy("globex", "default", 1)) is not None
+
+
+async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) -> None:
+    a = Thread()
+    await _write(store, [a.user("one", key="k1"), a.assistant("two", key="k2"), a.run_status("completed", key="end")])
+    b = a.next_run()
+    await _write(store, [b.user("three", key="k3")], 4)
+    async with store.session() as s:
+        await s.ensure_view(a.thread_id)
+        summary_id = await s.commit_summary(0, _summary(a.thread_id, 2))
+        scope = await s.scope_of(b.thread_id)
+        assert scope.snapshot_through == 3
+        (candidate,) = await s.candidates(b.session_id, b.thread_id, scope.snapshot_through)
+        assert (candidate.thread_id, candidate.summary_id, candidate.covered_to) == (a.thread_id, summary_id, 2)
+        assert await s.candidates(b.session_id, b.thread_id, 1) == []
+        assert await s.adopt(b.thread_id, 0, candidate)
+        assert not await s.adopt(b.thread_id, 1, candidate)  # it shows a summary already
+        state = await s.load_view(b.thread_id)
+        assert (state.view_revision, state.covered_to, state.baseline_watermark) == (1, 2, 2)
+        assert state.summary is not None and state.summary.summary_id == summary_id
+        inherited = await s.select_inherited(b.session_id, after=0, through=scope.snapshot_through, exclude_thread=b.thread_id)
+        assert [r.event_key for r in inherited] == ["k1", "k2", "end"]
+
+
+async def test_a_context_reset_moves_the_session_fence_and_empties_its_views(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
+    async with store.session() as s:
+        await s.ensure_view(t.thread_id)
+        await s.commit_summary(0, _summary(t.thread_id, 2))
+    await _write(store, [t.reset(key="r1"), t.user("three", key="k3")], 3)
+    async with store.session() as s:
+        scope = await s.scope_of(t.thread_id)
+        state = await s.load_view(t.thread_id)
+    assert scope.reset_seq == 3
+    assert (state.view_revision, state.summary, state.covered_to, state.baseline_watermark) == (2, None, 0, 3)

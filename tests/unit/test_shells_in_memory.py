@@ -1,0 +1,259 @@
+"""The recording, preparing and compacting shells on the in-memory store: no server involved."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from contracts import CompactionJob, CompactionPolicy, ContextPolicy, DeadLetter, InspectRequest, PrepareRequest
+from contracts.subjects import DEFAULT_TENANT
+from services.compacting import CompactionService
+from services.compaction.model import Segment, StructuredSummary
+from services.compaction.structured import summarize_records
+from services.errors import EventRejected, NotYetRecorded, StoreUnavailable
+from services.ledger import BatchPlan, RecordingLimits
+from services.notices import NoticeBoard
+from services.preparing import PrepareService
+from services.recording import RecordingService
+from services.scheduling import request_job
+from services.store._errors import StoreRejected
+from services.store.memory import MemorySession, MemoryStore
+from services.views import ViewLoader
+from tests.fixtures.builders import Thread, incoming
+
+pytestmark = pytest.mark.anyio
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.letters: dict[str, DeadLetter] = {}
+
+    async def publish(self, letter: DeadLetter, msg_id: str) -> None:
+        self.letters.setdefault(msg_id, letter)
+
+
+class _Queue:
+    def __init__(self) -> None:
+        self.jobs: list[CompactionJob] = []
+
+    async def publish(self, job: CompactionJob) -> None:
+        self.jobs.append(job)
+
+
+def _recorder(store: MemoryStore, sink: _Sink | None = None) -> RecordingService:
+    return RecordingService(store, sink or _Sink(), limits=RecordingLimits(), recorder_id="unit")
+
+
+async def _keys(store: MemoryStore, thread_id: str) -> list[str]:
+    async with store.session() as s:
+        head = await s.select_head(thread_id)
+        records = await s.select_records(thread_id, gt=0, lte=head.last_seq if head else 0)
+    return [r.event_key for r in records]
+
+
+async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_once_and_dead_letters_one() -> None:
+    store, sink = MemoryStore(), _Sink()
+    t = Thread()
+    first = [t.user("q1", key="k1"), t.assistant("a1", key="k2")]
+    await _recorder(store, sink).record_batch(0, incoming(first))
+    orphan = t.outcome("c-missing", "no such call", key="k3")  # an outcome of a call never made
+    redelivered = t.user("q1", key="k1")  # the same key and content again: a client retry
+    batch = incoming([redelivered, orphan, t.user("q2", key="k4")], start_seq=3)
+
+    result = await _recorder(store, sink).record_batch(0, batch)
+
+    assert (result.recorded, result.duplicates, result.skipped) == (1, 1, 0)
+    assert [(r.code.value, r.event_key) for r in result.rejections] == [("orphan_tool_outcome", "k3")]
+    assert await _keys(store, t.thread_id) == ["k1", "k2", "k4"]
+    (letter,) = sink.letters.values()
+    assert (letter.code.value, letter.event_key, letter.stream_seq) == ("orphan_tool_outcome", "k3", 4)
+    async with store.session() as s:
+        assert await s.count_dead_letters(t.thread_id) == 1
+        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "k3") == ("orphan_tool_outcome", letter.reason)
+        assert await s.max_tracking_seq("recorder", 0) == 5
+    # Redelivered whole after a crash before the ack: nothing is applied twice.
+    again = await _recorder(store, sink).record_batch(0, batch)
+    assert (again.recorded, again.skipped, again.rejections) == (0, 3, ())
+
+
+async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, sink = MemoryStore(), _Sink()
+    t = Thread()
+    real = MemorySession.write_plan
+
+    async def refusing(self: MemorySession, plan: BatchPlan, **kw: Any) -> None:
+        if any(r.event_key == "k2" for r in plan.records):
+            raise StoreRejected("DataError", "22000", "invalid input for query argument $9")
+        await real(self, plan, **kw)
+
+    monkeypatch.setattr(MemorySession, "write_plan", refusing)
+    result = await _recorder(store, sink).record_batch(0, incoming([t.user("q1", key="k1"), t.user("q2", key="k2"), t.user("q3", key="k3")]))
+
+    assert await _keys(store, t.thread_id) == ["k1", "k3"]
+    (rejection,) = result.rejections
+    assert (rejection.code.value, rejection.event_key) == ("unstorable_event", "k2")
+    assert rejection.details == {"stage": "write", "error": "DataError", "sqlstate": "22000"}
+    assert [letter.event_key for letter in sink.letters.values()] == ["k2"]
+    async with store.session() as s:
+        assert await s.max_tracking_seq("recorder", 0) == 3
+
+
+async def test_a_store_outage_dead_letters_nothing_and_a_retry_records_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, sink = MemoryStore(), _Sink()
+    t = Thread()
+    real = MemorySession.write_plan
+    failures = iter([StoreUnavailable("ConnectionDoesNotExistError: connection was closed")])
+
+    async def flaky(self: MemorySession, plan: BatchPlan, **kw: Any) -> None:
+        if (failure := next(failures, None)) is not None:
+            raise failure
+        await real(self, plan, **kw)
+
+    monkeypatch.setattr(MemorySession, "write_plan", flaky)
+    batch = incoming([t.user("q1", key="k1"), t.user("q2", key="k2")])
+    with pytest.raises(StoreUnavailable):
+        await _recorder(store, sink).record_batch(0, batch)
+    assert await _keys(store, t.thread_id) == [] and not sink.letters
+    assert (await _recorder(store, sink).record_batch(0, batch)).recorded == 2
+
+
+async def _recorded(store: MemoryStore, board: NoticeBoard, events: list, start_seq: int = 1) -> None:  # type: ignore[type-arg]
+    result = await _recorder(store).record_batch(0, incoming(events, start_seq=start_seq))
+    for thread_id in result.heads:
+        board.notify(thread_id)
+
+
+async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.system("Be brief.", key="sys"), t.user("first", key="u1")])
+    service = PrepareService(store, board)
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=8_000, after_event_key="u2", wait_ms=5_000
+    )
+
+    waiting = asyncio.create_task(service.prepare(request))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # u2 is not in the ledger yet
+    await _recorded(store, board, [t.user("second, the one asked for", key="u2")], start_seq=3)
+    prepared = await asyncio.wait_for(waiting, timeout=2)
+
+    assert (prepared.source_watermark.last_event_key, prepared.source_watermark.thread_seq) == ("u2", 3)
+    assert prepared.messages[-1].content == "second, the one asked for"
+    inspection = await service.inspect(t.thread_id, InspectRequest(limit=2))
+    assert (inspection.record_count, inspection.chain_verified, inspection.state_verified) == (3, True, True)
+    assert [r.event_key for r in inspection.records] == ["u1", "u2"]
+
+
+async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_one_says_why() -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.user("first", key="u1"), t.outcome("c-none", "orphan", key="bad")])
+    service = PrepareService(store, board)
+
+    def asking(key: str) -> PrepareRequest:
+        return PrepareRequest(
+            session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=8_000, after_event_key=key, wait_ms=100
+        )
+
+    with pytest.raises(NotYetRecorded):
+        await service.prepare(asking("never"))
+    with pytest.raises(EventRejected) as rejected:
+        await service.prepare(asking("bad"))
+    assert rejected.value.details["rejected_code"] == "orphan_tool_outcome"
+
+
+async def _history(store: MemoryStore, t: Thread, budget: int = 2_000, groups: int = 6) -> None:
+    await store.register_policy(
+        DEFAULT_TENANT, ContextPolicy(name="tight", model_profile=None, budget_tokens=budget, compaction=CompactionPolicy())
+    )
+    events = [t.system("You fix bugs in a Python repository.").model_copy(update={"policy": "tight"})]
+    events.append(t.user("Fix the failing import in app.py", key="task"))
+    for i in range(groups):
+        events.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"cat file{i}.py"}),)))
+        events.append(t.outcome(f"c{i}", f"contents of file{i}.py " * 60, key=f"out{i}"))
+    await _recorder(store).record_batch(0, incoming(events))
+
+
+async def _job(store: MemoryStore, thread_id: str) -> CompactionJob:
+    async with store.session() as s:
+        view = await ViewLoader().load(s, thread_id)
+        job = await request_job(s, _Queue(), view, ("context_ratio",))
+    assert job is not None
+    return job
+
+
+async def test_a_compaction_commits_a_summary_and_moves_the_view_and_its_baseline() -> None:
+    store, t = MemoryStore(), Thread()
+    await _history(store, t)
+    job = await _job(store, t.thread_id)
+
+    outcome = await CompactionService(store, ViewLoader()).run(job)
+
+    assert (outcome.status, outcome.view_revision) == ("committed", 1)
+    assert outcome.tokens_after < outcome.tokens_before
+    async with store.session() as s:
+        state = await s.load_view(t.thread_id)
+        assert await s.summary_count(t.thread_id) == 1
+    assert state.view_revision == 1 and state.summary is not None and state.covered_to > 0
+    assert state.baseline.model_steps > 0 and state.pending_fingerprint is None
+
+
+class _Racing:
+    """Summarizes normally, but another compactor commits while this one's summarizer runs."""
+
+    name = "racing"
+
+    def __init__(self, store: MemoryStore, thread_id: str) -> None:
+        self.store, self.thread_id, self.raced = store, thread_id, False
+
+    async def summarize(self, segment: Segment) -> StructuredSummary:
+        # The job holds no connection while its summarizer runs (a network call in production).
+        assert self.store.open_sessions == 0
+        if not self.raced:  # the rival commits during the first of this job's summarizer calls
+            self.raced = True
+            rival = await _job_unclaimed(self.store, self.thread_id)
+            assert (await CompactionService(self.store, ViewLoader()).run(rival)).status == "committed"
+        return summarize_records(segment.records)
+
+
+async def _job_unclaimed(store: MemoryStore, thread_id: str) -> CompactionJob:
+    # The rival holds a copy of the same job: the pending slot is already claimed by the racer.
+    async with store.session() as s:
+        view = await ViewLoader().load(s, thread_id)
+    return CompactionJob(
+        job_id="rival", thread_id=thread_id, session_id=view.head.session_id, watermark=view.watermark,
+        view_revision=view.state.view_revision, policy_name=view.policy_name, policy_revision=view.policy_revision,
+        input_budget=view.compaction_budget, reasons=("context_ratio",),
+    )
+
+
+async def test_a_compaction_losing_the_revision_race_is_dropped_and_leaves_the_winner_alone() -> None:
+    store, t = MemoryStore(), Thread()
+    await _history(store, t)
+    job = await _job(store, t.thread_id)
+
+    outcome = await CompactionService(store, ViewLoader(), lambda request: _Racing(store, t.thread_id)).run(job)
+
+    assert (outcome.status, outcome.stage) == ("dropped", "commit")
+    async with store.session() as s:
+        state = await s.load_view(t.thread_id)
+        assert await s.summary_count(t.thread_id) == 1
+    assert state.view_revision == 1 and state.pending_fingerprint is None
+
+
+async def test_summary_ids_are_derived_from_the_thread_revision_and_range() -> None:
+    first, second = MemoryStore(), MemoryStore()
+    t = Thread()
+    for store in (first, second):
+        await _history(store, t)
+        await CompactionService(store, ViewLoader()).run(await _job(store, t.thread_id))
+    ids = []
+    for store in (first, second):
+        async with store.session() as s:
+            summary = (await s.load_view(t.thread_id)).summary
+        assert summary is not None
+        ids.append(summary.summary_id)
+    assert ids[0] == ids[1]
