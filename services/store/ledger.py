@@ -477,15 +477,19 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     """Facts, versions and proposals of the batch's state writes, in the records' transaction."""
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
-    for receipt in plan.receipts_requested:
-        await conn.execute(_INSERT_RECEIPT, *receipt)
-    for done in plan.receipts_finished:
-        await conn.execute(_FINISH_RECEIPT, *done)
-    for settled in plan.receipts_reconciled:
-        await conn.execute(_RECONCILE_RECEIPT, *settled)
-    for thread_id, seq, event_key, write, ops in plan.state_writes:
+    for r in plan.receipts_requested:
+        await conn.execute(
+            _INSERT_RECEIPT, r.session_id, r.operation_id, r.thread_id, r.call_id, r.tool, r.request_sha256, r.requested_event
+        )
+    for d in plan.receipts_finished:
+        await conn.execute(_FINISH_RECEIPT, d.thread_id, d.call_id, d.status, d.finished_event, d.response_sha256, d.external_ref)
+    for c in plan.receipts_reconciled:
+        await conn.execute(_RECONCILE_RECEIPT, c.session_id, c.operation_id, c.status, c.external_ref, c.reconciled_event)
+    for w in plan.state_writes:
+        thread_id, write = w.thread_id, w.write
         if write.proposal:
-            await conn.execute(_INSERT_PROPOSAL, thread_id, seq, event_key, json.dumps([o.model_dump(mode="json") for o in ops]))
+            ops = json.dumps([o.model_dump(mode="json") for o in w.ops])
+            await conn.execute(_INSERT_PROPOSAL, thread_id, w.seq, w.event_key, ops)
             continue
         for aggregate, version in sorted(write.versions.items()):
             if await conn.fetchval(_BUMP_VERSION, thread_id, aggregate, version) is None:
@@ -522,10 +526,10 @@ async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> 
     for run_id, status in plan.run_statuses.items():
         if run_id not in new and status == "active":
             await conn.execute(_UPDATE_RUN, run_id, status)
-    for session_id, thread_id, seq in plan.resets:
-        origin = _session_seq_of(plan, bases, thread_id, seq)
-        await conn.execute(_RESET_SESSION, session_id, origin)
-        await conn.execute(_RESET_VIEWS, session_id, origin)
+    for reset in plan.resets:
+        origin = _session_seq_of(plan, bases, reset.thread_id, reset.seq)
+        await conn.execute(_RESET_SESSION, reset.session_id, origin)
+        await conn.execute(_RESET_VIEWS, reset.session_id, origin)
 
 
 async def _write_head(conn: Conn, head: HeadWrite) -> None:
