@@ -11,6 +11,7 @@ from contracts import EvidenceRef, PatchOp, PathRule, PrepareRequest, SearchRequ
 from services.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError, ThreadNotFound
 from services.indexing import INDEX_VERSION, reindex
+from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -101,7 +102,7 @@ async def test_superseded_facts_come_back_marked_and_reindex_matches_incremental
     assert hits["old"].superseded and not hits["new"].superseded
     before = [(h.thread_id, h.seq, h.snippet) for h in (await client.search(SearchRequest(session_id=t.session_id, query="shelf_A"))).hits]
     pool = fleet.pool
-    assert await reindex(pool, t.session_id) == 3
+    assert await reindex(PgStore(pool), t.session_id) == 3
     after = [(h.thread_id, h.seq, h.snippet) for h in (await client.search(SearchRequest(session_id=t.session_id, query="shelf_A"))).hits]
     assert before == after and before
 
