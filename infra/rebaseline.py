@@ -19,8 +19,8 @@ from contracts.subjects import EVENTS_STREAM
 from services.baseline import Positions, Rebaseline, StreamFacts, plan_rebaseline
 from services.client import connect_nats
 from services.settings import Settings
-from services.store.connect import connect as pg_connect
-from services.store.ledger import TrackingRepo
+from services.store.connect import create_pool
+from services.store.postgres import PgStore
 
 from .runtime import require_current_schema
 
@@ -58,12 +58,12 @@ async def rebaseline(nats_url: str, database_url: str, settings: Settings, *, ap
     nc = await connect_nats(nats_url, name="ctxfleet-rebaseline", **settings.nats_options())
     try:
         js = nc.jetstream(timeout=10.0)
-        conn = await pg_connect(database_url, **settings.database_options())
+        pool = await create_pool(database_url, min_size=1, max_size=1, **settings.database_options())
         try:
             # The positions are locked while we read the stream and write, so a recorder that has
             # not halted yet cannot advance one between our read and our reset.
-            async with conn.transaction():
-                positions = await TrackingRepo.select_positions(conn, _CONSUMER, EVENTS_STREAM, for_update=True)
+            async with PgStore(pool).locked_positions(_CONSUMER, EVENTS_STREAM) as locked:
+                positions = locked.positions
                 try:
                     info = await js.stream_info(EVENTS_STREAM)
                 except NotFoundError:
@@ -75,12 +75,12 @@ async def rebaseline(nats_url: str, database_url: str, settings: Settings, *, ap
                 stream = StreamFacts(EVENTS_STREAM, info.state.first_seq, info.state.last_seq, info.created)
                 plan = plan_rebaseline(positions, stream)
                 if apply and plan.resets:
-                    if not await TrackingRepo.reset_positions(conn, _CONSUMER, EVENTS_STREAM, stream.created, plan.resets):
+                    if not await locked.lower(stream.created, plan.resets):
                         raise RebaselineError("a position moved while re-baselining (is a recorder still recording?); run it again")
                 elif apply and plan.needed:
-                    await TrackingRepo.adopt_stream(conn, EVENTS_STREAM, stream.created, replacing=positions.created)
+                    await locked.adopt(stream.created)
         finally:
-            await conn.close()
+            await pool.close()
     finally:
         await nc.close()
     return RebaselineReport(positions, plan, applied=apply and plan.needed)

@@ -33,7 +33,8 @@
     ├── InvalidPolicy                a policy that fails validation
     ├── InvalidRequest               a prepare or inspect request that cannot be served as asked
     │   ├── UnknownModelProfile(name)
-    │   └── ThreadNotFound(thread_id)
+    │   ├── ThreadNotFound(thread_id)
+    │   └── StoreRejected(error, sqlstate, cause)   values PostgreSQL refused (SQLSTATE 22/23/54)
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
     ├── EventRejected(event_key, rejected_code, reason)
     ├── ContextBudgetExceeded(required, input_budget, items)
@@ -81,6 +82,7 @@ __all__ = [
     "RevisionConflict",
     "RunActive",
     "ScopeViolation",
+    "StoreRejected",
     "ForeignSession",
     "StaleStateVersion",
     "StoreUnavailable",
@@ -473,6 +475,18 @@ class InvalidRequest(CtxError):
     """A request that cannot be served as asked."""
 
     code = ErrorCode.INVALID_REQUEST
+
+
+class StoreRejected(InvalidRequest):
+    """PostgreSQL refused the values sent (SQLSTATE class 22, 23 or 54): the same values fail again.
+
+    ``details`` name the driver's error and its SQLSTATE, so a recorder can dead-letter the event at
+    fault with them.
+    """
+
+    def __init__(self, error: str, sqlstate: str, cause: str) -> None:
+        super().__init__(f"the store refused the values ({error}, SQLSTATE {sqlstate}): {cause}", error=error, sqlstate=sqlstate)
+        self.cause = cause
 
 
 class UnknownModelProfile(InvalidRequest):

@@ -36,7 +36,7 @@ from .ledger import (
     encode_raw,
     plan_batch,
 )
-from .store._errors import StoreRejected
+from .errors import StoreRejected
 from .store.ports import RecordingStore
 from .tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 
-import asyncpg
 from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
 from faststream.nats.annotations import NatsMessage
@@ -26,6 +25,7 @@ from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
 from services.notices import NoticeBoard
 from services.preparing import PrepareService
+from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
 from .metrics import FleetMetrics
@@ -45,18 +45,17 @@ class AssemblerWorker:
         service: PrepareService | None,
         board: NoticeBoard,
         metrics: FleetMetrics,
-        pool: asyncpg.Pool | None = None,
+        store: PgStore | None = None,
         *,
         limits: RequestLimits | None = None,
     ) -> None:
         self._service = service
-        self._pool = pool
         self._board = board
         self._metrics = metrics
         self.admission = Admission(limits or RequestLimits(), metrics)
         self.router = NatsRouter()
         self._register()
-        self.router.include_router(queries_router(pool, metrics, self.admission))
+        self.router.include_router(queries_router(store, metrics, self.admission))
 
     def _register(self) -> None:
         r, admission = self.router, self.admission

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
 from services.budgeting import BudgetService
 from services.errors import CtxError, ThreadNotFound
-from services.store.views import ViewsRepo
+from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
@@ -28,11 +26,11 @@ _SWEEP_S = 2.0
 class BudgeterWorker(CoalescingWorker):
     """Coalescing evaluator of threads."""
 
-    def __init__(self, service: BudgetService | None, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
+    def __init__(self, service: BudgetService | None, store: PgStore | None, metrics: FleetMetrics) -> None:
         self._service = service
-        self._pool = pool
+        self._store = store
         self._metrics = metrics
-        ready = service is not None and pool is not None
+        ready = service is not None and store is not None
         self._scheduler = CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
         self.router = recorded_notices("budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule)
 
@@ -55,6 +53,5 @@ class BudgeterWorker(CoalescingWorker):
             self._metrics.jobs.labels(outcome=outcome, reason=d.reason.split(":")[0][:40]).inc()
 
     async def _stale(self) -> list[str]:
-        assert self._pool is not None
-        async with self._pool.acquire() as conn:
-            return list(await ViewsRepo.stale_threads(conn, 200))
+        assert self._store is not None
+        return await self._store.stale_views(200)

@@ -138,14 +138,14 @@ def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClien
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms)
         limits = RequestLimits(max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms)
-        broker.include_router(AssemblerWorker(service, board, metrics, pool, limits=limits).router)
+        broker.include_router(AssemblerWorker(service, board, metrics, store, limits=limits).router)
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(BudgetService(store, loader, queue), pool, metrics)
+        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics)
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
-        indexer = IndexerWorker(pool, metrics)
+        indexer = IndexerWorker(store, metrics)
         broker.include_router(indexer.router)
     if "compactor" in names:
 
@@ -158,7 +158,7 @@ def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClien
     if "recorder" in names:
         recorder = RecorderWorker(
             nc,
-            pool,
+            store,
             metrics,
             partitions=settings.owned_partitions(),
             limits=recording_limits(settings),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-
 from services.indexing import index_thread, stale_threads
 from services.store.postgres import PgStore
 
@@ -24,10 +22,10 @@ log = logging.getLogger("ctxfleet.indexer")
 class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
-    def __init__(self, pool: asyncpg.Pool | None, metrics: FleetMetrics) -> None:
-        self._store = PgStore(pool) if pool is not None else None
+    def __init__(self, store: PgStore | None, metrics: FleetMetrics) -> None:
+        self._store = store
         self._metrics = metrics
-        self._scheduler = CoalescingScheduler(self._index, self._stale, log) if pool is not None else None
+        self._scheduler = CoalescingScheduler(self._index, self._stale, log) if store is not None else None
         self.router = recorded_notices("indexer", "Recorder notices: index the thread's new records.", self.schedule)
 
     async def _index(self, thread_id: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import asyncpg
 from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
 from faststream.nats.annotations import NatsMessage
@@ -45,15 +44,13 @@ from .replies import admitted, parse_body, raw_body, reply_with
 __all__ = ["queries_router"]
 
 
-def queries_router(pool: asyncpg.Pool | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
-    """The router of the query and registration endpoints, bound to one pool and one admission."""
+def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
+    """The router of the query and registration endpoints, bound to one store and one admission."""
     router = NatsRouter()
     tasks = admission.limits.max_tasks
 
     async def serve(message: NatsMessage, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
         return await admitted(admission, message.headers, lambda _slot: reply_with(run))
-
-    attached = PgStore(pool) if pool is not None else None
 
     def store() -> PgStore:
         if attached is None:

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Awaitable, Sequence
 
-import asyncpg
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
@@ -34,7 +33,6 @@ from contracts import DeadLetter
 from services.errors import CtxError
 from services.ledger import Incoming, RecordingLimits
 from services.recording import BatchResult, RecordingService
-from services.store.ledger import TrackingRepo
 from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics
@@ -69,7 +67,7 @@ class RecorderWorker:
     def __init__(
         self,
         nc: NatsClient,
-        pool: asyncpg.Pool,
+        store: PgStore,
         metrics: FleetMetrics,
         *,
         partitions: Sequence[int],
@@ -80,18 +78,18 @@ class RecorderWorker:
     ) -> None:
         self._nc = nc
         self._js = nc.jetstream(timeout=10.0)
-        self._pool = pool
+        self._store = store
         self._metrics = metrics
         self._partitions = tuple(partitions)
         self._batch = batch
-        self._service = RecordingService(PgStore(pool), JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
+        self._service = RecordingService(store, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()
         self._subs: dict[int, JetStreamContext.PullSubscription] = {}
         # Consecutive failures per partition; a fetch that answers (even empty) proves health again.
         self._failures: dict[int, int] = {}
-        self._guard = StreamGuard(self._js, pool, metrics, every_s=stream_check_s)
+        self._guard = StreamGuard(self._js, store, metrics, every_s=stream_check_s)
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -179,8 +177,7 @@ class RecorderWorker:
 
     async def _consume(self, partition: int) -> None:
         """Read from the committed position until stopped or until delivery has a gap."""
-        async with self._pool.acquire() as conn:
-            position = await TrackingRepo.max_tracking_seq(conn, "recorder", partition)
+        position = await self._store.position("recorder", partition)
         self._metrics.recorder_position.labels(partition=str(partition)).set(position)
         config = ConsumerConfig(
             filter_subject=partition_filter(partition),
@@ -238,8 +235,7 @@ class RecorderWorker:
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 
     async def _position_moved(self, partition: int, position: int) -> bool:
-        async with self._pool.acquire() as conn:
-            return await TrackingRepo.max_tracking_seq(conn, "recorder", partition) != position
+        return await self._store.position("recorder", partition) != position
 
     async def _stream_still_ours(self, partition: int, epoch: int) -> bool:
         """False once the guard halts or lowered positions; a failed check keeps a bound consumer."""

@@ -16,12 +16,11 @@ import logging
 import time
 from collections.abc import Callable
 
-import asyncpg
 from nats.js import JetStreamContext
 
 from contracts.subjects import EVENTS_STREAM
 from services.baseline import Positions, StreamFacts, StreamVerdict, check_stream, plan_truncation
-from services.store.ledger import TrackingRepo
+from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics
 
@@ -41,7 +40,7 @@ class StreamGuard:
     def __init__(
         self,
         js: JetStreamContext,
-        pool: asyncpg.Pool,
+        store: PgStore,
         metrics: FleetMetrics,
         *,
         consumer: str = "recorder",
@@ -49,7 +48,7 @@ class StreamGuard:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._js = js
-        self._pool = pool
+        self._store = store
         self._metrics = metrics
         self._consumer = consumer
         self._clock = clock
@@ -100,9 +99,7 @@ class StreamGuard:
         # Positions first: a position read now is a message the stream held by now, so a stream state
         # read after it can only be at or past it unless the stream really lost it. The other order
         # races a busy recorder (seq 1206 recorded between the two reads looked like a lost tail).
-        async with self._pool.acquire() as conn:
-            async with conn.transaction(isolation="repeatable_read", readonly=True):
-                positions = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM)
+        positions = await self._store.positions(self._consumer, EVENTS_STREAM)
         info = await self._js.stream_info(EVENTS_STREAM)
         if info.created is None:  # every server we support (>= 2.10) reports it
             raise RuntimeError(f"{EVENTS_STREAM}: the server reported no creation time")
@@ -114,16 +111,13 @@ class StreamGuard:
             except _Moved:
                 pass
             self.epoch += 1  # either way, positions went down: consumers bound before are stale
-            async with self._pool.acquire() as conn:
-                async with conn.transaction(isolation="repeatable_read", readonly=True):
-                    positions = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM)
+            positions = await self._store.positions(self._consumer, EVENTS_STREAM)
             verdict = check_stream(positions, stream)
         if self._halted_on is not None and positions == self._halted_on:
             # Nothing changed in Postgres since the halt: stay halted whatever the stream did since.
             verdict = self._verdict if self._verdict is not None else verdict
         elif verdict.kind == "adopt":
-            async with self._pool.acquire() as conn:
-                await TrackingRepo.adopt_stream(conn, EVENTS_STREAM, stream.created, replacing=positions.created)
+            await self._store.adopt_stream(EVENTS_STREAM, stream.created, replacing=positions.created)
             log.info("recorder: positions describe %s created at %s; recorded its identity", EVENTS_STREAM, stream.created)
         self._note(verdict, positions)
         self._verified_at = started
@@ -132,15 +126,11 @@ class StreamGuard:
         """Lower the positions past a lost tail to the stream's end (``_Moved`` if they changed meanwhile)."""
         resets = plan_truncation(positions, verdict)
         s = verdict.stream
-        async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                current = await TrackingRepo.select_positions(conn, self._consumer, EVENTS_STREAM, for_update=True)
-                repaired = current == positions and await TrackingRepo.reset_positions(
-                    conn, self._consumer, EVENTS_STREAM, s.created, resets
-                )
-                if not repaired:
-                    # Another recorder repaired it (or a position moved): roll back, read again.
-                    raise _Moved()
+        async with self._store.locked_positions(self._consumer, EVENTS_STREAM) as locked:
+            repaired = locked.positions == positions and await locked.lower(s.created, resets)
+            if not repaired:
+                # Another recorder repaired it (or a position moved): roll back, read again.
+                raise _Moved()
         lost_to = max(r.old for r in resets)
         self._metrics.stream_truncations.inc()
         log.error(

@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from ..errors import DuplicateEvent, InvalidRequest, RevisionConflict, StoreUnavailable
+from ..errors import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
 from ..settings import redact_url
 
-__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "StoreRejected", "translate_pg_errors"]
+__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "translate_pg_errors"]
 
 # Every asyncpg failure that means "the database is not reachable right now"; retrying later helps.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -44,18 +44,6 @@ CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
 
 # Unique constraints whose violation means another writer got there first (retry on fresh reads).
 _RACE_CONSTRAINTS = frozenset({"records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"})
-
-
-class StoreRejected(InvalidRequest):
-    """PostgreSQL refused the values sent (SQLSTATE class 22, 23 or 54): the same values fail again.
-
-    ``details`` name the driver's error and its SQLSTATE, so a recorder can dead-letter the event at
-    fault with them.
-    """
-
-    def __init__(self, error: str, sqlstate: str, cause: str) -> None:
-        super().__init__(f"the store refused the values ({error}, SQLSTATE {sqlstate}): {cause}", error=error, sqlstate=sqlstate)
-        self.cause = cause
 
 
 def _store_fault(exc: asyncpg.PostgresError) -> StoreUnavailable:

@@ -30,7 +30,7 @@ from ..ledger import BatchPlan, CallState, HeadWrite, KnownKey, LedgerReads, Rej
 from ..records import LedgerRecord
 from ..runs import RunState, ThreadMeta
 from ..state import Fact, StateView
-from ._errors import StoreRejected
+from ..errors import StoreRejected
 from .ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
 from .views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import asyncpg
 
 from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
 
+from ..baseline import PositionReset, Positions
 from ..compaction.policy import Throttle
 from ..hashing import ChainLink
 from ..ledger import BatchPlan, LedgerReads, Rejection
@@ -29,7 +31,7 @@ from .views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, 
 if TYPE_CHECKING:
     from .ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
 
-__all__ = ["PgSession", "PgStore"]
+__all__ = ["LockedPositions", "PgSession", "PgStore"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -288,6 +290,58 @@ class PgStore:
     async def reset_index(self, session_id: str | None) -> list[str]:
         async with self._conn() as conn:
             return await search_sql.reset_index(conn, session_id)
+
+    async def stale_views(self, limit: int) -> list[str]:
+        """Threads recorded past what the budgeter evaluated (its catch-up after missed notices)."""
+        async with self._conn() as conn:
+            return await ViewsRepo.stale_threads(conn, limit)
+
+    async def position(self, consumer: str, partition: int) -> int:
+        """The last stream sequence ``consumer`` applied on ``partition``, 0 if none."""
+        async with self._conn() as conn:
+            return await TrackingRepo.max_tracking_seq(conn, consumer, partition)
+
+    async def positions(self, consumer: str, stream: str) -> Positions:
+        """Every partition's position and the stream identity they were read from, as one snapshot."""
+        async with self._conn() as conn:
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                return await TrackingRepo.select_positions(conn, consumer, stream)
+
+    async def adopt_stream(self, stream: str, created: datetime, *, replacing: datetime | None) -> bool:
+        """Record ``created`` as the stream's identity if it is still ``replacing``; whether it was."""
+        async with self._conn() as conn:
+            return await TrackingRepo.adopt_stream(conn, stream, created, replacing=replacing)
+
+    @asynccontextmanager
+    async def locked_positions(self, consumer: str, stream: str) -> AsyncIterator[LockedPositions]:
+        """The positions, locked until the block ends: lower them or adopt a stream inside it.
+
+        Nothing commits if the block raises; a recorder that has not halted yet cannot advance a
+        position between the read and the write.
+        """
+        async with self._conn() as conn:
+            async with conn.transaction():
+                with translate_pg_errors():
+                    current = await TrackingRepo.select_positions(conn, consumer, stream, for_update=True)
+                yield LockedPositions(conn, consumer, stream, current)
+
+
+class LockedPositions:
+    """Positions read ``FOR UPDATE`` in an open transaction (see ``PgStore.locked_positions``)."""
+
+    def __init__(self, conn: Conn, consumer: str, stream: str, positions: Positions) -> None:
+        self._conn, self._consumer, self._stream = conn, consumer, stream
+        self.positions = positions
+
+    async def lower(self, created: datetime, resets: Sequence[PositionReset]) -> bool:
+        """Move positions back as a re-baseline says; ``False`` if one is no longer what was read."""
+        with translate_pg_errors():
+            return await TrackingRepo.reset_positions(self._conn, self._consumer, self._stream, created, resets)
+
+    async def adopt(self, created: datetime) -> bool:
+        """Record ``created`` as the stream's identity, replacing the one read with the positions."""
+        with translate_pg_errors():
+            return await TrackingRepo.adopt_stream(self._conn, self._stream, created, replacing=self.positions.created)
 
 
 if TYPE_CHECKING:

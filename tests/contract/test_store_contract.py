@@ -21,7 +21,7 @@ from services.errors import DuplicateEvent, ErrorCode, RevisionConflict
 from services.hashing import verify_chain
 from services.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
 from services.recording import _touched
-from services.store._errors import StoreRejected
+from services.errors import StoreRejected
 from services.store.memory import MemoryStore
 from services.store.postgres import PgStore
 from services.store.views import NewSummary, ViewState, summary_id_of

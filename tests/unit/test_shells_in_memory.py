@@ -18,7 +18,7 @@ from services.notices import NoticeBoard
 from services.preparing import PrepareService
 from services.recording import RecordingService
 from services.scheduling import request_job
-from services.store._errors import StoreRejected
+from services.errors import StoreRejected
 from services.store.memory import MemorySession, MemoryStore
 from services.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming

@@ -11,6 +11,7 @@ import pytest
 
 from services.baseline import Positions
 from services.store.ledger import TrackingRepo
+from services.store.postgres import PgStore
 from workers.metrics import FleetMetrics
 from workers.stream_guard import StreamGuard
 
@@ -67,7 +68,7 @@ def stored(monkeypatch: pytest.MonkeyPatch) -> dict[str, Positions]:
 async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_change(stored: dict[str, Positions]) -> None:
     stored["positions"] = Positions({0: 120}, None)  # committed before identities: a lost tail is not provable
     js, clock, metrics = FakeJetStream(last_seq=7), Clock(), FleetMetrics()
-    guard = StreamGuard(js, FakePool(), metrics, every_s=2.0, clock=clock)  # type: ignore[arg-type]
+    guard = StreamGuard(js, PgStore(FakePool()), metrics, every_s=2.0, clock=clock)  # type: ignore[arg-type]
     assert (await guard.check()).kind == "went_backwards"
     assert guard.halt_reason is not None and "last seq 7 < committed position 120 of partition 0" in guard.halt_reason
     assert metrics.recorder_halted._value.get() == 1
@@ -88,7 +89,7 @@ async def test_stream_guard_checks_at_most_every_interval_and_a_failure_never_co
 ) -> None:
     stored["positions"] = Positions({0: 5}, CREATED)
     js, clock = FakeJetStream(last_seq=7), Clock()
-    guard = StreamGuard(js, FakePool(), FleetMetrics(), every_s=2.0, clock=clock)  # type: ignore[arg-type]
+    guard = StreamGuard(js, PgStore(FakePool()), FleetMetrics(), every_s=2.0, clock=clock)  # type: ignore[arg-type]
     for _ in range(10):
         await guard.check()
     assert js.calls == 1, "cached within the interval: no JetStream call per batch"
@@ -119,7 +120,7 @@ async def test_stream_guard_lowers_positions_past_a_lost_tail_and_tells_bound_co
 
     monkeypatch.setattr(TrackingRepo, "reset_positions", staticmethod(reset_positions))
     metrics = FleetMetrics()
-    guard = StreamGuard(FakeJetStream(last_seq=1205), FakePool(), metrics, clock=Clock())  # type: ignore[arg-type]
+    guard = StreamGuard(FakeJetStream(last_seq=1205), PgStore(FakePool()), metrics, clock=Clock())  # type: ignore[arg-type]
     verdict = await guard.check()
     assert verdict.kind == "intact" and not verdict.halted
     assert written == [(0, 1206, 1205), (2, 1210, 1205)], "only partitions past the end, down to it"
@@ -142,6 +143,6 @@ async def test_stream_guard_reads_positions_before_the_stream_so_a_busy_recorder
             return await super().stream_info(name)
 
     monkeypatch.setattr(TrackingRepo, "select_positions", staticmethod(select_positions))
-    guard = StreamGuard(RacingJetStream(last_seq=0), FakePool(), FleetMetrics(), clock=Clock())  # type: ignore[arg-type]
+    guard = StreamGuard(RacingJetStream(last_seq=0), PgStore(FakePool()), FleetMetrics(), clock=Clock())  # type: ignore[arg-type]
     assert (await guard.check()).kind == "intact"
     assert guard.epoch == 0
