@@ -19,10 +19,25 @@ import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from pydantic import JsonValue
 
-from ..records import LedgerRecord
+from ..counting import counts_as_turn
+from ..records import (
+    AssistantMessageBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    LedgerRecord,
+    OperationReconcileBody,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    ToolOutcomeBody,
+    UserInputBody,
+)
 from .actions import action_args, is_action, primary_id
 from .files import files_of_call
 from .model import ActionTaken, CommandRun, FileTouch, FileView, Segment, SourcedText, Status, StructuredSummary, ToolFailure
@@ -378,32 +393,38 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
     last_assistant: LedgerRecord | None = None
 
     for record in records:
-        if record.kind == "user_input":
-            item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
-            if record.payload.get("intent", "question") == "question":
-                goal = goal or item
-                request = item
-            constraints += _constraints(record)
-            questions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in _sentences(record.text) if s.endswith("?")]
-        elif record.kind == "assistant_message":
-            # The last message that says something: a bare tool call states no intent.
-            last_assistant = record if record.text.strip() else last_assistant
-            ledger.reaction(record)
-            sentences = list(_sentences(record.text))
-            decisions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)][:2]
-            guess = next((s for s in reversed(sentences) if _HYPOTHESIS.search(s)), None)
-            hypothesis = SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
-            for call in _calls(record):
-                ledger.call(record, call)
-            if not _calls(record) and record.text.strip():
-                progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
-        elif record.kind == "tool_outcome":
-            raw = str(record.payload.get("status", "success"))
-            status: Status = raw if raw in ("success", "error", "timeout", "unknown") else "unknown"  # type: ignore[assignment]
-            progress.append(ledger.outcome(record, status))
-            references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
-        elif record.kind in ("resource_activated", "child_result"):
-            progress.append(SourcedText(text=_clip(f"{record.kind}: {record.text or record.payload}", 300), sources=(record.seq,)))
+        body = record.body
+        match body:
+            case UserInputBody():
+                item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
+                if counts_as_turn(body):
+                    goal = goal or item
+                    request = item
+                constraints += _constraints(record)
+                questions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in _sentences(record.text) if s.endswith("?")]
+            case AssistantMessageBody():
+                # The last message that says something: a bare tool call states no intent.
+                last_assistant = record if record.text.strip() else last_assistant
+                ledger.reaction(record)
+                sentences = list(_sentences(record.text))
+                decisions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)][:2]
+                guess = next((s for s in reversed(sentences) if _HYPOTHESIS.search(s)), None)
+                hypothesis = SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
+                for call in _calls(record):
+                    ledger.call(record, call)
+                if not _calls(record) and record.text.strip():
+                    progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
+            case ToolOutcomeBody():
+                progress.append(ledger.outcome(record, body.status.value))
+                references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
+            case ResourceBody() | ChildResultBody():
+                progress.append(SourcedText(text=_clip(f"{record.kind}: {record.text or record.payload}", 300), sources=(record.seq,)))
+            case (
+                SystemBody() | RunStatusBody() | ContextExportBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody()
+            ):
+                pass  # instructions, execution state and exported background are not progress
+            case _:
+                assert_never(body)
 
     if current_request is not None:
         request = SourcedText(text=_clip(current_request.text, 1200) or "(empty)", sources=(current_request.seq,))
