@@ -116,6 +116,10 @@ def _never_covered(kind: RecordKind) -> bool:
             assert_never(kind)
 
 
+# Looked up per record on every prepare: a set, decided once by the exhaustive rule above.
+_NEVER_COVERED = frozenset(k for k in RecordKind if _never_covered(k))
+
+
 def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int | None:
     """The seq of the run's task: the first question of the thread's own run, if any.
 
@@ -142,7 +146,7 @@ def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str
     """
     last_question = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
     pinned = {last_question, run_task_seq(records, own_thread)}
-    return [r for r in records if r.seq > covered_to or _never_covered(r.kind) or r.seq in pinned]
+    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned]
 
 
 def _is_covered(block: DraftBlock, covered_to: int) -> bool:
