@@ -56,7 +56,7 @@ from .compaction.files import files_of_call
 from .errors import BlockSize, ContextBudgetExceeded, CtxError
 from .groups import DraftBlock, build_view_blocks, run_task_seq
 from .hashing import canonical_json
-from .records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody
+from .records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
 from .state import Fact, pattern_regex, render_facts
 from .render import (
     MESSAGE_OVERHEAD,
@@ -656,18 +656,17 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     """
     counter = inputs.counter
     head = s.block.records[0]
-    raw = head.payload.get("tool_calls")
+    body = head.body
     over = _calls_tokens(s.block, counter) - room
-    if over <= 0 or not isinstance(raw, list):
+    if over <= 0 or not isinstance(body, AssistantMessageBody):
         return False
     read_back = _read_back(head, inputs.own_thread)
-    calls = [dict(c) for c in raw if isinstance(c, dict)]
+    calls = list(body.tool_calls)
     longs = sorted(
         (
             (_count_text(counter, v), i, k)
             for i, c in enumerate(calls)
-            if isinstance(args := c.get("args"), dict)
-            for k, v in args.items()
+            for k, v in c.args.items()
             if isinstance(v, str) and _count_text(counter, v) > _MIN_ARG_TOKENS
         ),
         key=lambda t: (-t[0], t[1], t[2]),
@@ -678,38 +677,32 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     for tokens, i, key in longs:
         if over <= 0:
             break
-        args = dict(calls[i]["args"])  # type: ignore[arg-type]
-        value = str(args[key])
-        cut = trim_to_fit(value, counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
+        cut = trim_to_fit(str(calls[i].args[key]), counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
         over -= tokens - _count_text(counter, cut)
-        args[key] = cut
-        calls[i] = {**calls[i], "args": args}
+        calls[i] = replace(calls[i], args={**calls[i].args, key: cut})
     text = head.text
     if over > 0 and text_tokens > _MIN_ARG_TOKENS:
         # Then the model's own words before the calls: its reasoning, head and tail.
         text = trim_to_fit(text, counter, max_tokens=max(_MIN_ARG_TOKENS, text_tokens - over), read_back=read_back)
     message = s.block.messages[0]
     shown = [
-        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(_args(calls[n]))})})
+        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(calls[n].args)})})
         for n, c in enumerate(message.tool_calls or ())
     ]
     n = _count_text(counter, text) + sum(
-        _count_text(counter, str(c.get("name"))) + _count_text(counter, arguments_json(_args(c)))
-        + _count_text(counter, str(c.get("call_id"))) + TOOL_CALL_OVERHEAD
+        _count_text(counter, c.name) + _count_text(counter, arguments_json(c.args)) + _count_text(counter, c.call_id) + TOOL_CALL_OVERHEAD
         for c in calls
     )
-    record = replace(head, text=text, payload={**head.payload, "tool_calls": calls}, tokens=TokenCounts(o200k_base=n, cl100k_base=n))  # type: ignore[dict-item]
+    # The payload is what the body is read from: the cut calls go there.
+    stored: list[JsonValue] = [call_json(c) for c in calls]
+    payload: dict[str, JsonValue] = {**head.payload, "tool_calls": stored}
+    record = replace(head, text=text, payload=payload, tokens=TokenCounts(o200k_base=n, cl100k_base=n))
     records = [record, *s.block.records[1:]]
     update: dict[str, object] = {"tool_calls": tuple(shown), "content": (text or None) if message.content is not None else None}
     s.block = replace(s.block, records=records, messages=[message.model_copy(update=update), *s.block.messages[1:]])
     s.content = _content_tokens(s.block, records, counter)
     s.trimmed = True
     return True
-
-
-def _args(call: Mapping[str, object]) -> dict[str, JsonValue]:
-    args = call.get("args")
-    return dict(args) if isinstance(args, dict) else {}
 
 
 def _count_text(counter: TokenCounter | None, text: str) -> int:

@@ -54,6 +54,7 @@ __all__ = [
     "ToolOutcomeBody",
     "UserInputBody",
     "UserIntent",
+    "call_json",
     "kind_of",
     "parse_body",
 ]
@@ -292,6 +293,11 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
 def _call(c: Mapping[str, JsonValue]) -> CallBody:
     args = c.get("args")
     return CallBody(_str(c, "call_id"), _str(c, "name"), args if isinstance(args, dict) else {}, _opt(c, "operation_id"))
+
+
+def call_json(c: CallBody) -> dict[str, JsonValue]:
+    """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``): what ``parse_body`` reads back."""
+    return {"call_id": c.call_id, "name": c.name, "args": dict(c.args), "operation_id": c.operation_id}
 
 
 def _str(p: Mapping[str, JsonValue], key: str, default: str = "") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from contracts import EVENT_KINDS, ChildStatus, Event, ToolStatus, UserInputEvent, UserInputPayload
+from contracts import EVENT_KINDS, ChildStatus, Event, ToolCall, ToolStatus, UserInputEvent, UserInputPayload
 from services.counting import turns_and_steps
 from services.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
 from services.records import (
@@ -21,7 +21,9 @@ from services.records import (
     TokenCounts,
     ToolOutcomeBody,
     UserInputBody,
+    call_json,
     kind_of,
+    parse_body,
 )
 from services.render import content_of, omitted_marker, record_content, trim_tool_text
 from services.tokens import ENCODINGS, counter_for
@@ -105,3 +107,15 @@ def test_both_cuts_share_one_omitted_marker() -> None:
     where = f"(full output: {len(text)} chars, 400 lines; read it back from {ref})"
     assert omitted_marker(full - 50, full, where) in cut[0]
     assert omitted_marker(7, 9, "to fit the context; x") == "\n[… 7 of 9 tokens omitted to fit the context; x …]\n"
+
+
+def test_a_call_is_stored_back_as_the_recorder_stores_it() -> None:
+    call = ToolCall(call_id="c1", name="bash", args={"command": "ls", "n": [1, {"a": None}]}, operation_id="op-1")
+    record = ledger_records([Thread().assistant(calls=(("c1", "bash", {"command": "ls"}),))])[0]
+    assert isinstance(record.body, AssistantMessageBody)
+    (body,) = record.body.tool_calls
+    assert call_json(body) == ToolCall(call_id="c1", name="bash", args={"command": "ls"}).model_dump(mode="json")
+    stored = {"tool_calls": [call.model_dump(mode="json")]}
+    parsed = parse_body(RecordKind.ASSISTANT_MESSAGE, stored)
+    assert isinstance(parsed, AssistantMessageBody)
+    assert [call_json(c) for c in parsed.tool_calls] == stored["tool_calls"]
