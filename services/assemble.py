@@ -47,6 +47,7 @@ from contracts import (
     SourceWatermark,
     SummaryRef,
     ToolSchema,
+    ToolStatus,
 )
 from contracts.prepare import ReductionCounts
 
@@ -55,7 +56,7 @@ from .compaction.files import files_of_call
 from .errors import BlockSize, ContextBudgetExceeded, CtxError
 from .groups import DraftBlock, build_view_blocks, run_task_seq
 from .hashing import canonical_json
-from .records import LedgerRecord
+from .records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
 from .state import Fact, pattern_regex, render_facts
 from .render import (
     MESSAGE_OVERHEAD,
@@ -63,8 +64,8 @@ from .render import (
     TOOL_CALL_OVERHEAD,
     arguments_json,
     TokenCounts,
-    content_of,
     read_back_ref,
+    record_content,
     telling_line,
     tool_wire_text,
     trim_to_fit,
@@ -463,10 +464,10 @@ def _id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
 
 def _raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
     """``(call id as recorded, tool name)`` of a group's calls, in call order."""
-    raw = block.records[0].payload.get("tool_calls") if block.records else None
-    if not isinstance(raw, list):
+    body = block.records[0].body if block.records else None
+    if not isinstance(body, AssistantMessageBody):
         return []
-    return [(str(c.get("call_id")), str(c.get("name"))) for c in raw if isinstance(c, dict)]
+    return [(c.call_id, c.name) for c in body.tool_calls]
 
 
 def _raw_id(view_id: str, recorded: Mapping[str, object]) -> str:
@@ -502,16 +503,17 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
         names = dict(_raw_calls(s.block))
         records: list[LedgerRecord] = []
         for r in s.block.records:
-            if r.kind != "tool_outcome":
+            body = r.body
+            if not isinstance(body, ToolOutcomeBody):
                 records.append(r)
                 continue
-            key = (names.get(str(r.payload.get("call_id")), ""), str(r.payload.get("status", "success")), r.text)
+            key = (names.get(body.call_id, ""), body.status.value, r.text)
             source = first.setdefault(key, r.seq)
             if source == r.seq:
                 records.append(r)
                 continue
             text = f"[identical to the output at seq {source}]"
-            tokens = _counts_as(counter, content_of(r.kind, r.payload, text))
+            tokens = _counts_as(counter, record_content(body, text))
             if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(r, counter):
                 records.append(r)
                 continue
@@ -559,7 +561,7 @@ def _smallest(inputs: _Inputs) -> list[_Sized]:
         out.append(s)
     newest = _newest_group(sized)
     if newest is not None:
-        outputs = [r for r in newest.block.records if r.kind == "tool_outcome"]
+        outputs = [r for r in newest.block.records if r.kind is RecordKind.TOOL_OUTCOME]
         floor = sum(min(_record_tokens(r, inputs.counter), _MIN_OUTPUT_TOKENS) for r in outputs)
         smallest = replace(newest)
         _cut_calls(smallest, 0, inputs)  # every long argument at its shortest
@@ -571,7 +573,7 @@ def _calls_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
     """Tokens of a group's assistant message (its text and calls), without the outputs."""
     if counter is None:
         return estimate_tokens(block.messages[0].model_dump_json(exclude_none=True))
-    return sum(r.tokens.get(counter.name) for r in block.records if r.kind != "tool_outcome")
+    return sum(r.tokens.get(counter.name) for r in block.records if r.kind is not RecordKind.TOOL_OUTCOME)
 
 
 def _record_tokens(r: LedgerRecord, counter: TokenCounter | None) -> int:
@@ -582,10 +584,11 @@ def _record_tokens(r: LedgerRecord, counter: TokenCounter | None) -> int:
 
 def _output_tokens(r: LedgerRecord, text: str, counter: TokenCounter | None) -> int:
     """What an outcome costs shown with ``text``: its content, or for the estimate its whole dumped message."""
-    content = content_of(r.kind, r.payload, text)
+    body = _outcome(r)
+    content = record_content(body, text)
     if counter is not None:
         return counter.count(content)
-    message = ChatMessage(role="tool", content=content, tool_call_id=str(r.payload.get("call_id")))
+    message = ChatMessage(role="tool", content=content, tool_call_id=body.call_id)
     return estimate_tokens(message.model_dump_json(exclude_none=True))
 
 
@@ -611,7 +614,7 @@ def _trim_group(s: _Sized, room: int, inputs: _Inputs) -> int:
 
 def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
     counter = inputs.counter
-    outputs = sorted((r for r in s.block.records if r.kind == "tool_outcome"), key=lambda r: (_record_tokens(r, counter), r.seq))
+    outputs = sorted((r for r in s.block.records if r.kind is RecordKind.TOOL_OUTCOME), key=lambda r: (_record_tokens(r, counter), r.seq))
     floor = sum(min(_record_tokens(r, counter), _MIN_OUTPUT_TOKENS) for r in outputs)
     calls_cut = int(_cut_calls(s, room - s.envelope - floor, inputs))
     left = room - s.envelope - _calls_tokens(s.block, counter)
@@ -623,7 +626,7 @@ def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
     records: list[LedgerRecord] = []
     cut = 0
     for r in s.block.records:
-        if r.kind != "tool_outcome" or allowed[r.seq] >= _record_tokens(r, counter):
+        if r.kind is not RecordKind.TOOL_OUTCOME or allowed[r.seq] >= _record_tokens(r, counter):
             records.append(r)
             continue
         frame = _output_tokens(r, "", counter)
@@ -632,7 +635,7 @@ def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
             # The estimate counts the dumped message: escapes make it cost more than the raw text.
             body = body * estimate_tokens(r.text) // max(1, _record_tokens(r, None) - frame)
         text = _trim_output(r, counter, max(0, body), _read_back(r, inputs.own_thread))
-        tokens = _counts_as(counter, content_of(r.kind, r.payload, text))
+        tokens = _counts_as(counter, record_content(r.body, text))
         if _output_tokens(r, text, counter) >= _record_tokens(r, counter):
             records.append(r)
             continue
@@ -653,18 +656,17 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     """
     counter = inputs.counter
     head = s.block.records[0]
-    raw = head.payload.get("tool_calls")
+    body = head.body
     over = _calls_tokens(s.block, counter) - room
-    if over <= 0 or not isinstance(raw, list):
+    if over <= 0 or not isinstance(body, AssistantMessageBody):
         return False
     read_back = _read_back(head, inputs.own_thread)
-    calls = [dict(c) for c in raw if isinstance(c, dict)]
+    calls = list(body.tool_calls)
     longs = sorted(
         (
             (_count_text(counter, v), i, k)
             for i, c in enumerate(calls)
-            if isinstance(args := c.get("args"), dict)
-            for k, v in args.items()
+            for k, v in c.args.items()
             if isinstance(v, str) and _count_text(counter, v) > _MIN_ARG_TOKENS
         ),
         key=lambda t: (-t[0], t[1], t[2]),
@@ -675,38 +677,32 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     for tokens, i, key in longs:
         if over <= 0:
             break
-        args = dict(calls[i]["args"])  # type: ignore[arg-type]
-        value = str(args[key])
-        cut = trim_to_fit(value, counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
+        cut = trim_to_fit(str(calls[i].args[key]), counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
         over -= tokens - _count_text(counter, cut)
-        args[key] = cut
-        calls[i] = {**calls[i], "args": args}
+        calls[i] = replace(calls[i], args={**calls[i].args, key: cut})
     text = head.text
     if over > 0 and text_tokens > _MIN_ARG_TOKENS:
         # Then the model's own words before the calls: its reasoning, head and tail.
         text = trim_to_fit(text, counter, max_tokens=max(_MIN_ARG_TOKENS, text_tokens - over), read_back=read_back)
     message = s.block.messages[0]
     shown = [
-        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(_args(calls[n]))})})
+        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(calls[n].args)})})
         for n, c in enumerate(message.tool_calls or ())
     ]
     n = _count_text(counter, text) + sum(
-        _count_text(counter, str(c.get("name"))) + _count_text(counter, arguments_json(_args(c)))
-        + _count_text(counter, str(c.get("call_id"))) + TOOL_CALL_OVERHEAD
+        _count_text(counter, c.name) + _count_text(counter, arguments_json(c.args)) + _count_text(counter, c.call_id) + TOOL_CALL_OVERHEAD
         for c in calls
     )
-    record = replace(head, text=text, payload={**head.payload, "tool_calls": calls}, tokens=TokenCounts(o200k_base=n, cl100k_base=n))  # type: ignore[dict-item]
+    # The payload is what the body is read from: the cut calls go there.
+    stored: list[JsonValue] = [call_json(c) for c in calls]
+    payload: dict[str, JsonValue] = {**head.payload, "tool_calls": stored}
+    record = replace(head, text=text, payload=payload, tokens=TokenCounts(o200k_base=n, cl100k_base=n))
     records = [record, *s.block.records[1:]]
     update: dict[str, object] = {"tool_calls": tuple(shown), "content": (text or None) if message.content is not None else None}
     s.block = replace(s.block, records=records, messages=[message.model_copy(update=update), *s.block.messages[1:]])
     s.content = _content_tokens(s.block, records, counter)
     s.trimmed = True
     return True
-
-
-def _args(call: Mapping[str, object]) -> dict[str, JsonValue]:
-    args = call.get("args")
-    return dict(args) if isinstance(args, dict) else {}
 
 
 def _count_text(counter: TokenCounter | None, text: str) -> int:
@@ -716,12 +712,22 @@ def _count_text(counter: TokenCounter | None, text: str) -> int:
 def _trim_output(r: LedgerRecord, counter: TokenCounter | None, max_tokens: int, read_back: str) -> str:
     """Head + tail of an output; a failed one keeps its telling line even when it sits in the middle."""
     text = trim_to_fit(r.text, counter, max_tokens=max_tokens, read_back=read_back)
-    line = telling_line(r.text) if r.payload.get("status", "success") != "success" else None
+    line = telling_line(r.text) if _failed(r) else None
     if line is None or line in text:
         return text
     suffix = f"\n[telling line: {line}]"
     cost = counter.count(suffix) if counter else estimate_tokens(suffix)
     return trim_to_fit(r.text, counter, max_tokens=max(0, max_tokens - cost), read_back=read_back) + suffix
+
+
+def _outcome(r: LedgerRecord) -> ToolOutcomeBody:
+    # Only tool outcomes are ever cut, masked or deduplicated.
+    assert isinstance(r.body, ToolOutcomeBody), f"record {r.seq} is a {r.kind}, not a tool outcome"
+    return r.body
+
+
+def _failed(r: LedgerRecord) -> bool:
+    return isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS
 
 
 def _read_back(r: LedgerRecord, own_thread: str) -> str:
@@ -772,7 +778,7 @@ def _mask_boundaries(groups: Sequence[_Sized], chunk: int, counter: TokenCounter
         saved += sum(
             _record_tokens(r, counter) - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
             for r in s.block.records
-            if r.kind == "tool_outcome" and r.mask_text is not None and r.mask_tokens is not None
+            if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
         )
         if saved >= chunk * (len(edges) + 1):
             edges.append(k)
@@ -787,15 +793,15 @@ def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> i
     """
     records = []
     for record in s.block.records:
-        if record.kind != "tool_outcome" or record.mask_text is None or record.mask_tokens is None or record.seq in sources:
+        if record.kind is not RecordKind.TOOL_OUTCOME or record.mask_text is None or record.mask_tokens is None or record.seq in sources:
             records.append(record)
             continue
         text, tokens = record.mask_text, record.mask_tokens
-        if record.payload.get("status", "success") != "success":
+        if _failed(record):
             line = telling_line(record.text)
             if line is not None and line not in text:
                 text = f"{text}\n[telling line: {line}]"
-                tokens = _counts_as(counter, content_of(record.kind, record.payload, text))
+                tokens = _counts_as(counter, record_content(record.body, text))
         records.append(replace(record, text=text, tokens=tokens))
     before = s.content
     candidate = replace(s, block=replace(s.block, records=records, messages=_remessage(s.block, records)))
@@ -808,7 +814,7 @@ def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> i
 
 def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessage]:
     # Tool messages carry the view id (tagged when inherited); outcome records the raw call id.
-    texts = {str(r.payload.get("call_id")): content_of(r.kind, r.payload, r.text) for r in records if r.kind == "tool_outcome"}
+    texts = {r.body.call_id: record_content(r.body, r.text) for r in records if isinstance(r.body, ToolOutcomeBody)}
     return [
         m.model_copy(update={"content": texts[_raw_id(m.tool_call_id or "", texts)]}) if m.role == "tool" else m
         for m in block.messages
@@ -826,14 +832,12 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
     calls: dict[tuple[str, str], tuple[str, str]] = {}
     last: dict[tuple[str, str], LedgerRecord] = {}
     for r in sorted((r for s in [*dropped, *kept] for r in s.block.records), key=lambda r: r.seq):
-        raw = r.payload.get("tool_calls")
-        if r.kind == "assistant_message" and isinstance(raw, list):
-            for c in raw:
-                if isinstance(c, dict):
-                    args = json.dumps(c.get("args"), ensure_ascii=False, separators=(",", ":"))
-                    calls[(r.thread_id, str(c.get("call_id")))] = (str(c.get("name")), args)
-        if r.kind == "tool_outcome":
-            key = calls.get((r.thread_id, str(r.payload.get("call_id"))))
+        body = r.body
+        if isinstance(body, AssistantMessageBody):
+            for c in body.tool_calls:
+                calls[(r.thread_id, c.call_id)] = (c.name, json.dumps(c.args, ensure_ascii=False, separators=(",", ":")))
+        elif isinstance(body, ToolOutcomeBody):
+            key = calls.get((r.thread_id, body.call_id))
             if key is not None:
                 last[key] = r
     lost = {r.seq for r in records}
@@ -846,11 +850,11 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
         lines.append("- files modified there: " + ", ".join(modified[:_GAP_FILES]) + (" …" if len(modified) > _GAP_FILES else ""))
     if read:
         lines.append("- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else ""))
-    failed = [(key, r) for key, r in last.items() if r.seq in lost and r.payload.get("status", "success") != "success"]
+    failed = [(key, r) for key, r in last.items() if r.seq in lost and _failed(r)]
     for (name, args), r in sorted(failed, key=lambda kv: kv[1].seq)[-_GAP_FAILURES:]:
         # Without an error line, the first line tells what the call was doing (as a preview would).
         line = telling_line(r.text) or next((x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)")
-        lines.append(f"- last {name} {args} failed (seq {r.seq}, {r.payload.get('status')}): {line}")
+        lines.append(f"- last {name} {args} failed (seq {r.seq}, {_outcome(r).status}): {line}")
     return DraftBlock(
         block_id=f"history-gap:{records[0].seq}",
         kind=BlockKind.STATE,
@@ -869,12 +873,11 @@ def _files_touched(groups: Sequence[_Sized]) -> tuple[list[str], list[str]]:
     read: dict[str, None] = {}
     modified: dict[str, None] = {}
     for s in groups:
-        raw = s.block.records[0].payload.get("tool_calls")
-        for c in raw if isinstance(raw, list) else []:
-            if isinstance(c, dict) and isinstance(args := c.get("args"), dict):
-                access = files_of_call(str(c.get("name")), args)
-                modified.update(dict.fromkeys(access.modified))
-                read.update(dict.fromkeys(p for p in access.read if p not in modified))
+        body = s.block.records[0].body
+        for c in body.tool_calls if isinstance(body, AssistantMessageBody) else ():
+            access = files_of_call(c.name, c.args)
+            modified.update(dict.fromkeys(access.modified))
+            read.update(dict.fromkeys(p for p in access.read if p not in modified))
     return list(read), list(modified)
 
 

@@ -19,11 +19,27 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
-from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention, ToolCall
+from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention
 
-from .render import arguments_json, content_of
-from .records import LedgerRecord
+from .counting import counts_as_turn
+from .records import (
+    AssistantMessageBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    LedgerRecord,
+    OperationReconcileBody,
+    RecordKind,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    ToolOutcomeBody,
+    UserInputBody,
+)
+from .render import arguments_json, record_content
 
 __all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
 
@@ -81,7 +97,27 @@ def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, o
     return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
 
 
-_NEVER_COVERED = frozenset({"system", "resource_activated", "child_result", "context_export"})
+def _never_covered(kind: RecordKind) -> bool:
+    """Instructions and material are shown from their own records whatever a summary covers."""
+    match kind:
+        case RecordKind.SYSTEM | RecordKind.RESOURCE_ACTIVATED | RecordKind.CHILD_RESULT | RecordKind.CONTEXT_EXPORT:
+            return True
+        case (
+            RecordKind.USER_INPUT
+            | RecordKind.ASSISTANT_MESSAGE
+            | RecordKind.TOOL_OUTCOME
+            | RecordKind.RUN_STATUS
+            | RecordKind.CONTEXT_RESET
+            | RecordKind.STATE_PATCH
+            | RecordKind.OPERATION_RECONCILE
+        ):
+            return False
+        case _:
+            assert_never(kind)
+
+
+# Looked up per record on every prepare: a set, decided once by the exhaustive rule above.
+_NEVER_COVERED = frozenset(k for k in RecordKind if _never_covered(k))
 
 
 def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int | None:
@@ -95,7 +131,7 @@ def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int |
         (
             r.seq
             for r in records
-            if r.kind == "user_input" and r.payload.get("intent", "question") == "question" and not _foreign(r, own_thread)
+            if counts_as_turn(r.body) and not _foreign(r, own_thread)
         ),
         default=None,
     )
@@ -108,7 +144,7 @@ def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str
     the current request and the run's task. An outcome after ``covered_to`` whose call was covered
     finds no group and is dropped with it, as its covered group would be.
     """
-    last_question = max((r.seq for r in records if r.kind == "user_input"), default=None)
+    last_question = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
     pinned = {last_question, run_task_seq(records, own_thread)}
     return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned]
 
@@ -126,17 +162,25 @@ def build_blocks(
     two runs' ``c1`` never meet; an inherited call that never got its result becomes a state block
     "result unknown" — never half a protocol group, never something to execute again.
     """
-    last_user = max((r.seq for r in records if r.kind == "user_input"), default=None)
+    last_user = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
     blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
     groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
-        if record.kind in ("context_reset", "state_patch", "operation_reconcile"):
-            continue  # the origin boundary and state changes are not messages; state is projected apart
-        if record.kind == "tool_outcome":
-            _attach_outcome(record, groups, own_thread)
-            continue
+        body = record.body
+        match body:
+            case ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+                continue  # the origin boundary and state changes are not messages; state is projected apart
+            case ToolOutcomeBody():
+                _attach_outcome(record, body, groups, own_thread)
+                continue
+            case SystemBody():
+                continue  # pinned apart, before all history (_split_instructions)
+            case UserInputBody() | AssistantMessageBody() | RunStatusBody() | ContextExportBody() | ResourceBody() | ChildResultBody():
+                pass
+            case _:
+                assert_never(body)
         current_turn = last_user is not None and record.seq > last_user
         if record.seq == run_task and record.seq != last_user:
             blocks.append(_run_task_block(record))
@@ -177,10 +221,10 @@ def _recorded_ids(block: DraftBlock) -> dict[str, str]:
 
     Read from the record, never parsed back from the shown id: a recorded id may contain "@".
     """
-    raw = block.records[0].payload.get("tool_calls") or []
-    assert isinstance(raw, list)
+    body = block.records[0].body
+    assert isinstance(body, AssistantMessageBody)
     shown = block.messages[0].tool_calls or ()
-    return {c.id: ToolCall.model_validate(r).call_id for c, r in zip(shown, raw, strict=True)}
+    return {c.id: r.call_id for c, r in zip(shown, body.tool_calls, strict=True)}
 
 
 def _unknown_result_block(block: DraftBlock) -> DraftBlock:
@@ -204,8 +248,8 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
 
 
 def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
-    pinned = [r for r in records if r.kind == "system"]
-    rest = [r for r in records if r.kind != "system"]
+    pinned = [r for r in records if r.kind is RecordKind.SYSTEM]
+    rest = [r for r in records if r.kind is not RecordKind.SYSTEM]
     return pinned, rest
 
 
@@ -237,8 +281,9 @@ def _run_task_block(record: LedgerRecord) -> DraftBlock:
 def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = "") -> DraftBlock:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
-    match record.kind:
-        case "user_input":
+    body = record.body
+    match body:
+        case UserInputBody():
             if record.seq == last_user:
                 return DraftBlock(
                     f"task:{record.seq}",
@@ -258,23 +303,22 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
                 [record],
                 [ChatMessage(role="user", content=record.text)],
             )
-        case "assistant_message":
-            return _assistant_block(record, retention, priority, turn, own_thread)
-        case "run_status":
-            status = record.payload.get("status")
-            text = f"[state: run {record.thread_id.split('.')[0]} ended {status}" + (f": {record.text}]" if record.text else "]")
+        case AssistantMessageBody():
+            return _assistant_block(record, body, retention, priority, turn, own_thread)
+        case RunStatusBody():
+            text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (f": {record.text}]" if record.text else "]")
             return DraftBlock(
                 f"state:{record.seq}", BlockKind.STATE, retention, priority, "how an earlier run ended (execution state)",
                 [record], [ChatMessage(role="user", content=text)],
             )
-        case "context_export":
+        case ContextExportBody():
             return DraftBlock(
                 f"material:{record.seq}", BlockKind.MATERIAL, Retention.ACTIVE, 1,
                 "background the parent exported to this child, quoted as material (never instruction)",
                 [record], [ChatMessage(role="user", content="[material: background from the parent agent]\n" + record.text)],
             )
-        case "resource_activated" | "child_result":
-            what = "activated resource" if record.kind == "resource_activated" else "child agent result"
+        case ResourceBody() | ChildResultBody():
+            what = "activated resource" if isinstance(body, ResourceBody) else "child agent result"
             return DraftBlock(
                 f"material:{record.seq}",
                 BlockKind.MATERIAL,
@@ -282,18 +326,21 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
                 1,
                 f"{what}, quoted as material (never instruction)",
                 [record],
-                [ChatMessage(role="user", content=content_of(record.kind, record.payload, record.text))],
+                [ChatMessage(role="user", content=record_content(body, record.text))],
             )
+        case SystemBody() | ToolOutcomeBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+            # build_blocks handles these before any history block is built.
+            raise AssertionError(f"record {record.seq} ({record.kind}) is not a history block")
         case _:
-            raise ValueError(f"record {record.seq} has unknown kind {record.kind!r}")
+            assert_never(body)
 
 
-def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, turn: str, own_thread: str = "") -> DraftBlock:
-    raw_calls = record.payload.get("tool_calls") or []
-    assert isinstance(raw_calls, list)
+def _assistant_block(
+    record: LedgerRecord, body: AssistantMessageBody, retention: Retention, priority: int, turn: str, own_thread: str = ""
+) -> DraftBlock:
     calls = tuple(
         ChatToolCall(id=_view_call_id(record, c.call_id, own_thread), function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
-        for c in (ToolCall.model_validate(raw) for raw in raw_calls)
+        for c in body.tool_calls
     )
     if not calls:
         return DraftBlock(
@@ -317,8 +364,8 @@ def _assistant_block(record: LedgerRecord, retention: Retention, priority: int, 
     )
 
 
-def _attach_outcome(record: LedgerRecord, groups: dict[tuple[str, str], DraftBlock], own_thread: str = "") -> None:
-    call_id = str(record.payload.get("call_id"))
+def _attach_outcome(record: LedgerRecord, body: ToolOutcomeBody, groups: dict[tuple[str, str], DraftBlock], own_thread: str = "") -> None:
+    call_id = body.call_id
     group = groups.pop((record.thread_id, call_id), None)
     if group is None:
         return
@@ -326,7 +373,7 @@ def _attach_outcome(record: LedgerRecord, groups: dict[tuple[str, str], DraftBlo
     group.records.append(record)
     group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
     group.messages.append(
-        ChatMessage(role="tool", tool_call_id=view_id, content=content_of(record.kind, record.payload, record.text))
+        ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
     )
 
 

@@ -69,6 +69,7 @@ from .errors import (
 from .hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from .runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from .state import StateView, StateWrite, effects_of, plan_patch, tool_spec
+from .counting import is_model_step, is_new_question
 from .render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, telling_line, trim_tool_text
 from .tokens import EncodingName, TokenCounter
 
@@ -773,12 +774,12 @@ def _state_write(
 
 def _counts_as_turn(event: Event) -> int:
     """A user turn counts once per accepted new question (seed 000 §5.2)."""
-    return int(isinstance(event, UserInputEvent) and event.payload.intent == "question")
+    return int(isinstance(event, UserInputEvent) and is_new_question(event.payload.intent))
 
 
 def _counts_as_step(event: Event) -> int:
     """A model step counts once per stored action response; completion checks never count."""
-    return int(isinstance(event, AssistantMessageEvent) and event.payload.purpose == "action")
+    return int(isinstance(event, AssistantMessageEvent) and is_model_step(event.payload.purpose))
 
 
 def _check_policy(event: Event, tenant: str, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:

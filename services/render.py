@@ -13,8 +13,29 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from typing import assert_never
+
 from pydantic import JsonValue
 
+from contracts import ToolStatus
+
+from .records import (
+    AssistantMessageBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    OperationReconcileBody,
+    RecordBody,
+    RecordKind,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    TokenCounts,
+    ToolOutcomeBody,
+    UserInputBody,
+    parse_body,
+)
 from .tokens import ENCODINGS, EncodingName, TokenCounter
 
 __all__ = [
@@ -27,7 +48,9 @@ __all__ = [
     "arguments_json",
     "content_of",
     "count_record",
+    "omitted_marker",
     "read_back_ref",
+    "record_content",
     "telling_line",
     "tool_schema_text",
     "tool_wire_text",
@@ -57,18 +80,6 @@ _KEPT_PREFIX = "[telling line: "
 
 
 @dataclass(frozen=True, slots=True)
-class TokenCounts:
-    """Tokens of one piece of content in every supported encoding."""
-
-    o200k_base: int
-    cl100k_base: int
-
-    def get(self, encoding: EncodingName) -> int:
-        """Tokens in ``encoding``."""
-        return self.o200k_base if encoding == "o200k_base" else self.cl100k_base
-
-
-@dataclass(frozen=True, slots=True)
 class RenderedCall:
     """A tool call as the model sees it."""
 
@@ -83,35 +94,64 @@ def arguments_json(args: Mapping[str, JsonValue]) -> str:
 
 
 def content_of(kind: str, payload: Mapping[str, JsonValue], text: str) -> str:
-    """The message content of a record, given its payload and its (possibly trimmed) text."""
-    if kind == "tool_outcome":
-        status = payload.get("status", "success")
-        return text if status == "success" else f"[tool status: {status}]\n{text}"
-    if kind == "resource_activated":
-        head = f"[material: resource {payload.get('resource_id')}"
-        if payload.get("revision"):
-            head += f" revision {payload['revision']}"
-        if payload.get("uri"):
-            head += f" at {payload['uri']}"
-        head += "]"
-        if payload.get("title"):
-            head += f" {payload['title']}"
-        return f"{head}\n{text}"
-    if kind == "child_result":
-        return _child_result_text(payload)
-    return text
+    """The message content of a record, given its stored payload and its (possibly trimmed) text.
+
+    The recorder counts tokens with this before the record exists; both sides render through
+    :func:`record_content`, so what was counted is what is shown.
+    """
+    return record_content(parse_body(RecordKind(kind), payload), text)
 
 
-def _child_result_text(payload: Mapping[str, JsonValue]) -> str:
+def record_content(body: RecordBody, text: str) -> str:
+    """The message content of a record, given its typed body and its (possibly trimmed) text."""
+    match body:
+        case ToolOutcomeBody():
+            return text if body.status is ToolStatus.SUCCESS else f"[tool status: {body.status}]\n{text}"
+        case ResourceBody():
+            head = f"[material: resource {body.resource_id}"
+            if body.revision:
+                head += f" revision {body.revision}"
+            if body.uri:
+                head += f" at {body.uri}"
+            head += "]"
+            if body.title:
+                head += f" {body.title}"
+            return f"{head}\n{text}"
+        case ChildResultBody():
+            return _child_result_text(body)
+        case (
+            SystemBody()
+            | UserInputBody()
+            | AssistantMessageBody()
+            | RunStatusBody()
+            | ContextExportBody()
+            | ContextResetBody()
+            | StatePatchBody()
+            | OperationReconcileBody()
+        ):
+            return text
+        case _:
+            assert_never(body)
+
+
+def _child_result_text(body: ChildResultBody) -> str:
     lines = [
-        f"[material: result of child agent {payload.get('child_instance_id')}, status {payload.get('status')}]",
-        f"Conclusion: {payload.get('conclusion', '')}",
+        f"[material: result of child agent {body.child_instance_id}, status {body.status}]",
+        f"Conclusion: {body.conclusion}",
     ]
-    for label, key in (("Evidence", "evidence_refs"), ("Artifacts", "artifact_refs"), ("Unresolved", "unresolved")):
-        items = payload.get(key) or []
-        if isinstance(items, list) and items:
-            lines.append(f"{label}: " + "; ".join(str(i) for i in items))
+    for label, items in (("Evidence", body.evidence_refs), ("Artifacts", body.artifact_refs), ("Unresolved", body.unresolved)):
+        if items:
+            lines.append(f"{label}: " + "; ".join(items))
     return "\n".join(lines)
+
+
+def omitted_marker(omitted: int, full: int, where: str) -> str:
+    """The one marker for a cut text: how many of its tokens are left out, and ``where`` to read them.
+
+    ``where`` is the rest of the sentence after "tokens omitted" (the recorder's says the output's
+    size and its blob, the assembler's why it cut and how to read the text back).
+    """
+    return f"\n[… {omitted} of {full} tokens omitted {where} …]\n"
 
 
 def trim_tool_text(
@@ -136,10 +176,7 @@ def trim_tool_text(
     if keep is not None and (keep in head or keep in tail):
         return trim_tool_text(text, counter, max_tokens=max_tokens + counter.count(kept), blob_ref=blob_ref)
     lines = text.count("\n") + 1
-    marker = (
-        f"\n[… {full - head_n - tail_n} of {full} tokens omitted "
-        f"(full output: {len(text)} chars, {lines} lines; read it back from {blob_ref}) …]\n"
-    )
+    marker = omitted_marker(full - head_n - tail_n, full, f"(full output: {len(text)} chars, {lines} lines; read it back from {blob_ref})")
     return head + marker + kept + tail, full
 
 
@@ -206,12 +243,12 @@ def trim_to_fit(text: str, counter: TokenCounter | None, *, max_tokens: int, rea
         return text
     keep = max_tokens
     for _ in range(4):  # cutting on token boundaries can cost a token or two more once re-joined
-        marker = f"\n[… {{omitted}} of {full} tokens omitted to fit the context; {read_back} …]\n"
-        room = max(0, keep - _count(counter, marker.format(omitted=full)))
+        where = f"to fit the context; {read_back}"
+        room = max(0, keep - _count(counter, omitted_marker(full, full, where)))
         head_n = room * 3 // 5
         tail_n = room - head_n
         head, tail = _head_tail(counter, text, head_n, tail_n)
-        out = head + marker.format(omitted=full - head_n - tail_n) + tail
+        out = head + omitted_marker(full - head_n - tail_n, full, where) + tail
         over = _count(counter, out) - max_tokens
         if over <= 0 or room == 0:
             return out

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import assert_never
 
 from pydantic import JsonValue
 
@@ -35,6 +36,7 @@ from contracts import (
 
 from .client import FleetClient
 from .errors import CtxError, PermissionDenied
+from .records import RecordKind
 from .render import MESSAGE_OVERHEAD, REPLY_PRIMING, RenderedCall, arguments_json, content_of, count_record
 from .tokens import ENCODINGS, counter_for
 from .trace import TraceLine
@@ -127,29 +129,46 @@ def _parse_ts(ts: str | None) -> datetime | None:
 
 
 def _event(line: TraceLine, common: dict[str, object]) -> Event:
-    match line.kind:
-        case "system":
+    try:
+        kind = RecordKind(line.kind)
+    except ValueError:
+        raise ValueError(f"line {line.line}: unknown kind {line.kind!r}") from None
+    match kind:
+        case RecordKind.SYSTEM:
             return SystemEvent(payload=SystemPayload(text=line.text), **common)
-        case "user_input":
+        case RecordKind.USER_INPUT:
             return UserInputEvent(payload=UserInputPayload(text=line.text), **common)
-        case "assistant_message":
+        case RecordKind.ASSISTANT_MESSAGE:
             calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
             return AssistantMessageEvent(payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common)
-        case "tool_outcome":
+        case RecordKind.TOOL_OUTCOME:
             payload = ToolOutcomePayload(call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text)
             return ToolOutcomeEvent(payload=payload, **common)
+        case (
+            RecordKind.RESOURCE_ACTIVATED
+            | RecordKind.CHILD_RESULT
+            | RecordKind.RUN_STATUS
+            | RecordKind.CONTEXT_EXPORT
+            | RecordKind.CONTEXT_RESET
+            | RecordKind.STATE_PATCH
+            | RecordKind.OPERATION_RECONCILE
+        ):
+            # The trace format (docs/trace-format.md) carries a conversation only; a new kind is
+            # decided here: add it to the format, or list it among these.
+            raise ValueError(f"line {line.line}: kind {line.kind!r} is not in the trace format")
         case _:
-            raise ValueError(f"line {line.line}: unknown kind {line.kind!r}")
+            assert_never(kind)
 
 
 def full_history_tokens(event: Event) -> int:
     """What this event costs an agent that sends its whole history (o200k_base, untrimmed)."""
     payload = event.payload.model_dump(mode="json")
     text = payload.get("text", "")
-    calls = [
-        RenderedCall(c.call_id, c.name, arguments_json(c.args))
-        for c in getattr(event.payload, "tool_calls", ())
-    ]
+    calls = (
+        [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in event.payload.tool_calls]
+        if isinstance(event, AssistantMessageEvent)
+        else []
+    )
     counters = {name: counter_for(name) for name in ENCODINGS}
     tokens = count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base + MESSAGE_OVERHEAD
     if isinstance(event, ToolOutcomeEvent):

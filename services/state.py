@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, assert_never
 
 from pydantic import JsonValue
 
@@ -26,6 +26,21 @@ from contracts import PatchOp, PathRule, StatePatchPayload, ToolCatalog, ToolSpe
 
 from .errors import AuthorityViolation, InvalidEvent, InvariantViolation, StaleStateVersion, UnregisteredPath
 from .hashing import canonical_json, sha256_hex
+from .records import (
+    AssistantMessageBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    OperationReconcileBody,
+    RecordKind,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    ToolOutcomeBody,
+    UserInputBody,
+    parse_body,
+)
 
 __all__ = [
     "AUTHORITY",
@@ -316,25 +331,40 @@ def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue]
     calls: dict[str, tuple[str, Mapping[str, JsonValue]]] = {}
     rules = catalog.paths if catalog else ()
     for seq, key, kind, payload, text, observed in records:
-        if kind == "assistant_message":
-            for call in payload.get("tool_calls") or []:  # type: ignore[union-attr]
-                if isinstance(call, dict):
-                    args = call.get("args")
-                    calls[str(call.get("call_id"))] = (str(call.get("name")), args if isinstance(args, dict) else {})
-        elif kind == "state_patch":
-            patch = StatePatchPayload.model_validate(payload)
-            state.apply(plan_patch(state, patch.ops, source=patch.source, based_on=patch.based_on_version, rules=rules,
-                                   event_key=key, seq=seq, observed_at=observed, evidence=patch.evidence))
-        elif kind == "tool_outcome" and catalog is not None:
-            name, args = calls.get(str(payload.get("call_id")), ("", {}))
-            spec = tool_spec(catalog, name)
-            ops = effects_of(spec, args, str(payload.get("status", "success")), text) if spec else []
-            if ops:
-                try:
-                    state.apply(plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
-                                           event_key=key, seq=seq, observed_at=observed))
-                except InvalidEvent:
-                    pass
+        body = parse_body(RecordKind(kind), payload)
+        match body:
+            case AssistantMessageBody():
+                calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)
+            case StatePatchBody():
+                # The ops are applied as the contract reads them, exactly as the recorder did.
+                patch = StatePatchPayload.model_validate(payload)
+                state.apply(plan_patch(state, patch.ops, source=patch.source, based_on=patch.based_on_version, rules=rules,
+                                       event_key=key, seq=seq, observed_at=observed, evidence=patch.evidence))
+            case ToolOutcomeBody():
+                if catalog is None:
+                    continue
+                name, args = calls.get(body.call_id, ("", {}))
+                spec = tool_spec(catalog, name)
+                ops = effects_of(spec, args, body.status.value, text) if spec else []
+                if ops:
+                    try:
+                        state.apply(plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
+                                               event_key=key, seq=seq, observed_at=observed))
+                    except InvalidEvent:
+                        pass
+            case (
+                SystemBody()
+                | UserInputBody()
+                | ResourceBody()
+                | ChildResultBody()
+                | RunStatusBody()
+                | ContextExportBody()
+                | ContextResetBody()
+                | OperationReconcileBody()
+            ):
+                pass  # the recorder writes facts for patches and tool effects only (ledger._state_write)
+            case _:
+                assert_never(body)
     return state
 
 

@@ -19,9 +19,10 @@ from .compaction.merge import render_summary, summary_sources
 from .compaction.model import StructuredSummary
 from .compaction.rollup import skeleton
 from .compaction.policy import Counters
+from .counting import turns_and_steps
 from .errors import ThreadNotFound
 from .groups import run_task_seq
-from .records import LedgerRecord
+from .records import ContextExportBody, LedgerRecord
 from .render import TokenCounts
 from .state import StateView
 from .store.ledger import StoredHead
@@ -149,9 +150,7 @@ class ThreadView:
 
 def count_totals(records: list[LedgerRecord]) -> Counters:
     """Counter totals of exactly these records (seed 000 §5.2 counting rules)."""
-    turns = sum(1 for r in records if r.kind == "user_input" and r.payload.get("intent", "question") == "question")
-    steps = sum(1 for r in records if r.kind == "assistant_message" and r.payload.get("purpose", "action") == "action")
-    return Counters(turns, steps)
+    return Counters(*turns_and_steps(records))
 
 
 @dataclass
@@ -244,14 +243,11 @@ class ViewLoader:
         """A child's exported background, resolved to the parent records it references."""
         out: list[LedgerRecord] = []
         for record in records:
-            if record.kind != "context_export" or record.payload.get("_resolved"):
+            body = record.body
+            if not isinstance(body, ContextExportBody) or body.resolved:
                 out.append(record)
                 continue
-            refs = record.payload.get("refs")
-            pairs = [
-                (str(r["thread_id"]), int(str(r["seq"]))) for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)
-            ]
-            out.append(resolve_export(record, await conn.select_refs(pairs)))
+            out.append(resolve_export(record, await conn.select_refs(body.refs)))
         return out
 
     async def _adopt(self, conn: ViewReads, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:

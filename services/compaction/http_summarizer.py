@@ -31,10 +31,8 @@ from typing import Literal
 
 from pydantic import JsonValue, ValidationError
 
-from contracts import ToolCall
-
-from ..records import LedgerRecord
-from ..render import arguments_json, content_of
+from ..records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
+from ..render import arguments_json, record_content
 from .model import Segment, SegmentTooLong, StructuredSummary, SummarizerFailed, cited_seqs
 
 __all__ = [
@@ -200,13 +198,12 @@ def _render_request_text(segment: Segment) -> str:
 
 def _render_record(record: LedgerRecord) -> str:
     head = f"[seq {record.seq}] {record.kind}"
-    if record.kind == "tool_outcome":
-        head += f" call_id={record.payload.get('call_id')} status={record.payload.get('status', 'success')}"
-    lines = [head, content_of(record.kind, record.payload, record.text)]
-    if record.kind == "assistant_message":
-        raw_calls = record.payload.get("tool_calls") or []
-        for call in (ToolCall.model_validate(c) for c in (raw_calls if isinstance(raw_calls, list) else [])):
-            lines.append(f"call {call.call_id} {call.name}({arguments_json(call.args)})")
+    body = record.body
+    if isinstance(body, ToolOutcomeBody):
+        head += f" call_id={body.call_id} status={body.status}"
+    lines = [head, record_content(body, record.text)]
+    if isinstance(body, AssistantMessageBody):
+        lines += [f"call {call.call_id} {call.name}({arguments_json(call.args)})" for call in body.tool_calls]
     return "\n".join(line for line in lines if line)
 
 

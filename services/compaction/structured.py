@@ -19,10 +19,28 @@ import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from pydantic import JsonValue
 
-from ..records import LedgerRecord
+from contracts import ToolStatus
+
+from ..counting import counts_as_turn
+from ..records import (
+    AssistantMessageBody,
+    CallBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    LedgerRecord,
+    OperationReconcileBody,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    ToolOutcomeBody,
+    UserInputBody,
+)
 from .actions import action_args, is_action, primary_id
 from .files import files_of_call
 from .model import ActionTaken, CommandRun, FileTouch, FileView, Segment, SourcedText, Status, StructuredSummary, ToolFailure
@@ -136,14 +154,18 @@ def _last(lines: Sequence[str], test: Callable[[str], bool]) -> int | None:
     return next((i for i in range(len(lines) - 1, -1, -1) if test(lines[i])), None)
 
 
-def _calls(record: LedgerRecord) -> list[dict[str, JsonValue]]:
-    raw = record.payload.get("tool_calls") or []
-    return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
-
-
-def _args(call: Mapping[str, JsonValue]) -> dict[str, JsonValue]:
-    args = call.get("args")
-    return args if isinstance(args, dict) else {}
+def _status(status: ToolStatus) -> Status:
+    match status:
+        case ToolStatus.SUCCESS:
+            return "success"
+        case ToolStatus.ERROR:
+            return "error"
+        case ToolStatus.TIMEOUT:
+            return "timeout"
+        case ToolStatus.UNKNOWN:
+            return "unknown"
+        case _:
+            assert_never(status)
 
 
 def _shell_command(args: Mapping[str, JsonValue]) -> str:
@@ -259,7 +281,7 @@ def _is_decision(sentence: str) -> bool:
 class _Ledger:
     """The summary being built, as mutable collections in first-seen order."""
 
-    calls: dict[str, tuple[LedgerRecord, dict[str, JsonValue]]] = field(default_factory=dict)
+    calls: dict[str, tuple[LedgerRecord, CallBody]] = field(default_factory=dict)
     read: dict[str, list[int]] = field(default_factory=dict)
     views: dict[str, list[FileView]] = field(default_factory=dict)
     modified: dict[str, list[int]] = field(default_factory=dict)
@@ -272,9 +294,9 @@ class _Ledger:
     pending_failure: tuple[str, ToolFailure] | None = None
     last_change: SourcedText | None = None
 
-    def call(self, record: LedgerRecord, call: dict[str, JsonValue]) -> None:
-        call_id, name, args = str(call.get("call_id")), str(call.get("name")), _args(call)
-        self.calls[call_id] = (record, call)
+    def call(self, record: LedgerRecord, call: CallBody) -> None:
+        name, args = call.name, call.args
+        self.calls[call.call_id] = (record, call)
         access = files_of_call(name, args)
         for path in access.read:
             self.read.setdefault(path, []).append(record.seq)
@@ -284,24 +306,24 @@ class _Ledger:
             self.changes.setdefault(path, []).append(change)
             self.last_change = SourcedText(text=f"{path}: {change.text}", sources=change.sources)
 
-    def outcome(self, record: LedgerRecord, status: Status) -> SourcedText:
+    def outcome(self, record: LedgerRecord, body: ToolOutcomeBody) -> SourcedText:
         """Record one tool outcome; returns its progress line."""
-        call_id = str(record.payload.get("call_id"))
+        call_id, status = body.call_id, _status(body.status)
         self.answered.add(call_id)
-        origin, call = self.calls.get(call_id, (None, {}))
-        name, args = str(call.get("name", "?")), _args(call)
+        origin, call = self.calls.get(call_id, (None, None))
+        name, args = (call.name, call.args) if call is not None else ("?", {})
         sources = (origin.seq, record.seq) if origin else (record.seq,)
-        key = call_key(name, args) if call else f"{name} {call_id}"
+        key = call_key(name, args) if call is not None else f"{name} {call_id}"
         shell = _shell_command(args)
         if status == "success":
             self.failures = [
                 f.model_copy(update={"cleared_at": record.seq}) if f.command == key and f.cleared_at is None else f for f in self.failures
             ]
-            for path in files_of_call(name, args).read if call else ():
+            for path in files_of_call(name, args).read if call is not None else ():
                 self.views.setdefault(path, []).append(FileView(lines=_range_of(args), sha=_sha(record.text), sources=sources))
         detail = error_line(record.text, shell) if status != "success" else ""
         self._command(key, name, status, detail, sources)
-        if call and is_action(name, args):
+        if call is not None and is_action(name, args):
             self.actions.append(
                 ActionTaken(
                     tool=name,
@@ -324,7 +346,7 @@ class _Ledger:
     def unanswered(self) -> None:
         """Actions whose outcome is not among the records: whether they happened is unknown, not "no"."""
         for call_id, (record, call) in self.calls.items():
-            name, args = str(call.get("name")), _args(call)
+            name, args = call.name, call.args
             if call_id not in self.answered and is_action(name, args):
                 action = ActionTaken(
                     tool=name, args=action_args(args), status="unknown", result="(no outcome recorded)",
@@ -378,32 +400,38 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
     last_assistant: LedgerRecord | None = None
 
     for record in records:
-        if record.kind == "user_input":
-            item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
-            if record.payload.get("intent", "question") == "question":
-                goal = goal or item
-                request = item
-            constraints += _constraints(record)
-            questions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in _sentences(record.text) if s.endswith("?")]
-        elif record.kind == "assistant_message":
-            # The last message that says something: a bare tool call states no intent.
-            last_assistant = record if record.text.strip() else last_assistant
-            ledger.reaction(record)
-            sentences = list(_sentences(record.text))
-            decisions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)][:2]
-            guess = next((s for s in reversed(sentences) if _HYPOTHESIS.search(s)), None)
-            hypothesis = SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
-            for call in _calls(record):
-                ledger.call(record, call)
-            if not _calls(record) and record.text.strip():
-                progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
-        elif record.kind == "tool_outcome":
-            raw = str(record.payload.get("status", "success"))
-            status: Status = raw if raw in ("success", "error", "timeout", "unknown") else "unknown"  # type: ignore[assignment]
-            progress.append(ledger.outcome(record, status))
-            references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
-        elif record.kind in ("resource_activated", "child_result"):
-            progress.append(SourcedText(text=_clip(f"{record.kind}: {record.text or record.payload}", 300), sources=(record.seq,)))
+        body = record.body
+        match body:
+            case UserInputBody():
+                item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
+                if counts_as_turn(body):
+                    goal = goal or item
+                    request = item
+                constraints += _constraints(record)
+                questions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in _sentences(record.text) if s.endswith("?")]
+            case AssistantMessageBody():
+                # The last message that says something: a bare tool call states no intent.
+                last_assistant = record if record.text.strip() else last_assistant
+                ledger.reaction(record)
+                sentences = list(_sentences(record.text))
+                decisions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)][:2]
+                guess = next((s for s in reversed(sentences) if _HYPOTHESIS.search(s)), None)
+                hypothesis = SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
+                for call in body.tool_calls:
+                    ledger.call(record, call)
+                if not body.tool_calls and record.text.strip():
+                    progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
+            case ToolOutcomeBody():
+                progress.append(ledger.outcome(record, body))
+                references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
+            case ResourceBody() | ChildResultBody():
+                progress.append(SourcedText(text=_clip(f"{record.kind}: {record.text or record.payload}", 300), sources=(record.seq,)))
+            case (
+                SystemBody() | RunStatusBody() | ContextExportBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody()
+            ):
+                pass  # instructions, execution state and exported background are not progress
+            case _:
+                assert_never(body)
 
     if current_request is not None:
         request = SourcedText(text=_clip(current_request.text, 1200) or "(empty)", sources=(current_request.seq,))

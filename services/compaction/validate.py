@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from ..records import LedgerRecord
+from contracts import ToolStatus
+
+from ..records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
 from .actions import is_action
 from .files import files_of_call
 from .model import StructuredSummary, cited_seqs
@@ -83,14 +85,12 @@ def _check_actions(summary: StructuredSummary, covered: Sequence[LedgerRecord]) 
     fold = summary.actions_folded
     missing: list[str] = []
     for record in covered:
-        if record.kind != "assistant_message" or record.seq in cited or fold is not None and fold.first <= record.seq <= fold.last:
+        body = record.body
+        if not isinstance(body, AssistantMessageBody) or record.seq in cited or fold is not None and fold.first <= record.seq <= fold.last:
             continue
-        for call in record.payload.get("tool_calls") or []:  # type: ignore[union-attr]
-            if not isinstance(call, dict) or str(call.get("call_id")) in ids:
-                continue
-            args = call.get("args")
-            if is_action(str(call.get("name")), args if isinstance(args, dict) else {}):
-                missing.append(f"{call.get('name')} {call.get('call_id')}")
+        for call in body.tool_calls:
+            if call.call_id not in ids and is_action(call.name, call.args):
+                missing.append(f"{call.name} {call.call_id}")
     return [f"actions missing: {missing[:10]}"] if missing else []
 
 
@@ -98,13 +98,11 @@ def _check_files(summary: StructuredSummary, covered: Sequence[LedgerRecord]) ->
     listed = {t.path for t in summary.files_modified}
     missing: list[str] = []
     for record in covered:
-        if record.kind != "assistant_message":
+        body = record.body
+        if not isinstance(body, AssistantMessageBody):
             continue
-        for call in record.payload.get("tool_calls") or []:  # type: ignore[union-attr]
-            if not isinstance(call, dict):
-                continue
-            args = call.get("args")
-            for path in files_of_call(str(call.get("name")), args if isinstance(args, dict) else {}).modified:
+        for call in body.tool_calls:
+            for path in files_of_call(call.name, call.args).modified:
                 if path not in listed and path not in missing:
                     missing.append(path)
     return [f"modified files missing: {missing[:10]}"] if missing else []
@@ -113,10 +111,8 @@ def _check_files(summary: StructuredSummary, covered: Sequence[LedgerRecord]) ->
 def _check_failures(summary: StructuredSummary, covered: Sequence[LedgerRecord]) -> list[str]:
     listed = {(f.call_id, f.status) for f in summary.failures}
     missing = [
-        f"{r.payload.get('call_id')} ({r.payload.get('status')})"
-        for r in covered
-        if r.kind == "tool_outcome"
-        and r.payload.get("status", "success") != "success"
-        and (str(r.payload.get("call_id")), str(r.payload.get("status"))) not in listed
+        f"{o.call_id} ({o.status})"
+        for o in (r.body for r in covered)
+        if isinstance(o, ToolOutcomeBody) and o.status is not ToolStatus.SUCCESS and (o.call_id, o.status.value) not in listed
     ]
     return [f"tool failures missing: {missing[:10]}"] if missing else []

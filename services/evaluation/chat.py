@@ -10,8 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from typing import assert_never
+
 from pydantic import JsonValue
 
+from services.records import RecordKind
 from services.render import arguments_json
 from services.trace import TraceLine
 
@@ -61,18 +64,19 @@ def history_of(lines: Sequence[TraceLine]) -> History:
         open_group, results = None, 0
 
     for line in lines:
-        match line.kind:
-            case "system":
+        kind = RecordKind(line.kind)
+        match kind:
+            case RecordKind.SYSTEM:
                 close()
                 system.append({"role": "system", "content": line.text})
-            case "user_input":
+            case RecordKind.USER_INPUT:
                 close()
                 message: ChatMsg = {"role": "user", "content": line.text}
                 if task or units:
                     units.append(Unit((message,)))
                 else:
                     task.append(message)
-            case "assistant_message":
+            case RecordKind.ASSISTANT_MESSAGE:
                 close()
                 assistant: ChatMsg = {"role": "assistant", "content": line.text}
                 if line.tool_calls:
@@ -81,13 +85,23 @@ def history_of(lines: Sequence[TraceLine]) -> History:
                         for c in line.tool_calls
                     ]
                 open_group = [assistant]
-            case "tool_outcome":
+            case RecordKind.TOOL_OUTCOME:
                 if open_group is None:  # a result without its call: shown as its own unit
                     open_group = []
                 open_group.append({"role": "tool", "tool_call_id": line.call_id or "", "content": tool_content(line)})
                 results += 1
+            case (
+                RecordKind.RESOURCE_ACTIVATED
+                | RecordKind.CHILD_RESULT
+                | RecordKind.RUN_STATUS
+                | RecordKind.CONTEXT_EXPORT
+                | RecordKind.CONTEXT_RESET
+                | RecordKind.STATE_PATCH
+                | RecordKind.OPERATION_RECONCILE
+            ):
+                continue  # not in the trace format (services/trace.py reads conversations only)
             case _:
-                continue
+                assert_never(kind)
     close()
     return History(tuple(system), tuple(task), tuple(units))
 
@@ -96,7 +110,7 @@ def with_system_prompt(lines: Sequence[TraceLine], prompt: str) -> list[TraceLin
     """``lines`` with ``prompt`` put before the trace's system text (a system line is added if none)."""
     out = list(lines)
     for i, line in enumerate(out):
-        if line.kind == "system":
+        if line.kind == RecordKind.SYSTEM:
             out[i] = replace(line, text=f"{prompt.rstrip()}\n\n{line.text}" if line.text else prompt)
             return out
     first = out[0] if out else None

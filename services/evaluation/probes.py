@@ -16,10 +16,12 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import assert_never
 
 from pydantic import JsonValue
 
 from services.compaction.files import FileAccess, files_of_call
+from services.records import RecordKind
 from services.trace import TraceCall, TraceLine
 
 __all__ = [
@@ -142,25 +144,40 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
     last_failure: tuple[TraceLine, str] | None = None
     last_outcome: TraceLine | None = None
     for line in lines:
-        if line.kind == "user_input":
-            task = task or line
-            for sentence in constraints_of(line.text):
-                constraints.setdefault(sentence, line.line)
-        elif line.kind == "assistant_message":
-            for call in line.tool_calls:
-                calls[call.call_id] = call
-                access = _files_of(call.name, json.dumps(call.args, sort_keys=True))
-                for path in access.modified:
-                    written.setdefault(path, line.line)
-                for path in access.read:
-                    read.setdefault(path, line.line)
-        elif line.kind == "tool_outcome":
-            last_outcome = line
-            key = _call_key(calls.get(line.call_id or ""))
-            if line.status != "success":
-                last_failure = (line, key)
-            elif last_failure is not None and last_failure[1] == key:
-                last_failure = None
+        kind = RecordKind(line.kind)
+        match kind:
+            case RecordKind.USER_INPUT:
+                task = task or line
+                for sentence in constraints_of(line.text):
+                    constraints.setdefault(sentence, line.line)
+            case RecordKind.ASSISTANT_MESSAGE:
+                for call in line.tool_calls:
+                    calls[call.call_id] = call
+                    access = _files_of(call.name, json.dumps(call.args, sort_keys=True))
+                    for path in access.modified:
+                        written.setdefault(path, line.line)
+                    for path in access.read:
+                        read.setdefault(path, line.line)
+            case RecordKind.TOOL_OUTCOME:
+                last_outcome = line
+                key = _call_key(calls.get(line.call_id or ""))
+                if line.status != "success":
+                    last_failure = (line, key)
+                elif last_failure is not None and last_failure[1] == key:
+                    last_failure = None
+            case (
+                RecordKind.SYSTEM
+                | RecordKind.RESOURCE_ACTIVATED
+                | RecordKind.CHILD_RESULT
+                | RecordKind.RUN_STATUS
+                | RecordKind.CONTEXT_EXPORT
+                | RecordKind.CONTEXT_RESET
+                | RecordKind.STATE_PATCH
+                | RecordKind.OPERATION_RECONCILE
+            ):
+                pass  # instructions are not probed; the rest is not in the trace format
+            case _:
+                assert_never(kind)
     if task is not None and task.text.strip():
         probes.append(Probe(ProbeKind.TASK, task.text, task.line))
     probes += [Probe(ProbeKind.FILES_WRITTEN, p, n) for p, n in written.items()]

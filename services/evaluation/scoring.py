@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import JsonValue
 
+from services.records import RecordKind
 from services.trace import TraceLine
 
 from .baselines import BASELINES, baseline_context
@@ -176,7 +177,7 @@ def prepare_points(lines: Sequence[TraceLine]) -> list[int]:
     started: set[str | None] = set()
     points = []
     for i, line in enumerate(lines):
-        if line.kind == "assistant_message" and line.run in started:
+        if line.kind == RecordKind.ASSISTANT_MESSAGE and line.run in started:
             points.append(i)
         started.add(line.run)
     return points
