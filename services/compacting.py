@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from contracts import CompactionJob
 
+from .counting import counts_as_turn
 from .compaction.merge import merge_summaries, render_summary
 from .compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, Summarizer, SummarizerFailed
 from .compaction.policy import Throttle, ViewMeasure, ratio_threshold, throttle_from, trigger_hits
@@ -124,7 +125,7 @@ class CompactionService:
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
         segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[: policy.max_compaction_calls]
         covered_blocks = [b for seg in segments for b in seg]
-        current_request = next((r for r in reversed(records) if r.kind == "user_input" and r.payload.get("intent", "question") == "question"), None)
+        current_request = next((r for r in reversed(records) if counts_as_turn(r.body)), None)
         summarizer = self._summarizer(current_request)
         cost = _Cost()
         try:

@@ -8,8 +8,9 @@ a stopped indexer catches up from where it was, never twice, never skipping.
 from __future__ import annotations
 
 import asyncio
+from typing import assert_never
 
-
+from .records import RecordKind
 from .store.ports import IndexStore
 
 __all__ = ["INDEX_VERSION", "chunk_text", "index_thread", "reindex", "stale_threads"]
@@ -40,8 +41,27 @@ def chunk_text(text: str) -> list[tuple[int, int, int, int, str]]:
 
 
 def _searchable(kind: str, text: str, payload: str) -> str:
-    # Tool calls live in the payload (names and arguments); outcomes and messages in the text.
-    return f"{text}\n{payload}" if kind in ("assistant_message", "state_patch", "resource_activated", "child_result") else text
+    return f"{text}\n{payload}" if _payload_is_searchable(RecordKind(kind)) else text
+
+
+def _payload_is_searchable(kind: RecordKind) -> bool:
+    """Whether a record's payload holds words to find: tool calls (names and arguments), patches, resources
+    and child results live there; messages and outcomes are all in the text."""
+    match kind:
+        case RecordKind.ASSISTANT_MESSAGE | RecordKind.STATE_PATCH | RecordKind.RESOURCE_ACTIVATED | RecordKind.CHILD_RESULT:
+            return True
+        case (
+            RecordKind.SYSTEM
+            | RecordKind.USER_INPUT
+            | RecordKind.TOOL_OUTCOME
+            | RecordKind.RUN_STATUS
+            | RecordKind.CONTEXT_EXPORT
+            | RecordKind.CONTEXT_RESET
+            | RecordKind.OPERATION_RECONCILE
+        ):
+            return False
+        case _:
+            assert_never(kind)
 
 
 def _chunks(kind: str, text: str, payload: str) -> list[tuple[int, int, int, int, str]]:
