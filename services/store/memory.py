@@ -218,7 +218,7 @@ class MemorySession:
         )
 
     async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
-        """As ``ledger.write_plan``: every write of the plan, or (inside a transaction) none."""
+        """As ``batches.write_plan``: every write of the plan, or (inside a transaction) none."""
         t = self._t
         bases: dict[str, int] = {}
         for session_id in sorted(plan.session_counts):

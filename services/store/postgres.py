@@ -22,10 +22,11 @@ from ..hashing import ChainLink
 from ..ledger import BatchPlan, LedgerReads, Rejection
 from ..records import LedgerRecord
 from ..state import StateView
-from . import ledger, queries
+from . import batches, queries
 from . import search as search_sql
 from ._errors import translate_pg_errors
-from .ledger import Conn, DeadLettersRepo, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord, TrackingRepo
+from .ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
+from .tracking import DeadLettersRepo, TrackingRepo
 from .views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
 
 if TYPE_CHECKING:
@@ -85,14 +86,14 @@ class PgSession:
         operation_ids: Sequence[tuple[str, str]] = (),
         tenants: Sequence[str] = (),
     ) -> LedgerReads:
-        return await ledger.read_for_batch(
+        return await batches.read_for_batch(
             self._conn, thread_ids, keys, calls, session_ids, run_ids, extra_threads, release_names, operation_ids, tenants
         )
 
     @_translated
     async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
         # Looked up on the module at call time, so a test can make one plan fail as the server would.
-        await ledger.write_plan(self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw)
+        await batches.write_plan(self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw)
 
     @_translated
     async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None:
@@ -142,11 +143,11 @@ class PgSession:
 
     @_translated
     async def read_states(self, thread_ids: Sequence[str]) -> dict[str, StateView]:
-        return await ledger.read_states(self._conn, thread_ids)
+        return await batches.read_states(self._conn, thread_ids)
 
     @_translated
     async def read_session_catalog(self, session_id: str) -> ToolCatalog | None:
-        return await ledger.read_session_catalog(self._conn, session_id)
+        return await batches.read_session_catalog(self._conn, session_id)
 
     @_translated
     async def ensure_view(self, thread_id: str) -> None:

@@ -26,8 +26,8 @@ from services.ledger import BatchPlan, Incoming, RecordingLimits
 from services.ledger import plan_batch as real_plan_batch
 from services.recording import RecordingService
 from services.store.ledger import RecordsRepo
-from services.store.ledger import write_plan as real_write_plan
-import services.store.ledger as store_ledger
+from services.store.batches import write_plan as real_write_plan
+import services.store.batches as store_ledger
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from services.baseline import Positions
-from services.store.ledger import TrackingRepo
+from services.store.tracking import TrackingRepo
 from services.store.postgres import PgStore
 from workers.metrics import FleetMetrics
 from workers.stream_guard import StreamGuard
