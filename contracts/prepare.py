@@ -41,7 +41,7 @@ __all__ = [
 
 
 class Purpose(StrEnum):
-    """Why the runtime is calling its model (seed 000 §4)."""
+    """Why the runtime is calling its model (design D4.1)."""
 
     ACTION = "action"
     COMPACTION = "compaction"
@@ -81,7 +81,7 @@ class ToolSchema(WireModel):
 
 
 class ReportedUsage(WireModel):
-    """Provider usage of the model response recorded as ``response_event_key`` (seed 002).
+    """Provider usage of the model response recorded as ``response_event_key`` (design D4.4).
 
     The next estimate is this usage plus local counts of what was recorded after that response,
     as long as the view is still the one the response was produced from (``view_revision``).
@@ -168,7 +168,7 @@ class ChatMessage(WireModel):
 
 
 class BlockKind(StrEnum):
-    """What a block is (seed 000 §3)."""
+    """What a block is (design D4.2)."""
 
     INSTRUCTION = "instruction"
     TASK = "task"
@@ -179,7 +179,7 @@ class BlockKind(StrEnum):
 
 
 class Retention(StrEnum):
-    """How hard the assembler holds on to a block (seed 000 §3)."""
+    """How hard the assembler holds on to a block (design D4.2)."""
 
     REQUIRED = "required"
     ACTIVE = "active"
@@ -241,7 +241,7 @@ class BudgetCategory(WireModel):
 
 
 class ReductionCounts(WireModel):
-    """What each step of the reduction order (seed 000 §5.4) did to this context, in step order."""
+    """What each step of the reduction order (design D5.7) did to this context, in step order."""
 
     # 1. Later tool outputs byte-identical to one still in view, shown as a one-line reference.
     deduplicated: int = 0

@@ -38,7 +38,7 @@ class SearchRequest(WireModel):
 
 
 class SearchHit(WireModel):
-    """Where the text is — a pointer to read back, not evidence by itself (seed 004 LAW-04)."""
+    """Where the text is — a pointer to read back, not evidence by itself (design D9.1)."""
 
     thread_id: str
     seq: int

@@ -12,7 +12,7 @@ at their smallest, exceed the budget does the prepare fail with ``ContextBudgetE
 
 Budget: everything sent is counted — message text, role framing, every tool call's id, name and
 arguments, a tool message's call id, the tools array as the provider is sent it. Over the input
-budget the reductions of seed 000 §5.4 run in order, each counted in the report:
+budget the reductions of design D5.7 run in order, each counted in the report:
 1. dedup: a tool output byte-identical to one still in view becomes a one-line reference (always,
    so a context does not flip between both forms as pressure changes);
 2. trim: the newest group's outputs are cut to the room left; the summary falls back to its
@@ -914,7 +914,7 @@ def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
 def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
     """Current facts with status and source: the slice the requested tools declare they read, or all.
 
-    Placed last: it changes with every patch, and volatile parts go last (seed 002).
+    Placed last: it changes with every patch, and volatile parts go last (design D4.3).
     """
     if not snapshot.facts:
         return None
@@ -997,7 +997,7 @@ def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
 def _calibrate(
     local: int, snapshot: ThreadSnapshot, request: PrepareRequest, kept: Sequence[_Sized], encoding: EncodingName
 ) -> tuple[int, str]:
-    """Provider usage of the last response plus local counts of what came after it (seed 002)."""
+    """Provider usage of the last response plus local counts of what came after it (design D4.4)."""
     usage = request.usage
     if usage is None or usage.view_revision != snapshot.view_revision:
         return local, "local"

@@ -1,4 +1,4 @@
-"""Model profiles and the input budget: ``InputBudget = min(input_limit, C − R − S)`` (seed 000 §5.1)."""
+"""Model profiles and the input budget: ``InputBudget = min(input_limit, C − R − S)`` (design D5.1)."""
 
 from __future__ import annotations
 

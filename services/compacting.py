@@ -1,6 +1,6 @@
 """The compactor's service: run one job, commit a verified summary revision or leave the view as it was.
 
-Every outcome but ``committed`` leaves the counter baseline where it was (seed 000 §5.3): a failed
+Every outcome but ``committed`` leaves the counter baseline where it was (design D5.6): a failed
 summary, an empty or invalid one, no real reduction, or a lost race. Source records are never
 touched; a new summary chains to its parent and covers only records its parent did not.
 """
@@ -133,7 +133,7 @@ class CompactionService:
         except SummarizerFailed as exc:
             return replace(cost.outcome(summarizer.name), status="failed", stage=exc.stage, detail=str(exc), tokens_before=measure.estimated), None
         if current_request is not None:
-            # The task comes from its own record, whatever the summarizer made of it (seed 000 §6).
+            # The task comes from its own record, whatever the summarizer made of it (design D6.2).
             merged = merged.model_copy(
                 update={"current_request": SourcedText(text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,))}
             )

@@ -466,7 +466,7 @@ class ContentNotFound(CtxError):
 
 
 class InvalidPolicy(CtxError):
-    """A policy that fails validation (seed 000 §5.2)."""
+    """A policy that fails validation (design D5.4)."""
 
     code = ErrorCode.INVALID_POLICY
 

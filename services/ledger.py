@@ -773,7 +773,7 @@ def _state_write(
 
 
 def _counts_as_turn(event: Event) -> int:
-    """A user turn counts once per accepted new question (seed 000 §5.2)."""
+    """A user turn counts once per accepted new question (design D5.2)."""
     return int(isinstance(event, UserInputEvent) and is_new_question(event.payload.intent))
 
 

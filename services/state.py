@@ -1,9 +1,9 @@
 """State as a deterministic projection of the ledger: facts with provenance and supersession. Pure.
 
-Rules (seed 004 §7–17, §40), one function each:
+Rules (design D7.1–D7.6), one function each:
 
 1. Only registered paths are written (``_rule_for``).
-2. Who may write is the authority matrix of seed 004 §16; a model can only propose (``_authority``).
+2. Who may write is the authority matrix of design D7.3; a model can only propose (``_authority``).
 3. A patch names the aggregate versions it was based on; a moved aggregate refuses it (``_check_versions``).
 4. Operations keep their invariants: increment needs a number, append/remove a list, replace_if the
    expected current value (``_apply_op``).
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 _Verdict = Literal["commit", "proposal", "deny"]
-# Seed 004 §16. "Confirmation" (a user on a business fact) commits; "Proposal" is recorded, not applied.
+# design D7.3. "Confirmation" (a user on a business fact) commits; "Proposal" is recorded, not applied.
 AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
     "tool_fact": {"tool_effect": "commit", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
     "goal": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
@@ -73,7 +73,7 @@ AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
     "constraint": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
     "decision": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
 }
-# The plan lifecycle (seed 004 §37–38): where a plan's status may go from where it is.
+# The plan lifecycle (design D7.8): where a plan's status may go from where it is.
 PLAN_TRANSITIONS: Mapping[str | None, frozenset[str]] = {
     None: frozenset({"proposed"}),
     "proposed": frozenset({"accepted", "cancelled"}),

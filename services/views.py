@@ -53,7 +53,7 @@ def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerR
 @dataclass(frozen=True, slots=True)
 class Skeleton:
     """The smallest rendering of a committed summary: what a prepare falls back to when the full one
-    does not fit its budget (seed 000 §5.4: only what must survive)."""
+    does not fit its budget (design D5.7: only what must survive)."""
 
     text: str
     tokens_o200k: int
@@ -149,7 +149,7 @@ class ThreadView:
 
 
 def count_totals(records: list[LedgerRecord]) -> Counters:
-    """Counter totals of exactly these records (seed 000 §5.2 counting rules)."""
+    """Counter totals of exactly these records (design D5.2 counting rules)."""
     return Counters(*turns_and_steps(records))
 
 

@@ -124,7 +124,7 @@ class StepFold(_Frozen):
 
 
 class StructuredSummary(_Frozen):
-    """What future steps still need from the covered records (seed 003 §7, seed 000 §6)."""
+    """What future steps still need from the covered records (design D6.3)."""
 
     covered_from: int
     covered_to: int

@@ -1,6 +1,6 @@
 """When to compact: OR-combined triggers, one job per state, and retry throttling. Pure.
 
-Rules (seed 000 §5.2–5.3), one function each:
+Rules (design D5.3–D5.5), one function each:
 
 1. Each enabled trigger fires at ``>=``: ``estimated / InputBudget >= context_ratio``; user turns or
    model steps since the last successful compaction (``totals − baseline``) ``>=`` their period

@@ -1,4 +1,4 @@
-"""Sessions, runs, threads and children over real NATS and Postgres (seed 000 §8, §13)."""
+"""Sessions, runs, threads and children over real NATS and Postgres (design D3, D8.3)."""
 
 from __future__ import annotations
 

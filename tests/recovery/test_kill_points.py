@@ -1,4 +1,4 @@
-"""The kill-point matrix of seed 004 §45: SIGKILL the fleet at each point, restart, check everything.
+"""The kill-point matrix of design D8.2: SIGKILL the fleet at each point, restart, check everything.
 
 For every point: the run recovers; no event is lost or recorded twice; no side effect is repeated
 (one receipt per operation, never re-requested); state equals its replay from the ledger; the hash
