@@ -21,14 +21,14 @@ from pydantic import JsonValue
 from contracts import CompactionPolicy, ContextPolicy
 from infra import SAMPLES_DIR
 from infra.runtime import Servers, start_fleet
-from services.client import FleetClient
-from services.evaluating import EvalReport, EvalTrace, evaluate, policy_name, run_through_fleet
-from services.evaluation import FleetContext, score_trace, with_system_prompt
-from services.evaluation.counting import ContextCounter
-from services.evaluation.synthetic import synthetic_trace
+from services.edge.client import FleetClient
+from services.edge.evaluating import EvalReport, EvalTrace, evaluate, policy_name, run_through_fleet
+from services.core.evaluation import FleetContext, score_trace, with_system_prompt
+from services.core.evaluation.counting import ContextCounter
+from services.core.evaluation.synthetic import synthetic_trace
 from services.settings import Settings
-from services.tokens import counter_for
-from services.trace import read_trace
+from services.core.tokens import counter_for
+from services.core.trace import read_trace
 
 __all__ = ["BUDGETS", "LONGEST", "bench_eval"]
 

@@ -28,11 +28,11 @@ import asyncpg
 from contracts import ContextPolicy
 from infra import SAMPLES_DIR
 from infra.embedded import free_port
-from services.client import FleetClient
-from services.replay import ReplayOptions, replay_trace
+from services.edge.client import FleetClient
+from services.edge.replay import ReplayOptions, replay_trace
 from infra.runtime import migrate, provision
 from services.settings import WORKER_NAMES, Settings
-from services.trace import read_trace
+from services.core.trace import read_trace
 
 __all__ = ["bench_ops"]
 

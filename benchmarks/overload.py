@@ -27,9 +27,9 @@ from pathlib import Path
 from contracts import PrepareRequest
 from infra.embedded import free_port
 from infra.runtime import migrate, provision
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import FleetUnavailable, Overloaded
-from services.replay import percentile
+from services.edge.replay import percentile
 from services.settings import Settings
 from tests.fixtures.builders import Thread
 

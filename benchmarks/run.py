@@ -41,10 +41,10 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats, EmbeddedPostgres
 from infra.runtime import Servers, start_fleet
 from contracts import ContextPolicy, PrepareRequest
-from services.client import FleetClient
-from services.replay import ReplayOptions, percentile, replay_trace
+from services.edge.client import FleetClient
+from services.edge.replay import ReplayOptions, percentile, replay_trace
 from services.settings import Settings
-from services.trace import read_trace
+from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 
 from .eval import bench_eval
@@ -297,8 +297,8 @@ async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, r
 async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]:
     """Patch commits per second (one thread; 100 threads), replay of 100,000 events, projection vs dump."""
     from contracts import PatchOp, PathRule, StatePatchEvent, StatePatchPayload, ToolCatalog, ToolSpec
-    from services.state import pattern_regex, rebuild_state, render_facts
-    from services.tokens import counter_for
+    from services.core.state import pattern_regex, rebuild_state, render_facts
+    from services.core.tokens import counter_for
 
     catalog = ToolCatalog(
         release="bench@1",

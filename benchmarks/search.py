@@ -20,10 +20,10 @@ import asyncpg
 
 from contracts import SearchRequest
 from infra.runtime import Servers, start_fleet
-from services.client import FleetClient
-from services.indexing import reindex
+from services.edge.client import FleetClient
+from services.app.indexing import reindex
 from services.store.postgres import PgStore
-from services.replay import percentile
+from services.edge.replay import percentile
 from services.settings import Settings
 from tests.fixtures.builders import Thread
 

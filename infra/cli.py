@@ -20,17 +20,17 @@ from pydantic import ValidationError
 
 from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspection, ThreadInspection
 
-from services.client import FleetClient
-from services.indexing import reindex
+from services.edge.client import FleetClient
+from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
-from services.evaluating import EvalReport, EvalTrace, evaluate
-from services.evaluation import TraceScore, with_system_prompt
-from services.tokens import counter_for
-from services.replay import ReplayOptions, ReplayReport, replay_trace
+from services.edge.evaluating import EvalReport, EvalTrace, evaluate
+from services.core.evaluation import TraceScore, with_system_prompt
+from services.core.tokens import counter_for
+from services.edge.replay import ReplayOptions, ReplayReport, replay_trace
 from services.settings import Settings, load_settings, redact_url
 from services.store.connect import create_pool
-from services.trace import TraceFormatError, read_trace
+from services.core.trace import TraceFormatError, read_trace
 
 from . import SAMPLES_DIR
 from .credentials import as_identity, load_credentials

@@ -12,7 +12,7 @@ from typing import NoReturn
 from nats.js.errors import NotFoundError
 
 from contracts import JOBS_STREAM
-from services.client import connect_nats
+from services.edge.client import connect_nats
 from services.errors import FleetUnavailable, StoreUnavailable
 from services.settings import Settings
 from services.store.connect import connect as pg_connect

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from contracts.subjects import DEFAULT_TENANT, check_tenant
 
-from .errors import InvalidConfiguration
+from services.errors import InvalidConfiguration
 
 __all__ = [
     "ENV_PREFIX",

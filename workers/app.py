@@ -21,7 +21,7 @@ from nats.errors import Error as NatsError
 
 from contracts.subjects import RECORDED
 from services.errors import InvalidConfiguration
-from services.client import connect_nats
+from services.edge.client import connect_nats
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore

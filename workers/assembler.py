@@ -23,8 +23,8 @@ from faststream.nats.annotations import NatsMessage
 from contracts import ErrorCode, InspectRequest, PrepareRequest
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
-from services.notices import NoticeBoard
-from services.preparing import PrepareService
+from services.app.notices import NoticeBoard
+from services.app.preparing import PrepareService
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from services.budgeting import BudgetService
+from services.app.budgeting import BudgetService
 from services.errors import CtxError, ThreadNotFound
 from services.store.postgres import PgStore
 

@@ -16,7 +16,7 @@ from faststream import AckPolicy
 from faststream.nats import JStream, NatsMessage, NatsRouter, PullSub
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
-from services.compacting import CompactionService
+from services.app.compacting import CompactionService
 from services.errors import CtxError
 
 from .metrics import FleetMetrics

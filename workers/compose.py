@@ -16,18 +16,18 @@ from nats.aio.client import Client as NatsClient
 
 from contracts import DeadLetter
 from contracts.subjects import DEAD
-from services.budgeting import BudgetService
-from services.compacting import CompactionService, SummarizerFactory
-from services.compaction.http_summarizer import HttpSummarizer, HttpSummarizerConfig
-from services.compaction.model import Summarizer
-from services.compaction.structured import StructuredSummarizer
-from services.ledger import RecordingLimits
-from services.notices import NoticeBoard
-from services.preparing import PrepareService
-from services.records import LedgerRecord
+from services.app.budgeting import BudgetService
+from services.app.compacting import CompactionService, SummarizerFactory
+from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
+from services.core.compaction.model import Summarizer
+from services.core.compaction.structured import StructuredSummarizer
+from services.core.ledger import RecordingLimits
+from services.app.notices import NoticeBoard
+from services.app.preparing import PrepareService
+from services.core.records import LedgerRecord
 from services.settings import Settings
 from services.store.postgres import PgStore
-from services.views import ViewLoader
+from services.app.views import ViewLoader
 
 from .admission import RequestLimits
 from .assembler import AssemblerWorker

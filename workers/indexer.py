@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from services.indexing import index_thread, stale_threads
+from services.app.indexing import index_thread, stale_threads
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices

@@ -28,13 +28,13 @@ from contracts import (
     SearchRequest,
     ToolCatalog,
 )
-from services.budget import policy_budget
-from services.catalogs import register_catalog
+from services.core.budget import policy_budget
+from services.app.catalogs import register_catalog
 from services.errors import CtxError, InvalidPolicy, InvalidRequest
-from services.reading import read_range
-from services.receipts import operation_status
-from services.searching import search
-from services.sessions import inspect_session
+from services.app.reading import read_range
+from services.app.receipts import operation_status
+from services.app.searching import search
+from services.app.sessions import inspect_session
 from services.store.postgres import PgStore
 
 from .admission import Admission

@@ -31,8 +31,8 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
 from contracts import DeadLetter
 from services.errors import CtxError
-from services.ledger import Incoming, RecordingLimits
-from services.recording import BatchResult, RecordingService
+from services.core.ledger import Incoming, RecordingLimits
+from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics

@@ -4,7 +4,7 @@ JetStream acks a publish whatever the recorder does, so a stream that lost its s
 its sequences below the committed positions would be read from ``position + 1`` and its first
 events silently skipped. The guard compares, at most every ``every_s`` seconds (and afresh after
 each consumer is bound, the one moment a stale position can be turned into a consumer), the stream's
-state with the positions in Postgres (``services.baseline.check_stream``). A halt is sticky: it
+state with the positions in Postgres (``services.core.baseline.check_stream``). A halt is sticky: it
 lasts until the positions in Postgres change, which only ``ctxfleet rebaseline`` does while halted,
 so a stream that grows back past the old positions does not quietly resume recording.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from nats.js import JetStreamContext
 
 from contracts.subjects import EVENTS_STREAM
-from services.baseline import Positions, StreamFacts, StreamVerdict, check_stream, plan_truncation
+from services.core.baseline import Positions, StreamFacts, StreamVerdict, check_stream, plan_truncation
 from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from ..errors import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
-from ..settings import redact_url
+from services.errors import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
+from services.settings import redact_url
 
 __all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "translate_pg_errors"]
 

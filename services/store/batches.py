@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from contracts import DEFAULT_POLICY_NAME, ToolCatalog
 from contracts.subjects import DEFAULT_TENANT
 
-from ..errors import RevisionConflict
-from ..ledger import (
+from services.errors import RevisionConflict
+from services.core.ledger import (
     BatchPlan,
     CallState,
     HeadWrite,
@@ -19,11 +19,11 @@ from ..ledger import (
     LedgerReads,
     ThreadHead,
 )
-from ..runs import RunState, ThreadMeta
-from ..state import Fact, StateView, aggregate_of
+from services.core.runs import RunState, ThreadMeta
+from services.core.state import Fact, StateView, aggregate_of
 
-from .ledger import Conn
-from .tracking import DeadLettersRepo
+from services.store.ledger import Conn
+from services.store.tracking import DeadLettersRepo
 
 __all__ = [
     "read_for_batch",
@@ -249,7 +249,7 @@ async def read_for_batch(
     operation_ids: Sequence[tuple[str, str]] = (),
     tenants: Sequence[str] = (),
 ) -> LedgerReads:
-    """Everything :func:`services.ledger.plan_batch` needs to know about the ledger."""
+    """Everything :func:`services.core.ledger.plan_batch` needs to know about the ledger."""
     heads = {
         r["thread_id"]: ThreadHead(
             r["thread_id"], r["session_id"], r["revision"], r["last_seq"], r["last_hash"], r["last_event_key"]

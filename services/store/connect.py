@@ -6,7 +6,7 @@ from typing import Any
 
 import asyncpg
 
-from ._errors import translate_pg_errors
+from services.store._errors import translate_pg_errors
 
 __all__ = ["connect", "create_pool"]
 

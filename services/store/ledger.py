@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, TypeAlias
 import asyncpg
 
 
-from ..hashing import ChainLink
-from ..records import LedgerRecord
-from ..render import TokenCounts
+from services.core.hashing import ChainLink
+from services.core.records import LedgerRecord
+from services.core.render import TokenCounts
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy

@@ -21,21 +21,21 @@ from typing import TYPE_CHECKING, Any, cast
 from contracts import DEFAULT_POLICY_NAME, ContextPolicy, ToolCatalog
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
-from ..compaction.model import StructuredSummary
-from ..compaction.policy import Counters, Throttle
-from ..errors import DuplicateEvent, RevisionConflict
-from ..hashing import ChainLink, sha256_hex
-from ..killpoints import kill_point
-from ..ledger import BatchPlan, CallState, HeadWrite, KnownKey, LedgerReads, Rejection, ThreadHead, encode_raw
-from ..records import LedgerRecord
-from ..runs import RunState, ThreadMeta
-from ..state import Fact, StateView
-from ..errors import StoreRejected
-from .ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
-from .views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.policy import Counters, Throttle
+from services.errors import DuplicateEvent, RevisionConflict
+from services.core.hashing import ChainLink, sha256_hex
+from services.killpoints import kill_point
+from services.core.ledger import BatchPlan, CallState, HeadWrite, KnownKey, LedgerReads, Rejection, ThreadHead, encode_raw
+from services.core.records import LedgerRecord
+from services.core.runs import RunState, ThreadMeta
+from services.core.state import Fact, StateView
+from services.errors import StoreRejected
+from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
 
 if TYPE_CHECKING:
-    from .ports import BudgetStore, CompactionStore, PrepareStore, RecordingStore
+    from services.store.ports import BudgetStore, CompactionStore, PrepareStore, RecordingStore
 
 __all__ = ["MemorySession", "MemoryStore"]
 

@@ -13,14 +13,14 @@ from typing import Protocol
 
 from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
 
-from ..compaction.policy import Throttle
-from ..hashing import ChainLink
-from ..ledger import BatchPlan, LedgerReads, Rejection
-from ..records import LedgerRecord
-from ..state import StateView
-from .ledger import EvidenceRow, StoredHead, TailRecord
-from .search import Chunker
-from .views import Candidate, NewSummary, ThreadScope, ViewState
+from services.core.compaction.policy import Throttle
+from services.core.hashing import ChainLink
+from services.core.ledger import BatchPlan, LedgerReads, Rejection
+from services.core.records import LedgerRecord
+from services.core.state import StateView
+from services.store.ledger import EvidenceRow, StoredHead, TailRecord
+from services.store.search import Chunker
+from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 
 __all__ = [
     "BudgetSession",
@@ -79,7 +79,7 @@ class RecordingSession(Transactional, Protocol):
 
 
 class ViewReads(Protocol):
-    """What loading a thread's view reads (``services.views.ViewLoader``), plus adopting a summary."""
+    """What loading a thread's view reads (``services.app.views.ViewLoader``), plus adopting a summary."""
 
     async def select_head(self, thread_id: str) -> StoredHead | None: ...
 

@@ -16,21 +16,21 @@ import asyncpg
 
 from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
 
-from ..baseline import PositionReset, Positions
-from ..compaction.policy import Throttle
-from ..hashing import ChainLink
-from ..ledger import BatchPlan, LedgerReads, Rejection
-from ..records import LedgerRecord
-from ..state import StateView
-from . import batches, queries
-from . import search as search_sql
-from ._errors import translate_pg_errors
-from .ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
-from .tracking import DeadLettersRepo, TrackingRepo
-from .views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
+from services.core.baseline import PositionReset, Positions
+from services.core.compaction.policy import Throttle
+from services.core.hashing import ChainLink
+from services.core.ledger import BatchPlan, LedgerReads, Rejection
+from services.core.records import LedgerRecord
+from services.core.state import StateView
+from services.store import batches, queries
+from services.store import search as search_sql
+from services.store._errors import translate_pg_errors
+from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
+from services.store.tracking import DeadLettersRepo, TrackingRepo
+from services.store.views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
 
 if TYPE_CHECKING:
-    from .ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
+    from services.store.ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
 
 __all__ = ["LockedPositions", "PgSession", "PgStore"]
 

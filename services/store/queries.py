@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contracts import InspectedRun, InspectedThread, Receipt, SessionInspection, ToolCatalog
 
-from .ledger import Conn
+from services.store.ledger import Conn
 
 __all__ = ["insert_catalog", "select_receipt", "select_session", "select_session_blob"]
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from contracts import SearchHit, SearchRequest
 
-from .ledger import Conn
+from services.store.ledger import Conn
 
 __all__ = ["Chunker", "index_next", "reset_index", "search_session", "stale_index_threads"]
 

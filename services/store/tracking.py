@@ -10,14 +10,14 @@ from collections.abc import Sequence
 
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
-from ..baseline import PositionReset, Positions
-from ..hashing import sha256_hex
-from ..ledger import (
+from services.core.baseline import PositionReset, Positions
+from services.core.hashing import sha256_hex
+from services.core.ledger import (
     Rejection,
     encode_raw,
 )
 
-from .ledger import Conn
+from services.store.ledger import Conn
 
 __all__ = [
     "DeadLettersRepo",

@@ -10,11 +10,11 @@ from typing import Any
 from contracts import ContextPolicy
 from contracts.subjects import DEFAULT_TENANT
 
-from ..compaction.model import StructuredSummary
-from ..compaction.policy import Counters, Throttle
-from ..errors import RevisionConflict
-from ..killpoints import kill_point
-from .ledger import Conn
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.policy import Counters, Throttle
+from services.errors import RevisionConflict
+from services.killpoints import kill_point
+from services.store.ledger import Conn
 
 __all__ = [
     "Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo", "summary_id_of",

@@ -31,7 +31,7 @@ from typing import assert_never
 
 from contracts import PrepareRequest
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, PARTITIONED
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.audit import ThreadAudit, audit_thread
 from tests.fixtures.builders import Thread

@@ -15,17 +15,17 @@ import pytest
 
 from contracts import ContextPolicy
 from contracts.subjects import DEFAULT_TENANT
-from services.compaction.model import StructuredSummary
-from services.compaction.policy import Counters
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.policy import Counters
 from services.errors import DuplicateEvent, ErrorCode, RevisionConflict
-from services.hashing import verify_chain
-from services.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
-from services.recording import _touched
+from services.core.hashing import verify_chain
+from services.core.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
+from services.app.recording import _touched
 from services.errors import StoreRejected
 from services.store.memory import MemoryStore
 from services.store.postgres import PgStore
 from services.store.views import NewSummary, ViewState, summary_id_of
-from services.tokens import ENCODINGS, counter_for
+from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = pytest.mark.anyio

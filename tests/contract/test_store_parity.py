@@ -18,13 +18,13 @@ import pytest
 
 from contracts import DeadLetter
 from contracts.subjects import DEFAULT_TENANT
-from services.ledger import RecordingLimits
-from services.recording import RecordingService
-from services.replay import ReplayOptions, trace_events
+from services.core.ledger import RecordingLimits
+from services.app.recording import RecordingService
+from services.edge.replay import ReplayOptions, trace_events
 from services.store.memory import MemoryStore
 from services.store.postgres import PgStore
-from services.trace import read_trace
-from services.views import ViewLoader
+from services.core.trace import read_trace
+from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]

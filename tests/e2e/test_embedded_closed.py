@@ -20,11 +20,11 @@ from contracts import ContextPolicy, PrepareRequest
 from infra import SAMPLES_DIR
 from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import FleetUnavailable, PermissionDenied
-from services.replay import ReplayOptions, replay_trace
+from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import Settings
-from services.trace import read_trace
+from services.core.trace import read_trace
 from tests.fixtures.fleet import make_settings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats, pytest.mark.pg]

@@ -16,7 +16,7 @@ from contracts import PreparedContext
 from infra import SAMPLES_DIR
 from infra.credentials import load_credentials
 from infra.embedded import EmbeddedPostgres
-from services.trace import read_trace
+from services.core.trace import read_trace
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
 

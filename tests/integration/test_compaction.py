@@ -9,13 +9,13 @@ import asyncpg
 import pytest
 
 from contracts import CompactionJob, CompactionPolicy, ContextPolicy, PrepareRequest
-from services.client import FleetClient
-from services.compacting import CompactionService
-from services.compaction.model import Segment, StructuredSummary, SummarizerFailed
-from services.compaction.structured import summarize_records
+from services.edge.client import FleetClient
+from services.app.compacting import CompactionService
+from services.core.compaction.model import Segment, StructuredSummary, SummarizerFailed
+from services.core.compaction.structured import summarize_records
 from services.errors import ContextBudgetExceeded, ThreadNotFound
-from services.scheduling import request_job
-from services.views import ViewLoader
+from services.app.scheduling import request_job
+from services.app.views import ViewLoader
 from services.store.postgres import PgSession, PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from contracts import DeadLetter
-from services.ledger import Incoming, RecordingLimits
-from services.recording import RecordingService
+from services.core.ledger import Incoming, RecordingLimits
+from services.app.recording import RecordingService
 from services.store.postgres import PgStore
 from tests.unit.test_fuzz_events import encode_body, event_bodies
 

@@ -19,10 +19,10 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats
 from infra.nats_accounts import authorization_conf, grants
 from infra.runtime import provision
-from services.client import FleetClient
-from services.replay import ReplayOptions, replay_trace
+from services.edge.client import FleetClient
+from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import WORKER_NAMES
-from services.trace import read_trace
+from services.core.trace import read_trace
 from tests.fixtures.fleet import make_settings
 from workers.app import Fleet
 

@@ -16,15 +16,15 @@ from typing import Any
 import asyncpg
 import pytest
 
-import services.recording as recording
+import services.app.recording as recording
 from contracts import DeadLetter
 from contracts.subjects import partition_of
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import StoreUnavailable
-from services.hashing import verify_chain
-from services.ledger import BatchPlan, Incoming, RecordingLimits
-from services.ledger import plan_batch as real_plan_batch
-from services.recording import RecordingService
+from services.core.hashing import verify_chain
+from services.core.ledger import BatchPlan, Incoming, RecordingLimits
+from services.core.ledger import plan_batch as real_plan_batch
+from services.app.recording import RecordingService
 from services.store.ledger import RecordsRepo
 from services.store.batches import write_plan as real_write_plan
 import services.store.batches as store_ledger

@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from contracts import PrepareRequest, ReadRequest, SearchRequest
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

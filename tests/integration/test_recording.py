@@ -6,8 +6,8 @@ import asyncpg
 import pytest
 
 from contracts import PrepareRequest
-from services.client import FleetClient, msg_id_of
-from services.hashing import verify_chain
+from services.edge.client import FleetClient, msg_id_of
+from services.core.hashing import verify_chain
 from services.store.ledger import RecordsRepo
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

@@ -8,9 +8,9 @@ import asyncpg
 import pytest
 
 from contracts import EvidenceRef, PatchOp, PathRule, PrepareRequest, SearchRequest, StatePatchEvent, StatePatchPayload, ToolCatalog
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError, ThreadNotFound
-from services.indexing import INDEX_VERSION, reindex
+from services.app.indexing import INDEX_VERSION, reindex
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

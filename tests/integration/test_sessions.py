@@ -6,9 +6,9 @@ import asyncpg
 import pytest
 
 from contracts import CompactionPolicy, CompactionTriggers, ContextPolicy, PreparedContext, PrepareRequest, ReadRequest
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
-from services.views import ViewLoader
+from services.app.views import ViewLoader
 from services.store.postgres import PgSession
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
@@ -269,8 +269,8 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
 
 
 async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_first(fleet, client: FleetClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from services.replay import ReplayOptions, replay_trace
-    from services.trace import read_trace
+    from services.edge.replay import ReplayOptions, replay_trace
+    from services.core.trace import read_trace
 
     trace = tmp_path / "two-runs.jsonl"
     trace.write_text(

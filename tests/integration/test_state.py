@@ -19,7 +19,7 @@ from contracts import (
     ToolSchema,
     ToolSpec,
 )
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import EventRejected
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

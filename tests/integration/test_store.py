@@ -6,11 +6,11 @@ import asyncpg
 import pytest
 
 from services.errors import RevisionConflict, StoreUnavailable
-from services.ledger import RecordingLimits, decode_batch, plan_batch
+from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.store._errors import translate_pg_errors
 from services.store.batches import read_for_batch, write_plan
 from services.store.ledger import HeadsRepo
-from services.tokens import ENCODINGS, counter_for
+from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]

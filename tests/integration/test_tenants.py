@@ -35,10 +35,10 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats
 from infra.nats_accounts import authorization_conf, embedded_grants
 from infra.runtime import provision
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
-from services.replay import ReplayOptions, replay_trace
-from services.trace import read_trace
+from services.edge.replay import ReplayOptions, replay_trace
+from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import make_settings
 from workers.app import Fleet

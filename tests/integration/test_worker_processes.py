@@ -19,7 +19,7 @@ import pytest
 
 from infra.embedded import EmbeddedNats, free_port
 from contracts import PrepareRequest
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.settings import WORKER_NAMES
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually

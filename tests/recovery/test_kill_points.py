@@ -27,7 +27,7 @@ from contracts import (
     ToolEffect,
     ToolSpec,
 )
-from services.client import FleetClient
+from services.edge.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.audit import audit_thread
 from tests.fixtures.builders import Thread

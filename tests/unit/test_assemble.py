@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from contracts import PreparedContext, PrepareRequest, decode_event
-from services.assemble import ThreadSnapshot, assemble_context
-from services.budget import BudgetSpec, resolve_budget
+from services.core.assemble import ThreadSnapshot, assemble_context
+from services.core.budget import BudgetSpec, resolve_budget
 from services.errors import ContextBudgetExceeded, UnknownModelProfile
-from services.records import LedgerRecord
-from services.tokens import counter_for
+from services.core.records import LedgerRecord
+from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "prepare"

@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest, UserInputEvent, UserInputPayload
-from services.assemble import OverBudget, SummaryView, ThreadSnapshot, assemble_context
-from services.budget import resolve_budget
+from services.core.assemble import OverBudget, SummaryView, ThreadSnapshot, assemble_context
+from services.core.budget import resolve_budget
 from services.errors import ContextBudgetExceeded
-from services.groups import build_view_blocks
-from services.records import LedgerRecord
-from services.render import telling_line, trim_tool_text
-from services.request_count import count_prepared
-from services.tokens import counter_for
+from services.core.groups import build_view_blocks
+from services.core.records import LedgerRecord
+from services.core.render import telling_line, trim_tool_text
+from services.core.request_count import count_prepared
+from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records
 
 COUNTER = counter_for("o200k_base")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import JsonValue
 
-from services.compaction.files import FileAccess, files_of_call, files_of_shell
+from services.core.compaction.files import FileAccess, files_of_call, files_of_shell
 
 
 def _fa(read: tuple[str, ...] = (), modified: tuple[str, ...] = ()) -> FileAccess:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from contracts import CompactionPolicy
-from services.compacting import _summarize
-from services.compaction.merge import merge_summaries, render_summary
-from services.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, SummarizerFailed
-from services.compaction.select import choose_cover, eligible_blocks, measure_view, split_segments
-from services.compaction.structured import StructuredSummarizer, summarize_records
-from services.compaction.validate import CandidateInvalid, validate_candidate
-from services.groups import build_view_blocks
+from services.app.compacting import _summarize
+from services.core.compaction.merge import merge_summaries, render_summary
+from services.core.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, SummarizerFailed
+from services.core.compaction.select import choose_cover, eligible_blocks, measure_view, split_segments
+from services.core.compaction.structured import StructuredSummarizer, summarize_records
+from services.core.compaction.validate import CandidateInvalid, validate_candidate
+from services.core.groups import build_view_blocks
 from tests.fixtures.builders import Thread, ledger_records
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts import CompactionPolicy, CompactionTriggers, ContextPolicy
-from services.compaction.policy import (
+from services.core.compaction.policy import (
     Counters,
     Throttle,
     ViewMeasure,
@@ -15,7 +15,7 @@ from services.compaction.policy import (
     throttle_from,
     trigger_hits,
 )
-from services.views import count_totals
+from services.app.views import count_totals
 from tests.fixtures.builders import Thread, ledger_records
 
 BUDGET = 100_000  # the seed's worked example: 80% fires at exactly 80,000 tokens

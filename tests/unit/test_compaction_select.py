@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from contracts import CompactionPolicy
-from services.compaction.policy import ViewMeasure
-from services.compaction.select import block_tokens, choose_cover, eligible_blocks, measure_view, summary_cap
-from services.groups import build_view_blocks
+from services.core.compaction.policy import ViewMeasure
+from services.core.compaction.select import block_tokens, choose_cover, eligible_blocks, measure_view, summary_cap
+from services.core.groups import build_view_blocks
 from tests.fixtures.builders import Thread, ledger_records
 
 

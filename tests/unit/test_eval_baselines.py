@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.evaluation import (
+from services.core.evaluation import (
     MASK_MARKER,
     Baseline,
     ContextCounter,
@@ -14,9 +14,9 @@ from services.evaluation import (
     mask_old_outputs,
     with_system_prompt,
 )
-from services.evaluation.chat import ChatMsg
-from services.evaluation.synthetic import synthetic_trace
-from services.tokens import counter_for
+from services.core.evaluation.chat import ChatMsg
+from services.core.evaluation.synthetic import synthetic_trace
+from services.core.tokens import counter_for
 
 from .test_eval_synthetic import TraceBuilder
 

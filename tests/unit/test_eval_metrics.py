@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.evaluation import (
+from services.core.evaluation import (
     CTXFLEET,
     ContextCounter,
     FleetContext,
@@ -17,9 +17,9 @@ from services.evaluation import (
     score_trace,
     with_system_prompt,
 )
-from services.evaluation.chat import ChatMsg
-from services.evaluation.counting import MESSAGE_FRAMING, REPLY_PRIMING, TOOL_CALL_FRAMING, count_context, count_tools
-from services.tokens import counter_for
+from services.core.evaluation.chat import ChatMsg
+from services.core.evaluation.counting import MESSAGE_FRAMING, REPLY_PRIMING, TOOL_CALL_FRAMING, count_context, count_tools
+from services.core.tokens import counter_for
 
 from .test_eval_synthetic import TraceBuilder
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.evaluation import Probe, ProbeKind, haystack_of, history_of, is_present, probes_at
-from services.evaluation.chat import ChatMsg
-from services.evaluation.probes import constraints_of, head_line, telling_line
+from services.core.evaluation import Probe, ProbeKind, haystack_of, history_of, is_present, probes_at
+from services.core.evaluation.chat import ChatMsg
+from services.core.evaluation.probes import constraints_of, head_line, telling_line
 
 from .test_eval_synthetic import TraceBuilder
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
-from services.evaluation.synthetic import SYNTHETIC_TASK, synthetic_trace
-from services.trace import TraceCall, TraceLine
+from services.core.evaluation.synthetic import SYNTHETIC_TASK, synthetic_trace
+from services.core.trace import TraceCall, TraceLine
 
 
 class TraceBuilder:

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from contracts import EVENT_KINDS, ErrorCode, EventDecodeError, decode_event
-from services.ledger import BatchPlan, Incoming, LedgerReads, RecordingLimits, decode_batch, plan_batch
-from services.tokens import ENCODINGS, counter_for
+from services.core.ledger import BatchPlan, Incoming, LedgerReads, RecordingLimits, decode_batch, plan_batch
+from services.core.tokens import ENCODINGS, counter_for
 
 COUNTERS = {n: counter_for(n) for n in ENCODINGS}
 LIMITS = RecordingLimits()

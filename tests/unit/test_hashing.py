@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.hashing import GENESIS_HASH, ChainLink, canonical_json, chain_hash, sha256_hex, verify_chain
+from services.core.hashing import GENESIS_HASH, ChainLink, canonical_json, chain_hash, sha256_hex, verify_chain
 
 
 def _chain(thread: str, contents: list[str]) -> list[ChainLink]:

@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from services.compaction.http_summarizer import (
+from services.edge.http_summarizer import (
     SUMMARY_INSTRUCTION,
     HttpSummarizer,
     HttpSummarizerConfig,
     summary_schema,
 )
-from services.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, SummarizerFailed
-from services.records import LedgerRecord
-from services.render import TokenCounts
+from services.core.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, SummarizerFailed
+from services.core.records import LedgerRecord
+from services.core.render import TokenCounts
 from tests.fixtures.scripted_openai import ScriptedOpenAI, scripted_openai  # noqa: F401
 
 pytestmark = pytest.mark.anyio

@@ -79,3 +79,68 @@ def test_every_module_all_lists_exactly_its_public_definitions(module_name: str)
     assert missing == []
     unlisted = sorted(_public_definitions(module_name) - set(module.__all__))
     assert unlisted == [], f"{module_name} defines public names not in __all__"
+
+
+# The pure core: no I/O, no clock, no randomness — only contracts, the core itself and the shared errors.
+CORE_FORBIDDEN = {"asyncpg", "nats", "faststream", "urllib", "http", "socket", "subprocess", "time", "os", "uuid4"}
+CORE_MAY_IMPORT = {"contracts", "services.core", "services.errors"}
+
+
+def _core_imports(path: Path) -> tuple[set[str], set[str]]:
+    """(top-level modules and ``uuid4``/``time``-like names used, ``services.*``/``contracts`` modules imported)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    internal: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names.add(alias.name.split(".")[0])
+                if alias.name.split(".")[0] in ("services", "contracts"):
+                    internal.add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+            names.update(a.name for a in node.names if a.name == "uuid4")
+            if node.module.split(".")[0] in ("services", "contracts"):
+                internal.add(node.module)
+        elif isinstance(node, ast.Attribute) and node.attr == "uuid4":
+            names.add("uuid4")
+    return names, internal
+
+
+def test_the_core_does_no_io_and_imports_only_the_core_contracts_and_errors() -> None:
+    offenders = []
+    for path in sorted((ROOT / "services" / "core").rglob("*.py")):
+        names, internal = _core_imports(path)
+        offenders += [f"{path.relative_to(ROOT)} uses {n}" for n in sorted(names & CORE_FORBIDDEN)]
+        offenders += [
+            f"{path.relative_to(ROOT)} imports {m}"
+            for m in sorted(internal)
+            if not any(m == allowed or m.startswith(allowed + ".") for allowed in CORE_MAY_IMPORT)
+        ]
+    assert offenders == []
+
+
+def test_services_top_level_holds_only_the_layers_and_the_shared_modules() -> None:
+    top = {p.stem if p.is_file() else p.name for p in (ROOT / "services").iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")}
+    assert top == {"__init__", "core", "store", "app", "edge", "errors", "settings", "killpoints", "tokenizer_data"}
+
+
+# Within services: core ← store ← app, and edge (the client and what drives a fleet through it) beside app.
+_MAY_USE = {
+    "core": {"core"},
+    "store": {"core", "store"},
+    "app": {"core", "store", "app"},
+    "edge": {"core", "edge"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(_MAY_USE))
+def test_each_services_layer_imports_only_the_layers_below_it(layer: str) -> None:
+    offenders = []
+    for path in sorted((ROOT / "services" / layer).rglob("*.py")):
+        _, internal = _core_imports(path)
+        for module in internal:
+            parts = module.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] in _MAY_USE and parts[1] not in _MAY_USE[layer]:
+                offenders.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert offenders == []

@@ -1,11 +1,11 @@
-"""The recording plan: every invariant of services/ledger.py, with no database."""
+"""The recording plan: every invariant of services/core/ledger.py, with no database."""
 
 from __future__ import annotations
 
 from contracts import AssistantMessagePayload, ErrorCode, ToolCall
 from contracts.subjects import msg_id_of
-from services.hashing import GENESIS_HASH, verify_chain, ChainLink
-from services.ledger import (
+from services.core.hashing import GENESIS_HASH, verify_chain, ChainLink
+from services.core.ledger import (
     CallState,
     Decoded,
     Incoming,
@@ -18,7 +18,7 @@ from services.ledger import (
     decode_batch,
     plan_batch,
 )
-from services.tokens import ENCODINGS, counter_for
+from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
 
 COUNTERS = {n: counter_for(n) for n in ENCODINGS}
@@ -108,7 +108,7 @@ def test_plan_batch_rejects_an_event_claiming_another_sessions_thread() -> None:
 def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> None:
     t = Thread()
     batch = incoming([t.user("x")])
-    from services.ledger import Incoming
+    from services.core.ledger import Incoming
 
     moved = [Incoming(f"ctx.p.0.{t.session_id}.other-run.main", batch[0].data, 1)]
     decoded = decode_batch(moved, LIMITS)

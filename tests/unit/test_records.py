@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import get_args
 
 from contracts import EVENT_KINDS, ChildStatus, Event, ToolCall, ToolStatus, UserInputEvent, UserInputPayload
-from services.counting import turns_and_steps
-from services.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
-from services.records import (
+from services.core.counting import turns_and_steps
+from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
+from services.core.records import (
     AssistantMessageBody,
     CallBody,
     ChildResultBody,
@@ -25,9 +25,9 @@ from services.records import (
     kind_of,
     parse_body,
 )
-from services.render import content_of, omitted_marker, record_content, trim_tool_text
-from services.tokens import ENCODINGS, counter_for
-from services.views import count_totals
+from services.core.render import content_of, omitted_marker, record_content, trim_tool_text
+from services.core.tokens import ENCODINGS, counter_for
+from services.app.views import count_totals
 from tests.fixtures.builders import Thread, incoming, ledger_records
 
 

@@ -9,18 +9,18 @@ import pytest
 
 from contracts import CompactionJob, CompactionPolicy, ContextPolicy, DeadLetter, InspectRequest, PrepareRequest
 from contracts.subjects import DEFAULT_TENANT
-from services.compacting import CompactionService
-from services.compaction.model import Segment, StructuredSummary
-from services.compaction.structured import summarize_records
+from services.app.compacting import CompactionService
+from services.core.compaction.model import Segment, StructuredSummary
+from services.core.compaction.structured import summarize_records
 from services.errors import EventRejected, NotYetRecorded, StoreUnavailable
-from services.ledger import BatchPlan, RecordingLimits
-from services.notices import NoticeBoard
-from services.preparing import PrepareService
-from services.recording import RecordingService
-from services.scheduling import request_job
+from services.core.ledger import BatchPlan, RecordingLimits
+from services.app.notices import NoticeBoard
+from services.app.preparing import PrepareService
+from services.app.recording import RecordingService
+from services.app.scheduling import request_job
 from services.errors import StoreRejected
 from services.store.memory import MemorySession, MemoryStore
-from services.views import ViewLoader
+from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = pytest.mark.anyio

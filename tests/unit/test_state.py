@@ -6,7 +6,7 @@ import pytest
 
 from contracts import PatchOp, PathRule, ToolEffect, ToolSpec
 from services.errors import AuthorityViolation, InvariantViolation, StaleStateVersion, UnregisteredPath
-from services.state import StateView, effects_of, plan_patch, render_facts, state_hash
+from services.core.state import StateView, effects_of, plan_patch, render_facts, state_hash
 
 RULES = (
     PathRule(pattern="item:{id}.location", kind="business_fact"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from services.baseline import (
+from services.core.baseline import (
     Positions,
     PositionReset,
     Rebaseline,

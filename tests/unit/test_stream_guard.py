@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.baseline import Positions
+from services.core.baseline import Positions
 from services.store.tracking import TrackingRepo
 from services.store.postgres import PgStore
 from workers.metrics import FleetMetrics

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from services.compaction.actions import MUTATING_VERBS, READ_VERBS, is_action
-from services.compaction.merge import fold_actions, latest_failures, merge_summaries, render_summary, summary_sources
-from services.compaction.model import CommandRun, FileTouch, FileView, SourcedText, StepFold, StructuredSummary
-from services.compaction.structured import error_line, summarize_records
-from services.compaction.validate import CandidateInvalid, validate_candidate
-from services.records import LedgerRecord
-from services.render import TokenCounts
+from services.core.compaction.actions import MUTATING_VERBS, READ_VERBS, is_action
+from services.core.compaction.merge import fold_actions, latest_failures, merge_summaries, render_summary, summary_sources
+from services.core.compaction.model import CommandRun, FileTouch, FileView, SourcedText, StepFold, StructuredSummary
+from services.core.compaction.structured import error_line, summarize_records
+from services.core.compaction.validate import CandidateInvalid, validate_candidate
+from services.core.records import LedgerRecord
+from services.core.render import TokenCounts
 
 
 class _Trace:

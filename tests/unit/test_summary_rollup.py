@@ -9,13 +9,13 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from services.compaction.merge import fold_actions, fold_progress, latest_failures, merge_summaries, render_summary
-from services.compaction.model import StructuredSummary
-from services.compaction.rollup import SKELETON_ACTIONS, fit_summary, rollup_ladder, skeleton
-from services.compaction.structured import summarize_records
-from services.records import LedgerRecord
-from services.render import TokenCounts
-from services.tokens import counter_for
+from services.core.compaction.merge import fold_actions, fold_progress, latest_failures, merge_summaries, render_summary
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.rollup import SKELETON_ACTIONS, fit_summary, rollup_ladder, skeleton
+from services.core.compaction.structured import summarize_records
+from services.core.records import LedgerRecord
+from services.core.render import TokenCounts
+from services.core.tokens import counter_for
 
 COUNT = counter_for("o200k_base").count
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

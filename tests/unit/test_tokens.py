@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from services import tokens
-from services.tokens import ENCODINGS, TokenCounter, counter_for, estimate_tokens
+from services.core import tokens
+from services.core.tokens import ENCODINGS, TokenCounter, counter_for, estimate_tokens
 
 
 def test_encodings_load_offline_from_shipped_files(monkeypatch: pytest.MonkeyPatch) -> None:

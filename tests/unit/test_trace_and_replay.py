@@ -8,9 +8,9 @@ import pytest
 
 from contracts import AssistantMessageEvent, ToolOutcomeEvent
 from infra import SAMPLES_DIR
-from services.replay import ReplayOptions, full_history_tokens, percentile, trace_events
+from services.edge.replay import ReplayOptions, full_history_tokens, percentile, trace_events
 from services.settings import Settings, parse_partitions
-from services.trace import TraceFormatError, read_trace
+from services.core.trace import TraceFormatError, read_trace
 
 
 def _write(tmp_path: Path, text: str) -> Path:

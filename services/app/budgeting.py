@@ -1,0 +1,81 @@
+"""The budgeter's service: evaluate the policy against a thread's view after its ledger moved."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from contracts import CompactionPolicy
+
+from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
+from services.core.compaction.select import measure_view
+from services.core.groups import DraftBlock, build_view_blocks
+from services.core.records import LedgerRecord
+from services.app.scheduling import PENDING_STALE_S, JobQueue, request_job
+from services.store.ports import BudgetStore
+from services.app.views import ThreadView, ViewLoader
+
+__all__ = ["BudgetService", "Evaluation", "measure"]
+
+
+def measure(
+    view: ThreadView,
+    records: list[LedgerRecord],
+    policy: CompactionPolicy | None = None,
+    *,
+    budget: int,
+    reserved: int,
+) -> tuple[ViewMeasure, list[DraftBlock]]:
+    """How ``records`` of the view measure against ``budget``, with ``reserved`` tokens (the tool
+    schemas a prepare sends beside the view) counted as required; and the blocks eligible to compact.
+
+    The one measure of a view: the budgeter's decision, the compactor's cover and its throttle must
+    agree, or a retry check would see a change that is not one.
+    """
+    encoding = view.encoding
+    blocks = build_view_blocks(records, view.state.covered_to, own_thread=view.head.thread_id)
+    summary = view.state.summary
+    measured, eligible = measure_view(
+        blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget
+    )
+    return replace(measured, estimated=measured.estimated + reserved, required=measured.required + reserved), eligible
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What the budgeter saw and did for one thread."""
+
+    decision: Decision
+    estimated: int
+    budget: int
+    enqueued: bool
+    policy_revision: str
+
+
+class BudgetService:
+    """Evaluates threads and enqueues compaction jobs."""
+
+    def __init__(self, store: BudgetStore, loader: ViewLoader, queue: JobQueue) -> None:
+        self._store = store
+        self._loader = loader
+        self._queue = queue
+
+    async def evaluate(self, thread_id: str) -> Evaluation:
+        """Evaluate one thread at its current head; at most one job results, whatever the hits."""
+        async with self._store.session() as store:
+            view = await self._loader.load(store, thread_id)
+            policy = view.policy.compaction
+            measured, _ = measure(view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved)
+            pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
+            decision = decide(measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
+            enqueued = False
+            if decision.action == "enqueue":
+                enqueued = await request_job(store, self._queue, view, decision.hits) is not None
+            elif decision.action == "defer":
+                await store.ensure_view(thread_id)
+                hits = trigger_hits(measured, view.totals, view.baseline, policy)
+                await store.record_attempt(
+                    thread_id, throttle=throttle_from(decision.reason, measured, view.totals, hits),
+                    reason=decision.reason, failed=False, fingerprint=None, counts_as_attempt=False,
+                )
+            await store.ensure_view(thread_id)
+            await store.mark_evaluated(thread_id, view.head.revision)
+        return Evaluation(decision, measured.estimated, measured.budget, enqueued, f"{view.policy_name}@{view.policy_revision}")

@@ -1,0 +1,254 @@
+"""The assembler's service: answer prepares and inspections from the store.
+
+Read-your-writes: a request naming ``after_event_key`` is answered only once the ledger holds that
+event (or says it was rejected); the wait is driven by recorder notices and bounded by the
+request's ``wait_ms``. The hot path never calls a summarizer: when a view is over budget even after
+the deterministic reductions, it asks for the thread's compaction job and waits for its commit up
+to ``compaction_wait_ms`` (less when the job ends without one), then serves the context without the
+oldest history still awaiting compaction, each omission named — never an over-budget context, and
+``ContextBudgetExceeded`` only when required content alone does not fit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from contracts import CompactionJob, InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
+from contracts.subjects import DEFAULT_TENANT
+
+from services.core.assemble import Evidence, OverBudget, ThreadSnapshot, assemble_context
+from services.core.budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
+from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
+from services.core.hashing import verify_chain
+from services.killpoints import kill_point
+from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
+from services.app.reading import verified_blob
+from services.app.scheduling import JobQueue, request_job
+from services.core.state import StateView, rebuild_state, state_hash
+from services.store.ports import PrepareStore
+from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+from services.app.views import ThreadView, ViewLoader
+
+__all__ = ["PrepareService"]
+
+# Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
+_RECHECK_S = 0.25
+
+
+def _reserved_tokens(over: OverBudget) -> int:
+    """What the prepare needs besides the view: its tool schemas, as the assembler itemized them."""
+    return sum(int(str(item["tokens"])) for item in over.items if item["kind"] == "tool_schemas")
+
+
+def _counter(budget: BudgetSpec) -> TokenCounter | None:
+    for name in ENCODINGS:
+        if name == budget.encoding:
+            known: EncodingName = name
+            return counter_for(known)
+    return None
+
+
+class PrepareService:
+    """Prepares contexts and inspections for any thread."""
+
+    def __init__(
+        self,
+        store: PrepareStore,
+        board: NoticeBoard,
+        *,
+        loader: ViewLoader | None = None,
+        queue: JobQueue | None = None,
+        compaction_wait_ms: int = 5_000,
+    ) -> None:
+        self._store = store
+        self._board = board
+        self._loader = loader or ViewLoader()
+        self._queue = queue
+        self._compaction_wait_ms = compaction_wait_ms
+
+    async def prepare(
+        self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
+    ) -> PreparedContext:
+        """The prepared context of the request's thread, reflecting its watermark event.
+
+        Args:
+            request: What to prepare.
+            tenant: Whose request it is (from the subject the server delivered it on): another
+                tenant's thread is reported exactly like a missing one.
+            pause: Released while the request only waits (for its event or a compaction), so the
+                caller's compute slot serves other requests meanwhile.
+        """
+        thread_id = thread_id_of(request.run_id, request.instance_id)
+        budget = resolve_budget(request, BUILTIN_PROFILES)
+        counter = _counter(budget)
+        if request.after_event_key is not None:
+            await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
+        view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
+        kill_point("prepare.before_reply")
+        snapshot = view.snapshot()
+        if request.evidence:
+            snapshot = replace(snapshot, evidence=await self._evidence(request))
+        try:
+            return assemble_context(snapshot, request, budget, counter)
+        except OverBudget as over:
+            return await self._await_compaction(view, request, budget, counter, over, pause, snapshot.evidence)
+
+    async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
+        """The requested records of this session only, re-read and cut to their line ranges."""
+        refs = [(e.thread_id, e.seq) for e in request.evidence]
+        async with self._store.session() as store:
+            rows = await store.select_evidence(request.session_id, refs)
+        out: list[Evidence] = []
+        for ref in request.evidence:
+            row = rows.get((ref.thread_id, ref.seq))
+            if row is None:  # another session's record looks exactly like a missing one
+                raise ContentNotFound(f"record {ref.seq} of {ref.thread_id}")
+            # Externalized content is checked like a read-back: evidence is never a lookalike.
+            if row.blob is None or row.blob_sha256 is None:
+                text = row.text or ""
+            else:
+                text = verified_blob(row.blob, row.blob_sha256).decode("utf-8", "replace")
+            if ref.start_line is not None:
+                lines = text.splitlines(keepends=True)
+                text = "".join(lines[ref.start_line - 1 : ref.end_line or ref.start_line])
+            out.append(Evidence(ref.thread_id, ref.seq, row.event_key, row.kind, row.content_sha256, row.record_hash, text))
+        return tuple(out)
+
+    async def _view(self, tenant: str, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
+        async with self._store.session() as store:
+            return await self._loader.load(
+                store, thread_id, tenant=tenant, session_id=session_id, principal_id=principal_id, enforce_principal=True
+            )
+
+    async def _await_compaction(
+        self,
+        view: ThreadView,
+        request: PrepareRequest,
+        budget: BudgetSpec,
+        counter: TokenCounter | None,
+        over: OverBudget,
+        pause: Pause,
+        evidence: tuple[Evidence, ...] = (),
+    ) -> PreparedContext:
+        """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
+
+        When none lands in time, the context is served without the oldest history still awaiting
+        compaction (each omission named in the reply): required content fits, so a prepare never
+        fails for history the compactor has not caught up with.
+        """
+        thread_id = view.head.thread_id
+        started = time.monotonic()
+        deadline = started + self._compaction_wait_ms / 1000
+        reserved = _reserved_tokens(over)
+        current = view
+        with self._board.waiting(thread_id) as woken:
+            ours = await self._request_job(view, budget, reserved)
+            revision = view.state.view_revision
+            while (remaining := deadline - time.monotonic()) > 0:
+                woken.clear()
+                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
+                current = await self._view(view.scope.tenant, thread_id, request.session_id, request.principal_id)
+                if current.state.view_revision == revision:
+                    if current.state.pending_fingerprint is not None:
+                        continue
+                    if ours is not None and ours.watermark == current.watermark:
+                        break  # our job ended without a commit (nothing to cover): waiting longer cannot help
+                    # Another job held the slot, or history grew since ours: ask for this state.
+                    ours = await self._request_job(current, budget, reserved)
+                    continue
+                waited = int((time.monotonic() - started) * 1000)
+                try:
+                    return assemble_context(self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited)
+                except OverBudget as still:
+                    revision = current.state.view_revision
+                    reserved = _reserved_tokens(still)
+                    ours = await self._request_job(current, budget, reserved)
+        waited = int((time.monotonic() - started) * 1000)
+        return assemble_context(
+            self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited, allow_drop_history=True
+        )
+
+    @staticmethod
+    def _snapshot(view: ThreadView, evidence: tuple[Evidence, ...]) -> ThreadSnapshot:
+        snapshot = view.snapshot()
+        return replace(snapshot, evidence=evidence) if evidence else snapshot
+
+    async def _request_job(self, view: ThreadView, budget: BudgetSpec, reserved: int) -> CompactionJob | None:
+        """Ask for the thread's urgent compaction; the job, or None while another one is pending."""
+        if self._queue is None:
+            return None
+        async with self._store.session() as store:
+            return await request_job(
+                store, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
+            )
+
+    async def inspect(self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT) -> ThreadInspection:
+        """A thread's head, verified chain and latest records (``ThreadNotFound`` if not ``tenant``'s)."""
+        async with self._store.session() as store:
+            head = await store.select_head(thread_id)
+            if head is None or (await store.scope_of(thread_id)).tenant != tenant:
+                raise ThreadNotFound(thread_id)
+            count, tokens = await store.totals(thread_id)
+            chain_error = verify_chain(thread_id, await store.select_links(thread_id))
+            tail = await store.select_tail(thread_id, limit=request.limit, preview_chars=160)
+            open_calls = await store.open_call_ids(thread_id)
+            dead = await store.count_dead_letters(thread_id)
+            state = await store.load_view(thread_id)
+            summaries = await store.summary_count(thread_id)
+            stored = (await store.read_states([thread_id])).get(thread_id) or StateView()
+            catalog = await store.read_session_catalog(head.session_id)
+            replayed = rebuild_state(await store.select_full(thread_id), catalog)  # type: ignore[arg-type]
+        return ThreadInspection(
+            thread_id=thread_id,
+            session_id=head.session_id,
+            revision=head.revision,
+            record_count=count,
+            total_tokens=tokens,
+            last_event_key=head.last_event_key,
+            chain_verified=chain_error is None,
+            chain_error=chain_error,
+            pending_call_ids=tuple(open_calls),
+            dead_letters=dead,
+            records=tuple(
+                InspectedRecord(
+                    seq=r.seq,
+                    session_seq=r.session_seq,
+                    kind=r.kind,
+                    event_key=r.event_key,
+                    tokens=r.tokens_o200k,
+                    content_sha256=r.content_sha256,
+                    record_hash=r.record_hash,
+                    blob_sha256=r.blob_sha256,
+                    preview=r.preview,
+                )
+                for r in reversed(tail)
+            ),
+            view_revision=state.view_revision,
+            summaries=summaries,
+            compaction_attempts=state.attempts,
+            compaction_failures=state.failures,
+            last_compaction_failure=state.last_failure,
+            deferred_reason=state.deferred_reason,
+            state_facts=len(stored.facts),
+            state_hash=state_hash(stored),
+            state_verified=state_hash(stored) == state_hash(replayed),
+        )
+
+    async def _await_event(self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause) -> None:
+        # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
+        started = time.monotonic()
+        deadline = started + wait_ms / 1000
+        with self._board.waiting(thread_id) as woken:
+            while True:
+                woken.clear()
+                async with self._store.session() as store:
+                    if await store.find_event(tenant, thread_id, event_key) is not None:
+                        return
+                    rejected = await store.find_dead_letter(tenant, thread_id, event_key)
+                if rejected is not None:
+                    raise EventRejected(event_key, rejected[0], rejected[1])
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))
+                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)

@@ -1,0 +1,323 @@
+"""The recorder's service: one fetched batch in, one Postgres transaction out.
+
+Optimistic: read what the batch touches, plan every write with no lock held (tokenizing is the
+expensive part), then write in one transaction that compare-and-sets each thread head. A moved head
+or a key recorded meanwhile means another writer got there first: re-read and re-plan.
+
+No event can stop its partition. A failure the batch's own content causes (a value PostgreSQL
+refuses, a planner bug one event trips) would fail every retry alike, so the batch is split in halves,
+each applied in order on fresh reads, until the one event at fault is alone; that event is
+dead-lettered ``unstorable_event`` and every other event is recorded once, in order. Failures of the
+store itself (lost connections, a missing table, a full disk) are not the events' fault: they
+propagate and the worker retries, so a broken database never turns valid events into dead letters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeAlias
+
+from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent, decode_event
+from contracts.subjects import thread_from_partitioned_subject
+
+from services.errors import CtxError, DuplicateEvent, RevisionConflict, UnstorableEvent
+from services.core.hashing import sha256_hex
+from services.killpoints import kill_point
+from services.core.ledger import (
+    BatchPlan,
+    Decoded,
+    Incoming,
+    RecordingLimits,
+    Rejection,
+    decode_batch,
+    encode_raw,
+    plan_batch,
+)
+from services.errors import StoreRejected
+from services.store.ports import RecordingStore
+from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+
+__all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
+
+log = logging.getLogger("ctxfleet.recorder")
+
+_MAX_ATTEMPTS = 4
+_CAUSE_CHARS = 300
+# The steps of an attempt that handle the events' values, named in an unstorable event's details.
+_Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
+
+
+class DeadLetterSink(Protocol):
+    """Where rejected events go (the dead-letter subject); must be idempotent per ``msg_id``."""
+
+    async def publish(self, letter: DeadLetter, msg_id: str) -> None:
+        """Publish one dead letter."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What a batch did, for acks, notices and metrics."""
+
+    heads: Mapping[str, tuple[int, int]]
+    recorded: int
+    rejections: tuple[Rejection, ...]
+    duplicates: int
+    skipped: int
+    attempts: int
+
+
+def dead_letter_of(rejection: Rejection, keep_bytes: int) -> DeadLetter:
+    """The wire form of a rejection."""
+    raw = rejection.incoming.data
+    b64, truncated = encode_raw(raw, keep_bytes)
+    return DeadLetter(
+        code=rejection.code,
+        reason=rejection.reason,
+        details=rejection.details,
+        subject=rejection.incoming.subject,
+        thread_id=rejection.thread_id,
+        event_key=rejection.event_key,
+        stream_seq=rejection.incoming.stream_seq,
+        raw_size=len(raw),
+        raw_sha256=sha256_hex(raw),
+        raw_base64=b64,
+        raw_truncated=truncated,
+    )
+
+
+class RecordingService:
+    """Records batches of one partition of the events stream."""
+
+    def __init__(
+        self,
+        store: RecordingStore,
+        sink: DeadLetterSink,
+        *,
+        limits: RecordingLimits,
+        recorder_id: str,
+        consumer: str = "recorder",
+    ) -> None:
+        self._store = store
+        self._sink = sink
+        self._limits = limits
+        self._recorder_id = recorder_id
+        self._consumer = consumer
+        self._counters: dict[EncodingName, TokenCounter] = {name: counter_for(name) for name in ENCODINGS}
+
+    async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
+        """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
+
+        Raises:
+            StoreUnavailable: the store cannot be reached; the worker retries the batch.
+            RevisionConflict: another writer kept moving the heads through every attempt.
+            StoreUnavailable: also for a failure of the store that no event caused (a missing table,
+                a full disk), so the worker retries rather than dead-letter valid events.
+        """
+        parts = await self._record_isolating(partition, list(batch))
+        return _merge(parts)
+
+    async def _record_isolating(self, partition: int, batch: list[Incoming]) -> list[BatchResult]:
+        """The batch, or, if its content cannot be applied, its halves in order until the culprit is alone."""
+        try:
+            return [await self._record_retrying(partition, batch)]
+        except _Unappliable as failure:
+            if len(batch) == 1:
+                return [await self._set_aside(partition, batch[0], failure)]
+            log.warning(
+                "partition %s: seq %d..%d cannot be applied (%s: %s); isolating the event at fault",
+                partition, batch[0].stream_seq, batch[-1].stream_seq, failure.stage, type(failure.cause).__name__,
+            )
+        half = len(batch) // 2
+        # In order, each half on fresh reads: the second sees what the first committed, as in one batch.
+        first = await self._record_isolating(partition, batch[:half])
+        return [*first, *await self._record_isolating(partition, batch[half:])]
+
+    async def _record_retrying(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                return await self._attempt(partition, batch, attempt)
+            except (RevisionConflict, DuplicateEvent):
+                if attempt == _MAX_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, partition: int, batch: Sequence[Incoming], attempt: int) -> BatchResult:
+        async with self._store.session() as store:
+            applied = await store.max_tracking_seq(self._consumer, partition)
+            fresh = [m for m in batch if m.stream_seq > applied]
+            if not fresh:
+                return BatchResult({}, 0, (), 0, len(batch), attempt)
+            # Each step that handles the events' values is guarded; the store has already translated
+            # its errors, so a redelivered key or a lost connection keeps its own meaning.
+            with _content_failures("decode"):
+                decoded = decode_batch(fresh, self._limits)
+            with _content_failures("read"):
+                reads = await store.read_for_batch(*_touched(decoded))
+            with _content_failures("plan"):
+                plan = plan_batch(decoded, reads, self._limits, self._counters)
+            for rejection in plan.rejections:
+                await self._sink.publish(
+                    dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
+                )
+            async with store.transaction():
+                with _content_failures("write"):
+                    await store.write_plan(plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes)
+                await store.insert_tracking(self._consumer, partition, fresh[-1].stream_seq)
+                if plan.records:
+                    kill_point("record.before_commit")
+            if plan.records:
+                kill_point("record.after_commit")
+        return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
+
+    async def _set_aside(self, partition: int, incoming: Incoming, failure: _Unappliable) -> BatchResult:
+        """Dead-letter the one event that cannot be applied and move the position past it."""
+        rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
+        log.error(
+            "partition %s: seq %d (thread %s) is set aside as %s: %s",
+            partition, incoming.stream_seq, rejection.thread_id, rejection.code.value, rejection.reason,
+        )
+        async with self._store.session() as store:
+            if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
+                return BatchResult({}, 0, (), 0, 1, 1)
+            await self._sink.publish(dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection))
+            async with store.transaction():
+                await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
+                await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
+        return BatchResult({}, 0, (rejection,), 0, 0, 1)
+
+
+class _Unappliable(Exception):
+    """The batch's own content made a step fail: retrying the same batch would fail the same way."""
+
+    def __init__(self, stage: _Stage, cause: Exception) -> None:
+        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+        self.stage = stage
+        self.cause = cause
+
+
+def _is_content_failure(exc: Exception) -> bool:
+    """True when the values of the batch, not the state of the store, made a step fail."""
+    if isinstance(exc, CtxError):
+        # Retryable errors (StoreUnavailable: the store's state, not the values) and
+        # DuplicateEvent already have their own handling; StoreRejected blames the values sent.
+        return not exc.retryable and not isinstance(exc, DuplicateEvent)
+    if isinstance(exc, MemoryError):
+        return False
+    # Python raising on a value (UnicodeEncodeError, ValueError, OverflowError, RecursionError…), in
+    # pure planning or while asyncpg encodes a parameter: the same input fails the same way again.
+    return True
+
+
+@contextmanager
+def _content_failures(stage: _Stage) -> Iterator[None]:
+    """Re-raise a failure the batch's content caused as ``_Unappliable``; others unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_content_failure(exc):
+            raise _Unappliable(stage, exc) from exc
+        raise
+
+
+def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Rejection:
+    """The dead letter of an event that cannot be applied, built only from text that is safe to store."""
+    cause = failure.cause
+    if isinstance(cause, StoreRejected):
+        # Named after the server's refusal, not its translation: that is what an operator looks up.
+        error = UnstorableEvent(
+            failure.stage, str(cause.details["error"]), _printable(cause.cause)[:_CAUSE_CHARS], str(cause.details["sqlstate"])
+        )
+    else:
+        error = UnstorableEvent(failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], None)
+    subject = _printable(incoming.subject)
+    thread_id = thread_from_partitioned_subject(subject)
+    event_key: str | None = None
+    try:
+        # Best effort, so a prepare waiting for this key learns of the rejection at once.
+        event_key = decode_event(incoming.data, max_bytes=max_bytes).event_key
+    except Exception:  # whatever made the event unstorable may also make it undecodable
+        event_key = None
+    return Rejection(
+        Incoming(subject, incoming.data, incoming.stream_seq), thread_id, event_key, error.code, error.message, error.details
+    )
+
+
+def _printable(text: str) -> str:
+    """``text`` with what PostgreSQL text and JSON cannot hold (NUL, lone surrogates) escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _merge(parts: Sequence[BatchResult]) -> BatchResult:
+    """One result for a batch applied in parts; later heads win, as they were committed later."""
+    heads: dict[str, tuple[int, int]] = {}
+    for part in parts:
+        heads.update(part.heads)
+    return BatchResult(
+        heads=heads,
+        recorded=sum(p.recorded for p in parts),
+        rejections=tuple(r for p in parts for r in p.rejections),
+        duplicates=sum(p.duplicates for p in parts),
+        skipped=sum(p.skipped for p in parts),
+        attempts=sum(p.attempts for p in parts),
+    )
+
+
+def _touched(
+    decoded: Sequence[Decoded | Rejection],
+) -> tuple[
+    list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str],
+    list[tuple[str, str]], list[tuple[str, str]], list[str],
+]:
+    sessions: dict[str, None] = {}
+    tenants: dict[str, None] = {}
+    releases: dict[tuple[str, str], None] = {}
+    operations: dict[tuple[str, str], None] = {}
+    runs: dict[str, None] = {}
+    parents: dict[str, None] = {}
+    threads: dict[str, None] = {}
+    keys: dict[tuple[str, str], None] = {}
+    calls: dict[tuple[str, str], None] = {}
+    for item in decoded:
+        if isinstance(item, Rejection):
+            continue
+        thread = item.subject_thread
+        threads[thread] = None
+        sessions[item.event.session_id] = None
+        tenants[item.tenant] = None
+        runs[item.event.run_id] = None
+        if item.event.agent_release:
+            releases[(item.tenant, item.event.agent_release)] = None
+        if isinstance(item.event, OperationReconcileEvent):
+            operations[(item.event.session_id, item.event.payload.operation_id)] = None
+        if item.event.parent_instance_id is not None:
+            parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
+        keys[(thread, item.event.event_key)] = None
+        if isinstance(item.event, ToolOutcomeEvent):
+            calls[(thread, item.event.payload.call_id)] = None
+        elif isinstance(item.event, AssistantMessageEvent):
+            for call in item.event.payload.tool_calls:
+                calls[(thread, call.call_id)] = None
+                if call.operation_id is not None:
+                    operations[(item.event.session_id, call.operation_id)] = None
+    return (
+        list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases),
+        list(operations), list(tenants),
+    )
+
+
+def _dead_msg_id(rejection: Rejection) -> str:
+    return f"dead:{rejection.incoming.stream_seq}:{sha256_hex(rejection.incoming.data)[:16]}"
+
+
+def _result(plan: BatchPlan, *, skipped: int, attempt: int) -> BatchResult:
+    return BatchResult(
+        heads={h.thread_id: (h.last_seq, h.revision) for h in plan.heads},
+        recorded=len(plan.records),
+        rejections=plan.rejections,
+        duplicates=len(plan.duplicates),
+        skipped=skipped,
+        attempts=attempt,
+    )

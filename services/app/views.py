@@ -1,0 +1,288 @@
+"""Loading a thread's view: head, records (cached, read incrementally), summary, state and policy.
+
+The ledger is append-only, so a cached prefix of records never goes stale and each load reads only
+what is new. Policies are immutable per revision and cached forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+from contracts import ContextPolicy, ToolCatalog
+
+from services.core.assemble import SummaryView, ThreadSnapshot
+from services.core.budget import BudgetSpec, policy_budget
+from services.core.compaction.merge import render_summary, summary_sources
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.rollup import skeleton
+from services.core.compaction.policy import Counters
+from services.core.counting import turns_and_steps
+from services.errors import ThreadNotFound
+from services.core.groups import run_task_seq
+from services.core.records import ContextExportBody, LedgerRecord
+from services.core.render import TokenCounts
+from services.core.state import StateView
+from services.store.ledger import StoredHead
+from services.store.ports import ViewReads
+from services.store.views import ThreadScope, ViewState
+from services.core.tokens import EncodingName, counter_for
+
+__all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
+
+
+def _declared_reads(catalog: ToolCatalog | None) -> dict[str, tuple[str, ...]]:
+    return {t.name: t.reads for t in catalog.tools} if catalog else {}
+
+
+def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerRecord:
+    """An export record carrying the text of the parent records it references, quoted as material."""
+    parts = [f"[exported from {r.thread_id} record {r.thread_seq} ({r.kind})]\n{r.text}" for r in sources]
+    note = record.text
+    text = (note + "\n\n" if note else "") + "\n\n".join(parts)
+    tokens = TokenCounts(
+        o200k_base=record.tokens.o200k_base + sum(r.tokens.o200k_base for r in sources),
+        cl100k_base=record.tokens.cl100k_base + sum(r.tokens.cl100k_base for r in sources),
+    )
+    payload = {**record.payload, "_resolved": True}
+    return replace(record, text=text, tokens=tokens, payload=payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """The smallest rendering of a committed summary: what a prepare falls back to when the full one
+    does not fit its budget (design D5.7: only what must survive)."""
+
+    text: str
+    tokens_o200k: int
+    tokens_cl100k: int
+
+
+def skeleton_of(body: StructuredSummary, revision: int, pinned: Collection[int] = ()) -> Skeleton:
+    """The skeleton of ``body`` as committed at view ``revision``, counted in every encoding;
+    ``pinned`` are the records shown in full beside it (the run's task)."""
+    text = render_summary(skeleton(body), revision=revision, pinned=pinned)
+    return Skeleton(text, counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text))
+
+
+@dataclass(frozen=True)
+class ThreadView:
+    """Everything known about one thread's view at one head."""
+
+    head: StoredHead
+    records: list[LedgerRecord]
+    state: ViewState
+    policy_name: str
+    policy_revision: int
+    policy: ContextPolicy
+    budget: BudgetSpec
+    scope: ThreadScope = ThreadScope()
+    facts: StateView | None = None
+    catalog: ToolCatalog | None = None
+    skeleton: Skeleton | None = None
+
+    def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
+        """The assembler's input (records up to ``upto`` if given)."""
+        records = self.records if upto is None else [r for r in self.records if r.seq <= upto]
+        own_thread = self.head.thread_id
+        summary = None
+        row = self.state.summary
+        if row is not None:
+            summary = SummaryView(
+                summary_id=row.summary_id,
+                view_revision=self.state.view_revision,
+                covered_from=row.body.covered_from,
+                covered_to=row.body.covered_to,
+                text=row.text,
+                tokens_o200k=row.tokens_o200k,
+                tokens_cl100k=row.tokens_cl100k,
+                sources=tuple(summary_sources(row.body)),
+                skeleton_text=self.skeleton.text if self.skeleton else None,
+                skeleton_o200k=self.skeleton.tokens_o200k if self.skeleton else 0,
+                skeleton_cl100k=self.skeleton.tokens_cl100k if self.skeleton else 0,
+            )
+        return ThreadSnapshot(
+            session_id=self.head.session_id,
+            run_id=self.head.run_id,
+            instance_id=self.head.instance_id,
+            revision=self.head.revision,
+            last_seq=self.head.last_seq if upto is None else min(upto, self.head.last_seq),
+            last_event_key=self.head.last_event_key,
+            records=records,
+            view_revision=self.state.view_revision,
+            covered_to=self.state.covered_to,
+            summary=summary,
+            policy=f"{self.policy_name}@{self.policy_revision}",
+            own_thread=own_thread,
+            facts=tuple(self.facts.facts.values()) if self.facts else (),
+            reads=_declared_reads(self.catalog),
+        )
+
+    @property
+    def compaction_budget(self) -> int:
+        """The budget to compact ahead of: the policy's, or the smaller one prepares wait under."""
+        learned = self.state.prepare_budget
+        return min(self.budget.input_budget, learned) if learned else self.budget.input_budget
+
+    @property
+    def encoding(self) -> EncodingName:
+        """The encoding the policy budget is counted in (o200k_base for estimate profiles)."""
+        return "cl100k_base" if self.budget.encoding == "cl100k_base" else "o200k_base"
+
+    @property
+    def totals(self) -> Counters:
+        """Counter totals of everything the view holds: inherited and own records, each once."""
+        return count_totals(self.records)
+
+    @property
+    def baseline(self) -> Counters:
+        """Counts up to the last successful compaction's observed watermark."""
+        mark = self.state.baseline_watermark
+        return count_totals([r for r in self.records if r.seq <= mark]) if mark else Counters()
+
+    @property
+    def watermark(self) -> int:
+        """The session seq of the newest record in the view."""
+        return self.records[-1].seq if self.records else 0
+
+
+def count_totals(records: list[LedgerRecord]) -> Counters:
+    """Counter totals of exactly these records (design D5.2 counting rules)."""
+    return Counters(*turns_and_steps(records))
+
+
+@dataclass
+class _Cached:
+    last_seq: int
+    records: list[LedgerRecord]
+
+
+class ViewLoader:
+    """Loads thread views with a per-process record cache."""
+
+    def __init__(self, *, cache_threads: int = 1024) -> None:
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._cache_threads = cache_threads
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
+        self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
+        # Summaries are immutable: a skeleton is rendered and counted once per summary.
+        self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
+
+    async def load(
+        self,
+        conn: ViewReads,
+        thread_id: str,
+        *,
+        tenant: str | None = None,
+        session_id: str | None = None,
+        principal_id: str | None = None,
+        enforce_principal: bool = False,
+    ) -> ThreadView:
+        """The view of ``thread_id``: what it inherited, what was exported to it, and its own records.
+
+        ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
+        foreign thread is reported exactly like a missing one, so ids cannot be probed.
+        """
+        head = await conn.select_head(thread_id)
+        if head is None or (session_id is not None and head.session_id != session_id):
+            raise ThreadNotFound(thread_id)
+        scope = await conn.scope_of(thread_id)
+        if tenant is not None and scope.tenant != tenant:
+            raise ThreadNotFound(thread_id)
+        if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
+            raise ThreadNotFound(thread_id)
+        own = await self._records(conn, thread_id, head)
+        own = await self._resolve_exports(conn, own)
+        inherited = await self._inherited(conn, head.session_id, thread_id, scope)
+        records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
+        state = await conn.load_view(thread_id)
+        if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
+            if await self._adopt(conn, head, scope, records, state):
+                state = await conn.load_view(thread_id)
+        _, name, revision = await conn.session_policy(head.session_id) or (scope.tenant, "default", 1)
+        policy = await self._policy(conn, scope.tenant, name, revision)
+        facts = (await conn.read_states([thread_id])).get(thread_id)
+        catalog = await conn.read_session_catalog(head.session_id)
+        skeleton = self._skeleton(state, records, thread_id)
+        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, skeleton)
+
+    def _skeleton(self, state: ViewState, records: list[LedgerRecord], thread_id: str) -> Skeleton | None:
+        row = state.summary
+        if row is None:
+            return None
+        # An adopted summary is shown beside another run's task: cached per thread too.
+        key = (row.summary_id, thread_id)
+        found = self._skeletons.get(key)
+        if found is None:
+            task = run_task_seq(records, thread_id)
+            pinned = (task,) if task is not None else ()
+            found = self._skeletons[key] = skeleton_of(row.body, state.view_revision, pinned)
+            while len(self._skeletons) > self._cache_threads:
+                self._skeletons.popitem(last=False)
+        return found
+
+    async def _inherited(self, conn: ViewReads, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
+        """The run's immutable snapshot: the session's main-thread records up to its boundary."""
+        if scope.role != "main" or scope.snapshot_through <= 0:
+            return []
+        key = (session_id, scope.snapshot_through, scope.reset_seq, thread_id)
+        cached = self._snapshots.get(key)
+        if cached is None:
+            cached = await conn.select_inherited(
+                session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
+            )
+            self._snapshots[key] = cached
+            while len(self._snapshots) > self._cache_threads:
+                self._snapshots.pop(next(iter(self._snapshots)))
+        return cached
+
+    async def _resolve_exports(self, conn: ViewReads, records: list[LedgerRecord]) -> list[LedgerRecord]:
+        """A child's exported background, resolved to the parent records it references."""
+        out: list[LedgerRecord] = []
+        for record in records:
+            body = record.body
+            if not isinstance(body, ContextExportBody) or body.resolved:
+                out.append(record)
+                continue
+            out.append(resolve_export(record, await conn.select_refs(body.refs)))
+        return out
+
+    async def _adopt(self, conn: ViewReads, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:
+        """Inherit the newest summary of an earlier run whose covered records are a prefix of ours."""
+        for candidate in await conn.candidates(head.session_id, head.thread_id, scope.snapshot_through):
+            other = await self.load(conn, candidate.thread_id)
+            theirs = [r.seq for r in other.records if r.seq <= candidate.covered_to]
+            ours = [r.seq for r in records if r.seq <= candidate.covered_to]
+            if theirs == ours and ours:
+                return await conn.adopt(head.thread_id, state.view_revision, candidate)
+        return False
+
+    async def _policy(self, conn: ViewReads, tenant: str, name: str, revision: int) -> ContextPolicy:
+        key = (tenant, name, revision)
+        policy = self._policies.get(key)
+        if policy is None:
+            found = await conn.get_policy(tenant, name, revision)
+            if found is None:
+                raise ThreadNotFound(f"policy {name}@{revision}")
+            policy = self._policies[key] = found[1]
+        return policy
+
+    async def _records(self, conn: ViewReads, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
+        lock = self._locks.setdefault(thread_id, asyncio.Lock())
+        async with lock:
+            cached = self._cache.get(thread_id) or _Cached(0, [])
+            if cached.last_seq < head.last_seq:
+                new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
+                cached = _Cached(head.last_seq, cached.records + new)
+            self._cache[thread_id] = cached
+            self._cache.move_to_end(thread_id)
+            while len(self._cache) > self._cache_threads:
+                evicted, _ = self._cache.popitem(last=False)
+                self._locks.pop(evicted, None)
+            if cached.last_seq == head.last_seq:
+                return cached.records
+            # A later head may already be cached by a concurrent load: serve exactly this head.
+            return [r for r in cached.records if r.thread_seq <= head.last_seq]

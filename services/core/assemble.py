@@ -1,0 +1,1034 @@
+"""Assembly: the prepared context of a thread from its records, summary, request and budget. Pure.
+
+Same records, summary, request and budget → byte-identical reply: no clock, no randomness, no set
+iteration; ids are UUIDv5 of the inputs. Stable parts come first — instructions, the run's task,
+the committed summary, then history in ledger order, volatile evidence and state last — so
+consecutive prepares share the longest prompt prefix.
+
+What the model always sees: instructions, the run's task (the question that started the run),
+the current request, current state, the summary (or its skeleton) and the newest complete tool
+group — its outputs cut to head + tail with a read-back note when they do not fit. Only when these,
+at their smallest, exceed the budget does the prepare fail with ``ContextBudgetExceeded``.
+
+Budget: everything sent is counted — message text, role framing, every tool call's id, name and
+arguments, a tool message's call id, the tools array as the provider is sent it. Over the input
+budget the reductions of design D5.7 run in order, each counted in the report:
+1. dedup: a tool output byte-identical to one still in view becomes a one-line reference (always,
+   so a context does not flip between both forms as pressure changes);
+2. trim: the newest group's outputs are cut to the room left; the summary falls back to its
+   skeleton when the full one does not fit next to the required blocks and the newest group;
+3. drop optional material (oldest first), then mask tool outputs to their previews, oldest first
+   in chunks, never the newest two groups (a failed output keeps its telling line);
+4. still over → ``OverBudget``: history must be compacted. With ``allow_drop_history`` (after the
+   compaction wait ran out) the oldest history is dropped instead, each block reported, and a
+   note stands in its place with the failures only it still showed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from pydantic import JsonValue
+
+from contracts import (
+    BlockKind,
+    BudgetCategory,
+    BudgetReport,
+    ChatMessage,
+    ContextBlock,
+    OmittedBlock,
+    PreparedContext,
+    PrepareRequest,
+    Purpose,
+    Retention,
+    SourceWatermark,
+    SummaryRef,
+    ToolSchema,
+    ToolStatus,
+)
+from contracts.prepare import ReductionCounts
+
+from services.core.budget import BudgetSpec
+from services.core.compaction.files import files_of_call
+from services.errors import BlockSize, ContextBudgetExceeded, CtxError
+from services.core.groups import DraftBlock, build_view_blocks, run_task_seq
+from services.core.hashing import canonical_json
+from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
+from services.core.state import Fact, pattern_regex, render_facts
+from services.core.render import (
+    MESSAGE_OVERHEAD,
+    REPLY_PRIMING,
+    TOOL_CALL_OVERHEAD,
+    arguments_json,
+    TokenCounts,
+    read_back_ref,
+    record_content,
+    telling_line,
+    tool_wire_text,
+    trim_to_fit,
+)
+from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
+
+__all__ = ["ASSEMBLY_REVISION", "Evidence", "OverBudget", "SummaryView", "ThreadSnapshot", "assemble_context"]
+
+# Bump whenever the selection or rendering rules change: replies are versioned by it.
+ASSEMBLY_REVISION = "assembly-3"
+# Never change: prepared ids computed under it are referenced by stored reports and dumps.
+_PREPARED_NS = uuid.UUID("5d7a4f0e-2f7c-5b1e-9a55-6c7466c6c001")
+# The newest complete groups keep their full outputs even under pressure: the model is using them.
+_KEEP_UNMASKED_GROUPS = 2
+# Masking goes oldest first, in chunks that each free at least 1/_MASK_CHUNK_DIVISOR of the budget.
+# Chunk edges depend only on the old groups themselves, so as the thread grows the masked prefix
+# only ever extends, and it extends rarely: between two moves every context repeats the previous
+# one as its prefix (cache reuse). Masking "one more group until it fits" would change the context
+# at its oldest unmasked group on nearly every prepare. The last resort masks all but the newest two.
+_MASK_CHUNK_DIVISOR = 2
+# The smallest an output of the newest group is cut to (the read-back marker takes ~60 of them).
+_MIN_OUTPUT_TOKENS = 96
+# The smallest a long argument of the newest group's calls is cut to (a heredoc, a file's content).
+_MIN_ARG_TOKENS = 96
+# Each entry of the tools array also costs its separator and a share of the array's framing.
+_TOOL_ENTRY_OVERHEAD = 2
+# Outputs shorter than this are shown again rather than as a reference to an identical one.
+_MIN_DEDUP_TOKENS = 32
+# A note where history was left out names at most this many failures, and files of each kind.
+_GAP_FAILURES = 5
+_GAP_FILES = 30
+# A state block beyond this many facts would be a state dump, not a projection.
+_MAX_FACTS = 100
+
+_CATEGORY = {
+    BlockKind.INSTRUCTION: "instructions",
+    BlockKind.TASK: "history",
+    BlockKind.INTERACTION: "history",
+    BlockKind.STATE: "history",
+    BlockKind.MATERIAL: "materials",
+    BlockKind.SUMMARY: "summaries",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryView:
+    """The committed summary a view shows, as the model reads it."""
+
+    summary_id: str
+    view_revision: int
+    covered_from: int
+    covered_to: int
+    text: str
+    tokens_o200k: int
+    tokens_cl100k: int
+    sources: tuple[int, ...]
+    # The summary's smallest roll-up, shown when the full text does not fit (issue 12).
+    skeleton_text: str | None = None
+    skeleton_o200k: int = 0
+    skeleton_cl100k: int = 0
+
+    def tokens(self, encoding: str) -> int:
+        """Tokens of the summary text in ``encoding``."""
+        return self.tokens_cl100k if encoding == "cl100k_base" else self.tokens_o200k
+
+    def skeleton_tokens(self, encoding: str) -> int:
+        """Tokens of the skeleton text in ``encoding``."""
+        return self.skeleton_cl100k if encoding == "cl100k_base" else self.skeleton_o200k
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadSnapshot:
+    """A thread's head, its records up to that head, and the summary its view shows."""
+
+    session_id: str
+    run_id: str
+    instance_id: str
+    revision: int
+    last_seq: int
+    last_event_key: str | None
+    records: Sequence[LedgerRecord]
+    view_revision: int = 0
+    covered_to: int = 0
+    summary: SummaryView | None = None
+    policy: str = ""
+    own_thread: str = ""
+    facts: tuple[Fact, ...] = ()
+    reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A record quoted as evidence: re-read from the ledger, with the hashes that identify it."""
+
+    thread_id: str
+    seq: int
+    event_key: str
+    kind: str
+    content_sha256: str
+    record_hash: str
+    text: str
+
+
+class OverBudget(CtxError):
+    """The view does not fit even after the deterministic reductions; history must be compacted."""
+
+    def __init__(self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]) -> None:
+        super().__init__(f"view needs {total} tokens after reductions; the input budget is {input_budget}")
+        self.total = total
+        self.input_budget = input_budget
+        self.items = items
+        self.reductions = reductions
+
+    def exceeded(self, waited_ms: int) -> ContextBudgetExceeded:
+        """The wire error once waiting for compaction did not help."""
+        err = ContextBudgetExceeded(self.total, self.input_budget, self.items)
+        err.details["reason"] = "history over budget and no compaction landed in time"
+        err.details["waited_ms"] = waited_ms
+        return err
+
+
+@dataclass
+class _Sized:
+    block: DraftBlock
+    content: int
+    envelope: int
+    masked: bool = False
+    trimmed: bool = False
+    deduplicated: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.content + self.envelope
+
+
+@dataclass
+class _Counts:
+    deduplicated: int = 0
+    trimmed: int = 0
+    dropped_material: int = 0
+    masked: int = 0
+    summary_skeleton: int = 0
+    dropped_history: int = 0
+    tokens_saved: int = 0
+
+    def report(self) -> ReductionCounts:
+        """The wire form: the same fields, frozen."""
+        return ReductionCounts(**asdict(self))
+
+
+@dataclass
+class _Fit:
+    kept: list[_Sized]
+    dropped: list[_Sized] = field(default_factory=list)
+    history_dropped: list[_Sized] = field(default_factory=list)
+    reductions: list[str] = field(default_factory=list)
+    counts: _Counts = field(default_factory=_Counts)
+
+    @property
+    def total(self) -> int:
+        return sum(s.total for s in self.kept)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every fitting attempt of one prepare shares."""
+
+    ordered: list[DraftBlock]
+    counter: TokenCounter | None
+    summary: SummaryView | None
+    own_thread: str
+    room: int
+    chunk: int
+
+
+def assemble_context(
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    *,
+    compaction_wait_ms: int = 0,
+    allow_drop_history: bool = False,
+) -> PreparedContext:
+    """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate.
+
+    ``allow_drop_history``: instead of raising ``OverBudget``, drop the oldest history (never a
+    required block, never the newest complete tool group) until the context fits; each dropped
+    block is listed in ``omitted``. For use once waiting for a compaction has run out.
+    """
+    blocks = build_view_blocks(snapshot.records, snapshot.covered_to, own_thread=snapshot.own_thread)
+    ordered = _ordered(blocks.ready, snapshot.summary, run_task_seq(snapshot.records, snapshot.own_thread))
+    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
+    state_block = _state_block(snapshot, request)
+    if state_block is not None:
+        ordered.append(state_block)
+    tools = () if request.purpose is Purpose.COMPACTION else request.tools
+    schema_tokens = _tool_tokens(tools, counter)
+    room = budget.input_budget - schema_tokens - REPLY_PRIMING
+    inputs = _Inputs(ordered, counter, snapshot.summary, snapshot.own_thread, room, max(1, budget.input_budget // _MASK_CHUNK_DIVISOR))
+
+    fit = _fit(inputs, frozenset())
+    if fit.total > inputs.room:
+        # Only a context that does not fit needs to know whether one could: most prepares fit at once.
+        smallest = _smallest(inputs)
+        minimum = sum(s.total for s in smallest) + schema_tokens + REPLY_PRIMING
+        if minimum > budget.input_budget:
+            err = ContextBudgetExceeded(minimum, budget.input_budget, _items(smallest, schema_tokens))
+            err.details["reason"] = (
+                "required content at its smallest (summary as its skeleton, the newest tool group cut to "
+                f"{_MIN_OUTPUT_TOKENS} tokens per output) does not fit"
+            )
+            raise err
+    while allow_drop_history and fit.total > inputs.room:
+        dropped = frozenset(s.block.block_id for s in fit.history_dropped)
+        more = _history_to_drop(fit, fit.total - inputs.room)
+        if not more:
+            fit = _fit(inputs, dropped, note=False)  # even the note does not fit
+            break
+        fit = _fit(inputs, dropped | more)
+    total = fit.total + schema_tokens + REPLY_PRIMING
+    if total > budget.input_budget:
+        raise OverBudget(total, budget.input_budget, _items(fit.kept, schema_tokens), tuple(fit.reductions))
+
+    out_blocks, messages = _emit(fit.kept)
+    used = _usage(fit.kept, schema_tokens)
+    estimated, calibration = _calibrate(used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base")
+    omitted = [_omitted(s, "optional material dropped: over the input budget") for s in fit.dropped]
+    omitted += [
+        _omitted(s, f"history awaiting compaction: dropped to fit because no compaction landed in time ({s.block.reason})")
+        for s in fit.history_dropped
+    ]
+    omitted += [_omitted(_size(b, counter), b.reason) for b in blocks.held]
+    omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
+    summary = snapshot.summary
+    return PreparedContext(
+        prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
+        session_id=snapshot.session_id,
+        run_id=snapshot.run_id,
+        instance_id=snapshot.instance_id,
+        purpose=request.purpose,
+        assembly_revision=ASSEMBLY_REVISION,
+        source_watermark=SourceWatermark(
+            thread_seq=snapshot.last_seq, head_revision=snapshot.revision, last_event_key=snapshot.last_event_key
+        ),
+        messages=tuple(messages),
+        tools=tools,
+        blocks=tuple(out_blocks),
+        omitted=tuple(omitted),
+        pending_calls=tuple(blocks.pending),
+        budget_report=BudgetReport(
+            profile=budget.profile,
+            context_window=budget.context_window,
+            input_limit=budget.input_limit,
+            output_reserve=budget.output_reserve,
+            safety_margin=budget.safety_margin,
+            input_budget=budget.input_budget,
+            used=used,
+            remaining=budget.input_budget - used.total,
+            counting_method=counter.method if counter else ESTIMATE_METHOD,
+            estimated=counter is None,
+            estimated_input=estimated,
+            calibration=calibration,
+            reductions=fit.counts.report(),
+        ),
+        view_revision=snapshot.view_revision,
+        summary=(
+            SummaryRef(
+                summary_id=summary.summary_id,
+                view_revision=summary.view_revision,
+                covered_from=summary.covered_from,
+                covered_to=summary.covered_to,
+                sources=summary.sources,
+            )
+            if summary
+            else None
+        ),
+        reductions=tuple(fit.reductions),
+        compaction_wait_ms=compaction_wait_ms,
+        policy=snapshot.policy,
+    )
+
+
+def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int | None) -> list[DraftBlock]:
+    """Instructions, the run's task, the summary, then everything else in ledger order."""
+    pinned = [b for b in ready if b.kind is BlockKind.INSTRUCTION]
+    task = [b for b in ready if b.kind is BlockKind.TASK and b.records[0].seq == run_task]
+    rest = [b for b in ready if b.kind is not BlockKind.INSTRUCTION and all(b is not t for t in task)]
+    # What an earlier run of the session left in view is older than this run's task: it stays before
+    # it, so a new question follows the history it asks about (and that inherited prefix is stable).
+    older = [b for b in rest if run_task is not None and b.records and b.records[0].seq < run_task]
+    rest = [b for b in rest if all(b is not o for o in older)]
+    if summary is None:
+        return [*pinned, *older, *task, *rest]
+    block = DraftBlock(
+        block_id=f"summary:{summary.covered_from}",
+        kind=BlockKind.SUMMARY,
+        retention=Retention.REQUIRED,
+        priority=1,
+        reason=f"committed summary r{summary.view_revision} of records {summary.covered_from}–{summary.covered_to}",
+        records=[],
+        messages=[ChatMessage(role="user", content=summary.text)],
+    )
+    return [*pinned, *older, *task, block, *rest]
+
+
+def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) -> _Fit:
+    """One deterministic pass of the reduction order over the view minus ``drop_history``.
+
+    Re-run from scratch after each drop, so that a reference never points at a dropped output.
+    Dropped history leaves a note in its place (``note``) with the failures only it still showed.
+    """
+    fit = _Fit(kept=[])
+    gap_at: int | None = None
+    for b in inputs.ordered:
+        sized = _size(b, inputs.counter, inputs.summary)
+        if b.block_id in drop_history:
+            gap_at = len(fit.kept) if gap_at is None else gap_at
+            fit.history_dropped.append(sized)
+            fit.reductions.append(f"dropped_history:{b.block_id}")
+            fit.counts.dropped_history += 1
+            fit.counts.tokens_saved += sized.total
+        else:
+            fit.kept.append(sized)
+    gap = _gap_note(fit.history_dropped, fit.kept) if gap_at is not None and note else None
+    if gap is not None and gap_at is not None:
+        fit.kept.insert(gap_at, _size(gap, inputs.counter))
+    sources = _dedup(fit, inputs.counter)
+    newest = _newest_group(fit.kept)
+    required = [s for s in fit.kept if not s.block.droppable]
+    pinned = sum(s.total for s in required) + (newest.total if newest else 0)
+    summary = next((s for s in fit.kept if s.block.kind is BlockKind.SUMMARY), None)
+    if summary is not None and pinned > inputs.room and _to_skeleton(summary, inputs):
+        fit.reductions.append(f"summary_skeleton:{summary.block.block_id}")
+        fit.counts.summary_skeleton = 1
+        fit.counts.tokens_saved += _size(summary.block, inputs.counter, inputs.summary).total - summary.total
+    if newest is not None:
+        room = inputs.room - sum(s.total for s in required)
+        before = newest.total
+        # What came after the newest group (the model's reply to it, a user's supplement) is newer
+        # still: cut the group further to keep it, as long as the group can get that small.
+        newer = sum(s.total for s in fit.kept[fit.kept.index(newest) + 1 :] if s.block.droppable)
+        untrimmed = (newest.block, newest.content, newest.trimmed)
+        trimmed = _trim_group(newest, room - newer, inputs) if newer else 0
+        if not newer or newest.total > room - newer:
+            newest.block, newest.content, newest.trimmed = untrimmed
+            trimmed = _trim_group(newest, room, inputs)
+        if trimmed:
+            fit.reductions.append(f"trimmed:{newest.block.block_id}")
+            fit.counts.trimmed += trimmed
+            fit.counts.tokens_saved += before - newest.total
+    _reduce(fit, inputs, newest, sources)
+    return fit
+
+
+def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
+    envelope = MESSAGE_OVERHEAD * len(block.messages) + _id_tokens(block, counter)
+    if block.kind in (BlockKind.STATE, BlockKind.MATERIAL) and not block.records:
+        text = block.messages[0].content or ""
+        return _Sized(block, counter.count(text) if counter else estimate_tokens(text), envelope)
+    if block.kind is BlockKind.SUMMARY and summary is not None:
+        # Counted once when the summary was committed, like every record.
+        content = summary.tokens(counter.name) if counter else estimate_tokens(summary.text)
+    else:
+        content = _content_tokens(block, block.records, counter)
+    return _Sized(block, content, envelope)
+
+
+def _content_tokens(block: DraftBlock, records: Sequence[LedgerRecord], counter: TokenCounter | None) -> int:
+    if counter is None:
+        return sum(estimate_tokens(m.model_dump_json(exclude_none=True)) for m in block.messages)
+    enc: EncodingName = counter.name
+    return sum(r.tokens.get(enc) for r in records)
+
+
+def _id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """What a record's count (fixed at recording) misses of the ids sent with the block's messages.
+
+    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
+    sent tagged with its thread (``c1@tag``) but was counted untagged. The estimate profile counts
+    whole dumped messages, ids included.
+    """
+    if counter is None:
+        return 0
+    extra = 0
+    for m in block.messages:
+        if m.tool_call_id is not None:
+            extra += counter.count(m.tool_call_id)
+        raw = [cid for cid, _ in _raw_calls(block)] if m.tool_calls else []
+        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
+            if raw_id != call.id:
+                extra += counter.count(call.id) - counter.count(raw_id)
+    return extra
+
+
+def _raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
+    """``(call id as recorded, tool name)`` of a group's calls, in call order."""
+    body = block.records[0].body if block.records else None
+    if not isinstance(body, AssistantMessageBody):
+        return []
+    return [(c.call_id, c.name) for c in body.tool_calls]
+
+
+def _raw_id(view_id: str, recorded: Mapping[str, object]) -> str:
+    # An inherited call is shown as ``call_id@tag``; the tag never contains "@".
+    return view_id if view_id in recorded else view_id.rsplit("@", 1)[0]
+
+
+def _counts_as(counter: TokenCounter | None, content: str) -> TokenCounts:
+    # Only the counter's own encoding is ever read back within one assembly.
+    n = counter.count(content) if counter else estimate_tokens(content)
+    return TokenCounts(o200k_base=n, cl100k_base=n)
+
+
+def _with_records(s: _Sized, records: list[LedgerRecord], counter: TokenCounter | None) -> int:
+    """Replace a block's records (and its tool messages' content); returns the tokens saved."""
+    before = s.content
+    s.block = replace(s.block, records=records, messages=_remessage(s.block, records))
+    s.content = _content_tokens(s.block, records, counter)
+    return before - s.content
+
+
+def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
+    """Later byte-identical tool outputs (same tool, status and text) as references; returns the sources' seqs.
+
+    Only tool outputs: a user's repeated constraint is never deduplicated. A short output (an empty
+    ``<returncode>0</returncode>``) stays as it is: a pointer would save nothing and tell less.
+    """
+    first: dict[tuple[str, str, str], int] = {}
+    sources: set[int] = set()
+    for s in fit.kept:
+        if not s.block.block_id.startswith("group:"):
+            continue
+        names = dict(_raw_calls(s.block))
+        records: list[LedgerRecord] = []
+        for r in s.block.records:
+            body = r.body
+            if not isinstance(body, ToolOutcomeBody):
+                records.append(r)
+                continue
+            key = (names.get(body.call_id, ""), body.status.value, r.text)
+            source = first.setdefault(key, r.seq)
+            if source == r.seq:
+                records.append(r)
+                continue
+            text = f"[identical to the output at seq {source}]"
+            tokens = _counts_as(counter, record_content(body, text))
+            if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(r, counter):
+                records.append(r)
+                continue
+            records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
+            sources.add(source)
+            s.deduplicated += 1
+            fit.reductions.append(f"deduplicated:{s.block.block_id}@{r.seq}")
+            fit.counts.deduplicated += 1
+        if s.deduplicated:
+            fit.counts.tokens_saved += _with_records(s, records, counter)
+    return frozenset(sources)
+
+
+def _newest_group(kept: Sequence[_Sized]) -> _Sized | None:
+    return next((s for s in reversed(kept) if s.block.block_id.startswith("group:")), None)
+
+
+def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
+    summary = inputs.summary
+    if summary is None or summary.skeleton_text is None:
+        return False
+    counter = inputs.counter
+    s.block = replace(
+        s.block,
+        messages=[ChatMessage(role="user", content=summary.skeleton_text)],
+        reason=s.block.reason + "; shown as its skeleton: the full summary did not fit next to the required blocks and the newest tool group",
+    )
+    if counter is None:
+        s.content = estimate_tokens(summary.skeleton_text)
+    else:
+        # Counted when the summary was committed; a view that did not fill the counts is counted here.
+        s.content = summary.skeleton_tokens(counter.name) or counter.count(summary.skeleton_text)
+    return True
+
+
+def _smallest(inputs: _Inputs) -> list[_Sized]:
+    """What must be sent, at its smallest: required blocks, the summary skeleton, the newest group cut to the minimum."""
+    sized = [_size(b, inputs.counter, inputs.summary) for b in inputs.ordered]
+    out: list[_Sized] = []
+    for s in sized:
+        if s.block.droppable:
+            continue
+        if s.block.kind is BlockKind.SUMMARY:
+            _to_skeleton(s, inputs)
+        out.append(s)
+    newest = _newest_group(sized)
+    if newest is not None:
+        outputs = [r for r in newest.block.records if r.kind is RecordKind.TOOL_OUTCOME]
+        floor = sum(min(_record_tokens(r, inputs.counter), _MIN_OUTPUT_TOKENS) for r in outputs)
+        smallest = replace(newest)
+        _cut_calls(smallest, 0, inputs)  # every long argument at its shortest
+        out.append(replace(smallest, content=_calls_tokens(smallest.block, inputs.counter) + floor))
+    return out
+
+
+def _calls_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """Tokens of a group's assistant message (its text and calls), without the outputs."""
+    if counter is None:
+        return estimate_tokens(block.messages[0].model_dump_json(exclude_none=True))
+    return sum(r.tokens.get(counter.name) for r in block.records if r.kind is not RecordKind.TOOL_OUTCOME)
+
+
+def _record_tokens(r: LedgerRecord, counter: TokenCounter | None) -> int:
+    if counter is not None:
+        return r.tokens.get(counter.name)
+    return _output_tokens(r, r.text, None)
+
+
+def _output_tokens(r: LedgerRecord, text: str, counter: TokenCounter | None) -> int:
+    """What an outcome costs shown with ``text``: its content, or for the estimate its whole dumped message."""
+    body = _outcome(r)
+    content = record_content(body, text)
+    if counter is not None:
+        return counter.count(content)
+    message = ChatMessage(role="tool", content=content, tool_call_id=body.call_id)
+    return estimate_tokens(message.model_dump_json(exclude_none=True))
+
+
+def _trim_group(s: _Sized, room: int, inputs: _Inputs) -> int:
+    """Cut the newest group's outputs to head + tail so that the group fits ``room``; returns how many were cut.
+
+    Room is shared evenly, an output smaller than its share keeps all of it and leaves the rest
+    to the others; no output is cut below ``_MIN_OUTPUT_TOKENS``. The block is measured again
+    after cutting (the estimate profile counts whole dumped messages) and cut tighter if needed.
+    """
+    if s.total <= room:
+        return 0
+    block, content, target, cut = s.block, s.content, room, 0
+    for _ in range(4):
+        s.block, s.content = block, content
+        cut = _cut_outputs(s, target, inputs)
+        if s.total <= room:
+            break
+        target -= s.total - room
+    s.trimmed = cut > 0
+    return cut
+
+
+def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
+    counter = inputs.counter
+    outputs = sorted((r for r in s.block.records if r.kind is RecordKind.TOOL_OUTCOME), key=lambda r: (_record_tokens(r, counter), r.seq))
+    floor = sum(min(_record_tokens(r, counter), _MIN_OUTPUT_TOKENS) for r in outputs)
+    calls_cut = int(_cut_calls(s, room - s.envelope - floor, inputs))
+    left = room - s.envelope - _calls_tokens(s.block, counter)
+    allowed: dict[int, int] = {}
+    for i, r in enumerate(outputs):
+        share = max(_MIN_OUTPUT_TOKENS, left // (len(outputs) - i))
+        allowed[r.seq] = min(_record_tokens(r, counter), share)
+        left -= allowed[r.seq]
+    records: list[LedgerRecord] = []
+    cut = 0
+    for r in s.block.records:
+        if r.kind is not RecordKind.TOOL_OUTCOME or allowed[r.seq] >= _record_tokens(r, counter):
+            records.append(r)
+            continue
+        frame = _output_tokens(r, "", counter)
+        body = allowed[r.seq] - frame
+        if counter is None:
+            # The estimate counts the dumped message: escapes make it cost more than the raw text.
+            body = body * estimate_tokens(r.text) // max(1, _record_tokens(r, None) - frame)
+        text = _trim_output(r, counter, max(0, body), _read_back(r, inputs.own_thread))
+        tokens = _counts_as(counter, record_content(r.body, text))
+        if _output_tokens(r, text, counter) >= _record_tokens(r, counter):
+            records.append(r)
+            continue
+        records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
+        cut += 1
+    if cut:
+        _with_records(s, records, counter)
+    return cut + calls_cut
+
+
+def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
+    """Cut the long string arguments of a group's calls (a heredoc, a file's new content), then the
+    message's own text, to head + tail, so that its assistant message takes at most ``room`` (never
+    below ``_MIN_ARG_TOKENS`` each); returns whether anything was cut.
+
+    The arguments stay valid JSON with their keys; each cut value says where the whole call can be
+    read again. Only what the model needs to recognise its own last action is kept.
+    """
+    counter = inputs.counter
+    head = s.block.records[0]
+    body = head.body
+    over = _calls_tokens(s.block, counter) - room
+    if over <= 0 or not isinstance(body, AssistantMessageBody):
+        return False
+    read_back = _read_back(head, inputs.own_thread)
+    calls = list(body.tool_calls)
+    longs = sorted(
+        (
+            (_count_text(counter, v), i, k)
+            for i, c in enumerate(calls)
+            for k, v in c.args.items()
+            if isinstance(v, str) and _count_text(counter, v) > _MIN_ARG_TOKENS
+        ),
+        key=lambda t: (-t[0], t[1], t[2]),
+    )
+    text_tokens = _count_text(counter, head.text)
+    if not longs and text_tokens <= _MIN_ARG_TOKENS:
+        return False
+    for tokens, i, key in longs:
+        if over <= 0:
+            break
+        cut = trim_to_fit(str(calls[i].args[key]), counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
+        over -= tokens - _count_text(counter, cut)
+        calls[i] = replace(calls[i], args={**calls[i].args, key: cut})
+    text = head.text
+    if over > 0 and text_tokens > _MIN_ARG_TOKENS:
+        # Then the model's own words before the calls: its reasoning, head and tail.
+        text = trim_to_fit(text, counter, max_tokens=max(_MIN_ARG_TOKENS, text_tokens - over), read_back=read_back)
+    message = s.block.messages[0]
+    shown = [
+        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(calls[n].args)})})
+        for n, c in enumerate(message.tool_calls or ())
+    ]
+    n = _count_text(counter, text) + sum(
+        _count_text(counter, c.name) + _count_text(counter, arguments_json(c.args)) + _count_text(counter, c.call_id) + TOOL_CALL_OVERHEAD
+        for c in calls
+    )
+    # The payload is what the body is read from: the cut calls go there.
+    stored: list[JsonValue] = [call_json(c) for c in calls]
+    payload: dict[str, JsonValue] = {**head.payload, "tool_calls": stored}
+    record = replace(head, text=text, payload=payload, tokens=TokenCounts(o200k_base=n, cl100k_base=n))
+    records = [record, *s.block.records[1:]]
+    update: dict[str, object] = {"tool_calls": tuple(shown), "content": (text or None) if message.content is not None else None}
+    s.block = replace(s.block, records=records, messages=[message.model_copy(update=update), *s.block.messages[1:]])
+    s.content = _content_tokens(s.block, records, counter)
+    s.trimmed = True
+    return True
+
+
+def _count_text(counter: TokenCounter | None, text: str) -> int:
+    return counter.count(text) if counter else estimate_tokens(text)
+
+
+def _trim_output(r: LedgerRecord, counter: TokenCounter | None, max_tokens: int, read_back: str) -> str:
+    """Head + tail of an output; a failed one keeps its telling line even when it sits in the middle."""
+    text = trim_to_fit(r.text, counter, max_tokens=max_tokens, read_back=read_back)
+    line = telling_line(r.text) if _failed(r) else None
+    if line is None or line in text:
+        return text
+    suffix = f"\n[telling line: {line}]"
+    cost = counter.count(suffix) if counter else estimate_tokens(suffix)
+    return trim_to_fit(r.text, counter, max_tokens=max(0, max_tokens - cost), read_back=read_back) + suffix
+
+
+def _outcome(r: LedgerRecord) -> ToolOutcomeBody:
+    # Only tool outcomes are ever cut, masked or deduplicated.
+    assert isinstance(r.body, ToolOutcomeBody), f"record {r.seq} is a {r.kind}, not a tool outcome"
+    return r.body
+
+
+def _failed(r: LedgerRecord) -> bool:
+    return isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS
+
+
+def _read_back(r: LedgerRecord, own_thread: str) -> str:
+    ref = read_back_ref(r.text) or read_back_ref(r.mask_text or "")
+    if ref is not None:
+        return f"read it back from {ref}"
+    thread = r.thread_id or own_thread
+    where = f"thread {thread}, seq {r.thread_seq or r.seq}" if thread else f"seq {r.seq}"
+    return f"re-read it as evidence: {where}"
+
+
+def _reduce(fit: _Fit, inputs: _Inputs, newest: _Sized | None, sources: frozenset[int]) -> None:
+    """Drop optional material (oldest first), then mask outputs oldest first in chunks, until the blocks fit."""
+
+    def over() -> int:
+        return fit.total - inputs.room
+
+    if over() <= 0:
+        return
+    for s in sorted((s for s in fit.kept if s.block.kind is BlockKind.MATERIAL), key=lambda s: _first_seq(s.block.block_id)):
+        if over() <= 0:
+            return
+        fit.kept.remove(s)
+        fit.dropped.append(s)
+        fit.reductions.append(f"dropped:{s.block.block_id}")
+        fit.counts.dropped_material += 1
+        fit.counts.tokens_saved += s.total
+    groups = [s for s in fit.kept if s.block.block_id.startswith("group:")]
+    for boundary in _mask_boundaries(groups, inputs.chunk, inputs.counter):
+        if over() <= 0:
+            return
+        for s in groups[:boundary]:
+            if s.masked or s is newest:
+                continue
+            saved = _mask(s, inputs.counter, sources)
+            if saved > 0:
+                fit.reductions.append(f"masked:{s.block.block_id}")
+                fit.counts.masked += 1
+                fit.counts.tokens_saved += saved
+
+
+def _mask_boundaries(groups: Sequence[_Sized], chunk: int, counter: TokenCounter | None) -> list[int]:
+    """How many of the oldest groups to mask, least first: chunk edges, then all but the newest two."""
+    last = len(groups) - _KEEP_UNMASKED_GROUPS
+    edges: list[int] = []
+    saved = 0
+    for k, s in enumerate(groups[: max(0, last)], start=1):
+        saved += sum(
+            _record_tokens(r, counter) - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
+            for r in s.block.records
+            if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
+        )
+        if saved >= chunk * (len(edges) + 1):
+            edges.append(k)
+    return [*edges, last] if last > 0 else []
+
+
+def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> int:
+    """Show a group's long tool outputs as their previews; returns the tokens saved.
+
+    An output another one refers to as identical is kept whole. A failed output keeps its telling
+    line (error class and message, failing test, exit status): the last error stays visible.
+    """
+    records = []
+    for record in s.block.records:
+        if record.kind is not RecordKind.TOOL_OUTCOME or record.mask_text is None or record.mask_tokens is None or record.seq in sources:
+            records.append(record)
+            continue
+        text, tokens = record.mask_text, record.mask_tokens
+        if _failed(record):
+            line = telling_line(record.text)
+            if line is not None and line not in text:
+                text = f"{text}\n[telling line: {line}]"
+                tokens = _counts_as(counter, record_content(record.body, text))
+        records.append(replace(record, text=text, tokens=tokens))
+    before = s.content
+    candidate = replace(s, block=replace(s.block, records=records, messages=_remessage(s.block, records)))
+    candidate.content = _content_tokens(candidate.block, records, counter)
+    if candidate.content >= before:
+        return 0
+    s.block, s.content, s.masked = candidate.block, candidate.content, True
+    return before - s.content
+
+
+def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessage]:
+    # Tool messages carry the view id (tagged when inherited); outcome records the raw call id.
+    texts = {r.body.call_id: record_content(r.body, r.text) for r in records if isinstance(r.body, ToolOutcomeBody)}
+    return [
+        m.model_copy(update={"content": texts[_raw_id(m.tool_call_id or "", texts)]}) if m.role == "tool" else m
+        for m in block.messages
+    ]
+
+
+def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock | None:
+    """Where history was left out, and the failures it held that no later call of the same command redid.
+
+    The last error stays visible (issue 12) until a compaction folds it into the summary.
+    """
+    records = sorted((r for s in dropped for r in s.block.records), key=lambda r: r.seq)
+    if not records:
+        return None
+    calls: dict[tuple[str, str], tuple[str, str]] = {}
+    last: dict[tuple[str, str], LedgerRecord] = {}
+    for r in sorted((r for s in [*dropped, *kept] for r in s.block.records), key=lambda r: r.seq):
+        body = r.body
+        if isinstance(body, AssistantMessageBody):
+            for c in body.tool_calls:
+                calls[(r.thread_id, c.call_id)] = (c.name, json.dumps(c.args, ensure_ascii=False, separators=(",", ":")))
+        elif isinstance(body, ToolOutcomeBody):
+            key = calls.get((r.thread_id, body.call_id))
+            if key is not None:
+                last[key] = r
+    lost = {r.seq for r in records}
+    lines = [
+        f"[history awaiting compaction: {len(dropped)} block(s) of records {records[0].seq}–{records[-1].seq} left out to fit "
+        "the budget; they are still in the ledger]"
+    ]
+    read, modified = _files_touched([s for s in dropped if s.block.block_id.startswith("group:")])
+    if modified:
+        lines.append("- files modified there: " + ", ".join(modified[:_GAP_FILES]) + (" …" if len(modified) > _GAP_FILES else ""))
+    if read:
+        lines.append("- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else ""))
+    failed = [(key, r) for key, r in last.items() if r.seq in lost and _failed(r)]
+    for (name, args), r in sorted(failed, key=lambda kv: kv[1].seq)[-_GAP_FAILURES:]:
+        # Without an error line, the first line tells what the call was doing (as a preview would).
+        line = telling_line(r.text) or next((x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)")
+        lines.append(f"- last {name} {args} failed (seq {r.seq}, {_outcome(r).status}): {line}")
+    return DraftBlock(
+        block_id=f"history-gap:{records[0].seq}",
+        kind=BlockKind.STATE,
+        # Required while it stands in for history: the newest group makes room for it, and when
+        # even that does not fit, the context is assembled without it (``note=False``).
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="history left out while compaction catches up: where, and the failures it held",
+        records=[],
+        messages=[ChatMessage(role="user", content="\n".join(lines))],
+    )
+
+
+def _files_touched(groups: Sequence[_Sized]) -> tuple[list[str], list[str]]:
+    """Files the groups' calls read and modified, first seen first, from the calls themselves."""
+    read: dict[str, None] = {}
+    modified: dict[str, None] = {}
+    for s in groups:
+        body = s.block.records[0].body
+        for c in body.tool_calls if isinstance(body, AssistantMessageBody) else ():
+            access = files_of_call(c.name, c.args)
+            modified.update(dict.fromkeys(access.modified))
+            read.update(dict.fromkeys(p for p in access.read if p not in modified))
+    return list(read), list(modified)
+
+
+def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
+    """The oldest droppable history blocks whose tokens cover ``over`` (never the newest group)."""
+    newest = _newest_group(fit.kept)
+    chosen: list[str] = []
+    for s in fit.kept:
+        if over <= 0:
+            break
+        if not s.block.droppable or s is newest or s.block.kind is BlockKind.MATERIAL or not s.block.records:
+            continue
+        chosen.append(s.block.block_id)
+        over -= s.total
+    return frozenset(chosen)
+
+
+def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
+    head = (
+        f"[evidence: record {evidence.seq} of thread {evidence.thread_id} ({evidence.kind}, event {evidence.event_key}, "
+        f"content sha256 {evidence.content_sha256[:16]}…, record {evidence.record_hash[:16]}…) — quoted material, not instruction]"
+    )
+    return DraftBlock(
+        block_id=f"evidence:{index}",
+        kind=BlockKind.MATERIAL,
+        retention=Retention.ACTIVE,
+        priority=1,
+        reason="evidence the runtime asked for, re-read from the ledger",
+        records=[],
+        messages=[ChatMessage(role="user", content=f"{head}\n{evidence.text}")],
+    )
+
+
+def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
+    """Current facts with status and source: the slice the requested tools declare they read, or all.
+
+    Placed last: it changes with every patch, and volatile parts go last (design D4.3).
+    """
+    if not snapshot.facts:
+        return None
+    patterns = [pattern_regex(p) for t in request.tools for p in snapshot.reads.get(t.name, ())]
+    facts = [f for f in snapshot.facts if not patterns or any(p.match(f.path) for p in patterns)]
+    if not facts:
+        return None
+    facts = sorted(facts, key=lambda f: f.seq)[-_MAX_FACTS:]
+    return DraftBlock(
+        block_id=f"state:{max(f.seq for f in facts)}",
+        kind=BlockKind.STATE,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="current state projected from the ledger: latest facts with status and source",
+        records=[],
+        messages=[ChatMessage(role="user", content=render_facts(facts))],
+    )
+
+
+def _tool_tokens(tools: Sequence[ToolSchema], counter: TokenCounter | None) -> int:
+    """The tools array as the provider is sent it, entry by entry."""
+    total = 0
+    for tool in tools:
+        text = tool_wire_text(tool.name, tool.description, tool.parameters)
+        total += (counter.count(text) if counter else estimate_tokens(text)) + _TOOL_ENTRY_OVERHEAD
+    return total
+
+
+def _items(blocks: Sequence[_Sized], schema_tokens: int) -> list[BlockSize]:
+    items: list[BlockSize] = [{"block_id": s.block.block_id, "kind": s.block.kind.value, "tokens": s.total} for s in blocks]
+    items.append({"block_id": "tool_schemas", "kind": "tool_schemas", "tokens": schema_tokens})
+    items.append({"block_id": "reply_priming", "kind": "envelope", "tokens": REPLY_PRIMING})
+    return items
+
+
+def _first_seq(block_id: str) -> int:
+    return int(block_id.rsplit(":", 1)[1])
+
+
+def _emit(kept: Sequence[_Sized]) -> tuple[list[ContextBlock], list[ChatMessage]]:
+    blocks: list[ContextBlock] = []
+    messages: list[ChatMessage] = []
+    for s in kept:
+        b = s.block
+        reason = b.reason
+        if s.deduplicated:
+            reason += f"; {s.deduplicated} output(s) identical to an earlier one shown as a reference"
+        if s.trimmed:
+            reason += "; newest tool group: outputs cut to head + tail to fit, with where to read them back"
+        if s.masked:
+            reason += "; long tool outputs masked to previews (over budget)"
+        blocks.append(
+            ContextBlock(
+                block_id=b.block_id,
+                kind=b.kind,
+                retention=b.retention,
+                priority=b.priority,
+                droppable=b.droppable,
+                reason=reason,
+                sources=b.sources,
+                first_message=len(messages),
+                message_count=len(b.messages),
+                tokens=s.total,
+            )
+        )
+        messages.extend(b.messages)
+    return blocks, messages
+
+
+def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
+    by: dict[str, int] = {"instructions": 0, "history": 0, "materials": 0, "summaries": 0}
+    envelopes = REPLY_PRIMING
+    for s in kept:
+        by[_CATEGORY[s.block.kind]] += s.content
+        envelopes += s.envelope
+    total = sum(by.values()) + envelopes + schema_tokens
+    return BudgetCategory(tool_schemas=schema_tokens, envelopes=envelopes, total=total, **by)
+
+
+def _calibrate(
+    local: int, snapshot: ThreadSnapshot, request: PrepareRequest, kept: Sequence[_Sized], encoding: EncodingName
+) -> tuple[int, str]:
+    """Provider usage of the last response plus local counts of what came after it (design D4.4)."""
+    usage = request.usage
+    if usage is None or usage.view_revision != snapshot.view_revision:
+        return local, "local"
+    response = next((r.seq for r in snapshot.records if r.event_key == usage.response_event_key), None)
+    if response is None:
+        return local, "local"
+    after = sum(
+        sum(r.tokens.get(encoding) for r in s.block.records if r.seq > response) + MESSAGE_OVERHEAD
+        for s in kept
+        if any(r.seq > response for r in s.block.records)
+    )
+    return usage.input_tokens + usage.output_tokens + after, "provider_usage+local"
+
+
+def _omitted(s: _Sized, reason: str) -> OmittedBlock:
+    return OmittedBlock(block_id=s.block.block_id, kind=s.block.kind, reason=reason, sources=s.block.sources, tokens=s.total)
+
+
+def _prepared_id(snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec, *, drop_history: bool = False) -> str:
+    # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
+    # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
+    # the history-dropping fallback unless it changed the reply.
+    excluded = {"wait_ms", "after_event_key"} | (set() if request.evidence else {"evidence"})
+    fingerprint: dict[str, JsonValue] = {
+        "request": request.model_dump(mode="json", exclude=excluded),
+        "thread": f"{snapshot.run_id}.{snapshot.instance_id}",
+        "revision": snapshot.revision,
+        "view_revision": snapshot.view_revision,
+        "budget": budget.input_budget,
+        "assembly": ASSEMBLY_REVISION,
+    }
+    if drop_history:
+        fingerprint["history_dropped"] = True
+    return str(uuid.uuid5(_PREPARED_NS, canonical_json(fingerprint).decode()))

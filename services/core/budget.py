@@ -1,0 +1,96 @@
+"""Model profiles and the input budget: ``InputBudget = min(input_limit, C − R − S)`` (design D5.1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from contracts import ContextPolicy, ModelProfile, PrepareRequest
+
+from services.errors import UnknownModelProfile
+
+__all__ = ["BUILTIN_PROFILES", "BudgetSpec", "policy_budget", "resolve_budget"]
+
+# Public limits of common models. The safety margin absorbs what no local count can see
+# (provider-side framing, tokenizer drift); it is part of the profile so it is versioned with it.
+BUILTIN_PROFILES: Final[dict[str, ModelProfile]] = {
+    p.name: p
+    for p in (
+        ModelProfile(name="gpt-4o", context_window=128_000, output_reserve=16_384, safety_margin=2_048),
+        ModelProfile(name="gpt-4o-mini", context_window=128_000, output_reserve=16_384, safety_margin=2_048),
+        ModelProfile(name="gpt-4.1", context_window=1_047_576, output_reserve=32_768, safety_margin=8_192),
+        ModelProfile(name="o3", context_window=200_000, output_reserve=100_000, safety_margin=2_048),
+        ModelProfile(
+            name="gpt-4-turbo",
+            context_window=128_000,
+            output_reserve=4_096,
+            safety_margin=2_048,
+            encoding="cl100k_base",
+        ),
+        ModelProfile(
+            name="gpt-3.5-turbo",
+            context_window=16_385,
+            output_reserve=4_096,
+            safety_margin=512,
+            encoding="cl100k_base",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """The budget a prepare works within."""
+
+    profile: str
+    context_window: int | None
+    input_limit: int | None
+    output_reserve: int
+    safety_margin: int
+    input_budget: int
+    encoding: str
+
+
+def resolve_budget(request: PrepareRequest, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES) -> BudgetSpec:
+    """The budget of a request: its profile's, capped by ``budget_tokens`` when both are given."""
+    profile = request.profile
+    if request.model_profile is not None:
+        profile = profiles.get(request.model_profile)
+        if profile is None:
+            raise UnknownModelProfile(request.model_profile, tuple(sorted(profiles)))
+    if profile is None:
+        assert request.budget_tokens is not None
+        return BudgetSpec(
+            profile=f"budget:{request.budget_tokens}",
+            context_window=None,
+            input_limit=request.budget_tokens,
+            output_reserve=0,
+            safety_margin=0,
+            input_budget=request.budget_tokens,
+            encoding="o200k_base",
+        )
+    budget = profile.input_budget
+    if request.budget_tokens is not None:
+        budget = min(budget, request.budget_tokens)
+    return BudgetSpec(
+        profile=profile.name,
+        context_window=profile.context_window,
+        input_limit=profile.input_limit,
+        output_reserve=profile.output_reserve,
+        safety_margin=profile.safety_margin,
+        input_budget=budget,
+        encoding=profile.encoding,
+    )
+
+
+def policy_budget(policy: ContextPolicy, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES) -> BudgetSpec:
+    """The budget the budgeter and compactor use for sessions under ``policy``."""
+    request = PrepareRequest(
+        session_id="policy",
+        run_id="policy",
+        instance_id="policy",
+        model_profile=policy.model_profile,
+        profile=policy.profile,
+        budget_tokens=policy.budget_tokens,
+    )
+    return resolve_budget(request, profiles)

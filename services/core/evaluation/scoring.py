@@ -1,0 +1,295 @@
+"""Scoring one trace at one budget: ctxfleet's prepared contexts beside the baselines, probe by probe.
+
+Only contexts prepared where the whole history no longer fits the budget are probed (below it
+every system sends everything). Every prepare counts for tokens, failures and cache reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import JsonValue
+
+from services.core.records import RecordKind
+from services.core.trace import TraceLine
+
+from services.core.evaluation.baselines import BASELINES, baseline_context
+from services.core.evaluation.chat import ChatMsg, History, history_of
+from services.core.evaluation.counting import REPLY_PRIMING, ContextCounter
+from services.core.evaluation.probes import PROBE_KINDS, Probe, haystack_of, is_present, probes_at
+
+__all__ = [
+    "CTXFLEET",
+    "FleetContext",
+    "FleetFailure",
+    "FleetOutcome",
+    "MAX_MISSES",
+    "ProbeTally",
+    "SYSTEMS",
+    "SystemScore",
+    "TraceScore",
+    "common_prefix",
+    "prepare_points",
+    "score_trace",
+]
+
+CTXFLEET = "ctxfleet"
+SYSTEMS: tuple[str, ...] = (CTXFLEET, *BASELINES)
+MAX_MISSES = 5
+_MISS_CHARS = 120
+
+
+@dataclass(frozen=True, slots=True)
+class FleetContext:
+    """A context the fleet prepared: its messages and tools, its summary's tokens and its own count."""
+
+    messages: tuple[ChatMsg, ...]
+    tools: tuple[ChatMsg, ...] = ()
+    summary_tokens: int = 0
+    reported_tokens: int = 0
+    # How long the prepare waited on the hot path for a compaction to land (0: it did not).
+    compaction_wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFailure:
+    """A prepare the fleet refused (error code and message)."""
+
+    code: str
+    message: str
+
+
+FleetOutcome = FleetContext | FleetFailure
+
+
+@dataclass(slots=True)
+class ProbeTally:
+    """Probes of one kind: how many were checked and how many were present."""
+
+    passed: int = 0
+    total: int = 0
+
+    @property
+    def rate(self) -> float | None:
+        """The pass rate, ``None`` if no probe of this kind applied."""
+        return self.passed / self.total if self.total else None
+
+
+@dataclass(slots=True)
+class SystemScore:
+    """One system's figures over some prepares (one trace, or an aggregate)."""
+
+    system: str
+    prepares: int = 0
+    failed: int = 0
+    failed_required_fits: int = 0
+    over_budget: int = 0
+    scored: int = 0
+    tokens: int = 0
+    prefix_tokens: int = 0
+    later_tokens: int = 0
+    probes: dict[str, ProbeTally] = field(default_factory=lambda: {k.value: ProbeTally() for k in PROBE_KINDS})
+    steps: int = 0
+    compactions: int | None = None
+    summary_tokens_end: int | None = None
+    tasks: int = 0
+    hot_path_waits: int = 0
+    waited_ms: int = 0
+    misses: list[dict[str, JsonValue]] = field(default_factory=list)
+
+    @property
+    def cache_reuse(self) -> float | None:
+        """Token-weighted share of each context that repeats the previous context's prefix."""
+        return self.prefix_tokens / self.later_tokens if self.later_tokens else None
+
+    def merge(self, other: SystemScore) -> None:
+        """Add ``other``'s counts into this one (aggregates over traces)."""
+        self.prepares += other.prepares
+        self.failed += other.failed
+        self.failed_required_fits += other.failed_required_fits
+        self.over_budget += other.over_budget
+        self.scored += other.scored
+        self.tokens += other.tokens
+        self.prefix_tokens += other.prefix_tokens
+        self.later_tokens += other.later_tokens
+        self.steps += other.steps
+        self.tasks += other.tasks
+        self.hot_path_waits += other.hot_path_waits
+        self.waited_ms += other.waited_ms
+        for kind, tally in other.probes.items():
+            self.probes[kind].passed += tally.passed
+            self.probes[kind].total += tally.total
+        if other.compactions is not None:
+            self.compactions = (self.compactions or 0) + other.compactions
+        if other.summary_tokens_end is not None:
+            self.summary_tokens_end = max(self.summary_tokens_end or 0, other.summary_tokens_end)
+        self.misses += other.misses[: max(0, MAX_MISSES - len(self.misses))]
+
+    def as_json(self) -> dict[str, JsonValue]:
+        """The figures as JSON (rates rounded to 4 places)."""
+        return {
+            "system": self.system,
+            "prepares": self.prepares,
+            "failed": self.failed,
+            "failed_while_required_fits": self.failed_required_fits,
+            "hot_path_waits": self.hot_path_waits,
+            "waited_ms": self.waited_ms,
+            "over_budget": self.over_budget,
+            "scored_contexts": self.scored,
+            "tokens": self.tokens,
+            "tokens_per_task": round(self.tokens / self.tasks) if self.tasks else None,
+            "cache_reuse": _round(self.cache_reuse),
+            "probes": {k: {"passed": t.passed, "total": t.total, "rate": _round(t.rate)} for k, t in self.probes.items()},
+            "steps": self.steps,
+            "compactions": self.compactions,
+            "compactions_per_100_steps": (
+                round(100 * self.compactions / self.steps, 2) if self.compactions is not None and self.steps else None
+            ),
+            "summary_tokens_end": self.summary_tokens_end,
+            "misses": list(self.misses),
+        }
+
+
+@dataclass(slots=True)
+class TraceScore:
+    """Every system's score on one trace at one budget, and the probed points in detail."""
+
+    trace: str
+    budget: int
+    steps: int
+    systems: dict[str, SystemScore]
+    points: list[dict[str, JsonValue]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, JsonValue]:
+        """The score as JSON."""
+        return {
+            "trace": self.trace,
+            "budget": self.budget,
+            "steps": self.steps,
+            "systems": {name: s.as_json() for name, s in self.systems.items()},
+            "points": list(self.points),
+        }
+
+
+def prepare_points(lines: Sequence[TraceLine]) -> list[int]:
+    """Where the replayer prepares: before each assistant message that is not its run's first event."""
+    started: set[str | None] = set()
+    points = []
+    for i, line in enumerate(lines):
+        if line.kind == RecordKind.ASSISTANT_MESSAGE and line.run in started:
+            points.append(i)
+        started.add(line.run)
+    return points
+
+
+def common_prefix(a: Sequence[ChatMsg], b: Sequence[ChatMsg]) -> int:
+    """How many leading messages ``a`` and ``b`` share exactly."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def score_trace(
+    name: str,
+    lines: Sequence[TraceLine],
+    budget: int,
+    fleet: Sequence[FleetOutcome],
+    counter: ContextCounter,
+    *,
+    compactions: int | None = None,
+) -> TraceScore:
+    """Score ``fleet``'s outcomes (one per ``prepare_points(lines)``) and the baselines at ``budget``."""
+    points = prepare_points(lines)
+    if len(fleet) != len(points):
+        raise ValueError(f"{name}: {len(fleet)} fleet outcomes for {len(points)} prepares")
+    scores = {s: SystemScore(s, steps=len(points), tasks=1) for s in SYSTEMS}
+    scores[CTXFLEET].compactions = compactions
+    previous: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...]]] = {}
+    detail: list[dict[str, JsonValue]] = []
+    for ordinal, (index, outcome) in enumerate(zip(points, fleet, strict=True), start=1):
+        seen = lines[:index]
+        history = history_of(seen)
+        full_tokens = counter.context(history.messages())
+        required_fits = _required_tokens(history, counter) <= budget
+        # Probed where context management matters and is possible: the whole history no longer fits,
+        # but the required content does (where it does not, every system fails: see `failed`).
+        probed = full_tokens > budget and required_fits
+        probes = probes_at(seen) if probed else []
+        row: dict[str, JsonValue] = {"prepare": ordinal, "line": lines[index].line, "full_tokens": full_tokens}
+        contexts: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...], int, bool] | None] = {}
+        if isinstance(outcome, FleetContext):
+            tokens = counter.context(outcome.messages, outcome.tools)
+            contexts[CTXFLEET] = (outcome.messages, outcome.tools, tokens, tokens > budget)
+            scores[CTXFLEET].summary_tokens_end = outcome.summary_tokens
+            scores[CTXFLEET].hot_path_waits += int(outcome.compaction_wait_ms > 0)
+            scores[CTXFLEET].waited_ms += outcome.compaction_wait_ms
+        else:
+            contexts[CTXFLEET] = None
+            row["ctxfleet_error"] = f"{outcome.code}: {outcome.message}"
+        for kind in BASELINES:
+            b = baseline_context(kind, history, budget, counter)
+            contexts[kind.value] = (b.messages, (), b.tokens, b.failed)
+        for system, ctx in contexts.items():
+            score = scores[system]
+            score.prepares += 1
+            failed = ctx is None or (system != CTXFLEET and ctx[3])
+            if failed:
+                score.failed += 1
+                score.failed_required_fits += int(required_fits)
+            if ctx is None:
+                continue
+            messages, tools, tokens, over = ctx
+            score.tokens += tokens
+            score.over_budget += int(over)
+            if system in previous:
+                prev_messages, prev_tools = previous[system]
+                shared = common_prefix(prev_messages, messages)
+                score.prefix_tokens += counter.messages(messages[:shared]) + (
+                    counter.context([], tools) - REPLY_PRIMING if tools == prev_tools else 0
+                )
+                score.later_tokens += tokens
+            previous[system] = (messages, tools)
+        if probed:
+            row["systems"] = {s: _probe(scores[s], probes, contexts[s], (name, ordinal, lines[index].line)) for s in SYSTEMS}
+            detail.append(row)
+    return TraceScore(name, budget, len(points), scores, detail)
+
+
+def _probe(
+    score: SystemScore,
+    probes: list[Probe],
+    ctx: tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...], int, bool] | None,
+    where: tuple[str, int, int],
+) -> dict[str, JsonValue]:
+    """Tally the probes of one context; a failed context shows the model nothing."""
+    score.scored += 1
+    shown = haystack_of(ctx[0]) if ctx is not None and not (score.system != CTXFLEET and ctx[3]) else ""
+    missing: list[JsonValue] = []
+    for probe in probes:
+        tally = score.probes[probe.kind.value]
+        tally.total += 1
+        if shown and is_present(probe, shown):
+            tally.passed += 1
+            continue
+        missing.append(probe.kind.value)
+        # One example per probe kind: a person looking at what the model saw wants variety, not volume.
+        if score.system == CTXFLEET and len(score.misses) < MAX_MISSES and all(m["probe"] != probe.kind.value for m in score.misses):
+            score.misses.append(
+                {"trace": where[0], "prepare": where[1], "line": where[2], "probe": probe.kind.value,
+                 "text": probe.text[:_MISS_CHARS], "from_line": probe.line}
+            )
+    return {"tokens": ctx[2] if ctx is not None else 0, "failed": ctx is None or (score.system != CTXFLEET and ctx[3]), "missing": missing}
+
+
+def _required_tokens(history: History, counter: ContextCounter) -> int:
+    """System + task + the newest user input: what no context may leave out."""
+    latest_user = [m for u in history.units for m in u.messages if m.get("role") == "user"][-1:]
+    return counter.context([*history.system, *history.task, *latest_user])
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,406 @@
+"""Blocks from records, with tool groups kept whole. Pure.
+
+Invariants, one function each:
+
+1. Instructions (``system`` records) are pinned before all history (``_split_instructions``).
+2. An assistant message with N tool calls forms one group with exactly its N outcomes, the
+   outcomes in call order right after it (``_close_groups``).
+3. A group still missing an outcome is never sent as half a group: it is held back whole and its
+   calls are reported as pending (``_close_groups``).
+4. An outcome never appears without its call: the recorder refuses orphans, and an outcome whose
+   group is unknown here is ignored rather than sent alone (``_attach_outcome``).
+5. Material (resources, child results) is quoted in a user message; it never becomes instruction.
+6. The run's task (the first question of the thread's own run) and the current request are task
+   blocks, required and never covered by a summary (``run_task_seq``, ``_uncovered``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import assert_never
+
+from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention
+
+from services.core.counting import counts_as_turn
+from services.core.records import (
+    AssistantMessageBody,
+    ChildResultBody,
+    ContextExportBody,
+    ContextResetBody,
+    LedgerRecord,
+    OperationReconcileBody,
+    RecordKind,
+    ResourceBody,
+    RunStatusBody,
+    StatePatchBody,
+    SystemBody,
+    ToolOutcomeBody,
+    UserInputBody,
+)
+from services.core.render import arguments_json, record_content
+
+__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
+
+
+@dataclass
+class DraftBlock:
+    """A block being assembled: its messages and the records they came from."""
+
+    block_id: str
+    kind: BlockKind
+    retention: Retention
+    priority: int
+    reason: str
+    records: list[LedgerRecord]
+    messages: list[ChatMessage]
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def droppable(self) -> bool:
+        """Whether the assembler may leave this block out to fit the budget."""
+        return self.retention is not Retention.REQUIRED
+
+    @property
+    def sources(self) -> tuple[RecordRef, ...]:
+        """The records this block was built from, in seq order."""
+        return tuple(RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq))
+
+
+def _seq(record: LedgerRecord) -> int:
+    return record.seq
+
+
+@dataclass(frozen=True)
+class BlockSet:
+    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary."""
+
+    ready: list[DraftBlock]
+    held: list[DraftBlock]
+    pending: list[PendingCall]
+    covered: list[DraftBlock]
+
+
+def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, own_thread: str = "") -> BlockSet:
+    """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
+
+    Coverage is decided per block (by its first record), so an outcome recorded after the covered
+    range still belongs to its covered group. Instructions, the current request, material and open
+    groups are never covered: they are shown from their own records.
+    """
+    if covered_to:
+        records = _uncovered(records, covered_to, own_thread)
+    ready, held, pending = build_blocks(records, own_thread=own_thread)
+    shown = [b for b in ready if not _is_covered(b, covered_to)]
+    covered = [b for b in ready if _is_covered(b, covered_to)]
+    return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
+
+
+def _never_covered(kind: RecordKind) -> bool:
+    """Instructions and material are shown from their own records whatever a summary covers."""
+    match kind:
+        case RecordKind.SYSTEM | RecordKind.RESOURCE_ACTIVATED | RecordKind.CHILD_RESULT | RecordKind.CONTEXT_EXPORT:
+            return True
+        case (
+            RecordKind.USER_INPUT
+            | RecordKind.ASSISTANT_MESSAGE
+            | RecordKind.TOOL_OUTCOME
+            | RecordKind.RUN_STATUS
+            | RecordKind.CONTEXT_RESET
+            | RecordKind.STATE_PATCH
+            | RecordKind.OPERATION_RECONCILE
+        ):
+            return False
+        case _:
+            assert_never(kind)
+
+
+# Looked up per record on every prepare: a set, decided once by the exhaustive rule above.
+_NEVER_COVERED = frozenset(k for k in RecordKind if _never_covered(k))
+
+
+def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int | None:
+    """The seq of the run's task: the first question of the thread's own run, if any.
+
+    Supplements and answers to the agent's questions are not the task; inherited records (other
+    runs, a parent) are someone else's task.
+    """
+    # A minimum, not a sort: this runs on every prepare, over every record of the view.
+    return min(
+        (
+            r.seq
+            for r in records
+            if counts_as_turn(r.body) and not _foreign(r, own_thread)
+        ),
+        default=None,
+    )
+
+
+def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str = "") -> list[LedgerRecord]:
+    """Skip what a summary covers before building blocks, so a long covered history costs nothing.
+
+    Kept: everything after ``covered_to``, records that are never covered (instructions, material),
+    the current request and the run's task. An outcome after ``covered_to`` whose call was covered
+    finds no group and is dropped with it, as its covered group would be.
+    """
+    last_question = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+    pinned = {last_question, run_task_seq(records, own_thread)}
+    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned]
+
+
+def _is_covered(block: DraftBlock, covered_to: int) -> bool:
+    return block.kind is BlockKind.INTERACTION and block.records[0].seq <= covered_to
+
+
+def build_blocks(
+    records: Sequence[LedgerRecord], *, own_thread: str = ""
+) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+    """``(blocks in model order, open groups held back, pending calls)`` of a view's records.
+
+    Records inherited from other threads keep their own call ids apart (``call_id@thread-tag``) so
+    two runs' ``c1`` never meet; an inherited call that never got its result becomes a state block
+    "result unknown" — never half a protocol group, never something to execute again.
+    """
+    last_user = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+    run_task = run_task_seq(records, own_thread)
+    instructions, history = _split_instructions(records)
+    blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
+    groups: dict[tuple[str, str], DraftBlock] = {}
+    for record in history:
+        body = record.body
+        match body:
+            case ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+                continue  # the origin boundary and state changes are not messages; state is projected apart
+            case ToolOutcomeBody():
+                _attach_outcome(record, body, groups, own_thread)
+                continue
+            case SystemBody():
+                continue  # pinned apart, before all history (_split_instructions)
+            case UserInputBody() | AssistantMessageBody() | RunStatusBody() | ContextExportBody() | ResourceBody() | ChildResultBody():
+                pass
+            case _:
+                assert_never(body)
+        current_turn = last_user is not None and record.seq > last_user
+        if record.seq == run_task and record.seq != last_user:
+            blocks.append(_run_task_block(record))
+            continue
+        block = _history_block(record, last_user, current_turn, own_thread)
+        if block.waiting:
+            for call_id in _recorded_ids(block).values():
+                groups[(record.thread_id, call_id)] = block
+        blocks.append(block)
+    ready, held, pending = _close_groups(blocks)
+    inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
+    held = [b for b in held if not _foreign(b.records[0], own_thread)]
+    pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
+    ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
+    return ready, held, pending
+
+
+def _order(block: DraftBlock) -> tuple[int, int]:
+    # Instructions first, everything else in ledger order (state blocks take their call's place).
+    return (0 if block.kind is BlockKind.INSTRUCTION else 1, block.records[0].seq)
+
+
+def _foreign(record: LedgerRecord, own_thread: str) -> bool:
+    return bool(own_thread) and bool(record.thread_id) and record.thread_id != own_thread
+
+
+def _call_tag(thread_id: str) -> str:
+    return hashlib.sha1(thread_id.encode()).hexdigest()[:6]
+
+
+def _view_call_id(record: LedgerRecord, call_id: str, own_thread: str) -> str:
+    """The id a call has in this view: its own, or tagged with its thread when inherited."""
+    return f"{call_id}@{_call_tag(record.thread_id)}" if _foreign(record, own_thread) else call_id
+
+
+def _recorded_ids(block: DraftBlock) -> dict[str, str]:
+    """A group's call ids as shown (tagged when inherited) → as recorded, in call order.
+
+    Read from the record, never parsed back from the shown id: a recorded id may contain "@".
+    """
+    body = block.records[0].body
+    assert isinstance(body, AssistantMessageBody)
+    shown = block.messages[0].tool_calls or ()
+    return {c.id: r.call_id for c, r in zip(shown, body.tool_calls, strict=True)}
+
+
+def _unknown_result_block(block: DraftBlock) -> DraftBlock:
+    record = block.records[0]
+    calls = block.messages[0].tool_calls or ()
+    lines = [
+        f"[state: {len(calls)} tool call(s) of thread {record.thread_id} (record {record.thread_seq}) never got a result. "
+        "Result unknown; they are history and will not be executed again.]"
+    ]
+    recorded = _recorded_ids(block)
+    lines += [f"- {c.function.name}({c.function.arguments}) call {recorded[c.id]}: result unknown" for c in calls]
+    return DraftBlock(
+        block_id=f"state:{record.seq}",
+        kind=BlockKind.STATE,
+        retention=Retention.COMPRESSIBLE,
+        priority=2,
+        reason="inherited call without a result: shown as state, never as half a tool group",
+        records=block.records,
+        messages=[ChatMessage(role="user", content="\n".join(lines))],
+    )
+
+
+def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
+    pinned = [r for r in records if r.kind is RecordKind.SYSTEM]
+    rest = [r for r in records if r.kind is not RecordKind.SYSTEM]
+    return pinned, rest
+
+
+def _instruction_block(record: LedgerRecord) -> DraftBlock:
+    return DraftBlock(
+        block_id=f"instruction:{record.seq}",
+        kind=BlockKind.INSTRUCTION,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="agent instructions: pinned first, required",
+        records=[record],
+        messages=[ChatMessage(role="system", content=record.text)],
+    )
+
+
+def _run_task_block(record: LedgerRecord) -> DraftBlock:
+    # A task block, not an interaction: the compactor never covers it, so it stays verbatim.
+    return DraftBlock(
+        f"task:{record.seq}",
+        BlockKind.TASK,
+        Retention.REQUIRED,
+        0,
+        "the run's task: the question that started the run, pinned verbatim, required",
+        [record],
+        [ChatMessage(role="user", content=record.text)],
+    )
+
+
+def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = "") -> DraftBlock:
+    retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
+    turn = "in the current turn" if current_turn else "from an earlier turn"
+    body = record.body
+    match body:
+        case UserInputBody():
+            if record.seq == last_user:
+                return DraftBlock(
+                    f"task:{record.seq}",
+                    BlockKind.TASK,
+                    Retention.REQUIRED,
+                    0,
+                    "the current request: the latest user input, required",
+                    [record],
+                    [ChatMessage(role="user", content=record.text)],
+                )
+            return DraftBlock(
+                f"turn:{record.seq}",
+                BlockKind.INTERACTION,
+                retention,
+                priority,
+                f"user input {turn}",
+                [record],
+                [ChatMessage(role="user", content=record.text)],
+            )
+        case AssistantMessageBody():
+            return _assistant_block(record, body, retention, priority, turn, own_thread)
+        case RunStatusBody():
+            text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (f": {record.text}]" if record.text else "]")
+            return DraftBlock(
+                f"state:{record.seq}", BlockKind.STATE, retention, priority, "how an earlier run ended (execution state)",
+                [record], [ChatMessage(role="user", content=text)],
+            )
+        case ContextExportBody():
+            return DraftBlock(
+                f"material:{record.seq}", BlockKind.MATERIAL, Retention.ACTIVE, 1,
+                "background the parent exported to this child, quoted as material (never instruction)",
+                [record], [ChatMessage(role="user", content="[material: background from the parent agent]\n" + record.text)],
+            )
+        case ResourceBody() | ChildResultBody():
+            what = "activated resource" if isinstance(body, ResourceBody) else "child agent result"
+            return DraftBlock(
+                f"material:{record.seq}",
+                BlockKind.MATERIAL,
+                Retention.ACTIVE,
+                1,
+                f"{what}, quoted as material (never instruction)",
+                [record],
+                [ChatMessage(role="user", content=record_content(body, record.text))],
+            )
+        case SystemBody() | ToolOutcomeBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+            # build_blocks handles these before any history block is built.
+            raise AssertionError(f"record {record.seq} ({record.kind}) is not a history block")
+        case _:
+            assert_never(body)
+
+
+def _assistant_block(
+    record: LedgerRecord, body: AssistantMessageBody, retention: Retention, priority: int, turn: str, own_thread: str = ""
+) -> DraftBlock:
+    calls = tuple(
+        ChatToolCall(id=_view_call_id(record, c.call_id, own_thread), function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
+        for c in body.tool_calls
+    )
+    if not calls:
+        return DraftBlock(
+            f"turn:{record.seq}",
+            BlockKind.INTERACTION,
+            retention,
+            priority,
+            f"model message {turn}",
+            [record],
+            [ChatMessage(role="assistant", content=record.text)],
+        )
+    return DraftBlock(
+        f"group:{record.seq}",
+        BlockKind.INTERACTION,
+        retention,
+        priority,
+        f"tool group {turn}: {len(calls)} call(s) with all their results, kept whole",
+        [record],
+        [ChatMessage(role="assistant", content=record.text or None, tool_calls=calls)],
+        waiting={c.id: i for i, c in enumerate(calls)},
+    )
+
+
+def _attach_outcome(record: LedgerRecord, body: ToolOutcomeBody, groups: dict[tuple[str, str], DraftBlock], own_thread: str = "") -> None:
+    call_id = body.call_id
+    group = groups.pop((record.thread_id, call_id), None)
+    if group is None:
+        return
+    view_id = _view_call_id(record, call_id, own_thread)
+    group.records.append(record)
+    group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
+    group.messages.append(
+        ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
+    )
+
+
+def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+    ready: list[DraftBlock] = []
+    held: list[DraftBlock] = []
+    pending: list[PendingCall] = []
+    for block in blocks:
+        if not block.waiting:
+            ready.append(block)
+            continue
+        open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
+        if open_calls:
+            call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
+            recorded = _recorded_ids(block)
+            pending.extend(PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq) for c in open_calls)
+            block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
+            held.append(block)
+            continue
+        ready.append(_order_outcomes(block))
+    return ready, held, pending
+
+
+def _order_outcomes(block: DraftBlock) -> DraftBlock:
+    """Tool messages in the order of the calls, whatever order the results arrived in."""
+    head, tools = block.messages[0], block.messages[1:]
+    order = {c.id: i for i, c in enumerate(head.tool_calls or ())}
+    block.messages = [head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])]
+    block.waiting = {}
+    return block

@@ -1,0 +1,344 @@
+"""The read-side record: what the assembler needs of one ledger record, typed per kind.
+
+A record's kind is a :class:`RecordKind` and its payload a typed body (one frozen dataclass per
+kind, mirroring the wire payloads of ``contracts/events.py``). The body is parsed once, when the
+record is built from its row; the view loader caches records per thread, so no prepare parses
+again. Parsing is plain code over the stored JSON, not pydantic: the recorder validated it already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, TypeAlias, assert_never
+
+from pydantic import JsonValue
+
+from contracts import (
+    AssistantMessageEvent,
+    ChildResultEvent,
+    ChildStatus,
+    ContextExportEvent,
+    ContextResetEvent,
+    Event,
+    OperationReconcileEvent,
+    ResourceActivatedEvent,
+    RunStatusEvent,
+    StatePatchEvent,
+    SystemEvent,
+    ToolOutcomeEvent,
+    ToolStatus,
+    UserInputEvent,
+)
+
+from services.core.tokens import EncodingName
+
+__all__ = [
+    "AssistantMessageBody",
+    "CallBody",
+    "ChildResultBody",
+    "ContextExportBody",
+    "ContextResetBody",
+    "LedgerRecord",
+    "OperationReconcileBody",
+    "Purpose",
+    "RecordBody",
+    "RecordKind",
+    "ResourceBody",
+    "RunEnd",
+    "RunStatusBody",
+    "StatePatchBody",
+    "SystemBody",
+    "TokenCounts",
+    "ToolOutcomeBody",
+    "UserInputBody",
+    "UserIntent",
+    "call_json",
+    "kind_of",
+    "parse_body",
+]
+
+
+class RecordKind(StrEnum):
+    """The kinds of the wire union (``contracts.Event``), one member each; ``kind_of`` keeps them in step."""
+
+    SYSTEM = "system"
+    USER_INPUT = "user_input"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_OUTCOME = "tool_outcome"
+    RESOURCE_ACTIVATED = "resource_activated"
+    CHILD_RESULT = "child_result"
+    RUN_STATUS = "run_status"
+    CONTEXT_EXPORT = "context_export"
+    CONTEXT_RESET = "context_reset"
+    STATE_PATCH = "state_patch"
+    OPERATION_RECONCILE = "operation_reconcile"
+
+
+UserIntent: TypeAlias = Literal["question", "supplement"]
+Purpose: TypeAlias = Literal["action", "completion"]
+RunEnd: TypeAlias = Literal["completed", "failed", "cancelled", "interrupted"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """Tokens of one piece of content in every supported encoding."""
+
+    o200k_base: int
+    cl100k_base: int
+
+    def get(self, encoding: EncodingName) -> int:
+        """Tokens in ``encoding``."""
+        return self.o200k_base if encoding == "o200k_base" else self.cl100k_base
+
+
+# The bodies leave out ``text``: the recorder stores it apart (possibly as a blob) and the record
+# carries it as ``LedgerRecord.text``.
+
+
+@dataclass(frozen=True, slots=True)
+class SystemBody:
+    """Instructions: everything is in the record's text."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserInputBody:
+    intent: UserIntent = "question"
+
+
+@dataclass(frozen=True, slots=True)
+class CallBody:
+    """One tool call of an assistant message, as recorded."""
+
+    call_id: str
+    name: str
+    args: Mapping[str, JsonValue]
+    operation_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessageBody:
+    tool_calls: tuple[CallBody, ...] = ()
+    purpose: Purpose = "action"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcomeBody:
+    call_id: str
+    status: ToolStatus = ToolStatus.SUCCESS
+    external_ref: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceBody:
+    resource_id: str
+    revision: str | None = None
+    uri: str | None = None
+    title: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResultBody:
+    child_instance_id: str
+    status: ChildStatus = ChildStatus.COMPLETED
+    conclusion: str = ""
+    evidence_refs: tuple[str, ...] = ()
+    artifact_refs: tuple[str, ...] = ()
+    unresolved: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatusBody:
+    status: RunEnd
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ContextExportBody:
+    # ``(thread_id, thread seq)`` of each exported parent record.
+    refs: tuple[tuple[str, int], ...]
+    note: str = ""
+    # Set on the in-memory copy whose text already quotes the referenced records.
+    resolved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContextResetBody:
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StatePatchBody:
+    # Ops stay JSON: the state projection (services/core/state.py) validates them against the contract.
+    source: str
+    ops: tuple[Mapping[str, JsonValue], ...]
+    based_on_version: Mapping[str, int]
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OperationReconcileBody:
+    operation_id: str
+    status: Literal["success", "failed"]
+    external_ref: str | None = None
+    evidence: str = ""
+
+
+RecordBody: TypeAlias = (
+    SystemBody
+    | UserInputBody
+    | AssistantMessageBody
+    | ToolOutcomeBody
+    | ResourceBody
+    | ChildResultBody
+    | RunStatusBody
+    | ContextExportBody
+    | ContextResetBody
+    | StatePatchBody
+    | OperationReconcileBody
+)
+
+
+def kind_of(event: Event) -> RecordKind:
+    """The record kind of a wire event: a new wire kind fails the type check here until it has one."""
+    match event:
+        case SystemEvent():
+            return RecordKind.SYSTEM
+        case UserInputEvent():
+            return RecordKind.USER_INPUT
+        case AssistantMessageEvent():
+            return RecordKind.ASSISTANT_MESSAGE
+        case ToolOutcomeEvent():
+            return RecordKind.TOOL_OUTCOME
+        case ResourceActivatedEvent():
+            return RecordKind.RESOURCE_ACTIVATED
+        case ChildResultEvent():
+            return RecordKind.CHILD_RESULT
+        case RunStatusEvent():
+            return RecordKind.RUN_STATUS
+        case ContextExportEvent():
+            return RecordKind.CONTEXT_EXPORT
+        case ContextResetEvent():
+            return RecordKind.CONTEXT_RESET
+        case StatePatchEvent():
+            return RecordKind.STATE_PATCH
+        case OperationReconcileEvent():
+            return RecordKind.OPERATION_RECONCILE
+        case _:
+            assert_never(event)
+
+
+def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
+    """The typed body of a stored payload (the recorder's ``model_dump(mode="json")`` without ``text``).
+
+    Defaults are the wire models' own, so a payload that omits a defaulted field reads as it was sent.
+    """
+    match kind:
+        case RecordKind.SYSTEM:
+            return SystemBody()
+        case RecordKind.USER_INPUT:
+            return UserInputBody("supplement" if p.get("intent") == "supplement" else "question")
+        case RecordKind.ASSISTANT_MESSAGE:
+            calls = p.get("tool_calls") or []
+            return AssistantMessageBody(
+                tuple(_call(c) for c in calls if isinstance(c, dict)) if isinstance(calls, list) else (),
+                "completion" if p.get("purpose") == "completion" else "action",
+            )
+        case RecordKind.TOOL_OUTCOME:
+            return ToolOutcomeBody(_str(p, "call_id"), ToolStatus(_str(p, "status", "success")), _opt(p, "external_ref"))
+        case RecordKind.RESOURCE_ACTIVATED:
+            return ResourceBody(_str(p, "resource_id"), _opt(p, "revision"), _opt(p, "uri"), _opt(p, "title"))
+        case RecordKind.CHILD_RESULT:
+            return ChildResultBody(
+                _str(p, "child_instance_id"),
+                ChildStatus(_str(p, "status", "completed")),
+                _str(p, "conclusion"),
+                _strs(p, "evidence_refs"),
+                _strs(p, "artifact_refs"),
+                _strs(p, "unresolved"),
+            )
+        case RecordKind.RUN_STATUS:
+            status = p.get("status")
+            end: RunEnd = status if status in ("failed", "cancelled", "interrupted") else "completed"  # type: ignore[assignment]
+            return RunStatusBody(end, _str(p, "reason"))
+        case RecordKind.CONTEXT_EXPORT:
+            refs = p.get("refs")
+            pairs = tuple(
+                (str(r["thread_id"]), int(str(r["seq"]))) for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)
+            )
+            return ContextExportBody(pairs, _str(p, "note"), p.get("_resolved") is True)
+        case RecordKind.CONTEXT_RESET:
+            return ContextResetBody(_str(p, "reason"))
+        case RecordKind.STATE_PATCH:
+            ops = p.get("ops")
+            versions = p.get("based_on_version")
+            return StatePatchBody(
+                _str(p, "source"),
+                tuple(o for o in ops if isinstance(o, dict)) if isinstance(ops, list) else (),
+                {str(k): int(str(v)) for k, v in versions.items()} if isinstance(versions, dict) else {},
+                _strs(p, "evidence"),
+            )
+        case RecordKind.OPERATION_RECONCILE:
+            return OperationReconcileBody(
+                _str(p, "operation_id"),
+                "failed" if p.get("status") == "failed" else "success",
+                _opt(p, "external_ref"),
+                _str(p, "evidence"),
+            )
+        case _:
+            assert_never(kind)
+
+
+def _call(c: Mapping[str, JsonValue]) -> CallBody:
+    args = c.get("args")
+    return CallBody(_str(c, "call_id"), _str(c, "name"), args if isinstance(args, dict) else {}, _opt(c, "operation_id"))
+
+
+def call_json(c: CallBody) -> dict[str, JsonValue]:
+    """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``): what ``parse_body`` reads back."""
+    return {"call_id": c.call_id, "name": c.name, "args": dict(c.args), "operation_id": c.operation_id}
+
+
+def _str(p: Mapping[str, JsonValue], key: str, default: str = "") -> str:
+    value = p.get(key)
+    return value if isinstance(value, str) else default
+
+
+def _opt(p: Mapping[str, JsonValue], key: str) -> str | None:
+    value = p.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _strs(p: Mapping[str, JsonValue], key: str) -> tuple[str, ...]:
+    value = p.get(key)
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """A record as the assembler reads it: model-visible text and the tokens counted at recording.
+
+    ``payload`` is the stored JSON as the recorder wrote it; ``body`` is the same, typed, derived
+    from it at construction (``dataclasses.replace`` derives it again, so the two never disagree).
+    """
+
+    seq: int
+    event_key: str
+    kind: RecordKind
+    payload: Mapping[str, JsonValue]
+    text: str
+    tokens: TokenCounts
+    # A short preview of a long tool output and its tokens, shown when the hot path must shed tokens.
+    mask_text: str | None = None
+    mask_tokens: TokenCounts | None = None
+    # Which thread wrote it, and its seq there; a view orders records by ``seq`` = session seq.
+    thread_id: str = ""
+    thread_seq: int = 0
+    body: RecordBody = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Frozen: the derived fields are set once, here. A kind given as its string value is accepted.
+        kind = RecordKind(self.kind)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "body", parse_body(kind, self.payload))

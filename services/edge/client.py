@@ -1,0 +1,368 @@
+"""The Python client of the fleet, as agent runtimes and the CLI use it.
+
+``append`` publishes an event to JetStream with ``Nats-Msg-Id`` = thread + event key, so a retried
+publish is dropped by the server within its window and by the recorder after it. ``prepare``
+asks the assembler (request/reply) and raises the typed error of an error reply.
+
+A client speaks for one tenant (``tenant``, ``default`` unless told): every subject it uses names it,
+and the NATS server's permissions decide whether this identity may. Replies come back on inboxes
+under ``_INBOX.<user>``, the only inboxes a runtime identity may subscribe to, so no other client
+can read them.
+
+Every request carries the caller's deadline (``ctx-deadline-ms``, epoch milliseconds), so an
+assembler never computes an answer nobody waits for. While the connection is down the client keeps
+reconnecting, and requests fail at once with ``FleetUnavailable`` instead of hanging until timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import (
+    ConnectionClosedError,
+    ConnectionDrainingError,
+    ConnectionReconnectingError,
+    MaxPayloadError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+)
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+
+from contracts import (
+    SEARCH,
+    SearchReply,
+    SearchRequest,
+    OPERATION_STATUS,
+    OperationStatusRequest,
+    Receipt,
+    TOOLS_REGISTER,
+    CatalogRegistered,
+    ToolCatalog,
+    POLICY_REGISTER,
+    READ,
+    ContextPolicy,
+    ErrorReply,
+    Event,
+    InspectRequest,
+    PolicyRegistered,
+    PreparedContext,
+    PrepareRequest,
+    ReadReply,
+    ReadRequest,
+    SessionInspection,
+    ThreadInspection,
+    session_inspect_subject,
+)
+from contracts.ids import is_identifier
+from contracts.subjects import (
+    DEFAULT_TENANT,
+    EVENTS_STREAM,
+    check_tenant,
+    events_subject,
+    inspect_subject,
+    msg_id_of,
+    prepare_subject,
+    tenant_subject,
+)
+
+from services.errors import CtxError, FleetUnavailable, PayloadTooLarge, PermissionDenied, error_from_reply
+from services.settings import redact_url
+
+__all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "inbox_prefix", "msg_id_of"]
+
+# The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
+DEADLINE_HEADER = "ctx-deadline-ms"
+# Errors of a connection that is down (reconnecting, draining, closed): the fleet is unreachable.
+_DISCONNECTED = (ConnectionClosedError, ConnectionReconnectingError, ConnectionDrainingError, OutboundBufferLimitError)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """Where JetStream stored an event, and whether it was a duplicate publish."""
+
+    stream_seq: int
+    duplicate: bool
+
+
+async def connect_nats(
+    nats_url: str, *, name: str, max_reconnect_attempts: int = -1, reconnect_wait_s: float | None = 0.5, **options: Any
+) -> NatsClient:
+    """A connection for a long-running process: fail fast at start, then reconnect for ever.
+
+    A wrong password or an unreachable server at start is a configuration error to report now
+    (nats-py would otherwise retry for minutes); once connected, a broker restart or failover must
+    never leave a worker alive but permanently disconnected. ``max_reconnect_attempts`` (per
+    server, -1: no limit) and ``reconnect_wait_s`` (between attempts) apply after the first connect.
+    """
+    nc = NatsClient()
+    try:
+        await nc.connect(nats_url, name=name, allow_reconnect=False, connect_timeout=5, **options)
+    except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
+        await _close_quietly(nc)  # nats-py leaves the failed socket open
+        raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
+    nc.options["allow_reconnect"] = True
+    nc.options["max_reconnect_attempts"] = max_reconnect_attempts
+    if reconnect_wait_s is not None:
+        nc.options["reconnect_time_wait"] = reconnect_wait_s
+    return nc
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    try:
+        await nc.close()
+    except Exception:  # already closed or never opened: nothing left to release
+        pass
+    transport = getattr(nc, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The reply inboxes of ``user``: its permissions allow subscribing under this prefix only."""
+    return f"_INBOX.{user}" if user else "_INBOX"
+
+
+class FleetClient:
+    """A connection to the fleet over NATS, speaking for one tenant."""
+
+    def __init__(self, nc: NatsClient, denials: _Denials | None = None, *, tenant: str = DEFAULT_TENANT) -> None:
+        self.tenant = check_tenant(tenant)
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream(timeout=10.0)
+        self._denials = denials or _Denials()
+
+    @classmethod
+    async def connect(
+        cls,
+        nats_url: str,
+        *,
+        name: str = "ctxfleet-client",
+        tenant: str = DEFAULT_TENANT,
+        max_reconnect_attempts: int = -1,
+        reconnect_wait_s: float = 0.5,
+        **options: Any,
+    ) -> FleetClient:
+        """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS.
+
+        Args:
+            nats_url: The server(s), comma-separated for a cluster.
+            name: The connection name the server shows.
+            tenant: The tenant this client speaks for; the server refuses it another tenant's subjects.
+            max_reconnect_attempts: Reconnect attempts per server after a lost connection; -1 (the
+                default) reconnects for as long as the client lives.
+            reconnect_wait_s: Pause between attempts on one server.
+            options: Credentials and TLS, as ``nats.connect`` takes them.
+
+        Raises:
+            FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
+                retried, only a connection that was up and dropped).
+        """
+        denials = _Denials(options.pop("error_cb", None))
+        options.setdefault("inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username))
+        nc = await connect_nats(
+            nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s,
+            error_cb=denials.on_error, **options,
+        )
+        return cls(nc, denials, tenant=tenant)
+
+    async def __aenter__(self) -> FleetClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Drain and close the connection (just close it while it is down: nothing can drain)."""
+        if self._nc.is_closed:
+            return
+        if self._nc.is_connected:
+            await self._nc.drain()
+        else:
+            await self._nc.close()
+
+    async def append(self, event: Event, *, timeout: float = 10.0) -> AppendAck:
+        """Publish one event; returns once JetStream has stored it."""
+        data = event.model_dump_json().encode()
+        return await self._publish(event.thread_id, event.event_key, data, event.session_id, timeout)
+
+    async def append_raw(
+        self, thread_id: str, event_key: str, data: bytes, *, session_id: str | None = None, timeout: float = 10.0
+    ) -> AppendAck:
+        """Publish raw bytes as an event of ``thread_id`` (the fleet validates them).
+
+        The session routes the event (one partition per session); when not given it is read from the
+        body, and a body that says none is published under ``_`` to be dead-lettered. The
+        ``Nats-Msg-Id`` is derived from the body's own event key where it names one (the recorder
+        checks that), ``event_key`` otherwise.
+        """
+        body_session, body_key = _envelope_of(data)
+        return await self._publish(thread_id, body_key or event_key, data, session_id or body_session, timeout)
+
+    async def _publish(self, thread_id: str, event_key: str, data: bytes, session: str, timeout: float) -> AppendAck:
+        limit = self._nc.max_payload
+        if len(data) > limit:
+            raise PayloadTooLarge(len(data), limit)
+        self._ensure_connected(f"cannot append to {thread_id}")
+        subject = events_subject(self.tenant, session, thread_id)
+        try:
+            ack = await self._denials.guard(
+                subject,
+                self._js.publish(
+                    subject, data, stream=EVENTS_STREAM, timeout=timeout, headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)}
+                ),
+            )
+        except MaxPayloadError as exc:
+            raise PayloadTooLarge(len(data), limit) from exc
+        except (NoRespondersError, NatsTimeout, *_DISCONNECTED) as exc:
+            raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
+        return AppendAck(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
+
+    async def prepare(self, request: PrepareRequest, *, timeout: float | None = None) -> PreparedContext:
+        """The prepared context for the request's thread; raises the fleet's typed errors."""
+        thread_id = f"{request.run_id}.{request.instance_id}"
+        wait = timeout if timeout is not None else request.wait_ms / 1000 + 10.0
+        body = await self._request(prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait)
+        return PreparedContext.model_validate_json(body)
+
+    async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
+        """An operator's view of one thread."""
+        request = InspectRequest(limit=limit).model_dump_json().encode()
+        body = await self._request(inspect_subject(self.tenant, thread_id), request, timeout)
+        return ThreadInspection.model_validate_json(body)
+
+    async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
+        """An operator's view of a session: runs, threads, snapshots."""
+        subject = session_inspect_subject(self.tenant, session_id)
+        return SessionInspection.model_validate_json(await self._request(subject, b"{}", timeout))
+
+    async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
+        """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
+        return ReadReply.model_validate_json(await self._request(self._of_tenant(READ), request.model_dump_json().encode(), timeout))
+
+    async def register_policy(self, policy: ContextPolicy, *, timeout: float = 10.0) -> PolicyRegistered:
+        """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
+        body = await self._request(self._of_tenant(POLICY_REGISTER), policy.model_dump_json().encode(), timeout)
+        return PolicyRegistered.model_validate_json(body)
+
+    async def search(self, request: SearchRequest, *, timeout: float = 10.0) -> SearchReply:
+        """Full-text search within the request's session: pointers to read back, not evidence."""
+        body = await self._request(self._of_tenant(SEARCH), request.model_dump_json().encode(), timeout)
+        return SearchReply.model_validate_json(body)
+
+    async def operation_status(self, request: OperationStatusRequest, *, timeout: float = 10.0) -> Receipt:
+        """The receipt of an operation: ask before re-executing anything after a crash."""
+        body = await self._request(self._of_tenant(OPERATION_STATUS), request.model_dump_json().encode(), timeout)
+        return Receipt.model_validate_json(body)
+
+    async def register_catalog(self, catalog: ToolCatalog, *, timeout: float = 10.0) -> CatalogRegistered:
+        """Register a release's tool catalog (tools, declared reads and effects, state paths)."""
+        body = await self._request(self._of_tenant(TOOLS_REGISTER), catalog.model_dump_json().encode(), timeout)
+        return CatalogRegistered.model_validate_json(body)
+
+    def _of_tenant(self, base: str) -> str:
+        return tenant_subject(base, self.tenant)
+
+    def _ensure_connected(self, what: str) -> None:
+        # nats-py would buffer the publish and let the caller wait out its whole timeout.
+        if not self._nc.is_connected:
+            state = "closed" if self._nc.is_closed else "reconnecting"
+            raise FleetUnavailable(f"{what}: the NATS connection is {state}")
+
+    async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        self._ensure_connected(f"cannot request {subject}")
+        deadline = int(time.time() * 1000 + timeout * 1000)
+        try:
+            reply = await self._denials.guard(
+                subject, self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)})
+            )
+        except NoRespondersError as exc:
+            raise FleetUnavailable(f"no assembler is serving {subject}") from exc
+        except _DISCONNECTED as exc:
+            raise FleetUnavailable(f"the NATS connection dropped during {subject}: {type(exc).__name__}") from exc
+        except NatsTimeout as exc:
+            raise FleetUnavailable(f"no reply on {subject} within {timeout:.1f}s") from exc
+        if _is_error(reply.data):
+            raise error_from_reply(ErrorReply.model_validate_json(reply.data))
+        return reply.data
+
+
+_DENIED = re.compile(r'permissions violation for publish to "(?P<subject>[^"]+)"', re.IGNORECASE)
+_T = TypeVar("_T")
+
+
+class _Denials:
+    """Fails a publish or request at once when the broker refuses this identity its subject.
+
+    The server reports a permissions violation asynchronously (an ``-ERR`` to the connection's
+    error callback), and the message is simply not delivered: without this a request would wait
+    out its whole timeout and end as ``fleet_unavailable``, which a runtime would retry.
+    """
+
+    def __init__(self, chained: Callable[[Exception], Awaitable[None]] | None = None) -> None:
+        self._chained = chained
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
+
+    async def on_error(self, exc: Exception) -> None:
+        found = _DENIED.search(str(exc))
+        if found is not None:
+            for waiter in self._waiting.get(found["subject"], ()):
+                if not waiter.done():
+                    waiter.set_exception(PermissionDenied(found["subject"]))
+        if self._chained is not None:
+            await self._chained(exc)
+
+    async def guard(self, subject: str, work: Awaitable[_T]) -> _T:
+        """``work``'s result, or ``PermissionDenied`` as soon as the broker refuses ``subject``."""
+        denied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(subject, []).append(denied)
+        task = asyncio.ensure_future(work)
+        either: list[asyncio.Future[Any]] = [task, denied]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)  # never wait unboundedly on a cancelled task
+                denied.result()  # raises PermissionDenied
+            return task.result()
+        finally:
+            waiters = self._waiting.get(subject, [])
+            if denied in waiters:
+                waiters.remove(denied)
+            if not waiters:
+                self._waiting.pop(subject, None)
+            if not denied.done():
+                denied.cancel()
+            elif not denied.cancelled():
+                denied.exception()  # retrieved: a denial that lost the race is not an unhandled error
+
+
+def _envelope_of(data: bytes) -> tuple[str, str | None]:
+    """The session (``_`` if none) and event key (if any) a raw body names."""
+    try:
+        body = json.loads(data)
+        session, key = body.get("session_id"), body.get("event_key")
+    except (ValueError, AttributeError, UnicodeDecodeError, RecursionError):
+        return "_", None
+    return (
+        session if isinstance(session, str) and is_identifier(session) else "_",
+        key if isinstance(key, str) else None,
+    )
+
+
+def _is_error(data: bytes) -> bool:
+    try:
+        return bool(json.loads(data).get("type") == "error")
+    except (ValueError, AttributeError) as exc:
+        raise CtxError(f"unreadable reply from the fleet: {exc}") from exc
