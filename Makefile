@@ -29,9 +29,10 @@ test-unit: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-## ruff over the whole tree (bugs, not taste: see [tool.ruff.lint] in pyproject.toml).
+## ruff over the whole tree: the checks of [tool.ruff.lint] in pyproject.toml, and the formatting.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 ## Every chaos scenario at full scale (kills, restarts, duplicates, poison; bounded to about 10 minutes).
 chaos: $(STAMP)

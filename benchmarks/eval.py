@@ -39,7 +39,9 @@ SYNTHETIC_STEPS = 1000
 SYNTHETIC_BUDGET = 8000
 
 
-async def bench_eval(servers: Servers, settings: Settings, *, samples: Path = SAMPLES_DIR) -> dict[str, JsonValue]:
+async def bench_eval(
+    servers: Servers, settings: Settings, *, samples: Path = SAMPLES_DIR
+) -> dict[str, JsonValue]:
     """Every figure above, from one fleet on ``servers``."""
     traces, prompt = _load(samples)
     prompted = [EvalTrace(t.name, tuple(with_system_prompt(t.lines, prompt))) for t in traces]
@@ -47,8 +49,12 @@ async def bench_eval(servers: Servers, settings: Settings, *, samples: Path = SA
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             started = time.perf_counter()
-            plain = await evaluate(client, traces, BUDGETS, session_prefix=f"bench-eval-{uuid.uuid4().hex[:8]}")
-            large = await evaluate(client, prompted, PROMPT_BUDGETS, session_prefix=f"bench-evalp-{uuid.uuid4().hex[:8]}")
+            plain = await evaluate(
+                client, traces, BUDGETS, session_prefix=f"bench-eval-{uuid.uuid4().hex[:8]}"
+            )
+            large = await evaluate(
+                client, prompted, PROMPT_BUDGETS, session_prefix=f"bench-evalp-{uuid.uuid4().hex[:8]}"
+            )
             replay_s = time.perf_counter() - started
             synthetic = await _synthetic(client)
     finally:
@@ -61,7 +67,9 @@ async def bench_eval(servers: Servers, settings: Settings, *, samples: Path = SA
         "longest_trace": {
             "trace": LONGEST,
             "summary_tokens_end_by_budget": {
-                str(s.budget): s.systems["ctxfleet"].summary_tokens_end for s in plain.traces if s.trace == LONGEST
+                str(s.budget): s.systems["ctxfleet"].summary_tokens_end
+                for s in plain.traces
+                if s.trace == LONGEST
             },
         },
         "synthetic": synthetic,
@@ -92,11 +100,25 @@ def _figures(report: EvalReport) -> dict[str, JsonValue]:
 async def _synthetic(client: FleetClient) -> dict[str, JsonValue]:
     lines = synthetic_trace(SYNTHETIC_STEPS)
     ratio = CompactionPolicy().summary_ratio
-    await client.register_policy(ContextPolicy(name=policy_name(SYNTHETIC_BUDGET), model_profile=None, budget_tokens=SYNTHETIC_BUDGET))
-    run = await run_through_fleet(client, lines, session_id=f"bench-synth-{uuid.uuid4().hex[:8]}", budget=SYNTHETIC_BUDGET)
+    await client.register_policy(
+        ContextPolicy(name=policy_name(SYNTHETIC_BUDGET), model_profile=None, budget_tokens=SYNTHETIC_BUDGET)
+    )
+    run = await run_through_fleet(
+        client, lines, session_id=f"bench-synth-{uuid.uuid4().hex[:8]}", budget=SYNTHETIC_BUDGET
+    )
     summaries = [o.summary_tokens for o in run.outcomes if isinstance(o, FleetContext)]
-    score = score_trace("synthetic", lines, SYNTHETIC_BUDGET, run.outcomes, ContextCounter(counter_for("o200k_base")),
-                        compactions=run.compactions).systems["ctxfleet"].as_json()
+    score = (
+        score_trace(
+            "synthetic",
+            lines,
+            SYNTHETIC_BUDGET,
+            run.outcomes,
+            ContextCounter(counter_for("o200k_base")),
+            compactions=run.compactions,
+        )
+        .systems["ctxfleet"]
+        .as_json()
+    )
     return {
         "steps": SYNTHETIC_STEPS,
         "budget": SYNTHETIC_BUDGET,

@@ -48,7 +48,11 @@ class _Worker:
         command = [str(_CTXFLEET)] if _CTXFLEET.exists() else [sys.executable, "-m", "infra.cli"]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [*command, "worker", name], cwd=ROOT, env={**env, "CTX_HTTP_PORT": str(self.port)}, stdout=out, stderr=subprocess.STDOUT
+                [*command, "worker", name],
+                cwd=ROOT,
+                env={**env, "CTX_HTTP_PORT": str(self.port)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     def ready_after(self, timeout: float = 60.0) -> float:
@@ -83,13 +87,20 @@ class _Worker:
             self.proc.wait()
 
 
-async def bench_ops(nats_url: str, database_url: str, tmp: Path, *, rounds: int = 3, sessions: int = 24) -> dict[str, object]:
+async def bench_ops(
+    nats_url: str, database_url: str, tmp: Path, *, rounds: int = 3, sessions: int = 24
+) -> dict[str, object]:
     """Start-to-ready, idle RSS and drain-under-load figures for every worker kind."""
     # What the migration Job does once; workers never migrate or provision.
     await migrate(database_url)
     await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
-    env.update(CTX_NATS_URL=nats_url, CTX_DATABASE_URL=database_url, CTX_DATA_DIR=str(tmp / "data"), CTX_LOG_LEVEL="INFO")
+    env.update(
+        CTX_NATS_URL=nats_url,
+        CTX_DATABASE_URL=database_url,
+        CTX_DATA_DIR=str(tmp / "data"),
+        CTX_LOG_LEVEL="INFO",
+    )
     logs = tmp / "ops-logs"
     logs.mkdir(exist_ok=True)
     ready: dict[str, list[float]] = {name: [] for name in WORKER_NAMES}
@@ -134,7 +145,11 @@ async def bench_ops(nats_url: str, database_url: str, tmp: Path, *, rounds: int 
             for name in WORKER_NAMES:
                 loaded_rss = fleet[name].rss_mb()
                 code, took = await asyncio.to_thread(fleet[name].drain)
-                drains[name] = {"drain_s": round(took, 3), "exit_code": code, "rss_before_mb": round(loaded_rss, 1)}
+                drains[name] = {
+                    "drain_s": round(took, 3),
+                    "exit_code": code,
+                    "rss_before_mb": round(loaded_rss, 1),
+                }
                 fleet[name] = _Worker(name, env, logs / f"{name}.log")
                 await asyncio.to_thread(fleet[name].ready_after)
                 await asyncio.sleep(1.0)
@@ -146,18 +161,26 @@ async def bench_ops(nats_url: str, database_url: str, tmp: Path, *, rounds: int 
         try:
             deadline = time.monotonic() + 30
             while True:
-                recorded = int(await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id LIKE 'ops-%'"))
+                recorded = int(
+                    await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id LIKE 'ops-%'")
+                )
                 if recorded >= expected_events or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
-            distinct = int(await conn.fetchval("SELECT count(DISTINCT (thread_id, event_key)) FROM ctx.records WHERE session_id LIKE 'ops-%'"))
+            distinct = int(
+                await conn.fetchval(
+                    "SELECT count(DISTINCT (thread_id, event_key)) FROM ctx.records WHERE session_id LIKE 'ops-%'"
+                )
+            )
         finally:
             await conn.close()
     finally:
         for worker in [*fleet.values(), spare]:
             worker.kill()
     return {
-        "start_to_ready_s": {n: {"median": round(statistics.median(v), 2), "max": round(max(v), 2)} for n, v in ready.items()},
+        "start_to_ready_s": {
+            n: {"median": round(statistics.median(v), 2), "max": round(max(v), 2)} for n, v in ready.items()
+        },
         "idle_rss_mb": {n: round(statistics.median(v), 1) for n, v in rss.items()},
         "drain_under_load": drains,
         "load": {

@@ -77,7 +77,10 @@ def _server_quantiles(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
         text = reply.read().decode()
     out: dict[str, float] = {}
-    for metric, key in (("ctx_prepare_seconds", "server_prepare"), ("ctx_request_queue_seconds", "server_queue")):
+    for metric, key in (
+        ("ctx_prepare_seconds", "server_prepare"),
+        ("ctx_request_queue_seconds", "server_queue"),
+    ):
         buckets: dict[float, float] = {}
         for line in text.splitlines():
             if line.startswith(f"{metric}_bucket{{"):
@@ -97,13 +100,19 @@ async def _seed(client: FleetClient, threads: int, events: int) -> list[PrepareR
         t = Thread(session_id=f"overload-{uuid.uuid4().hex[:8]}")
         for i in range(events):
             await client.append(t.user(f"question {i} about the parser " + "context " * 40, key=f"e{i}"))
-        request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o")
-        await client.prepare(request.model_copy(update={"after_event_key": f"e{events - 1}", "wait_ms": 30_000}))
+        request = PrepareRequest(
+            session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o"
+        )
+        await client.prepare(
+            request.model_copy(update={"after_event_key": f"e{events - 1}", "wait_ms": 30_000})
+        )
         requests.append(request)
     return requests
 
 
-async def _load(client: FleetClient, requests: list[PrepareRequest], loops: int, seconds: float) -> dict[str, float | int]:
+async def _load(
+    client: FleetClient, requests: list[PrepareRequest], loops: int, seconds: float
+) -> dict[str, float | int]:
     admitted: list[float] = []
     overloaded = timeouts = 0
     stop_at = time.monotonic() + seconds
@@ -139,14 +148,26 @@ async def _load(client: FleetClient, requests: list[PrepareRequest], loops: int,
 
 
 async def bench_overload(
-    nats_url: str, database_url: str, tmp: Path, *, loops: int = 300, seconds: float = 20.0, threads: int = 6, events: int = 40
+    nats_url: str,
+    database_url: str,
+    tmp: Path,
+    *,
+    loops: int = 300,
+    seconds: float = 20.0,
+    threads: int = 6,
+    events: int = 40,
 ) -> dict[str, object]:
     """Admitted p50/p99 and the overloaded share under ``loops`` concurrent prepare loops, per configuration."""
     await migrate(database_url)
     await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     base.update(CTX_NATS_URL=nats_url, CTX_DATABASE_URL=database_url, CTX_DATA_DIR=str(tmp / "data"))
-    results: dict[str, object] = {"loops": loops, "seconds": seconds, "threads": threads, "events_per_thread": events}
+    results: dict[str, object] = {
+        "loops": loops,
+        "seconds": seconds,
+        "threads": threads,
+        "events_per_thread": events,
+    }
     for name, overrides in _CONFIGS.items():
         proc, port = _spawn({**base, **overrides}, tmp / f"overload-{name}.log")
         try:

@@ -57,8 +57,11 @@ def _one_round(name: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env.update(CTX_DATA_DIR=str(data_dir), CTX_HTTP_PORT=str(port))
     up = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--no-replay"], cwd=_ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
+        cwd=_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait(lambda: _ready(port), "first ready")

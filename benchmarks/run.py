@@ -56,12 +56,17 @@ from .search import bench_index_lag, bench_search_session
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def bench_burst(servers: Servers, settings: Settings, *, threads: int, per_thread: int) -> dict[str, float]:
+async def bench_burst(
+    servers: Servers, settings: Settings, *, threads: int, per_thread: int
+) -> dict[str, float]:
     fleet = await start_fleet(settings, servers)
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             pool = [Thread(session_id=f"bench-{uuid.uuid4().hex[:8]}") for _ in range(threads)]
-            events = [[t.user(f"{t.run_id} event {i} " + "payload " * 20, key=f"b{i}") for i in range(per_thread)] for t in pool]
+            events = [
+                [t.user(f"{t.run_id} event {i} " + "payload " * 20, key=f"b{i}") for i in range(per_thread)]
+                for t in pool
+            ]
             conn = await asyncpg.connect(servers.database_url)
             before = int(await conn.fetchval("SELECT count(*) FROM ctx.records"))
             started = time.perf_counter()
@@ -95,7 +100,9 @@ async def bench_prepare(servers: Servers, settings: Settings) -> dict[str, objec
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             for sample in sorted(SAMPLES_DIR.glob("*.jsonl")):
-                report = await replay_trace(client, read_trace(sample), ReplayOptions(session_id=f"bench-{uuid.uuid4().hex[:10]}"))
+                report = await replay_trace(
+                    client, read_trace(sample), ReplayOptions(session_id=f"bench-{uuid.uuid4().hex[:10]}")
+                )
                 lat = [float(p["latency_ms"]) for p in report.prepares if "error" not in p]  # type: ignore[arg-type]
                 latencies += lat
                 per_trace[sample.name] = {
@@ -141,14 +148,22 @@ def bench_cold_start() -> dict[str, float]:
         timings = []
         for _ in range(2):
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "infra.cli", "up", "--exit-after-replay"], cwd=ROOT, env=env, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "infra.cli", "up", "--exit-after-replay"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             timings.append(time.perf_counter() - started)
         return {"first_up_s": round(timings[0], 2), "second_up_s": round(timings[1], 2)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-async def bench_busy(servers: Servers, settings: Settings, *, budget: int, steps: int = 120) -> dict[str, object]:
+async def bench_busy(
+    servers: Servers, settings: Settings, *, budget: int, steps: int = 120
+) -> dict[str, object]:
     fleet = await start_fleet(settings, servers)
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
@@ -160,31 +175,56 @@ async def bench_busy(servers: Servers, settings: Settings, *, budget: int, steps
             latencies: list[float] = []
             compacted = 0
             for i in range(steps):
-                await client.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"pytest tests/test_{i}.py"}),)))
+                await client.append(
+                    t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"pytest tests/test_{i}.py"}),))
+                )
                 await client.append(t.outcome(f"c{i}", f"test output {i}\n" * 60, key=f"o{i}"))
-                request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=budget, after_event_key=f"o{i}")
+                request = PrepareRequest(
+                    session_id=t.session_id,
+                    run_id=t.run_id,
+                    instance_id="main",
+                    budget_tokens=budget,
+                    after_event_key=f"o{i}",
+                )
                 started = time.perf_counter()
                 prepared = await client.prepare(request)
                 latencies.append((time.perf_counter() - started) * 1000)
                 compacted = prepared.view_revision
     finally:
         await fleet.stop()
-    return {"budget": budget, "prepares": steps, "summaries": compacted, "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2)}
+    return {
+        "budget": budget,
+        "prepares": steps,
+        "summaries": compacted,
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+    }
 
 
 async def bench_small_budget(
     servers: Servers, settings: Settings, traces: list[Path], *, budget: int = 16_000
 ) -> dict[str, object]:
     fleet = await start_fleet(settings, servers)
-    totals = {"traces": len(traces), "prepares": 0, "errors": 0, "over_budget": 0, "compactions": 0, "compaction_failures": 0,
-              "hot_path_waits": 0, "prepared_tokens_sum": 0, "full_history_tokens_sum": 0}
+    totals = {
+        "traces": len(traces),
+        "prepares": 0,
+        "errors": 0,
+        "over_budget": 0,
+        "compactions": 0,
+        "compaction_failures": 0,
+        "hot_path_waits": 0,
+        "prepared_tokens_sum": 0,
+        "full_history_tokens_sum": 0,
+    }
     latencies: list[float] = []
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             name = f"bench-{budget}"
             await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
             for trace in traces:
-                options = ReplayOptions(session_id=f"sb-{uuid.uuid4().hex[:10]}", budget_tokens=budget, policy=name)
+                options = ReplayOptions(
+                    session_id=f"sb-{uuid.uuid4().hex[:10]}", budget_tokens=budget, policy=name
+                )
                 report = await replay_trace(client, read_trace(trace), options)
                 for key in totals:
                     if key != "traces":
@@ -192,10 +232,17 @@ async def bench_small_budget(
                 latencies += [float(p["latency_ms"]) for p in report.prepares if "error" not in p]  # type: ignore[arg-type]
     finally:
         await fleet.stop()
-    return {**totals, "budget": budget, "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2)}
+    return {
+        **totals,
+        "budget": budget,
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+    }
 
 
-async def bench_compactors(servers: Servers, settings: Settings, tmp: Path, *, replicas: int, threads: int = 200) -> dict[str, object]:
+async def bench_compactors(
+    servers: Servers, settings: Settings, tmp: Path, *, replicas: int, threads: int = 200
+) -> dict[str, object]:
     no_compactor = settings.model_copy(update={"workers": "recorder,assembler,budgeter"})
     fleet = await start_fleet(no_compactor, servers)
     procs: list[subprocess.Popen[bytes]] = []
@@ -209,25 +256,51 @@ async def bench_compactors(servers: Servers, settings: Settings, tmp: Path, *, r
                 await client.append(t.system("Agent.").model_copy(update={"policy": name}))
                 await client.append(t.user("Investigate the logs", key="task"))
                 for i in range(24):  # about 4,300 tokens: over the 80% trigger of the 4,000-token policy
-                    await client.append(t.assistant(f"read {i}", calls=((f"c{i}", "bash", {"cmd": f"cat log{i}"}),)))
+                    await client.append(
+                        t.assistant(f"read {i}", calls=((f"c{i}", "bash", {"cmd": f"cat log{i}"}),))
+                    )
                     await client.append(t.outcome(f"c{i}", f"log line {i}\n" * 40, key=f"o{i}"))
 
             await asyncio.gather(*(history(t) for t in pool))
             conn = await asyncpg.connect(servers.database_url)
             deadline = time.monotonic() + 60
-            while int(await conn.fetchval("SELECT count(*) FROM ctx.thread_views WHERE pending_fingerprint IS NOT NULL")) < threads:
+            while (
+                int(
+                    await conn.fetchval(
+                        "SELECT count(*) FROM ctx.thread_views WHERE pending_fingerprint IS NOT NULL"
+                    )
+                )
+                < threads
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError("the budgeter did not queue a job for every thread")
                 await asyncio.sleep(0.05)
-            env = {**os.environ, "CTX_NATS_URL": servers.nats_url, "CTX_DATABASE_URL": servers.database_url, "CTX_DATA_DIR": str(tmp / "cdata")}
+            env = {
+                **os.environ,
+                "CTX_NATS_URL": servers.nats_url,
+                "CTX_DATABASE_URL": servers.database_url,
+                "CTX_DATA_DIR": str(tmp / "cdata"),
+            }
             started = time.perf_counter()
             for i in range(replicas):
-                procs.append(subprocess.Popen([sys.executable, "-m", "infra.cli", "worker", "compactor"], cwd=ROOT, env={**env, "CTX_RECORDER_ID": f"compactor-{i}"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "infra.cli", "worker", "compactor"],
+                        cwd=ROOT,
+                        env={**env, "CTX_RECORDER_ID": f"compactor-{i}"},
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
             while int(await conn.fetchval("SELECT count(DISTINCT thread_id) FROM ctx.summaries")) < threads:
                 await asyncio.sleep(0.02)
             wall = time.perf_counter() - started
             # Throughput from the first commit to the last: process start-up is not compaction work.
-            span = float(await conn.fetchval("SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM ctx.summaries"))
+            span = float(
+                await conn.fetchval(
+                    "SELECT extract(epoch FROM max(created_at) - min(created_at)) FROM ctx.summaries"
+                )
+            )
             await conn.close()
     finally:
         for p in procs:
@@ -243,7 +316,9 @@ async def bench_compactors(servers: Servers, settings: Settings, tmp: Path, *, r
     }
 
 
-async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, records: int = 5_000, questions: int = 10) -> dict[str, object]:
+async def bench_sessions(
+    servers: Servers, settings: Settings, *, budget: int, records: int = 5_000, questions: int = 10
+) -> dict[str, object]:
     """The 10th question of a session whose history holds ``records`` records."""
     fleet = await start_fleet(settings, servers)
     try:
@@ -257,14 +332,30 @@ async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, r
                 first = t.user(f"question {q}: what changed in module {q}?", key="q")
                 await client.append(first.model_copy(update={"policy": name}) if q == 1 else first)
                 for i in range(per_run):
-                    await client.append(t.assistant(f"q{q} step {i}", calls=((f"c{i}", "bash", {"cmd": f"git show HEAD~{i} -- mod{q}.py"}),)))
-                    await client.append(t.outcome(f"c{i}", f"diff --git a/mod{q}.py b/mod{q}.py\n+line {i}\n", key=f"o{i}"))
+                    await client.append(
+                        t.assistant(
+                            f"q{q} step {i}",
+                            calls=((f"c{i}", "bash", {"cmd": f"git show HEAD~{i} -- mod{q}.py"}),),
+                        )
+                    )
+                    await client.append(
+                        t.outcome(f"c{i}", f"diff --git a/mod{q}.py b/mod{q}.py\n+line {i}\n", key=f"o{i}")
+                    )
                 await client.append(t.run_status("completed", key="end"))
                 # How long the next run's first prepare (snapshot load included) takes as the session grows.
                 probe = t.next_run()
                 await client.append(probe.user("probe", key="q"))
                 started = time.perf_counter()
-                await client.prepare(PrepareRequest(session_id=probe.session_id, run_id=probe.run_id, instance_id="main", budget_tokens=budget, after_event_key="q", wait_ms=30_000))
+                await client.prepare(
+                    PrepareRequest(
+                        session_id=probe.session_id,
+                        run_id=probe.run_id,
+                        instance_id="main",
+                        budget_tokens=budget,
+                        after_event_key="q",
+                        wait_ms=30_000,
+                    )
+                )
                 first_load.append((time.perf_counter() - started) * 1000)
                 await client.append(probe.run_status("completed", key="end"))
                 t = probe.next_run()
@@ -272,14 +363,23 @@ async def bench_sessions(servers: Servers, settings: Settings, *, budget: int, r
             latencies: list[float] = []
             after = "q"
             for i in range(30):
-                request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=budget, after_event_key=after, wait_ms=30_000)
+                request = PrepareRequest(
+                    session_id=t.session_id,
+                    run_id=t.run_id,
+                    instance_id="main",
+                    budget_tokens=budget,
+                    after_event_key=after,
+                    wait_ms=30_000,
+                )
                 started = time.perf_counter()
                 prepared = await client.prepare(request)
                 latencies.append((time.perf_counter() - started) * 1000)
                 await client.append(t.assistant(f"final step {i}", key=f"f{i}"))
                 after = f"f{i}"
             conn = await asyncpg.connect(servers.database_url)
-            total = int(await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id = $1", t.session_id))
+            total = int(
+                await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id = $1", t.session_id)
+            )
             await conn.close()
     finally:
         await fleet.stop()
@@ -302,13 +402,21 @@ async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]
 
     catalog = ToolCatalog(
         release="bench@1",
-        paths=(PathRule(pattern="item:{id}.location", kind="business_fact"), PathRule(pattern="order:{id}.status", kind="business_fact")),
+        paths=(
+            PathRule(pattern="item:{id}.location", kind="business_fact"),
+            PathRule(pattern="order:{id}.status", kind="business_fact"),
+        ),
         tools=(ToolSpec(name="locate", reads=("item:{id}.location",)),),
     )
 
     def patch(t: Thread, n: int) -> StatePatchEvent:
-        payload = StatePatchPayload(source="orchestrator", ops=(PatchOp(op="set", path=f"item:{n % 50}.location", value=f"shelf_{n}"),))
-        return StatePatchEvent(payload=payload, event_key=f"p{n}", session_id=t.session_id, run_id=t.run_id, instance_id="main")
+        payload = StatePatchPayload(
+            source="orchestrator",
+            ops=(PatchOp(op="set", path=f"item:{n % 50}.location", value=f"shelf_{n}"),),
+        )
+        return StatePatchEvent(
+            payload=payload, event_key=f"p{n}", session_id=t.session_id, run_id=t.run_id, instance_id="main"
+        )
 
     results: dict[str, object] = {}
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
@@ -328,22 +436,54 @@ async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]
                         await client.append(patch(t, n))
 
                 await asyncio.gather(*(publish(t) for t in pool))
-                while int(await conn.fetchval("SELECT count(*) FROM ctx.state_facts")) - before < threads * per:
+                while (
+                    int(await conn.fetchval("SELECT count(*) FROM ctx.state_facts")) - before < threads * per
+                ):
                     await asyncio.sleep(0.01)
                 elapsed = time.perf_counter() - started
-                results[f"patch_commits_{label}"] = {"patches": threads * per, "seconds": round(elapsed, 2), "per_s": round(threads * per / elapsed, 1)}
+                results[f"patch_commits_{label}"] = {
+                    "patches": threads * per,
+                    "seconds": round(elapsed, 2),
+                    "per_s": round(threads * per / elapsed, 1),
+                }
             await conn.close()
     finally:
         await fleet.stop()
-    records = [(n, f"p{n}", "state_patch", {"source": "orchestrator", "ops": [{"op": "set", "path": f"item:{n % 5000}.location", "value": f"shelf_{n}"}], "based_on_version": {}, "evidence": []}, "", None) for n in range(1, 100_001)]
+    records = [
+        (
+            n,
+            f"p{n}",
+            "state_patch",
+            {
+                "source": "orchestrator",
+                "ops": [{"op": "set", "path": f"item:{n % 5000}.location", "value": f"shelf_{n}"}],
+                "based_on_version": {},
+                "evidence": [],
+            },
+            "",
+            None,
+        )
+        for n in range(1, 100_001)
+    ]
     started = time.perf_counter()
     rebuilt = rebuild_state(records, catalog)  # type: ignore[arg-type]
     results["rebuild_100k_events_s"] = round(time.perf_counter() - started, 2)
     counter = counter_for("o200k_base")
     whole = counter.count(render_facts(rebuilt.facts.values()))
     reads = [pattern_regex("item:{id}.location")]
-    sliced = [f for f in rebuilt.facts.values() if f.path in {"item:7.location", "item:8.location"} and any(p.match(f.path) for p in reads)]
-    results["projection_tokens"] = {"whole_state_dump": whole, "facts": len(rebuilt.facts), "two_fact_slice": counter.count(render_facts(sliced)), "assembler_cap_100_facts": counter.count(render_facts(sorted(rebuilt.facts.values(), key=lambda f: f.seq)[-100:]))}
+    sliced = [
+        f
+        for f in rebuilt.facts.values()
+        if f.path in {"item:7.location", "item:8.location"} and any(p.match(f.path) for p in reads)
+    ]
+    results["projection_tokens"] = {
+        "whole_state_dump": whole,
+        "facts": len(rebuilt.facts),
+        "two_fact_slice": counter.count(render_facts(sliced)),
+        "assembler_cap_100_facts": counter.count(
+            render_facts(sorted(rebuilt.facts.values(), key=lambda f: f.seq)[-100:])
+        ),
+    }
     return results
 
 
@@ -374,20 +514,42 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             pg_url = pg.start()
             owned.append(pg)
         results: dict[str, object] = {}
-        for name in ("burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "eval"):
+        for name in (
+            "burst",
+            "prepare",
+            "busy",
+            "small_budget",
+            "compactor",
+            "sessions",
+            "state",
+            "search",
+            "ops",
+            "overload",
+            "recovery",
+            "eval",
+        ):
             if args.only and name not in args.only:
                 continue
             db = await _fresh_database(pg_url)
-            settings = Settings(nats_url=nats_url, database_url=db, data_dir=tmp / "data", recorder_id="bench")
+            settings = Settings(
+                nats_url=nats_url, database_url=db, data_dir=tmp / "data", recorder_id="bench"
+            )
             servers = Servers(nats_url, db)
             await _reset_streams(nats_url)
             if name == "burst":
-                results["burst"] = await bench_burst(servers, settings, threads=args.threads, per_thread=args.events // args.threads)
+                results["burst"] = await bench_burst(
+                    servers, settings, threads=args.threads, per_thread=args.events // args.threads
+                )
                 db = await _fresh_database(pg_url)
                 await _reset_streams(nats_url)
-                only_recording = settings.model_copy(update={"database_url": db, "workers": "recorder,assembler"})
+                only_recording = settings.model_copy(
+                    update={"database_url": db, "workers": "recorder,assembler"}
+                )
                 results["burst_recorder_and_assembler_only"] = await bench_burst(
-                    Servers(nats_url, db), only_recording, threads=args.threads, per_thread=args.events // args.threads
+                    Servers(nats_url, db),
+                    only_recording,
+                    threads=args.threads,
+                    per_thread=args.events // args.threads,
                 )
             elif name == "prepare":
                 results["prepare"] = await bench_prepare(servers, settings)
@@ -397,13 +559,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     "with_compaction": await bench_busy(servers, settings, budget=8_000),
                 }
             elif name == "small_budget":
-                results["small_budget"] = await bench_small_budget(servers, settings, sorted(args.traces.glob("*.jsonl")))
+                results["small_budget"] = await bench_small_budget(
+                    servers, settings, sorted(args.traces.glob("*.jsonl"))
+                )
             elif name == "search":
                 lag = await bench_index_lag(servers, settings)
                 db2 = await _fresh_database(pg_url)
                 await _reset_streams(nats_url)
                 big = await bench_search_session(
-                    Servers(nats_url, db2), settings.model_copy(update={"database_url": db2}), records=args.search_records
+                    Servers(nats_url, db2),
+                    settings.model_copy(update={"database_url": db2}),
+                    records=args.search_records,
                 )
                 results["search"] = {"index_lag": lag, "session": big}
             elif name == "state":
@@ -429,7 +595,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 for replicas in (1, 2):
                     db = await _fresh_database(pg_url)
                     await _reset_streams(nats_url)
-                    runs.append(await bench_compactors(Servers(nats_url, db), settings.model_copy(update={"database_url": db}), tmp, replicas=replicas))
+                    runs.append(
+                        await bench_compactors(
+                            Servers(nats_url, db),
+                            settings.model_copy(update={"database_url": db}),
+                            tmp,
+                            replicas=replicas,
+                        )
+                    )
                 results["compactor"] = runs
         return results
     finally:
@@ -439,13 +612,40 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=100)
-    parser.add_argument("--traces", type=Path, default=SAMPLES_DIR, help="trace folder of small_budget (default: the bundled samples)")
-    parser.add_argument("--only", nargs="*", choices=["burst", "prepare", "busy", "small_budget", "compactor", "sessions", "state", "search", "ops", "overload", "recovery", "cold", "eval"])
+    parser.add_argument(
+        "--traces",
+        type=Path,
+        default=SAMPLES_DIR,
+        help="trace folder of small_budget (default: the bundled samples)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=[
+            "burst",
+            "prepare",
+            "busy",
+            "small_budget",
+            "compactor",
+            "sessions",
+            "state",
+            "search",
+            "ops",
+            "overload",
+            "recovery",
+            "cold",
+            "eval",
+        ],
+    )
     parser.add_argument("--search-records", type=int, default=100_000)
-    parser.add_argument("--overload-seconds", type=float, default=20.0, help="duration of each overload configuration")
+    parser.add_argument(
+        "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"
+    )
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
     if not args.only or "cold" in args.only:
@@ -457,7 +657,9 @@ def main() -> None:
     print(json.dumps({k: v for k, v in results.items() if k != "prepare"}, indent=2))
     prep = results.get("prepare")
     if isinstance(prep, dict):
-        print(f"prepare: {prep['prepares']} prepares over {len(prep['traces'])} traces, p50 {prep['p50_ms']} ms, p99 {prep['p99_ms']} ms")
+        print(
+            f"prepare: {prep['prepares']} prepares over {len(prep['traces'])} traces, p50 {prep['p50_ms']} ms, p99 {prep['p99_ms']} ms"
+        )
 
 
 if __name__ == "__main__":

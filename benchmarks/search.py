@@ -29,7 +29,13 @@ from tests.fixtures.builders import Thread
 
 __all__ = ["bench_index_lag", "bench_search_session"]
 
-_MODULES = ("django/db/models/query.py", "src/app/server.py", "lib/parser/lexer.rs", "pkg/api/handler.go", "web/src/App.tsx")
+_MODULES = (
+    "django/db/models/query.py",
+    "src/app/server.py",
+    "lib/parser/lexer.rs",
+    "pkg/api/handler.go",
+    "web/src/App.tsx",
+)
 _CODES = ("E1101", "W0612", "C0301", "TS2345", "E0308")
 
 
@@ -37,11 +43,19 @@ def _pair(t: Thread, n: int, rng: random.Random) -> list[object]:
     path = _MODULES[n % len(_MODULES)]
     code = _CODES[rng.randrange(len(_CODES))]
     trace = uuid.UUID(int=rng.getrandbits(128))
-    output = "".join(
-        f"{path}:{rng.randrange(1, 3000)}:{rng.randrange(80)}: {code} check failed for value {rng.randrange(10**6)}\n" for _ in range(6)
-    ) + f"request {trace} finished with status {rng.choice(('ok', 'error', 'timeout'))}\n"
+    output = (
+        "".join(
+            f"{path}:{rng.randrange(1, 3000)}:{rng.randrange(80)}: {code} check failed for value {rng.randrange(10**6)}\n"
+            for _ in range(6)
+        )
+        + f"request {trace} finished with status {rng.choice(('ok', 'error', 'timeout'))}\n"
+    )
     return [
-        t.assistant(f"step {n}: run the linter on {path}", calls=((f"c{n}", "bash", {"cmd": f"pylint {path}"}),), key=f"a{n}"),
+        t.assistant(
+            f"step {n}: run the linter on {path}",
+            calls=((f"c{n}", "bash", {"cmd": f"pylint {path}"}),),
+            key=f"a{n}",
+        ),
         t.outcome(f"c{n}", output, key=f"o{n}"),
     ]
 
@@ -55,7 +69,9 @@ async def _backlog(conn: asyncpg.Connection, sessions: list[str]) -> tuple[int, 
     return int(row["recorded"]), int(row["behind"])
 
 
-async def bench_index_lag(servers: Servers, settings: Settings, *, sessions: int = 100, pairs_per_session: int = 100) -> dict[str, object]:
+async def bench_index_lag(
+    servers: Servers, settings: Settings, *, sessions: int = 100, pairs_per_session: int = 100
+) -> dict[str, object]:
     """Recording at full speed over many sessions, with the indexer following."""
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
     try:
@@ -111,7 +127,9 @@ async def bench_index_lag(servers: Servers, settings: Settings, *, sessions: int
     }
 
 
-async def bench_search_session(servers: Servers, settings: Settings, *, records: int = 100_000, queries: int = 300) -> dict[str, object]:
+async def bench_search_session(
+    servers: Servers, settings: Settings, *, records: int = 100_000, queries: int = 300
+) -> dict[str, object]:
     """One session of ``records`` records: search latency, reindex time, index size per MB."""
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
     session = f"big-{uuid.uuid4().hex[:8]}"
@@ -121,7 +139,8 @@ async def bench_search_session(servers: Servers, settings: Settings, *, records:
             # One run per session at a time (design D3.2): its main instance and 19 children.
             run = f"r-{uuid.uuid4().hex[:10]}"
             threads = [Thread(session_id=session, run_id=run)] + [
-                Thread(session_id=session, run_id=run, instance_id=f"w{k}", parent_instance_id="main") for k in range(1, 20)
+                Thread(session_id=session, run_id=run, instance_id=f"w{k}", parent_instance_id="main")
+                for k in range(1, 20)
             ]
             per = records // 2 // len(threads)
             started = time.perf_counter()
@@ -141,9 +160,20 @@ async def bench_search_session(servers: Servers, settings: Settings, *, records:
                 await asyncio.sleep(0.1)
             loaded_s = time.perf_counter() - started
             count = int(await conn.fetchval("SELECT count(*) FROM ctx.records WHERE session_id=$1", session))
-            sample = [r["text"] for r in await conn.fetch(
-                "SELECT text FROM ctx.records WHERE session_id=$1 AND kind='tool_outcome' ORDER BY random() LIMIT 50", session)]
-            rare = [line.split()[1] for text in sample if text for line in text.splitlines() if line.startswith("request ")]
+            sample = [
+                r["text"]
+                for r in await conn.fetch(
+                    "SELECT text FROM ctx.records WHERE session_id=$1 AND kind='tool_outcome' ORDER BY random() LIMIT 50",
+                    session,
+                )
+            ]
+            rare = [
+                line.split()[1]
+                for text in sample
+                if text
+                for line in text.splitlines()
+                if line.startswith("request ")
+            ]
             common = ["check failed", "timeout", "linter"]
             mix = [*rare, *_CODES, *_MODULES, *common]
             latencies: list[float] = []
@@ -151,15 +181,21 @@ async def bench_search_session(servers: Servers, settings: Settings, *, records:
             hits = 0
             for i in range(queries):
                 t0 = time.perf_counter()
-                reply = await client.search(SearchRequest(session_id=session, query=mix[i % len(mix)], limit=20))
+                reply = await client.search(
+                    SearchRequest(session_id=session, query=mix[i % len(mix)], limit=20)
+                )
                 latencies.append((time.perf_counter() - t0) * 1000)
                 if mix[i % len(mix)] in common:
                     common_latencies.append(latencies[-1])
                 hits += bool(reply.hits)
-            text_bytes = int(await conn.fetchval(
-                """SELECT sum(COALESCE(octet_length(r.text), octet_length(b.content), 0) + octet_length(r.payload::text))
+            text_bytes = int(
+                await conn.fetchval(
+                    """SELECT sum(COALESCE(octet_length(r.text), octet_length(b.content), 0) + octet_length(r.payload::text))
                    FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
-                   WHERE r.session_id = $1""", session))
+                   WHERE r.session_id = $1""",
+                    session,
+                )
+            )
             index_bytes = int(await conn.fetchval("SELECT pg_total_relation_size('ctx.search_chunks')"))
             await fleet.stop()  # the operator's reindex, without the fleet's indexer racing it for the count
             pool = await asyncpg.create_pool(servers.database_url, min_size=1, max_size=5)

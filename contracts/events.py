@@ -353,7 +353,10 @@ def _parse_int(literal: str) -> int:
             ErrorCode.INVALID_EVENT,
             f"integer of {len(literal.lstrip('-'))} digits is outside signed 64-bit "
             f"(JSON_INT_MIN..JSON_INT_MAX = {JSON_INT_MIN}..{JSON_INT_MAX}); send it as a string",
-            {"limit": "JSON_INT_MIN" if literal.startswith("-") else "JSON_INT_MAX", "digits": len(literal.lstrip("-"))},
+            {
+                "limit": "JSON_INT_MIN" if literal.startswith("-") else "JSON_INT_MAX",
+                "digits": len(literal.lstrip("-")),
+            },
         )
     )
 

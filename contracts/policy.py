@@ -51,9 +51,13 @@ class CompactionPolicy(WireModel):
     def _target_below_trigger(self) -> CompactionPolicy:
         ratio = self.triggers.context_ratio
         if ratio is not None and self.target_context_ratio >= ratio:
-            raise ValueError(f"target_context_ratio ({self.target_context_ratio}) must be below context_ratio ({ratio})")
+            raise ValueError(
+                f"target_context_ratio ({self.target_context_ratio}) must be below context_ratio ({ratio})"
+            )
         if self.summary_ratio >= self.target_context_ratio:
-            raise ValueError(f"summary_ratio ({self.summary_ratio}) must be below target_context_ratio ({self.target_context_ratio})")
+            raise ValueError(
+                f"summary_ratio ({self.summary_ratio}) must be below target_context_ratio ({self.target_context_ratio})"
+            )
         return self
 
 

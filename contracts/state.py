@@ -36,7 +36,15 @@ OPERATION_STATUS = "ctx.operation.status"
 
 WriteSource = Literal["tool_effect", "user", "model_proposal", "orchestrator"]
 StateKind = Literal[
-    "tool_fact", "goal", "preference", "business_fact", "plan", "open_question", "audit", "constraint", "decision"
+    "tool_fact",
+    "goal",
+    "preference",
+    "business_fact",
+    "plan",
+    "open_question",
+    "audit",
+    "constraint",
+    "decision",
 ]
 _PATH = r"^[A-Za-z0-9_:\-]+(\.[A-Za-z0-9_\-]+)+$"
 _PATTERN = r"^[A-Za-z0-9_:\-{}]+(\.[A-Za-z0-9_\-{}]+)+$"

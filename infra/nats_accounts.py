@@ -33,7 +33,16 @@ from contracts.inspect import SESSION_INSPECT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
 from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
-from contracts.subjects import DEAD, DEFAULT_TENANT, EVENTS, EVENTS_STREAM, INSPECT, PREPARE, RECORDED, check_tenant
+from contracts.subjects import (
+    DEAD,
+    DEFAULT_TENANT,
+    EVENTS,
+    EVENTS_STREAM,
+    INSPECT,
+    PREPARE,
+    RECORDED,
+    check_tenant,
+)
 from services.settings import parse_tenants
 from workers.compactor import COMPACTOR_DURABLE
 
@@ -141,7 +150,11 @@ def tenant_permissions(tenant: str) -> SubjectPermissions:
     """
     t = check_tenant(tenant)
     return SubjectPermissions(
-        publish=(f"{EVENTS}.{t}.>", *(f"{s}.{t}.>" for s in _PER_TENANT_TREE), *(f"{s}.{t}" for s in _PER_TENANT)),
+        publish=(
+            f"{EVENTS}.{t}.>",
+            *(f"{s}.{t}.>" for s in _PER_TENANT_TREE),
+            *(f"{s}.{t}" for s in _PER_TENANT),
+        ),
         subscribe=(f"_INBOX.{runtime_user(t)}.>",),
     )
 
@@ -186,7 +199,9 @@ def password_variable(user: str) -> str:
     return f"NATS_PASSWORD_{user.upper().replace('-', '_')}"
 
 
-def authorization_conf(password: Callable[[str], str], users: Mapping[str, SubjectPermissions] | None = None) -> str:
+def authorization_conf(
+    password: Callable[[str], str], users: Mapping[str, SubjectPermissions] | None = None
+) -> str:
     """A NATS server ``authorization`` block; ``password(user)`` is the value as written in the conf.
 
     No ``no_auth_user``: a client that does not authenticate as one of ``users`` cannot connect.
@@ -237,14 +252,22 @@ def helm_users(tenants: Iterable[str] = DEFAULT_TENANTS) -> list[dict[str, objec
         }
         if grant.allow_responses:
             permissions["allow_responses"] = True
-        out.append({"user": user, "password": f"<< ${password_variable(user)} >>", "permissions": permissions})
+        out.append(
+            {"user": user, "password": f"<< ${password_variable(user)} >>", "permissions": permissions}
+        )
     return out
 
 
 def _main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m infra.nats_accounts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tenants", default=None, help="comma-separated tenants (default: $CTX_TENANTS, else 'default')")
-    parser.add_argument("--helm", action="store_true", help="print the Helm values' users (YAML) instead of auth.conf")
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.nats_accounts", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--tenants", default=None, help="comma-separated tenants (default: $CTX_TENANTS, else 'default')"
+    )
+    parser.add_argument(
+        "--helm", action="store_true", help="print the Helm values' users (YAML) instead of auth.conf"
+    )
     args = parser.parse_args()
     tenants = configured_tenants(args.tenants)
     if args.helm:

@@ -133,8 +133,14 @@ async def provision_streams(
         # Idempotent: creating a durable with the same config again is accepted; a changed one is updated.
         await js.add_consumer(JOBS_STREAM, config=_compactor_consumer())
     except APIError as exc:
-        hint = f" CTX_STREAM_REPLICAS={replicas} needs a JetStream cluster of at least {replicas} servers." if replicas > 1 else ""
-        raise ProvisionError(f"the server refused the fleet's streams: {exc.description or exc}.{hint}") from None
+        hint = (
+            f" CTX_STREAM_REPLICAS={replicas} needs a JetStream cluster of at least {replicas} servers."
+            if replicas > 1
+            else ""
+        )
+        raise ProvisionError(
+            f"the server refused the fleet's streams: {exc.description or exc}.{hint}"
+        ) from None
     return ProvisionResult(events=events, dead=dead, jobs=jobs)
 
 

@@ -47,7 +47,9 @@ class RebaselineReport:
         return self.plan.verdict.stream
 
 
-async def rebaseline(nats_url: str, database_url: str, settings: Settings, *, apply: bool) -> RebaselineReport:
+async def rebaseline(
+    nats_url: str, database_url: str, settings: Settings, *, apply: bool
+) -> RebaselineReport:
     """Compare the positions with the events stream and, if ``apply``, re-baseline them.
 
     Raises:
@@ -71,12 +73,16 @@ async def rebaseline(nats_url: str, database_url: str, settings: Settings, *, ap
                         f"the events stream {EVENTS_STREAM} does not exist: run 'ctxfleet provision' first"
                     ) from None
                 if info.created is None:
-                    raise RebaselineError(f"{EVENTS_STREAM}: the server reported no creation time (nats-server >= 2.10 does)")
+                    raise RebaselineError(
+                        f"{EVENTS_STREAM}: the server reported no creation time (nats-server >= 2.10 does)"
+                    )
                 stream = StreamFacts(EVENTS_STREAM, info.state.first_seq, info.state.last_seq, info.created)
                 plan = plan_rebaseline(positions, stream)
                 if apply and plan.resets:
                     if not await locked.lower(stream.created, plan.resets):
-                        raise RebaselineError("a position moved while re-baselining (is a recorder still recording?); run it again")
+                        raise RebaselineError(
+                            "a position moved while re-baselining (is a recorder still recording?); run it again"
+                        )
                 elif apply and plan.needed:
                     await locked.adopt(stream.created)
         finally:
@@ -115,5 +121,7 @@ def format_report(report: RebaselineReport) -> str:
             "events already recorded are recognised as duplicates"
         )
     else:
-        lines.append(f"dry run, nothing changed: run 'ctxfleet rebaseline --yes' to reset {len(plan.resets)} positions to {start}")
+        lines.append(
+            f"dry run, nothing changed: run 'ctxfleet rebaseline --yes' to reset {len(plan.resets)} positions to {start}"
+        )
     return "\n".join(lines)

@@ -99,7 +99,16 @@ class Servers:
             identity = server.identity()
             if identity is not None:
                 port = server.port if isinstance(server, EmbeddedNats) else None
-                records.append(ServerRecord(server.name, identity.pid, identity.create_time, str(server.store), str(server.log_path), port))
+                records.append(
+                    ServerRecord(
+                        server.name,
+                        identity.pid,
+                        identity.create_time,
+                        str(server.store),
+                        str(server.log_path),
+                        port,
+                    )
+                )
         write_server_records(self.data_dir, records)
         self._recorded.update(r.pid for r in records)
 
@@ -111,7 +120,10 @@ class Servers:
             except Exception as exc:  # one server failing to stop must not leave the other running
                 log.warning("stopping %s: %s", server.name, exc)
         # Only our own list: if the folder was removed and recreated under us, it is another run's.
-        if self.data_dir is not None and {r.pid for r in read_server_records(self.data_dir).values()} <= self._recorded:
+        if (
+            self.data_dir is not None
+            and {r.pid for r in read_server_records(self.data_dir).values()} <= self._recorded
+        ):
             forget_server_records(self.data_dir)
         self.owned.clear()
         if self._own_lock and self.lock is not None:
@@ -133,8 +145,12 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
     data_dir = settings.data_dir
     own_lock = lock is None
     held = lock if lock is not None else lock_data_folder(data_dir)
-    secure_folder(data_dir, DATA_FOLDER_MODE)  # credentials, endpoints and the broker's store: the owner's alone
-    servers = Servers(nats_url or "", database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock)
+    secure_folder(
+        data_dir, DATA_FOLDER_MODE
+    )  # credentials, endpoints and the broker's store: the owner's alone
+    servers = Servers(
+        nats_url or "", database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock
+    )
     try:
         previous_port = _recorded_port(data_dir)
         orphans = clear_orphans(data_dir, [data_dir / "postgres", data_dir / "nats"], timeout=_ORPHAN_STOP_S)
@@ -156,7 +172,8 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
                 port=previous_port,
                 sync_always=settings.nats_sync_always,
                 extra_config=authorization_conf(
-                    lambda user: json.dumps(credentials.password(user)), embedded_grants(settings.tenant_names)
+                    lambda user: json.dumps(credentials.password(user)),
+                    embedded_grants(settings.tenant_names),
                 ),
             )
             owned.append(broker)
@@ -189,11 +206,16 @@ async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
     if not servers.owned:
         await asyncio.Future()  # nothing of ours to watch: external servers have their own keepers
     await supervise(
-        servers.owned, restarts=settings.server_restarts, interval_s=settings.supervise_interval_s, on_restart=servers.record
+        servers.owned,
+        restarts=settings.server_restarts,
+        interval_s=settings.supervise_interval_s,
+        on_restart=servers.record,
     )
 
 
-async def migrate(database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def migrate(
+    database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR
+) -> list[str]:
     """Apply pending migrations."""
     options = settings.database_options() if settings is not None else {}
     conn = await pg_connect(database_url, **options)
@@ -203,7 +225,9 @@ async def migrate(database_url: str, settings: Settings | None = None, directory
         await conn.close()
 
 
-async def require_current_schema(database_url: str, settings: Settings, directory: Path = MIGRATIONS_DIR) -> None:
+async def require_current_schema(
+    database_url: str, settings: Settings, directory: Path = MIGRATIONS_DIR
+) -> None:
     """Refuse to serve on a database this build's migrations have not reached (the Job's task, not ours)."""
     conn = await pg_connect(database_url, **settings.database_options())
     try:
@@ -218,7 +242,9 @@ async def provision(nats_url: str, settings: Settings, *, force: bool = False) -
     """Check the broker and create or reconcile the streams."""
     nc = await connect_nats(nats_url, name="ctxfleet-provision", **settings.nats_options())
     try:
-        result = await provision_streams(nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas)
+        result = await provision_streams(
+            nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas
+        )
         log.info("streams: events %s, dead letters %s, jobs %s", result.events, result.dead, result.jobs)
         return result
     finally:

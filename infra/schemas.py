@@ -24,7 +24,15 @@ from workers.compose import create_docs_app
 __all__ = ["write_schemas"]
 
 _MODELS: tuple[type[BaseModel], ...] = (
-    PrepareRequest, PreparedContext, ErrorReply, DeadLetter, InspectRequest, ThreadInspection, SearchRequest, SearchReply, ReadRequest,
+    PrepareRequest,
+    PreparedContext,
+    ErrorReply,
+    DeadLetter,
+    InspectRequest,
+    ThreadInspection,
+    SearchRequest,
+    SearchReply,
+    ReadRequest,
 )
 
 

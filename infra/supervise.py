@@ -87,17 +87,29 @@ async def supervise(
             while history and now - history[0] > RESTART_WINDOW_S:
                 history.popleft()
             if len(history) >= restarts:
-                why = "restarts are off (CTX_SERVER_RESTARTS=0)" if restarts == 0 else (
-                    f"was restarted {len(history)} times in the last {RESTART_WINDOW_S / 60:.0f} minutes already"
+                why = (
+                    "restarts are off (CTX_SERVER_RESTARTS=0)"
+                    if restarts == 0
+                    else (
+                        f"was restarted {len(history)} times in the last {RESTART_WINDOW_S / 60:.0f} minutes already"
+                    )
                 )
                 raise ServerDied(server.name, status, server.log_path, why)
             history.append(now)
-            log.warning("%s %s; restarting it on the same address (%d of %d)", server.name, status, len(history), restarts)
+            log.warning(
+                "%s %s; restarting it on the same address (%d of %d)",
+                server.name,
+                status,
+                len(history),
+                restarts,
+            )
             started = clock()
             try:
                 # pg_ctl and the wait for the port block; the loop keeps serving meanwhile.
                 await asyncio.to_thread(server.restart)
             except EmbeddedServerError as exc:
-                raise ServerDied(server.name, status, server.log_path, f"could not be restarted ({exc})") from exc
+                raise ServerDied(
+                    server.name, status, server.log_path, f"could not be restarted ({exc})"
+                ) from exc
             on_restart()
             log.warning("%s restarted in %.2fs", server.name, clock() - started)

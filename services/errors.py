@@ -111,7 +111,9 @@ class CtxError(Exception):
 
     def to_reply(self) -> ErrorReply:
         """The wire form of this error."""
-        return ErrorReply(code=self.code, message=self.message, retryable=self.retryable, details=self.details)
+        return ErrorReply(
+            code=self.code, message=self.message, retryable=self.retryable, details=self.details
+        )
 
 
 class InvalidEvent(CtxError):
@@ -140,7 +142,9 @@ class DuplicateToolOutcome(InvalidEvent):
 
     def __init__(self, call_id: str, first_seq: int) -> None:
         super().__init__(
-            f"call {call_id!r} already has an outcome (record {first_seq})", call_id=call_id, first_seq=first_seq
+            f"call {call_id!r} already has an outcome (record {first_seq})",
+            call_id=call_id,
+            first_seq=first_seq,
         )
 
 
@@ -166,7 +170,6 @@ class ScopeViolation(InvalidEvent):
         )
         # The owner is not echoed on the wire: a dead letter must not leak another session's id.
         self.owner_session_id = owner_session_id
-
 
 
 class ForeignSession(ScopeViolation):
@@ -302,7 +305,9 @@ class AuthorityViolation(InvalidEvent):
     code = ErrorCode.AUTHORITY_VIOLATION
 
     def __init__(self, pattern: str, kind: str, source: str) -> None:
-        super().__init__(f"{source} may not write {kind} state ({pattern})", pattern=pattern, kind=kind, source=source)
+        super().__init__(
+            f"{source} may not write {kind} state ({pattern})", pattern=pattern, kind=kind, source=source
+        )
 
 
 class StaleStateVersion(InvalidEvent):
@@ -346,7 +351,9 @@ class UnknownOperation(InvalidEvent):
     code = ErrorCode.UNKNOWN_OPERATION
 
     def __init__(self, operation_id: str) -> None:
-        super().__init__(f"operation {operation_id!r} was never requested in this session", operation_id=operation_id)
+        super().__init__(
+            f"operation {operation_id!r} was never requested in this session", operation_id=operation_id
+        )
 
 
 class UnstorableEvent(InvalidEvent):
@@ -423,7 +430,9 @@ class PermissionDenied(CtxError):
     code = ErrorCode.PERMISSION_DENIED
 
     def __init__(self, subject: str) -> None:
-        super().__init__(f"permission denied: this NATS identity may not publish to {subject}", subject=subject)
+        super().__init__(
+            f"permission denied: this NATS identity may not publish to {subject}", subject=subject
+        )
 
 
 class Overloaded(CtxError):
@@ -453,7 +462,9 @@ class IntegrityError(CtxError):
     code = ErrorCode.INTEGRITY_ERROR
 
     def __init__(self, ref: str, actual: str) -> None:
-        super().__init__(f"{ref} fails its integrity check (content hashes to {actual})", ref=ref, actual=actual)
+        super().__init__(
+            f"{ref} fails its integrity check (content hashes to {actual})", ref=ref, actual=actual
+        )
 
 
 class ContentNotFound(CtxError):
@@ -485,7 +496,11 @@ class StoreRejected(InvalidRequest):
     """
 
     def __init__(self, error: str, sqlstate: str, cause: str) -> None:
-        super().__init__(f"the store refused the values ({error}, SQLSTATE {sqlstate}): {cause}", error=error, sqlstate=sqlstate)
+        super().__init__(
+            f"the store refused the values ({error}, SQLSTATE {sqlstate}): {cause}",
+            error=error,
+            sqlstate=sqlstate,
+        )
         self.cause = cause
 
 
@@ -495,7 +510,9 @@ class UnknownModelProfile(InvalidRequest):
     code = ErrorCode.UNKNOWN_MODEL_PROFILE
 
     def __init__(self, name: str, known: tuple[str, ...]) -> None:
-        super().__init__(f"unknown model profile {name!r}; known: {', '.join(known)}", name=name, known=list(known))
+        super().__init__(
+            f"unknown model profile {name!r}; known: {', '.join(known)}", name=name, known=list(known)
+        )
 
 
 class ThreadNotFound(InvalidRequest):

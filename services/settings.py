@@ -234,7 +234,9 @@ class Settings(BaseSettings):
         if value is not None:
             for one in value.split(","):
                 if urlsplit(one.strip()).scheme not in ("nats", "tls", "ws", "wss"):
-                    raise ValueError(f"must be nats://, tls://, ws:// or wss:// URLs, got {redact_url(one.strip())!r}")
+                    raise ValueError(
+                        f"must be nats://, tls://, ws:// or wss:// URLs, got {redact_url(one.strip())!r}"
+                    )
         return value
 
     @field_validator("database_url")

@@ -81,7 +81,9 @@ async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
     cancels those — requests that were delivered here and never answered. Idle means: every worker
     slot free and nothing queued.
     """
-    limiter, workers, queued = (getattr(subscriber, name, None) for name in ("limiter", "max_workers", "receive_stream"))
+    limiter, workers, queued = (
+        getattr(subscriber, name, None) for name in ("limiter", "max_workers", "receive_stream")
+    )
     if limiter is None or not isinstance(workers, int):
         return
     # Polled: FastStream's workers signal nothing when they go idle.
@@ -151,9 +153,13 @@ class Fleet:
             self.http_port = await self._http.start(host, port)
         except OSError as exc:
             self._http = None
-            raise InvalidConfiguration([f"CTX_HTTP_PORT: cannot listen on {host}:{port}: {exc.strerror or exc}"]) from None
+            raise InvalidConfiguration(
+                [f"CTX_HTTP_PORT: cannot listen on {host}:{port}: {exc.strerror or exc}"]
+            ) from None
 
-    async def _wait_for(self, prerequisites: Callable[[], Awaitable[None]], retry_on: tuple[type[BaseException], ...]) -> None:
+    async def _wait_for(
+        self, prerequisites: Callable[[], Awaitable[None]], retry_on: tuple[type[BaseException], ...]
+    ) -> None:
         deadline = time.monotonic() + self.settings.startup_wait_s
         while True:
             try:
@@ -249,7 +255,9 @@ class Fleet:
         """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers of this process."""
         if self._nc is None:
             return
-        await export_backlogs(self._nc, self.settings.worker_names, self.metrics, self.recorder, self.budgeter, self.indexer)
+        await export_backlogs(
+            self._nc, self.settings.worker_names, self.metrics, self.recorder, self.budgeter, self.indexer
+        )
 
     async def stop(self) -> None:
         """Stop pulling, finish and ack what is in hand, close connections. Safe to call twice.
@@ -270,15 +278,22 @@ class Fleet:
             log.info("shutdown: recorder stopped after %.2fs", time.perf_counter() - started)
         if broker is not None:
             try:
-                await asyncio.wait_for(_answer_what_was_delivered(broker), timeout=self.settings.shutdown_timeout_s)
+                await asyncio.wait_for(
+                    _answer_what_was_delivered(broker), timeout=self.settings.shutdown_timeout_s
+                )
             except TimeoutError:
-                log.warning("shutdown: requests still being answered after %.1fs; stopping anyway", self.settings.shutdown_timeout_s)
+                log.warning(
+                    "shutdown: requests still being answered after %.1fs; stopping anyway",
+                    self.settings.shutdown_timeout_s,
+                )
             log.info("shutdown: subscriptions drained after %.2fs", time.perf_counter() - started)
             try:
                 await broker.stop()
             except NatsError as exc:  # NATS is down or reconnecting: there is nothing left to drain
                 log.warning("shutdown: broker: %s", type(exc).__name__)
-            log.info("shutdown: requests answered and jobs finished after %.2fs", time.perf_counter() - started)
+            log.info(
+                "shutdown: requests answered and jobs finished after %.2fs", time.perf_counter() - started
+            )
         if budgeter is not None:
             await budgeter.stop()
         indexer, self.indexer = self.indexer, None
@@ -298,7 +313,10 @@ class Fleet:
             closing = asyncio.ensure_future(pool.close())
             done, _ = await asyncio.wait({closing}, timeout=_POOL_CLOSE_S)
             if not done:
-                log.warning("shutdown: database pool not closed after %.0fs; terminating its connections", _POOL_CLOSE_S)
+                log.warning(
+                    "shutdown: database pool not closed after %.0fs; terminating its connections",
+                    _POOL_CLOSE_S,
+                )
                 pool.terminate()
                 closing.cancel()
         if self._http is not None:

@@ -70,10 +70,16 @@ class AssemblerWorker:
             description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
         async def on_prepare(
-            body: bytes, message: NatsMessage, tenant: str = Path(), run_id: str = Path(), instance_id: str = Path()
+            body: bytes,
+            message: NatsMessage,
+            tenant: str = Path(),
+            run_id: str = Path(),
+            instance_id: str = Path(),
         ) -> NatsResponse:
             return await admitted(
-                admission, message.headers, lambda slot: self._prepare(body, tenant, run_id, instance_id, slot)
+                admission,
+                message.headers,
+                lambda slot: self._prepare(body, tenant, run_id, instance_id, slot),
             )
 
         @r.subscriber(
@@ -85,10 +91,16 @@ class AssemblerWorker:
             description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
         )
         async def on_inspect(
-            body: bytes, message: NatsMessage, tenant: str = Path(), run_id: str = Path(), instance_id: str = Path()
+            body: bytes,
+            message: NatsMessage,
+            tenant: str = Path(),
+            run_id: str = Path(),
+            instance_id: str = Path(),
         ) -> NatsResponse:
             return await admitted(
-                admission, message.headers, lambda _slot: self._inspect(body, tenant, f"{run_id}.{instance_id}")
+                admission,
+                message.headers,
+                lambda _slot: self._inspect(body, tenant, f"{run_id}.{instance_id}"),
             )
 
         @r.subscriber(
@@ -109,7 +121,9 @@ class AssemblerWorker:
         async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
 
-    async def _prepare(self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot) -> NatsResponse:
+    async def _prepare(
+        self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot
+    ) -> NatsResponse:
         started = time.perf_counter()
         purpose = "unknown"
         try:

@@ -62,7 +62,9 @@ async def export_backlogs(
         metrics.queue_oldest_age.set(max(0.0, age))
     if "compactor" in names:
         consumer = await js.consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
-        lag.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(consumer.num_pending + consumer.num_ack_pending)
+        lag.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(
+            consumer.num_pending + consumer.num_ack_pending
+        )
     if recorder is not None:
         for partition, pending in (await recorder.lag()).items():
             lag.labels(worker="recorder", consumer=f"p{partition}").set(pending)
@@ -72,7 +74,9 @@ async def export_backlogs(
         lag.labels(worker="indexer", consumer="threads").set(indexer.backlog)
 
 
-async def watch_backlogs(export: Callable[[], Awaitable[None]], draining: Callable[[], bool], every_s: float = 5.0) -> None:
+async def watch_backlogs(
+    export: Callable[[], Awaitable[None]], draining: Callable[[], bool], every_s: float = 5.0
+) -> None:
     """Call ``export`` every ``every_s`` until ``draining()``; a failing round is logged, never raised."""
     # Ends on the flag, not only on cancellation: a cancel that lands in a client library's own
     # wait_for can be swallowed (Python 3.11), and this loop would then run on for ever.

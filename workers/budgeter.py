@@ -31,8 +31,12 @@ class BudgeterWorker(CoalescingWorker):
         self._store = store
         self._metrics = metrics
         ready = service is not None and store is not None
-        self._scheduler = CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
-        self.router = recorded_notices("budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule)
+        self._scheduler = (
+            CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
+        )
+        self.router = recorded_notices(
+            "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule
+        )
 
     async def _evaluate(self, thread_id: str) -> None:
         assert self._service is not None
@@ -47,7 +51,9 @@ class BudgeterWorker(CoalescingWorker):
         for hit in d.hits:
             self._metrics.trigger_hits.labels(condition=hit, policy=result.policy_revision).inc()
         if d.action == "enqueue":
-            self._metrics.jobs.labels(outcome="enqueued" if result.enqueued else "deduplicated", reason="+".join(d.hits)).inc()
+            self._metrics.jobs.labels(
+                outcome="enqueued" if result.enqueued else "deduplicated", reason="+".join(d.hits)
+            ).inc()
         elif d.action in ("defer", "throttled", "pending"):
             outcome = {"defer": "deferred", "throttled": "throttled", "pending": "deduplicated"}[d.action]
             self._metrics.jobs.labels(outcome=outcome, reason=d.reason.split(":")[0][:40]).inc()

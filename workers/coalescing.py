@@ -28,7 +28,13 @@ def recorded_notices(queue: str, description: str, schedule: Callable[[str], Non
     """A router that schedules the thread of every recorder notice, shared by queue group ``queue``."""
     router = NatsRouter()
 
-    @router.subscriber(f"{RECORDED}.{{run_id}}.{{instance_id}}", queue=queue, decoder=raw_body, title=queue, description=description)
+    @router.subscriber(
+        f"{RECORDED}.{{run_id}}.{{instance_id}}",
+        queue=queue,
+        decoder=raw_body,
+        title=queue,
+        description=description,
+    )
     async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
         schedule(f"{run_id}.{instance_id}")
 
@@ -70,7 +76,11 @@ class CoalescingScheduler:
         if len(self._running) >= self._max_pending:
             self.dropped += 1
             if self.dropped % 1000 == 1:
-                self._log.warning("%d notices dropped over %d threads waiting; the sweep catches up", self.dropped, self._max_pending)
+                self._log.warning(
+                    "%d notices dropped over %d threads waiting; the sweep catches up",
+                    self.dropped,
+                    self._max_pending,
+                )
             return
         self._running[thread_id] = asyncio.create_task(self._run(thread_id))
 

@@ -33,7 +33,9 @@ _HEARTBEAT_S = 10.0
 class CompactorWorker:
     """Runs jobs with one CompactionService."""
 
-    def __init__(self, service: CompactionService | None, metrics: FleetMetrics, notify: Notify | None = None) -> None:
+    def __init__(
+        self, service: CompactionService | None, metrics: FleetMetrics, notify: Notify | None = None
+    ) -> None:
         self._service = service
         self._metrics = metrics
         self._notify = notify
@@ -76,8 +78,12 @@ class CompactorWorker:
             name = outcome.summarizer or "unknown"
             self._metrics.summarizer_calls.labels(summarizer=name).inc(outcome.calls)
             self._metrics.summarizer_seconds.labels(summarizer=name).observe(outcome.summarizer_seconds)
-            self._metrics.summarizer_tokens.labels(summarizer=name, direction="input").inc(outcome.input_tokens)
-            self._metrics.summarizer_tokens.labels(summarizer=name, direction="output").inc(outcome.output_tokens)
+            self._metrics.summarizer_tokens.labels(summarizer=name, direction="input").inc(
+                outcome.input_tokens
+            )
+            self._metrics.summarizer_tokens.labels(summarizer=name, direction="output").inc(
+                outcome.output_tokens
+            )
         if outcome.status == "committed":
             self._metrics.compaction_tokens_before.observe(outcome.tokens_before)
             self._metrics.compaction_tokens_after.observe(outcome.tokens_after)

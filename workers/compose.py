@@ -124,7 +124,9 @@ class Workers:
     recorder: RecorderWorker | None
 
 
-def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClient, metrics: FleetMetrics) -> Workers:
+def compose(
+    settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClient, metrics: FleetMetrics
+) -> Workers:
     """The workers ``settings`` name, wired to ``pool``, ``nc`` and one broker; nothing is started."""
     names = settings.worker_names
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
@@ -136,8 +138,12 @@ def compose(settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClien
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
-        service = PrepareService(store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms)
-        limits = RequestLimits(max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms)
+        service = PrepareService(
+            store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms
+        )
+        limits = RequestLimits(
+            max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
+        )
         broker.include_router(AssemblerWorker(service, board, metrics, store, limits=limits).router)
     budgeter = None
     if "budgeter" in names:

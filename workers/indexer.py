@@ -26,7 +26,9 @@ class IndexerWorker(CoalescingWorker):
         self._store = store
         self._metrics = metrics
         self._scheduler = CoalescingScheduler(self._index, self._stale, log) if store is not None else None
-        self.router = recorded_notices("indexer", "Recorder notices: index the thread's new records.", self.schedule)
+        self.router = recorded_notices(
+            "indexer", "Recorder notices: index the thread's new records.", self.schedule
+        )
 
     async def _index(self, thread_id: str) -> None:
         assert self._store is not None

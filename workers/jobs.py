@@ -20,7 +20,11 @@ class JetStreamJobQueue:
     async def publish(self, job: CompactionJob) -> None:
         """Enqueue one job (a duplicate within the stream's window is dropped by the server)."""
         await self._js.publish(
-            COMPACTION_JOBS, job.model_dump_json().encode(), stream=JOBS_STREAM, headers={"Nats-Msg-Id": job.job_id}, timeout=10.0
+            COMPACTION_JOBS,
+            job.model_dump_json().encode(),
+            stream=JOBS_STREAM,
+            headers={"Nats-Msg-Id": job.job_id},
+            timeout=10.0,
         )
 
 

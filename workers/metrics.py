@@ -22,19 +22,30 @@ class FleetMetrics:
         r = self.registry
         self.events_recorded = Counter("ctx_events_recorded", "Events appended to the ledger", registry=r)
         self.events_duplicate = Counter(
-            "ctx_events_duplicate", "Redelivered or re-published events recognised as already recorded", registry=r
+            "ctx_events_duplicate",
+            "Redelivered or re-published events recognised as already recorded",
+            registry=r,
         )
         self.events_rejected = Counter(
             "ctx_events_rejected", "Events dead-lettered, by error code", ["code"], registry=r
         )
         self.record_batch_seconds = Histogram(
-            "ctx_record_batch_seconds", "Time to apply one fetched batch", buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_record_batch_seconds",
+            "Time to apply one fetched batch",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.record_batch_size = Histogram(
-            "ctx_record_batch_size", "Messages per fetched batch", buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000), registry=r
+            "ctx_record_batch_size",
+            "Messages per fetched batch",
+            buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
+            registry=r,
         )
         self.record_retries = Counter(
-            "ctx_record_retries", "Batches retried after a retryable failure, by error code", ["code"], registry=r
+            "ctx_record_retries",
+            "Batches retried after a retryable failure, by error code",
+            ["code"],
+            registry=r,
         )
         self.recorder_position = Gauge(
             "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"], registry=r
@@ -51,58 +62,108 @@ class FleetMetrics:
             registry=r,
         )
         self.prepare_seconds = Histogram(
-            "ctx_prepare_seconds", "Prepare latency by purpose", ["purpose", "policy"], buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_prepare_seconds",
+            "Prepare latency by purpose",
+            ["purpose", "policy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.prepare_input_tokens = Histogram(
-            "ctx_prepare_input_tokens", "Estimated input tokens per prepare", ["purpose", "policy"], buckets=_TOKEN_BUCKETS, registry=r
+            "ctx_prepare_input_tokens",
+            "Estimated input tokens per prepare",
+            ["purpose", "policy"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
         )
         self.prepare_input_budget = Histogram(
-            "ctx_prepare_input_budget", "Input budget per prepare", ["purpose", "policy"], buckets=_TOKEN_BUCKETS, registry=r
+            "ctx_prepare_input_budget",
+            "Input budget per prepare",
+            ["purpose", "policy"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
         )
         self.prepare_usage_tokens = Histogram(
-            "ctx_prepare_usage_tokens", "Provider-reported usage (input+output) of the last response", ["purpose"], buckets=_TOKEN_BUCKETS, registry=r
+            "ctx_prepare_usage_tokens",
+            "Provider-reported usage (input+output) of the last response",
+            ["purpose"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
         )
         self.prepare_reductions = Counter(
-            "ctx_prepare_reductions", "Deterministic reductions applied on the hot path, by kind", ["kind"], registry=r
+            "ctx_prepare_reductions",
+            "Deterministic reductions applied on the hot path, by kind",
+            ["kind"],
+            registry=r,
         )
         self.prepare_compaction_waits = Counter(
-            "ctx_prepare_compaction_waits", "Prepares that waited for a compaction to land", ["outcome"], registry=r
+            "ctx_prepare_compaction_waits",
+            "Prepares that waited for a compaction to land",
+            ["outcome"],
+            registry=r,
         )
         self.prepare_compaction_wait_seconds = Histogram(
-            "ctx_prepare_compaction_wait_seconds", "Time prepares waited for a compaction", buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_prepare_compaction_wait_seconds",
+            "Time prepares waited for a compaction",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.budget_overflows = Counter(
             "ctx_budget_overflows", "Prepares refused as over budget, by reason", ["reason"], registry=r
         )
         self.trigger_hits = Counter(
-            "ctx_compaction_trigger_hits", "Policy triggers that fired on evaluation, by condition", ["condition", "policy"], registry=r
+            "ctx_compaction_trigger_hits",
+            "Policy triggers that fired on evaluation, by condition",
+            ["condition", "policy"],
+            registry=r,
         )
         self.jobs = Counter(
-            "ctx_compaction_jobs", "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled",
-            ["outcome", "reason"], registry=r,
+            "ctx_compaction_jobs",
+            "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled",
+            ["outcome", "reason"],
+            registry=r,
         )
         self.compactions = Counter(
-            "ctx_compactions", "Compaction jobs by result (committed, failed, deferred, dropped, stale) and stage",
-            ["result", "stage"], registry=r,
+            "ctx_compactions",
+            "Compaction jobs by result (committed, failed, deferred, dropped, stale) and stage",
+            ["result", "stage"],
+            registry=r,
         )
         self.compaction_tokens_before = Histogram(
-            "ctx_compaction_tokens_before", "View tokens before a committed compaction", buckets=_TOKEN_BUCKETS, registry=r
+            "ctx_compaction_tokens_before",
+            "View tokens before a committed compaction",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
         )
         self.compaction_tokens_after = Histogram(
-            "ctx_compaction_tokens_after", "View tokens after a committed compaction", buckets=_TOKEN_BUCKETS, registry=r
+            "ctx_compaction_tokens_after",
+            "View tokens after a committed compaction",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
         )
         self.compaction_target = Counter(
-            "ctx_compaction_target", "Committed compactions by whether they reached the target ratio", ["reached"], registry=r
+            "ctx_compaction_target",
+            "Committed compactions by whether they reached the target ratio",
+            ["reached"],
+            registry=r,
         )
         self.compaction_seconds = Histogram(
             "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS, registry=r
         )
-        self.summarizer_calls = Counter("ctx_summarizer_calls", "Summarizer calls", ["summarizer"], registry=r)
+        self.summarizer_calls = Counter(
+            "ctx_summarizer_calls", "Summarizer calls", ["summarizer"], registry=r
+        )
         self.summarizer_tokens = Counter(
-            "ctx_summarizer_tokens", "Tokens summarizers reported using, by direction", ["summarizer", "direction"], registry=r
+            "ctx_summarizer_tokens",
+            "Tokens summarizers reported using, by direction",
+            ["summarizer", "direction"],
+            registry=r,
         )
         self.summarizer_seconds = Histogram(
-            "ctx_summarizer_seconds", "Time spent in summarizer calls per job", ["summarizer"], buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_summarizer_seconds",
+            "Time spent in summarizer calls per job",
+            ["summarizer"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.revision_conflicts = Counter(
             "ctx_revision_conflicts", "Optimistic revision checks that lost, by where", ["where"], registry=r
@@ -113,7 +174,9 @@ class FleetMetrics:
             "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.indexed_records = Counter("ctx_indexed_records", "Records added to the search index", registry=r)
-        self.queue_depth = Gauge("ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r)
+        self.queue_depth = Gauge(
+            "ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r
+        )
         self.queue_oldest_age = Gauge(
             "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r
         )
@@ -123,7 +186,9 @@ class FleetMetrics:
             ["worker", "consumer"],
             registry=r,
         )
-        self.prepare_errors = Counter("ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r)
+        self.prepare_errors = Counter(
+            "ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r
+        )
         self.requests_rejected = Counter(
             "ctx_requests_rejected",
             "Requests refused by admission: queue_full/queue_age answered overloaded, deadline dropped unanswered",
@@ -133,10 +198,15 @@ class FleetMetrics:
         self.requests_inflight = Gauge("ctx_requests_inflight", "Requests holding a compute slot", registry=r)
         self.requests_queued = Gauge("ctx_requests_queued", "Requests queued for a compute slot", registry=r)
         self.requests_waiting = Gauge(
-            "ctx_requests_waiting", "Admitted requests waiting for an event or a compaction (holding no slot)", registry=r
+            "ctx_requests_waiting",
+            "Admitted requests waiting for an event or a compaction (holding no slot)",
+            registry=r,
         )
         self.request_queue_seconds = Histogram(
-            "ctx_request_queue_seconds", "Time admitted requests queued for a compute slot", buckets=_LATENCY_BUCKETS, registry=r
+            "ctx_request_queue_seconds",
+            "Time admitted requests queued for a compute slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.prepare_tokens = Histogram(
             "ctx_prepare_tokens",

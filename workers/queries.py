@@ -58,37 +58,72 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
         return attached
 
     # Every endpoint's subject ends in the asking tenant (``{tenant}``): the server's permissions vouch for it.
-    @router.subscriber(f"{READ}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="read",
-                       description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.")
+    @router.subscriber(
+        f"{READ}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="read",
+        description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
+    )
     async def on_read(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
-        response = await serve(message, lambda: read_range(store(), parse_body(ReadRequest, body), tenant=tenant))
+        response = await serve(
+            message, lambda: read_range(store(), parse_body(ReadRequest, body), tenant=tenant)
+        )
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(f"{SEARCH}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks, title="search",
-                       description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.")
+    @router.subscriber(
+        f"{SEARCH}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="search",
+        description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.",
+    )
     async def on_search(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         with metrics.search_seconds.time():
-            response = await serve(message, lambda: search(store(), parse_body(SearchRequest, body), tenant=tenant))
+            response = await serve(
+                message, lambda: search(store(), parse_body(SearchRequest, body), tenant=tenant)
+            )
         metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(f"{OPERATION_STATUS}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
-                       title="operation.status", description="OperationStatusRequest in, Receipt or ErrorReply out.")
+    @router.subscriber(
+        f"{OPERATION_STATUS}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="operation.status",
+        description="OperationStatusRequest in, Receipt or ErrorReply out.",
+    )
     async def on_operation(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         return await serve(
-            message, lambda: operation_status(store(), parse_body(OperationStatusRequest, body), tenant=tenant)
+            message,
+            lambda: operation_status(store(), parse_body(OperationStatusRequest, body), tenant=tenant),
         )
 
-    @router.subscriber(f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}", queue="assembler", decoder=raw_body, max_workers=tasks,
-                       title="session.inspect",
-                       description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).")
-    async def on_session(body: bytes, message: NatsMessage, tenant: str = Path(), session_id: str = Path()) -> NatsResponse:
+    @router.subscriber(
+        f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="session.inspect",
+        description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
+    )
+    async def on_session(
+        body: bytes, message: NatsMessage, tenant: str = Path(), session_id: str = Path()
+    ) -> NatsResponse:
         return await serve(message, lambda: inspect_session(store(), tenant, session_id))
 
-    @router.subscriber(f"{POLICY_REGISTER}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
-                       title="policy.register",
-                       description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.")
+    @router.subscriber(
+        f"{POLICY_REGISTER}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="policy.register",
+        description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
+    )
     async def on_policy(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> PolicyRegistered:
             try:
@@ -100,13 +135,20 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
 
         return await serve(message, register)
 
-    @router.subscriber(f"{TOOLS_REGISTER}.{{tenant}}", queue="assembler", decoder=raw_body, max_workers=tasks,
-                       title="tools.register",
-                       description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.")
+    @router.subscriber(
+        f"{TOOLS_REGISTER}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="tools.register",
+        description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.",
+    )
     async def on_tools(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> CatalogRegistered:
             catalog = parse_body(ToolCatalog, body)
-            return CatalogRegistered(release=catalog.release, revision=await register_catalog(store(), tenant, catalog))
+            return CatalogRegistered(
+                release=catalog.release, revision=await register_catalog(store(), tenant, catalog)
+            )
 
         return await serve(message, register)
 

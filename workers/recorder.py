@@ -57,7 +57,10 @@ class JetStreamDeadLetterSink:
     async def publish(self, letter: DeadLetter, msg_id: str) -> None:
         """Store one dead letter durably."""
         await self._js.publish(
-            dead_subject(letter.thread_id), letter.model_dump_json().encode(), headers={"Nats-Msg-Id": msg_id}, timeout=10.0
+            dead_subject(letter.thread_id),
+            letter.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": msg_id},
+            timeout=10.0,
         )
 
 
@@ -82,7 +85,9 @@ class RecorderWorker:
         self._metrics = metrics
         self._partitions = tuple(partitions)
         self._batch = batch
-        self._service = RecordingService(store, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id)
+        self._service = RecordingService(
+            store, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id
+        )
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()
@@ -144,7 +149,9 @@ class RecorderWorker:
             # partition left running here has applied nothing uncommitted; the next recorder re-reads.
             _, stuck = await asyncio.wait(self._tasks.values(), timeout=_STOP_GRACE_S)
             if stuck:
-                log.warning("stop: %d partition reader(s) did not end after cancellation; leaving them", len(stuck))
+                log.warning(
+                    "stop: %d partition reader(s) did not end after cancellation; leaving them", len(stuck)
+                )
         self._tasks.clear()
 
     async def _run(self, partition: int) -> None:
@@ -166,7 +173,9 @@ class RecorderWorker:
                 delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
                 code = exc.code.value if isinstance(exc, CtxError) else type(exc).__name__
                 self._metrics.record_retries.labels(code=code).inc()
-                log.warning("partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay)
+                log.warning(
+                    "partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay
+                )
                 await self._pause(delay)
 
     async def _pause(self, delay: float) -> None:
@@ -223,7 +232,11 @@ class RecorderWorker:
                     self._failures[partition] = 0
                     expected += len(contiguous)
                 if gap:
-                    log.warning("partition %s: delivery gap at consumer seq %s; rebuilding from Postgres", partition, expected)
+                    log.warning(
+                        "partition %s: delivery gap at consumer seq %s; rebuilding from Postgres",
+                        partition,
+                        expected,
+                    )
                     return
                 # Cached: a JetStream call at most every few seconds for the whole recorder, not per batch.
                 if not await self._stream_still_ours(partition, epoch):
@@ -242,7 +255,9 @@ class RecorderWorker:
         try:
             return not (await self._guard.check()).halted and self._guard.epoch == epoch
         except Exception as exc:  # a broker or store blip; the fetch or the next batch reports it
-            log.warning("partition %s: events stream check failed: %s: %s", partition, type(exc).__name__, exc)
+            log.warning(
+                "partition %s: events stream check failed: %s: %s", partition, type(exc).__name__, exc
+            )
             return True
 
     async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
@@ -251,8 +266,14 @@ class RecorderWorker:
         result = await self._service.record_batch(partition, batch)
         log.debug(
             "partition %s: %d fetched (seq %d..%d): %d recorded, %d duplicate, %d rejected, %d skipped",
-            partition, len(batch), batch[0].stream_seq, batch[-1].stream_seq,
-            result.recorded, result.duplicates, len(result.rejections), result.skipped,
+            partition,
+            len(batch),
+            batch[0].stream_seq,
+            batch[-1].stream_seq,
+            result.recorded,
+            result.duplicates,
+            len(result.rejections),
+            result.skipped,
         )
         self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
         self._metrics.record_batch_size.observe(len(batch))
@@ -269,7 +290,9 @@ class RecorderWorker:
                 touched[rejection.thread_id] = (-1, -1)
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
-            await self._nc.publish(recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode())
+            await self._nc.publish(
+                recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode()
+            )
 
 
 async def _quietly(step: Awaitable[object]) -> None:
@@ -291,4 +314,3 @@ def _contiguous(msgs: Sequence[Msg], expected: int) -> tuple[list[Msg], bool]:
             return out, True
         out.append(m)
     return out, False
-

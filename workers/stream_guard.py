@@ -30,6 +30,7 @@ __all__ = ["DEFAULT_CHECK_EVERY_S", "StreamGuard"]
 class _Moved(Exception):
     """Positions moved while a lost tail was being repaired: another recorder did it; check again."""
 
+
 log = logging.getLogger("ctxfleet.recorder")
 DEFAULT_CHECK_EVERY_S = 2.0
 
@@ -84,7 +85,11 @@ class StreamGuard:
             if since is not None:
                 if self._verified_at is None or self._verified_at < since:
                     await self._refresh()
-            elif self._verdict is None or self._attempted_at is None or self._clock() - self._attempted_at >= self.every_s:
+            elif (
+                self._verdict is None
+                or self._attempted_at is None
+                or self._clock() - self._attempted_at >= self.every_s
+            ):
                 await self._refresh()
             assert self._verdict is not None
             return self._verdict
@@ -118,7 +123,11 @@ class StreamGuard:
             verdict = self._verdict if self._verdict is not None else verdict
         elif verdict.kind == "adopt":
             await self._store.adopt_stream(EVENTS_STREAM, stream.created, replacing=positions.created)
-            log.info("recorder: positions describe %s created at %s; recorded its identity", EVENTS_STREAM, stream.created)
+            log.info(
+                "recorder: positions describe %s created at %s; recorded its identity",
+                EVENTS_STREAM,
+                stream.created,
+            )
         self._note(verdict, positions)
         self._verified_at = started
 
@@ -137,8 +146,14 @@ class StreamGuard:
             "events stream %s lost its tail (last seq %d < committed positions up to %d, partitions %s): the broker "
             "acked seqs %d..%d and lost them; those the recorder had read are in the ledger, any other is gone. "
             "Positions lowered to %d: the next publish is read as seq %d",
-            s.name, s.last_seq, lost_to, ", ".join(str(r.partition) for r in resets), s.last_seq + 1, lost_to,
-            s.last_seq, s.last_seq + 1,
+            s.name,
+            s.last_seq,
+            lost_to,
+            ", ".join(str(r.partition) for r in resets),
+            s.last_seq + 1,
+            lost_to,
+            s.last_seq,
+            s.last_seq + 1,
         )
 
     def _note(self, verdict: StreamVerdict, positions: Positions) -> None:
@@ -148,6 +163,10 @@ class StreamGuard:
             log.error("recorder halted: %s", verdict.reason)
         elif was and not verdict.halted:
             self._halted_on = None
-            log.warning("recorder resumes: positions re-baselined onto %s created at %s", verdict.stream.name, verdict.stream.created)
+            log.warning(
+                "recorder resumes: positions re-baselined onto %s created at %s",
+                verdict.stream.name,
+                verdict.stream.created,
+            )
         self._metrics.recorder_halted.set(1 if verdict.halted else 0)
         self._verdict = verdict

@@ -37,7 +37,10 @@ def measure(
     measured, eligible = measure_view(
         blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget
     )
-    return replace(measured, estimated=measured.estimated + reserved, required=measured.required + reserved), eligible
+    return replace(
+        measured, estimated=measured.estimated + reserved, required=measured.required + reserved
+    ), eligible
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -63,9 +66,16 @@ class BudgetService:
         async with self._store.session() as store:
             view = await self._loader.load(store, thread_id)
             policy = view.policy.compaction
-            measured, _ = measure(view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved)
-            pending = view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
-            decision = decide(measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending)
+            measured, _ = measure(
+                view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved
+            )
+            pending = (
+                view.state.pending_fingerprint is not None
+                and (view.state.pending_age_s or 0) < PENDING_STALE_S
+            )
+            decision = decide(
+                measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending
+            )
             enqueued = False
             if decision.action == "enqueue":
                 enqueued = await request_job(store, self._queue, view, decision.hits) is not None
@@ -73,9 +83,19 @@ class BudgetService:
                 await store.ensure_view(thread_id)
                 hits = trigger_hits(measured, view.totals, view.baseline, policy)
                 await store.record_attempt(
-                    thread_id, throttle=throttle_from(decision.reason, measured, view.totals, hits),
-                    reason=decision.reason, failed=False, fingerprint=None, counts_as_attempt=False,
+                    thread_id,
+                    throttle=throttle_from(decision.reason, measured, view.totals, hits),
+                    reason=decision.reason,
+                    failed=False,
+                    fingerprint=None,
+                    counts_as_attempt=False,
                 )
             await store.ensure_view(thread_id)
             await store.mark_evaluated(thread_id, view.head.revision)
-        return Evaluation(decision, measured.estimated, measured.budget, enqueued, f"{view.policy_name}@{view.policy_revision}")
+        return Evaluation(
+            decision,
+            measured.estimated,
+            measured.budget,
+            enqueued,
+            f"{view.policy_name}@{view.policy_revision}",
+        )

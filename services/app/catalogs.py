@@ -10,6 +10,7 @@ from services.store.ports import QueryStore
 
 __all__ = ["register_catalog", "validate_catalog"]
 
+
 def validate_catalog(catalog: ToolCatalog) -> None:
     """Every declared read and effect must land on a registered path pattern of the release."""
     patterns = [pattern_regex(rule.pattern) for rule in catalog.paths]
@@ -23,7 +24,9 @@ def validate_catalog(catalog: ToolCatalog) -> None:
                     probe = probe[:start] + "X" + probe[probe.index("}", start) + 1 :]
             probe = probe.replace("{", "").replace("}", "")
             if not any(p.match(probe) for p in patterns) and not any(p.match(path) for p in patterns):
-                raise InvalidRequest(f"tool {tool.name}: {path!r} matches no registered path of release {catalog.release}")
+                raise InvalidRequest(
+                    f"tool {tool.name}: {path!r} matches no registered path of release {catalog.release}"
+                )
 
 
 async def register_catalog(store: QueryStore, tenant: str, catalog: ToolCatalog) -> int:

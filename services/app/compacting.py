@@ -15,8 +15,21 @@ from contracts import CompactionJob
 
 from services.core.counting import counts_as_turn
 from services.core.compaction.merge import merge_summaries, render_summary
-from services.core.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, Summarizer, SummarizerFailed
-from services.core.compaction.policy import Throttle, ViewMeasure, ratio_threshold, throttle_from, trigger_hits
+from services.core.compaction.model import (
+    Segment,
+    SegmentTooLong,
+    SourcedText,
+    StructuredSummary,
+    Summarizer,
+    SummarizerFailed,
+)
+from services.core.compaction.policy import (
+    Throttle,
+    ViewMeasure,
+    ratio_threshold,
+    throttle_from,
+    trigger_hits,
+)
 from services.core.compaction.rollup import fit_summary
 from services.app.budgeting import measure as measure_of
 from services.core.compaction.select import choose_cover, split_segments, summary_cap
@@ -69,7 +82,9 @@ def _default_summarizer(current_request: LedgerRecord | None) -> Summarizer:
 class CompactionService:
     """Runs compaction jobs against the ledger and the view state."""
 
-    def __init__(self, store: CompactionStore, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer) -> None:
+    def __init__(
+        self, store: CompactionStore, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer
+    ) -> None:
         self._store = store
         self._loader = loader
         self._summarizer = summarizer
@@ -88,8 +103,11 @@ class CompactionService:
             if summary is None:
                 failed = outcome.status == "failed"
                 await store.record_attempt(
-                    job.thread_id, throttle=_throttle_of(view, job, outcome), reason=f"{outcome.stage}: {outcome.detail}"[:500],
-                    failed=failed, fingerprint=job.job_id,
+                    job.thread_id,
+                    throttle=_throttle_of(view, job, outcome),
+                    reason=f"{outcome.stage}: {outcome.detail}"[:500],
+                    failed=failed,
+                    fingerprint=job.job_id,
                 )
                 return outcome
             try:
@@ -97,7 +115,14 @@ class CompactionService:
             except RevisionConflict as exc:
                 # Another compactor covered a prefix first: ours would double-cover. Drop it.
                 await store.clear_pending(job.thread_id, job.job_id)
-                return JobOutcome("dropped", "commit", exc.message, outcome.tokens_before, outcome.tokens_after, outcome.calls)
+                return JobOutcome(
+                    "dropped",
+                    "commit",
+                    exc.message,
+                    outcome.tokens_before,
+                    outcome.tokens_after,
+                    outcome.calls,
+                )
         return outcome
 
     async def _build(self, view: ThreadView, job: CompactionJob) -> tuple[JobOutcome, NewSummary | None]:
@@ -108,13 +133,24 @@ class CompactionService:
         summary_tokens = parent.tokens(encoding) if parent else 0
         # Over the hard budget the recent groups may go too — but never the newest complete one:
         # the model must see the result of its last action.
-        keep = policy if not job.urgent else policy.model_copy(update={"keep_recent_groups": min(1, policy.keep_recent_groups) or 1})
+        keep = (
+            policy
+            if not job.urgent
+            else policy.model_copy(update={"keep_recent_groups": min(1, policy.keep_recent_groups) or 1})
+        )
         # The tool schemas the asking prepare sends count against the same budget as the view.
-        measure, eligible = measure_of(view, records, keep, budget=job.input_budget, reserved=job.reserved_tokens)
+        measure, eligible = measure_of(
+            view, records, keep, budget=job.input_budget, reserved=job.reserved_tokens
+        )
         cap = summary_cap(policy, job.input_budget, measure.required)
         ratio_hit = "context_ratio" in job.reasons or job.urgent
         choice = choose_cover(
-            eligible, measure, policy, encoding, ratio_hit=ratio_hit, summary_allowance=cap,
+            eligible,
+            measure,
+            policy,
+            encoding,
+            ratio_hit=ratio_hit,
+            summary_allowance=cap,
             current_summary=summary_tokens + (MESSAGE_OVERHEAD if parent else 0),
         )
         counter = counter_for(encoding)
@@ -123,19 +159,33 @@ class CompactionService:
             if parent is not None and summary_tokens > cap:
                 return self._rolled_up(view, job, measure, parent.body, cap, new_revision)
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
-        segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[: policy.max_compaction_calls]
+        segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[
+            : policy.max_compaction_calls
+        ]
         covered_blocks = [b for seg in segments for b in seg]
         current_request = next((r for r in reversed(records) if counts_as_turn(r.body)), None)
         summarizer = self._summarizer(current_request)
         cost = _Cost()
         try:
-            merged, calls = await _summarize(summarizer, segments, parent.body if parent else None, policy.max_compaction_calls, cost)
+            merged, calls = await _summarize(
+                summarizer, segments, parent.body if parent else None, policy.max_compaction_calls, cost
+            )
         except SummarizerFailed as exc:
-            return replace(cost.outcome(summarizer.name), status="failed", stage=exc.stage, detail=str(exc), tokens_before=measure.estimated), None
+            return replace(
+                cost.outcome(summarizer.name),
+                status="failed",
+                stage=exc.stage,
+                detail=str(exc),
+                tokens_before=measure.estimated,
+            ), None
         if current_request is not None:
             # The task comes from its own record, whatever the summarizer made of it (design D6.2).
             merged = merged.model_copy(
-                update={"current_request": SourcedText(text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,))}
+                update={
+                    "current_request": SourcedText(
+                        text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,)
+                    )
+                }
             )
         covered_records = sorted((r for b in covered_blocks for r in b.records), key=lambda r: r.seq)
         try:
@@ -147,28 +197,67 @@ class CompactionService:
                 has_request=current_request is not None,
             )
         except CandidateInvalid as exc:
-            return replace(cost.outcome(summarizer.name), status="failed", stage="validate", detail=str(exc), tokens_before=measure.estimated, calls=calls), None
+            return replace(
+                cost.outcome(summarizer.name),
+                status="failed",
+                stage="validate",
+                detail=str(exc),
+                tokens_before=measure.estimated,
+                calls=calls,
+            ), None
         # Validated whole, then rolled up to its share: a long thread's summary converges instead of
         # growing with every compaction (what must survive is kept verbatim by the roll-up).
         pinned = _pinned(records, job.thread_id)
-        fitted = fit_summary(merged, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
+        fitted = fit_summary(
+            merged, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned
+        )
         text = render_summary(fitted, revision=new_revision, pinned=pinned)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         covered_tokens = sum(_tokens(b, encoding) for b in covered_blocks)
         new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
-        after = measure.estimated - covered_tokens - summary_tokens - (MESSAGE_OVERHEAD if parent else 0) + new_summary_tokens + MESSAGE_OVERHEAD
+        after = (
+            measure.estimated
+            - covered_tokens
+            - summary_tokens
+            - (MESSAGE_OVERHEAD if parent else 0)
+            + new_summary_tokens
+            + MESSAGE_OVERHEAD
+        )
         if after >= measure.estimated:
             detail = f"no real reduction ({measure.estimated} → {after})"
-            return replace(cost.outcome(summarizer.name), status="failed", stage="reduction", detail=detail, tokens_before=measure.estimated, tokens_after=after, calls=calls), None
+            return replace(
+                cost.outcome(summarizer.name),
+                status="failed",
+                stage="reduction",
+                detail=detail,
+                tokens_before=measure.estimated,
+                tokens_after=after,
+                calls=calls,
+            ), None
         covered_to = max(r.seq for r in covered_records)
         outcome = replace(cost.outcome(summarizer.name), calls=calls)
         return self._commit_plan(
-            view, job, measure, fitted, text, (o200k, cl100k), covered_to, after,
-            max(0, measure.compressible - covered_tokens), outcome, records,
+            view,
+            job,
+            measure,
+            fitted,
+            text,
+            (o200k, cl100k),
+            covered_to,
+            after,
+            max(0, measure.compressible - covered_tokens),
+            outcome,
+            records,
         )
 
     def _rolled_up(
-        self, view: ThreadView, job: CompactionJob, measure: ViewMeasure, body: StructuredSummary, cap: int, new_revision: int
+        self,
+        view: ThreadView,
+        job: CompactionJob,
+        measure: ViewMeasure,
+        body: StructuredSummary,
+        cap: int,
+        new_revision: int,
     ) -> tuple[JobOutcome, NewSummary | None]:
         """Nothing new to cover, but the summary is over its share of this budget: roll it up alone."""
         counter = counter_for(view.encoding)
@@ -185,7 +274,17 @@ class CompactionService:
         records = [r for r in view.records if r.seq <= job.watermark]
         outcome = JobOutcome("failed", summarizer="rollup")
         return self._commit_plan(
-            view, job, measure, fitted, text, (o200k, cl100k), view.state.covered_to, after, measure.compressible, outcome, records
+            view,
+            job,
+            measure,
+            fitted,
+            text,
+            (o200k, cl100k),
+            view.state.covered_to,
+            after,
+            measure.compressible,
+            outcome,
+            records,
         )
 
     def _commit_plan(
@@ -210,8 +309,13 @@ class CompactionService:
         target = after <= ratio_threshold(policy.target_context_ratio, job.input_budget)
         new_revision = view.state.view_revision + 1
         outcome = replace(
-            outcome, status="committed", stage="commit", tokens_before=measure.estimated, tokens_after=after,
-            view_revision=new_revision, target_reached=target,
+            outcome,
+            status="committed",
+            stage="commit",
+            tokens_before=measure.estimated,
+            tokens_after=after,
+            view_revision=new_revision,
+            target_reached=target,
         )
         return outcome, NewSummary(
             thread_id=job.thread_id,
@@ -253,7 +357,11 @@ class _Cost:
 
     def outcome(self, name: str) -> JobOutcome:
         return JobOutcome(
-            "failed", summarizer=name, input_tokens=self.input_tokens, output_tokens=self.output_tokens, summarizer_seconds=self.seconds
+            "failed",
+            summarizer=name,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            summarizer_seconds=self.seconds,
         )
 
 
@@ -276,12 +384,16 @@ async def _summarize(
         records = sorted((r for b in segment for r in b.records), key=lambda r: r.seq)
         started = time.perf_counter()
         try:
-            part = await summarizer.summarize(Segment(records=records, parent=merged, instruction=SUMMARY_INSTRUCTION))
+            part = await summarizer.summarize(
+                Segment(records=records, parent=merged, instruction=SUMMARY_INSTRUCTION)
+            )
         except SegmentTooLong:
             if cost is not None:
                 cost.add(summarizer, time.perf_counter() - started)
             if len(segment) == 1:
-                raise SummarizerFailed("too_long", f"one tool group ({segment[0].block_id}) is too long to summarize") from None
+                raise SummarizerFailed(
+                    "too_long", f"one tool group ({segment[0].block_id}) is too long to summarize"
+                ) from None
             half = len(segment) // 2
             queue[:0] = [segment[:half], segment[half:]]
             continue

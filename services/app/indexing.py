@@ -19,6 +19,7 @@ __all__ = ["INDEX_VERSION", "chunk_text", "index_thread", "reindex", "stale_thre
 INDEX_VERSION = 1
 _CHUNK_BYTES = 4096
 
+
 def chunk_text(text: str) -> list[tuple[int, int, int, int, str]]:
     """``(start_byte, end_byte, start_line, end_line, text)`` chunks of whole lines, ~4 KiB each."""
     chunks: list[tuple[int, int, int, int, str]] = []
@@ -48,7 +49,12 @@ def _payload_is_searchable(kind: RecordKind) -> bool:
     """Whether a record's payload holds words to find: tool calls (names and arguments), patches, resources
     and child results live there; messages and outcomes are all in the text."""
     match kind:
-        case RecordKind.ASSISTANT_MESSAGE | RecordKind.STATE_PATCH | RecordKind.RESOURCE_ACTIVATED | RecordKind.CHILD_RESULT:
+        case (
+            RecordKind.ASSISTANT_MESSAGE
+            | RecordKind.STATE_PATCH
+            | RecordKind.RESOURCE_ACTIVATED
+            | RecordKind.CHILD_RESULT
+        ):
             return True
         case (
             RecordKind.SYSTEM

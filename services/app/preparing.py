@@ -14,7 +14,15 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from contracts import CompactionJob, InspectedRecord, InspectRequest, PreparedContext, PrepareRequest, ThreadInspection, thread_id_of
+from contracts import (
+    CompactionJob,
+    InspectedRecord,
+    InspectRequest,
+    PreparedContext,
+    PrepareRequest,
+    ThreadInspection,
+    thread_id_of,
+)
 from contracts.subjects import DEFAULT_TENANT
 
 from services.core.assemble import Evidence, OverBudget, ThreadSnapshot, assemble_context
@@ -92,7 +100,9 @@ class PrepareService:
         try:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
-            return await self._await_compaction(view, request, budget, counter, over, pause, snapshot.evidence)
+            return await self._await_compaction(
+                view, request, budget, counter, over, pause, snapshot.evidence
+            )
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
@@ -112,13 +122,24 @@ class PrepareService:
             if ref.start_line is not None:
                 lines = text.splitlines(keepends=True)
                 text = "".join(lines[ref.start_line - 1 : ref.end_line or ref.start_line])
-            out.append(Evidence(ref.thread_id, ref.seq, row.event_key, row.kind, row.content_sha256, row.record_hash, text))
+            out.append(
+                Evidence(
+                    ref.thread_id, ref.seq, row.event_key, row.kind, row.content_sha256, row.record_hash, text
+                )
+            )
         return tuple(out)
 
-    async def _view(self, tenant: str, thread_id: str, session_id: str, principal_id: str | None) -> ThreadView:
+    async def _view(
+        self, tenant: str, thread_id: str, session_id: str, principal_id: str | None
+    ) -> ThreadView:
         async with self._store.session() as store:
             return await self._loader.load(
-                store, thread_id, tenant=tenant, session_id=session_id, principal_id=principal_id, enforce_principal=True
+                store,
+                thread_id,
+                tenant=tenant,
+                session_id=session_id,
+                principal_id=principal_id,
+                enforce_principal=True,
             )
 
     async def _await_compaction(
@@ -148,7 +169,9 @@ class PrepareService:
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
                 await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
-                current = await self._view(view.scope.tenant, thread_id, request.session_id, request.principal_id)
+                current = await self._view(
+                    view.scope.tenant, thread_id, request.session_id, request.principal_id
+                )
                 if current.state.view_revision == revision:
                     if current.state.pending_fingerprint is not None:
                         continue
@@ -159,14 +182,21 @@ class PrepareService:
                     continue
                 waited = int((time.monotonic() - started) * 1000)
                 try:
-                    return assemble_context(self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited)
+                    return assemble_context(
+                        self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited
+                    )
                 except OverBudget as still:
                     revision = current.state.view_revision
                     reserved = _reserved_tokens(still)
                     ours = await self._request_job(current, budget, reserved)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
-            self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited, allow_drop_history=True
+            self._snapshot(current, evidence),
+            request,
+            budget,
+            counter,
+            compaction_wait_ms=waited,
+            allow_drop_history=True,
         )
 
     @staticmethod
@@ -180,10 +210,18 @@ class PrepareService:
             return None
         async with self._store.session() as store:
             return await request_job(
-                store, self._queue, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
+                store,
+                self._queue,
+                view,
+                ("hard_budget",),
+                urgent=True,
+                input_budget=budget.input_budget,
+                reserved_tokens=reserved,
             )
 
-    async def inspect(self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT) -> ThreadInspection:
+    async def inspect(
+        self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT
+    ) -> ThreadInspection:
         """A thread's head, verified chain and latest records (``ThreadNotFound`` if not ``tenant``'s)."""
         async with self._store.session() as store:
             head = await store.select_head(thread_id)
@@ -235,7 +273,9 @@ class PrepareService:
             state_verified=state_hash(stored) == state_hash(replayed),
         )
 
-    async def _await_event(self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause) -> None:
+    async def _await_event(
+        self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause
+    ) -> None:
         # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
         started = time.monotonic()
         deadline = started + wait_ms / 1000

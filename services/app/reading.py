@@ -10,6 +10,7 @@ from services.store.ports import QueryStore
 
 __all__ = ["read_range", "verified_blob"]
 
+
 def verified_blob(content: bytes, sha: str) -> bytes:
     """``content`` if it still hashes to ``sha``; an integrity error, never lookalike content, otherwise."""
     actual = sha256_hex(content)

@@ -20,7 +20,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
 
-from contracts import AssistantMessageEvent, DeadLetter, OperationReconcileEvent, ToolOutcomeEvent, decode_event
+from contracts import (
+    AssistantMessageEvent,
+    DeadLetter,
+    OperationReconcileEvent,
+    ToolOutcomeEvent,
+    decode_event,
+)
 from contracts.subjects import thread_from_partitioned_subject
 
 from services.errors import CtxError, DuplicateEvent, RevisionConflict, UnstorableEvent
@@ -128,7 +134,11 @@ class RecordingService:
                 return [await self._set_aside(partition, batch[0], failure)]
             log.warning(
                 "partition %s: seq %d..%d cannot be applied (%s: %s); isolating the event at fault",
-                partition, batch[0].stream_seq, batch[-1].stream_seq, failure.stage, type(failure.cause).__name__,
+                partition,
+                batch[0].stream_seq,
+                batch[-1].stream_seq,
+                failure.stage,
+                type(failure.cause).__name__,
             )
         half = len(batch) // 2
         # In order, each half on fresh reads: the second sees what the first committed, as in one batch.
@@ -164,7 +174,9 @@ class RecordingService:
                 )
             async with store.transaction():
                 with _content_failures("write"):
-                    await store.write_plan(plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes)
+                    await store.write_plan(
+                        plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
+                    )
                 await store.insert_tracking(self._consumer, partition, fresh[-1].stream_seq)
                 if plan.records:
                     kill_point("record.before_commit")
@@ -177,12 +189,18 @@ class RecordingService:
         rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
         log.error(
             "partition %s: seq %d (thread %s) is set aside as %s: %s",
-            partition, incoming.stream_seq, rejection.thread_id, rejection.code.value, rejection.reason,
+            partition,
+            incoming.stream_seq,
+            rejection.thread_id,
+            rejection.code.value,
+            rejection.reason,
         )
         async with self._store.session() as store:
             if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
                 return BatchResult({}, 0, (), 0, 1, 1)
-            await self._sink.publish(dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection))
+            await self._sink.publish(
+                dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
+            )
             async with store.transaction():
                 await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
                 await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
@@ -228,10 +246,15 @@ def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Re
     if isinstance(cause, StoreRejected):
         # Named after the server's refusal, not its translation: that is what an operator looks up.
         error = UnstorableEvent(
-            failure.stage, str(cause.details["error"]), _printable(cause.cause)[:_CAUSE_CHARS], str(cause.details["sqlstate"])
+            failure.stage,
+            str(cause.details["error"]),
+            _printable(cause.cause)[:_CAUSE_CHARS],
+            str(cause.details["sqlstate"]),
         )
     else:
-        error = UnstorableEvent(failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], None)
+        error = UnstorableEvent(
+            failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], None
+        )
     subject = _printable(incoming.subject)
     thread_id = thread_from_partitioned_subject(subject)
     event_key: str | None = None
@@ -241,7 +264,12 @@ def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Re
     except Exception:  # whatever made the event unstorable may also make it undecodable
         event_key = None
     return Rejection(
-        Incoming(subject, incoming.data, incoming.stream_seq), thread_id, event_key, error.code, error.message, error.details
+        Incoming(subject, incoming.data, incoming.stream_seq),
+        thread_id,
+        event_key,
+        error.code,
+        error.message,
+        error.details,
     )
 
 
@@ -268,8 +296,15 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
 def _touched(
     decoded: Sequence[Decoded | Rejection],
 ) -> tuple[
-    list[str], list[tuple[str, str]], list[tuple[str, str]], list[str], list[str], list[str],
-    list[tuple[str, str]], list[tuple[str, str]], list[str],
+    list[str],
+    list[tuple[str, str]],
+    list[tuple[str, str]],
+    list[str],
+    list[str],
+    list[str],
+    list[tuple[str, str]],
+    list[tuple[str, str]],
+    list[str],
 ]:
     sessions: dict[str, None] = {}
     tenants: dict[str, None] = {}
@@ -303,8 +338,15 @@ def _touched(
                 if call.operation_id is not None:
                     operations[(item.event.session_id, call.operation_id)] = None
     return (
-        list(threads), list(keys), list(calls), list(sessions), list(runs), list(parents), list(releases),
-        list(operations), list(tenants),
+        list(threads),
+        list(keys),
+        list(calls),
+        list(sessions),
+        list(runs),
+        list(parents),
+        list(releases),
+        list(operations),
+        list(tenants),
     )
 
 

@@ -45,7 +45,12 @@ async def request_job(
     budget = min(view.budget.input_budget, input_budget) if input_budget else view.compaction_budget
     reserved_tokens = reserved_tokens if input_budget else max(reserved_tokens, view.state.prepare_reserved)
     fingerprint = job_fingerprint(
-        view.head.thread_id, view.watermark, view.state.view_revision, view.policy_name, view.policy_revision, budget,
+        view.head.thread_id,
+        view.watermark,
+        view.state.view_revision,
+        view.policy_name,
+        view.policy_revision,
+        budget,
         urgent=urgent,
     )
     await store.ensure_view(view.head.thread_id)

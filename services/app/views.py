@@ -207,7 +207,19 @@ class ViewLoader:
         facts = (await conn.read_states([thread_id])).get(thread_id)
         catalog = await conn.read_session_catalog(head.session_id)
         skeleton = self._skeleton(state, records, thread_id)
-        return ThreadView(head, records, state, name, revision, policy, policy_budget(policy), scope, facts, catalog, skeleton)
+        return ThreadView(
+            head,
+            records,
+            state,
+            name,
+            revision,
+            policy,
+            policy_budget(policy),
+            scope,
+            facts,
+            catalog,
+            skeleton,
+        )
 
     def _skeleton(self, state: ViewState, records: list[LedgerRecord], thread_id: str) -> Skeleton | None:
         row = state.summary
@@ -224,7 +236,9 @@ class ViewLoader:
                 self._skeletons.popitem(last=False)
         return found
 
-    async def _inherited(self, conn: ViewReads, session_id: str, thread_id: str, scope: ThreadScope) -> list[LedgerRecord]:
+    async def _inherited(
+        self, conn: ViewReads, session_id: str, thread_id: str, scope: ThreadScope
+    ) -> list[LedgerRecord]:
         """The run's immutable snapshot: the session's main-thread records up to its boundary."""
         if scope.role != "main" or scope.snapshot_through <= 0:
             return []
@@ -250,7 +264,14 @@ class ViewLoader:
             out.append(resolve_export(record, await conn.select_refs(body.refs)))
         return out
 
-    async def _adopt(self, conn: ViewReads, head: StoredHead, scope: ThreadScope, records: list[LedgerRecord], state: ViewState) -> bool:
+    async def _adopt(
+        self,
+        conn: ViewReads,
+        head: StoredHead,
+        scope: ThreadScope,
+        records: list[LedgerRecord],
+        state: ViewState,
+    ) -> bool:
         """Inherit the newest summary of an earlier run whose covered records are a prefix of ours."""
         for candidate in await conn.candidates(head.session_id, head.thread_id, scope.snapshot_through):
             other = await self.load(conn, candidate.thread_id)

@@ -173,7 +173,9 @@ class Evidence:
 class OverBudget(CtxError):
     """The view does not fit even after the deterministic reductions; history must be compacted."""
 
-    def __init__(self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]) -> None:
+    def __init__(
+        self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]
+    ) -> None:
         super().__init__(f"view needs {total} tokens after reductions; the input budget is {input_budget}")
         self.total = total
         self.input_budget = input_budget
@@ -266,7 +268,14 @@ def assemble_context(
     tools = () if request.purpose is Purpose.COMPACTION else request.tools
     schema_tokens = _tool_tokens(tools, counter)
     room = budget.input_budget - schema_tokens - REPLY_PRIMING
-    inputs = _Inputs(ordered, counter, snapshot.summary, snapshot.own_thread, room, max(1, budget.input_budget // _MASK_CHUNK_DIVISOR))
+    inputs = _Inputs(
+        ordered,
+        counter,
+        snapshot.summary,
+        snapshot.own_thread,
+        room,
+        max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
+    )
 
     fit = _fit(inputs, frozenset())
     if fit.total > inputs.room:
@@ -293,10 +302,15 @@ def assemble_context(
 
     out_blocks, messages = _emit(fit.kept)
     used = _usage(fit.kept, schema_tokens)
-    estimated, calibration = _calibrate(used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base")
+    estimated, calibration = _calibrate(
+        used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base"
+    )
     omitted = [_omitted(s, "optional material dropped: over the input budget") for s in fit.dropped]
     omitted += [
-        _omitted(s, f"history awaiting compaction: dropped to fit because no compaction landed in time ({s.block.reason})")
+        _omitted(
+            s,
+            f"history awaiting compaction: dropped to fit because no compaction landed in time ({s.block.reason})",
+        )
         for s in fit.history_dropped
     ]
     omitted += [_omitted(_size(b, counter), b.reason) for b in blocks.held]
@@ -310,7 +324,9 @@ def assemble_context(
         purpose=request.purpose,
         assembly_revision=ASSEMBLY_REVISION,
         source_watermark=SourceWatermark(
-            thread_seq=snapshot.last_seq, head_revision=snapshot.revision, last_event_key=snapshot.last_event_key
+            thread_seq=snapshot.last_seq,
+            head_revision=snapshot.revision,
+            last_event_key=snapshot.last_event_key,
         ),
         messages=tuple(messages),
         tools=tools,
@@ -514,7 +530,9 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
                 continue
             text = f"[identical to the output at seq {source}]"
             tokens = _counts_as(counter, record_content(body, text))
-            if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(r, counter):
+            if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(
+                r, counter
+            ):
                 records.append(r)
                 continue
             records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
@@ -539,7 +557,8 @@ def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
     s.block = replace(
         s.block,
         messages=[ChatMessage(role="user", content=summary.skeleton_text)],
-        reason=s.block.reason + "; shown as its skeleton: the full summary did not fit next to the required blocks and the newest tool group",
+        reason=s.block.reason
+        + "; shown as its skeleton: the full summary did not fit next to the required blocks and the newest tool group",
     )
     if counter is None:
         s.content = estimate_tokens(summary.skeleton_text)
@@ -614,7 +633,10 @@ def _trim_group(s: _Sized, room: int, inputs: _Inputs) -> int:
 
 def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
     counter = inputs.counter
-    outputs = sorted((r for r in s.block.records if r.kind is RecordKind.TOOL_OUTCOME), key=lambda r: (_record_tokens(r, counter), r.seq))
+    outputs = sorted(
+        (r for r in s.block.records if r.kind is RecordKind.TOOL_OUTCOME),
+        key=lambda r: (_record_tokens(r, counter), r.seq),
+    )
     floor = sum(min(_record_tokens(r, counter), _MIN_OUTPUT_TOKENS) for r in outputs)
     calls_cut = int(_cut_calls(s, room - s.envelope - floor, inputs))
     left = room - s.envelope - _calls_tokens(s.block, counter)
@@ -677,20 +699,32 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     for tokens, i, key in longs:
         if over <= 0:
             break
-        cut = trim_to_fit(str(calls[i].args[key]), counter, max_tokens=max(_MIN_ARG_TOKENS, tokens - over), read_back=read_back)
+        cut = trim_to_fit(
+            str(calls[i].args[key]),
+            counter,
+            max_tokens=max(_MIN_ARG_TOKENS, tokens - over),
+            read_back=read_back,
+        )
         over -= tokens - _count_text(counter, cut)
         calls[i] = replace(calls[i], args={**calls[i].args, key: cut})
     text = head.text
     if over > 0 and text_tokens > _MIN_ARG_TOKENS:
         # Then the model's own words before the calls: its reasoning, head and tail.
-        text = trim_to_fit(text, counter, max_tokens=max(_MIN_ARG_TOKENS, text_tokens - over), read_back=read_back)
+        text = trim_to_fit(
+            text, counter, max_tokens=max(_MIN_ARG_TOKENS, text_tokens - over), read_back=read_back
+        )
     message = s.block.messages[0]
     shown = [
-        c.model_copy(update={"function": c.function.model_copy(update={"arguments": arguments_json(calls[n].args)})})
+        c.model_copy(
+            update={"function": c.function.model_copy(update={"arguments": arguments_json(calls[n].args)})}
+        )
         for n, c in enumerate(message.tool_calls or ())
     ]
     n = _count_text(counter, text) + sum(
-        _count_text(counter, c.name) + _count_text(counter, arguments_json(c.args)) + _count_text(counter, c.call_id) + TOOL_CALL_OVERHEAD
+        _count_text(counter, c.name)
+        + _count_text(counter, arguments_json(c.args))
+        + _count_text(counter, c.call_id)
+        + TOOL_CALL_OVERHEAD
         for c in calls
     )
     # The payload is what the body is read from: the cut calls go there.
@@ -698,8 +732,13 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     payload: dict[str, JsonValue] = {**head.payload, "tool_calls": stored}
     record = replace(head, text=text, payload=payload, tokens=TokenCounts(o200k_base=n, cl100k_base=n))
     records = [record, *s.block.records[1:]]
-    update: dict[str, object] = {"tool_calls": tuple(shown), "content": (text or None) if message.content is not None else None}
-    s.block = replace(s.block, records=records, messages=[message.model_copy(update=update), *s.block.messages[1:]])
+    update: dict[str, object] = {
+        "tool_calls": tuple(shown),
+        "content": (text or None) if message.content is not None else None,
+    }
+    s.block = replace(
+        s.block, records=records, messages=[message.model_copy(update=update), *s.block.messages[1:]]
+    )
     s.content = _content_tokens(s.block, records, counter)
     s.trimmed = True
     return True
@@ -747,7 +786,10 @@ def _reduce(fit: _Fit, inputs: _Inputs, newest: _Sized | None, sources: frozense
 
     if over() <= 0:
         return
-    for s in sorted((s for s in fit.kept if s.block.kind is BlockKind.MATERIAL), key=lambda s: _first_seq(s.block.block_id)):
+    for s in sorted(
+        (s for s in fit.kept if s.block.kind is BlockKind.MATERIAL),
+        key=lambda s: _first_seq(s.block.block_id),
+    ):
         if over() <= 0:
             return
         fit.kept.remove(s)
@@ -776,7 +818,8 @@ def _mask_boundaries(groups: Sequence[_Sized], chunk: int, counter: TokenCounter
     saved = 0
     for k, s in enumerate(groups[: max(0, last)], start=1):
         saved += sum(
-            _record_tokens(r, counter) - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
+            _record_tokens(r, counter)
+            - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
             for r in s.block.records
             if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
         )
@@ -793,7 +836,12 @@ def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> i
     """
     records = []
     for record in s.block.records:
-        if record.kind is not RecordKind.TOOL_OUTCOME or record.mask_text is None or record.mask_tokens is None or record.seq in sources:
+        if (
+            record.kind is not RecordKind.TOOL_OUTCOME
+            or record.mask_text is None
+            or record.mask_tokens is None
+            or record.seq in sources
+        ):
             records.append(record)
             continue
         text, tokens = record.mask_text, record.mask_tokens
@@ -814,9 +862,13 @@ def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> i
 
 def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessage]:
     # Tool messages carry the view id (tagged when inherited); outcome records the raw call id.
-    texts = {r.body.call_id: record_content(r.body, r.text) for r in records if isinstance(r.body, ToolOutcomeBody)}
+    texts = {
+        r.body.call_id: record_content(r.body, r.text) for r in records if isinstance(r.body, ToolOutcomeBody)
+    }
     return [
-        m.model_copy(update={"content": texts[_raw_id(m.tool_call_id or "", texts)]}) if m.role == "tool" else m
+        m.model_copy(update={"content": texts[_raw_id(m.tool_call_id or "", texts)]})
+        if m.role == "tool"
+        else m
         for m in block.messages
     ]
 
@@ -835,7 +887,10 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
         body = r.body
         if isinstance(body, AssistantMessageBody):
             for c in body.tool_calls:
-                calls[(r.thread_id, c.call_id)] = (c.name, json.dumps(c.args, ensure_ascii=False, separators=(",", ":")))
+                calls[(r.thread_id, c.call_id)] = (
+                    c.name,
+                    json.dumps(c.args, ensure_ascii=False, separators=(",", ":")),
+                )
         elif isinstance(body, ToolOutcomeBody):
             key = calls.get((r.thread_id, body.call_id))
             if key is not None:
@@ -847,13 +902,21 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
     ]
     read, modified = _files_touched([s for s in dropped if s.block.block_id.startswith("group:")])
     if modified:
-        lines.append("- files modified there: " + ", ".join(modified[:_GAP_FILES]) + (" …" if len(modified) > _GAP_FILES else ""))
+        lines.append(
+            "- files modified there: "
+            + ", ".join(modified[:_GAP_FILES])
+            + (" …" if len(modified) > _GAP_FILES else "")
+        )
     if read:
-        lines.append("- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else ""))
+        lines.append(
+            "- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else "")
+        )
     failed = [(key, r) for key, r in last.items() if r.seq in lost and _failed(r)]
     for (name, args), r in sorted(failed, key=lambda kv: kv[1].seq)[-_GAP_FAILURES:]:
         # Without an error line, the first line tells what the call was doing (as a preview would).
-        line = telling_line(r.text) or next((x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)")
+        line = telling_line(r.text) or next(
+            (x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)"
+        )
         lines.append(f"- last {name} {args} failed (seq {r.seq}, {_outcome(r).status}): {line}")
     return DraftBlock(
         block_id=f"history-gap:{records[0].seq}",
@@ -944,7 +1007,9 @@ def _tool_tokens(tools: Sequence[ToolSchema], counter: TokenCounter | None) -> i
 
 
 def _items(blocks: Sequence[_Sized], schema_tokens: int) -> list[BlockSize]:
-    items: list[BlockSize] = [{"block_id": s.block.block_id, "kind": s.block.kind.value, "tokens": s.total} for s in blocks]
+    items: list[BlockSize] = [
+        {"block_id": s.block.block_id, "kind": s.block.kind.value, "tokens": s.total} for s in blocks
+    ]
     items.append({"block_id": "tool_schemas", "kind": "tool_schemas", "tokens": schema_tokens})
     items.append({"block_id": "reply_priming", "kind": "envelope", "tokens": REPLY_PRIMING})
     return items
@@ -995,7 +1060,11 @@ def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
 
 
 def _calibrate(
-    local: int, snapshot: ThreadSnapshot, request: PrepareRequest, kept: Sequence[_Sized], encoding: EncodingName
+    local: int,
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    kept: Sequence[_Sized],
+    encoding: EncodingName,
 ) -> tuple[int, str]:
     """Provider usage of the last response plus local counts of what came after it (design D4.4)."""
     usage = request.usage
@@ -1013,10 +1082,14 @@ def _calibrate(
 
 
 def _omitted(s: _Sized, reason: str) -> OmittedBlock:
-    return OmittedBlock(block_id=s.block.block_id, kind=s.block.kind, reason=reason, sources=s.block.sources, tokens=s.total)
+    return OmittedBlock(
+        block_id=s.block.block_id, kind=s.block.kind, reason=reason, sources=s.block.sources, tokens=s.total
+    )
 
 
-def _prepared_id(snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec, *, drop_history: bool = False) -> str:
+def _prepared_id(
+    snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec, *, drop_history: bool = False
+) -> str:
     # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
     # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
     # the history-dropping fallback unless it changed the reply.

@@ -51,7 +51,9 @@ class BudgetSpec:
     encoding: str
 
 
-def resolve_budget(request: PrepareRequest, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES) -> BudgetSpec:
+def resolve_budget(
+    request: PrepareRequest, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES
+) -> BudgetSpec:
     """The budget of a request: its profile's, capped by ``budget_tokens`` when both are given."""
     profile = request.profile
     if request.model_profile is not None:

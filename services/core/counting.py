@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.core.records import LedgerRecord, Purpose, RecordBody, UserInputBody, AssistantMessageBody, UserIntent
+from services.core.records import (
+    LedgerRecord,
+    Purpose,
+    RecordBody,
+    UserInputBody,
+    AssistantMessageBody,
+    UserIntent,
+)
 
 __all__ = ["counts_as_step", "counts_as_turn", "is_model_step", "is_new_question", "turns_and_steps"]
 

@@ -65,7 +65,9 @@ class DraftBlock:
     @property
     def sources(self) -> tuple[RecordRef, ...]:
         """The records this block was built from, in seq order."""
-        return tuple(RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq))
+        return tuple(
+            RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq)
+        )
 
 
 def _seq(record: LedgerRecord) -> int:
@@ -82,7 +84,9 @@ class BlockSet:
     covered: list[DraftBlock]
 
 
-def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, own_thread: str = "") -> BlockSet:
+def build_view_blocks(
+    records: Sequence[LedgerRecord], covered_to: int = 0, *, own_thread: str = ""
+) -> BlockSet:
     """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
 
     Coverage is decided per block (by its first record), so an outcome recorded after the covered
@@ -100,7 +104,12 @@ def build_view_blocks(records: Sequence[LedgerRecord], covered_to: int = 0, *, o
 def _never_covered(kind: RecordKind) -> bool:
     """Instructions and material are shown from their own records whatever a summary covers."""
     match kind:
-        case RecordKind.SYSTEM | RecordKind.RESOURCE_ACTIVATED | RecordKind.CHILD_RESULT | RecordKind.CONTEXT_EXPORT:
+        case (
+            RecordKind.SYSTEM
+            | RecordKind.RESOURCE_ACTIVATED
+            | RecordKind.CHILD_RESULT
+            | RecordKind.CONTEXT_EXPORT
+        ):
             return True
         case (
             RecordKind.USER_INPUT
@@ -128,11 +137,7 @@ def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int |
     """
     # A minimum, not a sort: this runs on every prepare, over every record of the view.
     return min(
-        (
-            r.seq
-            for r in records
-            if counts_as_turn(r.body) and not _foreign(r, own_thread)
-        ),
+        (r.seq for r in records if counts_as_turn(r.body) and not _foreign(r, own_thread)),
         default=None,
     )
 
@@ -177,7 +182,14 @@ def build_blocks(
                 continue
             case SystemBody():
                 continue  # pinned apart, before all history (_split_instructions)
-            case UserInputBody() | AssistantMessageBody() | RunStatusBody() | ContextExportBody() | ResourceBody() | ChildResultBody():
+            case (
+                UserInputBody()
+                | AssistantMessageBody()
+                | RunStatusBody()
+                | ContextExportBody()
+                | ResourceBody()
+                | ChildResultBody()
+            ):
                 pass
             case _:
                 assert_never(body)
@@ -235,7 +247,9 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
         "Result unknown; they are history and will not be executed again.]"
     ]
     recorded = _recorded_ids(block)
-    lines += [f"- {c.function.name}({c.function.arguments}) call {recorded[c.id]}: result unknown" for c in calls]
+    lines += [
+        f"- {c.function.name}({c.function.arguments}) call {recorded[c.id]}: result unknown" for c in calls
+    ]
     return DraftBlock(
         block_id=f"state:{record.seq}",
         kind=BlockKind.STATE,
@@ -278,7 +292,9 @@ def _run_task_block(record: LedgerRecord) -> DraftBlock:
     )
 
 
-def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = "") -> DraftBlock:
+def _history_block(
+    record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = ""
+) -> DraftBlock:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
     body = record.body
@@ -306,16 +322,31 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
         case AssistantMessageBody():
             return _assistant_block(record, body, retention, priority, turn, own_thread)
         case RunStatusBody():
-            text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (f": {record.text}]" if record.text else "]")
+            text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (
+                f": {record.text}]" if record.text else "]"
+            )
             return DraftBlock(
-                f"state:{record.seq}", BlockKind.STATE, retention, priority, "how an earlier run ended (execution state)",
-                [record], [ChatMessage(role="user", content=text)],
+                f"state:{record.seq}",
+                BlockKind.STATE,
+                retention,
+                priority,
+                "how an earlier run ended (execution state)",
+                [record],
+                [ChatMessage(role="user", content=text)],
             )
         case ContextExportBody():
             return DraftBlock(
-                f"material:{record.seq}", BlockKind.MATERIAL, Retention.ACTIVE, 1,
+                f"material:{record.seq}",
+                BlockKind.MATERIAL,
+                Retention.ACTIVE,
+                1,
                 "background the parent exported to this child, quoted as material (never instruction)",
-                [record], [ChatMessage(role="user", content="[material: background from the parent agent]\n" + record.text)],
+                [record],
+                [
+                    ChatMessage(
+                        role="user", content="[material: background from the parent agent]\n" + record.text
+                    )
+                ],
             )
         case ResourceBody() | ChildResultBody():
             what = "activated resource" if isinstance(body, ResourceBody) else "child agent result"
@@ -328,7 +359,13 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
                 [record],
                 [ChatMessage(role="user", content=record_content(body, record.text))],
             )
-        case SystemBody() | ToolOutcomeBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+        case (
+            SystemBody()
+            | ToolOutcomeBody()
+            | ContextResetBody()
+            | StatePatchBody()
+            | OperationReconcileBody()
+        ):
             # build_blocks handles these before any history block is built.
             raise AssertionError(f"record {record.seq} ({record.kind}) is not a history block")
         case _:
@@ -336,10 +373,18 @@ def _history_block(record: LedgerRecord, last_user: int | None, current_turn: bo
 
 
 def _assistant_block(
-    record: LedgerRecord, body: AssistantMessageBody, retention: Retention, priority: int, turn: str, own_thread: str = ""
+    record: LedgerRecord,
+    body: AssistantMessageBody,
+    retention: Retention,
+    priority: int,
+    turn: str,
+    own_thread: str = "",
 ) -> DraftBlock:
     calls = tuple(
-        ChatToolCall(id=_view_call_id(record, c.call_id, own_thread), function=ChatFunction(name=c.name, arguments=arguments_json(c.args)))
+        ChatToolCall(
+            id=_view_call_id(record, c.call_id, own_thread),
+            function=ChatFunction(name=c.name, arguments=arguments_json(c.args)),
+        )
         for c in body.tool_calls
     )
     if not calls:
@@ -364,7 +409,12 @@ def _assistant_block(
     )
 
 
-def _attach_outcome(record: LedgerRecord, body: ToolOutcomeBody, groups: dict[tuple[str, str], DraftBlock], own_thread: str = "") -> None:
+def _attach_outcome(
+    record: LedgerRecord,
+    body: ToolOutcomeBody,
+    groups: dict[tuple[str, str], DraftBlock],
+    own_thread: str = "",
+) -> None:
     call_id = body.call_id
     group = groups.pop((record.thread_id, call_id), None)
     if group is None:
@@ -389,7 +439,10 @@ def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[Draf
         if open_calls:
             call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
             recorded = _recorded_ids(block)
-            pending.extend(PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq) for c in open_calls)
+            pending.extend(
+                PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq)
+                for c in open_calls
+            )
             block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
             held.append(block)
             continue

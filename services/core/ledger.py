@@ -70,7 +70,15 @@ from services.core.hashing import GENESIS_HASH, canonical_json, chain_hash, sha2
 from services.core.runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from services.core.state import StateView, StateWrite, effects_of, plan_patch, tool_spec
 from services.core.counting import is_model_step, is_new_question
-from services.core.render import RenderedCall, TokenCounts, arguments_json, content_of, count_record, telling_line, trim_tool_text
+from services.core.render import (
+    RenderedCall,
+    TokenCounts,
+    arguments_json,
+    content_of,
+    count_record,
+    telling_line,
+    trim_tool_text,
+)
 from services.core.tokens import EncodingName, TokenCounter
 
 __all__ = [
@@ -536,7 +544,12 @@ class _Chains:
         for blob in blob_list:
             self.blobs.setdefault(blob.sha256, blob)
         self.keys[(cursor.thread_id, event.event_key)] = KnownKey(seq, content_sha)
-        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = seq, record.record_hash, event.event_key, True
+        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = (
+            seq,
+            record.record_hash,
+            event.event_key,
+            True,
+        )
         return seq
 
     def heads(self) -> tuple[HeadWrite, ...]:
@@ -575,14 +588,18 @@ class _Calls:
     def apply(self, event: Event, thread_id: str, seq: int) -> None:
         if isinstance(event, AssistantMessageEvent):
             for call in event.payload.tool_calls:
-                self.known[(thread_id, call.call_id)] = CallState(call.call_id, seq, None, call.name, call.args)
+                self.known[(thread_id, call.call_id)] = CallState(
+                    call.call_id, seq, None, call.name, call.args
+                )
                 self.new_calls.append(NewCall(thread_id, call.call_id, call.name, seq, call.args))
         elif isinstance(event, ToolOutcomeEvent):
             state = self.known[(thread_id, event.payload.call_id)]
             self.known[(thread_id, event.payload.call_id)] = CallState(
                 state.call_id, state.call_seq, seq, state.name, state.args
             )
-            self.outcomes.append(NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value))
+            self.outcomes.append(
+                NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value)
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -601,7 +618,9 @@ class _Sessions:
         self._reads = reads
         self.tenants: dict[str, str] = dict(reads.sessions)
         self.policies: dict[str, str] = {}
-        self.life = Lifecycle.from_reads(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
+        self.life = Lifecycle.from_reads(
+            reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases
+        )
         self.new_runs: list[RunState] = []
         self.run_statuses: dict[str, str] = {}
         self.new_threads: dict[str, ThreadMeta] = {}
@@ -638,7 +657,9 @@ class _Sessions:
             self.resets.append(SessionReset(change.reset_session, thread_id, seq))
         meta = self.life.threads.get(thread_id)
         if meta is not None:
-            self.life.threads[thread_id] = ThreadMeta(meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq)
+            self.life.threads[thread_id] = ThreadMeta(
+                meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq
+            )
 
 
 class _States:
@@ -663,10 +684,16 @@ class _States:
     ) -> PlannedStateWrite | None:
         view = self.views.setdefault(thread_id, _copy_state(self._reads.states.get(thread_id)))
         write = _state_write(event, view, self.catalogs.get(event.session_id), calls, thread_id, seq)
-        return None if write is None else PlannedStateWrite(thread_id, seq, event.event_key, write[0], write[1])
+        return (
+            None if write is None else PlannedStateWrite(thread_id, seq, event.event_key, write[0], write[1])
+        )
 
     def apply(self, event: Event, write: PlannedStateWrite | None, *, pins_release: bool) -> None:
-        if pins_release and event.session_id in self.catalogs and event.session_id not in self._reads.catalogs:
+        if (
+            pins_release
+            and event.session_id in self.catalogs
+            and event.session_id not in self._reads.catalogs
+        ):
             self.session_catalogs[event.session_id] = self.catalogs[event.session_id][0]
         if write is not None:
             self.views[write.thread_id].apply(write.write)
@@ -693,20 +720,37 @@ class _Receipts:
                     continue
                 digest = sha256_hex(canonical_json({"tool": call.name, "args": call.args}))
                 self.operations.add((event.session_id, call.operation_id))
-                self.requested.append(ReceiptRequest(
-                    event.session_id, call.operation_id, thread_id, call.call_id, call.name, digest, event.event_key
-                ))
+                self.requested.append(
+                    ReceiptRequest(
+                        event.session_id,
+                        call.operation_id,
+                        thread_id,
+                        call.call_id,
+                        call.name,
+                        digest,
+                        event.event_key,
+                    )
+                )
         elif isinstance(event, ToolOutcomeEvent):
             out = event.payload
             response = sha256_hex(out.text.encode("utf-8"))
-            self.finished.append(ReceiptFinish(
-                thread_id, out.call_id, _RECEIPT_STATUS[out.status.value], event.event_key, response, out.external_ref
-            ))
+            self.finished.append(
+                ReceiptFinish(
+                    thread_id,
+                    out.call_id,
+                    _RECEIPT_STATUS[out.status.value],
+                    event.event_key,
+                    response,
+                    out.external_ref,
+                )
+            )
         elif isinstance(event, OperationReconcileEvent):
             settle = event.payload
-            self.reconciled.append(ReceiptReconcile(
-                event.session_id, settle.operation_id, settle.status, settle.external_ref, event.event_key
-            ))
+            self.reconciled.append(
+                ReceiptReconcile(
+                    event.session_id, settle.operation_id, settle.status, settle.external_ref, event.event_key
+                )
+            )
 
 
 def _check_operations(event: Event, operations: set[tuple[str, str]]) -> None:
@@ -725,7 +769,10 @@ def _check_operations(event: Event, operations: set[tuple[str, str]]) -> None:
 
 def _check_reconcile(event: Event, operations: set[tuple[str, str]]) -> None:
     """Only the orchestrator's own event settles an operation, and only one that exists."""
-    if isinstance(event, OperationReconcileEvent) and (event.session_id, event.payload.operation_id) not in operations:
+    if (
+        isinstance(event, OperationReconcileEvent)
+        and (event.session_id, event.payload.operation_id) not in operations
+    ):
         raise UnknownOperation(event.payload.operation_id)
 
 
@@ -749,8 +796,17 @@ def _state_write(
     observed = event.client_ts.isoformat() if event.client_ts else None
     if isinstance(event, StatePatchEvent):
         p = event.payload
-        write = plan_patch(state, p.ops, source=p.source, based_on=p.based_on_version, rules=rules,
-                           event_key=event.event_key, seq=seq, observed_at=observed, evidence=p.evidence)
+        write = plan_patch(
+            state,
+            p.ops,
+            source=p.source,
+            based_on=p.based_on_version,
+            rules=rules,
+            event_key=event.event_key,
+            seq=seq,
+            observed_at=observed,
+            evidence=p.evidence,
+        )
         return write, p.ops
     if isinstance(event, ToolOutcomeEvent) and catalog is not None:
         call = calls.get((thread_id, event.payload.call_id))
@@ -761,9 +817,17 @@ def _state_write(
         if not ops:
             return None
         try:
-            write = plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
-                               event_key=event.event_key, seq=seq, observed_at=observed,
-                               evidence=(f"call:{event.payload.call_id}", event.event_key))
+            write = plan_patch(
+                state,
+                ops,
+                source="tool_effect",
+                based_on={},
+                rules=rules,
+                event_key=event.event_key,
+                seq=seq,
+                observed_at=observed,
+                evidence=(f"call:{event.payload.call_id}", event.event_key),
+            )
         except InvalidEvent:
             # A catalog whose effect writes outside its own rules changes no state; the outcome
             # itself is still recorded — it happened.
@@ -914,7 +978,11 @@ def _build_record(
         # A failed output keeps its telling line even when it sits in the part the cut leaves out.
         keep = telling_line(text) if event.payload.status is not ToolStatus.SUCCESS else None
         trimmed = trim_tool_text(
-            text, counters["o200k_base"], max_tokens=limits.tool_result_max_tokens, blob_ref=blob_ref(text_sha), keep=keep
+            text,
+            counters["o200k_base"],
+            max_tokens=limits.tool_result_max_tokens,
+            blob_ref=blob_ref(text_sha),
+            keep=keep,
         )
         if trimmed is not None:
             view_text = trimmed[0]

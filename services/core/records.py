@@ -246,7 +246,9 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 "completion" if p.get("purpose") == "completion" else "action",
             )
         case RecordKind.TOOL_OUTCOME:
-            return ToolOutcomeBody(_str(p, "call_id"), ToolStatus(_str(p, "status", "success")), _opt(p, "external_ref"))
+            return ToolOutcomeBody(
+                _str(p, "call_id"), ToolStatus(_str(p, "status", "success")), _opt(p, "external_ref")
+            )
         case RecordKind.RESOURCE_ACTIVATED:
             return ResourceBody(_str(p, "resource_id"), _opt(p, "revision"), _opt(p, "uri"), _opt(p, "title"))
         case RecordKind.CHILD_RESULT:
@@ -265,7 +267,9 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
         case RecordKind.CONTEXT_EXPORT:
             refs = p.get("refs")
             pairs = tuple(
-                (str(r["thread_id"]), int(str(r["seq"]))) for r in (refs if isinstance(refs, list) else []) if isinstance(r, dict)
+                (str(r["thread_id"]), int(str(r["seq"])))
+                for r in (refs if isinstance(refs, list) else [])
+                if isinstance(r, dict)
             )
             return ContextExportBody(pairs, _str(p, "note"), p.get("_resolved") is True)
         case RecordKind.CONTEXT_RESET:
@@ -292,7 +296,9 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
 
 def _call(c: Mapping[str, JsonValue]) -> CallBody:
     args = c.get("args")
-    return CallBody(_str(c, "call_id"), _str(c, "name"), args if isinstance(args, dict) else {}, _opt(c, "operation_id"))
+    return CallBody(
+        _str(c, "call_id"), _str(c, "name"), args if isinstance(args, dict) else {}, _opt(c, "operation_id")
+    )
 
 
 def call_json(c: CallBody) -> dict[str, JsonValue]:

@@ -72,7 +72,8 @@ _BLOB_REF = re.compile(r"ctx://blob/[0-9a-f]{64}")
 _TELLING = (
     re.compile(r"\b\w*(Error|Exception)\b|\bFAILED\b|\bFAIL:|Traceback"),
     re.compile(
-        r"\berror\b|\bfatal\b|\bfail(ed|ure)?\b|\bassert|exit (status|code)|returncode|\bdenied\b|not found", re.IGNORECASE
+        r"\berror\b|\bfatal\b|\bfail(ed|ure)?\b|\bassert|exit (status|code)|returncode|\bdenied\b|not found",
+        re.IGNORECASE,
     ),
 )
 _TELLING_MAX_CHARS = 300
@@ -139,7 +140,11 @@ def _child_result_text(body: ChildResultBody) -> str:
         f"[material: result of child agent {body.child_instance_id}, status {body.status}]",
         f"Conclusion: {body.conclusion}",
     ]
-    for label, items in (("Evidence", body.evidence_refs), ("Artifacts", body.artifact_refs), ("Unresolved", body.unresolved)):
+    for label, items in (
+        ("Evidence", body.evidence_refs),
+        ("Artifacts", body.artifact_refs),
+        ("Unresolved", body.unresolved),
+    ):
         if items:
             lines.append(f"{label}: " + "; ".join(items))
     return "\n".join(lines)
@@ -176,7 +181,11 @@ def trim_tool_text(
     if keep is not None and (keep in head or keep in tail):
         return trim_tool_text(text, counter, max_tokens=max_tokens + counter.count(kept), blob_ref=blob_ref)
     lines = text.count("\n") + 1
-    marker = omitted_marker(full - head_n - tail_n, full, f"(full output: {len(text)} chars, {lines} lines; read it back from {blob_ref})")
+    marker = omitted_marker(
+        full - head_n - tail_n,
+        full,
+        f"(full output: {len(text)} chars, {lines} lines; read it back from {blob_ref})",
+    )
     return head + marker + kept + tail, full
 
 
@@ -207,7 +216,10 @@ def tool_schema_text(name: str, description: str, parameters: Mapping[str, JsonV
 def tool_wire_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:
     """One entry of the ``tools`` array as the provider is sent it (OpenAI function shape)."""
     return json.dumps(
-        {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}},
+        {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters},
+        },
         ensure_ascii=False,
         separators=(",", ":"),
     )

@@ -34,13 +34,18 @@ _PRIMING = 3
 def tools_wire(tools: Sequence[ToolSchema]) -> list[dict[str, JsonValue]]:
     """The tools array as an OpenAI-compatible endpoint is sent it."""
     return [
-        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
         for t in tools
     ]
 
 
 def count_request(
-    messages: Sequence[Mapping[str, JsonValue]], tools: Sequence[Mapping[str, JsonValue]], counter: TokenCounter
+    messages: Sequence[Mapping[str, JsonValue]],
+    tools: Sequence[Mapping[str, JsonValue]],
+    counter: TokenCounter,
 ) -> int:
     """Tokens of a chat request given as its wire JSON (messages and tools array)."""
     total = _PRIMING

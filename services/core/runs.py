@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 from contracts import ContextExportEvent, ContextResetEvent, Event, RunStatusEvent, thread_id_of
 
-from services.errors import GrantViolation, InvalidEvent, ReleaseMismatch, RunActive, ScopeViolation, UnknownInstance
+from services.errors import (
+    GrantViolation,
+    InvalidEvent,
+    ReleaseMismatch,
+    RunActive,
+    ScopeViolation,
+    UnknownInstance,
+)
 
 __all__ = ["Lifecycle", "LifecycleChange", "RunState", "ThreadMeta"]
 
@@ -91,9 +98,15 @@ class Lifecycle:
             change = self._check_resume(event, meta)
         role = change.new_thread.role if change.new_thread else (meta.role if meta else "main")
         self._check_kind(event, role)
-        parent = change.new_thread.parent_thread_id if change.new_thread else (meta.parent_thread_id if meta else None)
+        parent = (
+            change.new_thread.parent_thread_id
+            if change.new_thread
+            else (meta.parent_thread_id if meta else None)
+        )
         self._check_export(event, parent)
-        status = (event.run_id, event.payload.status) if isinstance(event, RunStatusEvent) else change.run_status
+        status = (
+            (event.run_id, event.payload.status) if isinstance(event, RunStatusEvent) else change.run_status
+        )
         reset = event.session_id if isinstance(event, ContextResetEvent) else None
         return LifecycleChange(change.new_run, change.new_thread, status, principal, release, reset)
 
@@ -142,17 +155,27 @@ class Lifecycle:
         if event.parent_instance_id is not None:
             parent = self.threads.get(thread_id_of(event.run_id, event.parent_instance_id))
             if parent is None or parent.session_id != event.session_id:
-                raise UnknownInstance(thread_id, f"parent instance {event.parent_instance_id} has no thread in run {event.run_id}")
-            return LifecycleChange(new_thread=ThreadMeta(thread_id, event.session_id, "child", parent.thread_id, 0))
+                raise UnknownInstance(
+                    thread_id,
+                    f"parent instance {event.parent_instance_id} has no thread in run {event.run_id}",
+                )
+            return LifecycleChange(
+                new_thread=ThreadMeta(thread_id, event.session_id, "child", parent.thread_id, 0)
+            )
         if run is not None:
             if run.session_id != event.session_id:
                 raise ScopeViolation(thread_id, event.session_id, run.session_id)
-            raise UnknownInstance(thread_id, f"run {event.run_id} already has main thread {run.main_thread_id}; a child names parent_instance_id")
+            raise UnknownInstance(
+                thread_id,
+                f"run {event.run_id} already has main thread {run.main_thread_id}; a child names parent_instance_id",
+            )
         other = self.active.get(event.session_id)
         if other is not None:
             raise RunActive(event.session_id, other, event.run_id)
         new_run = RunState(event.run_id, event.session_id, "active", thread_id)
-        return LifecycleChange(new_run=new_run, new_thread=ThreadMeta(thread_id, event.session_id, "main", None, 0))
+        return LifecycleChange(
+            new_run=new_run, new_thread=ThreadMeta(thread_id, event.session_id, "main", None, 0)
+        )
 
     def _check_resume(self, event: Event, meta: ThreadMeta) -> LifecycleChange:
         if meta.role != "main" or isinstance(event, RunStatusEvent):
@@ -177,5 +200,9 @@ class Lifecycle:
             return
         parent_meta = self.threads.get(parent or "")
         for ref in event.payload.refs:
-            if parent_meta is None or ref.thread_id != parent_meta.thread_id or ref.seq > parent_meta.last_seq:
+            if (
+                parent_meta is None
+                or ref.thread_id != parent_meta.thread_id
+                or ref.seq > parent_meta.last_seq
+            ):
                 raise GrantViolation(event.thread_id, ref.thread_id, ref.seq)

@@ -24,7 +24,13 @@ from pydantic import JsonValue
 
 from contracts import PatchOp, PathRule, StatePatchPayload, ToolCatalog, ToolSpec
 
-from services.errors import AuthorityViolation, InvalidEvent, InvariantViolation, StaleStateVersion, UnregisteredPath
+from services.errors import (
+    AuthorityViolation,
+    InvalidEvent,
+    InvariantViolation,
+    StaleStateVersion,
+    UnregisteredPath,
+)
 from services.core.hashing import canonical_json, sha256_hex
 from services.core.records import (
     AssistantMessageBody,
@@ -62,16 +68,51 @@ __all__ = [
 _Verdict = Literal["commit", "proposal", "deny"]
 # design D7.3. "Confirmation" (a user on a business fact) commits; "Proposal" is recorded, not applied.
 AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
-    "tool_fact": {"tool_effect": "commit", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
+    "tool_fact": {
+        "tool_effect": "commit",
+        "user": "deny",
+        "model_proposal": "deny",
+        "orchestrator": "commit",
+    },
     "goal": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
-    "preference": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
-    "business_fact": {"tool_effect": "commit", "user": "commit", "model_proposal": "deny", "orchestrator": "commit"},
-    "plan": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
-    "open_question": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
+    "preference": {
+        "tool_effect": "deny",
+        "user": "commit",
+        "model_proposal": "proposal",
+        "orchestrator": "commit",
+    },
+    "business_fact": {
+        "tool_effect": "commit",
+        "user": "commit",
+        "model_proposal": "deny",
+        "orchestrator": "commit",
+    },
+    "plan": {
+        "tool_effect": "proposal",
+        "user": "commit",
+        "model_proposal": "commit",
+        "orchestrator": "commit",
+    },
+    "open_question": {
+        "tool_effect": "proposal",
+        "user": "commit",
+        "model_proposal": "commit",
+        "orchestrator": "commit",
+    },
     "audit": {"tool_effect": "deny", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
     # Constraints keep the user's own words; a model may suggest one, never impose it.
-    "constraint": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
-    "decision": {"tool_effect": "proposal", "user": "commit", "model_proposal": "commit", "orchestrator": "commit"},
+    "constraint": {
+        "tool_effect": "deny",
+        "user": "commit",
+        "model_proposal": "proposal",
+        "orchestrator": "commit",
+    },
+    "decision": {
+        "tool_effect": "proposal",
+        "user": "commit",
+        "model_proposal": "commit",
+        "orchestrator": "commit",
+    },
 }
 # The plan lifecycle (design D7.8): where a plan's status may go from where it is.
 PLAN_TRANSITIONS: Mapping[str | None, frozenset[str]] = {
@@ -140,7 +181,9 @@ def pattern_regex(pattern: str) -> re.Pattern[str]:
 
 def _pattern_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\{[A-Za-z0-9_]+\})", pattern)
-    return re.compile("^" + "".join("[A-Za-z0-9_\\-]+" if p.startswith("{") else re.escape(p) for p in parts) + "$")
+    return re.compile(
+        "^" + "".join("[A-Za-z0-9_\\-]+" if p.startswith("{") else re.escape(p) for p in parts) + "$"
+    )
 
 
 def _rule_for(path: str, rules: Sequence[PathRule]) -> PathRule:
@@ -208,18 +251,44 @@ def _apply_op(op: PatchOp, current: Fact | None, kind: str = "") -> tuple[JsonVa
             return op.value, False
 
 
-def _supersede(path: str, value: JsonValue, unknown: bool, source: str, event_key: str, seq: int,
-               observed_at: str | None, current: Fact | None) -> Fact:
+def _supersede(
+    path: str,
+    value: JsonValue,
+    unknown: bool,
+    source: str,
+    event_key: str,
+    seq: int,
+    observed_at: str | None,
+    current: Fact | None,
+) -> Fact:
     status: Literal["known", "unknown", "conflicted"] = "unknown" if unknown else "known"
     if current is None:
         return Fact(path, value, status, source, event_key, seq, observed_at)
     older = observed_at is not None and current.observed_at is not None and observed_at < current.observed_at
     if older and _RANK[source] == _RANK[current.source] and current.value != value and not unknown:
         # Same rank, arriving late with an older observation: neither wins silently.
-        return Fact(path, current.value, "conflicted", current.source, current.event_key, current.seq, current.observed_at,
-                    supersedes=event_key, superseded_value=value)
-    return Fact(path, value, status, source, event_key, seq, observed_at, supersedes=current.event_key,
-                superseded_value=current.value)
+        return Fact(
+            path,
+            current.value,
+            "conflicted",
+            current.source,
+            current.event_key,
+            current.seq,
+            current.observed_at,
+            supersedes=event_key,
+            superseded_value=value,
+        )
+    return Fact(
+        path,
+        value,
+        status,
+        source,
+        event_key,
+        seq,
+        observed_at,
+        supersedes=current.event_key,
+        superseded_value=current.value,
+    )
 
 
 def plan_patch(
@@ -255,7 +324,9 @@ def plan_patch(
     return StateWrite(tuple(facts), {} if proposal else versions, proposal)
 
 
-def _fill(template: str, args: Mapping[str, JsonValue], result: Mapping[str, JsonValue] | None) -> JsonValue | None:
+def _fill(
+    template: str, args: Mapping[str, JsonValue], result: Mapping[str, JsonValue] | None
+) -> JsonValue | None:
     whole = _TEMPLATE.fullmatch(template)
     if whole:
         source = args if whole.group(1) == "args" else (result or {})
@@ -314,14 +385,19 @@ def render_facts(facts: Iterable[Fact]) -> str:
         if fact.status == "stale":
             line += "; may no longer hold — check before relying on it"
         if fact.supersedes is not None and fact.status != "conflicted":
-            line += f"; supersedes {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
+            line += (
+                f"; supersedes {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
+            )
         if fact.status == "conflicted":
             line += f"; conflicts with {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
         lines.append(line)
     return "\n".join(lines)
 
 
-def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue], str, str | None]], catalog: ToolCatalog | None) -> StateView:
+def rebuild_state(
+    records: Iterable[tuple[int, str, str, Mapping[str, JsonValue], str, str | None]],
+    catalog: ToolCatalog | None,
+) -> StateView:
     """Replay a thread's records (seq, event key, kind, payload, full text, client time) into its state.
 
     The recorder wrote the same facts through the same functions, so a stored projection that differs
@@ -338,8 +414,19 @@ def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue]
             case StatePatchBody():
                 # The ops are applied as the contract reads them, exactly as the recorder did.
                 patch = StatePatchPayload.model_validate(payload)
-                state.apply(plan_patch(state, patch.ops, source=patch.source, based_on=patch.based_on_version, rules=rules,
-                                       event_key=key, seq=seq, observed_at=observed, evidence=patch.evidence))
+                state.apply(
+                    plan_patch(
+                        state,
+                        patch.ops,
+                        source=patch.source,
+                        based_on=patch.based_on_version,
+                        rules=rules,
+                        event_key=key,
+                        seq=seq,
+                        observed_at=observed,
+                        evidence=patch.evidence,
+                    )
+                )
             case ToolOutcomeBody():
                 if catalog is None:
                     continue
@@ -348,8 +435,18 @@ def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue]
                 ops = effects_of(spec, args, body.status.value, text) if spec else []
                 if ops:
                     try:
-                        state.apply(plan_patch(state, ops, source="tool_effect", based_on={}, rules=rules,
-                                               event_key=key, seq=seq, observed_at=observed))
+                        state.apply(
+                            plan_patch(
+                                state,
+                                ops,
+                                source="tool_effect",
+                                based_on={},
+                                rules=rules,
+                                event_key=key,
+                                seq=seq,
+                                observed_at=observed,
+                            )
+                        )
                     except InvalidEvent:
                         pass
             case (
@@ -371,7 +468,9 @@ def rebuild_state(records: Iterable[tuple[int, str, str, Mapping[str, JsonValue]
 def state_hash(state: StateView) -> str:
     """A hash of the current state, to compare a stored projection with a replay."""
     body: dict[str, JsonValue] = {
-        "facts": {p: [f.value, f.status, f.source, f.event_key, f.seq] for p, f in sorted(state.facts.items())},
+        "facts": {
+            p: [f.value, f.status, f.source, f.event_key, f.seq] for p, f in sorted(state.facts.items())
+        },
         "versions": dict(sorted(state.versions.items())),
     }
     return sha256_hex(canonical_json(body))
@@ -387,4 +486,3 @@ def tool_spec(catalog: ToolCatalog | None, name: str) -> ToolSpec | None:
 def with_payload(payload: StatePatchPayload) -> tuple[Sequence[PatchOp], str, Mapping[str, int]]:
     """The parts of a patch event ``plan_patch`` needs."""
     return payload.ops, payload.source, payload.based_on_version
-

@@ -74,13 +74,18 @@ def _read_shipped(name: EncodingName) -> bytes:
         raise TokenizerDataError(f"shipped encoding {name} is unreadable: {exc}") from exc
     digest = hashlib.sha256(data).hexdigest()
     if digest != _SOURCES[name].sha256:
-        raise TokenizerDataError(f"shipped encoding {name} has sha256 {digest}, expected {_SOURCES[name].sha256}")
+        raise TokenizerDataError(
+            f"shipped encoding {name} has sha256 {digest}, expected {_SOURCES[name].sha256}"
+        )
     return data
 
 
 def _ranks(data: bytes) -> dict[bytes, int]:
     """A ``.tiktoken`` file's mergeable ranks (what ``tiktoken.load.load_tiktoken_bpe`` returns)."""
-    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+    return {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in data.splitlines() if line)
+    }
 
 
 def _load(name: EncodingName) -> tiktoken.Encoding:

@@ -89,7 +89,11 @@ def _parse(name: str, lines: Iterator[str]) -> Iterator[TraceLine]:
 
 
 def _call(name: str, number: int, raw: object) -> TraceCall:
-    if not isinstance(raw, dict) or not isinstance(raw.get("call_id"), str) or not isinstance(raw.get("name"), str):
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("call_id"), str)
+        or not isinstance(raw.get("name"), str)
+    ):
         raise TraceFormatError(name, number, "a tool call needs a string call_id and name")
     args = raw.get("args", {})
     if not isinstance(args, dict):

@@ -83,7 +83,12 @@ __all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "inbox
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
 # Errors of a connection that is down (reconnecting, draining, closed): the fleet is unreachable.
-_DISCONNECTED = (ConnectionClosedError, ConnectionReconnectingError, ConnectionDrainingError, OutboundBufferLimitError)
+_DISCONNECTED = (
+    ConnectionClosedError,
+    ConnectionReconnectingError,
+    ConnectionDrainingError,
+    OutboundBufferLimitError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +100,12 @@ class AppendAck:
 
 
 async def connect_nats(
-    nats_url: str, *, name: str, max_reconnect_attempts: int = -1, reconnect_wait_s: float | None = 0.5, **options: Any
+    nats_url: str,
+    *,
+    name: str,
+    max_reconnect_attempts: int = -1,
+    reconnect_wait_s: float | None = 0.5,
+    **options: Any,
 ) -> NatsClient:
     """A connection for a long-running process: fail fast at start, then reconnect for ever.
 
@@ -135,7 +145,9 @@ def inbox_prefix(user: str | None) -> str:
 class FleetClient:
     """A connection to the fleet over NATS, speaking for one tenant."""
 
-    def __init__(self, nc: NatsClient, denials: _Denials | None = None, *, tenant: str = DEFAULT_TENANT) -> None:
+    def __init__(
+        self, nc: NatsClient, denials: _Denials | None = None, *, tenant: str = DEFAULT_TENANT
+    ) -> None:
         self.tenant = check_tenant(tenant)
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
@@ -168,10 +180,16 @@ class FleetClient:
                 retried, only a connection that was up and dropped).
         """
         denials = _Denials(options.pop("error_cb", None))
-        options.setdefault("inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username))
+        options.setdefault(
+            "inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username)
+        )
         nc = await connect_nats(
-            nats_url, name=name, max_reconnect_attempts=max_reconnect_attempts, reconnect_wait_s=reconnect_wait_s,
-            error_cb=denials.on_error, **options,
+            nats_url,
+            name=name,
+            max_reconnect_attempts=max_reconnect_attempts,
+            reconnect_wait_s=reconnect_wait_s,
+            error_cb=denials.on_error,
+            **options,
         )
         return cls(nc, denials, tenant=tenant)
 
@@ -198,7 +216,13 @@ class FleetClient:
         return await self._publish(event.thread_id, event.event_key, data, event.session_id, timeout)
 
     async def append_raw(
-        self, thread_id: str, event_key: str, data: bytes, *, session_id: str | None = None, timeout: float = 10.0
+        self,
+        thread_id: str,
+        event_key: str,
+        data: bytes,
+        *,
+        session_id: str | None = None,
+        timeout: float = 10.0,
     ) -> AppendAck:
         """Publish raw bytes as an event of ``thread_id`` (the fleet validates them).
 
@@ -208,9 +232,13 @@ class FleetClient:
         checks that), ``event_key`` otherwise.
         """
         body_session, body_key = _envelope_of(data)
-        return await self._publish(thread_id, body_key or event_key, data, session_id or body_session, timeout)
+        return await self._publish(
+            thread_id, body_key or event_key, data, session_id or body_session, timeout
+        )
 
-    async def _publish(self, thread_id: str, event_key: str, data: bytes, session: str, timeout: float) -> AppendAck:
+    async def _publish(
+        self, thread_id: str, event_key: str, data: bytes, session: str, timeout: float
+    ) -> AppendAck:
         limit = self._nc.max_payload
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
@@ -220,7 +248,11 @@ class FleetClient:
             ack = await self._denials.guard(
                 subject,
                 self._js.publish(
-                    subject, data, stream=EVENTS_STREAM, timeout=timeout, headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)}
+                    subject,
+                    data,
+                    stream=EVENTS_STREAM,
+                    timeout=timeout,
+                    headers={"Nats-Msg-Id": msg_id_of(thread_id, event_key, data)},
                 ),
             )
         except MaxPayloadError as exc:
@@ -233,7 +265,9 @@ class FleetClient:
         """The prepared context for the request's thread; raises the fleet's typed errors."""
         thread_id = f"{request.run_id}.{request.instance_id}"
         wait = timeout if timeout is not None else request.wait_ms / 1000 + 10.0
-        body = await self._request(prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait)
+        body = await self._request(
+            prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait
+        )
         return PreparedContext.model_validate_json(body)
 
     async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
@@ -249,11 +283,15 @@ class FleetClient:
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
-        return ReadReply.model_validate_json(await self._request(self._of_tenant(READ), request.model_dump_json().encode(), timeout))
+        return ReadReply.model_validate_json(
+            await self._request(self._of_tenant(READ), request.model_dump_json().encode(), timeout)
+        )
 
     async def register_policy(self, policy: ContextPolicy, *, timeout: float = 10.0) -> PolicyRegistered:
         """Register ``policy`` as the next revision of its name; new sessions naming it use it."""
-        body = await self._request(self._of_tenant(POLICY_REGISTER), policy.model_dump_json().encode(), timeout)
+        body = await self._request(
+            self._of_tenant(POLICY_REGISTER), policy.model_dump_json().encode(), timeout
+        )
         return PolicyRegistered.model_validate_json(body)
 
     async def search(self, request: SearchRequest, *, timeout: float = 10.0) -> SearchReply:
@@ -263,12 +301,16 @@ class FleetClient:
 
     async def operation_status(self, request: OperationStatusRequest, *, timeout: float = 10.0) -> Receipt:
         """The receipt of an operation: ask before re-executing anything after a crash."""
-        body = await self._request(self._of_tenant(OPERATION_STATUS), request.model_dump_json().encode(), timeout)
+        body = await self._request(
+            self._of_tenant(OPERATION_STATUS), request.model_dump_json().encode(), timeout
+        )
         return Receipt.model_validate_json(body)
 
     async def register_catalog(self, catalog: ToolCatalog, *, timeout: float = 10.0) -> CatalogRegistered:
         """Register a release's tool catalog (tools, declared reads and effects, state paths)."""
-        body = await self._request(self._of_tenant(TOOLS_REGISTER), catalog.model_dump_json().encode(), timeout)
+        body = await self._request(
+            self._of_tenant(TOOLS_REGISTER), catalog.model_dump_json().encode(), timeout
+        )
         return CatalogRegistered.model_validate_json(body)
 
     def _of_tenant(self, base: str) -> str:
@@ -285,12 +327,15 @@ class FleetClient:
         deadline = int(time.time() * 1000 + timeout * 1000)
         try:
             reply = await self._denials.guard(
-                subject, self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)})
+                subject,
+                self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)}),
             )
         except NoRespondersError as exc:
             raise FleetUnavailable(f"no assembler is serving {subject}") from exc
         except _DISCONNECTED as exc:
-            raise FleetUnavailable(f"the NATS connection dropped during {subject}: {type(exc).__name__}") from exc
+            raise FleetUnavailable(
+                f"the NATS connection dropped during {subject}: {type(exc).__name__}"
+            ) from exc
         except NatsTimeout as exc:
             raise FleetUnavailable(f"no reply on {subject} within {timeout:.1f}s") from exc
         if _is_error(reply.data):

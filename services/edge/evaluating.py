@@ -31,7 +31,15 @@ from services.edge.replay import ReplayOptions, trace_events
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 
-__all__ = ["EvalReport", "EvalTrace", "FleetRun", "evaluate", "fleet_context", "policy_name", "run_through_fleet"]
+__all__ = [
+    "EvalReport",
+    "EvalTrace",
+    "FleetRun",
+    "evaluate",
+    "fleet_context",
+    "policy_name",
+    "run_through_fleet",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +68,9 @@ class EvalReport:
 
     def aggregate(self) -> dict[int, dict[str, SystemScore]]:
         """Per budget, each system's figures summed over the traces."""
-        out: dict[int, dict[str, SystemScore]] = {b: {s: SystemScore(s) for s in SYSTEMS} for b in self.budgets}
+        out: dict[int, dict[str, SystemScore]] = {
+            b: {s: SystemScore(s) for s in SYSTEMS} for b in self.budgets
+        }
         for score in self.traces:
             for name, system in score.systems.items():
                 out[score.budget][name].merge(system)
@@ -73,7 +83,8 @@ class EvalReport:
             "system_prompt_tokens": self.system_prompt_tokens,
             "counting": "o200k_base, OpenAI chat framing: content, role, tool call id/name/arguments, tool_call_id, tools",
             "aggregate": {
-                str(b): {name: s.as_json() for name, s in systems.items()} for b, systems in self.aggregate().items()
+                str(b): {name: s.as_json() for name, s in systems.items()}
+                for b, systems in self.aggregate().items()
             },
             "traces": [t.as_json() for t in self.traces],
         }
@@ -88,9 +99,15 @@ def fleet_context(prepared: PreparedContext) -> FleetContext:
     """What the model sees of a prepared context, with its summary's tokens."""
     tools = tuple(t.model_dump(mode="json") for t in prepared.tools)
     # The summary's own text, as its share bounds it (the block also counts its message framing).
-    summary = sum(b.tokens - MESSAGE_OVERHEAD * b.message_count for b in prepared.blocks if b.kind == BlockKind.SUMMARY)
+    summary = sum(
+        b.tokens - MESSAGE_OVERHEAD * b.message_count for b in prepared.blocks if b.kind == BlockKind.SUMMARY
+    )
     return FleetContext(
-        tuple(prepared.openai_messages()), tools, summary, prepared.budget_report.used.total, prepared.compaction_wait_ms
+        tuple(prepared.openai_messages()),
+        tools,
+        summary,
+        prepared.budget_report.used.total,
+        prepared.compaction_wait_ms,
     )
 
 
@@ -98,7 +115,9 @@ async def run_through_fleet(
     client: FleetClient, lines: Sequence[TraceLine], *, session_id: str, budget: int, wait_ms: int = 30_000
 ) -> FleetRun:
     """Replay ``lines`` into a fresh session under ``policy_name(budget)``; prepare before each assistant message."""
-    options = ReplayOptions(session_id=session_id, model_profile=None, budget_tokens=budget, policy=policy_name(budget))
+    options = ReplayOptions(
+        session_id=session_id, model_profile=None, budget_tokens=budget, policy=policy_name(budget)
+    )
     outcomes: list[FleetOutcome] = []
     last_key: dict[str, str] = {}
     for event in trace_events(lines, options):
@@ -145,11 +164,17 @@ async def evaluate(
     counter = ContextCounter(counter_for("o200k_base"))
     report = EvalReport(tuple(budgets))
     for budget in budgets:
-        await client.register_policy(ContextPolicy(name=policy_name(budget), model_profile=None, budget_tokens=budget))
+        await client.register_policy(
+            ContextPolicy(name=policy_name(budget), model_profile=None, budget_tokens=budget)
+        )
     for t_index, trace in enumerate(traces):
         for budget in budgets:
-            run = await run_through_fleet(client, trace.lines, session_id=f"{session_prefix}-t{t_index}-b{budget}", budget=budget)
-            score = score_trace(trace.name, trace.lines, budget, run.outcomes, counter, compactions=run.compactions)
+            run = await run_through_fleet(
+                client, trace.lines, session_id=f"{session_prefix}-t{t_index}-b{budget}", budget=budget
+            )
+            score = score_trace(
+                trace.name, trace.lines, budget, run.outcomes, counter, compactions=run.compactions
+            )
             report.traces.append(score)
             if on_done is not None:
                 on_done(score)

@@ -33,7 +33,13 @@ from pydantic import JsonValue, ValidationError
 
 from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
 from services.core.render import arguments_json, record_content
-from services.core.compaction.model import Segment, SegmentTooLong, StructuredSummary, SummarizerFailed, cited_seqs
+from services.core.compaction.model import (
+    Segment,
+    SegmentTooLong,
+    StructuredSummary,
+    SummarizerFailed,
+    cited_seqs,
+)
 
 __all__ = [
     "SUMMARY_INSTRUCTION",
@@ -262,7 +268,11 @@ def _chat_text(reply: Mapping[str, object]) -> str:
         raise SummarizerFailed("malformed", "chat completion without choices")
     choice = _obj(choices[0])
     message = _obj(choice.get("message"))
-    if message.get("tool_calls") or message.get("function_call") or choice.get("finish_reason") == "tool_calls":
+    if (
+        message.get("tool_calls")
+        or message.get("function_call")
+        or choice.get("finish_reason") == "tool_calls"
+    ):
         raise SummarizerFailed("tool_call", "the model answered with a tool call; no tools were offered")
     if choice.get("finish_reason") == "length":
         raise SummarizerFailed("truncated", "the answer hit the output-token limit (finish_reason length)")
@@ -310,11 +320,15 @@ def _parse_summary(text: str, segment: Segment) -> StructuredSummary:
             {**answer, "covered_from": segment.first_seq, "covered_to": segment.last_seq}
         )
     except ValidationError as exc:
-        raise SummarizerFailed("malformed", f"answer does not match the schema: {exc}"[:_DETAIL_CHARS]) from None
+        raise SummarizerFailed(
+            "malformed", f"answer does not match the schema: {exc}"[:_DETAIL_CHARS]
+        ) from None
     allowed = {r.seq for r in segment.records}
     if segment.parent is not None:
         allowed.update(cited_seqs(segment.parent))
     unknown = sorted(set(cited_seqs(summary)) - allowed)
     if unknown:
-        raise SummarizerFailed("invalid_sources", f"sources {unknown} are not records of the segment or its parent")
+        raise SummarizerFailed(
+            "invalid_sources", f"sources {unknown} are not records of the segment or its parent"
+        )
     return summary

@@ -37,7 +37,14 @@ from contracts import (
 from services.edge.client import FleetClient
 from services.errors import CtxError, PermissionDenied
 from services.core.records import RecordKind
-from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING, RenderedCall, arguments_json, content_of, count_record
+from services.core.render import (
+    MESSAGE_OVERHEAD,
+    REPLY_PRIMING,
+    RenderedCall,
+    arguments_json,
+    content_of,
+    count_record,
+)
 from services.core.tokens import ENCODINGS, counter_for
 from services.core.trace import TraceLine
 
@@ -140,9 +147,13 @@ def _event(line: TraceLine, common: dict[str, object]) -> Event:
             return UserInputEvent(payload=UserInputPayload(text=line.text), **common)
         case RecordKind.ASSISTANT_MESSAGE:
             calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
-            return AssistantMessageEvent(payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common)
+            return AssistantMessageEvent(
+                payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common
+            )
         case RecordKind.TOOL_OUTCOME:
-            payload = ToolOutcomePayload(call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text)
+            payload = ToolOutcomePayload(
+                call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text
+            )
             return ToolOutcomeEvent(payload=payload, **common)
         case (
             RecordKind.RESOURCE_ACTIVATED
@@ -170,7 +181,10 @@ def full_history_tokens(event: Event) -> int:
         else []
     )
     counters = {name: counter_for(name) for name in ENCODINGS}
-    tokens = count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base + MESSAGE_OVERHEAD
+    tokens = (
+        count_record(counters, content_of(event.kind, payload, str(text)), calls).o200k_base
+        + MESSAGE_OVERHEAD
+    )
     if isinstance(event, ToolOutcomeEvent):
         tokens += counters["o200k_base"].count(event.payload.call_id)  # sent as the message's tool_call_id
     return tokens
@@ -201,7 +215,9 @@ async def replay_trace(
             continue
         line = next(line_of)
         if isinstance(event, AssistantMessageEvent) and thread in last_key:
-            entry, latency_ms, ok = await _prepare(client, event, last_key[thread], options, len(report.prepares) + 1, clock)
+            entry, latency_ms, ok = await _prepare(
+                client, event, last_key[thread], options, len(report.prepares) + 1, clock
+            )
             entry["event_line"] = line.line
             entry["full_history_tokens"] = full_so_far.get(thread, 0) + REPLY_PRIMING
             report.prepares.append(entry)
@@ -278,17 +294,23 @@ async def _prepare(
         return failed, latency, False
     latency = (clock() - started) * 1000
     if options.dump_dir is not None:
-        (options.dump_dir / f"{ordinal:04d}.json").write_text(prepared.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return {
-        "seq": ordinal,
-        "prepared_id": prepared.prepared_id,
-        "prepared_tokens": prepared.budget_report.used.total,
-        "input_budget": prepared.budget_report.input_budget,
-        "messages": len(prepared.messages),
-        "omitted_blocks": len(prepared.omitted),
-        "latency_ms": round(latency, 3),
-        "summary_revision": prepared.view_revision,
-        "over_budget": prepared.budget_report.used.total > prepared.budget_report.input_budget,
-        "compaction_wait_ms": prepared.compaction_wait_ms,
-        "reductions": len(prepared.reductions),
-    }, latency, True
+        (options.dump_dir / f"{ordinal:04d}.json").write_text(
+            prepared.model_dump_json(indent=2) + "\n", encoding="utf-8"
+        )
+    return (
+        {
+            "seq": ordinal,
+            "prepared_id": prepared.prepared_id,
+            "prepared_tokens": prepared.budget_report.used.total,
+            "input_budget": prepared.budget_report.input_budget,
+            "messages": len(prepared.messages),
+            "omitted_blocks": len(prepared.omitted),
+            "latency_ms": round(latency, 3),
+            "summary_revision": prepared.view_revision,
+            "over_budget": prepared.budget_report.used.total > prepared.budget_report.input_budget,
+            "compaction_wait_ms": prepared.compaction_wait_ms,
+            "reductions": len(prepared.reductions),
+        },
+        latency,
+        True,
+    )

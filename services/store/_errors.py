@@ -43,7 +43,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
 
 # Unique constraints whose violation means another writer got there first (retry on fresh reads).
-_RACE_CONSTRAINTS = frozenset({"records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"})
+_RACE_CONSTRAINTS = frozenset(
+    {"records_pkey", "records_session_seq", "thread_heads_pkey", "runs_one_active", "runs_pkey"}
+)
 
 
 def _store_fault(exc: asyncpg.PostgresError) -> StoreUnavailable:

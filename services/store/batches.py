@@ -106,7 +106,9 @@ FROM ctx.thread_heads h WHERE h.thread_id = v.thread_id AND h.session_id = $1
 _SET_THREAD_ROLE = "UPDATE ctx.thread_heads SET role = $2, parent_thread_id = $3 WHERE thread_id = $1"
 
 
-_SELECT_POLICY_NAMES = "SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($1::text[]) OR tenant = ''"
+_SELECT_POLICY_NAMES = (
+    "SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($1::text[]) OR tenant = ''"
+)
 
 
 _INSERT_HEAD = """
@@ -163,7 +165,9 @@ FROM ctx.state_facts WHERE thread_id = ANY($1::text[]) AND is_current
 """
 
 
-_SELECT_VERSIONS = "SELECT thread_id, aggregate, version FROM ctx.state_versions WHERE thread_id = ANY($1::text[])"
+_SELECT_VERSIONS = (
+    "SELECT thread_id, aggregate, version FROM ctx.state_versions WHERE thread_id = ANY($1::text[])"
+)
 
 
 _SESSION_CATALOGS = """
@@ -200,10 +204,14 @@ RETURNING version
 """
 
 
-_INSERT_PROPOSAL = "INSERT INTO ctx.state_proposals (thread_id, seq, event_key, ops) VALUES ($1, $2, $3, $4::jsonb)"
+_INSERT_PROPOSAL = (
+    "INSERT INTO ctx.state_proposals (thread_id, seq, event_key, ops) VALUES ($1, $2, $3, $4::jsonb)"
+)
 
 
-_SET_CATALOG = "UPDATE ctx.sessions SET catalog_revision = $2 WHERE session_id = $1 AND catalog_revision IS NULL"
+_SET_CATALOG = (
+    "UPDATE ctx.sessions SET catalog_revision = $2 WHERE session_id = $1 AND catalog_revision IS NULL"
+)
 
 
 _SELECT_OPERATIONS = """
@@ -256,21 +264,35 @@ async def read_for_batch(
         )
         for r in await conn.fetch(_SELECT_HEADS, list(thread_ids))
     }
-    known = {
-        (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
-        for r in await conn.fetch(_SELECT_KEYS, [k[0] for k in keys], [k[1] for k in keys])
-    } if keys else {}
-    states = {
-        (r["thread_id"], r["call_id"]): CallState(
-            r["call_id"], r["call_seq"], r["outcome_seq"], r["name"], json.loads(r["args"]) if r["args"] else {}
-        )
-        for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
-    } if calls else {}
+    known = (
+        {
+            (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
+            for r in await conn.fetch(_SELECT_KEYS, [k[0] for k in keys], [k[1] for k in keys])
+        }
+        if keys
+        else {}
+    )
+    states = (
+        {
+            (r["thread_id"], r["call_id"]): CallState(
+                r["call_id"],
+                r["call_seq"],
+                r["outcome_seq"],
+                r["name"],
+                json.loads(r["args"]) if r["args"] else {},
+            )
+            for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
+        }
+        if calls
+        else {}
+    )
     session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
     sessions = {r["session_id"]: r["tenant"] for r in session_rows}
     principals = {r["session_id"]: r["principal_id"] for r in session_rows}
     releases = {r["session_id"]: r["agent_release"] for r in session_rows}
-    policies = frozenset((r["tenant"], r["name"]) for r in await conn.fetch(_SELECT_POLICY_NAMES, list(tenants)))
+    policies = frozenset(
+        (r["tenant"], r["name"]) for r in await conn.fetch(_SELECT_POLICY_NAMES, list(tenants))
+    )
     runs: dict[str, RunState] = {}
     active: dict[str, str] = {}
     for r in await conn.fetch(_SELECT_RUNS, list(run_ids), list(session_ids)):
@@ -278,7 +300,9 @@ async def read_for_batch(
         if r["status"] == "active":
             active[r["session_id"]] = r["run_id"]
     metas = {
-        r["thread_id"]: ThreadMeta(r["thread_id"], r["session_id"], r["role"], r["parent_thread_id"], r["last_seq"])
+        r["thread_id"]: ThreadMeta(
+            r["thread_id"], r["session_id"], r["role"], r["parent_thread_id"], r["last_seq"]
+        )
         for r in await conn.fetch(_SELECT_THREAD_META, list({*thread_ids, *extra_threads}))
     }
     views = await _read_states(conn, thread_ids)
@@ -286,18 +310,41 @@ async def read_for_batch(
         r["session_id"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
         for r in await conn.fetch(_SESSION_CATALOGS, list(session_ids))
     }
-    operations = frozenset(
-        (r["session_id"], r["operation_id"])
-        for r in await conn.fetch(_SELECT_OPERATIONS, [o[0] for o in operation_ids], [o[1] for o in operation_ids])
-    ) if operation_ids else frozenset()
-    latest = {
-        (r["tenant"], r["release"]): (r["revision"], ToolCatalog.model_validate_json(r["body"]))
-        for r in await conn.fetch(_LATEST_CATALOGS, [k[0] for k in release_names], [k[1] for k in release_names])
-    } if release_names else {}
+    operations = (
+        frozenset(
+            (r["session_id"], r["operation_id"])
+            for r in await conn.fetch(
+                _SELECT_OPERATIONS, [o[0] for o in operation_ids], [o[1] for o in operation_ids]
+            )
+        )
+        if operation_ids
+        else frozenset()
+    )
+    latest = (
+        {
+            (r["tenant"], r["release"]): (r["revision"], ToolCatalog.model_validate_json(r["body"]))
+            for r in await conn.fetch(
+                _LATEST_CATALOGS, [k[0] for k in release_names], [k[1] for k in release_names]
+            )
+        }
+        if release_names
+        else {}
+    )
     return LedgerReads(
-        heads=heads, keys=known, calls=states, sessions=sessions, policies=policies,
-        runs=runs, active_runs=active, threads=metas, principals=principals, releases=releases,
-        states=views, catalogs=catalogs, latest_catalogs=latest, operations=operations,
+        heads=heads,
+        keys=known,
+        calls=states,
+        sessions=sessions,
+        policies=policies,
+        runs=runs,
+        active_runs=active,
+        threads=metas,
+        principals=principals,
+        releases=releases,
+        states=views,
+        catalogs=catalogs,
+        latest_catalogs=latest,
+        operations=operations,
     )
 
 
@@ -317,8 +364,14 @@ async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, State
     for r in await conn.fetch(_SELECT_FACTS, list(thread_ids)):
         view = views.setdefault(r["thread_id"], StateView())
         view.facts[r["path"]] = Fact(
-            r["path"], json.loads(r["value"]) if r["value"] is not None else None, r["status"], r["source"],
-            r["event_key"], r["seq"], r["observed_at"], r["supersedes"],
+            r["path"],
+            json.loads(r["value"]) if r["value"] is not None else None,
+            r["status"],
+            r["source"],
+            r["event_key"],
+            r["seq"],
+            r["observed_at"],
+            r["supersedes"],
             json.loads(r["superseded_value"]) if r["superseded_value"] is not None else None,
             tuple(r["evidence"] or ()),
         )
@@ -386,12 +439,29 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
         await conn.execute(_SET_CATALOG, session_id, revision)
     for r in plan.receipts_requested:
         await conn.execute(
-            _INSERT_RECEIPT, r.session_id, r.operation_id, r.thread_id, r.call_id, r.tool, r.request_sha256, r.requested_event
+            _INSERT_RECEIPT,
+            r.session_id,
+            r.operation_id,
+            r.thread_id,
+            r.call_id,
+            r.tool,
+            r.request_sha256,
+            r.requested_event,
         )
     for d in plan.receipts_finished:
-        await conn.execute(_FINISH_RECEIPT, d.thread_id, d.call_id, d.status, d.finished_event, d.response_sha256, d.external_ref)
+        await conn.execute(
+            _FINISH_RECEIPT,
+            d.thread_id,
+            d.call_id,
+            d.status,
+            d.finished_event,
+            d.response_sha256,
+            d.external_ref,
+        )
     for c in plan.receipts_reconciled:
-        await conn.execute(_RECONCILE_RECEIPT, c.session_id, c.operation_id, c.status, c.external_ref, c.reconciled_event)
+        await conn.execute(
+            _RECONCILE_RECEIPT, c.session_id, c.operation_id, c.status, c.external_ref, c.reconciled_event
+        )
     for w in plan.state_writes:
         thread_id, write = w.thread_id, w.write
         if write.proposal:
@@ -404,9 +474,19 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
         for fact in write.facts:
             await conn.execute(_RETIRE_FACT, thread_id, fact.path, fact.seq)
             await conn.execute(
-                _INSERT_FACT, thread_id, fact.path, aggregate_of(fact.path), fact.seq, json.dumps(fact.value),
-                fact.status, fact.source, fact.event_key, fact.observed_at, fact.supersedes,
-                json.dumps(fact.superseded_value), list(fact.evidence),
+                _INSERT_FACT,
+                thread_id,
+                fact.path,
+                aggregate_of(fact.path),
+                fact.seq,
+                json.dumps(fact.value),
+                fact.status,
+                fact.source,
+                fact.event_key,
+                fact.observed_at,
+                fact.supersedes,
+                json.dumps(fact.superseded_value),
+                list(fact.evidence),
             )
 
 
@@ -471,9 +551,7 @@ async def _write_head(conn: Conn, head: HeadWrite) -> None:
         raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
 
 
-async def _insert_records(
-    conn: Conn, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str
-) -> None:
+async def _insert_records(conn: Conn, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str) -> None:
     rs = plan.records
     await conn.execute(
         _INSERT_RECORDS,

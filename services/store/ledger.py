@@ -55,23 +55,32 @@ FROM ctx.records r
 """
 
 
-_SELECT_RECORDS = _RECORD_COLUMNS + """LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+_SELECT_RECORDS = (
+    _RECORD_COLUMNS
+    + """LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
 ORDER BY r.seq
 """
+)
 
 
-_SELECT_INHERITED = _RECORD_COLUMNS + """JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
+_SELECT_INHERITED = (
+    _RECORD_COLUMNS
+    + """JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.session_id = $1 AND r.session_seq > $2 AND r.session_seq <= $3 AND r.thread_id <> $4
 ORDER BY r.session_seq
 """
+)
 
 
-_SELECT_BY_REF = _RECORD_COLUMNS + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+_SELECT_BY_REF = (
+    _RECORD_COLUMNS
+    + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 ORDER BY r.session_seq
 """
+)
 
 
 _FIND_EVENT = """
@@ -219,16 +228,24 @@ class RecordsRepo:
         return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
 
     @staticmethod
-    async def select_inherited(conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
+    async def select_inherited(
+        conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str
+    ) -> list[LedgerRecord]:
         """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
-        return [_ledger_record(r) for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)]
+        return [
+            _ledger_record(r)
+            for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)
+        ]
 
     @staticmethod
     async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
         """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
         if not refs:
             return []
-        return [_ledger_record(r) for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])]
+        return [
+            _ledger_record(r)
+            for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
+        ]
 
     @staticmethod
     async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
@@ -237,11 +254,19 @@ class RecordsRepo:
         return None if seq is None else int(seq)
 
     @staticmethod
-    async def select_full(conn: Conn, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+    async def select_full(
+        conn: Conn, thread_id: str
+    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
         """Every record of a thread with its full text, for replaying its state."""
         return [
-            (r["seq"], r["event_key"], r["kind"], json.loads(r["payload"]), r["text"] or "",
-             r["client_ts"].isoformat() if r["client_ts"] else None)
+            (
+                r["seq"],
+                r["event_key"],
+                r["kind"],
+                json.loads(r["payload"]),
+                r["text"] or "",
+                r["client_ts"].isoformat() if r["client_ts"] else None,
+            )
             for r in await conn.fetch(_SELECT_FULL, thread_id)
         ]
 
@@ -258,20 +283,34 @@ class RecordsRepo:
         """The last ``limit`` records of a thread, newest first, with a short preview."""
         return [
             TailRecord(
-                r["seq"], r["session_seq"], r["kind"], r["event_key"], r["tokens_o200k"], r["content_sha256"],
-                r["record_hash"], r["blob_sha256"], r["preview"],
+                r["seq"],
+                r["session_seq"],
+                r["kind"],
+                r["event_key"],
+                r["tokens_o200k"],
+                r["content_sha256"],
+                r["record_hash"],
+                r["blob_sha256"],
+                r["preview"],
             )
             for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
         ]
 
     @staticmethod
-    async def select_evidence(conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+    async def select_evidence(
+        conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], EvidenceRow]:
         """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
         inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
         rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
         return {
             (r["thread_id"], r["seq"]): EvidenceRow(
-                r["event_key"], r["kind"], r["content_sha256"], r["record_hash"], r["text"], r["blob_sha256"],
+                r["event_key"],
+                r["kind"],
+                r["content_sha256"],
+                r["record_hash"],
+                r["text"],
+                r["blob_sha256"],
                 None if r["blob"] is None else bytes(r["blob"]),
             )
             for r in rows

@@ -26,7 +26,16 @@ from services.core.compaction.policy import Counters, Throttle
 from services.errors import DuplicateEvent, RevisionConflict
 from services.core.hashing import ChainLink, sha256_hex
 from services.killpoints import kill_point
-from services.core.ledger import BatchPlan, CallState, HeadWrite, KnownKey, LedgerReads, Rejection, ThreadHead, encode_raw
+from services.core.ledger import (
+    BatchPlan,
+    CallState,
+    HeadWrite,
+    KnownKey,
+    LedgerReads,
+    Rejection,
+    ThreadHead,
+    encode_raw,
+)
 from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
@@ -89,10 +98,23 @@ def _as_timestamptz(ts: datetime | None) -> datetime | None:
 
 def _new_view(thread_id: str) -> _Row:
     return {
-        "thread_id": thread_id, "view_revision": 0, "summary_id": None, "covered_to": 0, "baseline_user_turns": 0,
-        "baseline_model_steps": 0, "baseline_watermark": 0, "evaluated_revision": 0, "pending_fingerprint": None,
-        "pending_since": None, "throttle": None, "deferred_reason": None, "attempts": 0, "failures": 0,
-        "last_failure": None, "prepare_budget": None, "prepare_reserved": 0,
+        "thread_id": thread_id,
+        "view_revision": 0,
+        "summary_id": None,
+        "covered_to": 0,
+        "baseline_user_turns": 0,
+        "baseline_model_steps": 0,
+        "baseline_watermark": 0,
+        "evaluated_revision": 0,
+        "pending_fingerprint": None,
+        "pending_since": None,
+        "throttle": None,
+        "deferred_reason": None,
+        "attempts": 0,
+        "failures": 0,
+        "last_failure": None,
+        "prepare_budget": None,
+        "prepare_reserved": 0,
     }
 
 
@@ -119,7 +141,12 @@ class MemoryStore:
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
-        revision = max((r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0) + 1
+        revision = (
+            max(
+                (r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0
+            )
+            + 1
+        )
         self.tables.policies[(tenant, policy.name, revision)] = policy
         return revision
 
@@ -168,7 +195,14 @@ class MemorySession:
     ) -> LedgerReads:
         t = self._t
         heads = {
-            h["thread_id"]: ThreadHead(h["thread_id"], h["session_id"], h["revision"], h["last_seq"], h["last_hash"], h["last_event_key"])
+            h["thread_id"]: ThreadHead(
+                h["thread_id"],
+                h["session_id"],
+                h["revision"],
+                h["last_seq"],
+                h["last_hash"],
+                h["last_event_key"],
+            )
             for tid in thread_ids
             if (h := t.heads.get(tid)) is not None
         }
@@ -204,16 +238,24 @@ class MemorySession:
                 catalogs[s["session_id"]] = (s["catalog_revision"], pinned)
         latest: dict[tuple[str, str], tuple[int, ToolCatalog]] = {}
         for (tenant, release, revision), catalog in t.catalogs.items():
-            if (tenant, release) in release_names and revision > latest.get((tenant, release), (0, catalog))[0]:
+            if (tenant, release) in release_names and revision > latest.get((tenant, release), (0, catalog))[
+                0
+            ]:
                 latest[(tenant, release)] = (revision, catalog)
         return LedgerReads(
-            heads=heads, keys=known, calls=states,
+            heads=heads,
+            keys=known,
+            calls=states,
             sessions={s["session_id"]: s["tenant"] for s in sessions},
             policies=frozenset((tn, n) for (tn, n, _) in t.policies if tn in tenant_set),
-            runs=runs, active_runs=active, threads=metas,
+            runs=runs,
+            active_runs=active,
+            threads=metas,
             principals={s["session_id"]: s["principal_id"] for s in sessions},
             releases={s["session_id"]: s["agent_release"] for s in sessions},
-            states=await self.read_states(thread_ids), catalogs=catalogs, latest_catalogs=latest,
+            states=await self.read_states(thread_ids),
+            catalogs=catalogs,
+            latest_catalogs=latest,
             operations=frozenset(o for o in operation_ids if o in t.receipts),
         )
 
@@ -227,12 +269,21 @@ class MemorySession:
             if session is None:
                 policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
                 tenant = plan.session_tenants.get(session_id, DEFAULT_TENANT)
-                revision = max((r for (tn, nm, r) in t.policies if nm == policy and tn in (tenant, "")), default=None)
+                revision = max(
+                    (r for (tn, nm, r) in t.policies if nm == policy and tn in (tenant, "")), default=None
+                )
                 if revision is None:
                     raise _refused("NotNullViolationError", "23502", 'null value in column "policy_revision"')
                 session = t.sessions[session_id] = {
-                    "session_id": session_id, "tenant": tenant, "principal_id": None, "agent_release": None, "last_seq": 0,
-                    "reset_seq": 0, "policy_name": policy, "policy_revision": revision, "catalog_revision": None,
+                    "session_id": session_id,
+                    "tenant": tenant,
+                    "principal_id": None,
+                    "agent_release": None,
+                    "last_seq": 0,
+                    "reset_seq": 0,
+                    "policy_name": policy,
+                    "policy_revision": revision,
+                    "catalog_revision": None,
                 }
             session["last_seq"] += n
             bases[session_id] = session["last_seq"] - n
@@ -254,9 +305,17 @@ class MemorySession:
         self._write_runs(plan, bases)
         for c in plan.calls:
             if (c.thread_id, c.call_id) in t.calls:
-                raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "tool_calls_pkey"')
+                raise _refused(
+                    "UniqueViolationError",
+                    "23505",
+                    'duplicate key value violates unique constraint "tool_calls_pkey"',
+                )
             t.calls[(c.thread_id, c.call_id)] = {
-                "name": c.name, "call_seq": c.call_seq, "args": json.loads(json.dumps(c.args)), "outcome_seq": None, "status": None,
+                "name": c.name,
+                "call_seq": c.call_seq,
+                "args": json.loads(json.dumps(c.args)),
+                "outcome_seq": None,
+                "status": None,
             }
         closed = 0
         for o in plan.outcomes:
@@ -276,21 +335,36 @@ class MemorySession:
         if head.expected_revision is None:
             if current is None:
                 t.heads[head.thread_id] = {
-                    "thread_id": head.thread_id, "session_id": head.session_id, "run_id": head.run_id,
-                    "instance_id": head.instance_id, "revision": head.revision, "last_seq": head.last_seq,
-                    "last_hash": head.last_hash, "last_event_key": head.last_event_key, "user_turns": head.user_turns,
-                    "model_steps": head.model_steps, "role": "main", "parent_thread_id": None,
-                    "created": t.tick(), "updated": t.clock,
+                    "thread_id": head.thread_id,
+                    "session_id": head.session_id,
+                    "run_id": head.run_id,
+                    "instance_id": head.instance_id,
+                    "revision": head.revision,
+                    "last_seq": head.last_seq,
+                    "last_hash": head.last_hash,
+                    "last_event_key": head.last_event_key,
+                    "user_turns": head.user_turns,
+                    "model_steps": head.model_steps,
+                    "role": "main",
+                    "parent_thread_id": None,
+                    "created": t.tick(),
+                    "updated": t.clock,
                 }
                 return
         elif current is not None and current["revision"] == head.expected_revision:
             current.update(
-                revision=head.revision, last_seq=head.last_seq, last_hash=head.last_hash, last_event_key=head.last_event_key,
-                user_turns=current["user_turns"] + head.user_turns, model_steps=current["model_steps"] + head.model_steps,
+                revision=head.revision,
+                last_seq=head.last_seq,
+                last_hash=head.last_hash,
+                last_event_key=head.last_event_key,
+                user_turns=current["user_turns"] + head.user_turns,
+                model_steps=current["model_steps"] + head.model_steps,
                 updated=t.tick(),
             )
             return
-        raise RevisionConflict(head.thread_id, head.expected_revision or 0, None if current is None else current["revision"])
+        raise RevisionConflict(
+            head.thread_id, head.expected_revision or 0, None if current is None else current["revision"]
+        )
 
     def _insert_record(self, r: Any, session_seq: int, recorded_by: str) -> None:
         t = self._t
@@ -298,20 +372,39 @@ class MemorySession:
             raise _conflict("?", "records_pkey")
         if any(x["thread_id"] == r.thread_id and x["event_key"] == r.event_key for x in t.records.values()):
             raise DuplicateEvent(f"Key (thread_id, event_key)=({r.thread_id}, {r.event_key}) already exists.")
-        if any(x["session_id"] == r.session_id and x["session_seq"] == session_seq for x in t.records.values()):
+        if any(
+            x["session_id"] == r.session_id and x["session_seq"] == session_seq for x in t.records.values()
+        ):
             raise _conflict("?", "records_session_seq")
         if (r.text is None) == (r.blob_sha256 is None):
-            raise _refused("CheckViolationError", "23514", 'new row violates check constraint "records_text_xor_blob"')
+            raise _refused(
+                "CheckViolationError", "23514", 'new row violates check constraint "records_text_xor_blob"'
+            )
         mask = r.mask_tokens
         t.records[(r.thread_id, r.seq)] = {
-            "thread_id": r.thread_id, "seq": r.seq, "session_id": r.session_id, "session_seq": session_seq,
-            "run_id": r.run_id, "instance_id": r.instance_id, "event_key": r.event_key, "kind": r.kind,
-            "payload": r.payload_json, "text": r.text, "blob_sha256": r.blob_sha256, "view_text": r.view_text,
-            "tokens_o200k": r.tokens.o200k_base, "tokens_cl100k": r.tokens.cl100k_base, "content_sha256": r.content_sha256,
-            "prev_hash": r.prev_hash, "record_hash": r.record_hash, "client_ts": _as_timestamptz(r.client_ts),
+            "thread_id": r.thread_id,
+            "seq": r.seq,
+            "session_id": r.session_id,
+            "session_seq": session_seq,
+            "run_id": r.run_id,
+            "instance_id": r.instance_id,
+            "event_key": r.event_key,
+            "kind": r.kind,
+            "payload": r.payload_json,
+            "text": r.text,
+            "blob_sha256": r.blob_sha256,
+            "view_text": r.view_text,
+            "tokens_o200k": r.tokens.o200k_base,
+            "tokens_cl100k": r.tokens.cl100k_base,
+            "content_sha256": r.content_sha256,
+            "prev_hash": r.prev_hash,
+            "record_hash": r.record_hash,
+            "client_ts": _as_timestamptz(r.client_ts),
             "stream_seq": r.stream_seq,
-            "recorded_by": recorded_by, "mask_text": r.mask_text,
-            "mask_tokens_o200k": mask.o200k_base if mask else None, "mask_tokens_cl100k": mask.cl100k_base if mask else None,
+            "recorded_by": recorded_by,
+            "mask_text": r.mask_text,
+            "mask_tokens_o200k": mask.o200k_base if mask else None,
+            "mask_tokens_cl100k": mask.cl100k_base if mask else None,
             "recorded_at": t.tick(),
         }
 
@@ -328,7 +421,8 @@ class MemorySession:
             if run is None:
                 return
             if status == "active" and any(
-                o["session_id"] == run["session_id"] and o["status"] == "active" and o["run_id"] != run_id for o in t.runs.values()
+                o["session_id"] == run["session_id"] and o["status"] == "active" and o["run_id"] != run_id
+                for o in t.runs.values()
             ):
                 raise _conflict("?", "runs_one_active")
             run["status"] = status
@@ -341,11 +435,17 @@ class MemorySession:
             final = plan.run_statuses.get(run.run_id, "active")
             if run.run_id in t.runs:
                 raise _conflict("?", "runs_pkey")
-            if final == "active" and any(o["session_id"] == run.session_id and o["status"] == "active" for o in t.runs.values()):
+            if final == "active" and any(
+                o["session_id"] == run.session_id and o["status"] == "active" for o in t.runs.values()
+            ):
                 raise _conflict("?", "runs_one_active")
             t.runs[run.run_id] = {
-                "run_id": run.run_id, "session_id": run.session_id, "status": final, "main_thread_id": run.main_thread_id,
-                "snapshot_through": session_seq_of(run.main_thread_id, first) - 1, "created": t.tick(),
+                "run_id": run.run_id,
+                "session_id": run.session_id,
+                "status": final,
+                "main_thread_id": run.main_thread_id,
+                "snapshot_through": session_seq_of(run.main_thread_id, first) - 1,
+                "created": t.tick(),
             }
         for run_id, status in plan.run_statuses.items():
             if run_id not in new and status == "active":
@@ -357,9 +457,16 @@ class MemorySession:
             for tid, view in t.views.items():
                 if t.heads.get(tid, {}).get("session_id") == session_id:
                     view.update(
-                        view_revision=view["view_revision"] + 1, summary_id=None, covered_to=0, baseline_user_turns=0,
-                        baseline_model_steps=0, baseline_watermark=origin, throttle=None, deferred_reason=None,
-                        pending_fingerprint=None, pending_since=None,
+                        view_revision=view["view_revision"] + 1,
+                        summary_id=None,
+                        covered_to=0,
+                        baseline_user_turns=0,
+                        baseline_model_steps=0,
+                        baseline_watermark=origin,
+                        throttle=None,
+                        deferred_reason=None,
+                        pending_fingerprint=None,
+                        pending_since=None,
                     )
 
     def _write_state(self, plan: BatchPlan) -> None:
@@ -367,20 +474,42 @@ class MemorySession:
         for session_id, revision in sorted(plan.session_catalogs.items()):
             if (s := t.sessions.get(session_id)) is not None and s["catalog_revision"] is None:
                 s["catalog_revision"] = revision
-        for session_id, operation_id, thread_id, call_id, tool, request_sha, requested in plan.receipts_requested:
+        for (
+            session_id,
+            operation_id,
+            thread_id,
+            call_id,
+            tool,
+            request_sha,
+            requested,
+        ) in plan.receipts_requested:
             if (session_id, operation_id) in t.receipts or any(
                 r["thread_id"] == thread_id and r["call_id"] == call_id for r in t.receipts.values()
             ):
-                raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "receipts_pkey"')
+                raise _refused(
+                    "UniqueViolationError",
+                    "23505",
+                    'duplicate key value violates unique constraint "receipts_pkey"',
+                )
             t.receipts[(session_id, operation_id)] = {
-                "operation_id": operation_id, "thread_id": thread_id, "call_id": call_id, "tool": tool,
-                "request_sha256": request_sha, "status": "requested", "requested_event": requested, "finished_event": None,
-                "response_sha256": None, "external_ref": None, "reconciled_event": None,
+                "operation_id": operation_id,
+                "thread_id": thread_id,
+                "call_id": call_id,
+                "tool": tool,
+                "request_sha256": request_sha,
+                "status": "requested",
+                "requested_event": requested,
+                "finished_event": None,
+                "response_sha256": None,
+                "external_ref": None,
+                "reconciled_event": None,
             }
         for thread_id, call_id, status, finished, response_sha, ref in plan.receipts_finished:
             for r in t.receipts.values():
                 if r["thread_id"] == thread_id and r["call_id"] == call_id:
-                    r.update(status=status, finished_event=finished, response_sha256=response_sha, external_ref=ref)
+                    r.update(
+                        status=status, finished_event=finished, response_sha256=response_sha, external_ref=ref
+                    )
         for session_id, operation_id, status, ref, reconciled in plan.receipts_reconciled:
             receipt = t.receipts.get((session_id, operation_id))
             if receipt is not None and receipt["status"] in ("requested", "unknown", "timeout"):
@@ -388,7 +517,14 @@ class MemorySession:
                 receipt.update(status=status, external_ref=external_ref, reconciled_event=reconciled)
         for thread_id, seq, event_key, write, ops in plan.state_writes:
             if write.proposal:
-                t.proposals.append({"thread_id": thread_id, "seq": seq, "event_key": event_key, "ops": [o.model_dump(mode="json") for o in ops]})
+                t.proposals.append(
+                    {
+                        "thread_id": thread_id,
+                        "seq": seq,
+                        "event_key": event_key,
+                        "ops": [o.model_dump(mode="json") for o in ops],
+                    }
+                )
                 continue
             for aggregate, version in sorted(write.versions.items()):
                 current = t.versions.get((thread_id, aggregate))
@@ -402,17 +538,30 @@ class MemorySession:
     async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None:
         raw = rejection.incoming.data
         digest = sha256_hex(raw)
-        if any(d["stream_seq"] == rejection.incoming.stream_seq and d["raw_sha256"] == digest for d in self._t.dead_letters):
+        if any(
+            d["stream_seq"] == rejection.incoming.stream_seq and d["raw_sha256"] == digest
+            for d in self._t.dead_letters
+        ):
             return
         _, truncated = encode_raw(raw, keep_raw)
         stored = parse_stored_subject(rejection.incoming.subject)
-        self._t.dead_letters.append({
-            "id": self._t.tick(), "thread_id": rejection.thread_id, "event_key": rejection.event_key,
-            "code": rejection.code.value, "reason": rejection.reason, "details": json.loads(json.dumps(rejection.details)),
-            "subject": rejection.incoming.subject, "stream_seq": rejection.incoming.stream_seq, "raw_sha256": digest,
-            "raw_size": len(raw), "raw": raw[:keep_raw], "raw_truncated": truncated,
-            "tenant": stored.tenant if stored else DEFAULT_TENANT,
-        })
+        self._t.dead_letters.append(
+            {
+                "id": self._t.tick(),
+                "thread_id": rejection.thread_id,
+                "event_key": rejection.event_key,
+                "code": rejection.code.value,
+                "reason": rejection.reason,
+                "details": json.loads(json.dumps(rejection.details)),
+                "subject": rejection.incoming.subject,
+                "stream_seq": rejection.incoming.stream_seq,
+                "raw_sha256": digest,
+                "raw_size": len(raw),
+                "raw": raw[:keep_raw],
+                "raw_truncated": truncated,
+                "tenant": stored.tenant if stored else DEFAULT_TENANT,
+            }
+        )
 
     # Views.
 
@@ -434,8 +583,16 @@ class MemorySession:
         if h is None:
             return None
         return StoredHead(
-            h["thread_id"], h["session_id"], h["run_id"], h["instance_id"], h["revision"], h["last_seq"], h["last_hash"],
-            h["last_event_key"], h["user_turns"], h["model_steps"],
+            h["thread_id"],
+            h["session_id"],
+            h["run_id"],
+            h["instance_id"],
+            h["revision"],
+            h["last_seq"],
+            h["last_hash"],
+            h["last_event_key"],
+            h["user_turns"],
+            h["model_steps"],
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:
@@ -444,19 +601,32 @@ class MemorySession:
             return ThreadScope()
         run = self._t.runs.get(h["run_id"])
         return ThreadScope(
-            h["role"], h["parent_thread_id"], s["tenant"], s["principal_id"], s["reset_seq"],
-            run["snapshot_through"] if run else 0, run["status"] if run else None,
+            h["role"],
+            h["parent_thread_id"],
+            s["tenant"],
+            s["principal_id"],
+            s["reset_seq"],
+            run["snapshot_through"] if run else 0,
+            run["status"] if run else None,
         )
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
-        rows = sorted((r for (tid, seq), r in self._t.records.items() if tid == thread_id and gt < seq <= lte), key=lambda r: r["seq"])
+        rows = sorted(
+            (r for (tid, seq), r in self._t.records.items() if tid == thread_id and gt < seq <= lte),
+            key=lambda r: r["seq"],
+        )
         return [self._record(r) for r in rows]
 
-    async def select_inherited(self, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
+    async def select_inherited(
+        self, session_id: str, *, after: int, through: int, exclude_thread: str
+    ) -> list[LedgerRecord]:
         rows = sorted(
             (
-                r for r in self._t.records.values()
-                if r["session_id"] == session_id and after < r["session_seq"] <= through and r["thread_id"] != exclude_thread
+                r
+                for r in self._t.records.values()
+                if r["session_id"] == session_id
+                and after < r["session_seq"] <= through
+                and r["thread_id"] != exclude_thread
                 and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
             ),
             key=lambda r: r["session_seq"],
@@ -464,7 +634,9 @@ class MemorySession:
         return [self._record(r) for r in rows]
 
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
-        rows = sorted((r for ref in refs if (r := self._t.records.get(ref)) is not None), key=lambda r: r["session_seq"])
+        rows = sorted(
+            (r for ref in refs if (r := self._t.records.get(ref)) is not None), key=lambda r: r["session_seq"]
+        )
         return [self._record(r) for r in rows]
 
     async def load_view(self, thread_id: str) -> ViewState:
@@ -475,25 +647,41 @@ class MemorySession:
         if v["summary_id"] is not None:
             s = self._t.summaries[v["summary_id"]]
             summary = SummaryRow(
-                s["summary_id"], StructuredSummary.model_validate_json(s["body"]), s["text"], s["tokens_o200k"], s["tokens_cl100k"]
+                s["summary_id"],
+                StructuredSummary.model_validate_json(s["body"]),
+                s["text"],
+                s["tokens_o200k"],
+                s["tokens_cl100k"],
             )
         since = v["pending_since"]
         return ViewState(
-            view_revision=v["view_revision"], summary=summary, covered_to=v["covered_to"],
-            baseline=Counters(v["baseline_user_turns"], v["baseline_model_steps"]), baseline_watermark=v["baseline_watermark"],
-            evaluated_revision=v["evaluated_revision"], pending_fingerprint=v["pending_fingerprint"],
+            view_revision=v["view_revision"],
+            summary=summary,
+            covered_to=v["covered_to"],
+            baseline=Counters(v["baseline_user_turns"], v["baseline_model_steps"]),
+            baseline_watermark=v["baseline_watermark"],
+            evaluated_revision=v["evaluated_revision"],
+            pending_fingerprint=v["pending_fingerprint"],
             pending_age_s=None if since is None else self._now() - since,
             throttle=Throttle.from_json(json.loads(v["throttle"])) if v["throttle"] else None,
-            deferred_reason=v["deferred_reason"], attempts=v["attempts"], failures=v["failures"],
-            last_failure=v["last_failure"], prepare_budget=v["prepare_budget"], prepare_reserved=v["prepare_reserved"],
+            deferred_reason=v["deferred_reason"],
+            attempts=v["attempts"],
+            failures=v["failures"],
+            last_failure=v["last_failure"],
+            prepare_budget=v["prepare_budget"],
+            prepare_reserved=v["prepare_reserved"],
         )
 
     async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:
         found = [
             Candidate(tid, v["summary_id"], v["covered_to"], v["baseline_watermark"])
             for tid, v in self._t.views.items()
-            if v["summary_id"] is not None and tid != thread_id and v["covered_to"] <= through
-            and (h := self._t.heads.get(tid)) is not None and h["session_id"] == session_id and h["role"] == "main"
+            if v["summary_id"] is not None
+            and tid != thread_id
+            and v["covered_to"] <= through
+            and (h := self._t.heads.get(tid)) is not None
+            and h["session_id"] == session_id
+            and h["role"] == "main"
         ]
         return sorted(found, key=lambda c: (-c.covered_to, c.thread_id))[:8]
 
@@ -505,7 +693,9 @@ class MemorySession:
         elif view["view_revision"] != expected_revision or view["summary_id"] is not None:
             return False
         view.update(
-            view_revision=view["view_revision"] + 1, summary_id=candidate.summary_id, covered_to=candidate.covered_to,
+            view_revision=view["view_revision"] + 1,
+            summary_id=candidate.summary_id,
+            covered_to=candidate.covered_to,
             baseline_watermark=candidate.baseline_watermark,
         )
         return True
@@ -514,8 +704,14 @@ class MemorySession:
         s = self._t.sessions.get(session_id)
         return None if s is None else (s["tenant"], s["policy_name"], s["policy_revision"])
 
-    async def get_policy(self, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
-        found = sorted((r, p) for (tn, n, r), p in self._t.policies.items() if tn in (tenant, "") and n == name and revision in (None, r))
+    async def get_policy(
+        self, tenant: str, name: str, revision: int | None = None
+    ) -> tuple[int, ContextPolicy] | None:
+        found = sorted(
+            (r, p)
+            for (tn, n, r), p in self._t.policies.items()
+            if tn in (tenant, "") and n == name and revision in (None, r)
+        )
         return None if not found else (found[-1][0], found[-1][1].model_copy(deep=True))
 
     async def read_states(self, thread_ids: Sequence[str]) -> dict[str, StateView]:
@@ -541,7 +737,11 @@ class MemorySession:
 
     async def ensure_view(self, thread_id: str) -> None:
         if thread_id not in self._t.heads:
-            raise _refused("ForeignKeyViolationError", "23503", 'insert or update on table "thread_views" violates foreign key')
+            raise _refused(
+                "ForeignKeyViolationError",
+                "23503",
+                'insert or update on table "thread_views" violates foreign key',
+            )
         self._t.views.setdefault(thread_id, _new_view(thread_id))
 
     async def note_prepare_budget(self, thread_id: str, budget: int, reserved: int) -> None:
@@ -551,7 +751,9 @@ class MemorySession:
     async def set_pending(self, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
         for view in self._view(thread_id):
             since = view["pending_since"]
-            if view["pending_fingerprint"] is None or (since is not None and since < self._now() - stale_after_s):
+            if view["pending_fingerprint"] is None or (
+                since is not None and since < self._now() - stale_after_s
+            ):
                 view.update(pending_fingerprint=fingerprint, pending_since=self._now())
                 return True
         return False
@@ -577,8 +779,10 @@ class MemorySession:
     ) -> None:
         for view in self._view(thread_id):
             view.update(
-                throttle=None if throttle is None else json.dumps(throttle.to_json()), deferred_reason=reason,
-                attempts=view["attempts"] + int(counts_as_attempt), failures=view["failures"] + int(failed),
+                throttle=None if throttle is None else json.dumps(throttle.to_json()),
+                deferred_reason=reason,
+                attempts=view["attempts"] + int(counts_as_attempt),
+                failures=view["failures"] + int(failed),
                 last_failure=reason if failed and reason is not None else view["last_failure"],
             )
             if view["pending_fingerprint"] == (fingerprint or ""):
@@ -587,27 +791,49 @@ class MemorySession:
     async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
         view = self._t.views.get(summary.thread_id)
         if view is None or view["view_revision"] != expected_revision:
-            raise RevisionConflict(summary.thread_id, expected_revision, None if view is None else view["view_revision"])
+            raise RevisionConflict(
+                summary.thread_id, expected_revision, None if view is None else view["view_revision"]
+            )
         new_revision = expected_revision + 1
-        summary_id = summary_id_of(summary.thread_id, new_revision, summary.body.covered_from, summary.covered_to)
+        summary_id = summary_id_of(
+            summary.thread_id, new_revision, summary.body.covered_from, summary.covered_to
+        )
         if summary_id in self._t.summaries or any(
-            s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision for s in self._t.summaries.values()
+            s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision
+            for s in self._t.summaries.values()
         ):
-            raise _refused("UniqueViolationError", "23505", 'duplicate key value violates unique constraint "summaries_revision"')
+            raise _refused(
+                "UniqueViolationError",
+                "23505",
+                'duplicate key value violates unique constraint "summaries_revision"',
+            )
         async with self.transaction():
             self._t.summaries[summary_id] = {
-                "summary_id": summary_id, "thread_id": summary.thread_id, "view_revision": new_revision,
-                "parent_summary_id": summary.parent_summary_id, "covered_from": summary.body.covered_from,
-                "covered_to": summary.covered_to, "body": summary.body.model_dump_json(), "text": summary.text,
-                "tokens_o200k": summary.tokens_o200k, "tokens_cl100k": summary.tokens_cl100k, "job_id": summary.job_id,
+                "summary_id": summary_id,
+                "thread_id": summary.thread_id,
+                "view_revision": new_revision,
+                "parent_summary_id": summary.parent_summary_id,
+                "covered_from": summary.body.covered_from,
+                "covered_to": summary.covered_to,
+                "body": summary.body.model_dump_json(),
+                "text": summary.text,
+                "tokens_o200k": summary.tokens_o200k,
+                "tokens_cl100k": summary.tokens_cl100k,
+                "job_id": summary.job_id,
             }
             # Looked up again: the transaction may have replaced the tables object.
             self._t.views[summary.thread_id].update(
-                view_revision=new_revision, summary_id=summary_id, covered_to=summary.covered_to,
-                baseline_user_turns=summary.baseline.user_turns, baseline_model_steps=summary.baseline.model_steps,
+                view_revision=new_revision,
+                summary_id=summary_id,
+                covered_to=summary.covered_to,
+                baseline_user_turns=summary.baseline.user_turns,
+                baseline_model_steps=summary.baseline.model_steps,
                 baseline_watermark=summary.source_watermark,
                 throttle=None if summary.throttle is None else json.dumps(summary.throttle.to_json()),
-                deferred_reason=None, attempts=view["attempts"] + 1, pending_fingerprint=None, pending_since=None,
+                deferred_reason=None,
+                attempts=view["attempts"] + 1,
+                pending_fingerprint=None,
+                pending_since=None,
             )
             kill_point("compact.before_commit")
         kill_point("compact.after_commit")
@@ -629,35 +855,59 @@ class MemorySession:
                 return d["code"], d["reason"]
         return None
 
-    async def select_evidence(self, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+    async def select_evidence(
+        self, session_id: str, refs: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], EvidenceRow]:
         out: dict[tuple[str, int], EvidenceRow] = {}
         for ref in refs:
             r = self._t.records.get(ref)
             if r is not None and r["session_id"] == session_id:
                 blob = self._t.blobs.get(r["blob_sha256"]) if r["text"] is None and r["blob_sha256"] else None
-                out[ref] = EvidenceRow(r["event_key"], r["kind"], r["content_sha256"], r["record_hash"], r["text"], r["blob_sha256"], blob)
+                out[ref] = EvidenceRow(
+                    r["event_key"],
+                    r["kind"],
+                    r["content_sha256"],
+                    r["record_hash"],
+                    r["text"],
+                    r["blob_sha256"],
+                    blob,
+                )
         return out
 
     def _thread_rows(self, thread_id: str) -> list[_Row]:
-        return sorted((r for (tid, _), r in self._t.records.items() if tid == thread_id), key=lambda r: r["seq"])
+        return sorted(
+            (r for (tid, _), r in self._t.records.items() if tid == thread_id), key=lambda r: r["seq"]
+        )
 
     async def totals(self, thread_id: str) -> tuple[int, int]:
         rows = self._thread_rows(thread_id)
         return len(rows), sum(r["tokens_o200k"] for r in rows)
 
     async def select_links(self, thread_id: str) -> list[ChainLink]:
-        return [ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"]) for r in self._thread_rows(thread_id)]
+        return [
+            ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
+            for r in self._thread_rows(thread_id)
+        ]
 
     async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
         return [
             TailRecord(
-                r["seq"], r["session_seq"], r["kind"], r["event_key"], r["tokens_o200k"], r["content_sha256"], r["record_hash"],
-                r["blob_sha256"], (r["view_text"] if r["view_text"] is not None else r["text"] or "")[:preview_chars],
+                r["seq"],
+                r["session_seq"],
+                r["kind"],
+                r["event_key"],
+                r["tokens_o200k"],
+                r["content_sha256"],
+                r["record_hash"],
+                r["blob_sha256"],
+                (r["view_text"] if r["view_text"] is not None else r["text"] or "")[:preview_chars],
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
 
-    async def select_full(self, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+    async def select_full(
+        self, thread_id: str
+    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
         out: list[tuple[int, str, str, dict[str, object], str, str | None]] = []
         for r in self._thread_rows(thread_id):
             text = r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8")
@@ -666,7 +916,11 @@ class MemorySession:
         return out
 
     async def open_call_ids(self, thread_id: str) -> list[str]:
-        open_calls = [(c["call_seq"], cid) for (tid, cid), c in self._t.calls.items() if tid == thread_id and c["outcome_seq"] is None]
+        open_calls = [
+            (c["call_seq"], cid)
+            for (tid, cid), c in self._t.calls.items()
+            if tid == thread_id and c["outcome_seq"] is None
+        ]
         return [cid for _, cid in sorted(open_calls)]
 
     async def count_dead_letters(self, thread_id: str) -> int:

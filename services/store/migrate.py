@@ -43,14 +43,21 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path) -> list[st
             " version integer PRIMARY KEY, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        done = {r["version"]: r["name"] for r in await conn.fetch("SELECT version, name FROM ctx.schema_migrations")}
+        done = {
+            r["version"]: r["name"]
+            for r in await conn.fetch("SELECT version, name FROM ctx.schema_migrations")
+        }
         for version, name, sql in list_migrations(directory):
             if version in done:
                 if done[version] != name:
-                    raise MigrationError(f"migration {version} was applied as {done[version]}, now named {name}")
+                    raise MigrationError(
+                        f"migration {version} was applied as {done[version]}, now named {name}"
+                    )
                 continue
             await conn.execute(sql)
-            await conn.execute("INSERT INTO ctx.schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            await conn.execute(
+                "INSERT INTO ctx.schema_migrations (version, name) VALUES ($1, $2)", version, name
+            )
             applied_now.append(name)
     return applied_now
 
@@ -58,5 +65,9 @@ async def apply_migrations(conn: asyncpg.Connection, directory: Path) -> list[st
 async def pending_migrations(conn: asyncpg.Connection, directory: Path) -> list[str]:
     """The migrations this build has that the database has not applied (read-only)."""
     exists = await conn.fetchval("SELECT to_regclass('ctx.schema_migrations') IS NOT NULL")
-    done = {r["version"] for r in await conn.fetch("SELECT version FROM ctx.schema_migrations")} if exists else set()
+    done = (
+        {r["version"] for r in await conn.fetch("SELECT version FROM ctx.schema_migrations")}
+        if exists
+        else set()
+    )
     return [name for version, name, _ in list_migrations(directory) if version not in done]

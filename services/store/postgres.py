@@ -27,10 +27,25 @@ from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
 from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
 from services.store.tracking import DeadLettersRepo, TrackingRepo
-from services.store.views import Candidate, NewSummary, PoliciesRepo, ScopeRepo, ThreadScope, ViewsRepo, ViewState
+from services.store.views import (
+    Candidate,
+    NewSummary,
+    PoliciesRepo,
+    ScopeRepo,
+    ThreadScope,
+    ViewsRepo,
+    ViewState,
+)
 
 if TYPE_CHECKING:
-    from services.store.ports import BudgetStore, CompactionStore, IndexStore, PrepareStore, QueryStore, RecordingStore
+    from services.store.ports import (
+        BudgetStore,
+        CompactionStore,
+        IndexStore,
+        PrepareStore,
+        QueryStore,
+        RecordingStore,
+    )
 
 __all__ = ["LockedPositions", "PgSession", "PgStore"]
 
@@ -87,7 +102,16 @@ class PgSession:
         tenants: Sequence[str] = (),
     ) -> LedgerReads:
         return await batches.read_for_batch(
-            self._conn, thread_ids, keys, calls, session_ids, run_ids, extra_threads, release_names, operation_ids, tenants
+            self._conn,
+            thread_ids,
+            keys,
+            calls,
+            session_ids,
+            run_ids,
+            extra_threads,
+            release_names,
+            operation_ids,
+            tenants,
         )
 
     @_translated
@@ -114,8 +138,12 @@ class PgSession:
         return await RecordsRepo.select_records(self._conn, thread_id, gt=gt, lte=lte)
 
     @_translated
-    async def select_inherited(self, session_id: str, *, after: int, through: int, exclude_thread: str) -> list[LedgerRecord]:
-        return await RecordsRepo.select_inherited(self._conn, session_id, after=after, through=through, exclude_thread=exclude_thread)
+    async def select_inherited(
+        self, session_id: str, *, after: int, through: int, exclude_thread: str
+    ) -> list[LedgerRecord]:
+        return await RecordsRepo.select_inherited(
+            self._conn, session_id, after=after, through=through, exclude_thread=exclude_thread
+        )
 
     @_translated
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
@@ -138,7 +166,9 @@ class PgSession:
         return await PoliciesRepo.of_session(self._conn, session_id)
 
     @_translated
-    async def get_policy(self, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+    async def get_policy(
+        self, tenant: str, name: str, revision: int | None = None
+    ) -> tuple[int, ContextPolicy] | None:
         return await PoliciesRepo.get(self._conn, tenant, name, revision)
 
     @_translated
@@ -181,7 +211,12 @@ class PgSession:
         counts_as_attempt: bool = True,
     ) -> None:
         await ViewsRepo.record_attempt(
-            self._conn, thread_id, throttle=throttle, reason=reason, failed=failed, fingerprint=fingerprint,
+            self._conn,
+            thread_id,
+            throttle=throttle,
+            reason=reason,
+            failed=failed,
+            fingerprint=fingerprint,
             counts_as_attempt=counts_as_attempt,
         )
 
@@ -200,7 +235,9 @@ class PgSession:
         return await DeadLettersRepo.find(self._conn, tenant, thread_id, event_key)
 
     @_translated
-    async def select_evidence(self, session_id: str, refs: Sequence[tuple[str, int]]) -> dict[tuple[str, int], EvidenceRow]:
+    async def select_evidence(
+        self, session_id: str, refs: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], EvidenceRow]:
         return await RecordsRepo.select_evidence(self._conn, session_id, refs)
 
     @_translated
@@ -216,7 +253,9 @@ class PgSession:
         return await RecordsRepo.select_tail(self._conn, thread_id, limit=limit, preview_chars=preview_chars)
 
     @_translated
-    async def select_full(self, thread_id: str) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+    async def select_full(
+        self, thread_id: str
+    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
         return await RecordsRepo.select_full(self._conn, thread_id)
 
     @_translated
@@ -255,11 +294,15 @@ class PgStore:
         async with self._conn() as conn:
             return await queries.select_session(conn, tenant, session_id)
 
-    async def receipt(self, tenant: str, session_id: str, operation_id: str, principal_id: str | None) -> Receipt | None:
+    async def receipt(
+        self, tenant: str, session_id: str, operation_id: str, principal_id: str | None
+    ) -> Receipt | None:
         async with self._conn() as conn:
             return await queries.select_receipt(conn, tenant, session_id, operation_id, principal_id)
 
-    async def session_blob(self, tenant: str, session_id: str, sha256: str, principal_id: str | None) -> bytes | None:
+    async def session_blob(
+        self, tenant: str, session_id: str, sha256: str, principal_id: str | None
+    ) -> bytes | None:
         async with self._conn() as conn:
             return await queries.select_session_blob(conn, tenant, session_id, sha256, principal_id)
 
@@ -280,7 +323,9 @@ class PgStore:
         async with self._conn() as conn:
             return await PoliciesRepo.register(conn, tenant, policy)
 
-    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: search_sql.Chunker) -> int:
+    async def index_next(
+        self, thread_id: str, *, batch: int, version: int, chunker: search_sql.Chunker
+    ) -> int:
         async with self._conn() as conn:
             return await search_sql.index_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
 
@@ -337,12 +382,16 @@ class LockedPositions:
     async def lower(self, created: datetime, resets: Sequence[PositionReset]) -> bool:
         """Move positions back as a re-baseline says; ``False`` if one is no longer what was read."""
         with translate_pg_errors():
-            return await TrackingRepo.reset_positions(self._conn, self._consumer, self._stream, created, resets)
+            return await TrackingRepo.reset_positions(
+                self._conn, self._consumer, self._stream, created, resets
+            )
 
     async def adopt(self, created: datetime) -> bool:
         """Record ``created`` as the stream's identity, replacing the one read with the positions."""
         with translate_pg_errors():
-            return await TrackingRepo.adopt_stream(self._conn, self._stream, created, replacing=self.positions.created)
+            return await TrackingRepo.adopt_stream(
+                self._conn, self._stream, created, replacing=self.positions.created
+            )
 
 
 if TYPE_CHECKING:

@@ -87,7 +87,9 @@ async def select_receipt(
     return None if row is None else Receipt(**dict(row))
 
 
-async def select_session_blob(conn: Conn, tenant: str, session_id: str, sha256: str, principal_id: str | None) -> bytes | None:
+async def select_session_blob(
+    conn: Conn, tenant: str, session_id: str, sha256: str, principal_id: str | None
+) -> bytes | None:
     """A blob a record of the session references, if the principal may see the session (unverified)."""
     content = await conn.fetchval(_SESSION_BLOB, session_id, sha256, principal_id, tenant)
     return None if content is None else bytes(content)

@@ -78,11 +78,21 @@ async def search_session(conn: Conn, tenant: str, request: SearchRequest) -> tup
     """The best hits of the query in the request's session of ``tenant``; ``None`` if the asking
     principal may not see the session (or it is not ``tenant``'s)."""
     session = await conn.fetchrow(_SESSION, request.session_id, tenant)
-    if session is None or (session["principal_id"] is not None and session["principal_id"] != request.principal_id):
+    if session is None or (
+        session["principal_id"] is not None and session["principal_id"] != request.principal_id
+    ):
         return None
     rows = await conn.fetch(
-        _SEARCH, request.session_id, request.query, request.run_id, request.thread_id, list(request.kinds), request.limit,
-        request.since, request.until, _CANDIDATES,
+        _SEARCH,
+        request.session_id,
+        request.query,
+        request.run_id,
+        request.thread_id,
+        list(request.kinds),
+        request.limit,
+        request.since,
+        request.until,
+        _CANDIDATES,
     )
     return tuple(SearchHit(**dict(r)) for r in rows)
 
@@ -102,7 +112,20 @@ async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, ch
         cols: list[list[object]] = [[] for _ in range(12)]
         for r in rows:
             for i, (sb, eb, sl, el, text) in enumerate(chunker(r["kind"], r["text"] or "", r["payload"])):
-                values = (thread_id, r["seq"], i, r["session_id"], r["kind"], r["event_key"], sb, eb, sl, el, r["recorded_at"], text)
+                values = (
+                    thread_id,
+                    r["seq"],
+                    i,
+                    r["session_id"],
+                    r["kind"],
+                    r["event_key"],
+                    sb,
+                    eb,
+                    sl,
+                    el,
+                    r["recorded_at"],
+                    text,
+                )
                 for col, value in zip(cols, values, strict=True):
                     col.append(value)
         await conn.execute(_INSERT, *cols)

@@ -55,7 +55,9 @@ _SELECT_BASELINE = "SELECT created FROM ctx.stream_baselines WHERE stream = $1"
 _SELECT_BASELINE_FOR_UPDATE = _SELECT_BASELINE + " FOR UPDATE"
 
 
-_INSERT_BASELINE = "INSERT INTO ctx.stream_baselines (stream, created) VALUES ($1, $2) ON CONFLICT (stream) DO NOTHING"
+_INSERT_BASELINE = (
+    "INSERT INTO ctx.stream_baselines (stream, created) VALUES ($1, $2) ON CONFLICT (stream) DO NOTHING"
+)
 
 
 # Compare-and-set: only replaces the identity the caller saw, so two recorders cannot flip-flop it.
@@ -136,7 +138,9 @@ class TrackingRepo:
         return int(await conn.fetchval(_SELECT_TRACKING, consumer, partition) or 0)
 
     @staticmethod
-    async def select_positions(conn: Conn, consumer: str, stream: str, *, for_update: bool = False) -> Positions:
+    async def select_positions(
+        conn: Conn, consumer: str, stream: str, *, for_update: bool = False
+    ) -> Positions:
         """Every partition's position and the identity of the stream they were read from.
 
         Call it in a transaction (repeatable read, or ``for_update`` to re-baseline) so both halves

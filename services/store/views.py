@@ -17,7 +17,15 @@ from services.killpoints import kill_point
 from services.store.ledger import Conn
 
 __all__ = [
-    "Candidate", "NewSummary", "PoliciesRepo", "ScopeRepo", "SummaryRow", "ThreadScope", "ViewState", "ViewsRepo", "summary_id_of",
+    "Candidate",
+    "NewSummary",
+    "PoliciesRepo",
+    "ScopeRepo",
+    "SummaryRow",
+    "ThreadScope",
+    "ViewState",
+    "ViewsRepo",
+    "summary_id_of",
 ]
 
 _THREAD_SCOPE = """
@@ -81,12 +89,20 @@ class ScopeRepo:
         if r is None:
             return ThreadScope()
         return ThreadScope(
-            r["role"], r["parent_thread_id"], r["tenant"], r["principal_id"], r["reset_seq"], r["snapshot_through"],
+            r["role"],
+            r["parent_thread_id"],
+            r["tenant"],
+            r["principal_id"],
+            r["reset_seq"],
+            r["snapshot_through"],
             r["run_status"],
         )
 
+
 # A tenant sees its own policies and the shared built-ins (tenant ''); revisions number across both.
-_SELECT_POLICY = "SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 AND revision = $3"
+_SELECT_POLICY = (
+    "SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 AND revision = $3"
+)
 _LATEST_POLICY = """
 SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 ORDER BY revision DESC LIMIT 1
 """
@@ -225,7 +241,9 @@ class PoliciesRepo:
         return int(await conn.fetchval(_INSERT_POLICY, tenant, policy.name, policy.model_dump_json()))
 
     @staticmethod
-    async def get(conn: Conn, tenant: str, name: str, revision: int | None = None) -> tuple[int, ContextPolicy] | None:
+    async def get(
+        conn: Conn, tenant: str, name: str, revision: int | None = None
+    ) -> tuple[int, ContextPolicy] | None:
         """A revision of a policy ``tenant`` may use (the latest when ``revision`` is None)."""
         row = await (
             conn.fetchrow(_LATEST_POLICY, tenant, name)
@@ -240,7 +258,11 @@ class PoliciesRepo:
     async def of_session(conn: Conn, session_id: str) -> tuple[str, str, int] | None:
         """The tenant of a session, and the policy name and revision it pinned."""
         row = await conn.fetchrow(_SESSION_POLICY, session_id)
-        return None if row is None else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
+        return (
+            None
+            if row is None
+            else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
+        )
 
 
 # Summary ids are derived, not drawn: a re-run of the same commit names the same summary.
@@ -253,7 +275,9 @@ def summary_id_of(thread_id: str, view_revision: int, covered_from: int, covered
     Unique per committed summary: a thread commits at most one summary per view revision
     (``summaries_revision``), and revisions only grow, resets included.
     """
-    return str(uuid.uuid5(_SUMMARY_NAMESPACE, f"{thread_id}\x1f{view_revision}\x1f{covered_from}\x1f{covered_to}"))
+    return str(
+        uuid.uuid5(_SUMMARY_NAMESPACE, f"{thread_id}\x1f{view_revision}\x1f{covered_from}\x1f{covered_to}")
+    )
 
 
 def _throttle_json(throttle: Throttle | None) -> str | None:
@@ -406,7 +430,12 @@ class ViewsRepo:
     async def adopt(conn: Conn, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
         """Point a thread's fresh view at an inherited summary (and its baseline); False if it moved on."""
         got = await conn.fetchval(
-            _ADOPT, thread_id, uuid.UUID(candidate.summary_id), candidate.covered_to, candidate.baseline_watermark, expected_revision
+            _ADOPT,
+            thread_id,
+            uuid.UUID(candidate.summary_id),
+            candidate.covered_to,
+            candidate.baseline_watermark,
+            expected_revision,
         )
         return got is not None
 

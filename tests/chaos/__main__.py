@@ -20,10 +20,24 @@ from .scenarios import SCALES, Scenario, ScenarioReport, run_scenario
 
 # (header, report attribute); lost … drain are the invariants and must all read 0.
 _COLUMNS: tuple[tuple[str, str], ...] = (
-    ("scenario", "scenario"), ("events", "events"), ("publishes", "publishes"), ("faults", "faults"),
-    ("lost", "lost"), ("dup", "duplicated"), ("reord", "reordered"), ("stuck", "stuck"),
-    ("chain", "chain_failures"), ("replay", "replay_failures"), ("dlq err", "dead_letter_errors"),
-    ("unserved", "unserved"), ("drain", "unbounded_shutdowns"), ("prepares", "prepares"), ("prep err", "failed_prepares"), ("ready s", "ready_s"), ("recover s", "recover_s"), ("took s", "elapsed_s"),
+    ("scenario", "scenario"),
+    ("events", "events"),
+    ("publishes", "publishes"),
+    ("faults", "faults"),
+    ("lost", "lost"),
+    ("dup", "duplicated"),
+    ("reord", "reordered"),
+    ("stuck", "stuck"),
+    ("chain", "chain_failures"),
+    ("replay", "replay_failures"),
+    ("dlq err", "dead_letter_errors"),
+    ("unserved", "unserved"),
+    ("drain", "unbounded_shutdowns"),
+    ("prepares", "prepares"),
+    ("prep err", "failed_prepares"),
+    ("ready s", "ready_s"),
+    ("recover s", "recover_s"),
+    ("took s", "elapsed_s"),
 )
 
 
@@ -31,7 +45,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the chosen scenarios at the chosen scale; 0 when every invariant held."""
     p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--only", action="append", choices=[s.value for s in Scenario], help="run only this scenario (repeatable)")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=[s.value for s in Scenario],
+        help="run only this scenario (repeatable)",
+    )
     p.add_argument("--json", type=Path, help="write every report here")
     p.add_argument("--seed", type=int, default=20261201)
     p.add_argument("--keep", action="store_true", help="keep the servers' data and worker logs")
@@ -43,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in report.notes:
             print(f"{report.scenario}: {note}")
         if report.prepare_errors:
-            print(f"{report.scenario}: prepare errors while the load ran: {json.dumps(report.prepare_errors)}")
+            print(
+                f"{report.scenario}: prepare errors while the load ran: {json.dumps(report.prepare_errors)}"
+            )
         if report.dead_letter_codes:
             print(f"{report.scenario}: codes: {json.dumps(report.dead_letter_codes)}")
     if args.json:
@@ -60,8 +81,13 @@ async def _run(scenarios: Sequence[Scenario], scale: str, seed: int, keep: bool)
     try:
         for i, scenario in enumerate(scenarios):
             started = time.monotonic()
-            report = await run_scenario(stack, scenario, SCALES[scale], seed=seed + i, workdir=root / scenario.value)
-            print(f"{scenario.value}: {'ok' if report.ok else 'FAILED'} in {time.monotonic() - started:.1f}s", flush=True)
+            report = await run_scenario(
+                stack, scenario, SCALES[scale], seed=seed + i, workdir=root / scenario.value
+            )
+            print(
+                f"{scenario.value}: {'ok' if report.ok else 'FAILED'} in {time.monotonic() - started:.1f}s",
+                flush=True,
+            )
             reports.append(report)
     finally:
         await asyncio.to_thread(stack.stop if keep else stack.close)

@@ -35,7 +35,12 @@ _RETRY_PAUSE_S = 0.1
 async def connect_client(nats_url: str, name: str) -> FleetClient:
     """A client that rides out a broker restart (the stock one gives up after three reconnects)."""
     nc = await nats.connect(
-        nats_url, name=name, connect_timeout=5, max_reconnect_attempts=-1, reconnect_time_wait=0.1, allow_reconnect=True,
+        nats_url,
+        name=name,
+        connect_timeout=5,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.1,
+        allow_reconnect=True,
         error_cb=_expected_during_outages,
     )
     return FleetClient(nc)
@@ -117,7 +122,9 @@ class Runtime:
         for event in self.late:
             data = event.model_dump_json().encode()
             await js.publish(
-                events_subject(self.client.tenant, event.session_id, event.thread_id), data, stream=EVENTS_STREAM,
+                events_subject(self.client.tenant, event.session_id, event.thread_id),
+                data,
+                stream=EVENTS_STREAM,
                 headers={},  # no Nats-Msg-Id: as if past the duplicate window, so only Postgres dedups
             )
             self.publishes += 1
@@ -137,14 +144,20 @@ class Runtime:
                 failed = True
                 self.failed_publishes += 1
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.thread.thread_id}: {event.event_key} never acknowledged") from exc
+                    raise TimeoutError(
+                        f"{self.thread.thread_id}: {event.event_key} never acknowledged"
+                    ) from exc
                 await asyncio.sleep(_RETRY_PAUSE_S)
 
     async def _prepare(self, after_key: str) -> None:
         t = self.thread
         request = PrepareRequest(
-            session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=16_000,
-            after_event_key=after_key, wait_ms=1_000,
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            budget_tokens=16_000,
+            after_event_key=after_key,
+            wait_ms=1_000,
         )
         self.prepares += 1
         try:

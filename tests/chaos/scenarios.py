@@ -75,11 +75,29 @@ class Scale:
 
 SCALES = {
     # `make test`: six scenarios in about a minute on two shared cores.
-    "small": Scale("small", sessions=4, events=32, load_s=2.5, faults=1, outage_s=0.5, prepare_every=8,
-                   stuck_bound_s=20.0, load_bound_s=40.0),
+    "small": Scale(
+        "small",
+        sessions=4,
+        events=32,
+        load_s=2.5,
+        faults=1,
+        outage_s=0.5,
+        prepare_every=8,
+        stuck_bound_s=20.0,
+        load_bound_s=40.0,
+    ),
     # `make chaos`: 12,000 valid events a scenario, three faults each, in a few minutes in all.
-    "full": Scale("full", sessions=40, events=300, load_s=30.0, faults=3, outage_s=3.0, prepare_every=10,
-                  stuck_bound_s=60.0, load_bound_s=150.0),
+    "full": Scale(
+        "full",
+        sessions=40,
+        events=300,
+        load_s=30.0,
+        faults=3,
+        outage_s=3.0,
+        prepare_every=10,
+        stuck_bound_s=60.0,
+        load_bound_s=150.0,
+    ),
 }
 
 
@@ -115,8 +133,18 @@ class ScenarioReport:
     @property
     def failures(self) -> dict[str, int]:
         """The invariants that did not hold (by field name), and by how much."""
-        names = ("unacked", "lost", "stuck", "duplicated", "reordered", "chain_failures", "replay_failures",
-                 "dead_letter_errors", "unserved", "unbounded_shutdowns")
+        names = (
+            "unacked",
+            "lost",
+            "stuck",
+            "duplicated",
+            "reordered",
+            "chain_failures",
+            "replay_failures",
+            "dead_letter_errors",
+            "unserved",
+            "unbounded_shutdowns",
+        )
         return {name: count for name in names if (count := getattr(self, name))}
 
     @property
@@ -134,14 +162,22 @@ class ScenarioReport:
         return {**asdict(self), "ok": self.ok, "failures": self.failures}
 
 
-async def run_scenario(stack: Stack, scenario: Scenario, scale: Scale, *, seed: int, workdir: Path) -> ScenarioReport:
+async def run_scenario(
+    stack: Stack, scenario: Scenario, scale: Scale, *, seed: int, workdir: Path
+) -> ScenarioReport:
     """Run one scenario on ``stack`` (fresh database and streams) and check every invariant."""
     started = time.monotonic()
     report = ScenarioReport(scenario.value, scale.name)
     database_url = await stack.new_database()
     await reset_streams(stack.nats_url)
-    env = worker_env(stack.nats_url, database_url, workdir / "data", TEST_PARTITIONS,
-                     max_event_bytes=str(MAX_EVENT_BYTES), shutdown_timeout_s="10")
+    env = worker_env(
+        stack.nats_url,
+        database_url,
+        workdir / "data",
+        TEST_PARTITIONS,
+        max_event_bytes=str(MAX_EVENT_BYTES),
+        shutdown_timeout_s="10",
+    )
     fleet = WorkerProcess(env, workdir)
     store = Store(database_url)
     fleet.start()
@@ -168,15 +204,32 @@ async def run_scenario(stack: Stack, scenario: Scenario, scale: Scale, *, seed: 
 class _Run:
     """One scenario in flight: the runtimes, the injected faults, and the verdicts."""
 
-    def __init__(self, stack: Stack, fleet: WorkerProcess, store: Store, client: FleetClient,
-                 scenario: Scenario, scale: Scale, rng: random.Random, report: ScenarioReport) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        fleet: WorkerProcess,
+        store: Store,
+        client: FleetClient,
+        scenario: Scenario,
+        scale: Scale,
+        rng: random.Random,
+        report: ScenarioReport,
+    ) -> None:
         self.stack, self.fleet, self.store, self.client = stack, fleet, store, client
         self.scenario, self.scale, self.rng, self.report = scenario, scale, rng, report
         pace = scale.load_s / scale.events
         dup_rate = 0.1 if scenario is Scenario.DUPLICATES else 0.02
         self.runtimes = [
-            Runtime(client, t, plan_events(t, scale.events), pace, scale.prepare_every, dup_rate,
-                    random.Random(rng.random()), late_rate=0.05 if scenario is Scenario.DUPLICATES else 0.0)
+            Runtime(
+                client,
+                t,
+                plan_events(t, scale.events),
+                pace,
+                scale.prepare_every,
+                dup_rate,
+                random.Random(rng.random()),
+                late_rate=0.05 if scenario is Scenario.DUPLICATES else 0.0,
+            )
             for t in (Thread() for _ in range(scale.sessions))
         ]
         self.canary = Runtime(client, Thread(), [], 0.0, 1_000_000, 0.0, random.Random(0))
@@ -249,7 +302,9 @@ class _Run:
         # Under a valid thread's own envelope, so each input reaches the check it is aimed at.
         t = self.runtimes[n % len(self.runtimes)].thread
         for j, poison in enumerate(poison_inputs(t, self.rng, max_event_bytes=MAX_EVENT_BYTES)):
-            ack = await self.client.append_raw(t.thread_id, f"bad-{n}-{j}", poison.data, session_id=t.session_id)
+            ack = await self.client.append_raw(
+                t.thread_id, f"bad-{n}-{j}", poison.data, session_id=t.session_id
+            )
             self.poisoned.append((poison, ack.stream_seq))
             self.report.invalid_sent += 1
             self.report.faults += 1
@@ -266,8 +321,11 @@ class _Run:
         await self.canary.send(self.canary.thread.user(f"canary after fault {n}", key=key), self.deadline)
 
         async def recorded() -> bool:
-            rows = await self.store.fetch("SELECT 1 FROM ctx.records WHERE thread_id=$1 AND event_key=$2",
-                                          self.canary.thread.thread_id, key)
+            rows = await self.store.fetch(
+                "SELECT 1 FROM ctx.records WHERE thread_id=$1 AND event_key=$2",
+                self.canary.thread.thread_id,
+                key,
+            )
             return bool(rows)
 
         if await _within(recorded, self.scale.stuck_bound_s):
@@ -280,7 +338,9 @@ class _Run:
         expected = {r.thread.thread_id: len(r.acked) for r in (*self.runtimes, self.canary) if r.acked}
 
         async def all_recorded() -> bool:
-            rows = await self.store.fetch("SELECT thread_id, count(*) AS n FROM ctx.records GROUP BY thread_id")
+            rows = await self.store.fetch(
+                "SELECT thread_id, count(*) AS n FROM ctx.records GROUP BY thread_id"
+            )
             have = {r["thread_id"]: r["n"] for r in rows or ()}
             return all(have.get(t, 0) >= n for t, n in expected.items())
 
@@ -331,7 +391,9 @@ class _Run:
     def _note_audit(self, audit: ThreadAudit) -> None:
         if audit.unexpected:
             self.report.dead_letter_errors += len(audit.unexpected)
-            self.report.notes.append(f"{audit.thread_id}: recorded invalid input {', '.join(audit.unexpected[:3])}")
+            self.report.notes.append(
+                f"{audit.thread_id}: recorded invalid input {', '.join(audit.unexpected[:3])}"
+            )
         if not audit.chain_ok:
             self.report.notes.append(f"{audit.thread_id}: chain: {audit.inspection.chain_error or 'seq gap'}")
 
@@ -347,7 +409,9 @@ class _Run:
         extra = [seq for seq in codes if seq not in wanted]
         if extra:
             r.dead_letter_errors += len(extra)
-            r.notes.append(f"{len(extra)} unexpected dead letters: {sorted(Counter(codes[s] for s in extra).items())}")
+            r.notes.append(
+                f"{len(extra)} unexpected dead letters: {sorted(Counter(codes[s] for s in extra).items())}"
+            )
         js = self.client._nc.jetstream(timeout=10.0)
         in_stream = (await js.stream_info(DEAD_STREAM)).state.messages
         if in_stream != len(rows):
@@ -358,8 +422,14 @@ class _Run:
         t = runtime.thread
         if not runtime.acked:
             return
-        request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=16_000,
-                                 after_event_key=runtime.acked[-1], wait_ms=10_000)
+        request = PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            budget_tokens=16_000,
+            after_event_key=runtime.acked[-1],
+            wait_ms=10_000,
+        )
         try:
             await self.client.prepare(request, timeout=20.0)
         except CtxError as exc:
@@ -379,7 +449,9 @@ async def _within(check: Callable[[], Awaitable[bool]], bound_s: float) -> bool:
 async def _stream_keys(client: FleetClient, t: Thread) -> set[str]:
     """The event keys the events stream still holds for one thread (stuck there, or lost)."""
     js = client._nc.jetstream(timeout=10.0)
-    sub = await js.subscribe(f"{PARTITIONED}.*.{t.session_id}.{t.thread_id}", stream=EVENTS_STREAM, ordered_consumer=True)
+    sub = await js.subscribe(
+        f"{PARTITIONED}.*.{t.session_id}.{t.thread_id}", stream=EVENTS_STREAM, ordered_consumer=True
+    )
     keys: set[str] = set()
     try:
         while True:

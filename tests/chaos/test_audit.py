@@ -9,11 +9,22 @@ from tests.fixtures.audit import ThreadAudit
 EXPECTED = ("e1", "e2", "e3", "e4")
 
 
-def _audit(recorded: tuple[str, ...], *, contiguous: bool = True, chain: bool = True, state: bool = True) -> ThreadAudit:
+def _audit(
+    recorded: tuple[str, ...], *, contiguous: bool = True, chain: bool = True, state: bool = True
+) -> ThreadAudit:
     inspection = ThreadInspection(
-        thread_id="r.main", session_id="s", revision=len(recorded), record_count=len(recorded), total_tokens=0,
-        last_event_key=recorded[-1] if recorded else None, chain_verified=chain, chain_error=None if chain else "bad hash",
-        pending_call_ids=(), dead_letters=0, records=(), state_verified=state,
+        thread_id="r.main",
+        session_id="s",
+        revision=len(recorded),
+        record_count=len(recorded),
+        total_tokens=0,
+        last_event_key=recorded[-1] if recorded else None,
+        chain_verified=chain,
+        chain_error=None if chain else "bad hash",
+        pending_call_ids=(),
+        dead_letters=0,
+        records=(),
+        state_verified=state,
     )
     return ThreadAudit("r.main", EXPECTED, recorded, contiguous, inspection)
 

@@ -34,7 +34,9 @@ def chaos_stack() -> Iterator[Stack]:
 async def test_chaos_scenario_records_every_valid_event_once_in_order_and_dead_letters_the_rest(
     scenario: Scenario, chaos_stack: Stack, tmp_path: Path
 ) -> None:
-    report = await run_scenario(chaos_stack, scenario, SMALL, seed=list(Scenario).index(scenario), workdir=tmp_path)
+    report = await run_scenario(
+        chaos_stack, scenario, SMALL, seed=list(Scenario).index(scenario), workdir=tmp_path
+    )
     assert report.ok, (report.failures, report.notes)
     # The load and the fault really happened: a scenario that injected nothing proves nothing.
     assert report.events >= SMALL.sessions * SMALL.events

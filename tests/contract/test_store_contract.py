@@ -70,16 +70,21 @@ async def _write(store: Store, events: list[Any], start_seq: int = 1) -> None:
 
 async def test_written_records_read_back_alike(store: Store) -> None:
     t = Thread()
-    await _write(store, [
-        t.system("Be brief.", key="sys"), t.user("Fix app.py", key="u1"),
-        t.assistant("looking", calls=(("c1", "bash", {"cmd": "cat app.py"}),), key="a1"),
-    ])
+    await _write(
+        store,
+        [
+            t.system("Be brief.", key="sys"),
+            t.user("Fix app.py", key="u1"),
+            t.assistant("looking", calls=(("c1", "bash", {"cmd": "cat app.py"}),), key="a1"),
+        ],
+    )
     async with store.session() as s:
         head = await s.select_head(t.thread_id)
         assert head is not None and (head.revision, head.last_seq, head.last_event_key) == (1, 3, "a1")
         records = await s.select_records(t.thread_id, gt=1, lte=3)
         assert [(r.thread_seq, r.seq, r.event_key, r.kind, r.text) for r in records] == [
-            (2, 2, "u1", "user_input", "Fix app.py"), (3, 3, "a1", "assistant_message", records[1].text),
+            (2, 2, "u1", "user_input", "Fix app.py"),
+            (3, 3, "a1", "assistant_message", records[1].text),
         ]
         assert records[0].tokens.o200k_base > 0
         assert await s.find_event(DEFAULT_TENANT, t.thread_id, "u1") == 2
@@ -87,10 +92,18 @@ async def test_written_records_read_back_alike(store: Store) -> None:
         assert await s.open_call_ids(t.thread_id) == ["c1"]
         assert (await s.totals(t.thread_id))[0] == 3
         assert verify_chain(t.thread_id, await s.select_links(t.thread_id)) is None
-        assert [r.event_key for r in await s.select_tail(t.thread_id, limit=2, preview_chars=3)] == ["a1", "u1"]
+        assert [r.event_key for r in await s.select_tail(t.thread_id, limit=2, preview_chars=3)] == [
+            "a1",
+            "u1",
+        ]
         assert (await s.select_tail(t.thread_id, limit=1, preview_chars=3))[0].preview == records[1].text[:3]
         scope = await s.scope_of(t.thread_id)
-        assert (scope.role, scope.tenant, scope.reset_seq, scope.run_status) == ("main", DEFAULT_TENANT, 0, "active")
+        assert (scope.role, scope.tenant, scope.reset_seq, scope.run_status) == (
+            "main",
+            DEFAULT_TENANT,
+            0,
+            "active",
+        )
         assert await s.session_policy(t.session_id) == (DEFAULT_TENANT, "default", 1)
         assert await s.load_view(t.thread_id) == ViewState()
         assert [e[1] for e in await s.select_full(t.thread_id)] == ["sys", "u1", "a1"]
@@ -150,7 +163,14 @@ async def test_tracking_never_moves_backwards(store: Store) -> None:
 async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: Store) -> None:
     t = Thread()
     (message,) = incoming([t.user("x", key="bad")], start_seq=41)
-    rejection = Rejection(Incoming(message.subject, message.data, 41), t.thread_id, "bad", ErrorCode.INVALID_EVENT, "no", {"why": "test"})
+    rejection = Rejection(
+        Incoming(message.subject, message.data, 41),
+        t.thread_id,
+        "bad",
+        ErrorCode.INVALID_EVENT,
+        "no",
+        {"why": "test"},
+    )
     async with store.session() as s:
         await s.insert_dead_letter(rejection, keep_raw=16)
         await s.insert_dead_letter(rejection, keep_raw=16)  # redelivered
@@ -170,9 +190,16 @@ async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(stor
         assert (await s.load_view(t.thread_id)).pending_fingerprint == "job-a"
         await s.clear_pending(t.thread_id, "job-a")
         assert await s.set_pending(t.thread_id, "job-b", stale_after_s=300)
-        await s.record_attempt(t.thread_id, throttle=None, reason="select: nothing", failed=True, fingerprint="job-b")
+        await s.record_attempt(
+            t.thread_id, throttle=None, reason="select: nothing", failed=True, fingerprint="job-b"
+        )
         state = await s.load_view(t.thread_id)
-        assert (state.pending_fingerprint, state.attempts, state.failures, state.last_failure) == (None, 1, 1, "select: nothing")
+        assert (state.pending_fingerprint, state.attempts, state.failures, state.last_failure) == (
+            None,
+            1,
+            1,
+            "select: nothing",
+        )
         await s.mark_evaluated(t.thread_id, 5)
         await s.mark_evaluated(t.thread_id, 3)
         assert (await s.load_view(t.thread_id)).evaluated_revision == 5
@@ -186,10 +213,25 @@ async def test_a_view_of_an_unrecorded_thread_is_refused(store: Store) -> None:
 
 def _summary(thread_id: str, covered_to: int) -> NewSummary:
     return NewSummary(
-        thread_id=thread_id, parent_summary_id=None, body=StructuredSummary(covered_from=1, covered_to=covered_to),
-        text="[context summary]", tokens_o200k=3, tokens_cl100k=3, covered_to=covered_to, source_watermark=covered_to,
-        policy_name="default", policy_revision=1, summarizer="contract", calls=1, trigger_reasons=("context_ratio",),
-        tokens_before=100, tokens_after=10, target_reached=True, job_id="job", baseline=Counters(1, 1), throttle=None,
+        thread_id=thread_id,
+        parent_summary_id=None,
+        body=StructuredSummary(covered_from=1, covered_to=covered_to),
+        text="[context summary]",
+        tokens_o200k=3,
+        tokens_cl100k=3,
+        covered_to=covered_to,
+        source_watermark=covered_to,
+        policy_name="default",
+        policy_revision=1,
+        summarizer="contract",
+        calls=1,
+        trigger_reasons=("context_ratio",),
+        tokens_before=100,
+        tokens_after=10,
+        target_reached=True,
+        job_id="job",
+        baseline=Counters(1, 1),
+        throttle=None,
     )
 
 
@@ -204,7 +246,9 @@ async def test_a_summary_commits_once_per_view_revision_under_a_derived_id(store
             await s.commit_summary(0, _summary(t.thread_id, 1))
         assert lost.value.details["actual"] == 1
         state = await s.load_view(t.thread_id)
-        assert state.view_revision == 1 and state.summary is not None and state.summary.summary_id == summary_id
+        assert (
+            state.view_revision == 1 and state.summary is not None and state.summary.summary_id == summary_id
+        )
         assert (state.covered_to, state.baseline, state.baseline_watermark) == (2, Counters(1, 1), 2)
         assert await s.summary_count(t.thread_id) == 1
 
@@ -222,7 +266,9 @@ async def test_policies_are_revisioned_per_tenant_beside_the_shared_built_ins(st
 
 async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) -> None:
     a = Thread()
-    await _write(store, [a.user("one", key="k1"), a.assistant("two", key="k2"), a.run_status("completed", key="end")])
+    await _write(
+        store, [a.user("one", key="k1"), a.assistant("two", key="k2"), a.run_status("completed", key="end")]
+    )
     b = a.next_run()
     await _write(store, [b.user("three", key="k3")], 4)
     async with store.session() as s:
@@ -231,14 +277,20 @@ async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) ->
         scope = await s.scope_of(b.thread_id)
         assert scope.snapshot_through == 3
         (candidate,) = await s.candidates(b.session_id, b.thread_id, scope.snapshot_through)
-        assert (candidate.thread_id, candidate.summary_id, candidate.covered_to) == (a.thread_id, summary_id, 2)
+        assert (candidate.thread_id, candidate.summary_id, candidate.covered_to) == (
+            a.thread_id,
+            summary_id,
+            2,
+        )
         assert await s.candidates(b.session_id, b.thread_id, 1) == []
         assert await s.adopt(b.thread_id, 0, candidate)
         assert not await s.adopt(b.thread_id, 1, candidate)  # it shows a summary already
         state = await s.load_view(b.thread_id)
         assert (state.view_revision, state.covered_to, state.baseline_watermark) == (1, 2, 2)
         assert state.summary is not None and state.summary.summary_id == summary_id
-        inherited = await s.select_inherited(b.session_id, after=0, through=scope.snapshot_through, exclude_thread=b.thread_id)
+        inherited = await s.select_inherited(
+            b.session_id, after=0, through=scope.snapshot_through, exclude_thread=b.thread_id
+        )
         assert [r.event_key for r in inherited] == ["k1", "k2", "end"]
 
 

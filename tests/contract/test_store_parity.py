@@ -42,22 +42,35 @@ def _hand_built() -> list[Any]:
     child = a.child_thread()
     b = a.next_run()
     return [
-        a.system("You fix bugs.", key="sys"), a.user("Fix app.py", key="task"),
+        a.system("You fix bugs.", key="sys"),
+        a.user("Fix app.py", key="task"),
         a.assistant("delegating", calls=(("c1", "spawn", {"task": "read app.py"}),), key="a1"),
-        child.user("read app.py", key="ch-task"), child.export([(a.thread_id, 2)], note="the task", key="ch-export"),
-        child.assistant("done reading", key="ch-a1"), a.child("app.py imports a missing module", key="a-child"),
-        a.outcome("c1", "child finished", key="o1"), a.outcome("c-none", "orphan", key="o-orphan"),
+        child.user("read app.py", key="ch-task"),
+        child.export([(a.thread_id, 2)], note="the task", key="ch-export"),
+        child.assistant("done reading", key="ch-a1"),
+        a.child("app.py imports a missing module", key="a-child"),
+        a.outcome("c1", "child finished", key="o1"),
+        a.outcome("c-none", "orphan", key="o-orphan"),
         a.user("Fix app.py", key="task"),  # redelivered: a duplicate
         a.run_status("completed", key="a-end"),
-        b.user("And the tests?", key="b1").model_copy(update={"client_ts": datetime(2024, 5, 1, 12, 30, tzinfo=timezone(timedelta(hours=2)))}), b.assistant("checking", key="b2"), b.reset(key="b-reset"), b.user("Start over", key="b3"),
+        b.user("And the tests?", key="b1").model_copy(
+            update={"client_ts": datetime(2024, 5, 1, 12, 30, tzinfo=timezone(timedelta(hours=2)))}
+        ),
+        b.assistant("checking", key="b2"),
+        b.reset(key="b-reset"),
+        b.user("Start over", key="b3"),
     ]
 
 
 def _streams() -> list[list[Any]]:
     traces = [
         trace_events(read_trace(SAMPLES / name), ReplayOptions(session_id=f"s-{i}"))
-        for i, name in enumerate(("swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl",
-                                  "tau-bench__gpt-4o-airline_task002_trial1.jsonl"))
+        for i, name in enumerate(
+            (
+                "swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl",
+                "tau-bench__gpt-4o-airline_task002_trial1.jsonl",
+            )
+        )
     ]
     return [*traces, _hand_built()]
 
@@ -78,12 +91,19 @@ async def _observe(store: Any, thread_ids: list[str], session_ids: list[str]) ->
             assert head is not None, tid
             view = await loader.load(s, tid)
             seen[tid] = {
-                "head": asdict(head), "scope": asdict(await s.scope_of(tid)),
-                "records": [asdict(r) for r in view.records], "view": asdict(view.state),
-                "policy": (view.policy_name, view.policy_revision), "facts": view.facts,
-                "links": await s.select_links(tid), "tail": await s.select_tail(tid, limit=5, preview_chars=40),
-                "full": await s.select_full(tid), "open": await s.open_call_ids(tid), "totals": await s.totals(tid),
-                "dead": await s.count_dead_letters(tid), "orphan": await s.find_dead_letter(DEFAULT_TENANT, tid, "o-orphan"),
+                "head": asdict(head),
+                "scope": asdict(await s.scope_of(tid)),
+                "records": [asdict(r) for r in view.records],
+                "view": asdict(view.state),
+                "policy": (view.policy_name, view.policy_revision),
+                "facts": view.facts,
+                "links": await s.select_links(tid),
+                "tail": await s.select_tail(tid, limit=5, preview_chars=40),
+                "full": await s.select_full(tid),
+                "open": await s.open_call_ids(tid),
+                "totals": await s.totals(tid),
+                "dead": await s.count_dead_letters(tid),
+                "orphan": await s.find_dead_letter(DEFAULT_TENANT, tid, "o-orphan"),
             }
         for sid in session_ids:
             seen[sid] = (await s.session_policy(sid), await s.read_session_catalog(sid))

@@ -131,18 +131,44 @@ def test_the_wheel_the_image_installs_carries_every_file_the_workers_read(tmp_pa
 
     # Build from a copy: an in-tree build leaves build/ behind, and the image builds from a clean context.
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".ctxfleet", "build", "*.egg-info", "__pycache__", "out"))
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".ctxfleet", "build", "*.egg-info", "__pycache__", "out"
+        ),
+    )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
-        check=True, capture_output=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     [wheel] = (tmp_path / "dist").glob("ctxfleet-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     needed = [
         *(f"infra/migrations/{p.name}" for p in (ROOT / "infra" / "migrations").glob("*.sql")),
-        *(f"services/tokenizer_data/{p.name}" for p in (ROOT / "services" / "tokenizer_data").glob("*.tiktoken.gz")),
+        *(
+            f"services/tokenizer_data/{p.name}"
+            for p in (ROOT / "services" / "tokenizer_data").glob("*.tiktoken.gz")
+        ),
         *(f"infra/samples/{p.name}" for p in (ROOT / "infra" / "samples").glob("*.jsonl")),
-        "contracts/py.typed", "services/py.typed", "workers/py.typed", "infra/nats_accounts.py", "workers/health.py",
+        "contracts/py.typed",
+        "services/py.typed",
+        "workers/py.typed",
+        "infra/nats_accounts.py",
+        "workers/health.py",
     ]
     assert len(needed) > 10 and sorted(set(needed) - names) == []
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names), "test or bench code in the image"
@@ -195,7 +221,8 @@ def test_ignore_files_keep_secrets_and_local_state_out_of_the_build_but_not_the_
     docker, container = ROOT / ".dockerignore", ROOT / ".containerignore"
     assert docker.read_text(encoding="utf-8") == container.read_text(encoding="utf-8")
     patterns = [
-        line.strip() for line in docker.read_text(encoding="utf-8").splitlines()
+        line.strip()
+        for line in docker.read_text(encoding="utf-8").splitlines()
         if line.strip() and not line.startswith("#") and not line.startswith("!")
     ]
     assert {".git", ".venv", "infra/compose.env", "infra/secrets"} <= set(patterns)
@@ -265,7 +292,9 @@ def mounts(service: dict[str, Any]) -> dict[str, str]:
 def host_path(service: dict[str, Any], container_path: str) -> Path | None:
     """Where a file the container reads at ``container_path`` comes from in this repository."""
     for target, source in mounts(service).items():
-        if source.startswith((".", "/")) and (container_path == target or container_path.startswith(target + "/")):
+        if source.startswith((".", "/")) and (
+            container_path == target or container_path.startswith(target + "/")
+        ):
             return (INFRA / source / container_path[len(target) :].lstrip("/")).resolve()
     return None
 
@@ -403,7 +432,9 @@ def test_settings_accept_the_environment_compose_gives(
 def test_no_secret_value_is_written_into_the_compose_file() -> None:
     for name, service in services().items():
         for key, value in environment(service).items():
-            assert "://" not in value or urlsplit(value).password is None, f"{name}.{key} has a password in a URL"
+            assert "://" not in value or urlsplit(value).password is None, (
+                f"{name}.{key} has a password in a URL"
+            )
             if not _SECRETISH.search(key):
                 continue
             if key.endswith("_FILE"):
@@ -431,7 +462,9 @@ def test_secrets_and_required_variables_are_listed_empty_in_the_env_example() ->
     text = COMPOSE.read_text(encoding="utf-8")
     required = {m.group(1) for m in _INTERPOLATION.finditer(text) if m.group(2) in (None, "?", ":?")}
     required |= {s["environment"] for s in compose()["secrets"].values() if "environment" in s}
-    assert required <= example.keys(), f"missing from compose.env.example: {sorted(required - example.keys())}"
+    assert required <= example.keys(), (
+        f"missing from compose.env.example: {sorted(required - example.keys())}"
+    )
     # The example must not ship a password someone could deploy unchanged.
     assert not {k: v for k, v in example.items() if _SECRETISH.search(k) and v}
 
@@ -439,7 +472,9 @@ def test_secrets_and_required_variables_are_listed_empty_in_the_env_example() ->
 def test_every_nats_user_the_fleet_uses_exists_in_the_auth_config() -> None:
     auth = NATS_AUTH.read_text(encoding="utf-8")
     users = set(re.findall(r"\buser\s*[:=]\s*[\"']?([\w.-]+)", auth))
-    fleet = {environment(s)["CTX_NATS_USER"] for s in services().values() if "CTX_NATS_USER" in environment(s)}
+    fleet = {
+        environment(s)["CTX_NATS_USER"] for s in services().values() if "CTX_NATS_USER" in environment(s)
+    }
     assert fleet <= users, f"users missing from auth.conf: {sorted(fleet - users)}"
 
 
@@ -453,12 +488,15 @@ def test_the_compose_nats_users_are_rendered_from_the_accounts_table() -> None:
 
 def test_the_nats_server_receives_every_variable_its_config_refers_to() -> None:
     confs = sorted((INFRA / "nats").glob("*.conf"))
+
     # A NATS conf variable is a bare $NAME; inside quotes ("$JS.API.>") and comments it is a subject or prose.
     def bare(text: str) -> str:
         text = re.sub(r"#.*", "", text)
         return re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
 
-    referenced = {v for c in confs for v in re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", bare(c.read_text(encoding="utf-8")))}
+    referenced = {
+        v for c in confs for v in re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", bare(c.read_text(encoding="utf-8")))
+    }
     assert referenced, "auth.conf refers to no password variable: the test would prove nothing"
     given = environment(services()["nats"]).keys()
     assert referenced <= given, f"the nats service lacks {sorted(referenced - given)}"

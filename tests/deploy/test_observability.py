@@ -78,7 +78,9 @@ def exported_series() -> dict[str, frozenset[str]]:
     metrics = FleetMetrics()
     # prometheus_client has no public accessor for a metric's label names, and a labelled metric
     # without children yields no samples to read them from.
-    declared = {w._name: set(w._labelnames) for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)}
+    declared = {
+        w._name: set(w._labelnames) for w in vars(metrics).values() if isinstance(w, MetricWrapperBase)
+    }
     series: dict[str, frozenset[str]] = {}
     for family in metrics.registry.collect():
         labels = declared.get(family.name, set()) | {k for s in family.samples for k in s.labels}
@@ -105,7 +107,9 @@ class Query:
     """The names one PromQL expression uses."""
 
     selectors: list[tuple[str, frozenset[str]]] = field(default_factory=list)  # (metric, matcher labels)
-    groupings: list[tuple[frozenset[str], frozenset[str]]] = field(default_factory=list)  # (labels, metrics in scope)
+    groupings: list[tuple[frozenset[str], frozenset[str]]] = field(
+        default_factory=list
+    )  # (labels, metrics in scope)
     functions: set[str] = field(default_factory=set)
 
     @property
@@ -147,7 +151,11 @@ def parse_promql(expr: str) -> Query:
             if following == "{":
                 end = _closing(tokens, i + 1)
                 inside = tokens[i + 2 : end]
-                matchers = frozenset(t for t, n in zip(inside, inside[1:], strict=False) if _IDENT.fullmatch(t) and n in ("=", "!"))
+                matchers = frozenset(
+                    t
+                    for t, n in zip(inside, inside[1:], strict=False)
+                    if _IDENT.fullmatch(t) and n in ("=", "!")
+                )
             query.selectors.append((token, matchers))
             selectors[i] = token
             i = end + 1
@@ -210,7 +218,11 @@ def alert_rules() -> Iterator[dict[str, Any]]:
 
 def expressions() -> list[tuple[str, str]]:
     """(where, PromQL) for every dashboard target and alert rule."""
-    found = [(f"panel {p['title']!r} {t['refId']}", t["expr"]) for p in dashboard_panels() for t in p.get("targets", [])]
+    found = [
+        (f"panel {p['title']!r} {t['refId']}", t["expr"])
+        for p in dashboard_panels()
+        for t in p.get("targets", [])
+    ]
     found += [(f"alert {r['alert']}", r["expr"]) for r in alert_rules()]
     return found
 
@@ -246,14 +258,19 @@ def test_extractor_ignores_functions_keywords_strings_variables_numbers_and_dura
 def test_extractor_scopes_a_grouping_to_the_aggregation_it_belongs_to() -> None:
     expr = "sum by (reason) (rate(ctx_x_total[5m])) / scalar(sum(ctx_y_total)) + sum(ctx_z) by (code)"
     assert sorted(parse_promql(expr).groupings, key=sorted) == sorted(
-        [(frozenset({"reason"}), frozenset({"ctx_x_total"})), (frozenset({"code"}), frozenset({"ctx_z"}))], key=sorted
+        [(frozenset({"reason"}), frozenset({"ctx_x_total"})), (frozenset({"code"}), frozenset({"ctx_z"}))],
+        key=sorted,
     )
 
 
 def test_registry_series_include_the_suffixes_prometheus_exposes() -> None:
     # Guards the derivation the whole module relies on, with metrics that exist since the start.
-    assert {"ctx_events_recorded_total", "ctx_prepare_seconds_bucket", "ctx_prepare_seconds_count",
-            "ctx_compaction_queue_depth"} <= SERIES.keys()
+    assert {
+        "ctx_events_recorded_total",
+        "ctx_prepare_seconds_bucket",
+        "ctx_prepare_seconds_count",
+        "ctx_compaction_queue_depth",
+    } <= SERIES.keys()
     assert "ctx_events_recorded" not in SERIES
     assert SERIES["ctx_prepare_seconds_bucket"] == {"purpose", "policy", "le"}
 
@@ -265,7 +282,9 @@ def test_registry_series_include_the_suffixes_prometheus_exposes() -> None:
 def test_query_names_only_metrics_the_workers_export(where: str, expr: str) -> None:
     query = parse_promql(expr)
     assert query.metrics, f"{where}: no metric found in {expr!r}"
-    assert not unknown_metrics(expr), f"{where}: not exported by FleetMetrics: {sorted(unknown_metrics(expr))}"
+    assert not unknown_metrics(expr), (
+        f"{where}: not exported by FleetMetrics: {sorted(unknown_metrics(expr))}"
+    )
 
 
 @pytest.mark.parametrize(("where", "expr"), EXPRESSIONS, ids=IDS)
@@ -325,7 +344,9 @@ def test_dashboard_has_identity_and_unique_panel_ids() -> None:
     dashboard = load_dashboard()
     assert dashboard["uid"] and dashboard["title"]
     assert 36 <= dashboard["schemaVersion"] <= 41
-    ids = [p["id"] for p in dashboard["panels"]] + [p["id"] for r in dashboard["panels"] for p in r.get("panels", [])]
+    ids = [p["id"] for p in dashboard["panels"]] + [
+        p["id"] for r in dashboard["panels"] for p in r.get("panels", [])
+    ]
     assert len(ids) == len(set(ids))
     assert all({"h", "w", "x", "y"} <= p["gridPos"].keys() for p in dashboard["panels"])
 
@@ -354,7 +375,9 @@ def test_dashboard_shows_required_metric(family: str, by: str | None) -> None:
     using = [q for q in queries if any(family_of(m) == family for m in q.metrics)]
     assert using, f"no panel queries {family}"
     if by is not None:
-        assert any(by in labels for q in using for labels, _ in q.groupings), f"no panel shows {family} by {by}"
+        assert any(by in labels for q in using for labels, _ in q.groupings), (
+            f"no panel shows {family} by {by}"
+        )
 
 
 def test_prepare_latency_panel_shows_p50_p95_and_p99() -> None:

@@ -43,11 +43,17 @@ class Up:
         self.data = tmp / "data"
         self.http_port = free_port()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
-        self.env.update(CTX_DATA_DIR=str(self.data), CTX_PARTITIONS="4", CTX_HTTP_PORT=str(self.http_port), **env)
+        self.env.update(
+            CTX_DATA_DIR=str(self.data), CTX_PARTITIONS="4", CTX_HTTP_PORT=str(self.http_port), **env
+        )
         self.log = tmp / f"up-{time.monotonic_ns()}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "infra.cli", "up", *args], cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "infra.cli", "up", *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     @property
@@ -59,7 +65,9 @@ class Up:
 
     async def wait_for(self, text: str, timeout: float = 60) -> None:
         async def printed() -> bool:
-            assert self.proc.poll() is None or text in self.output, f"up exited {self.proc.returncode}:\n{self.output}"
+            assert self.proc.poll() is None or text in self.output, (
+                f"up exited {self.proc.returncode}:\n{self.output}"
+            )
             return text in self.output
 
         await eventually(printed, timeout=timeout, what=f"{text!r} from ctxfleet up")
@@ -129,7 +137,12 @@ async def test_up_refuses_a_second_up_on_a_locked_data_folder_and_names_the_hold
         started = time.monotonic()
         second = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "infra.cli", "up", "--no-replay"], cwd=ROOT, env=first.env, capture_output=True, text=True, timeout=60,
+            [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
+            cwd=ROOT,
+            env=first.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert second.returncode == 2
         lines = second.stderr.strip().splitlines()
@@ -142,7 +155,9 @@ async def test_up_refuses_a_second_up_on_a_locked_data_folder_and_names_the_hold
         first.kill()
 
 
-async def test_up_after_sigkill_stops_the_orphans_and_records_what_they_acked_exactly_once(folder: Path) -> None:
+async def test_up_after_sigkill_stops_the_orphans_and_records_what_they_acked_exactly_once(
+    folder: Path,
+) -> None:
     thread = Thread()
     events = [thread.system(), thread.user("hello"), thread.assistant("hi"), thread.user("and again")]
     crashed = Up(folder, "--no-replay")
@@ -153,7 +168,9 @@ async def test_up_after_sigkill_stops_the_orphans_and_records_what_they_acked_ex
         runtime = load_credentials(crashed.data)
         assert runtime is not None  # the broker is closed: a runtime connects as the generated `runtime` user
         async with await FleetClient.connect(
-            f"nats://127.0.0.1:{orphans['nats-server']['port']}", user="runtime-default", password=runtime.password("runtime-default")
+            f"nats://127.0.0.1:{orphans['nats-server']['port']}",
+            user="runtime-default",
+            password=runtime.password("runtime-default"),
         ) as client:
             for event in events[:2]:  # recorded by the fleet before it dies
                 await client.append(event)
@@ -215,7 +232,9 @@ async def test_up_restarts_a_killed_embedded_server_and_is_ready_again(folder: P
         up.kill()
 
 
-async def test_up_with_restarts_off_stops_with_one_line_naming_the_dead_server_and_its_log(folder: Path) -> None:
+async def test_up_with_restarts_off_stops_with_one_line_naming_the_dead_server_and_its_log(
+    folder: Path,
+) -> None:
     up = Up(folder, "--no-replay", CTX_SERVER_RESTARTS="0")
     try:
         await up.wait_for("serving")
@@ -243,7 +262,9 @@ async def test_ctrl_c_during_the_startup_replay_stops_the_fleet_cleanly(folder: 
         up.kill()
 
 
-async def test_a_failing_startup_replay_is_reported_in_one_line_and_the_fleet_keeps_serving(folder: Path) -> None:
+async def test_a_failing_startup_replay_is_reported_in_one_line_and_the_fleet_keeps_serving(
+    folder: Path,
+) -> None:
     bad = folder / "bad.jsonl"
     bad.write_text('{"kind": "user_input", "text": "fine"}\nnot json at all\n')
     up = Up(folder, "--replay", str(bad))

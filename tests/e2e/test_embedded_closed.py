@@ -34,6 +34,7 @@ def prepare_request_for(thread_id: str) -> PrepareRequest:
     run_id, instance_id = thread_id.split(".")
     return PrepareRequest(session_id="closed-s1", run_id=run_id, instance_id=instance_id, budget_tokens=3_000)
 
+
 SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
 
 
@@ -52,18 +53,25 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alone(embedded: tuple[Settings, Servers]) -> None:
+async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alone(
+    embedded: tuple[Settings, Servers],
+) -> None:
     settings, servers = embedded
     with pytest.raises(FleetUnavailable):
         await FleetClient.connect(servers.nats_url)
     with pytest.raises(FleetUnavailable):
         await FleetClient.connect(servers.nats_url, user="runtime-default", password="guessed")
     assert _mode(settings.data_dir / CREDENTIALS_FILE) == 0o600
-    assert _mode(settings.data_dir / "nats") == 0o700 and _mode(settings.data_dir / "nats" / "nats.conf") == 0o600
+    assert (
+        _mode(settings.data_dir / "nats") == 0o700
+        and _mode(settings.data_dir / "nats" / "nats.conf") == 0o600
+    )
     assert _mode(settings.data_dir) & 0o077 in (0, 0o011)  # nobody else may list the folder
 
 
-async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(embedded: tuple[Settings, Servers]) -> None:
+async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
+    embedded: tuple[Settings, Servers],
+) -> None:
     settings, servers = embedded
     fleet = await start_fleet(settings, servers)
     try:
@@ -73,10 +81,14 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(emb
         async with await FleetClient.connect(servers.nats_url, **operator.nats_options()) as client:
             policy = ContextPolicy(name="closed-3000", model_profile=None, budget_tokens=3_000)
             await client.register_policy(policy)
-            report = await replay_trace(client, read_trace(SAMPLE), ReplayOptions(session_id="closed-s1", policy=policy.name))
+            report = await replay_trace(
+                client, read_trace(SAMPLE), ReplayOptions(session_id="closed-s1", policy=policy.name)
+            )
         assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
         # A runtime prepares the same thread; it may not inspect it.
-        async with await FleetClient.connect(servers.nats_url, **as_identity(settings, "runtime-default").nats_options()) as client:
+        async with await FleetClient.connect(
+            servers.nats_url, **as_identity(settings, "runtime-default").nats_options()
+        ) as client:
             thread = "closed-s1-r1.main"
             prepared = await client.prepare(prepare_request_for(thread))
             assert prepared.messages
@@ -88,11 +100,17 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(emb
     finally:
         await fleet.stop()
     # The fleet's own identity never needed more than its grants (the runtime's refusal above is the only one).
-    violations = [line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line]
+    violations = [
+        line
+        for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines()
+        if "Violation" in line
+    ]
     assert all("user:runtime-default" in line and "ctx.inspect." in line for line in violations), violations
 
 
-async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forge_notices(embedded: tuple[Settings, Servers]) -> None:
+async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forge_notices(
+    embedded: tuple[Settings, Servers],
+) -> None:
     settings, servers = embedded
     errors: list[Exception] = []
 
@@ -102,7 +120,10 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
     creds = load_credentials(settings.data_dir)
     assert creds is not None
     nc = await nats.connect(
-        servers.nats_url, user="runtime-default", password=creds.password("runtime-default"), error_cb=on_error,
+        servers.nats_url,
+        user="runtime-default",
+        password=creds.password("runtime-default"),
+        error_cb=on_error,
         inbox_prefix="_INBOX.runtime-default",
     )
     try:
@@ -118,8 +139,18 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
     finally:
         await nc.close()
     assert any("permissions violation" in str(e).lower() for e in errors)
-    logged = "\n".join(line for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines() if "Violation" in line)
-    for subject in ("ctx.prepare.>", "_INBOX.>", "ctx.compaction.jobs", "ctx.recorded.r1.main", "STREAM.UPDATE"):
+    logged = "\n".join(
+        line
+        for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines()
+        if "Violation" in line
+    )
+    for subject in (
+        "ctx.prepare.>",
+        "_INBOX.>",
+        "ctx.compaction.jobs",
+        "ctx.recorded.r1.main",
+        "STREAM.UPDATE",
+    ):
         assert subject in logged, (subject, logged)
 
 
@@ -128,27 +159,42 @@ def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_pa
     env = {**os.environ, "CTX_DATA_DIR": str(data)}
     env.pop("CTX_NATS_URL", None)
     env.pop("CTX_DATABASE_URL", None)
-    up = subprocess.Popen([sys.executable, "-m", "infra.cli", "up", "--no-replay"], env=env, stdout=subprocess.PIPE, text=True)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up", "--no-replay"], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert up.stdout is not None
         for line in up.stdout:
             if line.startswith("ctxfleet: serving"):
                 break
-        out = subprocess.run([sys.executable, "-m", "infra.cli", "env"], env=env, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "infra.cli", "env"], env=env, capture_output=True, text=True, check=True
+        ).stdout
         lines = dict(line.split("=", 1) for line in out.splitlines())
         assert set(lines) == {"CTX_NATS_URL", "CTX_NATS_USER", "CTX_NATS_PASSWORD", "CTX_TENANT"}
         assert lines["CTX_NATS_USER"] == "runtime-default" and lines["CTX_TENANT"] == "default"
 
         async def register() -> int:
             async with await FleetClient.connect(
-                lines["CTX_NATS_URL"], user=lines["CTX_NATS_USER"], password=lines["CTX_NATS_PASSWORD"], tenant=lines["CTX_TENANT"]
+                lines["CTX_NATS_URL"],
+                user=lines["CTX_NATS_USER"],
+                password=lines["CTX_NATS_PASSWORD"],
+                tenant=lines["CTX_TENANT"],
             ) as client:
-                return (await client.register_policy(ContextPolicy(name="env-check", model_profile=None, budget_tokens=1_000))).revision
+                return (
+                    await client.register_policy(
+                        ContextPolicy(name="env-check", model_profile=None, budget_tokens=1_000)
+                    )
+                ).revision
 
         assert asyncio.run(register()) >= 1
         # And the CLI in a second terminal finds its identity by itself.
         replay = subprocess.run(
-            [sys.executable, "-m", "infra.cli", "replay", str(SAMPLE)], env=env, capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", "infra.cli", "replay", str(SAMPLE)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert replay.returncode == 0 and "0 errors" in replay.stdout, replay.stdout + replay.stderr
     finally:
@@ -167,7 +213,9 @@ async def test_the_embedded_postgres_requires_its_generated_password_across_rest
         try:
             url = servers.database_url
             creds = load_credentials(settings.data_dir)
-            assert creds is not None and creds.postgres and f":{creds.postgres}@" in url  # url-safe: never escaped
+            assert (
+                creds is not None and creds.postgres and f":{creds.postgres}@" in url
+            )  # url-safe: never escaped
             conn = await asyncpg.connect(url)
             assert await conn.fetchval("SELECT 1") == 1
             await conn.close()

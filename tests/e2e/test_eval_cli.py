@@ -36,19 +36,41 @@ BUDGET = 8000
 
 
 @pytest.fixture(scope="module")
-def evaluation(tmp_path_factory: pytest.TempPathFactory, nats_url: str, pg_server_url: str, pg_template: str) -> Iterator[dict[str, Any]]:
+def evaluation(
+    tmp_path_factory: pytest.TempPathFactory, nats_url: str, pg_server_url: str, pg_template: str
+) -> Iterator[dict[str, Any]]:
     """One `ctxfleet eval` run (workers in its own process, on the test servers), shared by the tests."""
     name = f"ctx_eval_{uuid.uuid4().hex[:12]}"
     asyncio.run(_sql(pg_server_url, f"CREATE DATABASE {name} TEMPLATE {pg_template}"))
     asyncio.run(reset_streams(nats_url))
     tmp = tmp_path_factory.mktemp("eval")
-    env = {**os.environ, "CTX_NATS_URL": nats_url, "CTX_DATABASE_URL": with_database(pg_server_url, name),
-           "CTX_DATA_DIR": str(tmp / "data"), "CTX_PARTITIONS": "4"}
+    env = {
+        **os.environ,
+        "CTX_NATS_URL": nats_url,
+        "CTX_DATABASE_URL": with_database(pg_server_url, name),
+        "CTX_DATA_DIR": str(tmp / "data"),
+        "CTX_PARTITIONS": "4",
+    }
     out = tmp / "eval.json"
-    args = [*map(str, TRACES), "--budget", str(BUDGET), "--system-prompt", str(PROMPT), "--fleet", "in-process", "--json", str(out)]
+    args = [
+        *map(str, TRACES),
+        "--budget",
+        str(BUDGET),
+        "--system-prompt",
+        str(PROMPT),
+        "--fleet",
+        "in-process",
+        "--json",
+        str(out),
+    ]
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "infra.cli", "eval", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=110
+            [sys.executable, "-m", "infra.cli", "eval", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=110,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         report: dict[str, Any] = json.loads(out.read_text())
@@ -71,7 +93,9 @@ def _fleet(report: dict[str, Any]) -> dict[str, Any]:
     return fleet
 
 
-def test_eval_scores_every_trace_beside_the_three_baselines_and_prints_the_tables(evaluation: dict[str, Any]) -> None:
+def test_eval_scores_every_trace_beside_the_three_baselines_and_prints_the_tables(
+    evaluation: dict[str, Any],
+) -> None:
     assert [t["trace"] for t in evaluation["traces"]] == [p.name for p in TRACES]
     assert 4_500 <= evaluation["system_prompt_tokens"] <= 5_000
     for trace in evaluation["traces"]:
@@ -95,7 +119,9 @@ def test_no_prepared_context_exceeds_the_budget_by_an_independent_count(evaluati
 
 
 @pytest.mark.parametrize("probe", ["task", "files_written", "last_outcome"])
-def test_every_probed_context_shows_the_task_the_files_written_and_the_last_outcome(evaluation: dict[str, Any], probe: str) -> None:
+def test_every_probed_context_shows_the_task_the_files_written_and_the_last_outcome(
+    evaluation: dict[str, Any], probe: str
+) -> None:
     tally = _fleet(evaluation)["probes"][probe]
     assert tally["total"] > 0
     assert tally["passed"] == tally["total"], [m for m in _fleet(evaluation)["misses"] if m["probe"] == probe]

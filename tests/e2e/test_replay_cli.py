@@ -26,7 +26,12 @@ SAMPLE = SAMPLES_DIR / "swe-agent__marshmallow-1867_function_calling_replace_fro
 
 def _ctxfleet(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "infra.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -34,9 +39,20 @@ def _ctxfleet(*args: str, env: dict[str, str], timeout: float = 120) -> subproce
 def serving_fleet(streams: str, database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
     """`ctxfleet up --no-replay` on the test servers; yields the env of a second terminal."""
     data_dir = tmp_path / "data"
-    env = {**os.environ, "CTX_NATS_URL": streams, "CTX_DATABASE_URL": database_url, "CTX_DATA_DIR": str(data_dir), "CTX_PARTITIONS": "4"}
+    env = {
+        **os.environ,
+        "CTX_NATS_URL": streams,
+        "CTX_DATABASE_URL": database_url,
+        "CTX_DATA_DIR": str(data_dir),
+        "CTX_PARTITIONS": "4",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--no-replay"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -57,15 +73,21 @@ def serving_fleet(streams: str, database_url: str, tmp_path: Path) -> Iterator[d
         assert "stopped cleanly" in out
 
 
-def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(serving_fleet: dict[str, str], tmp_path: Path) -> None:
+def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(
+    serving_fleet: dict[str, str], tmp_path: Path
+) -> None:
     report_path, dumps = tmp_path / "report.json", tmp_path / "contexts"
-    result = _ctxfleet("replay", str(SAMPLE), "--report", str(report_path), "--dump-contexts", str(dumps), env=serving_fleet)
+    result = _ctxfleet(
+        "replay", str(SAMPLE), "--report", str(report_path), "--dump-contexts", str(dumps), env=serving_fleet
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(report_path.read_text())
     lines = read_trace(SAMPLE)
     expected_prepares = sum(1 for line in lines[1:] if line.kind == "assistant_message")
     totals = report["totals"]
-    assert totals["events"] == len(lines) and totals["prepares"] == expected_prepares == len(report["prepares"])
+    assert totals["events"] == len(lines) and totals["prepares"] == expected_prepares == len(
+        report["prepares"]
+    )
     assert totals["errors"] == 0
     assert totals["latency_ms_p50"] <= totals["latency_ms_p99"]
     assert totals["prepared_tokens_sum"] <= totals["full_history_tokens_sum"]
@@ -77,13 +99,17 @@ def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(se
         _assert_protocol_valid(PreparedContext.model_validate_json((dumps / name).read_text()))
 
 
-def test_replay_twice_gives_the_same_messages_and_inspect_verifies_the_chain(serving_fleet: dict[str, str], tmp_path: Path) -> None:
+def test_replay_twice_gives_the_same_messages_and_inspect_verifies_the_chain(
+    serving_fleet: dict[str, str], tmp_path: Path
+) -> None:
     runs = []
     for n in (1, 2):
         dumps = tmp_path / f"run{n}"
         report = tmp_path / f"r{n}.json"
         # Under the default budget nothing compacts, so the views are the same whatever the timing.
-        result = _ctxfleet("replay", str(SAMPLE), "--dump-contexts", str(dumps), "--report", str(report), env=serving_fleet)
+        result = _ctxfleet(
+            "replay", str(SAMPLE), "--dump-contexts", str(dumps), "--report", str(report), env=serving_fleet
+        )
         assert result.returncode == 0, result.stderr
         runs.append([json.loads(p.read_text())["messages"] for p in sorted(dumps.iterdir())])
         session = json.loads(report.read_text())["totals"]["session_id"]
@@ -95,12 +121,18 @@ def test_replay_twice_gives_the_same_messages_and_inspect_verifies_the_chain(ser
     assert "hash chain verified" in human.stdout
 
 
-def test_replay_with_a_small_budget_compacts_and_never_exceeds_it(serving_fleet: dict[str, str], tmp_path: Path) -> None:
+def test_replay_with_a_small_budget_compacts_and_never_exceeds_it(
+    serving_fleet: dict[str, str], tmp_path: Path
+) -> None:
     report = tmp_path / "small.json"
     result = _ctxfleet("replay", str(SAMPLE), "--report", str(report), "--budget", "3000", env=serving_fleet)
     assert result.returncode == 0, result.stderr
     data = json.loads(report.read_text())
-    assert data["totals"]["compactions"] >= 1 and data["totals"]["over_budget"] == 0 and data["totals"]["errors"] == 0
+    assert (
+        data["totals"]["compactions"] >= 1
+        and data["totals"]["over_budget"] == 0
+        and data["totals"]["errors"] == 0
+    )
     assert all(p["over_budget"] is False and p["input_budget"] == 3000 for p in data["prepares"])
     assert data["prepares"][-1]["summary_revision"] >= 1
     assert data["totals"]["prepared_tokens_sum"] < data["totals"]["full_history_tokens_sum"] / 2

@@ -24,7 +24,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
 
 async def _policy(client: FleetClient, name: str, budget: int, **compaction: object) -> str:
-    policy = ContextPolicy(name=name, model_profile=None, budget_tokens=budget, compaction=CompactionPolicy.model_validate(compaction))
+    policy = ContextPolicy(
+        name=name,
+        model_profile=None,
+        budget_tokens=budget,
+        compaction=CompactionPolicy.model_validate(compaction),
+    )
     await client.register_policy(policy)
     return name
 
@@ -51,10 +56,18 @@ async def _summaries(client: FleetClient, t: Thread) -> int:
 
 
 def _request(t: Thread, budget: int, after: str) -> PrepareRequest:
-    return PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=budget, after_event_key=after)
+    return PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=budget,
+        after_event_key=after,
+    )
 
 
-async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t = Thread()
     await _start(client, t, await _policy(client, "bg", 3_000, keep_recent_groups=1))
     await client.append(t.user("Fix the failing import in app.py", key="task"))
@@ -72,7 +85,10 @@ async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(fle
     assert [m.role for m in prepared.messages[:3]] == ["system", "user", "user"]
     assert prepared.messages[1].content == "Fix the failing import in app.py"
     assert prepared.messages[2].content.startswith("[context summary")  # type: ignore[union-attr]
-    row = await db.fetchrow("SELECT baseline_model_steps, baseline_watermark FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+    row = await db.fetchrow(
+        "SELECT baseline_model_steps, baseline_watermark FROM ctx.thread_views WHERE thread_id=$1",
+        t.thread_id,
+    )
     assert row["baseline_model_steps"] > 0 and row["baseline_watermark"] > 0
 
 
@@ -80,7 +96,9 @@ async def test_turn_trigger_below_target_still_really_reduces_and_moves_the_base
     fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
     t = Thread()
-    policy = await _policy(client, "turns", 100_000, triggers={"context_ratio": None, "user_turns": 2}, keep_recent_groups=0)
+    policy = await _policy(
+        client, "turns", 100_000, triggers={"context_ratio": None, "user_turns": 2}, keep_recent_groups=0
+    )
     await _start(client, t, policy)
     await client.append(t.user("first question about parser.py"))
     await _groups(client, t, 2)
@@ -111,11 +129,15 @@ class _Queue:
         self.jobs.append(job)
 
 
-async def _job(pool: asyncpg.Pool, thread_id: str, reasons: tuple[str, ...] = ("context_ratio",)) -> CompactionJob:
+async def _job(
+    pool: asyncpg.Pool, thread_id: str, reasons: tuple[str, ...] = ("context_ratio",)
+) -> CompactionJob:
     queue = _Queue()
     async with pool.acquire() as conn:
         view = await ViewLoader().load(PgSession(conn), thread_id)
-        await conn.execute("UPDATE ctx.thread_views SET pending_fingerprint = NULL WHERE thread_id = $1", thread_id)
+        await conn.execute(
+            "UPDATE ctx.thread_views SET pending_fingerprint = NULL WHERE thread_id = $1", thread_id
+        )
         job = await request_job(PgSession(conn), queue, view, reasons)
     assert job is not None
     return job
@@ -127,14 +149,19 @@ async def quiet_fleet(start_fleet):  # type: ignore[no-untyped-def]
     return await start_fleet(workers="recorder,assembler")
 
 
-async def _thread_with_history(client: FleetClient, db: asyncpg.Connection, policy: str, groups: int = 6) -> tuple[Thread, str]:
+async def _thread_with_history(
+    client: FleetClient, db: asyncpg.Connection, policy: str, groups: int = 6
+) -> tuple[Thread, str]:
     t = Thread()
     await _start(client, t, policy)
     await client.append(t.user("Fix the failing import in app.py", key="task"))
     last = await _groups(client, t, groups)
 
     async def recorded() -> bool:
-        return int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id)) == 2 + 2 * groups
+        return (
+            int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id))
+            == 2 + 2 * groups
+        )
 
     await eventually(recorded, what="the history")
     return t, last
@@ -147,7 +174,9 @@ class _Failing:
         raise SummarizerFailed("malformed", "not JSON")
 
 
-async def test_failed_summary_never_moves_the_baseline_and_throttles(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_failed_summary_never_moves_the_baseline_and_throttles(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t, _ = await _thread_with_history(client, db, await _policy(client, "f", 2_000))
     pool = quiet_fleet.pool
     service = CompactionService(PgStore(pool), ViewLoader(), lambda request: _Failing())
@@ -159,7 +188,9 @@ async def test_failed_summary_never_moves_the_baseline_and_throttles(quiet_fleet
     assert await db.fetchval("SELECT count(*) FROM ctx.summaries") == 0
 
 
-async def test_two_compactors_racing_on_one_thread_commit_exactly_one_summary(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_two_compactors_racing_on_one_thread_commit_exactly_one_summary(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t, _ = await _thread_with_history(client, db, await _policy(client, "race", 2_000))
     pool = quiet_fleet.pool
     job = await _job(pool, t.thread_id)
@@ -168,7 +199,9 @@ async def test_two_compactors_racing_on_one_thread_commit_exactly_one_summary(qu
     outcomes = await asyncio.gather(a.run(job), b.run(job))
     assert sorted(o.status for o in outcomes) in (["committed", "dropped"], ["committed", "stale"])
     assert await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id) == 1
-    assert await db.fetchval("SELECT view_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id) == 1
+    assert (
+        await db.fetchval("SELECT view_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id) == 1
+    )
 
 
 class _Slow:
@@ -199,11 +232,16 @@ async def test_user_message_arriving_while_a_compaction_commits_is_kept_after_th
     proceed.set()
     assert (await run).status == "committed"
     prepared = await client.prepare(_request(t, 100_000, "late"))
-    assert prepared.summary is not None and prepared.messages[-1].content == "Also keep the old CLI flag working."
+    assert (
+        prepared.summary is not None
+        and prepared.messages[-1].content == "Also keep the old CLI flag working."
+    )
     assert prepared.summary.covered_to < prepared.source_watermark.thread_seq
 
 
-async def test_required_content_at_82_percent_does_not_summarize_every_loop(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_required_content_at_82_percent_does_not_summarize_every_loop(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t = Thread()
     budget = 2_000
     await client.register_policy(ContextPolicy(name="heavy", model_profile=None, budget_tokens=budget))
@@ -215,7 +253,9 @@ async def test_required_content_at_82_percent_does_not_summarize_every_loop(flee
 
         async def evaluated() -> bool:
             head = await db.fetchval("SELECT revision FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
-            seen = await db.fetchval("SELECT evaluated_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+            seen = await db.fetchval(
+                "SELECT evaluated_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
+            )
             return seen is not None and seen >= head
 
         await eventually(evaluated, what=f"evaluation after loop {i}")
@@ -236,12 +276,16 @@ async def test_huge_system_prompt_is_refused_with_itemized_sizes(fleet, client: 
     assert items["instruction:1"] > 1_000
 
 
-async def test_single_group_larger_than_the_budget_is_cut_to_head_and_tail_not_dropped(fleet, client: FleetClient) -> None:
+async def test_single_group_larger_than_the_budget_is_cut_to_head_and_tail_not_dropped(
+    fleet, client: FleetClient
+) -> None:
     t = Thread()
     await client.append(t.system("Short rules."))
     await client.append(t.user("Summarize the logs", key="task"))
     await client.append(t.assistant(calls=(("big", "bash", {"cmd": "cat build.log"}),)))
-    await client.append(t.outcome("big", "\n".join(f"line {i}: compiler warning W{i:04d}" for i in range(400)), key="o"))
+    await client.append(
+        t.outcome("big", "\n".join(f"line {i}: compiler warning W{i:04d}" for i in range(400)), key="o")
+    )
     await client.append(t.assistant("Most warnings are W0001-style.", key="after"))
     await client.append(t.user("And the errors?", key="q2"))
     prepared = await client.prepare(_request(t, 900, "q2"))
@@ -252,45 +296,69 @@ async def test_single_group_larger_than_the_budget_is_cut_to_head_and_tail_not_d
     assert prepared.budget_report.reductions.trimmed == 1
     tool = next(m for m in prepared.messages if m.role == "tool")
     assert "line 0: compiler warning W0000" in str(tool.content) and "ctx://blob/" in str(tool.content)
-    assert [m.content for m in prepared.messages[-2:]] == ["Most warnings are W0001-style.", "And the errors?"]
+    assert [m.content for m in prepared.messages[-2:]] == [
+        "Most warnings are W0001-style.",
+        "And the errors?",
+    ]
 
 
-async def test_replayed_event_and_completion_check_do_not_count_twice(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_replayed_event_and_completion_check_do_not_count_twice(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t = Thread()
     step = t.assistant("step", key="s1")
     await client.append(t.user("go", key="q"))
     await client.append(step)
     await client.append_raw(t.thread_id, "retry", step.model_dump_json().encode())
     check = t.assistant("done?", key="check")
-    await client.append(check.model_copy(update={"payload": check.payload.model_copy(update={"purpose": "completion"})}))
+    await client.append(
+        check.model_copy(update={"payload": check.payload.model_copy(update={"purpose": "completion"})})
+    )
     await client.prepare(_request(t, 10_000, "check"))
-    row = await db.fetchrow("SELECT user_turns, model_steps FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
+    row = await db.fetchrow(
+        "SELECT user_turns, model_steps FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id
+    )
     assert (row["user_turns"], row["model_steps"]) == (1, 1)
 
 
-async def test_a_session_keeps_the_policy_revision_it_started_with(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
-    first = await client.register_policy(ContextPolicy(name="pinned", model_profile=None, budget_tokens=50_000))
+async def test_a_session_keeps_the_policy_revision_it_started_with(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    first = await client.register_policy(
+        ContextPolicy(name="pinned", model_profile=None, budget_tokens=50_000)
+    )
     old, new = Thread(), Thread()
     await client.append(old.system("s").model_copy(update={"policy": "pinned"}))
     await client.append(old.user("q", key="k"))
     await client.prepare(_request(old, 1_000, "k"))
-    second = await client.register_policy(ContextPolicy(name="pinned", model_profile=None, budget_tokens=8_000))
+    second = await client.register_policy(
+        ContextPolicy(name="pinned", model_profile=None, budget_tokens=8_000)
+    )
     await client.append(new.system("s").model_copy(update={"policy": "pinned"}))
     await client.append(new.user("q", key="k"))
     await client.prepare(_request(new, 1_000, "k"))
     await client.append(old.user("later", key="k2"))
     await client.prepare(_request(old, 1_000, "k2"))
-    rows = dict(await db.fetch("SELECT session_id, policy_revision FROM ctx.sessions WHERE session_id = ANY($1)", [old.session_id, new.session_id]))
+    rows = dict(
+        await db.fetch(
+            "SELECT session_id, policy_revision FROM ctx.sessions WHERE session_id = ANY($1)",
+            [old.session_id, new.session_id],
+        )
+    )
     assert (first.revision, second.revision) == (1, 2)
     assert rows == {old.session_id: 1, new.session_id: 2}
 
 
-async def test_an_unknown_policy_on_a_sessions_first_event_is_dead_lettered(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_an_unknown_policy_on_a_sessions_first_event_is_dead_lettered(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t = Thread()
     await client.append(t.user("q").model_copy(update={"policy": "no-such-policy"}))
 
     async def rejected() -> bool:
-        return await db.fetchval("SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1", t.thread_id) > 0
+        return (
+            await db.fetchval("SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1", t.thread_id) > 0
+        )
 
     await eventually(rejected, what="the unknown_policy dead letter")
     letter = await db.fetchrow("SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1", t.thread_id)
@@ -299,19 +367,28 @@ async def test_an_unknown_policy_on_a_sessions_first_event_is_dead_lettered(flee
     assert await db.fetchval("SELECT count(*) FROM ctx.sessions WHERE session_id = $1", t.session_id) == 0
 
 
-async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(fleet, client: FleetClient, nats_url: str) -> None:
+async def test_registering_an_invalid_policy_is_refused_with_a_typed_error(
+    fleet, client: FleetClient, nats_url: str
+) -> None:
     import nats as nats_client
 
     nc = await nats_client.connect(nats_url)
     try:
-        bad = {"name": "bad", "budget_tokens": 1000, "model_profile": None, "compaction": {"triggers": {"context_ratio": 0.5}, "target_context_ratio": 0.7}}
+        bad = {
+            "name": "bad",
+            "budget_tokens": 1000,
+            "model_profile": None,
+            "compaction": {"triggers": {"context_ratio": 0.5}, "target_context_ratio": 0.7},
+        }
         reply = await nc.request("ctx.policy.register.default", json.dumps(bad).encode(), timeout=5)
         assert b'"code":"invalid_policy"' in reply.data and b"must be below" in reply.data
     finally:
         await nc.close()
 
 
-async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(quiet_fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t, _ = await _thread_with_history(client, db, await _policy(client, "urgent-keep", 100_000), groups=8)
     pool = quiet_fleet.pool
     queue = _Queue()
@@ -327,7 +404,9 @@ async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(quiet_fl
     assert prepared.summary is not None and prepared.summary.covered_to < prepared.source_watermark.thread_seq
 
 
-async def test_summary_stays_within_its_share_however_long_the_thread(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_summary_stays_within_its_share_however_long_the_thread(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     budget = 3_000
     t = Thread()
     await _start(client, t, await _policy(client, "converge", budget, keep_recent_groups=1))
@@ -340,11 +419,15 @@ async def test_summary_stays_within_its_share_however_long_the_thread(fleet, cli
         assert [m for m in prepared.messages if m.role == "tool"], "the newest tool result is always in view"
 
     async def compacted_often() -> bool:
-        return int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= 3
+        return (
+            int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= 3
+        )
 
     await eventually(compacted_often, timeout=20, what="several compactions")
     share = int(CompactionPolicy().summary_ratio * budget)
-    rows = await db.fetch("SELECT tokens_o200k FROM ctx.summaries WHERE thread_id=$1 ORDER BY view_revision", t.thread_id)
+    rows = await db.fetch(
+        "SELECT tokens_o200k FROM ctx.summaries WHERE thread_id=$1 ORDER BY view_revision", t.thread_id
+    )
     assert max(r["tokens_o200k"] for r in rows) <= share, [r["tokens_o200k"] for r in rows]
     final = await client.prepare(_request(t, budget, last))
     text = "\n".join(str(m.content) for m in final.messages)

@@ -24,11 +24,17 @@ SMALL_LIMIT = 4096  # bytes: small enough that a 5 KiB event exercises payload_t
 def _bad_inputs(t: Thread, other_session: Thread) -> list[tuple[str, bytes]]:
     return [
         ("unknown_event_kind", t.raw(kind="telepathy", payload={"text": "x"})),
-        ("invalid_event", json.dumps({"kind": "user_input", "session_id": t.session_id, "payload": {"text": "x"}}).encode()),
+        (
+            "invalid_event",
+            json.dumps({"kind": "user_input", "session_id": t.session_id, "payload": {"text": "x"}}).encode(),
+        ),
         ("payload_too_large", t.raw(kind="user_input", payload={"text": "x" * 5000})),
         ("invalid_encoding", b'{"kind": "user_input", "text": "\xff\xfe"}'),
         ("malformed_json", b'{"kind": "user_input",'),
-        ("orphan_tool_outcome", t.raw(kind="tool_outcome", payload={"call_id": "never-called", "text": "42"})),
+        (
+            "orphan_tool_outcome",
+            t.raw(kind="tool_outcome", payload={"call_id": "never-called", "text": "42"}),
+        ),
         ("scope_violation", other_session.raw(kind="user_input", payload={"text": "not yours"})),
         ("thread_mismatch", Thread().raw(kind="user_input", payload={"text": "wrong subject"})),
     ]
@@ -53,10 +59,18 @@ async def test_each_bad_input_is_dead_lettered_with_reason_and_raw_payload_and_n
         await client.append(t.user(f"valid after bad input {i}", key=f"v{i}"))
 
     async def all_recorded() -> bool:
-        return int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id)) == len(bad) + 1
+        return (
+            int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id))
+            == len(bad) + 1
+        )
 
     await eventually(all_recorded, what="every valid event")
-    keys = [r["event_key"] for r in await db.fetch("SELECT event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)]
+    keys = [
+        r["event_key"]
+        for r in await db.fetch(
+            "SELECT event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id
+        )
+    ]
     assert keys == [f"v{i}" for i in range(len(bad) + 1)]
 
     codes = [r["code"] for r in await db.fetch("SELECT code FROM ctx.dead_letters ORDER BY stream_seq")]
@@ -98,7 +112,9 @@ async def test_duplicate_outcome_and_reused_call_id_and_reused_key_are_rejected(
     await client.append(t.outcome("c1", "ok", key="o1"))
     await client.append(t.outcome("c1", "second answer", key="o2"))
     await client.append(t.assistant(calls=(("c1", "ls", {}),), key="a2"))
-    await client.append_raw(t.thread_id, "a1-again", t.user("other content", key="a1").model_dump_json().encode())
+    await client.append_raw(
+        t.thread_id, "a1-again", t.user("other content", key="a1").model_dump_json().encode()
+    )
     await eventually(lambda: _dead(db, 3), what="three dead letters")
     codes = [r["code"] for r in await db.fetch("SELECT code FROM ctx.dead_letters ORDER BY stream_seq")]
     assert codes == ["duplicate_tool_outcome", "duplicate_call_id", "event_key_conflict"]
@@ -109,9 +125,16 @@ async def test_prepare_after_a_rejected_event_answers_event_rejected_at_once(
 ) -> None:
     t = Thread()
     await client.append(t.user("hello", key="k1"))
-    await client.append_raw(t.thread_id, "k2", t.raw(kind="tool_outcome", event_key="k2", payload={"call_id": "nope"}))
+    await client.append_raw(
+        t.thread_id, "k2", t.raw(kind="tool_outcome", event_key="k2", payload={"call_id": "nope"})
+    )
     request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k2", wait_ms=5000
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
+        budget_tokens=1000,
+        after_event_key="k2",
+        wait_ms=5000,
     )
     with pytest.raises(EventRejected) as err:
         await client.prepare(request)
@@ -130,13 +153,20 @@ async def test_an_event_whose_msg_id_is_not_derived_from_its_bytes_is_rejected_a
     nc = await nats.connect(nats_url)
     try:
         await nc.jetstream().publish(
-            events_subject("default", t.session_id, t.thread_id), forged, stream=EVENTS_STREAM,
+            events_subject("default", t.session_id, t.thread_id),
+            forged,
+            stream=EVENTS_STREAM,
             headers={"Nats-Msg-Id": msg_id_of(t.thread_id, "k1", original.model_dump_json().encode()) + "x"},
         )
     finally:
         await nc.close()
     request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k2", wait_ms=5000
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
+        budget_tokens=1000,
+        after_event_key="k2",
+        wait_ms=5000,
     )
     with pytest.raises(EventRejected) as err:
         await client.prepare(request)

@@ -33,7 +33,12 @@ def _batch(bodies: list[dict[str, Any]]) -> list[Incoming]:
     """The bodies as one partition's fetched batch, in a session and run of their own."""
     session_id, run_id = f"s-{uuid.uuid4().hex[:10]}", f"r-{uuid.uuid4().hex[:10]}"
     # A plain opening question starts the session's run, so later fuzzed events can be recorded too.
-    opener = {"kind": "user_input", "event_key": "k-opener", "instance_id": "main", "payload": {"text": "start"}}
+    opener = {
+        "kind": "user_input",
+        "event_key": "k-opener",
+        "instance_id": "main",
+        "payload": {"text": "start"},
+    }
     out = []
     for seq, body in enumerate([opener, *bodies], start=1):
         body = {**body, "session_id": session_id, "run_id": run_id}
@@ -47,23 +52,33 @@ async def _record_and_account(database_url: str, batch: list[Incoming]) -> tuple
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
         sink = _Sink()
-        service = RecordingService(PgStore(pool), sink, limits=RecordingLimits(), recorder_id="fuzz", consumer=consumer)
+        service = RecordingService(
+            PgStore(pool), sink, limits=RecordingLimits(), recorder_id="fuzz", consumer=consumer
+        )
         result = await service.record_batch(0, batch)
         for rejection in result.rejections:
             event(f"dead-lettered: {rejection.code.value}")
         event("recorded some" if result.recorded else "recorded none")
         async with pool.acquire() as conn:
             thread_id = batch[0].subject.split(".", 4)[4]
-            seqs = [r["stream_seq"] for r in await conn.fetch("SELECT stream_seq FROM ctx.records WHERE thread_id=$1 ORDER BY seq", thread_id)]
+            seqs = [
+                r["stream_seq"]
+                for r in await conn.fetch(
+                    "SELECT stream_seq FROM ctx.records WHERE thread_id=$1 ORDER BY seq", thread_id
+                )
+            ]
             assert seqs == sorted(seqs) and len(seqs) == result.recorded
             dead = {r.incoming.stream_seq for r in result.rejections}
             assert not dead & set(seqs)
             stored = await conn.fetchval(
                 "SELECT count(*) FROM ctx.dead_letters WHERE stream_seq = ANY($1::bigint[]) AND subject = ANY($2::text[])",
-                sorted(dead), sorted({m.subject for m in batch}),
+                sorted(dead),
+                sorted({m.subject for m in batch}),
             )
             assert stored == len(dead) == len(sink.letters)
-            position = await conn.fetchval("SELECT last_stream_seq FROM ctx.tracking WHERE consumer=$1", consumer)
+            position = await conn.fetchval(
+                "SELECT last_stream_seq FROM ctx.tracking WHERE consumer=$1", consumer
+            )
             assert position == batch[-1].stream_seq
         again = await service.record_batch(0, batch)
         assert (again.recorded, again.rejections, again.skipped) == (0, (), len(batch))
@@ -74,7 +89,11 @@ async def _record_and_account(database_url: str, batch: list[Incoming]) -> tuple
         await pool.close()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(st.lists(event_bodies(), min_size=1, max_size=6))
 def test_record_batch_of_fuzzed_events_records_or_dead_letters_each_exactly_once(
     database_url: str, bodies: list[dict[str, Any]]

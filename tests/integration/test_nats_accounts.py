@@ -46,7 +46,9 @@ async def secured_nats(tmp_path: Path) -> AsyncIterator[SecuredNats]:
     """A NATS server whose only users are the fleet's, with the grants of infra.nats_accounts."""
     users = grants(("acme",))
     passwords = {user: secrets.token_hex(12) for user in users}
-    server = EmbeddedNats(tmp_path / "nats", extra_config=authorization_conf(lambda user: json.dumps(passwords[user]), users))
+    server = EmbeddedNats(
+        tmp_path / "nats", extra_config=authorization_conf(lambda user: json.dumps(passwords[user]), users)
+    )
     url = await asyncio.to_thread(server.start)
     try:
         yield SecuredNats(url, passwords, tmp_path / "nats" / "nats.log")
@@ -58,14 +60,21 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
     secured_nats: SecuredNats, database_url: str, tmp_path: Path
 ) -> None:
     pw = secured_nats.passwords
-    provisioner = make_settings(secured_nats.url, database_url, tmp_path, nats_user="provisioner", nats_password=pw["provisioner"])
+    provisioner = make_settings(
+        secured_nats.url, database_url, tmp_path, nats_user="provisioner", nats_password=pw["provisioner"]
+    )
     await provision(secured_nats.url, provisioner)
     fleets: list[Fleet] = []
     try:
         for worker in WORKER_NAMES:
             settings = make_settings(
-                secured_nats.url, database_url, tmp_path,
-                workers=worker, nats_user=worker, nats_password=pw[worker], recorder_id=f"acct-{worker}",
+                secured_nats.url,
+                database_url,
+                tmp_path,
+                workers=worker,
+                nats_user=worker,
+                nats_password=pw[worker],
+                recorder_id=f"acct-{worker}",
             )
             fleet = Fleet(settings, nats_url=secured_nats.url, database_url=database_url)
             fleets.append(fleet)
@@ -74,11 +83,15 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
             assert all(v is None for v in (await fleet.readiness()).values()), await fleet.readiness()
 
         # The replay reports compactions by inspecting the thread: the CLI's (operator's) identity.
-        async with await FleetClient.connect(secured_nats.url, user="operator", password=pw["operator"]) as client:
+        async with await FleetClient.connect(
+            secured_nats.url, user="operator", password=pw["operator"]
+        ) as client:
             # A small budget, so the budgeter enqueues and the compactor pulls, acks and announces.
             policy = ContextPolicy(name="accounts-3000", model_profile=None, budget_tokens=3000)
             await client.register_policy(policy)
-            report = await replay_trace(client, read_trace(SAMPLE), ReplayOptions(session_id="acct-s1", policy=policy.name))
+            report = await replay_trace(
+                client, read_trace(SAMPLE), ReplayOptions(session_id="acct-s1", policy=policy.name)
+            )
             hits = await client.search(SearchRequest(session_id="acct-s1", query="marshmallow"))
         assert report.totals["errors"] == 0 and report.totals["over_budget"] == 0
         assert isinstance(report.totals["compactions"], int) and report.totals["compactions"] >= 1
@@ -92,14 +105,19 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
     assert secured_nats.violations() == []
 
 
-async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(secured_nats: SecuredNats) -> None:
+async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(
+    secured_nats: SecuredNats,
+) -> None:
     errors: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
     nc = await nats.connect(
-        secured_nats.url, user="runtime-acme", password=secured_nats.passwords["runtime-acme"], error_cb=on_error,
+        secured_nats.url,
+        user="runtime-acme",
+        password=secured_nats.passwords["runtime-acme"],
+        error_cb=on_error,
         inbox_prefix="_INBOX.runtime-acme",
     )
     try:
@@ -125,5 +143,7 @@ async def test_a_wrong_password_fails_at_connect_without_echoing_it(secured_nats
     from services.errors import FleetUnavailable
 
     with pytest.raises(FleetUnavailable) as caught:
-        await FleetClient.connect(secured_nats.url, user="runtime-acme", password="not-the-password", tenant="acme")
+        await FleetClient.connect(
+            secured_nats.url, user="runtime-acme", password="not-the-password", tenant="acme"
+        )
     assert "not-the-password" not in str(caught.value)

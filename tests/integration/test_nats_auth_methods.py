@@ -32,9 +32,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     yield monkeypatch
 
 
-async def _provision_as(url: str, tmp: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ProvisionResult:
+async def _provision_as(
+    url: str, tmp: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> ProvisionResult:
     """Settings read from the environment as a worker would, then a real JetStream round trip."""
-    for name, value in {"CTX_NATS_URL": url, "CTX_PARTITIONS": "4", "CTX_DATA_DIR": str(tmp / "data"), **env}.items():
+    for name, value in {
+        "CTX_NATS_URL": url,
+        "CTX_PARTITIONS": "4",
+        "CTX_DATA_DIR": str(tmp / "data"),
+        **env,
+    }.items():
         monkeypatch.setenv(name, value)
     return await provision(url, load_settings())
 
@@ -50,10 +57,14 @@ async def test_token_authentication_from_a_secret_file(clean_env: pytest.MonkeyP
     token_file.write_text("t0ken-from-a-mounted-secret\n")
     server = await _start(tmp_path, 'authorization { token: "t0ken-from-a-mounted-secret" }')
     try:
-        result = await _provision_as(server.url, tmp_path, {"CTX_NATS_TOKEN_FILE": str(token_file)}, clean_env)
+        result = await _provision_as(
+            server.url, tmp_path, {"CTX_NATS_TOKEN_FILE": str(token_file)}, clean_env
+        )
         assert result.events == "created"
         with pytest.raises(FleetUnavailable, match="[Aa]uthorization"):
-            await _provision_as(server.url, tmp_path, {"CTX_NATS_TOKEN_FILE": "", "CTX_NATS_TOKEN": "wrong"}, clean_env)
+            await _provision_as(
+                server.url, tmp_path, {"CTX_NATS_TOKEN_FILE": "", "CTX_NATS_TOKEN": "wrong"}, clean_env
+            )
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -65,7 +76,9 @@ async def test_nkey_authentication_with_a_seed_file(clean_env: pytest.MonkeyPatc
     seed_file.write_bytes(seed + b"\n")
     server = await _start(tmp_path, f'authorization {{ users: [ {{ nkey: "{public}" }} ] }}')
     try:
-        result = await _provision_as(server.url, tmp_path, {"CTX_NATS_NKEY_SEED_FILE": str(seed_file)}, clean_env)
+        result = await _provision_as(
+            server.url, tmp_path, {"CTX_NATS_NKEY_SEED_FILE": str(seed_file)}, clean_env
+        )
         assert result.events == "created"
     finally:
         await asyncio.to_thread(server.stop)
@@ -73,20 +86,62 @@ async def test_nkey_authentication_with_a_seed_file(clean_env: pytest.MonkeyPatc
 
 def _make_certificates(folder: Path) -> dict[str, Path]:
     """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True, timeout=60)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ctxfleet-test-ca",
-        "-keyout", "ca.key", "-out", "ca.pem")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ctxfleet-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    )
     (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
     for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem")
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            f"{name}.pem",
+        )
     return {n: folder / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make test certificates")
+@pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="needs the openssl command to make test certificates"
+)
 async def test_mutual_tls_verifies_the_server_and_presents_a_client_certificate(
     clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -122,7 +177,9 @@ async def test_a_creds_file_authenticates_provisioning_and_a_running_fleet(
     server = await _start(tmp_path, setup.server_config)
     fleet: Fleet | None = None
     try:
-        result = await _provision_as(server.url, tmp_path, {"CTX_NATS_CREDS_FILE": str(setup.creds_file)}, clean_env)
+        result = await _provision_as(
+            server.url, tmp_path, {"CTX_NATS_CREDS_FILE": str(setup.creds_file)}, clean_env
+        )
         assert result.events == "created"
         # The FastStream broker authenticates separately (NatsCredentials): the compactor and assembler use it.
         clean_env.setenv("CTX_WORKERS", "recorder,assembler,compactor")

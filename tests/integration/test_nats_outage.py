@@ -36,7 +36,9 @@ def own_nats() -> Iterator[EmbeddedNats]:
 
 
 def _request(t: Thread) -> PrepareRequest:
-    return PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o")
+    return PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o"
+    )
 
 
 async def test_client_keeps_working_across_a_nats_restart_and_fails_fast_while_it_is_down(
@@ -44,7 +46,11 @@ async def test_client_keeps_working_across_a_nats_restart_and_fails_fast_while_i
 ) -> None:
     url = own_nats.url
     await reset_streams(url)
-    fleet = Fleet(make_settings(url, database_url, tmp_path, workers="recorder,assembler"), nats_url=url, database_url=database_url)
+    fleet = Fleet(
+        make_settings(url, database_url, tmp_path, workers="recorder,assembler"),
+        nats_url=url,
+        database_url=database_url,
+    )
     await fleet.start()
     client = await FleetClient.connect(url, reconnect_wait_s=0.2)
     try:
@@ -63,20 +69,26 @@ async def test_client_keeps_working_across_a_nats_restart_and_fails_fast_while_i
             await client.prepare(_request(t), timeout=10.0)
         with pytest.raises(FleetUnavailable):
             await client.append(t.user("during the outage", key="k2"))
-        assert time.monotonic() - started < 1.0, "requests while disconnected must fail fast, not wait out the timeout"
+        assert time.monotonic() - started < 1.0, (
+            "requests while disconnected must fail fast, not wait out the timeout"
+        )
 
         async def readiness_names_nats() -> bool:
             checks = await fleet.readiness()
             return all(checks[name] is not None for name in ("nats", "broker", "consumers"))
 
-        await eventually(readiness_names_nats, what="readiness to name NATS in every check that depends on it")
+        await eventually(
+            readiness_names_nats, what="readiness to name NATS in every check that depends on it"
+        )
 
         await asyncio.to_thread(own_nats.start)  # same port, same JetStream store
 
         async def served() -> bool:
             try:
                 await client.append(t.user("after the restart", key="k3"))
-                prepared = await client.prepare(_request(t).model_copy(update={"after_event_key": "k3"}), timeout=2.0)
+                prepared = await client.prepare(
+                    _request(t).model_copy(update={"after_event_key": "k3"}), timeout=2.0
+                )
             except CtxError:
                 return False
             return prepared.source_watermark.last_event_key == "k3"

@@ -43,7 +43,9 @@ def _envelope(t: Thread, key: str) -> str:
 
 def _tool_args(t: Thread, key: str, value_json: str) -> bytes:
     call = '{"call_id":"c-%s","name":"ls","args":{"a":%s}}' % (key, value_json)
-    return ('{"kind":"assistant_message",%s,"payload":{"tool_calls":[%s]}}' % (_envelope(t, key), call)).encode()
+    return (
+        '{"kind":"assistant_message",%s,"payload":{"tool_calls":[%s]}}' % (_envelope(t, key), call)
+    ).encode()
 
 
 def _user_text(t: Thread, key: str, text_json: str) -> bytes:
@@ -82,18 +84,23 @@ async def test_each_poison_is_dead_lettered_and_its_partition_keeps_recording_bo
     t = Thread()
     neighbour = _neighbour_of(t.session_id)
     for i, (name, _, build) in enumerate(POISONS):
-        await client.append_raw(t.thread_id, f"poison-{name}", build(t, f"poison-{name}"), session_id=t.session_id)
+        await client.append_raw(
+            t.thread_id, f"poison-{name}", build(t, f"poison-{name}"), session_id=t.session_id
+        )
         await client.append(t.user(f"canary after {name}", key=f"canary-{i}"))
         await client.append(neighbour.user(f"neighbour canary after {name}", key=f"nb-{i}"))
 
     async def all_canaries() -> bool:
-        return len(await _keys(db, t.thread_id)) == len(POISONS) and len(await _keys(db, neighbour.thread_id)) == len(POISONS)
+        return len(await _keys(db, t.thread_id)) == len(POISONS) and len(
+            await _keys(db, neighbour.thread_id)
+        ) == len(POISONS)
 
     await eventually(all_canaries, timeout=20, what="every canary of both sessions")
     assert await _keys(db, t.thread_id) == [f"canary-{i}" for i in range(len(POISONS))]
     assert await _keys(db, neighbour.thread_id) == [f"nb-{i}" for i in range(len(POISONS))]
     rows = await db.fetch(
-        "SELECT code, reason, details::text AS details FROM ctx.dead_letters WHERE thread_id=$1 ORDER BY stream_seq", t.thread_id
+        "SELECT code, reason, details::text AS details FROM ctx.dead_letters WHERE thread_id=$1 ORDER BY stream_seq",
+        t.thread_id,
     )
     assert [r["code"] for r in rows] == [code for _, code, _ in POISONS]
     for row in rows:
@@ -139,15 +146,25 @@ def _fail_write_for(key: str, error: Exception, times: int | None = None) -> Any
 def _mixed_batch(t: Thread, n: Thread, poison_key: str) -> list[Incoming]:
     """Two sessions of one partition interleaved, with the poison in the middle of ``t``."""
     events = [
-        t.user("q1", key="t1"), n.user("n q1", key="n1"), t.assistant("a1", key="t2"),
-        t.user("poisoned", key=poison_key), n.assistant("n a1", key="n2"), t.user("q2", key="t4"),
-        t.assistant("a2", key="t5"), n.user("n q2", key="n3"),
+        t.user("q1", key="t1"),
+        n.user("n q1", key="n1"),
+        t.assistant("a1", key="t2"),
+        t.user("poisoned", key=poison_key),
+        n.assistant("n a1", key="n2"),
+        t.user("q2", key="t4"),
+        t.assistant("a2", key="t5"),
+        n.user("n q2", key="n3"),
     ]
     return incoming(events)
 
 
 async def _position(db: asyncpg.Connection) -> int:
-    return int(await db.fetchval("SELECT last_stream_seq FROM ctx.tracking WHERE consumer='recorder' AND partition=0") or 0)
+    return int(
+        await db.fetchval(
+            "SELECT last_stream_seq FROM ctx.tracking WHERE consumer='recorder' AND partition=0"
+        )
+        or 0
+    )
 
 
 async def test_record_batch_sets_aside_the_one_event_the_store_refuses_and_records_the_rest_once_in_order(
@@ -155,7 +172,9 @@ async def test_record_batch_sets_aside_the_one_event_the_store_refuses_and_recor
 ) -> None:
     t, n = Thread(), Thread()
     batch = _mixed_batch(t, n, "t3")
-    refused = asyncpg.exceptions.DataError("invalid input for query argument $9: the store refuses this value")
+    refused = asyncpg.exceptions.DataError(
+        "invalid input for query argument $9: the store refuses this value"
+    )
     monkeypatch.setattr(store_ledger, "write_plan", _fail_write_for("t3", refused))
     sink = _Sink()
 
@@ -168,7 +187,11 @@ async def test_record_batch_sets_aside_the_one_event_the_store_refuses_and_recor
     assert (result.recorded, [r.code.value for r in result.rejections]) == (7, ["unstorable_event"])
     row = await db.fetchrow("SELECT code, event_key, stream_seq, reason, details FROM ctx.dead_letters")
     assert row is not None
-    assert (row["code"], row["event_key"], row["stream_seq"]) == ("unstorable_event", "t3", batch[3].stream_seq)
+    assert (row["code"], row["event_key"], row["stream_seq"]) == (
+        "unstorable_event",
+        "t3",
+        batch[3].stream_seq,
+    )
     assert json.loads(row["details"]) == {"stage": "write", "error": "DataError", "sqlstate": "22000"}
     assert "DataError" in row["reason"]
     (letter,) = sink.letters.values()
@@ -198,7 +221,9 @@ async def test_record_batch_sets_aside_an_event_whose_planning_raises(
 
     assert await _keys(db, t.thread_id) == ["t1", "t2", "t4", "t5"]
     assert await _keys(db, n.thread_id) == ["n1", "n2", "n3"]
-    assert [(r.code.value, r.event_key, r.details["stage"]) for r in result.rejections] == [("unstorable_event", "t3", "plan")]
+    assert [(r.code.value, r.event_key, r.details["stage"]) for r in result.rejections] == [
+        ("unstorable_event", "t3", "plan")
+    ]
     assert await _position(db) == batch[-1].stream_seq
 
 
@@ -255,7 +280,9 @@ async def test_record_batch_propagates_a_store_failure_and_dead_letters_nothing_
 async def test_recorder_worker_sets_aside_an_event_the_store_refuses_and_records_later_events(
     start_fleet: Any, client: FleetClient, db: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    refused = asyncpg.exceptions.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00')
+    refused = asyncpg.exceptions.CharacterNotInRepertoireError(
+        'invalid byte sequence for encoding "UTF8": 0x00'
+    )
     monkeypatch.setattr(store_ledger, "write_plan", _fail_write_for("t-bad", refused))
     await start_fleet()
     t = Thread()
@@ -266,7 +293,9 @@ async def test_recorder_worker_sets_aside_an_event_the_store_refuses_and_records
     await client.append(t.user("after", key="t-2"))
 
     async def recorded() -> bool:
-        return await _keys(db, t.thread_id) == ["t-1", "t-2"] and await _keys(db, neighbour.thread_id) == ["nb-1"]
+        return await _keys(db, t.thread_id) == ["t-1", "t-2"] and await _keys(db, neighbour.thread_id) == [
+            "nb-1"
+        ]
 
     await eventually(recorded, timeout=20, what="the events around the refused one")
     row = await db.fetchrow("SELECT code, event_key, details FROM ctx.dead_letters")

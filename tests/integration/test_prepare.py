@@ -26,7 +26,9 @@ async def _coding_turn(client: FleetClient, t: Thread) -> str:
     await client.append(t.system("You fix bugs."))
     await client.append(t.user("Fix the failing parser test."))
     await client.append(
-        t.assistant("Looking.", calls=(("c1", "bash", {"cmd": "pytest -x"}), ("c2", "read", {"path": "parser.py"})))
+        t.assistant(
+            "Looking.", calls=(("c1", "bash", {"cmd": "pytest -x"}), ("c2", "read", {"path": "parser.py"}))
+        )
     )
     # Outcomes arrive in the opposite order of the calls.
     await client.append(t.outcome("c2", "def parse(): ..."))
@@ -43,7 +45,9 @@ async def test_prepare_reflects_every_event_published_before_it(fleet, client: F
         assert prepared.source_watermark.last_event_key == f"q{i}"
 
 
-async def test_prepare_waits_then_fails_with_not_yet_recorded_never_a_stale_context(fleet, client: FleetClient) -> None:
+async def test_prepare_waits_then_fails_with_not_yet_recorded_never_a_stale_context(
+    fleet, client: FleetClient
+) -> None:
     t = Thread()
     await client.append(t.user("recorded", key="k1"))
     await client.prepare(_request(t, after_event_key="k1"))
@@ -65,7 +69,9 @@ async def test_prepare_keeps_tool_group_whole_with_results_in_call_order(fleet, 
     assert group.message_count == 3 and [s.seq for s in group.sources] == [3, 4, 5]
 
 
-async def test_prepare_holds_back_an_open_group_whole_and_reports_pending_calls(fleet, client: FleetClient) -> None:
+async def test_prepare_holds_back_an_open_group_whole_and_reports_pending_calls(
+    fleet, client: FleetClient
+) -> None:
     t = Thread()
     await client.append(t.user("Check both files."))
     await client.append(t.assistant(calls=(("c1", "read", {"path": "a"}), ("c2", "read", {"path": "b"}))))
@@ -79,13 +85,17 @@ async def test_prepare_holds_back_an_open_group_whole_and_reports_pending_calls(
 async def test_prepare_is_byte_identical_for_the_same_records_and_request(fleet, client: FleetClient) -> None:
     t = Thread()
     last = await _coding_turn(client, t)
-    request = _request(t, after_event_key=last, tools=(ToolSchema(name="bash", parameters={"type": "object"}),))
+    request = _request(
+        t, after_event_key=last, tools=(ToolSchema(name="bash", parameters={"type": "object"}),)
+    )
     first = await client.prepare(request)
     second = await client.prepare(request)
     assert first.model_dump_json() == second.model_dump_json()
 
 
-async def test_prepare_answers_typed_errors_for_bad_requests(fleet, client: FleetClient, nats_url: str) -> None:
+async def test_prepare_answers_typed_errors_for_bad_requests(
+    fleet, client: FleetClient, nats_url: str
+) -> None:
     t = Thread()
     await client.append(t.user("hi", key="k1"))
     await client.prepare(_request(t, after_event_key="k1"))
@@ -120,16 +130,22 @@ async def test_prepare_refuses_when_required_content_exceeds_the_budget_with_ite
     assert err.value.details["required"] > 200  # type: ignore[operator]
 
 
-async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budget(fleet, client: FleetClient) -> None:
+async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budget(
+    fleet, client: FleetClient
+) -> None:
     t = Thread()
     await client.append(t.system("Be brief."))
     for i in range(6):
         await client.append(t.user(f"question {i}: " + "why does the parser drop spaces " * 10))
-        await client.append(t.assistant(f"answer {i}: " + "the tokenizer joins adjacent tokens without separators " * 40))
+        await client.append(
+            t.assistant(f"answer {i}: " + "the tokenizer joins adjacent tokens without separators " * 40)
+        )
     await client.append(t.user("final question", key="final"))
     full = await client.prepare(_request(t, after_event_key="final"))
     budget = full.budget_report.used.total // 2  # half of what the whole history needs
-    prepared = await client.prepare(_request(t, model_profile=None, budget_tokens=budget, after_event_key="final"))
+    prepared = await client.prepare(
+        _request(t, model_profile=None, budget_tokens=budget, after_event_key="final")
+    )
     assert prepared.budget_report.used.total <= budget
     # seq 2 (the run's task, "question 0") is never covered: it is shown verbatim before the summary.
     assert prepared.summary is not None and prepared.summary.covered_from == 3
@@ -139,5 +155,15 @@ async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budge
     assert prepared.omitted == ()  # history was summarized, not dropped
     # The urgent job this prepare asked for is counted like the budgeter's, so dashboards see its cause.
     registry = fleet.metrics.registry
-    assert (registry.get_sample_value("ctx_compaction_trigger_hits_total", {"condition": "hard_budget", "policy": "default@1"}) or 0) >= 1
-    assert (registry.get_sample_value("ctx_compaction_jobs_total", {"outcome": "enqueued", "reason": "hard_budget"}) or 0) >= 1
+    assert (
+        registry.get_sample_value(
+            "ctx_compaction_trigger_hits_total", {"condition": "hard_budget", "policy": "default@1"}
+        )
+        or 0
+    ) >= 1
+    assert (
+        registry.get_sample_value(
+            "ctx_compaction_jobs_total", {"outcome": "enqueued", "reason": "hard_budget"}
+        )
+        or 0
+    ) >= 1

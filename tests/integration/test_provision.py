@@ -42,7 +42,10 @@ async def test_provision_is_idempotent_and_refuses_a_new_partition_count_unless_
         again = await provision_streams(nc, partitions=TEST_PARTITIONS)
         assert (again.events, again.dead, again.jobs) == ("unchanged", "unchanged", "unchanged")
         consumer_after = await js.consumer_info("CTX_JOBS", "compactor")
-        assert consumer_after.config == consumer_before.config and consumer_after.created == consumer_before.created
+        assert (
+            consumer_after.config == consumer_before.config
+            and consumer_after.created == consumer_before.created
+        )
         with pytest.raises(ProvisionError, match="partitioned 4 ways"):
             await provision_streams(nc, partitions=8)
         forced = await provision_streams(nc, partitions=8, force=True)
@@ -54,7 +57,9 @@ async def test_provision_is_idempotent_and_refuses_a_new_partition_count_unless_
 
 
 async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_after_the_upgrade(
-    streams: str, start_fleet, db  # type: ignore[no-untyped-def]
+    streams: str,
+    start_fleet,
+    db,  # type: ignore[no-untyped-def]
 ) -> None:
     """A stream provisioned by an older build (no tenant token) is reconciled in place, and what it holds
     unrecorded is still recorded — nothing valid is lost to the upgrade."""
@@ -64,9 +69,18 @@ async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_
         info = await js.stream_info(EVENTS_STREAM)
         old_src = "ctx.events.*.*.*"
         old_dest = f"ctx.p.{{{{partition({TEST_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}"
-        await js.update_stream(replace(info.config, subjects=[old_src], subject_transform=SubjectTransform(src=old_src, dest=old_dest)))
+        await js.update_stream(
+            replace(
+                info.config,
+                subjects=[old_src],
+                subject_transform=SubjectTransform(src=old_src, dest=old_dest),
+            )
+        )
         t = Thread()
-        await js.publish(f"ctx.events.{t.session_id}.{t.thread_id}", t.user("from before the upgrade").model_dump_json().encode())
+        await js.publish(
+            f"ctx.events.{t.session_id}.{t.thread_id}",
+            t.user("from before the upgrade").model_dump_json().encode(),
+        )
         upgraded = await provision_streams(nc, partitions=TEST_PARTITIONS)
         assert upgraded.events == "updated"
         info = await js.stream_info(EVENTS_STREAM)
@@ -76,7 +90,10 @@ async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_
     await start_fleet()
 
     async def recorded() -> bool:
-        return await db.fetchval("SELECT tenant FROM ctx.sessions WHERE session_id = $1", t.session_id) == "default"
+        return (
+            await db.fetchval("SELECT tenant FROM ctx.sessions WHERE session_id = $1", t.session_id)
+            == "default"
+        )
 
     await eventually(recorded, timeout=15, what="the pre-upgrade event to be recorded")
 
@@ -84,7 +101,9 @@ async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_
 async def test_provision_asks_for_a_cluster_when_replicas_exceed_the_servers(streams: str) -> None:
     nc = await nats.connect(streams)
     try:
-        with pytest.raises(ProvisionError, match="CTX_STREAM_REPLICAS=3 needs a JetStream cluster of at least 3 servers"):
+        with pytest.raises(
+            ProvisionError, match="CTX_STREAM_REPLICAS=3 needs a JetStream cluster of at least 3 servers"
+        ):
             await provision_streams(nc, partitions=TEST_PARTITIONS, replicas=3)
         info = await nc.jetstream().stream_info(EVENTS_STREAM)
         assert info.config.num_replicas == 1  # refused, not half-applied
@@ -131,12 +150,27 @@ def test_ctxfleet_provision_twice_changes_nothing_the_second_time(streams: str, 
     env.update(CTX_NATS_URL=streams, CTX_PARTITIONS=str(TEST_PARTITIONS), CTX_DATA_DIR=str(tmp_path))
     root = Path(__file__).resolve().parents[2]
     runs = [
-        subprocess.run([sys.executable, "-m", "infra.cli", "provision"], cwd=root, env=env, capture_output=True, text=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "infra.cli", "provision"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         for _ in range(2)
     ]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
-    assert runs[1].stdout.strip() == "streams provisioned: events unchanged, dead letters unchanged, jobs unchanged"
+    assert (
+        runs[1].stdout.strip()
+        == "streams provisioned: events unchanged, dead letters unchanged, jobs unchanged"
+    )
     refused = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "provision"], cwd=root, env={**env, "CTX_PARTITIONS": "8"}, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "infra.cli", "provision"],
+        cwd=root,
+        env={**env, "CTX_PARTITIONS": "8"},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert refused.returncode == 2 and "--force" in refused.stderr and "Traceback" not in refused.stderr

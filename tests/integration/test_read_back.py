@@ -24,7 +24,13 @@ async def _externalized(client: FleetClient, db: asyncpg.Connection) -> tuple[Th
     await client.append(t.assistant(calls=(("c1", "bash", {"cmd": "make"}),)))
     await client.append(t.outcome("c1", LOG, key="out"))
     prepared = await client.prepare(
-        PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=50_000, after_event_key="out")
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=50_000,
+            after_event_key="out",
+        )
     )
     preview = prepared.messages[-1].content or ""
     start = preview.index("ctx://blob/")
@@ -32,7 +38,9 @@ async def _externalized(client: FleetClient, db: asyncpg.Connection) -> tuple[Th
     return t, ref
 
 
-async def test_read_pages_through_the_full_output_that_a_preview_left_out(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_read_pages_through_the_full_output_that_a_preview_left_out(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t, ref = await _externalized(client, db)
     chunks, offset = [], 0
     while offset is not None:
@@ -42,19 +50,30 @@ async def test_read_pages_through_the_full_output_that_a_preview_left_out(fleet,
         offset = reply.next_offset  # type: ignore[assignment]
     assert "".join(chunks) == LOG
     lines = await client.read(ReadRequest(session_id=t.session_id, ref=ref, line=2500, lines=2))
-    assert lines.content == "line 2500: ok ✓\nline 2501: ok ✓\n" and lines.next_line == 2502 and lines.total_lines == 5000
+    assert (
+        lines.content == "line 2500: ok ✓\nline 2501: ok ✓\n"
+        and lines.next_line == 2502
+        and lines.total_lines == 5000
+    )
 
 
-async def test_read_refuses_another_sessions_content_and_a_tampered_blob(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_read_refuses_another_sessions_content_and_a_tampered_blob(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     t, ref = await _externalized(client, db)
     with pytest.raises(ContentNotFound):
         await client.read(ReadRequest(session_id="s-someone-else", ref=ref))
-    await db.execute("UPDATE ctx.blobs SET content = convert_to('tampered', 'UTF8') WHERE sha256 = $1", ref.rsplit("/", 1)[1])
+    await db.execute(
+        "UPDATE ctx.blobs SET content = convert_to('tampered', 'UTF8') WHERE sha256 = $1",
+        ref.rsplit("/", 1)[1],
+    )
     with pytest.raises(IntegrityError):
         await client.read(ReadRequest(session_id=t.session_id, ref=ref))
 
 
-async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start_fleet, client: FleetClient) -> None:
+async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(
+    start_fleet, client: FleetClient
+) -> None:
     import socket
     import urllib.request
 
@@ -64,11 +83,21 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start
     await start_fleet(http_port=port)
     t = Thread()
     await client.append(t.user("hello", key="k"))
-    await client.prepare(PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k"))
+    await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=1000,
+            after_event_key="k",
+        )
+    )
 
     async def scrape() -> str:
         # The endpoint runs on the fleet's own loop: fetch from a thread, as a scraper would from afar.
-        page = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+        page = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+        )
         return bytes(page).decode()
 
     async def scraped() -> bool:
@@ -77,8 +106,14 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(start
     await eventually(scraped, what="the recorded-events counter")
     await client.search(SearchRequest(session_id=t.session_id, query="hello"))
     body = await scrape()
-    for name in ("ctx_prepare_seconds_bucket", "ctx_prepare_input_tokens_bucket", "ctx_compactions_total", "ctx_compaction_queue_depth",
-                 "ctx_search_seconds_bucket", "ctx_indexed_records_total"):
+    for name in (
+        "ctx_prepare_seconds_bucket",
+        "ctx_prepare_input_tokens_bucket",
+        "ctx_compactions_total",
+        "ctx_compaction_queue_depth",
+        "ctx_search_seconds_bucket",
+        "ctx_indexed_records_total",
+    ):
         assert name in body or name.replace("_total", "") in body
     assert t.run_id not in body and t.session_id not in body  # no unbounded label values
     assert 'ctx_prepare_seconds_count{policy="default@1",purpose="action"} 1.0' in body

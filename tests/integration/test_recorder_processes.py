@@ -37,9 +37,20 @@ class Recorders:
         self.tmp = tmp
 
     def start(self, recorder_id: str, partitions: str, batch: int = 256) -> subprocess.Popen[bytes]:
-        env = {**self.env, "CTX_RECORDER_ID": recorder_id, "CTX_RECORDER_PARTITIONS": partitions, "CTX_RECORD_BATCH": str(batch)}
+        env = {
+            **self.env,
+            "CTX_RECORDER_ID": recorder_id,
+            "CTX_RECORDER_PARTITIONS": partitions,
+            "CTX_RECORD_BATCH": str(batch),
+        }
         log = open(self.tmp / f"{recorder_id}.log", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "worker", "recorder"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.cli", "worker", "recorder"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.procs.append(proc)
         return proc
@@ -75,9 +86,13 @@ async def _records_total(db: asyncpg.Connection) -> int:
     return int(await db.fetchval("SELECT count(*) FROM ctx.records"))
 
 
-async def _assert_each_thread_in_publish_order(db: asyncpg.Connection, threads: list[Thread], per_thread: int) -> None:
+async def _assert_each_thread_in_publish_order(
+    db: asyncpg.Connection, threads: list[Thread], per_thread: int
+) -> None:
     for t in threads:
-        rows = await db.fetch("SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)
+        rows = await db.fetch(
+            "SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id
+        )
         assert [r["seq"] for r in rows] == list(range(1, per_thread + 1))
         assert [r["event_key"] for r in rows] == [f"m{i:04d}" for i in range(per_thread)]
 
@@ -95,10 +110,15 @@ async def test_two_recorder_processes_share_partitions_and_keep_per_thread_order
 
     await eventually(done, timeout=60, what="1000 records")
     await _assert_each_thread_in_publish_order(db, threads, 25)
-    writers = {r["recorded_by"]: r["n"] for r in await db.fetch("SELECT recorded_by, count(*) AS n FROM ctx.records GROUP BY 1")}
+    writers = {
+        r["recorded_by"]: r["n"]
+        for r in await db.fetch("SELECT recorded_by, count(*) AS n FROM ctx.records GROUP BY 1")
+    }
     assert set(writers) == {"rec-a", "rec-b"} and all(n > 0 for n in writers.values())
     # Each thread was written by exactly one process: the owner of its partition.
-    per_thread = await db.fetch("SELECT thread_id, count(DISTINCT recorded_by) AS n FROM ctx.records GROUP BY 1")
+    per_thread = await db.fetch(
+        "SELECT thread_id, count(DISTINCT recorded_by) AS n FROM ctx.records GROUP BY 1"
+    )
     assert all(r["n"] == 1 for r in per_thread)
 
 

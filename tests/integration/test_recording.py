@@ -42,7 +42,9 @@ async def test_append_same_key_under_new_msg_id_is_noop_and_acks(
     marker = t.user("after the duplicate", key="k2")
     await client.append(marker)
     await eventually(lambda: _has(db, t, 2), what="the marker record")
-    rows = await db.fetch("SELECT seq, event_key FROM ctx.records WHERE thread_id = $1 ORDER BY seq", t.thread_id)
+    rows = await db.fetch(
+        "SELECT seq, event_key FROM ctx.records WHERE thread_id = $1 ORDER BY seq", t.thread_id
+    )
     assert [(r["seq"], r["event_key"]) for r in rows] == [(1, "k1"), (2, "k2")]
     assert await db.fetchval("SELECT count(*) FROM ctx.dead_letters") == 0
 
@@ -63,7 +65,10 @@ async def test_recorder_redelivery_after_lost_position_records_nothing_twice(
     await start_fleet(recorder_id="second-recorder")
     await eventually(lambda: _has(db, t, 31), what="the new record")
     assert await _count(db, t) == 31
-    seqs = [r["seq"] for r in await db.fetch("SELECT seq FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)]
+    seqs = [
+        r["seq"]
+        for r in await db.fetch("SELECT seq FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)
+    ]
     assert seqs == list(range(1, 32))
 
 
@@ -77,10 +82,14 @@ async def test_records_keep_publish_order_with_consecutive_seqs_and_a_verified_c
             await client.append(t.user(f"{t.run_id} #{i}", key=f"k{i}"))
     for t in threads:
         await eventually(lambda t=t: _has(db, t, 20), what=f"20 records of {t.thread_id}")
-        rows = await db.fetch("SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)
+        rows = await db.fetch(
+            "SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id
+        )
         assert [r["event_key"] for r in rows] == [f"k{i}" for i in range(20)]
         assert verify_chain(t.thread_id, await RecordsRepo.select_links(db, t.thread_id)) is None
-    session_seqs = [r["session_seq"] for r in await db.fetch("SELECT session_seq FROM ctx.records ORDER BY session_seq")]
+    session_seqs = [
+        r["session_seq"] for r in await db.fetch("SELECT session_seq FROM ctx.records ORDER BY session_seq")
+    ]
     assert session_seqs == list(range(1, 101))
 
 
@@ -120,7 +129,9 @@ async def test_inspect_reports_a_tampered_record_as_a_broken_chain(
     await eventually(lambda: _has(db, t, 3), what="3 records")
     assert (await client.inspect(t.thread_id)).chain_verified
     await db.execute("ALTER TABLE ctx.records DISABLE TRIGGER records_append_only")
-    await db.execute("UPDATE ctx.records SET content_sha256 = repeat('0', 64) WHERE thread_id=$1 AND seq=2", t.thread_id)
+    await db.execute(
+        "UPDATE ctx.records SET content_sha256 = repeat('0', 64) WHERE thread_id=$1 AND seq=2", t.thread_id
+    )
     inspection = await client.inspect(t.thread_id)
     assert not inspection.chain_verified and "seq 2" in (inspection.chain_error or "")
 
@@ -135,7 +146,13 @@ async def test_msg_id_is_scoped_by_thread_so_equal_keys_in_two_threads_both_reco
     await eventually(lambda: _has(db, a, 1), what="a's record")
     await eventually(lambda: _has(db, b, 1), what="b's record")
     prepared = await client.prepare(
-        PrepareRequest(session_id=b.session_id, run_id=b.run_id, instance_id="main", budget_tokens=1000, after_event_key="k1")
+        PrepareRequest(
+            session_id=b.session_id,
+            run_id=b.run_id,
+            instance_id="main",
+            budget_tokens=1000,
+            after_event_key="k1",
+        )
     )
     assert prepared.messages[-1].content == "in b"
 

@@ -40,7 +40,8 @@ async def test_unrelated_prepare_is_answered_in_its_normal_time_while_ten_prepar
     alone = min([await _timed_prepare(client, _request(t)) for _ in range(3)])
 
     waiters = [
-        asyncio.create_task(client.prepare(_request(Thread(), after_event_key="lost", wait_ms=5_000))) for _ in range(10)
+        asyncio.create_task(client.prepare(_request(Thread(), after_event_key="lost", wait_ms=5_000)))
+        for _ in range(10)
     ]
 
     async def all_waiting() -> bool:
@@ -69,7 +70,9 @@ async def test_prepares_beyond_the_limit_are_answered_overloaded_with_a_retry_hi
 
     overloaded = [r for r in results if isinstance(r, Overloaded)]
     served = [r for r in results if isinstance(r, PreparedContext)]
-    assert len(overloaded) + len(served) == 100, [r for r in results if not isinstance(r, Overloaded | PreparedContext)]
+    assert len(overloaded) + len(served) == 100, [
+        r for r in results if not isinstance(r, Overloaded | PreparedContext)
+    ]
     assert overloaded and served
     assert all(o.retryable and o.retry_after_ms >= 50 and o.details["limit"] == 2 for o in overloaded)
     assert all(s == expected for s in served)
@@ -121,12 +124,16 @@ async def test_client_sends_its_deadline_with_every_request(nats_url: str) -> No
     assert before + 3_000 <= deadline + 1 and deadline <= after + 3_000
 
 
-async def test_unrelated_prepare_is_served_while_another_waits_for_its_compaction(start_fleet, client: FleetClient) -> None:
+async def test_unrelated_prepare_is_served_while_another_waits_for_its_compaction(
+    start_fleet, client: FleetClient
+) -> None:
     # One slot, no compactor: the over-budget prepare waits its whole compaction_wait_ms holding no slot.
     fleet = await start_fleet(workers="recorder,assembler", max_inflight_requests=1, compaction_wait_ms=3_000)
     long, short = Thread(), Thread()
     for i in range(20):
-        await client.append(long.user(f"message {i}: " + "history that must be summarized, never dropped " * 8, key=f"m{i}"))
+        await client.append(
+            long.user(f"message {i}: " + "history that must be summarized, never dropped " * 8, key=f"m{i}")
+        )
     await client.append(short.user("hello", key="h"))
     await client.prepare(_request(short, after_event_key="h"))
     await client.prepare(_request(long, after_event_key="m19", budget_tokens=100_000))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from contracts import CompactionPolicy, CompactionTriggers, ContextPolicy, PreparedContext, PrepareRequest, ReadRequest
+from contracts import (
+    CompactionPolicy,
+    CompactionTriggers,
+    ContextPolicy,
+    PreparedContext,
+    PrepareRequest,
+    ReadRequest,
+)
 from services.edge.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
 from services.app.views import ViewLoader
@@ -18,9 +25,19 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 # A model step long enough that a summary of it is a real reduction.
 LONG = "{} " + "the step inspected the order records and compared totals " * 12
 
-async def _prepare(client: FleetClient, t: Thread, after: str, budget: int = 100_000, **extra: object) -> PreparedContext:
+
+async def _prepare(
+    client: FleetClient, t: Thread, after: str, budget: int = 100_000, **extra: object
+) -> PreparedContext:
     request = PrepareRequest.model_validate(
-        {"session_id": t.session_id, "run_id": t.run_id, "instance_id": t.instance_id, "budget_tokens": budget, "after_event_key": after, **extra}
+        {
+            "session_id": t.session_id,
+            "run_id": t.run_id,
+            "instance_id": t.instance_id,
+            "budget_tokens": budget,
+            "after_event_key": after,
+            **extra,
+        }
     )
     return await client.prepare(request)
 
@@ -32,7 +49,9 @@ def _texts(prepared: PreparedContext) -> list[str]:
 async def _question_a(client: FleetClient, a: Thread) -> None:
     await client.append(a.system("You are the support agent.", key="sys"))
     await client.append(a.user("Where is order 42?", key="qa"))
-    await client.append(a.assistant("Looking it up.", calls=(("c1", "mcp.orders.lookup", {"order_id": 42}),), key="a1"))
+    await client.append(
+        a.assistant("Looking it up.", calls=(("c1", "mcp.orders.lookup", {"order_id": 42}),), key="a1")
+    )
     await client.append(a.outcome("c1", "upstream 503: orders service unavailable", status="error", key="o1"))
     await client.append(a.resource("skill:refunds", "Refunds over 100 EUR need a manager.", key="skill"))
     await client.append(a.assistant("Order 42 could not be retrieved; I will retry later.", key="ans-a"))
@@ -51,7 +70,9 @@ async def test_one_question_many_loops_share_one_thread(fleet, client: FleetClie
     assert len(session.runs) == 1 and [t.thread_id for t in session.runs[0].threads] == [a.thread_id]
 
 
-async def test_new_question_inherits_the_whole_history_once_with_real_status(fleet, client: FleetClient) -> None:
+async def test_new_question_inherits_the_whole_history_once_with_real_status(
+    fleet, client: FleetClient
+) -> None:
     a = Thread()
     await _question_a(client, a)
     b = a.next_run()
@@ -65,15 +86,22 @@ async def test_new_question_inherits_the_whole_history_once_with_real_status(fle
     assert call.function.name == "mcp.orders.lookup" and call.function.arguments == '{"order_id":42}'
     assert call.id.startswith("c1@")  # the earlier run's call id, kept apart from this run's ids
     result = next(m for m in prepared.messages if m.role == "tool")
-    assert result.tool_call_id == call.id and result.content == "[tool status: error]\nupstream 503: orders service unavailable"
+    assert (
+        result.tool_call_id == call.id
+        and result.content == "[tool status: error]\nupstream 503: orders service unavailable"
+    )
     assert any("Refunds over 100 EUR need a manager." in t for t in texts)
     keys = [s.event_key for b_ in prepared.blocks for s in b_.sources]
     assert len(keys) == len(set(keys))
     session = await client.inspect_session(a.session_id)
-    assert [r.status for r in session.runs] == ["completed", "active"] and session.runs[1].snapshot_through == 7
+    assert [r.status for r in session.runs] == ["completed", "active"] and session.runs[
+        1
+    ].snapshot_through == 7
 
 
-async def test_three_questions_in_a_row_inherit_each_source_once(fleet, client: FleetClient, db: asyncpg.Connection) -> None:
+async def test_three_questions_in_a_row_inherit_each_source_once(
+    fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
     a = Thread()
     await _question_a(client, a)
     b = a.next_run()
@@ -89,15 +117,21 @@ async def test_three_questions_in_a_row_inherit_each_source_once(fleet, client: 
     assert texts.count("Where is order 42?") == 1 and texts.count("second") == 1 and texts[-1] == "third"
 
 
-async def test_unclosed_call_of_an_earlier_run_is_state_with_unknown_result_never_a_group(fleet, client: FleetClient) -> None:
+async def test_unclosed_call_of_an_earlier_run_is_state_with_unknown_result_never_a_group(
+    fleet, client: FleetClient
+) -> None:
     a = Thread()
     await client.append(a.user("refund order 7", key="qa"))
-    await client.append(a.assistant(calls=(("pay", "payments.refund", {"order": 7, "amount": 120}),), key="a1"))
+    await client.append(
+        a.assistant(calls=(("pay", "payments.refund", {"order": 7, "amount": 120}),), key="a1")
+    )
     await client.append(a.run_status("interrupted", reason="runtime crashed", key="end-a"))
     b = a.next_run()
     await client.append(b.user("did the refund go through?", key="qb"))
     prepared = await _prepare(client, b, "qb")
-    assert not any(m.tool_calls for m in prepared.messages) and not any(m.role == "tool" for m in prepared.messages)
+    assert not any(m.tool_calls for m in prepared.messages) and not any(
+        m.role == "tool" for m in prepared.messages
+    )
     state = next(t for t in _texts(prepared) if t.startswith("[state: 1 tool call(s)"))
     assert 'payments.refund({"order":7,"amount":120}) call pay: result unknown' in state
     assert "will not be executed again" in state
@@ -114,7 +148,11 @@ async def test_resuming_an_old_run_does_not_mix_in_later_questions_and_its_suppl
     await client.append(b.user("unrelated later question", key="qb"))
     await client.append(b.run_status("completed", key="end-b"))
     supplement = a.user("The order number is actually 4242.", key="supp")
-    await client.append(supplement.model_copy(update={"payload": supplement.payload.model_copy(update={"intent": "supplement"})}))
+    await client.append(
+        supplement.model_copy(
+            update={"payload": supplement.payload.model_copy(update={"intent": "supplement"})}
+        )
+    )
     resumed = await _prepare(client, a, "supp")
     texts = _texts(resumed)
     assert "unrelated later question" not in texts and texts[-1] == "The order number is actually 4242."
@@ -139,7 +177,9 @@ async def test_first_round_is_still_in_the_history_after_seven_questions(fleet, 
     assert "round 1: remember the code word PELICAN" in _texts(prepared)
 
 
-async def test_a_new_question_while_a_run_is_active_is_refused_with_run_active(fleet, client: FleetClient) -> None:
+async def test_a_new_question_while_a_run_is_active_is_refused_with_run_active(
+    fleet, client: FleetClient
+) -> None:
     a = Thread()
     await client.append(a.user("long task", key="qa"))
     b = a.next_run()
@@ -150,7 +190,9 @@ async def test_a_new_question_while_a_run_is_active_is_refused_with_run_active(f
     assert a.run_id in str(err.value.details["reason"])
 
 
-async def test_child_sees_only_what_the_parent_exported_and_returns_a_typed_result(fleet, client: FleetClient) -> None:
+async def test_child_sees_only_what_the_parent_exported_and_returns_a_typed_result(
+    fleet, client: FleetClient
+) -> None:
     parent = Thread()
     await client.append(parent.system("You coordinate.", key="sys"))
     await client.append(parent.user("Audit payments and shipping.", key="q"))
@@ -161,12 +203,17 @@ async def test_child_sees_only_what_the_parent_exported_and_returns_a_typed_resu
     await client.append(child.export([(parent.thread_id, 4)], note="Check this ledger only.", key="grant"))
     await client.append(child.user("Audit the payment ledger.", key="cq"))
     seen = _texts(await _prepare(client, child, "cq"))
-    assert any("Payment ledger v3: 1,204 rows." in t for t in seen) and any("Check this ledger only." in t for t in seen)
+    assert any("Payment ledger v3: 1,204 rows." in t for t in seen) and any(
+        "Check this ledger only." in t for t in seen
+    )
     assert not any("CFO" in t for t in seen) and not any("Audit payments and shipping." == t for t in seen)
     await client.append(child.assistant("Private child scratch notes.", key="cnotes"))
     await client.append(parent.child("All 1,204 rows reconcile.", key="result"))
     back = _texts(await _prepare(client, parent, "result"))
-    assert any(t.startswith("[material: result of child agent child1") and "All 1,204 rows reconcile." in t for t in back)
+    assert any(
+        t.startswith("[material: result of child agent child1") and "All 1,204 rows reconcile." in t
+        for t in back
+    )
     assert not any("Private child scratch notes." in t for t in back)
 
 
@@ -186,7 +233,9 @@ async def test_child_reference_beyond_its_grant_is_refused(fleet, client: FleetC
         await _prepare(client, child, "future")
 
 
-async def test_another_principal_sees_nothing_of_the_session_whatever_ids_it_claims(fleet, client: FleetClient) -> None:
+async def test_another_principal_sees_nothing_of_the_session_whatever_ids_it_claims(
+    fleet, client: FleetClient
+) -> None:
     owner = Thread(principal_id="alice")
     await client.append(owner.user("my secret plan", key="q"))
     await client.append(owner.assistant(calls=(("c", "cat", {"p": "plan.txt"}),), key="a"))
@@ -200,7 +249,9 @@ async def test_another_principal_sees_nothing_of_the_session_whatever_ids_it_cla
     ref = preview[preview.index("ctx://blob/") :][: len("ctx://blob/") + 64]
     with pytest.raises(ContentNotFound):
         await client.read(ReadRequest(session_id=owner.session_id, principal_id="mallory", ref=ref))
-    assert (await client.read(ReadRequest(session_id=owner.session_id, principal_id="alice", ref=ref))).sha256_verified
+    assert (
+        await client.read(ReadRequest(session_id=owner.session_id, principal_id="alice", ref=ref))
+    ).sha256_verified
     intruder = Thread(session_id=owner.session_id, run_id=owner.run_id, principal_id="mallory")
     await client.append(intruder.user("let me in", key="in"))
     with pytest.raises(EventRejected) as err:
@@ -228,8 +279,12 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
 ) -> None:
     fleet = await start_fleet()
     policy = ContextPolicy(
-        name="steps3", model_profile=None, budget_tokens=100_000,
-        compaction=CompactionPolicy(triggers=CompactionTriggers(context_ratio=None, model_steps=3), keep_recent_groups=0),
+        name="steps3",
+        model_profile=None,
+        budget_tokens=100_000,
+        compaction=CompactionPolicy(
+            triggers=CompactionTriggers(context_ratio=None, model_steps=3), keep_recent_groups=0
+        ),
     )
     await client.register_policy(policy)
     a = Thread()
@@ -245,7 +300,9 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     await client.append(c.assistant(LONG.format("c1"), key="s1"))  # third step of the session: C compacts
 
     async def summarized(t: Thread, n: int = 1) -> bool:
-        return int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= n
+        return (
+            int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)) >= n
+        )
 
     await eventually(lambda: summarized(c), what="C's compaction")
     await client.append(c.run_status("completed", key="end"))
@@ -260,7 +317,9 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     async with fleet.pool.acquire() as conn:
         view = await ViewLoader().load(PgSession(conn), d.thread_id)
     c_summary = await db.fetchval("SELECT summary_id FROM ctx.thread_views WHERE thread_id=$1", c.thread_id)
-    assert view.state.summary is not None and view.state.summary.summary_id == str(c_summary)  # not resumed A's view
+    assert view.state.summary is not None and view.state.summary.summary_id == str(
+        c_summary
+    )  # not resumed A's view
     # D holds A's three steps (including the resumed two), B's and C's: five, each counted once;
     # since C's compaction only A's resumed steps are new.
     assert (view.totals.model_steps, view.baseline.model_steps) == (5, 3)
@@ -268,7 +327,9 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     assert heads == ["a1", "b1", "c1", "a2", "a3"]
 
 
-async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_first(fleet, client: FleetClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_first(
+    fleet, client: FleetClient, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     from services.edge.replay import ReplayOptions, replay_trace
     from services.core.trace import read_trace
 
@@ -280,13 +341,19 @@ async def test_replay_of_a_trace_with_runs_starts_a_new_run_that_inherits_the_fi
         '{"kind": "user_input", "text": "second question: what was the code word?", "run": "q2"}\n'
         '{"kind": "assistant_message", "text": "OSPREY", "run": "q2"}\n'
     )
-    report = await replay_trace(client, read_trace(trace), ReplayOptions(session_id="s-replay-runs", model_profile=None, budget_tokens=10_000))
+    report = await replay_trace(
+        client,
+        read_trace(trace),
+        ReplayOptions(session_id="s-replay-runs", model_profile=None, budget_tokens=10_000),
+    )
     assert report.totals["errors"] == 0 and report.totals["prepares"] == 2
     session = await client.inspect_session("s-replay-runs")
     assert [r.status for r in session.runs] == ["completed", "active"]
     second = session.runs[1]
     prepared = await client.prepare(
-        PrepareRequest(session_id="s-replay-runs", run_id=second.run_id, instance_id="main", budget_tokens=10_000)
+        PrepareRequest(
+            session_id="s-replay-runs", run_id=second.run_id, instance_id="main", budget_tokens=10_000
+        )
     )
     assert "first question: the code word is OSPREY" in _texts(prepared)
 

@@ -26,7 +26,9 @@ async def _plan_from_db(db: asyncpg.Connection, events: list) -> object:  # type
     return plan_batch(decoded, reads, LIMITS, COUNTERS)
 
 
-async def test_write_plan_with_a_stale_revision_raises_revision_conflict_and_writes_nothing(db: asyncpg.Connection) -> None:
+async def test_write_plan_with_a_stale_revision_raises_revision_conflict_and_writes_nothing(
+    db: asyncpg.Connection,
+) -> None:
     t = Thread()
     first = await _plan_from_db(db, [t.user("one")])
     async with db.transaction():
@@ -46,7 +48,9 @@ async def test_write_plan_with_a_stale_revision_raises_revision_conflict_and_wri
     assert [r["recorded_by"] for r in rows] == ["a", "a"]
 
 
-async def test_two_first_writers_of_a_new_thread_conflict_instead_of_both_creating_it(db: asyncpg.Connection) -> None:
+async def test_two_first_writers_of_a_new_thread_conflict_instead_of_both_creating_it(
+    db: asyncpg.Connection,
+) -> None:
     t = Thread()
     a = await _plan_from_db(db, [t.user("a")])
     b = await _plan_from_db(db, [t.user("b", key="other")])
@@ -71,7 +75,9 @@ async def test_translate_pg_errors_maps_a_duplicate_seq_to_revision_conflict(db:
     plan = await _plan_from_db(db, [t.user("x")])
     async with db.transaction():
         await write_plan(db, plan, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
-    await db.execute("UPDATE ctx.thread_heads SET revision = 1, last_seq = 0")  # a head that lies about its seq
+    await db.execute(
+        "UPDATE ctx.thread_heads SET revision = 1, last_seq = 0"
+    )  # a head that lies about its seq
     replay = await _plan_from_db(db, [t.user("y", key="fresh")])
     with pytest.raises(RevisionConflict):
         with translate_pg_errors(t.thread_id):

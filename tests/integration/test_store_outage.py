@@ -39,15 +39,25 @@ async def own_postgres() -> AsyncIterator[EmbeddedPostgres]:
 
 
 def _request(t: Thread) -> PrepareRequest:
-    return PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o")
+    return PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o"
+    )
 
 
 async def test_every_endpoint_answers_store_unavailable_while_postgres_is_down_and_serves_again_after(
-    own_postgres: EmbeddedPostgres, streams: str, tmp_path: Path, client: FleetClient, caplog: pytest.LogCaptureFixture
+    own_postgres: EmbeddedPostgres,
+    streams: str,
+    tmp_path: Path,
+    client: FleetClient,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = own_postgres._server.get_uri()
     await migrate(url)
-    fleet = Fleet(make_settings(streams, url, tmp_path, workers="recorder,assembler"), nats_url=streams, database_url=url)
+    fleet = Fleet(
+        make_settings(streams, url, tmp_path, workers="recorder,assembler"),
+        nats_url=streams,
+        database_url=url,
+    )
     await fleet.start()
     try:
         t = Thread()
@@ -63,10 +73,14 @@ async def test_every_endpoint_answers_store_unavailable_while_postgres_is_down_a
                 "session": client.inspect_session(t.session_id),
                 "read": client.read(ReadRequest(session_id=t.session_id, ref="ctx://blob/" + "0" * 64)),
                 "search": client.search(SearchRequest(session_id=t.session_id, query="outage")),
-                "operation": client.operation_status(OperationStatusRequest(session_id=t.session_id, operation_id="op-1")),
+                "operation": client.operation_status(
+                    OperationStatusRequest(session_id=t.session_id, operation_id="op-1")
+                ),
                 "policy": client.register_policy(ContextPolicy(name="outage-policy")),
             }
-            outcomes = dict(zip(calls, await asyncio.gather(*calls.values(), return_exceptions=True), strict=True))
+            outcomes = dict(
+                zip(calls, await asyncio.gather(*calls.values(), return_exceptions=True), strict=True)
+            )
             # Repeated failures do not log one line (or one traceback) each.
             for _ in range(20):
                 with pytest.raises(StoreUnavailable):

@@ -43,7 +43,9 @@ async def _publish(client: FleetClient, t: Thread, keys: range) -> list[int]:
 
 
 async def _keys(db: asyncpg.Connection, t: Thread) -> list[str]:
-    rows = await db.fetch("SELECT seq, event_key FROM ctx.records WHERE thread_id = $1 ORDER BY seq", t.thread_id)
+    rows = await db.fetch(
+        "SELECT seq, event_key FROM ctx.records WHERE thread_id = $1 ORDER BY seq", t.thread_id
+    )
     assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1)), "seqs must stay consecutive"
     return [r["event_key"] for r in rows]
 
@@ -66,7 +68,12 @@ async def _positions(db: asyncpg.Connection) -> dict[int, int]:
 
 
 async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_after_rebaseline(
-    start_fleet: StartFleet, client: FleetClient, db: asyncpg.Connection, streams: str, database_url: str, tmp_path: Path
+    start_fleet: StartFleet,
+    client: FleetClient,
+    db: asyncpg.Connection,
+    streams: str,
+    database_url: str,
+    tmp_path: Path,
 ) -> None:
     fleet = await start_fleet()
     a = Thread()
@@ -84,7 +91,11 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     committed = await _positions(db)
     assert max(committed.values()) == 10
 
-    await eventually(lambda: _unready_because(fleet, "was recreated at"), timeout=20, what="readiness naming the regression")
+    await eventually(
+        lambda: _unready_because(fleet, "was recreated at"),
+        timeout=20,
+        what="readiness naming the regression",
+    )
     reason = (await fleet.readiness())["consumers"]
     assert reason is not None and reason.startswith(f"events stream {EVENTS_STREAM} was recreated at")
     assert reason.endswith("nothing after it is being recorded; inspect, then run 'ctxfleet rebaseline'")
@@ -106,7 +117,9 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     await eventually(lambda: _has(db, a, 15), timeout=20, what="the old thread's new records")
     assert await _keys(db, a) == _expected(range(0, 15)), "each event once, in publish order"
     assert await _keys(db, b) == _expected(range(0, 5))
-    assert fleet.metrics.events_duplicate._value.get() - duplicates_before == 3, "re-sent events recognised, not re-recorded"
+    assert fleet.metrics.events_duplicate._value.get() - duplicates_before == 3, (
+        "re-sent events recognised, not re-recorded"
+    )
     await eventually(lambda: _ready(fleet), what="the fleet ready again")
     assert fleet.metrics.recorder_halted._value.get() == 0
     created = await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM)
@@ -171,7 +184,10 @@ async def test_recorder_records_the_stream_identity_on_a_fresh_database_and_adop
         created = (await nc.jetstream().stream_info(EVENTS_STREAM)).created
     finally:
         await nc.close()
-    assert await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM) == created
+    assert (
+        await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM)
+        == created
+    )
 
     t = Thread()
     await _publish(client, t, range(0, 3))
@@ -184,7 +200,10 @@ async def test_recorder_records_the_stream_identity_on_a_fresh_database_and_adop
     again = await start_fleet()
     await eventually(lambda: _has(db, t, 5), timeout=20, what="recording resumed on the adopted stream")
     assert await _keys(db, t) == _expected(range(0, 5))
-    assert await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM) == created
+    assert (
+        await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM)
+        == created
+    )
     await eventually(lambda: _ready(again), what="a ready fleet")
 
 
@@ -214,7 +233,9 @@ async def test_a_lost_tail_of_the_same_stream_is_repaired_without_an_operator_an
     # the positions. Here the positions run ahead instead; to the recorder it is the same state.
     partition = next(p for p, seq in (await _positions(db)).items() if seq == seqs[-1])
     await db.execute(
-        "UPDATE ctx.tracking SET last_stream_seq = $2 WHERE consumer = 'recorder' AND partition = $1", partition, seqs[-1] + 3
+        "UPDATE ctx.tracking SET last_stream_seq = $2 WHERE consumer = 'recorder' AND partition = $1",
+        partition,
+        seqs[-1] + 3,
     )
     fleet = await start_fleet()
     # Ready means checked: the repair happened on start, before anything new arrived (a tail lost and
@@ -228,4 +249,6 @@ async def test_a_lost_tail_of_the_same_stream_is_repaired_without_an_operator_an
 
 
 async def _has(db: asyncpg.Connection, thread: Thread, n: int) -> bool:
-    return int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", thread.thread_id)) >= n
+    return (
+        int(await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", thread.thread_id)) >= n
+    )

@@ -63,18 +63,34 @@ class TwoTenants:
         return [line for line in self.log.read_text().splitlines() if "Violation" in line]
 
     async def client(self, user: str, tenant: str) -> FleetClient:
-        return await FleetClient.connect(self.url, name=f"test-{user}", user=user, password=self.passwords[user], tenant=tenant)
+        return await FleetClient.connect(
+            self.url, name=f"test-{user}", user=user, password=self.passwords[user], tenant=tenant
+        )
 
 
 @pytest.fixture
 async def two_tenants(database_url: str, tmp_path: Path) -> AsyncIterator[TwoTenants]:
     users = embedded_grants(TENANTS)
     passwords = {user: secrets.token_hex(12) for user in users}
-    server = EmbeddedNats(tmp_path / "nats", extra_config=authorization_conf(lambda u: json.dumps(passwords[u]), users))
+    server = EmbeddedNats(
+        tmp_path / "nats", extra_config=authorization_conf(lambda u: json.dumps(passwords[u]), users)
+    )
     url = await asyncio.to_thread(server.start)
     try:
-        await provision(url, make_settings(url, database_url, tmp_path, nats_user="provisioner", nats_password=passwords["provisioner"]))
-        settings = make_settings(url, database_url, tmp_path, nats_user="fleet", nats_password=passwords["fleet"], recorder_id="tenants")
+        await provision(
+            url,
+            make_settings(
+                url, database_url, tmp_path, nats_user="provisioner", nats_password=passwords["provisioner"]
+            ),
+        )
+        settings = make_settings(
+            url,
+            database_url,
+            tmp_path,
+            nats_user="fleet",
+            nats_password=passwords["fleet"],
+            recorder_id="tenants",
+        )
         fleet = Fleet(settings, nats_url=url, database_url=database_url)
         await fleet.start()
         try:
@@ -86,10 +102,14 @@ async def two_tenants(database_url: str, tmp_path: Path) -> AsyncIterator[TwoTen
 
 
 def _prepare(t: Thread, **fields: object) -> PrepareRequest:
-    return PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=4_000, **fields)  # type: ignore[arg-type]
+    return PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=4_000, **fields
+    )  # type: ignore[arg-type]
 
 
-async def test_two_tenants_replaying_concurrently_never_read_or_write_each_others_contexts(two_tenants: TwoTenants) -> None:
+async def test_two_tenants_replaying_concurrently_never_read_or_write_each_others_contexts(
+    two_tenants: TwoTenants,
+) -> None:
     env = two_tenants
     run = uuid.uuid4().hex[:8]
     acme, globex = await env.client("runtime-acme", "acme"), await env.client("runtime-globex", "globex")
@@ -98,26 +118,38 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
     try:
         # One policy name, two tenants: each registers its own (acme twice), and its sessions pin its own.
         for client in (acme, acme, globex):
-            await client.register_policy(ContextPolicy(name=f"house-{run}", model_profile=None, budget_tokens=6_000))
-        sessions = {tenant: f"{tenant}-{run}" for tenant in TENANTS}
-        reports = await asyncio.gather(*(
-            replay_trace(
-                client, read_trace(TRACES[tenant]), ReplayOptions(session_id=sessions[tenant], policy=f"house-{run}", budget_tokens=6_000)
+            await client.register_policy(
+                ContextPolicy(name=f"house-{run}", model_profile=None, budget_tokens=6_000)
             )
-            for tenant, client in (("acme", acme), ("globex", globex))
-        ))
+        sessions = {tenant: f"{tenant}-{run}" for tenant in TENANTS}
+        reports = await asyncio.gather(
+            *(
+                replay_trace(
+                    client,
+                    read_trace(TRACES[tenant]),
+                    ReplayOptions(session_id=sessions[tenant], policy=f"house-{run}", budget_tokens=6_000),
+                )
+                for tenant, client in (("acme", acme), ("globex", globex))
+            )
+        )
         for report in reports:
             assert report.totals["errors"] == 0 and report.totals["prepares"] > 0
-            assert report.totals["compactions"] is None  # a runtime may not inspect: the replay says it does not know
+            assert (
+                report.totals["compactions"] is None
+            )  # a runtime may not inspect: the replay says it does not know
         assert (await operator_acme.inspect_session(sessions["acme"])).policy == f"house-{run}@2"
         assert (await operator_globex.inspect_session(sessions["globex"])).policy == f"house-{run}@1"
 
         # A thread of acme's with content stored out of line, an operation and a searchable word.
         # (The replay's own run: a new question would have to wait for it to end.)
         secret = Thread(session_id=sessions["acme"], run_id=f"{sessions['acme']}-r1")
-        call = ToolCall(call_id="vault-c1", name="read_file", args={"path": "ledger.csv"}, operation_id=f"op-{run}")
+        call = ToolCall(
+            call_id="vault-c1", name="read_file", args={"path": "ledger.csv"}, operation_id=f"op-{run}"
+        )
         opened = secret.assistant("reading", key="vault-a")
-        opened = opened.model_copy(update={"payload": opened.payload.model_copy(update={"tool_calls": (call,)})})
+        opened = opened.model_copy(
+            update={"payload": opened.payload.model_copy(update={"tool_calls": (call,)})}
+        )
         for event in (opened, secret.outcome("vault-c1", "vault-code-7731 " * 1_000, key="out")):
             await acme.append(event)
         own = await acme.prepare(_prepare(secret, after_event_key="out", wait_ms=10_000))
@@ -134,11 +166,15 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
         with pytest.raises(ThreadNotFound):
             await globex.search(SearchRequest(session_id=sessions["acme"], query="vault"))
         with pytest.raises(ContentNotFound):
-            await globex.operation_status(OperationStatusRequest(session_id=sessions["acme"], operation_id=f"op-{run}"))
+            await globex.operation_status(
+                OperationStatusRequest(session_id=sessions["acme"], operation_id=f"op-{run}")
+            )
         # Evidence refs: only records of the asking session, in the asking tenant.
         mine = Thread(session_id=sessions["globex"], run_id=f"{sessions['globex']}-r1")
         with pytest.raises(ContentNotFound):
-            await globex.prepare(_prepare(mine, evidence=(EvidenceRef(thread_id=secret.thread_id, seq=outcome_seq),)))
+            await globex.prepare(
+                _prepare(mine, evidence=(EvidenceRef(thread_id=secret.thread_id, seq=outcome_seq),))
+            )
         # Even the operator, speaking for globex, finds nothing of acme's; for acme, everything.
         with pytest.raises(ThreadNotFound):
             await operator_globex.inspect(secret.thread_id)
@@ -146,9 +182,15 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
             await operator_globex.inspect_session(sessions["acme"])
         assert (await operator_acme.inspect_session(sessions["acme"])).runs
         # The same reads by acme succeed: the refusals above are tenancy, not broken requests.
-        assert (await acme.read(ReadRequest(session_id=sessions["acme"], ref=f"ctx://blob/{blob}"))).sha256_verified
+        assert (
+            await acme.read(ReadRequest(session_id=sessions["acme"], ref=f"ctx://blob/{blob}"))
+        ).sha256_verified
         assert (await acme.search(SearchRequest(session_id=sessions["acme"], query="vault"))).hits
-        assert (await acme.operation_status(OperationStatusRequest(session_id=sessions["acme"], operation_id=f"op-{run}"))).status
+        assert (
+            await acme.operation_status(
+                OperationStatusRequest(session_id=sessions["acme"], operation_id=f"op-{run}")
+            )
+        ).status
 
         # Zero cross-tenant writes. On acme's subject: the server refuses globex's identity.
         before = inspected.record_count
@@ -159,13 +201,18 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
             refused.append(exc)
 
         raw = await nats.connect(
-            env.url, user="runtime-globex", password=env.passwords["runtime-globex"], inbox_prefix="_INBOX.runtime-globex",
+            env.url,
+            user="runtime-globex",
+            password=env.passwords["runtime-globex"],
+            inbox_prefix="_INBOX.runtime-globex",
             error_cb=on_error,
         )
         try:
             with pytest.raises((NoRespondersError, NatsTimeout)):
                 await raw.jetstream().publish(
-                    f"ctx.events.acme.{sessions['acme']}.{secret.thread_id}", forged.model_dump_json().encode(), timeout=2.0
+                    f"ctx.events.acme.{sessions['acme']}.{secret.thread_id}",
+                    forged.model_dump_json().encode(),
+                    timeout=2.0,
                 )
         finally:
             await raw.close()
@@ -184,20 +231,25 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
     # The fleet never needed more than its grants: the only refusals are the runtimes' (the replays'
     # inspections, which are the operator's, and globex's forgery).
     for line in env.violations():
-        assert ('user:runtime-' in line and 'Subject "ctx.inspect.' in line) or (
+        assert ("user:runtime-" in line and 'Subject "ctx.inspect.' in line) or (
             "user:runtime-globex" in line and 'Subject "ctx.events.acme.' in line
         ), line
 
 
-async def test_a_tenant_runtime_cannot_listen_for_requests_or_replies_touch_jetstream_or_put_jobs(two_tenants: TwoTenants) -> None:
+async def test_a_tenant_runtime_cannot_listen_for_requests_or_replies_touch_jetstream_or_put_jobs(
+    two_tenants: TwoTenants,
+) -> None:
     errors: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
     nc = await nats.connect(
-        two_tenants.url, user="runtime-globex", password=two_tenants.passwords["runtime-globex"],
-        inbox_prefix="_INBOX.runtime-globex", error_cb=on_error,
+        two_tenants.url,
+        user="runtime-globex",
+        password=two_tenants.passwords["runtime-globex"],
+        inbox_prefix="_INBOX.runtime-globex",
+        error_cb=on_error,
     )
     try:
         await nc.subscribe("ctx.prepare.>")  # an impostor assembler
@@ -219,8 +271,17 @@ async def test_a_tenant_runtime_cannot_listen_for_requests_or_replies_touch_jets
     assert any("permissions violation" in str(e).lower() for e in errors)
     logged = "\n".join(two_tenants.violations())
     for subject in (
-        "ctx.prepare.>", "ctx.prepare.acme.>", "_INBOX.>", "_INBOX.runtime-acme.>", "ctx.p.>", "ctx.compaction.jobs",
-        "ctx.recorded.r1.main", "ctx.prepare.acme.r1.main", "ctx.inspect.globex.r1.main", "$JS.API.INFO",
-        "STREAM.INFO.CTX_EVENTS", "CONSUMER.CREATE.CTX_EVENTS",
+        "ctx.prepare.>",
+        "ctx.prepare.acme.>",
+        "_INBOX.>",
+        "_INBOX.runtime-acme.>",
+        "ctx.p.>",
+        "ctx.compaction.jobs",
+        "ctx.recorded.r1.main",
+        "ctx.prepare.acme.r1.main",
+        "ctx.inspect.globex.r1.main",
+        "$JS.API.INFO",
+        "STREAM.INFO.CTX_EVENTS",
+        "CONSUMER.CREATE.CTX_EVENTS",
     ):
         assert subject in logged, (subject, logged)

@@ -29,7 +29,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
 ROOT = Path(__file__).resolve().parents[2]
 # The console script the image's ENTRYPOINT runs; `python -m infra.cli` where it is not installed.
-CTXFLEET = [str(Path(sys.executable).parent / "ctxfleet")] if (Path(sys.executable).parent / "ctxfleet").exists() else [sys.executable, "-m", "infra.cli"]
+CTXFLEET = (
+    [str(Path(sys.executable).parent / "ctxfleet")]
+    if (Path(sys.executable).parent / "ctxfleet").exists()
+    else [sys.executable, "-m", "infra.cli"]
+)
 SHUTDOWN_BOUND_S = 10.0
 
 
@@ -49,7 +53,11 @@ class Worker:
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [*CTXFLEET, "worker", name], cwd=ROOT, env={**env, "CTX_HTTP_PORT": str(self.port)}, stdout=out, stderr=subprocess.STDOUT
+                [*CTXFLEET, "worker", name],
+                cwd=ROOT,
+                env={**env, "CTX_HTTP_PORT": str(self.port)},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     def wait_ready(self, timeout: float = 60.0) -> dict[str, object]:
@@ -137,7 +145,9 @@ async def test_sigterm_during_a_burst_loses_and_duplicates_nothing(
         first.kill()
     assert code == 0 and took < SHUTDOWN_BOUND_S, first.log.read_text()
     total = len(threads) * per_thread
-    assert int(await db.fetchval("SELECT count(*) FROM ctx.records")) < total, "the burst was over before SIGTERM"
+    assert int(await db.fetchval("SELECT count(*) FROM ctx.records")) < total, (
+        "the burst was over before SIGTERM"
+    )
 
     second = Worker("recorder", env, tmp_path / "second.log")
     try:
@@ -152,7 +162,9 @@ async def test_sigterm_during_a_burst_loses_and_duplicates_nothing(
         second.kill()
     assert int(await db.fetchval("SELECT count(*) FROM ctx.records")) == total
     for t in threads:
-        rows = await db.fetch("SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)
+        rows = await db.fetch(
+            "SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id
+        )
         assert [r["event_key"] for r in rows] == [f"m{i:04d}" for i in range(per_thread)]
         assert [r["seq"] for r in rows] == list(range(1, per_thread + 1))
     assert await db.fetchval("SELECT count(*) FROM ctx.dead_letters") == 0
@@ -176,10 +188,14 @@ async def test_readiness_turns_503_with_the_reason_when_postgres_goes_away(start
 
 
 def _run_worker(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CTXFLEET, "worker", name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*CTXFLEET, "worker", name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
-async def test_a_worker_refuses_an_unmigrated_database_and_names_the_fix(worker_env: dict[str, str], pg_server_url: str) -> None:
+async def test_a_worker_refuses_an_unmigrated_database_and_names_the_fix(
+    worker_env: dict[str, str], pg_server_url: str
+) -> None:
     name = f"ctx_empty_{os.getpid()}"
     conn = await asyncpg.connect(pg_server_url)
     try:
@@ -208,7 +224,9 @@ async def test_a_worker_refuses_a_broker_without_the_fleet_streams_and_names_the
     assert "ctxfleet provision" in result.stderr and "Traceback" not in result.stderr
 
 
-async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(start_fleet, client: FleetClient) -> None:  # type: ignore[no-untyped-def]
+async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(
+    start_fleet, client: FleetClient
+) -> None:  # type: ignore[no-untyped-def]
     await start_fleet(workers="recorder")
     leaving = await start_fleet(workers="assembler", recorder_id="leaving")
     await start_fleet(workers="assembler", recorder_id="staying")
@@ -218,7 +236,13 @@ async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(star
         await client.append(t.user("what changed?", key="q"))
 
     async def prepare(t: Thread) -> str:
-        request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=4000, after_event_key="q")
+        request = PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=4000,
+            after_event_key="q",
+        )
         return (await client.prepare(request)).messages[-1].content  # type: ignore[return-value]
 
     load = asyncio.gather(*(prepare(t) for t in threads * 15))
@@ -228,8 +252,14 @@ async def test_an_assembler_stopping_mid_load_answers_every_prepare_it_took(star
     assert answers == ["what changed?"] * len(threads) * 15
 
 
-async def test_secrets_never_reach_the_log_even_at_debug_level(worker_env: dict[str, str], tmp_path: Path) -> None:
-    secrets = {"CTX_DATABASE_PASSWORD": "pg-Secret-4711", "CTX_SUMMARIZER_API_KEY": "sk-Secret-4712", "CTX_NATS_PASSWORD": "nats-Secret-4713"}
+async def test_secrets_never_reach_the_log_even_at_debug_level(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    secrets = {
+        "CTX_DATABASE_PASSWORD": "pg-Secret-4711",
+        "CTX_SUMMARIZER_API_KEY": "sk-Secret-4712",
+        "CTX_NATS_PASSWORD": "nats-Secret-4713",
+    }
     # The test servers ignore credentials (trust auth, no NATS authorization), so the worker still starts.
     env = {**worker_env, **secrets, "CTX_NATS_USER": "assembler", "CTX_LOG_LEVEL": "DEBUG"}
     worker = Worker("assembler", env, tmp_path / "debug.log")
@@ -245,7 +275,9 @@ async def test_secrets_never_reach_the_log_even_at_debug_level(worker_env: dict[
         assert value not in log and value not in page
 
 
-async def test_a_worker_that_cannot_reach_postgres_says_where_without_the_password(worker_env: dict[str, str]) -> None:
+async def test_a_worker_that_cannot_reach_postgres_says_where_without_the_password(
+    worker_env: dict[str, str],
+) -> None:
     port = free_port()  # nothing listens here
     env = {**worker_env, "CTX_DATABASE_URL": f"postgresql://app:pw-Secret-99@127.0.0.1:{port}/ctx"}
     result = await asyncio.to_thread(_run_worker, "indexer", env)
@@ -263,7 +295,10 @@ async def test_a_taken_http_port_is_a_clear_startup_error(worker_env: dict[str, 
         port = taken.getsockname()[1]
         result = await asyncio.to_thread(_run_worker, "budgeter", {**worker_env, "CTX_HTTP_PORT": str(port)})
     assert result.returncode == 2
-    assert f"CTX_HTTP_PORT: cannot listen on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        f"CTX_HTTP_PORT: cannot listen on 127.0.0.1:{port}" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 async def test_a_broker_restart_turns_readiness_503_then_the_worker_reconnects_and_records_again(
@@ -302,7 +337,15 @@ async def test_a_broker_restart_turns_readiness_503_then_the_worker_reconnects_a
         async with await FleetClient.connect(url) as client:
             t = Thread()
             await client.append(t.user("after the restart", key="k"))
-            prepared = await client.prepare(PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1000, after_event_key="k"))
+            prepared = await client.prepare(
+                PrepareRequest(
+                    session_id=t.session_id,
+                    run_id=t.run_id,
+                    instance_id="main",
+                    budget_tokens=1000,
+                    after_event_key="k",
+                )
+            )
         assert prepared.messages[-1].content == "after the restart"
     finally:
         await fleet.stop()
@@ -319,8 +362,13 @@ async def test_with_a_startup_wait_a_worker_is_live_unready_until_the_migrations
     await conn.execute(f"DROP DATABASE IF EXISTS {name}")
     await conn.execute(f"CREATE DATABASE {name}")
     url = with_database(pg_server_url, name)
-    worker = Worker("compactor", {**worker_env, "CTX_DATABASE_URL": url, "CTX_STARTUP_WAIT_S": "60"}, tmp_path / "late.log")
+    worker = Worker(
+        "compactor",
+        {**worker_env, "CTX_DATABASE_URL": url, "CTX_STARTUP_WAIT_S": "60"},
+        tmp_path / "late.log",
+    )
     try:
+
         async def waiting() -> bool:
             try:
                 status, body = await asyncio.to_thread(_get, worker.port, "/readyz")

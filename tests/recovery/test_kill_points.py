@@ -38,8 +38,17 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
 CATALOG = ToolCatalog(
     release="depot@1",
-    paths=(PathRule(pattern="item:{id}.location", kind="business_fact"), PathRule(pattern="task.goal", kind="goal")),
-    tools=(ToolSpec(name="move_item", effects=(ToolEffect(path="item:{args.item_id}.location", value="{result.location}"),), idempotency="required"),),
+    paths=(
+        PathRule(pattern="item:{id}.location", kind="business_fact"),
+        PathRule(pattern="task.goal", kind="goal"),
+    ),
+    tools=(
+        ToolSpec(
+            name="move_item",
+            effects=(ToolEffect(path="item:{args.item_id}.location", value="{result.location}"),),
+            idempotency="required",
+        ),
+    ),
 )
 
 # (matrix id, what happens at that moment, where the fleet dies)
@@ -70,24 +79,52 @@ async def _until_ready(client: FleetClient) -> None:
 def _events(t: Thread) -> list:  # type: ignore[type-arg]
     first = t.system("You run the depot.").model_copy(update={"agent_release": "depot@1", "policy": "kp"})
     call = t.assistant("moving item 9", key="a1")
-    call = call.model_copy(update={"payload": call.payload.model_copy(update={"tool_calls": (
-        ToolCall(call_id="mv", name="move_item", args={"item_id": 9}, operation_id="op-move-9"),)})})
+    call = call.model_copy(
+        update={
+            "payload": call.payload.model_copy(
+                update={
+                    "tool_calls": (
+                        ToolCall(
+                            call_id="mv", name="move_item", args={"item_id": 9}, operation_id="op-move-9"
+                        ),
+                    )
+                }
+            )
+        }
+    )
     out = t.outcome("mv", '{"location": "bay_4"}', key="o1")
     out = out.model_copy(update={"payload": out.payload.model_copy(update={"external_ref": "mv-77"})})
     goal = StatePatchEvent(
-        payload=StatePatchPayload(source="user", ops=(PatchOp(op="set", path="task.goal", value="restock bay 4"),)),
-        event_key="goal", session_id=t.session_id, run_id=t.run_id, instance_id="main",
+        payload=StatePatchPayload(
+            source="user", ops=(PatchOp(op="set", path="task.goal", value="restock bay 4"),)
+        ),
+        event_key="goal",
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
     )
     events = [first, t.user("Move item 9 to bay 4, then check the aisle.", key="task"), call, out, goal]
     for n in range(14):  # enough history to cross the 80% trigger of the 1,800-token policy
-        events.append(t.assistant("checking the aisle " + "shelf by shelf, carefully " * 12, calls=((f"c{n}", "count", {"n": n}),), key=f"ca{n}"))
+        events.append(
+            t.assistant(
+                "checking the aisle " + "shelf by shelf, carefully " * 12,
+                calls=((f"c{n}", "count", {"n": n}),),
+                key=f"ca{n}",
+            )
+        )
         events.append(t.outcome(f"c{n}", "aisle clear " * 30, key=f"co{n}"))
     return events
 
 
 @pytest.mark.parametrize(("point_id", "moment", "kill_point"), MATRIX, ids=[m[0] for m in MATRIX])
 async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effects(
-    point_id: str, moment: str, kill_point: str, streams: str, database_url: str, tmp_path: Path, db: asyncpg.Connection
+    point_id: str,
+    moment: str,
+    kill_point: str,
+    streams: str,
+    database_url: str,
+    tmp_path: Path,
+    db: asyncpg.Connection,
 ) -> None:
     env = worker_env(streams, database_url, tmp_path / "data", TEST_PARTITIONS, record_batch="4")
     fleet = WorkerProcess(env, tmp_path, workers=("recorder", "assembler", "budgeter", "compactor"))
@@ -96,7 +133,12 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
         fleet.start()
         await _until_ready(client)
         await client.register_policy(
-            ContextPolicy(name="kp", model_profile=None, budget_tokens=1_800, compaction=CompactionPolicy(keep_recent_groups=1))
+            ContextPolicy(
+                name="kp",
+                model_profile=None,
+                budget_tokens=1_800,
+                compaction=CompactionPolicy(keep_recent_groups=1),
+            )
         )
         fleet.stop()
         fleet.start(kill_point=kill_point)
@@ -104,8 +146,14 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
         events = _events(t)
         for event in events:
             await client.append(event)
-        request = PrepareRequest(session_id=t.session_id, run_id=t.run_id, instance_id="main", budget_tokens=1_800,
-                                 after_event_key=events[-1].event_key, wait_ms=3_000)
+        request = PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=1_800,
+            after_event_key=events[-1].event_key,
+            wait_ms=3_000,
+        )
         assert fleet.proc is not None
         if kill_point.startswith("prepare."):
             # The runtime asks for its context; the fleet dies while preparing it. The runtime sees
@@ -117,25 +165,37 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
                 assert failed.value.retryable
                 if fleet.proc.poll() is not None:
                     break
-        assert await fleet.wait_exit(60) == -signal.SIGKILL, f"{point_id}: the fleet did not die at {kill_point}"
+        assert await fleet.wait_exit(60) == -signal.SIGKILL, (
+            f"{point_id}: the fleet did not die at {kill_point}"
+        )
 
         fleet.start()  # recovery: same ledger, same stream, no memory of the crash
         await _until_ready(client)
-        prepared = await client.prepare(request.model_copy(update={"budget_tokens": 4_000, "wait_ms": 20_000}), timeout=30)
+        prepared = await client.prepare(
+            request.model_copy(update={"budget_tokens": 4_000, "wait_ms": 20_000}), timeout=30
+        )
 
         audit = await audit_thread(db, client, t.thread_id, [e.event_key for e in events])
         assert audit.recorded == audit.expected, f"{point_id}: events lost, duplicated or reordered"
         assert await db.fetchval("SELECT count(*) FROM ctx.dead_letters") == 0
         receipts = await db.fetch("SELECT operation_id, status, external_ref FROM ctx.receipts")
-        assert [tuple(r) for r in receipts] == [("op-move-9", "success", "mv-77")], f"{point_id}: side effect bookkeeping"
-        receipt = await client.operation_status(OperationStatusRequest(session_id=t.session_id, operation_id="op-move-9"))
+        assert [tuple(r) for r in receipts] == [("op-move-9", "success", "mv-77")], (
+            f"{point_id}: side effect bookkeeping"
+        )
+        receipt = await client.operation_status(
+            OperationStatusRequest(session_id=t.session_id, operation_id="op-move-9")
+        )
         assert receipt.status == "success"
         assert audit.chain_ok and audit.replay_ok, f"{point_id}: ledger or state diverged"
         assert audit.inspection.state_facts == 2
         assert prepared.budget_report.used.total <= 4_000
-        assert prepared.messages[-1].content and '"bay_4"' in prepared.messages[-1].content  # state block rebuilt
+        assert (
+            prepared.messages[-1].content and '"bay_4"' in prepared.messages[-1].content
+        )  # state block rebuilt
         summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)
-        view = await db.fetchrow("SELECT view_revision, summary_id FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
+        view = await db.fetchrow(
+            "SELECT view_revision, summary_id FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
+        )
         # Every committed summary is a revision of the view; no view row means no summary at all.
         revision = view["view_revision"] if view is not None else 0
         assert summaries == revision, f"{point_id}: summary revisions and view disagree"

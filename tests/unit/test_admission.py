@@ -24,7 +24,9 @@ class _Wall:
         return self.ms
 
 
-def _admission(inflight: int = 1, age_ms: int = 1_000, factor: int = 1, wall: _Wall | None = None) -> Admission:
+def _admission(
+    inflight: int = 1, age_ms: int = 1_000, factor: int = 1, wall: _Wall | None = None
+) -> Admission:
     return Admission(RequestLimits(inflight, age_ms, factor), FleetMetrics(), wall_ms=wall or _Wall())
 
 

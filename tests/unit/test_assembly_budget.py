@@ -29,22 +29,46 @@ _SLACK_PER_TOOL = 2
 
 
 def _snapshot(t: Thread, records: list[LedgerRecord], **fields: Any) -> ThreadSnapshot:
-    return ThreadSnapshot(t.session_id, t.run_id, t.instance_id, len(records), records[-1].seq, records[-1].event_key, records, **fields)
+    return ThreadSnapshot(
+        t.session_id,
+        t.run_id,
+        t.instance_id,
+        len(records),
+        records[-1].seq,
+        records[-1].event_key,
+        records,
+        **fields,
+    )
 
 
 def _request(t: Thread, budget: int, **fields: object) -> PrepareRequest:
     return PrepareRequest.model_validate(
-        {"session_id": t.session_id, "run_id": t.run_id, "instance_id": t.instance_id, "budget_tokens": budget, **fields}
+        {
+            "session_id": t.session_id,
+            "run_id": t.run_id,
+            "instance_id": t.instance_id,
+            "budget_tokens": budget,
+            **fields,
+        }
     )
 
 
 def _prepare(
-    t: Thread, records: list[LedgerRecord], budget: int = 100_000, *, snapshot: dict[str, Any] | None = None,
-    allow_drop_history: bool = False, **request: object
+    t: Thread,
+    records: list[LedgerRecord],
+    budget: int = 100_000,
+    *,
+    snapshot: dict[str, Any] | None = None,
+    allow_drop_history: bool = False,
+    **request: object,
 ) -> PreparedContext:
     req = _request(t, budget, **request)
     return assemble_context(
-        _snapshot(t, records, **(snapshot or {})), req, resolve_budget(req), COUNTER, allow_drop_history=allow_drop_history
+        _snapshot(t, records, **(snapshot or {})),
+        req,
+        resolve_budget(req),
+        COUNTER,
+        allow_drop_history=allow_drop_history,
     )
 
 
@@ -52,12 +76,20 @@ def _supplement(t: Thread, text: str) -> UserInputEvent:
     return UserInputEvent(payload=UserInputPayload(text=text, intent="supplement"), **t._env(None))
 
 
-def _summary(records: list[LedgerRecord], covered_to: int, text: str, skeleton: str | None = None) -> SummaryView:
+def _summary(
+    records: list[LedgerRecord], covered_to: int, text: str, skeleton: str | None = None
+) -> SummaryView:
     return SummaryView(
-        summary_id="sum-1", view_revision=1, covered_from=1, covered_to=covered_to, text=text,
-        tokens_o200k=COUNTER.count(text), tokens_cl100k=counter_for("cl100k_base").count(text),
+        summary_id="sum-1",
+        view_revision=1,
+        covered_from=1,
+        covered_to=covered_to,
+        text=text,
+        tokens_o200k=COUNTER.count(text),
+        tokens_cl100k=counter_for("cl100k_base").count(text),
         sources=tuple(r.seq for r in records if r.seq <= covered_to),
-        skeleton_text=skeleton, skeleton_o200k=COUNTER.count(skeleton or ""),
+        skeleton_text=skeleton,
+        skeleton_o200k=COUNTER.count(skeleton or ""),
         skeleton_cl100k=counter_for("cl100k_base").count(skeleton or ""),
     )
 
@@ -74,7 +106,10 @@ def _contents(prepared: PreparedContext) -> list[str]:
 def _coding_thread(t: Thread, groups: int, *, output: str = "line {n} of the log\n" * 120) -> list[Any]:
     events: list[Any] = [t.system("You are careful."), t.user("Fix the failing test in app.py")]
     for n in range(groups):
-        events += [t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat log{n}.txt"}),)), t.outcome(f"c{n}", output.format(n=n))]
+        events += [
+            t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat log{n}.txt"}),)),
+            t.outcome(f"c{n}", output.format(n=n)),
+        ]
     return events
 
 
@@ -84,12 +119,18 @@ def _coding_thread(t: Thread, groups: int, *, output: str = "line {n} of the log
 def test_run_task_stays_verbatim_after_later_user_inputs_right_after_instructions() -> None:
     t = Thread()
     events = [t.system("Sys."), t.user("Rename foo to bar in lib.py"), t.assistant("ok")]
-    events += [_supplement(t, "also keep the old name as an alias"), t.assistant("noted"), t.user("and add a test")]
+    events += [
+        _supplement(t, "also keep the old name as an alias"),
+        t.assistant("noted"),
+        t.user("and add a test"),
+    ]
     prepared = _prepare(t, ledger_records(events))
     assert [b.block_id for b in prepared.blocks[:2]] == ["instruction:1", "task:2"]
     assert prepared.messages[1].content == "Rename foo to bar in lib.py"
     current = next(b for b in prepared.blocks if b.block_id == "task:6")
-    assert not current.droppable and current.first_message == len(prepared.messages) - 1  # in its ledger place
+    assert (
+        not current.droppable and current.first_message == len(prepared.messages) - 1
+    )  # in its ledger place
 
 
 def test_run_task_survives_a_summary_that_covers_it_and_precedes_the_summary() -> None:
@@ -100,7 +141,9 @@ def test_run_task_survives_a_summary_that_covers_it_and_precedes_the_summary() -
     blocks = build_view_blocks(records, covered_to)
     assert "task:2" in {b.block_id for b in blocks.ready}  # coverage never swallows the run's task
     summary = _summary(records, covered_to, "[summary] read logs 0 and 1")
-    prepared = _prepare(t, records, snapshot={"covered_to": covered_to, "summary": summary, "view_revision": 1})
+    prepared = _prepare(
+        t, records, snapshot={"covered_to": covered_to, "summary": summary, "view_revision": 1}
+    )
     assert [b.block_id for b in prepared.blocks[:3]] == ["instruction:1", "task:2", "summary:1"]
     assert prepared.messages[1].content == "Fix the failing test in app.py"
 
@@ -123,7 +166,10 @@ def test_identical_tool_output_is_shown_once_and_later_as_a_reference() -> None:
     events = [t.system("Sys."), t.user("fix it")]
     events += [t.assistant(calls=(("a", "bash", {"cmd": "pytest"}),)), t.outcome("a", same, status="error")]
     events += [t.assistant(calls=(("b", "bash", {"cmd": "pytest"}),)), t.outcome("b", same, status="error")]
-    events += [t.assistant(calls=(("c", "bash", {"cmd": "pytest"}),)), t.outcome("c", same)]  # same text, other status
+    events += [
+        t.assistant(calls=(("c", "bash", {"cmd": "pytest"}),)),
+        t.outcome("c", same),
+    ]  # same text, other status
     prepared = _prepare(t, ledger_records(events))
     tools = [m.content or "" for m in prepared.messages if m.role == "tool"]
     assert tools[0].endswith(same)
@@ -137,8 +183,14 @@ def test_identical_tool_output_is_shown_once_and_later_as_a_reference() -> None:
 def test_a_short_identical_output_is_shown_again_not_as_a_reference() -> None:
     t = Thread()
     events = [t.system("Sys."), t.user("go")]
-    events += [t.assistant(calls=(("a", "bash", {"cmd": "touch x"}),)), t.outcome("a", "<returncode>0</returncode>")]
-    events += [t.assistant(calls=(("b", "bash", {"cmd": "touch y"}),)), t.outcome("b", "<returncode>0</returncode>")]
+    events += [
+        t.assistant(calls=(("a", "bash", {"cmd": "touch x"}),)),
+        t.outcome("a", "<returncode>0</returncode>"),
+    ]
+    events += [
+        t.assistant(calls=(("b", "bash", {"cmd": "touch y"}),)),
+        t.outcome("b", "<returncode>0</returncode>"),
+    ]
     prepared = _prepare(t, ledger_records(events))
     assert [m.content for m in prepared.messages if m.role == "tool"] == ["<returncode>0</returncode>"] * 2
     assert prepared.budget_report.reductions.deduplicated == 0
@@ -172,7 +224,10 @@ def test_newest_group_is_always_shown_cut_to_head_and_tail_with_its_read_back_re
     assert "omitted to fit the context; read it back from ctx://blob/" in content
     assert prepared.budget_report.reductions.trimmed == 1 and "trimmed:group:3" in prepared.reductions
     assert prepared.budget_report.used.total <= budget
-    assert prepared.budget_report.reductions.tokens_saved == full.budget_report.used.total - prepared.budget_report.used.total
+    assert (
+        prepared.budget_report.reductions.tokens_saved
+        == full.budget_report.used.total - prepared.budget_report.used.total
+    )
     assert count_prepared(prepared, COUNTER) <= prepared.budget_report.used.total
 
 
@@ -183,7 +238,9 @@ def test_newest_group_without_a_blob_says_it_can_be_reread_as_evidence() -> None
     records = ledger_records(events, mask_min_chars=10_000, blob_min_bytes=1 << 20)
     records = [replace(r, thread_id=t.thread_id, thread_seq=r.seq) for r in records]
     full = _prepare(t, records, snapshot={"own_thread": t.thread_id})
-    prepared = _prepare(t, records, budget=full.budget_report.used.total - 300, snapshot={"own_thread": t.thread_id})
+    prepared = _prepare(
+        t, records, budget=full.budget_report.used.total - 300, snapshot={"own_thread": t.thread_id}
+    )
     content = prepared.messages[-1].content or ""
     assert f"omitted to fit the context; re-read it as evidence: thread {t.thread_id}, seq 4 …]" in content
     assert content.startswith("word word") and content.endswith("word ")
@@ -192,13 +249,22 @@ def test_newest_group_without_a_blob_says_it_can_be_reread_as_evidence() -> None
 def test_a_cut_failed_output_keeps_its_telling_line_from_the_middle() -> None:
     t = Thread()
     text = "setup step\n" * 500 + "AssertionError: expected 3, got 4\n" + "teardown step\n" * 500
-    events = [t.system("Sys."), t.user("go"), t.assistant(calls=(("a", "bash", {"cmd": "pytest"}),)), t.outcome("a", text, status="error")]
+    events = [
+        t.system("Sys."),
+        t.user("go"),
+        t.assistant(calls=(("a", "bash", {"cmd": "pytest"}),)),
+        t.outcome("a", text, status="error"),
+    ]
     records = ledger_records(events, tool_result_max_tokens=10_000)
     full = _prepare(t, records)
     budget = full.budget_report.used.total - 1000
     prepared = _prepare(t, records, budget=budget)
     content = prepared.messages[-1].content or ""
-    assert content.count("AssertionError") == 1 and content.endswith("\n[telling line: AssertionError: expected 3, got 4]") and "omitted to fit the context" in content
+    assert (
+        content.count("AssertionError") == 1
+        and content.endswith("\n[telling line: AssertionError: expected 3, got 4]")
+        and "omitted to fit the context" in content
+    )
     assert prepared.budget_report.used.total <= budget
 
 
@@ -216,12 +282,16 @@ def test_recording_trim_can_keep_a_telling_line_from_the_middle() -> None:
     assert trim_tool_text(text, COUNTER, max_tokens=200, blob_ref="ctx://blob/x", keep="setup step") == plain
 
 
-def test_old_groups_are_masked_but_the_newest_ones_keep_their_output_and_history_waits_for_compaction() -> None:
+def test_old_groups_are_masked_but_the_newest_ones_keep_their_output_and_history_waits_for_compaction() -> (
+    None
+):
     t = Thread()
     records = ledger_records(_coding_thread(t, 6))
     full = _prepare(t, records)
     prepared = _prepare(t, records, budget=full.budget_report.used.total * 2 // 3)
-    masked = ["output masked to save context" in (m.content or "") for m in prepared.messages if m.role == "tool"]
+    masked = [
+        "output masked to save context" in (m.content or "") for m in prepared.messages if m.role == "tool"
+    ]
     assert masked[0] and masked == sorted(masked, reverse=True)  # the oldest first, a prefix
     assert masked[-2:] == [False, False]  # the newest groups keep their full output
     assert prepared.budget_report.reductions.masked == sum(masked)
@@ -232,7 +302,12 @@ def test_old_groups_are_masked_but_the_newest_ones_keep_their_output_and_history
 def test_a_masked_failed_output_keeps_its_telling_line() -> None:
     t = Thread()
     failing = "collecting...\n" + "test_a PASSED\n" * 80 + "ValueError: bad config key 'port'\nexit status 1"
-    events = [t.system("Sys."), t.user("fix it"), t.assistant(calls=(("f", "bash", {"cmd": "pytest"}),)), t.outcome("f", failing, status="error")]
+    events = [
+        t.system("Sys."),
+        t.user("fix it"),
+        t.assistant(calls=(("f", "bash", {"cmd": "pytest"}),)),
+        t.outcome("f", failing, status="error"),
+    ]
     events += _coding_thread(t, 3)[2:]
     records = ledger_records(events)
     full = _prepare(t, records)
@@ -267,7 +342,12 @@ def test_summary_falls_back_to_its_skeleton_before_the_newest_group_is_cut() -> 
     t = Thread()
     events = _coding_thread(t, 2)  # the summary covers the first group; the second is the newest
     records = ledger_records(events)
-    summary = _summary(records, 4, "[summary] " + "progress line. " * 400, skeleton="[summary skeleton] task, files, next step")
+    summary = _summary(
+        records,
+        4,
+        "[summary] " + "progress line. " * 400,
+        skeleton="[summary skeleton] task, files, next step",
+    )
     snap = {"covered_to": 4, "summary": summary, "view_revision": 1}
     full = _prepare(t, records, snapshot=snap)
     prepared = _prepare(t, records, budget=full.budget_report.used.total - 600, snapshot=snap)
@@ -280,7 +360,12 @@ def test_summary_falls_back_to_its_skeleton_before_the_newest_group_is_cut() -> 
 
 def test_budget_exceeded_only_when_required_content_at_its_smallest_does_not_fit() -> None:
     t = Thread()
-    events = [t.system("rules " * 300), t.user("question " * 50), t.assistant(calls=(("a", "bash", {}),)), t.outcome("a", "x " * 3000)]
+    events = [
+        t.system("rules " * 300),
+        t.user("question " * 50),
+        t.assistant(calls=(("a", "bash", {}),)),
+        t.outcome("a", "x " * 3000),
+    ]
     records = ledger_records(events)
     tools = [{"name": "bash", "description": "run a command", "parameters": {"type": "object"}}]
     with pytest.raises(ContextBudgetExceeded) as err:
@@ -306,7 +391,9 @@ def test_allow_drop_history_drops_the_oldest_history_and_reports_it_instead_of_o
     prepared = _prepare(t, records, budget=budget, allow_drop_history=True)
     assert prepared.budget_report.used.total <= budget
     dropped = [o for o in prepared.omitted if o.reason.startswith("history awaiting compaction")]
-    assert dropped and [o.block_id for o in dropped] == sorted((o.block_id for o in dropped), key=lambda b: int(b.split(":")[1]))
+    assert dropped and [o.block_id for o in dropped] == sorted(
+        (o.block_id for o in dropped), key=lambda b: int(b.split(":")[1])
+    )
     assert dropped[0].block_id == "group:3"  # oldest first
     assert prepared.budget_report.reductions.dropped_history == len(dropped)
     shown = {b.block_id for b in prepared.blocks}
@@ -326,12 +413,16 @@ def test_with_history_dropping_every_budget_where_required_content_fits_gets_a_c
     outcomes = {"fits": 0, "required_too_big": 0}
     for budget in range(40, 9000, 97):
         req = PrepareRequest(
-            session_id=t.session_id, run_id=t.run_id, instance_id="main",
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
             profile={"name": "m", "context_window": budget, "encoding": encoding},  # type: ignore[arg-type]
         )
         counter = counter_for("o200k_base") if encoding == "o200k_base" else None
         try:
-            prepared = assemble_context(_snapshot(t, records), req, resolve_budget(req), counter, allow_drop_history=True)
+            prepared = assemble_context(
+                _snapshot(t, records), req, resolve_budget(req), counter, allow_drop_history=True
+            )
         except ContextBudgetExceeded as err:
             assert sum(_sizes(err).values()) > budget
             outcomes["required_too_big"] += 1
@@ -362,10 +453,19 @@ def test_dropped_history_leaves_a_note_with_its_files_and_the_failures_no_later_
     t = Thread()
     failing = "running\n" * 200 + "FAILED tests/test_a.py::test_a - KeyError: 'port'"
     events = [t.system("Sys."), t.user("go")]
-    events += [t.assistant(calls=(("f", "bash", {"cmd": "pytest"}),)), t.outcome("f", failing, status="error")]
-    events += [t.assistant(calls=(("g", "bash", {"cmd": "make"}),)), t.outcome("g", "make: *** [all] Error 2\n" * 100, status="error")]
+    events += [
+        t.assistant(calls=(("f", "bash", {"cmd": "pytest"}),)),
+        t.outcome("f", failing, status="error"),
+    ]
+    events += [
+        t.assistant(calls=(("g", "bash", {"cmd": "make"}),)),
+        t.outcome("g", "make: *** [all] Error 2\n" * 100, status="error"),
+    ]
     events += [t.assistant(calls=(("h", "bash", {"cmd": "make"}),)), t.outcome("h", "built ok\n" * 100)]
-    events += [t.assistant(calls=(("r", "bash", {"cmd": "cat src/app.py"}),)), t.outcome("r", "import os\n" * 100)]
+    events += [
+        t.assistant(calls=(("r", "bash", {"cmd": "cat src/app.py"}),)),
+        t.outcome("r", "import os\n" * 100),
+    ]
     events += [t.assistant(calls=(("n", "bash", {"cmd": "ls"}),)), t.outcome("n", "file\n" * 400)]
     records = ledger_records(events)
     full = _prepare(t, records)
@@ -373,7 +473,10 @@ def test_dropped_history_leaves_a_note_with_its_files_and_the_failures_no_later_
     gap = next(b for b in prepared.blocks if b.block_id.startswith("history-gap:"))
     note = prepared.messages[gap.first_message].content or ""
     assert note.startswith("[history awaiting compaction:")
-    assert """- last bash {"cmd":"pytest"} failed (seq 4, error): FAILED tests/test_a.py::test_a - KeyError: 'port'""" in note
+    assert (
+        """- last bash {"cmd":"pytest"} failed (seq 4, error): FAILED tests/test_a.py::test_a - KeyError: 'port'"""
+        in note
+    )
     assert 'last bash {"cmd":"make"}' not in note  # a later make succeeded: that failure is over
     assert "\n- files read there: src/app.py\n" in note
     assert prepared.budget_report.used.total <= full.budget_report.used.total // 3
@@ -385,8 +488,19 @@ def test_dropped_history_leaves_a_note_with_its_files_and_the_failures_no_later_
 def test_reported_total_covers_every_call_id_and_tool_message_id() -> None:
     t = Thread()
     long_id = "call_" + "Zq9x" * 10
-    events = [t.system("Sys."), t.user("go"), t.assistant(calls=((long_id, "bash", {"cmd": "ls"}),)), t.outcome(long_id, "a b")]
-    tools = [{"name": "bash", "description": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}]
+    events = [
+        t.system("Sys."),
+        t.user("go"),
+        t.assistant(calls=((long_id, "bash", {"cmd": "ls"}),)),
+        t.outcome(long_id, "a b"),
+    ]
+    tools = [
+        {
+            "name": "bash",
+            "description": "run",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        }
+    ]
     prepared = _prepare(t, ledger_records(events), tools=tools)
     independent = count_prepared(prepared, COUNTER)
     assert independent <= prepared.budget_report.used.total <= independent + _SLACK_PER_TOOL * len(tools) + 1
@@ -394,8 +508,15 @@ def test_reported_total_covers_every_call_id_and_tool_message_id() -> None:
 
 def test_a_call_id_containing_an_at_sign_still_closes_its_group() -> None:
     t = Thread()
-    events = [t.system("Sys."), t.user("go"), t.assistant(calls=(("fn@1", "bash", {}),)), t.outcome("fn@1", "done")]
-    records = [replace(r, thread_id="r-parent.main" if r.seq > 2 else t.thread_id) for r in ledger_records(events)]
+    events = [
+        t.system("Sys."),
+        t.user("go"),
+        t.assistant(calls=(("fn@1", "bash", {}),)),
+        t.outcome("fn@1", "done"),
+    ]
+    records = [
+        replace(r, thread_id="r-parent.main" if r.seq > 2 else t.thread_id) for r in ledger_records(events)
+    ]
     own = _prepare(t, ledger_records(events))
     assert [m.tool_call_id for m in own.messages if m.role == "tool"] == ["fn@1"] and own.pending_calls == ()
     inherited = _prepare(t, records, snapshot={"own_thread": t.thread_id})
@@ -406,8 +527,16 @@ def test_a_call_id_containing_an_at_sign_still_closes_its_group() -> None:
 
 def test_inherited_calls_are_counted_with_their_tagged_ids() -> None:
     t = Thread()
-    events = [t.system("Sys."), t.user("go"), t.assistant(calls=(("c1", "bash", {"cmd": "ls"}),)), t.outcome("c1", "out")]
-    records = [replace(r, thread_id="r-parent.main" if r.seq in (3, 4) else t.thread_id, thread_seq=r.seq) for r in ledger_records(events)]
+    events = [
+        t.system("Sys."),
+        t.user("go"),
+        t.assistant(calls=(("c1", "bash", {"cmd": "ls"}),)),
+        t.outcome("c1", "out"),
+    ]
+    records = [
+        replace(r, thread_id="r-parent.main" if r.seq in (3, 4) else t.thread_id, thread_seq=r.seq)
+        for r in ledger_records(events)
+    ]
     prepared = _prepare(t, records, snapshot={"own_thread": t.thread_id})
     assert prepared.messages[-1].tool_call_id.startswith("c1@")  # type: ignore[union-attr]
     independent = count_prepared(prepared, COUNTER)
@@ -416,18 +545,27 @@ def test_inherited_calls_are_counted_with_their_tagged_ids() -> None:
 
 # Any text the recorder accepts (it refuses NUL, which PostgreSQL text cannot store).
 _chars = st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00")
-_ids = st.one_of(st.text(alphabet=_chars, min_size=1, max_size=40), st.text(alphabet="ab@", min_size=1, max_size=6))
+_ids = st.one_of(
+    st.text(alphabet=_chars, min_size=1, max_size=40), st.text(alphabet="ab@", min_size=1, max_size=6)
+)
 _text = st.text(alphabet=_chars, max_size=400)
 _args = st.dictionaries(
     st.text(alphabet=_chars, min_size=1, max_size=10),
-    st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(alphabet=_chars, max_size=30), st.booleans(), st.none()),
+    st.one_of(
+        st.integers(-(2**63), 2**63 - 1), st.text(alphabet=_chars, max_size=30), st.booleans(), st.none()
+    ),
     max_size=4,
 )
 # A group: its calls (id, tool name, arguments) and, per call, an output text, how many times it
 # repeats (long outputs get previews and are cut) and whether it failed.
 _output = st.tuples(_text, st.integers(1, 60), st.booleans())
 _group = st.tuples(
-    st.lists(st.tuples(_ids, st.text(alphabet=_chars, min_size=1, max_size=12), _args), min_size=1, max_size=3, unique_by=lambda c: c[0]),
+    st.lists(
+        st.tuples(_ids, st.text(alphabet=_chars, min_size=1, max_size=12), _args),
+        min_size=1,
+        max_size=3,
+        unique_by=lambda c: c[0],
+    ),
     st.lists(_output, min_size=3, max_size=3),
 )
 
@@ -449,7 +587,9 @@ def test_reported_total_is_at_least_the_independent_count_and_close_to_it(
     events: list[Any] = [t.system("Sys."), t.user("go")]
     for g, (calls, outputs) in enumerate(groups):
         ids = [f"{cid}-{g}" for cid, _, _ in calls]
-        events.append(t.assistant(calls=tuple((i, name, args) for i, (_, name, args) in zip(ids, calls, strict=True))))
+        events.append(
+            t.assistant(calls=tuple((i, name, args) for i, (_, name, args) in zip(ids, calls, strict=True)))
+        )
         for k, i in enumerate(ids):
             text, times, failed = outputs[k]
             events.append(t.outcome(i, text * times, status="error" if failed else "success"))
@@ -460,12 +600,17 @@ def test_reported_total_is_at_least_the_independent_count_and_close_to_it(
         for r in ledger_records(events)
     ]
     snap = {"own_thread": t.thread_id}
-    tools = [{"name": f"tool{i}", "description": "does things " * i, "parameters": {"type": "object", "x": [i]}} for i in range(ntools)]
+    tools = [
+        {"name": f"tool{i}", "description": "does things " * i, "parameters": {"type": "object", "x": [i]}}
+        for i in range(ntools)
+    ]
     full = _prepare(t, records, tools=tools, snapshot=snap)
     budget = max(1, int(full.budget_report.used.total * budget_share))
     attempts = [full]
     try:
-        attempts.append(_prepare(t, records, budget=budget, tools=tools, allow_drop_history=True, snapshot=snap))
+        attempts.append(
+            _prepare(t, records, budget=budget, tools=tools, allow_drop_history=True, snapshot=snap)
+        )
         attempts.append(_prepare(t, records, budget=budget, tools=tools, snapshot=snap))
     except ContextBudgetExceeded as err:  # only when required content at its smallest does not fit
         assert sum(_sizes(err).values()) > budget
@@ -484,7 +629,9 @@ def test_a_newest_call_with_a_huge_argument_is_cut_to_fit_and_stays_valid_json()
     events = [
         t.system("Rules. " * 200),
         t.user("Write the steps module", key="task"),
-        t.assistant("Writing it.", calls=(("w1", "bash", {"command": f"cat > steps.py << 'EOF'\n{script}EOF"}),)),
+        t.assistant(
+            "Writing it.", calls=(("w1", "bash", {"command": f"cat > steps.py << 'EOF'\n{script}EOF"}),)
+        ),
         t.outcome("w1", "(no output)"),
     ]
     records = ledger_records(events)

@@ -42,8 +42,21 @@ def test_files_of_call_str_replace_editor_command_is_not_parsed_as_shell() -> No
 
 @pytest.mark.parametrize(
     "name",
-    ["create", "write", "write_file", "edit", "edit_file", "str_replace", "insert", "append", "patch",
-     "apply_patch", "replace", "delete", "remove"],
+    [
+        "create",
+        "write",
+        "write_file",
+        "edit",
+        "edit_file",
+        "str_replace",
+        "insert",
+        "append",
+        "patch",
+        "apply_patch",
+        "replace",
+        "delete",
+        "remove",
+    ],
 )
 def test_files_of_call_modifying_tool_names_mark_path_modified(name: str) -> None:
     assert files_of_call(name, {"path": "src/a.py", "content": "print(1)"}) == _fa(modified=("src/a.py",))
@@ -120,9 +133,7 @@ def test_files_of_call_tool_name_is_case_insensitive_and_namespaced() -> None:
 # --- files_of_call: shell tools ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "name", ["bash", "shell", "sh", "run", "run_command", "execute", "exec", "terminal"]
-)
+@pytest.mark.parametrize("name", ["bash", "shell", "sh", "run", "run_command", "execute", "exec", "terminal"])
 def test_files_of_call_shell_tools_parse_command(name: str) -> None:
     args: dict[str, JsonValue] = {"command": "cat a.py > b.py"}
     assert files_of_call(name, args) == _fa(read=("a.py",), modified=("b.py",))
@@ -251,7 +262,7 @@ def test_files_of_shell_python_inline_open_write_marks_modified() -> None:
 
 @pytest.mark.parametrize("mode", ["w", "a", "x", "wb", "ab"])
 def test_files_of_shell_python_inline_open_write_modes_mark_modified(mode: str) -> None:
-    assert files_of_shell(f"python3 -c 'open(\"data.json\", \"{mode}\")'") == _fa(modified=("data.json",))
+    assert files_of_shell(f'python3 -c \'open("data.json", "{mode}")\'') == _fa(modified=("data.json",))
 
 
 def test_files_of_shell_python_inline_open_read_marks_read() -> None:
@@ -420,8 +431,10 @@ def test_files_of_shell_degenerate_input_returns_empty_without_raising(line: str
 
 def test_files_of_shell_is_deterministic() -> None:
     line = "cp a.py b.py && sed -i 's/x/y/' b.py c.py | tee log.txt"
-    assert files_of_shell(line) == files_of_shell(line) == _fa(
-        read=("a.py",), modified=("b.py", "c.py", "log.txt")
+    assert (
+        files_of_shell(line)
+        == files_of_shell(line)
+        == _fa(read=("a.py",), modified=("b.py", "c.py", "log.txt"))
     )
 
 

@@ -7,7 +7,13 @@ import pytest
 from contracts import CompactionPolicy
 from services.app.compacting import _summarize
 from services.core.compaction.merge import merge_summaries, render_summary
-from services.core.compaction.model import Segment, SegmentTooLong, SourcedText, StructuredSummary, SummarizerFailed
+from services.core.compaction.model import (
+    Segment,
+    SegmentTooLong,
+    SourcedText,
+    StructuredSummary,
+    SummarizerFailed,
+)
 from services.core.compaction.select import choose_cover, eligible_blocks, measure_view, split_segments
 from services.core.compaction.structured import StructuredSummarizer, summarize_records
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
@@ -23,11 +29,27 @@ def _coding_history(t: Thread) -> list:  # type: ignore[type-arg]
         t.user("Fix tests/test_parser.py. You must not change the public API. Run pytest after editing."),
         t.assistant("I will read the parser first.", calls=(("c1", "bash", {"cmd": "cat src/parser.py"}),)),
         t.outcome("c1", "def parse(s):\n    return s.split()\n"),
-        t.assistant("Let me patch it.", calls=(("c2", "bash", {"cmd": "sed -i 's/split()/split(\" \")/' src/parser.py"}),)),
+        t.assistant(
+            "Let me patch it.",
+            calls=(("c2", "bash", {"cmd": "sed -i 's/split()/split(\" \")/' src/parser.py"}),),
+        ),
         t.outcome("c2", ""),
         t.assistant(calls=(("c3", "bash", {"cmd": "pytest -x tests/test_parser.py"}),)),
-        t.outcome("c3", "E   AssertionError: expected 'a + b', got 'a+b'\nFAILED tests/test_parser.py::test_render E1101", status="error"),
-        t.assistant("The renderer drops spaces; next I will edit render().", calls=(("c4", "str_replace_editor", {"command": "create", "path": "src/render.py", "file_text": "x"}),)),
+        t.outcome(
+            "c3",
+            "E   AssertionError: expected 'a + b', got 'a+b'\nFAILED tests/test_parser.py::test_render E1101",
+            status="error",
+        ),
+        t.assistant(
+            "The renderer drops spaces; next I will edit render().",
+            calls=(
+                (
+                    "c4",
+                    "str_replace_editor",
+                    {"command": "create", "path": "src/render.py", "file_text": "x"},
+                ),
+            ),
+        ),
         t.outcome("c4", "File created successfully"),
     ]
 
@@ -58,7 +80,9 @@ def test_validate_refuses_a_summary_missing_a_modified_file_or_a_failure_or_citi
     cases = {
         "modified files missing": good.model_copy(update={"files_modified": good.files_modified[:1]}),
         "tool failures missing": good.model_copy(update={"failures": ()}),
-        "outside the covered range": good.model_copy(update={"decisions": (SourcedText(text="x", sources=(99,)),)}),
+        "outside the covered range": good.model_copy(
+            update={"decisions": (SourcedText(text="x", sources=(99,)),)}
+        ),
         "no next steps": good.model_copy(update={"next_steps": ()}),
         "no goal or current request": good.model_copy(update={"goal": None, "current_request": None}),
     }
@@ -77,7 +101,9 @@ def test_cover_keeps_recent_groups_and_stops_before_an_open_group() -> None:
     blocks = build_view_blocks(ledger_records(events))
     eligible = eligible_blocks(blocks, keep_recent=2)
     assert [b.block_id for b in eligible] == ["group:2", "group:4", "group:6", "group:8"]
-    assert [b.block_id for b in eligible_blocks(blocks, keep_recent=0)][-1] == "group:10"  # never past "group:12"
+    assert [b.block_id for b in eligible_blocks(blocks, keep_recent=0)][
+        -1
+    ] == "group:10"  # never past "group:12"
 
 
 def test_cover_stops_once_the_target_is_reachable_and_takes_everything_for_turn_triggers() -> None:

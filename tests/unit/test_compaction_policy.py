@@ -23,7 +23,9 @@ RATIO_ONLY = CompactionPolicy()
 ZERO = Counters()
 
 
-def _m(estimated: int, compressible: int = 10_000, required: int = 5_000, budget: int = BUDGET) -> ViewMeasure:
+def _m(
+    estimated: int, compressible: int = 10_000, required: int = 5_000, budget: int = BUDGET
+) -> ViewMeasure:
     return ViewMeasure(estimated=estimated, required=required, compressible=compressible, budget=budget)
 
 
@@ -89,13 +91,23 @@ def test_throttle_lifts_on_a_new_counter_period_budget_change_or_newly_hit_condi
     policy = _policy(context_ratio=0.8, user_turns=4)
     m = _m(85_000)
     throttle = Throttle("failed:summarize", 10_000, 1, 0, BUDGET, 5_000, ("context_ratio",))
-    assert decide(m, Counters(4, 0), ZERO, policy, throttle=throttle, pending=False).action == "enqueue"  # newly hit
+    assert (
+        decide(m, Counters(4, 0), ZERO, policy, throttle=throttle, pending=False).action == "enqueue"
+    )  # newly hit
     assert decide(m, Counters(2, 0), ZERO, policy, throttle=throttle, pending=False).action == "throttled"
     throttle2 = Throttle("failed:summarize", 10_000, 4, 0, BUDGET, 5_000, ("context_ratio", "user_turns"))
     assert decide(m, Counters(7, 0), ZERO, policy, throttle=throttle2, pending=False).action == "throttled"
-    assert decide(m, Counters(8, 0), ZERO, policy, throttle=throttle2, pending=False).action == "enqueue"  # +1 period
-    assert decide(_m(85_000, budget=90_000), ZERO, ZERO, policy, throttle=throttle, pending=False).action == "enqueue"
-    assert decide(_m(85_000, required=6_000), ZERO, ZERO, policy, throttle=throttle, pending=False).action == "enqueue"
+    assert (
+        decide(m, Counters(8, 0), ZERO, policy, throttle=throttle2, pending=False).action == "enqueue"
+    )  # +1 period
+    assert (
+        decide(_m(85_000, budget=90_000), ZERO, ZERO, policy, throttle=throttle, pending=False).action
+        == "enqueue"
+    )
+    assert (
+        decide(_m(85_000, required=6_000), ZERO, ZERO, policy, throttle=throttle, pending=False).action
+        == "enqueue"
+    )
 
 
 def test_job_fingerprint_names_the_state_and_urgency() -> None:
@@ -130,7 +142,9 @@ def test_policy_validation_refuses_what_seed_000_refuses(fields: dict[str, objec
 
 
 def test_policy_with_turns_only_and_no_ratio_is_valid_and_any_target_below_one_is_fine() -> None:
-    policy = CompactionPolicy.model_validate({"triggers": {"context_ratio": None, "user_turns": 3}, "target_context_ratio": 0.9})
+    policy = CompactionPolicy.model_validate(
+        {"triggers": {"context_ratio": None, "user_turns": 3}, "target_context_ratio": 0.9}
+    )
     assert policy.triggers.user_turns == 3
     assert ContextPolicy(name="p", model_profile=None, budget_tokens=16_000).budget_tokens == 16_000
 
@@ -143,7 +157,11 @@ def test_counting_supplements_completions_and_retries_never_add() -> None:
         t.assistant("step"),
         t.assistant("is it done?", key="check"),
     ]
-    events[1] = events[1].model_copy(update={"payload": events[1].payload.model_copy(update={"intent": "supplement"})})
-    events[3] = events[3].model_copy(update={"payload": events[3].payload.model_copy(update={"purpose": "completion"})})
+    events[1] = events[1].model_copy(
+        update={"payload": events[1].payload.model_copy(update={"intent": "supplement"})}
+    )
+    events[3] = events[3].model_copy(
+        update={"payload": events[3].payload.model_copy(update={"purpose": "completion"})}
+    )
     records = ledger_records([*events, events[0]])  # the repeated question is a duplicate, not a record
     assert count_totals(records) == Counters(user_turns=1, model_steps=1)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from contracts import CompactionPolicy
 from services.core.compaction.policy import ViewMeasure
-from services.core.compaction.select import block_tokens, choose_cover, eligible_blocks, measure_view, summary_cap
+from services.core.compaction.select import (
+    block_tokens,
+    choose_cover,
+    eligible_blocks,
+    measure_view,
+    summary_cap,
+)
 from services.core.groups import build_view_blocks
 from tests.fixtures.builders import Thread, ledger_records
 
@@ -38,12 +44,23 @@ def test_cover_counts_the_summary_it_replaces_once_and_the_new_one_at_its_cap() 
     measure, eligible = measure_view(blocks, 0, policy, "o200k_base", 2_000)
     each = block_tokens(eligible[0], "o200k_base")
     with_parent = ViewMeasure(measure.estimated + 300, measure.required, measure.compressible, measure.budget)
-    small = choose_cover(eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=50, current_summary=300)
-    large = choose_cover(eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=500, current_summary=300)
+    small = choose_cover(
+        eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=50, current_summary=300
+    )
+    large = choose_cover(
+        eligible,
+        with_parent,
+        policy,
+        "o200k_base",
+        ratio_hit=True,
+        summary_allowance=500,
+        current_summary=300,
+    )
     assert small is not None and large is not None
     # A bigger summary allowance means more history must go to reach the target, never less.
     assert len(large.blocks) >= len(small.blocks)
     target = int(policy.target_context_ratio * 2_000)
+
     # Left after a cover of k blocks: the view without the summary it replaces (counted once), minus
     # the blocks, plus the new summary at its allowance. Each cover is the smallest that reaches the target.
     def left(k: int, allowance: int) -> int:

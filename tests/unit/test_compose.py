@@ -28,11 +28,15 @@ def _compose(monkeypatch: pytest.MonkeyPatch, workers: str) -> tuple[compose_mod
         return made[-1]
 
     monkeypatch.setattr(compose_module, "ViewLoader", counted)
-    built = compose(Settings(workers=workers), "nats://localhost:4222", object(), _Connection(), FleetMetrics())  # type: ignore[arg-type]
+    built = compose(
+        Settings(workers=workers), "nats://localhost:4222", object(), _Connection(), FleetMetrics()
+    )  # type: ignore[arg-type]
     return built, made
 
 
-def test_the_assembler_budgeter_and_compactor_of_a_process_share_one_view_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_assembler_budgeter_and_compactor_of_a_process_share_one_view_loader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     built, made = _compose(monkeypatch, "recorder,assembler,budgeter,compactor,indexer")
     assert len(made) == 1 and built.loader is made[0]
     assert built.recorder is not None and built.budgeter is not None and built.indexer is not None

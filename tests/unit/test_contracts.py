@@ -58,7 +58,18 @@ def test_decode_event_reads_every_kind_with_defaults() -> None:
         (_raw(kind="user_input", payload={"text": "x"}, run_id="has.dot"), ErrorCode.INVALID_EVENT),
         (_raw(kind="tool_outcome", payload={"call_id": "c", "status": "great"}), ErrorCode.INVALID_EVENT),
     ],
-    ids=["too-large", "bad-utf8", "bad-json", "not-an-object", "unknown-kind", "no-kind", "missing-fields", "extra-field", "dotted-id", "bad-status"],
+    ids=[
+        "too-large",
+        "bad-utf8",
+        "bad-json",
+        "not-an-object",
+        "unknown-kind",
+        "no-kind",
+        "missing-fields",
+        "extra-field",
+        "dotted-id",
+        "bad-status",
+    ],
 )
 def test_decode_event_rejects_bad_input_with_a_stable_code(raw: bytes, code: ErrorCode) -> None:
     with pytest.raises(EventDecodeError) as err:
@@ -113,13 +124,20 @@ def test_prepare_request_needs_a_budget_source_and_at_most_one_profile() -> None
         PrepareRequest(session_id="s", run_id="r", instance_id="main")
     with pytest.raises(ValidationError, match="not both"):
         PrepareRequest(
-            session_id="s", run_id="r", instance_id="main", model_profile="gpt-4o",
+            session_id="s",
+            run_id="r",
+            instance_id="main",
+            model_profile="gpt-4o",
             profile=ModelProfile(name="x", context_window=1000),
         )
 
 
 def test_model_profile_input_budget_is_min_of_limit_and_window_minus_reserve_and_margin() -> None:
-    assert ModelProfile(name="m", context_window=1000, output_reserve=200, safety_margin=50).input_budget == 750
-    assert ModelProfile(name="m", context_window=1000, input_limit=600, output_reserve=200).input_budget == 600
+    assert (
+        ModelProfile(name="m", context_window=1000, output_reserve=200, safety_margin=50).input_budget == 750
+    )
+    assert (
+        ModelProfile(name="m", context_window=1000, input_limit=600, output_reserve=200).input_budget == 600
+    )
     with pytest.raises(ValidationError, match="exceed"):
         ModelProfile(name="m", context_window=100, output_reserve=100)

@@ -97,7 +97,7 @@ def test_decode_event_accepts_large_finite_floats_and_surrogate_pairs() -> None:
     event = decode_event(_args("1.7976931348623157e308"), max_bytes=MAX_BYTES)
     assert event.payload.tool_calls[0].args == {"a": 1.7976931348623157e308}  # type: ignore[union-attr]
     emoji = decode_event(_user('"ok \\ud83d\\ude00 and \\\\u0000 as plain text"'), max_bytes=MAX_BYTES)
-    assert emoji.payload.text == "ok \U0001F600 and \\u0000 as plain text"  # type: ignore[union-attr]
+    assert emoji.payload.text == "ok \U0001f600 and \\u0000 as plain text"  # type: ignore[union-attr]
 
 
 def test_decode_event_accepts_wide_but_shallow_json_with_many_brackets() -> None:

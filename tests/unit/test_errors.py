@@ -28,7 +28,8 @@ def _all_error_classes() -> list[type[CtxError]]:
 def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> None:
     # A refinement that keeps its parent's code (ForeignSession is a ScopeViolation) defines none of its own.
     classes = [
-        c for c in _all_error_classes()
+        c
+        for c in _all_error_classes()
         if c is not CtxError and c.__module__ == errors_module.__name__ and "code" in vars(c)
     ]
     codes = [c.code for c in classes]
@@ -38,7 +39,13 @@ def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> Non
 
 def test_errors_retryable_only_for_transient_failures() -> None:
     retryable = {c.__name__ for c in _all_error_classes() if c.retryable}
-    assert retryable == {"RevisionConflict", "StoreUnavailable", "NotYetRecorded", "FleetUnavailable", "Overloaded"}
+    assert retryable == {
+        "RevisionConflict",
+        "StoreUnavailable",
+        "NotYetRecorded",
+        "FleetUnavailable",
+        "Overloaded",
+    }
 
 
 def test_error_from_reply_rebuilds_the_typed_error_with_its_details() -> None:

@@ -26,7 +26,11 @@ COUNTER = ContextCounter(counter_for("o200k_base"))
 def _multi_call_trace(groups: int = 30) -> TraceBuilder:
     t = TraceBuilder().system("You are an agent.").user("Fix the bug in app.py.")
     for g in range(groups):
-        t.call(f"step {g}", (f"a{g}", "bash", {"command": f"cat f{g}.py"}), (f"b{g}", "bash", {"command": f"ls d{g}"}))
+        t.call(
+            f"step {g}",
+            (f"a{g}", "bash", {"command": f"cat f{g}.py"}),
+            (f"b{g}", "bash", {"command": f"ls d{g}"}),
+        )
         t.result(f"a{g}", f"content of f{g}\n" * (5 + g % 7)).result(f"b{g}", f"listing {g}\n" * 3)
         if g % 10 == 9:
             t.user(f"Also check module {g}.")
@@ -58,7 +62,7 @@ def test_window_keeps_the_newest_units_contiguously_and_drops_the_oldest() -> No
     context = baseline_context(Baseline.WINDOW, history, 1500, COUNTER)
     kept = list(context.messages[2:])
     whole = [m for u in history.units for m in u.messages]
-    assert 0 < len(kept) < len(whole) and kept == whole[len(whole) - len(kept):]
+    assert 0 < len(kept) < len(whole) and kept == whole[len(whole) - len(kept) :]
 
 
 def test_window_sends_everything_when_it_fits() -> None:
@@ -92,7 +96,9 @@ def test_a_baseline_whose_system_and_task_alone_exceed_the_budget_fails(kind: Ba
 
 def test_with_system_prompt_puts_the_prompt_before_the_trace_system_text() -> None:
     lines = with_system_prompt(_multi_call_trace(1).lines, "BIG PROMPT")
-    assert lines[0].text == "BIG PROMPT\n\nYou are an agent." and len(lines) == len(_multi_call_trace(1).lines)
+    assert lines[0].text == "BIG PROMPT\n\nYou are an agent." and len(lines) == len(
+        _multi_call_trace(1).lines
+    )
 
 
 def test_history_groups_each_assistant_message_with_all_its_results() -> None:

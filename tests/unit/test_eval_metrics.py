@@ -18,7 +18,13 @@ from services.core.evaluation import (
     with_system_prompt,
 )
 from services.core.evaluation.chat import ChatMsg
-from services.core.evaluation.counting import MESSAGE_FRAMING, REPLY_PRIMING, TOOL_CALL_FRAMING, count_context, count_tools
+from services.core.evaluation.counting import (
+    MESSAGE_FRAMING,
+    REPLY_PRIMING,
+    TOOL_CALL_FRAMING,
+    count_context,
+    count_tools,
+)
 from services.core.tokens import counter_for
 
 from .test_eval_synthetic import TraceBuilder
@@ -36,17 +42,38 @@ def _trace(steps: int = 8, size: int = 40) -> TraceBuilder:
 
 def test_a_tool_call_costs_its_id_name_arguments_and_framing() -> None:
     bare: ChatMsg = {"role": "assistant", "content": "x"}
-    call: ChatMsg = {**bare, "tool_calls": [{"id": "call_abc123", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}}]}
-    extra = TOOL_CALL_FRAMING + O200K.count("call_abc123") + O200K.count("bash") + O200K.count("{\"command\":\"ls\"}")
+    call: ChatMsg = {
+        **bare,
+        "tool_calls": [
+            {
+                "id": "call_abc123",
+                "type": "function",
+                "function": {"name": "bash", "arguments": '{"command":"ls"}'},
+            }
+        ],
+    }
+    extra = (
+        TOOL_CALL_FRAMING + O200K.count("call_abc123") + O200K.count("bash") + O200K.count('{"command":"ls"}')
+    )
     assert count_message(call, O200K) - count_message(bare, O200K) == extra
     tool: ChatMsg = {"role": "tool", "tool_call_id": "call_abc123", "content": "out"}
-    assert count_message(tool, O200K) == MESSAGE_FRAMING + O200K.count("tool") + O200K.count("out") + O200K.count("call_abc123")
+    assert count_message(tool, O200K) == MESSAGE_FRAMING + O200K.count("tool") + O200K.count(
+        "out"
+    ) + O200K.count("call_abc123")
     tools = [{"name": "bash", "description": "run", "parameters": {"type": "object"}}]
-    assert count_context([bare], O200K, tools) == count_tools(tools, O200K) + count_message(bare, O200K) + REPLY_PRIMING > 0
+    assert (
+        count_context([bare], O200K, tools)
+        == count_tools(tools, O200K) + count_message(bare, O200K) + REPLY_PRIMING
+        > 0
+    )
 
 
 def test_common_prefix_counts_leading_equal_messages() -> None:
-    a: list[ChatMsg] = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "user", "content": "x"}]
+    a: list[ChatMsg] = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "user", "content": "x"},
+    ]
     b: list[ChatMsg] = [*a[:2], {"role": "user", "content": "y"}]
     assert common_prefix(a, b) == 2 and common_prefix(a, a) == 3 and common_prefix([], a) == 0
 
@@ -61,7 +88,11 @@ def test_cache_reuse_is_the_token_weighted_share_of_each_context_repeating_the_p
     system: ChatMsg = {"role": "system", "content": "You are an agent."}
     contexts: list[tuple[ChatMsg, ...]] = [
         (system, {"role": "user", "content": "a " * 50}),
-        (system, {"role": "user", "content": "a " * 50}, {"role": "user", "content": "b " * 30}),  # extends: all but the new message
+        (
+            system,
+            {"role": "user", "content": "a " * 50},
+            {"role": "user", "content": "b " * 30},
+        ),  # extends: all but the new message
         (system, {"role": "user", "content": "c " * 70}),  # rewritten after the system message
     ]
     outcomes: list[FleetOutcome] = [FleetContext(c) for c in contexts]
@@ -115,7 +146,11 @@ def test_aggregate_json_is_byte_identical_for_the_same_inputs() -> None:
 
     t = _trace()
     runs = [
-        json.dumps(score_trace("t", t.lines, 700, _fleet_contexts(t, lambda m: FleetContext(tuple(m[-3:]))), COUNTER).as_json())
+        json.dumps(
+            score_trace(
+                "t", t.lines, 700, _fleet_contexts(t, lambda m: FleetContext(tuple(m[-3:]))), COUNTER
+            ).as_json()
+        )
         for _ in range(2)
     ]
     assert runs[0] == runs[1]

@@ -14,9 +14,20 @@ def _of(kind: ProbeKind, probes: list[Probe]) -> list[str]:
 
 
 def _coding() -> TraceBuilder:
-    t = TraceBuilder().system("agent").user("Fix the date parser. You must not change the public API. Never touch tests/.")
+    t = (
+        TraceBuilder()
+        .system("agent")
+        .user("Fix the date parser. You must not change the public API. Never touch tests/.")
+    )
     t.bash("c1", "cat src/dates.py", "<returncode>0</returncode>\n<output>\ndef parse(s):\n</output>")
-    t.call("edit it", ("c2", "str_replace_editor", {"command": "str_replace", "path": "src/dates.py", "old_str": "a", "new_str": "b"}))
+    t.call(
+        "edit it",
+        (
+            "c2",
+            "str_replace_editor",
+            {"command": "str_replace", "path": "src/dates.py", "old_str": "a", "new_str": "b"},
+        ),
+    )
     t.result("c2", "The file src/dates.py has been edited.")
     t.bash("c3", "sed -i 's/x/y/' src/util.py", "")
     return t
@@ -39,9 +50,17 @@ def test_a_context_naming_a_written_file_passes_and_one_without_it_fails() -> No
 def test_a_file_named_only_in_a_tool_call_argument_is_present() -> None:
     [probe] = [p for p in probes_at(_coding().lines) if p.text == "src/util.py"]
     context: list[ChatMsg] = [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c3", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"sed -i 's/x/y/' src/util.py\"}"}}
-        ]}
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c3",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command":"sed -i \'s/x/y/\' src/util.py"}'},
+                }
+            ],
+        }
     ]
     assert is_present(probe, haystack_of(context))
 
@@ -50,21 +69,32 @@ def test_the_task_is_the_first_user_input_verbatim_and_whitespace_is_normalized(
     t = _coding().user("Also: only use the standard library.")
     [task] = _of(ProbeKind.TASK, probes_at(t.lines))
     assert task.startswith("Fix the date parser.")
-    reflowed: list[ChatMsg] = [{"role": "user", "content": "Fix the date parser.\n  You must not change the public API.\nNever touch   tests/."}]
+    reflowed: list[ChatMsg] = [
+        {
+            "role": "user",
+            "content": "Fix the date parser.\n  You must not change the public API.\nNever touch   tests/.",
+        }
+    ]
     assert is_present(Probe(ProbeKind.TASK, task, 2), haystack_of(reflowed))
-    assert not is_present(Probe(ProbeKind.TASK, task, 2), haystack_of([{"role": "user", "content": "Fix the date parser."}]))
+    assert not is_present(
+        Probe(ProbeKind.TASK, task, 2), haystack_of([{"role": "user", "content": "Fix the date parser."}])
+    )
 
 
 def test_constraints_are_the_user_sentences_with_must_never_only() -> None:
     t = _coding().user("Thanks. Please only use the standard library! That is all.")
     assert _of(ProbeKind.CONSTRAINTS, probes_at(t.lines)) == [
-        "You must not change the public API.", "Never touch tests/.", "Please only use the standard library!"
+        "You must not change the public API.",
+        "Never touch tests/.",
+        "Please only use the standard library!",
     ]
     assert constraints_of("Sure. Go ahead.") == []
 
 
 def test_the_last_error_stays_a_probe_until_the_same_command_succeeds() -> None:
-    t = _coding().bash("c4", "pytest -q", "F.\nE   AssertionError: 2 != 3\n1 failed, 1 passed", status="error")
+    t = _coding().bash(
+        "c4", "pytest -q", "F.\nE   AssertionError: 2 != 3\n1 failed, 1 passed", status="error"
+    )
     assert _of(ProbeKind.LAST_ERROR, probes_at(t.lines)) == ["1 failed, 1 passed"]
     t.bash("c5", "ls", "src tests")  # another command succeeding does not clear it
     assert _of(ProbeKind.LAST_ERROR, probes_at(t.lines)) == ["1 failed, 1 passed"]

@@ -28,13 +28,17 @@ class TraceBuilder:
         return self._add(kind="assistant_message", text=text)
 
     def call(self, text: str, *calls: tuple[str, str, dict[str, JsonValue]]) -> TraceBuilder:
-        return self._add(kind="assistant_message", text=text, tool_calls=tuple(TraceCall(i, n, a) for i, n, a in calls))
+        return self._add(
+            kind="assistant_message", text=text, tool_calls=tuple(TraceCall(i, n, a) for i, n, a in calls)
+        )
 
     def result(self, call_id: str, text: str, status: str = "success") -> TraceBuilder:
         return self._add(kind="tool_outcome", text=text, call_id=call_id, status=status)
 
     def bash(self, call_id: str, command: str, output: str, status: str = "success") -> TraceBuilder:
-        return self.call(f"running {call_id}", (call_id, "bash", {"command": command})).result(call_id, output, status)
+        return self.call(f"running {call_id}", (call_id, "bash", {"command": command})).result(
+            call_id, output, status
+        )
 
 
 def test_synthetic_trace_is_the_same_every_time_and_has_every_call_answered() -> None:

@@ -59,18 +59,25 @@ def _nest(value: Any, depth: int) -> Any:
     return value
 
 
-def _family(hostile: bool) -> tuple[st.SearchStrategy[Any], st.SearchStrategy[Any], dict[str, st.SearchStrategy[dict[str, Any]]]]:
+def _family(
+    hostile: bool,
+) -> tuple[st.SearchStrategy[Any], st.SearchStrategy[Any], dict[str, st.SearchStrategy[dict[str, Any]]]]:
     """Strategies for texts, JSON values and every kind's payload; ``hostile`` mixes in the bad values."""
     texts: st.SearchStrategy[Any] = st.text(max_size=30)
     scalars: st.SearchStrategy[Any] = st.one_of(
-        st.none(), st.booleans(), st.integers(min_value=-(2**63), max_value=2**63 - 1),
-        st.floats(allow_nan=False, allow_infinity=False), texts,
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+        texts,
     )
     if hostile:
         texts = st.one_of(texts, hostile_strings)
         scalars = st.one_of(scalars, hostile_scalars)
     values: st.SearchStrategy[Any] = st.recursive(
-        scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3), max_leaves=12
+        scalars,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+        max_leaves=12,
     )
     if hostile:
         values = st.one_of(values, st.builds(_nest, scalars, st.integers(min_value=50, max_value=80)))
@@ -83,20 +90,29 @@ def _family(hostile: bool) -> tuple[st.SearchStrategy[Any], st.SearchStrategy[An
     def maybe(*required: str, **fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
         """The payload's fields: ``required`` ones always present (unless hostile), the rest optional."""
         always = {name: sometimes(s) for name, s in fields.items() if name in required and not hostile}
-        return st.fixed_dictionaries(always, optional={n: sometimes(s) for n, s in fields.items() if n not in always})
+        return st.fixed_dictionaries(
+            always, optional={n: sometimes(s) for n, s in fields.items() if n not in always}
+        )
 
     tool_calls = st.lists(
         st.fixed_dictionaries(
             {"call_id": sometimes(identifiers), "name": sometimes(identifiers)},
-            optional={"args": sometimes(st.dictionaries(texts, values, max_size=3)), "operation_id": identifiers},
+            optional={
+                "args": sometimes(st.dictionaries(texts, values, max_size=3)),
+                "operation_id": identifiers,
+            },
         ),
         max_size=3,
         unique_by=lambda c: str(c["call_id"]),
     )
     patch_ops = st.lists(
         st.fixed_dictionaries(
-            {"op": sometimes(st.sampled_from(["set", "clear", "append", "remove", "increment", "replace_if"])),
-             "path": sometimes(st.sampled_from(["task.goal", "item:1.location", "plan.steps"]))},
+            {
+                "op": sometimes(
+                    st.sampled_from(["set", "clear", "append", "remove", "increment", "replace_if"])
+                ),
+                "path": sometimes(st.sampled_from(["task.goal", "item:1.location", "plan.steps"])),
+            },
             optional={"value": values, "expected": values, "unknown": st.booleans()},
         ),
         min_size=1,
@@ -105,29 +121,58 @@ def _family(hostile: bool) -> tuple[st.SearchStrategy[Any], st.SearchStrategy[An
     payloads = {
         "system": maybe("text", text=texts),
         "user_input": maybe("text", text=texts, intent=st.sampled_from(["question", "supplement"])),
-        "assistant_message": maybe(text=texts, tool_calls=tool_calls, purpose=st.sampled_from(["action", "completion"])),
+        "assistant_message": maybe(
+            text=texts, tool_calls=tool_calls, purpose=st.sampled_from(["action", "completion"])
+        ),
         "tool_outcome": maybe(
-            "call_id", call_id=identifiers, status=st.sampled_from(["success", "error", "timeout", "unknown"]), text=texts,
+            "call_id",
+            call_id=identifiers,
+            status=st.sampled_from(["success", "error", "timeout", "unknown"]),
+            text=texts,
             external_ref=texts,
         ),
-        "resource_activated": maybe("resource_id", resource_id=identifiers, revision=texts, uri=texts, title=texts, text=texts),
+        "resource_activated": maybe(
+            "resource_id", resource_id=identifiers, revision=texts, uri=texts, title=texts, text=texts
+        ),
         "child_result": maybe(
-            "child_instance_id", child_instance_id=identifiers, status=st.sampled_from(["completed", "failed", "cancelled"]),
-            conclusion=texts, evidence_refs=st.lists(texts, max_size=2), artifact_refs=st.lists(texts, max_size=2),
+            "child_instance_id",
+            child_instance_id=identifiers,
+            status=st.sampled_from(["completed", "failed", "cancelled"]),
+            conclusion=texts,
+            evidence_refs=st.lists(texts, max_size=2),
+            artifact_refs=st.lists(texts, max_size=2),
             unresolved=st.lists(texts, max_size=2),
         ),
-        "run_status": maybe("status", status=st.sampled_from(["completed", "failed", "cancelled", "interrupted"]), reason=texts),
+        "run_status": maybe(
+            "status",
+            status=st.sampled_from(["completed", "failed", "cancelled", "interrupted"]),
+            reason=texts,
+        ),
         "context_export": maybe(
-            "refs", refs=st.lists(st.fixed_dictionaries({"thread_id": st.just("r-parent.main"), "seq": scalars}), min_size=1, max_size=2),
+            "refs",
+            refs=st.lists(
+                st.fixed_dictionaries({"thread_id": st.just("r-parent.main"), "seq": scalars}),
+                min_size=1,
+                max_size=2,
+            ),
             note=texts,
         ),
         "context_reset": maybe(reason=texts),
         "state_patch": maybe(
-            "source", "ops", source=st.sampled_from(["user", "model_proposal", "orchestrator"]), ops=patch_ops,
-            based_on_version=st.dictionaries(texts, scalars, max_size=2), evidence=st.lists(texts, max_size=2),
+            "source",
+            "ops",
+            source=st.sampled_from(["user", "model_proposal", "orchestrator"]),
+            ops=patch_ops,
+            based_on_version=st.dictionaries(texts, scalars, max_size=2),
+            evidence=st.lists(texts, max_size=2),
         ),
         "operation_reconcile": maybe(
-            "operation_id", "status", operation_id=identifiers, status=st.sampled_from(["success", "failed"]), external_ref=texts, evidence=texts
+            "operation_id",
+            "status",
+            operation_id=identifiers,
+            status=st.sampled_from(["success", "failed"]),
+            external_ref=texts,
+            evidence=texts,
         ),
     }
     assert set(payloads) == set(EVENT_KINDS), "a new event kind needs a fuzz strategy"
@@ -222,7 +267,9 @@ def _assert_plan_storable(plan: BatchPlan) -> None:
 
 @FUZZ
 @given(event_bodies())
-def test_decode_event_gives_an_event_or_a_known_code_and_accepted_events_plan_to_storable_writes(body: dict[str, Any]) -> None:
+def test_decode_event_gives_an_event_or_a_known_code_and_accepted_events_plan_to_storable_writes(
+    body: dict[str, Any],
+) -> None:
     raw = encode_body(body)
     try:
         decode_event(raw, max_bytes=LIMITS.max_event_bytes)

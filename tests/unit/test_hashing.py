@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.core.hashing import GENESIS_HASH, ChainLink, canonical_json, chain_hash, sha256_hex, verify_chain
+from services.core.hashing import (
+    GENESIS_HASH,
+    ChainLink,
+    canonical_json,
+    chain_hash,
+    sha256_hex,
+    verify_chain,
+)
 
 
 def _chain(thread: str, contents: list[str]) -> list[ChainLink]:
@@ -31,4 +38,6 @@ def test_verify_chain_finds_edited_missing_reordered_or_foreign_records() -> Non
 
 
 def test_canonical_json_is_key_order_and_whitespace_independent() -> None:
-    assert canonical_json({"b": 1, "a": [1, {"y": 2, "x": "é"}]}) == canonical_json({"a": [1, {"x": "é", "y": 2}], "b": 1})
+    assert canonical_json({"b": 1, "a": [1, {"y": 2, "x": "é"}]}) == canonical_json(
+        {"a": [1, {"x": "é", "y": 2}], "b": 1}
+    )

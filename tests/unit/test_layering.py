@@ -82,7 +82,18 @@ def test_every_module_all_lists_exactly_its_public_definitions(module_name: str)
 
 
 # The pure core: no I/O, no clock, no randomness — only contracts, the core itself and the shared errors.
-CORE_FORBIDDEN = {"asyncpg", "nats", "faststream", "urllib", "http", "socket", "subprocess", "time", "os", "uuid4"}
+CORE_FORBIDDEN = {
+    "asyncpg",
+    "nats",
+    "faststream",
+    "urllib",
+    "http",
+    "socket",
+    "subprocess",
+    "time",
+    "os",
+    "uuid4",
+}
 CORE_MAY_IMPORT = {"contracts", "services.core", "services.errors"}
 
 
@@ -121,8 +132,22 @@ def test_the_core_does_no_io_and_imports_only_the_core_contracts_and_errors() ->
 
 
 def test_services_top_level_holds_only_the_layers_and_the_shared_modules() -> None:
-    top = {p.stem if p.is_file() else p.name for p in (ROOT / "services").iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")}
-    assert top == {"__init__", "core", "store", "app", "edge", "errors", "settings", "killpoints", "tokenizer_data"}
+    top = {
+        p.stem if p.is_file() else p.name
+        for p in (ROOT / "services").iterdir()
+        if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")
+    }
+    assert top == {
+        "__init__",
+        "core",
+        "store",
+        "app",
+        "edge",
+        "errors",
+        "settings",
+        "killpoints",
+        "tokenizer_data",
+    }
 
 
 # Within services: core ← store ← app, and edge (the client and what drives a fleet through it) beside app.
@@ -141,6 +166,11 @@ def test_each_services_layer_imports_only_the_layers_below_it(layer: str) -> Non
         _, internal = _core_imports(path)
         for module in internal:
             parts = module.split(".")
-            if parts[0] == "services" and len(parts) > 1 and parts[1] in _MAY_USE and parts[1] not in _MAY_USE[layer]:
+            if (
+                parts[0] == "services"
+                and len(parts) > 1
+                and parts[1] in _MAY_USE
+                and parts[1] not in _MAY_USE[layer]
+            ):
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert offenders == []

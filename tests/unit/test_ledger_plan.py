@@ -26,7 +26,9 @@ LIMITS = RecordingLimits()
 
 
 def _plan(events, reads: LedgerReads | None = None, limits: RecordingLimits = LIMITS):  # type: ignore[no-untyped-def]
-    return plan_batch(decode_batch(incoming(events), limits), reads or LedgerReads({}, {}, {}), limits, COUNTERS)
+    return plan_batch(
+        decode_batch(incoming(events), limits), reads or LedgerReads({}, {}, {}), limits, COUNTERS
+    )
 
 
 def test_plan_batch_gives_consecutive_seqs_and_an_unbroken_chain() -> None:
@@ -42,7 +44,9 @@ def test_plan_batch_gives_consecutive_seqs_and_an_unbroken_chain() -> None:
 
 def test_plan_batch_continues_an_existing_head_with_a_revision_check() -> None:
     t = Thread()
-    head = ThreadHead(t.thread_id, t.session_id, revision=7, last_seq=41, last_hash="f" * 64, last_event_key="k0")
+    head = ThreadHead(
+        t.thread_id, t.session_id, revision=7, last_seq=41, last_hash="f" * 64, last_event_key="k0"
+    )
     plan = _plan([t.user("next")], LedgerReads({t.thread_id: head}, {}, {}))
     assert plan.records[0].seq == 42 and plan.records[0].prev_hash == "f" * 64
     assert (plan.heads[0].expected_revision, plan.heads[0].revision) == (7, 8)
@@ -127,11 +131,15 @@ def test_plan_batch_stores_large_text_once_and_trims_long_tool_results_head_and_
     t = Thread()
     huge = "\n".join(f"line {i}: something happened" for i in range(3000))
     limits = RecordingLimits(tool_result_max_tokens=200, blob_min_bytes=1000)
-    plan = _plan([t.assistant(calls=(("c1", "bash", {"cmd": "make"}),)), t.outcome("c1", huge)], limits=limits)
+    plan = _plan(
+        [t.assistant(calls=(("c1", "bash", {"cmd": "make"}),)), t.outcome("c1", huge)], limits=limits
+    )
     outcome = plan.records[1]
     assert outcome.text is None and outcome.blob_sha256 and len(plan.blobs) == 1
     assert outcome.view_text is not None
-    assert outcome.view_text.startswith("line 0:") and outcome.view_text.endswith("line 2999: something happened")
+    assert outcome.view_text.startswith("line 0:") and outcome.view_text.endswith(
+        "line 2999: something happened"
+    )
     assert f"ctx://blob/{outcome.blob_sha256}" in outcome.view_text and "3000 lines" in outcome.view_text
     # The model pays for the trimmed view (200 tokens plus the ~70-token marker), not 30k tokens.
     assert outcome.tokens.o200k_base < 300
@@ -171,7 +179,12 @@ def test_a_session_belongs_to_the_tenant_of_its_first_event_and_no_other_tenant_
     # The same session named by another tenant's publisher: refused, whatever the body claims.
     forged = t.user("I approve the transfer", key="forged")
     batch = incoming([forged], tenant="globex")
-    plan = plan_batch(decode_batch(batch, LIMITS), LedgerReads({}, {}, {}, sessions={t.session_id: "default"}), LIMITS, COUNTERS)
+    plan = plan_batch(
+        decode_batch(batch, LIMITS),
+        LedgerReads({}, {}, {}, sessions={t.session_id: "default"}),
+        LIMITS,
+        COUNTERS,
+    )
     (rejection,) = plan.rejections
     assert rejection.code is ErrorCode.SCOPE_VIOLATION and plan.records == ()
     assert "another tenant" in rejection.reason and "default" not in rejection.reason
@@ -190,20 +203,32 @@ def test_a_new_session_may_name_its_own_tenants_policy_or_a_shared_one_but_not_a
     policies = frozenset({("", "default"), ("acme", "tight")})
     acme, globex = Thread(), Thread()
     ok = plan_batch(
-        decode_batch(incoming([acme.user("q").model_copy(update={"policy": "tight"})], tenant="acme"), LIMITS),
-        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+        decode_batch(
+            incoming([acme.user("q").model_copy(update={"policy": "tight"})], tenant="acme"), LIMITS
+        ),
+        LedgerReads({}, {}, {}, policies=policies),
+        LIMITS,
+        COUNTERS,
     )
     assert ok.session_policies == {acme.session_id: "tight"} and not ok.rejections
     refused = plan_batch(
-        decode_batch(incoming([globex.user("q").model_copy(update={"policy": "tight"})], tenant="globex"), LIMITS),
-        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+        decode_batch(
+            incoming([globex.user("q").model_copy(update={"policy": "tight"})], tenant="globex"), LIMITS
+        ),
+        LedgerReads({}, {}, {}, policies=policies),
+        LIMITS,
+        COUNTERS,
     )
     assert [r.code for r in refused.rejections] == [ErrorCode.UNKNOWN_POLICY]
     shared = plan_batch(
         decode_batch(incoming([globex.user("q")], tenant="globex"), LIMITS),
-        LedgerReads({}, {}, {}, policies=policies), LIMITS, COUNTERS,
+        LedgerReads({}, {}, {}, policies=policies),
+        LIMITS,
+        COUNTERS,
     )
-    assert shared.session_policies == {globex.session_id: "default"} and shared.session_tenants == {globex.session_id: "globex"}
+    assert shared.session_policies == {globex.session_id: "default"} and shared.session_tenants == {
+        globex.session_id: "globex"
+    }
 
 
 def test_an_event_breaking_several_rules_is_rejected_for_the_rule_checked_first() -> None:
@@ -228,12 +253,21 @@ def test_plan_names_its_receipts_resets_and_state_writes_fields_as_the_store_wri
     ask = t.assistant().model_copy(update={"payload": AssistantMessagePayload(text="", tool_calls=(call,))})
     plan = _plan([t.system(), ask, t.outcome("c1", "paid", key="k3"), t.reset(key="k4")])
     (requested,) = plan.receipts_requested
-    assert (requested.session_id, requested.operation_id, requested.thread_id, requested.call_id, requested.tool) == (
-        t.session_id, "op1", t.thread_id, "c1", "pay"
-    )
+    assert (
+        requested.session_id,
+        requested.operation_id,
+        requested.thread_id,
+        requested.call_id,
+        requested.tool,
+    ) == (t.session_id, "op1", t.thread_id, "c1", "pay")
     assert requested.requested_event == ask.event_key
     (finished,) = plan.receipts_finished
-    assert (finished.thread_id, finished.call_id, finished.status, finished.finished_event) == (t.thread_id, "c1", "success", "k3")
+    assert (finished.thread_id, finished.call_id, finished.status, finished.finished_event) == (
+        t.thread_id,
+        "c1",
+        "success",
+        "k3",
+    )
     assert plan.resets == (SessionReset(t.session_id, t.thread_id, 4),)
     # Positional order is the store's column order: the tuples still unpack as they did.
     session_id, operation_id, *_ = requested

@@ -36,26 +36,51 @@ def _may_publish(user: str, subject: str) -> bool:
 
 def test_a_tenants_runtime_may_use_its_own_subjects_and_no_other_tenants() -> None:
     own = [
-        "ctx.events.acme.s1.r1.main", "ctx.prepare.acme.r1.main", "ctx.read.acme", "ctx.search.acme",
-        "ctx.policy.register.acme", "ctx.tools.register.acme", "ctx.operation.status.acme",
+        "ctx.events.acme.s1.r1.main",
+        "ctx.prepare.acme.r1.main",
+        "ctx.read.acme",
+        "ctx.search.acme",
+        "ctx.policy.register.acme",
+        "ctx.tools.register.acme",
+        "ctx.operation.status.acme",
     ]
     assert all(_may_publish("runtime-acme", s) for s in own)
     foreign = [s.replace(".acme", ".globex") for s in own] + [
-        "ctx.inspect.acme.r1.main", "ctx.session.inspect.acme.s1", "ctx.compaction.jobs", "ctx.recorded.r1.main",
-        "ctx.p.0.acme.s1.r1.main", "$JS.API.STREAM.INFO.CTX_EVENTS", "ctx.events.acme", "ctx.read.acme.x",
+        "ctx.inspect.acme.r1.main",
+        "ctx.session.inspect.acme.s1",
+        "ctx.compaction.jobs",
+        "ctx.recorded.r1.main",
+        "ctx.p.0.acme.s1.r1.main",
+        "$JS.API.STREAM.INFO.CTX_EVENTS",
+        "ctx.events.acme",
+        "ctx.read.acme.x",
     ]
-    assert not any(_may_publish("runtime-acme", s) for s in foreign), [s for s in foreign if _may_publish("runtime-acme", s)]
+    assert not any(_may_publish("runtime-acme", s) for s in foreign), [
+        s for s in foreign if _may_publish("runtime-acme", s)
+    ]
     assert tenant_permissions("acme").subscribe == ("_INBOX.runtime-acme.>",)
 
 
 def test_the_operator_may_name_any_tenant_and_inspect_but_never_touches_streams_or_jobs() -> None:
-    for subject in ("ctx.events.globex.s.r.i", "ctx.inspect.acme.r.i", "ctx.session.inspect.globex.s", "ctx.read.acme"):
+    for subject in (
+        "ctx.events.globex.s.r.i",
+        "ctx.inspect.acme.r.i",
+        "ctx.session.inspect.globex.s",
+        "ctx.read.acme",
+    ):
         assert _may_publish(OPERATOR, subject), subject
-    for subject in ("ctx.compaction.jobs", "$JS.API.STREAM.DELETE.CTX_EVENTS", "ctx.recorded.r.i", "ctx.p.0.a.s.r.i"):
+    for subject in (
+        "ctx.compaction.jobs",
+        "$JS.API.STREAM.DELETE.CTX_EVENTS",
+        "ctx.recorded.r.i",
+        "ctx.p.0.a.s.r.i",
+    ):
         assert not _may_publish(OPERATOR, subject), subject
 
 
-def test_only_the_assembler_among_the_fleet_subscribes_to_requests_and_only_the_recorder_publishes_notices() -> None:
+def test_only_the_assembler_among_the_fleet_subscribes_to_requests_and_only_the_recorder_publishes_notices() -> (
+    None
+):
     users = grants(("acme",))
     requests = ("ctx.prepare.acme.r.i", "ctx.read.acme", "ctx.session.inspect.acme.s")
     for user, grant in users.items():

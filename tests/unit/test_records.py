@@ -53,7 +53,14 @@ def test_every_recorded_kind_reads_back_as_its_typed_body() -> None:
     assert [kind_of(e) for e in events] == [r.kind for r in records]
     # An export is published into a child's thread, which needs its parent recorded: built as stored.
     export = t.child_thread().export([("r-x.main", 2)], note="background")
-    stored = LedgerRecord(1, "k", kind_of(export), export.payload.model_dump(mode="json", exclude={"text"}), "background", TokenCounts(1, 1))
+    stored = LedgerRecord(
+        1,
+        "k",
+        kind_of(export),
+        export.payload.model_dump(mode="json", exclude={"text"}),
+        "background",
+        TokenCounts(1, 1),
+    )
     assert stored.body == ContextExportBody((("r-x.main", 2),), note="background")
     assert [r.body for r in records] == [
         SystemBody(),
@@ -69,7 +76,15 @@ def test_every_recorded_kind_reads_back_as_its_typed_body() -> None:
 
 def test_the_typed_renderer_is_the_one_the_recorder_counted_with() -> None:
     t = Thread()
-    for r in ledger_records([t.user("q"), t.assistant(calls=(("c1", "bash", {}),)), t.outcome("c1", "x" * 50, "timeout"), t.resource("d", "doc"), t.child("ok")]):
+    for r in ledger_records(
+        [
+            t.user("q"),
+            t.assistant(calls=(("c1", "bash", {}),)),
+            t.outcome("c1", "x" * 50, "timeout"),
+            t.resource("d", "doc"),
+            t.child("ok"),
+        ]
+    ):
         assert record_content(r.body, r.text) == content_of(r.kind, r.payload, r.text)
     outcome = ledger_records([t.assistant(calls=(("c2", "bash", {}),)), t.outcome("c2", "out", "timeout")])[1]
     assert record_content(outcome.body, outcome.text) == "[tool status: timeout]\nout"
@@ -77,10 +92,17 @@ def test_the_typed_renderer_is_the_one_the_recorder_counted_with() -> None:
 
 def test_the_view_counts_turns_and_steps_as_the_recorder_does() -> None:
     t = Thread()
-    supplement = UserInputEvent(payload=UserInputPayload(text="also this", intent="supplement"), **t._env(None))
+    supplement = UserInputEvent(
+        payload=UserInputPayload(text="also this", intent="supplement"), **t._env(None)
+    )
     events = [t.user("a"), t.assistant("b"), supplement, t.assistant("c"), t.user("d")]
     lim = RecordingLimits()
-    plan = plan_batch(decode_batch(incoming(events), lim), LedgerReads({}, {}, {}), lim, {n: counter_for(n) for n in ENCODINGS})
+    plan = plan_batch(
+        decode_batch(incoming(events), lim),
+        LedgerReads({}, {}, {}),
+        lim,
+        {n: counter_for(n) for n in ENCODINGS},
+    )
     (head,) = plan.heads
     records = ledger_records(events)
     assert turns_and_steps(records) == (head.user_turns, head.model_steps) == (2, 2)
@@ -91,7 +113,14 @@ def test_a_replaced_record_reads_its_new_payload() -> None:
     from dataclasses import replace
 
     export = Thread().child_thread().export([("r-x.main", 2)])
-    record = LedgerRecord(1, "k", kind_of(export), export.payload.model_dump(mode="json", exclude={"text"}), "", TokenCounts(1, 1))
+    record = LedgerRecord(
+        1,
+        "k",
+        kind_of(export),
+        export.payload.model_dump(mode="json", exclude={"text"}),
+        "",
+        TokenCounts(1, 1),
+    )
     resolved = replace(record, payload={**record.payload, "_resolved": True})
     assert isinstance(resolved.body, ContextExportBody) and resolved.body.resolved
     assert isinstance(record.body, ContextExportBody) and not record.body.resolved
@@ -106,15 +135,22 @@ def test_both_cuts_share_one_omitted_marker() -> None:
     full = counter.count(text)
     where = f"(full output: {len(text)} chars, 400 lines; read it back from {ref})"
     assert omitted_marker(full - 50, full, where) in cut[0]
-    assert omitted_marker(7, 9, "to fit the context; x") == "\n[… 7 of 9 tokens omitted to fit the context; x …]\n"
+    assert (
+        omitted_marker(7, 9, "to fit the context; x")
+        == "\n[… 7 of 9 tokens omitted to fit the context; x …]\n"
+    )
 
 
 def test_a_call_is_stored_back_as_the_recorder_stores_it() -> None:
-    call = ToolCall(call_id="c1", name="bash", args={"command": "ls", "n": [1, {"a": None}]}, operation_id="op-1")
+    call = ToolCall(
+        call_id="c1", name="bash", args={"command": "ls", "n": [1, {"a": None}]}, operation_id="op-1"
+    )
     record = ledger_records([Thread().assistant(calls=(("c1", "bash", {"command": "ls"}),))])[0]
     assert isinstance(record.body, AssistantMessageBody)
     (body,) = record.body.tool_calls
-    assert call_json(body) == ToolCall(call_id="c1", name="bash", args={"command": "ls"}).model_dump(mode="json")
+    assert call_json(body) == ToolCall(call_id="c1", name="bash", args={"command": "ls"}).model_dump(
+        mode="json"
+    )
     stored = {"tool_calls": [call.model_dump(mode="json")]}
     parsed = parse_body(RecordKind.ASSISTANT_MESSAGE, stored)
     assert isinstance(parsed, AssistantMessageBody)

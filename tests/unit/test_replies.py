@@ -15,7 +15,11 @@ from workers.replies import error_reply
 
 @pytest.mark.parametrize(
     "exc",
-    [ConnectionRefusedError(111, "Connection refused"), asyncpg.exceptions.ConnectionDoesNotExistError("gone"), OSError("no route")],
+    [
+        ConnectionRefusedError(111, "Connection refused"),
+        asyncpg.exceptions.ConnectionDoesNotExistError("gone"),
+        OSError("no route"),
+    ],
 )
 def test_error_reply_of_a_lost_database_connection_is_store_unavailable_without_a_traceback(
     exc: Exception, caplog: pytest.LogCaptureFixture

@@ -60,7 +60,9 @@ def test_secrets_are_hidden_from_repr_and_redacted_urls(monkeypatch: pytest.Monk
     assert s.nats_options() == {"user": "recorder", "password": "s3cret-nats"}
 
 
-def test_secrets_are_read_from_files_without_the_trailing_newline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_secrets_are_read_from_files_without_the_trailing_newline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     (tmp_path / "db").write_text("pg-pass\n")
     (tmp_path / "nats").write_text("nats-pass")
     monkeypatch.setenv("CTX_DATABASE_PASSWORD_FILE", str(tmp_path / "db"))
@@ -92,7 +94,10 @@ def test_a_bad_secret_file_is_a_clear_startup_error(
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({"CTX_NATS_USER": "a", "CTX_NATS_PASSWORD": "b", "CTX_NATS_TOKEN": "t"}, "choose one NATS authentication method"),
+        (
+            {"CTX_NATS_USER": "a", "CTX_NATS_PASSWORD": "b", "CTX_NATS_TOKEN": "t"},
+            "choose one NATS authentication method",
+        ),
         ({"CTX_NATS_USER": "a"}, "CTX_NATS_USER and CTX_NATS_PASSWORD go together"),
         ({"CTX_NATS_CREDS_FILE": "/nonexistent/x.creds"}, "CTX_NATS_CREDS_FILE"),
         ({"CTX_NATS_URL": "http://localhost:4222"}, "CTX_NATS_URL: must be nats://"),
@@ -104,7 +109,9 @@ def test_a_bad_secret_file_is_a_clear_startup_error(
         ({"CTX_LOG_LEVEL": "chatty"}, "CTX_LOG_LEVEL"),
     ],
 )
-def test_contradictory_or_malformed_settings_are_refused(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
+def test_contradictory_or_malformed_settings_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(InvalidConfiguration, match=re.escape(expected)):
@@ -123,7 +130,9 @@ def test_a_statefulset_pod_owns_the_partitions_of_its_ordinal(monkeypatch: pytes
     assert parse_partitions("pod/3", 6, pod_name="r-0") == (0, 3)
 
 
-def test_tls_and_nkey_options_reach_the_nats_connection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_tls_and_nkey_options_reach_the_nats_connection(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     seed = tmp_path / "user.nk"
     seed.write_text("SUAMLK2ZNL35WSMW37E7UD4VZ7ELPKW7DHC3BWBSD2GCZ7IUQQXZIORRBU\n")
     monkeypatch.setenv("CTX_NATS_NKEY_SEED_FILE", str(seed))
@@ -153,12 +162,26 @@ def test_the_readme_documents_every_setting_with_its_default() -> None:
 
 
 def test_the_cli_refuses_to_start_on_bad_configuration_with_exit_code_2(tmp_path: Path) -> None:
-    env = {"PATH": "/usr/bin:/bin", "CTX_PARTITIONS": "-3", "CTX_DATABASE_PASSWORD": "pw-not-shown", "CTX_DATABASE_URL": "x"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "CTX_PARTITIONS": "-3",
+        "CTX_DATABASE_PASSWORD": "pw-not-shown",
+        "CTX_DATABASE_URL": "x",
+    }
     result = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "worker", "recorder"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "infra.cli", "worker", "recorder"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
-    assert "bad configuration" in result.stderr and "CTX_PARTITIONS" in result.stderr and "CTX_DATABASE_URL" in result.stderr
+    assert (
+        "bad configuration" in result.stderr
+        and "CTX_PARTITIONS" in result.stderr
+        and "CTX_DATABASE_URL" in result.stderr
+    )
     assert "pw-not-shown" not in result.stderr and "Traceback" not in result.stderr
 
 

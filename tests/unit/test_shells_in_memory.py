@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from contracts import CompactionJob, CompactionPolicy, ContextPolicy, DeadLetter, InspectRequest, PrepareRequest
+from contracts import (
+    CompactionJob,
+    CompactionPolicy,
+    ContextPolicy,
+    DeadLetter,
+    InspectRequest,
+    PrepareRequest,
+)
 from contracts.subjects import DEFAULT_TENANT
 from services.app.compacting import CompactionService
 from services.core.compaction.model import Segment, StructuredSummary
@@ -53,7 +60,9 @@ async def _keys(store: MemoryStore, thread_id: str) -> list[str]:
     return [r.event_key for r in records]
 
 
-async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_once_and_dead_letters_one() -> None:
+async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_once_and_dead_letters_one() -> (
+    None
+):
     store, sink = MemoryStore(), _Sink()
     t = Thread()
     first = [t.user("q1", key="k1"), t.assistant("a1", key="k2")]
@@ -71,14 +80,19 @@ async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_on
     assert (letter.code.value, letter.event_key, letter.stream_seq) == ("orphan_tool_outcome", "k3", 4)
     async with store.session() as s:
         assert await s.count_dead_letters(t.thread_id) == 1
-        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "k3") == ("orphan_tool_outcome", letter.reason)
+        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "k3") == (
+            "orphan_tool_outcome",
+            letter.reason,
+        )
         assert await s.max_tracking_seq("recorder", 0) == 5
     # Redelivered whole after a crash before the ack: nothing is applied twice.
     again = await _recorder(store, sink).record_batch(0, batch)
     assert (again.recorded, again.skipped, again.rejections) == (0, 3, ())
 
 
-async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store, sink = MemoryStore(), _Sink()
     t = Thread()
     real = MemorySession.write_plan
@@ -89,7 +103,9 @@ async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_
         await real(self, plan, **kw)
 
     monkeypatch.setattr(MemorySession, "write_plan", refusing)
-    result = await _recorder(store, sink).record_batch(0, incoming([t.user("q1", key="k1"), t.user("q2", key="k2"), t.user("q3", key="k3")]))
+    result = await _recorder(store, sink).record_batch(
+        0, incoming([t.user("q1", key="k1"), t.user("q2", key="k2"), t.user("q3", key="k3")])
+    )
 
     assert await _keys(store, t.thread_id) == ["k1", "k3"]
     (rejection,) = result.rejections
@@ -100,7 +116,9 @@ async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_
         assert await s.max_tracking_seq("recorder", 0) == 3
 
 
-async def test_a_store_outage_dead_letters_nothing_and_a_retry_records_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_store_outage_dead_letters_nothing_and_a_retry_records_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     store, sink = MemoryStore(), _Sink()
     t = Thread()
     real = MemorySession.write_plan
@@ -131,7 +149,12 @@ async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -
     await _recorded(store, board, [t.system("Be brief.", key="sys"), t.user("first", key="u1")])
     service = PrepareService(store, board)
     request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=8_000, after_event_key="u2", wait_ms=5_000
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        after_event_key="u2",
+        wait_ms=5_000,
     )
 
     waiting = asyncio.create_task(service.prepare(request))
@@ -155,7 +178,12 @@ async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_on
 
     def asking(key: str) -> PrepareRequest:
         return PrepareRequest(
-            session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=8_000, after_event_key=key, wait_ms=100
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            budget_tokens=8_000,
+            after_event_key=key,
+            wait_ms=100,
         )
 
     with pytest.raises(NotYetRecorded):
@@ -167,7 +195,8 @@ async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_on
 
 async def _history(store: MemoryStore, t: Thread, budget: int = 2_000, groups: int = 6) -> None:
     await store.register_policy(
-        DEFAULT_TENANT, ContextPolicy(name="tight", model_profile=None, budget_tokens=budget, compaction=CompactionPolicy())
+        DEFAULT_TENANT,
+        ContextPolicy(name="tight", model_profile=None, budget_tokens=budget, compaction=CompactionPolicy()),
     )
     events = [t.system("You fix bugs in a Python repository.").model_copy(update={"policy": "tight"})]
     events.append(t.user("Fix the failing import in app.py", key="task"))
@@ -224,9 +253,15 @@ async def _job_unclaimed(store: MemoryStore, thread_id: str) -> CompactionJob:
     async with store.session() as s:
         view = await ViewLoader().load(s, thread_id)
     return CompactionJob(
-        job_id="rival", thread_id=thread_id, session_id=view.head.session_id, watermark=view.watermark,
-        view_revision=view.state.view_revision, policy_name=view.policy_name, policy_revision=view.policy_revision,
-        input_budget=view.compaction_budget, reasons=("context_ratio",),
+        job_id="rival",
+        thread_id=thread_id,
+        session_id=view.head.session_id,
+        watermark=view.watermark,
+        view_revision=view.state.view_revision,
+        policy_name=view.policy_name,
+        policy_revision=view.policy_revision,
+        input_budget=view.compaction_budget,
+        reasons=("context_ratio",),
     )
 
 
@@ -235,7 +270,9 @@ async def test_a_compaction_losing_the_revision_race_is_dropped_and_leaves_the_w
     await _history(store, t)
     job = await _job(store, t.thread_id)
 
-    outcome = await CompactionService(store, ViewLoader(), lambda request: _Racing(store, t.thread_id)).run(job)
+    outcome = await CompactionService(store, ViewLoader(), lambda request: _Racing(store, t.thread_id)).run(
+        job
+    )
 
     assert (outcome.status, outcome.stage) == ("dropped", "commit")
     async with store.session() as s:

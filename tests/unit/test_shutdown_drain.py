@@ -18,7 +18,9 @@ class _Subscriber:
     def __init__(self, workers: int) -> None:
         self.max_workers = workers
         self.limiter = anyio.Semaphore(workers)
-        self.send_stream, self.receive_stream = anyio.create_memory_object_stream[bytes](max_buffer_size=workers)
+        self.send_stream, self.receive_stream = anyio.create_memory_object_stream[bytes](
+            max_buffer_size=workers
+        )
 
 
 async def test_draining_waits_until_queued_and_running_requests_are_answered() -> None:

@@ -25,8 +25,25 @@ MOVE = ToolSpec(
 )
 
 
-def _patch(state: StateView, ops: list[PatchOp], source: str = "orchestrator", key: str = "e1", seq: int = 1, based_on=None, at=None):  # type: ignore[no-untyped-def]
-    write = plan_patch(state, ops, source=source, based_on=based_on or {}, rules=RULES, event_key=key, seq=seq, observed_at=at)
+def _patch(
+    state: StateView,
+    ops: list[PatchOp],
+    source: str = "orchestrator",
+    key: str = "e1",
+    seq: int = 1,
+    based_on=None,
+    at=None,
+):  # type: ignore[no-untyped-def]
+    write = plan_patch(
+        state,
+        ops,
+        source=source,
+        based_on=based_on or {},
+        rules=RULES,
+        event_key=key,
+        seq=seq,
+        observed_at=at,
+    )
     state.apply(write)
     return write
 
@@ -36,9 +53,17 @@ def test_pollution_newer_fact_supersedes_and_renders_as_the_only_current_value()
     _patch(state, [PatchOp(op="set", path="item:42.location", value="shelf_A")], key="event_10", seq=10)
     _patch(state, [PatchOp(op="set", path="item:42.location", value="shelf_B")], key="event_30", seq=30)
     fact = state.facts["item:42.location"]
-    assert (fact.value, fact.status, fact.event_key, fact.supersedes) == ("shelf_B", "known", "event_30", "event_10")
+    assert (fact.value, fact.status, fact.event_key, fact.supersedes) == (
+        "shelf_B",
+        "known",
+        "event_30",
+        "event_10",
+    )
     block = render_facts(state.facts.values())
-    assert '- item:42.location = "shelf_B" (CURRENT, source event_30); supersedes "shelf_A" from event_10' in block
+    assert (
+        '- item:42.location = "shelf_B" (CURRENT, source event_30); supersedes "shelf_A" from event_10'
+        in block
+    )
     assert block.count("shelf_A") == 1  # only as what was superseded, never as an equal
 
 
@@ -78,8 +103,16 @@ def test_writers_on_different_aggregates_do_not_contend_and_same_base_on_one_con
 
 def test_equal_rank_write_observed_earlier_marks_the_key_conflicted_not_last_write_wins() -> None:
     state = StateView()
-    _patch(state, [PatchOp(op="set", path="item:5.location", value="dock")], key="e1", at="2026-11-30T10:00:00")
-    _patch(state, [PatchOp(op="set", path="item:5.location", value="shelf")], key="e2", seq=2, at="2026-11-30T09:00:00")
+    _patch(
+        state, [PatchOp(op="set", path="item:5.location", value="dock")], key="e1", at="2026-11-30T10:00:00"
+    )
+    _patch(
+        state,
+        [PatchOp(op="set", path="item:5.location", value="shelf")],
+        key="e2",
+        seq=2,
+        at="2026-11-30T09:00:00",
+    )
     fact = state.facts["item:5.location"]
     assert (fact.status, fact.value, fact.superseded_value) == ("conflicted", "dock", "shelf")
     assert "CONFLICTED" in render_facts(state.facts.values())
@@ -87,7 +120,10 @@ def test_equal_rank_write_observed_earlier_marks_the_key_conflicted_not_last_wri
 
 def test_tool_effects_write_state_from_the_result_and_unknown_on_failure() -> None:
     ok = effects_of(MOVE, {"item_id": 42}, "success", '{"location": "shelf_B"}')
-    assert [(o.op, o.path, o.value) for o in ok] == [("set", "item:42.location", "shelf_B"), ("increment", "item:42.moves", 1)]
+    assert [(o.op, o.path, o.value) for o in ok] == [
+        ("set", "item:42.location", "shelf_B"),
+        ("increment", "item:42.moves", 1),
+    ]
     failed = effects_of(MOVE, {"item_id": 42}, "timeout", "gateway timeout")
     assert all(o.unknown and o.op == "set" for o in failed)
     assert effects_of(MOVE, {}, "success", '{"location": "x"}') == []  # no item id: nothing is guessed
@@ -121,8 +157,16 @@ def test_plan_moves_only_along_its_lifecycle_based_on_a_state_version() -> None:
     state = StateView()
 
     def status(value: str, based_on: dict[str, int] | None = None, key: str = "e") -> None:
-        write = plan_patch(state, [PatchOp(op="set", path="plan:1.status", value=value)], source="orchestrator",
-                           based_on=based_on or {}, rules=PLAN_RULES, event_key=key, seq=1, observed_at=None)
+        write = plan_patch(
+            state,
+            [PatchOp(op="set", path="plan:1.status", value=value)],
+            source="orchestrator",
+            based_on=based_on or {},
+            rules=PLAN_RULES,
+            event_key=key,
+            seq=1,
+            observed_at=None,
+        )
         state.apply(write)
 
     with pytest.raises(InvariantViolation, match="from nothing to 'executing'"):
@@ -141,25 +185,70 @@ def test_plan_moves_only_along_its_lifecycle_based_on_a_state_version() -> None:
 
 def test_constraints_keep_the_users_words_and_a_model_can_only_propose_one() -> None:
     state = StateView()
-    user = plan_patch(state, [PatchOp(op="set", path="constraint:c1.text", value="Never change the public API.")],
-                      source="user", based_on={}, rules=PLAN_RULES, event_key="u1", seq=1, observed_at=None)
+    user = plan_patch(
+        state,
+        [PatchOp(op="set", path="constraint:c1.text", value="Never change the public API.")],
+        source="user",
+        based_on={},
+        rules=PLAN_RULES,
+        event_key="u1",
+        seq=1,
+        observed_at=None,
+    )
     state.apply(user)
-    model = plan_patch(state, [PatchOp(op="set", path="constraint:c1.text", value="APIs may change.")],
-                       source="model_proposal", based_on={}, rules=PLAN_RULES, event_key="m1", seq=2, observed_at=None)
+    model = plan_patch(
+        state,
+        [PatchOp(op="set", path="constraint:c1.text", value="APIs may change.")],
+        source="model_proposal",
+        based_on={},
+        rules=PLAN_RULES,
+        event_key="m1",
+        seq=2,
+        observed_at=None,
+    )
     state.apply(model)
     assert model.proposal and state.facts["constraint:c1.text"].value == "Never change the public API."
 
 
 def test_stale_keeps_the_value_but_says_it_may_no_longer_hold_and_evidence_is_kept() -> None:
     state = StateView()
-    state.apply(plan_patch(state, [PatchOp(op="set", path="item:3.location", value="bay_1")], source="orchestrator",
-                           based_on={}, rules=RULES, event_key="e1", seq=1, observed_at=None, evidence=("scan-991",)))
+    state.apply(
+        plan_patch(
+            state,
+            [PatchOp(op="set", path="item:3.location", value="bay_1")],
+            source="orchestrator",
+            based_on={},
+            rules=RULES,
+            event_key="e1",
+            seq=1,
+            observed_at=None,
+            evidence=("scan-991",),
+        )
+    )
     assert state.facts["item:3.location"].evidence == ("scan-991",)
-    state.apply(plan_patch(state, [PatchOp(op="set", path="item:3.location", stale=True)], source="orchestrator",
-                           based_on={}, rules=RULES, event_key="e2", seq=2, observed_at=None))
+    state.apply(
+        plan_patch(
+            state,
+            [PatchOp(op="set", path="item:3.location", stale=True)],
+            source="orchestrator",
+            based_on={},
+            rules=RULES,
+            event_key="e2",
+            seq=2,
+            observed_at=None,
+        )
+    )
     fact = state.facts["item:3.location"]
     assert (fact.value, fact.status) == ("bay_1", "stale")
     assert "may no longer hold" in render_facts(state.facts.values())
     with pytest.raises(InvariantViolation, match="only a recorded fact"):
-        plan_patch(state, [PatchOp(op="set", path="item:4.location", stale=True)], source="orchestrator",
-                   based_on={}, rules=RULES, event_key="e3", seq=3, observed_at=None)
+        plan_patch(
+            state,
+            [PatchOp(op="set", path="item:4.location", stale=True)],
+            source="orchestrator",
+            based_on={},
+            rules=RULES,
+            event_key="e3",
+            seq=3,
+            observed_at=None,
+        )

@@ -27,7 +27,9 @@ def _translated(exc: BaseException, **kw: str) -> CtxError:
         with translate_pg_errors("r.main", **kw):
             raise exc
     error = caught.value
-    assert type(error) is not CtxError and error.code is not ErrorCode.INTERNAL, f"{type(exc).__name__} maps to a bare error"
+    assert type(error) is not CtxError and error.code is not ErrorCode.INTERNAL, (
+        f"{type(exc).__name__} maps to a bare error"
+    )
     if not kw:
         assert error.__cause__ is exc, "the driver's error stays the cause, for the logs"
     return error
@@ -68,7 +70,9 @@ REJECTED: list[asyncpg.PostgresError] = [
     _server("22P05", "unsupported Unicode escape sequence"),  # UntranslatableCharacterError
     _server("23514", "new row violates check constraint", "records_text_xor_blob"),  # CheckViolationError
     _server("23502", 'null value in column "policy_revision"'),  # NotNullViolationError
-    _server("23503", "violates foreign key constraint", "thread_views_thread_id_fkey"),  # ForeignKeyViolationError
+    _server(
+        "23503", "violates foreign key constraint", "thread_views_thread_id_fkey"
+    ),  # ForeignKeyViolationError
     _server("23505", "duplicate key value", "receipts_pkey"),  # UniqueViolationError, not a race
     _server("54000", "index row size exceeds maximum"),  # ProgramLimitExceededError
 ]
@@ -87,15 +91,28 @@ def test_each_server_failure_above_is_the_driver_class_the_fleet_names() -> None
     # The SQLSTATEs above must keep building the classes the fleet's handling is written against.
     names = {type(e).__name__ for e in UNAVAILABLE + REJECTED}
     assert {
-        "AdminShutdownError", "CrashShutdownError", "CannotConnectNowError", "TooManyConnectionsError", "SerializationError",
-        "DeadlockDetectedError", "UndefinedTableError", "DiskFullError", "DataError", "CharacterNotInRepertoireError",
-        "CheckViolationError", "NotNullViolationError", "ForeignKeyViolationError", "UniqueViolationError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "CannotConnectNowError",
+        "TooManyConnectionsError",
+        "SerializationError",
+        "DeadlockDetectedError",
+        "UndefinedTableError",
+        "DiskFullError",
+        "DataError",
+        "CharacterNotInRepertoireError",
+        "CheckViolationError",
+        "NotNullViolationError",
+        "ForeignKeyViolationError",
+        "UniqueViolationError",
         "ProgramLimitExceededError",
     } <= names
 
 
 @pytest.mark.parametrize("exc", REJECTED, ids=lambda e: f"{type(e).__name__}-{e.sqlstate}")
-def test_a_refused_value_is_store_rejected_naming_the_driver_error_and_sqlstate(exc: asyncpg.PostgresError) -> None:
+def test_a_refused_value_is_store_rejected_naming_the_driver_error_and_sqlstate(
+    exc: asyncpg.PostgresError,
+) -> None:
     error = _translated(exc)
     assert isinstance(error, StoreRejected) and not error.retryable
     assert (error.details["error"], error.details["sqlstate"]) == (type(exc).__name__, exc.sqlstate)
@@ -125,14 +142,20 @@ def _postgres_error_classes() -> list[type[asyncpg.PostgresError]]:
 
 
 @pytest.mark.parametrize("cls", _postgres_error_classes(), ids=lambda c: f"{c.__name__}-{c.sqlstate}")
-def test_every_server_error_class_asyncpg_defines_maps_to_a_typed_fleet_error(cls: type[asyncpg.PostgresError]) -> None:
+def test_every_server_error_class_asyncpg_defines_maps_to_a_typed_fleet_error(
+    cls: type[asyncpg.PostgresError],
+) -> None:
     error = _translated(_server(str(cls.sqlstate)))
     assert isinstance(error, (StoreUnavailable, StoreRejected, DuplicateEvent, RevisionConflict))
 
 
 def test_a_failure_to_connect_is_store_unavailable_naming_the_server_but_not_its_password() -> None:
     url = "postgresql://ctx:s3cret@db.internal:5432/ctx"
-    for exc in (OSError(111, "Connection refused"), _server("28P01", "password authentication failed"), TimeoutError()):
+    for exc in (
+        OSError(111, "Connection refused"),
+        _server("28P01", "password authentication failed"),
+        TimeoutError(),
+    ):
         error = _translated(exc, connecting_to=url)
         assert isinstance(error, StoreUnavailable)
         assert "db.internal" in error.message and "s3cret" not in error.message

@@ -58,19 +58,28 @@ class Clock:
 def stored(monkeypatch: pytest.MonkeyPatch) -> dict[str, Positions]:
     box = {"positions": Positions({0: 120}, CREATED)}
 
-    async def select_positions(conn: Any, consumer: str, stream: str, *, for_update: bool = False) -> Positions:
+    async def select_positions(
+        conn: Any, consumer: str, stream: str, *, for_update: bool = False
+    ) -> Positions:
         return box["positions"]
 
     monkeypatch.setattr(TrackingRepo, "select_positions", staticmethod(select_positions))
     return box
 
 
-async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_change(stored: dict[str, Positions]) -> None:
-    stored["positions"] = Positions({0: 120}, None)  # committed before identities: a lost tail is not provable
+async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_change(
+    stored: dict[str, Positions],
+) -> None:
+    stored["positions"] = Positions(
+        {0: 120}, None
+    )  # committed before identities: a lost tail is not provable
     js, clock, metrics = FakeJetStream(last_seq=7), Clock(), FleetMetrics()
     guard = StreamGuard(js, PgStore(FakePool()), metrics, every_s=2.0, clock=clock)  # type: ignore[arg-type]
     assert (await guard.check()).kind == "went_backwards"
-    assert guard.halt_reason is not None and "last seq 7 < committed position 120 of partition 0" in guard.halt_reason
+    assert (
+        guard.halt_reason is not None
+        and "last seq 7 < committed position 120 of partition 0" in guard.halt_reason
+    )
     assert metrics.recorder_halted._value.get() == 1
 
     # The stream grows back past the old position: events 8..120 would be skipped, so stay halted.
@@ -133,7 +142,9 @@ async def test_stream_guard_reads_positions_before_the_stream_so_a_busy_recorder
     # Each read of the positions finds the newest event recorded; the stream always holds it by then.
     published = {"last": 1205}
 
-    async def select_positions(conn: Any, consumer: str, stream: str, *, for_update: bool = False) -> Positions:
+    async def select_positions(
+        conn: Any, consumer: str, stream: str, *, for_update: bool = False
+    ) -> Positions:
         published["last"] += 1
         return Positions({3: published["last"]}, CREATED)
 

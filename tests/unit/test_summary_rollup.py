@@ -9,7 +9,13 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from services.core.compaction.merge import fold_actions, fold_progress, latest_failures, merge_summaries, render_summary
+from services.core.compaction.merge import (
+    fold_actions,
+    fold_progress,
+    latest_failures,
+    merge_summaries,
+    render_summary,
+)
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.rollup import SKELETON_ACTIONS, fit_summary, rollup_ladder, skeleton
 from services.core.compaction.structured import summarize_records
@@ -25,7 +31,11 @@ TESTS = [f"tests/test_module_{n}.py" for n in range(4)]
 # One synthetic step: (kind, which file/test/pattern, variant). Kinds cover every ledger field.
 Step = tuple[str, int, int]
 steps_strategy = st.lists(
-    st.tuples(st.sampled_from(["read", "view", "edit", "test", "grep", "say", "act"]), st.integers(0, 9), st.integers(0, 3)),
+    st.tuples(
+        st.sampled_from(["read", "view", "edit", "test", "grep", "say", "act"]),
+        st.integers(0, 9),
+        st.integers(0, 3),
+    ),
     min_size=5,
     max_size=120,
 )
@@ -37,33 +47,83 @@ def _records(steps: Sequence[Step]) -> list[LedgerRecord]:
 
     def add(kind: str, text: str, **payload: Any) -> None:
         seq = len(records) + 1
-        records.append(LedgerRecord(seq, f"k{seq}", kind, {"text": text, **payload}, text, TokenCounts(o200k_base=1, cl100k_base=1)))
+        records.append(
+            LedgerRecord(
+                seq,
+                f"k{seq}",
+                kind,
+                {"text": text, **payload},
+                text,
+                TokenCounts(o200k_base=1, cl100k_base=1),
+            )
+        )
 
-    def group(n: int, name: str, args: dict[str, Any], output: str, status: str = "success", text: str = "") -> None:
+    def group(
+        n: int, name: str, args: dict[str, Any], output: str, status: str = "success", text: str = ""
+    ) -> None:
         add("assistant_message", text, tool_calls=[{"call_id": f"call_{n}", "name": name, "args": args}])
         add("tool_outcome", output, call_id=f"call_{n}", status=status)
 
-    add("user_input", "Fix the crash in src/pkg/module_0.py. You must not change the public API. Run the tests after every edit.")
+    add(
+        "user_input",
+        "Fix the crash in src/pkg/module_0.py. You must not change the public API. Run the tests after every edit.",
+    )
     for n, (kind, which, variant) in enumerate(steps):
         path = FILES[which]
         if kind == "read":
-            group(n, "bash", {"command": f"sed -n '{variant * 10 + 1},{variant * 10 + 40}p' {path}"}, f"def f{variant}():\n    return {which}")
+            group(
+                n,
+                "bash",
+                {"command": f"sed -n '{variant * 10 + 1},{variant * 10 + 40}p' {path}"},
+                f"def f{variant}():\n    return {which}",
+            )
         elif kind == "view":
             group(n, "str_replace_editor", {"command": "view", "path": path}, f"contents {which}.{variant}")
         elif kind == "edit":
-            args = {"command": "str_replace", "path": path, "old_str": f"return {variant}", "new_str": f"return {variant + 1}"}
-            group(n, "str_replace_editor", args, "edited", text=f"I will change the return value of f{variant}.")
+            args = {
+                "command": "str_replace",
+                "path": path,
+                "old_str": f"return {variant}",
+                "new_str": f"return {variant + 1}",
+            }
+            group(
+                n, "str_replace_editor", args, "edited", text=f"I will change the return value of f{variant}."
+            )
         elif kind == "test":
             failed = variant != 0
-            output = f"E   AssertionError: {variant} != 0\nFAILED {TESTS[which % 4]}::test_{variant}" if failed else "3 passed"
-            group(n, "bash", {"command": f"python -m pytest -x {TESTS[which % 4]}"}, output, "error" if failed else "success")
+            output = (
+                f"E   AssertionError: {variant} != 0\nFAILED {TESTS[which % 4]}::test_{variant}"
+                if failed
+                else "3 passed"
+            )
+            group(
+                n,
+                "bash",
+                {"command": f"python -m pytest -x {TESTS[which % 4]}"},
+                output,
+                "error" if failed else "success",
+            )
         elif kind == "grep":
             found = variant % 2 == 0
-            group(n, "bash", {"command": f"grep -n 'name_{which}' {path}"}, f"{which}: name_{which}" if found else "", "success" if found else "error")
+            group(
+                n,
+                "bash",
+                {"command": f"grep -n 'name_{which}' {path}"},
+                f"{which}: name_{which}" if found else "",
+                "success" if found else "error",
+            )
         elif kind == "act":
-            group(n, "move_item", {"item_id": which, "location": f"shelf_{variant}"}, f'{{"location": "shelf_{variant}", "ok": true}}')
+            group(
+                n,
+                "move_item",
+                {"item_id": which, "location": f"shelf_{variant}"},
+                f'{{"location": "shelf_{variant}", "ok": true}}',
+            )
         else:
-            add("assistant_message", f"The problem is that f{which} returns {variant}. Is module_{which} still used?")
+            add(
+                "assistant_message",
+                f"The problem is that f{which} returns {variant}. Is module_{which} still used?",
+            )
     return records
 
 
@@ -96,9 +156,13 @@ def _assert_survives(original: StructuredSummary, fitted: StructuredSummary) -> 
     assert latest_failures(fitted) == latest_failures(original)
     text = render_summary(fitted, revision=7)
     listed = text.split("Files modified", 1)[-1]
-    assert all(re.search(rf"(^- |: |; ){re.escape(t.path)}[ :]", listed, re.M) for t in original.files_modified)
+    assert all(
+        re.search(rf"(^- |: |; ){re.escape(t.path)}[ :]", listed, re.M) for t in original.files_modified
+    )
     assert all(f.detail in text for f in latest_failures(original))
-    assert all(c.text in text for c in original.constraints if c.sources != (1,))  # the request's own are shown with it
+    assert all(
+        c.text in text for c in original.constraints if c.sources != (1,)
+    )  # the request's own are shown with it
     kept = skeleton(original)
     assert all(f"- {a.tool} {a.args} → " in text for a in kept.actions)
     folded = (fitted.actions_folded.steps if fitted.actions_folded else 0) + len(fitted.actions)
@@ -122,11 +186,20 @@ def test_fit_summary_renders_within_budget_whenever_the_skeleton_does_and_keeps_
 
 @PROPERTY
 @given(steps=steps_strategy)
-def test_the_skeleton_keeps_only_what_must_survive_and_is_what_an_impossible_budget_gets(steps: list[Step]) -> None:
+def test_the_skeleton_keeps_only_what_must_survive_and_is_what_an_impossible_budget_gets(
+    steps: list[Step],
+) -> None:
     summary = _merged(_records(steps), 12)
     bare = skeleton(summary)
     _assert_survives(summary, bare)
-    assert (bare.progress, bare.folded, bare.decisions, bare.files_read, bare.commands, bare.approaches_failed) == ((), None, (), (), (), ())
+    assert (
+        bare.progress,
+        bare.folded,
+        bare.decisions,
+        bare.files_read,
+        bare.commands,
+        bare.approaches_failed,
+    ) == ((), None, (), (), (), ())
     assert bare.failures == latest_failures(summary)
     assert fit_summary(summary, max_tokens=_tokens(bare) - 1, count=COUNT, revision=7) == bare
     assert skeleton(bare) == bare
@@ -138,7 +211,11 @@ def test_a_summary_that_fits_is_returned_as_it_is() -> None:
 
 
 def test_every_rung_of_the_ladder_only_removes_and_the_last_is_the_skeleton() -> None:
-    steps = [("read", n % 10, n % 4) for n in range(30)] + [("test", n % 4, n % 3) for n in range(20)] + [("edit", 3, 1), ("say", 2, 2)]
+    steps = (
+        [("read", n % 10, n % 4) for n in range(30)]
+        + [("test", n % 4, n % 3) for n in range(20)]
+        + [("edit", 3, 1), ("say", 2, 2)]
+    )
     summary = _merged(_records(steps), 9)
     current = summary
     for rung in rollup_ladder():
@@ -149,7 +226,14 @@ def test_every_rung_of_the_ladder_only_removes_and_the_last_is_the_skeleton() ->
 
 
 def test_older_progress_folds_into_counts_and_ranges_per_tool() -> None:
-    steps: list[Step] = [("test", 0, 1), ("edit", 1, 0), ("test", 0, 0), ("grep", 2, 1), ("read", 3, 0), ("edit", 4, 2)]
+    steps: list[Step] = [
+        ("test", 0, 1),
+        ("edit", 1, 0),
+        ("test", 0, 0),
+        ("grep", 2, 1),
+        ("read", 3, 0),
+        ("edit", 4, 2),
+    ]
     records = _records(steps)
     summary = summarize_records(records)
     folded = fold_progress(summary, keep=2)
@@ -158,7 +242,11 @@ def test_older_progress_folds_into_counts_and_ranges_per_tool() -> None:
     failed = sum(" → error" in p.text for p in older)
     first, last = older[0].sources[0], older[-1].sources[-1]
     assert folded.progress == summary.progress[-2:]
-    assert folded.folded is not None and (folded.folded.first, folded.folded.last, folded.folded.steps) == (first, last, len(older))
+    assert folded.folded is not None and (folded.folded.first, folded.folded.last, folded.folded.steps) == (
+        first,
+        last,
+        len(older),
+    )
     line = f"- records {first}–{last}: {len(older)} steps — bash ×{tools.count('bash')} ({failed} failed), str_replace_editor ×{tools.count('str_replace_editor')}"
     assert line in render_summary(folded, revision=1)
     refolded = fold_progress(folded, keep=0)
@@ -182,11 +270,21 @@ def _converge(steps: Sequence[Step], chunk: int, budget: int, *, require_room: b
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    steps=st.lists(st.tuples(st.sampled_from(["read", "view", "edit", "test", "grep", "say", "act"]), st.integers(0, 9), st.integers(0, 3)), min_size=150, max_size=300),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["read", "view", "edit", "test", "grep", "say", "act"]),
+            st.integers(0, 9),
+            st.integers(0, 3),
+        ),
+        min_size=150,
+        max_size=300,
+    ),
     chunk=st.integers(6, 40),
     input_budget=st.sampled_from([4_000, 8_000]),
 )
-def test_repeated_compaction_of_any_thread_stays_within_the_summary_share(steps: list[Step], chunk: int, input_budget: int) -> None:
+def test_repeated_compaction_of_any_thread_stays_within_the_summary_share(
+    steps: list[Step], chunk: int, input_budget: int
+) -> None:
     budget = input_budget // 4
     sizes = _converge(steps, chunk, budget, require_room=False)
     assume(sizes)
@@ -219,7 +317,16 @@ def _warehouse(moves: Sequence[tuple[int, str]], *, noise: int = 3) -> list[Ledg
 
     def add(kind: str, text: str, **payload: Any) -> None:
         seq = len(records) + 1
-        records.append(LedgerRecord(seq, f"k{seq}", kind, {"text": text, **payload}, text, TokenCounts(o200k_base=1, cl100k_base=1)))
+        records.append(
+            LedgerRecord(
+                seq,
+                f"k{seq}",
+                kind,
+                {"text": text, **payload},
+                text,
+                TokenCounts(o200k_base=1, cl100k_base=1),
+            )
+        )
 
     def group(call_id: str, name: str, args: dict[str, Any], output: str) -> None:
         add("assistant_message", "", tool_calls=[{"call_id": call_id, "name": name, "args": args}])
@@ -227,7 +334,12 @@ def _warehouse(moves: Sequence[tuple[int, str]], *, noise: int = 3) -> list[Ledg
 
     add("user_input", "Put every item on its shelf. Never move an item twice to the same shelf.")
     for n, (item, location) in enumerate(moves):
-        group(f"m{n}", "move_item", {"item_id": item, "location": location}, f'{{"location": "{location}", "ok": true}}')
+        group(
+            f"m{n}",
+            "move_item",
+            {"item_id": item, "location": location},
+            f'{{"location": "{location}", "ok": true}}',
+        )
         for k in range(noise):
             group(f"c{n}_{k}", "count_stock", {"item_id": item}, "aisle ok " * 10)
     return records
@@ -244,10 +356,14 @@ def test_actions_stay_verbatim_when_only_the_skeleton_fits_while_the_steps_aroun
         assert f'- move_item {{"item_id":{item},"location":"{location}"}} → ok' in text
     block = text.split("Actions taken", 1)[1].split("\n")[1:]
     listed = block[: next((i for i, line in enumerate(block) if not line.startswith("- ")), len(block))]
-    assert len(listed) == len(moves) and not any("count_stock" in line for line in listed)  # reads are not actions
+    assert len(listed) == len(moves) and not any(
+        "count_stock" in line for line in listed
+    )  # reads are not actions
 
 
-def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_bounded_on_a_thousand_step_thread() -> None:
+def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_bounded_on_a_thousand_step_thread() -> (
+    None
+):
     def moves(n: int) -> list[tuple[int, str]]:
         return [(k, f"shelf_{k % 9}") for k in range(n)]  # distinct items: nothing supersedes anything
 
@@ -256,7 +372,10 @@ def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_b
     assert [a.call_id for a in bare.actions] == [f"m{k}" for k in range(250 - SKELETON_ACTIONS, 250)]
     assert bare.actions_folded is not None and bare.actions_folded.steps == 250 - SKELETON_ACTIONS
     assert bare.actions_folded.first == 2  # the first move's call record
-    assert f"- records 2–{bare.actions_folded.last}: {250 - SKELETON_ACTIONS} earlier actions — move_item ×{250 - SKELETON_ACTIONS}" in render_summary(bare, revision=7)
+    assert (
+        f"- records 2–{bare.actions_folded.last}: {250 - SKELETON_ACTIONS} earlier actions — move_item ×{250 - SKELETON_ACTIONS}"
+        in render_summary(bare, revision=7)
+    )
     short = skeleton(_merged(_warehouse(moves(25)), 20))
     assert _tokens(bare) <= _tokens(short) * 1.1
 
@@ -265,11 +384,36 @@ def test_a_successful_overwrite_of_the_same_target_folds_first_but_separate_book
     records = _warehouse([(42, "shelf_A"), (7, "dock_3"), (42, "shelf_C")], noise=0)
     seq = len(records)
     for n in range(2):
-        call: dict[str, Any] = {"call_id": f"b{n}", "name": "book_reservation", "args": {"user_id": "mia_li_3668", "flight": f"HAT{n}"}}
-        records.append(LedgerRecord(seq + 1, f"b{n}", "assistant_message", {"text": "", "tool_calls": [call]}, "", TokenCounts(o200k_base=1, cl100k_base=1)))
-        records.append(LedgerRecord(seq + 2, f"o{n}", "tool_outcome", {"text": "booked", "call_id": f"b{n}", "status": "success"}, "booked", TokenCounts(o200k_base=1, cl100k_base=1)))
+        call: dict[str, Any] = {
+            "call_id": f"b{n}",
+            "name": "book_reservation",
+            "args": {"user_id": "mia_li_3668", "flight": f"HAT{n}"},
+        }
+        records.append(
+            LedgerRecord(
+                seq + 1,
+                f"b{n}",
+                "assistant_message",
+                {"text": "", "tool_calls": [call]},
+                "",
+                TokenCounts(o200k_base=1, cl100k_base=1),
+            )
+        )
+        records.append(
+            LedgerRecord(
+                seq + 2,
+                f"o{n}",
+                "tool_outcome",
+                {"text": "booked", "call_id": f"b{n}", "status": "success"},
+                "booked",
+                TokenCounts(o200k_base=1, cl100k_base=1),
+            )
+        )
         seq += 2
     summary = summarize_records(records)
     rolled = fold_actions(summary, keep=None, superseded=True)
     assert [a.call_id for a in rolled.actions] == ["m1", "m2", "b0", "b1"]
-    assert rolled.actions_folded is not None and (rolled.actions_folded.first, rolled.actions_folded.steps) == (2, 1)
+    assert rolled.actions_folded is not None and (
+        rolled.actions_folded.first,
+        rolled.actions_folded.steps,
+    ) == (2, 1)

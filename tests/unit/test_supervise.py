@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.datafolder import DataFolderBusy, ServerRecord, lock_data_folder, read_server_records, write_server_records
+from infra.datafolder import (
+    DataFolderBusy,
+    ServerRecord,
+    lock_data_folder,
+    read_server_records,
+    write_server_records,
+)
 from infra.embedded import EmbeddedServerError, ProcessIdentity, describe_exit
 from infra.supervise import RESTART_WINDOW_S, ServerDied, supervise
 from tests.fixtures.fleet import eventually
@@ -42,16 +48,21 @@ class FakeServer:
 
 
 async def _supervise_briefly(server: FakeServer, restarts: int) -> None:
-    await asyncio.wait_for(supervise([server], restarts=restarts, interval_s=0.001, clock=lambda: 0.0), timeout=0.5)
+    await asyncio.wait_for(
+        supervise([server], restarts=restarts, interval_s=0.001, clock=lambda: 0.0), timeout=0.5
+    )
 
 
 async def test_supervise_restarts_a_dead_server_and_keeps_watching() -> None:
     server = FakeServer(deaths=2)
     recorded: list[int] = []
     task = asyncio.create_task(
-        supervise([server], restarts=3, interval_s=0.001, on_restart=lambda: recorded.append(len(server.restarts)))
+        supervise(
+            [server], restarts=3, interval_s=0.001, on_restart=lambda: recorded.append(len(server.restarts))
+        )
     )
     try:
+
         async def running() -> bool:
             return server.is_running()
 
@@ -78,6 +89,7 @@ async def test_supervise_forgets_restarts_older_than_the_window() -> None:
     times = iter(n * (RESTART_WINDOW_S + 1) for n in range(100))
     task = asyncio.create_task(supervise([server], restarts=1, interval_s=0.001, clock=lambda: next(times)))
     try:
+
         async def running() -> bool:
             return server.is_running()
 

@@ -41,7 +41,15 @@ MUTATING_VERBS = frozenset(
     " terminate start stop restart deploy notify email message reply invite".split()
 )
 # Multi-word names whose first word alone is ambiguous ("open" a file reads it; "open_ticket" acts).
-MUTATING_NAMES = ("open_ticket", "open_case", "open_account", "open_issue", "log_issue", "make_payment", "make_booking")
+MUTATING_NAMES = (
+    "open_ticket",
+    "open_case",
+    "open_account",
+    "open_issue",
+    "log_issue",
+    "make_payment",
+    "make_booking",
+)
 # Verbs that only look: never actions, whatever follows them.
 READ_VERBS = frozenset(
     "get list search find view read count check calculate compute think lookup look fetch describe show query"
@@ -55,7 +63,9 @@ OVERWRITING_VERBS = frozenset(
     " enable disable activate deactivate".split()
 )
 # Words that make a tool a file or shell tool: its effects are files_modified and commands.
-_FILE_WORDS = frozenset("file files dir directory folder path patch editor bash shell sh terminal exec command".split())
+_FILE_WORDS = frozenset(
+    "file files dir directory folder path patch editor bash shell sh terminal exec command".split()
+)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _MAX_ARGS = 400  # compact JSON kept verbatim up to this; a longer one is clipped, never dropped
 
@@ -89,7 +99,9 @@ def primary_id(args: Mapping[str, JsonValue]) -> str:
     """``key=value`` of the first scalar ``id`` / ``*_id`` argument: what a later action on it supersedes ("" if none)."""
     for key, value in args.items():
         lowered = key.lower()
-        if (lowered == "id" or lowered.endswith("_id") or key.endswith("Id")) and isinstance(value, str | int):
+        if (lowered == "id" or lowered.endswith("_id") or key.endswith("Id")) and isinstance(
+            value, str | int
+        ):
             return f"{key}={value}"
     return ""
 

@@ -14,9 +14,27 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import TypeVar
 
 from services.core.compaction.actions import overwrites
-from services.core.compaction.model import ActionTaken, CommandRun, FileTouch, FileView, SourcedText, StepFold, StructuredSummary, ToolFailure, ToolTally, cited_seqs
+from services.core.compaction.model import (
+    ActionTaken,
+    CommandRun,
+    FileTouch,
+    FileView,
+    SourcedText,
+    StepFold,
+    StructuredSummary,
+    ToolFailure,
+    ToolTally,
+    cited_seqs,
+)
 
-__all__ = ["fold_actions", "fold_progress", "latest_failures", "merge_summaries", "render_summary", "summary_sources"]
+__all__ = [
+    "fold_actions",
+    "fold_progress",
+    "latest_failures",
+    "merge_summaries",
+    "render_summary",
+    "summary_sources",
+]
 
 _KEEP_PROGRESS = 40
 _KEEP_DECISIONS = 20
@@ -46,7 +64,9 @@ def _cap(sources: Iterable[int]) -> tuple[int, ...]:
     return unique if len(unique) <= _KEEP_SOURCES else (unique[0], *unique[-(_KEEP_SOURCES - 1) :])
 
 
-def _files(a: Sequence[FileTouch], b: Sequence[FileTouch], *, keep: int | None = None) -> tuple[FileTouch, ...]:
+def _files(
+    a: Sequence[FileTouch], b: Sequence[FileTouch], *, keep: int | None = None
+) -> tuple[FileTouch, ...]:
     """Touches per path in first-seen order; ``keep`` bounds how many paths stay (the least recent go)."""
     sources: dict[str, list[int]] = {}
     changes: dict[str, list[SourcedText]] = {}
@@ -69,7 +89,9 @@ def _files(a: Sequence[FileTouch], b: Sequence[FileTouch], *, keep: int | None =
             path=p,
             sources=_cap(sources[p]),
             changes=_dedup(changes[p])[-_KEEP_CHANGES:],
-            views=tuple(FileView(lines=r, sha=h, sources=_cap(s)) for (r, h), s in views[p].items())[-_KEEP_VIEWS:],
+            views=tuple(FileView(lines=r, sha=h, sources=_cap(s)) for (r, h), s in views[p].items())[
+                -_KEEP_VIEWS:
+            ],
         )
         for p in paths
     )
@@ -102,7 +124,9 @@ def _failures(parent: Sequence[ToolFailure], child: StructuredSummary) -> tuple[
     """Parent failures (cleared by a child success of the same command), then all of the child's."""
     succeeded = {c.command: c.sources[-1] for c in child.commands if c.status == "success"}
     cleared = tuple(
-        f.model_copy(update={"cleared_at": succeeded[f.command]}) if f.cleared_at is None and f.command in succeeded else f
+        f.model_copy(update={"cleared_at": succeeded[f.command]})
+        if f.cleared_at is None and f.command in succeeded
+        else f
         for f in parent
     )
     own = {(f.call_id, f.status) for f in child.failures}
@@ -120,7 +144,13 @@ def _tallies(steps: Iterable[SourcedText], base: Sequence[ToolTally] = ()) -> tu
     counts: dict[str, list[int]] = {t.name: [t.runs, t.failed] for t in base}
     for step in steps:
         found = _STEP.match(step.text)
-        name = found["name"] if found else step.text.split(":", 1)[0] if step.text.startswith("replied:") else "other"
+        name = (
+            found["name"]
+            if found
+            else step.text.split(":", 1)[0]
+            if step.text.startswith("replied:")
+            else "other"
+        )
         tally = counts.setdefault(name, [0, 0])
         tally[0] += 1
         tally[1] += 1 if found and found["status"] != "success" else 0
@@ -170,7 +200,9 @@ def _superseded(actions: Sequence[ActionTaken]) -> set[int]:
     return moot
 
 
-def fold_actions(summary: StructuredSummary, keep: int | None, *, superseded: bool = False) -> StructuredSummary:
+def fold_actions(
+    summary: StructuredSummary, keep: int | None, *, superseded: bool = False
+) -> StructuredSummary:
     """Fold all but the newest ``keep`` actions (``None``: no bound) into one counted range;
     ``superseded`` ones fold first."""
     actions = summary.actions
@@ -206,7 +238,9 @@ def _merge_folds(a: StepFold | None, b: StepFold | None) -> StepFold | None:
         entry[0] += tally.runs
         entry[1] += tally.failed
     tools = _tallies((), tuple(ToolTally(name=n, runs=r, failed=f) for n, (r, f) in counts.items()))
-    return StepFold(first=min(a.first, b.first), last=max(a.last, b.last), steps=a.steps + b.steps, tools=tools)
+    return StepFold(
+        first=min(a.first, b.first), last=max(a.last, b.last), steps=a.steps + b.steps, tools=tools
+    )
 
 
 def _by_text(items: Iterable[SourcedText]) -> tuple[SourcedText, ...]:
@@ -265,7 +299,9 @@ def _cite(sources: Sequence[int]) -> str:
 
 
 def _fold_line(fold: StepFold, noun: str = "step") -> str:
-    tools = ", ".join(f"{t.name} ×{t.runs}" + (f" ({t.failed} failed)" if t.failed else "") for t in fold.tools)
+    tools = ", ".join(
+        f"{t.name} ×{t.runs}" + (f" ({t.failed} failed)" if t.failed else "") for t in fold.tools
+    )
     steps = f"{fold.steps} {noun}" + ("" if fold.steps == 1 else "s")
     return f"- records {fold.first}–{fold.last}: {steps}" + (f" — {tools}" if tools else "")
 
@@ -278,7 +314,10 @@ def _action_line(action: ActionTaken) -> str:
 
 def _file_line(touch: FileTouch) -> str:
     parts = [f"{c.text} ({_cite(c.sources)})" for c in touch.changes]
-    parts += [" ".join(p for p in (v.lines, f"#{v.sha}" if v.sha else "") if p) + f" ({_cite(v.sources)})" for v in touch.views]
+    parts += [
+        " ".join(p for p in (v.lines, f"#{v.sha}" if v.sha else "") if p) + f" ({_cite(v.sources)})"
+        for v in touch.views
+    ]
     return f"- {touch.path}: " + "; ".join(parts) if parts else f"- {touch.path} ({_cite(touch.sources)})"
 
 
@@ -292,7 +331,11 @@ def _command_line(run: CommandRun) -> str:
 
 def _failed_call(failure: ToolFailure) -> str:
     # The command says more to the model than an opaque call id; the id stays in the stored body.
-    return f"{failure.name} `{_clip(failure.command, 60)}`" if failure.command else f"{failure.name} {failure.call_id}"
+    return (
+        f"{failure.name} `{_clip(failure.command, 60)}`"
+        if failure.command
+        else f"{failure.name} {failure.call_id}"
+    )
 
 
 def _clip(text: str, limit: int) -> str:
@@ -325,7 +368,9 @@ def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collect
         lines.append(f"Current request: record {request.sources[0]}, shown in full outside this summary")
     # Constraints quoted by a record in view in full (the request, the run's task) are in view with
     # it: quoting them twice is waste.
-    lines += _texts("Constraints (quoted)", [c for c in summary.constraints if not set(c.sources) <= shown_in_full])
+    lines += _texts(
+        "Constraints (quoted)", [c for c in summary.constraints if not set(c.sources) <= shown_in_full]
+    )
     if summary.actions or summary.actions_folded:
         # What the agent already changed in the world: without it a later step may do it again.
         lines.append("Actions taken (side effects already done, oldest first):")
@@ -343,13 +388,17 @@ def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collect
         lines.append("Files modified:")
         lines += [_file_line(t) for t in summary.files_modified]
     elif summary.files_modified:
-        lines.append("Files modified: " + "; ".join(f"{t.path} ({_cite(t.sources)})" for t in summary.files_modified))
+        lines.append(
+            "Files modified: " + "; ".join(f"{t.path} ({_cite(t.sources)})" for t in summary.files_modified)
+        )
     if summary.files_read:
         if any(t.views for t in summary.files_read):
             lines.append("Files read:")
             lines += [_file_line(t) for t in summary.files_read]
         else:
-            lines.append("Files read: " + "; ".join(f"{t.path} ({_cite(t.sources)})" for t in summary.files_read))
+            lines.append(
+                "Files read: " + "; ".join(f"{t.path} ({_cite(t.sources)})" for t in summary.files_read)
+            )
     # A command that ran once is its progress line (or part of the folded counts) and, if it
     # failed, its line under latest failures: listing it here too would say it twice.
     telling = [c for c in summary.commands if c.runs > 1 or c.last_failure and c.status == "success"]
@@ -362,7 +411,10 @@ def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collect
         lines += [f"- {_failed_call(f)} {f.status}: {f.detail} ({_cite(f.sources)})" for f in open_failures]
     closed = [f for f in summary.failures if f not in open_failures]
     if closed:
-        lines.append("Earlier failures, since succeeded or retried: " + "; ".join(f"{_failed_call(f)} ({_cite(f.sources)})" for f in closed))
+        lines.append(
+            "Earlier failures, since succeeded or retried: "
+            + "; ".join(f"{_failed_call(f)} ({_cite(f.sources)})" for f in closed)
+        )
     lines += _texts("Unresolved", summary.unresolved)
     lines += _texts("Next steps", summary.next_steps)
     if summary.references:

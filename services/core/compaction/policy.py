@@ -37,6 +37,7 @@ __all__ = [
     "trigger_hits",
 ]
 
+
 @dataclass(frozen=True, slots=True)
 class Counters:
     """Counter totals (or a baseline) of a thread."""
@@ -99,7 +100,9 @@ def ratio_threshold(ratio: float, budget: int) -> int:
     return math.ceil(Fraction(str(ratio)) * budget)
 
 
-def trigger_hits(measure: ViewMeasure, totals: Counters, baseline: Counters, policy: CompactionPolicy) -> tuple[str, ...]:
+def trigger_hits(
+    measure: ViewMeasure, totals: Counters, baseline: Counters, policy: CompactionPolicy
+) -> tuple[str, ...]:
     """The enabled triggers that fire now, in a fixed order."""
     t = policy.triggers
     hits: list[str] = []
@@ -113,11 +116,17 @@ def trigger_hits(measure: ViewMeasure, totals: Counters, baseline: Counters, pol
 
 
 def retry_allowed(
-    throttle: Throttle, measure: ViewMeasure, totals: Counters, hits: tuple[str, ...], policy: CompactionPolicy
+    throttle: Throttle,
+    measure: ViewMeasure,
+    totals: Counters,
+    hits: tuple[str, ...],
+    policy: CompactionPolicy,
 ) -> bool:
     """Whether a throttled thread has changed enough to be worth another attempt."""
     t = policy.triggers
-    if measure.compressible - throttle.compressible >= math.ceil(Fraction(str(policy.retry_growth_ratio)) * measure.budget):
+    if measure.compressible - throttle.compressible >= math.ceil(
+        Fraction(str(policy.retry_growth_ratio)) * measure.budget
+    ):
         return True
     if t.user_turns is not None and totals.user_turns - throttle.user_turns >= t.user_turns:
         return True

@@ -54,7 +54,9 @@ def _brief(action: ActionTaken) -> ActionTaken:
     def clip(text: str, limit: int) -> str:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
-    return action.model_copy(update={"args": clip(action.args, _SKELETON_ARGS), "result": clip(action.result, _SKELETON_RESULT)})
+    return action.model_copy(
+        update={"args": clip(action.args, _SKELETON_ARGS), "result": clip(action.result, _SKELETON_RESULT)}
+    )
 
 
 def fit_summary(
@@ -115,7 +117,12 @@ def _trim(
     references: int | None = None,
 ) -> StructuredSummary:
     """Keep the newest ``n`` items of each list named (``None`` leaves it as it is)."""
-    limits = {"decisions": decisions, "unresolved": unresolved, "approaches_failed": approaches, "references": references}
+    limits = {
+        "decisions": decisions,
+        "unresolved": unresolved,
+        "approaches_failed": approaches,
+        "references": references,
+    }
     update = {name: _newest(getattr(summary, name), n) for name, n in limits.items() if n is not None}
     return summary.model_copy(update=update)
 
@@ -125,7 +132,9 @@ def _newest(items: tuple[object, ...], n: int) -> tuple[object, ...]:
 
 
 def _forget_fixed_failures(summary: StructuredSummary) -> StructuredSummary:
-    commands = tuple(c.model_copy(update={"last_failure": ""}) if c.status == "success" else c for c in summary.commands)
+    commands = tuple(
+        c.model_copy(update={"last_failure": ""}) if c.status == "success" else c for c in summary.commands
+    )
     return summary.model_copy(update={"commands": commands})
 
 
@@ -135,11 +144,15 @@ def _reads_as_paths(summary: StructuredSummary) -> StructuredSummary:
 
 
 def _only_failing_commands(summary: StructuredSummary) -> StructuredSummary:
-    return summary.model_copy(update={"commands": tuple(c for c in summary.commands if c.status != "success")})
+    return summary.model_copy(
+        update={"commands": tuple(c for c in summary.commands if c.status != "success")}
+    )
 
 
 def _changes(summary: StructuredSummary, *, keep: int) -> StructuredSummary:
-    modified = tuple(t.model_copy(update={"changes": _newest(t.changes, keep)}) for t in summary.files_modified)
+    modified = tuple(
+        t.model_copy(update={"changes": _newest(t.changes, keep)}) for t in summary.files_modified
+    )
     return summary.model_copy(update={"files_modified": modified})
 
 

@@ -66,7 +66,12 @@ def measure_view(
     summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
     compressible = sum(block_tokens(b, encoding) for b in eligible)
-    return ViewMeasure(estimated=shown + summary + REPLY_PRIMING, required=required + REPLY_PRIMING, compressible=compressible, budget=budget), eligible
+    return ViewMeasure(
+        estimated=shown + summary + REPLY_PRIMING,
+        required=required + REPLY_PRIMING,
+        compressible=compressible,
+        budget=budget,
+    ), eligible
 
 
 def summary_cap(policy: CompactionPolicy, budget: int, required: int) -> int:
@@ -115,7 +120,9 @@ def choose_cover(
     return CoverChoice(blocks=tuple(chosen), covered_to=covered_to, tokens=covered)
 
 
-def split_segments(blocks: Sequence[DraftBlock], max_tokens: int, encoding: EncodingName) -> list[list[DraftBlock]]:
+def split_segments(
+    blocks: Sequence[DraftBlock], max_tokens: int, encoding: EncodingName
+) -> list[list[DraftBlock]]:
     """Whole blocks packed in order into segments of at most ``max_tokens`` (a lone bigger block gets its own)."""
     segments: list[list[DraftBlock]] = []
     current: list[DraftBlock] = []

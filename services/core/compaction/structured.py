@@ -43,7 +43,17 @@ from services.core.records import (
 )
 from services.core.compaction.actions import action_args, is_action, primary_id
 from services.core.compaction.files import files_of_call
-from services.core.compaction.model import ActionTaken, CommandRun, FileTouch, FileView, Segment, SourcedText, Status, StructuredSummary, ToolFailure
+from services.core.compaction.model import (
+    ActionTaken,
+    CommandRun,
+    FileTouch,
+    FileView,
+    Segment,
+    SourcedText,
+    Status,
+    StructuredSummary,
+    ToolFailure,
+)
 
 __all__ = ["StructuredSummarizer", "call_key", "error_line", "summarize_records"]
 
@@ -121,7 +131,9 @@ def _meaningful_lines(text: str, command: str = "") -> list[str]:
     echo = " ".join(command.split())
     lines = [line.strip() for line in text.splitlines()]
     return [
-        line for line in lines if line and not _NOISE.match(line) and (not echo or " ".join(line.removeprefix("$ ").split()) != echo)
+        line
+        for line in lines
+        if line and not _NOISE.match(line) and (not echo or " ".join(line.removeprefix("$ ").split()) != echo)
     ]
 
 
@@ -140,7 +152,10 @@ def error_line(text: str, command: str = "") -> str:
     picks = [
         _last(lines, lambda line: bool(_ERROR_CLASS.match(line))),
         _last(lines, lambda line: bool(_FAILED_TEST.match(line))),
-        _last(lines, lambda line: bool(_FLAGGED.search(line) or _ERRORISH.search(line)) and not _TRACEBACK.match(line)),
+        _last(
+            lines,
+            lambda line: bool(_FLAGGED.search(line) or _ERRORISH.search(line)) and not _TRACEBACK.match(line),
+        ),
     ]
     chosen = sorted({i for i in picks if i is not None})
     parts = [_clip(lines[i], 200) for i in chosen] or [_clip(lines[0], 200) if lines else "(no output)"]
@@ -317,10 +332,15 @@ class _Ledger:
         shell = _shell_command(args)
         if status == "success":
             self.failures = [
-                f.model_copy(update={"cleared_at": record.seq}) if f.command == key and f.cleared_at is None else f for f in self.failures
+                f.model_copy(update={"cleared_at": record.seq})
+                if f.command == key and f.cleared_at is None
+                else f
+                for f in self.failures
             ]
             for path in files_of_call(name, args).read if call is not None else ():
-                self.views.setdefault(path, []).append(FileView(lines=_range_of(args), sha=_sha(record.text), sources=sources))
+                self.views.setdefault(path, []).append(
+                    FileView(lines=_range_of(args), sha=_sha(record.text), sources=sources)
+                )
         detail = error_line(record.text, shell) if status != "success" else ""
         self._command(key, name, status, detail, sources)
         if call is not None and is_action(name, args):
@@ -341,7 +361,9 @@ class _Ledger:
             )
             self.failures.append(failure)
             self.pending_failure = (key, failure)
-        return SourcedText(text=f"{name}({_args_brief(args)}) → {status}: {_snippet(record.text, shell)}", sources=sources)
+        return SourcedText(
+            text=f"{name}({_args_brief(args)}) → {status}: {_snippet(record.text, shell)}", sources=sources
+        )
 
     def unanswered(self) -> None:
         """Actions whose outcome is not among the records: whether they happened is unknown, not "no"."""
@@ -349,8 +371,13 @@ class _Ledger:
             name, args = call.name, call.args
             if call_id not in self.answered and is_action(name, args):
                 action = ActionTaken(
-                    tool=name, args=action_args(args), status="unknown", result="(no outcome recorded)",
-                    call_id=call_id, target=primary_id(args), sources=(record.seq,),
+                    tool=name,
+                    args=action_args(args),
+                    status="unknown",
+                    result="(no outcome recorded)",
+                    call_id=call_id,
+                    target=primary_id(args),
+                    sources=(record.seq,),
                 )
                 self.actions.append(action)
         self.actions.sort(key=lambda a: a.sources[0])
@@ -386,7 +413,9 @@ class _Ledger:
         self.last_change = None
 
 
-def summarize_records(records: Sequence[LedgerRecord], *, current_request: LedgerRecord | None = None) -> StructuredSummary:
+def summarize_records(
+    records: Sequence[LedgerRecord], *, current_request: LedgerRecord | None = None
+) -> StructuredSummary:
     """The structured summary of ``records`` (whole groups, in seq order)."""
     ledger = _Ledger()
     goal: SourcedText | None = None
@@ -408,33 +437,55 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
                     goal = goal or item
                     request = item
                 constraints += _constraints(record)
-                questions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in _sentences(record.text) if s.endswith("?")]
+                questions += [
+                    SourcedText(text=_clip(s), sources=(record.seq,))
+                    for s in _sentences(record.text)
+                    if s.endswith("?")
+                ]
             case AssistantMessageBody():
                 # The last message that says something: a bare tool call states no intent.
                 last_assistant = record if record.text.strip() else last_assistant
                 ledger.reaction(record)
                 sentences = list(_sentences(record.text))
-                decisions += [SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)][:2]
+                decisions += [
+                    SourcedText(text=_clip(s), sources=(record.seq,)) for s in sentences if _is_decision(s)
+                ][:2]
                 guess = next((s for s in reversed(sentences) if _HYPOTHESIS.search(s)), None)
-                hypothesis = SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
+                hypothesis = (
+                    SourcedText(text=_clip(guess, 300), sources=(record.seq,)) if guess else hypothesis
+                )
                 for call in body.tool_calls:
                     ledger.call(record, call)
                 if not body.tool_calls and record.text.strip():
-                    progress.append(SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,)))
+                    progress.append(
+                        SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,))
+                    )
             case ToolOutcomeBody():
                 progress.append(ledger.outcome(record, body))
                 references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
             case ResourceBody() | ChildResultBody():
-                progress.append(SourcedText(text=_clip(f"{record.kind}: {record.text or record.payload}", 300), sources=(record.seq,)))
+                progress.append(
+                    SourcedText(
+                        text=_clip(f"{record.kind}: {record.text or record.payload}", 300),
+                        sources=(record.seq,),
+                    )
+                )
             case (
-                SystemBody() | RunStatusBody() | ContextExportBody() | ContextResetBody() | StatePatchBody() | OperationReconcileBody()
+                SystemBody()
+                | RunStatusBody()
+                | ContextExportBody()
+                | ContextResetBody()
+                | StatePatchBody()
+                | OperationReconcileBody()
             ):
                 pass  # instructions, execution state and exported background are not progress
             case _:
                 assert_never(body)
 
     if current_request is not None:
-        request = SourcedText(text=_clip(current_request.text, 1200) or "(empty)", sources=(current_request.seq,))
+        request = SourcedText(
+            text=_clip(current_request.text, 1200) or "(empty)", sources=(current_request.seq,)
+        )
     next_steps = _next_steps(last_assistant, ledger.failures, records)
     ledger.unanswered()
     return StructuredSummary(
@@ -446,7 +497,8 @@ def summarize_records(records: Sequence[LedgerRecord], *, current_request: Ledge
         decisions=tuple(decisions),
         progress=tuple(progress),
         files_read=tuple(
-            FileTouch(path=p, sources=_cap(s), views=_distinct_views(ledger.views.get(p, []))) for p, s in ledger.read.items()
+            FileTouch(path=p, sources=_cap(s), views=_distinct_views(ledger.views.get(p, [])))
+            for p, s in ledger.read.items()
         ),
         files_modified=tuple(
             FileTouch(path=p, sources=_cap(s), changes=tuple(dict.fromkeys(ledger.changes.get(p, [])))[-4:])
@@ -471,15 +523,25 @@ def _distinct_views(views: Sequence[FileView]) -> tuple[FileView, ...]:
     return tuple(FileView(lines=r, sha=h, sources=_cap(s)) for (r, h), s in merged.items())[-3:]
 
 
-def _next_steps(last: LedgerRecord | None, failures: list[ToolFailure], records: Sequence[LedgerRecord]) -> tuple[SourcedText, ...]:
+def _next_steps(
+    last: LedgerRecord | None, failures: list[ToolFailure], records: Sequence[LedgerRecord]
+) -> tuple[SourcedText, ...]:
     steps: list[SourcedText] = []
     if last is not None and last.text.strip():
-        steps.append(SourcedText(text=_clip("continue from the last stated intent: " + last.text, 300), sources=(last.seq,)))
+        steps.append(
+            SourcedText(
+                text=_clip("continue from the last stated intent: " + last.text, 300), sources=(last.seq,)
+            )
+        )
     if failures and failures[-1].sources[-1] == records[-1].seq:
         f = failures[-1]
-        steps.append(SourcedText(text=f"resolve the failed {f.name} call {f.call_id}: {f.detail}", sources=f.sources))
+        steps.append(
+            SourcedText(text=f"resolve the failed {f.name} call {f.call_id}: {f.detail}", sources=f.sources)
+        )
     if not steps:
-        steps.append(SourcedText(text=f"continue the task after record {records[-1].seq}", sources=(records[-1].seq,)))
+        steps.append(
+            SourcedText(text=f"continue the task after record {records[-1].seq}", sources=(records[-1].seq,))
+        )
     return tuple(steps)
 
 

@@ -49,7 +49,9 @@ def validate_candidate(
         problems.append("no next steps")
     expected_from = parent.covered_from if parent else covered[0].seq
     if summary.covered_from != expected_from or summary.covered_to < covered[-1].seq:
-        problems.append(f"covers {summary.covered_from}–{summary.covered_to}, expected {expected_from}–{covered[-1].seq}")
+        problems.append(
+            f"covers {summary.covered_from}–{summary.covered_to}, expected {expected_from}–{covered[-1].seq}"
+        )
     problems += _check_sources(summary, existing_seqs)
     problems += _check_files(summary, covered)
     problems += _check_failures(summary, covered)
@@ -65,7 +67,9 @@ def _check_sources(summary: StructuredSummary, existing: Collection[int]) -> lis
         if item is not None and any(s not in existing for s in item.sources):
             problems.append(f"cites unknown records {sorted(set(item.sources) - set(existing))}")
     ranged = cited_seqs(summary, skip=("goal", "current_request"))
-    outside = sorted({s for s in ranged if s not in existing or not summary.covered_from <= s <= summary.covered_to})
+    outside = sorted(
+        {s for s in ranged if s not in existing or not summary.covered_from <= s <= summary.covered_to}
+    )
     if outside:
         problems.append(f"cites records outside the covered range: {outside[:10]}")
     return problems
@@ -86,7 +90,12 @@ def _check_actions(summary: StructuredSummary, covered: Sequence[LedgerRecord]) 
     missing: list[str] = []
     for record in covered:
         body = record.body
-        if not isinstance(body, AssistantMessageBody) or record.seq in cited or fold is not None and fold.first <= record.seq <= fold.last:
+        if (
+            not isinstance(body, AssistantMessageBody)
+            or record.seq in cited
+            or fold is not None
+            and fold.first <= record.seq <= fold.last
+        ):
             continue
         for call in body.tool_calls:
             if call.call_id not in ids and is_action(call.name, call.args):
@@ -113,6 +122,8 @@ def _check_failures(summary: StructuredSummary, covered: Sequence[LedgerRecord])
     missing = [
         f"{o.call_id} ({o.status})"
         for o in (r.body for r in covered)
-        if isinstance(o, ToolOutcomeBody) and o.status is not ToolStatus.SUCCESS and (o.call_id, o.status.value) not in listed
+        if isinstance(o, ToolOutcomeBody)
+        and o.status is not ToolStatus.SUCCESS
+        and (o.call_id, o.status.value) not in listed
     ]
     return [f"tool failures missing: {missing[:10]}"] if missing else []

@@ -1,6 +1,13 @@
 """Offline evaluation of what the model sees: traces → baseline contexts, probes and metrics (no I/O)."""
 
-from services.core.evaluation.baselines import BASELINES, MASK_MARKER, Baseline, BaselineContext, baseline_context, mask_old_outputs
+from services.core.evaluation.baselines import (
+    BASELINES,
+    MASK_MARKER,
+    Baseline,
+    BaselineContext,
+    baseline_context,
+    mask_old_outputs,
+)
 from services.core.evaluation.chat import ChatMsg, History, Unit, history_of, with_system_prompt
 from services.core.evaluation.counting import ContextCounter, count_context, count_message, count_tools
 from services.core.evaluation.probes import PROBE_KINDS, Probe, ProbeKind, haystack_of, is_present, probes_at

@@ -19,7 +19,15 @@ from typing import assert_never
 from services.core.evaluation.chat import ChatMsg, History, Unit
 from services.core.evaluation.counting import ContextCounter
 
-__all__ = ["BASELINES", "DEFAULT_KEEP_OUTPUTS", "Baseline", "BaselineContext", "MASK_MARKER", "baseline_context", "mask_old_outputs"]
+__all__ = [
+    "BASELINES",
+    "DEFAULT_KEEP_OUTPUTS",
+    "Baseline",
+    "BaselineContext",
+    "MASK_MARKER",
+    "baseline_context",
+    "mask_old_outputs",
+]
 
 MASK_MARKER = "[older tool output omitted]"
 DEFAULT_KEEP_OUTPUTS = 5
@@ -46,7 +54,12 @@ class BaselineContext:
 
 
 def baseline_context(
-    kind: Baseline, history: History, budget: int, counter: ContextCounter, *, keep_outputs: int = DEFAULT_KEEP_OUTPUTS
+    kind: Baseline,
+    history: History,
+    budget: int,
+    counter: ContextCounter,
+    *,
+    keep_outputs: int = DEFAULT_KEEP_OUTPUTS,
 ) -> BaselineContext:
     """The context ``kind`` sends for ``history`` under ``budget``."""
     match kind:
@@ -79,7 +92,9 @@ def mask_old_outputs(units: tuple[Unit, ...], keep_outputs: int) -> tuple[Unit, 
     return tuple(out)
 
 
-def _newest_that_fit(history: History, units: tuple[Unit, ...], budget: int, counter: ContextCounter) -> BaselineContext:
+def _newest_that_fit(
+    history: History, units: tuple[Unit, ...], budget: int, counter: ContextCounter
+) -> BaselineContext:
     pinned = [*history.system, *history.task]
     used = counter.context(pinned)
     if used > budget:

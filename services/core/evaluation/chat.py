@@ -81,14 +81,20 @@ def history_of(lines: Sequence[TraceLine]) -> History:
                 assistant: ChatMsg = {"role": "assistant", "content": line.text}
                 if line.tool_calls:
                     assistant["tool_calls"] = [
-                        {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c.args)}}
+                        {
+                            "id": c.call_id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": arguments_json(c.args)},
+                        }
                         for c in line.tool_calls
                     ]
                 open_group = [assistant]
             case RecordKind.TOOL_OUTCOME:
                 if open_group is None:  # a result without its call: shown as its own unit
                     open_group = []
-                open_group.append({"role": "tool", "tool_call_id": line.call_id or "", "content": tool_content(line)})
+                open_group.append(
+                    {"role": "tool", "tool_call_id": line.call_id or "", "content": tool_content(line)}
+                )
                 results += 1
             case (
                 RecordKind.RESOURCE_ACTIVATED

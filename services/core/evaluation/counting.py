@@ -15,7 +15,15 @@ from pydantic import JsonValue
 
 from services.core.tokens import TokenCounter
 
-__all__ = ["ContextCounter", "MESSAGE_FRAMING", "REPLY_PRIMING", "TOOL_CALL_FRAMING", "count_context", "count_message", "count_tools"]
+__all__ = [
+    "ContextCounter",
+    "MESSAGE_FRAMING",
+    "REPLY_PRIMING",
+    "TOOL_CALL_FRAMING",
+    "count_context",
+    "count_message",
+    "count_tools",
+]
 
 MESSAGE_FRAMING = 3
 TOOL_CALL_FRAMING = 3
@@ -24,7 +32,11 @@ REPLY_PRIMING = 3
 
 def count_message(message: Mapping[str, JsonValue], counter: TokenCounter) -> int:
     """Tokens of one chat message as sent."""
-    tokens = MESSAGE_FRAMING + counter.count(_text(message.get("role"))) + counter.count(_text(message.get("content")))
+    tokens = (
+        MESSAGE_FRAMING
+        + counter.count(_text(message.get("role")))
+        + counter.count(_text(message.get("content")))
+    )
     calls = message.get("tool_calls")
     if isinstance(calls, list):
         for call in calls:
@@ -47,7 +59,9 @@ def count_tools(tools: Sequence[Mapping[str, JsonValue]], counter: TokenCounter)
 
 
 def count_context(
-    messages: Sequence[Mapping[str, JsonValue]], counter: TokenCounter, tools: Sequence[Mapping[str, JsonValue]] = ()
+    messages: Sequence[Mapping[str, JsonValue]],
+    counter: TokenCounter,
+    tools: Sequence[Mapping[str, JsonValue]] = (),
 ) -> int:
     """Tokens of a whole request: tools, every message, and the reply priming."""
     return count_tools(tools, counter) + sum(count_message(m, counter) for m in messages) + REPLY_PRIMING
@@ -76,7 +90,9 @@ class ContextCounter:
         """Tokens of messages, without the reply priming or tools."""
         return sum(self.message(m) for m in messages)
 
-    def context(self, messages: Sequence[Mapping[str, JsonValue]], tools: Sequence[Mapping[str, JsonValue]] = ()) -> int:
+    def context(
+        self, messages: Sequence[Mapping[str, JsonValue]], tools: Sequence[Mapping[str, JsonValue]] = ()
+    ) -> int:
         """Tokens of a whole request, as ``count_context``."""
         return count_tools(tools, self.counter) + self.messages(messages) + REPLY_PRIMING
 

@@ -89,7 +89,9 @@ class SystemScore:
     tokens: int = 0
     prefix_tokens: int = 0
     later_tokens: int = 0
-    probes: dict[str, ProbeTally] = field(default_factory=lambda: {k.value: ProbeTally() for k in PROBE_KINDS})
+    probes: dict[str, ProbeTally] = field(
+        default_factory=lambda: {k.value: ProbeTally() for k in PROBE_KINDS}
+    )
     steps: int = 0
     compactions: int | None = None
     summary_tokens_end: int | None = None
@@ -140,11 +142,16 @@ class SystemScore:
             "tokens": self.tokens,
             "tokens_per_task": round(self.tokens / self.tasks) if self.tasks else None,
             "cache_reuse": _round(self.cache_reuse),
-            "probes": {k: {"passed": t.passed, "total": t.total, "rate": _round(t.rate)} for k, t in self.probes.items()},
+            "probes": {
+                k: {"passed": t.passed, "total": t.total, "rate": _round(t.rate)}
+                for k, t in self.probes.items()
+            },
             "steps": self.steps,
             "compactions": self.compactions,
             "compactions_per_100_steps": (
-                round(100 * self.compactions / self.steps, 2) if self.compactions is not None and self.steps else None
+                round(100 * self.compactions / self.steps, 2)
+                if self.compactions is not None and self.steps
+                else None
             ),
             "summary_tokens_end": self.summary_tokens_end,
             "misses": list(self.misses),
@@ -219,7 +226,11 @@ def score_trace(
         # but the required content does (where it does not, every system fails: see `failed`).
         probed = full_tokens > budget and required_fits
         probes = probes_at(seen) if probed else []
-        row: dict[str, JsonValue] = {"prepare": ordinal, "line": lines[index].line, "full_tokens": full_tokens}
+        row: dict[str, JsonValue] = {
+            "prepare": ordinal,
+            "line": lines[index].line,
+            "full_tokens": full_tokens,
+        }
         contexts: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...], int, bool] | None] = {}
         if isinstance(outcome, FleetContext):
             tokens = counter.context(outcome.messages, outcome.tools)
@@ -254,7 +265,9 @@ def score_trace(
                 score.later_tokens += tokens
             previous[system] = (messages, tools)
         if probed:
-            row["systems"] = {s: _probe(scores[s], probes, contexts[s], (name, ordinal, lines[index].line)) for s in SYSTEMS}
+            row["systems"] = {
+                s: _probe(scores[s], probes, contexts[s], (name, ordinal, lines[index].line)) for s in SYSTEMS
+            }
             detail.append(row)
     return TraceScore(name, budget, len(points), scores, detail)
 
@@ -277,12 +290,26 @@ def _probe(
             continue
         missing.append(probe.kind.value)
         # One example per probe kind: a person looking at what the model saw wants variety, not volume.
-        if score.system == CTXFLEET and len(score.misses) < MAX_MISSES and all(m["probe"] != probe.kind.value for m in score.misses):
+        if (
+            score.system == CTXFLEET
+            and len(score.misses) < MAX_MISSES
+            and all(m["probe"] != probe.kind.value for m in score.misses)
+        ):
             score.misses.append(
-                {"trace": where[0], "prepare": where[1], "line": where[2], "probe": probe.kind.value,
-                 "text": probe.text[:_MISS_CHARS], "from_line": probe.line}
+                {
+                    "trace": where[0],
+                    "prepare": where[1],
+                    "line": where[2],
+                    "probe": probe.kind.value,
+                    "text": probe.text[:_MISS_CHARS],
+                    "from_line": probe.line,
+                }
             )
-    return {"tokens": ctx[2] if ctx is not None else 0, "failed": ctx is None or (score.system != CTXFLEET and ctx[3]), "missing": missing}
+    return {
+        "tokens": ctx[2] if ctx is not None else 0,
+        "failed": ctx is None or (score.system != CTXFLEET and ctx[3]),
+        "missing": missing,
+    }
 
 
 def _required_tokens(history: History, counter: ContextCounter) -> int:
