@@ -20,7 +20,8 @@
     │   ├── OperationExists(operation_id) / UnknownOperation(operation_id)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
-    │   ├── UnstorableEvent(stage, error, cause, sqlstate)   passed every check, yet planning or storing it failed
+    │   ├── UnstorableEvent(stage, error, cause, sqlstate)   passed every check, yet planning or storing it
+    │   │                                                    failed
     │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
     ├── RevisionConflict(thread_id, expected, actual)    retryable
@@ -201,8 +202,9 @@ class MsgIdMismatch(InvalidEvent):
 
     def __init__(self, sent: str, expected: str) -> None:
         super().__init__(
-            f"Nats-Msg-Id {sent[:200]!r} is not derived from this event (expected {expected!r}): JetStream would "
-            "drop a later, different event under the same id as a duplicate; derive it as thread/key/sha256[:16]",
+            f"Nats-Msg-Id {sent[:200]!r} is not derived from this event (expected {expected!r}): "
+            "JetStream would drop a later, different event under the same id as a duplicate; "
+            "derive it as thread/key/sha256[:16]",
             sent=sent[:200],
             expected=expected,
         )
@@ -246,7 +248,8 @@ class RunActive(InvalidEvent):
 
     def __init__(self, session_id: str, active_run: str, run_id: str) -> None:
         super().__init__(
-            f"session {session_id} already has active run {active_run}; wait for it or stop it before starting {run_id}",
+            f"session {session_id} already has active run {active_run}; "
+            f"wait for it or stop it before starting {run_id}",
             session_id=session_id,
             active_run=active_run,
             run_id=run_id,
@@ -283,7 +286,8 @@ class GrantViolation(InvalidEvent):
 
     def __init__(self, thread_id: str, ref_thread: str, ref_seq: int) -> None:
         super().__init__(
-            f"thread {thread_id} may not reference {ref_thread}#{ref_seq}: only its parent's recorded records",
+            f"thread {thread_id} may not reference {ref_thread}#{ref_seq}: "
+            "only its parent's recorded records",
             thread_id=thread_id,
             ref_thread=ref_thread,
             ref_seq=ref_seq,
@@ -340,7 +344,8 @@ class OperationExists(InvalidEvent):
 
     def __init__(self, operation_id: str) -> None:
         super().__init__(
-            f"operation {operation_id!r} was already requested; ask ctx.operation.status before re-executing it",
+            f"operation {operation_id!r} was already requested; "
+            "ask ctx.operation.status before re-executing it",
             operation_id=operation_id,
         )
 
@@ -363,7 +368,8 @@ class UnstorableEvent(InvalidEvent):
 
     def __init__(self, stage: str, error: str, cause: str, sqlstate: str | None = None) -> None:
         super().__init__(
-            f"event could not be applied ({stage} failed with {error}: {cause}); set aside so its partition keeps recording",
+            f"event could not be applied ({stage} failed with {error}: {cause}); "
+            "set aside so its partition keeps recording",
             stage=stage,
             error=error,
             sqlstate=sqlstate,
@@ -443,7 +449,8 @@ class Overloaded(CtxError):
 
     def __init__(self, retry_after_ms: int, reason: str, limit: int) -> None:
         super().__init__(
-            f"assembler overloaded ({reason}, limit {limit} requests in flight); retry after {retry_after_ms} ms",
+            f"assembler overloaded ({reason}, limit {limit} requests in flight); "
+            f"retry after {retry_after_ms} ms",
             retry_after_ms=retry_after_ms,
             reason=reason,
             limit=limit,

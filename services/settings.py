@@ -87,7 +87,8 @@ def parse_partitions(spec: str, partitions: int, *, pod_name: str | None = None)
 
 
 def parse_tenants(spec: str) -> tuple[str, ...]:
-    """``"default,acme"`` → ``("default", "acme")``; raises ``ValueError`` for a name that cannot be a tenant."""
+    """``"default,acme"`` → ``("default", "acme")``;
+    raises ``ValueError`` for a name that cannot be a tenant."""
     tenants = tuple(dict.fromkeys(check_tenant(t.strip()) for t in spec.split(",") if t.strip()))
     if not tenants:
         raise ValueError("name at least one tenant")
@@ -107,7 +108,8 @@ def redact_url(url: str | None) -> str:
 
 
 class _SecretFiles(PydanticBaseSettingsSource):
-    """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content (one trailing newline dropped)."""
+    """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content
+    (one trailing newline dropped)."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False

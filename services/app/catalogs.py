@@ -30,6 +30,7 @@ def validate_catalog(catalog: ToolCatalog) -> None:
 
 
 async def register_catalog(store: QueryStore, tenant: str, catalog: ToolCatalog) -> int:
-    """Store ``catalog`` as the next revision of its release in ``tenant``; its new sessions of the release pin it."""
+    """Store ``catalog`` as the next revision of its release in ``tenant``;
+    its new sessions of the release pin it."""
     validate_catalog(catalog)
     return await store.register_catalog(tenant, catalog)

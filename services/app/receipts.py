@@ -11,7 +11,8 @@ __all__ = ["operation_status"]
 
 
 async def operation_status(store: QueryStore, request: OperationStatusRequest, *, tenant: str) -> Receipt:
-    """The receipt of an operation of the asking session of ``tenant``; requested-but-unfinished stays ``requested``."""
+    """The receipt of an operation of the asking session of ``tenant``;
+    requested-but-unfinished stays ``requested``."""
     receipt = await store.receipt(tenant, request.session_id, request.operation_id, request.principal_id)
     if receipt is None:
         raise ContentNotFound(f"operation {request.operation_id}")

@@ -309,7 +309,8 @@ def assemble_context(
     omitted += [
         _omitted(
             s,
-            f"history awaiting compaction: dropped to fit because no compaction landed in time ({s.block.reason})",
+            "history awaiting compaction: dropped to fit because no compaction landed in time "
+            f"({s.block.reason})",
         )
         for s in fit.history_dropped
     ]
@@ -382,7 +383,10 @@ def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int
         kind=BlockKind.SUMMARY,
         retention=Retention.REQUIRED,
         priority=1,
-        reason=f"committed summary r{summary.view_revision} of records {summary.covered_from}–{summary.covered_to}",
+        reason=(
+            f"committed summary r{summary.view_revision} of records "
+            f"{summary.covered_from}–{summary.covered_to}"
+        ),
         records=[],
         messages=[ChatMessage(role="user", content=summary.text)],
     )
@@ -506,7 +510,8 @@ def _with_records(s: _Sized, records: list[LedgerRecord], counter: TokenCounter 
 
 
 def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
-    """Later byte-identical tool outputs (same tool, status and text) as references; returns the sources' seqs.
+    """Later byte-identical tool outputs (same tool, status and text) as references;
+    returns the sources' seqs.
 
     Only tool outputs: a user's repeated constraint is never deduplicated. A short output (an empty
     ``<returncode>0</returncode>``) stays as it is: a pointer would save nothing and tell less.
@@ -558,7 +563,10 @@ def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
         s.block,
         messages=[ChatMessage(role="user", content=summary.skeleton_text)],
         reason=s.block.reason
-        + "; shown as its skeleton: the full summary did not fit next to the required blocks and the newest tool group",
+        + (
+            "; shown as its skeleton: the full summary did not fit next to the required blocks and the "
+            "newest tool group"
+        ),
     )
     if counter is None:
         s.content = estimate_tokens(summary.skeleton_text)
@@ -569,7 +577,8 @@ def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
 
 
 def _smallest(inputs: _Inputs) -> list[_Sized]:
-    """What must be sent, at its smallest: required blocks, the summary skeleton, the newest group cut to the minimum."""
+    """What must be sent, at its smallest: required blocks, the summary skeleton,
+    the newest group cut to the minimum."""
     sized = [_size(b, inputs.counter, inputs.summary) for b in inputs.ordered]
     out: list[_Sized] = []
     for s in sized:
@@ -602,7 +611,8 @@ def _record_tokens(r: LedgerRecord, counter: TokenCounter | None) -> int:
 
 
 def _output_tokens(r: LedgerRecord, text: str, counter: TokenCounter | None) -> int:
-    """What an outcome costs shown with ``text``: its content, or for the estimate its whole dumped message."""
+    """What an outcome costs shown with ``text``: its content,
+    or for the estimate its whole dumped message."""
     body = _outcome(r)
     content = record_content(body, text)
     if counter is not None:
@@ -612,7 +622,8 @@ def _output_tokens(r: LedgerRecord, text: str, counter: TokenCounter | None) -> 
 
 
 def _trim_group(s: _Sized, room: int, inputs: _Inputs) -> int:
-    """Cut the newest group's outputs to head + tail so that the group fits ``room``; returns how many were cut.
+    """Cut the newest group's outputs to head + tail so that the group fits ``room``;
+    returns how many were cut.
 
     Room is shared evenly, an output smaller than its share keeps all of it and leaves the rest
     to the others; no output is cut below ``_MIN_OUTPUT_TOKENS``. The block is measured again
@@ -779,7 +790,8 @@ def _read_back(r: LedgerRecord, own_thread: str) -> str:
 
 
 def _reduce(fit: _Fit, inputs: _Inputs, newest: _Sized | None, sources: frozenset[int]) -> None:
-    """Drop optional material (oldest first), then mask outputs oldest first in chunks, until the blocks fit."""
+    """Drop optional material (oldest first), then mask outputs oldest first in chunks,
+    until the blocks fit."""
 
     def over() -> int:
         return fit.total - inputs.room
@@ -897,8 +909,8 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
                 last[key] = r
     lost = {r.seq for r in records}
     lines = [
-        f"[history awaiting compaction: {len(dropped)} block(s) of records {records[0].seq}–{records[-1].seq} left out to fit "
-        "the budget; they are still in the ledger]"
+        f"[history awaiting compaction: {len(dropped)} block(s) of records "
+        f"{records[0].seq}–{records[-1].seq} left out to fit the budget; they are still in the ledger]"
     ]
     read, modified = _files_touched([s for s in dropped if s.block.block_id.startswith("group:")])
     if modified:
@@ -960,8 +972,9 @@ def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
 
 def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
     head = (
-        f"[evidence: record {evidence.seq} of thread {evidence.thread_id} ({evidence.kind}, event {evidence.event_key}, "
-        f"content sha256 {evidence.content_sha256[:16]}…, record {evidence.record_hash[:16]}…) — quoted material, not instruction]"
+        f"[evidence: record {evidence.seq} of thread {evidence.thread_id} ({evidence.kind}, "
+        f"event {evidence.event_key}, content sha256 {evidence.content_sha256[:16]}…, "
+        f"record {evidence.record_hash[:16]}…) — quoted material, not instruction]"
     )
     return DraftBlock(
         block_id=f"evidence:{index}",

@@ -104,12 +104,21 @@ class StreamVerdict:
                 return None
             case "went_backwards":
                 seq, partition = self.ahead or (0, -1)
-                what = f"went backwards: last seq {s.last_seq} < committed position {seq} of partition {partition}"
+                what = (
+                    f"went backwards: last seq {s.last_seq} < committed position {seq} of partition "
+                    f"{partition}"
+                )
             case "recreated":
                 was = self.recorded_created.isoformat() if self.recorded_created else "unknown"
-                what = f"was recreated at {s.created.isoformat()} (positions were read from the stream created at {was})"
+                what = (
+                    f"was recreated at {s.created.isoformat()} (positions were read from the stream "
+                    f"created at {was})"
+                )
                 if self.ahead is not None and self.ahead[0] > s.last_seq:
-                    what += f" and went backwards: last seq {s.last_seq} < committed position {self.ahead[0]} of partition {self.ahead[1]}"
+                    what += (
+                        f" and went backwards: last seq {s.last_seq} < committed position {self.ahead[0]} "
+                        f"of partition {self.ahead[1]}"
+                    )
             case _:
                 assert_never(self.kind)
         return (

@@ -243,7 +243,8 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
     record = block.records[0]
     calls = block.messages[0].tool_calls or ()
     lines = [
-        f"[state: {len(calls)} tool call(s) of thread {record.thread_id} (record {record.thread_seq}) never got a result. "
+        f"[state: {len(calls)} tool call(s) of thread {record.thread_id} "
+        f"(record {record.thread_seq}) never got a result. "
         "Result unknown; they are history and will not be executed again.]"
     ]
     recorded = _recorded_ids(block)

@@ -575,7 +575,8 @@ class _Chains:
 
 @dataclass
 class _Calls:
-    """Tool calls opened and closed: an outcome answers an open call of its thread, a call id is used once (5, 6)."""
+    """Tool calls opened and closed: an outcome answers an open call of its thread, a call id is used once
+    (5, 6)."""
 
     known: dict[tuple[str, str], CallState]
     new_calls: list[NewCall] = field(default_factory=list)
@@ -604,7 +605,8 @@ class _Calls:
 
 @dataclass(frozen=True, slots=True)
 class _Admitted:
-    """What the session checks decided for an event: the policy a new session pins, and its lifecycle change."""
+    """What the session checks decided for an event: the policy a new session pins,
+    and its lifecycle change."""
 
     policy: str | None
     known: bool
@@ -1029,7 +1031,10 @@ def _build_record(
 def _mask_preview(text: str, ref: str) -> str:
     lines = text.splitlines()
     head = "\n".join(lines[:3])[:300]
-    return f"{head}\n[… output masked to save context: {len(text)} chars, {len(lines)} lines; read it back from {ref} …]"
+    return (
+        f"{head}\n[… output masked to save context: {len(text)} chars, {len(lines)} lines; "
+        f"read it back from {ref} …]"
+    )
 
 
 def _with_session_ordinal(record: NewRecord, ordinal: int) -> NewRecord:

@@ -302,7 +302,8 @@ def _call(c: Mapping[str, JsonValue]) -> CallBody:
 
 
 def call_json(c: CallBody) -> dict[str, JsonValue]:
-    """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``): what ``parse_body`` reads back."""
+    """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``):
+    what ``parse_body`` reads back."""
     return {"call_id": c.call_id, "name": c.name, "args": dict(c.args), "operation_id": c.operation_id}
 
 

@@ -167,7 +167,8 @@ class Lifecycle:
                 raise ScopeViolation(thread_id, event.session_id, run.session_id)
             raise UnknownInstance(
                 thread_id,
-                f"run {event.run_id} already has main thread {run.main_thread_id}; a child names parent_instance_id",
+                f"run {event.run_id} already has main thread {run.main_thread_id}; "
+                "a child names parent_instance_id",
             )
         other = self.active.get(event.session_id)
         if other is not None:

@@ -381,7 +381,10 @@ def render_facts(facts: Iterable[Fact]) -> str:
     lines = ["[state: current facts — each is the latest recorded value; superseded values are history]"]
     for fact in sorted(facts, key=lambda f: f.path):
         value = "UNKNOWN" if fact.status == "unknown" else json.dumps(fact.value, ensure_ascii=False)
-        line = f"- {fact.path} = {value} ({fact.status.upper() if fact.status != 'known' else 'CURRENT'}, source {fact.event_key})"
+        line = (
+            f"- {fact.path} = {value} ({fact.status.upper() if fact.status != 'known' else 'CURRENT'}, "
+            f"source {fact.event_key})"
+        )
         if fact.status == "stale":
             line += "; may no longer hold — check before relying on it"
         if fact.supersedes is not None and fact.status != "conflicted":
@@ -389,7 +392,10 @@ def render_facts(facts: Iterable[Fact]) -> str:
                 f"; supersedes {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
             )
         if fact.status == "conflicted":
-            line += f"; conflicts with {json.dumps(fact.superseded_value, ensure_ascii=False)} from {fact.supersedes}"
+            line += (
+                f"; conflicts with {json.dumps(fact.superseded_value, ensure_ascii=False)} from "
+                f"{fact.supersedes}"
+            )
         lines.append(line)
     return "\n".join(lines)
 

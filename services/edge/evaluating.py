@@ -81,7 +81,10 @@ class EvalReport:
         return {
             "budgets": list(self.budgets),
             "system_prompt_tokens": self.system_prompt_tokens,
-            "counting": "o200k_base, OpenAI chat framing: content, role, tool call id/name/arguments, tool_call_id, tools",
+            "counting": (
+                "o200k_base, OpenAI chat framing: content, role, tool call id/name/arguments, "
+                "tool_call_id, tools"
+            ),
             "aggregate": {
                 str(b): {name: s.as_json() for name, s in systems.items()}
                 for b, systems in self.aggregate().items()
@@ -114,7 +117,8 @@ def fleet_context(prepared: PreparedContext) -> FleetContext:
 async def run_through_fleet(
     client: FleetClient, lines: Sequence[TraceLine], *, session_id: str, budget: int, wait_ms: int = 30_000
 ) -> FleetRun:
-    """Replay ``lines`` into a fresh session under ``policy_name(budget)``; prepare before each assistant message."""
+    """Replay ``lines`` into a fresh session under ``policy_name(budget)``;
+    prepare before each assistant message."""
     options = ReplayOptions(
         session_id=session_id, model_profile=None, budget_tokens=budget, policy=policy_name(budget)
     )
@@ -144,7 +148,8 @@ async def run_through_fleet(
 
 
 def _with_items(exc: CtxError) -> str:
-    """The error's message and, for a budget refusal, its largest items: what a person debugging it looks at first."""
+    """The error's message and, for a budget refusal, its largest items:
+    what a person debugging it looks at first."""
     items = exc.details.get("items")
     if not isinstance(items, list):
         return exc.message

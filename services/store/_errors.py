@@ -63,9 +63,9 @@ _DRIVER_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.P
 @contextmanager
 def translate_pg_errors(thread_id: str = "?", *, connecting_to: str | None = None) -> Iterator[None]:
     """Map asyncpg errors: event-key unique → DuplicateEvent, a racing unique → RevisionConflict,
-    lost connections → StoreUnavailable, refused values → StoreRejected, any other server error (a
-    fault of the store itself) → StoreUnavailable naming it. With ``connecting_to`` (a URL), any failure to open a connection is StoreUnavailable
-    naming the server, never its password."""
+    lost connections → StoreUnavailable, refused values → StoreRejected, any other server error (a fault of
+    the store itself) → StoreUnavailable naming it. With ``connecting_to`` (a URL), any failure to open a
+    connection is StoreUnavailable naming the server, never its password."""
     try:
         yield
     except asyncpg.exceptions.UniqueViolationError as exc:

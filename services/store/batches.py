@@ -63,7 +63,10 @@ RETURNING last_seq
 """
 
 
-_SELECT_SESSIONS = "SELECT session_id, tenant, principal_id, agent_release FROM ctx.sessions WHERE session_id = ANY($1::text[])"
+_SELECT_SESSIONS = (
+    "SELECT session_id, tenant, principal_id, agent_release FROM ctx.sessions "
+    "WHERE session_id = ANY($1::text[])"
+)
 
 
 _SELECT_RUNS = """
@@ -73,12 +76,14 @@ WHERE run_id = ANY($1::text[]) OR (session_id = ANY($2::text[]) AND status = 'ac
 
 
 _SELECT_THREAD_META = """
-SELECT thread_id, session_id, role, parent_thread_id, last_seq FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])
+SELECT thread_id, session_id, role, parent_thread_id, last_seq FROM ctx.thread_heads
+WHERE thread_id = ANY($1::text[])
 """
 
 
 _INSERT_RUN = """
-INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through) VALUES ($1, $2, $5, $3, $4)
+INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through)
+VALUES ($1, $2, $5, $3, $4)
 """
 
 
@@ -160,7 +165,8 @@ SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::json[
 
 
 _SELECT_FACTS = """
-SELECT thread_id, path, value, status, source, event_key, seq, observed_at, supersedes, superseded_value, evidence
+SELECT thread_id, path, value, status, source, event_key, seq, observed_at,
+       supersedes, superseded_value, evidence
 FROM ctx.state_facts WHERE thread_id = ANY($1::text[]) AND is_current
 """
 
@@ -172,7 +178,8 @@ _SELECT_VERSIONS = (
 
 _SESSION_CATALOGS = """
 SELECT s.session_id, c.revision, c.body FROM ctx.sessions s
-JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release AND c.revision = s.catalog_revision
+JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release
+  AND c.revision = s.catalog_revision
 WHERE s.session_id = ANY($1::text[])
 """
 
@@ -185,7 +192,8 @@ ORDER BY c.tenant, c.release, c.revision DESC
 
 
 _RETIRE_FACT = """
-UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3 WHERE thread_id = $1 AND path = $2 AND is_current
+UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3
+WHERE thread_id = $1 AND path = $2 AND is_current
 """
 
 
@@ -221,7 +229,8 @@ JOIN unnest($1::text[], $2::text[]) AS k(s, o) ON session_id = k.s AND operation
 
 
 _INSERT_RECEIPT = """
-INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256, status, requested_event)
+INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256,
+                          status, requested_event)
 VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7)
 """
 

@@ -76,7 +76,8 @@ ORDER BY r.session_seq
 
 _SELECT_BY_REF = (
     _RECORD_COLUMNS
-    + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id AND r.seq = k.seq
+    + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id
+         AND r.seq = k.seq
 LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
 ORDER BY r.session_seq
 """
@@ -122,7 +123,8 @@ WHERE r.session_id = $1
 
 
 _SELECT_FULL = """
-SELECT r.seq, r.event_key, r.kind, r.payload, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.client_ts
+SELECT r.seq, r.event_key, r.kind, r.payload,
+       COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.client_ts
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 ORDER BY r.seq
 """

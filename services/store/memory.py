@@ -688,7 +688,8 @@ class MemorySession:
     async def adopt(self, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
         view = self._t.views.get(thread_id)
         if view is None:
-            # As the upsert's insert path: a thread that never had a view gets revision 1 whatever was expected.
+            # As the upsert's insert path:
+            # a thread that never had a view gets revision 1 whatever was expected.
             view = self._t.views[thread_id] = _new_view(thread_id)
         elif view["view_revision"] != expected_revision or view["summary_id"] is not None:
             return False

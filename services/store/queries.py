@@ -14,7 +14,10 @@ _SESSION = """
 SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions
 WHERE session_id = $1 AND tenant = $2
 """
-_RUNS = "SELECT run_id, status, main_thread_id, snapshot_through FROM ctx.runs WHERE session_id = $1 ORDER BY snapshot_through, created_at"
+_RUNS = (
+    "SELECT run_id, status, main_thread_id, snapshot_through FROM ctx.runs WHERE session_id = $1 "
+    "ORDER BY snapshot_through, created_at"
+)
 _THREADS = """
 SELECT h.thread_id, h.run_id, h.role, h.parent_thread_id, h.last_seq,
        COALESCE(v.view_revision, 0) AS view_revision,
@@ -26,7 +29,8 @@ _RECEIPT = """
 SELECT r.operation_id, r.thread_id, r.call_id, r.tool, r.request_sha256, r.status, r.requested_event,
        r.finished_event, r.response_sha256, r.external_ref, r.reconciled_event
 FROM ctx.receipts r JOIN ctx.sessions s ON s.session_id = r.session_id
-WHERE r.session_id = $1 AND r.operation_id = $2 AND s.tenant = $4 AND (s.principal_id IS NULL OR s.principal_id = $3)
+WHERE r.session_id = $1 AND r.operation_id = $2 AND s.tenant = $4
+  AND (s.principal_id IS NULL OR s.principal_id = $3)
 """
 _SESSION_BLOB = """
 SELECT b.content FROM ctx.blobs b
@@ -37,7 +41,8 @@ WHERE b.sha256 = $2
 """
 _INSERT_CATALOG = """
 INSERT INTO ctx.tool_catalogs (tenant, release, revision, body)
-SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.tool_catalogs WHERE tenant = $1 AND release = $2
+SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.tool_catalogs
+WHERE tenant = $1 AND release = $2
 RETURNING revision
 """
 

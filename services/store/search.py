@@ -31,10 +31,13 @@ m AS (
   ORDER BY c.recorded_at DESC, c.seq DESC
   LIMIT $9
 )
-SELECT m.thread_id, m.seq, m.kind, m.event_key, m.recorded_at, m.start_byte, m.end_byte, m.start_line, m.end_line,
+SELECT m.thread_id, m.seq, m.kind, m.event_key, m.recorded_at,
+       m.start_byte, m.end_byte, m.start_line, m.end_line,
        ts_rank(m.tsv, q.query) AS rank,
-       ts_headline('simple', m.text, q.query, 'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet,
-       EXISTS (SELECT 1 FROM ctx.state_facts f WHERE f.thread_id = m.thread_id AND f.seq = m.seq AND NOT f.is_current)
+       ts_headline('simple', m.text, q.query,
+                   'MaxFragments=1, MaxWords=24, MinWords=8, StartSel=«, StopSel=»') AS snippet,
+       EXISTS (SELECT 1 FROM ctx.state_facts f
+               WHERE f.thread_id = m.thread_id AND f.seq = m.seq AND NOT f.is_current)
          AS superseded
 FROM m, q
 ORDER BY rank DESC, m.seq DESC, m.thread_id, m.chunk
@@ -43,7 +46,8 @@ LIMIT $6
 _POSITION = "SELECT last_seq, index_version FROM ctx.index_positions WHERE thread_id = $1 FOR UPDATE"
 _DROP_THREAD = "DELETE FROM ctx.search_chunks WHERE thread_id = $1"
 _RECORDS = """
-SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
+SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
+       COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
 """
@@ -51,8 +55,9 @@ _INSERT = """
 INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
                                start_line, end_line, recorded_at, text, tsv)
 SELECT t, s, c, sess, k, e, sb, eb, sl, el, ts, x, to_tsvector('simple', x)
-FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-            $9::int[], $10::int[], $11::timestamptz[], $12::text[]) AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
+FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::text[],
+            $7::bigint[], $8::bigint[], $9::int[], $10::int[], $11::timestamptz[], $12::text[])
+     AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
 ON CONFLICT (thread_id, seq, chunk) DO NOTHING
 """
 _SET_POSITION = """

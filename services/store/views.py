@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 _THREAD_SCOPE = """
-SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq, COALESCE(r.snapshot_through, 0) AS snapshot_through,
+SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
+       COALESCE(r.snapshot_through, 0) AS snapshot_through,
        r.status AS run_status
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
@@ -108,7 +109,8 @@ SELECT revision, body FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2 O
 """
 _INSERT_POLICY = """
 INSERT INTO ctx.policies (tenant, name, revision, body)
-SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.policies WHERE tenant IN ($1, '') AND name = $2
+SELECT $1, $2, COALESCE(max(revision), 0) + 1, $3::jsonb FROM ctx.policies
+WHERE tenant IN ($1, '') AND name = $2
 RETURNING revision
 """
 _SESSION_POLICY = "SELECT tenant, policy_name, policy_revision FROM ctx.sessions WHERE session_id = $1"
@@ -129,7 +131,8 @@ WHERE thread_id = $1 AND (pending_fingerprint IS NULL OR pending_since < now() -
 RETURNING view_revision
 """
 _CLEAR_PENDING = """
-UPDATE ctx.thread_views SET pending_fingerprint = NULL, pending_since = NULL WHERE thread_id = $1 AND pending_fingerprint = $2
+UPDATE ctx.thread_views SET pending_fingerprint = NULL, pending_since = NULL
+WHERE thread_id = $1 AND pending_fingerprint = $2
 """
 _MARK_EVALUATED = """
 UPDATE ctx.thread_views SET evaluated_revision = GREATEST(evaluated_revision, $2) WHERE thread_id = $1
@@ -144,8 +147,8 @@ WHERE thread_id = $1
 """
 _INSERT_SUMMARY = """
 INSERT INTO ctx.summaries (summary_id, thread_id, view_revision, parent_summary_id, covered_from, covered_to,
-    source_watermark, policy_name, policy_revision, body, text, tokens_o200k, tokens_cl100k, summarizer, calls,
-    trigger_reasons, tokens_before, tokens_after, target_reached, job_id)
+    source_watermark, policy_name, policy_revision, body, text, tokens_o200k, tokens_cl100k, summarizer,
+    calls, trigger_reasons, tokens_before, tokens_after, target_reached, job_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 """
 _COMMIT_VIEW = """

@@ -96,7 +96,8 @@ def action_args(args: Mapping[str, JsonValue]) -> str:
 
 
 def primary_id(args: Mapping[str, JsonValue]) -> str:
-    """``key=value`` of the first scalar ``id`` / ``*_id`` argument: what a later action on it supersedes ("" if none)."""
+    """``key=value`` of the first scalar ``id`` / ``*_id`` argument:
+    what a later action on it supersedes ("" if none)."""
     for key, value in args.items():
         lowered = key.lower()
         if (lowered == "id" or lowered.endswith("_id") or key.endswith("Id")) and isinstance(

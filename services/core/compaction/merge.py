@@ -352,8 +352,8 @@ def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collect
     ``pinned``: seqs of records every context shows verbatim beside the summary (the run's task).
     """
     lines = [
-        f"[context summary r{revision}: records {summary.covered_from}–{summary.covered_to} condensed, derived from"
-        " the ledger where the originals stay readable; (seq N) cites the source records]"
+        f"[context summary r{revision}: records {summary.covered_from}–{summary.covered_to} condensed, "
+        "derived from the ledger where the originals stay readable; (seq N) cites the source records]"
     ]
     request = summary.current_request
     shown_in_full = set(pinned) | set(request.sources if request is not None else ())

@@ -183,5 +183,8 @@ def job_fingerprint(
     urgent: bool = False,
 ) -> str:
     """The identity of a compaction job: same sources, view, policy, budget and urgency → same job."""
-    key = f"{thread_id}|{watermark}|{view_revision}|{policy_name}@{policy_revision}|{budget}|{'urgent' if urgent else 'proactive'}"
+    key = (
+        f"{thread_id}|{watermark}|{view_revision}|{policy_name}@{policy_revision}|{budget}|"
+        f"{'urgent' if urgent else 'proactive'}"
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:32]

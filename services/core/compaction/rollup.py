@@ -28,7 +28,8 @@ _Rung = Callable[[StructuredSummary], StructuredSummary]
 
 
 def skeleton(summary: StructuredSummary) -> StructuredSummary:
-    """Only what must survive: task, constraints, files modified (paths), actions, latest failures, next steps."""
+    """Only what must survive: task, constraints, files modified (paths), actions, latest failures,
+    next steps."""
     acted = fold_actions(summary, SKELETON_ACTIONS, superseded=True)
     return StructuredSummary(
         covered_from=summary.covered_from,
@@ -81,7 +82,8 @@ def fit_summary(
 
 
 def rollup_ladder() -> tuple[_Rung, ...]:
-    """The reductions in the order they are applied (cumulatively), lowest value first; the last is the skeleton."""
+    """The reductions in the order they are applied (cumulatively), lowest value first;
+    the last is the skeleton."""
     return (
         _drop_closed_failures,
         partial(fold_progress, keep=20),
@@ -165,7 +167,8 @@ def _recent_reads(summary: StructuredSummary, *, keep: int) -> StructuredSummary
 
 
 def _shrink(summary: StructuredSummary, *, keep: int) -> StructuredSummary:
-    """At most ``keep`` items in every optional list (the newest; ``4 × keep`` paths read), fewer citations."""
+    """At most ``keep`` items in every optional list (the newest; ``4 × keep`` paths read),
+    fewer citations."""
     trimmed = _trim(summary, decisions=keep, unresolved=keep, approaches=keep, references=keep)
     # Paths read are cheap and spare re-reads (Codex #36665): they go slower than the rest.
     trimmed = _recent_reads(fold_progress(trimmed, keep=min(keep, 4)), keep=4 * keep)

@@ -123,7 +123,8 @@ def choose_cover(
 def split_segments(
     blocks: Sequence[DraftBlock], max_tokens: int, encoding: EncodingName
 ) -> list[list[DraftBlock]]:
-    """Whole blocks packed in order into segments of at most ``max_tokens`` (a lone bigger block gets its own)."""
+    """Whole blocks packed in order into segments of at most ``max_tokens``
+    (a lone bigger block gets its own)."""
     segments: list[list[DraftBlock]] = []
     current: list[DraftBlock] = []
     size = 0

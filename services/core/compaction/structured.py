@@ -59,15 +59,16 @@ __all__ = ["StructuredSummarizer", "call_key", "error_line", "summarize_records"
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
 _CONSTRAINT = re.compile(
-    r"\b(must|must not|never|always|do not|don't|only|should not|shouldn't|without|make sure|ensure|required?)\b|必须|不要|不得|务必",
+    r"\b(must|must not|never|always|do not|don't|only|should not|shouldn't|without|make sure|"
+    r"ensure|required?)\b|必须|不要|不得|务必",
     re.IGNORECASE,
 )
 # A decision says what will be done differently or why; announcing the next call is not one.
 _DECISION = re.compile(
     r"\b(decided?|decision|instead|the (fix|issue|problem|cause|solution|approach|plan) (is|was|will be)|"
-    r"I('ll| will| am going to|'m going to) (change|modify|replace|fix|add|remove|use|implement|update|rewrite|"
-    r"refactor|keep|switch|edit|patch)|(we|I) (should|need to|must) (change|modify|replace|fix|add|remove|use|"
-    r"implement|update|edit|patch)|next,? I)\b",
+    r"I('ll| will| am going to|'m going to) (change|modify|replace|fix|add|remove|use|implement|update|"
+    r"rewrite|refactor|keep|switch|edit|patch)|(we|I) (should|need to|must) (change|modify|replace|fix|add|"
+    r"remove|use|implement|update|edit|patch)|next,? I)\b",
     re.IGNORECASE,
 )
 # "Let me check the file" announces a look, not a decision: it tells a later step nothing.
@@ -76,7 +77,8 @@ _FILLER = re.compile(
     r"(?:let me|let's|i'll|i will|i'm going to|i am going to|i need to|i want to|i should)\s+"
     r"(?:first\s+|now\s+|also\s+|quickly\s+|again\s+|start by\s+)?"
     r"(?:check|look|see|examine|explore|view|read|inspect|find|search|open|start|understand|run|try|verify|"
-    r"investigate|take a (?:closer )?look|have a look|get|list|review|analy[sz]e|confirm|test|locate|print|show)\b",
+    r"investigate|take a (?:closer )?look|have a look|get|list|review|analy[sz]e|confirm|test|"
+    r"locate|print|show)\b",
     re.IGNORECASE,
 )
 _HYPOTHESIS = re.compile(
@@ -85,21 +87,24 @@ _HYPOTHESIS = re.compile(
     re.IGNORECASE,
 )
 _CHANGE_COURSE = re.compile(
-    r"\b((didn't|did not|doesn't|does not|won't|isn't|wasn't) (work|help|fix|solve|the)|still (fail|error|broken|not|the same)|"
-    r"(another|different|alternative|other) (approach|way|strategy|fix)|instead\b|not the (issue|problem|cause)|revert)",
+    r"\b((didn't|did not|doesn't|does not|won't|isn't|wasn't) (work|help|fix|solve|the)|"
+    r"still (fail|error|broken|not|the same)|"
+    r"(another|different|alternative|other) (approach|way|strategy|fix)|"
+    r"instead\b|not the (issue|problem|cause)|revert)",
     re.IGNORECASE,
 )
 _BLOB_REF = re.compile(r"ctx://blob/[0-9a-f]{64}")
 # Lines an agent harness wraps around an output: they say nothing about what the command did.
 _NOISE = re.compile(
-    r"^(?:</?output>|<returncode>-?\d+</returncode>|</?returncode>|\(Open file: .*\)|\(Current directory: .*\)|bash-\$|\$)$"
+    r"^(?:</?output>|<returncode>-?\d+</returncode>|</?returncode>|"
+    r"\(Open file: .*\)|\(Current directory: .*\)|bash-\$|\$)$"
 )
 _RETURNCODE = re.compile(r"<returncode>(-?\d+)</returncode>")
 _ERROR_CLASS = re.compile(r"^(?:E\s+)?(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?$")
 _FAILED_TEST = re.compile(r"^(?:FAILED|ERROR)\s+\S+::\S+|^(?:FAIL|ERROR): \S+")
 _FLAGGED = re.compile(
-    r"error|exception|failed|fatal|denied|not found|no such file|cannot|can't|syntax|malformed|invalid|unexpected|"
-    r"abort|refused|timed? ?out|conflict|\*\*\*\*|^usage:",
+    r"error|exception|failed|fatal|denied|not found|no such file|cannot|can't|syntax|malformed|invalid|"
+    r"unexpected|abort|refused|timed? ?out|conflict|\*\*\*\*|^usage:",
     re.IGNORECASE,
 )
 _ERRORISH = re.compile(r"traceback|failure|assert", re.IGNORECASE)

@@ -44,8 +44,8 @@ MAX_PROBE_CHARS = 160
 # How shell tools word a failure besides "error": `patch: **** malformed patch`, `cannot open`,
 # `No such file or directory`, `Permission denied`… (a line of them beats the first line of output).
 _ERROR_WORDS = re.compile(
-    r"error|exception|traceback|failed|failure|fatal|assert|malformed|invalid|cannot|can't|unable|no such|not found"
-    r"|denied|refused|aborted",
+    r"error|exception|traceback|failed|failure|fatal|assert|malformed|invalid|cannot|can't|unable|no such"
+    r"|not found|denied|refused|aborted",
     re.IGNORECASE,
 )
 _NOISE = re.compile(r"^(?:<returncode>-?\d+</returncode>|</?output>|</?error>|bash-\$|\$|[\W_]*)$")
