@@ -1,4 +1,5 @@
-"""``python -m benchmarks.run --only eval``: what the model sees at 4k/8k/16k/32k, ctxfleet vs the three baselines.
+"""``python -m benchmarks.run --only eval``: what the model sees at 4k/8k/16k/32k,
+ctxfleet vs the three baselines.
 
 Figures (see docs/eval.md for how to read them):
 - per budget, over the bundled samples (infra/samples): probe pass rates, tokens per task,

@@ -1,11 +1,11 @@
 """Operations figures: start-to-ready per worker, SIGTERM drain time under load, idle memory per worker.
 
 Each worker runs as the image runs it (`ctxfleet worker NAME`, one process) against real servers.
-Start-to-ready is from process spawn to the first 200 on /readyz (so it includes the interpreter,
-imports, the migration and provisioning checks, connecting and binding consumers). Idle memory is
-VmRSS after 3 s ready with no traffic. Drain time is SIGTERM to exit while small-budget (6,000-token) replays keep
-every worker busy (recording, prepares, compactions, indexing); each drained worker is restarted so
-the load continues, and the bench then checks that every replayed event was recorded exactly once.
+Start-to-ready is from process spawn to the first 200 on /readyz (so it includes the interpreter, imports, the
+migration and provisioning checks, connecting and binding consumers). Idle memory is VmRSS after 3 s ready
+with no traffic. Drain time is SIGTERM to exit while small-budget (6,000-token) replays keep every worker busy
+(recording, prepares, compactions, indexing); each drained worker is restarted so the load continues, and the
+bench then checks that every replayed event was recorded exactly once.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ async def bench_ops(
                 await asyncio.sleep(0.2)
             distinct = int(
                 await conn.fetchval(
-                    "SELECT count(DISTINCT (thread_id, event_key)) FROM ctx.records WHERE session_id LIKE 'ops-%'"
+                    "SELECT count(DISTINCT (thread_id, event_key)) FROM ctx.records "
+                    "WHERE session_id LIKE 'ops-%'"
                 )
             )
         finally:
@@ -186,7 +187,8 @@ async def bench_ops(
         "load": {
             "sessions": sessions,
             "replay_errors": replay_errors,
-            # Refusals a budget this small causes anyway (pinned content alone exceeds it) are not drain losses.
+            # Refusals a budget this small causes anyway (pinned content alone exceeds it)
+            # are not drain losses.
             "replay_errors_by_code": dict(error_codes),
             "replays_failed": failed,
             # Run-closing events the replay adds are counted in the ledger too: at least, never fewer.

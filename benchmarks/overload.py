@@ -157,7 +157,8 @@ async def bench_overload(
     threads: int = 6,
     events: int = 40,
 ) -> dict[str, object]:
-    """Admitted p50/p99 and the overloaded share under ``loops`` concurrent prepare loops, per configuration."""
+    """Admitted p50/p99 and the overloaded share under ``loops`` concurrent prepare loops,
+    per configuration."""
     await migrate(database_url)
     await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"))
     base = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}

@@ -658,7 +658,8 @@ def main() -> None:
     prep = results.get("prepare")
     if isinstance(prep, dict):
         print(
-            f"prepare: {prep['prepares']} prepares over {len(prep['traces'])} traces, p50 {prep['p50_ms']} ms, p99 {prep['p99_ms']} ms"
+            f"prepare: {prep['prepares']} prepares over {len(prep['traces'])} traces, "
+            f"p50 {prep['p50_ms']} ms, p99 {prep['p99_ms']} ms"
         )
 
 

@@ -45,7 +45,8 @@ def _pair(t: Thread, n: int, rng: random.Random) -> list[object]:
     trace = uuid.UUID(int=rng.getrandbits(128))
     output = (
         "".join(
-            f"{path}:{rng.randrange(1, 3000)}:{rng.randrange(80)}: {code} check failed for value {rng.randrange(10**6)}\n"
+            f"{path}:{rng.randrange(1, 3000)}:{rng.randrange(80)}: "
+            f"{code} check failed for value {rng.randrange(10**6)}\n"
             for _ in range(6)
         )
         + f"request {trace} finished with status {rng.choice(('ok', 'error', 'timeout'))}\n"
@@ -62,8 +63,10 @@ def _pair(t: Thread, n: int, rng: random.Random) -> list[object]:
 
 async def _backlog(conn: asyncpg.Connection, sessions: list[str]) -> tuple[int, int]:
     row = await conn.fetchrow(
-        """SELECT COALESCE(sum(h.last_seq), 0) AS recorded, COALESCE(sum(h.last_seq - COALESCE(p.last_seq, 0)), 0) AS behind
-           FROM ctx.thread_heads h LEFT JOIN ctx.index_positions p USING (thread_id) WHERE h.session_id = ANY($1)""",
+        """SELECT COALESCE(sum(h.last_seq), 0) AS recorded,
+                  COALESCE(sum(h.last_seq - COALESCE(p.last_seq, 0)), 0) AS behind
+           FROM ctx.thread_heads h LEFT JOIN ctx.index_positions p USING (thread_id)
+           WHERE h.session_id = ANY($1)""",
         sessions,
     )
     return int(row["recorded"]), int(row["behind"])
@@ -163,7 +166,8 @@ async def bench_search_session(
             sample = [
                 r["text"]
                 for r in await conn.fetch(
-                    "SELECT text FROM ctx.records WHERE session_id=$1 AND kind='tool_outcome' ORDER BY random() LIMIT 50",
+                    "SELECT text FROM ctx.records WHERE session_id=$1 AND kind='tool_outcome' "
+                    "ORDER BY random() LIMIT 50",
                     session,
                 )
             ]
@@ -190,7 +194,8 @@ async def bench_search_session(
                 hits += bool(reply.hits)
             text_bytes = int(
                 await conn.fetchval(
-                    """SELECT sum(COALESCE(octet_length(r.text), octet_length(b.content), 0) + octet_length(r.payload::text))
+                    """SELECT sum(COALESCE(octet_length(r.text), octet_length(b.content), 0)
+                              + octet_length(r.payload::text))
                    FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
                    WHERE r.session_id = $1""",
                     session,

@@ -1,8 +1,9 @@
 """Identifier types and the one rule that makes them safe inside NATS subjects.
 
 A thread is ``(run_id, instance_id)`` (design D2.1). Its string form, ``ThreadId``, is
-``"<run_id>.<instance_id>"`` so that it spans exactly two subject tokens: ``ctx.events.<tenant>.<session>.<run>.<instance>``.
-Identifiers therefore may not contain dots, wildcards or whitespace.
+``"<run_id>.<instance_id>"`` so that it spans exactly two subject tokens:
+``ctx.events.<tenant>.<session>.<run>.<instance>``. Identifiers therefore may not contain dots, wildcards or
+whitespace.
 """
 
 from __future__ import annotations

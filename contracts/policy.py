@@ -56,7 +56,8 @@ class CompactionPolicy(WireModel):
             )
         if self.summary_ratio >= self.target_context_ratio:
             raise ValueError(
-                f"summary_ratio ({self.summary_ratio}) must be below target_context_ratio ({self.target_context_ratio})"
+                f"summary_ratio ({self.summary_ratio}) must be below target_context_ratio "
+                f"({self.target_context_ratio})"
             )
         return self
 

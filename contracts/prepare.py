@@ -49,7 +49,8 @@ class Purpose(StrEnum):
 
 
 class ModelProfile(WireModel):
-    """A model's limits: ``InputBudget = min(input_limit, context_window − output_reserve − safety_margin)``."""
+    """A model's limits: ``InputBudget = min(input_limit,
+    context_window − output_reserve − safety_margin)``."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
     context_window: Annotated[int, Field(gt=0)]

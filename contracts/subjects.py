@@ -5,12 +5,12 @@ Every subject a runtime may use carries its tenant as the token after the verb �
 field, confine an identity to its tenant, and the fleet takes the tenant from the subject the server
 delivered (see ``infra/nats_accounts.py``).
 
-Runtimes publish to ``ctx.events.<tenant>.<session>.<run>.<instance>``. The ``CTX_EVENTS`` stream
-rewrites that, on the server, to ``ctx.p.<partition>.<tenant>.<session>.<run>.<instance>`` where the
-partition is FNV-1a of the session token modulo the partition count. A whole session — its runs, main threads and
-children — lands in one partition and is recorded in publish order by one writer: decisions that span
-threads (a new question only after the previous run ended, a child only after its parent exists)
-see events in the order the runtime published them. Sessions spread across partitions.
+Runtimes publish to ``ctx.events.<tenant>.<session>.<run>.<instance>``. The ``CTX_EVENTS`` stream rewrites
+that, on the server, to ``ctx.p.<partition>.<tenant>.<session>.<run>.<instance>`` where the partition is
+FNV-1a of the session token modulo the partition count. A whole session — its runs, main threads and children
+— lands in one partition and is recorded in publish order by one writer: decisions that span threads (a new
+question only after the previous run ended, a child only after its parent exists) see events in the order the
+runtime published them. Sessions spread across partitions.
 """
 
 from __future__ import annotations

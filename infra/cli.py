@@ -101,7 +101,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
     p.add_argument(
         "--tenant",
-        help="the tenant whose sessions and threads to replay, inspect or search (default $CTX_TENANT, else 'default')",
+        help=(
+            "the tenant whose sessions and threads to replay, inspect or search (default $CTX_TENANT, "
+            "else 'default')"
+        ),
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -167,7 +170,10 @@ def _parser() -> argparse.ArgumentParser:
 
     rebase = sub.add_parser(
         "rebaseline",
-        help="after the events stream went backwards or was re-created: show, then reset, the recorder's positions",
+        help=(
+            "after the events stream went backwards or was re-created: show, then reset, "
+            "the recorder's positions"
+        ),
     )
     rebase.add_argument(
         "--yes", action="store_true", help="reset the positions (without it: only show what would change)"
@@ -183,7 +189,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     env.add_argument(
         "--user",
-        help="the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)",
+        help=(
+            "the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)"
+        ),
     )
     env.set_defaults(func=_cmd_env)
 
@@ -200,7 +208,10 @@ def _parser() -> argparse.ArgumentParser:
         "--fleet",
         choices=["auto", "running", "in-process"],
         default="auto",
-        help="a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: running if found)",
+        help=(
+            "a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: "
+            "running if found)"
+        ),
     )
     ev.set_defaults(func=_cmd_eval)
     return p
@@ -256,8 +267,8 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
                 code = 2 if args.exit_after_replay else 0
         if not args.exit_after_replay and not stop.is_set() and not supervisor.done():
             print(
-                "ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'; a client elsewhere gets its "
-                "CTX_NATS_* lines from '.venv/bin/ctxfleet env'. Ctrl-C stops.",
+                "ctxfleet: serving; replay more with '.venv/bin/ctxfleet replay FILE'; "
+                "a client elsewhere gets its CTX_NATS_* lines from '.venv/bin/ctxfleet env'. Ctrl-C stops.",
                 flush=True,
             )
             await _first_of(None, stop, supervisor)
@@ -278,7 +289,8 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
         except Exception as exc:
             if not died:
                 raise
-            # With a server dead, draining towards it fails or times out; the ServerDied line is the one to show.
+            # With a server dead, draining towards it fails or times out;
+            # the ServerDied line is the one to show.
             log.info("shutdown: drain incomplete with a server down: %s", _one_line(exc))
     return code
 
@@ -416,14 +428,16 @@ def _inspect_session(settings: Settings, nats_url: str, session_id: str, *, as_j
         print(s.model_dump_json(indent=2))
         return 0
     print(
-        f"session {s.session_id} (principal {s.principal_id or '-'}, policy {s.policy}): {s.last_seq} records, reset at {s.reset_seq}"
+        f"session {s.session_id} (principal {s.principal_id or '-'}, policy {s.policy}): "
+        f"{s.last_seq} records, reset at {s.reset_seq}"
     )
     for r in s.runs:
         print(f"  run {r.run_id} [{r.status}] inherits records 1–{r.snapshot_through}")
         for t in r.threads:
             parent = f" child of {t.parent_thread_id}" if t.parent_thread_id else ""
             print(
-                f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, {t.summaries} summaries"
+                f"    {t.thread_id} ({t.role}{parent}): {t.records} records, view r{t.view_revision}, "
+                f"{t.summaries} summaries"
             )
     return 0
 
@@ -569,7 +583,8 @@ def _print_summary(trace: Path, report: ReplayReport) -> None:
         f"{t['prepares']} prepares served ({t['errors']} errors), {per_prepare:.0f} tokens per prepare "
         f"(whole history would average {int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
         f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms; "
-        f"{'?' if t['compactions'] is None else t['compactions']} compactions, {t['over_budget']} over budget",
+        f"{'?' if t['compactions'] is None else t['compactions']} compactions, "
+        f"{t['over_budget']} over budget",
         flush=True,
     )
 
@@ -680,7 +695,8 @@ def _print_eval(report: EvalReport) -> None:
         comp = "-" if s["compactions_per_100_steps"] is None else f"{s['compactions_per_100_steps']:g}"
         summary = "-" if s["summary_tokens_end"] is None else str(s["summary_tokens_end"])
         fleet = s["system"] == "ctxfleet"
-        # For ctxfleet, how many failed although system + task + latest user input fit: the ones that should not.
+        # For ctxfleet, how many failed although system + task + latest user input fit:
+        # the ones that should not.
         fits = f" ({s['failed_while_required_fits']} fit)" if fleet and s["failed"] else ""
         failed = f"{s['failed']}/{s['prepares']}{fits}"
         over = str(s["over_budget"]) if fleet else "-"
@@ -722,7 +738,8 @@ def _print_eval(report: EvalReport) -> None:
     for budget, systems in aggregate.items():
         for miss in systems["ctxfleet"].misses:
             console.print(
-                f"ctxfleet missed at {budget}: {miss['probe']} in {miss['trace']} (prepare {miss['prepare']}, line {miss['line']}; "
+                f"ctxfleet missed at {budget}: {miss['probe']} in {miss['trace']} "
+                f"(prepare {miss['prepare']}, line {miss['line']}; "
                 f"from line {miss['from_line']}): {miss['text']!r}",
                 markup=False,
                 highlight=False,

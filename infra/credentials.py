@@ -1,14 +1,13 @@
 """The embedded default's credentials: one NATS user per identity, generated once per data folder.
 
-``make run`` must not leave the bus (or the database) open to any local process: its nats-server accepts only the
-users of ``infra.nats_accounts.embedded_grants`` (each worker kind, provisioning, the all-in-one
-``fleet`` process, ``operator`` for people and the CLI, and ``runtime-<tenant>`` for each tenant's
-agent runtimes). Their passwords are random,
-made on first start and kept in ``<data folder>/credentials.json`` (0600), so a restart keeps
-them and clients in other terminals of the same user find them; other users of the machine
-cannot read them. The data folder itself is 0711: nobody else may list it, but the embedded
-PostgreSQL — which runs as its own system user when started by root — must reach its cluster
-(0700, its own) through it; the broker's store and config are 0700 / 0600.
+``make run`` must not leave the bus (or the database) open to any local process: its nats-server accepts only
+the users of ``infra.nats_accounts.embedded_grants`` (each worker kind, provisioning, the all-in-one ``fleet``
+process, ``operator`` for people and the CLI, and ``runtime-<tenant>`` for each tenant's agent runtimes).
+Their passwords are random, made on first start and kept in ``<data folder>/credentials.json`` (0600), so a
+restart keeps them and clients in other terminals of the same user find them; other users of the machine
+cannot read them. The data folder itself is 0711: nobody else may list it, but the embedded PostgreSQL — which
+runs as its own system user when started by root — must reach its cluster (0700, its own) through it; the
+broker's store and config are 0700 / 0600.
 
 Processes of this checkout pick their identity with :func:`as_identity`: when no NATS URL or
 credentials are configured (the embedded default), the settings get that user's password from

@@ -206,7 +206,8 @@ class EmbeddedNats:
                     f"max_payload: {self.max_payload}",
                     "jetstream {",
                     f'  store_dir: "{self.data_dir / "jetstream"}"',
-                    # Written and fsynced before the ack: a SIGKILL / OOM of a single node loses nothing acked.
+                    # Written and fsynced before the ack:
+                    # a SIGKILL / OOM of a single node loses nothing acked.
                     "  sync_interval: always" if self.sync_always else "",
                     "}",
                     self.extra_config,

@@ -156,8 +156,8 @@ async def _ensure(js: JetStreamContext, config: StreamConfig, partitions: int | 
         if existing is not None and existing != partitions and not force:
             raise ProvisionError(
                 f"stream {config.name} is partitioned {existing} ways; {partitions} would move every thread "
-                "to another partition while recorders may still hold its events in flight. Drain the recorders "
-                "and run 'ctxfleet provision --force', or keep CTX_PARTITIONS at "
+                "to another partition while recorders may still hold its events in flight. "
+                "Drain the recorders and run 'ctxfleet provision --force', or keep CTX_PARTITIONS at "
                 f"{existing}."
             )
     if _same(current, config):

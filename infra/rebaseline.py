@@ -81,7 +81,8 @@ async def rebaseline(
                 if apply and plan.resets:
                     if not await locked.lower(stream.created, plan.resets):
                         raise RebaselineError(
-                            "a position moved while re-baselining (is a recorder still recording?); run it again"
+                            "a position moved while re-baselining (is a recorder still recording?); "
+                            "run it again"
                         )
                 elif apply and plan.needed:
                     await locked.adopt(stream.created)
@@ -97,7 +98,8 @@ def format_report(report: RebaselineReport) -> str:
     s, plan, positions = report.stream, report.plan, report.positions
     recorded = positions.created.isoformat() if positions.created else "none recorded yet"
     lines = [
-        f"events stream {s.name}: first seq {s.first_seq}, last seq {s.last_seq}, created {s.created.isoformat()}",
+        f"events stream {s.name}: first seq {s.first_seq}, last seq {s.last_seq}, "
+        f"created {s.created.isoformat()}",
         f"positions were read from the stream created: {recorded}",
     ]
     resets = {r.partition: r.new for r in plan.resets}
@@ -122,6 +124,7 @@ def format_report(report: RebaselineReport) -> str:
         )
     else:
         lines.append(
-            f"dry run, nothing changed: run 'ctxfleet rebaseline --yes' to reset {len(plan.resets)} positions to {start}"
+            f"dry run, nothing changed: run 'ctxfleet rebaseline --yes' to reset {len(plan.resets)} "
+            f"positions to {start}"
         )
     return "\n".join(lines)

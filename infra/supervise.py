@@ -91,7 +91,8 @@ async def supervise(
                     "restarts are off (CTX_SERVER_RESTARTS=0)"
                     if restarts == 0
                     else (
-                        f"was restarted {len(history)} times in the last {RESTART_WINDOW_S / 60:.0f} minutes already"
+                        f"was restarted {len(history)} times in the last {RESTART_WINDOW_S / 60:.0f} "
+                        "minutes already"
                     )
                 )
                 raise ServerDied(server.name, status, server.log_path, why)

@@ -116,7 +116,9 @@ class AssemblerWorker:
             "ctx.compacted.{run_id}.{instance_id}",
             decoder=raw_body,
             title="compacted",
-            description="Compactor notices: a thread's view has a new summary (wakes prepares waiting on it).",
+            description=(
+                "Compactor notices: a thread's view has a new summary (wakes prepares waiting on it)."
+            ),
         )
         async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
             self._board.notify(f"{run_id}.{instance_id}")
@@ -131,7 +133,8 @@ class AssemblerWorker:
             purpose = request.purpose.value
             if (request.run_id, request.instance_id) != (run_id, instance_id):
                 raise InvalidRequest(
-                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of {run_id}.{instance_id}"
+                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
+                    f"{run_id}.{instance_id}"
                 )
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
         except Exception as exc:

@@ -52,13 +52,15 @@ class FleetMetrics:
         )
         self.stream_truncations = Counter(
             "ctx_recorder_stream_truncations_total",
-            "Times the events stream came back shorter than the committed positions (a broker killed before it "
-            "flushed what it acked) and the positions past its end were lowered to it",
+            "Times the events stream came back shorter than the committed positions "
+            "(a broker killed before it flushed what it acked) "
+            "and the positions past its end were lowered to it",
             registry=r,
         )
         self.recorder_halted = Gauge(
             "ctx_recorder_halted",
-            "1 while the recorder records nothing because the events stream went backwards or was re-created (see /readyz)",
+            "1 while the recorder records nothing because the events stream went backwards or was "
+            "re-created (see /readyz)",
             registry=r,
         )
         self.prepare_seconds = Histogram(
@@ -182,7 +184,8 @@ class FleetMetrics:
         )
         self.consumer_lag = Gauge(
             "ctx_consumer_lag",
-            "Work a worker has not finished: events per recorder partition, jobs for compactors, threads for budgeter/indexer",
+            "Work a worker has not finished: events per recorder partition, jobs for compactors, "
+            "threads for budgeter/indexer",
             ["worker", "consumer"],
             registry=r,
         )
@@ -191,7 +194,8 @@ class FleetMetrics:
         )
         self.requests_rejected = Counter(
             "ctx_requests_rejected",
-            "Requests refused by admission: queue_full/queue_age answered overloaded, deadline dropped unanswered",
+            "Requests refused by admission: queue_full/queue_age answered overloaded, "
+            "deadline dropped unanswered",
             ["reason"],
             registry=r,
         )

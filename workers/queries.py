@@ -57,7 +57,8 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
             raise CtxError("this process has no store attached")
         return attached
 
-    # Every endpoint's subject ends in the asking tenant (``{tenant}``): the server's permissions vouch for it.
+    # Every endpoint's subject ends in the asking tenant (``{tenant}``):
+    # the server's permissions vouch for it.
     @router.subscriber(
         f"{READ}.{{tenant}}",
         queue="assembler",
@@ -141,7 +142,9 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
         decoder=raw_body,
         max_workers=tasks,
         title="tools.register",
-        description="ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.",
+        description=(
+            "ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release."
+        ),
     )
     async def on_tools(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> CatalogRegistered:

@@ -143,9 +143,9 @@ class StreamGuard:
         lost_to = max(r.old for r in resets)
         self._metrics.stream_truncations.inc()
         log.error(
-            "events stream %s lost its tail (last seq %d < committed positions up to %d, partitions %s): the broker "
-            "acked seqs %d..%d and lost them; those the recorder had read are in the ledger, any other is gone. "
-            "Positions lowered to %d: the next publish is read as seq %d",
+            "events stream %s lost its tail (last seq %d < committed positions up to %d, partitions %s): "
+            "the broker acked seqs %d..%d and lost them; those the recorder had read are in the ledger, "
+            "any other is gone. Positions lowered to %d: the next publish is read as seq %d",
             s.name,
             s.last_seq,
             lost_to,
