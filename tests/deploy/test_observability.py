@@ -48,8 +48,9 @@ AGGREGATIONS = frozenset(
 PROMQL_FUNCTIONS = AGGREGATIONS | frozenset(
     """abs absent absent_over_time ceil changes clamp clamp_max clamp_min day_of_month day_of_week
     day_of_year days_in_month delta deriv exp floor histogram_avg histogram_count histogram_fraction
-    histogram_quantile histogram_stddev histogram_stdvar histogram_sum holt_winters double_exponential_smoothing
-    hour idelta increase irate label_join label_replace ln log2 log10 minute month predict_linear rate
+    histogram_quantile histogram_stddev histogram_stdvar histogram_sum holt_winters
+    double_exponential_smoothing hour idelta increase irate label_join label_replace ln log2 log10 minute
+    month predict_linear rate
     resets round scalar sgn sort sort_desc sort_by_label sort_by_label_desc sqrt time timestamp vector year
     avg_over_time min_over_time max_over_time sum_over_time count_over_time quantile_over_time
     stddev_over_time stdvar_over_time last_over_time present_over_time mad_over_time
@@ -245,7 +246,8 @@ def test_extractor_reports_a_metric_the_registry_does_not_export() -> None:
 
 def test_extractor_ignores_functions_keywords_strings_variables_numbers_and_durations() -> None:
     expr = (
-        'histogram_quantile(0.99, sum by (le) (rate(ctx_a_bucket{code=~"x|ctx_not_a_metric"}[$__rate_interval])))'
+        "histogram_quantile(0.99, sum by (le) "
+        '(rate(ctx_a_bucket{code=~"x|ctx_not_a_metric"}[$__rate_interval])))'
         ' > 1e-3 and on (le) ctx_b offset 5m unless label_replace(ctx_c, "dst", "$1", "src", "(.*)")'
         " or rate(ctx_d[5m:1m]) * ${factor}"
     )

@@ -120,7 +120,8 @@ async def _recorded(database_url: str, thread_id: str) -> list[tuple[str, int]]:
     conn = await asyncpg.connect(database_url)
     try:
         rows = await conn.fetch(
-            "SELECT event_key, count(*) AS n FROM ctx.records WHERE thread_id = $1 GROUP BY event_key ORDER BY event_key",
+            "SELECT event_key, count(*) AS n FROM ctx.records WHERE thread_id = $1 GROUP BY event_key "
+            "ORDER BY event_key",
             thread_id,
         )
     except asyncpg.UndefinedTableError:

@@ -99,7 +99,8 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
             assert denied.value.code.value == "permission_denied" and not denied.value.retryable
     finally:
         await fleet.stop()
-    # The fleet's own identity never needed more than its grants (the runtime's refusal above is the only one).
+    # The fleet's own identity never needed more than its grants
+    # (the runtime's refusal above is the only one).
     violations = [
         line
         for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines()

@@ -1,4 +1,5 @@
-"""Fuzzed batches through the real store: every event is recorded or dead-lettered, once, and the batch never stalls."""
+"""Fuzzed batches through the real store: every event is recorded or dead-lettered, once,
+and the batch never stalls."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ async def _record_and_account(database_url: str, batch: list[Incoming]) -> tuple
             dead = {r.incoming.stream_seq for r in result.rejections}
             assert not dead & set(seqs)
             stored = await conn.fetchval(
-                "SELECT count(*) FROM ctx.dead_letters WHERE stream_seq = ANY($1::bigint[]) AND subject = ANY($2::text[])",
+                "SELECT count(*) FROM ctx.dead_letters WHERE stream_seq = ANY($1::bigint[]) "
+                "AND subject = ANY($2::text[])",
                 sorted(dead),
                 sorted({m.subject for m in batch}),
             )

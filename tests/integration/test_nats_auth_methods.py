@@ -181,7 +181,8 @@ async def test_a_creds_file_authenticates_provisioning_and_a_running_fleet(
             server.url, tmp_path, {"CTX_NATS_CREDS_FILE": str(setup.creds_file)}, clean_env
         )
         assert result.events == "created"
-        # The FastStream broker authenticates separately (NatsCredentials): the compactor and assembler use it.
+        # The FastStream broker authenticates separately (NatsCredentials):
+        # the compactor and assembler use it.
         clean_env.setenv("CTX_WORKERS", "recorder,assembler,compactor")
         fleet = Fleet(load_settings(), nats_url=server.url, database_url=database_url)
         await fleet.start()

@@ -99,7 +99,8 @@ async def test_each_poison_is_dead_lettered_and_its_partition_keeps_recording_bo
     assert await _keys(db, t.thread_id) == [f"canary-{i}" for i in range(len(POISONS))]
     assert await _keys(db, neighbour.thread_id) == [f"nb-{i}" for i in range(len(POISONS))]
     rows = await db.fetch(
-        "SELECT code, reason, details::text AS details FROM ctx.dead_letters WHERE thread_id=$1 ORDER BY stream_seq",
+        "SELECT code, reason, details::text AS details FROM ctx.dead_letters WHERE thread_id=$1 "
+        "ORDER BY stream_seq",
         t.thread_id,
     )
     assert [r["code"] for r in rows] == [code for _, code, _ in POISONS]

@@ -68,7 +68,10 @@ async def test_events_stored_before_tenancy_are_recorded_as_the_default_tenants_
         js = nc.jetstream()
         info = await js.stream_info(EVENTS_STREAM)
         old_src = "ctx.events.*.*.*"
-        old_dest = f"ctx.p.{{{{partition({TEST_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}"
+        old_dest = (
+            f"ctx.p.{{{{partition({TEST_PARTITIONS},1)}}}}"
+            ".{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"
+        )
         await js.update_stream(
             replace(
                 info.config,

@@ -49,7 +49,8 @@ async def _history(client: FleetClient, t: Thread, filler: int) -> str:
 
 
 async def _indexed(db: asyncpg.Connection, t: Thread, records: int) -> bool:
-    """All ``records`` of the thread are recorded and indexed (an index level with a lagging head is not enough)."""
+    """All ``records`` of the thread are recorded and indexed
+    (an index level with a lagging head is not enough)."""
     head = await db.fetchval("SELECT last_seq FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
     pos = await db.fetchval("SELECT last_seq FROM ctx.index_positions WHERE thread_id=$1", t.thread_id)
     return head == records and pos == head
@@ -247,9 +248,11 @@ async def test_an_index_from_an_older_index_version_is_rebuilt_by_the_sweep(
             INDEX_VERSION - 1,
         )
         await db.execute(
-            """INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
-                                              start_line, end_line, recorded_at, text, tsv)
-               VALUES ($1, 2, 7, $2, 'assistant_message', 'a0', 0, 5, 1, 1, now(), 'stale', to_tsvector('simple', 'stale'))""",
+            """INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key,
+                                              start_byte, end_byte, start_line, end_line, recorded_at,
+                                              text, tsv)
+               VALUES ($1, 2, 7, $2, 'assistant_message', 'a0', 0, 5, 1, 1, now(), 'stale',
+                       to_tsvector('simple', 'stale'))""",
             t.thread_id,
             t.session_id,
         )

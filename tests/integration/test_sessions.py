@@ -139,7 +139,7 @@ async def test_unclosed_call_of_an_earlier_run_is_state_with_unknown_result_neve
     assert any("ended interrupted: runtime crashed" in t for t in _texts(prepared))
 
 
-async def test_resuming_an_old_run_does_not_mix_in_later_questions_and_its_supplement_reaches_the_next_question(
+async def test_resuming_an_old_run_does_not_mix_in_later_questions_and_its_supplement_reaches_the_next_question(  # noqa: E501
     fleet, client: FleetClient
 ) -> None:
     a = Thread()

@@ -325,7 +325,8 @@ async def test_state_equals_its_replay_from_the_ledger_and_a_tampered_projection
     inspection = await client.inspect(t.thread_id)
     assert inspection.state_verified and inspection.state_facts == 3 and inspection.state_hash
     await db.execute(
-        "UPDATE ctx.state_facts SET value = '\"roof\"' WHERE thread_id = $1 AND path = 'item:42.location' AND is_current",
+        "UPDATE ctx.state_facts SET value = '\"roof\"' "
+        "WHERE thread_id = $1 AND path = 'item:42.location' AND is_current",
         t.thread_id,
     )
     assert not (await client.inspect(t.thread_id)).state_verified
@@ -393,7 +394,8 @@ async def test_facts_keep_their_evidence_and_superseded_ones_say_until_when_they
     await _move(client, t, 2, "dock")
     await _prepare(client, t, "moved2")
     rows = await db.fetch(
-        "SELECT value, is_current, valid_to_seq, evidence, seq FROM ctx.state_facts WHERE thread_id=$1 AND path='item:42.location' ORDER BY seq",
+        "SELECT value, is_current, valid_to_seq, evidence, seq FROM ctx.state_facts "
+        "WHERE thread_id=$1 AND path='item:42.location' ORDER BY seq",
         t.thread_id,
     )
     assert [(r["value"], r["is_current"]) for r in rows] == [('"aisle_3"', False), ('"dock"', True)]

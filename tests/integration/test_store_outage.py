@@ -1,4 +1,5 @@
-"""PostgreSQL down: every request/reply endpoint answers store_unavailable (typed, retryable), then recovers."""
+"""PostgreSQL down: every request/reply endpoint answers store_unavailable (typed, retryable),
+then recovers."""
 
 from __future__ import annotations
 

@@ -474,8 +474,8 @@ def test_dropped_history_leaves_a_note_with_its_files_and_the_failures_no_later_
     note = prepared.messages[gap.first_message].content or ""
     assert note.startswith("[history awaiting compaction:")
     assert (
-        """- last bash {"cmd":"pytest"} failed (seq 4, error): FAILED tests/test_a.py::test_a - KeyError: 'port'"""
-        in note
+        """- last bash {"cmd":"pytest"} failed (seq 4, error): """
+        "FAILED tests/test_a.py::test_a - KeyError: 'port'" in note
     )
     assert 'last bash {"cmd":"make"}' not in note  # a later make succeeded: that failure is over
     assert "\n- files read there: src/app.py\n" in note

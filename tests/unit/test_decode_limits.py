@@ -1,4 +1,5 @@
-"""The wire's JSON limits: each hostile input is a typed decode error naming its limit; the limit itself passes."""
+"""The wire's JSON limits: each hostile input is a typed decode error naming its limit;
+the limit itself passes."""
 
 from __future__ import annotations
 

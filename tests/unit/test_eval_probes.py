@@ -103,7 +103,10 @@ def test_the_last_error_stays_a_probe_until_the_same_command_succeeds() -> None:
 
 
 def test_telling_line_is_the_last_line_naming_an_error_else_the_first_line() -> None:
-    traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\nModuleNotFoundError: No module named 'asgiref'\n</output>"
+    traceback = (
+        'Traceback (most recent call last):\n  File "x.py", line 1\nModuleNotFoundError: '
+        "No module named 'asgiref'\n</output>"
+    )
     assert telling_line(traceback) == "ModuleNotFoundError: No module named 'asgiref'"
     assert telling_line("<returncode>2</returncode>\nno such file\nsecond") == "no such file"
 

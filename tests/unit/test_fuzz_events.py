@@ -211,7 +211,8 @@ def event_bodies(draw: st.DrawFn, session_id: str = "s-fuzz", run_id: str = "r-f
 
 
 def encode_body(body: Any) -> bytes:
-    """The JSON bytes of ``body`` with the raw literals spliced in (lone surrogates escaped, as on the wire)."""
+    """The JSON bytes of ``body`` with the raw literals spliced in (lone surrogates escaped,
+    as on the wire)."""
     text = json.dumps(body, ensure_ascii=True)
     for placeholder, literal in _RAW_LITERALS.items():
         text = text.replace(json.dumps(placeholder, ensure_ascii=True), literal)

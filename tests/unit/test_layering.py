@@ -98,7 +98,8 @@ CORE_MAY_IMPORT = {"contracts", "services.core", "services.errors"}
 
 
 def _core_imports(path: Path) -> tuple[set[str], set[str]]:
-    """(top-level modules and ``uuid4``/``time``-like names used, ``services.*``/``contracts`` modules imported)."""
+    """(top-level modules and ``uuid4``/``time``-like names used,
+    ``services.*``/``contracts`` modules imported)."""
     tree = ast.parse(path.read_text())
     names: set[str] = set()
     internal: set[str] = set()

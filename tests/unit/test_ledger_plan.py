@@ -240,7 +240,8 @@ def test_an_event_breaking_several_rules_is_rejected_for_the_rule_checked_first(
     reads = LedgerReads({}, known, {}, sessions={t.session_id: "default"})
     foreign = plan_batch(decode_batch(batch, LIMITS), reads, LIMITS, COUNTERS)
     assert [r.code for r in foreign.rejections] == [ErrorCode.SCOPE_VIOLATION] and foreign.duplicates == ()
-    # An exact redelivery of an outcome whose call is unknown is a duplicate: the key is checked before the call.
+    # An exact redelivery of an outcome whose call is unknown is a duplicate:
+    # the key is checked before the call.
     orphan = t.outcome("c9", "late", key="k2")
     sha = _plan([t.assistant("", (("c9", "read", {}),), key="k0"), orphan]).records[1].content_sha256
     again = _plan([orphan], LedgerReads({}, {(t.thread_id, "k2"): KnownKey(2, sha)}, {}))

@@ -78,7 +78,7 @@ def test_the_operator_may_name_any_tenant_and_inspect_but_never_touches_streams_
         assert not _may_publish(OPERATOR, subject), subject
 
 
-def test_only_the_assembler_among_the_fleet_subscribes_to_requests_and_only_the_recorder_publishes_notices() -> (
+def test_only_the_assembler_among_the_fleet_subscribes_to_requests_and_only_the_recorder_publishes_notices() -> (  # noqa: E501
     None
 ):
     users = grants(("acme",))

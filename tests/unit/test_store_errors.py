@@ -35,7 +35,8 @@ def _translated(exc: BaseException, **kw: str) -> CtxError:
     return error
 
 
-# Lost or refused connections, and the rollbacks a retry on fresh state resolves: retried, never blamed on input.
+# Lost or refused connections, and the rollbacks a retry on fresh state resolves: retried,
+# never blamed on input.
 UNAVAILABLE: list[BaseException] = [
     asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation"),
     asyncpg.exceptions.ConnectionFailureError("connection failure"),

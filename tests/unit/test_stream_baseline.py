@@ -58,7 +58,8 @@ def test_check_stream_halts_when_the_stream_was_recreated_even_with_every_positi
     assert verdict.kind == "recreated" and verdict.halted and verdict.affected == (0, 1)
     assert verdict.reason == (
         f"events stream CTX_EVENTS was recreated at {NEW.isoformat()} (positions were read from the stream "
-        f"created at {OLD.isoformat()}); nothing after it is being recorded; inspect, then run 'ctxfleet rebaseline'"
+        f"created at {OLD.isoformat()}); nothing after it is being recorded; inspect, "
+        "then run 'ctxfleet rebaseline'"
     )
 
 

@@ -198,11 +198,13 @@ def test_a_success_in_a_later_segment_clears_a_failure_of_the_parent_when_merged
             "FAILED tests/t.py::test_x - assert 1 == 2 | 1 failed",
         ),
         (
-            "E   KeyError: 'x'\nsome context\nFAILED tests/t.py::test_y - KeyError: 'x'\n===== 1 failed in 0.12s =====",
+            "E   KeyError: 'x'\nsome context\nFAILED tests/t.py::test_y - KeyError: "
+            "'x'\n===== 1 failed in 0.12s =====",
             "E KeyError: 'x' | FAILED tests/t.py::test_y - KeyError: 'x' | ===== 1 failed in 0.12s =====",
         ),
         (
-            "<returncode>2</returncode>\n<output>\npatching file a.py\npatch: **** malformed patch at line 3\n</output>",
+            "<returncode>2</returncode>\n<output>\npatching file a.py\npatch: "
+            "**** malformed patch at line 3\n</output>",
             "patch: **** malformed patch at line 3 | exit status 2",
         ),
         ("<returncode>1</returncode>\n<output>\n</output>", "(no output) | exit status 1"),
@@ -232,7 +234,8 @@ def test_announcing_a_look_is_not_a_decision_but_a_stated_change_is() -> None:
     t.user("go")
     t.say("Let me check the parser first. I'll look at the tests too. Now let me view the file:")
     t.say(
-        "I will replace split() with split(' ') because the renderer drops spaces. The fix is to keep the separator."
+        "I will replace split() with split(' ') because the renderer drops spaces. The fix is to keep the "
+        "separator."
     )
     s = summarize_records(t.records)
     assert [d.text for d in s.decisions] == [

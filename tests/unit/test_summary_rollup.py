@@ -66,7 +66,8 @@ def _records(steps: Sequence[Step]) -> list[LedgerRecord]:
 
     add(
         "user_input",
-        "Fix the crash in src/pkg/module_0.py. You must not change the public API. Run the tests after every edit.",
+        "Fix the crash in src/pkg/module_0.py. You must not change the public API. Run the tests after "
+        "every edit.",
     )
     for n, (kind, which, variant) in enumerate(steps):
         path = FILES[which]
@@ -247,7 +248,10 @@ def test_older_progress_folds_into_counts_and_ranges_per_tool() -> None:
         last,
         len(older),
     )
-    line = f"- records {first}–{last}: {len(older)} steps — bash ×{tools.count('bash')} ({failed} failed), str_replace_editor ×{tools.count('str_replace_editor')}"
+    line = (
+        f"- records {first}–{last}: {len(older)} steps — bash ×{tools.count('bash')} ({failed} failed), "
+        f"str_replace_editor ×{tools.count('str_replace_editor')}"
+    )
     assert line in render_summary(folded, revision=1)
     refolded = fold_progress(folded, keep=0)
     assert refolded.folded is not None and refolded.folded.steps == len(summary.progress)
@@ -361,7 +365,7 @@ def test_actions_stay_verbatim_when_only_the_skeleton_fits_while_the_steps_aroun
     )  # reads are not actions
 
 
-def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_bounded_on_a_thousand_step_thread() -> (
+def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_bounded_on_a_thousand_step_thread() -> (  # noqa: E501
     None
 ):
     def moves(n: int) -> list[tuple[int, str]]:
@@ -373,8 +377,8 @@ def test_the_skeleton_keeps_the_newest_actions_and_counts_the_rest_so_it_stays_b
     assert bare.actions_folded is not None and bare.actions_folded.steps == 250 - SKELETON_ACTIONS
     assert bare.actions_folded.first == 2  # the first move's call record
     assert (
-        f"- records 2–{bare.actions_folded.last}: {250 - SKELETON_ACTIONS} earlier actions — move_item ×{250 - SKELETON_ACTIONS}"
-        in render_summary(bare, revision=7)
+        f"- records 2–{bare.actions_folded.last}: {250 - SKELETON_ACTIONS} earlier actions — "
+        f"move_item ×{250 - SKELETON_ACTIONS}" in render_summary(bare, revision=7)
     )
     short = skeleton(_merged(_warehouse(moves(25)), 20))
     assert _tokens(bare) <= _tokens(short) * 1.1

@@ -46,7 +46,8 @@ def test_trace_events_start_a_new_run_per_run_value_and_use_stable_keys(tmp_path
     path = _write(
         tmp_path,
         '{"kind": "system", "text": "s"}\n'
-        '{"kind": "assistant_message", "text": "", "tool_calls": [{"call_id": "c1", "name": "ls", "args": {"a": 1}}]}\n'
+        '{"kind": "assistant_message", "text": "", "tool_calls": [{"call_id": "c1", "name": "ls", "args": '
+        '{"a": 1}}]}\n'
         '{"kind": "tool_outcome", "call_id": "c1", "status": "timeout", "text": "..."}\n'
         '{"kind": "user_input", "text": "next", "run": "second"}\n',
     )
