@@ -39,6 +39,7 @@
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
     ├── EventRejected(event_key, rejected_code, reason)
     ├── ContextBudgetExceeded(required, input_budget, items)
+    │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
     └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
 
 Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
@@ -74,6 +75,7 @@ __all__ = [
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
+    "OverBudget",
     "OperationExists",
     "OrphanToolOutcome",
     "Overloaded",
@@ -575,6 +577,36 @@ class ContextBudgetExceeded(CtxError):
             input_budget=input_budget,
             items=list(items),
         )
+
+
+class OverBudget(ContextBudgetExceeded):
+    """The view does not fit even after the deterministic reductions; history must be compacted.
+
+    The pure assembly raises it to its shell, which waits for a compaction; should it ever reach a
+    runtime, it reads as what it is — a context over budget, with the figures.
+    """
+
+    def __init__(
+        self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]
+    ) -> None:
+        CtxError.__init__(
+            self,
+            f"view needs {total} tokens after reductions; the input budget is {input_budget}",
+            required=total,
+            input_budget=input_budget,
+            items=list(items),
+        )
+        self.total = total
+        self.input_budget = input_budget
+        self.items = items
+        self.reductions = reductions
+
+    def exceeded(self, waited_ms: int) -> ContextBudgetExceeded:
+        """The wire error once waiting for compaction did not help."""
+        err = ContextBudgetExceeded(self.total, self.input_budget, self.items)
+        err.details["reason"] = "history over budget and no compaction landed in time"
+        err.details["waited_ms"] = waited_ms
+        return err
 
 
 _BY_CODE: dict[ErrorCode, type[CtxError]] = {}

@@ -25,7 +25,8 @@ from contracts import (
 )
 from contracts.subjects import DEFAULT_TENANT
 
-from services.core.assemble import Evidence, OverBudget, ThreadSnapshot, assemble_context
+from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
+from services.errors import OverBudget
 from services.core.budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain

@@ -53,7 +53,7 @@ from contracts.prepare import ReductionCounts
 
 from services.core.budget import BudgetSpec
 from services.core.compaction.files import files_of_call
-from services.errors import BlockSize, ContextBudgetExceeded, CtxError
+from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.groups import DraftBlock, build_view_blocks, run_task_seq
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
@@ -72,7 +72,7 @@ from services.core.render import (
 )
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 
-__all__ = ["ASSEMBLY_REVISION", "Evidence", "OverBudget", "SummaryView", "ThreadSnapshot", "assemble_context"]
+__all__ = ["ASSEMBLY_REVISION", "Evidence", "SummaryView", "ThreadSnapshot", "assemble_context"]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
 ASSEMBLY_REVISION = "assembly-3"
@@ -168,26 +168,6 @@ class Evidence:
     content_sha256: str
     record_hash: str
     text: str
-
-
-class OverBudget(CtxError):
-    """The view does not fit even after the deterministic reductions; history must be compacted."""
-
-    def __init__(
-        self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]
-    ) -> None:
-        super().__init__(f"view needs {total} tokens after reductions; the input budget is {input_budget}")
-        self.total = total
-        self.input_budget = input_budget
-        self.items = items
-        self.reductions = reductions
-
-    def exceeded(self, waited_ms: int) -> ContextBudgetExceeded:
-        """The wire error once waiting for compaction did not help."""
-        err = ContextBudgetExceeded(self.total, self.input_budget, self.items)
-        err.details["reason"] = "history over budget and no compaction landed in time"
-        err.details["waited_ms"] = waited_ms
-        return err
 
 
 @dataclass

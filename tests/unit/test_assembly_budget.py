@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest, UserInputEvent, UserInputPayload
-from services.core.assemble import OverBudget, SummaryView, ThreadSnapshot, assemble_context
+from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
+from services.errors import OverBudget
 from services.core.budget import resolve_budget
 from services.errors import ContextBudgetExceeded
 from services.core.groups import build_view_blocks

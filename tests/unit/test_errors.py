@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+
 import services.errors as errors_module
 from contracts import ErrorCode, ErrorReply
 from services.errors import (
@@ -15,7 +18,14 @@ from services.errors import (
 )
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def _all_error_classes() -> list[type[CtxError]]:
+    # Every module that could define one, imported: a subclass exists only once its module is loaded.
+    for path in sorted((ROOT / "services").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        importlib.import_module(module)
     out: list[type[CtxError]] = []
     todo = [CtxError]
     while todo:
@@ -25,14 +35,14 @@ def _all_error_classes() -> list[type[CtxError]]:
     return out
 
 
-def test_errors_every_class_has_a_distinct_code_that_exists_on_the_wire() -> None:
+def test_errors_every_class_lives_in_services_errors_with_a_distinct_code_that_exists_on_the_wire() -> None:
+    classes = [c for c in _all_error_classes() if c is not CtxError]
+    elsewhere = sorted(
+        f"{c.__module__}.{c.__qualname__}" for c in classes if c.__module__ != errors_module.__name__
+    )
+    assert elsewhere == [], "typed errors live in services/errors.py"
     # A refinement that keeps its parent's code (ForeignSession is a ScopeViolation) defines none of its own.
-    classes = [
-        c
-        for c in _all_error_classes()
-        if c is not CtxError and c.__module__ == errors_module.__name__ and "code" in vars(c)
-    ]
-    codes = [c.code for c in classes]
+    codes = [c.code for c in classes if "code" in vars(c)]
     assert len(codes) == len(set(codes)), "two error classes share a code"
     assert all(isinstance(code, ErrorCode) for code in codes)
 
