@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from ._base import WireModel
 from .ids import EventKeyStr, Identifier
@@ -21,6 +21,8 @@ __all__ = [
     "BudgetReport",
     "ChatFunction",
     "ChatMessage",
+    "ChatTool",
+    "RequestFormat",
     "ChatToolCall",
     "ContextBlock",
     "EvidenceRef",
@@ -129,6 +131,7 @@ class PrepareRequest(WireModel):
     profile: ModelProfile | None = None
     budget_tokens: Annotated[int, Field(gt=0)] | None = None
     tools: tuple[ToolSchema, ...] = ()
+    format: RequestFormat = "openai.chat"
     after_event_key: EventKeyStr | None = None
     wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
     usage: ReportedUsage | None = None
@@ -160,12 +163,30 @@ class ChatToolCall(WireModel):
 
 
 class ChatMessage(WireModel):
-    """One message in OpenAI Chat Completions shape (``None`` fields are omitted on the wire)."""
+    """One message in OpenAI Chat Completions shape: ``None`` fields are omitted on the wire, so each
+    message is exactly what the API takes (``"tool_calls": null`` fails the official SDK's types)."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     tool_calls: tuple[ChatToolCall, ...] | None = None
     tool_call_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+
+class ChatTool(WireModel):
+    """A tool as Chat Completions takes it: ``{"type": "function", "function": {name, description, parameters}}``."""
+
+    type: Literal["function"] = "function"
+    function: ToolSchema
+
+
+# The provider request shape a prepare answers in (design D4.5): the canonical ``messages``/``tools`` are
+# always OpenAI Chat's; for the other formats ``PreparedContext.request`` holds the provider's own body.
+RequestFormat = Literal["openai.chat", "openai.responses", "anthropic.messages"]
 
 
 class BlockKind(StrEnum):
@@ -308,7 +329,7 @@ class PreparedContext(WireModel):
     assembly_revision: str
     source_watermark: SourceWatermark
     messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolSchema, ...]
+    tools: tuple[ChatTool, ...]
     blocks: tuple[ContextBlock, ...]
     omitted: tuple[OmittedBlock, ...]
     pending_calls: tuple[PendingCall, ...]
@@ -318,6 +339,9 @@ class PreparedContext(WireModel):
     reductions: tuple[str, ...] = ()
     compaction_wait_ms: int = 0
     policy: str = ""
+    format: RequestFormat = "openai.chat"
+    # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
+    request: dict[str, JsonValue] | None = None
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

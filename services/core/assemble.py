@@ -37,6 +37,7 @@ from contracts import (
     BlockKind,
     BudgetCategory,
     BudgetReport,
+    ChatTool,
     ChatMessage,
     ContextBlock,
     OmittedBlock,
@@ -310,7 +311,7 @@ def assemble_context(
             last_event_key=snapshot.last_event_key,
         ),
         messages=tuple(messages),
-        tools=tools,
+        tools=tuple(ChatTool(function=t) for t in tools),
         blocks=tuple(out_blocks),
         omitted=tuple(omitted),
         pending_calls=tuple(blocks.pending),
@@ -1086,7 +1087,8 @@ def _prepared_id(
     # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
     # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
     # the history-dropping fallback unless it changed the reply.
-    excluded = {"wait_ms", "after_event_key"} | (set() if request.evidence else {"evidence"})
+    # The format only changes the shape, never the context: one id whatever the provider.
+    excluded = {"wait_ms", "after_event_key", "format"} | (set() if request.evidence else {"evidence"})
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

@@ -65,7 +65,7 @@ def count_request(
 def count_prepared(prepared: PreparedContext, counter: TokenCounter) -> int:
     """Tokens of a prepared context as it is sent: its messages and its tools."""
     messages = [m.model_dump(mode="json", exclude_none=True) for m in prepared.messages]
-    return count_request(messages, tools_wire(prepared.tools), counter)
+    return count_request(messages, tools_wire([t.function for t in prepared.tools]), counter)
 
 
 def _call(call: JsonValue, counter: TokenCounter) -> int:

@@ -100,7 +100,7 @@ def policy_name(budget: int) -> str:
 
 def fleet_context(prepared: PreparedContext) -> FleetContext:
     """What the model sees of a prepared context, with its summary's tokens."""
-    tools = tuple(t.model_dump(mode="json") for t in prepared.tools)
+    tools = tuple(t.function.model_dump(mode="json") for t in prepared.tools)
     # The summary's own text, as its share bounds it (the block also counts its message framing).
     summary = sum(
         b.tokens - MESSAGE_OVERHEAD * b.message_count for b in prepared.blocks if b.kind == BlockKind.SUMMARY
