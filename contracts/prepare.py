@@ -10,7 +10,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    JsonValue,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from ._base import WireModel
 from .ids import EventKeyStr, Identifier
@@ -172,13 +179,15 @@ class ChatMessage(WireModel):
     tool_call_id: str | None = None
 
     @model_serializer(mode="wrap")
-    def _without_nulls(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, object]:
+    def _without_nulls(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
         data: dict[str, object] = handler(self)
         return {k: v for k, v in data.items() if v is not None}
 
 
 class ChatTool(WireModel):
-    """A tool as Chat Completions takes it: ``{"type": "function", "function": {name, description, parameters}}``."""
+    """A tool as Chat Completions takes it: ``{"type": "function", "function": {name, description, ...}}``."""
 
     type: Literal["function"] = "function"
     function: ToolSchema

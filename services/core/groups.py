@@ -21,7 +21,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from contracts import BlockKind, ChatFunction, ChatMessage, ChatToolCall, PendingCall, RecordRef, Retention
+from contracts import (
+    BlockKind,
+    ChatFunction,
+    ChatMessage,
+    ChatToolCall,
+    PendingCall,
+    RecordRef,
+    Retention,
+    ToolStatus,
+)
 
 from services.core.counting import counts_as_turn
 from services.core.records import (
@@ -56,6 +65,9 @@ class DraftBlock:
     records: list[LedgerRecord]
     messages: list[ChatMessage]
     waiting: dict[str, int] = field(default_factory=dict)
+    # Tool call ids (as the view names them) whose outcome was not a success: a provider that marks
+    # failed results (Anthropic's ``is_error``) learns it here, not from the message text.
+    error_calls: set[str] = field(default_factory=set)
 
     @property
     def droppable(self) -> bool:
@@ -426,6 +438,8 @@ def _attach_outcome(
     group.messages.append(
         ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
     )
+    if body.status is not ToolStatus.SUCCESS:
+        group.error_calls.add(view_id)
 
 
 def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
