@@ -54,6 +54,8 @@ from contracts.prepare import ReductionCounts
 
 from services.core.budget import BudgetSpec
 from services.core.compaction.files import files_of_call
+from services.core.providers.bundle import ContextBundle
+from services.core.providers.shapes import provider_request
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.groups import DraftBlock, build_view_blocks, run_task_seq
 from services.core.hashing import canonical_json
@@ -298,6 +300,12 @@ def assemble_context(
     omitted += [_omitted(_size(b, counter), b.reason) for b in blocks.held]
     omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
     summary = snapshot.summary
+    bundle = ContextBundle(
+        messages=tuple(messages),
+        tools=tuple(tools),
+        blocks=tuple(out_blocks),
+        error_call_ids=frozenset(c for s in fit.kept for c in s.block.error_calls),
+    )
     return PreparedContext(
         prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
         session_id=snapshot.session_id,
@@ -345,6 +353,8 @@ def assemble_context(
         reductions=tuple(fit.reductions),
         compaction_wait_ms=compaction_wait_ms,
         policy=snapshot.policy,
+        format=request.format,
+        request=provider_request(request.format, bundle),
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from services.core.providers.bundle import ContextBundle
 from services.core.providers.openai_responses import responses_request
 from services.core.records import LedgerRecord, ToolOutcomeBody
 from services.core.tokens import counter_for
+from tests.fixtures.sdk import conforms
 from tests.fixtures.builders import Thread, ledger_records
 
 COUNTER = counter_for("o200k_base")
@@ -33,22 +33,6 @@ CHAT_MESSAGES = TypeAdapter(list[ChatCompletionMessageParam])
 CHAT_TOOLS = TypeAdapter(list[ChatCompletionToolParam])
 RESPONSES_INPUT = TypeAdapter(ResponseInputParam)
 RESPONSES_TOOLS = TypeAdapter(list[FunctionToolParam])
-
-
-def _materialized(value: Any) -> Any:
-    # The SDK types declare lists as ``Iterable``: pydantic hands back a lazy iterator that validates
-    # its items only when read, so they are read here.
-    if isinstance(value, dict):
-        return {k: _materialized(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, Iterator)):
-        return [_materialized(v) for v in value]
-    return value
-
-
-def _conforms(adapter: TypeAdapter[Any], value: Any) -> None:
-    """``value`` is exactly one of the SDK's shapes: valid, nothing dropped (the TypedDicts ignore
-    unknown keys, so a key the API does not take shows up as a difference), nothing coerced."""
-    assert _materialized(adapter.validate_python(value)) == value
 
 
 def _nulls(value: Any, path: str = "$") -> list[str]:
@@ -171,8 +155,8 @@ def test_chat_messages_and_tools_are_what_the_sdk_takes_with_no_nulls(name: str)
     prepared, _ = CONTEXTS[name]
     wire = json.loads(prepared.model_dump_json())
     assert _nulls(wire["messages"]) == [] and _nulls(wire["tools"]) == []
-    _conforms(CHAT_MESSAGES, wire["messages"])
-    _conforms(CHAT_TOOLS, wire["tools"])
+    conforms(CHAT_MESSAGES, wire["messages"])
+    conforms(CHAT_TOOLS, wire["tools"])
     assert prepared.openai_messages() == wire["messages"]
 
 
@@ -180,7 +164,7 @@ def test_a_plain_assistant_message_validates_and_a_null_tool_calls_would_not() -
     prepared, _ = CONTEXTS["tool_groups"]
     plain = [m for m in prepared.openai_messages() if m["role"] == "assistant" and "tool_calls" not in m]
     assert plain == [{"role": "assistant", "content": "x() returns 1, the test expects 2."}]
-    _conforms(CHAT_MESSAGES, plain)
+    conforms(CHAT_MESSAGES, plain)
     with pytest.raises(ValidationError):  # the shape these messages had before nulls were dropped
         CHAT_MESSAGES.validate_python([{**plain[0], "tool_calls": None, "tool_call_id": None}])
 
@@ -191,7 +175,7 @@ def test_chat_tool_calls_are_validated_item_by_item() -> None:
         {"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {"name": "x"}}]}
     ]
     with pytest.raises(ValidationError):
-        _conforms(CHAT_MESSAGES, broken)
+        conforms(CHAT_MESSAGES, broken)
 
 
 # --- Responses: the adapter's body ---
@@ -202,8 +186,8 @@ def test_responses_body_is_what_the_sdk_takes_with_no_nulls(name: str) -> None:
     prepared, records = CONTEXTS[name]
     body = responses_request(_bundle(prepared, records))
     assert set(body) <= {"instructions", "input", "tools"} and _nulls(body) == []
-    _conforms(RESPONSES_INPUT, body["input"])
-    _conforms(RESPONSES_TOOLS, body["tools"])
+    conforms(RESPONSES_INPUT, body["input"])
+    conforms(RESPONSES_TOOLS, body["tools"])
     assert body["tools"] == [
         {
             "type": "function",
@@ -280,8 +264,8 @@ def test_responses_keeps_a_later_system_message_in_place_as_a_developer_message(
         ],
         "tools": [{"type": "function", "name": "noop", "description": "", "parameters": {}, "strict": False}],
     }
-    _conforms(RESPONSES_INPUT, body["input"])
-    _conforms(RESPONSES_TOOLS, body["tools"])
+    conforms(RESPONSES_INPUT, body["input"])
+    conforms(RESPONSES_TOOLS, body["tools"])
 
 
 def test_responses_without_system_messages_has_no_instructions_key() -> None:

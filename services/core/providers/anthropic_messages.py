@@ -24,7 +24,10 @@ shape and the Messages API differ:
   content block produced by the head's last TASK or SUMMARY block, where the head is every block
   before the first INTERACTION block (instructions, what an earlier run left, the run's task, the
   summary). With no TASK or SUMMARY there, the head's last non-STATE block ends it (state changes
-  with every patch). Three breakpoints, one under the API's limit of four.
+  with every patch). The fourth, the end of the history: the last content block before the trailing
+  evidence and state, which change on every prepare. Between compactions the next prepare repeats
+  everything up to it, so that request reads it from the cache (the API looks back from each
+  breakpoint for the longest cached prefix) — the API's limit of four, all used.
 """
 
 from __future__ import annotations
@@ -83,6 +86,10 @@ def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     anchor = max((n for n, item in enumerate(items) if 0 <= item.source < head_end), default=None)
     if anchor is not None:
         _mark(items[anchor].block)
+    history_end = _history_end(bundle.blocks)
+    latest = max((n for n, item in enumerate(items) if 0 <= item.source < history_end), default=None)
+    if latest is not None and latest != anchor:
+        _mark(items[latest].block)
     tools: list[JsonValue] = [_tool(t) for t in bundle.tools]
     if tools:
         _mark(tools[-1])
@@ -173,6 +180,18 @@ def _head_end(blocks: Sequence[ContextBlock]) -> int:
     if not anchored:
         return 0
     last = anchored[-1]
+    return last.first_message + last.message_count
+
+
+def _history_end(blocks: Sequence[ContextBlock]) -> int:
+    """The canonical message index where the history ends (exclusive): before the trailing evidence
+    (material) and state blocks, which the assembler places last because they change every time."""
+    end = len(blocks)
+    while end > 0 and blocks[end - 1].kind in (BlockKind.STATE, BlockKind.MATERIAL):
+        end -= 1
+    if end == 0:
+        return 0
+    last = blocks[end - 1]
     return last.first_message + last.message_count
 
 
