@@ -52,6 +52,7 @@ from .ops import bench_ops
 from .overload import bench_overload
 from .recovery import bench_recovery
 from .search import bench_index_lag, bench_search_session
+from .shapes import bench_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -527,6 +528,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "overload",
             "recovery",
             "eval",
+            "shapes",
         ):
             if args.only and name not in args.only:
                 continue
@@ -582,6 +584,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["overload"] = await bench_overload(nats_url, db, tmp, seconds=args.overload_seconds)
             elif name == "eval":
                 results["eval"] = await bench_eval(servers, settings)
+            elif name == "shapes":
+                results["shapes"] = await bench_shapes(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -640,6 +644,7 @@ def main() -> None:
             "recovery",
             "cold",
             "eval",
+            "shapes",
         ],
     )
     parser.add_argument("--search-records", type=int, default=100_000)
