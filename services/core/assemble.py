@@ -30,6 +30,7 @@ import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import assert_never
 
 from pydantic import JsonValue
 
@@ -248,7 +249,8 @@ def assemble_context(
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
-    tools = () if request.purpose is Purpose.COMPACTION else request.tools
+    ordered = _for_purpose(ordered, request.purpose)
+    tools = request.tools if request.purpose is Purpose.ACTION else ()
     schema_tokens = _tool_tokens(tools, counter)
     room = budget.input_budget - schema_tokens - REPLY_PRIMING
     inputs = _Inputs(
@@ -959,6 +961,47 @@ def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
         chosen.append(s.block.block_id)
         over -= s.total
     return frozenset(chosen)
+
+
+def _for_purpose(blocks: list[DraftBlock], purpose: Purpose) -> list[DraftBlock]:
+    """The blocks a purpose's context is made of (design D4.1)."""
+    match purpose:
+        case Purpose.ACTION | Purpose.COMPACTION:
+            return blocks
+        case Purpose.COMPLETION:
+            return _completion_blocks(blocks)
+        case _:
+            assert_never(purpose)
+
+
+def _completion_blocks(blocks: list[DraftBlock]) -> list[DraftBlock]:
+    """A completion check's context: the task and what the user asked since, the authoritative plan and
+    state, the execution evidence (every tool group: the calls and the outcomes that support or refute
+    the answer), the evidence asked for, and the candidate answer (the newest assistant text without
+    calls) — not the steps' running commentary or quoted material, which prove nothing."""
+    candidate = next((b for b in reversed(blocks) if _is_answer(b)), None)
+    kept: list[DraftBlock] = []
+    for block in blocks:
+        if block is candidate:
+            kept.append(
+                replace(block, reason="the candidate answer under check", retention=Retention.REQUIRED)
+            )
+        elif block.kind in (BlockKind.INSTRUCTION, BlockKind.TASK, BlockKind.STATE, BlockKind.SUMMARY):
+            kept.append(block)
+        elif block.kind is BlockKind.MATERIAL:
+            if block.block_id.startswith("evidence:"):
+                kept.append(block)
+        elif any(m.role == "tool" for m in block.messages) or all(m.role == "user" for m in block.messages):
+            kept.append(block)
+    return kept
+
+
+def _is_answer(block: DraftBlock) -> bool:
+    return (
+        block.kind is BlockKind.INTERACTION
+        and bool(block.messages)
+        and all(m.role == "assistant" and not m.tool_calls and m.content for m in block.messages)
+    )
 
 
 def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:

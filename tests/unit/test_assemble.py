@@ -245,3 +245,33 @@ def test_assemble_calibrates_with_provider_usage_plus_what_came_after_the_respon
     assert calibrated.budget_report.estimated_input == 1_050 + after
     stale = _prepare(t, records, usage={**usage, "view_revision": 3})  # usage from before a compaction
     assert stale.budget_report.calibration == "local"
+
+
+def test_a_completion_check_sees_the_task_the_evidence_and_the_candidate_answer_not_the_commentary() -> None:
+    t = Thread()
+    records = ledger_records(
+        [
+            t.system("You fix bugs."),
+            t.user("Make the parser tests pass."),
+            t.assistant("Let me look around first."),
+            t.resource("skill:style", "Prefer small functions."),
+            t.assistant("Running them.", calls=(("c1", "bash", {"cmd": "pytest -q"}),)),
+            t.outcome("c1", "3 passed"),
+            t.assistant("All three parser tests pass now: fixed the tokenizer's operator spacing."),
+        ]
+    )
+    tools = [{"name": "bash", "description": "Run a shell command", "parameters": {"type": "object"}}]
+    action = _prepare(t, records, tools=tools)
+    check = _prepare(t, records, tools=tools, purpose="completion")
+    texts = [m.content for m in check.messages]
+    assert "Make the parser tests pass." in texts and "3 passed" in texts
+    assert texts[-1] == "All three parser tests pass now: fixed the tokenizer's operator spacing."
+    assert "Let me look around first." not in texts
+    assert not any("Prefer small functions." in (c or "") for c in texts)
+    # The answer is checked, not acted on: no action tools, and the answer itself is required content.
+    assert check.tools == () and action.tools
+    answer = next(b for b in check.blocks if b.reason == "the candidate answer under check")
+    assert answer.retention.value == "required" and not answer.droppable
+    # The action context of the same records keeps the commentary and the material.
+    assert "Let me look around first." in [m.content for m in action.messages]
+    assert check.budget_report.used.total < action.budget_report.used.total
