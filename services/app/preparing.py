@@ -28,7 +28,7 @@ from contracts.subjects import DEFAULT_TENANT
 from contracts.prepare import ProviderOverflow
 
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
-from services.errors import OverBudget, ProviderContextExceeded
+from services.errors import InvalidRequest, OverBudget, ProviderContextExceeded
 from services.core.budget import BUILTIN_PROFILES, BudgetSpec, calibrated, resolve_budget
 from services.core.calibration import (
     Calibration,
@@ -54,6 +54,8 @@ _RECHECK_S = 0.25
 # A process re-reads a profile's calibration at most this often: one indexed row, but on the hot path;
 # what another replica learned shows here within this time (what this one learns, at once).
 _CALIBRATION_TTL_S = 5.0
+# Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
+_OVERFLOW = ("provider_overflow",)
 
 
 def _reserved_tokens(over: OverBudget) -> int:
@@ -192,6 +194,12 @@ class PrepareService:
         more and compacted for that view, so shrinking again would be a loop, not a recovery.
         """
         thread_id = view.head.thread_id
+        if overflow.view_revision > snapshot.view_revision:
+            # Each view may recalibrate once: a view that does not exist yet would be a way around that.
+            raise InvalidRequest(
+                f"after_overflow names view {overflow.view_revision}; thread {thread_id} is at view "
+                f"{snapshot.view_revision}"
+            )
         async with self._store.session() as store:
             async with store.transaction():
                 if not await store.note_overflow(thread_id, base.profile, overflow):
@@ -217,13 +225,11 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
             )
         # It fits under the raised count already; the compaction makes room for the next steps, so it
         # runs without this reply waiting on it (and without the budgeter's triggers deciding).
-        await self._request_job(
-            view, budget, prepared.budget_report.used.tool_schemas, reasons=("provider_overflow",)
-        )
+        await self._request_job(view, budget, prepared.budget_report.used.tool_schemas, reasons=_OVERFLOW)
         return prepared
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
@@ -273,6 +279,8 @@ class PrepareService:
         over: OverBudget,
         pause: Pause,
         evidence: tuple[Evidence, ...] = (),
+        *,
+        reasons: tuple[str, ...] = ("hard_budget",),
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
 
@@ -286,7 +294,7 @@ class PrepareService:
         reserved = _reserved_tokens(over)
         current = view
         with self._board.waiting(thread_id) as woken:
-            ours = await self._request_job(view, budget, reserved)
+            ours = await self._request_job(view, budget, reserved, reasons=reasons)
             revision = view.state.view_revision
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
@@ -300,7 +308,7 @@ class PrepareService:
                     if ours is not None and ours.watermark == current.watermark:
                         break  # our job ended without a commit (nothing to cover): waiting longer cannot help
                     # Another job held the slot, or history grew since ours: ask for this state.
-                    ours = await self._request_job(current, budget, reserved)
+                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
                     continue
                 waited = int((time.monotonic() - started) * 1000)
                 try:
@@ -310,7 +318,7 @@ class PrepareService:
                 except OverBudget as still:
                     revision = current.state.view_revision
                     reserved = _reserved_tokens(still)
-                    ours = await self._request_job(current, budget, reserved)
+                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
             self._snapshot(current, evidence),

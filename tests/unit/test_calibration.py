@@ -22,7 +22,7 @@ from services.core.calibration import (
 )
 from services.core.ledger import RecordingLimits
 from services.core.tokens import counter_for
-from services.errors import CtxError, ProviderContextExceeded, error_from_reply
+from services.errors import CtxError, InvalidRequest, ProviderContextExceeded, error_from_reply
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming, ledger_records
 
@@ -192,7 +192,7 @@ async def test_a_first_overflow_answers_a_smaller_context_and_forces_compaction_
     assert report.calibration_factor == pytest.approx(1.4, abs=0.01) and report.calibration_reports == 1
     assert report.used.total < before.budget_report.used.total <= before.budget_report.input_budget
     assert report.estimated_input <= 2_100  # as the provider counts it, it fits the window now
-    assert queue.jobs and queue.jobs[0].urgent
+    assert queue.jobs and queue.jobs[0].urgent and queue.jobs[0].reasons == ("provider_overflow",)
     with pytest.raises(ProviderContextExceeded) as refused:
         await service.prepare(_request(t, profile=profile, after_overflow=overflow))
     err = refused.value
@@ -205,3 +205,16 @@ async def test_a_first_overflow_answers_a_smaller_context_and_forces_compaction_
     # The refusal left the calibration alone: one view, one raise.
     again = await service.prepare(_request(t, profile=profile))
     assert again.budget_report.calibration_factor == report.calibration_factor
+
+
+@pytest.mark.anyio
+async def test_an_overflow_on_a_view_the_thread_has_not_reached_is_an_invalid_request() -> None:
+    store, t = MemoryStore(), Thread()
+    await _thread(store, t)
+    service = PrepareService(store, NoticeBoard())
+    overflow = {"kind": "context_length_exceeded", "our_estimate": 2_000, "view_revision": 1}
+    with pytest.raises(InvalidRequest):
+        await service.prepare(_request(t, model_profile="claude-sonnet-4", after_overflow=overflow))
+    # Nothing was learned from it.
+    plain = await service.prepare(_request(t, model_profile="claude-sonnet-4"))
+    assert plain.budget_report.calibration_factor == 1.0
