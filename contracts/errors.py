@@ -60,6 +60,8 @@ class ErrorCode(StrEnum):
     NOT_YET_RECORDED = "not_yet_recorded"
     EVENT_REJECTED = "event_rejected"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
+    # The provider refused a context as too long a second time on the same view.
+    PROVIDER_CONTEXT_EXCEEDED = "provider_context_exceeded"
     INVALID_POLICY = "invalid_policy"
     INTEGRITY_ERROR = "integrity_error"
     NOT_FOUND = "not_found"

@@ -38,6 +38,7 @@ __all__ = [
     "PendingCall",
     "PrepareRequest",
     "PreparedContext",
+    "ProviderOverflow",
     "Purpose",
     "RecordRef",
     "ReductionCounts",
@@ -103,6 +104,23 @@ class ReportedUsage(WireModel):
     view_revision: Annotated[int, Field(ge=0)] = 0
 
 
+class ProviderOverflow(WireModel):
+    """The provider refused the last context as too long (issue 15): what it said, and what we sent.
+
+    Only an explicit context-length refusal is an overflow. An HTTP 413 (a proxy's body limit) or an
+    unclassified error says nothing about tokens, so the model admits no other ``kind``: a runtime
+    cannot report one, and the fleet never shrinks contexts on a guess.
+    """
+
+    kind: Literal["context_length_exceeded"]
+    # The provider's window and its count of the refused request, when its error message gave them.
+    provider_limit: Annotated[int, Field(gt=0)] | None = None
+    provider_count: Annotated[int, Field(gt=0)] | None = None
+    # The refused context's ``budget_report.estimated_input`` and ``view_revision``.
+    our_estimate: Annotated[int, Field(gt=0)]
+    view_revision: Annotated[int, Field(ge=0)]
+
+
 class EvidenceRef(WireModel):
     """A record (typically a search hit) the runtime wants in this context, as quoted evidence."""
 
@@ -142,6 +160,8 @@ class PrepareRequest(WireModel):
     after_event_key: EventKeyStr | None = None
     wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
     usage: ReportedUsage | None = None
+    # The provider refused the previous context of this thread as too long: answer a smaller one.
+    after_overflow: ProviderOverflow | None = None
     # Records of this session to quote as evidence (search hits promoted by the runtime).
     evidence: tuple[EvidenceRef, ...] = Field(default=(), max_length=20)
 
@@ -304,6 +324,22 @@ class BudgetReport(WireModel):
     estimated: bool
     estimated_input: int
     calibration: Literal["local", "provider_usage+local"] = "local"
+    # Profiles without an offline tokenizer: local counts are multiplied by this learned factor
+    # (never below 1) before they are held against the profile's budget; the usage reports it rests on.
+    calibration_factor: float = 1.0
+    calibration_reports: int = 0
+
+    @model_serializer(mode="wrap")
+    def _uncalibrated_as_before(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # An uncalibrated report is byte-identical to one from before calibration existed (stored
+        # replies, golden files); the defaults come back when it is parsed.
+        data: dict[str, object] = handler(self)
+        if self.calibration_factor == 1.0 and self.calibration_reports == 0:
+            data.pop("calibration_factor", None)
+            data.pop("calibration_reports", None)
+        return data
     reductions: ReductionCounts = ReductionCounts()
 
 

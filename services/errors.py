@@ -40,6 +40,7 @@
     ├── EventRejected(event_key, rejected_code, reason)
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
+    ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
     └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
 
 Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
@@ -81,6 +82,7 @@ __all__ = [
     "Overloaded",
     "PermissionDenied",
     "PayloadTooLarge",
+    "ProviderContextExceeded",
     "ReleaseMismatch",
     "RevisionConflict",
     "RunActive",
@@ -607,6 +609,38 @@ class OverBudget(ContextBudgetExceeded):
         err.details["reason"] = "history over budget and no compaction landed in time"
         err.details["waited_ms"] = waited_ms
         return err
+
+
+class ProviderContextExceeded(CtxError):
+    """The provider refused a context of this view as too long again, after the fleet had already
+    raised the profile's calibration and forced a compaction for it: shrinking once more on the same
+    view would be a loop, so the runtime gets the figures (not retryable: the same view fails again).
+    """
+
+    code = ErrorCode.PROVIDER_CONTEXT_EXCEEDED
+
+    def __init__(
+        self,
+        profile: str,
+        view_revision: int,
+        *,
+        provider_limit: int | None,
+        provider_count: int | None,
+        our_estimate: int,
+        calibration_factor: float,
+    ) -> None:
+        said = f"{provider_count} tokens" if provider_count is not None else "too many tokens"
+        limit = f" (limit {provider_limit})" if provider_limit is not None else ""
+        super().__init__(
+            f"the provider refused view {view_revision} of profile {profile!r} twice: it counted {said}"
+            f"{limit}, the fleet estimated {our_estimate}",
+            profile=profile,
+            view_revision=view_revision,
+            provider_limit=provider_limit,
+            provider_count=provider_count,
+            our_estimate=our_estimate,
+            calibration_factor=calibration_factor,
+        )
 
 
 _BY_CODE: dict[ErrorCode, type[CtxError]] = {}

@@ -25,6 +25,7 @@ from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
+from services.core.budget import BUILTIN_PROFILES
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
@@ -140,6 +141,9 @@ class AssemblerWorker:
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
+            if reply.code is ErrorCode.PROVIDER_CONTEXT_EXCEEDED:
+                profile = _profile_label(str(reply.details.get("profile", "")))
+                self._metrics.provider_overflows.labels(profile=profile, outcome="refused").inc()
             if reply.code is ErrorCode.CONTEXT_BUDGET_EXCEEDED:
                 reason = "history" if "waited_ms" in reply.details else "required"
                 self._metrics.budget_overflows.labels(reason=reason).inc()
@@ -147,6 +151,10 @@ class AssemblerWorker:
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
         report = prepared.budget_report
+        if request.after_overflow is not None:
+            self._metrics.provider_overflows.labels(
+                profile=_profile_label(report.profile), outcome="recompacted"
+            ).inc()
         # The session's policy revision: bounded by registrations, unlike a request's ad-hoc budget.
         m, policy = self._metrics, prepared.policy
         m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
@@ -179,3 +187,8 @@ class AssemblerWorker:
         if self._service is None:
             raise CtxError("assembler has no store attached")
         return self._service
+
+
+def _profile_label(profile: str) -> str:
+    # Built-in names only: a request's own profile or bare budget would make the label unbounded.
+    return profile if profile in BUILTIN_PROFILES else "custom"

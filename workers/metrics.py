@@ -112,6 +112,14 @@ class FleetMetrics:
         self.budget_overflows = Counter(
             "ctx_budget_overflows", "Prepares refused as over budget, by reason", ["reason"], registry=r
         )
+        # Explicit context-length refusals a runtime reported: recovered (recalibrated, compaction forced,
+        # a smaller context answered) or refused as the second on the same view.
+        self.provider_overflows = Counter(
+            "ctx_provider_overflows",
+            "Provider context-length overflows reported by runtimes, by profile and outcome",
+            ["profile", "outcome"],
+            registry=r,
+        )
         self.trigger_hits = Counter(
             "ctx_compaction_trigger_hits",
             "Policy triggers that fired on evaluation, by condition",

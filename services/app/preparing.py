@@ -25,9 +25,17 @@ from contracts import (
 )
 from contracts.subjects import DEFAULT_TENANT
 
+from contracts.prepare import ProviderOverflow
+
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
-from services.errors import OverBudget
-from services.core.budget import BUILTIN_PROFILES, BudgetSpec, resolve_budget
+from services.errors import InvalidRequest, OverBudget, ProviderContextExceeded
+from services.core.budget import BUILTIN_PROFILES, BudgetSpec, calibrated, resolve_budget
+from services.core.calibration import (
+    Calibration,
+    learn_from_usage,
+    raise_on_overflow,
+    request_tokens_before,
+)
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.killpoints import kill_point
@@ -43,6 +51,11 @@ __all__ = ["PrepareService"]
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
+# A process re-reads a profile's calibration at most this often: one indexed row, but on the hot path;
+# what another replica learned shows here within this time (what this one learns, at once).
+_CALIBRATION_TTL_S = 5.0
+# Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
+_OVERFLOW = ("provider_overflow",)
 
 
 def _reserved_tokens(over: OverBudget) -> int:
@@ -51,6 +64,9 @@ def _reserved_tokens(over: OverBudget) -> int:
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
+    # A profile without an offline tokenizer is counted in o200k, times its calibration (issue 15).
+    if budget.learns_from_usage:
+        return counter_for("o200k_base")
     for name in ENCODINGS:
         if name == budget.encoding:
             known: EncodingName = name
@@ -75,6 +91,8 @@ class PrepareService:
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
+        # (tenant, profile) → (when it was read, the calibration): per process, refreshed by TTL.
+        self._calibrations: dict[tuple[str, str], tuple[float, Calibration]] = {}
 
     async def prepare(
         self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
@@ -89,8 +107,8 @@ class PrepareService:
                 caller's compute slot serves other requests meanwhile.
         """
         thread_id = thread_id_of(request.run_id, request.instance_id)
-        budget = resolve_budget(request, BUILTIN_PROFILES)
-        counter = _counter(budget)
+        base = resolve_budget(request, BUILTIN_PROFILES)
+        counter = _counter(base)
         if request.after_event_key is not None:
             await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
         view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
@@ -98,12 +116,121 @@ class PrepareService:
         snapshot = view.snapshot()
         if request.evidence:
             snapshot = replace(snapshot, evidence=await self._evidence(request))
+        if request.after_overflow is not None:
+            return await self._after_overflow(
+                view, snapshot, request, base, counter, request.after_overflow, tenant, pause
+            )
+        calibration = await self._calibration(tenant, base)
+        budget = calibrated(base, calibration)
+        try:
+            prepared = assemble_context(snapshot, request, budget, counter)
+        except OverBudget as over:
+            return await self._await_compaction(
+                view, request, budget, counter, over, pause, snapshot.evidence
+            )
+        learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
+        if learned.factor <= calibration.factor:
+            return prepared  # counted at least as conservatively as the new factor would
+        budget = calibrated(base, learned)
         try:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence
             )
+
+    async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
+        """The profile's calibration (only profiles without an offline tokenizer have one from usage;
+        any profile has one after a provider overflow)."""
+        key = (tenant, budget.profile)
+        cached = self._calibrations.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < _CALIBRATION_TTL_S:
+            return cached[1]
+        async with self._store.session() as store:
+            calibration = await store.read_calibration(tenant, budget.profile)
+        self._calibrations[key] = (now, calibration)
+        return calibration
+
+    async def _learn(
+        self,
+        tenant: str,
+        budget: BudgetSpec,
+        calibration: Calibration,
+        snapshot: ThreadSnapshot,
+        request: PrepareRequest,
+        prepared: PreparedContext,
+    ) -> Calibration:
+        """The calibration after the request's usage report, when it says something about the profile."""
+        usage = request.usage
+        if not budget.learns_from_usage or usage is None or usage.view_revision != snapshot.view_revision:
+            return calibration
+        response = next((r.seq for r in snapshot.records if r.event_key == usage.response_event_key), None)
+        local = request_tokens_before(prepared, response) if response is not None else None
+        if local is None:
+            return calibration
+        async with self._store.session() as store:
+            learned = await store.update_calibration(
+                tenant, budget.profile, lambda c: learn_from_usage(c, usage.input_tokens, local)
+            )
+        self._calibrations[(tenant, budget.profile)] = (time.monotonic(), learned)
+        return learned
+
+    async def _after_overflow(
+        self,
+        view: ThreadView,
+        snapshot: ThreadSnapshot,
+        request: PrepareRequest,
+        base: BudgetSpec,
+        counter: TokenCounter | None,
+        overflow: ProviderOverflow,
+        tenant: str,
+        pause: Pause,
+    ) -> PreparedContext:
+        """The provider refused the previous context as too long: raise the profile's calibration from
+        its figures, force the thread's compaction and answer one smaller context — once per view.
+
+        A second overflow on the same view is ``ProviderContextExceeded``: the fleet already counted
+        more and compacted for that view, so shrinking again would be a loop, not a recovery.
+        """
+        thread_id = view.head.thread_id
+        if overflow.view_revision > snapshot.view_revision:
+            # Each view may recalibrate once: a view that does not exist yet would be a way around that.
+            raise InvalidRequest(
+                f"after_overflow names view {overflow.view_revision}; thread {thread_id} is at view "
+                f"{snapshot.view_revision}"
+            )
+        async with self._store.session() as store:
+            async with store.transaction():
+                if not await store.note_overflow(thread_id, base.profile, overflow):
+                    current = await store.read_calibration(tenant, base.profile)
+                    raise ProviderContextExceeded(
+                        base.profile,
+                        overflow.view_revision,
+                        provider_limit=overflow.provider_limit,
+                        provider_count=overflow.provider_count,
+                        our_estimate=overflow.our_estimate,
+                        calibration_factor=current.factor,
+                    )
+                raised = await store.update_calibration(
+                    tenant,
+                    base.profile,
+                    lambda c: raise_on_overflow(
+                        c, overflow.our_estimate, overflow.provider_count, overflow.provider_limit
+                    ),
+                )
+        self._calibrations[(tenant, base.profile)] = (time.monotonic(), raised)
+        budget = calibrated(base, raised)
+        try:
+            prepared = assemble_context(snapshot, request, budget, counter)
+        except OverBudget as over:
+            return await self._await_compaction(
+                view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
+            )
+        # It fits under the raised count already; the compaction makes room for the next steps, so it
+        # runs without this reply waiting on it (and without the budgeter's triggers deciding).
+        await self._request_job(view, budget, prepared.budget_report.used.tool_schemas, reasons=_OVERFLOW)
+        return prepared
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
@@ -152,6 +279,8 @@ class PrepareService:
         over: OverBudget,
         pause: Pause,
         evidence: tuple[Evidence, ...] = (),
+        *,
+        reasons: tuple[str, ...] = ("hard_budget",),
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
 
@@ -165,7 +294,7 @@ class PrepareService:
         reserved = _reserved_tokens(over)
         current = view
         with self._board.waiting(thread_id) as woken:
-            ours = await self._request_job(view, budget, reserved)
+            ours = await self._request_job(view, budget, reserved, reasons=reasons)
             revision = view.state.view_revision
             while (remaining := deadline - time.monotonic()) > 0:
                 woken.clear()
@@ -179,7 +308,7 @@ class PrepareService:
                     if ours is not None and ours.watermark == current.watermark:
                         break  # our job ended without a commit (nothing to cover): waiting longer cannot help
                     # Another job held the slot, or history grew since ours: ask for this state.
-                    ours = await self._request_job(current, budget, reserved)
+                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
                     continue
                 waited = int((time.monotonic() - started) * 1000)
                 try:
@@ -189,7 +318,7 @@ class PrepareService:
                 except OverBudget as still:
                     revision = current.state.view_revision
                     reserved = _reserved_tokens(still)
-                    ours = await self._request_job(current, budget, reserved)
+                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
             self._snapshot(current, evidence),
@@ -205,7 +334,14 @@ class PrepareService:
         snapshot = view.snapshot()
         return replace(snapshot, evidence=evidence) if evidence else snapshot
 
-    async def _request_job(self, view: ThreadView, budget: BudgetSpec, reserved: int) -> CompactionJob | None:
+    async def _request_job(
+        self,
+        view: ThreadView,
+        budget: BudgetSpec,
+        reserved: int,
+        *,
+        reasons: tuple[str, ...] = ("hard_budget",),
+    ) -> CompactionJob | None:
         """Ask for the thread's urgent compaction; the job, or None while another one is pending."""
         if self._queue is None:
             return None
@@ -214,7 +350,7 @@ class PrepareService:
                 store,
                 self._queue,
                 view,
-                ("hard_budget",),
+                reasons,
                 urgent=True,
                 input_budget=budget.input_budget,
                 reserved_tokens=reserved,

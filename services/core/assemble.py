@@ -54,6 +54,7 @@ from contracts import (
 from contracts.prepare import ReductionCounts
 
 from services.core.budget import BudgetSpec
+from services.core.calibration import scaled
 from services.core.compaction.files import files_of_call
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
@@ -288,7 +289,7 @@ def assemble_context(
     out_blocks, messages = _emit(fit.kept)
     used = _usage(fit.kept, schema_tokens)
     estimated, calibration = _calibrate(
-        used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base"
+        used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base", budget
     )
     omitted = [_omitted(s, "optional material dropped: over the input budget") for s in fit.dropped]
     omitted += [
@@ -334,10 +335,12 @@ def assemble_context(
             input_budget=budget.input_budget,
             used=used,
             remaining=budget.input_budget - used.total,
-            counting_method=counter.method if counter else ESTIMATE_METHOD,
-            estimated=counter is None,
+            counting_method=_counting_method(counter, budget),
+            estimated=counter is None or budget.learns_from_usage,
             estimated_input=estimated,
             calibration=calibration,
+            calibration_factor=budget.calibration_factor,
+            calibration_reports=budget.calibration_reports,
             reductions=fit.counts.report(),
         ),
         view_revision=snapshot.view_revision,
@@ -1106,26 +1109,36 @@ def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
     return BudgetCategory(tool_schemas=schema_tokens, envelopes=envelopes, total=total, **by)
 
 
+def _counting_method(counter: TokenCounter | None, budget: BudgetSpec) -> str:
+    if counter is None:
+        return ESTIMATE_METHOD
+    # A profile without an offline tokenizer: the local count times its learned factor (issue 15).
+    return f"{counter.method}*calibration" if budget.learns_from_usage else counter.method
+
+
 def _calibrate(
     local: int,
     snapshot: ThreadSnapshot,
     request: PrepareRequest,
     kept: Sequence[_Sized],
     encoding: EncodingName,
+    budget: BudgetSpec,
 ) -> tuple[int, str]:
-    """Provider usage of the last response plus local counts of what came after it (design D4.4)."""
+    """Provider usage of the last response plus local counts of what came after it (design D4.4),
+    the local part as the provider counts it (times the profile's calibration factor)."""
+    factor = budget.calibration_factor
     usage = request.usage
     if usage is None or usage.view_revision != snapshot.view_revision:
-        return local, "local"
+        return scaled(local, factor), "local"
     response = next((r.seq for r in snapshot.records if r.event_key == usage.response_event_key), None)
     if response is None:
-        return local, "local"
+        return scaled(local, factor), "local"
     after = sum(
         sum(r.tokens.get(encoding) for r in s.block.records if r.seq > response) + MESSAGE_OVERHEAD
         for s in kept
         if any(r.seq > response for r in s.block.records)
     )
-    return usage.input_tokens + usage.output_tokens + after, "provider_usage+local"
+    return usage.input_tokens + usage.output_tokens + scaled(after, factor), "provider_usage+local"
 
 
 def _omitted(s: _Sized, reason: str) -> OmittedBlock:
@@ -1141,7 +1154,10 @@ def _prepared_id(
     # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
     # the history-dropping fallback unless it changed the reply.
     # The format only changes the shape, never the context: one id whatever the provider.
-    excluded = {"wait_ms", "after_event_key", "format"} | (set() if request.evidence else {"evidence"})
+    # A reply after a provider overflow differs only by its calibrated budget, which is in the id.
+    excluded = {"wait_ms", "after_event_key", "format", "after_overflow"} | (
+        set() if request.evidence else {"evidence"}
+    )
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from contracts import ContextPolicy, ModelProfile, PrepareRequest
 
+from services.core.calibration import Calibration
 from services.errors import UnknownModelProfile
 
-__all__ = ["BUILTIN_PROFILES", "BudgetSpec", "policy_budget", "resolve_budget"]
+__all__ = ["BUILTIN_PROFILES", "BudgetSpec", "calibrated", "policy_budget", "resolve_budget"]
 
 # Public limits of common models. The safety margin absorbs what no local count can see
 # (provider-side framing, tokenizer drift); it is part of the profile so it is versioned with it.
@@ -34,6 +35,23 @@ BUILTIN_PROFILES: Final[dict[str, ModelProfile]] = {
             safety_margin=512,
             encoding="cl100k_base",
         ),
+        # Anthropic ships no offline tokenizer (and it changes between model versions): counted as the
+        # local o200k count times the profile's learned calibration, with a wider margin for the
+        # framing and drift no usage report has shown yet.
+        ModelProfile(
+            name="claude-sonnet-4",
+            context_window=200_000,
+            output_reserve=16_384,
+            safety_margin=6_000,
+            encoding="estimate",
+        ),
+        ModelProfile(
+            name="claude-opus-4",
+            context_window=200_000,
+            output_reserve=16_384,
+            safety_margin=6_000,
+            encoding="estimate",
+        ),
     )
 }
 
@@ -49,6 +67,28 @@ class BudgetSpec:
     safety_margin: int
     input_budget: int
     encoding: str
+    # ``input_budget`` is in local tokens: the profile's budget divided by this factor (design D5.1 as
+    # the provider counts it). Only profiles with encoding "estimate" are calibrated from usage.
+    calibration_factor: float = 1.0
+    calibration_reports: int = 0
+
+    @property
+    def learns_from_usage(self) -> bool:
+        """Whether usage reports calibrate this profile (no offline tokenizer for it)."""
+        return self.encoding == "estimate"
+
+
+def calibrated(spec: BudgetSpec, calibration: Calibration) -> BudgetSpec:
+    """``spec`` with its budget in local tokens under ``calibration``: a local count held against it
+    is the provider's count divided by the factor, so the assembly itself needs no change."""
+    if calibration.factor <= 1.0 and calibration.reports == 0:
+        return spec
+    return replace(
+        spec,
+        input_budget=max(1, int(spec.input_budget / calibration.factor)),
+        calibration_factor=calibration.factor,
+        calibration_reports=calibration.reports,
+    )
 
 
 def resolve_budget(

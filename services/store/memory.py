@@ -19,7 +19,10 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from contracts import DEFAULT_POLICY_NAME, ContextPolicy, ToolCatalog
+from contracts.prepare import ProviderOverflow
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
+
+from services.core.calibration import Calibration
 
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters, Throttle
@@ -82,6 +85,8 @@ class _Tables:
     receipts: dict[tuple[str, str], _Row] = field(default_factory=dict)
     views: dict[str, _Row] = field(default_factory=dict)
     summaries: dict[str, _Row] = field(default_factory=dict)
+    calibrations: dict[tuple[str, str], Calibration] = field(default_factory=dict)
+    overflows: dict[tuple[str, int], ProviderOverflow] = field(default_factory=dict)
     # Insertion order stands in for created_at / updated_at.
     clock: int = 0
 
@@ -929,6 +934,21 @@ class MemorySession:
 
     async def summary_count(self, thread_id: str) -> int:
         return sum(1 for s in self._t.summaries.values() if s["thread_id"] == thread_id)
+
+    async def read_calibration(self, tenant: str, profile: str) -> Calibration:
+        return self._t.calibrations.get((tenant, profile), Calibration())
+
+    async def update_calibration(
+        self, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
+    ) -> Calibration:
+        new = rule(self._t.calibrations.get((tenant, profile), Calibration()))
+        if new.factor < 1.0:
+            raise StoreRejected("CheckViolationError", "23514", "calibrations_factor_check")
+        self._t.calibrations[(tenant, profile)] = new
+        return new
+
+    async def note_overflow(self, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
+        return self._t.overflows.setdefault((thread_id, overflow.view_revision), overflow) is overflow
 
 
 if TYPE_CHECKING:

@@ -7,11 +7,14 @@ own driver errors, so a port never surfaces a driver type.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+from contracts.prepare import ProviderOverflow
+
+from services.core.calibration import Calibration
 
 from services.core.compaction.policy import Throttle
 from services.core.hashing import ChainLink
@@ -139,7 +142,7 @@ class ViewWrites(Protocol):
         ...
 
 
-class PrepareSession(ViewReads, ViewWrites, Protocol):
+class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
     """What a prepare and an inspection read."""
 
     async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None: ...
@@ -165,6 +168,18 @@ class PrepareSession(ViewReads, ViewWrites, Protocol):
     async def count_dead_letters(self, thread_id: str) -> int: ...
 
     async def summary_count(self, thread_id: str) -> int: ...
+
+    async def read_calibration(self, tenant: str, profile: str) -> Calibration: ...
+
+    async def update_calibration(
+        self, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
+    ) -> Calibration:
+        """The calibration after ``rule``, applied atomically to the stored one."""
+        ...
+
+    async def note_overflow(self, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
+        """Remember a provider overflow on the view it names; False if that view already had one."""
+        ...
 
 
 class BudgetSession(ViewReads, ViewWrites, Protocol):

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 import asyncpg
 
 from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+from contracts.prepare import ProviderOverflow
 
 from services.core.baseline import PositionReset, Positions
+from services.core.calibration import Calibration
 from services.core.compaction.policy import Throttle
 from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
@@ -25,6 +27,7 @@ from services.core.state import StateView
 from services.store import batches, queries
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
+from services.store.calibration import CalibrationsRepo
 from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
 from services.store.tracking import DeadLettersRepo, TrackingRepo
 from services.store.views import (
@@ -269,6 +272,20 @@ class PgSession:
     @_translated
     async def summary_count(self, thread_id: str) -> int:
         return await ViewsRepo.summary_count(self._conn, thread_id)
+
+    @_translated
+    async def read_calibration(self, tenant: str, profile: str) -> Calibration:
+        return await CalibrationsRepo.get(self._conn, tenant, profile)
+
+    @_translated
+    async def update_calibration(
+        self, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
+    ) -> Calibration:
+        return await CalibrationsRepo.update(self._conn, tenant, profile, rule)
+
+    @_translated
+    async def note_overflow(self, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
+        return await CalibrationsRepo.note_overflow(self._conn, thread_id, profile, overflow)
 
 
 class PgStore:
