@@ -340,6 +340,7 @@ class BudgetReport(WireModel):
             data.pop("calibration_factor", None)
             data.pop("calibration_reports", None)
         return data
+
     reductions: ReductionCounts = ReductionCounts()
 
 
