@@ -112,6 +112,8 @@ class ViewReads(Protocol):
 
     async def read_session_catalog(self, session_id: str) -> ToolCatalog | None: ...
 
+    async def read_calibration(self, tenant: str, profile: str) -> Calibration: ...
+
 
 class ViewWrites(Protocol):
     """The compaction state of a thread's view: the pending-job slot, attempts, commits."""
@@ -168,8 +170,6 @@ class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
     async def count_dead_letters(self, thread_id: str) -> int: ...
 
     async def summary_count(self, thread_id: str) -> int: ...
-
-    async def read_calibration(self, tenant: str, profile: str) -> Calibration: ...
 
     async def update_calibration(
         self, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
