@@ -113,3 +113,38 @@ async def test_a_read_of_another_sessions_ref_is_refused_not_answered(fleet, cli
     assert answer.refused == "not_found" and answer.reply is None
     assert answer.outcome.payload.status is ToolStatus.ERROR
     assert "row 0" not in answer.outcome.payload.text and "not_found" in answer.outcome.payload.text
+
+
+async def test_an_anthropic_tool_use_of_context_read_is_answered_and_shown_as_its_tool_result(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    ref = await _built(client, t)
+    prepared = await client.prepare(_request(t, "out").model_copy(update={"format": "anthropic.messages"}))
+    body = prepared.request or {}
+    tools = body["tools"]
+    assert isinstance(tools, list)
+    assert [tool["name"] for tool in tools if isinstance(tool, dict)] == [CONTEXT_READ, CONTEXT_SEARCH]
+    args = {"ref": ref, "start_line": 1001, "end_line": 1002}
+    message = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": CONTEXT_READ, "input": args}],
+    }
+    await client.append(t.assistant(calls=(("toolu_1", CONTEXT_READ, args),)))
+    answered = await ContextTools(
+        client, session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id
+    ).answer(message)
+    (event,) = answered.outcomes
+    await client.append(event)
+    expected = "row 001000: the build wrote these lines\nrow 001001: the build wrote these lines\n"
+    assert event.payload.text.split("\n", 1)[1] == expected
+    following = await client.prepare(
+        _request(t, event.event_key).model_copy(update={"format": "anthropic.messages"})
+    )
+    messages = (following.request or {})["messages"]
+    assert isinstance(messages, list)
+    last = messages[-1]
+    assert isinstance(last, dict) and last["role"] == "user"
+    (result,) = last["content"]  # type: ignore[misc]
+    assert isinstance(result, dict) and result.pop("cache_control") == {"type": "ephemeral"}  # history's end
+    assert result == {"type": "tool_result", "tool_use_id": "toolu_1", "content": event.payload.text}
