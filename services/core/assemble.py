@@ -823,7 +823,7 @@ def _naming_read_tool(r: LedgerRecord, counter: TokenCounter | None) -> LedgerRe
 def _read_back(r: LedgerRecord, inputs: _Inputs) -> str:
     ref = read_back_ref(r.text) or read_back_ref(r.mask_text or "")
     thread = r.thread_id or inputs.own_thread
-    if inputs.context_tools:
+    if inputs.context_tools and (ref is not None or thread):
         return read_back_with_tool(ref or record_ref(thread, r.thread_seq or r.seq))
     if ref is not None:
         return f"read it back from {ref}"
