@@ -164,6 +164,9 @@ class PrepareRequest(WireModel):
     after_overflow: ProviderOverflow | None = None
     # Records of this session to quote as evidence (search hits promoted by the runtime).
     evidence: tuple[EvidenceRef, ...] = Field(default=(), max_length=20)
+    # Add the context tools (``context_read``, ``context_search``) after ``tools`` and tell the model
+    # how to read back what its previews leave out; the runtime's client answers their calls.
+    context_tools: bool = False
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:

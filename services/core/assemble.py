@@ -56,6 +56,7 @@ from contracts.prepare import ReductionCounts
 from services.core.budget import BudgetSpec
 from services.core.calibration import scaled
 from services.core.compaction.files import files_of_call
+from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
@@ -69,7 +70,9 @@ from services.core.render import (
     TOOL_CALL_OVERHEAD,
     arguments_json,
     TokenCounts,
+    name_read_tool,
     read_back_ref,
+    read_back_with_tool,
     record_content,
     telling_line,
     tool_wire_text,
@@ -227,6 +230,8 @@ class _Inputs:
     own_thread: str
     room: int
     chunk: int
+    # Previews name the tool that reads them back (``PrepareRequest.context_tools``).
+    context_tools: bool = False
 
 
 def assemble_context(
@@ -244,14 +249,21 @@ def assemble_context(
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    blocks = build_view_blocks(snapshot.records, snapshot.covered_to, own_thread=snapshot.own_thread)
+    records = snapshot.records
+    if request.context_tools:
+        records = [_naming_read_tool(r, counter) for r in records]
+    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread)
     ordered = _ordered(blocks.ready, snapshot.summary, run_task_seq(snapshot.records, snapshot.own_thread))
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
     ordered = _for_purpose(ordered, request.purpose)
-    tools = request.tools if request.purpose is Purpose.ACTION else ()
+    # Action tools only for an action; reading what the view left out helps a completion check too.
+    tools: tuple[ToolSchema, ...] = request.tools if request.purpose is Purpose.ACTION else ()
+    if request.context_tools and request.purpose is not Purpose.COMPACTION:
+        tools = with_context_tools(tools)
+        ordered.insert(_after_instructions(ordered), _context_tools_note())
     schema_tokens = _tool_tokens(tools, counter)
     room = budget.input_budget - schema_tokens - REPLY_PRIMING
     inputs = _Inputs(
@@ -261,6 +273,7 @@ def assemble_context(
         snapshot.own_thread,
         room,
         max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
+        request.context_tools,
     )
 
     fit = _fit(inputs, frozenset())
@@ -363,6 +376,26 @@ def assemble_context(
     )
 
 
+def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
+    """Where the context-tools note goes: right after the leading instructions (stable prefix)."""
+    n = 0
+    while n < len(ordered) and ordered[n].kind is BlockKind.INSTRUCTION:
+        n += 1
+    return n
+
+
+def _context_tools_note() -> DraftBlock:
+    return DraftBlock(
+        block_id="instruction:context_tools",
+        kind=BlockKind.INSTRUCTION,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason="how to read back content this context shows only in part (context_tools)",
+        records=[],
+        messages=[ChatMessage(role="system", content=CONTEXT_TOOLS_NOTE)],
+    )
+
+
 def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int | None) -> list[DraftBlock]:
     """Instructions, the run's task, the summary, then everything else in ledger order."""
     pinned = [b for b in ready if b.kind is BlockKind.INSTRUCTION]
@@ -440,7 +473,8 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
 
 def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
     envelope = MESSAGE_OVERHEAD * len(block.messages) + _id_tokens(block, counter)
-    if block.kind in (BlockKind.STATE, BlockKind.MATERIAL) and not block.records:
+    # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
+    if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
         text = block.messages[0].content or ""
         return _Sized(block, counter.count(text) if counter else estimate_tokens(text), envelope)
     if block.kind is BlockKind.SUMMARY and summary is not None:
@@ -663,7 +697,7 @@ def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
         if counter is None:
             # The estimate counts the dumped message: escapes make it cost more than the raw text.
             body = body * estimate_tokens(r.text) // max(1, _record_tokens(r, None) - frame)
-        text = _trim_output(r, counter, max(0, body), _read_back(r, inputs.own_thread))
+        text = _trim_output(r, counter, max(0, body), _read_back(r, inputs))
         tokens = _counts_as(counter, record_content(r.body, text))
         if _output_tokens(r, text, counter) >= _record_tokens(r, counter):
             records.append(r)
@@ -689,7 +723,7 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     over = _calls_tokens(s.block, counter) - room
     if over <= 0 or not isinstance(body, AssistantMessageBody):
         return False
-    read_back = _read_back(head, inputs.own_thread)
+    read_back = _read_back(head, inputs)
     calls = list(body.tool_calls)
     longs = sorted(
         (
@@ -776,11 +810,28 @@ def _failed(r: LedgerRecord) -> bool:
     return isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS
 
 
-def _read_back(r: LedgerRecord, own_thread: str) -> str:
+def _naming_read_tool(r: LedgerRecord, counter: TokenCounter | None) -> LedgerRecord:
+    """``r`` with its stored previews (head + tail, mask) naming the tool that reads the rest, recounted."""
+    if r.kind is not RecordKind.TOOL_OUTCOME:
+        return r
+    text = name_read_tool(r.text)
+    mask_text = None if r.mask_text is None else name_read_tool(r.mask_text)
+    if text == r.text and mask_text == r.mask_text:
+        return r
+    tokens = r.tokens if text == r.text else _counts_as(counter, record_content(r.body, text))
+    mask_tokens = r.mask_tokens
+    if mask_text is not None and mask_text != r.mask_text:
+        mask_tokens = _counts_as(counter, record_content(r.body, mask_text))
+    return replace(r, text=text, tokens=tokens, mask_text=mask_text, mask_tokens=mask_tokens)
+
+
+def _read_back(r: LedgerRecord, inputs: _Inputs) -> str:
     ref = read_back_ref(r.text) or read_back_ref(r.mask_text or "")
+    thread = r.thread_id or inputs.own_thread
+    if inputs.context_tools and (ref is not None or thread):
+        return read_back_with_tool(ref or record_ref(thread, r.thread_seq or r.seq))
     if ref is not None:
         return f"read it back from {ref}"
-    thread = r.thread_id or own_thread
     where = f"thread {thread}, seq {r.thread_seq or r.seq}" if thread else f"seq {r.seq}"
     return f"re-read it as evidence: {where}"
 
@@ -1158,6 +1209,8 @@ def _prepared_id(
     excluded = {"wait_ms", "after_event_key", "format", "after_overflow"} | (
         set() if request.evidence else {"evidence"}
     )
+    if not request.context_tools:
+        excluded.add("context_tools")  # ids minted before context tools existed stay the same
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

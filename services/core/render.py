@@ -36,6 +36,7 @@ from services.core.records import (
     UserInputBody,
     parse_body,
 )
+from services.core.context_tools import CONTEXT_READ
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter
 
 __all__ = [
@@ -48,8 +49,10 @@ __all__ = [
     "arguments_json",
     "content_of",
     "count_record",
+    "name_read_tool",
     "omitted_marker",
     "read_back_ref",
+    "read_back_with_tool",
     "record_content",
     "telling_line",
     "tool_schema_text",
@@ -67,6 +70,8 @@ TOOL_CALL_OVERHEAD = 3
 TOOL_SCHEMA_OVERHEAD = 8
 
 _BLOB_REF = re.compile(r"ctx://blob/[0-9a-f]{64}")
+# How every stored preview names its blob (the recorder's head + tail and mask markers).
+_READ_BACK_FROM = re.compile(r"read it back from (ctx://blob/[0-9a-f]{64})")
 # What makes a failed output's line telling, most telling first: an error class or a failing test;
 # then an error word, a fatal message, an exit status.
 _TELLING = (
@@ -229,6 +234,16 @@ def read_back_ref(text: str) -> str | None:
     """The ``ctx://blob/…`` reference a (trimmed or masked) text names, if any."""
     found = _BLOB_REF.search(text)
     return found.group(0) if found else None
+
+
+def read_back_with_tool(ref: str) -> str:
+    """Where to read the rest when the model has the context tools: the call that reads ``ref``."""
+    return f"read it back with {CONTEXT_READ}(ref={ref})"
+
+
+def name_read_tool(text: str) -> str:
+    """``text`` with each preview's "read it back from <blob ref>" naming the tool that reads it."""
+    return _READ_BACK_FROM.sub(lambda m: read_back_with_tool(m.group(1)), text)
 
 
 def telling_line(text: str) -> str | None:

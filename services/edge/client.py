@@ -75,10 +75,20 @@ from contracts.subjects import (
     tenant_subject,
 )
 
+# The executor of the model's context tools ships with the client (it needs only read and search).
+from services.edge.context_tools import ContextTools
 from services.errors import CtxError, FleetUnavailable, PayloadTooLarge, PermissionDenied, error_from_reply
 from services.settings import redact_url
 
-__all__ = ["DEADLINE_HEADER", "AppendAck", "FleetClient", "connect_nats", "inbox_prefix", "msg_id_of"]
+__all__ = [
+    "DEADLINE_HEADER",
+    "AppendAck",
+    "ContextTools",
+    "FleetClient",
+    "connect_nats",
+    "inbox_prefix",
+    "msg_id_of",
+]
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
