@@ -21,7 +21,13 @@ class ReadRequest(WireModel):
     schema_version: Literal[1] = 1
     session_id: Identifier
     principal_id: Identifier | None = None
-    ref: Annotated[str, Field(pattern=r"^ctx://blob/[0-9a-f]{64}$")]
+    # An externalized output, or one recorded record of the session (what a search hit points at).
+    ref: Annotated[
+        str,
+        Field(
+            pattern=r"^ctx://(blob/[0-9a-f]{64}|record/[A-Za-z0-9_-]{1,128}\.[A-Za-z0-9_-]{1,128}/[1-9][0-9]{0,18})$"
+        ),
+    ]
     offset: Annotated[int, Field(ge=0)] = 0
     length: Annotated[int, Field(gt=0, le=1_048_576)] = 65_536
     line: Annotated[int, Field(ge=1)] | None = None

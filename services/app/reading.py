@@ -1,9 +1,12 @@
-"""Read-back of stored content: a verified byte or line range, only for the session that owns it."""
+"""Read-back of stored content: a byte or line range of an output or a record, only for its own session."""
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from contracts import ReadReply, ReadRequest
 
+from services.core.context_tools import BlobRef, RecordRef, parse_ref
 from services.errors import ContentNotFound, IntegrityError
 from services.core.hashing import sha256_hex
 from services.store.ports import QueryStore
@@ -20,15 +23,33 @@ def verified_blob(content: bytes, sha: str) -> bytes:
 
 
 async def read_range(store: QueryStore, request: ReadRequest, *, tenant: str) -> ReadReply:
-    """The requested range after re-reading the content and checking its sha256.
+    """The requested range of an externalized output or of one record, re-read from the ledger.
 
     Only content a session of ``tenant`` recorded: another tenant's looks exactly like missing content.
+    A blob is checked against its sha256 (``sha256_verified``); a record's inline text is the ledger's
+    own, which its hash chain covers, not a content address.
     """
-    sha = request.ref.rsplit("/", 1)[1]
-    content = await store.session_blob(tenant, request.session_id, sha, request.principal_id)
-    if content is None:
-        raise ContentNotFound(request.ref)
-    data = verified_blob(content, sha)
+    ref = parse_ref(request.ref)
+    match ref:
+        case BlobRef(sha256=sha):
+            content = await store.session_blob(tenant, request.session_id, sha, request.principal_id)
+            if content is None:
+                raise ContentNotFound(request.ref)
+            return _range(request, verified_blob(content, sha), verified=True)
+        case RecordRef(thread_id=thread_id, seq=seq):
+            row = await store.session_record(tenant, request.session_id, thread_id, seq, request.principal_id)
+            if row is None:
+                raise ContentNotFound(request.ref)
+            if row.blob is not None and row.blob_sha256 is not None:
+                return _range(request, verified_blob(row.blob, row.blob_sha256), verified=True)
+            return _range(request, (row.text or "").encode("utf-8"), verified=False)
+        case None:
+            raise ContentNotFound(request.ref)
+        case _:
+            assert_never(ref)
+
+
+def _range(request: ReadRequest, data: bytes, *, verified: bool) -> ReadReply:
     text = data.decode("utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     if request.line is not None and request.lines is not None:
@@ -44,7 +65,7 @@ async def read_range(store: QueryStore, request: ReadRequest, *, tenant: str) ->
             next_offset=None,
             line=request.line,
             next_line=end + 1 if end < len(lines) else None,
-            sha256_verified=True,
+            sha256_verified=verified,
         )
     end = min(len(data), request.offset + request.length)
     # Never split a UTF-8 character: move the end back to a character boundary.
@@ -57,5 +78,5 @@ async def read_range(store: QueryStore, request: ReadRequest, *, tenant: str) ->
         offset=request.offset,
         content=data[request.offset : end].decode("utf-8", errors="replace"),
         next_offset=end if end < len(data) else None,
-        sha256_verified=True,
+        sha256_verified=verified,
     )

@@ -159,11 +159,7 @@ class ContextTools:
                 raise InvalidRequest(
                     f"ref must be ctx://blob/<sha256> or ctx://record/<thread_id>/<seq>, not {ref!r}"
                 )
-            case RecordRef():
-                # ctx.read serves only blob refs today (contracts.ReadRequest.ref); a record ref is
-                # refused here rather than sent to be refused again.
-                raise InvalidRequest(f"{parsed.ref}: record refs are not readable through ctx.read yet")
-            case BlobRef():
+            case RecordRef() | BlobRef():
                 pass
             case _:
                 assert_never(parsed)

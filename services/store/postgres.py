@@ -323,6 +323,12 @@ class PgStore:
         async with self._conn() as conn:
             return await queries.select_session_blob(conn, tenant, session_id, sha256, principal_id)
 
+    async def session_record(
+        self, tenant: str, session_id: str, thread_id: str, seq: int, principal_id: str | None
+    ) -> EvidenceRow | None:
+        async with self._conn() as conn:
+            return await queries.select_session_record(conn, tenant, session_id, thread_id, seq, principal_id)
+
     async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
         async with self._conn() as conn:
             return await search_sql.search_session(conn, tenant, request)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from contracts import InspectedRun, InspectedThread, Receipt, SessionInspection, ToolCatalog
 
-from services.store.ledger import Conn
+from services.store.ledger import Conn, EvidenceRow
 
-__all__ = ["insert_catalog", "select_receipt", "select_session", "select_session_blob"]
+__all__ = ["insert_catalog", "select_receipt", "select_session", "select_session_blob", "select_session_record"]
 
 _SESSION = """
 SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions
@@ -38,6 +38,14 @@ WHERE b.sha256 = $2
   AND EXISTS (SELECT 1 FROM ctx.records r WHERE r.blob_sha256 = $2 AND r.session_id = $1)
   AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND s.tenant = $4
               AND (s.principal_id IS NULL OR s.principal_id = $3))
+"""
+_SESSION_RECORD = """
+SELECT r.event_key, r.kind, r.content_sha256, r.record_hash, r.text, r.blob_sha256, b.content AS blob
+FROM ctx.records r
+LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+WHERE r.session_id = $1 AND r.thread_id = $2 AND r.seq = $3
+  AND EXISTS (SELECT 1 FROM ctx.sessions s WHERE s.session_id = $1 AND s.tenant = $4
+              AND (s.principal_id IS NULL OR s.principal_id = $5))
 """
 _INSERT_CATALOG = """
 INSERT INTO ctx.tool_catalogs (tenant, release, revision, body)
@@ -90,6 +98,24 @@ async def select_receipt(
     """The receipt of an operation of a session of ``tenant`` the principal may see."""
     row = await conn.fetchrow(_RECEIPT, session_id, operation_id, principal_id, tenant)
     return None if row is None else Receipt(**dict(row))
+
+
+async def select_session_record(
+    conn: Conn, tenant: str, session_id: str, thread_id: str, seq: int, principal_id: str | None
+) -> EvidenceRow | None:
+    """One record of the session (text inline, or its blob's bytes), if the principal may see the session."""
+    r = await conn.fetchrow(_SESSION_RECORD, session_id, thread_id, seq, tenant, principal_id)
+    if r is None:
+        return None
+    return EvidenceRow(
+        r["event_key"],
+        r["kind"],
+        r["content_sha256"],
+        r["record_hash"],
+        r["text"],
+        r["blob_sha256"],
+        None if r["blob"] is None else bytes(r["blob"]),
+    )
 
 
 async def select_session_blob(

@@ -98,6 +98,20 @@ async def test_context_search_finds_a_word_of_an_earlier_output(fleet, client: F
         return f"ctx://record/{t.thread_id}/3 (tool_outcome" in answered.outcomes[0].payload.text
 
     await eventually(found, timeout=30, what="the indexer to index the output")
+    # The hit is a pointer: reading it back returns the record itself, from the ledger.
+    read = await tools.answer(_model_calls(("r1", CONTEXT_READ, {"ref": f"ctx://record/{t.thread_id}/3"})))
+    (answer,) = read.answers
+    assert answer.refused is None and answer.reply is not None
+    assert answer.reply.content == f"[tool]\nmode = {WORD}\n"
+    # Another session's record is not there for this one.
+    other = Thread()
+    elsewhere = ContextTools(
+        client, session_id=other.session_id, run_id=other.run_id, instance_id=other.instance_id
+    )
+    (refused,) = (
+        await elsewhere.answer(_model_calls(("r2", CONTEXT_READ, {"ref": f"ctx://record/{t.thread_id}/3"})))
+    ).answers
+    assert refused.refused == "not_found" and refused.reply is None
 
 
 async def test_a_read_of_another_sessions_ref_is_refused_not_answered(fleet, client: FleetClient) -> None:

@@ -347,7 +347,7 @@ async def test_refusals_are_error_outcomes_never_content_and_retryable_errors_ra
         {"ref": BLOB, "start_line": 5, "end_line": 2},
         {"ref": BLOB, "offset": 1.5},
         {"ref": BLOB, "length": 0},
-        {"ref": "ctx://record/r1.main/3"},
+        {"ref": "ctx://record/r1.main/0"},
     ]
     answered = await _tools(fleet).answer(_chat(*((f"b{n}", CONTEXT_READ, a) for n, a in enumerate(bad))))
     assert [a.refused for a in answered.answers] == ["invalid_request"] * len(bad)
