@@ -8,7 +8,13 @@ from contracts import InspectedRun, InspectedThread, Receipt, SessionInspection,
 
 from services.store.ledger import Conn, EvidenceRow
 
-__all__ = ["insert_catalog", "select_receipt", "select_session", "select_session_blob", "select_session_record"]
+__all__ = [
+    "insert_catalog",
+    "select_receipt",
+    "select_session",
+    "select_session_blob",
+    "select_session_record",
+]
 
 _SESSION = """
 SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions
