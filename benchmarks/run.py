@@ -53,6 +53,7 @@ from .overload import bench_overload
 from .recovery import bench_recovery
 from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
+from .think import bench_think
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -529,6 +530,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "recovery",
             "eval",
             "shapes",
+            "think",
         ):
             if args.only and name not in args.only:
                 continue
@@ -586,6 +588,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["eval"] = await bench_eval(servers, settings)
             elif name == "shapes":
                 results["shapes"] = await bench_shapes(servers, settings)
+            elif name == "think":
+                results["think"] = await bench_think(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -645,6 +649,7 @@ def main() -> None:
             "cold",
             "eval",
             "shapes",
+            "think",
         ],
     )
     parser.add_argument("--search-records", type=int, default=100_000)
