@@ -36,7 +36,6 @@ from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore
 
 from .metrics import FleetMetrics
-from .pull import next_batch
 from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
 
 __all__ = ["JetStreamDeadLetterSink", "RecorderWorker"]
@@ -215,7 +214,7 @@ class RecorderWorker:
             expected = 1
             while not self._stopping.is_set():
                 try:
-                    msgs = await next_batch(self._nc, sub, self._batch, idle_timeout=_FETCH_TIMEOUT_S)
+                    msgs = await sub.fetch(self._batch, timeout=_FETCH_TIMEOUT_S)
                 except (NatsTimeout, TimeoutError):
                     # nats-py raises either, depending on where in the fetch the time ran out.
                     self._failures[partition] = 0
