@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -235,6 +236,26 @@ class NewSummary:
     throttle: Throttle | None
 
 
+# A committed summary never changes under its id: each is parsed once per process, not on every
+# prepare of its thread (a long thread's summary is ~100 kB of JSON; parsing it was a fifth of a
+# compacted thread's prepare, issue 16). Bounded by count: a summary is capped by its policy's share.
+_SUMMARY_CACHE_SIZE = 1024
+_summaries: OrderedDict[tuple[str, int], StructuredSummary] = OrderedDict()
+
+
+def _parsed_summary(summary_id: str, body: str) -> StructuredSummary:
+    # Keyed by the text's hash too: one process may read two databases whose ids coincide (tests, benchmarks).
+    key = (summary_id, hash(body))
+    parsed = _summaries.get(key)
+    if parsed is None:
+        parsed = _summaries[key] = StructuredSummary.model_validate_json(body)
+        while len(_summaries) > _SUMMARY_CACHE_SIZE:
+            _summaries.popitem(last=False)
+    else:
+        _summaries.move_to_end(key)
+    return parsed
+
+
 class PoliciesRepo:
     """Named, immutable policy revisions."""
 
@@ -300,7 +321,7 @@ class ViewsRepo:
         if r["summary_id"] is not None:
             summary = SummaryRow(
                 summary_id=str(r["summary_id"]),
-                body=StructuredSummary.model_validate_json(r["summary_body"]),
+                body=_parsed_summary(str(r["summary_id"]), r["summary_body"]),
                 text=r["summary_text"],
                 tokens_o200k=r["summary_o200k"],
                 tokens_cl100k=r["summary_cl100k"],
