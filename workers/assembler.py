@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 
-from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
 from faststream.nats.annotations import NatsMessage
 
@@ -70,13 +69,8 @@ class AssemblerWorker:
             title="prepare",
             description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
-        async def on_prepare(
-            body: bytes,
-            message: NatsMessage,
-            tenant: str = Path(),
-            run_id: str = Path(),
-            instance_id: str = Path(),
-        ) -> NatsResponse:
+        async def on_prepare(body: bytes, message: NatsMessage) -> NatsResponse:
+            tenant, run_id, instance_id = _tokens(message, 3)
             return await admitted(
                 admission,
                 message.headers,
@@ -91,13 +85,8 @@ class AssemblerWorker:
             title="inspect",
             description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
         )
-        async def on_inspect(
-            body: bytes,
-            message: NatsMessage,
-            tenant: str = Path(),
-            run_id: str = Path(),
-            instance_id: str = Path(),
-        ) -> NatsResponse:
+        async def on_inspect(body: bytes, message: NatsMessage) -> NatsResponse:
+            tenant, run_id, instance_id = _tokens(message, 3)
             return await admitted(
                 admission,
                 message.headers,
@@ -110,7 +99,8 @@ class AssemblerWorker:
             title="recorded",
             description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
         )
-        async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+        async def on_recorded(body: bytes, message: NatsMessage) -> None:
+            run_id, instance_id = _tokens(message, 2)
             self._board.notify(f"{run_id}.{instance_id}")
 
         @r.subscriber(
@@ -121,7 +111,8 @@ class AssemblerWorker:
                 "Compactor notices: a thread's view has a new summary (wakes prepares waiting on it)."
             ),
         )
-        async def on_compacted(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+        async def on_compacted(body: bytes, message: NatsMessage) -> None:
+            run_id, instance_id = _tokens(message, 2)
             self._board.notify(f"{run_id}.{instance_id}")
 
     async def _prepare(
@@ -192,3 +183,13 @@ class AssemblerWorker:
 def _profile_label(profile: str) -> str:
     # Built-in names only: a request's own profile or bare budget would make the label unbounded.
     return profile if profile in BUILTIN_PROFILES else "custom"
+
+
+def _tokens(message: NatsMessage, n: int) -> list[str]:
+    """The last ``n`` tokens of the subject the server delivered ``message`` on.
+
+    Read from the subject rather than declared as FastStream ``Path()`` parameters: resolving those
+    costs a thread hop per parameter on every request (0.46 ms of a 1.5 ms round trip, issue 16).
+    The subscription's wildcards guarantee the token count.
+    """
+    return str(message.raw_message.subject).split(".")[-n:]
