@@ -41,6 +41,7 @@ from services.core.ledger import (
     decode_batch,
     encode_raw,
     plan_batch,
+    readable_event_key,
 )
 from services.errors import StoreRejected
 from services.store.ports import RecordingStore
@@ -262,7 +263,7 @@ def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Re
         # Best effort, so a prepare waiting for this key learns of the rejection at once.
         event_key = decode_event(incoming.data, max_bytes=max_bytes).event_key
     except Exception:  # whatever made the event unstorable may also make it undecodable
-        event_key = None
+        event_key = readable_event_key(incoming, thread_id)
     return Rejection(
         Incoming(subject, incoming.data, incoming.stream_seq),
         thread_id,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -50,6 +51,7 @@ from contracts import (
     UserInputEvent,
     decode_event,
 )
+from contracts.ids import EVENT_KEY_PATTERN
 from contracts.subjects import msg_id_of, parse_stored_subject
 
 from services.errors import (
@@ -106,6 +108,7 @@ __all__ = [
     "decode_batch",
     "encode_raw",
     "plan_batch",
+    "readable_event_key",
 ]
 
 
@@ -371,6 +374,32 @@ def blob_ref(sha256: str) -> str:
     return f"ctx://blob/{sha256}"
 
 
+# An event key as the envelope writes it (keys cannot hold quotes or backslashes: EVENT_KEY_PATTERN).
+_KEY_IN_BYTES = re.compile(rb'"event_key"\s*:\s*"([A-Za-z0-9_:/.@=+-]{1,200})"')
+# The envelope comes first: the key is looked for in this much of a payload, not in all of it.
+_KEY_SCAN_BYTES = 65_536
+_EVENT_KEY = re.compile(EVENT_KEY_PATTERN)
+
+
+def readable_event_key(incoming: Incoming, thread_id: str | None) -> str | None:
+    """The event key a payload that failed to decode still names, so a prepare waiting on that key is
+    told at once that it was rejected (``event_rejected``) instead of waiting out its ``wait_ms``.
+
+    From the bytes where they spell it (malformed JSON after the key, a missing field, an unknown
+    kind, an oversize or badly encoded payload), else from the ``Nats-Msg-Id`` the publisher derived
+    from it (``<thread>/<key>/<digest>``); ``None`` when neither names one.
+    """
+    found = _KEY_IN_BYTES.search(incoming.data[:_KEY_SCAN_BYTES])
+    if found is not None:
+        return found.group(1).decode("ascii")
+    msg_id = incoming.msg_id
+    if msg_id and thread_id and msg_id.startswith(f"{thread_id}/"):
+        key = msg_id[len(thread_id) + 1 :].rpartition("/")[0]
+        if key and _EVENT_KEY.fullmatch(key):
+            return key
+    return None
+
+
 def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Decoded | Rejection]:
     """Decode each message (invariants 1 and 2); order is kept."""
     out: list[Decoded | Rejection] = []
@@ -381,7 +410,8 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
         try:
             event = decode_event(incoming.data, max_bytes=limits.max_event_bytes)
         except EventDecodeError as exc:
-            out.append(Rejection(incoming, subject_thread, None, exc.code, exc.message, exc.details))
+            key = readable_event_key(incoming, subject_thread)
+            out.append(Rejection(incoming, subject_thread, key, exc.code, exc.message, exc.details))
             continue
         try:
             _check_subject(subject_thread, event)

@@ -189,3 +189,27 @@ async def _read_dead_stream(nats_url: str, n: int) -> list[DeadLetter]:
         return letters
     finally:
         await nc.close()
+
+
+async def test_a_prepare_waiting_on_an_event_that_failed_to_decode_is_told_it_was_rejected_at_once(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    await client.append(t.user("first", key="k1"))
+    # The key is readable, the rest is not an event (no kind, no payload): dead-lettered under its key.
+    broken = json.dumps(
+        {"event_key": "k2", "session_id": t.session_id, "run_id": t.run_id, "instance_id": "main"}
+    ).encode()
+    await client.append_raw(t.thread_id, "k2", broken)
+    request = PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
+        budget_tokens=1000,
+        after_event_key="k2",
+        wait_ms=30_000,
+    )
+    with pytest.raises(EventRejected) as rejected:
+        await client.prepare(request, timeout=10.0)  # far below wait_ms: not a timeout answered late
+    assert rejected.value.details["event_key"] == "k2" and not rejected.value.retryable
+    assert rejected.value.details["rejected_code"] == "unknown_event_kind"

@@ -273,3 +273,29 @@ def test_plan_names_its_receipts_resets_and_state_writes_fields_as_the_store_wri
     # Positional order is the store's column order: the tuples still unpack as they did.
     session_id, operation_id, *_ = requested
     assert (session_id, operation_id) == (t.session_id, "op1")
+
+
+def test_an_undecodable_payload_keeps_the_event_key_it_spells_so_a_waiting_prepare_learns_at_once() -> None:
+    t = Thread()
+    subject = f"ctx.p.0.default.{t.session_id}.{t.thread_id}"
+    envelope = f'{{"event_key": "turn-3/call:c1", "session_id": "{t.session_id}", "run_id": "{t.run_id}"'
+    cases = {
+        b"missing fields": (envelope + ', "instance_id": "main"}').encode(),
+        b"unknown kind": (envelope + ', "instance_id": "main", "kind": "telepathy", "payload": {}}').encode(),
+        b"malformed after the key": (envelope + ', "instance_id": ').encode(),
+        b"invalid utf-8 later": (envelope + ', "x": "').encode() + b"\xff\xfe" + b'"}',
+        b"oversize": (envelope + ', "pad": "' + "x" * 3_000 + '"}').encode(),
+    }
+    limits = RecordingLimits(max_event_bytes=2_048)
+    for name, data in cases.items():
+        (rejection,) = decode_batch([Incoming(subject, data, 1)], limits)
+        assert isinstance(rejection, Rejection), name
+        assert (rejection.thread_id, rejection.event_key) == (t.thread_id, "turn-3/call:c1"), name
+    # No key in the bytes: the publisher's Nats-Msg-Id (thread/key/digest) still names it.
+    (from_id,) = decode_batch(
+        [Incoming(subject, b"{not json", 1, msg_id=f"{t.thread_id}/k:7/abcdef0123456789")], LIMITS
+    )
+    assert isinstance(from_id, Rejection) and from_id.event_key == "k:7"
+    # Nothing names one: nothing is made up.
+    (unnamed,) = decode_batch([Incoming(subject, b"{not json", 1)], LIMITS)
+    assert isinstance(unnamed, Rejection) and unnamed.event_key is None
