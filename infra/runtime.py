@@ -156,7 +156,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         orphans = clear_orphans(data_dir, [data_dir / "postgres", data_dir / "nats"], timeout=_ORPHAN_STOP_S)
         if orphans:
             log.warning("stopped servers a previous run of %s left: %s", data_dir, "; ".join(orphans))
-        previous_port = previous_port if previous_port and port_is_free(previous_port) else 0
+        previous_port = _client_port(settings.nats_port, previous_port)
         credentials = load_or_create_credentials(data_dir, settings.tenant_names)
         if database_url is None:
             pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True, password=credentials.postgres)
@@ -184,6 +184,20 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         servers.stop()
         raise
     return servers
+
+
+def _client_port(configured: int, previous: int) -> int:
+    """The embedded broker's port: the configured one (``CTX_NATS_PORT``), else the last run's (a client
+    still connected to an orphan reconnects there), else any free one — said in the log, and
+    ``ctxfleet env`` prints whichever it is."""
+    for candidate in (configured, previous):
+        if candidate and port_is_free(candidate):
+            return candidate
+    if configured:
+        log.warning(
+            "port %d is taken: the embedded NATS listens on a free port ('ctxfleet env' names it)", configured
+        )
+    return 0
 
 
 def _recorded_port(data_dir: Path) -> int:

@@ -159,6 +159,8 @@ class Settings(BaseSettings):
     nats_tls_cert_file: FilePath | None = None
     nats_tls_key_file: FilePath | None = None
     nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    # The embedded nats-server's client port, so a client elsewhere knows where to look (0: any free one).
+    nats_port: Annotated[int, Field(ge=0, le=65535)] = 4250
     # The embedded nats-server fsyncs every write before it acks: a killed single node then loses
     # nothing it acked (its default flushes asynchronously). Costs publish throughput; see README.
     nats_sync_always: bool = True
