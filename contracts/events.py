@@ -175,7 +175,12 @@ class _Envelope(WireModel):
     schema_version: Literal[1] = 1
     event_key: EventKeyStr
     session_id: Identifier
-    run_id: Identifier
+    # Run ids are global, not per session: a thread is (run_id, instance_id) fleet-wide, so a run id
+    # another session already used is refused (scope_violation) — use a fresh id (a UUID) per run.
+    run_id: Annotated[
+        Identifier,
+        Field(description="Unique across every session of the fleet (a thread is run_id.instance_id)."),
+    ]
     instance_id: Identifier
     client_ts: datetime | None = None
     # Honoured on a session's first event only: the policy the whole session runs under.

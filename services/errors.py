@@ -169,7 +169,9 @@ class ScopeViolation(InvalidEvent):
 
     def __init__(self, thread_id: str, session_id: str, owner_session_id: str) -> None:
         super().__init__(
-            f"thread {thread_id} belongs to another session; event claims session {session_id}",
+            f"thread {thread_id} belongs to another session; event claims session {session_id} "
+            f"(run ids are global, not per session: run {thread_id.split('.')[0]} is already used — "
+            "give this run a new id)",
             thread_id=thread_id,
             session_id=session_id,
         )
