@@ -91,13 +91,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ctxfleet: {exc}", file=sys.stderr)
     except CtxError as exc:
         print(f"ctxfleet: {exc.code.value}: {exc.message}", file=sys.stderr)
+    except OSError as exc:  # a file named on the command line that cannot be read or written
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"ctxfleet: {exc.strerror or exc}{where}", file=sys.stderr)
     except KeyboardInterrupt:
         return 130
     return 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ctxfleet", description=__doc__)
+    # The module docstring, without its reST literals: --help is read in a terminal.
+    p = argparse.ArgumentParser(prog="ctxfleet", description=(__doc__ or "").replace("``", ""))
     p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
     p.add_argument(
         "--tenant",

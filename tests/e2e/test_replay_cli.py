@@ -188,3 +188,18 @@ def _assert_protocol_valid(prepared: PreparedContext) -> None:
             assert answers == ids, f"group at {i} is not whole: {ids} vs {answers}"
             i += len(ids)
         i += 1
+
+
+def test_a_trace_that_does_not_exist_is_one_line_naming_it_not_a_traceback(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    env = {**os.environ, "CTX_NATS_URL": "nats://127.0.0.1:1", "CTX_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.cli", "replay", str(missing)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"ctxfleet: No such file or directory: {missing}"
+    assert "Traceback" not in done.stderr
