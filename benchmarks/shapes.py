@@ -7,7 +7,10 @@ asked for in each shape — ``openai.chat``, ``openai.responses``, ``anthropic.m
 - request tokens: o200k tokens of the provider body as JSON (an estimate for Anthropic);
 - Anthropic cache reuse: of each request, the tokens before the last breakpoint of the previous request
   on the same thread when that prefix repeats unchanged (what the next call reads from the cache) —
-  over consecutive prepares with no compaction between them, and over all of them.
+  over consecutive prepares with no compaction between them, and over all of them;
+- OpenAI prefix reuse (Chat and Responses cache automatically by prefix): of each request, the tokens
+  of the longest run of leading items (tools, then messages / input items) equal to the previous
+  request's, between compactions and over all.
 
 Run with ``make bench BENCH_ARGS="--only shapes"``.
 """
@@ -76,6 +79,22 @@ def _reused(previous: dict[str, Any], current: dict[str, Any]) -> int:
     return _tokens(prefix) if prefix and _unmarked(flat[: len(prefix)]) == prefix else 0
 
 
+def _items(body: dict[str, Any]) -> list[Any]:
+    return [*body.get("tools", []), *body.get("messages", body.get("input", []))]
+
+
+def _common_prefix(previous: dict[str, Any], current: dict[str, Any]) -> int:
+    """Tokens of the leading items ``current`` shares with ``previous`` (what a prefix cache answers)."""
+    if previous.get("instructions") != current.get("instructions"):
+        return 0
+    before, now = _items(previous), _items(current)
+    n = 0
+    while n < min(len(before), len(now)) and before[n] == now[n]:
+        n += 1
+    head = [current["instructions"]] if current.get("instructions") else []
+    return _tokens([*head, *now[:n]]) if n or head else 0
+
+
 async def bench_shapes(
     servers: Servers, settings: Settings, traces: list[Path] | None = None
 ) -> dict[str, object]:
@@ -85,6 +104,9 @@ async def bench_shapes(
     tokens: dict[str, list[int]] = {f: [] for f in FORMATS}
     reuse_all: list[tuple[int, int]] = []
     reuse_steady: list[tuple[int, int]] = []
+    prefix_all: dict[str, list[tuple[int, int]]] = {f: [] for f in FORMATS[:2]}
+    prefix_steady: dict[str, list[tuple[int, int]]] = {f: [] for f in FORMATS[:2]}
+    earlier: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             for path in paths:
@@ -110,6 +132,15 @@ async def bench_shapes(
                             body = _body(prepared)
                             sizes[fmt].append(len(prepared.model_dump_json()))
                             tokens[fmt].append(_tokens(body))
+                            if fmt != "anthropic.messages":
+                                total = tokens[fmt][-1]
+                                if (thread, fmt) in earlier:
+                                    revision, before = earlier[(thread, fmt)]
+                                    hit = _common_prefix(before, body)
+                                    prefix_all[fmt].append((hit, total))
+                                    if revision == prepared.view_revision:
+                                        prefix_steady[fmt].append((hit, total))
+                                earlier[(thread, fmt)] = (prepared.view_revision, body)
                             if fmt == "anthropic.messages":
                                 total = tokens[fmt][-1]
                                 if thread in previous:
@@ -134,4 +165,6 @@ async def bench_shapes(
         "anthropic_cache_reuse_between_compactions": share(reuse_steady),
         "anthropic_cache_reuse_all": share(reuse_all),
         "anthropic_pairs": {"between_compactions": len(reuse_steady), "all": len(reuse_all)},
+        "openai_prefix_reuse_between_compactions": {f: share(v) for f, v in prefix_steady.items()},
+        "openai_prefix_reuse_all": {f: share(v) for f, v in prefix_all.items()},
     }

@@ -135,7 +135,7 @@ class Fleet:
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
-        workers = compose(s, self.nats_url, self.pool, self._nc, self.metrics)
+        workers = compose(s, self.nats_url, PgStore(self.pool), self._nc, self.metrics)
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         await self.broker.start()
         if self.budgeter is not None:

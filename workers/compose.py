@@ -1,4 +1,4 @@
-"""Composition: which workers this process runs, built from settings around one pool and one connection.
+"""Composition: which workers this process runs, built from settings around one store and one connection.
 
 Nothing here connects or starts anything: :func:`compose` only builds; ``workers.app.Fleet`` starts,
 checks and stops what it built.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncpg
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
@@ -125,14 +124,13 @@ class Workers:
 
 
 def compose(
-    settings: Settings, nats_url: str, pool: asyncpg.Pool, nc: NatsClient, metrics: FleetMetrics
+    settings: Settings, nats_url: str, store: PgStore, nc: NatsClient, metrics: FleetMetrics
 ) -> Workers:
-    """The workers ``settings`` name, wired to ``pool``, ``nc`` and one broker; nothing is started."""
+    """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started."""
     names = settings.worker_names
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
-    store = PgStore(pool)
     loader = ViewLoader()
     broker = create_broker(settings, nats_url)
     if "assembler" in names:
