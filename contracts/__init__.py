@@ -38,6 +38,7 @@ from .events import (
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import (
     SESSION_INSPECT,
+    InspectedDeadLetter,
     InspectedRecord,
     InspectedRun,
     InspectedThread,
@@ -151,6 +152,7 @@ __all__ = [
     "EventKey",
     "EvidenceRef",
     "InspectRequest",
+    "InspectedDeadLetter",
     "InspectedRecord",
     "InspectedRun",
     "InspectedThread",

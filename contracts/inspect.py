@@ -11,6 +11,7 @@ from ._base import WireModel
 __all__ = [
     "SESSION_INSPECT",
     "InspectRequest",
+    "InspectedDeadLetter",
     "InspectedRecord",
     "InspectedRun",
     "InspectedThread",
@@ -48,6 +49,15 @@ class InspectedRecord(WireModel):
     preview: str
 
 
+class InspectedDeadLetter(WireModel):
+    """An event the recorder refused for this thread, and why."""
+
+    stream_seq: int
+    event_key: str | None
+    code: str
+    reason: str
+
+
 class ThreadInspection(WireModel):
     """A thread's head, a verification of its whole hash chain, and its most recent records."""
 
@@ -63,6 +73,8 @@ class ThreadInspection(WireModel):
     chain_error: str | None
     pending_call_ids: tuple[str, ...]
     dead_letters: int
+    # The newest refusals (at most 10), newest first: what a person debugging the thread reads first.
+    recent_dead_letters: tuple[InspectedDeadLetter, ...] = ()
     records: tuple[InspectedRecord, ...]
     view_revision: int = 0
     summaries: int = 0

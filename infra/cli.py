@@ -598,6 +598,8 @@ def _print_inspection(i: ThreadInspection) -> None:
     print(f"thread {i.thread_id} (session {i.session_id}) revision {i.revision}")
     print(f"  {i.record_count} records, {i.total_tokens} tokens (o200k), hash chain {chain}")
     print(f"  pending calls: {', '.join(i.pending_call_ids) or 'none'}; dead letters: {i.dead_letters}")
+    for d in i.recent_dead_letters:
+        print(f"    refused stream seq {d.stream_seq} (key {d.event_key or '?'}): {d.code} — {d.reason}")
     verdict = (
         "equals its replay from the ledger" if i.state_verified else "DIFFERS from its replay from the ledger"
     )

@@ -369,6 +369,7 @@ class PrepareService:
             tail = await store.select_tail(thread_id, limit=request.limit, preview_chars=160)
             open_calls = await store.open_call_ids(thread_id)
             dead = await store.count_dead_letters(thread_id)
+            recent_dead = await store.recent_dead_letters(thread_id, 10) if dead else []
             state = await store.load_view(thread_id)
             summaries = await store.summary_count(thread_id)
             stored = (await store.read_states([thread_id])).get(thread_id) or StateView()
@@ -385,6 +386,7 @@ class PrepareService:
             chain_error=chain_error,
             pending_call_ids=tuple(open_calls),
             dead_letters=dead,
+            recent_dead_letters=tuple(recent_dead),
             records=tuple(
                 InspectedRecord(
                     seq=r.seq,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
-from contracts import DEFAULT_POLICY_NAME, ContextPolicy, ToolCatalog
+from contracts import DEFAULT_POLICY_NAME, ContextPolicy, InspectedDeadLetter, ToolCatalog
 from contracts.prepare import ProviderOverflow
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
@@ -931,6 +931,15 @@ class MemorySession:
 
     async def count_dead_letters(self, thread_id: str) -> int:
         return sum(1 for d in self._t.dead_letters if d["thread_id"] == thread_id)
+
+    async def recent_dead_letters(self, thread_id: str, limit: int) -> list[InspectedDeadLetter]:
+        mine = [d for d in self._t.dead_letters if d["thread_id"] == thread_id]
+        return [
+            InspectedDeadLetter(
+                stream_seq=d["stream_seq"], event_key=d["event_key"], code=d["code"], reason=d["reason"]
+            )
+            for d in sorted(mine, key=lambda d: d["id"], reverse=True)[:limit]
+        ]
 
     async def summary_count(self, thread_id: str) -> int:
         return sum(1 for s in self._t.summaries.values() if s["thread_id"] == thread_id)

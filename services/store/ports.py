@@ -11,7 +11,15 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
-from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+from contracts import (
+    ContextPolicy,
+    InspectedDeadLetter,
+    Receipt,
+    SearchHit,
+    SearchRequest,
+    SessionInspection,
+    ToolCatalog,
+)
 from contracts.prepare import ProviderOverflow
 
 from services.core.calibration import Calibration
@@ -168,6 +176,8 @@ class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
     async def open_call_ids(self, thread_id: str) -> list[str]: ...
 
     async def count_dead_letters(self, thread_id: str) -> int: ...
+
+    async def recent_dead_letters(self, thread_id: str, limit: int) -> list[InspectedDeadLetter]: ...
 
     async def summary_count(self, thread_id: str) -> int: ...
 

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import asyncpg
 
-from contracts import ContextPolicy, Receipt, SearchHit, SearchRequest, SessionInspection, ToolCatalog
+from contracts import (
+    ContextPolicy,
+    InspectedDeadLetter,
+    Receipt,
+    SearchHit,
+    SearchRequest,
+    SessionInspection,
+    ToolCatalog,
+)
 from contracts.prepare import ProviderOverflow
 
 from services.core.baseline import PositionReset, Positions
@@ -268,6 +276,10 @@ class PgSession:
     @_translated
     async def count_dead_letters(self, thread_id: str) -> int:
         return await DeadLettersRepo.count(self._conn, thread_id)
+
+    @_translated
+    async def recent_dead_letters(self, thread_id: str, limit: int) -> list[InspectedDeadLetter]:
+        return await DeadLettersRepo.recent(self._conn, thread_id, limit)
 
     @_translated
     async def summary_count(self, thread_id: str) -> int:

@@ -8,6 +8,7 @@ from datetime import datetime
 from collections.abc import Sequence
 
 
+from contracts import InspectedDeadLetter
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
 from services.core.baseline import PositionReset, Positions
@@ -86,6 +87,10 @@ ORDER BY id DESC LIMIT 1
 
 
 _COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
+_RECENT_DEAD = """
+SELECT stream_seq, event_key, code, reason FROM ctx.dead_letters
+WHERE thread_id = $1 ORDER BY id DESC LIMIT $2
+"""
 
 
 class DeadLettersRepo:
@@ -122,6 +127,16 @@ class DeadLettersRepo:
     async def count(conn: Conn, thread_id: str) -> int:
         """Rejections recorded for a thread."""
         return int(await conn.fetchval(_COUNT_DEAD, thread_id))
+
+    @staticmethod
+    async def recent(conn: Conn, thread_id: str, limit: int) -> list[InspectedDeadLetter]:
+        """A thread's newest rejections, newest first."""
+        return [
+            InspectedDeadLetter(
+                stream_seq=r["stream_seq"], event_key=r["event_key"], code=r["code"], reason=r["reason"]
+            )
+            for r in await conn.fetch(_RECENT_DEAD, thread_id, limit)
+        ]
 
 
 class TrackingRepo:

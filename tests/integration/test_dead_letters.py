@@ -213,3 +213,8 @@ async def test_a_prepare_waiting_on_an_event_that_failed_to_decode_is_told_it_wa
         await client.prepare(request, timeout=10.0)  # far below wait_ms: not a timeout answered late
     assert rejected.value.details["event_key"] == "k2" and not rejected.value.retryable
     assert rejected.value.details["rejected_code"] == "unknown_event_kind"
+    # A person inspecting the thread sees the refusal itself, not only a count.
+    inspection = await client.inspect(t.thread_id)
+    (refused,) = inspection.recent_dead_letters
+    assert (refused.event_key, refused.code) == ("k2", "unknown_event_kind") and refused.reason
+    assert inspection.dead_letters == 1
