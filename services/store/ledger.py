@@ -95,9 +95,16 @@ SELECT seq, content_sha256, prev_hash, record_hash FROM ctx.records WHERE thread
 """
 
 
+# A message of tool calls only has no text: its preview names the calls instead of showing nothing.
 _SELECT_TAIL = """
 SELECT seq, session_seq, kind, event_key, tokens_o200k, content_sha256, record_hash, blob_sha256,
-       left(COALESCE(view_text, text, ''), $3) AS preview
+       left(COALESCE(
+           NULLIF(COALESCE(view_text, text, ''), ''),
+           (SELECT 'calls: ' || string_agg(e.c->>'name', ', ' ORDER BY e.n)
+            FROM json_array_elements(CASE WHEN json_typeof(payload->'tool_calls') = 'array'
+                                          THEN payload->'tool_calls' ELSE '[]'::json END)
+                 WITH ORDINALITY AS e(c, n)),
+           ''), $3) AS preview
 FROM ctx.records WHERE thread_id = $1 ORDER BY seq DESC LIMIT $2
 """
 

@@ -906,7 +906,7 @@ class MemorySession:
                 r["content_sha256"],
                 r["record_hash"],
                 r["blob_sha256"],
-                (r["view_text"] if r["view_text"] is not None else r["text"] or "")[:preview_chars],
+                _preview(r)[:preview_chars],
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
@@ -964,3 +964,13 @@ if TYPE_CHECKING:
     # Checked by mypy: the memory store implements every port it claims to.
     def _implements(store: MemoryStore) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore]:
         return store, store, store, store
+
+
+def _preview(row: dict[str, Any]) -> str:
+    """As the PostgreSQL store's tail: the text, else the names of the calls of a calls-only message."""
+    text = row["view_text"] if row["view_text"] is not None else row["text"] or ""
+    if text:
+        return text
+    calls = json.loads(row["payload"]).get("tool_calls")
+    names = [c.get("name", "") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    return "calls: " + ", ".join(names) if names else ""

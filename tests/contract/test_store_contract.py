@@ -306,3 +306,20 @@ async def test_a_context_reset_moves_the_session_fence_and_empties_its_views(sto
         state = await s.load_view(t.thread_id)
     assert scope.reset_seq == 3
     assert (state.view_revision, state.summary, state.covered_to, state.baseline_watermark) == (2, None, 0, 3)
+
+
+async def test_a_message_of_tool_calls_only_is_previewed_by_the_names_of_its_calls(store: Store) -> None:
+    t = Thread()
+    await _write(
+        store,
+        [
+            t.user("Fix app.py", key="u1"),
+            t.assistant(
+                calls=(("c1", "bash", {"cmd": "pytest"}), ("c2", "read_file", {"path": "app.py"})), key="a1"
+            ),
+        ],
+    )
+    async with store.session() as s:
+        calls_only, question = await s.select_tail(t.thread_id, limit=2, preview_chars=160)
+    assert calls_only.preview == "calls: bash, read_file"
+    assert question.preview == "Fix app.py"
