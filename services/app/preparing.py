@@ -51,9 +51,6 @@ __all__ = ["PrepareService"]
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
-# A process re-reads a profile's calibration at most this often: one indexed row, but on the hot path;
-# what another replica learned shows here within this time (what this one learns, at once).
-_CALIBRATION_TTL_S = 5.0
 # Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
 _OVERFLOW = ("provider_overflow",)
 
@@ -91,8 +88,8 @@ class PrepareService:
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
-        # (tenant, profile) → (when it was read, the calibration): per process, refreshed by TTL.
-        self._calibrations: dict[tuple[str, str], tuple[float, Calibration]] = {}
+        # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
+        self._calibrations = self._loader.calibrations
 
     async def prepare(
         self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
@@ -142,15 +139,11 @@ class PrepareService:
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
         """The profile's calibration (only profiles without an offline tokenizer have one from usage;
         any profile has one after a provider overflow)."""
-        key = (tenant, budget.profile)
-        cached = self._calibrations.get(key)
-        now = time.monotonic()
-        if cached is not None and now - cached[0] < _CALIBRATION_TTL_S:
-            return cached[1]
+        cached = self._calibrations.fresh(tenant, budget.profile)
+        if cached is not None:
+            return cached
         async with self._store.session() as store:
-            calibration = await store.read_calibration(tenant, budget.profile)
-        self._calibrations[key] = (now, calibration)
-        return calibration
+            return await self._calibrations.get(store, tenant, budget.profile)
 
     async def _learn(
         self,
@@ -173,7 +166,7 @@ class PrepareService:
             learned = await store.update_calibration(
                 tenant, budget.profile, lambda c: learn_from_usage(c, usage.input_tokens, local)
             )
-        self._calibrations[(tenant, budget.profile)] = (time.monotonic(), learned)
+        self._calibrations.put(tenant, budget.profile, learned)
         return learned
 
     async def _after_overflow(
@@ -219,7 +212,7 @@ class PrepareService:
                         c, overflow.our_estimate, overflow.provider_count, overflow.provider_limit
                     ),
                 )
-        self._calibrations[(tenant, base.profile)] = (time.monotonic(), raised)
+        self._calibrations.put(tenant, base.profile, raised)
         budget = calibrated(base, raised)
         try:
             prepared = assemble_context(snapshot, request, budget, counter)

@@ -7,7 +7,6 @@ what is new. Policies are immutable per revision and cached forever.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from contracts import ContextPolicy, ToolCatalog
 
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.budget import BudgetSpec, calibrated, policy_budget
-from services.core.calibration import Calibration
+from services.app.calibrations import CalibrationCache
 from services.core.compaction.merge import render_summary, summary_sources
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.rollup import skeleton
@@ -33,9 +32,6 @@ from services.store.views import ThreadScope, ViewState
 from services.core.tokens import EncodingName, counter_for
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
-
-# A process re-reads a profile's calibration at most this often (one indexed row per view load otherwise).
-_CALIBRATION_TTL_S = 5.0
 
 
 def _declared_reads(catalog: ToolCatalog | None) -> dict[str, tuple[str, ...]]:
@@ -175,9 +171,9 @@ class ViewLoader:
         self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
         self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
-        # (tenant, profile) → (when read, calibration): the policy budget is held in the provider's
-        # count, so the budgeter compacts ahead of what the provider will accept (issue 15).
-        self._calibrations: dict[tuple[str, str], tuple[float, Calibration]] = {}
+        # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
+        # the provider will accept (issue 15); prepares share this cache (one per process).
+        self.calibrations = CalibrationCache()
 
     async def load(
         self,
@@ -231,12 +227,7 @@ class ViewLoader:
 
     async def _budget(self, conn: ViewReads, tenant: str, policy: ContextPolicy) -> BudgetSpec:
         spec = policy_budget(policy)
-        key = (tenant, spec.profile)
-        cached = self._calibrations.get(key)
-        now = time.monotonic()
-        if cached is None or now - cached[0] >= _CALIBRATION_TTL_S:
-            cached = self._calibrations[key] = (now, await conn.read_calibration(tenant, spec.profile))
-        return calibrated(spec, cached[1])
+        return calibrated(spec, await self.calibrations.get(conn, tenant, spec.profile))
 
     def _skeleton(self, state: ViewState, records: list[LedgerRecord], thread_id: str) -> Skeleton | None:
         row = state.summary

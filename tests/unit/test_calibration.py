@@ -218,3 +218,27 @@ async def test_an_overflow_on_a_view_the_thread_has_not_reached_is_an_invalid_re
     # Nothing was learned from it.
     plain = await service.prepare(_request(t, model_profile="claude-sonnet-4"))
     assert plain.budget_report.calibration_factor == 1.0
+
+
+@pytest.mark.anyio
+async def test_the_process_cache_reads_once_per_ttl_and_what_it_learns_is_seen_at_once() -> None:
+    from services.app.calibrations import CalibrationCache
+
+    class Reads:
+        def __init__(self) -> None:
+            self.reads = 0
+
+        async def read_calibration(self, tenant: str, profile: str) -> Calibration:
+            self.reads += 1
+            return Calibration(1.1, 3)
+
+    now = [0.0]
+    cache, reads = CalibrationCache(ttl_s=5.0, clock=lambda: now[0]), Reads()
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 3)
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 3) and reads.reads == 1
+    cache.put("acme", "claude-sonnet-4", Calibration(1.4, 4))  # an overflow raised it here
+    assert cache.fresh("acme", "claude-sonnet-4") == Calibration(1.4, 4)
+    assert cache.fresh("globex", "claude-sonnet-4") is None  # per tenant
+    now[0] = 6.0
+    assert cache.fresh("acme", "claude-sonnet-4") is None
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 3) and reads.reads == 2
