@@ -66,6 +66,11 @@ class ErrorCode(StrEnum):
     INTEGRITY_ERROR = "integrity_error"
     NOT_FOUND = "not_found"
     INVALID_CONFIGURATION = "invalid_configuration"
+    # Branches (issue 17): forking a session, exporting it as a trace.
+    SESSION_EXISTS = "session_exists"
+    SEQ_OUT_OF_RANGE = "seq_out_of_range"
+    FORK_INSIDE_TOOL_GROUP = "fork_inside_tool_group"
+    NOT_EXPORTABLE = "not_exportable"
     INTERNAL = "internal_error"
 
 

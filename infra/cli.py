@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspection, ThreadInspection
+from contracts.branches import ForkRequest, SessionForked
 
 from services.edge.client import FleetClient
 from services.app.indexing import reindex
@@ -218,6 +219,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     ev.set_defaults(func=_cmd_eval)
+    _add_branch_commands(sub)
     return p
 
 
@@ -562,6 +564,78 @@ def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     print(f"CTX_NATS_USER={shlex.quote(user)}")
     print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(user))}")
     print(f"CTX_TENANT={shlex.quote(settings.tenant)}")
+    return 0
+
+
+def _add_branch_commands(sub: Any) -> None:
+    """``export`` and ``fork`` (issue 17): a session as a trace, and a session branched at a seq."""
+    export = sub.add_parser(
+        "export", help="write a session as a trace (JSONL) that 'ctxfleet replay' reads back"
+    )
+    export.add_argument("session")
+    export.add_argument("--out", type=Path, help="write the trace here (default: standard output)")
+    export.set_defaults(func=_cmd_export)
+    fork = sub.add_parser(
+        "fork", help="start a new session whose history is a session's up to a seq (by reference)"
+    )
+    fork.add_argument("session")
+    fork.add_argument("--at", type=int, required=True, metavar="SEQ", help="the last session seq to keep")
+    fork.add_argument("--as", dest="new_session", metavar="NEW_SESSION", help="the fork's session id")
+    fork.add_argument("--principal", help="the principal the session is pinned to, if any")
+    fork.add_argument("--json", action="store_true")
+    fork.set_defaults(func=_cmd_fork)
+
+
+def _cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    nats_url = _fleet_nats_url(settings)
+
+    async def run(write: Any) -> None:
+        async with await _connect(settings, nats_url, "ctxfleet-export") as client:
+            async for chunk in client.export_session(args.session):
+                write(chunk)
+
+    if args.out is None:
+        asyncio.run(run(sys.stdout.write))
+        return 0
+    # Written beside the target and renamed when complete: a refused or broken export leaves no
+    # half trace under the name a replay would read.
+    partial = args.out.with_name(args.out.name + ".partial")
+    try:
+        with partial.open("w", encoding="utf-8") as fh:
+            asyncio.run(run(fh.write))
+        partial.replace(args.out)
+    finally:
+        partial.unlink(missing_ok=True)
+    print(f"ctxfleet: exported session {args.session} to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        request = ForkRequest(
+            session_id=args.session,
+            at_seq=args.at,
+            new_session_id=args.new_session or f"fork-{uuid.uuid4().hex[:12]}",
+            principal_id=args.principal,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CliError(f"bad fork: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    nats_url = _fleet_nats_url(settings)
+
+    async def run() -> SessionForked:
+        async with await _connect(settings, nats_url, "ctxfleet-fork") as client:
+            return await client.fork_session(request)
+
+    forked = asyncio.run(run())
+    if args.json:
+        print(forked.model_dump_json(indent=2))
+        return 0
+    again = "" if forked.created else " (it already existed)"
+    print(
+        f"session {forked.session_id}: forked from {forked.parent_session_id} at seq {forked.at_seq}{again}; "
+        f"its own records start at seq {forked.next_seq} — publish them under a new run id"
+    )
     return 0
 
 

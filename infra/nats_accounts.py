@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
+from contracts.branches import SESSION_EXPORT, SESSION_FORK
 from contracts.inspect import SESSION_INSPECT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
@@ -71,10 +72,12 @@ DEFAULT_TENANTS = (DEFAULT_TENANT,)
 _INBOX = "_INBOX.>"
 _COMPACTED = "ctx.compacted.>"
 # Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
-_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS)
+# A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
+_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS, SESSION_FORK)
 _PER_TENANT_TREE = (PREPARE,)
 # Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
-_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT)
+# Exporting a session writes out every record of it: an operator's, like inspecting.
+_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT)
 _REQUESTS = (
     *(f"{s}.>" for s in (*_PER_TENANT_TREE, *_OPERATOR_ONLY)),
     *(f"{s}.*" for s in _PER_TENANT),

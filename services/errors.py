@@ -67,12 +67,14 @@ __all__ = [
     "EventKeyConflict",
     "EventRejected",
     "FleetUnavailable",
+    "ForkInsideToolGroup",
     "GrantViolation",
     "IntegrityError",
     "InvalidConfiguration",
     "InvalidEvent",
     "InvariantViolation",
     "MsgIdMismatch",
+    "NotExportable",
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
@@ -86,6 +88,8 @@ __all__ = [
     "ReleaseMismatch",
     "RevisionConflict",
     "RunActive",
+    "SeqOutOfRange",
+    "SessionExists",
     "ScopeViolation",
     "StoreRejected",
     "ForeignSession",
@@ -535,6 +539,61 @@ class ThreadNotFound(InvalidRequest):
 
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"thread {thread_id} has no recorded events", thread_id=thread_id)
+
+
+class SessionExists(InvalidRequest):
+    """A fork names a session id that is already in use (other than by this very fork)."""
+
+    code = ErrorCode.SESSION_EXISTS
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id} already exists; name the fork another id", session_id=session_id
+        )
+
+
+class SeqOutOfRange(InvalidRequest):
+    """A fork point outside the parent session's recorded seqs."""
+
+    code = ErrorCode.SEQ_OUT_OF_RANGE
+
+    def __init__(self, session_id: str, at_seq: int, last_seq: int) -> None:
+        super().__init__(
+            f"session {session_id} has records 1..{last_seq}; cannot fork at {at_seq}",
+            session_id=session_id,
+            at_seq=at_seq,
+            last_seq=last_seq,
+        )
+
+
+class ForkInsideToolGroup(InvalidRequest):
+    """A fork point between a tool call and its outcome: the fork would hold half a group (D2.4)."""
+
+    code = ErrorCode.FORK_INSIDE_TOOL_GROUP
+
+    def __init__(self, session_id: str, at_seq: int, thread_id: str, call_ids: list[str]) -> None:
+        super().__init__(
+            f"session {session_id} at seq {at_seq} has tool calls of {thread_id} without an outcome "
+            f"({', '.join(call_ids)}); fork before the call or after its outcomes",
+            session_id=session_id,
+            at_seq=at_seq,
+            thread_id=thread_id,
+            call_ids=list(call_ids),
+        )
+
+
+class NotExportable(InvalidRequest):
+    """A record the trace format cannot carry: exporting it would not replay back identically."""
+
+    code = ErrorCode.NOT_EXPORTABLE
+
+    def __init__(self, session_id: str, seq: int, what: str) -> None:
+        super().__init__(
+            f"session {session_id} record {seq}: {what} has no form in the trace format",
+            session_id=session_id,
+            seq=seq,
+            what=what,
+        )
 
 
 class NotYetRecorded(CtxError):

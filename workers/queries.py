@@ -38,6 +38,7 @@ from services.app.sessions import inspect_session
 from services.store.postgres import PgStore
 
 from .admission import Admission
+from .branches import branches_router
 from .metrics import FleetMetrics
 from .replies import admitted, parse_body, raw_body, reply_with
 
@@ -155,4 +156,5 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
 
         return await serve(message, register)
 
+    router.include_router(branches_router(store, admission))
     return router

@@ -253,13 +253,29 @@ class ViewLoader:
         key = (session_id, scope.snapshot_through, scope.reset_seq, thread_id)
         cached = self._snapshots.get(key)
         if cached is None:
-            cached = await conn.select_inherited(
+            ancestors = await self._ancestry(conn, session_id, scope.snapshot_through, scope.reset_seq)
+            cached = ancestors + await conn.select_inherited(
                 session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
             )
             self._snapshots[key] = cached
             while len(self._snapshots) > self._cache_threads:
                 self._snapshots.pop(next(iter(self._snapshots)))
         return cached
+
+    async def _ancestry(
+        self, conn: ViewReads, session_id: str, through: int, after: int
+    ) -> list[LedgerRecord]:
+        """A fork's history before its own records: its parent's main-thread records up to the branch
+        point, and so on up the chain (design D3.5) — read, never copied, never changed."""
+        origin = await conn.select_fork(session_id)
+        if origin is None:
+            return []
+        upto = min(through, origin.at_seq)
+        older = await self._ancestry(conn, origin.parent_session_id, upto, after)
+        own = await conn.select_inherited(
+            origin.parent_session_id, after=after, through=upto, exclude_thread=""
+        )
+        return older + own
 
     async def _resolve_exports(self, conn: ViewReads, records: list[LedgerRecord]) -> list[LedgerRecord]:
         """A child's exported background, resolved to the parent records it references."""

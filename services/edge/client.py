@@ -21,7 +21,7 @@ import json
 import re
 import time
 from urllib.parse import urlsplit
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -62,6 +62,14 @@ from contracts import (
     SessionInspection,
     ThreadInspection,
     session_inspect_subject,
+)
+from contracts.branches import (
+    SESSION_FORK,
+    ExportPage,
+    ExportRequest,
+    ForkRequest,
+    SessionForked,
+    session_export_subject,
 )
 from contracts.ids import is_identifier
 from contracts.subjects import (
@@ -290,6 +298,34 @@ class FleetClient:
         """An operator's view of a session: runs, threads, snapshots."""
         subject = session_inspect_subject(self.tenant, session_id)
         return SessionInspection.model_validate_json(await self._request(subject, b"{}", timeout))
+
+    async def fork_session(self, request: ForkRequest, *, timeout: float = 10.0) -> SessionForked:
+        """Start ``request.new_session_id`` from a session's history up to ``request.at_seq`` (by
+        reference: the parent is never changed). Asking again for the same fork answers it again."""
+        body = await self._request(self._of_tenant(SESSION_FORK), request.model_dump_json().encode(), timeout)
+        return SessionForked.model_validate_json(body)
+
+    async def export_page(
+        self, session_id: str, request: ExportRequest, *, timeout: float = 10.0
+    ) -> ExportPage:
+        """One page of a session exported as a trace (operators)."""
+        subject = session_export_subject(self.tenant, session_id)
+        return ExportPage.model_validate_json(
+            await self._request(subject, request.model_dump_json().encode(), timeout)
+        )
+
+    async def export_session(self, session_id: str, *, timeout: float = 10.0) -> AsyncIterator[str]:
+        """A session as trace text (JSONL), chunk by chunk, every page asked for in turn."""
+        request: ExportRequest | None = ExportRequest()
+        while request is not None:
+            page = await self.export_page(session_id, request, timeout=timeout)
+            if page.chunk:
+                yield page.chunk
+            request = (
+                None
+                if page.next_after_seq is None
+                else ExportRequest(after_seq=page.next_after_seq, offset=page.next_offset)
+            )
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""

@@ -43,11 +43,18 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
+from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
 
 if TYPE_CHECKING:
-    from services.store.ports import BudgetStore, CompactionStore, PrepareStore, RecordingStore
+    from services.store.ports import (
+        BranchStore,
+        BudgetStore,
+        CompactionStore,
+        PrepareStore,
+        RecordingStore,
+    )
 
 __all__ = ["MemorySession", "MemoryStore"]
 
@@ -87,6 +94,7 @@ class _Tables:
     summaries: dict[str, _Row] = field(default_factory=dict)
     calibrations: dict[tuple[str, str], Calibration] = field(default_factory=dict)
     overflows: dict[tuple[str, int], ProviderOverflow] = field(default_factory=dict)
+    forks: dict[str, ForkOrigin] = field(default_factory=dict)
     # Insertion order stands in for created_at / updated_at.
     clock: int = 0
 
@@ -644,6 +652,69 @@ class MemorySession:
         )
         return [self._record(r) for r in rows]
 
+    # Branches (forks and exports), as services/store/branches.py.
+
+    async def select_fork(self, session_id: str) -> ForkOrigin | None:
+        return self._t.forks.get(session_id)
+
+    async def select_fork_parent(self, tenant: str, session_id: str) -> ForkParent | None:
+        s = self._t.sessions.get(session_id)
+        if s is None or s["tenant"] != tenant:
+            return None
+        return ForkParent(session_id, s["last_seq"], s["principal_id"])
+
+    async def insert_fork(self, fork: NewFork) -> bool:
+        parent = self._t.sessions.get(fork.parent_session_id)
+        if parent is None or fork.session_id in self._t.sessions:
+            return False
+        self._t.sessions[fork.session_id] = {
+            **parent,
+            "session_id": fork.session_id,
+            "last_seq": fork.at_seq,
+            "reset_seq": fork.inherited_reset,
+        }
+        self._t.forks[fork.session_id] = ForkOrigin(fork.parent_session_id, fork.at_seq, fork.inherited_reset)
+        return True
+
+    async def last_reset(self, session_id: str, through: int) -> int:
+        return max(
+            (
+                r["session_seq"]
+                for r in self._t.records.values()
+                if r["session_id"] == session_id
+                and r["kind"] == "context_reset"
+                and r["session_seq"] <= through
+            ),
+            default=0,
+        )
+
+    async def select_history(
+        self, session_id: str, *, after: int, through: int, limit: int
+    ) -> list[HistoryRow]:
+        rows = sorted(
+            (
+                r
+                for r in self._t.records.values()
+                if r["session_id"] == session_id
+                and after < r["session_seq"] <= through
+                and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
+            ),
+            key=lambda r: r["session_seq"],
+        )[:limit]
+        return [
+            HistoryRow(
+                r["session_seq"],
+                r["thread_id"],
+                r["run_id"],
+                r["kind"],
+                json.loads(r["payload"]),
+                (r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8"))
+                or "",
+                r["client_ts"].isoformat() if r["client_ts"] else None,
+            )
+            for r in rows
+        ]
+
     async def load_view(self, thread_id: str) -> ViewState:
         v = self._t.views.get(thread_id)
         if v is None:
@@ -962,8 +1033,10 @@ class MemorySession:
 
 if TYPE_CHECKING:
     # Checked by mypy: the memory store implements every port it claims to.
-    def _implements(store: MemoryStore) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore]:
-        return store, store, store, store
+    def _implements(
+        store: MemoryStore,
+    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, BranchStore]:
+        return store, store, store, store, store
 
 
 def _preview(row: dict[str, Any]) -> str:

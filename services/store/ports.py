@@ -29,11 +29,14 @@ from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
+from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
 from services.store.search import Chunker
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 
 __all__ = [
+    "BranchSession",
+    "BranchStore",
     "BudgetSession",
     "BudgetStore",
     "CompactionSession",
@@ -103,6 +106,10 @@ class ViewReads(Protocol):
     ) -> list[LedgerRecord]: ...
 
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]: ...
+
+    async def select_fork(self, session_id: str) -> ForkOrigin | None:
+        """Where a forked session branched from (``None`` for a session that is no fork)."""
+        ...
 
     async def load_view(self, thread_id: str) -> ViewState: ...
 
@@ -198,6 +205,28 @@ class BudgetSession(ViewReads, ViewWrites, Protocol):
 
 class CompactionSession(ViewReads, ViewWrites, Protocol):
     """What the compactor reads and writes."""
+
+
+class BranchSession(Transactional, Protocol):
+    """What forking and exporting a session read and write."""
+
+    async def select_fork(self, session_id: str) -> ForkOrigin | None: ...
+
+    async def select_fork_parent(self, tenant: str, session_id: str) -> ForkParent | None: ...
+
+    async def insert_fork(self, fork: NewFork) -> bool:
+        """Create the fork's session; False if its id is already used."""
+        ...
+
+    async def last_reset(self, session_id: str, through: int) -> int: ...
+
+    async def select_history(
+        self, session_id: str, *, after: int, through: int, limit: int
+    ) -> list[HistoryRow]: ...
+
+
+class BranchStore(Protocol):
+    def session(self) -> AbstractAsyncContextManager[BranchSession]: ...
 
 
 class RecordingStore(Protocol):

@@ -32,9 +32,10 @@ from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
-from services.store import batches, queries
+from services.store import batches, branches, queries
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
+from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.calibration import CalibrationsRepo
 from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
 from services.store.tracking import DeadLettersRepo, TrackingRepo
@@ -50,6 +51,7 @@ from services.store.views import (
 
 if TYPE_CHECKING:
     from services.store.ports import (
+        BranchStore,
         BudgetStore,
         CompactionStore,
         IndexStore,
@@ -159,6 +161,32 @@ class PgSession:
     @_translated
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
         return await RecordsRepo.select_refs(self._conn, refs)
+
+    # Branches (forks and exports).
+
+    @_translated
+    async def select_fork(self, session_id: str) -> ForkOrigin | None:
+        return await branches.select_fork(self._conn, session_id)
+
+    @_translated
+    async def select_fork_parent(self, tenant: str, session_id: str) -> ForkParent | None:
+        return await branches.select_fork_parent(self._conn, tenant, session_id)
+
+    @_translated
+    async def insert_fork(self, fork: NewFork) -> bool:
+        return await branches.insert_fork(self._conn, fork)
+
+    @_translated
+    async def last_reset(self, session_id: str, through: int) -> int:
+        return await branches.last_reset(self._conn, session_id, through)
+
+    @_translated
+    async def select_history(
+        self, session_id: str, *, after: int, through: int, limit: int
+    ) -> list[HistoryRow]:
+        return await branches.select_history(
+            self._conn, session_id, after=after, through=through, limit=limit
+        )
 
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:
@@ -433,5 +461,7 @@ if TYPE_CHECKING:
     # Checked by mypy: the PostgreSQL store implements every port.
     def _implements(
         store: PgStore,
-    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, QueryStore, IndexStore]:
-        return store, store, store, store, store, store
+    ) -> tuple[
+        RecordingStore, PrepareStore, BudgetStore, CompactionStore, QueryStore, IndexStore, BranchStore
+    ]:
+        return store, store, store, store, store, store, store

@@ -1,0 +1,65 @@
+"""Request/reply endpoints of branches: fork a session (``ctx.session.fork.<tenant>``), export one
+(``ctx.session.export.<tenant>.<session>``). Served by the assembler process beside the queries,
+sharing its compute slots."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from faststream import Path
+from faststream.nats import NatsResponse, NatsRouter
+from faststream.nats.annotations import NatsMessage
+
+from contracts.branches import SESSION_EXPORT, SESSION_FORK, ExportRequest, ForkRequest
+from services.app.exporting import export_page
+from services.app.forking import fork_session
+from services.store.postgres import PgStore
+
+from .admission import Admission
+from .replies import admitted, parse_body, raw_body, reply_with
+
+__all__ = ["branches_router"]
+
+
+def branches_router(store: Callable[[], PgStore], admission: Admission) -> NatsRouter:
+    """The router of the fork and export endpoints; ``store`` gives the process's store."""
+    router = NatsRouter()
+    tasks = admission.limits.max_tasks
+
+    @router.subscriber(
+        f"{SESSION_FORK}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="session.fork",
+        description="ForkRequest in, SessionForked or ErrorReply out: a session branched at a seq.",
+    )
+    async def on_fork(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+        return await admitted(
+            admission,
+            message.headers,
+            lambda _slot: reply_with(lambda: fork_session(store(), tenant, parse_body(ForkRequest, body))),
+        )
+
+    @router.subscriber(
+        f"{SESSION_EXPORT}.{{tenant}}.{{session_id}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="session.export",
+        description="ExportRequest in, ExportPage or ErrorReply out: a page of the session as a trace.",
+    )
+    async def on_export(
+        body: bytes, message: NatsMessage, tenant: str = Path(), session_id: str = Path()
+    ) -> NatsResponse:
+        return await admitted(
+            admission,
+            message.headers,
+            lambda _slot: reply_with(
+                lambda: export_page(
+                    store(), tenant, session_id, parse_body(ExportRequest, body) if body else ExportRequest()
+                )
+            ),
+        )
+
+    return router
