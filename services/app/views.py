@@ -28,7 +28,7 @@ from services.core.render import TokenCounts
 from services.core.state import StateView
 from services.store.ledger import StoredHead
 from services.store.ports import ViewReads
-from services.store.views import ThreadScope, ViewState
+from services.store.views import Candidate, ThreadScope, ViewState
 from services.core.tokens import EncodingName, counter_for
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
@@ -297,13 +297,34 @@ class ViewLoader:
         state: ViewState,
     ) -> bool:
         """Inherit the newest summary of an earlier run whose covered records are a prefix of ours."""
-        for candidate in await conn.candidates(head.session_id, head.thread_id, scope.snapshot_through):
+        for candidate in await self._candidates(
+            conn, head.session_id, head.thread_id, scope.snapshot_through
+        ):
             other = await self.load(conn, candidate.thread_id)
             theirs = [r.seq for r in other.records if r.seq <= candidate.covered_to]
             ours = [r.seq for r in records if r.seq <= candidate.covered_to]
             if theirs == ours and ours:
                 return await conn.adopt(head.thread_id, state.view_revision, candidate)
         return False
+
+    async def _candidates(
+        self, conn: ViewReads, session_id: str, thread_id: str, through: int
+    ) -> list[Candidate]:
+        """Summaries a run may adopt, newest coverage first: its session's earlier runs', and for a fork
+        its ancestors' up to the branch point — a fork of a compacted session need not compact the
+        same history again. Adopting only points the fork's own view at the summary (D3.5)."""
+        found = await conn.candidates(session_id, thread_id, through)
+        origin = await conn.select_fork(session_id)
+        if origin is not None:
+            upto = min(through, origin.at_seq)
+            # A summary the parent committed after the point counted steps the fork does not hold:
+            # its baseline watermark would count the fork's own records as compacted.
+            found += [
+                c
+                for c in await self._candidates(conn, origin.parent_session_id, "", upto)
+                if c.baseline_watermark <= upto
+            ]
+        return sorted(found, key=lambda c: -c.covered_to)
 
     async def _policy(self, conn: ViewReads, tenant: str, name: str, revision: int) -> ContextPolicy:
         key = (tenant, name, revision)

@@ -16,6 +16,8 @@ from services.app.exporting import export_page
 from services.app.forking import fork_session
 from services.app.recording import _touched
 from services.app.views import ViewLoader
+from services.core.compaction.model import StructuredSummary
+from services.core.compaction.policy import Counters
 from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.core.tokens import ENCODINGS, counter_for
 from services.core.trace import _parse
@@ -29,6 +31,7 @@ from services.errors import (
 )
 from services.store.memory import MemoryStore
 from services.store.postgres import PgStore
+from services.store.views import NewSummary
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = pytest.mark.anyio
@@ -273,3 +276,65 @@ async def test_an_export_refuses_a_record_the_trace_format_cannot_carry_and_a_mi
         await export_page(store, DEFAULT_TENANT, "no-such-session", ExportRequest())
     with pytest.raises(ThreadNotFound):
         await export_page(store, "acme", a.session_id, ExportRequest())
+
+
+async def test_a_fork_adopts_its_parents_summary_of_history_it_holds_and_never_one_past_its_point(
+    store: Store,
+) -> None:
+    a = await _parent(store)
+    async with store.session() as s:
+        await s.ensure_view(a.thread_id)
+        summary_id = await s.commit_summary(0, _summary(a.thread_id, 4))
+        parent_view = await s.load_view(a.thread_id)
+    at_point = Thread(
+        session_id=(await fork_session(store, DEFAULT_TENANT, _fork(a, 4, "adopt-f"))).session_id
+    )
+    before_point = Thread(
+        session_id=(await fork_session(store, DEFAULT_TENANT, _fork(a, 2, "adopt-g"))).session_id
+    )
+    for t in (at_point, before_point):
+        await _write(store, [t.user("and then?", key="q")])
+    async with store.session() as s:
+        adopted = await ViewLoader().load(s, at_point.thread_id)
+        not_adopted = await ViewLoader().load(s, before_point.thread_id)
+        assert await s.load_view(a.thread_id) == parent_view  # adopting wrote the fork's view only
+    assert adopted.state.summary is not None and adopted.state.summary.summary_id == summary_id
+    assert (adopted.state.covered_to, adopted.baseline.model_steps) == (4, 1)
+    assert not_adopted.state.summary is None  # it covers records 3 and 4, which that fork does not hold
+
+
+async def test_a_fork_does_not_adopt_a_summary_whose_counted_steps_go_past_its_point(store: Store) -> None:
+    a = await _parent(store)
+    async with store.session() as s:
+        await s.ensure_view(a.thread_id)
+        # Committed when the parent stood at seq 5: its baseline counts the step at 5 as compacted.
+        await s.commit_summary(0, _summary(a.thread_id, 4, watermark=5))
+    f = Thread(session_id=(await fork_session(store, DEFAULT_TENANT, _fork(a, 4, "late-f"))).session_id)
+    await _write(store, [f.assistant("plan B", key="f1")])  # the fork's seq 5
+    async with store.session() as s:
+        view = await ViewLoader().load(s, f.thread_id)
+    assert view.state.summary is None and view.totals.model_steps == 2
+
+
+def _summary(thread_id: str, covered_to: int, watermark: int | None = None) -> NewSummary:
+    return NewSummary(
+        thread_id=thread_id,
+        parent_summary_id=None,
+        body=StructuredSummary(covered_from=1, covered_to=covered_to),
+        text="[context summary]",
+        tokens_o200k=3,
+        tokens_cl100k=3,
+        covered_to=covered_to,
+        source_watermark=watermark or covered_to,
+        policy_name="default",
+        policy_revision=1,
+        summarizer="contract",
+        calls=1,
+        trigger_reasons=("context_ratio",),
+        tokens_before=100,
+        tokens_after=10,
+        target_reached=True,
+        job_id="job",
+        baseline=Counters(1, 1),
+        throttle=None,
+    )
