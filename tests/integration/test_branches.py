@@ -3,6 +3,7 @@ session again; a fork branches by reference and leaves its parent byte-identical
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import nats
 import pytest
 
 from contracts import (
@@ -27,6 +29,7 @@ from services.edge.replay import ReplayOptions, replay_trace
 from services.errors import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
+from tests.integration.test_nats_accounts import SecuredNats, secured_nats  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -267,3 +270,28 @@ async def test_a_prepare_on_a_fork_waits_for_its_own_event_like_any_thread(
     assert [m.content for m in prepared.messages][-2:] == ["Where is order 42?", "Checking the carrier."]
     inspection = await client.inspect(f.thread_id, limit=1)
     assert inspection.record_count == 1 and inspection.session_id == forked.session_id
+
+
+async def test_a_runtime_may_ask_for_a_fork_but_the_server_refuses_it_an_export(
+    secured_nats: SecuredNats,
+) -> None:
+    nc = await nats.connect(
+        secured_nats.url,
+        user="runtime-acme",
+        password=secured_nats.passwords["runtime-acme"],
+        inbox_prefix="_INBOX.runtime-acme",
+        error_cb=_ignore,
+    )
+    try:
+        await nc.publish("ctx.session.fork.acme", b"{}")
+        await nc.publish("ctx.session.export.acme.s1", b"{}")
+        await nc.flush()
+        await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+    logged = "\n".join(secured_nats.violations())
+    assert "ctx.session.export.acme.s1" in logged and "ctx.session.fork" not in logged
+
+
+async def _ignore(exc: Exception) -> None:
+    """The refused publish is reported here too; the server's log is what the test reads."""
