@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 # A timeline shows this many of the newest records (inspect's own cap is 10 000).
-TIMELINE_RECORDS = 500
-SESSIONS_SHOWN = 200
-SEARCH_HITS = 50
+_TIMELINE_RECORDS = 500
+_SESSIONS_SHOWN = 200
+_SEARCH_HITS = 50
 
 
 class ConsoleStore(PrepareStore, QueryStore, ListingStore, Protocol):
@@ -91,7 +91,7 @@ class ContextPage:
 
 async def read_sessions(store: ListingStore, tenant: str | None) -> list[SessionListing]:
     """The newest sessions, of ``tenant`` or of every tenant."""
-    return await store.list_sessions(tenant, SESSIONS_SHOWN)
+    return await store.list_sessions(tenant, _SESSIONS_SHOWN)
 
 
 async def read_session(store: ConsoleStore, tenant: str, session_id: str) -> SessionInspection:
@@ -103,7 +103,7 @@ async def read_search(store: ConsoleStore, tenant: str, session_id: str, query: 
     """The best hits of ``query`` within the session, as its own principal would see them."""
     session = await inspect_session(store, tenant, session_id)
     request = SearchRequest(
-        session_id=session_id, principal_id=session.principal_id, query=query, limit=SEARCH_HITS
+        session_id=session_id, principal_id=session.principal_id, query=query, limit=_SEARCH_HITS
     )
     return await search(store, request, tenant=tenant)
 
@@ -120,7 +120,7 @@ async def read_thread(store: ConsoleStore, thread_id: str, tenant: str | None) -
     """The thread's timeline (``ThreadNotFound`` if it is not ``tenant``'s, when one is named)."""
     tenant = tenant or await _tenant_of(store, thread_id)
     service = PrepareService(store, NoticeBoard(), compaction_wait_ms=0)
-    inspection = await service.inspect(thread_id, InspectRequest(limit=TIMELINE_RECORDS), tenant=tenant)
+    inspection = await service.inspect(thread_id, InspectRequest(limit=_TIMELINE_RECORDS), tenant=tenant)
     calls = await store.thread_tool_calls(thread_id)
     made: dict[int, list[ToolCallEntry]] = {}
     answered: dict[int, list[ToolCallEntry]] = {}
