@@ -153,7 +153,9 @@ class Fleet:
 
     async def _serve_operations(self, host: str, port: int) -> None:
         # The console reads through this process's pool, once there is one (``None``: a "starting" page).
-        console = console_app(lambda: None if self.pool is None else PgStore(self.pool))
+        console = console_app(
+            lambda: None if self.pool is None else PgStore(self.pool), remote=self.settings.console_remote
+        )
         self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness, console)
         try:
             self.http_port = await self._http.start(host, port)

@@ -18,8 +18,10 @@ from workers.health import HealthServer
 pytestmark = pytest.mark.anyio
 
 
-def _call(port: int, path: str, method: str = "GET", timeout: float = 2.0) -> tuple[int, str, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+def _call(
+    port: int, path: str, method: str = "GET", timeout: float = 2.0, host: str = "127.0.0.1"
+) -> tuple[int, str, str]:
+    request = urllib.request.Request(f"http://{host}:{port}{path}", method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return reply.status, reply.headers.get("content-type", ""), reply.read().decode()
@@ -34,6 +36,17 @@ def _checks(**answers: str | None) -> object:
     return check
 
 
+def _own_address() -> str | None:
+    """An address of this machine other than loopback (a UDP connect sends nothing), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed anywhere real
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
 async def _serving(**kwargs: object) -> tuple[HealthServer, int]:
     registry = CollectorRegistry()
     Counter("ctx_probe_total", "a counter the test can find", registry=registry).inc()
@@ -41,9 +54,9 @@ async def _serving(**kwargs: object) -> tuple[HealthServer, int]:
         registry,
         kwargs.get("readiness", _checks(nats=None)),  # type: ignore[arg-type]
         kwargs.get("liveness", _checks(nats=None)),  # type: ignore[arg-type]
-        console_app(lambda: None),
+        console_app(lambda: None, remote=bool(kwargs.get("remote", False))),
     )
-    return server, await server.start("127.0.0.1", 0)
+    return server, await server.start(str(kwargs.get("host", "127.0.0.1")), 0)
 
 
 async def test_probes_and_metrics_answer_as_before_on_the_asgi_server() -> None:
@@ -107,6 +120,22 @@ async def test_the_console_says_it_is_starting_until_the_process_has_a_store() -
         assert (status, kind) == (503, "text/html; charset=utf-8")
         assert "the fleet is not connected yet" in body
         assert (await asyncio.to_thread(_call, port, "/console"))[0] == 503  # redirected to /console/
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+async def test_the_console_answers_other_machines_only_when_told_to(remote: bool) -> None:
+    address = _own_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    server, port = await _serving(host="0.0.0.0", remote=remote)
+    try:
+        status, _, body = await asyncio.to_thread(_call, port, "/console/", "GET", 2.0, address)
+        assert status == (503 if remote else 403)
+        assert remote or "CTX_CONSOLE_REMOTE=true" in body
+        assert (await asyncio.to_thread(_call, port, "/console/"))[0] == 503  # this machine: always
+        assert (await asyncio.to_thread(_call, port, "/healthz", "GET", 2.0, address))[0] == 200  # probes
     finally:
         await server.close()
 

@@ -7,6 +7,7 @@ from the process (``source``), which has none while it is still connecting: a pa
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,10 +48,20 @@ def _render(request: Request, template: str, status: int = 200, **context: Any) 
     return HTMLResponse(html, status_code=status)
 
 
-def _guarded(source: StoreSource, page: _Page) -> Callable[[Request], Awaitable[Response]]:
+def _from_this_machine(request: Request) -> bool:
+    try:
+        return request.client is not None and ipaddress.ip_address(request.client.host).is_loopback
+    except ValueError:  # not an IP address (a test transport, a unix socket): not known to be local
+        return False
+
+
+def _guarded(source: StoreSource, page: _Page, *, remote: bool) -> Callable[[Request], Awaitable[Response]]:
     """A page with the store in hand; a typed error becomes a page that says what went wrong."""
 
     async def endpoint(request: Request) -> Response:
+        if not remote and not _from_this_machine(request):
+            message = "the console answers only on this machine (a tunnel, or CTX_CONSOLE_REMOTE=true)"
+            return _render(request, "error.html", 403, code="forbidden", message=message)
         store = source()
         if store is None:
             return _render(
@@ -116,17 +127,16 @@ async def _context(request: Request, store: ConsoleStore) -> Response:
     return _render(request, "context.html", page=page, prepared=page.prepared)
 
 
-def console_app(source: StoreSource) -> Starlette:
-    """The console as an ASGI app, to mount under ``/console``."""
-    return Starlette(
-        routes=[
-            Route("/", _guarded(source, _sessions)),
-            Route("/sessions/{session_id}", _guarded(source, _session)),
-            Route("/sessions/{session_id}/search", _guarded(source, _search)),
-            Route("/threads/{thread_id}", _guarded(source, _thread)),
-            Route("/threads/{thread_id}/context", _guarded(source, _context)),
-        ]
-    )
+def console_app(source: StoreSource, *, remote: bool = False) -> Starlette:
+    """The console as an ASGI app, to mount under ``/console``; ``remote``: answer other machines too."""
+    pages: list[tuple[str, _Page]] = [
+        ("/", _sessions),
+        ("/sessions/{session_id}", _session),
+        ("/sessions/{session_id}/search", _search),
+        ("/threads/{thread_id}", _thread),
+        ("/threads/{thread_id}/context", _context),
+    ]
+    return Starlette(routes=[Route(path, _guarded(source, page, remote=remote)) for path, page in pages])
 
 
 def console_url(host: str, port: int | None) -> str:
