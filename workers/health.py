@@ -108,6 +108,8 @@ class HealthServer:
             loop="none",
             lifespan="off",
             log_config=None,
+            # Its start and stop lines would repeat ours at INFO; what goes wrong still reaches the log.
+            log_level="warning",
             access_log=False,
             server_header=False,
             timeout_graceful_shutdown=int(_GRACEFUL_S),

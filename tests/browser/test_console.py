@@ -231,3 +231,6 @@ async def test_console_walks_sessions_to_a_threads_timeline_and_prepared_context
     missing = await page.goto(f"{base}threads/nothing-{run}.main")
     assert missing is not None and missing.status == 404
     assert await page.locator("#error-code").inner_text() == "thread_not_found"
+    for path in (f"sessions/nothing-{run}", "sessions/not%20an%20id/search?q=x"):
+        missing = await page.goto(f"{base}{path}")
+        assert missing is not None and missing.status == 404, path

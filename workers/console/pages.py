@@ -89,14 +89,21 @@ def _session_tenant(request: Request) -> str:
     return _tenant(request) or "default"
 
 
+def _session_id(request: Request) -> str:
+    session_id = str(request.path_params["session_id"])
+    if not is_identifier(session_id):
+        raise ThreadNotFound(f"session {session_id}")
+    return session_id
+
+
 async def _session(request: Request, store: ConsoleStore) -> Response:
-    session_id = request.path_params["session_id"]
+    session_id = _session_id(request)
     session = await read_session(store, _session_tenant(request), session_id)
     return _render(request, "session.html", session=session, session_tenant=_session_tenant(request))
 
 
 async def _search(request: Request, store: ConsoleStore) -> Response:
-    session_id = request.path_params["session_id"]
+    session_id = _session_id(request)
     query = request.query_params.get("q", "").strip()[:500]
     reply = await read_search(store, _session_tenant(request), session_id, query) if query else None
     return _render(
