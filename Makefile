@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit typecheck lint chaos bench eval dashboard schemas install clean
+.PHONY: run test test-unit chromium typecheck lint chaos bench eval dashboard schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,17 @@ run: $(STAMP)
 	$(VENV)/bin/ctxfleet up
 
 ## The whole suite against real servers (embedded by default, CTX_*_URL when set).
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest
+
+## Debian's chromium for the console's browser test (tests/browser): installed once, a no-op after.
+## Without apt or root it says why and the browser test skips (or fails, under CI=true).
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+		&& { apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+		     || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }; } \
+		|| echo "make chromium: cannot install Debian's chromium here (needs apt-get as root)"; }
 
 test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit

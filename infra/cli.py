@@ -36,7 +36,7 @@ from services.core.trace import TraceFormatError, read_trace
 from . import SAMPLES_DIR
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
-from .embedded import EmbeddedServerError, read_endpoints, remove_endpoints, write_endpoints
+from .embedded import EmbeddedServerError, free_port, read_endpoints, remove_endpoints, write_endpoints
 from .provision import ProvisionError
 from .rebaseline import RebaselineError, format_report, rebaseline
 from .datafolder import lock_data_folder
@@ -53,6 +53,7 @@ from .runtime import (
 from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
+from workers.console import console_url
 
 __all__ = [
     "CliError",
@@ -243,6 +244,8 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, started: float) -> int:
     """Serve until Ctrl-C; the startup replays are a demonstration: interruptible, and never fatal."""
     stop = _stop_event()
+    if not settings.http_port:  # the local fleet always serves its console (and probes): on a free port
+        settings = settings.model_copy(update={"http_port": free_port()})
     fleet = await start_fleet(settings, servers)
     supervisor = asyncio.create_task(supervise_servers(settings, servers))
     code = 0
@@ -253,6 +256,7 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
             f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}",
             flush=True,
         )
+        print(f"ctxfleet: console {console_url(settings.http_host, fleet.http_port)}", flush=True)
         traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
         for trace in traces:
             if stop.is_set() or supervisor.done():

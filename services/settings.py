@@ -196,6 +196,8 @@ class Settings(BaseSettings):
     # Operations: /metrics, /healthz and /readyz on one port (0: not served); drain bound on SIGTERM.
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    # The console shows every tenant's records, unauthenticated: only to this machine unless told.
+    console_remote: bool = False
     shutdown_timeout_s: Annotated[float, Field(gt=0, le=600)] = 25.0
     # How long `ctxfleet worker` waits for migrations, provisioning and the servers before giving up.
     startup_wait_s: Annotated[float, Field(ge=0, le=3600)] = 0.0

@@ -31,6 +31,7 @@ from services.store.postgres import PgStore
 from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
 from .compose import compose
+from .console import console_app
 from .health import HealthServer
 from .indexer import IndexerWorker
 from .metrics import FleetMetrics
@@ -151,7 +152,11 @@ class Fleet:
         log.info("workers %s started", ", ".join(names))
 
     async def _serve_operations(self, host: str, port: int) -> None:
-        self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness)
+        # The console reads through this process's pool, once there is one (``None``: a "starting" page).
+        console = console_app(
+            lambda: None if self.pool is None else PgStore(self.pool), remote=self.settings.console_remote
+        )
+        self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness, console)
         try:
             self.http_port = await self._http.start(host, port)
         except OSError as exc:

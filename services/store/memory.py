@@ -45,6 +45,7 @@ from services.core.state import Fact, StateView
 from services.errors import StoreRejected
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         BranchStore,
         BudgetStore,
         CompactionStore,
+        ListingStore,
         PrepareStore,
         RecordingStore,
     )
@@ -162,6 +164,54 @@ class MemoryStore:
         )
         self.tables.policies[(tenant, policy.name, revision)] = policy
         return revision
+
+    async def list_sessions(self, tenant: str | None, limit: int) -> list[SessionListing]:
+        """The newest ``limit`` sessions of ``tenant`` (every tenant's when ``None``), as ``PgStore``."""
+        t = self.tables
+        newest = [s for s in reversed(t.sessions.values()) if tenant is None or s["tenant"] == tenant]
+        return [
+            SessionListing(
+                tenant=s["tenant"],
+                session_id=s["session_id"],
+                principal_id=s["principal_id"],
+                agent_release=s["agent_release"],
+                policy=f"{s['policy_name']}@{s['policy_revision']}",
+                last_seq=s["last_seq"],
+                runs=sum(r["session_id"] == s["session_id"] for r in t.runs.values()),
+                threads=sum(h["session_id"] == s["session_id"] for h in t.heads.values()),
+            )
+            for s in newest[:limit]
+        ]
+
+    async def thread_compactions(self, thread_id: str) -> list[CompactionEntry]:
+        """Every summary committed for the thread, oldest view first."""
+        mine = sorted(
+            (s for s in self.tables.summaries.values() if s["thread_id"] == thread_id),
+            key=lambda s: int(s["view_revision"]),
+        )
+        return [
+            CompactionEntry(
+                view_revision=s["view_revision"],
+                covered_from=s["covered_from"],
+                covered_to=s["covered_to"],
+                tokens_before=s["tokens_before"],
+                tokens_after=s["tokens_after"],
+                summarizer=s["summarizer"],
+                trigger_reasons=tuple(s["trigger_reasons"]),
+                target_reached=s["target_reached"],
+            )
+            for s in mine
+        ]
+
+    async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
+        """The thread's tool calls in call order, each with its outcome once recorded."""
+        mine = sorted(
+            ((cid, c) for (tid, cid), c in self.tables.calls.items() if tid == thread_id),
+            key=lambda item: (int(item[1]["call_seq"]), item[0]),
+        )
+        return [
+            ToolCallEntry(cid, c["name"], c["call_seq"], c["outcome_seq"], c["status"]) for cid, c in mine
+        ]
 
 
 class MemorySession:
@@ -897,6 +947,11 @@ class MemorySession:
                 "tokens_o200k": summary.tokens_o200k,
                 "tokens_cl100k": summary.tokens_cl100k,
                 "job_id": summary.job_id,
+                "summarizer": summary.summarizer,
+                "trigger_reasons": tuple(summary.trigger_reasons),
+                "tokens_before": summary.tokens_before,
+                "tokens_after": summary.tokens_after,
+                "target_reached": summary.target_reached,
             }
             # Looked up again: the transaction may have replaced the tables object.
             self._t.views[summary.thread_id].update(
@@ -1035,8 +1090,8 @@ if TYPE_CHECKING:
     # Checked by mypy: the memory store implements every port it claims to.
     def _implements(
         store: MemoryStore,
-    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, BranchStore]:
-        return store, store, store, store, store
+    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, BranchStore, ListingStore]:
+        return store, store, store, store, store, store
 
 
 def _preview(row: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
+from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.search import Chunker
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 
@@ -43,6 +44,7 @@ __all__ = [
     "CompactionStore",
     "FullRecord",
     "IndexStore",
+    "ListingStore",
     "PrepareSession",
     "PrepareStore",
     "QueryStore",
@@ -269,6 +271,16 @@ class QueryStore(Protocol):
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int: ...
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int: ...
+
+
+class ListingStore(Protocol):
+    """What the operator console lists beside the inspections (read-only, across tenants)."""
+
+    async def list_sessions(self, tenant: str | None, limit: int) -> list[SessionListing]: ...
+
+    async def thread_compactions(self, thread_id: str) -> list[CompactionEntry]: ...
+
+    async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]: ...
 
 
 class IndexStore(Protocol):

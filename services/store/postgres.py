@@ -32,7 +32,7 @@ from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
-from services.store import batches, branches, queries
+from services.store import batches, branches, listing, queries
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         BudgetStore,
         CompactionStore,
         IndexStore,
+        ListingStore,
         PrepareStore,
         QueryStore,
         RecordingStore,
@@ -351,6 +352,18 @@ class PgStore:
         async with self._conn() as conn:
             return await queries.select_session(conn, tenant, session_id)
 
+    async def list_sessions(self, tenant: str | None, limit: int) -> list[listing.SessionListing]:
+        async with self._conn() as conn:
+            return await listing.select_sessions(conn, tenant, limit)
+
+    async def thread_compactions(self, thread_id: str) -> list[listing.CompactionEntry]:
+        async with self._conn() as conn:
+            return await listing.select_compactions(conn, thread_id)
+
+    async def thread_tool_calls(self, thread_id: str) -> list[listing.ToolCallEntry]:
+        async with self._conn() as conn:
+            return await listing.select_tool_calls(conn, thread_id)
+
     async def receipt(
         self, tenant: str, session_id: str, operation_id: str, principal_id: str | None
     ) -> Receipt | None:
@@ -462,6 +475,13 @@ if TYPE_CHECKING:
     def _implements(
         store: PgStore,
     ) -> tuple[
-        RecordingStore, PrepareStore, BudgetStore, CompactionStore, QueryStore, IndexStore, BranchStore
+        RecordingStore,
+        PrepareStore,
+        BudgetStore,
+        CompactionStore,
+        QueryStore,
+        IndexStore,
+        BranchStore,
+        ListingStore,
     ]:
-        return store, store, store, store, store, store, store
+        return store, store, store, store, store, store, store, store

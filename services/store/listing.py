@@ -1,0 +1,123 @@
+"""What the operator console lists: sessions across tenants, a thread's compactions and tool calls.
+
+Only SQL and the rows it returns; each function takes the connection first. The memory store returns
+the same rows (``memory.MemoryStore``), checked by the store contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.store.ledger import Conn
+
+__all__ = [
+    "CompactionEntry",
+    "SessionListing",
+    "ToolCallEntry",
+    "select_compactions",
+    "select_sessions",
+    "select_tool_calls",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    """One session as the console's first page shows it."""
+
+    tenant: str
+    session_id: str
+    principal_id: str | None
+    agent_release: str | None
+    policy: str
+    last_seq: int
+    runs: int
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionEntry:
+    """One committed summary of a thread: what it covered and what it saved."""
+
+    view_revision: int
+    covered_from: int
+    covered_to: int
+    tokens_before: int
+    tokens_after: int
+    summarizer: str
+    trigger_reasons: tuple[str, ...]
+    target_reached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallEntry:
+    """One tool call of a thread and, once recorded, its outcome."""
+
+    call_id: str
+    name: str
+    call_seq: int
+    outcome_seq: int | None
+    status: str | None
+
+
+# Newest first: an operator opens the console to look at what just happened.
+_SESSIONS = """
+SELECT s.tenant, s.session_id, s.principal_id, s.agent_release, s.policy_name, s.policy_revision,
+       s.last_seq,
+       (SELECT count(*) FROM ctx.runs r WHERE r.session_id = s.session_id) AS runs,
+       (SELECT count(*) FROM ctx.thread_heads h WHERE h.session_id = s.session_id) AS threads
+FROM ctx.sessions s
+WHERE $1::text IS NULL OR s.tenant = $1
+ORDER BY s.created_at DESC, s.session_id DESC
+LIMIT $2
+"""
+_COMPACTIONS = """
+SELECT view_revision, covered_from, covered_to, tokens_before, tokens_after, summarizer, trigger_reasons,
+       target_reached
+FROM ctx.summaries WHERE thread_id = $1 ORDER BY view_revision
+"""
+_TOOL_CALLS = """
+SELECT call_id, name, call_seq, outcome_seq, status FROM ctx.tool_calls WHERE thread_id = $1
+ORDER BY call_seq, call_id
+"""
+
+
+async def select_sessions(conn: Conn, tenant: str | None, limit: int) -> list[SessionListing]:
+    """The newest ``limit`` sessions of ``tenant`` (of every tenant when ``None``)."""
+    return [
+        SessionListing(
+            tenant=r["tenant"],
+            session_id=r["session_id"],
+            principal_id=r["principal_id"],
+            agent_release=r["agent_release"],
+            policy=f"{r['policy_name']}@{r['policy_revision']}",
+            last_seq=r["last_seq"],
+            runs=r["runs"],
+            threads=r["threads"],
+        )
+        for r in await conn.fetch(_SESSIONS, tenant, limit)
+    ]
+
+
+async def select_compactions(conn: Conn, thread_id: str) -> list[CompactionEntry]:
+    """Every summary committed for the thread, oldest view first."""
+    return [
+        CompactionEntry(
+            view_revision=r["view_revision"],
+            covered_from=r["covered_from"],
+            covered_to=r["covered_to"],
+            tokens_before=r["tokens_before"],
+            tokens_after=r["tokens_after"],
+            summarizer=r["summarizer"],
+            trigger_reasons=tuple(r["trigger_reasons"]),
+            target_reached=r["target_reached"],
+        )
+        for r in await conn.fetch(_COMPACTIONS, thread_id)
+    ]
+
+
+async def select_tool_calls(conn: Conn, thread_id: str) -> list[ToolCallEntry]:
+    """The thread's tool calls in call order, each with its outcome's seq and status once recorded."""
+    return [
+        ToolCallEntry(r["call_id"], r["name"], r["call_seq"], r["outcome_seq"], r["status"])
+        for r in await conn.fetch(_TOOL_CALLS, thread_id)
+    ]

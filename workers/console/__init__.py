@@ -1,0 +1,7 @@
+"""The read-only operator console, served beside the operations routes (see ``workers.health``)."""
+
+from __future__ import annotations
+
+from .pages import StoreSource, console_app, console_url
+
+__all__ = ["StoreSource", "console_app", "console_url"]
