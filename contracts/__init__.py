@@ -48,6 +48,7 @@ from .inspect import (
     session_inspect_subject,
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
+from .notices import CompactedNotice, RecordedNotice
 from .search import SEARCH, SearchHit, SearchReply, SearchRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
@@ -94,6 +95,8 @@ from .prepare import (
 )
 
 __all__ = [
+    "CompactedNotice",
+    "RecordedNotice",
     "SEARCH",
     "SearchHit",
     "SearchReply",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel
+from ._base import WireModel, any_of_schema
 from .ids import Identifier
 
 __all__ = ["READ", "POLICY_REGISTER", "PolicyRegistered", "ReadReply", "ReadRequest"]
@@ -32,6 +32,17 @@ class ReadRequest(WireModel):
     length: Annotated[int, Field(gt=0, le=1_048_576)] = 65_536
     line: Annotated[int, Field(ge=1)] | None = None
     lines: Annotated[int, Field(gt=0, le=100_000)] | None = None
+
+    # ``_one_range`` in the schema: both of line and lines, or neither.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {
+                "properties": {"line": {"type": "integer"}, "lines": {"type": "integer"}},
+                "required": ["line", "lines"],
+            },
+            {"properties": {"line": {"type": "null"}, "lines": {"type": "null"}}},
+        )
+    )
 
     @model_validator(mode="after")
     def _one_range(self) -> ReadRequest:
