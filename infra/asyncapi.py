@@ -58,7 +58,8 @@ _SCHEMAS = "#/components/schemas/"
 EVENT_MESSAGE = WireMessage(
     "Event",
     TypeAdapter(Event),
-    "One event of a thread: an envelope (session, run, instance, event key) around the payload of its `kind`.",
+    "One event of a thread: an envelope (session, run, instance, event key) around the payload of its "
+    "`kind`.",
 )
 # A request whose body the fleet ignores (session inspection sends `{}`).
 _EMPTY = "EmptyRequest"
@@ -83,7 +84,8 @@ _HEADERS: Mapping[str, Mapping[str, Any]] = {
         "properties": {
             "Nats-Msg-Id": {
                 "type": "string",
-                "description": "`<run_id>.<instance_id>/<event_key>/<first 16 hex of sha256(body)>`, or absent.",
+                "description": "`<run_id>.<instance_id>/<event_key>/<first 16 hex digits of sha256(body)>`, "
+                "or absent.",
                 "pattern": "^[A-Za-z0-9_-]{1,128}\\.[A-Za-z0-9_-]{1,128}/.+/[0-9a-f]{16}$",
             },
         },
@@ -334,7 +336,11 @@ def _operations(channel: Channel) -> dict[str, Any]:
         }
     ops = {f"{channel.action}_{channel.key}": op}
     if channel.internal:
-        ops[f"receive_{channel.key}"] = {**op, "action": "receive", "summary": f"Workers consume {channel.key}"}
+        ops[f"receive_{channel.key}"] = {
+            **op,
+            "action": "receive",
+            "summary": f"Workers consume {channel.key}",
+        }
     return ops
 
 
@@ -367,7 +373,7 @@ def asyncapi_document(settings: Settings, channels: Iterable[Channel] = CHANNELS
             "title": meta["Name"],
             "version": meta["Version"],
             "description": f"{meta['Summary']} Subjects, headers and errors: docs/wire.md.",
-            "license": {"name": meta.get("License") or "Apache-2.0"},
+            "license": {"name": meta["License"]},
         },
         "defaultContentType": "application/json",
         "servers": {"fleet": _server(settings)},

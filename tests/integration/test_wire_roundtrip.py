@@ -30,7 +30,15 @@ def node_packages() -> Path:
     lock = NODE_DIR / "package-lock.json"
     if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
         subprocess.run(
-            ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--cache", str(NODE_DIR / ".npm-cache")],
+            [
+                "npm",
+                "ci",
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+                "--cache",
+                str(NODE_DIR / ".npm-cache"),
+            ],
             cwd=NODE_DIR,
             check=True,
             capture_output=True,
