@@ -68,13 +68,25 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
     checked = report["checked"]
     assert checked["asyncapi_diagnostics"] == 0
     # The client model from the AsyncAPI document covers every reply, the errors included.
-    assert {"PreparedContext", "ErrorReply", "ReadReply", "Receipt"} <= set(checked["document_validators"])
+    assert {"Event", "PrepareRequest", "PreparedContext", "ErrorReply", "ReadReply", "Receipt"} <= set(
+        checked["document_validators"]
+    )
     assert {what: v["rejected_code"] for what, v in checked["bad_inputs"].items()} == {
         "missing field": "invalid_event",
         "unknown kind": "unknown_event_kind",
         "malformed JSON": "malformed_json",
         "wrong thread": "thread_mismatch",
         "oversize": "payload_too_large",
+    }
+    # Operator requests too: the test fleet's NATS has no accounts, so nothing is refused.
+    assert checked["requests"] == {
+        "read": "ReadReply",
+        "search": "SearchReply",
+        "operation_status": "not_found",
+        "inspect": "ThreadInspection",
+        "session_inspect": "SessionInspection",
+        "policy_register": "PolicyRegistered",
+        "tools_register": "CatalogRegistered",
     }
     assert checked["dead_letters"] == sorted(
         ["invalid_event", "unknown_event_kind", "malformed_json", "thread_mismatch", "payload_too_large"]

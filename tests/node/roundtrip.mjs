@@ -52,27 +52,27 @@ for (const d of serious) fail(`asyncapi: ${d.code}: ${d.message} at ${JSON.strin
 if (!document) throw new Error("the AsyncAPI document did not parse");
 checked.asyncapi_diagnostics = serious.length;
 
-// The client model generated from the AsyncAPI document: a validator per reply message of every request
-// operation, compiled from the parsed (dereferenced) payloads. The parser marks each schema with its own
-// extension keywords; declaring them keeps ajv in strict mode.
+// The client model generated from the AsyncAPI document: a validator per message (what a runtime sends,
+// and every reply of every request operation), compiled from the parsed, dereferenced payloads. The
+// parser marks each schema with extension keywords of its own; declaring them keeps ajv in strict mode.
 const fromDocument = strictAjv();
 fromDocument.addVocabulary(["x-parser-schema-id", "x-parser-circular", "x-parser-original-schema-format"]);
 const documentValidators = {};
 for (const op of document.operations().all()) {
-  const reply = op.reply();
-  if (!reply) continue;
-  for (const message of reply.messages().all()) {
+  for (const message of [...op.messages().all(), ...(op.reply()?.messages().all() ?? [])]) {
     documentValidators[message.id()] ??= fromDocument.compile(message.payload().json());
   }
 }
 checked.document_validators = Object.keys(documentValidators).sort();
 
 function expectValid(message, body, where) {
-  for (const [source, validate] of [
-    ["schema file", fileValidator(message)],
+  // Every message has both, but the body of a session inspection (ignored: no schema file of its own).
+  const sources = [
+    ["schema file", files.getSchema(`urn:ctxfleet:wire:1:${message}`)],
     ["asyncapi", documentValidators[message]],
-  ]) {
-    if (!validate) continue;
+  ].filter(([, validate]) => validate);
+  if (sources.length < (message === "EmptyRequest" ? 1 : 2)) fail(`${where}: no schemas for ${message}`);
+  for (const [source, validate] of sources) {
     if (!validate(body)) fail(`${where}: ${message} fails its ${source}: ${JSON.stringify(validate.errors)}`);
   }
 }
@@ -209,6 +209,47 @@ for (const [what, code, key, bytes] of bad) {
     fail(`${what}: answered after ${answer.ms} ms, not at once`);
   }
 }
+
+// The other requests of a runtime (and of an operator, where this identity may): every answer, reply or
+// error, satisfies its schemas. A refused permission is the broker's answer, not the fleet's.
+async function ask(subject, message, request, reply) {
+  expectValid(message, request, subject);
+  try {
+    const msg = await nc.request(subject, Buffer.from(JSON.stringify(request)), { timeout: 10_000 });
+    const body = json.decode(msg.data);
+    const ok = msg.headers?.get("ctx-status") === "ok";
+    expectValid(ok ? reply : "ErrorReply", body, subject);
+    return ok ? reply : body.code;
+  } catch (e) {
+    if (e.code === "PERMISSIONS_VIOLATION" || /Permissions Violation/.test(String(e))) return "not permitted";
+    throw e;
+  }
+}
+const who = { session_id: session };
+checked.requests = {
+  read: await ask(`ctx.read.${tenant}`, "ReadRequest", { ...who, ref: `ctx://record/${thread}/2` }, "ReadReply"),
+  search: await ask(`ctx.search.${tenant}`, "SearchRequest", { ...who, query: "Node" }, "SearchReply"),
+  operation_status: await ask(
+    `ctx.operation.status.${tenant}`,
+    "OperationStatusRequest",
+    { ...who, operation_id: "never-ran" },
+    "Receipt",
+  ),
+  inspect: await ask(`ctx.inspect.${tenant}.${thread}`, "InspectRequest", { limit: 10 }, "ThreadInspection"),
+  session_inspect: await ask(`ctx.session.inspect.${tenant}.${session}`, "EmptyRequest", {}, "SessionInspection"),
+  policy_register: await ask(
+    `ctx.policy.register.${tenant}`,
+    "ContextPolicy",
+    { name: `p-${session}`, model_profile: null, budget_tokens: 6000 },
+    "PolicyRegistered",
+  ),
+  tools_register: await ask(
+    `ctx.tools.register.${tenant}`,
+    "ToolCatalog",
+    { release: `rel-${session}`, tools: [{ name: "read_file", idempotency: "optional" }] },
+    "CatalogRegistered",
+  ),
+};
 
 // The fleet keeps serving after all of it.
 await publishEvent(envelope("e5", "user_input", { text: "And on Node 22?" }));
