@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from contracts import (
     EVENT_KINDS,
+    ErrorReply,
     CompactionTriggers,
     ContextPolicy,
     EvidenceRef,
@@ -22,7 +23,9 @@ from contracts import (
     PrepareRequest,
     ReadRequest,
 )
-from infra.asyncapi import asyncapi_document
+from contracts._base import WireModel
+from infra.asyncapi import CHANNELS, Channel, asyncapi_document
+from infra.wire_schema import WireMessage
 from infra.schemas import write_schemas
 from services.settings import Settings
 from tests.fixtures.builders import Thread
@@ -236,3 +239,37 @@ def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str,
         for part in ref[2:].split("/"):
             node = node[part]
     assert not any(ref.startswith("#/$defs") for ref in refs)
+
+
+class _ShoutRequest(WireModel):
+    """A request of a channel some other module adds."""
+
+    words: str
+
+
+class _Shouted(WireModel):
+    """Its reply."""
+
+    loud: str
+
+
+def test_a_channel_added_to_the_registry_gets_its_operation_reply_and_schemas() -> None:
+    shout = Channel(
+        "shout",
+        "ctx.shout.{tenant}.{run_id}.{instance_id}",
+        "receive",
+        WireMessage.of(_ShoutRequest),
+        "Shout back.",
+        replies=(WireMessage.of(_Shouted), WireMessage.of(ErrorReply)),
+        headers="RequestHeaders",
+    )
+    doc = asyncapi_document(Settings(), (*CHANNELS, shout))
+    assert doc["channels"]["shout"]["address"] == "ctx.shout.{tenant}.{run_id}.{instance_id}"
+    assert set(doc["channels"]["shout"]["parameters"]) == {"tenant", "run_id", "instance_id"}
+    reply = doc["operations"]["receive_shout"]["reply"]
+    assert [m["$ref"] for m in reply["messages"]] == [
+        "#/channels/shout_reply/messages/_Shouted",
+        "#/channels/shout_reply/messages/ErrorReply",
+    ]
+    assert {"_ShoutRequest", "_Shouted"} <= set(doc["components"]["schemas"])
+    assert Draft7Validator(ASYNCAPI_3_0_0).is_valid(doc)
