@@ -215,7 +215,8 @@ CHANNELS: tuple[Channel, ...] = (
         Receipt,
         "What became of a side-effecting operation, before a recovering runtime re-executes it.",
     ),
-    # ctx.compact.{tenant}.{run_id}.{instance_id} (contracts/manage.py): its _request(...) goes here.
+    # Manual compaction (contracts/manage.py) goes here, one line:
+    # _request("compact", f"{COMPACT}.{{tenant}}.{_THREAD}", WireMessage.of(CompactRequest), CompactReply, "…"),
     Channel(
         "dead_letters",
         f"{DEAD}.events.{_THREAD}",
