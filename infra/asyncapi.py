@@ -215,8 +215,8 @@ CHANNELS: tuple[Channel, ...] = (
         Receipt,
         "What became of a side-effecting operation, before a recovering runtime re-executes it.",
     ),
-    # Manual compaction (contracts/manage.py) goes here, one line:
-    # _request("compact", f"{COMPACT}.{{tenant}}.{_THREAD}", WireMessage.of(CompactRequest), CompactReply, "…"),
+    # Manual compaction (contracts/manage.py) goes here, as one _request(...) line:
+    # _request("compact", f"{COMPACT}.{{tenant}}.{_THREAD}", WireMessage.of(CompactRequest), CompactReply, d),
     Channel(
         "dead_letters",
         f"{DEAD}.events.{_THREAD}",
