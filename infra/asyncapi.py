@@ -215,7 +215,7 @@ CHANNELS: tuple[Channel, ...] = (
         Receipt,
         "What became of a side-effecting operation, before a recovering runtime re-executes it.",
     ),
-    # Manual compaction (contracts/manage.py) goes here, as one _request(...) line:
+    # Manual compaction (contracts/manage.py) goes here, one _request line (d: its description):
     # _request("compact", f"{COMPACT}.{{tenant}}.{_THREAD}", WireMessage.of(CompactRequest), CompactReply, d),
     Channel(
         "dead_letters",
