@@ -3,6 +3,7 @@
 Imports nothing of ours; runtimes in other languages use the JSON Schemas generated from here.
 """
 
+from ._base import reply_json
 from .errors import DeadLetter, ErrorCode, ErrorReply
 from .events import (
     EVENT_KINDS,
@@ -95,6 +96,7 @@ from .prepare import (
 )
 
 __all__ = [
+    "reply_json",
     "CompactedNotice",
     "RecordedNotice",
     "SEARCH",

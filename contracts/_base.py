@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["WireModel", "any_of_schema", "none_omitted"]
+__all__ = ["WireModel", "any_of_schema", "none_omitted", "reply_json"]
 
 _SchemaRule = Callable[[dict[str, Any]], None]
 
@@ -16,6 +16,17 @@ class WireModel(BaseModel):
     """A frozen model that rejects unknown fields, so a typo is an error and not a silent default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def reply_json(reply: BaseModel) -> bytes:
+    """A reply or dead letter as it travels: no field is ``null``, an absent one is ``None``.
+
+    Every field of a reply that can be ``None`` defaults to ``None``, so parsing the bytes gives the
+    same model back. Only for what the fleet sends: in a request, ``null`` may mean "off" where the
+    default is not ``None`` (a policy's ``context_ratio``), and free-form JSON (``details``, a
+    provider body) keeps its nulls, since pydantic leaves values inside a dict alone.
+    """
+    return reply.model_dump_json(exclude_none=True).encode()
 
 
 def any_of_schema(*branches: dict[str, Any], forbid: dict[str, Any] | None = None) -> _SchemaRule:

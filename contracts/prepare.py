@@ -340,8 +340,8 @@ class BudgetReport(WireModel):
     """How the prepared context fits the model."""
 
     profile: str
-    context_window: int | None
-    input_limit: int | None
+    context_window: int | None = None
+    input_limit: int | None = None
     output_reserve: int
     safety_margin: int
     input_budget: int
@@ -376,7 +376,7 @@ class SourceWatermark(WireModel):
 
     thread_seq: int
     head_revision: int
-    last_event_key: str | None
+    last_event_key: str | None = None
 
 
 class SummaryRef(WireModel):

@@ -61,7 +61,7 @@ class ReadReply(WireModel):
     total_lines: int
     offset: int
     content: str
-    next_offset: int | None
+    next_offset: int | None = None
     line: int | None = None
     next_line: int | None = None
     sha256_verified: bool

@@ -8,6 +8,10 @@ Pydantic's output is close to what other languages need, but not quite:
 2. A standalone file needs ``$schema`` (the dialect) and ``$id`` (a stable name to ``$ref`` it by).
 3. The AsyncAPI document shares one ``components/schemas``: there the definitions are generated
    together, with references into it.
+4. What the fleet sends (replies, dead letters, notices) never carries ``null``
+   (``contracts.reply_json``): there a field that can be ``None`` is typed without ``null`` and is
+   simply optional. What it receives may carry ``null`` (the Python client sends it), so requests
+   and events keep it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
+
+from contracts._base import none_omitted
 
 __all__ = ["DIALECT", "WireMessage", "component_schemas", "message_schema", "schema_id", "strict_schema"]
 
@@ -38,11 +44,13 @@ class WireMessage:
     name: str
     adapter: TypeAdapter[Any]
     description: str
+    # Sent by the fleet through ``contracts.reply_json``: no field is ever null.
+    omits_none: bool = False
 
     @classmethod
-    def of(cls, model: type[BaseModel]) -> WireMessage:
-        """The message of one pydantic model, named after it."""
-        return cls(model.__name__, TypeAdapter(model), (model.__doc__ or "").strip())
+    def of(cls, model: type[BaseModel], *, sent: bool = False) -> WireMessage:
+        """The message of one pydantic model, named after it; ``sent``: the fleet sends it."""
+        return cls(model.__name__, TypeAdapter(model), (model.__doc__ or "").strip(), sent)
 
 
 def schema_id(name: str) -> str:
@@ -72,6 +80,10 @@ def strict_schema(schema: Any) -> Any:
 def message_schema(message: WireMessage) -> dict[str, Any]:
     """A standalone schema file of one message: dialect, id, and its definitions under ``$defs``."""
     schema = strict_schema(message.adapter.json_schema())
+    if message.omits_none:
+        none_omitted(schema)
+        for definition in schema.get("$defs", {}).values():
+            none_omitted(definition)
     schema.setdefault("title", message.name)
     if message.description:
         schema.setdefault("description", message.description)
@@ -93,7 +105,50 @@ def component_schemas(messages: Iterable[WireMessage], ref_template: str) -> dic
             if m.description:
                 schema.setdefault("description", m.description)
             components[m.name] = schema
+    _omit_none_where_sent(listed, components, ref_template)
     return _sorted(components)
+
+
+def _omit_none_where_sent(messages: list[WireMessage], components: dict[str, Any], ref_template: str) -> None:
+    """Drop ``null`` from every definition only the fleet sends; one both sides use would be refused."""
+    prefix = ref_template.split("{model}")[0]
+    sent: set[str] = set()
+    received: set[str] = set()
+    for m in messages:
+        reach = _reachable(m.name, components, prefix)
+        (sent if m.omits_none else received).update(reach)
+    for name in sorted(sent):
+        if name in received and _nullable(components[name]):
+            raise ValueError(f"{name} is both sent (no nulls) and received (nulls allowed)")
+        none_omitted(components[name])
+
+
+def _reachable(name: str, components: Mapping[str, Any], prefix: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in components:
+            continue
+        seen.add(current)
+        todo.extend(ref[len(prefix) :] for ref in _refs(components[current]) if ref.startswith(prefix))
+    return seen
+
+
+def _refs(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+def _nullable(schema: Mapping[str, Any]) -> bool:
+    return any({"type": "null"} in p.get("anyOf", ()) for p in schema.get("properties", {}).values())
 
 
 def _sorted(components: Mapping[str, Any]) -> dict[str, Any]:

@@ -77,6 +77,19 @@ function expectValid(message, body, where) {
   }
 }
 
+// No null on the wire from the fleet: an absent field is an omitted one. Free-form JSON (an error's
+// details, a provider's request body, tool parameters) is the sender's own and keeps what it holds.
+const FREE_FORM = new Set(["details", "request", "parameters", "args", "input_schema"]);
+function nullsIn(value, where = "$") {
+  if (value === null) return [where];
+  if (typeof value !== "object") return [];
+  return Object.entries(value).flatMap(([k, v]) => (FREE_FORM.has(k) ? [] : nullsIn(v, `${where}.${k}`)));
+}
+function expectNoNulls(body, where) {
+  const found = nullsIn(body);
+  if (found.length) fail(`${where}: the reply carries null at ${found.join(", ")}`);
+}
+
 // --- The fleet -------------------------------------------------------------------------------------------
 
 // An identity may read replies only on its own inboxes: _INBOX.<user>.
@@ -126,6 +139,7 @@ async function prepare(request, where) {
   const status = msg.headers?.get("ctx-status");
   const body = json.decode(msg.data);
   expectValid(status === "ok" ? "PreparedContext" : "ErrorReply", body, where);
+  expectNoNulls(body, where);
   return { status, body, ms: Date.now() - started };
 }
 
@@ -219,6 +233,7 @@ async function ask(subject, message, request, reply) {
     const body = json.decode(msg.data);
     const ok = msg.headers?.get("ctx-status") === "ok";
     expectValid(ok ? reply : "ErrorReply", body, subject);
+    expectNoNulls(body, subject);
     return ok ? reply : body.code;
   } catch (e) {
     if (e.code === "PERMISSIONS_VIOLATION" || /Permissions Violation/.test(String(e))) return "not permitted";
@@ -260,7 +275,10 @@ await nc.flush();
 const deadline = Date.now() + 5_000;
 while (deadVisible && dead.length < bad.length && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
 if (deadVisible) {
-  for (const letter of dead) expectValid("DeadLetter", letter, `dead letter ${letter.event_key}`);
+  for (const letter of dead) {
+    expectValid("DeadLetter", letter, `dead letter ${letter.event_key}`);
+    expectNoNulls(letter, `dead letter ${letter.event_key}`);
+  }
   checked.dead_letters = dead.map((d) => d.code).sort();
   if (dead.length !== bad.length) fail(`expected ${bad.length} dead letters on ctx.dead.events.${thread}, saw ${dead.length}`);
 } else {

@@ -7,15 +7,19 @@ import json
 import re
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from jsonschema import Draft7Validator, Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
+import contracts
 from contracts import (
     EVENT_KINDS,
+    ErrorCode,
     ErrorReply,
+    ReadReply,
+    reply_json,
     CompactionTriggers,
     ContextPolicy,
     EvidenceRef,
@@ -118,7 +122,7 @@ def test_golden_prepared_contexts_satisfy_the_prepared_context_schema(
     written: dict[str, Any], case: str
 ) -> None:
     golden = json.loads((GOLDEN / f"{case}.json").read_text())
-    reply = json.loads(PreparedContext.model_validate(golden["expected"]).model_dump_json())
+    reply = json.loads(reply_json(PreparedContext.model_validate(golden["expected"])))
     assert list(_validator(written, "PreparedContext").iter_errors(reply)) == []
     assert list(_validator(written, "PrepareRequest").iter_errors(golden["request"])) == []
 
@@ -180,6 +184,58 @@ def test_a_schema_accepts_exactly_what_its_model_validator_accepts(
 def test_chat_messages_are_typed_without_null_since_none_is_omitted(written: dict[str, Any]) -> None:
     chat = written["PreparedContext.schema.json"]["$defs"]["ChatMessage"]["properties"]
     assert "null" not in json.dumps(chat)
+
+
+SENT = ("PreparedContext", "ThreadInspection", "SessionInspection", "ReadReply", "SearchReply", "Receipt")
+SENT += ("PolicyRegistered", "CatalogRegistered", "ErrorReply", "DeadLetter", "RecordedNotice")
+
+
+@pytest.mark.parametrize("name", SENT)
+def test_what_the_fleet_sends_is_typed_without_null(written: dict[str, Any], name: str) -> None:
+    text = json.dumps(written[f"{name}.schema.json"])
+    assert '{"type": "null"}' not in text and '"default": null' not in text
+
+
+def _models_under(model: type[BaseModel]) -> list[type[BaseModel]]:
+    found: list[type[BaseModel]] = []
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if m in found:
+            continue
+        found.append(m)
+        for f in m.model_fields.values():
+            todo.extend(_models_in(f.annotation))
+    return found
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+@pytest.mark.parametrize("name", SENT)
+def test_every_field_a_reply_may_omit_defaults_to_none_so_the_reply_parses_back_whole(name: str) -> None:
+    for model in _models_under(getattr(contracts, name)):
+        for field_name, f in model.model_fields.items():
+            if type(None) in get_args(f.annotation):
+                assert f.default is None, f"{model.__name__}.{field_name} may be omitted but has no default"
+
+
+def test_a_reply_travels_without_nulls_and_parses_back_equal() -> None:
+    reply = ReadReply(
+        ref="ctx://blob/" + "0" * 64,
+        total_bytes=3,
+        total_lines=1,
+        offset=0,
+        content="abc",
+        sha256_verified=True,
+    )
+    assert reply.next_offset is None and b"null" not in reply_json(reply)
+    assert ReadReply.model_validate_json(reply_json(reply)) == reply
+    error = ErrorReply(code=ErrorCode.INTERNAL, message="x", details={"kept": None})
+    assert json.loads(reply_json(error))["details"] == {"kept": None}  # free-form JSON keeps its nulls
 
 
 def test_the_asyncapi_document_is_valid_against_the_official_asyncapi_3_0_0_schema(
