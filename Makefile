@@ -61,7 +61,7 @@ eval: $(STAMP)
 dashboard: $(STAMP)
 	$(PY) -m benchmarks.dashboard_png --out docs/dashboard.png
 
-## JSON Schema per message + the AsyncAPI document, into schemas/.
+## A JSON Schema (draft 2020-12) per wire message + the AsyncAPI 3.0.0 document, into schemas/ (docs/wire.md).
 schemas: $(STAMP)
 	$(VENV)/bin/ctxfleet schemas schemas
 

@@ -3,6 +3,7 @@
 Imports nothing of ours; runtimes in other languages use the JSON Schemas generated from here.
 """
 
+from ._base import reply_json
 from .errors import DeadLetter, ErrorCode, ErrorReply
 from .events import (
     EVENT_KINDS,
@@ -48,6 +49,7 @@ from .inspect import (
     session_inspect_subject,
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
+from .notices import CompactedNotice, RecordedNotice
 from .search import SEARCH, SearchHit, SearchReply, SearchRequest
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
@@ -94,6 +96,9 @@ from .prepare import (
 )
 
 __all__ = [
+    "reply_json",
+    "CompactedNotice",
+    "RecordedNotice",
     "SEARCH",
     "SearchHit",
     "SearchReply",

@@ -97,8 +97,8 @@ class DeadLetter(WireModel):
     reason: str
     details: dict[str, JsonValue] = Field(default_factory=dict)
     subject: str
-    thread_id: str | None
-    event_key: str | None
+    thread_id: str | None = None
+    event_key: str | None = None
     stream_seq: int
     raw_size: int
     raw_sha256: str

@@ -45,7 +45,7 @@ class InspectedRecord(WireModel):
     tokens: int
     content_sha256: str
     record_hash: str
-    blob_sha256: str | None
+    blob_sha256: str | None = None
     preview: str
 
 
@@ -53,7 +53,7 @@ class InspectedDeadLetter(WireModel):
     """An event the recorder refused for this thread, and why."""
 
     stream_seq: int
-    event_key: str | None
+    event_key: str | None = None
     code: str
     reason: str
 
@@ -68,9 +68,9 @@ class ThreadInspection(WireModel):
     revision: int
     record_count: int
     total_tokens: int
-    last_event_key: str | None
+    last_event_key: str | None = None
     chain_verified: bool
-    chain_error: str | None
+    chain_error: str | None = None
     pending_call_ids: tuple[str, ...]
     dead_letters: int
     # The newest refusals (at most 10), newest first: what a person debugging the thread reads first.
@@ -92,7 +92,7 @@ class InspectedThread(WireModel):
 
     thread_id: str
     role: str
-    parent_thread_id: str | None
+    parent_thread_id: str | None = None
     records: int
     view_revision: int
     summaries: int
@@ -114,7 +114,7 @@ class SessionInspection(WireModel):
     schema_version: Literal[1] = 1
     type: Literal["session_inspection"] = "session_inspection"
     session_id: str
-    principal_id: str | None
+    principal_id: str | None = None
     policy: str
     last_seq: int
     reset_seq: int

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel
+from ._base import WireModel, any_of_schema
 from .ids import Identifier
 from .prepare import ModelProfile
 
@@ -28,6 +28,15 @@ class CompactionTriggers(WireModel):
     context_ratio: _Ratio | None = 0.80
     user_turns: Annotated[int, Field(gt=0)] | None = None
     model_steps: Annotated[int, Field(gt=0)] | None = None
+
+    # ``_at_least_one`` in the schema; an absent context_ratio is its default, so it counts as on.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {"properties": {"context_ratio": {"type": "number"}}},
+            {"properties": {"user_turns": {"type": "integer"}}, "required": ["user_turns"]},
+            {"properties": {"model_steps": {"type": "integer"}}, "required": ["model_steps"]},
+        )
+    )
 
     @model_validator(mode="after")
     def _at_least_one(self) -> CompactionTriggers:
@@ -75,6 +84,20 @@ class ContextPolicy(WireModel):
     profile: ModelProfile | None = None
     budget_tokens: Annotated[int, Field(gt=0)] | None = None
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
+
+    # ``_one_budget_source`` in the schema. An absent model_profile is "gpt-4o", so a profile needs
+    # ``"model_profile": null`` beside it.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {"properties": {"model_profile": {"type": "string"}}},
+            {"properties": {"profile": {"type": "object"}}, "required": ["profile"]},
+            {"properties": {"budget_tokens": {"type": "integer"}}, "required": ["budget_tokens"]},
+            forbid={
+                "properties": {"model_profile": {"type": "string"}, "profile": {"type": "object"}},
+                "required": ["profile"],
+            },
+        )
+    )
 
     @model_validator(mode="after")
     def _one_budget_source(self) -> ContextPolicy:

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     JsonValue,
     SerializationInfo,
@@ -19,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ._base import WireModel
+from ._base import WireModel, any_of_schema, none_omitted
 from .ids import EventKeyStr, Identifier
 
 __all__ = [
@@ -129,6 +130,14 @@ class EvidenceRef(WireModel):
     start_line: Annotated[int, Field(ge=1)] | None = None
     end_line: Annotated[int, Field(ge=1)] | None = None
 
+    # ``_lines_are_ordered`` in the schema, but for the order itself (JSON Schema cannot compare fields).
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {"properties": {"end_line": {"type": "null"}}},
+            {"properties": {"start_line": {"type": "integer"}}, "required": ["start_line"]},
+        )
+    )
+
     @model_validator(mode="after")
     def _lines_are_ordered(self) -> EvidenceRef:
         if self.end_line is not None and (self.start_line is None or self.end_line < self.start_line):
@@ -144,6 +153,19 @@ class PrepareRequest(WireModel):
     this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
     ``wait_ms`` — never a silently stale context.
     """
+
+    # The rule of ``_names_a_budget``, in the schema: a budget source, and not both kinds of profile.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {"properties": {"model_profile": {"type": "string"}}, "required": ["model_profile"]},
+            {"properties": {"profile": {"type": "object"}}, "required": ["profile"]},
+            {"properties": {"budget_tokens": {"type": "integer"}}, "required": ["budget_tokens"]},
+            forbid={
+                "properties": {"model_profile": {"type": "string"}, "profile": {"type": "object"}},
+                "required": ["model_profile", "profile"],
+            },
+        )
+    )
 
     schema_version: Literal[1] = 1
     session_id: Identifier
@@ -195,6 +217,8 @@ class ChatToolCall(WireModel):
 class ChatMessage(WireModel):
     """One message in OpenAI Chat Completions shape: ``None`` fields are omitted on the wire, so each
     message is exactly what the API takes (``"tool_calls": null`` fails the official SDK's types)."""
+
+    model_config = ConfigDict(json_schema_extra=none_omitted)
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
@@ -316,8 +340,8 @@ class BudgetReport(WireModel):
     """How the prepared context fits the model."""
 
     profile: str
-    context_window: int | None
-    input_limit: int | None
+    context_window: int | None = None
+    input_limit: int | None = None
     output_reserve: int
     safety_margin: int
     input_budget: int
@@ -352,7 +376,7 @@ class SourceWatermark(WireModel):
 
     thread_seq: int
     head_revision: int
-    last_event_key: str | None
+    last_event_key: str | None = None
 
 
 class SummaryRef(WireModel):

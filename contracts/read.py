@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel
+from ._base import WireModel, any_of_schema
 from .ids import Identifier
 
 __all__ = ["READ", "POLICY_REGISTER", "PolicyRegistered", "ReadReply", "ReadRequest"]
@@ -33,6 +33,17 @@ class ReadRequest(WireModel):
     line: Annotated[int, Field(ge=1)] | None = None
     lines: Annotated[int, Field(gt=0, le=100_000)] | None = None
 
+    # ``_one_range`` in the schema: both of line and lines, or neither.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            {
+                "properties": {"line": {"type": "integer"}, "lines": {"type": "integer"}},
+                "required": ["line", "lines"],
+            },
+            {"properties": {"line": {"type": "null"}, "lines": {"type": "null"}}},
+        )
+    )
+
     @model_validator(mode="after")
     def _one_range(self) -> ReadRequest:
         if (self.line is None) != (self.lines is None):
@@ -50,7 +61,7 @@ class ReadReply(WireModel):
     total_lines: int
     offset: int
     content: str
-    next_offset: int | None
+    next_offset: int | None = None
     line: int | None = None
     next_line: int | None = None
     sha256_verified: bool

@@ -150,6 +150,6 @@ class Receipt(WireModel):
     status: Literal["requested", "success", "failed", "timeout", "unknown"]
     reconciled_event: str | None = None
     requested_event: str
-    finished_event: str | None
-    response_sha256: str | None
-    external_ref: str | None
+    finished_event: str | None = None
+    response_sha256: str | None = None
+    external_ref: str | None = None

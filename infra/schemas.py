@@ -1,43 +1,23 @@
-"""``make schemas``: a JSON Schema per wire message, and the AsyncAPI document FastStream generates."""
+"""``make schemas``: a JSON Schema (draft 2020-12) per wire message, and the AsyncAPI 3.0.0 document."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from pydantic import BaseModel
+from services.settings import Settings
 
-from contracts import (
-    DeadLetter,
-    ErrorReply,
-    InspectRequest,
-    PreparedContext,
-    PrepareRequest,
-    ReadRequest,
-    SearchReply,
-    SearchRequest,
-    ThreadInspection,
-    event_json_schema,
-)
-from workers.compose import create_docs_app
+from .asyncapi import CHANNELS, asyncapi_document, wire_messages
+from .wire_schema import message_schema
 
 __all__ = ["write_schemas"]
 
-_MODELS: tuple[type[BaseModel], ...] = (
-    PrepareRequest,
-    PreparedContext,
-    ErrorReply,
-    DeadLetter,
-    InspectRequest,
-    ThreadInspection,
-    SearchRequest,
-    SearchReply,
-    ReadRequest,
-)
 
+def write_schemas(out: Path, settings: Settings | None = None) -> list[Path]:
+    """Write every schema under ``out`` (``<Message>.schema.json``, ``asyncapi.json``); returns the files.
 
-def write_schemas(out: Path) -> list[Path]:
-    """Write every schema under ``out``; returns the files written."""
+    The AsyncAPI document's server is the NATS URL of ``settings`` (the environment's by default).
+    """
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -46,8 +26,7 @@ def write_schemas(out: Path) -> list[Path]:
         path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         written.append(path)
 
-    dump("Event.schema.json", event_json_schema())
-    for model in _MODELS:
-        dump(f"{model.__name__}.schema.json", model.model_json_schema())
-    dump("asyncapi.json", create_docs_app().schema.to_specification().to_jsonable())
+    for message in wire_messages(CHANNELS):
+        dump(f"{message.name}.schema.json", message_schema(message))
+    dump("asyncapi.json", asyncapi_document(settings or Settings()))
     return written

@@ -19,7 +19,7 @@ import time
 from faststream.nats import NatsResponse, NatsRouter
 from faststream.nats.annotations import NatsMessage
 
-from contracts import ErrorCode, InspectRequest, PrepareRequest
+from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from services.errors import CtxError, InvalidRequest
 from services.app.notices import NoticeBoard
@@ -140,7 +140,7 @@ class AssemblerWorker:
                 self._metrics.budget_overflows.labels(reason=reason).inc()
                 if reason == "history":
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
-            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
+            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
         report = prepared.budget_report
         if request.after_overflow is not None:
             self._metrics.provider_overflows.labels(
@@ -163,7 +163,7 @@ class AssemblerWorker:
             landed = prepared.budget_report.reductions.dropped_history == 0
             m.prepare_compaction_waits.labels(outcome="landed" if landed else "timed_out").inc()
             m.prepare_compaction_wait_seconds.observe(prepared.compaction_wait_ms / 1000)
-        return NatsResponse(prepared.model_dump_json().encode(), headers={"ctx-status": "ok"})
+        return NatsResponse(reply_json(prepared), headers={"ctx-status": "ok"})
 
     async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
         try:
@@ -171,8 +171,8 @@ class AssemblerWorker:
             inspection = await self._require_service().inspect(thread_id, request, tenant=tenant)
         except Exception as exc:
             reply = error_reply(exc)
-            return NatsResponse(reply.model_dump_json().encode(), headers={"ctx-status": "error"})
-        return NatsResponse(inspection.model_dump_json().encode(), headers={"ctx-status": "ok"})
+            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
+        return NatsResponse(reply_json(inspection), headers={"ctx-status": "ok"})
 
     def _require_service(self) -> PrepareService:
         if self._service is None:

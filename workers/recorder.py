@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
-from contracts import DeadLetter
+from contracts import DeadLetter, reply_json
 from services.errors import CtxError
 from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
@@ -58,7 +58,7 @@ class JetStreamDeadLetterSink:
         """Store one dead letter durably."""
         await self._js.publish(
             dead_subject(letter.thread_id),
-            letter.model_dump_json().encode(),
+            reply_json(letter),
             headers={"Nats-Msg-Id": msg_id},
             timeout=10.0,
         )

@@ -11,7 +11,7 @@ from faststream.nats import NatsMessage, NatsResponse
 from nats.errors import Error as NatsError
 from pydantic import BaseModel, ValidationError
 
-from contracts import ErrorCode, ErrorReply
+from contracts import ErrorCode, ErrorReply, reply_json
 from services.errors import CtxError, FleetUnavailable, InvalidRequest, Overloaded, StoreUnavailable
 from services.store._errors import CONNECTION_ERRORS
 
@@ -81,7 +81,7 @@ def error_reply(exc: Exception) -> ErrorReply:
 
 def error_response(exc: Exception) -> NatsResponse:
     """The NATS reply of a failure."""
-    return NatsResponse(error_reply(exc).model_dump_json().encode(), headers={"ctx-status": "error"})
+    return NatsResponse(reply_json(error_reply(exc)), headers={"ctx-status": "error"})
 
 
 async def admitted(
@@ -104,4 +104,4 @@ async def reply_with(run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
         result = await run()
     except Exception as exc:
         return error_response(exc)
-    return NatsResponse(result.model_dump_json().encode(), headers={"ctx-status": "ok"})
+    return NatsResponse(reply_json(result), headers={"ctx-status": "ok"})

@@ -418,15 +418,17 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
             _check_subject_session(subject_session, event)
             _check_msg_id(incoming, event)
         except InvalidEvent as exc:
-            out.append(_reject(incoming, event, exc))
+            out.append(_reject(incoming, subject_thread or event.thread_id, event, exc))
             continue
         assert stored is not None
         out.append(Decoded(incoming, stored.thread_id, event, stored.tenant))
     return out
 
 
-def _reject(incoming: Incoming, event: Event, exc: InvalidEvent) -> Rejection:
-    return Rejection(incoming, event.thread_id, event.event_key, exc.code, exc.message, exc.details)
+def _reject(incoming: Incoming, thread_id: str, event: Event, exc: InvalidEvent) -> Rejection:
+    # Filed under the subject's thread (a mismatch names another): the runtime that published there
+    # waits on that thread's key, and must hear event_rejected rather than wait out its wait_ms.
+    return Rejection(incoming, thread_id, event.event_key, exc.code, exc.message, exc.details)
 
 
 def _check_subject(subject_thread: str | None, event: Event) -> None:
@@ -497,7 +499,7 @@ def plan_batch(
             receipts.check(event)
             write = state.check(event, thread_id, cursor.seq + 1, calls.known)
         except InvalidEvent as exc:
-            rejections.append(_reject(item.incoming, event, exc))
+            rejections.append(_reject(item.incoming, thread_id, event, exc))
             continue
         seq = chains.apply(item, cursor, content_sha, limits, counters)
         sessions.apply(item, admitted, seq)

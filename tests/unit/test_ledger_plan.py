@@ -111,12 +111,14 @@ def test_plan_batch_rejects_an_event_claiming_another_sessions_thread() -> None:
 
 def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> None:
     t = Thread()
-    batch = incoming([t.user("x")])
+    batch = incoming([t.user("x", key="k-moved")])
     from services.core.ledger import Incoming
 
     moved = [Incoming(f"ctx.p.0.{t.session_id}.other-run.main", batch[0].data, 1)]
     decoded = decode_batch(moved, LIMITS)
     assert decoded[0].code.value == "thread_mismatch"  # type: ignore[union-attr]
+    # Filed under the subject's thread and key: a prepare waiting there hears event_rejected at once.
+    assert (decoded[0].thread_id, decoded[0].event_key) == ("other-run.main", "k-moved")  # type: ignore[union-attr]
 
 
 def test_plan_batch_counts_session_order_across_threads() -> None:

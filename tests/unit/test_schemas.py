@@ -1,48 +1,331 @@
-"""`make schemas`: a JSON Schema per message and the AsyncAPI document."""
+"""`make schemas`: a draft 2020-12 JSON Schema per wire message and the AsyncAPI 3.0.0 document."""
 
 from __future__ import annotations
 
+import copy
 import json
+import re
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any, get_args
 
+import pytest
+from jsonschema import Draft7Validator, Draft202012Validator
+from pydantic import BaseModel, ValidationError
+
+import contracts
+from contracts import (
+    EVENT_KINDS,
+    ErrorCode,
+    ErrorReply,
+    ReadReply,
+    reply_json,
+    CompactionTriggers,
+    ContextPolicy,
+    EvidenceRef,
+    PreparedContext,
+    PrepareRequest,
+    ReadRequest,
+)
+from contracts._base import WireModel
+from infra.asyncapi import CHANNELS, Channel, asyncapi_document
+from infra.wire_schema import WireMessage
 from infra.schemas import write_schemas
+from services.settings import Settings
+from tests.fixtures.builders import Thread
+from workers.compose import create_docs_app
+
+ROOT = Path(__file__).resolve().parents[2]
+ASYNCAPI_3_0_0 = json.loads((ROOT / "tests" / "schemas" / "asyncapi-3.0.0.json").read_text())
+GOLDEN = ROOT / "tests" / "golden" / "prepare"
+
+MESSAGES = {
+    "Event",
+    "PrepareRequest",
+    "PreparedContext",
+    "ErrorReply",
+    "DeadLetter",
+    "InspectRequest",
+    "ThreadInspection",
+    "SessionInspection",
+    "SearchRequest",
+    "SearchReply",
+    "ReadRequest",
+    "ReadReply",
+    "ContextPolicy",
+    "PolicyRegistered",
+    "ToolCatalog",
+    "CatalogRegistered",
+    "OperationStatusRequest",
+    "Receipt",
+    "RecordedNotice",
+    "CompactedNotice",
+    "CompactionJob",
+}
 
 
-def test_write_schemas_writes_every_message_and_an_asyncapi_document(tmp_path: Path) -> None:
-    names = {p.name for p in write_schemas(tmp_path)}
-    assert names == {
-        "Event.schema.json",
-        "PrepareRequest.schema.json",
-        "PreparedContext.schema.json",
-        "ErrorReply.schema.json",
-        "DeadLetter.schema.json",
-        "InspectRequest.schema.json",
-        "ThreadInspection.schema.json",
-        "SearchRequest.schema.json",
-        "SearchReply.schema.json",
-        "ReadRequest.schema.json",
-        "asyncapi.json",
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("schemas")
+    return {p.name: json.loads(p.read_text()) for p in write_schemas(out, Settings(nats_url=None))}
+
+
+def _validator(written: dict[str, Any], name: str) -> Draft202012Validator:
+    return Draft202012Validator(written[f"{name}.schema.json"])
+
+
+def test_write_schemas_writes_a_schema_per_wire_message_and_the_asyncapi_document(
+    written: dict[str, Any],
+) -> None:
+    assert set(written) == {f"{m}.schema.json" for m in MESSAGES} | {"asyncapi.json"}
+
+
+def test_every_message_schema_is_draft_2020_12_with_a_unique_id(written: dict[str, Any]) -> None:
+    ids = []
+    for name, schema in written.items():
+        if name == "asyncapi.json":
+            continue
+        Draft202012Validator.check_schema(schema)
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        ids.append(schema["$id"])
+    assert len(set(ids)) == len(MESSAGES)
+
+
+def test_no_schema_carries_the_openapi_discriminator_keyword(written: dict[str, Any]) -> None:
+    # ajv strict refuses unknown keywords; no wire model has a field of that name either.
+    assert not any('"discriminator"' in json.dumps(s) for s in written.values())
+
+
+def test_the_event_schema_is_one_of_every_kind_pinned_by_const(written: dict[str, Any]) -> None:
+    event = written["Event.schema.json"]
+    defs = event["$defs"]
+    kinds = [defs[ref["$ref"].rsplit("/", 1)[1]]["properties"]["kind"]["const"] for ref in event["oneOf"]]
+    assert sorted(kinds) == sorted(EVENT_KINDS)
+
+
+def test_events_as_the_python_client_sends_them_satisfy_the_event_schema(written: dict[str, Any]) -> None:
+    t = Thread()
+    validator = _validator(written, "Event")
+    events = (
+        t.system("be brief"),
+        t.user("hi"),
+        t.assistant("", calls=(("c1", "ls", {}),)),
+        t.outcome("c1", "a"),
+    )
+    for event in events:
+        assert list(validator.iter_errors(json.loads(event.model_dump_json()))) == []
+    assert not validator.is_valid({**json.loads(t.user("hi").model_dump_json()), "kind": "telepathy"})
+
+
+@pytest.mark.parametrize("case", sorted(p.stem for p in GOLDEN.glob("*.json")))
+def test_golden_prepared_contexts_satisfy_the_prepared_context_schema(
+    written: dict[str, Any], case: str
+) -> None:
+    golden = json.loads((GOLDEN / f"{case}.json").read_text())
+    reply = json.loads(reply_json(PreparedContext.model_validate(golden["expected"])))
+    assert list(_validator(written, "PreparedContext").iter_errors(reply)) == []
+    assert list(_validator(written, "PrepareRequest").iter_errors(golden["request"])) == []
+
+
+def _agrees(written: dict[str, Any], model: type[BaseModel], body: dict[str, Any]) -> tuple[bool, bool]:
+    try:
+        model.model_validate(body)
+        python = True
+    except ValidationError:
+        python = False
+    return _validator(written, model.__name__).is_valid(body), python
+
+
+_PREPARE = {"session_id": "s1", "run_id": "r1", "instance_id": "main"}
+_PROFILE = {"name": "p", "context_window": 8000}
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (PrepareRequest, _PREPARE),
+        (PrepareRequest, {**_PREPARE, "model_profile": "gpt-4o"}),
+        (PrepareRequest, {**_PREPARE, "profile": _PROFILE}),
+        (PrepareRequest, {**_PREPARE, "budget_tokens": 900}),
+        (PrepareRequest, {**_PREPARE, "model_profile": "gpt-4o", "budget_tokens": 900}),
+        (PrepareRequest, {**_PREPARE, "profile": _PROFILE, "budget_tokens": 900}),
+        (PrepareRequest, {**_PREPARE, "model_profile": "gpt-4o", "profile": _PROFILE}),
+        (PrepareRequest, {**_PREPARE, "model_profile": None, "budget_tokens": None}),
+        (PrepareRequest, {**_PREPARE, "model_profile": None, "profile": _PROFILE}),
+        (ContextPolicy, {"name": "p"}),
+        (ContextPolicy, {"name": "p", "profile": _PROFILE}),
+        (ContextPolicy, {"name": "p", "model_profile": None, "profile": _PROFILE}),
+        (ContextPolicy, {"name": "p", "model_profile": None}),
+        (ContextPolicy, {"name": "p", "model_profile": None, "budget_tokens": 5000}),
+        (ReadRequest, {"session_id": "s1", "ref": "ctx://record/r1.main/1"}),
+        (ReadRequest, {"session_id": "s1", "ref": "ctx://record/r1.main/1", "line": 3}),
+        (ReadRequest, {"session_id": "s1", "ref": "ctx://record/r1.main/1", "line": 3, "lines": 2}),
+        (ReadRequest, {"session_id": "s1", "ref": "ctx://record/r1.main/1", "line": None, "lines": 2}),
+        (CompactionTriggers, {}),
+        (CompactionTriggers, {"context_ratio": None}),
+        (CompactionTriggers, {"context_ratio": None, "user_turns": 3}),
+        (EvidenceRef, {"thread_id": "r1.main", "seq": 2, "end_line": 4}),
+        (EvidenceRef, {"thread_id": "r1.main", "seq": 2, "start_line": 1, "end_line": 4}),
+    ],
+)
+def test_a_schema_accepts_exactly_what_its_model_validator_accepts(
+    written: dict[str, Any], model: type[BaseModel], body: dict[str, Any]
+) -> None:
+    if model.__name__ == "CompactionTriggers":  # a part of ContextPolicy, not a message of its own
+        body = {"name": "p", "compaction": {"triggers": body}}
+        model = ContextPolicy
+    if model.__name__ == "EvidenceRef":
+        body = {**_PREPARE, "budget_tokens": 900, "evidence": [body]}
+        model = PrepareRequest
+    schema_says, python_says = _agrees(written, model, body)
+    assert schema_says == python_says
+
+
+def test_chat_messages_are_typed_without_null_since_none_is_omitted(written: dict[str, Any]) -> None:
+    chat = written["PreparedContext.schema.json"]["$defs"]["ChatMessage"]["properties"]
+    assert "null" not in json.dumps(chat)
+
+
+SENT = ("PreparedContext", "ThreadInspection", "SessionInspection", "ReadReply", "SearchReply", "Receipt")
+SENT += ("PolicyRegistered", "CatalogRegistered", "ErrorReply", "DeadLetter", "RecordedNotice")
+
+
+@pytest.mark.parametrize("name", SENT)
+def test_what_the_fleet_sends_is_typed_without_null(written: dict[str, Any], name: str) -> None:
+    text = json.dumps(written[f"{name}.schema.json"])
+    assert '{"type": "null"}' not in text and '"default": null' not in text
+
+
+def _models_under(model: type[BaseModel]) -> list[type[BaseModel]]:
+    found: list[type[BaseModel]] = []
+    todo = [model]
+    while todo:
+        m = todo.pop()
+        if m in found:
+            continue
+        found.append(m)
+        for f in m.model_fields.values():
+            todo.extend(_models_in(f.annotation))
+    return found
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+@pytest.mark.parametrize("name", SENT)
+def test_every_field_a_reply_may_omit_defaults_to_none_so_the_reply_parses_back_whole(name: str) -> None:
+    for model in _models_under(getattr(contracts, name)):
+        for field_name, f in model.model_fields.items():
+            if type(None) in get_args(f.annotation):
+                assert f.default is None, f"{model.__name__}.{field_name} may be omitted but has no default"
+
+
+def test_a_reply_travels_without_nulls_and_parses_back_equal() -> None:
+    reply = ReadReply(
+        ref="ctx://blob/" + "0" * 64,
+        total_bytes=3,
+        total_lines=1,
+        offset=0,
+        content="abc",
+        sha256_verified=True,
+    )
+    assert reply.next_offset is None and b"null" not in reply_json(reply)
+    assert ReadReply.model_validate_json(reply_json(reply)) == reply
+    error = ErrorReply(code=ErrorCode.INTERNAL, message="x", details={"kept": None})
+    assert json.loads(reply_json(error))["details"] == {"kept": None}  # free-form JSON keeps its nulls
+
+
+def test_the_asyncapi_document_is_valid_against_the_official_asyncapi_3_0_0_schema(
+    written: dict[str, Any],
+) -> None:
+    validator = Draft7Validator(ASYNCAPI_3_0_0)
+    assert [e.message for e in validator.iter_errors(written["asyncapi.json"])] == []
+    # The check can fail: AsyncAPI 2's verbs are not 3.0.0's.
+    broken = copy.deepcopy(written["asyncapi.json"])
+    next(iter(broken["operations"].values()))["action"] = "publish"
+    assert not validator.is_valid(broken)
+
+
+def test_the_asyncapi_document_names_the_package_and_the_configured_server(written: dict[str, Any]) -> None:
+    doc = written["asyncapi.json"]
+    assert (doc["info"]["title"], doc["info"]["version"]) == ("ctxfleet", version("ctxfleet"))
+    assert doc["servers"]["fleet"]["host"] == "localhost:4250"
+    external = asyncapi_document(Settings(nats_url="nats://ops:secret@nats.internal:4333,nats://b:4222"))
+    assert external["servers"]["fleet"] == {**external["servers"]["fleet"], "host": "nats.internal:4333"}
+    assert "secret" not in json.dumps(external)
+
+
+def _shape(address: str) -> str:
+    # FastStream's declared dead-letter publisher names the thread ({thread}): two subject tokens.
+    return re.sub(r"\{[^}]+\}", "*", address.replace("{thread}", "{run_id}.{instance_id}"))
+
+
+def test_the_asyncapi_document_has_a_channel_for_every_subject_the_workers_subscribe_to(
+    written: dict[str, Any],
+) -> None:
+    subscribed = create_docs_app().schema.to_specification().to_jsonable()["channels"].values()
+    ours = {_shape(c["address"]) for c in written["asyncapi.json"]["channels"].values() if c["address"]}
+    assert {_shape(c["address"]) for c in subscribed} <= ours
+    assert "ctx.events.*.*.*.*" in ours
+
+
+def test_every_request_channel_declares_its_reply_and_the_error_reply(written: dict[str, Any]) -> None:
+    doc = written["asyncapi.json"]
+    replies = {
+        op["channel"]["$ref"].rsplit("/", 1)[1]: {
+            m["$ref"].rsplit("/", 1)[1] for m in op["reply"]["messages"]
+        }
+        for op in doc["operations"].values()
+        if "reply" in op
     }
-    event = json.loads((tmp_path / "Event.schema.json").read_text())
-    kinds = set(event["discriminator"]["mapping"])
-    assert kinds == {
-        "system",
-        "user_input",
-        "assistant_message",
-        "tool_outcome",
-        "resource_activated",
-        "child_result",
-        "run_status",
-        "context_export",
-        "context_reset",
-        "state_patch",
-        "operation_reconcile",
-    }
-    asyncapi = json.loads((tmp_path / "asyncapi.json").read_text())
-    addresses = {c["address"] for c in asyncapi["channels"].values()}
-    assert {
-        "ctx.prepare.{tenant}.{run_id}.{instance_id}",
-        "ctx.inspect.{tenant}.{run_id}.{instance_id}",
-        "ctx.search.{tenant}",
-        "ctx.read.{tenant}",
-    } <= addresses
+    assert replies["prepare"] == {"PreparedContext", "ErrorReply"}
+    assert replies["read"] == {"ReadReply", "ErrorReply"}
+    assert replies["operation_status"] == {"Receipt", "ErrorReply"}
+    assert len(replies) == 8 and all("ErrorReply" in r for r in replies.values())
+
+
+def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str, Any]) -> None:
+    doc = written["asyncapi.json"]
+    refs = set(re.findall(r'"\$ref": "(#/[^"]+)"', json.dumps(doc)))
+    for ref in refs:
+        node: Any = doc
+        for part in ref[2:].split("/"):
+            node = node[part]
+    assert not any(ref.startswith("#/$defs") for ref in refs)
+
+
+class _ShoutRequest(WireModel):
+    """A request of a channel some other module adds."""
+
+    words: str
+
+
+class _Shouted(WireModel):
+    """Its reply."""
+
+    loud: str
+
+
+def test_a_channel_added_to_the_registry_gets_its_operation_reply_and_schemas() -> None:
+    shout = Channel(
+        "shout",
+        "ctx.shout.{tenant}.{run_id}.{instance_id}",
+        "receive",
+        WireMessage.of(_ShoutRequest),
+        "Shout back.",
+        replies=(WireMessage.of(_Shouted), WireMessage.of(ErrorReply)),
+        headers="RequestHeaders",
+    )
+    doc = asyncapi_document(Settings(), (*CHANNELS, shout))
+    assert doc["channels"]["shout"]["address"] == "ctx.shout.{tenant}.{run_id}.{instance_id}"
+    assert set(doc["channels"]["shout"]["parameters"]) == {"tenant", "run_id", "instance_id"}
+    reply = doc["operations"]["receive_shout"]["reply"]
+    assert [m["$ref"] for m in reply["messages"]] == [
+        "#/channels/shout_reply/messages/_Shouted",
+        "#/channels/shout_reply/messages/ErrorReply",
+    ]
+    assert {"_ShoutRequest", "_Shouted"} <= set(doc["components"]["schemas"])
+    assert Draft7Validator(ASYNCAPI_3_0_0).is_valid(doc)
