@@ -87,5 +87,5 @@ class ExportPage(WireModel):
     session_id: str
     chunk: str
     # ``None`` when the export is complete; otherwise ask again with these.
-    next_after_seq: int | None
+    next_after_seq: int | None = None
     next_offset: int = 0

@@ -61,6 +61,10 @@ MESSAGES = {
     "RecordedNotice",
     "CompactedNotice",
     "CompactionJob",
+    "ForkRequest",
+    "SessionForked",
+    "ExportRequest",
+    "ExportPage",
 }
 
 
@@ -284,7 +288,8 @@ def test_every_request_channel_declares_its_reply_and_the_error_reply(written: d
     assert replies["prepare"] == {"PreparedContext", "ErrorReply"}
     assert replies["read"] == {"ReadReply", "ErrorReply"}
     assert replies["operation_status"] == {"Receipt", "ErrorReply"}
-    assert len(replies) == 8 and all("ErrorReply" in r for r in replies.values())
+    assert replies["session_fork"] == {"SessionForked", "ErrorReply"}
+    assert len(replies) == 10 and all("ErrorReply" in r for r in replies.values())
 
 
 def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str, Any]) -> None:
@@ -329,3 +334,31 @@ def test_a_channel_added_to_the_registry_gets_its_operation_reply_and_schemas() 
     ]
     assert {"_ShoutRequest", "_Shouted"} <= set(doc["components"]["schemas"])
     assert Draft7Validator(ASYNCAPI_3_0_0).is_valid(doc)
+
+
+def _models_within(annotation: Any, seen: set[type[BaseModel]]) -> None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation not in seen:
+            seen.add(annotation)
+            for field in annotation.model_fields.values():
+                _models_within(field.annotation, seen)
+        return
+    for arg in get_args(annotation):
+        _models_within(arg, seen)
+
+
+def test_every_field_a_sent_message_may_omit_as_none_has_a_default_so_clients_parse_it_back() -> None:
+    # The fleet omits None fields from what it sends; a field that may be None without a default
+    # would make the Python client refuse the fleet's own reply.
+    sent: set[type[BaseModel]] = set()
+    for channel in CHANNELS:
+        for m in (channel.message, *channel.replies):
+            if m is not None and m.omits_none:
+                _models_within(m.adapter._type, sent)  # noqa: SLF001 - the adapter's own model
+    missing = [
+        f"{model.__name__}.{name}"
+        for model in sent
+        for name, field in model.model_fields.items()
+        if field.is_required() and type(None) in get_args(field.annotation)
+    ]
+    assert sent and missing == []
