@@ -39,6 +39,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from contracts import (
+    CompactReply,
+    CompactRequest,
+    compact_subject,
     SEARCH,
     SearchReply,
     SearchRequest,
@@ -290,6 +293,16 @@ class FleetClient:
         """An operator's view of a session: runs, threads, snapshots."""
         subject = session_inspect_subject(self.tenant, session_id)
         return SessionInspection.model_validate_json(await self._request(subject, b"{}", timeout))
+
+    async def compact(self, request: CompactRequest, *, timeout: float = 120.0) -> CompactReply:
+        """Compact the request's thread now (``/compact``); the summary and the view's tokens before/after.
+
+        The default timeout leaves room for a summarizer that calls a model. Raises
+        ``NothingToCompact``, ``CompactionFailed`` or ``ThreadNotFound`` (another tenant's thread too).
+        """
+        subject = compact_subject(self.tenant, f"{request.run_id}.{request.instance_id}")
+        body = await self._request(subject, request.model_dump_json().encode(), timeout)
+        return CompactReply.model_validate_json(body)
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
