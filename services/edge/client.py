@@ -129,7 +129,17 @@ async def connect_nats(
     """
     nc = NatsClient()
     try:
-        await nc.connect(nats_url, name=name, allow_reconnect=False, connect_timeout=5, **options)
+        # nats-py retries a refused first connect up to max_reconnect_attempts (60) times, 2 s apart,
+        # even with allow_reconnect off: two quick tries per server, then the error.
+        await nc.connect(
+            nats_url,
+            name=name,
+            allow_reconnect=False,
+            connect_timeout=5,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            **options,
+        )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
         await _close_quietly(nc)  # nats-py leaves the failed socket open
         raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
