@@ -811,8 +811,10 @@ def _print_inspection(i: ThreadInspection) -> None:
     for r in i.records:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""
+        tools = f" [{', '.join(r.tools)}{f': {r.status}' if r.status else ''}]" if r.tools or r.status else ""
         print(
-            f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}"
+            f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}{tools}  "
+            f"{preview}"
         )
 
 

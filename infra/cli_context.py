@@ -18,12 +18,14 @@ from contracts import BlockKind, PreparedContext, RecordRef
 
 __all__ = [
     "BlockLine",
+    "Category",
     "CategoryLine",
     "ContextBreakdown",
     "OmittedLine",
     "PLAIN_WIDTH",
     "SummaryLine",
     "breakdown",
+    "category_of",
     "render",
 ]
 

@@ -137,7 +137,7 @@ async def connect_nats(
             allow_reconnect=False,
             connect_timeout=5,
             max_reconnect_attempts=1,
-            reconnect_time_wait=0.1,
+            reconnect_time_wait=0.1,  # type: ignore[arg-type]  # typed int, used as seconds
             **options,
         )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start

@@ -123,3 +123,50 @@ async def test_context_command_with_no_worker_serving_says_so_on_one_line(
 
     assert (code, out) == (2, "")
     assert err.startswith("ctxfleet: fleet_unavailable: ") and err.count("\n") == 1
+
+
+@pytest.mark.anyio
+async def test_replay_command_names_its_threads_report_and_dumps_and_context_reads_a_dump(
+    fleet, cli_env: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sample = Path("infra/samples/swe-agent__gpt4_pydicom__pydicom-1458.jsonl")
+    report, dumps = tmp_path / "report.json", tmp_path / "contexts"
+
+    code, out, err = await _in_thread(
+        ["replay", str(sample), "--report", str(report), "--dump-contexts", str(dumps)], capsys
+    )
+
+    assert (code, err) == (0, "")  # stderr is not a terminal here: no progress bar either
+    session = json.loads(report.read_text())["totals"]["session_id"]
+    assert f"threads: {session}-r1.main\n" in out
+    assert f"report: {report}\n" in out and f"contexts: {dumps}\n" in out
+    first = sorted(dumps.iterdir())[0]
+    code, out, err = await _in_thread(["context", "--file", str(first), "--json"], capsys)
+    assert (code, err) == (0, "")
+    assert json.loads(out)["thread_id"] == f"{session}-r1.main"
+
+
+@pytest.mark.anyio
+async def test_inspect_command_names_the_tools_and_outcome_statuses_per_record(
+    fleet, client: FleetClient, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = Thread()
+    await client.append(t.user("Fix app.py", key="u1"))
+    await client.append(t.assistant(calls=(("c1", "bash", {"cmd": "pytest"}),), key="a1"))
+    await client.append(t.outcome("c1", "1 failed", status="error", key="o1"))
+    await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            budget_tokens=4000,
+            after_event_key="o1",
+        )
+    )
+
+    code, out, err = await _in_thread(["inspect", t.thread_id], capsys)
+
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert any(" a1 [bash]  calls: bash" in line for line in lines), out
+    assert any(" o1 [bash: error]  1 failed" in line for line in lines), out
