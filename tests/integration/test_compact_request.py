@@ -8,8 +8,9 @@ import pytest
 
 from contracts import CompactRequest, PrepareRequest
 from services.edge.client import FleetClient
-from services.errors import CompactionFailed, NothingToCompact, ThreadNotFound
+from services.errors import CompactionFailed, NothingToCompact, PermissionDenied, ThreadNotFound
 from tests.fixtures.builders import Thread
+from tests.integration.test_tenants import TwoTenants, two_tenants  # noqa: F401  (the closed bus)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -130,3 +131,28 @@ async def test_compact_request_reports_compaction_failed_when_the_summarizer_can
 
     assert failed.value.details["thread_id"] == t.thread_id
     assert (await client.inspect(t.thread_id, limit=1)).summaries == 0
+
+
+async def test_compact_request_on_the_closed_bus_is_a_runtimes_for_its_own_tenant_only(
+    two_tenants: TwoTenants,
+) -> None:
+    acme = await two_tenants.client("runtime-acme", "acme")
+    # globex's identity naming acme's subjects: the server refuses it.
+    impostor = await two_tenants.client("runtime-globex", "acme")
+    globex = await two_tenants.client("runtime-globex", "globex")
+    try:
+        t = await _thread_with_groups(acme, 6)
+        with pytest.raises(PermissionDenied):
+            await impostor.compact(_compact(t))
+        with pytest.raises(ThreadNotFound):
+            await globex.compact(_compact(t))
+
+        reply = await acme.compact(_compact(t))
+    finally:
+        for c in (acme, impostor, globex):
+            await c.close()
+
+    assert reply.tokens_after < reply.tokens_before
+    violations = two_tenants.violations()
+    # The one refusal is the impostor's: the compactor subscribed and answered under the fleet's grants.
+    assert violations and all("ctx.compact.acme." in v for v in violations), violations
