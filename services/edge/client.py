@@ -364,7 +364,7 @@ class FleetClient:
                 self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)}),
             )
         except NoRespondersError as exc:
-            raise FleetUnavailable(f"no assembler is serving {subject}") from exc
+            raise FleetUnavailable(f"no fleet worker is serving {subject}") from exc
         except _DISCONNECTED as exc:
             raise FleetUnavailable(
                 f"the NATS connection dropped during {subject}: {type(exc).__name__}"
