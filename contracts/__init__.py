@@ -51,6 +51,7 @@ from .inspect import (
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
 from .notices import CompactedNotice, RecordedNotice
 from .search import SEARCH, SearchHit, SearchReply, SearchRequest
+from .manage import COMPACT, CompactReply, CompactRequest, compact_subject
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
     OPERATION_STATUS,
@@ -126,6 +127,10 @@ __all__ = [
     "ReadReply",
     "ReadRequest",
     "CompactionJob",
+    "COMPACT",
+    "CompactReply",
+    "CompactRequest",
+    "compact_subject",
     "compacted_subject",
     "EVENT_KINDS",
     "CompactionPolicy",

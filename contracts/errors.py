@@ -62,6 +62,9 @@ class ErrorCode(StrEnum):
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
     # The provider refused a context as too long a second time on the same view.
     PROVIDER_CONTEXT_EXCEEDED = "provider_context_exceeded"
+    # A manual compaction (ctx.compact) that found nothing the policy lets go, or did not commit.
+    NOTHING_TO_COMPACT = "nothing_to_compact"
+    COMPACTION_FAILED = "compaction_failed"
     INVALID_POLICY = "invalid_policy"
     INTEGRITY_ERROR = "integrity_error"
     NOT_FOUND = "not_found"

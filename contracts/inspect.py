@@ -47,6 +47,10 @@ class InspectedRecord(WireModel):
     record_hash: str
     blob_sha256: str | None = None
     preview: str
+    # The tools the record names: an assistant message's calls in order, or the tool an outcome answers.
+    tools: tuple[str, ...] = ()
+    # A tool outcome's status (success, error, …); None for every other kind.
+    status: str | None = None
 
 
 class InspectedDeadLetter(WireModel):

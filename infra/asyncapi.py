@@ -47,6 +47,7 @@ from contracts import (
     ToolCatalog,
 )
 from contracts.subjects import DEAD, EVENTS, INSPECT, PREPARE, RECORDED
+from contracts.manage import COMPACT, CompactReply, CompactRequest
 from contracts.branches import (
     SESSION_EXPORT,
     SESSION_FORK,
@@ -237,8 +238,13 @@ CHANNELS: tuple[Channel, ...] = (
         ExportPage,
         "An operator's export of a session as a replayable trace, one page of JSONL lines per request.",
     ),
-    # Manual compaction (contracts/manage.py) goes here, one _request line (d: its description):
-    # _request("compact", f"{COMPACT}.{{tenant}}.{_THREAD}", WireMessage.of(CompactRequest), CompactReply, d),
+    _request(
+        "compact",
+        f"{COMPACT}.{{tenant}}.{_THREAD}",
+        WireMessage.of(CompactRequest),
+        CompactReply,
+        "Compact the thread now (a manual `/compact`): the summary and the view's tokens before/after.",
+    ),
     Channel(
         "dead_letters",
         f"{DEAD}.events.{_THREAD}",

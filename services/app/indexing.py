@@ -8,6 +8,7 @@ a stopped indexer catches up from where it was, never twice, never skipping.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import assert_never
 
 from services.core.records import RecordKind
@@ -87,14 +88,28 @@ async def stale_threads(store: IndexStore, limit: int = 500) -> list[str]:
     return await store.stale_index_threads(limit, INDEX_VERSION)
 
 
-async def reindex(index: IndexStore, session_id: str | None = None) -> int:
-    """Drop and rebuild the index of one session (or of everything) from the ledger."""
+async def reindex(
+    index: IndexStore,
+    session_id: str | None = None,
+    *,
+    on_thread: Callable[[int, int], None] | None = None,
+) -> int:
+    """Drop and rebuild the index of one session (or of everything) from the ledger.
+
+    ``on_thread(done, total)`` is called as each thread is reindexed (the CLI's progress bar).
+    """
     threads = await index.reset_index(session_id)
     # A few threads at once: each is its own transaction, and the pool bounds the fan-out anyway.
     gate = asyncio.Semaphore(4)
+    done = 0
 
     async def one(thread_id: str) -> int:
+        nonlocal done
         async with gate:
-            return await index_thread(index, thread_id)
+            indexed = await index_thread(index, thread_id)
+        done += 1
+        if on_thread is not None:
+            on_thread(done, len(threads))
+        return indexed
 
     return sum(await asyncio.gather(*(one(t) for t in threads)))

@@ -391,6 +391,8 @@ class PrepareService:
                     record_hash=r.record_hash,
                     blob_sha256=r.blob_sha256,
                     preview=r.preview,
+                    tools=r.tools,
+                    status=r.status,
                 )
                 for r in reversed(tail)
             ),

@@ -39,6 +39,9 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from contracts import (
+    CompactReply,
+    CompactRequest,
+    compact_subject,
     SEARCH,
     SearchReply,
     SearchRequest,
@@ -134,7 +137,17 @@ async def connect_nats(
     """
     nc = NatsClient()
     try:
-        await nc.connect(nats_url, name=name, allow_reconnect=False, connect_timeout=5, **options)
+        # nats-py retries a refused first connect up to max_reconnect_attempts (60) times, 2 s apart,
+        # even with allow_reconnect off: two quick tries per server, then the error.
+        await nc.connect(
+            nats_url,
+            name=name,
+            allow_reconnect=False,
+            connect_timeout=5,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,  # type: ignore[arg-type]  # typed int, used as seconds
+            **options,
+        )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
         await _close_quietly(nc)  # nats-py leaves the failed socket open
         raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
@@ -327,6 +340,16 @@ class FleetClient:
                 else ExportRequest(after_seq=page.next_after_seq, offset=page.next_offset)
             )
 
+    async def compact(self, request: CompactRequest, *, timeout: float = 120.0) -> CompactReply:
+        """Compact the request's thread now (``/compact``); the summary and the view's tokens before/after.
+
+        The default timeout leaves room for a summarizer that calls a model. Raises
+        ``NothingToCompact``, ``CompactionFailed`` or ``ThreadNotFound`` (another tenant's thread too).
+        """
+        subject = compact_subject(self.tenant, f"{request.run_id}.{request.instance_id}")
+        body = await self._request(subject, request.model_dump_json().encode(), timeout)
+        return CompactReply.model_validate_json(body)
+
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""
         return ReadReply.model_validate_json(
@@ -377,7 +400,7 @@ class FleetClient:
                 self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)}),
             )
         except NoRespondersError as exc:
-            raise FleetUnavailable(f"no assembler is serving {subject}") from exc
+            raise FleetUnavailable(f"no fleet worker is serving {subject}") from exc
         except _DISCONNECTED as exc:
             raise FleetUnavailable(
                 f"the NATS connection dropped during {subject}: {type(exc).__name__}"

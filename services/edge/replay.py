@@ -196,8 +196,12 @@ async def replay_trace(
     options: ReplayOptions,
     *,
     clock: Callable[[], float] = time.perf_counter,
+    on_event: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
-    """Publish a trace and prepare before each assistant message; returns the report."""
+    """Publish a trace and prepare before each assistant message; returns the report.
+
+    ``on_event(done, total)`` is called after each event is stored (the CLI's progress bar).
+    """
     report = ReplayReport()
     latencies: list[float] = []
     full_so_far: dict[str, int] = {}
@@ -207,7 +211,7 @@ async def replay_trace(
         options.dump_dir.mkdir(parents=True, exist_ok=True)
     events = trace_events(lines, options)
     line_of = iter(lines)
-    for event in events:
+    for done, event in enumerate(events, 1):
         thread = event.thread_id
         if isinstance(event, RunStatusEvent):
             await client.append(event)
@@ -228,6 +232,8 @@ async def replay_trace(
         await client.append(event)
         last_key[thread] = event.event_key
         full_so_far[thread] = full_so_far.get(thread, 0) + full_history_tokens(event)
+        if on_event is not None:
+            on_event(done, len(events))
     ok_prepares = [p for p in report.prepares if "error" not in p]
     compactions, failures = await _compactions(client, list(last_key))
     report.totals = {

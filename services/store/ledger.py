@@ -104,7 +104,15 @@ SELECT seq, session_seq, kind, event_key, tokens_o200k, content_sha256, record_h
             FROM json_array_elements(CASE WHEN json_typeof(payload->'tool_calls') = 'array'
                                           THEN payload->'tool_calls' ELSE '[]'::json END)
                  WITH ORDINALITY AS e(c, n)),
-           ''), $3) AS preview
+           ''), $3) AS preview,
+       ARRAY(SELECT e.c->>'name'
+             FROM json_array_elements(CASE WHEN json_typeof(payload->'tool_calls') = 'array'
+                                           THEN payload->'tool_calls' ELSE '[]'::json END)
+                  WITH ORDINALITY AS e(c, n) ORDER BY e.n) AS call_names,
+       CASE WHEN kind = 'tool_outcome' THEN
+           (SELECT c.name FROM ctx.tool_calls c WHERE c.thread_id = $1 AND c.call_id = payload->>'call_id')
+       END AS outcome_tool,
+       CASE WHEN kind = 'tool_outcome' THEN payload->>'status' END AS status
 FROM ctx.records WHERE thread_id = $1 ORDER BY seq DESC LIMIT $2
 """
 
@@ -150,6 +158,8 @@ class TailRecord:
     record_hash: str
     blob_sha256: str | None
     preview: str
+    tools: tuple[str, ...] = ()
+    status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +311,8 @@ class RecordsRepo:
                 r["record_hash"],
                 r["blob_sha256"],
                 r["preview"],
+                tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
+                r["status"],
             )
             for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
         ]

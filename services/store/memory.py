@@ -1033,9 +1033,22 @@ class MemorySession:
                 r["record_hash"],
                 r["blob_sha256"],
                 _preview(r)[:preview_chars],
+                *self._tools_and_status(thread_id, r),
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
+
+    def _tools_and_status(self, thread_id: str, row: _Row) -> tuple[tuple[str, ...], str | None]:
+        """As the PostgreSQL store's tail: the calls' names, or the answered tool and the outcome's status."""
+        payload = json.loads(row["payload"])
+        if row["kind"] == "tool_outcome":
+            call = self._t.calls.get((thread_id, str(payload.get("call_id"))))
+            return ((call["name"],) if call else ()), payload.get("status")
+        calls = payload.get("tool_calls")
+        names = (
+            tuple(c.get("name", "") for c in calls if isinstance(c, dict)) if isinstance(calls, list) else ()
+        )
+        return names, None
 
     async def select_full(
         self, thread_id: str

@@ -323,3 +323,26 @@ async def test_a_message_of_tool_calls_only_is_previewed_by_the_names_of_its_cal
         calls_only, question = await s.select_tail(t.thread_id, limit=2, preview_chars=160)
     assert calls_only.preview == "calls: bash, read_file"
     assert question.preview == "Fix app.py"
+
+
+async def test_a_tail_names_the_tools_of_each_call_and_outcome_with_the_outcomes_status(store: Store) -> None:
+    t = Thread()
+    await _write(
+        store,
+        [
+            t.user("Fix app.py", key="u1"),
+            t.assistant(
+                calls=(("c1", "bash", {"cmd": "pytest"}), ("c2", "read_file", {"path": "app.py"})), key="a1"
+            ),
+            t.outcome("c1", "1 failed", key="o1"),
+            t.outcome("c2", "no such file", status="error", key="o2"),
+        ],
+    )
+    async with store.session() as s:
+        tail = await s.select_tail(t.thread_id, limit=4, preview_chars=40)
+    assert [(r.event_key, r.tools, r.status) for r in tail] == [
+        ("o2", ("read_file",), "error"),
+        ("o1", ("bash",), "success"),
+        ("a1", ("bash", "read_file"), None),
+        ("u1", (), None),
+    ]

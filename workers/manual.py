@@ -1,0 +1,59 @@
+"""Manual compaction: answers ``ctx.compact.<tenant>.<run>.<instance>`` in the compactor process.
+
+The tenant is the subject's (the server's permissions vouch for it). Served in the ``compactor``
+queue group, beside the job queue: a summarizer call may take seconds, and the assembler's compute
+slots are for prepares. After a commit the thread's prepares are woken, as after a queued job.
+"""
+
+from __future__ import annotations
+
+import json
+
+from faststream.nats import NatsResponse, NatsRouter
+from faststream.nats.annotations import NatsMessage
+
+from contracts import COMPACT, CompactReply, CompactRequest, compacted_subject
+from services.app.manual_compaction import ManualCompaction
+from services.errors import CtxError, InvalidRequest
+
+from .compactor import Notify
+from .replies import parse_body, raw_body, reply_with
+
+__all__ = ["manual_router"]
+
+
+def manual_router(service: ManualCompaction | None, notify: Notify | None = None) -> NatsRouter:
+    """The router of ``ctx.compact``, bound to one manual-compaction service."""
+    router = NatsRouter()
+
+    @router.subscriber(
+        f"{COMPACT}.{{tenant}}.{{run_id}}.{{instance_id}}",
+        queue="compactor",
+        decoder=raw_body,
+        title="compact",
+        description=(
+            "CompactRequest in, CompactReply or ErrorReply out: a manual compaction of the thread "
+            "(thread_not_found, nothing_to_compact, compaction_failed)."
+        ),
+    )
+    async def on_compact(body: bytes, message: NatsMessage) -> NatsResponse:
+        tenant, run_id, instance_id = str(message.raw_message.subject).split(".")[-3:]
+
+        async def run() -> CompactReply:
+            if service is None:
+                raise CtxError("this process has no store attached")
+            request = parse_body(CompactRequest, body)
+            if (request.run_id, request.instance_id) != (run_id, instance_id):
+                raise InvalidRequest(
+                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
+                    f"{run_id}.{instance_id}"
+                )
+            reply = await service.compact(request, tenant=tenant)
+            if notify is not None:
+                notice = {"status": "committed", "view_revision": reply.view_revision}
+                await notify(compacted_subject(reply.thread_id), json.dumps(notice).encode())
+            return reply
+
+        return await reply_with(run)
+
+    return router
