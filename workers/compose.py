@@ -160,7 +160,7 @@ def compose(
 
         compaction = CompactionService(store, loader, summarizer_factory(settings))
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
-        broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify))
+        broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify, metrics))
     recorder = None
     if "recorder" in names:
         recorder = RecorderWorker(

@@ -16,13 +16,17 @@ from contracts import COMPACT, CompactReply, CompactRequest, compacted_subject
 from services.app.manual_compaction import ManualCompaction
 from services.errors import CtxError, InvalidRequest
 
+from .metrics import FleetMetrics
+
 from .compactor import Notify
 from .replies import parse_body, raw_body, reply_with
 
 __all__ = ["manual_router"]
 
 
-def manual_router(service: ManualCompaction | None, notify: Notify | None = None) -> NatsRouter:
+def manual_router(
+    service: ManualCompaction | None, notify: Notify | None = None, metrics: FleetMetrics | None = None
+) -> NatsRouter:
     """The router of ``ctx.compact``, bound to one manual-compaction service."""
     router = NatsRouter()
 
@@ -48,7 +52,16 @@ def manual_router(service: ManualCompaction | None, notify: Notify | None = None
                     f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
                     f"{run_id}.{instance_id}"
                 )
-            reply = await service.compact(request, tenant=tenant)
+            try:
+                reply = await service.compact(request, tenant=tenant)
+            except CtxError as exc:
+                if metrics is not None:
+                    metrics.manual_compactions.labels(outcome=exc.code).inc()
+                raise
+            if metrics is not None:
+                metrics.manual_compactions.labels(outcome="committed").inc()
+                metrics.compaction_tokens_before.observe(reply.tokens_before)
+                metrics.compaction_tokens_after.observe(reply.tokens_after)
             if notify is not None:
                 notice = {"status": "committed", "view_revision": reply.view_revision}
                 await notify(compacted_subject(reply.thread_id), json.dumps(notice).encode())

@@ -138,6 +138,12 @@ class FleetMetrics:
             ["result", "stage"],
             registry=r,
         )
+        self.manual_compactions = Counter(
+            "ctx_manual_compactions",
+            "Manual compactions (ctx.compact) by outcome: committed, or the error code of the reply",
+            ["outcome"],
+            registry=r,
+        )
         self.compaction_tokens_before = Histogram(
             "ctx_compaction_tokens_before",
             "View tokens before a committed compaction",
