@@ -47,7 +47,10 @@ from services.settings import Settings
 from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 
+from .concurrency import bench_concurrency
 from .eval import bench_eval
+from .langgraph_side import bench_langgraph
+from .memory import bench_memory
 from .ops import bench_ops
 from .overload import bench_overload
 from .recovery import bench_recovery
@@ -531,6 +534,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "eval",
             "shapes",
             "think",
+            "concurrency",
+            "langgraph",
+            "memory",
         ):
             if args.only and name not in args.only:
                 continue
@@ -590,6 +596,28 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
                 results["think"] = await bench_think(servers, settings)
+            elif name == "concurrency":
+
+                async def fresh() -> str:
+                    return await _fresh_database(pg_url)
+
+                async def reset() -> None:
+                    await _reset_streams(nats_url)
+
+                results["concurrency"] = await bench_concurrency(
+                    nats_url,
+                    fresh,
+                    reset,
+                    tmp,
+                    sessions=args.sessions,
+                    rates=tuple(args.rates),
+                    seconds=args.rate_seconds,
+                    think_s=args.think_s,
+                )
+            elif name == "langgraph":
+                results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
+            elif name == "memory":
+                results["memory"] = await bench_memory(nats_url, db, tmp)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -650,8 +678,17 @@ def main() -> None:
             "eval",
             "shapes",
             "think",
+            "concurrency",
+            "langgraph",
+            "memory",
         ],
     )
+    parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")
+    parser.add_argument(
+        "--rates", type=float, nargs="+", default=[100, 200, 300, 400], help="concurrency: prepares/s"
+    )
+    parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
+    parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"
