@@ -9,7 +9,8 @@ loop; its CPU share is reported beside the fleet's, so a figure shows which one 
   session (round robin over a few client connections) is sent at its scheduled instant whether or
   not the earlier ones were answered — a closed loop would slow down with the fleet and hide its
   queueing. Per rate: prepares sent, answered per second, p50/p99/max round trip, ``overloaded``
-  answers, timeouts, how late the generator sent (schedule lag p99), CPU of fleet and generator.
+  answers, timeouts, how late the generator sent (schedule lag p99), CPU cores used by the fleet
+  process, by the generator, and by the whole machine (servers and any other work on it).
   Goal: ≥ 300 prepares/s sustained with p99 ≤ 50 ms.
 - ``agent``: each session alternates publish its thread's next event → prepare naming it
   (``after_event_key``) → think pause (``think_s``), for ``agent_seconds``; sessions start spread
@@ -38,7 +39,7 @@ from services.edge.replay import percentile
 from services.errors import FleetUnavailable, Overloaded
 
 from .conversation import sample_events
-from .fleet_process import ALL_WORKERS, CpuMeter, FleetProcess, fleet_env, prepare_servers
+from .fleet_process import ALL_WORKERS, CpuMeter, FleetProcess, MachineCpu, fleet_env, prepare_servers
 
 __all__ = ["bench_concurrency"]
 
@@ -118,9 +119,10 @@ async def _open_loop(
             return
         latencies.append((time.perf_counter() - started) * 1000)
 
-    fleet_cpu, own_cpu = fleet.cpu(), CpuMeter(psutil.Process(os.getpid()))
+    fleet_cpu, own_cpu, machine = fleet.cpu(), CpuMeter(psutil.Process(os.getpid())), MachineCpu()
     fleet_cpu.start()
     own_cpu.start()
+    machine.start()
     t0 = time.perf_counter()
     for n in range(total):
         due = t0 + n / rate
@@ -141,6 +143,7 @@ async def _open_loop(
         "schedule_lag_p99_ms": round(percentile(lags, 99), 2),
         "fleet_cpu_cores": fleet_cpu.stop(),
         "generator_cpu_cores": own_cpu.stop(),
+        "machine_busy_cores": machine.stop(),
     }
 
 
@@ -174,9 +177,10 @@ async def _agent_like(
                 counts["errors"] += 1
             await asyncio.sleep(think_s)
 
-    fleet_cpu, own_cpu = fleet.cpu(), CpuMeter(psutil.Process(os.getpid()))
+    fleet_cpu, own_cpu, machine = fleet.cpu(), CpuMeter(psutil.Process(os.getpid())), MachineCpu()
     fleet_cpu.start()
     own_cpu.start()
+    machine.start()
     t0 = time.perf_counter()
     await asyncio.gather(*(agent(i, s) for i, s in enumerate(sessions)))
     elapsed = time.perf_counter() - t0
@@ -188,6 +192,7 @@ async def _agent_like(
         **counts,
         "fleet_cpu_cores": fleet_cpu.stop(),
         "generator_cpu_cores": own_cpu.stop(),
+        "machine_busy_cores": machine.stop(),
     }
 
 
@@ -222,9 +227,7 @@ async def bench_concurrency(
         await prepare_servers(nats_url, database_url, tmp / "data")
         env = fleet_env(nats_url, database_url, tmp / "data")
         with FleetProcess(workers, env, tmp / f"concurrency-{name}.log") as fleet:
-            clients = [
-                await FleetClient.connect(nats_url, name=f"conc-{name}-{i}") for i in range(_CLIENTS)
-            ]
+            clients = [await FleetClient.connect(nats_url, name=f"conc-{name}-{i}") for i in range(_CLIENTS)]
             try:
                 pool = await _seed(clients, sessions, records)
                 # Warm every view into the fleet's caches before anything is timed.

@@ -24,7 +24,7 @@ from infra.embedded import free_port
 from infra.runtime import migrate, provision
 from services.settings import Settings
 
-__all__ = ["ALL_WORKERS", "CpuMeter", "FleetProcess", "fleet_env", "prepare_servers"]
+__all__ = ["ALL_WORKERS", "CpuMeter", "FleetProcess", "MachineCpu", "fleet_env", "prepare_servers"]
 
 ROOT = Path(__file__).resolve().parents[1]
 _CTXFLEET = Path(sys.executable).parent / "ctxfleet"
@@ -65,6 +65,27 @@ class CpuMeter:
         return self.cores
 
 
+@dataclass
+class MachineCpu:
+    """Busy cores of the whole machine between ``start()`` and ``stop()``: the servers, and whatever
+    else runs here (on a shared machine, other people's work), beside the fleet and the generator."""
+
+    _busy: float = 0.0
+    _wall: float = 0.0
+
+    @staticmethod
+    def _busy_now() -> float:
+        times = psutil.cpu_times()
+        return float(sum(times) - times.idle - getattr(times, "iowait", 0.0))
+
+    def start(self) -> None:
+        self._busy, self._wall = self._busy_now(), time.perf_counter()
+
+    def stop(self) -> float:
+        wall = time.perf_counter() - self._wall
+        return round((self._busy_now() - self._busy) / wall, 3) if wall > 0 else 0.0
+
+
 class FleetProcess:
     """``ctxfleet worker NAMES…`` as a child process, ready on exit from ``__enter__``."""
 
@@ -99,7 +120,9 @@ class FleetProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"ctxfleet worker {' '.join(self.names)} exited with {self._proc.returncode}")
+                raise RuntimeError(
+                    f"ctxfleet worker {' '.join(self.names)} exited with {self._proc.returncode}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as reply:
                     if reply.status == 200:

@@ -18,6 +18,11 @@ Figures (printed, and written to out/bench.json):
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
 - eval: see benchmarks/eval.py (ctxfleet vs full/window/masking at 4k–32k on the bundled samples; summary
   tokens of a 1,000-step synthetic thread against summary_ratio × budget).
+- concurrency: see benchmarks/concurrency.py (open-loop prepare rates against a fleet process, and an
+  agent-like publish → prepare → think loop per session; fleet and generator CPU).
+- langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
+  + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
+- memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
 
