@@ -3,7 +3,8 @@
 A thread of ``n`` records is the lines of one sample, then of the next, and so on round the six
 (starting at ``start``, so sessions differ), cut at ``n``. Each further sample joins the first one's
 run, without its system line, and with its call ids made unique by a suffix: a thread answers each
-call once.
+call once. A call its sample never answers (a trace that ends on a call) is left out: mid-thread it
+would stay pending forever, and nothing after an open call can be compacted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,18 @@ from services.edge.replay import ReplayOptions, trace_events
 
 __all__ = ["sample_events", "sample_lines"]
 
-_SAMPLES: list[list[TraceLine]] = [read_trace(p) for p in sorted(SAMPLES_DIR.glob("*.jsonl"))]
+
+def _answered_only(lines: list[TraceLine]) -> list[TraceLine]:
+    answered = {line.call_id for line in lines if line.kind == "tool_outcome"}
+    return [
+        replace(line, tool_calls=tuple(c for c in line.tool_calls if c.call_id in answered))
+        if line.tool_calls
+        else line
+        for line in lines
+    ]
+
+
+_SAMPLES: list[list[TraceLine]] = [_answered_only(read_trace(p)) for p in sorted(SAMPLES_DIR.glob("*.jsonl"))]
 
 
 def sample_lines(n: int, *, start: int = 0) -> list[TraceLine]:

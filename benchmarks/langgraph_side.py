@@ -90,18 +90,23 @@ def _langgraph_context(messages: list[Any], budget: int) -> list[Any]:
     )
 
 
-async def _settle(client: FleetClient, request: PrepareRequest, *, bound_s: float = 180.0) -> Any:
-    """Prepare until the view stops changing (compaction done) for 3 s, within ``bound_s``."""
+async def _settle(
+    client: FleetClient, request: PrepareRequest, *, bound_s: float = 180.0
+) -> tuple[Any, bool]:
+    """Prepare until the view has not changed for 3 s and a prepare waits on no compaction, within
+    ``bound_s``; whether it settled."""
     deadline = time.monotonic() + bound_s
     prepared = await client.prepare(request, timeout=90)
     stable_since = time.monotonic()
-    while time.monotonic() < deadline and time.monotonic() - stable_since < 3.0:
+    while time.monotonic() < deadline:
         await asyncio.sleep(0.5)
         again = await client.prepare(request, timeout=90)
-        if again.view_revision != prepared.view_revision:
+        if again.view_revision != prepared.view_revision or again.compaction_wait_ms:
             stable_since = time.monotonic()
         prepared = again
-    return prepared
+        if time.monotonic() - stable_since >= 3.0:
+            return prepared, True
+    return prepared, False
 
 
 async def bench_langgraph(
@@ -144,11 +149,12 @@ async def bench_langgraph(
                     request.model_copy(update={"after_event_key": last.event_key, "wait_ms": 60_000}),
                     timeout=90,
                 )
-                settled = await _settle(client, request)
+                settled, steady = await _settle(client, request)
                 budget = settled.budget_report.input_budget
                 lg_ms: list[float] = []
                 cf_ms: list[float] = []
                 kept: list[Any] = []
+                waits: list[int] = []
                 for _ in range(rounds):
                     started = time.perf_counter()
                     snapshot = await saver.aget_tuple(config)
@@ -158,6 +164,7 @@ async def bench_langgraph(
                     started = time.perf_counter()
                     prepared = await client.prepare(request, timeout=30)
                     cf_ms.append((time.perf_counter() - started) * 1000)
+                    waits.append(prepared.compaction_wait_ms)
                 lg = {"p50_ms": round(percentile(lg_ms, 50), 2), "p99_ms": round(percentile(lg_ms, 99), 2)}
                 cf = {"p50_ms": round(percentile(cf_ms, 50), 2), "p99_ms": round(percentile(cf_ms, 99), 2)}
                 results[f"messages_{n}"] = {
@@ -172,6 +179,10 @@ async def bench_langgraph(
                         "messages": len(prepared.messages),
                         "tokens": prepared.budget_report.used.total,
                         "view_revision": prepared.view_revision,
+                        "settled_before_timing": steady,
+                        "prepares_waiting_on_compaction": sum(1 for w in waits if w),
+                        "compaction_wait_ms_max": max(waits, default=0),
+                        "reply_bytes": len(prepared.model_dump_json()),
                     },
                     "ratio_ctxfleet_over_langgraph": {
                         "p50": round(cf["p50_ms"] / lg["p50_ms"], 3) if lg["p50_ms"] else None,

@@ -41,6 +41,21 @@ def test_sample_thread_answers_each_call_once_and_only_after_it() -> None:
             answered.add(event.payload.call_id)
 
 
+@pytest.mark.parametrize("start", range(6))
+def test_sample_thread_leaves_open_only_the_calls_of_its_last_assistant_message(start: int) -> None:
+    # An open call mid-thread would stay pending for ever, and nothing after it can be compacted;
+    # only the cut at ``n`` may leave the last message's calls unanswered.
+    open_calls: set[str] = set()
+    last_calls: set[str] = set()
+    for event in sample_events("s-bench", 2_000, start=start):
+        if isinstance(event, AssistantMessageEvent) and event.payload.tool_calls:
+            last_calls = {c.call_id for c in event.payload.tool_calls}
+            open_calls |= last_calls
+        elif isinstance(event, ToolOutcomeEvent):
+            open_calls.discard(event.payload.call_id)
+    assert open_calls <= last_calls
+
+
 def test_sessions_starting_at_different_samples_differ() -> None:
     first = sample_events("s-a", 50, start=0)
     second = sample_events("s-b", 50, start=1)
