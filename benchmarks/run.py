@@ -622,7 +622,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             elif name == "langgraph":
                 results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
             elif name == "memory":
-                results["memory"] = await bench_memory(nats_url, db, tmp)
+                results["memory"] = await bench_memory(nats_url, db, tmp, sessions=args.memory_sessions)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -694,6 +694,7 @@ def main() -> None:
     )
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
     parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
+    parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"
