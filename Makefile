@@ -14,6 +14,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `make bench` also needs the `bench` extra (LangGraph, the peer it compares with); `make test` does not.
+BENCH_STAMP := $(VENV)/.bench-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	@rm -f $(VENV)/.bench-*
+	@touch $(BENCH_STAMP)
+
 ## Start the fleet on the embedded servers (or CTX_NATS_URL / CTX_DATABASE_URL), replay the bundled sample, serve.
 run: $(STAMP)
 	$(VENV)/bin/ctxfleet up
@@ -48,7 +55,7 @@ chaos: $(STAMP)
 	$(PY) -m tests.chaos --scale full --json out/chaos.json
 
 ## Throughput and latency figures (see README, "Measured"); one part: make bench BENCH_ARGS="--only eval".
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 ## What the model sees at 4k/8k/16k/32k on the bundled samples, beside full/window/masking (see docs/eval.md).

@@ -18,6 +18,11 @@ Figures (printed, and written to out/bench.json):
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
 - eval: see benchmarks/eval.py (ctxfleet vs full/window/masking at 4k–32k on the bundled samples; summary
   tokens of a 1,000-step synthetic thread against summary_ratio × budget).
+- concurrency: see benchmarks/concurrency.py (open-loop prepare rates against a fleet process, and an
+  agent-like publish → prepare → think loop per session; fleet and generator CPU).
+- langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
+  + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
+- memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
 
@@ -47,7 +52,10 @@ from services.settings import Settings
 from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 
+from .concurrency import bench_concurrency
 from .eval import bench_eval
+from .langgraph_side import bench_langgraph
+from .memory import bench_memory
 from .ops import bench_ops
 from .overload import bench_overload
 from .recovery import bench_recovery
@@ -531,6 +539,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "eval",
             "shapes",
             "think",
+            "concurrency",
+            "langgraph",
+            "memory",
         ):
             if args.only and name not in args.only:
                 continue
@@ -590,6 +601,28 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
                 results["think"] = await bench_think(servers, settings)
+            elif name == "concurrency":
+
+                async def fresh() -> str:
+                    return await _fresh_database(pg_url)
+
+                async def reset() -> None:
+                    await _reset_streams(nats_url)
+
+                results["concurrency"] = await bench_concurrency(
+                    nats_url,
+                    fresh,
+                    reset,
+                    tmp,
+                    sessions=args.sessions,
+                    rates=tuple(args.rates),
+                    seconds=args.rate_seconds,
+                    think_s=args.think_s,
+                )
+            elif name == "langgraph":
+                results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
+            elif name == "memory":
+                results["memory"] = await bench_memory(nats_url, db, tmp, sessions=args.memory_sessions)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -650,8 +683,18 @@ def main() -> None:
             "eval",
             "shapes",
             "think",
+            "concurrency",
+            "langgraph",
+            "memory",
         ],
     )
+    parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")
+    parser.add_argument(
+        "--rates", type=float, nargs="+", default=[100, 200, 300, 400], help="concurrency: prepares/s"
+    )
+    parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
+    parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
+    parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"
