@@ -375,6 +375,7 @@ async def _summarize(
     """Summarize segments in order, halving any a provider rejects as too long; never skip one."""
     queue: list[Sequence[DraftBlock]] = list(segments)
     merged = parent
+    job_from = min((r.seq for seg in segments for b in seg for r in b.records), default=None)
     calls = 0
     while queue:
         segment = queue.pop(0)
@@ -399,7 +400,7 @@ async def _summarize(
             continue
         if cost is not None:
             cost.add(summarizer, time.perf_counter() - started)
-        merged = merge_summaries(merged, part)
+        merged = merge_summaries(merged, part, keep_failures_from=job_from)
     assert merged is not None
     return merged, calls
 

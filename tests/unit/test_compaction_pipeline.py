@@ -168,6 +168,32 @@ async def test_a_segment_the_provider_rejects_is_halved_and_retried_never_skippe
     assert [p.sources for p in merged.progress] == [(2, 3), (4, 5), (6, 7), (8, 9)]
 
 
+async def test_a_job_in_several_segments_lists_every_failure_of_its_range_and_validates() -> None:
+    # More failures than a summary keeps from its parent, spread over two segments of one job: the
+    # first segment's failures are the job's own, so none may fall off when the second is merged.
+    t = Thread()
+    events = [t.user("Make the build pass.")]
+    for n in range(40):
+        events += [
+            t.assistant(calls=((f"c{n}", "bash", {"cmd": f"make target{n}"}),)),
+            t.outcome(f"c{n}", f"make: *** [target{n}] Error 2", status="error"),
+        ]
+    records = ledger_records(events)
+    blocks = build_view_blocks(records).ready[1:]
+    segments = [blocks[:30], blocks[30:]]
+
+    merged, calls = await _summarize(StructuredSummarizer(), segments, None, max_calls=10)
+
+    covered = sorted((r for b in blocks for r in b.records), key=lambda r: r.seq)
+    assert calls == 2 and len(merged.failures) == 40
+    validate_candidate(
+        merged, parent=None, covered=covered, existing_seqs={r.seq for r in records}, has_request=False
+    )
+    # Across jobs the cap still holds: a later job's summary keeps the newest of its parent's.
+    later = merge_summaries(merged, summarize_records(records[-2:]))
+    assert len(later.failures) <= 25
+
+
 async def test_halving_stops_at_one_group_and_at_the_call_limit() -> None:
     t = Thread()
     events = [t.user("go"), t.assistant(calls=(("c", "ls", {}),)), t.outcome("c", "x")]

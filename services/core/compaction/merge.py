@@ -120,8 +120,15 @@ def _commands(parent: Sequence[CommandRun], child: Sequence[CommandRun]) -> tupl
     return tuple(items)
 
 
-def _failures(parent: Sequence[ToolFailure], child: StructuredSummary) -> tuple[ToolFailure, ...]:
-    """Parent failures (cleared by a child success of the same command), then all of the child's."""
+def _failures(
+    parent: Sequence[ToolFailure], child: StructuredSummary, keep_from: int | None
+) -> tuple[ToolFailure, ...]:
+    """Parent failures (cleared by a child success of the same command), then all of the child's.
+
+    Past the cap the oldest parent failures fall off, but never one recorded at or after
+    ``keep_from``: a job summarizing in several segments merges its own earlier segments as the
+    parent, and the validator holds every failure of the job's range to be listed.
+    """
     succeeded = {c.command: c.sources[-1] for c in child.commands if c.status == "success"}
     cleared = tuple(
         f.model_copy(update={"cleared_at": succeeded[f.command]})
@@ -131,10 +138,12 @@ def _failures(parent: Sequence[ToolFailure], child: StructuredSummary) -> tuple[
     )
     own = {(f.call_id, f.status) for f in child.failures}
     older = [f for f in cleared if (f.call_id, f.status) not in own]
-    excess = len(older) - max(0, _KEEP_FAILURES - len(child.failures))
+    droppable = [i for i, f in enumerate(older) if keep_from is None or f.sources[-1] < keep_from]
+    kept = len(older) - len(droppable)
+    excess = min(len(droppable), len(older) - max(kept, _KEEP_FAILURES - len(child.failures)))
     if excess > 0:
         # What falls off first: failures already cleared, then the oldest.
-        ranked = sorted(range(len(older)), key=lambda i: (older[i].cleared_at is None, i))
+        ranked = sorted(droppable, key=lambda i: (older[i].cleared_at is None, i))
         dropped = set(ranked[:excess])
         older = [f for i, f in enumerate(older) if i not in dropped]
     return (*older, *child.failures)
@@ -251,8 +260,14 @@ def _by_text(items: Iterable[SourcedText]) -> tuple[SourcedText, ...]:
     return tuple(SourcedText(text=t, sources=_cap(s)) for t, s in merged.items())
 
 
-def merge_summaries(parent: StructuredSummary | None, child: StructuredSummary) -> StructuredSummary:
-    """``child`` continues ``parent``: one summary covering both ranges."""
+def merge_summaries(
+    parent: StructuredSummary | None, child: StructuredSummary, *, keep_failures_from: int | None = None
+) -> StructuredSummary:
+    """``child`` continues ``parent``: one summary covering both ranges.
+
+    ``keep_failures_from``: the first seq of the compaction job, whose failures all stay (see
+    ``_failures``).
+    """
     if parent is None:
         return fold_actions(fold_progress(child, _KEEP_PROGRESS), _KEEP_ACTIONS)
     merged = StructuredSummary(
@@ -265,7 +280,7 @@ def merge_summaries(parent: StructuredSummary | None, child: StructuredSummary) 
         progress=_dedup((*parent.progress, *child.progress)),
         files_read=_files(parent.files_read, child.files_read, keep=_KEEP_FILES_READ),
         files_modified=_files(parent.files_modified, child.files_modified),
-        failures=_failures(parent.failures, child),
+        failures=_failures(parent.failures, child, keep_failures_from),
         unresolved=_dedup((*parent.unresolved, *child.unresolved))[-_KEEP_UNRESOLVED:],
         next_steps=child.next_steps or parent.next_steps,
         references=_dedup((*parent.references, *child.references))[-_KEEP_REFERENCES:],
