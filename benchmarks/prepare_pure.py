@@ -99,7 +99,7 @@ def _request(t: Thread, *, after: str | None = None, whole: bool = False) -> Pre
             instance_id=t.instance_id,
             budget_tokens=_WHOLE_HISTORY_TOKENS,
             after_event_key=after,
-            wait_ms=120_000,
+            wait_ms=60_000,
         )
     return PrepareRequest(
         session_id=t.session_id,
@@ -107,7 +107,7 @@ def _request(t: Thread, *, after: str | None = None, whole: bool = False) -> Pre
         instance_id=t.instance_id,
         model_profile="gpt-4o",
         after_event_key=after,
-        wait_ms=120_000,
+        wait_ms=60_000,
     )
 
 
