@@ -162,6 +162,19 @@ def count_totals(records: list[LedgerRecord]) -> Counters:
     return Counters(*turns_and_steps(records))
 
 
+@dataclass(frozen=True, slots=True)
+class _Pinned:
+    policy_name: str
+    policy_revision: int
+    catalog: ToolCatalog | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    revision: int
+    facts: StateView | None
+
+
 class ViewLoader:
     """Loads thread views through one per-process cache bounded by bytes (``cache``)."""
 
@@ -214,10 +227,9 @@ class ViewLoader:
         if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
             if await self._adopt(conn, head, scope, records, state):
                 state = await conn.load_view(thread_id)
-        _, name, revision = await conn.session_policy(head.session_id) or (scope.tenant, "default", 1)
+        name, revision, catalog = await self._pinned(conn, head.session_id, scope.tenant)
         policy = await self._policy(conn, scope.tenant, name, revision)
-        facts = (await conn.read_states([thread_id])).get(thread_id)
-        catalog = await conn.read_session_catalog(head.session_id)
+        facts = await self._facts(conn, head)
         skeleton = self._skeleton(state, records, thread_id)
         return ThreadView(
             head,
@@ -233,6 +245,34 @@ class ViewLoader:
             skeleton,
             entry.memo,
         )
+
+    async def _pinned(
+        self, conn: ViewReads, session_id: str, tenant: str
+    ) -> tuple[str, int, ToolCatalog | None]:
+        """The policy and tool catalog a session pinned at its first event: they never change (D3.3)."""
+        key = ("pinned", session_id)
+        found = self.cache.get(key)
+        if isinstance(found, _Pinned):
+            return found.policy_name, found.policy_revision, found.catalog
+        pinned = await conn.session_policy(session_id)
+        _, name, revision = pinned or (tenant, "default", 1)
+        catalog = await conn.read_session_catalog(session_id)
+        if pinned is not None:  # a session without its row yet is not pinned: ask again next time
+            size = 1_000 + (len(catalog.model_dump_json()) * 3 if catalog else 0)
+            self._evicted(self.cache.put(key, _Pinned(name, revision, catalog), size))
+        return name, revision, catalog
+
+    async def _facts(self, conn: ViewReads, head: StoredHead) -> StateView | None:
+        """The thread's current facts: written by the recorder with the records, in the transaction
+        that moves the head, so an entry of the same head revision is current."""
+        key = ("facts", head.thread_id)
+        found = self.cache.get(key)
+        if isinstance(found, _Facts) and found.revision == head.revision:
+            return found.facts
+        facts = (await conn.read_states([head.thread_id])).get(head.thread_id)
+        size = 1_000 + (2_000 * len(facts.facts) if facts else 0)
+        self._evicted(self.cache.put(key, _Facts(head.revision, facts), size))
+        return facts
 
     async def _budget(self, conn: ViewReads, tenant: str, policy: ContextPolicy) -> BudgetSpec:
         spec = policy_budget(policy)
