@@ -3,8 +3,8 @@
 Threads built from the bundled sample traces (their assistant calls and tool outputs, cycled with
 fresh call ids): 50 and 500 records under the default gpt-4o profile; a 5,000-record thread that the
 fleet's budgeter and compactor compacted as it grew (a 60,000-token policy); the same 5,000 records
-with their whole history in view (a 10M-token budget, no summary). Each case is prepared back to
-back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
+with their whole history in view (a 10M-token budget, no summary; recorded with recorder + assembler
+only, which then serve every measured prepare). Each case is prepared back to back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
 and through a NATS round trip to the fleet's assembler; p50/p99 per case. Every collection of the
 garbage collector during the measured loops is timed (``gc.callbacks``); the longest is reported.
 
@@ -169,25 +169,18 @@ async def _timed(prepare: Callable[[], Awaitable[object]], n: int, gcs: _GcPause
 
 
 async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
+    steps = _sample_steps()
+    # All five workers first, so that the budgeter and compactor compact the 5,000-record thread as
+    # it grows, as the fleet would.
     fleet = await start_fleet(settings, servers)
-    pool = await create_pool(servers.database_url, min_size=2, max_size=4)
-    gcs = _GcPauses()
-    gc.callbacks.append(gcs)
-    out: dict[str, object] = {}
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
-            steps = _sample_steps()
             await client.register_policy(
                 ContextPolicy(
                     name="pure-compacted", model_profile=None, budget_tokens=_COMPACTED_POLICY_TOKENS
                 )
             )
-            # Never over its trigger: the whole history stays in view.
-            await client.register_policy(
-                ContextPolicy(name="pure-whole", model_profile=None, budget_tokens=_WHOLE_HISTORY_TOKENS)
-            )
             compacted = await _build(client, 5_000, steps, policy="pure-compacted")
-            whole = await _build(client, 5_000, steps, policy="pure-whole", whole=True)
             small = await _build(client, 50, steps)
             medium = await _build(client, 500, steps)
             conn = await asyncpg.connect(servers.database_url)
@@ -195,6 +188,19 @@ async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
                 await _settled(conn)
             finally:
                 await conn.close()
+    finally:
+        await fleet.stop()
+    # Then recorder + assembler only: the whole-history thread grows without a budgeter re-measuring
+    # all of it on every recorded batch (issue 16's ingest finding: 5,000 × the view), and the
+    # measured loops share the machine with no background work.
+    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
+    pool = await create_pool(servers.database_url, min_size=2, max_size=4)
+    gcs = _GcPauses()
+    gc.callbacks.append(gcs)
+    out: dict[str, object] = {}
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            whole = await _build(client, 5_000, steps, whole=True)
             service = PrepareService(PgStore(pool), NoticeBoard(), loader=ViewLoader())
             cases = (
                 ("records_50", small, False, 300),
