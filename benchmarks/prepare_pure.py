@@ -4,8 +4,9 @@ Threads built from the bundled sample traces (their assistant calls and tool out
 fresh call ids): 50 and 500 records under the default gpt-4o profile; a 5,000-record thread that the
 fleet's budgeter and compactor compacted as it grew (a 60,000-token policy); the same 5,000 records
 with their whole history in view (a 10M-token budget, no summary; recorded with recorder + assembler
-only, which then serve every measured prepare). Each case is prepared back to back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
-and through a NATS round trip to the fleet's assembler; p50/p99 per case. Every collection of the
+only, which then serve every measured prepare). Each case is prepared back to back, in-process
+through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does) and through a NATS
+round trip to the fleet's assembler; p50/p99 per case. Every collection of the
 garbage collector during the measured loops is timed (``gc.callbacks``); the longest is reported.
 
 ``make bench BENCH_ARGS="--only pure"``
