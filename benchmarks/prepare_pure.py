@@ -4,9 +4,9 @@ Threads built from the bundled sample traces (their assistant calls and tool out
 fresh call ids): 50 and 500 records under the default gpt-4o profile; a 5,000-record thread that the
 fleet's budgeter and compactor compacted as it grew (a 60,000-token policy); the same 5,000 records
 with their whole history in view (a 10M-token budget, no summary; recorded with recorder + assembler
-only, which then serve every measured prepare). Each case is prepared back to back, in-process
-through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does) and through a NATS
-round trip to the fleet's assembler; p50/p99 per case. Every collection of the
+only). Once compactions settled and every view fits without waiting, each case is prepared back to
+back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
+and through a NATS round trip to the fleet's assembler; p50/p99 per case. Every collection of the
 garbage collector during the measured loops is timed (``gc.callbacks``); the longest is reported.
 
 ``make bench BENCH_ARGS="--only pure"``
@@ -169,11 +169,36 @@ async def _timed(prepare: Callable[[], Awaitable[object]], n: int, gcs: _GcPause
     }
 
 
+async def _fits(client: FleetClient, conn: asyncpg.Connection, threads: list[Thread]) -> None:
+    """Settle until each thread's prepare fits without waiting for a compaction or dropping history:
+    what is measured is a pure prepare, not the compactor catching up."""
+    for _ in range(10):
+        await _settled(conn)
+        replies = [await client.prepare(_request(t), timeout=60) for t in threads]
+        if all(
+            r.compaction_wait_ms == 0 and r.budget_report.reductions.dropped_history == 0 for r in replies
+        ):
+            return
+    raise RuntimeError("the views never fitted their budget without waiting")
+
+
 async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
     steps = _sample_steps()
-    # All five workers first, so that the budgeter and compactor compact the 5,000-record thread as
-    # it grows, as the fleet would.
+    # The whole-history thread is recorded by recorder + assembler only: a budgeter would re-measure
+    # all of it on every recorded batch (issue 16's ingest finding: 5,000 × the view).
+    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
+    try:
+        async with await FleetClient.connect(servers.nats_url) as client:
+            whole = await _build(client, 5_000, steps, whole=True)
+    finally:
+        await fleet.stop()
+    # Then all five workers, as `make run` has them: the budgeter and compactor compact the other
+    # threads as they grow; once settled, nothing runs in the background of the measured loops.
     fleet = await start_fleet(settings, servers)
+    pool = await create_pool(servers.database_url, min_size=2, max_size=4)
+    gcs = _GcPauses()
+    gc.callbacks.append(gcs)
+    out: dict[str, object] = {}
     try:
         async with await FleetClient.connect(servers.nats_url) as client:
             await client.register_policy(
@@ -186,22 +211,9 @@ async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
             medium = await _build(client, 500, steps)
             conn = await asyncpg.connect(servers.database_url)
             try:
-                await _settled(conn)
+                await _fits(client, conn, [small, medium, compacted])
             finally:
                 await conn.close()
-    finally:
-        await fleet.stop()
-    # Then recorder + assembler only: the whole-history thread grows without a budgeter re-measuring
-    # all of it on every recorded batch (issue 16's ingest finding: 5,000 × the view), and the
-    # measured loops share the machine with no background work.
-    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
-    pool = await create_pool(servers.database_url, min_size=2, max_size=4)
-    gcs = _GcPauses()
-    gc.callbacks.append(gcs)
-    out: dict[str, object] = {}
-    try:
-        async with await FleetClient.connect(servers.nats_url) as client:
-            whole = await _build(client, 5_000, steps, whole=True)
             service = PrepareService(PgStore(pool), NoticeBoard(), loader=ViewLoader())
             cases = (
                 ("records_50", small, False, 300),
@@ -217,6 +229,7 @@ async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
                 out[name] = {
                     "messages": len(reply.messages),
                     "view_revision": reply.view_revision,
+                    "compaction_wait_ms": reply.compaction_wait_ms,
                     "reply_bytes": len(reply.model_dump_json()),
                     "in_process": in_process,
                     "nats_round_trip": round_trip,
