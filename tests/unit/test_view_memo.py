@@ -248,3 +248,26 @@ async def test_view_loader_under_a_tiny_bound_evicts_and_still_serves_every_view
                 view = await loader.load(s, t.thread_id)
             assert [r.seq for r in view.records] == [1, 2, 3]
     assert loader.cache.evictions > 0 and 0 < loader.cache.bytes <= 6_000
+
+
+def test_view_cache_counts_are_exported_as_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from workers.metrics import FleetMetrics
+
+    cache = ViewCache(max_bytes=100)
+    cache.put("a", 1, 60)
+    cache.get("a")
+    cache.put("b", 2, 60)  # evicts a
+    metrics = FleetMetrics()
+    metrics.watch_view_cache(cache)
+    metrics.watch_view_cache(cache)  # once per registry, whoever asks again
+    text = generate_latest(metrics.registry).decode()
+    for line in (
+        "ctx_view_cache_hits_total 1.0",
+        "ctx_view_cache_evictions_total 1.0",
+        "ctx_view_cache_bytes 60.0",
+        "ctx_view_cache_max_bytes 100.0",
+        "ctx_view_cache_entries 1.0",
+    ):
+        assert line in text
