@@ -16,6 +16,8 @@ Figures (printed, and written to out/bench.json):
 - cold start: `ctxfleet up --exit-after-replay` on an empty data folder (embedded servers), wall time.
 - recovery: see benchmarks/recovery.py (SIGKILL of an embedded server under `ctxfleet up` → ready again).
 - overload: see benchmarks/overload.py (300 concurrent prepare loops: admitted p50/p99, overloaded share).
+- pure: see benchmarks/prepare_pure.py (prepares without a wait at 50, 500, a compacted 5,000 and a
+  whole-history 5,000 records: in-process and NATS round trip p50/p99, longest GC pause).
 - eval: see benchmarks/eval.py (ctxfleet vs full/window/masking at 4k–32k on the bundled samples; summary
   tokens of a 1,000-step synthetic thread against summary_ratio × budget).
 - concurrency: see benchmarks/concurrency.py (open-loop prepare rates against a fleet process, and an
@@ -58,6 +60,7 @@ from .langgraph_side import bench_langgraph
 from .memory import bench_memory
 from .ops import bench_ops
 from .overload import bench_overload
+from .prepare_pure import bench_pure
 from .recovery import bench_recovery
 from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
@@ -542,6 +545,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "concurrency",
             "langgraph",
             "memory",
+            "pure",
         ):
             if args.only and name not in args.only:
                 continue
@@ -623,6 +627,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
             elif name == "memory":
                 results["memory"] = await bench_memory(nats_url, db, tmp, sessions=args.memory_sessions)
+            elif name == "pure":
+                results["pure"] = await bench_pure(servers, settings)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)
@@ -686,6 +692,7 @@ def main() -> None:
             "concurrency",
             "langgraph",
             "memory",
+            "pure",
         ],
     )
     parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")

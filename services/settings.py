@@ -184,6 +184,8 @@ class Settings(BaseSettings):
     blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
+    # The per-process cache of thread views (records and the blocks built of them), in MiB.
+    view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
     # Request/reply admission per process: requests computing at once (waits excluded), and how
     # long one may queue for a slot before it is answered `overloaded` instead.
     max_inflight_requests: Annotated[int, Field(ge=1, le=4096)] = 64

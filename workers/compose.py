@@ -27,6 +27,7 @@ from services.app.preparing import PrepareService
 from services.core.records import LedgerRecord
 from services.settings import Settings
 from services.store.postgres import PgStore
+from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
 
 from .admission import RequestLimits
@@ -133,7 +134,8 @@ def compose(
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
-    loader = ViewLoader()
+    loader = ViewLoader(cache=ViewCache(settings.view_cache_mb * 1024 * 1024))
+    metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_url)
     if "assembler" in names:
         board = NoticeBoard()

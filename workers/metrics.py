@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.app.view_cache import ViewCache
 
 __all__ = ["FleetMetrics"]
 
 _TOKEN_BUCKETS = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 1_000_000)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _ViewCacheCollector(Collector):
+    """The shared view cache's counts, read at scrape time (the cache keeps them, in services/app)."""
+
+    def __init__(self, cache: ViewCache) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._cache
+        yield CounterMetricFamily("ctx_view_cache_hits", "View cache lookups that found an entry", c.hits)
+        yield CounterMetricFamily("ctx_view_cache_misses", "View cache lookups that found none", c.misses)
+        yield CounterMetricFamily(
+            "ctx_view_cache_evictions", "View cache entries evicted to stay under the bound", c.evictions
+        )
+        yield GaugeMetricFamily("ctx_view_cache_bytes", "Estimated bytes the view cache holds", c.bytes)
+        yield GaugeMetricFamily(
+            "ctx_view_cache_max_bytes", "The view cache's bound (CTX_VIEW_CACHE_MB)", c.max_bytes
+        )
+        yield GaugeMetricFamily("ctx_view_cache_entries", "Entries in the view cache", len(c))
 
 
 @dataclass
@@ -240,3 +265,9 @@ class FleetMetrics:
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
             registry=r,
         )
+
+    def watch_view_cache(self, cache: ViewCache) -> None:
+        """Export the process's view cache (``ctx_view_cache_*``); once per registry."""
+        if not getattr(self, "_view_cache_watched", False):
+            self.registry.register(_ViewCacheCollector(cache))
+            self._view_cache_watched = True

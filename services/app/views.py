@@ -1,7 +1,9 @@
 """Loading a thread's view: head, records (cached, read incrementally), summary, state and policy.
 
 The ledger is append-only, so a cached prefix of records never goes stale and each load reads only
-what is new. Policies are immutable per revision and cached forever.
+what is new. Records, the blocks the last prepare built of them and inherited snapshots live in one
+cache per process bounded by bytes (``services/app/view_cache.py``). Policies are immutable per
+revision and cached forever.
 """
 
 from __future__ import annotations
@@ -9,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from contracts import ContextPolicy, ToolCatalog
 
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.budget import BudgetSpec, calibrated, policy_budget
 from services.app.calibrations import CalibrationCache
+from services.app.view_cache import DEFAULT_CACHE_BYTES, CachedRecords, ViewCache, record_bytes
 from services.core.compaction.merge import render_summary, summary_sources
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.rollup import skeleton
@@ -30,6 +33,7 @@ from services.store.ledger import StoredHead
 from services.store.ports import ViewReads
 from services.store.views import Candidate, ThreadScope, ViewState
 from services.core.tokens import EncodingName, counter_for
+from services.core.view_memo import ViewMemo
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
 
@@ -83,6 +87,9 @@ class ThreadView:
     facts: StateView | None = None
     catalog: ToolCatalog | None = None
     skeleton: Skeleton | None = None
+    # The blocks the thread's last prepare built (shared through the view cache); only a snapshot of
+    # the whole view uses it, so a partial one never displaces it.
+    memo: ViewMemo | None = field(default=None, compare=False, repr=False)
 
     def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
         """The assembler's input (records up to ``upto`` if given)."""
@@ -119,6 +126,7 @@ class ThreadView:
             own_thread=own_thread,
             facts=tuple(self.facts.facts.values()) if self.facts else (),
             reads=_declared_reads(self.catalog),
+            memo=self.memo if upto is None else None,
         )
 
     @property
@@ -154,21 +162,34 @@ def count_totals(records: list[LedgerRecord]) -> Counters:
     return Counters(*turns_and_steps(records))
 
 
-@dataclass
-class _Cached:
-    last_seq: int
-    records: list[LedgerRecord]
+@dataclass(frozen=True, slots=True)
+class _Pinned:
+    policy_name: str
+    policy_revision: int
+    catalog: ToolCatalog | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    revision: int
+    facts: StateView | None
 
 
 class ViewLoader:
-    """Loads thread views with a per-process record cache."""
+    """Loads thread views through one per-process cache bounded by bytes (``cache``)."""
 
-    def __init__(self, *, cache_threads: int = 1024) -> None:
-        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+    def __init__(
+        self,
+        *,
+        cache: ViewCache | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_threads: int = 1024,
+    ) -> None:
+        # One cache for every worker of the process (workers/compose.py passes the same loader around).
+        self.cache = cache if cache is not None else ViewCache(cache_bytes)
         self._cache_threads = cache_threads
         self._locks: dict[str, asyncio.Lock] = {}
         self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
-        self._snapshots: dict[tuple[str, int, int, str], list[LedgerRecord]] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
         self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
         # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
@@ -198,18 +219,17 @@ class ViewLoader:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
             raise ThreadNotFound(thread_id)
-        own = await self._records(conn, thread_id, head)
-        own = await self._resolve_exports(conn, own)
+        entry, own = await self._records(conn, thread_id, head)
+        own = await self._resolve_exports(conn, own, entry)
         inherited = await self._inherited(conn, head.session_id, thread_id, scope)
         records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
         state = await conn.load_view(thread_id)
         if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
             if await self._adopt(conn, head, scope, records, state):
                 state = await conn.load_view(thread_id)
-        _, name, revision = await conn.session_policy(head.session_id) or (scope.tenant, "default", 1)
+        name, revision, catalog = await self._pinned(conn, head.session_id, scope.tenant)
         policy = await self._policy(conn, scope.tenant, name, revision)
-        facts = (await conn.read_states([thread_id])).get(thread_id)
-        catalog = await conn.read_session_catalog(head.session_id)
+        facts = await self._facts(conn, head)
         skeleton = self._skeleton(state, records, thread_id)
         return ThreadView(
             head,
@@ -223,7 +243,36 @@ class ViewLoader:
             facts,
             catalog,
             skeleton,
+            entry.memo,
         )
+
+    async def _pinned(
+        self, conn: ViewReads, session_id: str, tenant: str
+    ) -> tuple[str, int, ToolCatalog | None]:
+        """The policy and tool catalog a session pinned at its first event: they never change (D3.3)."""
+        key = ("pinned", session_id)
+        found = self.cache.get(key)
+        if isinstance(found, _Pinned):
+            return found.policy_name, found.policy_revision, found.catalog
+        pinned = await conn.session_policy(session_id)
+        _, name, revision = pinned or (tenant, "default", 1)
+        catalog = await conn.read_session_catalog(session_id)
+        if pinned is not None:  # a session without its row yet is not pinned: ask again next time
+            size = 1_000 + (len(catalog.model_dump_json()) * 3 if catalog else 0)
+            self._evicted(self.cache.put(key, _Pinned(name, revision, catalog), size))
+        return name, revision, catalog
+
+    async def _facts(self, conn: ViewReads, head: StoredHead) -> StateView | None:
+        """The thread's current facts: written by the recorder with the records, in the transaction
+        that moves the head, so an entry of the same head revision is current."""
+        key = ("facts", head.thread_id)
+        found = self.cache.get(key)
+        if isinstance(found, _Facts) and found.revision == head.revision:
+            return found.facts
+        facts = (await conn.read_states([head.thread_id])).get(head.thread_id)
+        size = 1_000 + (2_000 * len(facts.facts) if facts else 0)
+        self._evicted(self.cache.put(key, _Facts(head.revision, facts), size))
+        return facts
 
     async def _budget(self, conn: ViewReads, tenant: str, policy: ContextPolicy) -> BudgetSpec:
         spec = policy_budget(policy)
@@ -250,17 +299,18 @@ class ViewLoader:
         """The run's immutable snapshot: the session's main-thread records up to its boundary."""
         if scope.role != "main" or scope.snapshot_through <= 0:
             return []
-        key = (session_id, scope.snapshot_through, scope.reset_seq, thread_id)
-        cached = self._snapshots.get(key)
-        if cached is None:
-            ancestors = await self._ancestry(conn, session_id, scope.snapshot_through, scope.reset_seq)
-            cached = ancestors + await conn.select_inherited(
-                session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
-            )
-            self._snapshots[key] = cached
-            while len(self._snapshots) > self._cache_threads:
-                self._snapshots.pop(next(iter(self._snapshots)))
-        return cached
+        # Immutable (a run's snapshot boundary never moves, nor a fork's branch point), so an entry is
+        # valid for as long as it lives.
+        key = ("inherited", session_id, scope.snapshot_through, scope.reset_seq, thread_id)
+        cached = self.cache.get(key)
+        if isinstance(cached, list):
+            return cached
+        ancestors = await self._ancestry(conn, session_id, scope.snapshot_through, scope.reset_seq)
+        records = ancestors + await conn.select_inherited(
+            session_id, after=scope.reset_seq, through=scope.snapshot_through, exclude_thread=thread_id
+        )
+        self._evicted(self.cache.put(key, records, record_bytes(records)))
+        return records
 
     async def _ancestry(
         self, conn: ViewReads, session_id: str, through: int, after: int
@@ -277,15 +327,22 @@ class ViewLoader:
         )
         return older + own
 
-    async def _resolve_exports(self, conn: ViewReads, records: list[LedgerRecord]) -> list[LedgerRecord]:
-        """A child's exported background, resolved to the parent records it references."""
+    async def _resolve_exports(
+        self, conn: ViewReads, records: list[LedgerRecord], entry: CachedRecords
+    ) -> list[LedgerRecord]:
+        """A child's exported background, resolved to the parent records it references (once per entry:
+        the parent records are immutable, and the same objects keep the thread's memo valid)."""
         out: list[LedgerRecord] = []
         for record in records:
             body = record.body
             if not isinstance(body, ContextExportBody) or body.resolved:
                 out.append(record)
                 continue
-            out.append(resolve_export(record, await conn.select_refs(body.refs)))
+            resolved = entry.resolved.get(record.seq)
+            if resolved is None or resolved.event_key != record.event_key:
+                resolved = resolve_export(record, await conn.select_refs(body.refs))
+                entry.resolved[record.seq] = resolved
+            out.append(resolved)
         return out
 
     async def _adopt(
@@ -336,19 +393,31 @@ class ViewLoader:
             policy = self._policies[key] = found[1]
         return policy
 
-    async def _records(self, conn: ViewReads, thread_id: str, head: StoredHead) -> list[LedgerRecord]:
+    async def _records(
+        self, conn: ViewReads, thread_id: str, head: StoredHead
+    ) -> tuple[CachedRecords, list[LedgerRecord]]:
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         async with lock:
-            cached = self._cache.get(thread_id) or _Cached(0, [])
+            key = ("records", thread_id)
+            found = self.cache.get(key)
+            cached = found if isinstance(found, CachedRecords) else CachedRecords(0, [], ViewMemo(thread_id))
             if cached.last_seq < head.last_seq:
                 new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
-                cached = _Cached(head.last_seq, cached.records + new)
-            self._cache[thread_id] = cached
-            self._cache.move_to_end(thread_id)
-            while len(self._cache) > self._cache_threads:
-                evicted, _ = self._cache.popitem(last=False)
-                self._locks.pop(evicted, None)
+                cached = CachedRecords(
+                    head.last_seq,
+                    cached.records + new,
+                    cached.memo,
+                    cached.record_bytes + record_bytes(new),
+                    cached.resolved,
+                )
+            # Put again on every load: the memo grew with the last prepare, and the bound counts it.
+            self._evicted(self.cache.put(key, cached, cached.bytes))
             if cached.last_seq == head.last_seq:
-                return cached.records
+                return cached, cached.records
             # A later head may already be cached by a concurrent load: serve exactly this head.
-            return [r for r in cached.records if r.thread_seq <= head.last_seq]
+            return cached, [r for r in cached.records if r.thread_seq <= head.last_seq]
+
+    def _evicted(self, keys: list[object]) -> None:
+        for key in keys:
+            if isinstance(key, tuple) and key[0] == "records":
+                self._locks.pop(str(key[1]), None)

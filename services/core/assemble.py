@@ -45,6 +45,7 @@ from contracts import (
     PreparedContext,
     PrepareRequest,
     Purpose,
+    RecordRef,
     Retention,
     SourceWatermark,
     SummaryRef,
@@ -60,7 +61,7 @@ from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_con
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
-from services.core.groups import DraftBlock, build_view_blocks, run_task_seq
+from services.core.groups import DraftBlock, build_view_blocks
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
 from services.core.state import Fact, pattern_regex, render_facts
@@ -79,6 +80,7 @@ from services.core.render import (
     trim_to_fit,
 )
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
+from services.core.view_memo import ViewMemo
 
 __all__ = ["ASSEMBLY_REVISION", "Evidence", "SummaryView", "ThreadSnapshot", "assemble_context"]
 
@@ -163,6 +165,9 @@ class ThreadSnapshot:
     facts: tuple[Fact, ...] = ()
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     evidence: tuple[Evidence, ...] = ()
+    # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
+    # since is built again. Without one, everything is built from scratch — the same reply.
+    memo: ViewMemo | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +237,7 @@ class _Inputs:
     chunk: int
     # Previews name the tool that reads them back (``PrepareRequest.context_tools``).
     context_tools: bool = False
+    memo: ViewMemo | None = None
 
 
 def assemble_context(
@@ -252,8 +258,11 @@ def assemble_context(
     records = snapshot.records
     if request.context_tools:
         records = [_naming_read_tool(r, counter) for r in records]
-    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread)
-    ordered = _ordered(blocks.ready, snapshot.summary, run_task_seq(snapshot.records, snapshot.own_thread))
+    memo = snapshot.memo
+    if memo is None or memo.own_thread != snapshot.own_thread:
+        memo = ViewMemo(snapshot.own_thread)
+    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
+    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
@@ -274,6 +283,7 @@ def assemble_context(
         room,
         max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
         request.context_tools,
+        memo,
     )
 
     fit = _fit(inputs, frozenset())
@@ -299,21 +309,22 @@ def assemble_context(
     if total > budget.input_budget:
         raise OverBudget(total, budget.input_budget, _items(fit.kept, schema_tokens), tuple(fit.reductions))
 
-    out_blocks, messages = _emit(fit.kept)
+    out_blocks, messages = _emit(fit.kept, memo)
     used = _usage(fit.kept, schema_tokens)
     estimated, calibration = _calibrate(
         used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base", budget
     )
-    omitted = [_omitted(s, "optional material dropped: over the input budget") for s in fit.dropped]
+    omitted = [_omitted(s, "optional material dropped: over the input budget", memo) for s in fit.dropped]
     omitted += [
         _omitted(
             s,
             "history awaiting compaction: dropped to fit because no compaction landed in time "
             f"({s.block.reason})",
+            memo,
         )
         for s in fit.history_dropped
     ]
-    omitted += [_omitted(_size(b, counter), b.reason) for b in blocks.held]
+    omitted += [_omitted(_size(b, counter), b.reason, memo) for b in blocks.held]
     omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
     summary = snapshot.summary
     bundle = ContextBundle(
@@ -431,7 +442,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     fit = _Fit(kept=[])
     gap_at: int | None = None
     for b in inputs.ordered:
-        sized = _size(b, inputs.counter, inputs.summary)
+        sized = _size(b, inputs.counter, inputs.summary, inputs.memo)
         if b.block_id in drop_history:
             gap_at = len(fit.kept) if gap_at is None else gap_at
             fit.history_dropped.append(sized)
@@ -443,7 +454,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     gap = _gap_note(fit.history_dropped, fit.kept) if gap_at is not None and note else None
     if gap is not None and gap_at is not None:
         fit.kept.insert(gap_at, _size(gap, inputs.counter))
-    sources = _dedup(fit, inputs.counter)
+    sources = _dedup(fit, inputs.counter, inputs.memo)
     newest = _newest_group(fit.kept)
     required = [s for s in fit.kept if not s.block.droppable]
     pinned = sum(s.total for s in required) + (newest.total if newest else 0)
@@ -471,7 +482,25 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     return fit
 
 
-def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
+def _size(
+    block: DraftBlock,
+    counter: TokenCounter | None,
+    summary: SummaryView | None = None,
+    memo: ViewMemo | None = None,
+) -> _Sized:
+    derived = memo.derived(block) if memo is not None else None
+    if derived is None:
+        return _measure(block, counter, summary)
+    encoding = counter.name if counter else None
+    known = derived.sizes.get(encoding)
+    if known is None:
+        sized = _measure(block, counter, summary)
+        derived.sizes[encoding] = (sized.content, sized.envelope)
+        return sized
+    return _Sized(block, known[0], known[1])
+
+
+def _measure(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
     envelope = MESSAGE_OVERHEAD * len(block.messages) + _id_tokens(block, counter)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
@@ -539,7 +568,7 @@ def _with_records(s: _Sized, records: list[LedgerRecord], counter: TokenCounter 
     return before - s.content
 
 
-def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
+def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None) -> frozenset[int]:
     """Later byte-identical tool outputs (same tool, status and text) as references;
     returns the sources' seqs.
 
@@ -548,36 +577,85 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
     """
     first: dict[tuple[str, str, str], int] = {}
     sources: set[int] = set()
+    encoding = counter.name if counter else None
     for s in fit.kept:
         if not s.block.block_id.startswith("group:"):
             continue
-        names = dict(_raw_calls(s.block))
-        records: list[LedgerRecord] = []
-        for r in s.block.records:
-            body = r.body
-            if not isinstance(body, ToolOutcomeBody):
-                records.append(r)
-                continue
-            key = (names.get(body.call_id, ""), body.status.value, r.text)
-            source = first.setdefault(key, r.seq)
-            if source == r.seq:
-                records.append(r)
-                continue
-            text = f"[identical to the output at seq {source}]"
-            tokens = _counts_as(counter, record_content(body, text))
-            if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(
-                r, counter
-            ):
-                records.append(r)
-                continue
-            records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
-            sources.add(source)
-            s.deduplicated += 1
-            fit.reductions.append(f"deduplicated:{s.block.block_id}@{r.seq}")
-            fit.counts.deduplicated += 1
-        if s.deduplicated:
-            fit.counts.tokens_saved += _with_records(s, records, counter)
+        derived = memo.derived(s.block) if memo is not None else None
+        keys = derived.outcome_keys if derived is not None else None
+        if keys is None:
+            keys = _outcome_keys(s.block)
+            if derived is not None:
+                derived.outcome_keys = keys
+        repeats: list[tuple[int, int]] = []
+        for key, seq in keys:
+            source = first.setdefault(key, seq)
+            if source != seq:
+                repeats.append((seq, source))
+        if not repeats:
+            continue
+        # Which outputs repeat which decides the whole result: the same block repeating the same
+        # sources is deduplicated the same way as last time.
+        decided = (encoding, tuple(repeats))
+        done = derived.variants.get(decided) if derived is not None else None
+        if done is None:
+            done = _deduped(s, dict(repeats), counter)
+            if derived is not None and memo is not None:
+                derived.variants[decided] = done
+                if done.block is not s.block:
+                    memo.adopt(done.block)
+        if not done.seqs:
+            continue
+        before = s.content
+        s.block, s.content, s.deduplicated = done.block, done.content, len(done.seqs)
+        sources.update(done.sources)
+        fit.reductions.extend(f"deduplicated:{s.block.block_id}@{seq}" for seq in done.seqs)
+        fit.counts.deduplicated += len(done.seqs)
+        fit.counts.tokens_saved += before - s.content
     return frozenset(sources)
+
+
+def _outcome_keys(block: DraftBlock) -> tuple[tuple[tuple[str, str, str], int], ...]:
+    """What makes each output of a group identical to another (tool, status, text), with its seq."""
+    names = dict(_raw_calls(block))
+    return tuple(
+        ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
+        for r in block.records
+        if isinstance(r.body, ToolOutcomeBody)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Deduplicated:
+    block: DraftBlock
+    content: int
+    seqs: tuple[int, ...]
+    sources: tuple[int, ...]
+
+
+def _deduped(s: _Sized, repeats: Mapping[int, int], counter: TokenCounter | None) -> _Deduplicated:
+    """A group with the outputs that repeat an earlier one (``repeats``: seq → source) as references."""
+    records: list[LedgerRecord] = []
+    seqs: list[int] = []
+    sources: list[int] = []
+    for r in s.block.records:
+        body = r.body
+        source = repeats.get(r.seq)
+        if source is None or not isinstance(body, ToolOutcomeBody):
+            records.append(r)
+            continue
+        text = f"[identical to the output at seq {source}]"
+        tokens = _counts_as(counter, record_content(body, text))
+        if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(r, counter):
+            records.append(r)
+            continue
+        records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
+        seqs.append(r.seq)
+        sources.append(source)
+    if not seqs:
+        return _Deduplicated(s.block, s.content, (), ())
+    block = replace(s.block, records=records, messages=_remessage(s.block, records))
+    return _Deduplicated(block, _content_tokens(block, records, counter), tuple(seqs), tuple(sources))
 
 
 def _newest_group(kept: Sequence[_Sized]) -> _Sized | None:
@@ -609,7 +687,7 @@ def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
 def _smallest(inputs: _Inputs) -> list[_Sized]:
     """What must be sent, at its smallest: required blocks, the summary skeleton,
     the newest group cut to the minimum."""
-    sized = [_size(b, inputs.counter, inputs.summary) for b in inputs.ordered]
+    sized = [_size(b, inputs.counter, inputs.summary, inputs.memo) for b in inputs.ordered]
     out: list[_Sized] = []
     for s in sized:
         if s.block.droppable:
@@ -1120,7 +1198,9 @@ def _first_seq(block_id: str) -> int:
     return int(block_id.rsplit(":", 1)[1])
 
 
-def _emit(kept: Sequence[_Sized]) -> tuple[list[ContextBlock], list[ChatMessage]]:
+def _emit(
+    kept: Sequence[_Sized], memo: ViewMemo | None = None
+) -> tuple[list[ContextBlock], list[ChatMessage]]:
     blocks: list[ContextBlock] = []
     messages: list[ChatMessage] = []
     for s in kept:
@@ -1132,22 +1212,43 @@ def _emit(kept: Sequence[_Sized]) -> tuple[list[ContextBlock], list[ChatMessage]
             reason += "; newest tool group: outputs cut to head + tail to fit, with where to read them back"
         if s.masked:
             reason += "; long tool outputs masked to previews (over budget)"
-        blocks.append(
-            ContextBlock(
-                block_id=b.block_id,
-                kind=b.kind,
-                retention=b.retention,
-                priority=b.priority,
-                droppable=b.droppable,
-                reason=reason,
-                sources=b.sources,
-                first_message=len(messages),
-                message_count=len(b.messages),
-                tokens=s.total,
-            )
-        )
+        derived = memo.derived(b) if memo is not None else None
+        if derived is not None:
+            # Unchanged since the last prepare, at the same place: the same wire block.
+            key = (len(messages), s.total, reason)
+            if derived.wire is None or derived.wire_key != key:
+                derived.wire_key, derived.wire = key, _wire(s, reason, len(messages), memo)
+            blocks.append(derived.wire)
+        else:
+            blocks.append(_wire(s, reason, len(messages), None))
         messages.extend(b.messages)
     return blocks, messages
+
+
+def _wire(s: _Sized, reason: str, first_message: int, memo: ViewMemo | None) -> ContextBlock:
+    b = s.block
+    return ContextBlock(
+        block_id=b.block_id,
+        kind=b.kind,
+        retention=b.retention,
+        priority=b.priority,
+        droppable=b.droppable,
+        reason=reason,
+        sources=_sources(b, memo),
+        first_message=first_message,
+        message_count=len(b.messages),
+        tokens=s.total,
+    )
+
+
+def _sources(block: DraftBlock, memo: ViewMemo | None) -> tuple[RecordRef, ...]:
+    """A block's source references; built once per memoized block."""
+    derived = memo.derived(block) if memo is not None else None
+    if derived is None:
+        return block.sources
+    if derived.refs is None:
+        derived.refs = block.sources
+    return derived.refs
 
 
 def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
@@ -1192,9 +1293,13 @@ def _calibrate(
     return usage.input_tokens + usage.output_tokens + scaled(after, factor), "provider_usage+local"
 
 
-def _omitted(s: _Sized, reason: str) -> OmittedBlock:
+def _omitted(s: _Sized, reason: str, memo: ViewMemo | None = None) -> OmittedBlock:
     return OmittedBlock(
-        block_id=s.block.block_id, kind=s.block.kind, reason=reason, sources=s.block.sources, tokens=s.total
+        block_id=s.block.block_id,
+        kind=s.block.kind,
+        reason=reason,
+        sources=_sources(s.block, memo),
+        tokens=s.total,
     )
 
 

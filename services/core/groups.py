@@ -49,6 +49,7 @@ from services.core.records import (
     UserInputBody,
 )
 from services.core.render import arguments_json, record_content
+from services.core.view_memo import ViewMemo, message_of
 
 __all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
 
@@ -94,23 +95,43 @@ class BlockSet:
     held: list[DraftBlock]
     pending: list[PendingCall]
     covered: list[DraftBlock]
+    # The run's task (``run_task_seq``) of the records the blocks were built from.
+    run_task: int | None = None
 
 
 def build_view_blocks(
-    records: Sequence[LedgerRecord], covered_to: int = 0, *, own_thread: str = ""
+    records: Sequence[LedgerRecord],
+    covered_to: int = 0,
+    *,
+    own_thread: str = "",
+    memo: ViewMemo | None = None,
 ) -> BlockSet:
     """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
 
     Coverage is decided per block (by its first record), so an outcome recorded after the covered
     range still belongs to its covered group. Instructions, the current request, material and open
     groups are never covered: they are shown from their own records.
+
+    With ``memo`` (the thread's, kept across prepares), the same records give the same blocks without
+    building them again, and a block built from the same records in the same place as last time is
+    that block, so what was measured and emitted of it is reused (``services/core/view_memo.py``).
     """
-    if covered_to:
-        records = _uncovered(records, covered_to, own_thread)
-    ready, held, pending = build_blocks(records, own_thread=own_thread)
+    key = (covered_to, own_thread)
+    if memo is not None:
+        found: BlockSet | None = memo.last_build(records, key)
+        if found is not None:
+            return found
+        memo.begin()
+    run_task = run_task_seq(records, own_thread)
+    shown_records = _uncovered(records, covered_to, own_thread) if covered_to else records
+    ready, held, pending = build_blocks(shown_records, own_thread=own_thread, memo=memo)
     shown = [b for b in ready if not _is_covered(b, covered_to)]
     covered = [b for b in ready if _is_covered(b, covered_to)]
-    return BlockSet(ready=shown, held=held, pending=pending, covered=covered)
+    built = BlockSet(ready=shown, held=held, pending=pending, covered=covered, run_task=run_task)
+    if memo is not None:
+        memo.settle(shown)
+        memo.keep_build(records, key, built)
+    return built
 
 
 def _never_covered(kind: RecordKind) -> bool:
@@ -171,7 +192,7 @@ def _is_covered(block: DraftBlock, covered_to: int) -> bool:
 
 
 def build_blocks(
-    records: Sequence[LedgerRecord], *, own_thread: str = ""
+    records: Sequence[LedgerRecord], *, own_thread: str = "", memo: ViewMemo | None = None
 ) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
     """``(blocks in model order, open groups held back, pending calls)`` of a view's records.
 
@@ -182,7 +203,7 @@ def build_blocks(
     last_user = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
-    blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
+    blocks: list[DraftBlock] = [_instruction_block(r, memo) for r in instructions]
     groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
         body = record.body
@@ -190,7 +211,7 @@ def build_blocks(
             case ContextResetBody() | StatePatchBody() | OperationReconcileBody():
                 continue  # the origin boundary and state changes are not messages; state is projected apart
             case ToolOutcomeBody():
-                _attach_outcome(record, body, groups, own_thread)
+                _attach_outcome(record, body, groups, own_thread, memo)
                 continue
             case SystemBody():
                 continue  # pinned apart, before all history (_split_instructions)
@@ -207,9 +228,9 @@ def build_blocks(
                 assert_never(body)
         current_turn = last_user is not None and record.seq > last_user
         if record.seq == run_task and record.seq != last_user:
-            blocks.append(_run_task_block(record))
+            blocks.append(_run_task_block(record, memo))
             continue
-        block = _history_block(record, last_user, current_turn, own_thread)
+        block = _history_block(record, last_user, current_turn, own_thread, memo)
         if block.waiting:
             for call_id in _recorded_ids(block).values():
                 groups[(record.thread_id, call_id)] = block
@@ -219,6 +240,8 @@ def build_blocks(
     held = [b for b in held if not _foreign(b.records[0], own_thread)]
     pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
     ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
+    if memo is not None:
+        ready = [memo.intern(b) for b in ready]
     return ready, held, pending
 
 
@@ -280,7 +303,7 @@ def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRec
     return pinned, rest
 
 
-def _instruction_block(record: LedgerRecord) -> DraftBlock:
+def _instruction_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
     return DraftBlock(
         block_id=f"instruction:{record.seq}",
         kind=BlockKind.INSTRUCTION,
@@ -288,11 +311,17 @@ def _instruction_block(record: LedgerRecord) -> DraftBlock:
         priority=0,
         reason="agent instructions: pinned first, required",
         records=[record],
-        messages=[ChatMessage(role="system", content=record.text)],
+        messages=[
+            message_of(memo, record, "system", lambda: ChatMessage(role="system", content=record.text))
+        ],
     )
 
 
-def _run_task_block(record: LedgerRecord) -> DraftBlock:
+def _user_message(record: LedgerRecord, memo: ViewMemo | None) -> ChatMessage:
+    return message_of(memo, record, "user", lambda: ChatMessage(role="user", content=record.text))
+
+
+def _run_task_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
     # A task block, not an interaction: the compactor never covers it, so it stays verbatim.
     return DraftBlock(
         f"task:{record.seq}",
@@ -301,12 +330,16 @@ def _run_task_block(record: LedgerRecord) -> DraftBlock:
         0,
         "the run's task: the question that started the run, pinned verbatim, required",
         [record],
-        [ChatMessage(role="user", content=record.text)],
+        [_user_message(record, memo)],
     )
 
 
 def _history_block(
-    record: LedgerRecord, last_user: int | None, current_turn: bool, own_thread: str = ""
+    record: LedgerRecord,
+    last_user: int | None,
+    current_turn: bool,
+    own_thread: str = "",
+    memo: ViewMemo | None = None,
 ) -> DraftBlock:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
@@ -321,7 +354,7 @@ def _history_block(
                     0,
                     "the current request: the latest user input, required",
                     [record],
-                    [ChatMessage(role="user", content=record.text)],
+                    [_user_message(record, memo)],
                 )
             return DraftBlock(
                 f"turn:{record.seq}",
@@ -330,10 +363,10 @@ def _history_block(
                 priority,
                 f"user input {turn}",
                 [record],
-                [ChatMessage(role="user", content=record.text)],
+                [_user_message(record, memo)],
             )
         case AssistantMessageBody():
-            return _assistant_block(record, body, retention, priority, turn, own_thread)
+            return _assistant_block(record, body, retention, priority, turn, own_thread, memo)
         case RunStatusBody():
             text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (
                 f": {record.text}]" if record.text else "]"
@@ -345,7 +378,7 @@ def _history_block(
                 priority,
                 "how an earlier run ended (execution state)",
                 [record],
-                [ChatMessage(role="user", content=text)],
+                [message_of(memo, record, "state", lambda: ChatMessage(role="user", content=text))],
             )
         case ContextExportBody():
             return DraftBlock(
@@ -356,8 +389,14 @@ def _history_block(
                 "background the parent exported to this child, quoted as material (never instruction)",
                 [record],
                 [
-                    ChatMessage(
-                        role="user", content="[material: background from the parent agent]\n" + record.text
+                    message_of(
+                        memo,
+                        record,
+                        "material",
+                        lambda: ChatMessage(
+                            role="user",
+                            content="[material: background from the parent agent]\n" + record.text,
+                        ),
                     )
                 ],
             )
@@ -370,7 +409,14 @@ def _history_block(
                 1,
                 f"{what}, quoted as material (never instruction)",
                 [record],
-                [ChatMessage(role="user", content=record_content(body, record.text))],
+                [
+                    message_of(
+                        memo,
+                        record,
+                        "material",
+                        lambda: ChatMessage(role="user", content=record_content(body, record.text)),
+                    )
+                ],
             )
         case (
             SystemBody()
@@ -392,15 +438,9 @@ def _assistant_block(
     priority: int,
     turn: str,
     own_thread: str = "",
+    memo: ViewMemo | None = None,
 ) -> DraftBlock:
-    calls = tuple(
-        ChatToolCall(
-            id=_view_call_id(record, c.call_id, own_thread),
-            function=ChatFunction(name=c.name, arguments=arguments_json(c.args)),
-        )
-        for c in body.tool_calls
-    )
-    if not calls:
+    if not body.tool_calls:
         return DraftBlock(
             f"turn:{record.seq}",
             BlockKind.INTERACTION,
@@ -408,8 +448,14 @@ def _assistant_block(
             priority,
             f"model message {turn}",
             [record],
-            [ChatMessage(role="assistant", content=record.text)],
+            [
+                message_of(
+                    memo, record, "assistant", lambda: ChatMessage(role="assistant", content=record.text)
+                )
+            ],
         )
+    message = message_of(memo, record, "calls", lambda: _calls_message(record, body, own_thread))
+    calls = message.tool_calls or ()
     return DraftBlock(
         f"group:{record.seq}",
         BlockKind.INTERACTION,
@@ -417,9 +463,20 @@ def _assistant_block(
         priority,
         f"tool group {turn}: {len(calls)} call(s) with all their results, kept whole",
         [record],
-        [ChatMessage(role="assistant", content=record.text or None, tool_calls=calls)],
+        [message],
         waiting={c.id: i for i, c in enumerate(calls)},
     )
+
+
+def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread: str) -> ChatMessage:
+    calls = tuple(
+        ChatToolCall(
+            id=_view_call_id(record, c.call_id, own_thread),
+            function=ChatFunction(name=c.name, arguments=arguments_json(c.args)),
+        )
+        for c in body.tool_calls
+    )
+    return ChatMessage(role="assistant", content=record.text or None, tool_calls=calls)
 
 
 def _attach_outcome(
@@ -427,6 +484,7 @@ def _attach_outcome(
     body: ToolOutcomeBody,
     groups: dict[tuple[str, str], DraftBlock],
     own_thread: str = "",
+    memo: ViewMemo | None = None,
 ) -> None:
     call_id = body.call_id
     group = groups.pop((record.thread_id, call_id), None)
@@ -436,7 +494,12 @@ def _attach_outcome(
     group.records.append(record)
     group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
     group.messages.append(
-        ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
+        message_of(
+            memo,
+            record,
+            "tool",
+            lambda: ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text)),
+        )
     )
     if body.status is not ToolStatus.SUCCESS:
         group.error_calls.add(view_id)

@@ -1,0 +1,102 @@
+"""One cache of thread views per process, bounded by bytes (issue 16).
+
+The assembler, budgeter and compactor of a process read the same hot threads through one
+``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks the
+last prepare built of them (``ViewMemo``), and the immutable inherited snapshots of runs. Entries are
+evicted least recently used first once their estimated bytes exceed the bound, so memory follows a
+setting (``CTX_VIEW_CACHE_MB``) rather than a count of threads whatever their size.
+
+An entry is only ever a prefix of an append-only ledger: the loader reads what is new past it and
+serves exactly the head it was asked for, so an entry can be old but never wrong.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.core.view_memo import ViewMemo
+
+if TYPE_CHECKING:
+    from services.core.records import LedgerRecord
+
+__all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "record_bytes"]
+
+# What a cached record costs beyond its text: the object, its parsed body, payload and token counts
+# (tracemalloc on the bundled samples: 2.2 KB per record at 560 characters of text on average).
+_RECORD_OVERHEAD = 1000
+# The default bound: a 5,000-record thread of the bundled samples takes about 20 MB with its memo.
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+
+
+def record_bytes(records: Sequence[LedgerRecord]) -> int:
+    """An estimate of what ``records`` hold in memory (text twice: in the record and its payload)."""
+    return sum(_RECORD_OVERHEAD + 2 * (len(r.text) + len(r.mask_text or "")) for r in records)
+
+
+@dataclass
+class CachedRecords:
+    """A thread's records up to ``last_seq``, and the blocks the last prepare built of them."""
+
+    last_seq: int
+    records: list[LedgerRecord]
+    memo: ViewMemo
+    record_bytes: int = 0
+    # Exports resolved to their parent records, by seq: resolving reads the parent again.
+    resolved: dict[int, LedgerRecord] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        """Estimated bytes of the entry: its records and its memo."""
+        return self.record_bytes + self.memo.estimate_bytes()
+
+
+class ViewCache:
+    """Least-recently-used entries by estimated bytes, with the counts the metrics export."""
+
+    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> object | None:
+        """The entry under ``key`` (now the most recently used), or None."""
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return found[0]
+
+    def put(self, key: Hashable, value: object, size: int) -> list[Hashable]:
+        """Keep ``value`` under ``key`` at ``size`` bytes; returns the keys evicted to make room.
+
+        An entry larger than the whole bound is not kept (it would evict everything else and itself).
+        """
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        evicted: list[Hashable] = []
+        if size > self.max_bytes:
+            return evicted
+        self._entries[key] = (value, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            gone, (_, gone_size) = self._entries.popitem(last=False)
+            self.bytes -= gone_size
+            self.evictions += 1
+            evicted.append(gone)
+        return evicted
+
+    def keys(self) -> list[Hashable]:
+        """Keys from least to most recently used."""
+        return list(self._entries)
