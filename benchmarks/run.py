@@ -7,6 +7,8 @@ Figures (printed, and written to out/bench.json):
   replayed under a 16k policy budget: prepares over budget (must be 0), compactions, hot-path
   waits, prepared tokens vs the full-history total.
 - compactor: 60 threads over their trigger, jobs queued, drained by 1 then 2 compactor processes.
+- ingest: see benchmarks/ingest.py (100 sessions × 100 sample events, worker process apart:
+  burst and backlog events/s, CPU per process, order check, py-spy with --profile).
 - burst: 10,000 events over 100 threads published concurrently; events/s from the first publish
   until the last one is in Postgres (what a runtime waits for before its prepare sees everything).
 - prepare: replay of every bundled sample trace; prepare round-trip latency p50/p99 as a runtime
@@ -48,6 +50,7 @@ from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 
 from .eval import bench_eval
+from .ingest import bench_ingest
 from .ops import bench_ops
 from .overload import bench_overload
 from .recovery import bench_recovery
@@ -518,6 +521,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         results: dict[str, object] = {}
         for name in (
             "burst",
+            "ingest",
             "prepare",
             "busy",
             "small_budget",
@@ -540,7 +544,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             )
             servers = Servers(nats_url, db)
             await _reset_streams(nats_url)
-            if name == "burst":
+            if name == "ingest":
+                results["ingest"] = await bench_ingest(
+                    nats_url,
+                    pg_url,
+                    fresh_database=_fresh_database,
+                    reset_streams=_reset_streams,
+                    runs=args.ingest_runs,
+                    profile=args.profile,
+                    sets=args.ingest_sets,
+                )
+            elif name == "burst":
                 results["burst"] = await bench_burst(
                     servers, settings, threads=args.threads, per_thread=args.events // args.threads
                 )
@@ -636,6 +650,7 @@ def main() -> None:
         nargs="*",
         choices=[
             "burst",
+            "ingest",
             "prepare",
             "busy",
             "small_budget",
@@ -652,6 +667,15 @@ def main() -> None:
             "think",
         ],
     )
+    parser.add_argument("--ingest-runs", type=int, default=3, help="runs per ingest figure (median)")
+    parser.add_argument(
+        "--ingest-sets",
+        nargs="*",
+        default=["recorder_assembler", "all_five"],
+        choices=["recorder_assembler", "all_five"],
+        help="worker sets the ingest benchmark measures",
+    )
+    parser.add_argument("--profile", action="store_true", help="ingest: py-spy top functions of the worker")
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"
