@@ -199,8 +199,20 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
         return ["py-spy not installed in the venv"]
     raw = out.with_suffix(".txt")
     proc = await asyncio.create_subprocess_exec(
-        str(spy), "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "200", "-f", "raw", "-o", str(raw),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        str(spy),
+        "record",
+        "-p",
+        str(pid),
+        "-d",
+        str(int(seconds)),
+        "-r",
+        "200",
+        "-f",
+        "raw",
+        "-o",
+        str(raw),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     await proc.wait()
     if not raw.exists():
@@ -218,7 +230,10 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
             total_of[f] = total_of.get(f, 0) + n
     top = sorted(total_of.items(), key=lambda kv: -kv[1])
     keep = [f for f in top if not f[0].startswith(("<module>", "run", "_run_once", "run_forever", "main"))]
-    return [f"{100 * n / samples:5.1f}% total {100 * own.get(name, 0) / samples:5.1f}% self {name}" for name, n in keep[:25]]
+    return [
+        f"{100 * n / samples:5.1f}% total {100 * own.get(name, 0) / samples:5.1f}% self {name}"
+        for name, n in keep[:25]
+    ]
 
 
 async def _one_run(

@@ -35,9 +35,6 @@ __all__ = [
 ]
 
 
-
-
-
 # Every session of the batch in one statement, in session order, so that two recorders bumping the
 # same sessions (a partition changing hands) always lock them in the same order.
 _BUMP_SESSIONS = """
@@ -91,7 +88,6 @@ UPDATE ctx.thread_heads h SET role = u.role, parent_thread_id = u.parent
 FROM unnest($1::text[], $2::text[], $3::text[]) AS u(thread_id, role, parent)
 WHERE h.thread_id = u.thread_id
 """
-
 
 
 # Heads are written in bulk, new ones and moved ones in a statement each; a head missing from what
@@ -167,7 +163,6 @@ WHERE s.session_id = ANY($1::text[])
 """
 
 
-
 _RETIRE_FACT = """
 UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3
 WHERE thread_id = $1 AND path = $2 AND is_current
@@ -199,11 +194,12 @@ _SET_CATALOG = (
 )
 
 
-
-_INSERT_RECEIPT = """
+_INSERT_RECEIPTS = """
 INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256,
                           status, requested_event)
-VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7)
+SELECT u.session_id, u.operation_id, u.thread_id, u.call_id, u.tool, u.request_sha256, 'requested', u.event
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+    AS u(session_id, operation_id, thread_id, call_id, tool, request_sha256, event)
 """
 
 
@@ -213,9 +209,15 @@ WHERE session_id = $1 AND operation_id = $2 AND status IN ('requested', 'unknown
 """
 
 
-_FINISH_RECEIPT = """
-UPDATE ctx.receipts SET status = $3, finished_event = $4, response_sha256 = $5, external_ref = $6
-WHERE thread_id = $1 AND call_id = $2
+# Every outcome of the batch in one statement; a call has at most one outcome (a second one is
+# dead-lettered), so no receipt row is matched twice.
+_FINISH_RECEIPTS = """
+UPDATE ctx.receipts r
+SET status = u.status, finished_event = u.finished_event, response_sha256 = u.response_sha256,
+    external_ref = u.external_ref
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+    AS u(thread_id, call_id, status, finished_event, response_sha256, external_ref)
+WHERE r.thread_id = u.thread_id AND r.call_id = u.call_id
 """
 
 
@@ -458,26 +460,28 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     """Facts, versions and proposals of the batch's state writes, in the records' transaction."""
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
-    for r in plan.receipts_requested:
+    if plan.receipts_requested:
+        rs = plan.receipts_requested
         await conn.execute(
-            _INSERT_RECEIPT,
-            r.session_id,
-            r.operation_id,
-            r.thread_id,
-            r.call_id,
-            r.tool,
-            r.request_sha256,
-            r.requested_event,
+            _INSERT_RECEIPTS,
+            [r.session_id for r in rs],
+            [r.operation_id for r in rs],
+            [r.thread_id for r in rs],
+            [r.call_id for r in rs],
+            [r.tool for r in rs],
+            [r.request_sha256 for r in rs],
+            [r.requested_event for r in rs],
         )
-    for d in plan.receipts_finished:
+    if plan.receipts_finished:
+        ds = plan.receipts_finished
         await conn.execute(
-            _FINISH_RECEIPT,
-            d.thread_id,
-            d.call_id,
-            d.status,
-            d.finished_event,
-            d.response_sha256,
-            d.external_ref,
+            _FINISH_RECEIPTS,
+            [d.thread_id for d in ds],
+            [d.call_id for d in ds],
+            [d.status for d in ds],
+            [d.finished_event for d in ds],
+            [d.response_sha256 for d in ds],
+            [d.external_ref for d in ds],
         )
     for c in plan.receipts_reconciled:
         await conn.execute(
