@@ -45,7 +45,7 @@ from services.core.ledger import (
 )
 from services.errors import StoreRejected
 from services.store.ports import RecordingStore
-from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
 
@@ -112,7 +112,8 @@ class RecordingService:
         self._limits = limits
         self._recorder_id = recorder_id
         self._consumer = consumer
-        self._counters: dict[EncodingName, TokenCounter] = {name: counter_for(name) for name in ENCODINGS}
+        # o200k only: cl100k counts are deferred to the readers whose profile needs them (issue 16).
+        self._counters: dict[EncodingName, TokenCounter] = {"o200k_base": counter_for("o200k_base")}
 
     async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
         """Apply a batch exactly once, in order, setting aside any event that cannot be applied.

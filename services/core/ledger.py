@@ -77,11 +77,12 @@ from services.core.render import (
     TokenCounts,
     arguments_json,
     content_of,
-    count_record,
+    count_rendered,
     telling_line,
     trim_tool_text,
 )
-from services.core.tokens import EncodingName, TokenCounter
+from services.core.records import AssistantMessageBody, RecordKind, parse_body
+from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
     "BatchPlan",
@@ -106,6 +107,7 @@ __all__ = [
     "ThreadHead",
     "blob_ref",
     "decode_batch",
+    "deferred_tokens",
     "encode_raw",
     "plan_batch",
     "readable_event_key",
@@ -1029,10 +1031,11 @@ def _build_record(
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
     content = content_of(event.kind, payload, view_text if view_text is not None else text)
-    tokens = count_record(counters, content, _calls_of(event))
+    calls = _calls_of(event)
+    tokens = _counted(counters, content, calls)
     mask_tokens = None
     if mask_text is not None:
-        mask_tokens = count_record(counters, content_of(event.kind, payload, mask_text), [])
+        mask_tokens = _counted(counters, content_of(event.kind, payload, mask_text), [])
     record = NewRecord(
         thread_id=cursor.thread_id,
         seq=seq,
@@ -1056,6 +1059,45 @@ def _build_record(
         stream_seq=item.incoming.stream_seq,
     )
     return record, blobs
+
+
+def _counted(
+    counters: Mapping[EncodingName, TokenCounter], content: str, calls: Sequence[RenderedCall]
+) -> TokenCounts:
+    """o200k now; cl100k deferred to the first profile that asks (issue 16: it was a third of the
+    recorder's tokenizer time, for profiles most sessions never use)."""
+    return TokenCounts(
+        o200k_base=count_rendered(counters["o200k_base"], content, calls),
+        cl100k_base=lambda: count_rendered(_cl100k(counters), content, calls),
+    )
+
+
+def _cl100k(counters: Mapping[EncodingName, TokenCounter]) -> TokenCounter:
+    # Looked up only when a count is made, so a recorder never loads the cl100k tables for nothing.
+    return counters["cl100k_base"] if "cl100k_base" in counters else counter_for("cl100k_base")
+
+
+def deferred_tokens(
+    kind: str, payload: Mapping[str, JsonValue], text: str, o200k_base: int, cl100k_base: int | None
+) -> TokenCounts:
+    """A stored record's tokens; a cl100k count the recorder deferred (``None``) is made on first use.
+
+    Counted exactly as the recorder would have: the same rendered content and calls (from the
+    stored payload, which is what the recorder rendered them from).
+    """
+    if cl100k_base is not None:
+        return TokenCounts(o200k_base=o200k_base, cl100k_base=cl100k_base)
+
+    def count() -> int:
+        body = parse_body(RecordKind(kind), payload)
+        calls = (
+            [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
+            if isinstance(body, AssistantMessageBody)
+            else []
+        )
+        return count_rendered(counter_for("cl100k_base"), content_of(kind, payload, text), calls)
+
+    return TokenCounts(o200k_base=o200k_base, cl100k_base=count)
 
 
 def _mask_preview(text: str, ref: str) -> str:
