@@ -163,16 +163,12 @@ class _Cpu:
         return {k: round(end[k] - self._start.get(k, 0.0), 2) for k in end}
 
 
-def _servers(nats_url: str) -> dict[str, list[psutil.Process]]:
-    port = int(nats_url.rsplit(":", 1)[1])
-    groups: dict[str, list[psutil.Process]] = {"nats": [], "postgres": []}
-    for p in psutil.process_iter(["name", "cmdline"]):
-        name = p.info["name"] or ""
-        if "nats-server" in name and any(str(port) in part for part in p.info["cmdline"] or ()):
-            groups["nats"].append(p)
-        elif name == "postgres" and p.parent() is not None and p.parent().name() != "postgres":
-            groups["postgres"].append(p)  # the postmaster; its backends are its children
-    return groups
+async def _servers(conn: asyncpg.Connection) -> dict[str, list[psutil.Process]]:
+    """The embedded nats-server (our child) and the PostgreSQL postmaster serving ``conn``."""
+    nats_procs = [p for p in psutil.Process().children(recursive=True) if p.name() == "nats-server"]
+    backend = psutil.Process(int(await conn.fetchval("SELECT pg_backend_pid()")))
+    postmaster = backend.parent()
+    return {"nats": nats_procs, "postgres": [postmaster] if postmaster is not None else []}
 
 
 async def _count(conn: asyncpg.Connection) -> int:
@@ -262,18 +258,18 @@ async def _one_run(
         if backlog:
             publish_s = await _publish_all(nats_url, sessions)
         proc, port = _spawn(env, workers, tmp / "ingest-worker.log")
-        groups = {"worker": [psutil.Process(proc.pid)], "publisher": [psutil.Process()], **_servers(nats_url)}
+        servers = await _servers(conn)
+        groups = {"worker": [psutil.Process(proc.pid)], "publisher": [psutil.Process()], **servers}
         if not backlog:
             await asyncio.to_thread(_wait_ready, proc, port)
-        cpu = _Cpu(groups)
-        started = time.perf_counter()
-        spy = asyncio.create_task(_profile(proc.pid, 4, tmp / "spy")) if profile else None
         if backlog:
             while (first := await _count(conn)) == 0:
                 await asyncio.sleep(0.005)
-            started = time.perf_counter()
-            cpu = _Cpu(groups)
-        else:
+        cpu = _Cpu(groups)
+        started = time.perf_counter()
+        # From the first record (backlog) or the first publish (burst): start-up is not profiled.
+        spy = asyncio.create_task(_profile(proc.pid, 2, tmp / "spy")) if profile else None
+        if not backlog:
             first = 0
             publish_s = await _publish_all(nats_url, sessions)
         while (n := await _count(conn)) < total:
