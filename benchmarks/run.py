@@ -510,7 +510,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     try:
         nats_url = os.environ.get("CTX_NATS_URL")
         if not nats_url:
-            broker = EmbeddedNats(tmp / "nats")
+            broker = EmbeddedNats(tmp / "nats", sync_always=not args.nats_async_flush)
             nats_url = broker.start()
             owned.append(broker)
         pg_url = os.environ.get("CTX_DATABASE_URL")
@@ -676,6 +676,11 @@ def main() -> None:
         help="worker sets the ingest benchmark measures",
     )
     parser.add_argument("--profile", action="store_true", help="ingest: py-spy top functions of the worker")
+    parser.add_argument(
+        "--nats-async-flush",
+        action="store_true",
+        help="embedded nats-server without fsync per message (CTX_NATS_SYNC_ALWAYS=false)",
+    )
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"

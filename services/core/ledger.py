@@ -24,7 +24,7 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple, assert_never
 
@@ -570,9 +570,9 @@ class _Chains:
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
-        record, blob_list = _build_record(item, cursor, seq, content_sha, limits, counters)
-        self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
-        self.records.append(_with_session_ordinal(record, self.session_counts[cursor.session_id]))
+        ordinal = self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
+        record, blob_list = _build_record(item, cursor, seq, ordinal, content_sha, limits, counters)
+        self.records.append(record)
         for blob in blob_list:
             self.blobs.setdefault(blob.sha256, blob)
         self.keys[(cursor.thread_id, event.event_key)] = KnownKey(seq, content_sha)
@@ -996,6 +996,7 @@ def _build_record(
     item: Decoded,
     cursor: _ThreadCursor,
     seq: int,
+    session_ordinal: int,
     content_sha: str,
     limits: RecordingLimits,
     counters: Mapping[EncodingName, TokenCounter],
@@ -1040,7 +1041,7 @@ def _build_record(
         thread_id=cursor.thread_id,
         seq=seq,
         session_id=cursor.session_id,
-        session_ordinal=0,
+        session_ordinal=session_ordinal,
         run_id=event.run_id,
         instance_id=event.instance_id,
         event_key=event.event_key,
@@ -1107,10 +1108,6 @@ def _mask_preview(text: str, ref: str) -> str:
         f"{head}\n[… output masked to save context: {len(text)} chars, {len(lines)} lines; "
         f"read it back from {ref} …]"
     )
-
-
-def _with_session_ordinal(record: NewRecord, ordinal: int) -> NewRecord:
-    return replace(record, session_ordinal=ordinal)
 
 
 def encode_raw(raw: bytes, keep: int) -> tuple[str, bool]:
