@@ -226,9 +226,13 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
             total_of[f] = total_of.get(f, 0) + n
     top = sorted(total_of.items(), key=lambda kv: -kv[1])
     keep = [f for f in top if not f[0].startswith(("<module>", "run", "_run_once", "run_forever", "main"))]
+    by_self = sorted(own.items(), key=lambda kv: -kv[1])[:15]
     return [
-        f"{100 * n / samples:5.1f}% total {100 * own.get(name, 0) / samples:5.1f}% self {name}"
-        for name, n in keep[:25]
+        *(
+            f"{100 * n / samples:5.1f}% total {100 * own.get(name, 0) / samples:5.1f}% self {name}"
+            for name, n in keep[:25]
+        ),
+        *(f"{100 * n / samples:5.1f}% self {name}" for name, n in by_self),
     ]
 
 
