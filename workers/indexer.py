@@ -19,7 +19,7 @@ __all__ = ["IndexerWorker"]
 log = logging.getLogger("ctxfleet.indexer")
 # A thread being recorded into is indexed at most this often: one pass then takes every record
 # since the last, instead of a pass (and its transaction) per recorded batch (issue 16).
-MIN_INTERVAL_S = 0.25
+_MIN_INTERVAL_S = 0.25
 
 
 class IndexerWorker(CoalescingWorker):
@@ -29,7 +29,7 @@ class IndexerWorker(CoalescingWorker):
         self._store = store
         self._metrics = metrics
         self._scheduler = (
-            CoalescingScheduler(self._index, self._stale, log, min_interval_s=MIN_INTERVAL_S)
+            CoalescingScheduler(self._index, self._stale, log, min_interval_s=_MIN_INTERVAL_S)
             if store is not None
             else None
         )
