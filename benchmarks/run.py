@@ -7,6 +7,8 @@ Figures (printed, and written to out/bench.json):
   replayed under a 16k policy budget: prepares over budget (must be 0), compactions, hot-path
   waits, prepared tokens vs the full-history total.
 - compactor: 60 threads over their trigger, jobs queued, drained by 1 then 2 compactor processes.
+- ingest: see benchmarks/ingest.py (100 sessions × 100 sample events, worker process apart:
+  burst and backlog events/s, CPU per process, order check, py-spy with --profile).
 - burst: 10,000 events over 100 threads published concurrently; events/s from the first publish
   until the last one is in Postgres (what a runtime waits for before its prepare sees everything).
 - prepare: replay of every bundled sample trace; prepare round-trip latency p50/p99 as a runtime
@@ -58,6 +60,7 @@ from .concurrency import bench_concurrency
 from .eval import bench_eval
 from .langgraph_side import bench_langgraph
 from .memory import bench_memory
+from .ingest import bench_ingest
 from .ops import bench_ops
 from .overload import bench_overload
 from .prepare_pure import bench_pure
@@ -518,7 +521,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     try:
         nats_url = os.environ.get("CTX_NATS_URL")
         if not nats_url:
-            broker = EmbeddedNats(tmp / "nats")
+            broker = EmbeddedNats(tmp / "nats", sync_always=not args.nats_async_flush)
             nats_url = broker.start()
             owned.append(broker)
         pg_url = os.environ.get("CTX_DATABASE_URL")
@@ -529,6 +532,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         results: dict[str, object] = {}
         for name in (
             "burst",
+            "ingest",
             "prepare",
             "busy",
             "small_budget",
@@ -555,7 +559,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             )
             servers = Servers(nats_url, db)
             await _reset_streams(nats_url)
-            if name == "burst":
+            if name == "ingest":
+                results["ingest"] = await bench_ingest(
+                    nats_url,
+                    pg_url,
+                    fresh_database=_fresh_database,
+                    reset_streams=_reset_streams,
+                    runs=args.ingest_runs,
+                    profile=args.profile,
+                    sets=args.ingest_sets,
+                )
+            elif name == "burst":
                 results["burst"] = await bench_burst(
                     servers, settings, threads=args.threads, per_thread=args.events // args.threads
                 )
@@ -675,6 +689,7 @@ def main() -> None:
         nargs="*",
         choices=[
             "burst",
+            "ingest",
             "prepare",
             "busy",
             "small_budget",
@@ -702,6 +717,20 @@ def main() -> None:
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
     parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
     parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
+    parser.add_argument("--ingest-runs", type=int, default=3, help="runs per ingest figure (median)")
+    parser.add_argument(
+        "--ingest-sets",
+        nargs="*",
+        default=["recorder_assembler", "all_five"],
+        choices=["recorder_assembler", "all_five"],
+        help="worker sets the ingest benchmark measures",
+    )
+    parser.add_argument("--profile", action="store_true", help="ingest: py-spy top functions of the worker")
+    parser.add_argument(
+        "--nats-async-flush",
+        action="store_true",
+        help="embedded nats-server without fsync per message (CTX_NATS_SYNC_ALWAYS=false)",
+    )
     parser.add_argument("--search-records", type=int, default=100_000)
     parser.add_argument(
         "--overload-seconds", type=float, default=20.0, help="duration of each overload configuration"

@@ -3,7 +3,7 @@
 Fed by recorder notices (``ctx.recorded.<thread>``, queue group ``budgeter``) and by a periodic
 sweep of threads recorded past their last evaluation, so a lost notice or a restart only delays
 an evaluation. Evaluations of one thread are coalesced: a notice during an evaluation schedules
-exactly one more.
+exactly one more, at most one per 0.25 s while the thread keeps moving.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ __all__ = ["BudgeterWorker"]
 
 log = logging.getLogger("ctxfleet.budgeter")
 _SWEEP_S = 2.0
+# A thread being recorded into is evaluated at most this often, however many batches land (each
+# evaluation loads and measures its view: per batch, it took CPU from the recorder, issue 16).
+_MIN_INTERVAL_S = 0.25
 
 
 class BudgeterWorker(CoalescingWorker):
@@ -32,7 +35,11 @@ class BudgeterWorker(CoalescingWorker):
         self._metrics = metrics
         ready = service is not None and store is not None
         self._scheduler = (
-            CoalescingScheduler(self._evaluate, self._stale, log, sweep_s=_SWEEP_S) if ready else None
+            CoalescingScheduler(
+                self._evaluate, self._stale, log, sweep_s=_SWEEP_S, min_interval_s=_MIN_INTERVAL_S
+            )
+            if ready
+            else None
         )
         self.router = recorded_notices(
             "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule

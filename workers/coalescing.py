@@ -14,8 +14,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from faststream import Path
 from faststream.nats import NatsRouter
+from faststream.nats.annotations import NatsMessage
 
 from contracts.subjects import RECORDED
 
@@ -35,7 +35,10 @@ def recorded_notices(queue: str, description: str, schedule: Callable[[str], Non
         title=queue,
         description=description,
     )
-    async def on_recorded(body: bytes, run_id: str = Path(), instance_id: str = Path()) -> None:
+    async def on_recorded(body: bytes, message: NatsMessage) -> None:
+        # The thread from the subject, not FastStream ``Path()`` parameters: those cost a thread hop
+        # each on every notice, and a burst brings one per thread and recorded batch (issue 16).
+        run_id, instance_id = str(message.raw_message.subject).split(".")[-2:]
         schedule(f"{run_id}.{instance_id}")
 
     return router
@@ -53,6 +56,7 @@ class CoalescingScheduler:
         sweep_s: float = 2.0,
         max_concurrent: int = 8,
         max_pending: int = 4096,
+        min_interval_s: float = 0.0,
     ) -> None:
         self._work = work
         self._find_stale = sweep
@@ -60,6 +64,7 @@ class CoalescingScheduler:
         self._sweep_s = sweep_s
         self._slots = asyncio.Semaphore(max_concurrent)
         self._max_pending = max_pending
+        self._min_interval_s = min_interval_s
         self._running: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -85,16 +90,25 @@ class CoalescingScheduler:
         self._running[thread_id] = asyncio.create_task(self._run(thread_id))
 
     async def _run(self, thread_id: str) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            async with self._slots:
-                while True:
+            while True:
+                async with self._slots:
                     self._again.discard(thread_id)
+                    started = loop.time()
                     try:
                         await self._work(thread_id)
                     except Exception as exc:  # the sweep retries; this work is never on the hot path
                         self._log.warning("%s: %s", thread_id, exc)
-                    if thread_id not in self._again or self._stopping:
-                        return
+                if thread_id not in self._again or self._stopping:
+                    return
+                # A thread still being recorded into gets one more pass per interval, not one per
+                # batch: the notices meanwhile collapse into it (the slot is free while it waits).
+                delay = started + self._min_interval_s - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if self._stopping:
+                    return
         finally:
             self._running.pop(thread_id, None)
 

@@ -17,6 +17,9 @@ from .metrics import FleetMetrics
 __all__ = ["IndexerWorker"]
 
 log = logging.getLogger("ctxfleet.indexer")
+# A thread being recorded into is indexed at most this often: one pass then takes every record
+# since the last, instead of a pass (and its transaction) per recorded batch (issue 16).
+_MIN_INTERVAL_S = 0.25
 
 
 class IndexerWorker(CoalescingWorker):
@@ -25,7 +28,11 @@ class IndexerWorker(CoalescingWorker):
     def __init__(self, store: PgStore | None, metrics: FleetMetrics) -> None:
         self._store = store
         self._metrics = metrics
-        self._scheduler = CoalescingScheduler(self._index, self._stale, log) if store is not None else None
+        self._scheduler = (
+            CoalescingScheduler(self._index, self._stale, log, min_interval_s=_MIN_INTERVAL_S)
+            if store is not None
+            else None
+        )
         self.router = recorded_notices(
             "indexer", "Recorder notices: index the thread's new records.", self.schedule
         )

@@ -14,6 +14,7 @@ propagate and the worker retries, so a broken database never turns valid events 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from services.core.ledger import (
     BatchPlan,
     Decoded,
     Incoming,
+    LedgerReads,
     RecordingLimits,
     Rejection,
     decode_batch,
@@ -45,13 +47,16 @@ from services.core.ledger import (
 )
 from services.errors import StoreRejected
 from services.store.ports import RecordingStore
-from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
 
 log = logging.getLogger("ctxfleet.recorder")
 
 _MAX_ATTEMPTS = 4
+# Below this much event data a thread hop (~0.1 ms) costs more than the overlap it buys; a
+# read-your-writes prepare waits on small batches.
+_THREAD_PLAN_BYTES = 64 * 1024
 _CAUSE_CHARS = 300
 # The steps of an attempt that handle the events' values, named in an unstorable event's details.
 _Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
@@ -112,7 +117,8 @@ class RecordingService:
         self._limits = limits
         self._recorder_id = recorder_id
         self._consumer = consumer
-        self._counters: dict[EncodingName, TokenCounter] = {name: counter_for(name) for name in ENCODINGS}
+        # o200k only: cl100k counts are deferred to the readers whose profile needs them (issue 16).
+        self._counters: dict[EncodingName, TokenCounter] = {"o200k_base": counter_for("o200k_base")}
 
     async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
         """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
@@ -168,7 +174,7 @@ class RecordingService:
             with _content_failures("read"):
                 reads = await store.read_for_batch(*_touched(decoded))
             with _content_failures("plan"):
-                plan = plan_batch(decoded, reads, self._limits, self._counters)
+                plan = await self._plan(fresh, decoded, reads)
             for rejection in plan.rejections:
                 await self._sink.publish(
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
@@ -184,6 +190,16 @@ class RecordingService:
             if plan.records:
                 kill_point("record.after_commit")
         return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
+
+    async def _plan(
+        self, fresh: Sequence[Incoming], decoded: list[Decoded | Rejection], reads: LedgerReads
+    ) -> BatchPlan:
+        """Plan on this loop, or for a large batch in a worker thread: tokenizing (most of a plan's
+        cost) releases the GIL, so other partitions' reads and writes go on meanwhile, on the other
+        core. The plan is pure, so where it runs changes nothing but when it is ready."""
+        if sum(len(m.data) for m in fresh) < _THREAD_PLAN_BYTES:
+            return plan_batch(decoded, reads, self._limits, self._counters)
+        return await asyncio.to_thread(plan_batch, decoded, reads, self._limits, self._counters)
 
     async def _set_aside(self, partition: int, incoming: Incoming, failure: _Unappliable) -> BatchResult:
         """Dead-letter the one event that cannot be applied and move the position past it."""

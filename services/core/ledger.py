@@ -24,7 +24,7 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple, assert_never
 
@@ -77,11 +77,12 @@ from services.core.render import (
     TokenCounts,
     arguments_json,
     content_of,
-    count_record,
+    count_rendered,
     telling_line,
     trim_tool_text,
 )
-from services.core.tokens import EncodingName, TokenCounter
+from services.core.records import AssistantMessageBody, RecordKind, parse_body
+from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
     "BatchPlan",
@@ -106,6 +107,7 @@ __all__ = [
     "ThreadHead",
     "blob_ref",
     "decode_batch",
+    "deferred_tokens",
     "encode_raw",
     "plan_batch",
     "readable_event_key",
@@ -570,9 +572,9 @@ class _Chains:
         cursor.user_turns += _counts_as_turn(event)
         cursor.model_steps += _counts_as_step(event)
         seq = cursor.seq + 1
-        record, blob_list = _build_record(item, cursor, seq, content_sha, limits, counters)
-        self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
-        self.records.append(_with_session_ordinal(record, self.session_counts[cursor.session_id]))
+        ordinal = self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
+        record, blob_list = _build_record(item, cursor, seq, ordinal, content_sha, limits, counters)
+        self.records.append(record)
         for blob in blob_list:
             self.blobs.setdefault(blob.sha256, blob)
         self.keys[(cursor.thread_id, event.event_key)] = KnownKey(seq, content_sha)
@@ -996,6 +998,7 @@ def _build_record(
     item: Decoded,
     cursor: _ThreadCursor,
     seq: int,
+    session_ordinal: int,
     content_sha: str,
     limits: RecordingLimits,
     counters: Mapping[EncodingName, TokenCounter],
@@ -1031,15 +1034,16 @@ def _build_record(
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
     content = content_of(event.kind, payload, view_text if view_text is not None else text)
-    tokens = count_record(counters, content, _calls_of(event))
+    calls = _calls_of(event)
+    tokens = _counted(counters, content, calls)
     mask_tokens = None
     if mask_text is not None:
-        mask_tokens = count_record(counters, content_of(event.kind, payload, mask_text), [])
+        mask_tokens = _counted(counters, content_of(event.kind, payload, mask_text), [])
     record = NewRecord(
         thread_id=cursor.thread_id,
         seq=seq,
         session_id=cursor.session_id,
-        session_ordinal=0,
+        session_ordinal=session_ordinal,
         run_id=event.run_id,
         instance_id=event.instance_id,
         event_key=event.event_key,
@@ -1060,6 +1064,45 @@ def _build_record(
     return record, blobs
 
 
+def _counted(
+    counters: Mapping[EncodingName, TokenCounter], content: str, calls: Sequence[RenderedCall]
+) -> TokenCounts:
+    """o200k now; cl100k deferred to the first profile that asks (issue 16: it was a third of the
+    recorder's tokenizer time, for profiles most sessions never use)."""
+    return TokenCounts(
+        o200k_base=count_rendered(counters["o200k_base"], content, calls),
+        cl100k_base=lambda: count_rendered(_cl100k(counters), content, calls),
+    )
+
+
+def _cl100k(counters: Mapping[EncodingName, TokenCounter]) -> TokenCounter:
+    # Looked up only when a count is made, so a recorder never loads the cl100k tables for nothing.
+    return counters["cl100k_base"] if "cl100k_base" in counters else counter_for("cl100k_base")
+
+
+def deferred_tokens(
+    kind: str, payload: Mapping[str, JsonValue], text: str, o200k_base: int, cl100k_base: int | None
+) -> TokenCounts:
+    """A stored record's tokens; a cl100k count the recorder deferred (``None``) is made on first use.
+
+    Counted exactly as the recorder would have: the same rendered content and calls (from the
+    stored payload, which is what the recorder rendered them from).
+    """
+    if cl100k_base is not None:
+        return TokenCounts(o200k_base=o200k_base, cl100k_base=cl100k_base)
+
+    def count() -> int:
+        body = parse_body(RecordKind(kind), payload)
+        calls = (
+            [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
+            if isinstance(body, AssistantMessageBody)
+            else []
+        )
+        return count_rendered(counter_for("cl100k_base"), content_of(kind, payload, text), calls)
+
+    return TokenCounts(o200k_base=o200k_base, cl100k_base=count)
+
+
 def _mask_preview(text: str, ref: str) -> str:
     lines = text.splitlines()
     head = "\n".join(lines[:3])[:300]
@@ -1067,10 +1110,6 @@ def _mask_preview(text: str, ref: str) -> str:
         f"{head}\n[… output masked to save context: {len(text)} chars, {len(lines)} lines; "
         f"read it back from {ref} …]"
     )
-
-
-def _with_session_ordinal(record: NewRecord, ordinal: int) -> NewRecord:
-    return replace(record, session_ordinal=ordinal)
 
 
 def encode_raw(raw: bytes, keep: int) -> tuple[str, bool]:

@@ -8,7 +8,7 @@ again. Parsing is plain code over the stored JSON, not pydantic: the recorder va
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, TypeAlias, assert_never
@@ -81,16 +81,67 @@ Purpose: TypeAlias = Literal["action", "completion"]
 RunEnd: TypeAlias = Literal["completed", "failed", "cancelled", "interrupted"]
 
 
-@dataclass(frozen=True, slots=True)
 class TokenCounts:
-    """Tokens of one piece of content in every supported encoding."""
+    """Tokens of one piece of content in every supported encoding.
+
+    ``cl100k_base`` may be given as a function that counts it: the recorder counts only o200k (what
+    the default profiles and every estimate use), and the cl100k count is made on first use by a
+    profile that needs it, then kept (issue 16). Immutable, compared and hashed by both counts.
+    """
+
+    __slots__ = ("o200k_base", "_cl100k", "_count_cl100k")
 
     o200k_base: int
-    cl100k_base: int
+    _cl100k: int | None
+    _count_cl100k: Callable[[], int] | None
+
+    def __init__(self, o200k_base: int, cl100k_base: int | Callable[[], int]) -> None:
+        object.__setattr__(self, "o200k_base", o200k_base)
+        if callable(cl100k_base):
+            object.__setattr__(self, "_cl100k", None)
+            object.__setattr__(self, "_count_cl100k", cl100k_base)
+        else:
+            object.__setattr__(self, "_cl100k", cl100k_base)
+            object.__setattr__(self, "_count_cl100k", None)
+
+    @property
+    def cl100k_base(self) -> int:
+        """Tokens in cl100k_base, counted now if they were not yet."""
+        if self._cl100k is None:
+            assert self._count_cl100k is not None
+            object.__setattr__(self, "_cl100k", self._count_cl100k())
+            object.__setattr__(self, "_count_cl100k", None)
+        assert self._cl100k is not None
+        return self._cl100k
+
+    @property
+    def cl100k_counted(self) -> int | None:
+        """The cl100k count if it was made, without making it (what the recorder stores)."""
+        return self._cl100k
 
     def get(self, encoding: EncodingName) -> int:
         """Tokens in ``encoding``."""
         return self.o200k_base if encoding == "o200k_base" else self.cl100k_base
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"TokenCounts is immutable (cannot set {name})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TokenCounts):
+            return NotImplemented
+        return self.o200k_base == other.o200k_base and self.cl100k_base == other.cl100k_base
+
+    def __hash__(self) -> int:
+        return hash((self.o200k_base, self.cl100k_base))
+
+    def __repr__(self) -> str:
+        # Never counts: a log line or a failed assertion must not pay for (or hide) a deferred count.
+        cl100k = "<not counted>" if self._cl100k is None else self._cl100k
+        return f"TokenCounts(o200k_base={self.o200k_base}, cl100k_base={cl100k})"
+
+    def __reduce__(self) -> tuple[type[TokenCounts], tuple[int, int]]:
+        # copy and pickle rebuild it through __init__ (slots and a blocked __setattr__ need that).
+        return (TokenCounts, (self.o200k_base, self.cl100k_base))
 
 
 # The bodies leave out ``text``: the recorder stores it apart (possibly as a blob) and the record

@@ -37,7 +37,7 @@ from services.core.records import (
     parse_body,
 )
 from services.core.context_tools import CONTEXT_READ
-from services.core.tokens import ENCODINGS, EncodingName, TokenCounter
+from services.core.tokens import EncodingName, TokenCounter
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -49,6 +49,7 @@ __all__ = [
     "arguments_json",
     "content_of",
     "count_record",
+    "count_rendered",
     "name_read_tool",
     "omitted_marker",
     "read_back_ref",
@@ -198,14 +199,19 @@ def count_record(
     counters: Mapping[EncodingName, TokenCounter], content: str, calls: Sequence[RenderedCall]
 ) -> TokenCounts:
     """Tokens of a rendered record's content and tool calls, without per-message overhead."""
-    totals: dict[EncodingName, int] = {}
-    for name in ENCODINGS:
-        c = counters[name]
-        n = c.count(content)
-        for call in calls:
-            n += c.count(call.name) + c.count(call.arguments) + c.count(call.call_id) + TOOL_CALL_OVERHEAD
-        totals[name] = n
-    return TokenCounts(o200k_base=totals["o200k_base"], cl100k_base=totals["cl100k_base"])
+    return TokenCounts(
+        o200k_base=count_rendered(counters["o200k_base"], content, calls),
+        cl100k_base=count_rendered(counters["cl100k_base"], content, calls),
+    )
+
+
+def count_rendered(counter: TokenCounter, content: str, calls: Sequence[RenderedCall]) -> int:
+    """:func:`count_record` in one encoding."""
+    n = counter.count(content)
+    for call in calls:
+        n += counter.count(call.name) + counter.count(call.arguments) + counter.count(call.call_id)
+        n += TOOL_CALL_OVERHEAD
+    return n
 
 
 def tool_schema_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:

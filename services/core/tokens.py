@@ -135,12 +135,20 @@ class TokenCounter:
         self.name: EncodingName = name
         self.method = f"tiktoken:{name}"
         self._enc = _encoding(name)
+        # The last text counted: the recorder counts a tool output to decide whether to trim it,
+        # then counts the same text again as the record's content (one tuple: atomic to swap).
+        self._last: tuple[str, int] = ("", 0)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``."""
         if not text:
             return 0
-        return len(self._enc.encode_ordinary(text))
+        last_text, last_n = self._last
+        if text is last_text or text == last_text:
+            return last_n
+        n = len(self._enc.encode_ordinary(text))
+        self._last = (text, n)
+        return n
 
     def head_tail(self, text: str, *, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
         """The first ``head_tokens`` and last ``tail_tokens`` of ``text``, cut on token boundaries."""

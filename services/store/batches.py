@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from pydantic import JsonValue
+
 
 from contracts import DEFAULT_POLICY_NAME, ToolCatalog
 from contracts.subjects import DEFAULT_TENANT
@@ -33,51 +35,16 @@ __all__ = [
 ]
 
 
-_SELECT_HEADS = """
-SELECT thread_id, session_id, revision, last_seq, last_hash, last_event_key
-FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])
-"""
-
-
-_SELECT_KEYS = """
-SELECT r.thread_id, r.event_key, r.seq, r.content_sha256
-FROM ctx.records r
-JOIN unnest($1::text[], $2::text[]) AS k(thread_id, event_key)
-  ON r.thread_id = k.thread_id AND r.event_key = k.event_key
-"""
-
-
-_SELECT_CALLS = """
-SELECT c.thread_id, c.call_id, c.call_seq, c.outcome_seq, c.name, c.args
-FROM ctx.tool_calls c
-JOIN unnest($1::text[], $2::text[]) AS k(thread_id, call_id)
-  ON c.thread_id = k.thread_id AND c.call_id = k.call_id
-"""
-
-
-_BUMP_SESSION = """
+# Every session of the batch in one statement, in session order, so that two recorders bumping the
+# same sessions (a partition changing hands) always lock them in the same order.
+_BUMP_SESSIONS = """
 INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision, tenant)
-VALUES ($1, $2, $3, (SELECT max(revision) FROM ctx.policies WHERE name = $3 AND tenant IN ($4, '')), $4)
+SELECT u.session_id, u.n, u.policy,
+       (SELECT max(revision) FROM ctx.policies WHERE name = u.policy AND tenant IN (u.tenant, '')), u.tenant
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(session_id, n, policy, tenant)
+ORDER BY u.session_id
 ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
-RETURNING last_seq
-"""
-
-
-_SELECT_SESSIONS = (
-    "SELECT session_id, tenant, principal_id, agent_release FROM ctx.sessions "
-    "WHERE session_id = ANY($1::text[])"
-)
-
-
-_SELECT_RUNS = """
-SELECT run_id, session_id, status, main_thread_id FROM ctx.runs
-WHERE run_id = ANY($1::text[]) OR (session_id = ANY($2::text[]) AND status = 'active')
-"""
-
-
-_SELECT_THREAD_META = """
-SELECT thread_id, session_id, role, parent_thread_id, last_seq FROM ctx.thread_heads
-WHERE thread_id = ANY($1::text[])
+RETURNING session_id, last_seq
 """
 
 
@@ -90,10 +57,18 @@ VALUES ($1, $2, $5, $3, $4)
 _UPDATE_RUN = "UPDATE ctx.runs SET status = $2, updated_at = now() WHERE run_id = $1"
 
 
-_SET_PRINCIPAL = "UPDATE ctx.sessions SET principal_id = $2 WHERE session_id = $1 AND principal_id IS NULL"
+_SET_PRINCIPALS = """
+UPDATE ctx.sessions s SET principal_id = u.value
+FROM unnest($1::text[], $2::text[]) AS u(session_id, value)
+WHERE s.session_id = u.session_id AND s.principal_id IS NULL
+"""
 
 
-_SET_RELEASE = "UPDATE ctx.sessions SET agent_release = $2 WHERE session_id = $1 AND agent_release IS NULL"
+_SET_RELEASES = """
+UPDATE ctx.sessions s SET agent_release = u.value
+FROM unnest($1::text[], $2::text[]) AS u(session_id, value)
+WHERE s.session_id = u.session_id AND s.agent_release IS NULL
+"""
 
 
 _RESET_SESSION = "UPDATE ctx.sessions SET reset_seq = GREATEST(reset_seq, $2) WHERE session_id = $1"
@@ -108,30 +83,34 @@ FROM ctx.thread_heads h WHERE h.thread_id = v.thread_id AND h.session_id = $1
 """
 
 
-_SET_THREAD_ROLE = "UPDATE ctx.thread_heads SET role = $2, parent_thread_id = $3 WHERE thread_id = $1"
-
-
-_SELECT_POLICY_NAMES = (
-    "SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($1::text[]) OR tenant = ''"
-)
-
-
-_INSERT_HEAD = """
-INSERT INTO ctx.thread_heads
-    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
-     user_turns, model_steps)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-ON CONFLICT (thread_id) DO NOTHING
-RETURNING revision
+_SET_THREAD_ROLES = """
+UPDATE ctx.thread_heads h SET role = u.role, parent_thread_id = u.parent
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u(thread_id, role, parent)
+WHERE h.thread_id = u.thread_id
 """
 
 
-_UPDATE_HEAD = """
-UPDATE ctx.thread_heads
-SET revision = $2, last_seq = $3, last_hash = $4, last_event_key = $5, updated_at = now(),
-    user_turns = user_turns + $7, model_steps = model_steps + $8
-WHERE thread_id = $1 AND revision = $6
-RETURNING revision
+# Heads are written in bulk, new ones and moved ones in a statement each; a head missing from what
+# a statement returns lost its compare-and-set (or its first insert) to another writer.
+_INSERT_HEADS = """
+INSERT INTO ctx.thread_heads
+    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
+     user_turns, model_steps)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+                     $7::text[], $8::text[], $9::integer[], $10::integer[])
+ON CONFLICT (thread_id) DO NOTHING
+RETURNING thread_id
+"""
+
+
+_UPDATE_HEADS = """
+UPDATE ctx.thread_heads h
+SET revision = u.revision, last_seq = u.last_seq, last_hash = u.last_hash, last_event_key = u.last_key,
+    updated_at = now(), user_turns = h.user_turns + u.turns, model_steps = h.model_steps + u.steps
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::integer[],
+            $8::integer[]) AS u(thread_id, revision, last_seq, last_hash, last_key, expected, turns, steps)
+WHERE h.thread_id = u.thread_id AND h.revision = u.expected
+RETURNING h.thread_id
 """
 
 
@@ -184,13 +163,6 @@ WHERE s.session_id = ANY($1::text[])
 """
 
 
-_LATEST_CATALOGS = """
-SELECT DISTINCT ON (c.tenant, c.release) c.tenant, c.release, c.revision, c.body FROM ctx.tool_catalogs c
-JOIN unnest($1::text[], $2::text[]) AS k(tenant, release) ON c.tenant = k.tenant AND c.release = k.release
-ORDER BY c.tenant, c.release, c.revision DESC
-"""
-
-
 _RETIRE_FACT = """
 UPDATE ctx.state_facts SET is_current = false, valid_to_seq = $3
 WHERE thread_id = $1 AND path = $2 AND is_current
@@ -222,16 +194,12 @@ _SET_CATALOG = (
 )
 
 
-_SELECT_OPERATIONS = """
-SELECT session_id, operation_id FROM ctx.receipts
-JOIN unnest($1::text[], $2::text[]) AS k(s, o) ON session_id = k.s AND operation_id = k.o
-"""
-
-
-_INSERT_RECEIPT = """
+_INSERT_RECEIPTS = """
 INSERT INTO ctx.receipts (session_id, operation_id, thread_id, call_id, tool, request_sha256,
                           status, requested_event)
-VALUES ($1, $2, $3, $4, $5, $6, 'requested', $7)
+SELECT u.session_id, u.operation_id, u.thread_id, u.call_id, u.tool, u.request_sha256, 'requested', u.event
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+    AS u(session_id, operation_id, thread_id, call_id, tool, request_sha256, event)
 """
 
 
@@ -241,9 +209,15 @@ WHERE session_id = $1 AND operation_id = $2 AND status IN ('requested', 'unknown
 """
 
 
-_FINISH_RECEIPT = """
-UPDATE ctx.receipts SET status = $3, finished_event = $4, response_sha256 = $5, external_ref = $6
-WHERE thread_id = $1 AND call_id = $2
+# Every outcome of the batch in one statement; a call has at most one outcome (a second one is
+# dead-lettered), so no receipt row is matched twice.
+_FINISH_RECEIPTS = """
+UPDATE ctx.receipts r
+SET status = u.status, finished_event = u.finished_event, response_sha256 = u.response_sha256,
+    external_ref = u.external_ref
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+    AS u(thread_id, call_id, status, finished_event, response_sha256, external_ref)
+WHERE r.thread_id = u.thread_id AND r.call_id = u.call_id
 """
 
 
@@ -252,6 +226,59 @@ UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(thread_id, call_id, seq, status)
 WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS NULL
 """
+
+
+# Every read a batch needs in one statement, so one round trip however many tables it touches: each
+# sub-select is one of the queries above, aggregated to a JSON array (json and jsonb columns as text,
+# parsed exactly as the row-per-query reads parsed them).
+_READ_BATCH = """
+SELECT
+  (SELECT coalesce(json_agg(json_build_array(
+       thread_id, session_id, revision, last_seq, last_hash, last_event_key, role, parent_thread_id)), '[]')
+   FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])) AS heads,
+  (SELECT coalesce(json_agg(json_build_array(r.thread_id, r.event_key, r.seq, r.content_sha256)), '[]')
+   FROM ctx.records r
+   JOIN unnest($2::text[], $3::text[]) AS k(thread_id, event_key)
+     ON r.thread_id = k.thread_id AND r.event_key = k.event_key) AS keys,
+  (SELECT coalesce(json_agg(json_build_array(
+       c.thread_id, c.call_id, c.call_seq, c.outcome_seq, c.name, c.args::text)), '[]')
+   FROM ctx.tool_calls c
+   JOIN unnest($4::text[], $5::text[]) AS k(thread_id, call_id)
+     ON c.thread_id = k.thread_id AND c.call_id = k.call_id) AS calls,
+  (SELECT coalesce(json_agg(json_build_array(session_id, tenant, principal_id, agent_release)), '[]')
+   FROM ctx.sessions WHERE session_id = ANY($6::text[])) AS sessions,
+  (SELECT coalesce(json_agg(json_build_array(tenant, name)), '[]') FROM (
+     SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($7::text[]) OR tenant = '') p
+  ) AS policies,
+  (SELECT coalesce(json_agg(json_build_array(run_id, session_id, status, main_thread_id)), '[]')
+   FROM ctx.runs
+   WHERE run_id = ANY($8::text[]) OR (session_id = ANY($6::text[]) AND status = 'active')) AS runs,
+  (SELECT coalesce(json_agg(json_build_array(
+       thread_id, path, value::text, status, source, event_key, seq, observed_at,
+       supersedes, superseded_value::text, evidence)), '[]')
+   FROM ctx.state_facts WHERE thread_id = ANY($9::text[]) AND is_current) AS facts,
+  (SELECT coalesce(json_agg(json_build_array(thread_id, aggregate, version)), '[]')
+   FROM ctx.state_versions WHERE thread_id = ANY($9::text[])) AS versions,
+  (SELECT coalesce(json_agg(json_build_array(s.session_id, c.revision, c.body::text)), '[]')
+   FROM ctx.sessions s
+   JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release
+     AND c.revision = s.catalog_revision
+   WHERE s.session_id = ANY($6::text[])) AS catalogs,
+  (SELECT coalesce(json_agg(json_build_array(session_id, operation_id)), '[]')
+   FROM ctx.receipts
+   JOIN unnest($10::text[], $11::text[]) AS k(s, o) ON session_id = k.s AND operation_id = k.o) AS operations,
+  (SELECT coalesce(json_agg(json_build_array(tenant, release, revision, body)), '[]') FROM (
+     SELECT DISTINCT ON (c.tenant, c.release) c.tenant, c.release, c.revision, c.body::text AS body
+     FROM ctx.tool_catalogs c
+     JOIN unnest($12::text[], $13::text[]) AS k(tenant, release)
+       ON c.tenant = k.tenant AND c.release = k.release
+     ORDER BY c.tenant, c.release, c.revision DESC) l
+  ) AS latest
+"""
+
+
+def _json_or_none(text: str | None) -> JsonValue:
+    return json.loads(text) if text is not None else None
 
 
 async def read_for_batch(
@@ -266,94 +293,84 @@ async def read_for_batch(
     operation_ids: Sequence[tuple[str, str]] = (),
     tenants: Sequence[str] = (),
 ) -> LedgerReads:
-    """Everything :func:`services.core.ledger.plan_batch` needs to know about the ledger."""
-    heads = {
-        r["thread_id"]: ThreadHead(
-            r["thread_id"], r["session_id"], r["revision"], r["last_seq"], r["last_hash"], r["last_event_key"]
-        )
-        for r in await conn.fetch(_SELECT_HEADS, list(thread_ids))
+    """Everything :func:`services.core.ledger.plan_batch` needs to know of the ledger, in one round trip."""
+    row = await conn.fetchrow(
+        _READ_BATCH,
+        list({*thread_ids, *extra_threads}),
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+        [c[0] for c in calls],
+        [c[1] for c in calls],
+        list(session_ids),
+        list(tenants),
+        list(run_ids),
+        list(thread_ids),
+        [o[0] for o in operation_ids],
+        [o[1] for o in operation_ids],
+        [k[0] for k in release_names],
+        [k[1] for k in release_names],
+    )
+    assert row is not None  # an aggregate-only SELECT always returns its one row
+    asked = set(thread_ids)
+    heads: dict[str, ThreadHead] = {}
+    metas: dict[str, ThreadMeta] = {}
+    for thread_id, session_id, revision, last_seq, last_hash, last_key, role, parent in json.loads(
+        row["heads"]
+    ):
+        metas[thread_id] = ThreadMeta(thread_id, session_id, role, parent, last_seq)
+        if thread_id in asked:
+            heads[thread_id] = ThreadHead(thread_id, session_id, revision, last_seq, last_hash, last_key)
+    known = {(t, k): KnownKey(seq, sha) for t, k, seq, sha in json.loads(row["keys"])}
+    states = {
+        (t, call_id): CallState(call_id, call_seq, outcome_seq, name, json.loads(args) if args else {})
+        for t, call_id, call_seq, outcome_seq, name, args in json.loads(row["calls"])
     }
-    known = (
-        {
-            (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
-            for r in await conn.fetch(_SELECT_KEYS, [k[0] for k in keys], [k[1] for k in keys])
-        }
-        if keys
-        else {}
-    )
-    states = (
-        {
-            (r["thread_id"], r["call_id"]): CallState(
-                r["call_id"],
-                r["call_seq"],
-                r["outcome_seq"],
-                r["name"],
-                json.loads(r["args"]) if r["args"] else {},
-            )
-            for r in await conn.fetch(_SELECT_CALLS, [c[0] for c in calls], [c[1] for c in calls])
-        }
-        if calls
-        else {}
-    )
-    session_rows = await conn.fetch(_SELECT_SESSIONS, list(session_ids))
-    sessions = {r["session_id"]: r["tenant"] for r in session_rows}
-    principals = {r["session_id"]: r["principal_id"] for r in session_rows}
-    releases = {r["session_id"]: r["agent_release"] for r in session_rows}
-    policies = frozenset(
-        (r["tenant"], r["name"]) for r in await conn.fetch(_SELECT_POLICY_NAMES, list(tenants))
-    )
+    session_rows = json.loads(row["sessions"])
     runs: dict[str, RunState] = {}
     active: dict[str, str] = {}
-    for r in await conn.fetch(_SELECT_RUNS, list(run_ids), list(session_ids)):
-        runs[r["run_id"]] = RunState(r["run_id"], r["session_id"], r["status"], r["main_thread_id"])
-        if r["status"] == "active":
-            active[r["session_id"]] = r["run_id"]
-    metas = {
-        r["thread_id"]: ThreadMeta(
-            r["thread_id"], r["session_id"], r["role"], r["parent_thread_id"], r["last_seq"]
+    for run_id, session_id, status, main_thread_id in json.loads(row["runs"]):
+        runs[run_id] = RunState(run_id, session_id, status, main_thread_id)
+        if status == "active":
+            active[session_id] = run_id
+    views: dict[str, StateView] = {}
+    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in json.loads(
+        row["facts"]
+    ):
+        views.setdefault(thread_id, StateView()).facts[path] = Fact(
+            path,
+            _json_or_none(value),
+            status,
+            source,
+            key,
+            seq,
+            observed,
+            supersedes,
+            _json_or_none(old),
+            tuple(evidence or ()),
         )
-        for r in await conn.fetch(_SELECT_THREAD_META, list({*thread_ids, *extra_threads}))
-    }
-    views = await _read_states(conn, thread_ids)
-    catalogs = {
-        r["session_id"]: (r["revision"], ToolCatalog.model_validate_json(r["body"]))
-        for r in await conn.fetch(_SESSION_CATALOGS, list(session_ids))
-    }
-    operations = (
-        frozenset(
-            (r["session_id"], r["operation_id"])
-            for r in await conn.fetch(
-                _SELECT_OPERATIONS, [o[0] for o in operation_ids], [o[1] for o in operation_ids]
-            )
-        )
-        if operation_ids
-        else frozenset()
-    )
-    latest = (
-        {
-            (r["tenant"], r["release"]): (r["revision"], ToolCatalog.model_validate_json(r["body"]))
-            for r in await conn.fetch(
-                _LATEST_CATALOGS, [k[0] for k in release_names], [k[1] for k in release_names]
-            )
-        }
-        if release_names
-        else {}
-    )
+    for thread_id, aggregate, version in json.loads(row["versions"]):
+        views.setdefault(thread_id, StateView()).versions[aggregate] = version
     return LedgerReads(
         heads=heads,
         keys=known,
         calls=states,
-        sessions=sessions,
-        policies=policies,
+        sessions={s: tenant for s, tenant, _, _ in session_rows},
+        policies=frozenset((tenant, name) for tenant, name in json.loads(row["policies"])),
         runs=runs,
         active_runs=active,
         threads=metas,
-        principals=principals,
-        releases=releases,
+        principals={s: principal for s, _, principal, _ in session_rows},
+        releases={s: release for s, _, _, release in session_rows},
         states=views,
-        catalogs=catalogs,
-        latest_catalogs=latest,
-        operations=operations,
+        catalogs={
+            s: (revision, ToolCatalog.model_validate_json(body))
+            for s, revision, body in json.loads(row["catalogs"])
+        },
+        latest_catalogs={
+            (tenant, release): (revision, ToolCatalog.model_validate_json(body))
+            for tenant, release, revision, body in json.loads(row["latest"])
+        },
+        operations=frozenset((s, o) for s, o in json.loads(row["operations"])),
     )
 
 
@@ -391,22 +408,19 @@ async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, State
 
 async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
     """Apply a batch plan inside the caller's transaction; raises RevisionConflict on a moved head."""
-    bases: dict[str, int] = {}
-    # Sorted so that two recorders bumping the same sessions always lock them in the same order.
-    for session_id in sorted(plan.session_counts):
-        n = plan.session_counts[session_id]
-        policy = plan.session_policies.get(session_id, DEFAULT_POLICY_NAME)
-        # The tenant only matters to a session this batch creates; a known one keeps its own.
-        tenant = plan.session_tenants.get(session_id, DEFAULT_TENANT)
-        bases[session_id] = await conn.fetchval(_BUMP_SESSION, session_id, n, policy, tenant) - n
-    for session_id, principal in sorted(plan.principals.items()):
-        await conn.execute(_SET_PRINCIPAL, session_id, principal)
-    for session_id, release in sorted(plan.releases.items()):
-        await conn.execute(_SET_RELEASE, session_id, release)
-    for head in plan.heads:
-        await _write_head(conn, head)
-    for thread_id, meta in plan.new_threads.items():
-        await conn.execute(_SET_THREAD_ROLE, thread_id, meta.role, meta.parent_thread_id)
+    bases = await _bump_sessions(conn, plan)
+    if plan.principals:
+        await conn.execute(_SET_PRINCIPALS, *_columns(sorted(plan.principals.items())))
+    if plan.releases:
+        await conn.execute(_SET_RELEASES, *_columns(sorted(plan.releases.items())))
+    await _write_heads(conn, plan.heads)
+    if plan.new_threads:
+        await conn.execute(
+            _SET_THREAD_ROLES,
+            list(plan.new_threads),
+            [m.role for m in plan.new_threads.values()],
+            [m.parent_thread_id for m in plan.new_threads.values()],
+        )
     if plan.blobs:
         await conn.execute(
             _INSERT_BLOBS,
@@ -446,26 +460,28 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     """Facts, versions and proposals of the batch's state writes, in the records' transaction."""
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
-    for r in plan.receipts_requested:
+    if plan.receipts_requested:
+        rs = plan.receipts_requested
         await conn.execute(
-            _INSERT_RECEIPT,
-            r.session_id,
-            r.operation_id,
-            r.thread_id,
-            r.call_id,
-            r.tool,
-            r.request_sha256,
-            r.requested_event,
+            _INSERT_RECEIPTS,
+            [r.session_id for r in rs],
+            [r.operation_id for r in rs],
+            [r.thread_id for r in rs],
+            [r.call_id for r in rs],
+            [r.tool for r in rs],
+            [r.request_sha256 for r in rs],
+            [r.requested_event for r in rs],
         )
-    for d in plan.receipts_finished:
+    if plan.receipts_finished:
+        ds = plan.receipts_finished
         await conn.execute(
-            _FINISH_RECEIPT,
-            d.thread_id,
-            d.call_id,
-            d.status,
-            d.finished_event,
-            d.response_sha256,
-            d.external_ref,
+            _FINISH_RECEIPTS,
+            [d.thread_id for d in ds],
+            [d.call_id for d in ds],
+            [d.status for d in ds],
+            [d.finished_event for d in ds],
+            [d.response_sha256 for d in ds],
+            [d.external_ref for d in ds],
         )
     for c in plan.receipts_reconciled:
         await conn.execute(
@@ -528,36 +544,65 @@ async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> 
         await conn.execute(_RESET_VIEWS, reset.session_id, origin)
 
 
-async def _write_head(conn: Conn, head: HeadWrite) -> None:
-    if head.expected_revision is None:
-        got = await conn.fetchval(
-            _INSERT_HEAD,
-            head.thread_id,
-            head.session_id,
-            head.run_id,
-            head.instance_id,
-            head.revision,
-            head.last_seq,
-            head.last_hash,
-            head.last_event_key,
-            head.user_turns,
-            head.model_steps,
+def _columns(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+async def _bump_sessions(conn: Conn, plan: BatchPlan) -> dict[str, int]:
+    """Reserve each session's sequence numbers for this batch; returns the base each one starts after."""
+    if not plan.session_counts:
+        return {}
+    ids = sorted(plan.session_counts)
+    rows = await conn.fetch(
+        _BUMP_SESSIONS,
+        ids,
+        [plan.session_counts[s] for s in ids],
+        [plan.session_policies.get(s, DEFAULT_POLICY_NAME) for s in ids],
+        # The tenant only matters to a session this batch creates; a known one keeps its own.
+        [plan.session_tenants.get(s, DEFAULT_TENANT) for s in ids],
+    )
+    return {r["session_id"]: r["last_seq"] - plan.session_counts[r["session_id"]] for r in rows}
+
+
+async def _write_heads(conn: Conn, heads: Sequence[HeadWrite]) -> None:
+    """Create or compare-and-set every head; raises RevisionConflict naming the first that lost."""
+    fresh = [h for h in heads if h.expected_revision is None]
+    moved = [h for h in heads if h.expected_revision is not None]
+    written: set[str] = set()
+    if fresh:
+        rows = await conn.fetch(
+            _INSERT_HEADS,
+            [h.thread_id for h in fresh],
+            [h.session_id for h in fresh],
+            [h.run_id for h in fresh],
+            [h.instance_id for h in fresh],
+            [h.revision for h in fresh],
+            [h.last_seq for h in fresh],
+            [h.last_hash for h in fresh],
+            [h.last_event_key for h in fresh],
+            [h.user_turns for h in fresh],
+            [h.model_steps for h in fresh],
         )
-    else:
-        got = await conn.fetchval(
-            _UPDATE_HEAD,
-            head.thread_id,
-            head.revision,
-            head.last_seq,
-            head.last_hash,
-            head.last_event_key,
-            head.expected_revision,
-            head.user_turns,
-            head.model_steps,
+        written.update(r["thread_id"] for r in rows)
+    if moved:
+        rows = await conn.fetch(
+            _UPDATE_HEADS,
+            [h.thread_id for h in moved],
+            [h.revision for h in moved],
+            [h.last_seq for h in moved],
+            [h.last_hash for h in moved],
+            [h.last_event_key for h in moved],
+            [h.expected_revision for h in moved],
+            [h.user_turns for h in moved],
+            [h.model_steps for h in moved],
         )
-    if got is None:
-        actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
-        raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
+        written.update(r["thread_id"] for r in rows)
+    # One write per thread and plan (the planner folds a thread's events into one head), so a
+    # count short of the heads means a lost compare-and-set.
+    for head in heads:
+        if head.thread_id not in written:
+            actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
+            raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
 
 
 async def _insert_records(conn: Conn, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str) -> None:
@@ -577,7 +622,7 @@ async def _insert_records(conn: Conn, plan: BatchPlan, bases: Mapping[str, int],
         [r.blob_sha256 for r in rs],
         [r.view_text for r in rs],
         [r.tokens.o200k_base for r in rs],
-        [r.tokens.cl100k_base for r in rs],
+        [r.tokens.cl100k_counted for r in rs],
         [r.content_sha256 for r in rs],
         [r.prev_hash for r in rs],
         [r.record_hash for r in rs],
@@ -586,5 +631,5 @@ async def _insert_records(conn: Conn, plan: BatchPlan, bases: Mapping[str, int],
         [recorded_by] * len(rs),
         [r.mask_text for r in rs],
         [r.mask_tokens.o200k_base if r.mask_tokens else None for r in rs],
-        [r.mask_tokens.cl100k_base if r.mask_tokens else None for r in rs],
+        [r.mask_tokens.cl100k_counted if r.mask_tokens else None for r in rs],
     )

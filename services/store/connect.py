@@ -20,4 +20,15 @@ async def connect(url: str, **options: Any) -> asyncpg.Connection:
 async def create_pool(url: str, *, min_size: int, max_size: int, **options: Any) -> asyncpg.Pool:
     """A pool whose first connections are open, or StoreUnavailable as for ``connect``."""
     with translate_pg_errors(connecting_to=url):
-        return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, timeout=10, **options)
+        return await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, timeout=10, reset=_keep_session, **options
+        )
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Return a connection to the pool without asyncpg's reset query (a round trip on every release).
+
+    The store keeps no session state to clear — no LISTEN, cursors, session settings or session
+    advisory locks (the migration lock is transaction-scoped) — and asyncpg still rolls back an
+    open transaction before this runs.
+    """

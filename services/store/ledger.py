@@ -21,7 +21,7 @@ import asyncpg
 
 from services.core.hashing import ChainLink
 from services.core.records import LedgerRecord
-from services.core.render import TokenCounts
+from services.core.ledger import deferred_tokens
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -192,17 +192,21 @@ class StoredHead:
 
 
 def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
+    payload = json.loads(r["payload"])
+    text = r["text"] or ""
+    mask_text = r["mask_text"]
     return LedgerRecord(
         seq=r["session_seq"],
         event_key=r["event_key"],
         kind=r["kind"],
-        payload=json.loads(r["payload"]),
-        text=r["text"] or "",
-        tokens=TokenCounts(o200k_base=r["tokens_o200k"], cl100k_base=r["tokens_cl100k"]),
-        mask_text=r["mask_text"],
+        payload=payload,
+        text=text,
+        # NULL cl100k: the recorder deferred it; counted here on first use (issue 16).
+        tokens=deferred_tokens(r["kind"], payload, text, r["tokens_o200k"], r["tokens_cl100k"]),
+        mask_text=mask_text,
         mask_tokens=(
-            TokenCounts(o200k_base=r["mask_tokens_o200k"], cl100k_base=r["mask_tokens_cl100k"])
-            if r["mask_text"] is not None
+            deferred_tokens(r["kind"], payload, mask_text, r["mask_tokens_o200k"], r["mask_tokens_cl100k"])
+            if mask_text is not None
             else None
         ),
         thread_id=r["thread_id"],

@@ -458,7 +458,7 @@ class MemorySession:
             "blob_sha256": r.blob_sha256,
             "view_text": r.view_text,
             "tokens_o200k": r.tokens.o200k_base,
-            "tokens_cl100k": r.tokens.cl100k_base,
+            "tokens_cl100k": r.tokens.cl100k_counted,
             "content_sha256": r.content_sha256,
             "prev_hash": r.prev_hash,
             "record_hash": r.record_hash,
@@ -467,7 +467,7 @@ class MemorySession:
             "recorded_by": recorded_by,
             "mask_text": r.mask_text,
             "mask_tokens_o200k": mask.o200k_base if mask else None,
-            "mask_tokens_cl100k": mask.cl100k_base if mask else None,
+            "mask_tokens_cl100k": mask.cl100k_counted if mask else None,
             "recorded_at": t.tick(),
         }
 

@@ -40,7 +40,7 @@ from services.errors import ContentNotFound, EventRejected, ThreadNotFound
 from services.edge.replay import ReplayOptions, replay_trace
 from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
-from tests.fixtures.fleet import make_settings
+from tests.fixtures.fleet import eventually, make_settings
 from workers.app import Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats, pytest.mark.pg]
@@ -185,7 +185,12 @@ async def test_two_tenants_replaying_concurrently_never_read_or_write_each_other
         assert (
             await acme.read(ReadRequest(session_id=sessions["acme"], ref=f"ctx://blob/{blob}"))
         ).sha256_verified
-        assert (await acme.search(SearchRequest(session_id=sessions["acme"], query="vault"))).hits
+
+        async def found() -> bool:
+            # The index is eventual: the indexer passes a moving thread at most every 0.25 s.
+            return bool((await acme.search(SearchRequest(session_id=sessions["acme"], query="vault"))).hits)
+
+        await eventually(found, timeout=10, what="acme's own search hit")
         assert (
             await acme.operation_status(
                 OperationStatusRequest(session_id=sessions["acme"], operation_id=f"op-{run}")

@@ -134,13 +134,16 @@ async def test_sigterm_during_a_burst_loses_and_duplicates_nothing(
             for i in range(per_thread):
                 await client.append(t.user(f"{t.run_id} message {i}", key=f"m{i:04d}"))
 
-        await asyncio.gather(*(publish(t) for t in threads))
+        # Still publishing when SIGTERM comes: a recorder that keeps up would otherwise have
+        # recorded the whole burst before it.
+        publishing = asyncio.gather(*(publish(t) for t in threads))
 
         async def started() -> bool:
             return int(await db.fetchval("SELECT count(*) FROM ctx.records")) >= 200
 
         await eventually(started, timeout=60, what="the first records")
         code, took = await asyncio.to_thread(first.terminate)
+        await publishing
     finally:
         first.kill()
     assert code == 0 and took < SHUTDOWN_BOUND_S, first.log.read_text()

@@ -88,3 +88,29 @@ async def test_a_flood_of_notices_runs_bounded_passes_and_the_sweep_catches_up_w
         await asyncio.sleep(0.01)
     await scheduler.stop()
     assert done == set(flood) and peak == 4
+
+
+async def test_notices_for_a_moving_thread_collapse_into_one_pass_per_min_interval() -> None:
+    loop = asyncio.get_running_loop()
+    begun: list[float] = []
+    first_running, second_done = asyncio.Event(), asyncio.Event()
+
+    async def work(thread_id: str) -> None:
+        begun.append(loop.time())
+        first_running.set()
+        await asyncio.sleep(0.01)
+        if len(begun) == 2:
+            second_done.set()
+
+    scheduler = CoalescingScheduler(work, _no_stale, log, sweep_s=60, min_interval_s=0.2)
+    scheduler.schedule("r.a")
+    await first_running.wait()
+    for _ in range(20):  # a burst of recorded batches while (and just after) the first pass runs
+        scheduler.schedule("r.a")
+        await asyncio.sleep(0.005)
+    await asyncio.wait_for(second_done.wait(), timeout=5)
+    await asyncio.sleep(0)
+    # Twenty notices, one more pass — and not before the interval since the first began.
+    assert len(begun) == 2 and scheduler.backlog == 0
+    assert begun[1] - begun[0] >= 0.2
+    await scheduler.stop()

@@ -1,0 +1,97 @@
+"""How many SQL statements the recorder spends on a batch: each is a round trip, and the ingest rate
+of a partition is bounded by them (issue 16: one event's batch used to run 19).
+
+Counted through asyncpg's query logger on every connection of the store's pool, so anything the
+recording path sends — reads, writes, tracking, BEGIN and COMMIT — is seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from contracts import DeadLetter
+from services.app.recording import RecordingService
+from services.core.ledger import RecordingLimits
+from services.store.connect import create_pool
+from services.store.postgres import PgStore
+from tests.fixtures.builders import Thread, incoming
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+
+class _Sink:
+    async def publish(self, letter: DeadLetter, msg_id: str) -> None:
+        raise AssertionError(f"nothing here is dead-lettered: {letter.code}")
+
+
+class _Statements:
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def __call__(self, record: asyncpg.connection.LoggedQuery) -> None:
+        self.queries.append(" ".join(record.query.split())[:60])
+
+
+@pytest.fixture
+async def counted(database_url: str) -> AsyncIterator[tuple[RecordingService, _Statements]]:
+    statements = _Statements()
+
+    async def init(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(statements)
+
+    # The fleet's own pool settings (services.store.connect), so its release costs are counted too.
+    pool = await create_pool(database_url, min_size=1, max_size=1, init=init)
+    # A consumer of its own: its positions start at 0 whatever other tests recorded.
+    service = RecordingService(
+        PgStore(pool),
+        _Sink(),
+        limits=RecordingLimits(),
+        recorder_id="count",
+        consumer=f"count-{uuid.uuid4().hex}",
+    )
+    yield service, statements
+    await pool.close()
+
+
+async def _statements_of(
+    service: RecordingService, statements: _Statements, events: list, seq: int
+) -> list[str]:  # type: ignore[type-arg]
+    statements.queries.clear()
+    batch = incoming(events, start_seq=seq)
+    result = await service.record_batch(partition=0, batch=batch)
+    assert result.recorded == len(events)
+    return list(statements.queries)
+
+
+async def test_one_event_on_a_known_thread_costs_eight_statements(
+    counted: tuple[RecordingService, _Statements],
+) -> None:
+    service, statements = counted
+    seqs = itertools.count(1, 1_000)
+    t = Thread()
+    await _statements_of(service, statements, [t.user("first")], seq=next(seqs))
+    sent = await _statements_of(service, statements, [t.user("second", key="k2")], seq=next(seqs))
+    # position, the one read, BEGIN, session bump, head compare-and-set, records, position, COMMIT.
+    assert len(sent) == 8, "\n".join(sent)
+
+
+async def test_a_batch_of_many_threads_and_sessions_costs_a_fixed_number_of_statements(
+    counted: tuple[RecordingService, _Statements],
+) -> None:
+    service, statements = counted
+    seqs = itertools.count(1, 1_000)
+    threads = [Thread() for _ in range(20)]
+    await _statements_of(service, statements, [t.user("first") for t in threads], seq=next(seqs))
+    events = []
+    for t in threads:
+        call = t.assistant("looking", calls=(("c1", "ls", {"path": "."}),))
+        events += [call, t.outcome("c1", "a\nb\n" * 50)]
+    sent = await _statements_of(service, statements, events, seq=next(seqs))
+    # As above, plus the tool calls inserted and closed and their receipts settled (one statement
+    # each): nothing grows with the threads, sessions or events of the batch.
+    assert len(sent) == 11, "\n".join(sent)
