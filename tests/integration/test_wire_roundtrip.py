@@ -72,6 +72,7 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
         "missing field": "invalid_event",
         "unknown kind": "unknown_event_kind",
         "malformed JSON": "malformed_json",
+        "invalid UTF-8": "invalid_encoding",
         "wrong thread": "thread_mismatch",
         "oversize": "payload_too_large",
     }
@@ -86,5 +87,12 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
         "tools_register": "CatalogRegistered",
     }
     assert checked["dead_letters"] == sorted(
-        ["invalid_event", "unknown_event_kind", "malformed_json", "thread_mismatch", "payload_too_large"]
+        [
+            "invalid_event",
+            "unknown_event_kind",
+            "malformed_json",
+            "invalid_encoding",
+            "thread_mismatch",
+            "payload_too_large",
+        ]
     )

@@ -200,6 +200,16 @@ const bad = [
     Buffer.from(`{"event_key": "b-json", "session_id": "${session}", "kind": "user_input", "payload": {`),
   ],
   [
+    "invalid UTF-8",
+    "invalid_encoding",
+    "b-utf8",
+    Buffer.concat([
+      Buffer.from(`{"event_key": "b-utf8", "session_id": "${session}", "kind": "user_input", "payload": {"text": "`),
+      Buffer.from([0xff, 0xfe]),
+      Buffer.from('"}}'),
+    ]),
+  ],
+  [
     "wrong thread",
     "thread_mismatch",
     "b-thread",
