@@ -149,6 +149,7 @@ class Fleet:
         self._gauges = asyncio.create_task(watch_backlogs(self.export_backlogs, lambda: self._draining))
         self._started = True
         _settle_heap()
+        self.metrics.gc_pauses.install()
         log.info("workers %s started", ", ".join(names))
 
     async def _serve_operations(self, host: str, port: int) -> None:
@@ -273,6 +274,7 @@ class Fleet:
         Readiness turns 503 first, so a load balancer stops routing prepares here while we drain.
         """
         self._draining = True
+        self.metrics.gc_pauses.uninstall()
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -11,10 +14,40 @@ from prometheus_client.registry import Collector
 
 from services.app.view_cache import ViewCache
 
-__all__ = ["FleetMetrics"]
+__all__ = ["FleetMetrics", "GcPauses"]
 
 _TOKEN_BUCKETS = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 1_000_000)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class GcPauses:
+    """Times every collection of the process's cyclic garbage collector into a histogram.
+
+    A collection stops the event loop: a full one walks every tracked object the caches hold, so it
+    is the hot path's tail (issue 16) and operators need to see it, by generation.
+    """
+
+    def __init__(self, histogram: Histogram) -> None:
+        self._histogram = histogram
+        self._started = 0.0
+        self.longest_s = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._started
+        self.longest_s = max(self.longest_s, pause)
+        self._histogram.labels(generation=str(info.get("generation", ""))).observe(pause)
+
+    def install(self) -> None:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+
+    def uninstall(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
 
 
 class _ViewCacheCollector(Collector):
@@ -46,6 +79,15 @@ class FleetMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.events_recorded = Counter("ctx_events_recorded", "Events appended to the ledger", registry=r)
+        self.gc_pauses = GcPauses(
+            Histogram(
+                "ctx_gc_pause_seconds",
+                "Pauses of the garbage collector in this process, by generation (2: a full collection)",
+                ["generation"],
+                buckets=_GC_BUCKETS,
+                registry=r,
+            )
+        )
         self.events_duplicate = Counter(
             "ctx_events_duplicate",
             "Redelivered or re-published events recognised as already recorded",
