@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 
 from contracts import ContextPolicy, PrepareRequest
+from contracts.subjects import prepare_subject
 from infra import SAMPLES_DIR
 from infra.runtime import Servers, start_fleet
 from services.app.notices import NoticeBoard
@@ -226,6 +227,15 @@ async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
                 reply = await service.prepare(request)
                 in_process = await _timed(lambda r=request: service.prepare(r), n, gcs)
                 round_trip = await _timed(lambda r=request: client.prepare(r, timeout=60), n, gcs)
+                # The same round trip up to the reply's bytes: what the fleet costs a client in any
+                # language, before the Python client's own parse of the reply into PreparedContext.
+                subject = prepare_subject(client.tenant, f"{request.run_id}.{request.instance_id}")
+                body = request.model_dump_json().encode()
+                received = await _timed(
+                    lambda s=subject, b=body: client._request(s, b, 60),  # noqa: SLF001
+                    n,
+                    gcs,
+                )
                 out[name] = {
                     "messages": len(reply.messages),
                     "view_revision": reply.view_revision,
@@ -233,6 +243,7 @@ async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
                     "reply_bytes": len(reply.model_dump_json()),
                     "in_process": in_process,
                     "nats_round_trip": round_trip,
+                    "nats_reply_bytes_only": received,
                 }
     finally:
         gc.callbacks.remove(gcs)
