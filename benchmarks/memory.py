@@ -139,7 +139,7 @@ async def bench_memory(
         "sessions": sessions,
         "events_per_session": events,
         "parallel": parallel,
-        "cache_settings": caches or "defaults (CTX_VIEW_CACHE_MB=256: one view cache per process, bounded by bytes)",
+        "cache_settings": caches or "defaults (CTX_VIEW_CACHE_MB=256, one byte-bounded view cache)",
         "rss_idle_mb": round(idle, 1),
         "rss_peak_mb": round(max(every), 1),
         "rss_plateau_mb": round(statistics.median(plateau), 1) if plateau else None,
