@@ -2,8 +2,10 @@
 
 The events come from the bundled samples (each session concatenates the six traces from a rotated
 start, one run per trace, so tool calls, outcomes, long outputs and run ends all occur), cut to
-``per_session`` events. The workers run as one ``ctxfleet worker …`` process, as deployed, so the
-publisher here does not share their event loop or core.
+``per_session`` events. The workers run as ``ctxfleet worker …`` processes, as deployed, so the
+publisher here does not share their event loop or core: one process per set, but ``two_recorders``,
+where the recorder is scaled out by partition (``CTX_RECORDER_PARTITIONS`` 0/2 and 1/2) across the
+two cores, the assembler beside the first.
 
 Two figures per worker set, each the median of ``runs`` fresh databases:
 - ``burst``: every session publishes concurrently (pipelined asynchronous publish acks over a few
@@ -54,9 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 _CTXFLEET = Path(sys.executable).parent / "ctxfleet"
 _PUBLISHERS = 4
 _PENDING = 2_000
-WORKER_SETS = {
-    "recorder_assembler": ("recorder", "assembler"),
-    "all_five": ("recorder", "assembler", "budgeter", "compactor", "indexer"),
+# A set is its processes: each the workers it runs and the partitions its recorder owns.
+WORKER_SETS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    "recorder_assembler": ((("recorder", "assembler"), "all"),),
+    "all_five": ((("recorder", "assembler", "budgeter", "compactor", "indexer"), "all"),),
+    # The recorder scaled out by partition (CTX_RECORDER_PARTITIONS i/2), one process per core.
+    "two_recorders": ((("recorder", "assembler"), "0/2"), (("recorder",), "1/2")),
 }
 
 
@@ -240,7 +245,7 @@ async def _one_run(
     nats_url: str,
     pg_url: str,
     tmp: Path,
-    workers: Sequence[str],
+    processes: Sequence[tuple[tuple[str, ...], str]],
     sessions: Sequence[Sequence[Event]],
     *,
     backlog: bool,
@@ -256,23 +261,31 @@ async def _one_run(
     env.update(CTX_NATS_URL=nats_url, CTX_DATABASE_URL=db, CTX_DATA_DIR=str(tmp / "data"))
     total = sum(len(s) for s in sessions)
     conn = await asyncpg.connect(db)
-    proc: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         publish_s = 0.0
         if backlog:
             publish_s = await _publish_all(nats_url, sessions)
-        proc, port = _spawn(env, workers, tmp / "ingest-worker.log")
+        ports = []
+        for i, (workers, partitions) in enumerate(processes):
+            proc, port = _spawn(
+                {**env, "CTX_RECORDER_PARTITIONS": partitions}, workers, tmp / f"ingest-worker-{i}.log"
+            )
+            procs.append(proc)
+            ports.append(port)
         servers = await _servers(conn)
-        groups = {"worker": [psutil.Process(proc.pid)], "publisher": [psutil.Process()], **servers}
+        workers_cpu = [psutil.Process(p.pid) for p in procs]
+        groups = {"worker": workers_cpu, "publisher": [psutil.Process()], **servers}
         if not backlog:
-            await asyncio.to_thread(_wait_ready, proc, port)
+            for proc, port in zip(procs, ports, strict=True):
+                await asyncio.to_thread(_wait_ready, proc, port)
         if backlog:
             while (first := await _count(conn)) == 0:
                 await asyncio.sleep(0.005)
         cpu = _Cpu(groups)
         started = time.perf_counter()
         # From the first record (backlog) or the first publish (burst): start-up is not profiled.
-        spy = asyncio.create_task(_profile(proc.pid, 2, tmp / "spy")) if profile else None
+        spy = asyncio.create_task(_profile(procs[0].pid, 2, tmp / "spy")) if profile else None
         if not backlog:
             first = 0
             publish_s = await _publish_all(nats_url, sessions)
@@ -297,8 +310,9 @@ async def _one_run(
         return result
     finally:
         await conn.close()
-        if proc is not None:
+        for proc in procs:
             proc.terminate()
+        for proc in procs:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

@@ -721,8 +721,8 @@ def main() -> None:
     parser.add_argument(
         "--ingest-sets",
         nargs="*",
-        default=["recorder_assembler", "all_five"],
-        choices=["recorder_assembler", "all_five"],
+        default=["recorder_assembler", "two_recorders", "all_five"],
+        choices=["recorder_assembler", "two_recorders", "all_five"],
         help="worker sets the ingest benchmark measures",
     )
     parser.add_argument("--profile", action="store_true", help="ingest: py-spy top functions of the worker")
