@@ -151,6 +151,9 @@ async def _agent_like(
     clients: list[FleetClient], sessions: list[_Session], think_s: float, seconds: float, fleet: FleetProcess
 ) -> dict[str, object]:
     latencies: list[float] = []
+    # The step's two halves apart: the publish ack, and the prepare that waits for the event.
+    publishes: list[float] = []
+    prepares: list[float] = []
     counts = {"overloaded": 0, "timeouts": 0, "errors": 0}
     stop_at = time.monotonic() + seconds
     rng = random.Random(16)
@@ -164,11 +167,15 @@ async def _agent_like(
             started = time.perf_counter()
             try:
                 await client.append(event)
+                acked = time.perf_counter()
                 await client.prepare(
                     session.request.model_copy(update={"after_event_key": event.event_key, "wait_ms": 5_000}),
                     timeout=_TIMEOUT_S + 5,
                 )
-                latencies.append((time.perf_counter() - started) * 1000)
+                done = time.perf_counter()
+                latencies.append((done - started) * 1000)
+                publishes.append((acked - started) * 1000)
+                prepares.append((done - acked) * 1000)
             except Overloaded:
                 counts["overloaded"] += 1
             except FleetUnavailable:
@@ -189,6 +196,8 @@ async def _agent_like(
         "steps": len(latencies),
         "steps_per_s": round(len(latencies) / elapsed, 1),
         **_ms(latencies),
+        "publish": _ms(publishes),
+        "prepare": _ms(prepares),
         **counts,
         "fleet_cpu_cores": fleet_cpu.stop(),
         "generator_cpu_cores": own_cpu.stop(),

@@ -186,6 +186,10 @@ class Settings(BaseSettings):
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     # The per-process cache of thread views (records and the blocks built of them), in MiB.
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
+    # The garbage collector: what survived this long is moved out of its sight (0: never), and once
+    # per sweep interval everything is collected once (cycles frozen meanwhile are reclaimed then).
+    gc_freeze_interval_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
+    gc_sweep_interval_s: Annotated[float, Field(ge=1, le=86_400)] = 900.0
     # Request/reply admission per process: requests computing at once (waits excluded), and how
     # long one may queue for a slot before it is answered `overloaded` instead.
     max_inflight_requests: Annotated[int, Field(ge=1, le=4096)] = 64

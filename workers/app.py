@@ -33,6 +33,7 @@ from .budgeter import BudgeterWorker
 from .compose import compose
 from .console import console_app
 from .health import HealthServer
+from .heap import HeapKeeper
 from .indexer import IndexerWorker
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
@@ -114,6 +115,7 @@ class Fleet:
     _started: bool = False
     _draining: bool = False
     _waiting: str | None = None
+    _heap: HeapKeeper | None = None
 
     async def start(
         self,
@@ -150,6 +152,8 @@ class Fleet:
         self._started = True
         _settle_heap()
         self.metrics.gc_pauses.install()
+        self._heap = HeapKeeper(self.settings.gc_freeze_interval_s, self.settings.gc_sweep_interval_s)
+        self._heap.start()
         log.info("workers %s started", ", ".join(names))
 
     async def _serve_operations(self, host: str, port: int) -> None:
@@ -275,6 +279,9 @@ class Fleet:
         """
         self._draining = True
         self.metrics.gc_pauses.uninstall()
+        if self._heap is not None:
+            await self._heap.stop()
+            self._heap = None
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:

@@ -1,0 +1,66 @@
+"""What the heap keeper freezes stays freeable: refcounting frees it at once, a sweep frees cycles."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+from workers.heap import HeapKeeper
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+@pytest.fixture(autouse=True)
+def _thawed() -> object:
+    yield
+    gc.unfreeze()  # the rest of the suite runs with the heap as it found it
+
+
+def test_a_frozen_object_is_still_freed_when_nothing_holds_it() -> None:
+    keeper = HeapKeeper(5.0, 900.0)
+    node = _Node()
+    alive = weakref.ref(node)
+    keeper.freeze()
+    assert gc.get_freeze_count() > 0
+    del node
+    assert alive() is None
+
+
+def test_a_frozen_cycle_waits_for_the_sweep_and_the_sweep_frees_it() -> None:
+    keeper = HeapKeeper(5.0, 900.0)
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    alive = weakref.ref(a)
+    keeper.freeze()
+    del a, b
+    gc.collect()
+    assert alive() is not None  # frozen: a collection does not walk it
+    keeper.sweep()
+    assert alive() is None and keeper.sweeps == 1 and gc.get_freeze_count() > 0
+
+
+@pytest.mark.anyio
+async def test_the_keeper_freezes_on_its_interval_and_stops() -> None:
+    keeper = HeapKeeper(0.01, 900.0)
+    keeper.start()
+    await asyncio.sleep(0.1)
+    await keeper.stop()
+    frozen = keeper.freezes
+    assert frozen >= 2
+    await asyncio.sleep(0.05)
+    assert keeper.freezes == frozen
+
+
+@pytest.mark.anyio
+async def test_an_interval_of_zero_never_freezes() -> None:
+    keeper = HeapKeeper(0.0, 900.0)
+    keeper.start()
+    await asyncio.sleep(0.02)
+    await keeper.stop()
+    assert keeper.freezes == 0
