@@ -23,6 +23,7 @@ loop; its CPU share is reported beside the fleet's, so a figure shows which one 
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 import os
 import random
 import time
@@ -205,6 +206,32 @@ async def _agent_like(
     }
 
 
+_SLOW = {
+    "ctx_record_batch_seconds": "record_batches",
+    "ctx_gc_pause_seconds": "gc_pauses",
+}
+
+
+def _slow_counts(port: int) -> dict[str, dict[str, float]]:
+    """Per histogram: how many observations there were, and how many took over 0.1 s and 0.25 s."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    out: dict[str, dict[str, float]] = {}
+    for metric, label in _SLOW.items():
+        buckets: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(f"{metric}_bucket{{"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets[le] = buckets.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+        total = buckets.get("+Inf", 0.0)
+        out[label] = {
+            "count": total,
+            "over_0.1s": total - buckets.get("0.1", total),
+            "over_0.25s": total - buckets.get("0.25", total),
+        }
+    return out
+
+
 async def bench_concurrency(
     nats_url: str,
     fresh_database: Callable[[], Awaitable[str]],
@@ -246,5 +273,11 @@ async def bench_concurrency(
             finally:
                 for client in clients:
                     await client.close()
-            results[name] = {"open_loop": runs, "agent_like": agent, "rss_mb": round(fleet.rss_mb(), 1)}
+            results[name] = {
+                "open_loop": runs,
+                "agent_like": agent,
+                "rss_mb": round(fleet.rss_mb(), 1),
+                # Where a slow step went, from the fleet's own histograms over the whole run.
+                "fleet_slow_counts": _slow_counts(fleet.port),
+            }
     return results
