@@ -24,11 +24,54 @@ from infra.embedded import free_port
 from infra.runtime import migrate, provision
 from services.settings import Settings
 
-__all__ = ["ALL_WORKERS", "CpuMeter", "FleetProcess", "MachineCpu", "fleet_env", "prepare_servers"]
+__all__ = [
+    "ALL_WORKERS",
+    "CpuMeter",
+    "FleetProcess",
+    "MachineCpu",
+    "fleet_env",
+    "prepare_servers",
+    "spawn_worker",
+    "wait_ready",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 _CTXFLEET = Path(sys.executable).parent / "ctxfleet"
 ALL_WORKERS: tuple[str, ...] = ("recorder", "assembler", "budgeter", "compactor", "indexer")
+
+
+def spawn_worker(
+    env: dict[str, str], names: tuple[str, ...] | list[str], log: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``ctxfleet worker NAMES…`` started (not yet ready), its output appended to ``log``; the process
+    and the port of its operations endpoint."""
+    port = free_port()
+    command = [str(_CTXFLEET)] if _CTXFLEET.exists() else [sys.executable, "-m", "infra.cli"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [*command, "worker", *names],
+            cwd=ROOT,
+            env={**env, "CTX_HTTP_PORT": str(port)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, port
+
+
+def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
+    """Block until the worker answers 200 on ``/readyz``; raise if it exits or takes ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ctxfleet worker exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"ctxfleet worker not ready within {timeout}s")
 
 
 async def prepare_servers(nats_url: str, database_url: str, data_dir: Path) -> None:
@@ -91,16 +134,7 @@ class FleetProcess:
 
     def __init__(self, names: tuple[str, ...], env: dict[str, str], log: Path) -> None:
         self.names = names
-        self.port = free_port()
-        command = [str(_CTXFLEET)] if _CTXFLEET.exists() else [sys.executable, "-m", "infra.cli"]
-        with open(log, "ab") as out:
-            self._proc = subprocess.Popen(
-                [*command, "worker", *names],
-                cwd=ROOT,
-                env={**env, "CTX_HTTP_PORT": str(self.port)},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        self._proc, self.port = spawn_worker(env, names, log)
         self.process = psutil.Process(self._proc.pid)
 
     def __enter__(self) -> FleetProcess:
@@ -117,20 +151,7 @@ class FleetProcess:
         self.stop()
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"ctxfleet worker {' '.join(self.names)} exited with {self._proc.returncode}"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as reply:
-                    if reply.status == 200:
-                        return
-            except (OSError, urllib.error.HTTPError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"ctxfleet worker {' '.join(self.names)} not ready within {timeout}s")
+        wait_ready(self._proc, self.port, timeout)
 
     def rss_mb(self) -> float:
         """Resident memory now (``VmRSS`` of /proc/<pid>/status), in MB."""

@@ -32,8 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,7 +42,7 @@ import psutil
 from contracts import Event
 from contracts.subjects import EVENTS_STREAM, events_subject, msg_id_of
 from infra import SAMPLES_DIR
-from infra.embedded import free_port
+from .fleet_process import spawn_worker, wait_ready
 from infra.runtime import migrate, provision
 from services.core.trace import TraceLine, read_trace
 from services.edge.replay import ReplayOptions, trace_events
@@ -110,35 +108,6 @@ async def _publish_all(nats_url: str, sessions: Sequence[Sequence[Event]]) -> fl
     finally:
         for nc in conns:
             await nc.close()
-
-
-def _spawn(env: dict[str, str], workers: Sequence[str], log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    command = [str(_CTXFLEET)] if _CTXFLEET.exists() else [sys.executable, "-m", "infra.cli"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [*command, "worker", *workers],
-            cwd=ROOT,
-            env={**env, "CTX_HTTP_PORT": str(port)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return proc, port
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except (OSError, urllib.error.HTTPError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"worker not ready within {timeout}s")
 
 
 class _Cpu:
@@ -268,7 +237,7 @@ async def _one_run(
             publish_s = await _publish_all(nats_url, sessions)
         ports = []
         for i, (workers, partitions) in enumerate(processes):
-            proc, port = _spawn(
+            proc, port = spawn_worker(
                 {**env, "CTX_RECORDER_PARTITIONS": partitions}, workers, tmp / f"ingest-worker-{i}.log"
             )
             procs.append(proc)
@@ -278,7 +247,7 @@ async def _one_run(
         groups = {"worker": workers_cpu, "publisher": [psutil.Process()], **servers}
         if not backlog:
             for proc, port in zip(procs, ports, strict=True):
-                await asyncio.to_thread(_wait_ready, proc, port)
+                await asyncio.to_thread(wait_ready, proc, port)
         if backlog:
             while (first := await _count(conn)) == 0:
                 await asyncio.sleep(0.005)

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from contracts import PrepareRequest
-from infra.embedded import free_port
+from .fleet_process import spawn_worker, wait_ready
 from infra.runtime import migrate, provision
 from services.edge.client import FleetClient
 from services.errors import FleetUnavailable, Overloaded
@@ -41,35 +41,6 @@ _CONFIGS = {
     "admission": {},
     "unbounded": {"CTX_MAX_INFLIGHT_REQUESTS": "4096", "CTX_MAX_QUEUE_AGE_MS": "60000"},
 }
-
-
-def _spawn(env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    command = [str(_CTXFLEET)] if _CTXFLEET.exists() else [sys.executable, "-m", "infra.cli"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [*command, "worker", "recorder", "assembler"],
-            cwd=ROOT,
-            env={**env, "CTX_HTTP_PORT": str(port)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return proc, port
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"worker exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except (OSError, urllib.error.HTTPError):
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"worker not ready within {timeout}s")
 
 
 def _server_quantiles(port: int) -> dict[str, float]:
@@ -170,9 +141,11 @@ async def bench_overload(
         "events_per_thread": events,
     }
     for name, overrides in _CONFIGS.items():
-        proc, port = _spawn({**base, **overrides}, tmp / f"overload-{name}.log")
+        proc, port = spawn_worker(
+            {**base, **overrides}, ("recorder", "assembler"), tmp / f"overload-{name}.log"
+        )
         try:
-            await asyncio.to_thread(_wait_ready, proc, port)
+            await asyncio.to_thread(wait_ready, proc, port)
             async with await FleetClient.connect(nats_url, name=f"overload-{name}") as client:
                 requests = await _seed(client, threads, events)
                 figures = await _load(client, requests, loops, seconds)
