@@ -4,10 +4,8 @@ reads of its parent, what it refuses, and what an export writes."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from contracts.branches import ExportRequest, ForkRequest
@@ -29,8 +27,6 @@ from services.errors import (
     SessionExists,
     ThreadNotFound,
 )
-from services.store.memory import MemoryStore
-from services.store.postgres import PgStore
 from services.store.views import NewSummary
 from tests.fixtures.builders import Thread, incoming
 
@@ -39,23 +35,6 @@ pytestmark = pytest.mark.anyio
 COUNTERS = {n: counter_for(n) for n in ENCODINGS}
 LIMITS = RecordingLimits()
 Store = Any  # MemoryStore | PgStore: the same ports
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.pg)])
-def store_url(request: pytest.FixtureRequest) -> str | None:
-    return None if request.param == "memory" else str(request.getfixturevalue("database_url"))
-
-
-@pytest.fixture
-async def store(store_url: str | None) -> AsyncIterator[Store]:
-    if store_url is None:
-        yield MemoryStore()
-        return
-    pool = await asyncpg.create_pool(store_url, min_size=1, max_size=2)
-    try:
-        yield PgStore(pool)
-    finally:
-        await pool.close()
 
 
 _stream = iter(range(1, 1_000_000))

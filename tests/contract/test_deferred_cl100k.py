@@ -8,10 +8,8 @@ outputs, tool calls with JSON arguments, run ends), against ``count_record`` of 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from contracts import Event
@@ -27,8 +25,6 @@ from services.core.render import content_of, count_record
 from services.core.tokens import ENCODINGS, TokenCounter, counter_for
 from services.core.trace import read_trace
 from services.edge.replay import ReplayOptions, trace_events
-from services.store.memory import MemoryStore
-from services.store.postgres import PgStore
 from tests.fixtures.builders import incoming
 
 pytestmark = pytest.mark.anyio
@@ -92,24 +88,6 @@ def test_planning_a_batch_for_the_default_profiles_never_counts_cl100k() -> None
     eager = _eager(events)
     assert {r.event_key: (r.tokens.o200k_base, r.tokens.cl100k_base) for r in plan.records} == eager
     assert spy.calls > 0
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.pg)])
-def store_url(request: pytest.FixtureRequest) -> str | None:
-    """``None`` for the memory store; a fresh database (started outside the event loop) for PostgreSQL."""
-    return None if request.param == "memory" else str(request.getfixturevalue("database_url"))
-
-
-@pytest.fixture
-async def store(store_url: str | None) -> AsyncIterator[Store]:
-    if store_url is None:
-        yield MemoryStore()
-        return
-    pool = await asyncpg.create_pool(store_url, min_size=1, max_size=2)
-    try:
-        yield PgStore(pool)
-    finally:
-        await pool.close()
 
 
 async def test_a_record_read_back_counts_cl100k_on_first_use_as_recording_both_did(store: Store) -> None:

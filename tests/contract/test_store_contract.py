@@ -7,10 +7,8 @@ the memory store would prove nothing about production.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import pytest
 
 from contracts import ContextPolicy
@@ -22,8 +20,6 @@ from services.core.hashing import verify_chain
 from services.core.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
 from services.app.recording import _touched
 from services.errors import StoreRejected
-from services.store.memory import MemoryStore
-from services.store.postgres import PgStore
 from services.store.views import NewSummary, ViewState, summary_id_of
 from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
@@ -33,24 +29,6 @@ pytestmark = pytest.mark.anyio
 COUNTERS = {n: counter_for(n) for n in ENCODINGS}
 LIMITS = RecordingLimits()
 Store = Any  # MemoryStore | PgStore: the same ports
-
-
-@pytest.fixture(params=["memory", pytest.param("postgres", marks=pytest.mark.pg)])
-def store_url(request: pytest.FixtureRequest) -> str | None:
-    """``None`` for the memory store; a fresh database (started outside the event loop) for PostgreSQL."""
-    return None if request.param == "memory" else str(request.getfixturevalue("database_url"))
-
-
-@pytest.fixture
-async def store(store_url: str | None) -> AsyncIterator[Store]:
-    if store_url is None:
-        yield MemoryStore()
-        return
-    pool = await asyncpg.create_pool(store_url, min_size=1, max_size=2)
-    try:
-        yield PgStore(pool)
-    finally:
-        await pool.close()
 
 
 async def _plan(s: Any, events: list[Any], start_seq: int = 1, *, known_keys: bool = True) -> Any:

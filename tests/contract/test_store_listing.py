@@ -9,11 +9,10 @@ import pytest
 from services.core.ledger import decode_batch, plan_batch
 from services.app.recording import _touched
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
-from tests.contract.test_store_contract import COUNTERS, LIMITS, Store, _summary, store, store_url
+from tests.contract.test_store_contract import COUNTERS, LIMITS, Store, _summary
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = pytest.mark.anyio
-__all__ = ["store", "store_url"]  # the fixtures, shared with the ports' contract
 
 
 async def _write(s: Store, events: list[Any], *, tenant: str = "default", start_seq: int = 1) -> None:
