@@ -23,7 +23,7 @@ from nats.errors import Error as NatsError
 from contracts.subjects import RECORDED
 from services.errors import InvalidConfiguration
 from services.edge.client import connect_nats
-from services.core.tokens import ENCODINGS, counter_for
+from services.core.tokens import counter_for
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
@@ -347,10 +347,11 @@ def _settle_heap() -> None:
     The tokenizers' rank tables alone are hundreds of thousands of objects that live as long as the
     process: left in the collected generations, every full collection walks them again — a pause of
     tens of ms on the hot path (issue 16). Frozen, a collection visits only what requests allocate.
+    Only o200k: every record is counted with it, while cl100k is counted on a reader's first need
+    (issue 16), and the heap keeper freezes its table within one interval of that first load.
     """
     if gc.get_freeze_count():
         return  # once per process: a second fleet in it (tests) finds the heap settled already
-    for encoding in ENCODINGS:
-        counter_for(encoding)
+    counter_for("o200k_base")
     gc.collect()
     gc.freeze()
