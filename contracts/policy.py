@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 from ._base import WireModel, any_of_schema
 from .ids import Identifier
 from .prepare import ModelProfile
+from .windows import WindowPolicy
 
 __all__ = ["CompactionPolicy", "CompactionTriggers", "ContextPolicy", "DEFAULT_POLICY_NAME"]
 
@@ -84,6 +85,8 @@ class ContextPolicy(WireModel):
     profile: ModelProfile | None = None
     budget_tokens: Annotated[int, Field(gt=0)] | None = None
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
+    # How the thread's context runs in windows (seed 004 §22–36): summary (one window) or rollover.
+    window: WindowPolicy = Field(default_factory=WindowPolicy)
 
     # ``_one_budget_source`` in the schema. An absent model_profile is "gpt-4o", so a profile needs
     # ``"model_profile": null`` beside it.

@@ -7,6 +7,7 @@ changing it re-hashes every thread to a new partition, so it is refused unless f
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 
@@ -148,7 +149,7 @@ async def _ensure(js: JetStreamContext, config: StreamConfig, partitions: int | 
     try:
         info = await js.stream_info(config.name or "")
     except NotFoundError:
-        await js.add_stream(config)
+        await _add_stream(js, config)
         return "created"
     current = info.config
     if partitions is not None:
@@ -164,6 +165,24 @@ async def _ensure(js: JetStreamContext, config: StreamConfig, partitions: int | 
         return "unchanged"
     await js.update_stream(config)
     return "updated"
+
+
+# JSStreamCreateErrF: the server tore a stream of this name down and its store is still going away
+# (a delete followed at once by a create, as a re-provision after losing a stream does); it reports
+# the cause only in its own log. A short wait lets the teardown finish.
+_STORE_BUSY_CODE = 10049
+_STORE_BUSY_RETRIES = 8
+
+
+async def _add_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    for attempt in range(1, _STORE_BUSY_RETRIES + 1):
+        try:
+            await js.add_stream(config)
+            return
+        except APIError as exc:
+            if exc.err_code != _STORE_BUSY_CODE or attempt == _STORE_BUSY_RETRIES:
+                raise
+        await asyncio.sleep(0.05 * attempt)
 
 
 def _current_partitions(config: StreamConfig) -> int | None:
