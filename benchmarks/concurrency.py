@@ -39,7 +39,7 @@ from services.edge.client import FleetClient
 from services.edge.replay import percentile
 from services.errors import FleetUnavailable, Overloaded
 
-from .conversation import sample_events
+from .conversation import publish_thread, sample_events
 from .fleet_process import ALL_WORKERS, CpuMeter, FleetProcess, MachineCpu, fleet_env, prepare_servers
 
 __all__ = ["bench_concurrency"]
@@ -73,19 +73,7 @@ async def _seed(clients: list[FleetClient], sessions: int, records: int) -> list
         client = clients[i % len(clients)]
         events = sample_events(f"conc-{uuid.uuid4().hex[:10]}", records + 200, start=i)
         head, ahead = events[:records], events[records:]
-        for event in head:
-            await client.append(event)
-        last = head[-1]
-        request = PrepareRequest(
-            session_id=last.session_id,
-            run_id=last.run_id,
-            instance_id=last.instance_id,
-            model_profile="gpt-4o",
-        )
-        await client.prepare(
-            request.model_copy(update={"after_event_key": last.event_key, "wait_ms": 60_000}), timeout=90
-        )
-        return _Session(request, ahead)
+        return _Session(await publish_thread(client, head), ahead)
 
     gate = asyncio.Semaphore(10)
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from contracts import Event
+from contracts import Event, PrepareRequest
 from infra import SAMPLES_DIR
 from services.core.trace import TraceLine, read_trace
+from services.edge.client import FleetClient
 from services.edge.replay import ReplayOptions, trace_events
 
-__all__ = ["sample_events", "sample_lines"]
+__all__ = ["publish_thread", "sample_events", "sample_lines"]
 
 
 def _answered_only(lines: list[TraceLine]) -> list[TraceLine]:
@@ -51,6 +52,23 @@ def sample_lines(n: int, *, start: int = 0) -> list[TraceLine]:
 def sample_events(session_id: str, n: int, *, start: int = 0, policy: str | None = None) -> list[Event]:
     """The events of ``sample_lines(n, start=start)`` for one session (one thread, stable keys)."""
     return trace_events(sample_lines(n, start=start), ReplayOptions(session_id=session_id, policy=policy))
+
+
+async def publish_thread(client: FleetClient, events: list[Event]) -> PrepareRequest:
+    """Publish ``events`` (one thread) and wait until the last is readable; the thread's gpt-4o prepare."""
+    for event in events:
+        await client.append(event)
+    last = events[-1]
+    request = PrepareRequest(
+        session_id=last.session_id,
+        run_id=last.run_id,
+        instance_id=last.instance_id,
+        model_profile="gpt-4o",
+    )
+    await client.prepare(
+        request.model_copy(update={"after_event_key": last.event_key, "wait_ms": 60_000}), timeout=90
+    )
+    return request
 
 
 def _renamed(line: TraceLine, lap: int) -> TraceLine:

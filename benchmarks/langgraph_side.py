@@ -35,7 +35,7 @@ from services.core.trace import TraceLine
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
 
-from .conversation import sample_events, sample_lines
+from .conversation import publish_thread, sample_events, sample_lines
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
 __all__ = ["bench_langgraph"]
@@ -136,19 +136,7 @@ async def bench_langgraph(
                 events = sample_events(session, n, start=1)
                 config: Any = {"configurable": {"thread_id": session}}
                 await graph.ainvoke({"messages": _messages(lines)}, config)
-                for event in events:
-                    await client.append(event)
-                last = events[-1]
-                request = PrepareRequest(
-                    session_id=last.session_id,
-                    run_id=last.run_id,
-                    instance_id=last.instance_id,
-                    model_profile="gpt-4o",
-                )
-                await client.prepare(
-                    request.model_copy(update={"after_event_key": last.event_key, "wait_ms": 60_000}),
-                    timeout=90,
-                )
+                request = await publish_thread(client, events)
                 settled, steady = await _settle(client, request)
                 budget = settled.budget_report.input_budget
                 lg_ms: list[float] = []
