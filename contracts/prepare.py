@@ -413,6 +413,10 @@ class PreparedContext(WireModel):
     compaction_wait_ms: int = 0
     policy: str = ""
     format: RequestFormat = "openai.chat"
+    # The window this context belongs to (seed 004 §22–24): 1 until the thread first rolls over;
+    # from window 2 on, the handoff it was rebuilt from.
+    window: Annotated[int, Field(ge=1)] = 1
+    handoff_id: str | None = None
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
 
