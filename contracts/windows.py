@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from ._base import WireModel
 
 __all__ = [
+    "RolloverReport",
     "RolloverTrigger",
     "WaterLevel",
     "WaterLevels",
@@ -132,3 +133,13 @@ class WindowHandoff(WireModel):
     required_evidence_ids: tuple[str, ...] = ()
     recent_receipt_ids: tuple[str, ...] = ()
     checkpoint_id: str
+
+
+class RolloverReport(WireModel):
+    """The prepare that closed a window says so: why, how large the handoff is, how long it took."""
+
+    trigger: RolloverTrigger
+    previous_window: Annotated[int, Field(ge=1)]
+    handoff_tokens: Annotated[int, Field(ge=0)]
+    # Deciding, building the handoff and committing it, before the new window's context is assembled.
+    rollover_ms: Annotated[int, Field(ge=0)]
