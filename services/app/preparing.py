@@ -47,6 +47,7 @@ from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from services.app.views import ThreadView, ViewLoader
 from services.app.windows import WindowKeeper
+from services.core.windows.next_window import window_of
 
 __all__ = ["PrepareService"]
 
@@ -375,6 +376,7 @@ class PrepareService:
             stored = (await store.read_states([thread_id])).get(thread_id) or StateView()
             catalog = await store.read_session_catalog(head.session_id)
             replayed = rebuild_state(await store.select_full(thread_id), catalog)  # type: ignore[arg-type]
+            closed = await store.windows_closed_after(thread_id)
         return ThreadInspection(
             thread_id=thread_id,
             session_id=head.session_id,
@@ -400,6 +402,7 @@ class PrepareService:
                     preview=r.preview,
                     tools=r.tools,
                     status=r.status,
+                    window=window_of(r.session_seq, closed),
                 )
                 for r in reversed(tail)
             ),
@@ -412,6 +415,7 @@ class PrepareService:
             state_facts=len(stored.facts),
             state_hash=state_hash(stored),
             state_verified=state_hash(stored) == state_hash(replayed),
+            window=len(closed) + 1,
         )
 
     async def _await_event(

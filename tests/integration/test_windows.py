@@ -111,8 +111,11 @@ async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not
     again = await _prepare(client, t, "q2")
     assert (again.window, again.handoff_id, again.rollover) == (2, rolled.handoff_id, None)
     assert "And is dock_B full?" in "\n".join(m.content or "" for m in again.messages)
-    # The old window stays in the ledger, readable.
-    assert (await client.inspect(t.thread_id, limit=200)).record_count >= 33
+    # The old window stays in the ledger, readable, and each record names its window.
+    inspection = await client.inspect(t.thread_id, limit=200)
+    assert inspection.record_count >= 33 and inspection.window == 2
+    windows = {r.event_key: r.window for r in inspection.records}
+    assert (windows["task"], windows[last], windows["q2"]) == (1, 1, 2)
 
 
 async def test_runtime_phase_change_rolls_a_green_window_over_at_a_safe_boundary(
