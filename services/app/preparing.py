@@ -125,7 +125,7 @@ class PrepareService:
         window = await self._windows.settle(view, snapshot, request, budget, counter)
         view, snapshot = window.view, window.snapshot
         try:
-            prepared = assemble_context(snapshot, request, budget, counter)
+            prepared = window.measured or assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from contracts import PrepareRequest
+from contracts import PreparedContext, PrepareRequest
 from contracts.windows import RolloverReport, RolloverTrigger, WindowHandoff, WindowStrategy
 
 from services.core.assemble import ThreadSnapshot, assemble_context
@@ -44,6 +44,9 @@ class WindowOutcome:
     snapshot: ThreadSnapshot
     decision: WindowDecision | None = None
     report: RolloverReport | None = None
+    # The context the decision measured, when it is the one to serve (no rollover, and it fitted):
+    # the prepare does not assemble the same inputs twice.
+    measured: PreparedContext | None = None
 
 
 class WindowKeeper:
@@ -67,11 +70,11 @@ class WindowKeeper:
         if view.policy.window.strategy is not WindowStrategy.ROLLOVER:
             return WindowOutcome(view, snapshot)
         started = time.monotonic()
-        decision = self._decide(view, snapshot, request, budget, counter)
+        measured, decision = self._decide(view, snapshot, request, budget, counter)
         if decision.action is WindowAction.PREPARE_ROLLOVER and decision.blocked_by is None:
             self._keep_candidate(view, snapshot, decision.trigger or RolloverTrigger.HARD_LIMIT)
         if decision.action is not WindowAction.ROLLOVER or decision.trigger is None:
-            return WindowOutcome(view, snapshot, decision)
+            return WindowOutcome(view, snapshot, decision, measured=measured)
         handoff = self._handoff(view, snapshot, decision.trigger)
         tokens = counter_for("o200k_base").count(render_handoff(handoff))
         async with self._store.session() as store:
@@ -105,9 +108,11 @@ class WindowKeeper:
         request: PrepareRequest,
         budget: BudgetSpec,
         counter: TokenCounter | None,
-    ) -> WindowDecision:
+    ) -> tuple[PreparedContext | None, WindowDecision]:
+        measured: PreparedContext | None = None
         try:
-            used = assemble_context(snapshot, request, budget, counter).budget_report.used.total
+            measured = assemble_context(snapshot, request, budget, counter)
+            used = measured.budget_report.used.total
         except ContextBudgetExceeded as over:
             # Over the budget (OverBudget) or not even fitting at its smallest: past the red line.
             used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
@@ -125,7 +130,7 @@ class WindowKeeper:
             low_value_share=low_value_share(own, view.encoding),
         )
         window = view.policy.window
-        return decide_window(signals, window.levels, window.max_low_value_share)
+        return measured, decide_window(signals, window.levels, window.max_low_value_share)
 
     def _handoff(self, view: ThreadView, snapshot: ThreadSnapshot, trigger: RolloverTrigger) -> WindowHandoff:
         state = view.facts or StateView()
