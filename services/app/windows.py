@@ -25,7 +25,13 @@ from services.core.tokens import TokenCounter, counter_for
 from services.core.windows.decision import WindowAction, WindowDecision, WindowSignals, decide_window
 from services.core.windows.handoff import render_handoff
 from services.core.windows.next_window import roll_over
-from services.core.windows.signals import low_value_share, open_calls, phase_boundary, window_records
+from services.core.windows.signals import (
+    low_value_share,
+    open_calls,
+    phase_boundary,
+    recovery_boundary,
+    window_records,
+)
 from services.errors import ContextBudgetExceeded, RevisionConflict
 from services.store.ports import PrepareStore
 from services.app.views import ThreadView, ViewLoader
@@ -118,8 +124,8 @@ class WindowKeeper:
             used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
         opened_after = _opened_after(view)
         own = window_records(snapshot.records, opened_after, view.head.thread_id)
-        # Forecast, critical operations and recovery boundaries have no source in the fleet yet: the
-        # decision takes them as inputs (forecasts: issue 18's water-level part).
+        # Forecasts and critical operations have no source in the fleet yet: the decision takes them as
+        # inputs (forecasts: issue 18's water-level part).
         signals = WindowSignals(
             used=used,
             budget=budget.input_budget,
@@ -127,6 +133,9 @@ class WindowKeeper:
                 window_records(snapshot.records, 0, view.head.thread_id), opened_after
             ),
             open_tool_group=bool(open_calls(own)),
+            recovery_boundary=recovery_boundary(
+                view.facts or StateView(), view.catalog.paths if view.catalog else (), own
+            ),
             low_value_share=low_value_share(own, view.encoding),
         )
         window = view.policy.window

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from contracts import PhaseChangeEvent, PhaseChangePayload
-from services.core.windows.signals import low_value_share, open_calls, operations_of, phase_boundary
+from contracts import PathRule, PhaseChangeEvent, PhaseChangePayload
+from services.core.state import Fact, StateView
+from services.core.windows.signals import (
+    low_value_share,
+    open_calls,
+    operations_of,
+    phase_boundary,
+    recovery_boundary,
+)
 from tests.fixtures.builders import Thread, ledger_records
 
 
@@ -68,3 +75,26 @@ def test_low_value_share_counts_outputs_older_than_the_newest_two_groups() -> No
     share = low_value_share(records)
     assert 0.4 < share < 0.6  # two of four large outputs are old
     assert low_value_share(records[:3]) == 0.0
+
+
+def test_recovery_boundary_is_a_plan_completed_by_a_record_of_the_window() -> None:
+    t = Thread()
+    records = ledger_records([t.user("q", key="u"), t.assistant("done with step 1", key="a")])
+    rules = (PathRule(pattern="plan:{id}.status", kind="plan"),)
+
+    def state(value: str, key: str) -> StateView:
+        fact = Fact(
+            path="plan:1.status",
+            value=value,
+            status="known",
+            source="user",
+            event_key=key,
+            seq=2,
+            observed_at=None,
+        )
+        return StateView(facts={fact.path: fact}, versions={"plan:1": 1})
+
+    assert recovery_boundary(state("completed", "a"), rules, records)
+    assert not recovery_boundary(state("executing", "a"), rules, records)
+    assert not recovery_boundary(state("completed", "before-the-window"), rules, records)
+    assert not recovery_boundary(state("completed", "a"), (), records)  # not a plan path

@@ -19,8 +19,8 @@ from contracts.windows import RolloverTrigger, WindowHandoff
 
 from services.core.groups import DraftBlock
 from services.core.records import LedgerRecord
-from services.core.state import Fact, StateView, pattern_regex, state_hash
-from services.core.windows.signals import operations_of
+from services.core.state import Fact, StateView, state_hash
+from services.core.windows.signals import operations_of, path_kind
 
 __all__ = ["build_handoff", "handoff_block", "render_handoff"]
 
@@ -50,7 +50,7 @@ def build_handoff(
     current = list(state.facts.values())
     by_kind: dict[str, list[Fact]] = {}
     for fact in current:
-        by_kind.setdefault(_kind_of(fact.path, rules), []).append(fact)
+        by_kind.setdefault(path_kind(fact.path, rules), []).append(fact)
     goals = _paths(by_kind.get("goal", []))
     constraints = _paths(by_kind.get("constraint", []))
     questions = _paths(by_kind.get("open_question", []))
@@ -128,10 +128,3 @@ def handoff_block(handoff: WindowHandoff) -> DraftBlock:
 
 def _paths(facts: Sequence[Fact]) -> tuple[str, ...]:
     return tuple(sorted(f.path for f in facts))
-
-
-def _kind_of(path: str, rules: Sequence[PathRule]) -> str:
-    for rule in rules:
-        if pattern_regex(rule.pattern).fullmatch(path):
-            return rule.kind
-    return "business_fact"

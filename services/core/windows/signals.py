@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts import ToolStatus
+from contracts import PathRule, ToolStatus
 
 from services.core.records import (
     AssistantMessageBody,
@@ -18,13 +18,16 @@ from services.core.records import (
     PhaseChangeBody,
     ToolOutcomeBody,
 )
+from services.core.state import StateView, pattern_regex
 
 __all__ = [
     "Operations",
     "low_value_share",
     "open_calls",
     "operations_of",
+    "path_kind",
     "phase_boundary",
+    "recovery_boundary",
     "window_records",
 ]
 
@@ -113,6 +116,24 @@ def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
             return True
         phase = body.phase
     return False
+
+
+def recovery_boundary(state: StateView, rules: Sequence[PathRule], window: Sequence[LedgerRecord]) -> bool:
+    """Whether a plan completed inside the window (seed 004 §32 trigger 5): a stable checkpoint, after
+    which the next stage may start in a clean window. ``window`` is the window's own records."""
+    keys = {r.event_key for r in window}
+    return any(
+        f.value == "completed" and f.event_key in keys and path_kind(f.path, rules) == "plan"
+        for f in state.facts.values()
+    )
+
+
+def path_kind(path: str, rules: Sequence[PathRule]) -> str:
+    """The kind the session catalog registers for ``path`` (``business_fact`` when none matches)."""
+    for rule in rules:
+        if pattern_regex(rule.pattern).fullmatch(path):
+            return rule.kind
+    return "business_fact"
 
 
 def _tokens(record: LedgerRecord, encoding: str) -> int:
