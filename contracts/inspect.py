@@ -51,6 +51,8 @@ class InspectedRecord(WireModel):
     tools: tuple[str, ...] = ()
     # A tool outcome's status (success, error, …); None for every other kind.
     status: str | None = None
+    # The window the record belongs to (design D10.1): derived from where windows opened, never stored.
+    window: int = 1
 
 
 class InspectedDeadLetter(WireModel):
@@ -89,6 +91,8 @@ class ThreadInspection(WireModel):
     state_facts: int = 0
     state_hash: str | None = None
     state_verified: bool = True
+    # The thread's current window (1 until it first rolls over).
+    window: int = 1
 
 
 class InspectedThread(WireModel):

@@ -13,6 +13,7 @@ import pytest
 
 from contracts import ContextPolicy
 from contracts.subjects import DEFAULT_TENANT
+from contracts.windows import RolloverTrigger, WindowHandoff
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters
 from services.errors import DuplicateEvent, ErrorCode, RevisionConflict
@@ -324,3 +325,38 @@ async def test_a_tail_names_the_tools_of_each_call_and_outcome_with_the_outcomes
         ("a1", ("bash", "read_file"), None),
         ("u1", (), None),
     ]
+
+
+def _handoff(
+    thread_id: str, last_seq: int, *, handoff_id: str = "7d1c0a5e-3a71-5b8f-9c3e-0f1e2d3c4b5a"
+) -> Any:
+    return WindowHandoff(
+        handoff_id=handoff_id,
+        thread_id=thread_id,
+        task_id="run",
+        previous_window=1,
+        new_window=2,
+        trigger=RolloverTrigger.HARD_LIMIT,
+        state_version=0,
+        state_hash="0" * 64,
+        last_event_seq=last_seq,
+        required_state_paths=("item:1.location",),
+        checkpoint_id="5f2b3c4d-1e0a-5b6c-8d7e-9f0a1b2c3d4e",
+    )
+
+
+async def test_commit_window_opens_window_2_and_refuses_a_stale_view_revision_alike(store: Store) -> None:
+    t = Thread()
+    await _write(store, [t.system("Be brief.", key="sys"), t.user("Fix app.py", key="u1")])
+    async with store.session() as s:
+        assert await s.current_window(t.thread_id) is None
+        assert await s.commit_window(0, _handoff(t.thread_id, 2), 40) == 1
+        opened = await s.current_window(t.thread_id)
+        assert (opened.number, opened.opened_after, opened.handoff) == (2, 2, _handoff(t.thread_id, 2))
+        assert await s.windows_closed_after(t.thread_id) == [2]
+        assert (await s.load_view(t.thread_id)).view_revision == 1
+        with pytest.raises(RevisionConflict):
+            await s.commit_window(
+                0, _handoff(t.thread_id, 2, handoff_id="0c6f0d7e-8a9b-5c1d-9e2f-3a4b5c6d7e8f"), 40
+            )
+        assert await s.windows_closed_after(t.thread_id) == [2]
