@@ -1,18 +1,20 @@
 """The ablation ladder of seed 004 §48: one thread, the same point, assembled by each rung's configuration of the core.
 
 Every rung answers from the same ``LadderPoint`` — the thread's records, the summary the fleet's
-compaction committed, the facts its state projection holds, the evidence a search found — and
+compaction committed, the facts its state projection holds — and
 assembles with the fleet's own ``assemble_context``; a rung only chooses which of those inputs the
 assembler gets and how it may fit them:
 
-| rung | history | summary | state block | evidence |
-|---|---|---|---|---|
-| A full | everything, never reduced (over the budget = a failed request) | – | – | – |
-| B window | the newest that fit (the assembler drops the oldest history) | – | – | – |
-| C summary | as the fleet fits it | the committed summary | – | – |
-| D state | as C | as C | every current value, without what it superseded | – |
-| F projection | as C | as C | the slice the tools read, with supersession (the fleet's own) | – |
-| G archive | as C | as C | as F | search hits, re-read from the ledger |
+| rung | history | summary | state block |
+|---|---|---|---|
+| A full | everything, never reduced (over the budget = a failed request) | – | – |
+| B window | the newest that fit (the assembler drops the oldest history) | – | – |
+| C summary | as the fleet fits it | the committed summary | – |
+| D state | as C | as C | every current value, without what it superseded |
+| F projection | as C | as C | the slice the tools read, with supersession (the fleet's own) |
+
+Rung G (F + archive retrieval: search hits as evidence) needs the fleet's search index, which lives
+in PostgreSQL only; the in-process replay has none, so G is not run rather than imitated.
 
 A rung is anything with a ``name`` and a ``context(point)``: a rung built elsewhere (the rollover of
 the window strategy) plugs in beside these without the scorer changing.
@@ -26,7 +28,7 @@ from typing import Protocol, assert_never
 
 from contracts import PreparedContext, PrepareRequest
 
-from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
+from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec
 from services.core.tokens import TokenCounter
 from services.core.view_memo import ViewMemo
@@ -58,7 +60,6 @@ class RungName(StrEnum):
     SUMMARY = "C-summary"
     STATE = "D-state"
     PROJECTION = "F-projection"
-    ARCHIVE = "G-archive"
 
 
 class History(StrEnum):
@@ -87,7 +88,6 @@ class RungConfig:
     history: History
     summary: bool
     state: StateMode
-    evidence: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +98,6 @@ class LadderPoint:
     request: PrepareRequest
     budget: BudgetSpec
     counter: TokenCounter
-    # Records a search of the archive found for this step, re-read from the ledger.
-    evidence: tuple[Evidence, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +126,11 @@ class Rung(Protocol):
 
 
 CORE_RUNGS: dict[RungName, RungConfig] = {
-    RungName.FULL: RungConfig(History.ALL, summary=False, state=StateMode.NONE, evidence=False),
-    RungName.WINDOW: RungConfig(History.FIT, summary=False, state=StateMode.NONE, evidence=False),
-    RungName.SUMMARY: RungConfig(History.FIT, summary=True, state=StateMode.NONE, evidence=False),
-    RungName.STATE: RungConfig(History.FIT, summary=True, state=StateMode.MATERIALIZED, evidence=False),
-    RungName.PROJECTION: RungConfig(History.FIT, summary=True, state=StateMode.PROJECTED, evidence=False),
-    RungName.ARCHIVE: RungConfig(History.FIT, summary=True, state=StateMode.PROJECTED, evidence=True),
+    RungName.FULL: RungConfig(History.ALL, summary=False, state=StateMode.NONE),
+    RungName.WINDOW: RungConfig(History.FIT, summary=False, state=StateMode.NONE),
+    RungName.SUMMARY: RungConfig(History.FIT, summary=True, state=StateMode.NONE),
+    RungName.STATE: RungConfig(History.FIT, summary=True, state=StateMode.MATERIALIZED),
+    RungName.PROJECTION: RungConfig(History.FIT, summary=True, state=StateMode.PROJECTED),
 }
 
 
@@ -186,7 +183,7 @@ class CoreRung:
                 pass
             case _:
                 assert_never(config.state)
-        return replace(snapshot, evidence=point.evidence if config.evidence else (), memo=self._memo)
+        return replace(snapshot, memo=self._memo)
 
 
 def core_rungs(names: tuple[RungName, ...] = tuple(RungName)) -> list[Rung]:
