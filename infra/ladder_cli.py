@@ -15,7 +15,7 @@ from services.core.evaluation import with_system_prompt
 from services.core.evaluation.inventory import INVENTORY_CATALOG, inventory_trace
 from services.core.evaluation.synthetic import synthetic_trace
 from services.core.trace import TraceLine, read_trace
-from services.edge.laddering import LadderReport, LadderTrace, run_ladder
+from .laddering import LadderReport, LadderTrace, run_ladder
 
 from . import SAMPLES_DIR
 
@@ -55,7 +55,9 @@ def ladder_traces(paths: Sequence[Path], prompt: str | None) -> list[LadderTrace
     for path in chosen:
         lines = read_trace(path)
         sidecar = path.with_name(path.stem + CATALOG_SUFFIX)
-        catalog = ToolCatalog.model_validate_json(sidecar.read_text(encoding="utf-8")) if sidecar.exists() else None
+        catalog = (
+            ToolCatalog.model_validate_json(sidecar.read_text(encoding="utf-8")) if sidecar.exists() else None
+        )
         out.append(
             LadderTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines), catalog)
         )

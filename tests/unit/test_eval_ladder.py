@@ -11,7 +11,7 @@ from services.core.evaluation.inventory import INVENTORY_CATALOG, inventory_trac
 from services.core.evaluation.ladder import LadderContext, LadderPoint, Rung, RungName, core_rungs
 from services.core.evaluation.probes import haystack_of
 from services.core.state import Fact
-from services.edge.laddering import LadderTrace, ladder_trace
+from infra.laddering import LadderTrace, ladder_trace
 
 pytestmark = pytest.mark.anyio
 

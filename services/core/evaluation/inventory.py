@@ -60,7 +60,10 @@ def item_path(item_id: str) -> str:
 
 def inventory_trace(moves: int = 600, items: int = 24) -> list[TraceLine]:
     """A system prompt, the task, then ``moves`` moves and the user's "where is it now?" questions."""
-    lines = [TraceLine(line=1, kind="system", text=_SYSTEM), TraceLine(line=2, kind="user_input", text=INVENTORY_TASK)]
+    lines = [
+        TraceLine(line=1, kind="system", text=_SYSTEM),
+        TraceLine(line=2, kind="user_input", text=INVENTORY_TASK),
+    ]
 
     def add(kind: str, text: str, **more: object) -> None:
         lines.append(TraceLine(len(lines) + 1, kind, text, **more))  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The ablation ladder of seed 004 §48: one thread, the same point, assembled by each rung's configuration of the core.
+"""The ablation ladder of seed 004 §48: the same point of one thread, assembled by each rung's core config.
 
 Every rung answers from the same ``LadderPoint`` — the thread's records, the summary the fleet's
 compaction committed, the facts its state projection holds — and

@@ -77,7 +77,11 @@ class RungScore:
             "probes": {
                 k: {"passed": t.passed, "total": t.total, "rate": _round(t.rate)} for k, t in b.probes.items()
             },
-            "state_probe": {"passed": self.state.passed, "total": self.state.total, "rate": _round(self.state.rate)},
+            "state_probe": {
+                "passed": self.state.passed,
+                "total": self.state.total,
+                "rate": _round(self.state.rate),
+            },
             "stale_state_survival": {
                 "survived": self.stale_survived,
                 "checked": self.stale_checked,

@@ -108,7 +108,9 @@ def stale_survives(probe: StateProbe, text: str) -> bool:
     if not probe.superseded:
         return False
     state_lines = [line for line in text.splitlines() if line.startswith(f"- {probe.path} = ")]
-    if any(line.startswith(current_marker(probe.path, old)) for old in probe.superseded for line in state_lines):
+    if any(
+        line.startswith(current_marker(probe.path, old)) for old in probe.superseded for line in state_lines
+    ):
         return True
     if not any(_shown(old, text) for old in probe.superseded):
         return False

@@ -1,4 +1,4 @@
-"""``ctxfleet eval --ladder``'s shell: replay a trace through the fleet's services in this process, score each rung.
+"""``ctxfleet eval --ladder``: replay a trace through the fleet's services in this process, score the rungs.
 
 No broker and no database: the trace's events go through the recorder's service
 (``RecordingService``, state and tool effects included) into the in-memory store, the budgeter's
@@ -38,7 +38,7 @@ from services.app.views import ThreadView, ViewLoader
 from services.core.assemble import assemble_context
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
-from services.core.evaluation.ladder import LadderPoint, Rung, RungName, core_rungs
+from services.core.evaluation.ladder import LadderPoint, Rung, core_rungs
 from services.core.evaluation.ladder_scoring import LadderTraceScore, RungScore, score_point
 from services.core.ledger import Incoming, RecordingLimits
 from services.core.tokens import counter_for
@@ -89,7 +89,8 @@ class LadderReport:
             "rungs": list(self.rungs),
             "system_prompt_tokens": self.system_prompt_tokens,
             "aggregate": {
-                str(b): {name: s.as_json() for name, s in rungs.items()} for b, rungs in self.aggregate().items()
+                str(b): {name: s.as_json() for name, s in rungs.items()}
+                for b, rungs in self.aggregate().items()
             },
             "traces": [t.as_json() for t in self.traces],
         }
@@ -127,7 +128,9 @@ async def ladder_trace(
     if trace.catalog is not None:
         validate_catalog(trace.catalog)
         await store.register_catalog(DEFAULT_TENANT, trace.catalog)
-    options = ReplayOptions(session_id=session_id, model_profile=None, budget_tokens=budget, policy=policy.name)
+    options = ReplayOptions(
+        session_id=session_id, model_profile=None, budget_tokens=budget, policy=policy.name
+    )
     events = trace_events(trace.lines, options)
     if trace.catalog is not None and events:
         events[0] = events[0].model_copy(update={"agent_release": trace.catalog.release})
@@ -233,7 +236,13 @@ async def _view_for(
             reserved = sum(int(str(i["tokens"])) for i in over.items if i["kind"] == "tool_schemas")
             async with store.session() as s:
                 job = await request_job(
-                    s, jobs, view, ("hard_budget",), urgent=True, input_budget=budget.input_budget, reserved_tokens=reserved
+                    s,
+                    jobs,
+                    view,
+                    ("hard_budget",),
+                    urgent=True,
+                    input_budget=budget.input_budget,
+                    reserved_tokens=reserved,
                 )
             if job is None:
                 return view
