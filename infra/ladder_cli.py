@@ -23,6 +23,7 @@ __all__ = [
     "CATALOG_SUFFIX",
     "SYNTHETIC_DIR",
     "ladder_traces",
+    "line_json",
     "print_ladder",
     "run_ladder_command",
     "write_synthetic",
@@ -41,7 +42,7 @@ def write_synthetic(folder: Path) -> list[Path]:
     written = []
     for name, lines in ((_INVENTORY, inventory_trace(600)), (_CODING, synthetic_trace(1000))):
         path = folder / name
-        path.write_text("".join(json.dumps(_line_json(line)) + "\n" for line in lines), encoding="utf-8")
+        path.write_text("".join(json.dumps(line_json(line)) + "\n" for line in lines), encoding="utf-8")
         written.append(path)
     catalog = folder / (Path(_INVENTORY).stem + CATALOG_SUFFIX)
     catalog.write_text(INVENTORY_CATALOG.model_dump_json(indent=2) + "\n", encoding="utf-8")
@@ -133,7 +134,7 @@ def _row(s: dict[str, Any]) -> list[str]:
     ]
 
 
-def _line_json(line: TraceLine) -> dict[str, Any]:
+def line_json(line: TraceLine) -> dict[str, Any]:
     """A trace line as the format writes it (defaults left out)."""
     out: dict[str, Any] = {"kind": line.kind, "text": line.text}
     if line.tool_calls:

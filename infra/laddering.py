@@ -44,7 +44,7 @@ from services.core.ledger import Incoming, RecordingLimits
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 from services.edge.replay import ReplayOptions, trace_events
-from services.errors import ContextBudgetExceeded, OverBudget
+from services.errors import ContextBudgetExceeded, InvalidRequest, OverBudget
 from services.store.memory import MemoryStore
 
 __all__ = ["LadderReport", "LadderTrace", "RungFactory", "ladder_trace", "run_ladder"]
@@ -160,7 +160,10 @@ async def ladder_trace(
             result = await recorder.record_batch(0, incoming)
             if result.rejections:
                 first = result.rejections[0]
-                raise ValueError(f"{trace.name}: the recorder refused {first.event_key}: {first.code.value}")
+                raise InvalidRequest(
+                    f"{trace.name}: the recorder refused {first.event_key} ({first.code.value}): "
+                    "the ladder scores whole traces only"
+                )
             for thread_id in sorted(result.heads):
                 await _compact(store, budgeter, compactor, jobs, thread_id)
             recorded = index

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from services.core.evaluation.inventory import INVENTORY_CATALOG, inventory_trace, item_path
 from services.core.evaluation.pollution import StateProbe, current_shown, stale_survives, state_probes_at
 from services.core.trace import read_trace
 from tests.unit.test_eval_synthetic import TraceBuilder
 
-from infra.ladder_cli import ladder_traces, write_synthetic
+from infra.cli import main
+from infra.ladder_cli import line_json, ladder_traces, write_synthetic
 
 _ITEM = item_path("sku-0042")
 _PROBE = StateProbe(_ITEM, "shelf_B", ("shelf_A",))
@@ -84,3 +88,23 @@ def test_bundled_synthetic_traces_are_the_ones_the_generator_writes(tmp_path: Pa
     bundled = Path(__file__).resolve().parents[2] / "infra" / "samples" / "synthetic"
     fresh = {p.name: p.read_bytes() for p in write_synthetic(tmp_path)}
     assert {p.name: p.read_bytes() for p in bundled.iterdir()} == fresh
+
+
+def test_eval_ladder_command_prints_the_ladder_and_writes_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "moves.jsonl"
+    trace.write_text(
+        "".join(json.dumps(line_json(line)) + "\n" for line in inventory_trace(12, 3)), encoding="utf-8"
+    )
+    (tmp_path / "moves.catalog.json").write_text(INVENTORY_CATALOG.model_dump_json(), encoding="utf-8")
+    out = tmp_path / "ladder.json"
+
+    # 1,000 tokens: the whole history stops fitting halfway through the twelve moves.
+    assert main(["eval", "--ladder", str(trace), "--budget", "1000", "--json", str(out)]) == 0
+
+    report = json.loads(out.read_text())
+    assert report["rungs"] == ["A-full", "B-window", "C-summary", "D-state", "F-projection"]
+    f = report["aggregate"]["1000"]["F-projection"]
+    assert f["stale_state_survival"]["checked"] > 0 and f["stale_state_survival"]["survived"] == 0
+    assert "F-projection" in capsys.readouterr().out
