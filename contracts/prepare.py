@@ -22,6 +22,7 @@ from pydantic import (
 
 from ._base import WireModel, any_of_schema, none_omitted
 from .ids import EventKeyStr, Identifier
+from .windows import RolloverReport
 
 __all__ = [
     "BlockKind",
@@ -413,6 +414,12 @@ class PreparedContext(WireModel):
     compaction_wait_ms: int = 0
     policy: str = ""
     format: RequestFormat = "openai.chat"
+    # The window this context belongs to (seed 004 §22–24): 1 until the thread first rolls over;
+    # from window 2 on, the handoff it was rebuilt from.
+    window: Annotated[int, Field(ge=1)] = 1
+    handoff_id: str | None = None
+    # Set on the one prepare that rolled the window over (design D10).
+    rollover: RolloverReport | None = None
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
 

@@ -10,13 +10,21 @@ input budget (seed 004 §31).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from ._base import WireModel
 
-__all__ = ["WaterLevel", "WaterLevels", "WindowPolicy", "WindowStrategy"]
+__all__ = [
+    "RolloverReport",
+    "RolloverTrigger",
+    "WaterLevel",
+    "WaterLevels",
+    "WindowHandoff",
+    "WindowPolicy",
+    "WindowStrategy",
+]
 
 _Share = Annotated[float, Field(gt=0.0, lt=1.0)]
 
@@ -73,8 +81,65 @@ class WaterLevels(WireModel):
         return max(0, int(budget * self.red) - used)
 
 
+class RolloverTrigger(StrEnum):
+    """Why a window closes (seed 004 §32's five triggers)."""
+
+    # The window reached its red line.
+    HARD_LIMIT = "hard_limit"
+    # What the next steps are expected to need no longer fits under the red line.
+    FORECAST = "forecast"
+    # The task moved to another phase: it needs another composition of context.
+    PHASE_BOUNDARY = "phase_boundary"
+    # Most of the window is low-value material (old tool outputs).
+    SEMANTIC_DENSITY = "semantic_density"
+    # A stable checkpoint was reached: the next stage starts clean.
+    RECOVERY_BOUNDARY = "recovery_boundary"
+
+
 class WindowPolicy(WireModel):
     """The window strategy of a policy and its water levels."""
 
     strategy: WindowStrategy = WindowStrategy.SUMMARY
     levels: WaterLevels = Field(default_factory=WaterLevels)
+    # Low-value share of a window (old tool outputs) above which it closes early, from YELLOW on.
+    max_low_value_share: _Share = 0.70
+
+
+class WindowHandoff(WireModel):
+    """What a closing window hands the next one (seed 004 §24): ids and paths, not history.
+
+    Values are not copied: the next window reads them from the state projection, so a fact that
+    changes after the rollover is never shown at its handoff-time value.
+    """
+
+    schema_version: Literal[1] = 1
+    handoff_id: str
+    thread_id: str
+    # The run is the task (a run is one question, design D3.1).
+    task_id: str
+    previous_window: Annotated[int, Field(ge=1)]
+    new_window: Annotated[int, Field(ge=2)]
+    trigger: RolloverTrigger
+    # The sum of the state's aggregate versions: every committed write moves it.
+    state_version: Annotated[int, Field(ge=0)]
+    state_hash: str
+    # Session seq of the last record of the closed window: the next one shows only what follows.
+    last_event_seq: Annotated[int, Field(ge=0)]
+    active_goal_ids: tuple[str, ...] = ()
+    active_constraints: tuple[str, ...] = ()
+    active_operations: tuple[str, ...] = ()
+    unresolved_questions: tuple[str, ...] = ()
+    required_state_paths: tuple[str, ...] = ()
+    required_evidence_ids: tuple[str, ...] = ()
+    recent_receipt_ids: tuple[str, ...] = ()
+    checkpoint_id: str
+
+
+class RolloverReport(WireModel):
+    """The prepare that closed a window says so: why, how large the handoff is, how long it took."""
+
+    trigger: RolloverTrigger
+    previous_window: Annotated[int, Field(ge=1)]
+    handoff_tokens: Annotated[int, Field(ge=0)]
+    # Deciding, building the handoff and committing it, before the new window's context is assembled.
+    rollover_ms: Annotated[int, Field(ge=0)]

@@ -18,6 +18,8 @@ KILL_POINTS = (
     "prepare.before_reply",
     "compact.before_commit",
     "compact.after_commit",
+    "rollover.before_commit",
+    "rollover.after_commit",
 )
 _hits: dict[str, int] = {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from contracts import CompactionPolicy
+from contracts.windows import WindowStrategy
 
 from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
 from services.core.compaction.select import measure_view
@@ -80,7 +81,9 @@ class BudgetService:
                 measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending
             )
             enqueued = False
-            if decision.action == "enqueue":
+            if decision.action == "enqueue" and view.policy.window.strategy is WindowStrategy.ROLLOVER:
+                pass  # a rollover thread is not summarized: its prepare closes the window (D10.3)
+            elif decision.action == "enqueue":
                 enqueued = await request_job(store, self._queue, view, decision.hits) is not None
             elif decision.action == "defer":
                 await store.ensure_view(thread_id)

@@ -46,6 +46,7 @@ from services.core.state import StateView, rebuild_state, state_hash
 from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from services.app.views import ThreadView, ViewLoader
+from services.app.windows import WindowKeeper
 
 __all__ = ["PrepareService"]
 
@@ -88,6 +89,7 @@ class PrepareService:
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
+        self._windows = WindowKeeper(store, self._loader)
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
@@ -119,18 +121,23 @@ class PrepareService:
             )
         calibration = await self._calibration(tenant, base)
         budget = calibrated(base, calibration)
+        window = await self._windows.settle(view, snapshot, request, budget, counter)
+        view, snapshot = window.view, window.snapshot
         try:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence
             )
+        if window.report is not None:
+            prepared = prepared.model_copy(update={"rollover": window.report})
         learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
         if learned.factor <= calibration.factor:
             return prepared  # counted at least as conservatively as the new factor would
         budget = calibrated(base, learned)
         try:
-            return assemble_context(snapshot, request, budget, counter)
+            recounted = assemble_context(snapshot, request, budget, counter)
+            return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence

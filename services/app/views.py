@@ -32,6 +32,8 @@ from services.core.state import StateView
 from services.store.ledger import StoredHead
 from services.store.ports import ViewReads
 from services.store.views import Candidate, ThreadScope, ViewState
+from services.store.windows import OpenWindow
+from services.core.windows.next_window import next_window_snapshot
 from services.core.tokens import EncodingName, counter_for
 from services.core.view_memo import ViewMemo
 
@@ -90,6 +92,8 @@ class ThreadView:
     # The blocks the thread's last prepare built (shared through the view cache); only a snapshot of
     # the whole view uses it, so a partial one never displaces it.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
+    # The thread's current window from 2 on (None: window 1): the view starts after it opened.
+    window: OpenWindow | None = None
 
     def snapshot(self, upto: int | None = None) -> ThreadSnapshot:
         """The assembler's input (records up to ``upto`` if given)."""
@@ -111,7 +115,7 @@ class ThreadView:
                 skeleton_o200k=self.skeleton.tokens_o200k if self.skeleton else 0,
                 skeleton_cl100k=self.skeleton.tokens_cl100k if self.skeleton else 0,
             )
-        return ThreadSnapshot(
+        snapshot = ThreadSnapshot(
             session_id=self.head.session_id,
             run_id=self.head.run_id,
             instance_id=self.head.instance_id,
@@ -128,6 +132,9 @@ class ThreadView:
             reads=_declared_reads(self.catalog),
             memo=self.memo if upto is None else None,
         )
+        if self.window is None:
+            return snapshot
+        return next_window_snapshot(snapshot, self.window.handoff)
 
     @property
     def compaction_budget(self) -> int:
@@ -244,6 +251,7 @@ class ViewLoader:
             catalog,
             skeleton,
             entry.memo,
+            await conn.current_window(thread_id),
         )
 
     async def _pinned(

@@ -53,6 +53,7 @@ from contracts import (
     ToolStatus,
 )
 from contracts.prepare import ReductionCounts
+from contracts.windows import WindowHandoff
 
 from services.core.budget import BudgetSpec
 from services.core.calibration import scaled
@@ -80,6 +81,7 @@ from services.core.render import (
     trim_to_fit,
 )
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
+from services.core.windows.handoff import handoff_block
 from services.core.view_memo import ViewMemo
 
 __all__ = ["ASSEMBLY_REVISION", "Evidence", "SummaryView", "ThreadSnapshot", "assemble_context"]
@@ -168,6 +170,9 @@ class ThreadSnapshot:
     # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
     # since is built again. Without one, everything is built from scratch — the same reply.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
+    # The window the view belongs to, and the handoff that opened it (services/core/windows).
+    window: int = 1
+    handoff: WindowHandoff | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +268,8 @@ def assemble_context(
         memo = ViewMemo(snapshot.own_thread)
     blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
+    if snapshot.handoff is not None:
+        ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
@@ -384,7 +391,18 @@ def assemble_context(
         policy=snapshot.policy,
         format=request.format,
         request=provider_request(request.format, bundle),
+        window=snapshot.window,
+        handoff_id=snapshot.handoff.handoff_id if snapshot.handoff else None,
     )
+
+
+def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
+    """Where a window's handoff goes: after instructions and the run's task, before history."""
+    at = _after_instructions(ordered)
+    for i, b in enumerate(ordered):
+        if b.kind is BlockKind.TASK and b.records and b.records[0].seq == run_task:
+            at = i + 1
+    return at
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
@@ -1161,7 +1179,13 @@ def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBloc
     if not snapshot.facts:
         return None
     patterns = [pattern_regex(p) for t in request.tools for p in snapshot.reads.get(t.name, ())]
-    facts = [f for f in snapshot.facts if not patterns or any(p.match(f.path) for p in patterns)]
+    # A window's handoff names the state it needs: those paths are shown whatever the tools read.
+    needed = frozenset(snapshot.handoff.required_state_paths) if snapshot.handoff else frozenset()
+    facts = [
+        f
+        for f in snapshot.facts
+        if not patterns or f.path in needed or any(p.match(f.path) for p in patterns)
+    ]
     if not facts:
         return None
     facts = sorted(facts, key=lambda f: f.seq)[-_MAX_FACTS:]
@@ -1326,4 +1350,6 @@ def _prepared_id(
     }
     if drop_history:
         fingerprint["history_dropped"] = True
+    if snapshot.handoff is not None:  # left out in window 1, so ids minted before windows stay the same
+        fingerprint["handoff"] = snapshot.handoff.handoff_id
     return str(uuid.uuid5(_PREPARED_NS, canonical_json(fingerprint).decode()))

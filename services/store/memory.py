@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from contracts import DEFAULT_POLICY_NAME, ContextPolicy, InspectedDeadLetter, ToolCatalog
 from contracts.prepare import ProviderOverflow
+from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
 from services.core.calibration import Calibration
@@ -47,6 +48,7 @@ from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
+from services.store.windows import OpenWindow
 
 if TYPE_CHECKING:
     from services.store.ports import (
@@ -97,6 +99,8 @@ class _Tables:
     calibrations: dict[tuple[str, str], Calibration] = field(default_factory=dict)
     overflows: dict[tuple[str, int], ProviderOverflow] = field(default_factory=dict)
     forks: dict[str, ForkOrigin] = field(default_factory=dict)
+    windows: dict[tuple[str, int], _Row] = field(default_factory=dict)
+    handoffs: dict[str, _Row] = field(default_factory=dict)
     # Insertion order stands in for created_at / updated_at.
     clock: int = 0
 
@@ -922,6 +926,50 @@ class MemorySession:
             )
             if view["pending_fingerprint"] == (fingerprint or ""):
                 view.update(pending_fingerprint=None, pending_since=None)
+
+    async def current_window(self, thread_id: str) -> OpenWindow | None:
+        rows = [w for (t, _), w in self._t.windows.items() if t == thread_id]
+        if not rows:
+            return None
+        row = max(rows, key=lambda w: int(w["window_no"]))
+        body = self._t.handoffs[str(row["handoff_id"])]["body"]
+        return OpenWindow(row["window_no"], row["opened_after"], WindowHandoff.model_validate_json(body))
+
+    async def windows_closed_after(self, thread_id: str) -> list[int]:
+        rows = sorted((n, w["opened_after"]) for (t, n), w in self._t.windows.items() if t == thread_id)
+        return [after for _, after in rows]
+
+    async def commit_window(self, expected_view_revision: int, handoff: WindowHandoff, tokens: int) -> int:
+        await self.ensure_view(handoff.thread_id)
+        view = self._t.views[handoff.thread_id]
+        if view["view_revision"] != expected_view_revision:
+            raise RevisionConflict(handoff.thread_id, expected_view_revision, view["view_revision"])
+        if (
+            handoff.thread_id,
+            handoff.new_window,
+        ) in self._t.windows or handoff.handoff_id in self._t.handoffs:
+            raise _refused(
+                "UniqueViolationError",
+                "23505",
+                'duplicate key value violates unique constraint "windows_pkey"',
+            )
+        async with self.transaction():
+            revision = expected_view_revision + 1
+            self._t.views[handoff.thread_id].update(view_revision=revision)
+            self._t.handoffs[handoff.handoff_id] = {
+                "thread_id": handoff.thread_id,
+                "new_window": handoff.new_window,
+                "body": handoff.model_dump_json(),
+                "tokens": tokens,
+            }
+            kill_point("rollover.before_commit")
+            self._t.windows[(handoff.thread_id, handoff.new_window)] = {
+                "window_no": handoff.new_window,
+                "opened_after": handoff.last_event_seq,
+                "handoff_id": handoff.handoff_id,
+            }
+        kill_point("rollover.after_commit")
+        return revision
 
     async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
         view = self._t.views.get(summary.thread_id)

@@ -21,6 +21,7 @@ from contracts import (
     ToolCatalog,
 )
 from contracts.prepare import ProviderOverflow
+from contracts.windows import WindowHandoff
 
 from services.core.calibration import Calibration
 
@@ -34,6 +35,7 @@ from services.store.ledger import EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.search import Chunker
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
+from services.store.windows import OpenWindow
 
 __all__ = [
     "BranchSession",
@@ -115,6 +117,10 @@ class ViewReads(Protocol):
 
     async def load_view(self, thread_id: str) -> ViewState: ...
 
+    async def current_window(self, thread_id: str) -> OpenWindow | None: ...
+
+    async def windows_closed_after(self, thread_id: str) -> list[int]: ...
+
     async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]: ...
 
     async def adopt(self, thread_id: str, expected_revision: int, candidate: Candidate) -> bool: ...
@@ -158,6 +164,11 @@ class ViewWrites(Protocol):
 
     async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
         """The new summary's id; RevisionConflict if the view is no longer at ``expected_revision``."""
+        ...
+
+    async def commit_window(self, expected_view_revision: int, handoff: WindowHandoff, tokens: int) -> int:
+        """Commit ``handoff`` and open its window in one transaction; ``RevisionConflict`` if the view
+        moved from ``expected_view_revision``."""
         ...
 
 

@@ -24,6 +24,7 @@ from contracts import (
     ToolCatalog,
 )
 from contracts.prepare import ProviderOverflow
+from contracts.windows import WindowHandoff
 
 from services.core.baseline import PositionReset, Positions
 from services.core.calibration import Calibration
@@ -39,6 +40,7 @@ from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.calibration import CalibrationsRepo
 from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
 from services.store.tracking import DeadLettersRepo, TrackingRepo
+from services.store.windows import OpenWindow, WindowsRepo
 from services.store.views import (
     Candidate,
     NewSummary,
@@ -192,6 +194,18 @@ class PgSession:
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:
         return await ViewsRepo.load(self._conn, thread_id)
+
+    @_translated
+    async def current_window(self, thread_id: str) -> OpenWindow | None:
+        return await WindowsRepo.current(self._conn, thread_id)
+
+    @_translated
+    async def windows_closed_after(self, thread_id: str) -> list[int]:
+        return await WindowsRepo.closed_after(self._conn, thread_id)
+
+    @_translated
+    async def commit_window(self, expected_view_revision: int, handoff: WindowHandoff, tokens: int) -> int:
+        return await WindowsRepo.commit(self._conn, expected_view_revision, handoff, tokens)
 
     @_translated
     async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:

@@ -27,6 +27,7 @@ from contracts import (
     ToolEffect,
     ToolSpec,
 )
+from contracts.windows import WindowPolicy, WindowStrategy
 from services.edge.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.audit import audit_thread
@@ -61,7 +62,12 @@ MATRIX = [
     ("K6", "after the state patch is committed", "record.after_commit:3"),
     ("K7", "after the last event commit, before notices", "record.after_commit:4"),
     ("K8", "after a checkpoint (summary revision) commits, before the job is acked", "compact.after_commit"),
-    ("K9", "while the window closes (summary being committed)", "compact.before_commit"),
+    ("K8b", "while a summary revision is being committed", "compact.before_commit"),
+]
+# K9, the window closing, runs under a rollover policy: its own test below.
+WINDOW_MATRIX = [
+    ("K9a", "while the window closes: handoff written, window not yet switched", "rollover.before_commit"),
+    ("K9b", "right after the window closed, before the context is served", "rollover.after_commit"),
 ]
 
 
@@ -76,8 +82,8 @@ async def _until_ready(client: FleetClient) -> None:
     await eventually(ready, timeout=20, what="the fleet to serve requests")
 
 
-def _events(t: Thread) -> list:  # type: ignore[type-arg]
-    first = t.system("You run the depot.").model_copy(update={"agent_release": "depot@1", "policy": "kp"})
+def _events(t: Thread, policy: str = "kp") -> list:  # type: ignore[type-arg]
+    first = t.system("You run the depot.").model_copy(update={"agent_release": "depot@1", "policy": policy})
     call = t.assistant("moving item 9", key="a1")
     call = call.model_copy(
         update={
@@ -201,6 +207,94 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
         assert summaries == revision, f"{point_id}: summary revisions and view disagree"
         if kill_point == "compact.after_commit":
             assert summaries >= 1, f"{point_id}: the checkpoint committed before the kill is gone"
+    finally:
+        fleet.stop()
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("point_id", "moment", "kill_point"), WINDOW_MATRIX, ids=[m[0] for m in WINDOW_MATRIX]
+)
+async def test_kill_while_window_closes_recovers_to_one_window_with_its_handoff_whole_or_absent(
+    point_id: str,
+    moment: str,
+    kill_point: str,
+    streams: str,
+    database_url: str,
+    tmp_path: Path,
+    db: asyncpg.Connection,
+) -> None:
+    env = worker_env(streams, database_url, tmp_path / "data", TEST_PARTITIONS, record_batch="4")
+    fleet = WorkerProcess(env, tmp_path, workers=("recorder", "assembler", "budgeter"))
+    client = await FleetClient.connect(streams)
+    try:
+        fleet.start()
+        await _until_ready(client)
+        await client.register_policy(
+            ContextPolicy(
+                name="kp9",
+                model_profile=None,
+                budget_tokens=1_800,
+                window=WindowPolicy(strategy=WindowStrategy.ROLLOVER),
+            )
+        )
+        t = Thread()
+        events = _events(t, policy="kp9")
+        for event in events:
+            await client.append(event)
+        fleet.stop()
+        fleet.start(kill_point=kill_point)
+        await _until_ready(client)
+        request = PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            # The history deduplicates to ~1,500 tokens: ORANGE under 1,800, past the red line under 1,600.
+            budget_tokens=1_600,
+            after_event_key=events[-1].event_key,
+            wait_ms=10_000,
+        )
+        # The prepare finds the window past its red line and closes it; the fleet dies meanwhile.
+        with pytest.raises(CtxError) as failed:
+            await client.prepare(request, timeout=15)
+        assert failed.value.retryable
+        assert await fleet.wait_exit(60) == -signal.SIGKILL, (
+            f"{point_id}: the fleet did not die at {kill_point}"
+        )
+        windows = await db.fetchval("SELECT count(*) FROM ctx.windows WHERE thread_id = $1", t.thread_id)
+        handoffs = await db.fetchval(
+            "SELECT count(*) FROM ctx.window_handoffs WHERE thread_id = $1", t.thread_id
+        )
+        # Exactly one of the two windows: the handoff and the window change commit together or not at all.
+        committed = 1 if kill_point == "rollover.after_commit" else 0
+        assert (windows, handoffs) == (committed, committed), f"{point_id}: {moment}"
+
+        fleet.start()  # recovery: same ledger, no memory of the crash
+        await _until_ready(client)
+        prepared = await client.prepare(request, timeout=30)
+
+        assert prepared.window == 2, f"{point_id}: the next context is not window 2"
+        rows = await db.fetch(
+            "SELECT w.window_no, w.opened_after, h.handoff_id::text AS id, h.body->>'last_event_seq' AS last "
+            "FROM ctx.windows w JOIN ctx.window_handoffs h USING (handoff_id) WHERE w.thread_id = $1",
+            t.thread_id,
+        )
+        last_seq = await db.fetchval("SELECT max(seq) FROM ctx.records WHERE thread_id = $1", t.thread_id)
+        session_last = await db.fetchval(
+            "SELECT max(session_seq) FROM ctx.records WHERE thread_id = $1", t.thread_id
+        )
+        assert [(r["window_no"], r["id"]) for r in rows] == [(2, prepared.handoff_id)], f"{point_id}"
+        assert rows[0]["opened_after"] == int(rows[0]["last"]) == session_last, (last_seq, session_last)
+        revision = await db.fetchval(
+            "SELECT view_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
+        )
+        assert revision == 1, f"{point_id}: one window change, one view revision"
+        audit = await audit_thread(db, client, t.thread_id, [e.event_key for e in events])
+        assert audit.recorded == audit.expected and audit.chain_ok and audit.replay_ok, f"{point_id}"
+        texts = "\n".join(m.content or "" for m in prepared.messages)
+        assert '"bay_4"' in texts and "aisle clear" not in texts, (
+            f"{point_id}: rebuilt from state, not history"
+        )
     finally:
         fleet.stop()
         await client.close()

@@ -1,0 +1,154 @@
+"""Rolling a thread's window over from state, in the prepare that finds it due (design D10).
+
+Where it runs: in the prepare, synchronously. A rollover calls no model — the handoff is built from
+the state projection the recorder already keeps — so it costs one assembly to measure the window,
+one small transaction and one assembly of the new window, all bounded and reported in the reply
+(``rollover.rollover_ms``). Sending it through the compactor would add a job round trip and a
+wait to exactly the prepare that must not be served from the old window, for no work a compactor
+is better placed to do. Concurrent prepares of one thread race on the view revision: the loser
+gets ``RevisionConflict``, reloads and serves the window the winner opened.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+from contracts import PrepareRequest
+from contracts.windows import RolloverReport, RolloverTrigger, WindowHandoff, WindowStrategy
+
+from services.core.assemble import ThreadSnapshot, assemble_context
+from services.core.budget import BudgetSpec
+from services.core.state import StateView
+from services.core.tokens import TokenCounter, counter_for
+from services.core.windows.decision import WindowAction, WindowDecision, WindowSignals, decide_window
+from services.core.windows.handoff import render_handoff
+from services.core.windows.next_window import roll_over
+from services.core.windows.signals import low_value_share, open_calls, window_records
+from services.errors import ContextBudgetExceeded, RevisionConflict
+from services.store.ports import PrepareStore
+from services.app.views import ThreadView, ViewLoader
+
+__all__ = ["WindowKeeper", "WindowOutcome"]
+
+# Handoff candidates kept from ORANGE prepares, one per thread (bounded: a cache, not state).
+_CANDIDATES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WindowOutcome:
+    """The view and snapshot to serve, and the rollover report when this prepare closed a window."""
+
+    view: ThreadView
+    snapshot: ThreadSnapshot
+    decision: WindowDecision | None = None
+    report: RolloverReport | None = None
+
+
+class WindowKeeper:
+    """Decides each prepare's window and closes it when the decision says so."""
+
+    def __init__(self, store: PrepareStore, loader: ViewLoader) -> None:
+        self._store = store
+        self._loader = loader
+        # ORANGE builds the handoff ahead; RED commits it if the state has not moved since.
+        self._candidates: OrderedDict[str, WindowHandoff] = OrderedDict()
+
+    async def settle(
+        self,
+        view: ThreadView,
+        snapshot: ThreadSnapshot,
+        request: PrepareRequest,
+        budget: BudgetSpec,
+        counter: TokenCounter | None,
+    ) -> WindowOutcome:
+        """The window this prepare is served from: the current one, or the next when it is due."""
+        if view.policy.window.strategy is not WindowStrategy.ROLLOVER:
+            return WindowOutcome(view, snapshot)
+        started = time.monotonic()
+        decision = self._decide(view, snapshot, request, budget, counter)
+        if decision.action is WindowAction.PREPARE_ROLLOVER and decision.blocked_by is None:
+            self._keep_candidate(view, snapshot, decision.trigger or RolloverTrigger.HARD_LIMIT)
+        if decision.action is not WindowAction.ROLLOVER or decision.trigger is None:
+            return WindowOutcome(view, snapshot, decision)
+        handoff = self._handoff(view, snapshot, decision.trigger)
+        tokens = counter_for("o200k_base").count(render_handoff(handoff))
+        async with self._store.session() as store:
+            try:
+                await store.commit_window(view.state.view_revision, handoff, tokens)
+                report: RolloverReport | None = RolloverReport(
+                    trigger=decision.trigger,
+                    previous_window=handoff.previous_window,
+                    handoff_tokens=tokens,
+                    rollover_ms=int((time.monotonic() - started) * 1000),
+                )
+            except RevisionConflict:
+                report = None  # another prepare closed it first: serve the window it opened
+            fresh = await self._loader.load(
+                store,
+                view.head.thread_id,
+                tenant=view.scope.tenant,
+                session_id=view.head.session_id,
+                principal_id=view.scope.principal_id,
+            )
+        self._candidates.pop(view.head.thread_id, None)
+        fresh_snapshot = fresh.snapshot()
+        if snapshot.evidence:
+            fresh_snapshot = replace(fresh_snapshot, evidence=snapshot.evidence)
+        return WindowOutcome(fresh, fresh_snapshot, decision, report)
+
+    def _decide(
+        self,
+        view: ThreadView,
+        snapshot: ThreadSnapshot,
+        request: PrepareRequest,
+        budget: BudgetSpec,
+        counter: TokenCounter | None,
+    ) -> WindowDecision:
+        try:
+            used = assemble_context(snapshot, request, budget, counter).budget_report.used.total
+        except ContextBudgetExceeded as over:
+            # Over the budget (OverBudget) or not even fitting at its smallest: past the red line.
+            used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
+        own = window_records(snapshot.records, _opened_after(view), view.head.thread_id)
+        signals = WindowSignals(
+            used=used,
+            budget=budget.input_budget,
+            open_tool_group=bool(open_calls(own)),
+            low_value_share=low_value_share(own, view.encoding),
+        )
+        window = view.policy.window
+        return decide_window(signals, window.levels, window.max_low_value_share)
+
+    def _handoff(self, view: ThreadView, snapshot: ThreadSnapshot, trigger: RolloverTrigger) -> WindowHandoff:
+        state = view.facts or StateView()
+        last = max((r.seq for r in snapshot.records), default=0)
+        candidate = self._candidates.get(view.head.thread_id)
+        # Nothing recorded and no state written since ORANGE built it: the candidate is the handoff.
+        if (
+            candidate is not None
+            and candidate.last_event_seq == last
+            and candidate.state_version == sum(state.versions.values())
+        ):
+            return candidate.model_copy(update={"trigger": trigger})
+        handoff, _ = roll_over(
+            snapshot,
+            window=snapshot.window,
+            opened_after=_opened_after(view),
+            state=state,
+            rules=view.catalog.paths if view.catalog else (),
+            trigger=trigger,
+        )
+        return handoff
+
+    def _keep_candidate(self, view: ThreadView, snapshot: ThreadSnapshot, trigger: RolloverTrigger) -> None:
+        handoff = self._handoff(view, snapshot, trigger)
+        self._candidates[view.head.thread_id] = handoff
+        self._candidates.move_to_end(view.head.thread_id)
+        while len(self._candidates) > _CANDIDATES:
+            self._candidates.popitem(last=False)
+
+
+def _opened_after(view: ThreadView) -> int:
+    return view.window.opened_after if view.window is not None else 0

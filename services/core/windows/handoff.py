@@ -1,0 +1,137 @@
+"""The WindowHandoff a closing window commits, and how the next window reads it (seed 004 §24). Pure.
+
+Invariants:
+1. The handoff names state paths, evidence and operations; it copies no value. The next window
+   reads values from the state projection, so it shows the current value, never the one a later
+   patch superseded (design D7.9).
+2. Its id and checkpoint id are derived from the thread, the window and the state it closed at:
+   the same rollover computed twice (a retry, a lost race) is the same handoff.
+3. What it holds is sorted: the same state gives the same handoff, byte for byte.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from contracts import BlockKind, ChatMessage, PathRule, Retention
+from contracts.windows import RolloverTrigger, WindowHandoff
+
+from services.core.groups import DraftBlock
+from services.core.records import LedgerRecord
+from services.core.state import Fact, StateView, pattern_regex, state_hash
+from services.core.windows.signals import operations_of
+
+__all__ = ["build_handoff", "handoff_block", "render_handoff"]
+
+# Never change: handoff and checkpoint ids derived under it are stored in ctx.window_handoffs.
+_HANDOFF_NS = uuid.UUID("0b8a9d52-6f3e-5c41-8e27-77696e646f77")
+# The next window needs the state, not all of it: the newest facts beyond the kinds it always gets.
+_MAX_PATHS = 40
+
+
+def build_handoff(
+    *,
+    thread_id: str,
+    run_id: str,
+    previous_window: int,
+    last_event_seq: int,
+    state: StateView,
+    window: Sequence[LedgerRecord],
+    rules: Sequence[PathRule],
+    trigger: RolloverTrigger,
+) -> WindowHandoff:
+    """The handoff of window ``previous_window`` of ``thread_id``, closing after ``last_event_seq``.
+
+    ``window`` is the closing window's own records (``signals.window_records``); ``rules`` the
+    session catalog's path rules, which say which facts are goals, constraints and open questions.
+    """
+    # Every fact, conflicted and UNKNOWN ones too: they are state the next window must not guess.
+    current = list(state.facts.values())
+    by_kind: dict[str, list[Fact]] = {}
+    for fact in current:
+        by_kind.setdefault(_kind_of(fact.path, rules), []).append(fact)
+    goals = _paths(by_kind.get("goal", []))
+    constraints = _paths(by_kind.get("constraint", []))
+    questions = _paths(by_kind.get("open_question", []))
+    always = set(goals) | set(constraints) | set(questions) | set(_paths(by_kind.get("plan", [])))
+    newest = sorted((f for f in current if f.path not in always), key=lambda f: (-f.seq, f.path))
+    required = sorted(always | {f.path for f in newest[: max(0, _MAX_PATHS - len(always))]})
+    facts = {f.path: f for f in current}
+    evidence = sorted(
+        {e for p in required for e in facts[p].evidence} | {facts[p].event_key for p in required}
+    )
+    ops = operations_of(window)
+    digest = state_hash(state)
+    version = sum(state.versions.values())
+    new_window = previous_window + 1
+    return WindowHandoff(
+        handoff_id=str(
+            uuid.uuid5(_HANDOFF_NS, f"handoff/{thread_id}/{new_window}/{last_event_seq}/{digest}")
+        ),
+        thread_id=thread_id,
+        task_id=run_id,
+        previous_window=previous_window,
+        new_window=new_window,
+        trigger=trigger,
+        state_version=version,
+        state_hash=digest,
+        last_event_seq=last_event_seq,
+        active_goal_ids=goals,
+        active_constraints=constraints,
+        active_operations=tuple(sorted(set(ops.active))),
+        unresolved_questions=questions,
+        required_state_paths=tuple(required),
+        required_evidence_ids=tuple(evidence),
+        recent_receipt_ids=ops.recent,
+        checkpoint_id=str(uuid.uuid5(_HANDOFF_NS, f"checkpoint/{thread_id}/{last_event_seq}/{digest}")),
+    )
+
+
+def render_handoff(handoff: WindowHandoff) -> str:
+    """The handoff as the next window's model reads it: what to carry on with and where it lives."""
+    lines = [
+        f"[window {handoff.new_window} — window {handoff.previous_window} closed after record "
+        f"{handoff.last_event_seq} ({handoff.trigger.value}); its history stays in the ledger, readable "
+        f"and searchable. Continue the task from the state below, not from memory of that window.]",
+        f"state version {handoff.state_version}, checkpoint {handoff.checkpoint_id}",
+    ]
+    for title, items in (
+        ("active goals", handoff.active_goal_ids),
+        ("constraints", handoff.active_constraints),
+        (
+            "operations still unsettled (ask for their receipt before repeating them)",
+            handoff.active_operations,
+        ),
+        ("unresolved questions", handoff.unresolved_questions),
+        ("state this window needs (current values in the state block)", handoff.required_state_paths),
+        ("evidence records", handoff.required_evidence_ids),
+        ("recent receipts", handoff.recent_receipt_ids),
+    ):
+        if items:
+            lines.append(f"{title}: {', '.join(items)}")
+    return "\n".join(lines)
+
+
+def handoff_block(handoff: WindowHandoff) -> DraftBlock:
+    """The handoff as a required block: stable for the whole window, so it sits in the cached prefix."""
+    return DraftBlock(
+        block_id=f"handoff:{handoff.new_window}",
+        kind=BlockKind.STATE,
+        retention=Retention.REQUIRED,
+        priority=0,
+        reason=f"window handoff {handoff.handoff_id} ({handoff.trigger.value}): what the closed window left",
+        records=[],
+        messages=[ChatMessage(role="user", content=render_handoff(handoff))],
+    )
+
+
+def _paths(facts: Sequence[Fact]) -> tuple[str, ...]:
+    return tuple(sorted(f.path for f in facts))
+
+
+def _kind_of(path: str, rules: Sequence[PathRule]) -> str:
+    for rule in rules:
+        if pattern_regex(rule.pattern).fullmatch(path):
+            return rule.kind
+    return "business_fact"

@@ -1,0 +1,89 @@
+"""What a window's records say about closing it: open tool groups, operations, low-value share. Pure.
+
+Only the thread's own records after the window's opening count: inherited history is another
+run's, and what an earlier window held is no longer in view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from contracts import ToolStatus
+
+from services.core.records import (
+    AssistantMessageBody,
+    LedgerRecord,
+    OperationReconcileBody,
+    ToolOutcomeBody,
+)
+
+__all__ = ["Operations", "low_value_share", "open_calls", "operations_of", "window_records"]
+
+# The newest groups are what the next step works with: never low-value, however large.
+_RECENT_GROUPS = 2
+
+
+def window_records(records: Sequence[LedgerRecord], opened_after: int, own_thread: str) -> list[LedgerRecord]:
+    """The thread's own records of the window that opened after session seq ``opened_after``."""
+    return [r for r in records if r.seq > opened_after and (not r.thread_id or r.thread_id == own_thread)]
+
+
+def open_calls(records: Sequence[LedgerRecord]) -> tuple[str, ...]:
+    """Call ids of ``records`` still waiting for their result, in call order."""
+    answered = {r.body.call_id for r in records if isinstance(r.body, ToolOutcomeBody)}
+    return tuple(
+        c.call_id
+        for r in records
+        if isinstance(r.body, AssistantMessageBody)
+        for c in r.body.tool_calls
+        if c.call_id not in answered
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Operations:
+    """Operation ids of side-effecting calls: still unsettled, and the most recent with a receipt."""
+
+    active: tuple[str, ...]
+    recent: tuple[str, ...]
+
+
+def operations_of(records: Sequence[LedgerRecord], *, recent: int = 10) -> Operations:
+    """Operations of ``records``: unsettled ones (no result, or an unknown or timed-out one not yet
+    reconciled) are carried as active; the newest ``recent`` operation ids are the recent receipts."""
+    status: dict[str, ToolStatus] = {}
+    for r in records:
+        if isinstance(r.body, ToolOutcomeBody):
+            status[r.body.call_id] = r.body.status
+    reconciled = {r.body.operation_id for r in records if isinstance(r.body, OperationReconcileBody)}
+    ordered: list[tuple[str, str]] = [
+        (c.operation_id, c.call_id)
+        for r in records
+        if isinstance(r.body, AssistantMessageBody)
+        for c in r.body.tool_calls
+        if c.operation_id is not None
+    ]
+    unsettled = (None, ToolStatus.UNKNOWN, ToolStatus.TIMEOUT)
+    active = tuple(op for op, call in ordered if status.get(call) in unsettled and op not in reconciled)
+    return Operations(active, tuple(op for op, _ in ordered)[-recent:])
+
+
+def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base") -> float:
+    """Share of the window's tokens held by tool outputs older than its newest groups (seed 004 §32
+    trigger 4): bulk the next step no longer works with, which a clean window leaves in the ledger."""
+    total = sum(_tokens(r, encoding) for r in records)
+    if total == 0:
+        return 0.0
+    outcomes = [r for r in records if isinstance(r.body, ToolOutcomeBody)]
+    recent_calls = {r.body.call_id for r in outcomes[-_RECENT_GROUPS:] if isinstance(r.body, ToolOutcomeBody)}
+    old = sum(
+        _tokens(r, encoding)
+        for r in outcomes
+        if isinstance(r.body, ToolOutcomeBody) and r.body.call_id not in recent_calls
+    )
+    return old / total
+
+
+def _tokens(record: LedgerRecord, encoding: str) -> int:
+    return record.tokens.cl100k_base if encoding == "cl100k_base" else record.tokens.o200k_base

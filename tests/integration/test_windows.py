@@ -1,0 +1,113 @@
+"""Window rollover over real NATS and Postgres (design D10): a rollover-policy thread past RED closes
+its window with a handoff and is served from state, not from the old window's history."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from contracts import (
+    ContextPolicy,
+    PathRule,
+    PreparedContext,
+    PrepareRequest,
+    ToolCatalog,
+    ToolEffect,
+    ToolSchema,
+    ToolSpec,
+)
+from contracts.windows import RolloverTrigger, WindowPolicy, WindowStrategy
+from services.edge.client import FleetClient
+from tests.fixtures.builders import Thread
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+CATALOG = ToolCatalog(
+    release="yard@1",
+    paths=(PathRule(pattern="item:{id}.location", kind="business_fact"),),
+    tools=(
+        ToolSpec(
+            name="move_item",
+            reads=("item:{id}.location",),
+            effects=(ToolEffect(path="item:{args.item_id}.location", value="{result.location}"),),
+        ),
+        ToolSpec(name="count_stock"),
+    ),
+)
+# 1,500 tokens: fourteen counting groups of ~150 tokens each take the window well past its red line.
+BUDGET = 1_500
+
+
+async def _prepare(client: FleetClient, t: Thread, after: str) -> PreparedContext:
+    return await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=BUDGET,
+            after_event_key=after,
+            tools=(ToolSchema(name="move_item"),),
+        )
+    )
+
+
+async def _move(client: FleetClient, t: Thread, n: int, location: str) -> str:
+    await client.append(t.assistant(f"moving item 7 ({n})", calls=((f"m{n}", "move_item", {"item_id": 7}),)))
+    await client.append(t.outcome(f"m{n}", f'{{"location": "{location}"}}', key=f"moved{n}"))
+    return f"moved{n}"
+
+
+async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not_old_history(
+    start_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    await start_fleet()
+    await client.register_catalog(CATALOG)
+    await client.register_policy(
+        ContextPolicy(
+            name="roll",
+            model_profile=None,
+            budget_tokens=BUDGET,
+            window=WindowPolicy(strategy=WindowStrategy.ROLLOVER),
+        )
+    )
+    t = Thread()
+    await client.append(
+        t.system("You run the yard.").model_copy(update={"agent_release": "yard@1", "policy": "roll"})
+    )
+    await client.append(t.user("Where does item 7 end up?", key="task"))
+    await _move(client, t, 1, "dock_A")
+    for n in range(14):
+        await client.append(
+            t.assistant(
+                "counting the yard " + "row by row, slowly " * 12, calls=((f"c{n}", "count_stock", {}),)
+            )
+        )
+        await client.append(t.outcome(f"c{n}", "row clear " * 30))
+    last = await _move(client, t, 2, "dock_B")
+
+    rolled = await _prepare(client, t, last)
+
+    texts = "\n".join(m.content or "" for m in rolled.messages)
+    assert rolled.window == 2 and rolled.handoff_id is not None
+    assert rolled.rollover is not None and rolled.rollover.trigger is RolloverTrigger.HARD_LIMIT
+    assert rolled.rollover.handoff_tokens > 0
+    assert "counting the yard" not in texts and "row clear" not in texts  # the closed window's history
+    assert "Where does item 7 end up?" in texts  # the run's task, from its own record
+    assert 'item:7.location = "dock_B" (CURRENT' in texts
+    assert 'item:7.location = "dock_A"' not in texts
+    assert rolled.budget_report.used.total < BUDGET * 0.6
+    handoffs = await db.fetch(
+        "SELECT h.handoff_id::text AS id, w.window_no FROM ctx.window_handoffs h JOIN ctx.windows w "
+        "USING (handoff_id) WHERE h.thread_id = $1",
+        t.thread_id,
+    )
+    assert [(r["id"], r["window_no"]) for r in handoffs] == [(rolled.handoff_id, 2)]
+    # Rollover, not summary: the budgeter never compacted this thread.
+    assert await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", t.thread_id) == 0
+
+    await client.append(t.user("And is dock_B full?", key="q2"))
+    again = await _prepare(client, t, "q2")
+    assert (again.window, again.handoff_id, again.rollover) == (2, rolled.handoff_id, None)
+    assert "And is dock_B full?" in "\n".join(m.content or "" for m in again.messages)
+    # The old window stays in the ledger, readable.
+    assert (await client.inspect(t.thread_id, limit=200)).record_count >= 33
