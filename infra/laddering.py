@@ -39,6 +39,7 @@ from services.core.assemble import assemble_context
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
 from services.core.evaluation.ladder import LadderPoint, Rung, core_rungs
+from services.core.evaluation.rollover_rung import RolloverRung
 from services.core.evaluation.ladder_scoring import LadderTraceScore, RungScore, score_point
 from services.core.ledger import Incoming, RecordingLimits
 from services.core.tokens import counter_for
@@ -47,7 +48,7 @@ from services.edge.replay import ReplayOptions, trace_events
 from services.errors import ContextBudgetExceeded, InvalidRequest, OverBudget
 from services.store.memory import MemoryStore
 
-__all__ = ["LadderReport", "LadderTrace", "RungFactory", "ladder_trace", "run_ladder"]
+__all__ = ["LadderReport", "LadderTrace", "RungFactory", "ladder_rungs", "ladder_trace", "run_ladder"]
 
 # A prepare over the budget asks for an urgent compaction; a long thread may need a few in a row
 # (each covers what one job may), as the fleet's prepare keeps asking until its wait runs out.
@@ -118,7 +119,7 @@ async def ladder_trace(
     trace: LadderTrace,
     budget: int,
     *,
-    rungs: RungFactory = core_rungs,
+    rungs: RungFactory | None = None,
     session_id: str = "ladder",
 ) -> LadderTraceScore:
     """Replay ``trace`` at ``budget`` once and score every rung at every prepare."""
@@ -139,7 +140,7 @@ async def ladder_trace(
     budgeter, compactor = BudgetService(store, loader, jobs), CompactionService(store, loader)
     tools = tuple(ToolSchema(name=t.name) for t in trace.catalog.tools) if trace.catalog else ()
     counter, eval_counter = counter_for("o200k_base"), ContextCounter(counter_for("o200k_base"))
-    built = rungs()
+    built = rungs() if rungs is not None else ladder_rungs(trace.catalog)
     # Events and the trace lines they came from: the replayer adds run-closing events of its own.
     line_of = _line_indexes(trace.lines, events)
     points = _prepare_points(events)
@@ -178,7 +179,7 @@ async def ladder_trace(
             tools=tools,
         )
         view = await _view_for(store, loader, compactor, jobs, event.thread_id, request)
-        point = LadderPoint(view.snapshot(), request, resolve_budget(request), counter)
+        point = LadderPoint(view.snapshot(), request, resolve_budget(request), counter, state=view.facts)
         contexts = {r.name: r.context(point) for r in built}
         score_point(score, trace.lines[: line_of[index]], trace.catalog, contexts, eval_counter)
     return score
@@ -188,11 +189,11 @@ async def run_ladder(
     traces: Sequence[LadderTrace],
     budgets: Sequence[int],
     *,
-    rungs: RungFactory = core_rungs,
+    rungs: RungFactory | None = None,
     on_done: Callable[[LadderTraceScore], None] | None = None,
 ) -> LadderReport:
     """The ladder on every trace at every budget."""
-    names = tuple(r.name for r in rungs())
+    names = tuple(r.name for r in (rungs() if rungs is not None else ladder_rungs(None)))
     report = LadderReport(tuple(budgets), names)
     for t_index, trace in enumerate(traces):
         for budget in budgets:
@@ -201,6 +202,11 @@ async def run_ladder(
             if on_done is not None:
                 on_done(score)
     return report
+
+
+def ladder_rungs(catalog: ToolCatalog | None) -> list[Rung]:
+    """Every rung the fleet runs from a trace: A–F of the core, then the rollover strategy."""
+    return [*core_rungs(), RolloverRung(rules=catalog.paths if catalog else ())]
 
 
 async def _compact(

@@ -10,6 +10,7 @@ import services.core.state as state_module
 from services.core.evaluation.inventory import INVENTORY_CATALOG, inventory_trace
 from services.core.evaluation.ladder import LadderContext, LadderPoint, Rung, RungName, core_rungs
 from services.core.evaluation.probes import haystack_of
+from services.core.evaluation.rollover_rung import RolloverRung
 from services.core.state import Fact
 from infra.laddering import LadderTrace, ladder_trace
 
@@ -146,3 +147,26 @@ def _bins() -> list[str]:
         for c in line.tool_calls
         if c.name == "move_item"
     ]
+
+
+async def test_ladder_rollover_rung_opens_new_windows_from_state_and_each_shows_the_state_before_it() -> None:
+    spies: dict[str, _Watching] = {}
+
+    def rungs() -> list[Rung]:
+        spies.clear()
+        spies["rollover"] = _Watching(RolloverRung(rules=INVENTORY_CATALOG.paths))
+        return list(spies.values())
+
+    score = await ladder_trace(_trace(), _BUDGET, rungs=rungs)
+
+    s = score.rungs["rollover"].as_json()
+    assert s["windows"] > 1 and s["failed"] == 0
+    assert s["rollover_recovery"]["rollovers"] == s["windows"] - 1
+    assert s["rollover_recovery"]["rate"] == 1.0
+    assert s["stale_state_survival"]["survived"] == 0
+    sent = spies["rollover"].sent
+    assert all(_tokens(c) <= _BUDGET for c in sent)
+    # A new window shows none of the closed window's history: the first bin is gone, the state stays.
+    last = sent[-1].prepared
+    assert last is not None and last.window == s["windows"]
+    assert _bins()[0] not in haystack_of(last.openai_messages())

@@ -13,6 +13,7 @@ assembler gets and how it may fit them:
 | D state | as C | as C | every current value, without what it superseded |
 | F projection | as C | as C | the slice the tools read, with supersession (the fleet's own) |
 
+The rollover rung (``rollover_rung``) runs the window strategy through the fleet's window functions.
 Rung G (F + archive retrieval: search hits as evidence) needs the fleet's search index, which lives
 in PostgreSQL only; the in-process replay has none, so G is not run rather than imitated.
 
@@ -30,6 +31,7 @@ from contracts import PreparedContext, PrepareRequest
 
 from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec
+from services.core.state import StateView
 from services.core.tokens import TokenCounter
 from services.core.view_memo import ViewMemo
 from services.errors import CtxError
@@ -98,6 +100,8 @@ class LadderPoint:
     request: PrepareRequest
     budget: BudgetSpec
     counter: TokenCounter
+    # The thread's state projection (facts and aggregate versions), for a rung that hands it over.
+    state: StateView | None = None
 
 
 @dataclass(frozen=True, slots=True)
