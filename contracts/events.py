@@ -42,6 +42,8 @@ __all__ = [
     "RunStatusEvent",
     "RunStatusPayload",
     "OperationReconcileEvent",
+    "PhaseChangeEvent",
+    "PhaseChangePayload",
     "SourceRef",
     "StatePatchEvent",
     "SystemEvent",
@@ -171,6 +173,20 @@ class ContextResetPayload(WireModel):
     reason: str = ""
 
 
+class PhaseChangePayload(WireModel):
+    """The task moved to another phase (seed 004 §34–35), with the steps the phase is expected to take.
+
+    A proposal the fleet weighs, never an instruction: from the runtime it may close the window at a
+    safe boundary; from the model it is recorded and decides nothing (the model proposes, the runtime
+    decides).
+    """
+
+    phase: Annotated[str, Field(min_length=1, max_length=100)]
+    expected_steps: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    source: Literal["runtime", "model_proposal"] = "runtime"
+    note: Annotated[str, Field(max_length=2_000)] = ""
+
+
 class _Envelope(WireModel):
     schema_version: Literal[1] = 1
     event_key: EventKeyStr
@@ -275,6 +291,13 @@ class OperationReconcileEvent(_Envelope):
     payload: OperationReconcilePayload
 
 
+class PhaseChangeEvent(_Envelope):
+    """Envelope of a ``phase_change`` event."""
+
+    kind: Literal["phase_change"] = "phase_change"
+    payload: PhaseChangePayload
+
+
 Event: TypeAlias = Annotated[
     Union[
         SystemEvent,
@@ -288,6 +311,7 @@ Event: TypeAlias = Annotated[
         ContextResetEvent,
         StatePatchEvent,
         OperationReconcileEvent,
+        PhaseChangeEvent,
     ],
     Field(discriminator="kind"),
 ]
@@ -304,6 +328,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "context_reset",
     "state_patch",
     "operation_reconcile",
+    "phase_change",
 )
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -163,6 +163,10 @@ class AssemblerWorker:
             landed = prepared.budget_report.reductions.dropped_history == 0
             m.prepare_compaction_waits.labels(outcome="landed" if landed else "timed_out").inc()
             m.prepare_compaction_wait_seconds.observe(prepared.compaction_wait_ms / 1000)
+        if prepared.rollover is not None:
+            m.window_rollovers.labels(trigger=prepared.rollover.trigger.value).inc()
+            m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
+            m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
         return NatsResponse(reply_json(prepared), headers={"ctx-status": "ok"})
 
     async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:

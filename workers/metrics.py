@@ -176,6 +176,23 @@ class FleetMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        # Window rollovers (design D10): why each window closed, how large its handoff was, and how
+        # long the prepare spent closing it before assembling the next window.
+        self.window_rollovers = Counter(
+            "ctx_window_rollovers", "Windows closed by a rollover, by trigger", ["trigger"], registry=r
+        )
+        self.window_handoff_tokens = Histogram(
+            "ctx_window_handoff_tokens",
+            "Tokens of the handoff a rollover committed (o200k)",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.window_rollover_seconds = Histogram(
+            "ctx_window_rollover_seconds",
+            "Time a prepare spent deciding, building and committing a rollover",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.budget_overflows = Counter(
             "ctx_budget_overflows", "Prepares refused as over budget, by reason", ["reason"], registry=r
         )

@@ -107,6 +107,7 @@ def trace_line(session_id: str, row: HistoryRow) -> str | None:
             | RecordKind.CONTEXT_RESET
             | RecordKind.STATE_PATCH
             | RecordKind.OPERATION_RECONCILE
+            | RecordKind.PHASE_CHANGE
         ):
             raise NotExportable(session_id, row.seq, f"a {row.kind} record")
         case _:

@@ -65,6 +65,7 @@ def _payload_is_searchable(kind: RecordKind) -> bool:
             | RecordKind.CONTEXT_EXPORT
             | RecordKind.CONTEXT_RESET
             | RecordKind.OPERATION_RECONCILE
+            | RecordKind.PHASE_CHANGE
         ):
             return False
         case _:

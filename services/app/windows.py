@@ -25,7 +25,7 @@ from services.core.tokens import TokenCounter, counter_for
 from services.core.windows.decision import WindowAction, WindowDecision, WindowSignals, decide_window
 from services.core.windows.handoff import render_handoff
 from services.core.windows.next_window import roll_over
-from services.core.windows.signals import low_value_share, open_calls, window_records
+from services.core.windows.signals import low_value_share, open_calls, phase_boundary, window_records
 from services.errors import ContextBudgetExceeded, RevisionConflict
 from services.store.ports import PrepareStore
 from services.app.views import ThreadView, ViewLoader
@@ -111,10 +111,16 @@ class WindowKeeper:
         except ContextBudgetExceeded as over:
             # Over the budget (OverBudget) or not even fitting at its smallest: past the red line.
             used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
-        own = window_records(snapshot.records, _opened_after(view), view.head.thread_id)
+        opened_after = _opened_after(view)
+        own = window_records(snapshot.records, opened_after, view.head.thread_id)
+        # Forecast, critical operations and recovery boundaries have no source in the fleet yet: the
+        # decision takes them as inputs (forecasts: issue 18's water-level part).
         signals = WindowSignals(
             used=used,
             budget=budget.input_budget,
+            phase_boundary=phase_boundary(
+                window_records(snapshot.records, 0, view.head.thread_id), opened_after
+            ),
             open_tool_group=bool(open_calls(own)),
             low_value_share=low_value_share(own, view.encoding),
         )

@@ -40,6 +40,7 @@ from services.core.records import (
     ContextResetBody,
     LedgerRecord,
     OperationReconcileBody,
+    PhaseChangeBody,
     RecordKind,
     ResourceBody,
     RunStatusBody,
@@ -152,6 +153,7 @@ def _never_covered(kind: RecordKind) -> bool:
             | RecordKind.CONTEXT_RESET
             | RecordKind.STATE_PATCH
             | RecordKind.OPERATION_RECONCILE
+            | RecordKind.PHASE_CHANGE
         ):
             return False
         case _:
@@ -208,7 +210,7 @@ def build_blocks(
     for record in history:
         body = record.body
         match body:
-            case ContextResetBody() | StatePatchBody() | OperationReconcileBody():
+            case ContextResetBody() | StatePatchBody() | OperationReconcileBody() | PhaseChangeBody():
                 continue  # the origin boundary and state changes are not messages; state is projected apart
             case ToolOutcomeBody():
                 _attach_outcome(record, body, groups, own_thread, memo)
@@ -424,6 +426,7 @@ def _history_block(
             | ContextResetBody()
             | StatePatchBody()
             | OperationReconcileBody()
+            | PhaseChangeBody()
         ):
             # build_blocks handles these before any history block is built.
             raise AssertionError(f"record {record.seq} ({record.kind}) is not a history block")

@@ -43,6 +43,7 @@ from contracts import (
     EventDecodeError,
     ResourceActivatedEvent,
     OperationReconcileEvent,
+    PhaseChangeEvent,
     RunStatusEvent,
     StatePatchEvent,
     SystemEvent,
@@ -984,6 +985,8 @@ def _text_of(event: Event) -> str:
             return ""
         case OperationReconcileEvent():
             return event.payload.evidence
+        case PhaseChangeEvent():
+            return event.payload.note
         case _:
             assert_never(event)
 

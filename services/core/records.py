@@ -23,6 +23,7 @@ from contracts import (
     ContextResetEvent,
     Event,
     OperationReconcileEvent,
+    PhaseChangeEvent,
     ResourceActivatedEvent,
     RunStatusEvent,
     StatePatchEvent,
@@ -42,6 +43,7 @@ __all__ = [
     "ContextResetBody",
     "LedgerRecord",
     "OperationReconcileBody",
+    "PhaseChangeBody",
     "Purpose",
     "RecordBody",
     "RecordKind",
@@ -74,6 +76,7 @@ class RecordKind(StrEnum):
     CONTEXT_RESET = "context_reset"
     STATE_PATCH = "state_patch"
     OPERATION_RECONCILE = "operation_reconcile"
+    PHASE_CHANGE = "phase_change"
 
 
 UserIntent: TypeAlias = Literal["question", "supplement"]
@@ -236,6 +239,13 @@ class OperationReconcileBody:
     evidence: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class PhaseChangeBody:
+    phase: str
+    expected_steps: int | None = None
+    source: Literal["runtime", "model_proposal"] = "runtime"
+
+
 RecordBody: TypeAlias = (
     SystemBody
     | UserInputBody
@@ -248,6 +258,7 @@ RecordBody: TypeAlias = (
     | ContextResetBody
     | StatePatchBody
     | OperationReconcileBody
+    | PhaseChangeBody
 )
 
 
@@ -276,6 +287,8 @@ def kind_of(event: Event) -> RecordKind:
             return RecordKind.STATE_PATCH
         case OperationReconcileEvent():
             return RecordKind.OPERATION_RECONCILE
+        case PhaseChangeEvent():
+            return RecordKind.PHASE_CHANGE
         case _:
             assert_never(event)
 
@@ -340,6 +353,13 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 "failed" if p.get("status") == "failed" else "success",
                 _opt(p, "external_ref"),
                 _str(p, "evidence"),
+            )
+        case RecordKind.PHASE_CHANGE:
+            steps = p.get("expected_steps")
+            return PhaseChangeBody(
+                _str(p, "phase"),
+                steps if isinstance(steps, int) else None,
+                "model_proposal" if p.get("source") == "model_proposal" else "runtime",
             )
         case _:
             assert_never(kind)

@@ -25,6 +25,7 @@ from services.core.records import (
     ContextExportBody,
     ContextResetBody,
     OperationReconcileBody,
+    PhaseChangeBody,
     RecordBody,
     RecordKind,
     ResourceBody,
@@ -135,6 +136,7 @@ def record_content(body: RecordBody, text: str) -> str:
             | ContextResetBody()
             | StatePatchBody()
             | OperationReconcileBody()
+            | PhaseChangeBody()
         ):
             return text
         case _:

@@ -38,6 +38,7 @@ from services.core.records import (
     ContextExportBody,
     ContextResetBody,
     OperationReconcileBody,
+    PhaseChangeBody,
     RecordKind,
     ResourceBody,
     RunStatusBody,
@@ -464,6 +465,7 @@ def rebuild_state(
                 | ContextExportBody()
                 | ContextResetBody()
                 | OperationReconcileBody()
+                | PhaseChangeBody()
             ):
                 pass  # the recorder writes facts for patches and tool effects only (ledger._state_write)
             case _:

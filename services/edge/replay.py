@@ -163,6 +163,7 @@ def _event(line: TraceLine, common: dict[str, object]) -> Event:
             | RecordKind.CONTEXT_RESET
             | RecordKind.STATE_PATCH
             | RecordKind.OPERATION_RECONCILE
+            | RecordKind.PHASE_CHANGE
         ):
             # The trace format (docs/trace-format.md) carries a conversation only; a new kind is
             # decided here: add it to the format, or list it among these.

@@ -8,6 +8,8 @@ import pytest
 
 from contracts import (
     ContextPolicy,
+    PhaseChangeEvent,
+    PhaseChangePayload,
     PathRule,
     PreparedContext,
     PrepareRequest,
@@ -111,3 +113,44 @@ async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not
     assert "And is dock_B full?" in "\n".join(m.content or "" for m in again.messages)
     # The old window stays in the ledger, readable.
     assert (await client.inspect(t.thread_id, limit=200)).record_count >= 33
+
+
+async def test_runtime_phase_change_rolls_a_green_window_over_at_a_safe_boundary(
+    start_fleet, client: FleetClient
+) -> None:
+    await start_fleet()
+    await client.register_catalog(CATALOG)
+    await client.register_policy(
+        ContextPolicy(
+            name="phases",
+            model_profile=None,
+            budget_tokens=20_000,
+            window=WindowPolicy(strategy=WindowStrategy.ROLLOVER),
+        )
+    )
+    t = Thread()
+    await client.append(
+        t.system("You run the yard.").model_copy(update={"agent_release": "yard@1", "policy": "phases"})
+    )
+    await client.append(t.user("Survey the yard, then move item 7.", key="task"))
+    await client.append(_phase_change(t, "survey", "p1"))
+    await client.append(t.assistant("surveying row 1", calls=(("s1", "count_stock", {}),)))
+    await client.append(t.outcome("s1", "row 1 clear", key="o-s1"))
+    first = await _prepare(client, t, "o-s1")
+    assert (first.window, first.rollover) == (1, None)  # green, one phase so far
+
+    await client.append(_phase_change(t, "moving", "p2"))
+    rolled = await _prepare(client, t, "p2")
+    assert rolled.window == 2
+    assert rolled.rollover is not None and rolled.rollover.trigger is RolloverTrigger.PHASE_BOUNDARY
+    assert "surveying row 1" not in "\n".join(m.content or "" for m in rolled.messages)
+
+
+def _phase_change(t: Thread, phase: str, key: str) -> PhaseChangeEvent:
+    return PhaseChangeEvent(
+        payload=PhaseChangePayload(phase=phase, expected_steps=5),
+        event_key=key,
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
+    )

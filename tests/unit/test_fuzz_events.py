@@ -174,6 +174,13 @@ def _family(
             external_ref=texts,
             evidence=texts,
         ),
+        "phase_change": maybe(
+            "phase",
+            phase=texts,
+            expected_steps=st.integers(min_value=-2, max_value=200_000),
+            source=st.sampled_from(["runtime", "model_proposal", "orchestrator"]),
+            note=texts,
+        ),
     }
     assert set(payloads) == set(EVENT_KINDS), "a new event kind needs a fuzz strategy"
     return texts, values, payloads

@@ -34,6 +34,7 @@ from services.core.records import (
     ContextResetBody,
     LedgerRecord,
     OperationReconcileBody,
+    PhaseChangeBody,
     ResourceBody,
     RunStatusBody,
     StatePatchBody,
@@ -482,6 +483,7 @@ def summarize_records(
                 | ContextResetBody()
                 | StatePatchBody()
                 | OperationReconcileBody()
+                | PhaseChangeBody()
             ):
                 pass  # instructions, execution state and exported background are not progress
             case _:

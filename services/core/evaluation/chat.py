@@ -104,6 +104,7 @@ def history_of(lines: Sequence[TraceLine]) -> History:
                 | RecordKind.CONTEXT_RESET
                 | RecordKind.STATE_PATCH
                 | RecordKind.OPERATION_RECONCILE
+                | RecordKind.PHASE_CHANGE
             ):
                 continue  # not in the trace format (services/core/trace.py reads conversations only)
             case _:

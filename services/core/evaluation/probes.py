@@ -174,6 +174,7 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
                 | RecordKind.CONTEXT_RESET
                 | RecordKind.STATE_PATCH
                 | RecordKind.OPERATION_RECONCILE
+                | RecordKind.PHASE_CHANGE
             ):
                 pass  # instructions are not probed; the rest is not in the trace format
             case _:

@@ -15,10 +15,18 @@ from services.core.records import (
     AssistantMessageBody,
     LedgerRecord,
     OperationReconcileBody,
+    PhaseChangeBody,
     ToolOutcomeBody,
 )
 
-__all__ = ["Operations", "low_value_share", "open_calls", "operations_of", "window_records"]
+__all__ = [
+    "Operations",
+    "low_value_share",
+    "open_calls",
+    "operations_of",
+    "phase_boundary",
+    "window_records",
+]
 
 # The newest groups are what the next step works with: never low-value, however large.
 _RECENT_GROUPS = 2
@@ -83,6 +91,28 @@ def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base
         if isinstance(r.body, ToolOutcomeBody) and r.body.call_id not in recent_calls
     )
     return old / total
+
+
+def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
+    """Whether the runtime moved the task to another phase inside the window that opened after
+    ``opened_after``, once the window had done some work in the phase before (seed 004 §34).
+
+    ``records`` are the thread's own, from its start: the phase in force when the window opened is
+    the last one declared before. A model's proposal is recorded and decides nothing (§35); a change
+    before the window's first model step finds the window already clean.
+    """
+    phase: str | None = None
+    worked = False
+    for r in records:
+        body = r.body
+        if isinstance(body, AssistantMessageBody) and r.seq > opened_after:
+            worked = True
+        if not isinstance(body, PhaseChangeBody) or body.source != "runtime":
+            continue
+        if r.seq > opened_after and worked and body.phase != phase:
+            return True
+        phase = body.phase
+    return False
 
 
 def _tokens(record: LedgerRecord, encoding: str) -> int:
