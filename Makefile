@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-unit chromium typecheck lint chaos bench eval dashboard schemas install clean
+.PHONY: run test test-unit chromium typecheck lint chaos bench eval ladder dashboard schemas install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,12 @@ bench: $(BENCH_STAMP)
 eval: $(STAMP)
 	$(VENV)/bin/ctxfleet eval --budget 4000 8000 16000 32000 --json out/eval.json
 	$(VENV)/bin/ctxfleet eval --budget 8000 16000 32000 --system-prompt infra/samples/system-prompt-large.txt --json out/eval-large-prompt.json
+
+## The ablation ladder (rungs A-F of seed 004 §48, docs/eval.md) on the samples and the synthetic traces: 8k with the
+## 4.7k-token system prompt, then 32k. In this process, no fleet needed; about 15 minutes each on 2 shared cores.
+ladder: $(STAMP)
+	$(VENV)/bin/ctxfleet eval --ladder --budget 8000 --system-prompt infra/samples/system-prompt-large.txt --json out/ladder-8k.json
+	$(VENV)/bin/ctxfleet eval --ladder --budget 32000 --json out/ladder-32k.json
 
 ## The README's dashboard picture: a real replay, /metrics scraped every second, plotted.
 dashboard: $(STAMP)

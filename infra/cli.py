@@ -48,6 +48,7 @@ from services.core.trace import TraceFormatError, TraceLine, read_trace
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render
 from .cli_progress import progress_bar
+from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
 from .embedded import EmbeddedServerError, free_port, read_endpoints, remove_endpoints, write_endpoints
@@ -270,6 +271,14 @@ def _parser() -> argparse.ArgumentParser:
             "a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: "
             "running if found)"
         ),
+    )
+    ev.add_argument(
+        "--ladder",
+        action="store_true",
+        help="run the ablation ladder (rungs A-G of seed 004 §48) in this process instead (no fleet needed)",
+    )
+    ev.add_argument(
+        "--write-synthetic", type=Path, metavar="DIR", help="write the synthetic traces into DIR and exit"
     )
     ev.set_defaults(func=_cmd_eval)
     _add_branch_commands(sub)
@@ -897,9 +906,16 @@ def _print_inspection(i: ThreadInspection) -> None:
 
 
 _EVAL_BUDGETS = (4000, 8000, 16000, 32000)
+_LADDER_BUDGETS = (8000, 32000)
 
 
 def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
+    if args.write_synthetic is not None:
+        for path in write_synthetic(args.write_synthetic):
+            print(path)
+        return 0
+    if args.ladder:
+        return _cmd_ladder(args)
     paths = list(args.traces) or sorted(SAMPLES_DIR.glob("*.jsonl"))
     if not paths:
         raise CliError("no traces to evaluate")
@@ -925,6 +941,20 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
             servers.stop()
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _cmd_ladder(args: argparse.Namespace) -> int:
+    budgets = tuple(dict.fromkeys(args.budget or _LADDER_BUDGETS))
+    if any(b <= 0 for b in budgets):
+        raise CliError("budgets must be positive")
+    prompt = args.system_prompt.read_text(encoding="utf-8") if args.system_prompt else None
+    report = run_ladder_command(ladder_traces(args.traces, prompt), budgets)
+    report.system_prompt_tokens = counter_for("o200k_base").count(prompt) if prompt is not None else None
+    print_ladder(report)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")

@@ -169,6 +169,14 @@ class MemoryStore:
         self.tables.policies[(tenant, policy.name, revision)] = policy
         return revision
 
+    async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
+        """Store ``catalog`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
+        revision = 1 + max(
+            (r for (t, rel, r) in self.tables.catalogs if t == tenant and rel == catalog.release), default=0
+        )
+        self.tables.catalogs[(tenant, catalog.release, revision)] = catalog
+        return revision
+
     async def list_sessions(self, tenant: str | None, limit: int) -> list[SessionListing]:
         """The newest ``limit`` sessions of ``tenant`` (every tenant's when ``None``), as ``PgStore``."""
         t = self.tables

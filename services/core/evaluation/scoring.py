@@ -31,6 +31,7 @@ __all__ = [
     "TraceScore",
     "common_prefix",
     "prepare_points",
+    "probe_gate",
     "score_trace",
 ]
 
@@ -221,10 +222,7 @@ def score_trace(
         seen = lines[:index]
         history = history_of(seen)
         full_tokens = counter.context(history.messages())
-        required_fits = _required_tokens(history, counter) <= budget
-        # Probed where context management matters and is possible: the whole history no longer fits,
-        # but the required content does (where it does not, every system fails: see `failed`).
-        probed = full_tokens > budget and required_fits
+        probed, required_fits = probe_gate(history, budget, counter, full_tokens)
         probes = probes_at(seen) if probed else []
         row: dict[str, JsonValue] = {
             "prepare": ordinal,
@@ -310,6 +308,19 @@ def _probe(
         "failed": ctx is None or (score.system != CTXFLEET and ctx[3]),
         "missing": missing,
     }
+
+
+def probe_gate(
+    history: History, budget: int, counter: ContextCounter, full_tokens: int | None = None
+) -> tuple[bool, bool]:
+    """(whether a context here is probed, whether the required content fits ``budget``).
+
+    Probed where context management matters and is possible: the whole history no longer fits, but
+    the required content does (where it does not, every system fails: see ``failed``).
+    """
+    required_fits = _required_tokens(history, counter) <= budget
+    full = counter.context(history.messages()) if full_tokens is None else full_tokens
+    return full > budget and required_fits, required_fits
 
 
 def _required_tokens(history: History, counter: ContextCounter) -> int:
