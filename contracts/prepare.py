@@ -21,7 +21,9 @@ from pydantic import (
 )
 
 from ._base import WireModel, any_of_schema, none_omitted
+from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
+from .windows import WaterLevel
 
 __all__ = [
     "BlockKind",
@@ -48,6 +50,7 @@ __all__ = [
     "SourceWatermark",
     "SummaryRef",
     "ToolSchema",
+    "WindowReport",
 ]
 
 
@@ -189,6 +192,8 @@ class PrepareRequest(WireModel):
     # Add the context tools (``context_read``, ``context_search``) after ``tools`` and tell the model
     # how to read back what its previews leave out; the runtime's client answers their calls.
     context_tools: bool = False
+    # What the runtime plans for its next steps; part of the reply's forecast (``window.forecast``).
+    forecast: ForecastDeclaration | None = None
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:
@@ -371,6 +376,21 @@ class BudgetReport(WireModel):
     reductions: ReductionCounts = ReductionCounts()
 
 
+class WindowReport(WireModel):
+    """Where a prepared context stands in its window (seed 004 §31)."""
+
+    level: WaterLevel
+    # The context's tokens (``budget_report.used.total``) against the prepare's input budget.
+    used: int
+    input_budget: int
+    # Tokens left before the red line.
+    safe_remaining: int
+    forecast: Forecast
+    # YELLOW or above: optional material was dropped and older tool outputs masked to get back
+    # under the yellow line (counted in ``budget_report.reductions``).
+    trimmed: bool = False
+
+
 class SourceWatermark(WireModel):
     """How far into the ledger this context looked."""
 
@@ -415,6 +435,8 @@ class PreparedContext(WireModel):
     format: RequestFormat = "openai.chat"
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
+    # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
+    window: WindowReport | None = None
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

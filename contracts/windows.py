@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from ._base import WireModel
+from .forecasts import ForecastPolicy
 
 __all__ = ["WaterLevel", "WaterLevels", "WindowPolicy", "WindowStrategy"]
 
@@ -78,3 +79,5 @@ class WindowPolicy(WireModel):
 
     strategy: WindowStrategy = WindowStrategy.SUMMARY
     levels: WaterLevels = Field(default_factory=WaterLevels)
+    # How the forecast of the coming steps is computed (seed 004 §30): reported, and D's rollover trigger.
+    forecast: ForecastPolicy = Field(default_factory=ForecastPolicy)
