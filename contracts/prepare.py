@@ -438,6 +438,17 @@ class PreparedContext(WireModel):
     # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
     window: WindowReport | None = None
 
+    @model_serializer(mode="wrap")
+    def _unreported_as_before(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # A context assembled without a window policy is byte-identical to one from before windows
+        # (stored replies, golden files).
+        data: dict[str, object] = handler(self)
+        if self.window is None:
+            data.pop("window", None)
+        return data
+
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""
         return [m.model_dump(mode="json", exclude_none=True) for m in self.messages]

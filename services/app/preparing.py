@@ -120,7 +120,7 @@ class PrepareService:
         calibration = await self._calibration(tenant, base)
         budget = calibrated(base, calibration)
         try:
-            prepared = assemble_context(snapshot, request, budget, counter)
+            prepared = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence
@@ -130,7 +130,7 @@ class PrepareService:
             return prepared  # counted at least as conservatively as the new factor would
         budget = calibrated(base, learned)
         try:
-            return assemble_context(snapshot, request, budget, counter)
+            return assemble_context(snapshot, request, budget, counter, window=view.policy.window)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence
@@ -215,7 +215,7 @@ class PrepareService:
         self._calibrations.put(tenant, base.profile, raised)
         budget = calibrated(base, raised)
         try:
-            prepared = assemble_context(snapshot, request, budget, counter)
+            prepared = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
@@ -306,7 +306,12 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited
+                        self._snapshot(current, evidence),
+                        request,
+                        budget,
+                        counter,
+                        compaction_wait_ms=waited,
+                        window=current.policy.window,
                     )
                 except OverBudget as still:
                     revision = current.state.view_revision
@@ -320,6 +325,7 @@ class PrepareService:
             counter,
             compaction_wait_ms=waited,
             allow_drop_history=True,
+            window=current.policy.window,
         )
 
     @staticmethod
