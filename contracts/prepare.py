@@ -23,6 +23,7 @@ from pydantic import (
 from ._base import WireModel, any_of_schema, none_omitted
 from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
+from .task_budgets import TaskBudget, TaskBudgetReport
 from .windows import WaterLevel
 
 __all__ = [
@@ -194,6 +195,9 @@ class PrepareRequest(WireModel):
     context_tools: bool = False
     # What the runtime plans for its next steps; part of the reply's forecast (``window.forecast``).
     forecast: ForecastDeclaration | None = None
+    # The run's task budget (seed 004 §26): repeated on each prepare of the run; the reply reports
+    # what is left, and a spent hard budget is refused with ``task_budget_exhausted``.
+    task_budget: TaskBudget | None = None
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:
@@ -437,6 +441,8 @@ class PreparedContext(WireModel):
     request: dict[str, JsonValue] | None = None
     # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
     window: WindowReport | None = None
+    # The run's task budget and ledger, when the request declared one.
+    task_budget: TaskBudgetReport | None = None
 
     @model_serializer(mode="wrap")
     def _unreported_as_before(
@@ -447,6 +453,8 @@ class PreparedContext(WireModel):
         data: dict[str, object] = handler(self)
         if self.window is None:
             data.pop("window", None)
+        if self.task_budget is None:
+            data.pop("task_budget", None)
         return data
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:

@@ -1375,8 +1375,10 @@ def _prepared_id(
     )
     if not request.context_tools:
         excluded.add("context_tools")  # ids minted before context tools existed stay the same
+    # And before forecasts; a task budget is reported after assembly and changes no context.
+    excluded.add("task_budget")
     if request.forecast is None:
-        excluded.add("forecast")  # and before forecasts
+        excluded.add("forecast")
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",
