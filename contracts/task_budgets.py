@@ -58,7 +58,9 @@ class BudgetLedger(WireModel):
 class TaskBudgetReport(WireModel):
     """A run's budget, what it spent, what is left per limited dimension, and which are spent."""
 
-    budget: TaskBudget
+    # The declared limits (the limited dimensions only), and whether they are hard.
+    limits: dict[str, int]
+    hard: bool
     spent: BudgetLedger
     # One entry per limited dimension: its limit minus what is spent (never below 0).
     remaining: dict[str, int]

@@ -56,20 +56,24 @@ def ledger_of(
 
 def task_budget_report(budget: TaskBudget, spent: BudgetLedger) -> TaskBudgetReport:
     """The report of ``budget`` after ``spent``: what is left and what is exhausted."""
+    limits: dict[str, int] = {}
     remaining: dict[str, int] = {}
     exhausted: list[str] = []
     for name in DIMENSIONS:
         limit = getattr(budget, name)
         if limit is None:
             continue
+        limits[name] = limit
         used: int = getattr(spent, name)
         remaining[name] = max(0, limit - used)
         if used >= limit:
             exhausted.append(name)
-    return TaskBudgetReport(budget=budget, spent=spent, remaining=remaining, exhausted=tuple(exhausted))
+    return TaskBudgetReport(
+        limits=limits, hard=budget.hard, spent=spent, remaining=remaining, exhausted=tuple(exhausted)
+    )
 
 
 def ensure_within(report: TaskBudgetReport, thread_id: str) -> None:
     """Refuse when a hard budget is spent; a soft budget's report stands as it is."""
-    if report.budget.hard and report.exhausted:
+    if report.hard and report.exhausted:
         raise TaskBudgetExhausted(thread_id, report)

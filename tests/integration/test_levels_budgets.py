@@ -1,0 +1,67 @@
+"""Water levels, forecasts and task budgets through a real fleet (issue 18)."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.windows import WaterLevel
+from services.edge.client import FleetClient
+from services.errors import TaskBudgetExhausted
+from tests.fixtures.builders import Thread, prepare_request as _request
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+
+async def _two_steps(client: FleetClient, t: Thread) -> str:
+    await client.append(t.system("You fix bugs."))
+    await client.append(t.user("Fix the failing parser test."))
+    await client.append(t.assistant("Looking.", calls=(("c1", "bash", {"cmd": "pytest -x"}),)))
+    await client.append(t.outcome("c1", "E AssertionError\n" * 20))
+    await client.append(t.assistant("Reading.", calls=(("c2", "read", {"path": "parser.py"}),)))
+    await client.append(t.outcome("c2", "def parse(): ...", key="last"))
+    return "last"
+
+
+async def test_prepare_reports_level_safe_remaining_and_forecast(fleet, client: FleetClient) -> None:
+    t = Thread()
+    last = await _two_steps(client, t)
+    prepared = await client.prepare(
+        _request(
+            t, after_event_key=last, budget_tokens=10_000, forecast={"tool_calls": 2, "expected_steps": 2}
+        )
+    )
+    window = prepared.window
+    assert window is not None
+    used = prepared.budget_report.used.total
+    assert (window.level, window.used, window.input_budget, window.safe_remaining) == (
+        WaterLevel.GREEN,
+        used,
+        10_000,
+        9_000 - used,
+    )
+    # one closed step (the first assistant message and its outcome), two declared tool calls at 800
+    assert (window.forecast.observed_steps, window.forecast.steps, window.forecast.declared) == (1, 2, 1600)
+    assert window.forecast.tokens == window.forecast.step_growth * 2 + 1600
+    assert window.forecast.fits is (window.forecast.tokens <= window.safe_remaining)
+
+
+async def test_prepare_reports_the_task_budget_left_and_refuses_a_spent_hard_budget(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    last = await _two_steps(client, t)
+    open_budget = await client.prepare(_request(t, after_event_key=last, task_budget={"model_calls": 5}))
+    report = open_budget.task_budget
+    assert report is not None
+    assert (report.spent.model_calls, report.spent.tool_calls, report.remaining) == (2, 2, {"model_calls": 3})
+    soft = await client.prepare(_request(t, task_budget={"tool_calls": 2, "hard": False}))
+    assert soft.task_budget is not None and soft.task_budget.exhausted == ("tool_calls",)
+    with pytest.raises(TaskBudgetExhausted) as err:
+        await client.prepare(_request(t, task_budget={"model_calls": 2, "total_tokens": 1_000_000}))
+    details = err.value.details
+    assert details["exhausted"] == ["model_calls"]
+    assert details["spent"]["model_calls"] == 2 and details["spent"]["tool_calls"] == 2  # type: ignore[index]
+    assert details["remaining"] == {
+        "model_calls": 0,
+        "total_tokens": 1_000_000 - details["spent"]["total_tokens"],
+    }  # type: ignore[index,operator]
