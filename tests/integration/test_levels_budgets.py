@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.windows import WaterLevel
+from contracts import ContextPolicy
+from contracts.windows import WaterLevel, WindowPolicy, WindowStrategy
 from services.edge.client import FleetClient
 from services.errors import TaskBudgetExhausted
 from tests.fixtures.builders import Thread, prepare_request as _request
@@ -65,3 +66,27 @@ async def test_prepare_reports_the_task_budget_left_and_refuses_a_spent_hard_bud
         "model_calls": 0,
         "total_tokens": 1_000_000 - details["spent"]["total_tokens"],
     }  # type: ignore[index,operator]
+
+
+async def test_a_rollover_policy_trims_optional_material_at_yellow(fleet, client: FleetClient) -> None:
+    t = Thread()
+    # A policy budget far above the contexts here: no compaction trigger fires during the test.
+    policy = ContextPolicy(
+        name=f"rollover-{t.session_id}",
+        model_profile=None,
+        budget_tokens=1_000_000,
+        window=WindowPolicy(strategy=WindowStrategy.ROLLOVER),
+    )
+    await client.register_policy(policy)
+    await client.append(t.system("You fix bugs.").model_copy(update={"policy": policy.name}))
+    await client.append(t.user("Fix the parser."))
+    await client.append(t.resource("doc:style", "style guide line\n" * 200))
+    await client.append(t.assistant("Reading.", calls=(("c1", "read", {"path": "parser.py"}),)))
+    await client.append(t.outcome("c1", "def parse(): ...", key="last"))
+    roomy = await client.prepare(_request(t, after_event_key="last", budget_tokens=100_000))
+    assert roomy.window is not None and roomy.window.level is WaterLevel.GREEN and not roomy.omitted
+    at_yellow = int(roomy.budget_report.used.total / 0.7)  # the whole view would be 70 %
+    trimmed = await client.prepare(_request(t, budget_tokens=at_yellow))
+    assert trimmed.window is not None
+    assert (trimmed.window.level, trimmed.window.trimmed) == (WaterLevel.GREEN, True)
+    assert [o.kind.value for o in trimmed.omitted] == ["material"]
