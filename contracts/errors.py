@@ -60,6 +60,7 @@ class ErrorCode(StrEnum):
     NOT_YET_RECORDED = "not_yet_recorded"
     EVENT_REJECTED = "event_rejected"
     CONTEXT_BUDGET_EXCEEDED = "context_budget_exceeded"
+    TASK_BUDGET_EXHAUSTED = "task_budget_exhausted"
     # The provider refused a context as too long a second time on the same view.
     PROVIDER_CONTEXT_EXCEEDED = "provider_context_exceeded"
     # A manual compaction (ctx.compact) that found nothing the policy lets go, or did not commit.

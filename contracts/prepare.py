@@ -21,8 +21,10 @@ from pydantic import (
 )
 
 from ._base import WireModel, any_of_schema, none_omitted
+from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
-from .windows import RolloverReport
+from .task_budgets import TaskBudget, TaskBudgetReport
+from .windows import RolloverReport, WaterLevel
 
 __all__ = [
     "BlockKind",
@@ -49,6 +51,7 @@ __all__ = [
     "SourceWatermark",
     "SummaryRef",
     "ToolSchema",
+    "WindowReport",
 ]
 
 
@@ -190,6 +193,11 @@ class PrepareRequest(WireModel):
     # Add the context tools (``context_read``, ``context_search``) after ``tools`` and tell the model
     # how to read back what its previews leave out; the runtime's client answers their calls.
     context_tools: bool = False
+    # What the runtime plans for its next steps; part of the reply's forecast (``window_report.forecast``).
+    forecast: ForecastDeclaration | None = None
+    # The run's task budget (seed 004 §26): repeated on each prepare of the run; the reply reports
+    # what is left, and a spent hard budget is refused with ``task_budget_exhausted``.
+    task_budget: TaskBudget | None = None
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:
@@ -372,6 +380,21 @@ class BudgetReport(WireModel):
     reductions: ReductionCounts = ReductionCounts()
 
 
+class WindowReport(WireModel):
+    """Where a prepared context stands in its window (seed 004 §31)."""
+
+    level: WaterLevel
+    # The context's tokens (``budget_report.used.total``) against the prepare's input budget.
+    used: int
+    input_budget: int
+    # Tokens left before the red line.
+    safe_remaining: int
+    forecast: Forecast
+    # YELLOW or above: optional material was dropped and older tool outputs masked to get back
+    # under the yellow line (counted in ``budget_report.reductions``).
+    trimmed: bool = False
+
+
 class SourceWatermark(WireModel):
     """How far into the ledger this context looked."""
 
@@ -422,6 +445,23 @@ class PreparedContext(WireModel):
     rollover: RolloverReport | None = None
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
+    # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
+    window_report: WindowReport | None = None
+    # The run's task budget and ledger, when the request declared one.
+    task_budget: TaskBudgetReport | None = None
+
+    @model_serializer(mode="wrap")
+    def _unreported_as_before(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, object]:
+        # A context assembled without a window policy is byte-identical to one from before windows
+        # (stored replies, golden files).
+        data: dict[str, object] = handler(self)
+        if self.window_report is None:
+            data.pop("window_report", None)
+        if self.task_budget is None:
+            data.pop("task_budget", None)
+        return data
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from ._base import WireModel
+from .forecasts import ForecastPolicy
 
 __all__ = [
     "RolloverReport",
@@ -103,6 +104,8 @@ class WindowPolicy(WireModel):
     levels: WaterLevels = Field(default_factory=WaterLevels)
     # Low-value share of a window (old tool outputs) above which it closes early, from YELLOW on.
     max_low_value_share: _Share = 0.70
+    # How the forecast of the coming steps is computed (seed 004 §30): reported, and a rollover trigger.
+    forecast: ForecastPolicy = Field(default_factory=ForecastPolicy)
 
 
 class WindowHandoff(WireModel):

@@ -41,6 +41,7 @@
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
     ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
+    ├── TaskBudgetExhausted(thread_id, report)   a run's hard task budget is spent
     ├── NothingToCompact(thread_id, reason)   a manual compaction found nothing the policy lets go
     ├── CompactionFailed(thread_id, stage, detail)   a manual compaction that did not commit
     └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
@@ -56,12 +57,14 @@ from typing import ClassVar
 from pydantic import JsonValue
 
 from contracts import ErrorCode, ErrorReply
+from contracts.task_budgets import TaskBudgetReport
 
 __all__ = [
     "AuthorityViolation",
     "BlockSize",
     "ContentNotFound",
     "ContextBudgetExceeded",
+    "TaskBudgetExhausted",
     "CompactionFailed",
     "CtxError",
     "DuplicateCallId",
@@ -674,6 +677,19 @@ class OverBudget(ContextBudgetExceeded):
         err.details["reason"] = "history over budget and no compaction landed in time"
         err.details["waited_ms"] = waited_ms
         return err
+
+
+class TaskBudgetExhausted(CtxError):
+    """A run's hard task budget is spent: no further context is prepared for it, never a truncated one."""
+
+    code = ErrorCode.TASK_BUDGET_EXHAUSTED
+
+    def __init__(self, thread_id: str, report: TaskBudgetReport) -> None:
+        super().__init__(
+            f"the task budget of {thread_id} is spent: {', '.join(report.exhausted)}",
+            thread_id=thread_id,
+            **report.model_dump(mode="json"),
+        )
 
 
 class ProviderContextExceeded(CtxError):

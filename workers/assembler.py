@@ -21,6 +21,7 @@ from faststream.nats.annotations import NatsMessage
 
 from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
+from contracts.windows import WaterLevel
 from services.errors import CtxError, InvalidRequest
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -28,6 +29,7 @@ from services.core.budget import BUILTIN_PROFILES
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
+from .level_clock import LevelClock
 from .metrics import FleetMetrics
 from .queries import queries_router
 from .replies import admitted, error_reply, parse_body, raw_body
@@ -52,6 +54,7 @@ class AssemblerWorker:
         self._service = service
         self._board = board
         self._metrics = metrics
+        self._levels = LevelClock()
         self.admission = Admission(limits or RequestLimits(), metrics)
         self.router = NatsRouter()
         self._register()
@@ -157,6 +160,8 @@ class AssemblerWorker:
             m.prepare_usage_tokens.labels(purpose=purpose).observe(report.estimated_input)
         for reduction in prepared.reductions:
             m.prepare_reductions.labels(kind=reduction.split(":")[0]).inc()
+        if prepared.window_report is not None:
+            self._observe_level(f"{run_id}.{instance_id}", prepared.window_report.level)
         if prepared.compaction_wait_ms:
             # Served after the wait either way; "timed_out" when no compaction landed in time and the
             # oldest history awaiting it was left out instead.
@@ -168,6 +173,12 @@ class AssemblerWorker:
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
         return NatsResponse(reply_json(prepared), headers={"ctx-status": "ok"})
+
+    def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
+        self._metrics.prepares_by_level.labels(level=level.value).inc()
+        lasted = self._levels.advance(thread_id, level, time.monotonic())
+        if lasted is not None:
+            self._metrics.window_level_seconds.labels(level=lasted[0].value).inc(lasted[1])
 
     async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
         try:

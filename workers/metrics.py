@@ -164,6 +164,18 @@ class FleetMetrics:
             ["kind"],
             registry=r,
         )
+        self.prepares_by_level = Counter(
+            "ctx_prepares_by_level",
+            "Prepared contexts by the water level of their window",
+            ["level"],
+            registry=r,
+        )
+        self.window_level_seconds = Counter(
+            "ctx_window_level_seconds",
+            "Seconds threads' windows stood at each water level, between one prepare and the next",
+            ["level"],
+            registry=r,
+        )
         self.prepare_compaction_waits = Counter(
             "ctx_prepare_compaction_waits",
             "Prepares that waited for a compaction to land",

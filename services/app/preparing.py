@@ -26,6 +26,7 @@ from contracts import (
 from contracts.subjects import DEFAULT_TENANT
 
 from contracts.prepare import ProviderOverflow
+from contracts.task_budgets import TaskBudgetReport
 
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
 from services.errors import InvalidRequest, OverBudget, ProviderContextExceeded
@@ -43,6 +44,7 @@ from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
 from services.core.state import StateView, rebuild_state, state_hash
+from services.core.task_budget import ensure_within, ledger_of, task_budget_report
 from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from services.app.views import ThreadView, ViewLoader
@@ -71,6 +73,24 @@ def _counter(budget: BudgetSpec) -> TokenCounter | None:
             known: EncodingName = name
             return counter_for(known)
     return None
+
+
+def _task_budget(
+    view: ThreadView, request: PrepareRequest, budget: BudgetSpec, counter: TokenCounter | None
+) -> TaskBudgetReport | None:
+    """The run's task budget report, or the refusal when a hard one is spent (before any assembly)."""
+    if request.task_budget is None:
+        return None
+    thread_id = view.head.thread_id
+    spent = ledger_of(
+        view.records,
+        own_thread=thread_id,
+        input_budget=budget.input_budget,
+        encoding=counter.name if counter else "o200k_base",
+    )
+    report = task_budget_report(request.task_budget, spent)
+    ensure_within(report, thread_id)
+    return report
 
 
 class PrepareService:
@@ -113,6 +133,19 @@ class PrepareService:
             await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
         view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
+        task = _task_budget(view, request, base, counter)
+        prepared = await self._prepare_view(view, request, base, counter, tenant, pause)
+        return prepared if task is None else prepared.model_copy(update={"task_budget": task})
+
+    async def _prepare_view(
+        self,
+        view: ThreadView,
+        request: PrepareRequest,
+        base: BudgetSpec,
+        counter: TokenCounter | None,
+        tenant: str,
+        pause: Pause,
+    ) -> PreparedContext:
         snapshot = view.snapshot()
         if request.evidence:
             snapshot = replace(snapshot, evidence=await self._evidence(request))
@@ -125,7 +158,9 @@ class PrepareService:
         window = await self._windows.settle(view, snapshot, request, budget, counter)
         view, snapshot = window.view, window.snapshot
         try:
-            prepared = window.measured or assemble_context(snapshot, request, budget, counter)
+            prepared = window.measured or assemble_context(
+                snapshot, request, budget, counter, window=view.policy.window
+            )
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence
@@ -137,7 +172,7 @@ class PrepareService:
             return prepared  # counted at least as conservatively as the new factor would
         budget = calibrated(base, learned)
         try:
-            recounted = assemble_context(snapshot, request, budget, counter)
+            recounted = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
             return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
         except OverBudget as over:
             return await self._await_compaction(
@@ -223,7 +258,7 @@ class PrepareService:
         self._calibrations.put(tenant, base.profile, raised)
         budget = calibrated(base, raised)
         try:
-            prepared = assemble_context(snapshot, request, budget, counter)
+            prepared = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
         except OverBudget as over:
             return await self._await_compaction(
                 view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
@@ -314,7 +349,12 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited
+                        self._snapshot(current, evidence),
+                        request,
+                        budget,
+                        counter,
+                        compaction_wait_ms=waited,
+                        window=current.policy.window,
                     )
                 except OverBudget as still:
                     revision = current.state.view_revision
@@ -328,6 +368,7 @@ class PrepareService:
             counter,
             compaction_wait_ms=waited,
             allow_drop_history=True,
+            window=current.policy.window,
         )
 
     @staticmethod

@@ -117,18 +117,19 @@ class WindowKeeper:
     ) -> tuple[PreparedContext | None, WindowDecision]:
         measured: PreparedContext | None = None
         try:
-            measured = assemble_context(snapshot, request, budget, counter)
+            measured = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
             used = measured.budget_report.used.total
         except ContextBudgetExceeded as over:
             # Over the budget (OverBudget) or not even fitting at its smallest: past the red line.
             used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
         opened_after = _opened_after(view)
         own = window_records(snapshot.records, opened_after, view.head.thread_id)
-        # Forecasts and critical operations have no source in the fleet yet: the decision takes them as
-        # inputs (forecasts: issue 18's water-level part).
+        # A critical operation has no source in the fleet yet: the decision takes it as an input.
+        report = measured.window_report if measured is not None else None
         signals = WindowSignals(
             used=used,
             budget=budget.input_budget,
+            forecast_need=report.forecast.tokens if report is not None else 0,
             phase_boundary=phase_boundary(
                 window_records(snapshot.records, 0, view.head.thread_id), opened_after
             ),

@@ -53,12 +53,14 @@ from contracts import (
     ToolStatus,
 )
 from contracts.prepare import ReductionCounts
-from contracts.windows import WindowHandoff
+from contracts.windows import WindowHandoff, WindowPolicy, WindowStrategy
 
 from services.core.budget import BudgetSpec
 from services.core.calibration import scaled
 from services.core.compaction.files import files_of_call
 from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
+from services.core.forecast import step_growths
+from services.core.levels import green_room, window_report
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
@@ -224,6 +226,8 @@ class _Fit:
     history_dropped: list[_Sized] = field(default_factory=list)
     reductions: list[str] = field(default_factory=list)
     counts: _Counts = field(default_factory=_Counts)
+    # The reductions ran for the water level (YELLOW and above), not for the input budget.
+    level_trimmed: bool = False
 
     @property
     def total(self) -> int:
@@ -243,6 +247,9 @@ class _Inputs:
     # Previews name the tool that reads them back (``PrepareRequest.context_tools``).
     context_tools: bool = False
     memo: ViewMemo | None = None
+    # The view tokens that keep the context GREEN: optional material goes and older outputs are masked
+    # to get under it (design D12), never the newest group, the summary or any history.
+    green_room: int | None = None
 
 
 def assemble_context(
@@ -253,8 +260,12 @@ def assemble_context(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
+    window: WindowPolicy | None = None,
 ) -> PreparedContext:
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate.
+
+    ``window``: report the context's water level and forecast (``PreparedContext.window_report``), and at
+    YELLOW or above trim low-value optional material back toward the yellow line.
 
     ``allow_drop_history``: instead of raising ``OverBudget``, drop the oldest history (never a
     required block, never the newest complete tool group) until the context fits; each dropped
@@ -291,6 +302,7 @@ def assemble_context(
         max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
         request.context_tools,
         memo,
+        _green_view_room(budget.input_budget, window, schema_tokens),
     )
 
     fit = _fit(inputs, frozenset())
@@ -393,6 +405,22 @@ def assemble_context(
         request=provider_request(request.format, bundle),
         window=snapshot.window,
         handoff_id=snapshot.handoff.handoff_id if snapshot.handoff else None,
+        window_report=(
+            window_report(
+                used.total,
+                budget.input_budget,
+                window,
+                step_growths(
+                    snapshot.records,
+                    own_thread=snapshot.own_thread,
+                    encoding=counter.name if counter else "o200k_base",
+                ),
+                request.forecast,
+                trimmed=fit.level_trimmed,
+            )
+            if window is not None
+            else None
+        ),
     )
 
 
@@ -403,6 +431,24 @@ def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
         if b.kind is BlockKind.TASK and b.records and b.records[0].seq == run_task:
             at = i + 1
     return at
+
+
+def _green_view_room(input_budget: int, window: WindowPolicy | None, schema_tokens: int) -> int | None:
+    """The view tokens that keep the context GREEN, when its level trims it (design D12).
+
+    Only a ``rollover`` window trims at YELLOW: it ends at the red line, so what it leaves out early
+    is room the next steps get. A ``summary`` window is compacted from ``context_ratio`` on instead,
+    and trimming it earlier would only churn its prompt-cache prefix.
+    """
+    if window is None:
+        return None
+    match window.strategy:
+        case WindowStrategy.ROLLOVER:
+            return green_room(input_budget, window) - schema_tokens
+        case WindowStrategy.SUMMARY:
+            return None
+        case _:
+            assert_never(window.strategy)
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
@@ -933,11 +979,23 @@ def _read_back(r: LedgerRecord, inputs: _Inputs) -> str:
 
 
 def _reduce(fit: _Fit, inputs: _Inputs, newest: _Sized | None, sources: frozenset[int]) -> None:
+    """Reduce to the room, or to the green line when the window policy gives one (YELLOW trimming)."""
+    target = inputs.room if inputs.green_room is None else min(inputs.room, inputs.green_room)
+    # Only what fits the budget anyway and still went is the level's doing.
+    for_level = fit.total <= inputs.room
+    saved = fit.counts.tokens_saved
+    _reduce_to(fit, inputs, newest, sources, target)
+    fit.level_trimmed = for_level and fit.counts.tokens_saved > saved
+
+
+def _reduce_to(
+    fit: _Fit, inputs: _Inputs, newest: _Sized | None, sources: frozenset[int], target: int
+) -> None:
     """Drop optional material (oldest first), then mask outputs oldest first in chunks,
-    until the blocks fit."""
+    until the blocks fit ``target``."""
 
     def over() -> int:
-        return fit.total - inputs.room
+        return fit.total - target
 
     if over() <= 0:
         return
@@ -1340,6 +1398,10 @@ def _prepared_id(
     )
     if not request.context_tools:
         excluded.add("context_tools")  # ids minted before context tools existed stay the same
+    # And before forecasts; a task budget is reported after assembly and changes no context.
+    excluded.add("task_budget")
+    if request.forecast is None:
+        excluded.add("forecast")
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

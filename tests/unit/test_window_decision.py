@@ -38,8 +38,15 @@ TABLE = [
     ),
     (
         "forecast that no longer fits rolls over early",
-        dict(used=500, forecast_need=450),
+        dict(used=650, forecast_need=300),
         A.ROLLOVER,
+        T.FORECAST,
+        None,
+    ),
+    (
+        "forecast that no longer fits a green window only prepares",
+        dict(used=500, forecast_need=450),
+        A.PREPARE_ROLLOVER,
         T.FORECAST,
         None,
     ),

@@ -111,11 +111,15 @@ def _blocked_by(signals: WindowSignals) -> str | None:
 def _proactive(
     signals: WindowSignals, level: WaterLevel, remaining: int, max_low_value_share: float
 ) -> RolloverTrigger | None:
-    if signals.forecast_need > 0 and remaining < signals.forecast_need:
+    # The forecast, recovery and density triggers wait for YELLOW: below it a clean window frees
+    # little, and a window whose fixed part (instructions, task, state) alone leaves less room than
+    # the forecast would otherwise roll over on every prepare.
+    pressure = level in _PRESSURE
+    if pressure and signals.forecast_need > 0 and remaining < signals.forecast_need:
         return RolloverTrigger.FORECAST
     if signals.phase_boundary:
         return RolloverTrigger.PHASE_BOUNDARY
-    if level not in _PRESSURE:
+    if not pressure:
         return None
     if signals.recovery_boundary:
         return RolloverTrigger.RECOVERY_BOUNDARY

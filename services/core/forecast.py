@@ -1,0 +1,90 @@
+"""Forecast of the coming steps' need (seed 004 §30). Pure and deterministic.
+
+A *step* is one model call of the thread: an ``action`` assistant message. A step's growth is
+what it added to the thread before the next step began — the message itself, its tool outcomes and
+whatever else was recorded until the next action message. Only closed steps (followed by another
+action message) count: the newest step is still growing. Growth is read from the token counts the
+recorder stored with each record, so a forecast needs the view only, never another query.
+
+``forecast = percentile(growth of the last N closed steps) × expected steps + declared items``, the
+percentile by nearest rank (no interpolation: the same records give the same integer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from contracts.forecasts import Forecast, ForecastDeclaration, ForecastPolicy
+
+from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind
+from services.core.tokens import EncodingName
+
+__all__ = ["forecast_need", "nearest_rank", "step_growths"]
+
+
+def _is_step(record: LedgerRecord) -> bool:
+    body = record.body
+    return (
+        record.kind is RecordKind.ASSISTANT_MESSAGE
+        and isinstance(body, AssistantMessageBody)
+        and body.purpose == "action"
+    )
+
+
+def step_growths(
+    records: Sequence[LedgerRecord], *, own_thread: str = "", encoding: EncodingName = "o200k_base"
+) -> tuple[int, ...]:
+    """Tokens each closed step of ``own_thread`` added, oldest first (all records when it is ``""``).
+
+    Records another thread wrote (inherited history, a parent's export) are no step of this one.
+    """
+    growths: list[int] = []
+    current: int | None = None  # growth of the open step; None before the first step
+    for record in sorted(records, key=lambda r: r.seq):
+        if own_thread and record.thread_id and record.thread_id != own_thread:
+            continue
+        if _is_step(record):
+            if current is not None:
+                growths.append(current)
+            current = 0
+        if current is not None:
+            current += record.tokens.get(encoding)
+    return tuple(growths)
+
+
+def nearest_rank(values: Sequence[int], percentile: int) -> int:
+    """The ``percentile``-th value by nearest rank (1–100); 0 for no values."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(percentile / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def forecast_need(
+    growths: Sequence[int],
+    policy: ForecastPolicy,
+    declared: ForecastDeclaration | None,
+    *,
+    safe_remaining: int,
+) -> Forecast:
+    """What the coming steps are expected to add, and whether ``safe_remaining`` holds it."""
+    recent = tuple(growths[-policy.recent_steps :])
+    step_growth = nearest_rank(recent, policy.percentile) if recent else policy.default_step_tokens
+    declaration = declared or ForecastDeclaration()
+    steps = declaration.expected_steps or policy.expected_steps
+    items = (
+        declaration.tool_calls * policy.tool_call_tokens
+        + declaration.files * policy.file_tokens
+        + declaration.evidence * policy.evidence_tokens
+    )
+    tokens = step_growth * steps + items
+    return Forecast(
+        tokens=tokens,
+        step_growth=step_growth,
+        steps=steps,
+        observed_steps=len(recent),
+        declared=items,
+        fits=tokens <= safe_remaining,
+    )
