@@ -52,6 +52,13 @@ from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadReques
 from .notices import CompactedNotice, RecordedNotice
 from .search import SEARCH, SearchHit, SearchReply, SearchRequest
 from .manage import COMPACT, CompactReply, CompactRequest, compact_subject
+from .gateway import (
+    GATEWAY_CHECK,
+    FinalCheck,
+    FinalCheckRequest,
+    GatewayAddition,
+    gateway_check_subject,
+)
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
     OPERATION_STATUS,
@@ -71,6 +78,7 @@ from .state import (
 )
 from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
 from .prepare import (
+    Authority,
     BlockKind,
     BudgetCategory,
     BudgetReport,
@@ -86,6 +94,7 @@ from .prepare import (
     PendingCall,
     PreparedContext,
     PrepareRequest,
+    ProtectedBlock,
     ProviderOverflow,
     Purpose,
     RecordRef,
@@ -128,6 +137,13 @@ __all__ = [
     "ReadRequest",
     "CompactionJob",
     "COMPACT",
+    "GATEWAY_CHECK",
+    "FinalCheck",
+    "FinalCheckRequest",
+    "GatewayAddition",
+    "gateway_check_subject",
+    "Authority",
+    "ProtectedBlock",
     "CompactReply",
     "CompactRequest",
     "compact_subject",

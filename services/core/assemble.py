@@ -60,6 +60,7 @@ from services.core.compaction.files import files_of_call
 from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
+from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.groups import DraftBlock, build_view_blocks
 from services.core.hashing import canonical_json
@@ -327,12 +328,14 @@ def assemble_context(
     omitted += [_omitted(_size(b, counter), b.reason, memo) for b in blocks.held]
     omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
     summary = snapshot.summary
+    derived = [memo.derived(s.block) for s in fit.kept]
     bundle = ContextBundle(
         messages=tuple(messages),
         tools=tuple(tools),
         blocks=tuple(out_blocks),
         error_call_ids=frozenset(c for s in fit.kept for c in s.block.error_calls),
     )
+    body = provider_request(request.format, bundle)
     return PreparedContext(
         prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
         session_id=snapshot.session_id,
@@ -383,7 +386,10 @@ def assemble_context(
         compaction_wait_ms=compaction_wait_ms,
         policy=snapshot.policy,
         format=request.format,
-        request=provider_request(request.format, bundle),
+        request=body,
+        protected_block_manifest=build_manifest(
+            request.format, out_blocks, messages, body, [d.hashes if d else None for d in derived]
+        ),
     )
 
 
@@ -1316,6 +1322,8 @@ def _prepared_id(
     )
     if not request.context_tools:
         excluded.add("context_tools")  # ids minted before context tools existed stay the same
+    if request.carry_additions_from is None:
+        excluded.add("carry_additions_from")  # likewise for ids minted before gateway checks
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",
