@@ -39,6 +39,7 @@ from services.core.calibration import (
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.killpoints import kill_point
+from services.app.gateway import GatewayService
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -88,6 +89,8 @@ class PrepareService:
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
+        # The gateway's final check, which validated the additions a re-prepare carries.
+        self.gateway: GatewayService | None = None
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
@@ -113,6 +116,15 @@ class PrepareService:
         snapshot = view.snapshot()
         if request.evidence:
             snapshot = replace(snapshot, evidence=await self._evidence(request))
+        if request.carry_additions_from is not None:
+            if self.gateway is None:
+                raise InvalidRequest(
+                    "carry_additions_from needs the gateway's check, which this process lacks"
+                )
+            carried = await self.gateway.carried(
+                request.carry_additions_from, tenant=tenant, thread_id=thread_id
+            )
+            snapshot = replace(snapshot, additions=carried)
         if request.after_overflow is not None:
             return await self._after_overflow(
                 view, snapshot, request, base, counter, request.after_overflow, tenant, pause

@@ -41,6 +41,7 @@ from contracts import (
     ChatTool,
     ChatMessage,
     ContextBlock,
+    GatewayAddition,
     OmittedBlock,
     PreparedContext,
     PrepareRequest,
@@ -166,6 +167,8 @@ class ThreadSnapshot:
     facts: tuple[Fact, ...] = ()
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     evidence: tuple[Evidence, ...] = ()
+    # Hook additions a gateway check validated, carried into this re-prepare (``carry_additions_from``).
+    additions: tuple[GatewayAddition, ...] = ()
     # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
     # since is built again. Without one, everything is built from scratch — the same reply.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
@@ -265,6 +268,7 @@ def assemble_context(
     blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
+    ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
@@ -1156,6 +1160,20 @@ def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
         reason="evidence the runtime asked for, re-read from the ledger",
         records=[],
         messages=[ChatMessage(role="user", content=f"{head}\n{evidence.text}")],
+    )
+
+
+def _addition_block(addition: GatewayAddition, index: int) -> DraftBlock:
+    # The text exactly as the gateway validated it, so the runtime need not add it again; optional,
+    # and quoted on the user's side whatever its category (it never outranks the instructions).
+    return DraftBlock(
+        block_id=f"addition:{index}",
+        kind=BlockKind.MATERIAL,
+        retention=Retention.ACTIVE,
+        priority=3,
+        reason=f"{addition.category.value} added by hook {addition.source}, carried from a gateway check",
+        records=[],
+        messages=[ChatMessage(role="user", content=addition.text)],
     )
 
 
