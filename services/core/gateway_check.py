@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckInputs",
+    "Count",
     "GatewayRecord",
     "StoredUnit",
     "Verdict",

@@ -45,6 +45,7 @@ __all__ = [
     "authority_of",
     "block_hash",
     "build_manifest",
+    "instruction_lengths",
     "prepared_units",
     "request_units",
 ]
