@@ -246,7 +246,8 @@ def _match_protected(
                     "reordered",
                     f"found at unit {earlier}, before unit {cursor}",
                 )
-            how, detail = _why_absent(own, final, cursor, matched, additions, _optional(record))
+            known = {u.digest for u in record.units}
+            how, detail = _why_absent(own, final, cursor, matched, additions, known)
             raise ProtectedBlockAltered(record.prepared_id, block.block_id, how, detail)
         run = final[at : at + len(wanted)]
         # The digests matched; the manifest's hash is the contract a client recomputes.
@@ -278,15 +279,17 @@ def _why_absent(
     cursor: int,
     matched: set[int],
     additions: Sequence[GatewayAddition],
-    optional: Counter[str],
+    known: set[str],
 ) -> tuple[str, str]:
+    """Why a block is not in the request: its words elsewhere (downgraded), something unknown in its
+    place (changed), or nothing (missing)."""
     texts = [u.text_digest for u in own]
     present = [_text_digest(u) for n, u in enumerate(final) if n not in matched]
     if all(t is not None for t in texts) and _in_order(texts, present):
         return "downgraded", "its text is there with another role or in another place"
     labelled = {a.text for a in additions}
     edited = any(
-        n not in matched and u.digest not in optional and u.text not in labelled
+        n not in matched and u.digest not in known and u.text not in labelled
         for n, u in enumerate(final)
         if n >= cursor
     )
