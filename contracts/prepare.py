@@ -454,7 +454,7 @@ class PreparedContext(WireModel):
     format: RequestFormat = "openai.chat"
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
-    # Every required block, in order, with the hash the gateway's final check verifies (seed 000 §5.4).
+    # Every required block, in order, with the hash the gateway's final check verifies (design D5.8).
     protected_block_manifest: tuple[ProtectedBlock, ...] = ()
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:

@@ -1,7 +1,7 @@
 -- The model gateway's final check (issue 19). What a check needs of each prepared context — its
 -- protected block manifest, unit digests and budget figures, never its content — written behind the
 -- prepare's reply, keyed by prepared id and format (one id serves every provider shape). And what the
--- model was actually sent (seed 000 §4, "保存本次实际输入的受保护引用"): one row per check attempt.
+-- model was actually sent (design D5.8): one row per check attempt.
 CREATE TABLE ctx.prepared_contexts (
     prepared_id text        NOT NULL,
     format      text        NOT NULL,

@@ -1,6 +1,6 @@
 """The gateway's final check of a provider request against the context it was prepared from. Pure.
 
-Checks, in order (seed 000 §5.3, §5.4):
+Checks, in order (design D5.8):
 
 1. Every protected block is in the request, byte-identical (its units' hash is the manifest's) and
    in manifest order; otherwise ``ProtectedBlockAltered`` says which block and how: ``missing``,
