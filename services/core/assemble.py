@@ -392,7 +392,11 @@ def assemble_context(
         format=request.format,
         request=body,
         protected_block_manifest=build_manifest(
-            request.format, out_blocks, messages, body, [d.hashes if d else None for d in derived]
+            request.format,
+            out_blocks,
+            messages,
+            bundle.error_call_ids,
+            [d.hashes if d else None for d in derived],
         ),
     )
 

@@ -35,8 +35,8 @@ from contracts import (
     Retention,
 )
 from services.core.hashing import canonical_json, sha256_hex
-from services.core.providers.anthropic_messages import content_sources
-from services.core.providers.openai_responses import input_sources
+from services.core.providers.anthropic_messages import content_sources, message_blocks
+from services.core.providers.openai_responses import input_items, input_sources
 
 __all__ = [
     "INSTRUCTIONS_JOIN",
@@ -114,10 +114,14 @@ def build_manifest(
     format: RequestFormat,
     blocks: Sequence[ContextBlock],
     messages: Sequence[ChatMessage],
-    body: Mapping[str, JsonValue] | None,
+    failed: frozenset[str] = frozenset(),
     memo: Sequence[dict[tuple[str, bool], tuple[str, int]] | None] = (),
 ) -> tuple[ProtectedBlock, ...]:
-    """The manifest of every required block, in order.
+    """The manifest of every required block, in order; ``failed``: the failed tool calls' ids.
+
+    Each block's units are rendered from its own messages, as the adapters render them into the body
+    (``prepared_units`` reads them back from the body: the unit tests hold both to one hash), so a
+    prepare hashes its few required blocks and never walks the whole request.
 
     ``memo``, aligned with ``blocks``: per block, hashes already computed for it (by format and
     whether it opens the request), kept with the view memo — a block is hashed once, not per prepare.
@@ -126,7 +130,6 @@ def build_manifest(
     if not required:
         return ()
     leading = _leading_count(messages)
-    units: dict[str, list[RequestUnit]] | None = None
     out: list[ProtectedBlock] = []
     for n in required:
         block = blocks[n]
@@ -136,12 +139,7 @@ def build_manifest(
         key = (format, block.first_message < leading)
         known = hashes.get(key) if hashes is not None else None
         if known is None:
-            if format == "openai.chat":
-                own = _chat_units(messages, block.first_message, block.message_count, leading)
-            else:
-                if units is None:
-                    units = _units_by_block(format, blocks, messages, body)
-                own = units.get(block.block_id, [])
+            own = _block_units(format, messages, block, leading, failed)
             known = (block_hash(own), len(own))
             if hashes is not None:
                 hashes[key] = known
@@ -225,23 +223,36 @@ def _sources(format: RequestFormat, messages: Sequence[ChatMessage]) -> list[int
             assert_never(format)
 
 
-def _units_by_block(
+def _block_units(
     format: RequestFormat,
-    blocks: Sequence[ContextBlock],
     messages: Sequence[ChatMessage],
-    body: Mapping[str, JsonValue] | None,
-) -> dict[str, list[RequestUnit]]:
-    assert body is not None, f"a {format} context carries its provider body"
-    owners = _owners(blocks, len(messages))
-    leading = _leading_count(messages)
-    lengths = tuple(len(m.content or "") for m in messages[:leading]) if format == "openai.responses" else ()
-    units = request_units(format, body, lengths)
-    found: dict[str, list[RequestUnit]] = {}
-    for source, unit in zip(_sources(format, messages), units, strict=True):
-        owner = owners[source] if source >= 0 else None
-        if owner is not None:
-            found.setdefault(owner, []).append(unit)
-    return found
+    block: ContextBlock,
+    leading: int,
+    failed: frozenset[str],
+) -> list[RequestUnit]:
+    first, end = block.first_message, block.first_message + block.message_count
+    match format:
+        case "openai.chat":
+            return _chat_units(messages, first, block.message_count, leading)
+        case "openai.responses":
+            out: list[RequestUnit] = []
+            for i in range(first, end):
+                text = messages[i].content or ""
+                if i < leading:
+                    out.append(RequestUnit({"type": "instructions", "text": text}, "system", text, True))
+                else:
+                    out.extend(_responses_item(_object(item)) for item in input_items(messages[i]))
+            return out
+        case "anthropic.messages":
+            system = [
+                _anthropic_unit("system", {"type": "text", "text": messages[i].content or ""}, leading=True)
+                for i in range(first, min(end, leading))
+                if messages[i].content
+            ]
+            rest = message_blocks(messages, max(first, leading), end, failed) if end > leading else []
+            return system + [_anthropic_unit(role, b, leading=False) for role, b in rest]
+        case _:
+            assert_never(format)
 
 
 def _leading_count(messages: Sequence[ChatMessage]) -> int:
@@ -282,15 +293,15 @@ def _responses_units(body: Mapping[str, JsonValue], lengths: Sequence[int]) -> t
             RequestUnit({"type": "instructions", "text": part}, "system", part, True)
             for part in _split_instructions(instructions, lengths)
         )
-    for item in _list(body.get("input")):
-        value = _object(item)
-        kind = value.get("type", "message")
-        if kind == "message":
-            out.append(RequestUnit(value, str(value.get("role", "")), _text_of(value.get("content")), False))
-        else:
-            role = "tool" if kind == "function_call_output" else "assistant"
-            out.append(RequestUnit(value, role, None, False))
+    out.extend(_responses_item(_object(item)) for item in _list(body.get("input")))
     return tuple(out)
+
+
+def _responses_item(value: dict[str, JsonValue]) -> RequestUnit:
+    kind = value.get("type", "message")
+    if kind == "message":
+        return RequestUnit(value, str(value.get("role", "")), _text_of(value.get("content")), False)
+    return RequestUnit(value, "tool" if kind == "function_call_output" else "assistant", None, False)
 
 
 def _split_instructions(text: str, lengths: Sequence[int]) -> list[str]:

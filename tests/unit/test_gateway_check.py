@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from contracts import GatewayAddition, PreparedContext, PrepareRequest, RequestFormat
+from contracts import GatewayAddition, PreparedContext, PrepareRequest, RequestFormat, Retention
 from contracts.hooks import AdditionCategory
 from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
-from services.core.protected import block_hash, request_units
+from services.core.protected import block_hash, build_manifest, prepared_units, request_units
 from services.core.tokens import counter_for
 from services.errors import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
 from tests.fixtures.builders import Thread, ledger_records
@@ -296,3 +296,41 @@ def test_check_refuses_a_fabricated_tool_result() -> None:
     err = _error(record, body, _material("all green"))
     assert isinstance(err, AdditionRefused)
     assert err.details["reason"] == "not_text"
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_block_hashes_from_its_own_messages_equal_those_read_back_from_the_body(
+    format: RequestFormat,
+) -> None:
+    # Every block treated as required, tool groups (one failed) included: the prepare's per-block
+    # rendering and the check's reading of the whole body must agree unit for unit.
+    t = Thread()
+    records = ledger_records(
+        [
+            t.system(SYSTEM),
+            t.user(TASK),
+            t.assistant("Two reads.", calls=(("c1", "read_file", {"path": "a.py"}), ("c2", "run", {"x": 1}))),
+            t.outcome("c2", "exit 1", status="error"),
+            t.outcome("c1", "print('a')"),
+            t.assistant("Done."),
+            t.user(CURRENT),
+        ]
+    )
+    snapshot = ThreadSnapshot(
+        t.session_id, t.run_id, t.instance_id, len(records), records[-1].seq, records[-1].event_key, records
+    )
+    request = PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=50_000,
+        format=format,
+        context_tools=True,
+    )
+    prepared = assemble_context(snapshot, request, resolve_budget(request), counter_for("o200k_base"))
+    blocks = [b.model_copy(update={"retention": Retention.REQUIRED}) for b in prepared.blocks]
+    manifest = build_manifest(format, blocks, prepared.messages, frozenset({"c2"}))
+    units = prepared_units(prepared)
+    read_back = {b.block_id: block_hash([u.unit for u in units if u.block_id == b.block_id]) for b in blocks}
+    assert {m.block_id: m.sha256 for m in manifest} == read_back
+    assert len(manifest) == len(prepared.blocks) > 5

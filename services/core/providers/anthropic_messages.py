@@ -44,7 +44,14 @@ from pydantic import JsonValue
 from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
 from services.core.providers.bundle import ContextBundle
 
-__all__ = ["CONTINUES_TEXT", "MAX_BREAKPOINTS", "SYSTEM_PREFIX", "anthropic_request", "content_sources"]
+__all__ = [
+    "CONTINUES_TEXT",
+    "MAX_BREAKPOINTS",
+    "SYSTEM_PREFIX",
+    "anthropic_request",
+    "content_sources",
+    "message_blocks",
+]
 
 # The API refuses a request with more cache breakpoints than this.
 MAX_BREAKPOINTS = 4
@@ -94,6 +101,14 @@ def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     if tools:
         body["tools"] = tools
     return body
+
+
+def message_blocks(
+    messages: Sequence[ChatMessage], first: int, end: int, failed: frozenset[str]
+) -> list[tuple[str, dict[str, JsonValue]]]:
+    """``(role, content block)`` of ``messages[first:end]`` past the leading system messages, as the
+    body renders them (before cache breakpoints): a tool group's results stay with its calls."""
+    return [(item.role, item.block) for item in _items(messages[:end], first, failed)]
 
 
 def content_sources(messages: Sequence[ChatMessage]) -> list[int]:
