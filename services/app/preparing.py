@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from contracts import (
     CompactionJob,
+    GatewayAddition,
     InspectedRecord,
     InspectRequest,
     PreparedContext,
@@ -135,7 +136,7 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
             )
         learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
         if learned.factor <= calibration.factor:
@@ -145,7 +146,7 @@ class PrepareService:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
             )
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
@@ -230,7 +231,15 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
+                view,
+                request,
+                budget,
+                counter,
+                over,
+                pause,
+                snapshot.evidence,
+                reasons=_OVERFLOW,
+                additions=snapshot.additions,
             )
         # It fits under the raised count already; the compaction makes room for the next steps, so it
         # runs without this reply waiting on it (and without the budgeter's triggers deciding).
@@ -285,6 +294,7 @@ class PrepareService:
         pause: Pause,
         evidence: tuple[Evidence, ...] = (),
         *,
+        additions: tuple[GatewayAddition, ...] = (),
         reasons: tuple[str, ...] = ("hard_budget",),
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
@@ -318,7 +328,11 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited
+                        self._snapshot(current, evidence, additions),
+                        request,
+                        budget,
+                        counter,
+                        compaction_wait_ms=waited,
                     )
                 except OverBudget as still:
                     revision = current.state.view_revision
@@ -326,7 +340,7 @@ class PrepareService:
                     ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
-            self._snapshot(current, evidence),
+            self._snapshot(current, evidence, additions),
             request,
             budget,
             counter,
@@ -335,9 +349,13 @@ class PrepareService:
         )
 
     @staticmethod
-    def _snapshot(view: ThreadView, evidence: tuple[Evidence, ...]) -> ThreadSnapshot:
+    def _snapshot(
+        view: ThreadView, evidence: tuple[Evidence, ...], additions: tuple[GatewayAddition, ...] = ()
+    ) -> ThreadSnapshot:
         snapshot = view.snapshot()
-        return replace(snapshot, evidence=evidence) if evidence else snapshot
+        return (
+            replace(snapshot, evidence=evidence, additions=additions) if evidence or additions else snapshot
+        )
 
     async def _request_job(
         self,
