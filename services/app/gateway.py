@@ -152,7 +152,7 @@ class GatewayService:
         if cached is not None:
             prepared, owner, carried_from = cached
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, owner, _count(encoding), encoding)
+            record = gateway_record(prepared, owner, encoding)
             if carried_from is not None:
                 record = record.model_copy(update={"carried_from": carried_from})
         else:
@@ -183,7 +183,7 @@ class GatewayService:
     async def _write(self, prepared: PreparedContext, tenant: str, carried_from: str | None) -> None:
         try:
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, tenant, _count(encoding), encoding)
+            record = gateway_record(prepared, tenant, encoding)
             await self._store.insert_prepared(record.model_copy(update={"carried_from": carried_from}))
         except Exception:  # a lost record only sends that context's checks to this process's cache
             log.exception("could not store the gateway record of %s", prepared.prepared_id)

@@ -9,7 +9,9 @@ Checks, in order (design D5.8):
    or left out) or an addition: a text unit, outside the instruction position, in a user message
    (or, for ``guidance`` only, a later system/developer message), labelled with its source and a
    category that source was granted; otherwise ``AdditionRefused``.
-3. The request is counted with the prepare's counter: over the input budget → ``ContextBudgetExceeded``;
+3. The request is counted as the prepare counted it: the prepare's own figures for every block it
+   kept whole, less the blocks it left out, plus the same tokenizer's count of each new unit (so a
+   check tokenizes only what was added). Over the input budget → ``ContextBudgetExceeded``;
    from under the policy's soft limit (its compaction trigger) to at or over it, with additions, and
    for the first time for this context → ``context_reprepare_required``; else ``ok``.
 """
@@ -20,7 +22,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, assert_never, cast
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -34,11 +36,7 @@ from services.core.protected import (
     prepared_units,
     request_units,
 )
-from services.core.request_count import count_request
 from services.errors import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
-
-if TYPE_CHECKING:
-    from services.core.tokens import TokenCounter
 
 __all__ = [
     "CheckInputs",
@@ -46,7 +44,7 @@ __all__ = [
     "GatewayRecord",
     "StoredUnit",
     "Verdict",
-    "count_body",
+    "unit_tokens",
     "gateway_record",
     "verify_final",
 ]
@@ -54,7 +52,6 @@ __all__ = [
 Count = Callable[[str], int]
 # OpenAI's chat framing, applied to every unit of the formats without a published recipe.
 _PER_UNIT = 3
-_PRIMING = 3
 # Keys that frame a unit rather than carry what the model reads.
 _FRAMING_KEYS = frozenset({"type", "role", "cache_control"})
 
@@ -82,8 +79,12 @@ class GatewayRecord(BaseModel):
     thread_id: str
     policy: str
     input_budget: int
-    # The prepared request counted as the check counts final ones: the baseline of "crossing".
+    # The prepare's own count of what it sent (``budget_report.used.total``), per block and for the
+    # tools array: a final request is counted as this, less what it left out, plus what it added.
     prepared_tokens: int
+    block_tokens: dict[str, int]
+    tool_tokens: int
+    tools_digest: str
     # "o200k_base" / "cl100k_base"; ``None`` for the bytes/4 estimate.
     encoding: str | None
     carried_from: str | None = None
@@ -118,10 +119,8 @@ class Verdict:
     additions: tuple[GatewayAddition, ...]
 
 
-def gateway_record(
-    prepared: PreparedContext, tenant: str, count: Count, encoding: str | None
-) -> GatewayRecord:
-    """What to keep of ``prepared`` so a final request can be checked against it."""
+def gateway_record(prepared: PreparedContext, tenant: str, encoding: str | None) -> GatewayRecord:
+    """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized)."""
     protected = {m.block_id for m in prepared.protected_block_manifest}
     units = tuple(
         StoredUnit(
@@ -132,6 +131,7 @@ def gateway_record(
         for u in prepared_units(prepared)
     )
     body = prepared.request if prepared.request is not None else _chat_body(prepared)
+    used = prepared.budget_report.used
     return GatewayRecord(
         prepared_id=prepared.prepared_id,
         format=prepared.format,
@@ -140,7 +140,10 @@ def gateway_record(
         thread_id=f"{prepared.run_id}.{prepared.instance_id}",
         policy=prepared.policy,
         input_budget=prepared.budget_report.input_budget,
-        prepared_tokens=count_body(prepared.format, body, count),
+        prepared_tokens=used.total,
+        block_tokens={b.block_id: b.tokens for b in prepared.blocks},
+        tool_tokens=used.tool_schemas,
+        tools_digest=_tools_digest(body),
         encoding=encoding,
         carried_from=None,
         manifest=prepared.protected_block_manifest,
@@ -153,8 +156,13 @@ def verify_final(record: GatewayRecord, inputs: CheckInputs, count: Count) -> Ve
     """The verdict on a final request; raises the typed error of the first check it fails."""
     final = request_units(record.format, inputs.body, record.instruction_lengths)
     matched = _match_protected(record, final, inputs.additions)
-    added = _additions(record, final, matched, inputs)
-    tokens = count_body(record.format, inputs.body, count)
+    kept = _kept_optional(record, final, matched)
+    added = tuple(
+        _labelled(record.prepared_id, n, unit, {a.text: a for a in inputs.additions}, inputs.grants)
+        for n, unit in enumerate(final)
+        if n not in matched and n not in kept
+    )
+    tokens = _final_tokens(record, final, matched, kept, inputs.body, count)
     if tokens > record.input_budget:
         err = ContextBudgetExceeded(
             tokens,
@@ -175,36 +183,6 @@ def verify_final(record: GatewayRecord, inputs: CheckInputs, count: Count) -> Ve
         request_sha256=sha256_hex(canonical_json(dict(inputs.body))),
         additions=added,
     )
-
-
-def count_body(format: RequestFormat, body: Mapping[str, JsonValue], count: Count) -> int:
-    """Tokens of a provider body: Chat by the prepare's recipe (``request_count``); the other formats
-    by the same framing per unit over every string the model reads, and the tools array as JSON."""
-    tools = body.get("tools")
-    tool_list = tools if isinstance(tools, list) else []
-    match format:
-        case "openai.chat":
-            messages = body.get("messages")
-            rows = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
-            # ``count_request`` only calls ``count``: the bytes/4 estimate stands in for a tokenizer.
-            counter = cast("TokenCounter", _Counter(count))
-            return count_request(rows, [t for t in tool_list if isinstance(t, dict)], counter)
-        case "openai.responses" | "anthropic.messages":
-            total = _PRIMING
-            for unit in request_units(format, body, ()):
-                total += _PER_UNIT + sum(count(s) for s in _strings(unit.value))
-            if tool_list:
-                total += count(json.dumps(tool_list, ensure_ascii=False, separators=(",", ":")))
-            return total
-        case _:
-            assert_never(format)
-
-
-class _Counter:
-    """``count_request`` takes a TokenCounter; the check's count may be the bytes/4 estimate."""
-
-    def __init__(self, count: Count) -> None:
-        self.count = count
 
 
 def _strings(value: JsonValue, key: str | None = None) -> list[str]:
@@ -303,21 +281,72 @@ def _in_order(wanted: Sequence[str | None], present: Sequence[str | None]) -> bo
     return all(any(p == w for p in it) for w in wanted)
 
 
-def _additions(
-    record: GatewayRecord, final: Sequence[RequestUnit], matched: set[int], inputs: CheckInputs
-) -> tuple[GatewayAddition, ...]:
-    """The labelled additions of the units neither protected nor kept from the prepared request."""
-    optional = _optional(record)
-    by_text = {a.text: a for a in inputs.additions}
-    found: list[GatewayAddition] = []
+def _kept_optional(
+    record: GatewayRecord, final: Sequence[RequestUnit], matched: set[int]
+) -> dict[int, str | None]:
+    """The positions of ``final`` holding a prepared unit outside the protected blocks, with its block."""
+    protected = {m.block_id for m in record.manifest}
+    owners: dict[str, list[str | None]] = {}
+    for u in record.units:
+        if u.block_id not in protected:
+            owners.setdefault(u.digest, []).append(u.block_id)
+    kept: dict[int, str | None] = {}
+    for n, unit in enumerate(final):
+        if n not in matched and owners.get(unit.digest):
+            kept[n] = owners[unit.digest].pop(0)
+    return kept
+
+
+def _final_tokens(
+    record: GatewayRecord,
+    final: Sequence[RequestUnit],
+    matched: set[int],
+    kept: Mapping[int, str | None],
+    body: Mapping[str, JsonValue],
+    count: Count,
+) -> int:
+    """The prepare's count, less the blocks left out (whole or in part), plus what is new.
+
+    Unchanged blocks keep the count the prepare gave them, with the same arithmetic; only units the
+    prepare did not send are tokenized, so a check costs what was added, not the whole request.
+    """
+    total = record.prepared_tokens
+    units: Counter[str | None] = Counter(u.block_id for u in record.units)
+    present = Counter(kept.values())
+    partial = {b for b, n in units.items() if b is not None and b in record.block_tokens and present[b] < n}
+    protected = {m.block_id for m in record.manifest}
+    for block_id in partial - protected:
+        total -= record.block_tokens[block_id]
     for n, unit in enumerate(final):
         if n in matched:
             continue
-        if optional[unit.digest] > 0:
-            optional[unit.digest] -= 1
-            continue
-        found.append(_labelled(record.prepared_id, n, unit, by_text, inputs.grants))
-    return tuple(found)
+        owner = kept.get(n)
+        if n not in kept or (owner in partial and owner not in protected):
+            total += unit_tokens(unit, count)
+    if _tools_digest(body) != record.tools_digest:
+        total += _tools_tokens(body, count) - record.tool_tokens
+    return total
+
+
+def unit_tokens(unit: RequestUnit, count: Count) -> int:
+    """A unit as the prepare counts a message: framing plus every string the model reads."""
+    return _PER_UNIT + sum(count(s) for s in _strings(unit.value))
+
+
+def _tools_of(body: Mapping[str, JsonValue]) -> list[JsonValue]:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    return [{k: v for k, v in t.items() if k != "cache_control"} if isinstance(t, dict) else t for t in tools]
+
+
+def _tools_digest(body: Mapping[str, JsonValue]) -> str:
+    return sha256_hex(canonical_json(_tools_of(body)))
+
+
+def _tools_tokens(body: Mapping[str, JsonValue], count: Count) -> int:
+    tools = _tools_of(body)
+    return count(json.dumps(tools, ensure_ascii=False, separators=(",", ":"))) if tools else 0
 
 
 def _labelled(

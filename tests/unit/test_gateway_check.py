@@ -63,7 +63,7 @@ def _body(prepared: PreparedContext) -> dict[str, Any]:
 
 def _record(format: RequestFormat) -> tuple[GatewayRecord, dict[str, Any]]:
     prepared = _prepared(format)
-    return gateway_record(prepared, "default", COUNT, "o200k_base"), _body(prepared)
+    return gateway_record(prepared, "default", "o200k_base"), _body(prepared)
 
 
 def _check(
@@ -174,7 +174,10 @@ def test_check_refuses_a_removed_task_as_missing(format: RequestFormat) -> None:
 @pytest.mark.parametrize("format", FORMATS)
 def test_check_accepts_a_removed_optional_block(format: RequestFormat) -> None:
     record, body = _record(format)
-    assert _check(record, _drop(body, MIDDLE)) == "ok"
+    verdict = verify_final(record, CheckInputs(_drop(body, MIDDLE), (), GRANTS, None, False), COUNT)
+    assert verdict.outcome == "ok"
+    dropped = next(b for b in _prepared(format).blocks if b.block_id == "turn:5")
+    assert verdict.final_tokens == record.prepared_tokens - dropped.tokens
 
 
 @pytest.mark.parametrize("format", FORMATS)
