@@ -183,7 +183,9 @@ class GatewayService:
     async def _write(self, prepared: PreparedContext, tenant: str, carried_from: str | None) -> None:
         try:
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, tenant, encoding)
+            # Hashing every unit of a large context takes milliseconds: off the event loop, so the
+            # replies of other prepares are not held behind it.
+            record = await asyncio.to_thread(gateway_record, prepared, tenant, encoding)
             await self._store.insert_prepared(record.model_copy(update={"carried_from": carried_from}))
         except Exception:  # a lost record only sends that context's checks to this process's cache
             log.exception("could not store the gateway record of %s", prepared.prepared_id)
