@@ -54,6 +54,13 @@ from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadReques
 from .notices import CompactedNotice, RecordedNotice
 from .search import SEARCH, SearchHit, SearchReply, SearchRequest
 from .manage import COMPACT, CompactReply, CompactRequest, compact_subject
+from .gateway import (
+    GATEWAY_CHECK,
+    FinalCheck,
+    FinalCheckRequest,
+    GatewayAddition,
+    gateway_check_subject,
+)
 from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from .state import (
     OPERATION_STATUS,
@@ -73,6 +80,7 @@ from .state import (
 )
 from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
 from .prepare import (
+    Authority,
     BlockKind,
     BudgetCategory,
     BudgetReport,
@@ -88,6 +96,7 @@ from .prepare import (
     PendingCall,
     PreparedContext,
     PrepareRequest,
+    ProtectedBlock,
     ProviderOverflow,
     Purpose,
     RecordRef,
@@ -130,6 +139,13 @@ __all__ = [
     "ReadRequest",
     "CompactionJob",
     "COMPACT",
+    "GATEWAY_CHECK",
+    "FinalCheck",
+    "FinalCheckRequest",
+    "GatewayAddition",
+    "gateway_check_subject",
+    "Authority",
+    "ProtectedBlock",
     "CompactReply",
     "CompactRequest",
     "compact_subject",

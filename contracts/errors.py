@@ -75,6 +75,10 @@ class ErrorCode(StrEnum):
     SEQ_OUT_OF_RANGE = "seq_out_of_range"
     FORK_INSIDE_TOOL_GROUP = "fork_inside_tool_group"
     NOT_EXPORTABLE = "not_exportable"
+    # The gateway's final check (ctx.gateway.check): the request about to be sent is not the prepared one.
+    CONTEXT_PROTECTED_BLOCK_ALTERED = "context_protected_block_altered"
+    CONTEXT_ADDITION_REFUSED = "context_addition_refused"
+    PREPARED_CONTEXT_NOT_FOUND = "prepared_context_not_found"
     INTERNAL = "internal_error"
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "ChatTool",
     "RequestFormat",
     "ChatToolCall",
+    "Authority",
     "ContextBlock",
     "EvidenceRef",
     "ModelProfile",
@@ -42,6 +43,7 @@ __all__ = [
     "PendingCall",
     "PrepareRequest",
     "PreparedContext",
+    "ProtectedBlock",
     "ProviderOverflow",
     "Purpose",
     "RecordRef",
@@ -198,6 +200,9 @@ class PrepareRequest(WireModel):
     # The run's task budget (seed 004 §26): repeated on each prepare of the run; the reply reports
     # what is left, and a spent hard budget is refused with ``task_budget_exhausted``.
     task_budget: TaskBudget | None = None
+    # A gateway check (``ctx.gateway.check``) answered ``context_reprepare_required``: include the
+    # additions it validated (by its ``check_id``), so the runtime does not send them again.
+    carry_additions_from: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
     @model_validator(mode="after")
     def _names_a_budget(self) -> PrepareRequest:
@@ -295,6 +300,40 @@ class ContextBlock(WireModel):
     first_message: int
     message_count: int
     tokens: int
+
+
+class Authority(StrEnum):
+    """Whose word a block carries to the model: derived from its kind and source records (D1.2)."""
+
+    # The agent release's own instructions (system records).
+    RELEASE_INSTRUCTION = "release_instruction"
+    # Instructions the fleet itself writes (how to read back what a preview left out).
+    FLEET_INSTRUCTION = "fleet_instruction"
+    # The user's words: the run's task, the current request.
+    USER = "user"
+    # What the model said and called.
+    MODEL = "model"
+    # What a tool returned.
+    TOOL_OUTPUT = "tool_output"
+    # Quoted material: resources, child results, exported background, evidence.
+    MATERIAL = "material"
+    # What the fleet derived from records: the summary, state, notes in place of dropped history.
+    FLEET_DERIVED = "fleet_derived"
+
+
+class ProtectedBlock(WireModel):
+    """A required block as the model must receive it: the gateway's final check holds requests to it.
+
+    ``sha256`` is over the block's units in the context's ``format`` (docs/wire.md, "Protected
+    blocks"): a runtime in any language can recompute it from the request it is about to send.
+    """
+
+    block_id: str
+    kind: BlockKind
+    authority: Authority
+    sources: tuple[RecordRef, ...]
+    sha256: str
+    units: int
 
 
 class OmittedBlock(WireModel):
@@ -449,6 +488,8 @@ class PreparedContext(WireModel):
     window_report: WindowReport | None = None
     # The run's task budget and ledger, when the request declared one.
     task_budget: TaskBudgetReport | None = None
+    # Every required block, in order, with the hash the gateway's final check verifies (design D5.8).
+    protected_block_manifest: tuple[ProtectedBlock, ...] = ()
 
     @model_serializer(mode="wrap")
     def _unreported_as_before(

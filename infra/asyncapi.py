@@ -47,6 +47,7 @@ from contracts import (
     ToolCatalog,
 )
 from contracts.subjects import DEAD, EVENTS, INSPECT, PREPARE, RECORDED
+from contracts.gateway import GATEWAY_CHECK, FinalCheck, FinalCheckRequest
 from contracts.manage import COMPACT, CompactReply, CompactRequest
 from contracts.branches import (
     SESSION_EXPORT,
@@ -244,6 +245,14 @@ CHANNELS: tuple[Channel, ...] = (
         WireMessage.of(CompactRequest),
         CompactReply,
         "Compact the thread now (a manual `/compact`): the summary and the view's tokens before/after.",
+    ),
+    _request(
+        "gateway_check",
+        f"{GATEWAY_CHECK}.{{tenant}}.{_THREAD}",
+        WireMessage.of(FinalCheckRequest),
+        FinalCheck,
+        "The model gateway's final check: the request about to be sent still holds every protected "
+        "block, its additions are labelled and granted, and it fits.",
     ),
     Channel(
         "dead_letters",

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from contracts import COMPACTION_JOBS, JOBS_STREAM
 from contracts.branches import SESSION_EXPORT, SESSION_FORK
 from contracts.inspect import SESSION_INSPECT
+from contracts.gateway import GATEWAY_CHECK
 from contracts.manage import COMPACT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
@@ -75,7 +76,8 @@ _COMPACTED = "ctx.compacted.>"
 # Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
 # A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
 _PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS, SESSION_FORK)
-_PER_TENANT_TREE = (PREPARE,)
+# The gateway's final check is a runtime's, like the prepare it follows.
+_PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)
 # Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
 # Exporting a session writes out every record of it: an operator's, like inspecting.
 _OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT)

@@ -40,6 +40,9 @@
     ├── EventRejected(event_key, rejected_code, reason)
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
+    ├── ProtectedBlockAltered(prepared_id, block_id, how)   a final request lost or changed a required block
+    ├── AdditionRefused(prepared_id, reason, position)   a final request's addition is unlabelled or ungranted
+    ├── PreparedContextNotFound(prepared_id)   a final check of a context this fleet never prepared
     ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
     ├── TaskBudgetExhausted(thread_id, report)   a run's hard task budget is spent
     ├── NothingToCompact(thread_id, reason)   a manual compaction found nothing the policy lets go
@@ -92,6 +95,9 @@ __all__ = [
     "PermissionDenied",
     "PayloadTooLarge",
     "ProviderContextExceeded",
+    "ProtectedBlockAltered",
+    "AdditionRefused",
+    "PreparedContextNotFound",
     "ReleaseMismatch",
     "RevisionConflict",
     "RunActive",
@@ -746,6 +752,48 @@ class CompactionFailed(CtxError):
             thread_id=thread_id,
             stage=stage,
             detail=detail,
+        )
+
+
+class ProtectedBlockAltered(CtxError):
+    """The request about to be sent lost, changed, reordered or downgraded a required block: never send it."""
+
+    code = ErrorCode.CONTEXT_PROTECTED_BLOCK_ALTERED
+
+    def __init__(self, prepared_id: str, block_id: str, how: str, detail: str) -> None:
+        super().__init__(
+            f"protected block {block_id} of prepared context {prepared_id} is {how}: {detail}",
+            prepared_id=prepared_id,
+            block_id=block_id,
+            how=how,
+        )
+
+
+class AdditionRefused(CtxError):
+    """Added content that is unlabelled, not text, in an instruction's place or not granted to its source."""
+
+    code = ErrorCode.CONTEXT_ADDITION_REFUSED
+
+    def __init__(self, prepared_id: str, reason: str, position: int, detail: str, **more: JsonValue) -> None:
+        super().__init__(
+            f"addition at unit {position} of the request for {prepared_id} refused ({reason}): {detail}",
+            prepared_id=prepared_id,
+            reason=reason,
+            position=position,
+            **more,
+        )
+
+
+class PreparedContextNotFound(CtxError):
+    """A final check names a prepared context this fleet does not know (for the asking tenant and thread)."""
+
+    code = ErrorCode.PREPARED_CONTEXT_NOT_FOUND
+
+    def __init__(self, prepared_id: str, format: str) -> None:
+        super().__init__(
+            f"no prepared context {prepared_id} in format {format} for this thread: prepare it again",
+            prepared_id=prepared_id,
+            format=format,
         )
 
 

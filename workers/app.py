@@ -27,6 +27,8 @@ from services.core.tokens import counter_for
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
+from services.app.gateway import GatewayService
+from services.store.gateway import MemoryHookGrants, PgGatewayStore
 
 from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
@@ -108,6 +110,9 @@ class Fleet:
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
     indexer: IndexerWorker | None = None
+    # Where the gateway's final check reads hook grants; registered hook sets replace this twin.
+    hook_grants: MemoryHookGrants = field(default_factory=MemoryHookGrants)
+    gateway: GatewayService | None = None
     http_port: int | None = None
     _nc: NatsClient | None = None
     _gauges: asyncio.Task[None] | None = None
@@ -138,8 +143,17 @@ class Fleet:
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
-        workers = compose(s, self.nats_url, PgStore(self.pool), self._nc, self.metrics)
+        workers = compose(
+            s,
+            self.nats_url,
+            PgStore(self.pool),
+            self._nc,
+            self.metrics,
+            gateway_store=PgGatewayStore(self.pool),
+            hook_grants=self.hook_grants,
+        )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
+        self.gateway = workers.gateway
         await self.broker.start()
         if self.budgeter is not None:
             await self.budgeter.start()

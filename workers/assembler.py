@@ -23,6 +23,7 @@ from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
 from services.errors import CtxError, InvalidRequest
+from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.core.budget import BUILTIN_PROFILES
@@ -30,6 +31,7 @@ from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
 from .level_clock import LevelClock
+from .gateway import gateway_router
 from .metrics import FleetMetrics
 from .queries import queries_router
 from .replies import admitted, error_reply, parse_body, raw_body
@@ -50,8 +52,10 @@ class AssemblerWorker:
         store: PgStore | None = None,
         *,
         limits: RequestLimits | None = None,
+        gateway: GatewayService | None = None,
     ) -> None:
         self._service = service
+        self._gateway = gateway
         self._board = board
         self._metrics = metrics
         self._levels = LevelClock()
@@ -59,6 +63,7 @@ class AssemblerWorker:
         self.router = NatsRouter()
         self._register()
         self.router.include_router(queries_router(store, metrics, self.admission))
+        self.router.include_router(gateway_router(gateway, metrics, self.admission))
 
     def _register(self) -> None:
         r, admission = self.router, self.admission
@@ -144,6 +149,8 @@ class AssemblerWorker:
                 if reason == "history":
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
+        if self._gateway is not None:
+            self._gateway.remember(prepared, tenant, carried_from=request.carry_additions_from)
         report = prepared.budget_report
         if request.after_overflow is not None:
             self._metrics.provider_overflows.labels(

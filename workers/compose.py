@@ -23,10 +23,13 @@ from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
+from services.app.gateway import GatewayService
 from services.app.preparing import PrepareService
 from services.core.records import LedgerRecord
 from services.settings import Settings
 from services.store.postgres import PgStore
+from services.store.gateway import MemoryHookGrants
+from services.store.ports import GatewayStore, HookGrants
 from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
 
@@ -124,12 +127,25 @@ class Workers:
     budgeter: BudgeterWorker | None
     indexer: IndexerWorker | None
     recorder: RecorderWorker | None
+    gateway: GatewayService | None = None
 
 
 def compose(
-    settings: Settings, nats_url: str, store: PgStore, nc: NatsClient, metrics: FleetMetrics
+    settings: Settings,
+    nats_url: str,
+    store: PgStore,
+    nc: NatsClient,
+    metrics: FleetMetrics,
+    *,
+    gateway_store: GatewayStore | None = None,
+    hook_grants: HookGrants | None = None,
 ) -> Workers:
-    """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started."""
+    """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started.
+
+    The gateway's final check runs beside the assembler when given its store; it reads hook grants
+    through ``hook_grants`` (none granted without one).
+    """
+    gateway: GatewayService | None = None
     names = settings.worker_names
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
@@ -146,7 +162,17 @@ def compose(
         limits = RequestLimits(
             max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
         )
-        broker.include_router(AssemblerWorker(service, board, metrics, store, limits=limits).router)
+        if gateway_store is not None:
+            gateway = GatewayService(
+                gateway_store,
+                hook_grants or MemoryHookGrants(),
+                store,
+                cache_contexts=settings.gateway_cache_contexts,
+            )
+            service.gateway = gateway
+        broker.include_router(
+            AssemblerWorker(service, board, metrics, store, limits=limits, gateway=gateway).router
+        )
     budgeter = None
     if "budgeter" in names:
         budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics)
@@ -174,7 +200,7 @@ def compose(
             recorder_id=settings.recorder_id,
             batch=settings.record_batch,
         )
-    return Workers(broker, loader, budgeter, indexer, recorder)
+    return Workers(broker, loader, budgeter, indexer, recorder, gateway)
 
 
 def _document_outputs(broker: NatsBroker) -> None:

@@ -234,6 +234,12 @@ class FleetMetrics:
             ["result", "stage"],
             registry=r,
         )
+        self.gateway_checks = Counter(
+            "ctx_gateway_checks",
+            "Final checks (ctx.gateway.check) by outcome: ok, context_reprepare_required, or the error code",
+            ["outcome"],
+            registry=r,
+        )
         self.manual_compactions = Counter(
             "ctx_manual_compactions",
             "Manual compactions (ctx.compact) by outcome: committed, or the error code of the reply",

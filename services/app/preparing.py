@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from contracts import (
     CompactionJob,
+    GatewayAddition,
     InspectedRecord,
     InspectRequest,
     PreparedContext,
@@ -40,6 +41,7 @@ from services.core.calibration import (
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.killpoints import kill_point
+from services.app.gateway import GatewayService
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -111,6 +113,8 @@ class PrepareService:
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
         self._windows = WindowKeeper(store, self._loader)
+        # The gateway's final check, which validated the additions a re-prepare carries.
+        self.gateway: GatewayService | None = None
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
@@ -149,6 +153,15 @@ class PrepareService:
         snapshot = view.snapshot()
         if request.evidence:
             snapshot = replace(snapshot, evidence=await self._evidence(request))
+        if request.carry_additions_from is not None:
+            if self.gateway is None:
+                raise InvalidRequest(
+                    "carry_additions_from needs the gateway's check, which this process lacks"
+                )
+            carried = await self.gateway.carried(
+                request.carry_additions_from, tenant=tenant, thread_id=view.head.thread_id
+            )
+            snapshot = replace(snapshot, additions=carried)
         if request.after_overflow is not None:
             return await self._after_overflow(
                 view, snapshot, request, base, counter, request.after_overflow, tenant, pause
@@ -163,7 +176,7 @@ class PrepareService:
             )
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
             )
         if window.report is not None:
             prepared = prepared.model_copy(update={"rollover": window.report})
@@ -176,7 +189,7 @@ class PrepareService:
             return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
             )
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
@@ -261,7 +274,15 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
+                view,
+                request,
+                budget,
+                counter,
+                over,
+                pause,
+                snapshot.evidence,
+                reasons=_OVERFLOW,
+                additions=snapshot.additions,
             )
         # It fits under the raised count already; the compaction makes room for the next steps, so it
         # runs without this reply waiting on it (and without the budgeter's triggers deciding).
@@ -316,6 +337,7 @@ class PrepareService:
         pause: Pause,
         evidence: tuple[Evidence, ...] = (),
         *,
+        additions: tuple[GatewayAddition, ...] = (),
         reasons: tuple[str, ...] = ("hard_budget",),
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
@@ -349,7 +371,7 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence),
+                        self._snapshot(current, evidence, additions),
                         request,
                         budget,
                         counter,
@@ -362,7 +384,7 @@ class PrepareService:
                     ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
-            self._snapshot(current, evidence),
+            self._snapshot(current, evidence, additions),
             request,
             budget,
             counter,
@@ -372,9 +394,13 @@ class PrepareService:
         )
 
     @staticmethod
-    def _snapshot(view: ThreadView, evidence: tuple[Evidence, ...]) -> ThreadSnapshot:
+    def _snapshot(
+        view: ThreadView, evidence: tuple[Evidence, ...], additions: tuple[GatewayAddition, ...] = ()
+    ) -> ThreadSnapshot:
         snapshot = view.snapshot()
-        return replace(snapshot, evidence=evidence) if evidence else snapshot
+        return (
+            replace(snapshot, evidence=evidence, additions=additions) if evidence or additions else snapshot
+        )
 
     async def _request_job(
         self,

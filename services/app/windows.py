@@ -103,8 +103,8 @@ class WindowKeeper:
             )
         self._candidates.pop(view.head.thread_id, None)
         fresh_snapshot = fresh.snapshot()
-        if snapshot.evidence:
-            fresh_snapshot = replace(fresh_snapshot, evidence=snapshot.evidence)
+        # What the request brought (quoted evidence, validated additions) belongs to the new window too.
+        fresh_snapshot = replace(fresh_snapshot, evidence=snapshot.evidence, additions=snapshot.additions)
         return WindowOutcome(fresh, fresh_snapshot, decision, report)
 
     def _decide(

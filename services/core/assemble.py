@@ -41,6 +41,7 @@ from contracts import (
     ChatTool,
     ChatMessage,
     ContextBlock,
+    GatewayAddition,
     OmittedBlock,
     PreparedContext,
     PrepareRequest,
@@ -63,6 +64,7 @@ from services.core.forecast import step_growths
 from services.core.levels import green_room, window_report
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
+from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.groups import DraftBlock, build_view_blocks
 from services.core.hashing import canonical_json
@@ -169,6 +171,8 @@ class ThreadSnapshot:
     facts: tuple[Fact, ...] = ()
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     evidence: tuple[Evidence, ...] = ()
+    # Hook additions a gateway check validated, carried into this re-prepare (``carry_additions_from``).
+    additions: tuple[GatewayAddition, ...] = ()
     # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
     # since is built again. Without one, everything is built from scratch — the same reply.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
@@ -282,6 +286,7 @@ def assemble_context(
     if snapshot.handoff is not None:
         ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
+    ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
@@ -346,12 +351,14 @@ def assemble_context(
     omitted += [_omitted(_size(b, counter), b.reason, memo) for b in blocks.held]
     omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
     summary = snapshot.summary
+    derived = [memo.derived(s.block) for s in fit.kept]
     bundle = ContextBundle(
         messages=tuple(messages),
         tools=tuple(tools),
         blocks=tuple(out_blocks),
         error_call_ids=frozenset(c for s in fit.kept for c in s.block.error_calls),
     )
+    body = provider_request(request.format, bundle)
     return PreparedContext(
         prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
         session_id=snapshot.session_id,
@@ -402,7 +409,7 @@ def assemble_context(
         compaction_wait_ms=compaction_wait_ms,
         policy=snapshot.policy,
         format=request.format,
-        request=provider_request(request.format, bundle),
+        request=body,
         window=snapshot.window,
         handoff_id=snapshot.handoff.handoff_id if snapshot.handoff else None,
         window_report=(
@@ -420,6 +427,13 @@ def assemble_context(
             )
             if window is not None
             else None
+        ),
+        protected_block_manifest=build_manifest(
+            request.format,
+            out_blocks,
+            messages,
+            bundle.error_call_ids,
+            [d.hashes if d else None for d in derived],
         ),
     )
 
@@ -1229,6 +1243,20 @@ def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
     )
 
 
+def _addition_block(addition: GatewayAddition, index: int) -> DraftBlock:
+    # The text exactly as the gateway validated it, so the runtime need not add it again; optional,
+    # and quoted on the user's side whatever its category (it never outranks the instructions).
+    return DraftBlock(
+        block_id=f"addition:{index}",
+        kind=BlockKind.MATERIAL,
+        retention=Retention.ACTIVE,
+        priority=3,
+        reason=f"{addition.category.value} added by hook {addition.source}, carried from a gateway check",
+        records=[],
+        messages=[ChatMessage(role="user", content=addition.text)],
+    )
+
+
 def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
     """Current facts with status and source: the slice the requested tools declare they read, or all.
 
@@ -1402,6 +1430,8 @@ def _prepared_id(
     excluded.add("task_budget")
     if request.forecast is None:
         excluded.add("forecast")
+    if request.carry_additions_from is None:
+        excluded.add("carry_additions_from")  # likewise for ids minted before gateway checks
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

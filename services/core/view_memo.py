@@ -60,7 +60,7 @@ _B = TypeVar("_B", bound=_Block)
 class _Derived:
     """What was measured and emitted of one memoized block."""
 
-    __slots__ = ("block", "sizes", "refs", "wire_key", "wire", "variants", "outcome_keys")
+    __slots__ = ("block", "sizes", "refs", "wire_key", "wire", "variants", "outcome_keys", "hashes")
 
     def __init__(self, block: object) -> None:
         self.block = block
@@ -71,6 +71,8 @@ class _Derived:
         self.refs: tuple[RecordRef, ...] | None = None
         self.wire_key: tuple[int, int, str] | None = None
         self.wire: ContextBlock | None = None
+        # The block's protected hash and unit count, by format and place (``services/core/protected.py``).
+        self.hashes: dict[tuple[str, bool], tuple[str, int]] = {}
 
 
 class ViewMemo:

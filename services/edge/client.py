@@ -21,7 +21,7 @@ import json
 import re
 import time
 from urllib.parse import urlsplit
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -38,9 +38,15 @@ from nats.errors import (
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
+from pydantic import JsonValue
+
 from contracts import (
     CompactReply,
     CompactRequest,
+    FinalCheck,
+    FinalCheckRequest,
+    GatewayAddition,
+    gateway_check_subject,
     compact_subject,
     SEARCH,
     SearchReply,
@@ -349,6 +355,36 @@ class FleetClient:
         subject = compact_subject(self.tenant, f"{request.run_id}.{request.instance_id}")
         body = await self._request(subject, request.model_dump_json().encode(), timeout)
         return CompactReply.model_validate_json(body)
+
+    async def check_final(
+        self,
+        prepared: PreparedContext,
+        request: Mapping[str, JsonValue],
+        additions: Sequence[GatewayAddition] = (),
+        *,
+        attempt: int = 1,
+        timeout: float = 10.0,
+    ) -> FinalCheck:
+        """Hold the provider ``request`` about to be sent to the context it was ``prepared`` from.
+
+        Answers ``ok`` or, once, ``context_reprepare_required`` (prepare again with
+        ``carry_additions_from=check.check_id``). Raises ``ProtectedBlockAltered``,
+        ``AdditionRefused`` or ``ContextBudgetExceeded`` for a request that must not be sent, and
+        ``PreparedContextNotFound`` for a context the fleet does not know.
+        """
+        body = FinalCheckRequest(
+            run_id=prepared.run_id,
+            instance_id=prepared.instance_id,
+            prepared_id=prepared.prepared_id,
+            attempt=attempt,
+            format=prepared.format,
+            request=dict(request),
+            additions=tuple(additions),
+        )
+        subject = gateway_check_subject(self.tenant, f"{prepared.run_id}.{prepared.instance_id}")
+        return FinalCheck.model_validate_json(
+            await self._request(subject, body.model_dump_json().encode(), timeout)
+        )
 
     async def read(self, request: ReadRequest, *, timeout: float = 10.0) -> ReadReply:
         """A verified range of stored content (``ctx://blob/<sha256>``) of the request's session."""

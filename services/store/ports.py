@@ -7,7 +7,7 @@ own driver errors, so a port never surfaces a driver type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
@@ -20,16 +20,19 @@ from contracts import (
     SessionInspection,
     ToolCatalog,
 )
+from contracts.hooks import AdditionCategory
 from contracts.prepare import ProviderOverflow
 from contracts.windows import WindowHandoff
 
 from services.core.calibration import Calibration
 
 from services.core.compaction.policy import Throttle
+from services.core.gateway_check import GatewayRecord
 from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
+from services.store.gateway import StoredCheck
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
@@ -38,6 +41,8 @@ from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 from services.store.windows import OpenWindow
 
 __all__ = [
+    "GatewayStore",
+    "HookGrants",
     "BranchSession",
     "BranchStore",
     "BudgetSession",
@@ -302,3 +307,27 @@ class IndexStore(Protocol):
     async def stale_index_threads(self, limit: int, version: int) -> list[str]: ...
 
     async def reset_index(self, session_id: str | None) -> list[str]: ...
+
+
+class GatewayStore(Protocol):
+    """What the gateway's final check keeps: prepared-context records and one verdict per attempt."""
+
+    async def insert_prepared(self, record: GatewayRecord) -> None: ...
+
+    async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None: ...
+
+    async def insert_check(self, stored: StoredCheck) -> StoredCheck:
+        """Record a verdict once per ``(prepared_id, attempt)``; answers the one recorded first."""
+        ...
+
+    async def select_check(self, prepared_id: str, attempt: int) -> StoredCheck | None: ...
+
+    async def has_reprepare(self, prepared_id: str) -> bool: ...
+
+
+class HookGrants(Protocol):
+    """The addition categories each hook of a session's release was granted (``HookBinding.grants``)."""
+
+    async def granted(self, tenant: str, session_id: str) -> Mapping[str, frozenset[AdditionCategory]]:
+        """Per hook source (``name@version``), what it may add; a source not named may add nothing."""
+        ...

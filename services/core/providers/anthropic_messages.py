@@ -44,7 +44,14 @@ from pydantic import JsonValue
 from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
 from services.core.providers.bundle import ContextBundle
 
-__all__ = ["CONTINUES_TEXT", "MAX_BREAKPOINTS", "SYSTEM_PREFIX", "anthropic_request"]
+__all__ = [
+    "CONTINUES_TEXT",
+    "MAX_BREAKPOINTS",
+    "SYSTEM_PREFIX",
+    "anthropic_request",
+    "content_sources",
+    "message_blocks",
+]
 
 # The API refuses a request with more cache breakpoints than this.
 MAX_BREAKPOINTS = 4
@@ -71,17 +78,8 @@ class _Item:
 def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     """The Messages API body (``system``, ``messages``, ``tools``) for ``bundle``, with cache breakpoints."""
     messages = bundle.messages
-    start = 0
-    system: list[JsonValue] = []
-    while start < len(messages) and messages[start].role == "system":
-        text = messages[start].content or ""
-        if text:
-            system.append({"type": "text", "text": text})
-        start += 1
-
-    items = _items(messages, start, bundle.error_call_ids)
-    if items and items[0].role == "assistant":
-        items.insert(0, _Item("user", {"type": "text", "text": CONTINUES_TEXT}, -1))
+    system_sources, items = _body_items(messages, bundle.error_call_ids)
+    system: list[JsonValue] = [{"type": "text", "text": messages[i].content or ""} for i in system_sources]
     head_end = _head_end(bundle.blocks)
     anchor = max((n for n, item in enumerate(items) if 0 <= item.source < head_end), default=None)
     if anchor is not None:
@@ -103,6 +101,35 @@ def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     if tools:
         body["tools"] = tools
     return body
+
+
+def message_blocks(
+    messages: Sequence[ChatMessage], first: int, end: int, failed: frozenset[str]
+) -> list[tuple[str, dict[str, JsonValue]]]:
+    """``(role, content block)`` of ``messages[first:end]`` past the leading system messages, as the
+    body renders them (before cache breakpoints): a tool group's results stay with its calls."""
+    return [(item.role, item.block) for item in _items(messages[:end], first, failed)]
+
+
+def content_sources(messages: Sequence[ChatMessage]) -> list[int]:
+    """The canonical message each content block of the body comes from, in body order: the ``system``
+    blocks, then every message's blocks; -1 for the opening block this adapter adds."""
+    system_sources, items = _body_items(messages, frozenset())
+    return [*system_sources, *(item.source for item in items)]
+
+
+def _body_items(messages: Sequence[ChatMessage], failed: frozenset[str]) -> tuple[list[int], list[_Item]]:
+    """The leading system messages that become ``system`` blocks, and the content blocks after them."""
+    start = 0
+    system: list[int] = []
+    while start < len(messages) and messages[start].role == "system":
+        if messages[start].content:
+            system.append(start)
+        start += 1
+    items = _items(messages, start, failed)
+    if items and items[0].role == "assistant":
+        items.insert(0, _Item("user", {"type": "text", "text": CONTINUES_TEXT}, -1))
+    return system, items
 
 
 def _items(messages: Sequence[ChatMessage], start: int, failed: frozenset[str]) -> list[_Item]:

@@ -22,7 +22,7 @@ from contracts import ChatMessage, ToolSchema
 
 from .bundle import ContextBundle
 
-__all__ = ["responses_request"]
+__all__ = ["input_items", "input_sources", "responses_request"]
 
 # Two newlines keep separately recorded instructions separate paragraphs, as Chat shows them.
 _INSTRUCTIONS_JOIN = "\n\n"
@@ -40,6 +40,21 @@ def responses_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     body["input"] = items
     body["tools"] = [_tool(t) for t in bundle.tools]
     return body
+
+
+def input_items(message: ChatMessage) -> list[JsonValue]:
+    """The ``input`` items of one message past the leading system ones."""
+    return _input_items(message)
+
+
+def input_sources(messages: tuple[ChatMessage, ...]) -> tuple[int, list[int]]:
+    """How many leading system messages ``instructions`` joins, and the canonical message each
+    ``input`` item comes from, in order."""
+    leading = _leading_system(messages)
+    sources: list[int] = []
+    for index in range(leading, len(messages)):
+        sources.extend(index for _ in _input_items(messages[index]))
+    return leading, sources
 
 
 def _leading_system(messages: tuple[ChatMessage, ...]) -> int:

@@ -1,0 +1,184 @@
+"""The gateway's final checks: prepared-context records and check rows, in PostgreSQL and in memory.
+
+Only SQL here (and its in-memory twin, which answers the same). A check row is written once per
+``(prepared_id, attempt)``: a retried attempt reads back the verdict first recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from contracts import FinalCheck, GatewayAddition
+from contracts.hooks import AdditionCategory, HookSet
+from services.core.gateway_check import GatewayRecord
+from services.store._errors import translate_pg_errors
+
+__all__ = ["MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
+
+_INSERT_PREPARED = """
+INSERT INTO ctx.prepared_contexts (prepared_id, format, tenant, thread_id, record)
+VALUES ($1, $2, $3, $4, $5::jsonb)
+ON CONFLICT (prepared_id, format) DO NOTHING
+"""
+_SELECT_PREPARED = "SELECT record FROM ctx.prepared_contexts WHERE prepared_id = $1 AND format = $2"
+_INSERT_CHECK = """
+INSERT INTO ctx.gateway_checks
+    (prepared_id, attempt, tenant, thread_id, format, outcome, final_tokens, input_budget, soft_limit,
+     request_sha256, addition_sources, additions)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb)
+ON CONFLICT (prepared_id, attempt) DO NOTHING
+"""
+_SELECT_CHECK = """
+SELECT prepared_id, attempt, tenant, thread_id, format, outcome, final_tokens, input_budget, soft_limit,
+       request_sha256, addition_sources, additions
+FROM ctx.gateway_checks WHERE prepared_id = $1 AND attempt = $2
+"""
+_HAS_REPREPARE = """
+SELECT EXISTS (
+    SELECT 1 FROM ctx.gateway_checks WHERE prepared_id = $1 AND outcome = 'context_reprepare_required'
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheck:
+    """A recorded verdict: what the model was (to be) sent, and the additions it validated."""
+
+    tenant: str
+    thread_id: str
+    format: str
+    check: FinalCheck
+    additions: tuple[GatewayAddition, ...]
+
+
+class PgGatewayStore:
+    """``ctx.prepared_contexts`` and ``ctx.gateway_checks`` over one pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def insert_prepared(self, record: GatewayRecord) -> None:
+        """Keep ``record``; the same id and format again is a no-op (prepared ids are deterministic)."""
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                await conn.execute(
+                    _INSERT_PREPARED,
+                    record.prepared_id,
+                    record.format,
+                    record.tenant,
+                    record.thread_id,
+                    record.model_dump_json(),
+                )
+
+    async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
+        """The record of a prepared context in one format, if it was written."""
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                raw = await conn.fetchval(_SELECT_PREPARED, prepared_id, format)
+        return None if raw is None else GatewayRecord.model_validate_json(raw)
+
+    async def insert_check(self, stored: StoredCheck) -> StoredCheck:
+        """Record a verdict once per attempt; answers the one recorded first."""
+        c = stored.check
+        additions = json.dumps([a.model_dump(mode="json") for a in stored.additions])
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                await conn.execute(
+                    _INSERT_CHECK,
+                    c.prepared_id,
+                    c.attempt,
+                    stored.tenant,
+                    stored.thread_id,
+                    stored.format,
+                    c.outcome,
+                    c.final_tokens,
+                    c.input_budget,
+                    c.soft_limit,
+                    c.request_sha256,
+                    list(c.addition_sources),
+                    additions,
+                )
+                row = await conn.fetchrow(_SELECT_CHECK, c.prepared_id, c.attempt)
+        assert row is not None, "the check row was just written or already there"
+        return _check_of(row)
+
+    async def select_check(self, prepared_id: str, attempt: int) -> StoredCheck | None:
+        """The verdict recorded for one attempt."""
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(_SELECT_CHECK, prepared_id, attempt)
+        return None if row is None else _check_of(row)
+
+    async def has_reprepare(self, prepared_id: str) -> bool:
+        """Whether a check of this context already answered ``context_reprepare_required``."""
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn:
+                return bool(await conn.fetchval(_HAS_REPREPARE, prepared_id))
+
+
+def _check_of(row: asyncpg.Record) -> StoredCheck:
+    additions = tuple(GatewayAddition.model_validate(a) for a in json.loads(row["additions"]))
+    check = FinalCheck(
+        check_id=f"{row['prepared_id']}/{row['attempt']}",
+        prepared_id=row["prepared_id"],
+        attempt=row["attempt"],
+        outcome=row["outcome"],
+        final_tokens=row["final_tokens"],
+        input_budget=row["input_budget"],
+        remaining=row["input_budget"] - row["final_tokens"],
+        soft_limit=row["soft_limit"],
+        request_sha256=row["request_sha256"],
+        addition_sources=tuple(row["addition_sources"]),
+    )
+    return StoredCheck(row["tenant"], row["thread_id"], row["format"], check, additions)
+
+
+@dataclass
+class MemoryGatewayStore:
+    """The in-memory twin of :class:`PgGatewayStore`."""
+
+    prepared: dict[tuple[str, str], GatewayRecord] = field(default_factory=dict)
+    checks: dict[tuple[str, int], StoredCheck] = field(default_factory=dict)
+
+    async def insert_prepared(self, record: GatewayRecord) -> None:
+        self.prepared.setdefault((record.prepared_id, record.format), record)
+
+    async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
+        return self.prepared.get((prepared_id, format))
+
+    async def insert_check(self, stored: StoredCheck) -> StoredCheck:
+        return self.checks.setdefault((stored.check.prepared_id, stored.check.attempt), stored)
+
+    async def select_check(self, prepared_id: str, attempt: int) -> StoredCheck | None:
+        return self.checks.get((prepared_id, attempt))
+
+    async def has_reprepare(self, prepared_id: str) -> bool:
+        return any(
+            p == prepared_id and s.check.outcome == "context_reprepare_required"
+            for (p, _), s in self.checks.items()
+        )
+
+
+@dataclass
+class MemoryHookGrants:
+    """The in-memory twin of the ``HookGrants`` port: each session's hook set, as registered for it.
+
+    Until hook sets are stored (issue 19, context hooks), this is what a fleet reads grants from: a
+    source no session was given here is granted nothing, so every addition is refused.
+    """
+
+    sessions: dict[tuple[str, str], HookSet] = field(default_factory=dict)
+
+    def use(self, tenant: str, session_id: str, hooks: HookSet) -> None:
+        """Let ``session_id`` of ``tenant`` run under ``hooks``."""
+        self.sessions[(tenant, session_id)] = hooks
+
+    async def granted(self, tenant: str, session_id: str) -> Mapping[str, frozenset[AdditionCategory]]:
+        hooks = self.sessions.get((tenant, session_id))
+        if hooks is None:
+            return {}
+        return {h.source: frozenset(h.grants) for h in hooks.hooks if h.grants}

@@ -1,0 +1,66 @@
+"""gateway: answers ``ctx.gateway.check.<tenant>.<run>.<instance>``, the final check before a model call.
+
+Served in the ``assembler`` queue group by the processes that prepare, so a check usually lands
+where its context is still cached; any replica can answer from the stored record. The tenant and
+thread are the subject's (the server's permissions vouch for them).
+"""
+
+from __future__ import annotations
+
+from faststream.nats import NatsResponse, NatsRouter
+from faststream.nats.annotations import NatsMessage
+
+from contracts import GATEWAY_CHECK, FinalCheck, FinalCheckRequest, reply_json
+from services.app.gateway import GatewayService
+from services.errors import CtxError, InvalidRequest
+
+from .admission import Admission
+from .metrics import FleetMetrics
+from .replies import admitted, error_reply, parse_body, raw_body
+
+__all__ = ["gateway_router"]
+
+
+def gateway_router(service: GatewayService | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
+    """The router of ``ctx.gateway.check``, bound to one gateway service and the process's admission."""
+    router = NatsRouter()
+
+    @router.subscriber(
+        f"{GATEWAY_CHECK}.{{tenant}}.{{run_id}}.{{instance_id}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=admission.limits.max_tasks,
+        title="gateway_check",
+        description=(
+            "FinalCheckRequest in, FinalCheck or ErrorReply out: the request about to be sent, held to "
+            "its prepared context (context_protected_block_altered, context_addition_refused, "
+            "context_budget_exceeded, prepared_context_not_found)."
+        ),
+    )
+    async def on_check(body: bytes, message: NatsMessage) -> NatsResponse:
+        tenant, run_id, instance_id = str(message.raw_message.subject).split(".")[-3:]
+
+        async def run() -> NatsResponse:
+            try:
+                check = await _check(service, body, tenant, f"{run_id}.{instance_id}")
+            except Exception as exc:
+                reply = error_reply(exc)
+                metrics.gateway_checks.labels(outcome=reply.code.value).inc()
+                return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
+            metrics.gateway_checks.labels(outcome=check.outcome).inc()
+            return NatsResponse(reply_json(check), headers={"ctx-status": "ok"})
+
+        return await admitted(admission, message.headers, lambda _slot: run())
+
+    return router
+
+
+async def _check(service: GatewayService | None, body: bytes, tenant: str, thread_id: str) -> FinalCheck:
+    if service is None:
+        raise CtxError("this process has no store attached")
+    request = parse_body(FinalCheckRequest, body)
+    if f"{request.run_id}.{request.instance_id}" != thread_id:
+        raise InvalidRequest(
+            f"check for thread {request.run_id}.{request.instance_id} sent on the subject of {thread_id}"
+        )
+    return await service.check(request, tenant=tenant, thread_id=thread_id)
