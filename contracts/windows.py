@@ -136,6 +136,11 @@ class WindowHandoff(WireModel):
     required_evidence_ids: tuple[str, ...] = ()
     recent_receipt_ids: tuple[str, ...] = ()
     checkpoint_id: str
+    # What the state projection does not hold but the work needs (a trace with no catalog has no
+    # state at all): the files modified in this and every earlier window, newest last, and the
+    # telling line of the newest failure still unfixed when the window closed.
+    files_modified: tuple[str, ...] = ()
+    last_failure: str | None = None
 
 
 class RolloverReport(WireModel):

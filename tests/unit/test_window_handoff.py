@@ -11,6 +11,7 @@ from services.core.budget import resolve_budget
 from services.core.records import LedgerRecord
 from services.core.state import Fact, StateView
 from services.core.tokens import counter_for
+from services.core.windows.handoff import build_handoff, render_handoff
 from services.core.windows.next_window import roll_over, window_of
 from tests.fixtures.builders import Thread, ledger_records
 
@@ -153,3 +154,47 @@ def _events_of(t: Thread) -> list[object]:
 
 def test_window_of_numbers_records_by_the_seqs_windows_closed_after() -> None:
     assert [window_of(seq, (10, 25)) for seq in (1, 10, 11, 25, 26)] == [1, 1, 2, 2, 3]
+
+
+def test_handoff_carries_the_files_modified_across_windows_and_the_last_unfixed_failure() -> None:
+    t = Thread()
+    first = ledger_records(
+        [
+            t.user("fix the parser", key="u1"),
+            t.assistant(calls=(("c1", "write_file", {"path": "src/parse.py"}),), key="a1"),
+            t.outcome("c1", "ok", key="r1"),
+            t.assistant(calls=(("c2", "bash", {"command": "pytest"}),), key="a2"),
+            t.outcome("c2", "E   AssertionError: 3 != 4\n1 failed", status="error", key="r2"),
+        ]
+    )
+    common = dict(thread_id=t.thread_id, run_id=t.run_id, state=StateView(), rules=RULES)
+    one = build_handoff(
+        previous_window=1,
+        last_event_seq=5,
+        window=first,
+        trigger=RolloverTrigger.HARD_LIMIT,
+        **common,  # type: ignore[arg-type]
+    )
+    assert one.files_modified == ("src/parse.py",)
+    assert one.last_failure is not None and "AssertionError: 3 != 4" in one.last_failure
+    assert "src/parse.py" in render_handoff(one) and "AssertionError" in render_handoff(one)
+
+    t2 = Thread(session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id)
+    second = ledger_records(
+        [
+            t2.assistant(calls=(("c3", "edit_file", {"path": "src/lex.py"}),), key="a3"),
+            t2.outcome("c3", "ok", key="r3"),
+            t2.assistant(calls=(("c4", "bash", {"command": "pytest"}),), key="a4"),
+            t2.outcome("c4", "4 passed", key="r4"),
+        ]
+    )
+    two = build_handoff(
+        previous_window=2,
+        last_event_seq=9,
+        window=second,
+        trigger=RolloverTrigger.HARD_LIMIT,
+        previous=one,
+        **common,  # type: ignore[arg-type]
+    )
+    assert two.files_modified == ("src/parse.py", "src/lex.py")
+    assert two.last_failure is None  # the same tool succeeded afterwards: fixed

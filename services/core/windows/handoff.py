@@ -14,11 +14,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from contracts import BlockKind, ChatMessage, PathRule, Retention
+from contracts import BlockKind, ChatMessage, PathRule, Retention, ToolStatus
 from contracts.windows import RolloverTrigger, WindowHandoff
 
+from services.core.compaction.files import files_of_call
+from services.core.compaction.structured import error_line
 from services.core.groups import DraftBlock
-from services.core.records import LedgerRecord
+from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
 from services.core.state import Fact, StateView, state_hash
 from services.core.windows.signals import operations_of, path_kind
 
@@ -28,6 +30,8 @@ __all__ = ["build_handoff", "handoff_block", "render_handoff"]
 _HANDOFF_NS = uuid.UUID("0b8a9d52-6f3e-5c41-8e27-77696e646f77")
 # The next window needs the state, not all of it: the newest facts beyond the kinds it always gets.
 _MAX_PATHS = 40
+# Files a task modified, across all its windows: the newest, when there are more.
+_MAX_FILES = 60
 
 
 def build_handoff(
@@ -40,11 +44,13 @@ def build_handoff(
     window: Sequence[LedgerRecord],
     rules: Sequence[PathRule],
     trigger: RolloverTrigger,
+    previous: WindowHandoff | None = None,
 ) -> WindowHandoff:
     """The handoff of window ``previous_window`` of ``thread_id``, closing after ``last_event_seq``.
 
     ``window`` is the closing window's own records (``signals.window_records``); ``rules`` the
     session catalog's path rules, which say which facts are goals, constraints and open questions.
+    ``previous`` is the handoff that opened the closing window: its files carry forward.
     """
     # Every fact, conflicted and UNKNOWN ones too: they are state the next window must not guess.
     current = list(state.facts.values())
@@ -85,7 +91,44 @@ def build_handoff(
         required_evidence_ids=tuple(evidence),
         recent_receipt_ids=ops.recent,
         checkpoint_id=str(uuid.uuid5(_HANDOFF_NS, f"checkpoint/{thread_id}/{last_event_seq}/{digest}")),
+        files_modified=_files_modified(window, previous.files_modified if previous else ()),
+        last_failure=_last_failure(window, previous.last_failure if previous else None),
     )
+
+
+def _files_modified(window: Sequence[LedgerRecord], earlier: Sequence[str]) -> tuple[str, ...]:
+    order = list(earlier)
+    for r in window:
+        if isinstance(r.body, AssistantMessageBody):
+            for call in r.body.tool_calls:
+                for path in files_of_call(call.name, call.args).modified:
+                    if path in order:
+                        order.remove(path)
+                    order.append(path)
+    return tuple(order[-_MAX_FILES:])
+
+
+def _last_failure(window: Sequence[LedgerRecord], earlier: str | None) -> str | None:
+    """The newest failed outcome, unless a later call of the same tool succeeded (it was fixed)."""
+    names = {
+        c.call_id: c.name
+        for r in window
+        if isinstance(r.body, AssistantMessageBody)
+        for c in r.body.tool_calls
+    }
+    failure = earlier
+    for r in window:
+        if not isinstance(r.body, ToolOutcomeBody):
+            continue
+        name = names.get(r.body.call_id, "a tool")
+        if r.body.status is ToolStatus.SUCCESS:
+            if failure is not None and failure.startswith(f"{name} "):
+                failure = None
+            continue
+        failure = (
+            f"{name} (call {r.body.call_id}, record {r.seq}) {r.body.status.value}: {error_line(r.text)}"
+        )
+    return failure
 
 
 def render_handoff(handoff: WindowHandoff) -> str:
@@ -107,9 +150,12 @@ def render_handoff(handoff: WindowHandoff) -> str:
         ("state this window needs (current values in the state block)", handoff.required_state_paths),
         ("evidence records", handoff.required_evidence_ids),
         ("recent receipts", handoff.recent_receipt_ids),
+        ("files modified so far", handoff.files_modified),
     ):
         if items:
             lines.append(f"{title}: {', '.join(items)}")
+    if handoff.last_failure is not None:
+        lines.append(f"last failure, not yet fixed: {handoff.last_failure}")
     return "\n".join(lines)
 
 

@@ -52,6 +52,7 @@ def roll_over(
         window=window_records(snapshot.records, opened_after, snapshot.own_thread),
         rules=rules,
         trigger=trigger,
+        previous=snapshot.handoff,
     )
     return handoff, next_window_snapshot(snapshot, handoff)
 
