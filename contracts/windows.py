@@ -138,7 +138,7 @@ class WindowHandoff(WireModel):
     checkpoint_id: str
     # What the state projection does not hold but the work needs (a trace with no catalog has no
     # state at all): the files modified in this and every earlier window, newest last, and the
-    # telling line of the newest failure still unfixed when the window closed.
+    # telling line of the task's newest failed outcome.
     files_modified: tuple[str, ...] = ()
     last_failure: str | None = None
 

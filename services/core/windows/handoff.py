@@ -109,7 +109,8 @@ def _files_modified(window: Sequence[LedgerRecord], earlier: Sequence[str]) -> t
 
 
 def _last_failure(window: Sequence[LedgerRecord], earlier: str | None) -> str | None:
-    """The newest failed outcome, unless a later call of the same tool succeeded (it was fixed)."""
+    """The newest failed outcome of the task so far. Never cleared by a later success: a shell
+    agent calls one tool for everything, so a success says nothing about what the failure was."""
     names = {
         c.call_id: c.name
         for r in window
@@ -118,16 +119,11 @@ def _last_failure(window: Sequence[LedgerRecord], earlier: str | None) -> str | 
     }
     failure = earlier
     for r in window:
-        if not isinstance(r.body, ToolOutcomeBody):
-            continue
-        name = names.get(r.body.call_id, "a tool")
-        if r.body.status is ToolStatus.SUCCESS:
-            if failure is not None and failure.startswith(f"{name} "):
-                failure = None
-            continue
-        failure = (
-            f"{name} (call {r.body.call_id}, record {r.seq}) {r.body.status.value}: {error_line(r.text)}"
-        )
+        if isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS:
+            name = names.get(r.body.call_id, "a tool")
+            failure = (
+                f"{name} (call {r.body.call_id}, record {r.seq}) {r.body.status.value}: {error_line(r.text)}"
+            )
     return failure
 
 
@@ -155,7 +151,7 @@ def render_handoff(handoff: WindowHandoff) -> str:
         if items:
             lines.append(f"{title}: {', '.join(items)}")
     if handoff.last_failure is not None:
-        lines.append(f"last failure, not yet fixed: {handoff.last_failure}")
+        lines.append(f"newest failure so far: {handoff.last_failure}")
     return "\n".join(lines)
 
 
