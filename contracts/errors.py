@@ -74,6 +74,11 @@ class ErrorCode(StrEnum):
     SEQ_OUT_OF_RANGE = "seq_out_of_range"
     FORK_INSIDE_TOOL_GROUP = "fork_inside_tool_group"
     NOT_EXPORTABLE = "not_exportable"
+    # Context hooks (issue 19): a hook's change outside what its point allows, its reject, its failure.
+    HOOK_CHANGE_REFUSED = "hook_change_refused"
+    HOOK_REJECTED = "hook_rejected"
+    HOOK_TIMEOUT = "hook_timeout"
+    HOOK_FAILED = "hook_failed"
     INTERNAL = "internal_error"
 
 

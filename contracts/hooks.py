@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from ._base import WireModel
 from .ids import Identifier
@@ -70,6 +70,9 @@ class AdditionCategory(StrEnum):
 
 class HookBinding(WireModel):
     """One hook of a release at one point."""
+
+    # The subject pattern needs a look-ahead (never ``ctx.``), which pydantic's Rust regex lacks.
+    model_config = ConfigDict(frozen=True, extra="forbid", regex_engine="python-re")
 
     name: Identifier
     version: Annotated[str, Field(min_length=1, max_length=100)]

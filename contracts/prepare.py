@@ -38,6 +38,7 @@ __all__ = [
     "OmittedBlock",
     "PendingCall",
     "PrepareRequest",
+    "HookTouch",
     "PreparedContext",
     "ProviderOverflow",
     "Purpose",
@@ -389,6 +390,16 @@ class SummaryRef(WireModel):
     sources: tuple[int, ...]
 
 
+class HookTouch(WireModel):
+    """A context hook that ran for a context: its source, what came of it, and its diagnostic note."""
+
+    source: str
+    # ok, patched, refused, timeout, error (the outcomes of ``ctx_hook_calls_total``; a reject fails
+    # the prepare instead), or annotated (a prepare.after hook's note).
+    outcome: str
+    note: str = ""
+
+
 class PreparedContext(WireModel):
     """The reply to a prepare: messages for the model, and the explanation of each."""
 
@@ -413,6 +424,8 @@ class PreparedContext(WireModel):
     compaction_wait_ms: int = 0
     policy: str = ""
     format: RequestFormat = "openai.chat"
+    # Every context hook that ran for this context (issue 19): a context names the hooks that touched it.
+    hooks: tuple[HookTouch, ...] = ()
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
 

@@ -61,7 +61,8 @@ from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_con
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
-from services.core.groups import DraftBlock, build_view_blocks
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
 from services.core.state import Fact, pattern_regex, render_facts
@@ -82,7 +83,14 @@ from services.core.render import (
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 from services.core.view_memo import ViewMemo
 
-__all__ = ["ASSEMBLY_REVISION", "Evidence", "SummaryView", "ThreadSnapshot", "assemble_context"]
+__all__ = [
+    "ASSEMBLY_REVISION",
+    "Evidence",
+    "SummaryView",
+    "ThreadSnapshot",
+    "assemble_context",
+    "candidate_blocks",
+]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
 ASSEMBLY_REVISION = "assembly-3"
@@ -248,26 +256,19 @@ def assemble_context(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
+    hooked: PrepareHookChange | None = None,
 ) -> PreparedContext:
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate.
+
+    ``hooked``: what the release's prepare.before hooks added and deselected (checked already).
 
     ``allow_drop_history``: instead of raising ``OverBudget``, drop the oldest history (never a
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    records = snapshot.records
-    if request.context_tools:
-        records = [_naming_read_tool(r, counter) for r in records]
-    memo = snapshot.memo
-    if memo is None or memo.own_thread != snapshot.own_thread:
-        memo = ViewMemo(snapshot.own_thread)
-    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
-    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
-    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
-    state_block = _state_block(snapshot, request)
-    if state_block is not None:
-        ordered.append(state_block)
-    ordered = _for_purpose(ordered, request.purpose)
+    memo, blocks, ordered = _candidates(snapshot, request, counter)
+    if hooked is not None:
+        ordered = hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
     tools: tuple[ToolSchema, ...] = request.tools if request.purpose is Purpose.ACTION else ()
     if request.context_tools and request.purpose is not Purpose.COMPACTION:
@@ -385,6 +386,32 @@ def assemble_context(
         format=request.format,
         request=provider_request(request.format, bundle),
     )
+
+
+def candidate_blocks(
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
+) -> list[DraftBlock]:
+    """The blocks a context of ``request`` is chosen from, in order, before any fitting (what a
+    prepare.before hook sees)."""
+    return _candidates(snapshot, request, counter)[2]
+
+
+def _candidates(
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
+) -> tuple[ViewMemo, BlockSet, list[DraftBlock]]:
+    records = snapshot.records
+    if request.context_tools:
+        records = [_naming_read_tool(r, counter) for r in records]
+    memo = snapshot.memo
+    if memo is None or memo.own_thread != snapshot.own_thread:
+        memo = ViewMemo(snapshot.own_thread)
+    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
+    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
+    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
+    state_block = _state_block(snapshot, request)
+    if state_block is not None:
+        ordered.append(state_block)
+    return memo, blocks, _for_purpose(ordered, request.purpose)
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
