@@ -25,6 +25,7 @@ from contracts import (
 )
 from contracts.subjects import DEFAULT_TENANT
 
+from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
@@ -38,7 +39,10 @@ from services.core.calibration import (
 )
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
+from services.core.hooks import PrepareHookChange
 from services.killpoints import kill_point
+from services.app.hooks import HookRegistry
+from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -82,12 +86,14 @@ class PrepareService:
         loader: ViewLoader | None = None,
         queue: JobQueue | None = None,
         compaction_wait_ms: int = 5_000,
+        hooks: HookRegistry | None = None,
     ) -> None:
         self._store = store
         self._board = board
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
+        self._hooks = hooks
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
@@ -103,6 +109,22 @@ class PrepareService:
             pause: Released while the request only waits (for its event or a compaction), so the
                 caller's compute slot serves other requests meanwhile.
         """
+        if self._hooks is None:
+            return await self._prepare(request, tenant, pause, None)
+        hook_set = await self._hooks.hooks_of(tenant, request.session_id)
+        if hook_set is None:
+            return await self._prepare(request, tenant, pause, None)
+        hooked = PrepareHooks()
+        prepared = await self._prepare(request, tenant, pause, (self._hooks, hook_set, hooked))
+        return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
+
+    async def _prepare(
+        self,
+        request: PrepareRequest,
+        tenant: str,
+        pause: Pause,
+        hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
+    ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
         counter = _counter(base)
@@ -113,6 +135,11 @@ class PrepareService:
         snapshot = view.snapshot()
         if request.evidence:
             snapshot = replace(snapshot, evidence=await self._evidence(request))
+        if hooks is not None:
+            registry, hook_set, hooked = hooks
+            ran = await before_prepare(registry, hook_set, tenant, snapshot, request, counter)
+            hooked.change, hooked.touches = ran.change, ran.touches
+            snapshot = replace(snapshot, hooked=ran.change)
         if request.after_overflow is not None:
             return await self._after_overflow(
                 view, snapshot, request, base, counter, request.after_overflow, tenant, pause
@@ -123,7 +150,7 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, hooked=snapshot.hooked
             )
         learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
         if learned.factor <= calibration.factor:
@@ -133,7 +160,7 @@ class PrepareService:
             return assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence
+                view, request, budget, counter, over, pause, snapshot.evidence, hooked=snapshot.hooked
             )
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
@@ -218,7 +245,15 @@ class PrepareService:
             prepared = assemble_context(snapshot, request, budget, counter)
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence, reasons=_OVERFLOW
+                view,
+                request,
+                budget,
+                counter,
+                over,
+                pause,
+                snapshot.evidence,
+                reasons=_OVERFLOW,
+                hooked=snapshot.hooked,
             )
         # It fits under the raised count already; the compaction makes room for the next steps, so it
         # runs without this reply waiting on it (and without the budgeter's triggers deciding).
@@ -274,6 +309,7 @@ class PrepareService:
         evidence: tuple[Evidence, ...] = (),
         *,
         reasons: tuple[str, ...] = ("hard_budget",),
+        hooked: PrepareHookChange | None = None,
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
 
@@ -306,7 +342,7 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence), request, budget, counter, compaction_wait_ms=waited
+                        self._snapshot(current, evidence, hooked), request, budget, counter, compaction_wait_ms=waited
                     )
                 except OverBudget as still:
                     revision = current.state.view_revision
@@ -314,7 +350,7 @@ class PrepareService:
                     ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
-            self._snapshot(current, evidence),
+            self._snapshot(current, evidence, hooked),
             request,
             budget,
             counter,
@@ -323,9 +359,11 @@ class PrepareService:
         )
 
     @staticmethod
-    def _snapshot(view: ThreadView, evidence: tuple[Evidence, ...]) -> ThreadSnapshot:
+    def _snapshot(
+        view: ThreadView, evidence: tuple[Evidence, ...], hooked: PrepareHookChange | None = None
+    ) -> ThreadSnapshot:
         snapshot = view.snapshot()
-        return replace(snapshot, evidence=evidence) if evidence else snapshot
+        return replace(snapshot, evidence=evidence, hooked=hooked) if evidence or hooked else snapshot
 
     async def _request_job(
         self,

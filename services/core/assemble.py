@@ -173,6 +173,8 @@ class ThreadSnapshot:
     facts: tuple[Fact, ...] = ()
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     evidence: tuple[Evidence, ...] = ()
+    # What the release's prepare.before hooks added and deselected (checked already).
+    hooked: PrepareHookChange | None = None
     # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
     # since is built again. Without one, everything is built from scratch — the same reply.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
@@ -256,19 +258,16 @@ def assemble_context(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
-    hooked: PrepareHookChange | None = None,
 ) -> PreparedContext:
     """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate.
-
-    ``hooked``: what the release's prepare.before hooks added and deselected (checked already).
 
     ``allow_drop_history``: instead of raising ``OverBudget``, drop the oldest history (never a
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
     memo, blocks, ordered = _candidates(snapshot, request, counter)
-    if hooked is not None:
-        ordered = hooked.apply(ordered)
+    if snapshot.hooked is not None:
+        ordered = snapshot.hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
     tools: tuple[ToolSchema, ...] = request.tools if request.purpose is Purpose.ACTION else ()
     if request.context_tools and request.purpose is not Purpose.COMPACTION:
