@@ -89,7 +89,7 @@ def check_prepare_before(
     binding: HookBinding, patch: HookPatch, candidates: Sequence[HookBlock]
 ) -> list[str]:
     """Why ``patch`` may not be applied to the candidates (empty: it may)."""
-    problems = _foreign(patch, frozenset({"add", "deselect"}))
+    problems = _foreign(patch, frozenset({"add", "deselect", "edit"}))  # edits: named below
     problems += [
         f"edit of block {e.block_id}: a hook may add material or deselect optional blocks, never "
         "change a block's text"
