@@ -25,6 +25,7 @@ __all__ = [
     "HookObserver",
     "HookOutcome",
     "HookRegistry",
+    "HookResult",
     "HookRunner",
     "ScriptedHookRunner",
 ]
@@ -49,14 +50,14 @@ class _Unobserved:
         return None
 
 
-Script = HookReply | CtxError | Callable[[HookCall], Awaitable[HookReply]]
+_Script = HookReply | CtxError | Callable[[HookCall], Awaitable[HookReply]]
 
 
 @dataclass
 class ScriptedHookRunner:
     """The in-memory twin: answers each subject from its script and remembers every call."""
 
-    scripts: dict[str, Script] = field(default_factory=dict)
+    scripts: dict[str, _Script] = field(default_factory=dict)
     calls: list[tuple[str, HookCall]] = field(default_factory=list)
 
     async def call(self, binding: HookBinding, call: HookCall) -> HookReply:

@@ -56,6 +56,8 @@ MESSAGES = {
     "PolicyRegistered",
     "ToolCatalog",
     "CatalogRegistered",
+    "HookSet",
+    "HooksRegistered",
     "OperationStatusRequest",
     "Receipt",
     "RecordedNotice",
@@ -292,7 +294,7 @@ def test_every_request_channel_declares_its_reply_and_the_error_reply(written: d
     assert replies["operation_status"] == {"Receipt", "ErrorReply"}
     assert replies["session_fork"] == {"SessionForked", "ErrorReply"}
     assert replies["compact"] == {"CompactReply", "ErrorReply"}
-    assert len(replies) == 11 and all("ErrorReply" in r for r in replies.values())
+    assert len(replies) == 12 and all("ErrorReply" in r for r in replies.values())
 
 
 def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str, Any]) -> None:
