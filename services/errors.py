@@ -758,7 +758,9 @@ class HookRejected(CtxError):
     code = ErrorCode.HOOK_REJECTED
 
     def __init__(self, source: str, point: str, reason: str) -> None:
-        super().__init__(f"hook {source} at {point} rejected: {reason}", source=source, point=point, reason=reason)
+        super().__init__(
+            f"hook {source} at {point} rejected: {reason}", source=source, point=point, reason=reason
+        )
 
 
 class HookTimeout(CtxError):
@@ -781,7 +783,9 @@ class HookFailed(CtxError):
     code = ErrorCode.HOOK_FAILED
 
     def __init__(self, source: str, point: str, detail: str) -> None:
-        super().__init__(f"hook {source} at {point} failed: {detail}", source=source, point=point, detail=detail)
+        super().__init__(
+            f"hook {source} at {point} failed: {detail}", source=source, point=point, detail=detail
+        )
 
 
 _BY_CODE: dict[ErrorCode, type[CtxError]] = {}

@@ -168,7 +168,9 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     async def on_hooks(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> HooksRegistered:
             hooks = parse_body(HookSet, body)
-            return HooksRegistered(release=hooks.release, revision=await store().register_hooks(tenant, hooks))
+            return HooksRegistered(
+                release=hooks.release, revision=await store().register_hooks(tenant, hooks)
+            )
 
         return await serve(message, register)
 

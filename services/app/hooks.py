@@ -152,11 +152,15 @@ class HookRegistry:
                 refused = HookChangeRefused(binding.source, point.value, problems)
                 if binding.failure is HookFailurePolicy.FAIL:
                     raise refused
-                return HookResult(binding, None, "refused", f"{binding.source}: {HOOK_REFUSED}: {refused.message}")
+                return HookResult(
+                    binding, None, "refused", f"{binding.source}: {HOOK_REFUSED}: {refused.message}"
+                )
             case _:
                 assert_never(reply.decision)
 
-    def _failed(self, binding: HookBinding, outcome: HookOutcome, exc: CtxError, started: float) -> HookResult:
+    def _failed(
+        self, binding: HookBinding, outcome: HookOutcome, exc: CtxError, started: float
+    ) -> HookResult:
         self._observer.observe(binding.point, outcome, time.monotonic() - started)
         match binding.failure:
             case HookFailurePolicy.FAIL:

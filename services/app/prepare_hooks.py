@@ -77,7 +77,9 @@ async def before_prepare(
             update={"blocks": candidates}
         )
 
-        def check(patch: HookPatch, b: HookBinding = binding, c: tuple[HookBlock, ...] = candidates) -> list[str]:
+        def check(
+            patch: HookPatch, b: HookBinding = binding, c: tuple[HookBlock, ...] = candidates
+        ) -> list[str]:
             return check_prepare_before(b, patch, c)
 
         result = await registry.run(binding, call, check)
@@ -106,7 +108,9 @@ async def after_prepare(
             update={
                 "prepared_id": prepared.prepared_id,
                 "blocks": tuple(
-                    HookBlock(block_id=b.block_id, kind=b.kind, retention=b.retention, tokens=b.tokens, text="")
+                    HookBlock(
+                        block_id=b.block_id, kind=b.kind, retention=b.retention, tokens=b.tokens, text=""
+                    )
                     for b in prepared.blocks
                 ),
             }
@@ -114,7 +118,8 @@ async def after_prepare(
         result = await registry.run(binding, call, check_prepare_after)
         if result.patch is not None and result.patch.annotations:
             touched += [
-                HookTouch(source=binding.source, outcome="annotated", note=a.text) for a in result.patch.annotations
+                HookTouch(source=binding.source, outcome="annotated", note=a.text)
+                for a in result.patch.annotations
             ]
         else:
             touched.append(HookTouch(source=binding.source, outcome=result.outcome, note=result.note or ""))

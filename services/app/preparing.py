@@ -342,7 +342,11 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence, hooked), request, budget, counter, compaction_wait_ms=waited
+                        self._snapshot(current, evidence, hooked),
+                        request,
+                        budget,
+                        counter,
+                        compaction_wait_ms=waited,
                     )
                 except OverBudget as still:
                     revision = current.state.view_revision

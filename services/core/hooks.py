@@ -15,7 +15,7 @@ from pydantic import JsonValue, ValidationError
 
 from contracts import BlockKind, ChatMessage, Retention
 from contracts.hook_protocol import SUMMARY_PATCH_FIELDS, HookBlock, HookPatch, HookRange
-from contracts.hooks import HookBinding, HookPoint
+from contracts.hooks import HookBinding
 
 from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
@@ -82,7 +82,9 @@ def _foreign(patch: HookPatch, allowed: frozenset[str]) -> list[str]:
         "summary_target_tokens": patch.summary_target_tokens is not None,
         "summary_fields": patch.summary_fields is not None,
     }
-    return [f"{name} is not allowed at this point" for name, on in present.items() if on and name not in allowed]
+    return [
+        f"{name} is not allowed at this point" for name, on in present.items() if on and name not in allowed
+    ]
 
 
 def check_prepare_before(
@@ -125,7 +127,10 @@ def addition_blocks(binding: HookBinding, patch: HookPatch) -> tuple[DraftBlock,
                 reason=f"{a.category.value} added by hook {binding.source}: {a.title}",
                 records=[],
                 messages=[
-                    ChatMessage(role="user", content=f"[{a.category.value} from {binding.source}: {a.title}]\n{a.text}")
+                    ChatMessage(
+                        role="user",
+                        content=f"[{a.category.value} from {binding.source}: {a.title}]\n{a.text}",
+                    )
                 ],
             )
         )
@@ -141,14 +146,18 @@ def check_compact_before(patch: HookPatch, candidate: HookRange, target_tokens: 
     """A compact.before hook may narrow the range (never widen it) and adjust the summary target."""
     problems = _foreign(patch, frozenset({"narrow_to", "summary_target_tokens"}))
     narrow = patch.narrow_to
-    if narrow is not None and not (candidate.from_seq <= narrow.from_seq <= narrow.to_seq <= candidate.to_seq):
+    if narrow is not None and not (
+        candidate.from_seq <= narrow.from_seq <= narrow.to_seq <= candidate.to_seq
+    ):
         problems.append(
             f"narrow_to {narrow.from_seq}–{narrow.to_seq} is not inside the candidate range "
             f"{candidate.from_seq}–{candidate.to_seq}"
         )
     if patch.summary_target_tokens is not None and patch.summary_target_tokens > target_tokens:
         # A larger summary than the policy's share would eat the budget the compaction frees.
-        problems.append(f"summary_target_tokens {patch.summary_target_tokens} exceeds the policy's {target_tokens}")
+        problems.append(
+            f"summary_target_tokens {patch.summary_target_tokens} exceeds the policy's {target_tokens}"
+        )
     return problems
 
 
@@ -157,7 +166,9 @@ def check_compact_after(patch: HookPatch) -> list[str]:
     problems = _foreign(patch, frozenset({"summary_fields"}))
     fields = patch.summary_fields or {}
     problems += [
-        f"summary field {name} may not be patched" for name in sorted(fields) if name not in SUMMARY_PATCH_FIELDS
+        f"summary field {name} may not be patched"
+        for name in sorted(fields)
+        if name not in SUMMARY_PATCH_FIELDS
     ]
     return problems
 

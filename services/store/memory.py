@@ -160,7 +160,9 @@ class MemoryStore:
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
         """Store ``hooks`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
         t = self.tables
-        revision = max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
+        revision = (
+            max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
+        )
         t.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(t.sessions))
         return revision
 

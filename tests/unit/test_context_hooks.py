@@ -30,14 +30,24 @@ _BEFORE = HookBinding(
     grants=(AdditionCategory.MATERIAL,),
 )
 _CANDIDATES = (
-    HookBlock(block_id="instruction:1", kind=BlockKind.INSTRUCTION, retention=Retention.REQUIRED, tokens=3, text="Be brief."),
+    HookBlock(
+        block_id="instruction:1",
+        kind=BlockKind.INSTRUCTION,
+        retention=Retention.REQUIRED,
+        tokens=3,
+        text="Be brief.",
+    ),
     HookBlock(block_id="task:2", kind=BlockKind.TASK, retention=Retention.REQUIRED, tokens=2, text="fix it"),
-    HookBlock(block_id="material:3", kind=BlockKind.MATERIAL, retention=Retention.ON_DEMAND, tokens=9, text="doc"),
+    HookBlock(
+        block_id="material:3", kind=BlockKind.MATERIAL, retention=Retention.ON_DEMAND, tokens=9, text="doc"
+    ),
 )
 
 
 def test_a_granted_addition_and_deselecting_optional_material_pass() -> None:
-    patch = HookPatch(add=(HookAddition(category="material", title="doc", text="x"),), deselect=("material:3",))
+    patch = HookPatch(
+        add=(HookAddition(category="material", title="doc", text="x"),), deselect=("material:3",)
+    )
     assert check_prepare_before(_BEFORE, patch, _CANDIDATES) == []
 
 
@@ -55,7 +65,9 @@ def test_editing_the_task_text_deselecting_required_blocks_or_ungranted_addition
 
 def test_prepare_after_may_only_annotate() -> None:
     assert check_prepare_after(HookPatch(annotations=({"text": "checked"},))) == []  # type: ignore[arg-type]
-    assert check_prepare_after(HookPatch(deselect=("material:3",))) == ["deselect is not allowed at this point"]
+    assert check_prepare_after(HookPatch(deselect=("material:3",))) == [
+        "deselect is not allowed at this point"
+    ]
 
 
 def test_compact_before_may_narrow_but_not_widen_the_range() -> None:
@@ -72,20 +84,26 @@ def test_compact_after_may_not_patch_the_covered_range() -> None:
     ]
 
 
-
-
-async def _prepared_with(reply: HookReply | Exception, binding: HookBinding = _BEFORE, purpose: Purpose = Purpose.ACTION):  # type: ignore[no-untyped-def]
+async def _prepared_with(
+    reply: HookReply | Exception, binding: HookBinding = _BEFORE, purpose: Purpose = Purpose.ACTION
+):  # type: ignore[no-untyped-def]
     store, board = MemoryStore(), NoticeBoard()
     runner = ScriptedHookRunner(scripts={binding.subject: reply})  # type: ignore[dict-item]
     registry = HookRegistry(store, runner)
     await store.register_hooks("default", HookSet(release="rel-1", hooks=(binding,)))
     t = Thread()
     recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
-    await recorder.record_batch(0, incoming([t.system("Be brief.", key="sys"), t.user("fix the bug", key="u1")]))
+    await recorder.record_batch(
+        0, incoming([t.system("Be brief.", key="sys"), t.user("fix the bug", key="u1")])
+    )
     store.tables.sessions[t.session_id]["agent_release"] = "rel-1"
     service = PrepareService(store, board, hooks=registry)
     request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=8_000, purpose=purpose
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        purpose=purpose,
     )
     return await service.prepare(request), runner
 
@@ -97,7 +115,12 @@ class _Sink:
 
 @pytest.mark.anyio
 async def test_a_hooks_addition_is_in_the_prepared_context_with_its_source() -> None:
-    reply = HookReply(decision="patch", patch=HookPatch(add=(HookAddition(category="material", title="policy doc", text="Refunds need approval."),)))
+    reply = HookReply(
+        decision="patch",
+        patch=HookPatch(
+            add=(HookAddition(category="material", title="policy doc", text="Refunds need approval."),)
+        ),
+    )
     prepared, runner = await _prepared_with(reply)
     assert any("Refunds need approval." in (m.content or "") for m in prepared.messages)
     block = next(b for b in prepared.blocks if b.block_id.startswith("hook:policy:"))
@@ -108,7 +131,9 @@ async def test_a_hooks_addition_is_in_the_prepared_context_with_its_source() -> 
 
 @pytest.mark.anyio
 async def test_a_patch_editing_the_task_is_refused_and_the_context_assembled_without_it() -> None:
-    reply = HookReply(decision="patch", patch=HookPatch(edit=(HookBlockEdit(block_id="x", text="other task"),)))
+    reply = HookReply(
+        decision="patch", patch=HookPatch(edit=(HookBlockEdit(block_id="x", text="other task"),))
+    )
     prepared, _ = await _prepared_with(reply)
     assert prepared.messages[-1].content == "fix the bug"
     assert prepared.hooks[0].outcome == "refused" and "hook_change_refused" in prepared.hooks[0].note
