@@ -23,7 +23,9 @@ from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
+from services.app.hooks import HookRegistry
 from services.app.preparing import PrepareService
+from workers.hook_runner import HookMetrics, NatsHookRunner
 from services.core.records import LedgerRecord
 from services.settings import Settings
 from services.store.postgres import PgStore
@@ -140,8 +142,14 @@ def compose(
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
+        hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
         service = PrepareService(
-            store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms
+            store,
+            board,
+            loader=loader,
+            queue=counted,
+            compaction_wait_ms=settings.compaction_wait_ms,
+            hooks=hooks,
         )
         limits = RequestLimits(
             max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
