@@ -38,9 +38,25 @@ __all__ = [
     "SUMMARY_PATCH_FIELDS",
 ]
 
-# The text fields of a structured summary a compact.after hook may replace (each validated again):
-# what a policy engine may reword or redact. Sources, files, failures and actions are facts, not text.
-SUMMARY_PATCH_FIELDS = ("goal", "constraints", "decisions", "progress", "unresolved", "next_steps")
+# The fields of a structured summary a compact.after hook may replace. The patched summary passes the
+# compaction's validation again, so a patch that drops a file write, a failure or an action fails it;
+# the covered range and the current request (taken from its own record) are never the hook's.
+SUMMARY_PATCH_FIELDS = (
+    "goal",
+    "constraints",
+    "decisions",
+    "progress",
+    "files_read",
+    "files_modified",
+    "failures",
+    "unresolved",
+    "next_steps",
+    "references",
+    "commands",
+    "approaches_failed",
+    "hypothesis",
+    "actions",
+)
 
 
 class HookDecision(StrEnum):

@@ -139,10 +139,10 @@ def compose(
     loader = ViewLoader(cache=ViewCache(settings.view_cache_mb * 1024 * 1024))
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_url)
+    hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
-        hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
         service = PrepareService(
             store,
             board,
@@ -168,7 +168,7 @@ def compose(
         async def notify(subject: str, body: bytes) -> None:
             await nc.publish(subject, body)
 
-        compaction = CompactionService(store, loader, summarizer_factory(settings))
+        compaction = CompactionService(store, loader, summarizer_factory(settings), hooks=hooks)
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
         broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify, metrics))
     recorder = None
