@@ -79,6 +79,11 @@ class ErrorCode(StrEnum):
     CONTEXT_PROTECTED_BLOCK_ALTERED = "context_protected_block_altered"
     CONTEXT_ADDITION_REFUSED = "context_addition_refused"
     PREPARED_CONTEXT_NOT_FOUND = "prepared_context_not_found"
+    # Context hooks (issue 19): a hook's change outside what its point allows, its reject, its failure.
+    HOOK_CHANGE_REFUSED = "hook_change_refused"
+    HOOK_REJECTED = "hook_rejected"
+    HOOK_TIMEOUT = "hook_timeout"
+    HOOK_FAILED = "hook_failed"
     INTERNAL = "internal_error"
 
 

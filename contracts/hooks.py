@@ -21,6 +21,7 @@ from .prepare import Purpose
 __all__ = [
     "AdditionCategory",
     "HOOK_SUBJECT_PATTERN",
+    "HOOKS_REGISTER",
     "HookBinding",
     "HookFailurePolicy",
     "HookPoint",
@@ -28,6 +29,8 @@ __all__ = [
     "HooksRegistered",
 ]
 
+# Registering a release's hook set: ``ctx.hooks.register.<tenant>`` (HookSet in, HooksRegistered out).
+HOOKS_REGISTER = "ctx.hooks.register"
 # A plain subject of the hook's own service: no wildcards, and never under the fleet's ``ctx.`` tree.
 HOOK_SUBJECT_PATTERN = r"^(?!ctx\.)[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,15}$"
 

@@ -42,6 +42,7 @@ __all__ = [
     "OmittedBlock",
     "PendingCall",
     "PrepareRequest",
+    "HookTouch",
     "PreparedContext",
     "ProtectedBlock",
     "ProviderOverflow",
@@ -452,6 +453,16 @@ class SummaryRef(WireModel):
     sources: tuple[int, ...]
 
 
+class HookTouch(WireModel):
+    """A context hook that ran for a context: its source, what came of it, and its diagnostic note."""
+
+    source: str
+    # ok, patched, refused, timeout, error (the outcomes of ``ctx_hook_calls_total``; a reject fails
+    # the prepare instead), or annotated (a prepare.after hook's note).
+    outcome: str
+    note: str = ""
+
+
 class PreparedContext(WireModel):
     """The reply to a prepare: messages for the model, and the explanation of each."""
 
@@ -482,6 +493,8 @@ class PreparedContext(WireModel):
     handoff_id: str | None = None
     # Set on the one prepare that rolled the window over (design D10).
     rollover: RolloverReport | None = None
+    # Every context hook that ran for this context (issue 19): a context names the hooks that touched it.
+    hooks: tuple[HookTouch, ...] = ()
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
     # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.

@@ -46,6 +46,7 @@ from contracts import (
     ThreadInspection,
     ToolCatalog,
 )
+from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
 from contracts.subjects import DEAD, EVENTS, INSPECT, PREPARE, RECORDED
 from contracts.gateway import GATEWAY_CHECK, FinalCheck, FinalCheckRequest
 from contracts.manage import COMPACT, CompactReply, CompactRequest
@@ -217,6 +218,13 @@ CHANNELS: tuple[Channel, ...] = (
         WireMessage.of(ToolCatalog),
         CatalogRegistered,
         "Register an agent release's tool catalog; each registration is a new revision.",
+    ),
+    _request(
+        "hooks_register",
+        f"{HOOKS_REGISTER}.{{tenant}}",
+        WireMessage.of(HookSet),
+        HooksRegistered,
+        "Register an agent release's context hooks; each registration is a new revision.",
     ),
     _request(
         "operation_status",

@@ -55,6 +55,7 @@ dead-letters both kinds the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from pydantic import JsonValue
@@ -63,6 +64,10 @@ from contracts import ErrorCode, ErrorReply
 from contracts.task_budgets import TaskBudgetReport
 
 __all__ = [
+    "HookChangeRefused",
+    "HookFailed",
+    "HookRejected",
+    "HookTimeout",
     "AuthorityViolation",
     "BlockSize",
     "ContentNotFound",
@@ -794,6 +799,56 @@ class PreparedContextNotFound(CtxError):
             f"no prepared context {prepared_id} in format {format} for this thread: prepare it again",
             prepared_id=prepared_id,
             format=format,
+        )
+
+
+class HookChangeRefused(CtxError):
+    """A hook (policy fail) asked for a change its point never allows: the stage fails."""
+
+    code = ErrorCode.HOOK_CHANGE_REFUSED
+
+    def __init__(self, source: str, point: str, problems: Sequence[str]) -> None:
+        super().__init__(
+            f"hook {source} at {point}: change refused: {'; '.join(problems)}",
+            source=source,
+            point=point,
+            problems=list(problems),
+        )
+
+
+class HookRejected(CtxError):
+    """A hook rejected the stage it ran in, with its reason."""
+
+    code = ErrorCode.HOOK_REJECTED
+
+    def __init__(self, source: str, point: str, reason: str) -> None:
+        super().__init__(
+            f"hook {source} at {point} rejected: {reason}", source=source, point=point, reason=reason
+        )
+
+
+class HookTimeout(CtxError):
+    """A hook (policy fail) did not answer within its timeout."""
+
+    code = ErrorCode.HOOK_TIMEOUT
+
+    def __init__(self, source: str, point: str, timeout_ms: int) -> None:
+        super().__init__(
+            f"hook {source} at {point} did not answer within {timeout_ms} ms",
+            source=source,
+            point=point,
+            timeout_ms=timeout_ms,
+        )
+
+
+class HookFailed(CtxError):
+    """A hook (policy fail) answered no valid reply (no responder, an error, a malformed answer)."""
+
+    code = ErrorCode.HOOK_FAILED
+
+    def __init__(self, source: str, point: str, detail: str) -> None:
+        super().__init__(
+            f"hook {source} at {point} failed: {detail}", source=source, point=point, detail=detail
         )
 
 

@@ -28,7 +28,8 @@ from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from services.app.gateway import GatewayService
-from services.store.gateway import MemoryHookGrants, PgGatewayStore
+from services.store.gateway import PgGatewayStore
+from services.store.ports import HookGrants
 
 from .backlogs import export_backlogs, watch_backlogs
 from .budgeter import BudgeterWorker
@@ -110,8 +111,8 @@ class Fleet:
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
     indexer: IndexerWorker | None = None
-    # Where the gateway's final check reads hook grants; registered hook sets replace this twin.
-    hook_grants: MemoryHookGrants = field(default_factory=MemoryHookGrants)
+    # Where the gateway's final check reads hook grants: the registered hook sets unless this is set.
+    hook_grants: HookGrants | None = None
     gateway: GatewayService | None = None
     http_port: int | None = None
     _nc: NatsClient | None = None

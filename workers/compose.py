@@ -24,11 +24,12 @@ from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
 from services.app.gateway import GatewayService
+from services.app.hooks import HookRegistry
 from services.app.preparing import PrepareService
+from workers.hook_runner import HookMetrics, NatsHookRunner
 from services.core.records import LedgerRecord
 from services.settings import Settings
 from services.store.postgres import PgStore
-from services.store.gateway import MemoryHookGrants
 from services.store.ports import GatewayStore, HookGrants
 from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
@@ -143,7 +144,7 @@ def compose(
     """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started.
 
     The gateway's final check runs beside the assembler when given its store; it reads hook grants
-    through ``hook_grants`` (none granted without one).
+    from the registered hook sets, or from ``hook_grants`` when given (a twin in tests).
     """
     gateway: GatewayService | None = None
     names = settings.worker_names
@@ -153,11 +154,17 @@ def compose(
     loader = ViewLoader(cache=ViewCache(settings.view_cache_mb * 1024 * 1024))
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_url)
+    hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(
-            store, board, loader=loader, queue=counted, compaction_wait_ms=settings.compaction_wait_ms
+            store,
+            board,
+            loader=loader,
+            queue=counted,
+            compaction_wait_ms=settings.compaction_wait_ms,
+            hooks=hooks,
         )
         limits = RequestLimits(
             max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
@@ -165,7 +172,7 @@ def compose(
         if gateway_store is not None:
             gateway = GatewayService(
                 gateway_store,
-                hook_grants or MemoryHookGrants(),
+                hook_grants or hooks,
                 store,
                 cache_contexts=settings.gateway_cache_contexts,
             )
@@ -186,7 +193,7 @@ def compose(
         async def notify(subject: str, body: bytes) -> None:
             await nc.publish(subject, body)
 
-        compaction = CompactionService(store, loader, summarizer_factory(settings))
+        compaction = CompactionService(store, loader, summarizer_factory(settings), hooks=hooks)
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
         broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify, metrics))
     recorder = None

@@ -79,6 +79,19 @@ class FleetMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.events_recorded = Counter("ctx_events_recorded", "Events appended to the ledger", registry=r)
+        self.hook_calls = Counter(
+            "ctx_hook_calls",
+            "Context hook calls, by point and outcome (ok, patched, rejected, refused, timeout, error)",
+            ["point", "outcome"],
+            registry=r,
+        )
+        self.hook_seconds = Histogram(
+            "ctx_hook_seconds",
+            "Context hook call latency, by point",
+            ["point"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.gc_pauses = GcPauses(
             Histogram(
                 "ctx_gc_pause_seconds",

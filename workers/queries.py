@@ -29,6 +29,7 @@ from contracts import (
     ToolCatalog,
 )
 from services.core.budget import policy_budget
+from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
 from services.app.catalogs import register_catalog
 from services.errors import CtxError, InvalidPolicy, InvalidRequest
 from services.app.reading import read_range
@@ -152,6 +153,23 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
             catalog = parse_body(ToolCatalog, body)
             return CatalogRegistered(
                 release=catalog.release, revision=await register_catalog(store(), tenant, catalog)
+            )
+
+        return await serve(message, register)
+
+    @router.subscriber(
+        f"{HOOKS_REGISTER}.{{tenant}}",
+        queue="assembler",
+        decoder=raw_body,
+        max_workers=tasks,
+        title="hooks.register",
+        description="HookSet in, HooksRegistered or ErrorReply out: a new hook set revision of a release.",
+    )
+    async def on_hooks(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+        async def register() -> HooksRegistered:
+            hooks = parse_body(HookSet, body)
+            return HooksRegistered(
+                release=hooks.release, revision=await store().register_hooks(tenant, hooks)
             )
 
         return await serve(message, register)

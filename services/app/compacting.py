@@ -35,6 +35,8 @@ from services.app.budgeting import measure as measure_of
 from services.core.compaction.select import choose_cover, split_segments, summary_cap
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
+from services.app.compact_hooks import after_compaction
+from services.app.hooks import HookRegistry
 from services.errors import RevisionConflict
 from services.core.groups import DraftBlock, run_task_seq
 from services.core.records import LedgerRecord
@@ -83,8 +85,13 @@ class CompactionService:
     """Runs compaction jobs against the ledger and the view state."""
 
     def __init__(
-        self, store: CompactionStore, loader: ViewLoader, summarizer: SummarizerFactory = _default_summarizer
+        self,
+        store: CompactionStore,
+        loader: ViewLoader,
+        summarizer: SummarizerFactory = _default_summarizer,
+        hooks: HookRegistry | None = None,
     ) -> None:
+        self._hooks = hooks
         self._store = store
         self._loader = loader
         self._summarizer = summarizer
@@ -188,14 +195,22 @@ class CompactionService:
                 }
             )
         covered_records = sorted((r for b in covered_blocks for r in b.records), key=lambda r: r.seq)
-        try:
+
+        def validate(candidate: StructuredSummary) -> None:
             validate_candidate(
-                merged,
+                candidate,
                 parent=parent.body if parent else None,
                 covered=covered_records,
                 existing_seqs={r.seq for r in records},
                 has_request=current_request is not None,
             )
+
+        try:
+            validate(merged)
+            if self._hooks is not None:
+                merged, _hooked_by = await after_compaction(
+                    self._hooks, view.scope.tenant, view.head.session_id, job.thread_id, merged, validate
+                )
         except CandidateInvalid as exc:
             return replace(
                 cost.outcome(summarizer.name),

@@ -26,6 +26,7 @@ from contracts import (
 )
 from contracts.subjects import DEFAULT_TENANT
 
+from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 from contracts.task_budgets import TaskBudgetReport
 
@@ -40,8 +41,11 @@ from services.core.calibration import (
 )
 from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
+from services.core.hooks import PrepareHookChange
 from services.killpoints import kill_point
 from services.app.gateway import GatewayService
+from services.app.hooks import HookRegistry
+from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -106,6 +110,7 @@ class PrepareService:
         loader: ViewLoader | None = None,
         queue: JobQueue | None = None,
         compaction_wait_ms: int = 5_000,
+        hooks: HookRegistry | None = None,
     ) -> None:
         self._store = store
         self._board = board
@@ -115,6 +120,7 @@ class PrepareService:
         self._windows = WindowKeeper(store, self._loader)
         # The gateway's final check, which validated the additions a re-prepare carries.
         self.gateway: GatewayService | None = None
+        self._hooks = hooks
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
@@ -130,6 +136,22 @@ class PrepareService:
             pause: Released while the request only waits (for its event or a compaction), so the
                 caller's compute slot serves other requests meanwhile.
         """
+        if self._hooks is None:
+            return await self._prepare(request, tenant, pause, None)
+        hook_set = await self._hooks.hooks_of(tenant, request.session_id)
+        if hook_set is None:
+            return await self._prepare(request, tenant, pause, None)
+        hooked = PrepareHooks()
+        prepared = await self._prepare(request, tenant, pause, (self._hooks, hook_set, hooked))
+        return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
+
+    async def _prepare(
+        self,
+        request: PrepareRequest,
+        tenant: str,
+        pause: Pause,
+        hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
+    ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
         counter = _counter(base)
@@ -138,7 +160,7 @@ class PrepareService:
         view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
         task = _task_budget(view, request, base, counter)
-        prepared = await self._prepare_view(view, request, base, counter, tenant, pause)
+        prepared = await self._prepare_view(view, request, base, counter, tenant, pause, hooks)
         return prepared if task is None else prepared.model_copy(update={"task_budget": task})
 
     async def _prepare_view(
@@ -149,6 +171,7 @@ class PrepareService:
         counter: TokenCounter | None,
         tenant: str,
         pause: Pause,
+        hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
     ) -> PreparedContext:
         snapshot = view.snapshot()
         if request.evidence:
@@ -162,6 +185,11 @@ class PrepareService:
                 request.carry_additions_from, tenant=tenant, thread_id=view.head.thread_id
             )
             snapshot = replace(snapshot, additions=carried)
+        if hooks is not None:
+            registry, hook_set, hooked = hooks
+            ran = await before_prepare(registry, hook_set, tenant, snapshot, request, counter)
+            hooked.change, hooked.touches = ran.change, ran.touches
+            snapshot = replace(snapshot, hooked=ran.change)
         if request.after_overflow is not None:
             return await self._after_overflow(
                 view, snapshot, request, base, counter, request.after_overflow, tenant, pause
@@ -176,7 +204,15 @@ class PrepareService:
             )
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
+                view,
+                request,
+                budget,
+                counter,
+                over,
+                pause,
+                snapshot.evidence,
+                additions=snapshot.additions,
+                hooked=snapshot.hooked,
             )
         if window.report is not None:
             prepared = prepared.model_copy(update={"rollover": window.report})
@@ -189,7 +225,15 @@ class PrepareService:
             return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
         except OverBudget as over:
             return await self._await_compaction(
-                view, request, budget, counter, over, pause, snapshot.evidence, additions=snapshot.additions
+                view,
+                request,
+                budget,
+                counter,
+                over,
+                pause,
+                snapshot.evidence,
+                additions=snapshot.additions,
+                hooked=snapshot.hooked,
             )
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
@@ -283,6 +327,7 @@ class PrepareService:
                 snapshot.evidence,
                 reasons=_OVERFLOW,
                 additions=snapshot.additions,
+                hooked=snapshot.hooked,
             )
         # It fits under the raised count already; the compaction makes room for the next steps, so it
         # runs without this reply waiting on it (and without the budgeter's triggers deciding).
@@ -339,6 +384,7 @@ class PrepareService:
         *,
         additions: tuple[GatewayAddition, ...] = (),
         reasons: tuple[str, ...] = ("hard_budget",),
+        hooked: PrepareHookChange | None = None,
     ) -> PreparedContext:
         """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
 
@@ -371,7 +417,7 @@ class PrepareService:
                 waited = int((time.monotonic() - started) * 1000)
                 try:
                     return assemble_context(
-                        self._snapshot(current, evidence, additions),
+                        self._snapshot(current, evidence, additions, hooked),
                         request,
                         budget,
                         counter,
@@ -384,7 +430,7 @@ class PrepareService:
                     ours = await self._request_job(current, budget, reserved, reasons=reasons)
         waited = int((time.monotonic() - started) * 1000)
         return assemble_context(
-            self._snapshot(current, evidence, additions),
+            self._snapshot(current, evidence, additions, hooked),
             request,
             budget,
             counter,
@@ -395,12 +441,15 @@ class PrepareService:
 
     @staticmethod
     def _snapshot(
-        view: ThreadView, evidence: tuple[Evidence, ...], additions: tuple[GatewayAddition, ...] = ()
+        view: ThreadView,
+        evidence: tuple[Evidence, ...],
+        additions: tuple[GatewayAddition, ...] = (),
+        hooked: PrepareHookChange | None = None,
     ) -> ThreadSnapshot:
         snapshot = view.snapshot()
-        return (
-            replace(snapshot, evidence=evidence, additions=additions) if evidence or additions else snapshot
-        )
+        if not (evidence or additions or hooked):
+            return snapshot
+        return replace(snapshot, evidence=evidence, additions=additions, hooked=hooked)
 
     async def _request_job(
         self,

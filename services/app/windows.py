@@ -103,8 +103,10 @@ class WindowKeeper:
             )
         self._candidates.pop(view.head.thread_id, None)
         fresh_snapshot = fresh.snapshot()
-        # What the request brought (quoted evidence, validated additions) belongs to the new window too.
-        fresh_snapshot = replace(fresh_snapshot, evidence=snapshot.evidence, additions=snapshot.additions)
+        # What the request brought (evidence, validated additions, hook changes) is the new window's too.
+        fresh_snapshot = replace(
+            fresh_snapshot, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked
+        )
         return WindowOutcome(fresh, fresh_snapshot, decision, report)
 
     def _decide(

@@ -66,7 +66,8 @@ from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
-from services.core.groups import DraftBlock, build_view_blocks
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
 from services.core.state import Fact, pattern_regex, render_facts
@@ -88,7 +89,14 @@ from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, es
 from services.core.windows.handoff import handoff_block
 from services.core.view_memo import ViewMemo
 
-__all__ = ["ASSEMBLY_REVISION", "Evidence", "SummaryView", "ThreadSnapshot", "assemble_context"]
+__all__ = [
+    "ASSEMBLY_REVISION",
+    "Evidence",
+    "SummaryView",
+    "ThreadSnapshot",
+    "assemble_context",
+    "candidate_blocks",
+]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
 ASSEMBLY_REVISION = "assembly-3"
@@ -173,6 +181,8 @@ class ThreadSnapshot:
     evidence: tuple[Evidence, ...] = ()
     # Hook additions a gateway check validated, carried into this re-prepare (``carry_additions_from``).
     additions: tuple[GatewayAddition, ...] = ()
+    # What the release's prepare.before hooks added and deselected (checked already).
+    hooked: PrepareHookChange | None = None
     # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
     # since is built again. Without one, everything is built from scratch — the same reply.
     memo: ViewMemo | None = field(default=None, compare=False, repr=False)
@@ -275,22 +285,9 @@ def assemble_context(
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    records = snapshot.records
-    if request.context_tools:
-        records = [_naming_read_tool(r, counter) for r in records]
-    memo = snapshot.memo
-    if memo is None or memo.own_thread != snapshot.own_thread:
-        memo = ViewMemo(snapshot.own_thread)
-    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
-    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
-    if snapshot.handoff is not None:
-        ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
-    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
-    ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
-    state_block = _state_block(snapshot, request)
-    if state_block is not None:
-        ordered.append(state_block)
-    ordered = _for_purpose(ordered, request.purpose)
+    memo, blocks, ordered = _candidates(snapshot, request, counter)
+    if snapshot.hooked is not None:
+        ordered = snapshot.hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
     tools: tuple[ToolSchema, ...] = request.tools if request.purpose is Purpose.ACTION else ()
     if request.context_tools and request.purpose is not Purpose.COMPACTION:
@@ -463,6 +460,35 @@ def _green_view_room(input_budget: int, window: WindowPolicy | None, schema_toke
             return None
         case _:
             assert_never(window.strategy)
+
+
+def candidate_blocks(
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
+) -> list[DraftBlock]:
+    """The blocks a context of ``request`` is chosen from, in order, before any fitting (what a
+    prepare.before hook sees)."""
+    return _candidates(snapshot, request, counter)[2]
+
+
+def _candidates(
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
+) -> tuple[ViewMemo, BlockSet, list[DraftBlock]]:
+    records = snapshot.records
+    if request.context_tools:
+        records = [_naming_read_tool(r, counter) for r in records]
+    memo = snapshot.memo
+    if memo is None or memo.own_thread != snapshot.own_thread:
+        memo = ViewMemo(snapshot.own_thread)
+    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
+    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
+    if snapshot.handoff is not None:
+        ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
+    ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
+    ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
+    state_block = _state_block(snapshot, request)
+    if state_block is not None:
+        ordered.append(state_block)
+    return memo, blocks, _for_purpose(ordered, request.purpose)
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:

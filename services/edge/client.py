@@ -80,6 +80,7 @@ from contracts.branches import (
     SessionForked,
     session_export_subject,
 )
+from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
 from contracts.ids import is_identifier
 from contracts.subjects import (
     DEFAULT_TENANT,
@@ -417,6 +418,11 @@ class FleetClient:
             self._of_tenant(TOOLS_REGISTER), catalog.model_dump_json().encode(), timeout
         )
         return CatalogRegistered.model_validate_json(body)
+
+    async def register_hooks(self, hooks: HookSet, *, timeout: float = 10.0) -> HooksRegistered:
+        """Register a release's context hooks; sessions of the release created afterwards use them."""
+        body = await self._request(self._of_tenant(HOOKS_REGISTER), hooks.model_dump_json().encode(), timeout)
+        return HooksRegistered.model_validate_json(body)
 
     def _of_tenant(self, base: str) -> str:
         return tenant_subject(base, self.tenant)

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
 from contracts import DEFAULT_POLICY_NAME, ContextPolicy, InspectedDeadLetter, ToolCatalog
+from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
@@ -93,6 +94,8 @@ class _Tables:
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
     proposals: list[_Row] = field(default_factory=list)
     catalogs: dict[tuple[str, str, int], ToolCatalog] = field(default_factory=dict)
+    # A hook revision, with the sessions recorded before it (they keep the revision they had).
+    hooks: dict[tuple[str, str, int], tuple[HookSet, frozenset[str]]] = field(default_factory=dict)
     receipts: dict[tuple[str, str], _Row] = field(default_factory=dict)
     views: dict[str, _Row] = field(default_factory=dict)
     summaries: dict[str, _Row] = field(default_factory=dict)
@@ -157,6 +160,27 @@ class MemoryStore:
             yield MemorySession(self, self._now)
         finally:
             self.open_sessions -= 1
+
+    async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
+        """Store ``hooks`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
+        t = self.tables
+        revision = (
+            max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
+        )
+        t.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(t.sessions))
+        return revision
+
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+        t = self.tables
+        s = t.sessions.get(session_id)
+        if s is None or s["tenant"] != tenant:
+            return False, None
+        pinned = [
+            (r, hooks)
+            for (tn, rel, r), (hooks, before) in t.hooks.items()
+            if tn == tenant and rel == s["agent_release"] and session_id not in before
+        ]
+        return True, max(pinned, key=lambda p: p[0])[1] if pinned else None
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""

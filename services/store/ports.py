@@ -21,6 +21,7 @@ from contracts import (
     ToolCatalog,
 )
 from contracts.hooks import AdditionCategory
+from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 from contracts.windows import WindowHandoff
 
@@ -50,6 +51,7 @@ __all__ = [
     "CompactionSession",
     "CompactionStore",
     "FullRecord",
+    "HookStore",
     "IndexStore",
     "ListingStore",
     "PrepareSession",
@@ -287,6 +289,19 @@ class QueryStore(Protocol):
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int: ...
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int: ...
+
+
+class HookStore(Protocol):
+    """Context hook sets per agent release (issue 19)."""
+
+    async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
+        """Store ``hooks`` as the next revision of its release in ``tenant``; returns the revision."""
+        ...
+
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+        """Whether ``tenant`` has the session recorded, and the hook set its release had registered
+        when the session's first event was recorded (``None``: none then)."""
+        ...
 
 
 class ListingStore(Protocol):

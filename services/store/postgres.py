@@ -23,6 +23,7 @@ from contracts import (
     SessionInspection,
     ToolCatalog,
 )
+from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 from contracts.windows import WindowHandoff
 
@@ -34,6 +35,7 @@ from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store import batches, branches, listing, queries
+from services.store import hooks as hooks_sql
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
@@ -403,6 +405,14 @@ class PgStore:
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
         async with self._conn() as conn:
             return await queries.insert_catalog(conn, tenant, catalog)
+
+    async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
+        async with self._conn() as conn:
+            return await hooks_sql.insert_hooks(conn, tenant, hooks)
+
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+        async with self._conn() as conn:
+            return await hooks_sql.select_session_hooks(conn, tenant, session_id)
 
     async def ping(self) -> None:
         """One round trip (readiness): StoreUnavailable if the server does not answer."""

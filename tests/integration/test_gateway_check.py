@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import uuid
 from typing import Any
 
 import asyncpg
 import pytest
 
-from contracts import GatewayAddition, PreparedContext, PrepareRequest
+from contracts import GatewayAddition, PreparedContext, PrepareRequest, Purpose
 from contracts.hooks import AdditionCategory, HookBinding, HookPoint, HookSet
 from services.edge.client import FleetClient
 from services.errors import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
@@ -32,9 +33,10 @@ async def _prepared(client: FleetClient, t: Thread, **request: Any) -> PreparedC
     )
 
 
-async def _thread(client: FleetClient) -> Thread:
+async def _thread(client: FleetClient, release: str | None = None) -> Thread:
     t = Thread()
-    await client.append(t.system("You fix bugs in a Python repository."))
+    system = t.system("You fix bugs in a Python repository.")
+    await client.append(system.model_copy(update={"agent_release": release}) if release else system)
     await client.append(t.user(TASK, key="task"))
     return t
 
@@ -83,15 +85,19 @@ async def test_check_final_answers_ok_records_what_was_sent_and_refuses_an_edite
 async def test_additions_crossing_the_soft_limit_reprepare_once_and_are_carried(
     fleet: Any, client: FleetClient
 ) -> None:
-    t = await _thread(client)
     binding = HookBinding(
         name="policy-engine",
         version="2",
         point=HookPoint.PREPARE_BEFORE,
         subject="hooks.policy",
+        # The check reads this grant; the hook itself never runs here (it is granted, not called:
+        # its purposes exclude the prepares below).
+        purposes=(Purpose.COMPLETION,),
         grants=(AdditionCategory.MATERIAL,),
     )
-    fleet.hook_grants.use("default", t.session_id, HookSet(release="r1", hooks=(binding,)))
+    release = f"gw-{uuid.uuid4().hex[:8]}"
+    await client.register_hooks(HookSet(release=release, hooks=(binding,)))
+    t = await _thread(client, release=release)
     # A budget the prepared context fills to well under the default policy's 0.8 trigger, and the
     # addition takes over it (but not over the budget).
     prepared = await _prepared(client, t, budget_tokens=400)

@@ -56,6 +56,8 @@ MESSAGES = {
     "PolicyRegistered",
     "ToolCatalog",
     "CatalogRegistered",
+    "HookSet",
+    "HooksRegistered",
     "OperationStatusRequest",
     "Receipt",
     "RecordedNotice",
