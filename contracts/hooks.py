@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from ._base import WireModel
 from .ids import Identifier
@@ -21,18 +21,21 @@ from .prepare import Purpose
 __all__ = [
     "AdditionCategory",
     "HOOK_SUBJECT_PATTERN",
-    "HOOKS_REGISTER",
+    "hook_subject_tenant",
     "HookBinding",
     "HookFailurePolicy",
     "HookPoint",
+    "HOOKS_REGISTER",
     "HookSet",
     "HooksRegistered",
 ]
 
 # Registering a release's hook set: ``ctx.hooks.register.<tenant>`` (HookSet in, HooksRegistered out).
 HOOKS_REGISTER = "ctx.hooks.register"
-# A plain subject of the hook's own service: no wildcards, and never under the fleet's ``ctx.`` tree.
-HOOK_SUBJECT_PATTERN = r"^(?!ctx\.)[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64}){0,15}$"
+# The subject a hook's service answers: ``hooks.<tenant>.<name…>``, no wildcards. The tenant token
+# keeps one tenant's hooks out of another's reach on a closed bus (a tenant's runtime may answer
+# ``hooks.<tenant>.>`` only) and lets the fleet's workers send to ``hooks.>`` and nothing else.
+HOOK_SUBJECT_PATTERN = r"^hooks(\.[A-Za-z0-9_-]{1,64}){2,15}$"
 
 
 class HookPoint(StrEnum):
@@ -74,9 +77,6 @@ class AdditionCategory(StrEnum):
 class HookBinding(WireModel):
     """One hook of a release at one point."""
 
-    # The subject pattern's look-ahead needs Python's engine (pydantic-core's Rust regex has none).
-    model_config = ConfigDict(frozen=True, extra="forbid", regex_engine="python-re")
-
     name: Identifier
     version: Annotated[str, Field(min_length=1, max_length=100)]
     point: HookPoint
@@ -117,6 +117,11 @@ class HookBinding(WireModel):
     def source(self) -> str:
         """How the hook's changes are labelled: ``name@version``."""
         return f"{self.name}@{self.version}"
+
+
+def hook_subject_tenant(subject: str) -> str:
+    """The tenant a hook subject belongs to (its second token)."""
+    return subject.split(".", 2)[1]
 
 
 class HookSet(WireModel):

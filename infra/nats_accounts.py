@@ -35,6 +35,7 @@ from contracts.gateway import GATEWAY_CHECK
 from contracts.manage import COMPACT
 from contracts.read import POLICY_REGISTER, READ
 from contracts.search import SEARCH
+from contracts.hooks import HOOKS_REGISTER
 from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
 from contracts.subjects import (
     DEAD,
@@ -72,10 +73,13 @@ WORKERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisi
 OPERATOR = "operator"
 DEFAULT_TENANTS = (DEFAULT_TENANT,)
 _INBOX = "_INBOX.>"
+# Context hooks answer under hooks.<tenant>. (contracts/hooks.py); the fleet calls them at prepare
+# (assembler) and compaction (compactor) time.
+_HOOKS = "hooks.>"
 _COMPACTED = "ctx.compacted.>"
 # Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
 # A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
-_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, OPERATION_STATUS, SESSION_FORK)
+_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, HOOKS_REGISTER, OPERATION_STATUS, SESSION_FORK)
 # The gateway's final check is a runtime's, like the prepare it follows.
 _PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)
 # Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
@@ -117,7 +121,7 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         ),
         # Answers requests; enqueues a compaction when a prepare must wait for one.
         "assembler": SubjectPermissions(
-            publish=(COMPACTION_JOBS,),
+            publish=(COMPACTION_JOBS, _HOOKS),
             subscribe=(*_REQUESTS, f"{RECORDED}.>", _COMPACTED, _INBOX),
             allow_responses=True,
         ),
@@ -133,6 +137,7 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
                 f"$JS.ACK.{JOBS_STREAM}.{COMPACTOR_DURABLE}.>",
                 _COMPACTED,
                 *_QUEUE_GAUGES,
+                _HOOKS,
             ),
             # Answers manual compactions (ctx.compact), in the compactor process.
             subscribe=(f"{COMPACT}.>", _INBOX),
@@ -164,7 +169,9 @@ def tenant_permissions(tenant: str) -> SubjectPermissions:
             *(f"{s}.{t}" for s in _PER_TENANT),
             f"{COMPACT}.{t}.>",
         ),
-        subscribe=(f"_INBOX.{runtime_user(t)}.>",),
+        # Its own context hooks, which the fleet calls and the runtime (or its plugin service) answers.
+        subscribe=(f"_INBOX.{runtime_user(t)}.>", f"hooks.{t}.>"),
+        allow_responses=True,
     )
 
 

@@ -29,7 +29,7 @@ from contracts import (
     ToolCatalog,
 )
 from services.core.budget import policy_budget
-from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
+from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered, hook_subject_tenant
 from services.app.catalogs import register_catalog
 from services.errors import CtxError, InvalidPolicy, InvalidRequest
 from services.app.reading import read_range
@@ -168,6 +168,12 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     async def on_hooks(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
         async def register() -> HooksRegistered:
             hooks = parse_body(HookSet, body)
+            foreign = sorted({h.subject for h in hooks.hooks if hook_subject_tenant(h.subject) != tenant})
+            if foreign:
+                raise InvalidRequest(
+                    f"hook subjects must be under hooks.{tenant}. (the registering tenant's): "
+                    + ", ".join(foreign)
+                )
             return HooksRegistered(
                 release=hooks.release, revision=await store().register_hooks(tenant, hooks)
             )

@@ -1470,4 +1470,13 @@ def _prepared_id(
         fingerprint["history_dropped"] = True
     if snapshot.handoff is not None:  # left out in window 1, so ids minted before windows stay the same
         fingerprint["handoff"] = snapshot.handoff.handoff_id
+    hooked = snapshot.hooked
+    if hooked is not None and (hooked.additions or hooked.deselected):
+        # A hook's answer may differ between two prepares of the same state: the gateway's check finds
+        # a context by its id, so what the hooks changed is part of it (left out when they changed nothing).
+        added: list[JsonValue] = [
+            [b.block_id, *(m.content or "" for m in b.messages)] for b in hooked.additions
+        ]
+        deselected: list[JsonValue] = [d for d in sorted(hooked.deselected)]
+        fingerprint["hooks"] = {"added": added, "deselected": deselected}
     return str(uuid.uuid5(_PREPARED_NS, canonical_json(fingerprint).decode()))

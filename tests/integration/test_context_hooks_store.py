@@ -16,7 +16,9 @@ pytestmark = pytest.mark.anyio
 def _set(release: str, version: str) -> HookSet:
     return HookSet(
         release=release,
-        hooks=(HookBinding(name="p", version=version, point=HookPoint.PREPARE_BEFORE, subject="hooks.p"),),
+        hooks=(
+            HookBinding(name="p", version=version, point=HookPoint.PREPARE_BEFORE, subject="hooks.default.p"),
+        ),
     )
 
 

@@ -89,7 +89,7 @@ async def test_additions_crossing_the_soft_limit_reprepare_once_and_are_carried(
         name="policy-engine",
         version="2",
         point=HookPoint.PREPARE_BEFORE,
-        subject="hooks.policy",
+        subject="hooks.default.policy",
         # The check reads this grant; the hook itself never runs here (it is granted, not called:
         # its purposes exclude the prepares below).
         purposes=(Purpose.COMPLETION,),

@@ -69,21 +69,21 @@ async def test_a_scripted_hook_service_answers_a_patch_and_a_silent_one_times_ou
         async def silent(msg: Msg) -> None:
             await asyncio.sleep(1)
 
-        await nc.subscribe("hooks.answering", cb=answer)
-        await nc.subscribe("hooks.silent", cb=silent)
+        await nc.subscribe("hooks.default.answering", cb=answer)
+        await nc.subscribe("hooks.default.silent", cb=silent)
         seen = _Seen()
         registry = HookRegistry(MemoryStore(), NatsHookRunner(nc), seen)
-        answering = _binding("hooks.answering")
+        answering = _binding("hooks.default.answering")
         result = await registry.run(
             answering, _call(answering), lambda p: check_prepare_before(answering, p, ())
         )
         assert result.outcome == "patched" and result.patch is not None
         assert result.patch.add[0].text == "Refunds need approval."
 
-        skipping = _binding("hooks.silent")
+        skipping = _binding("hooks.default.silent")
         skipped = await registry.run(skipping, _call(skipping), lambda p: [])
         assert skipped.outcome == "timeout" and skipped.patch is None
-        failing = _binding("hooks.silent", failure=HookFailurePolicy.FAIL)
+        failing = _binding("hooks.default.silent", failure=HookFailurePolicy.FAIL)
         with pytest.raises(HookTimeout):
             await registry.run(failing, _call(failing), lambda p: [])
         assert seen.points == [

@@ -26,7 +26,7 @@ _BEFORE = HookBinding(
     name="policy",
     version="2",
     point=HookPoint.PREPARE_BEFORE,
-    subject="hooks.policy",
+    subject="hooks.default.policy",
     grants=(AdditionCategory.MATERIAL,),
 )
 _CANDIDATES = (
@@ -168,7 +168,9 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
     from services.app.views import ViewLoader
 
     store, t = MemoryStore(), Thread()
-    binding = HookBinding(name="redact", version="1", point=HookPoint.COMPACT_AFTER, subject="hooks.redact")
+    binding = HookBinding(
+        name="redact", version="1", point=HookPoint.COMPACT_AFTER, subject="hooks.default.redact"
+    )
     await store.register_hooks("default", HookSet(release="rel-1", hooks=(binding,)))
     await store.register_policy(
         "default",
@@ -187,7 +189,7 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
     store.tables.sessions[t.session_id]["agent_release"] = "rel-1"
     runner = ScriptedHookRunner(
         scripts={
-            "hooks.redact": HookReply(
+            "hooks.default.redact": HookReply(
                 decision="patch", patch=HookPatch(summary_fields={"files_modified": []})
             )
         }

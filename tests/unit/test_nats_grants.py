@@ -58,7 +58,8 @@ def test_a_tenants_runtime_may_use_its_own_subjects_and_no_other_tenants() -> No
     assert not any(_may_publish("runtime-acme", s) for s in foreign), [
         s for s in foreign if _may_publish("runtime-acme", s)
     ]
-    assert tenant_permissions("acme").subscribe == ("_INBOX.runtime-acme.>",)
+    # Its own inbox, and the context hooks it answers for its own releases only.
+    assert tenant_permissions("acme").subscribe == ("_INBOX.runtime-acme.>", "hooks.acme.>")
 
 
 def test_the_operator_may_name_any_tenant_and_inspect_but_never_touches_streams_or_jobs() -> None:

@@ -297,7 +297,8 @@ def test_every_request_channel_declares_its_reply_and_the_error_reply(written: d
     assert replies["session_fork"] == {"SessionForked", "ErrorReply"}
     assert replies["compact"] == {"CompactReply", "ErrorReply"}
     assert replies["gateway_check"] == {"FinalCheck", "ErrorReply"}
-    assert len(replies) == 12 and all("ErrorReply" in r for r in replies.values())
+    assert replies["hooks_register"] == {"HooksRegistered", "ErrorReply"}
+    assert len(replies) == 13 and all("ErrorReply" in r for r in replies.values())
 
 
 def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str, Any]) -> None:
