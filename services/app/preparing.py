@@ -12,6 +12,7 @@ oldest history still awaiting compaction, each omission named — never an over-
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from dataclasses import replace
 
 from contracts import (
@@ -198,12 +199,10 @@ class PrepareService:
         budget = calibrated(base, calibration)
         window = await self._windows.settle(view, snapshot, request, budget, counter)
         view, snapshot = window.view, window.snapshot
-        try:
-            prepared = window.measured or assemble_context(
-                snapshot, request, budget, counter, window=view.policy.window
-            )
-        except OverBudget as over:
-            return await self._await_compaction(
+
+        def compaction(over: OverBudget) -> Awaitable[PreparedContext]:
+            # The budget as it stands when called: the second assembly runs on a recalibrated one.
+            return self._await_compaction(
                 view,
                 request,
                 budget,
@@ -214,6 +213,13 @@ class PrepareService:
                 additions=snapshot.additions,
                 hooked=snapshot.hooked,
             )
+
+        try:
+            prepared = window.measured or assemble_context(
+                snapshot, request, budget, counter, window=view.policy.window
+            )
+        except OverBudget as over:
+            return await compaction(over)
         if window.report is not None:
             prepared = prepared.model_copy(update={"rollover": window.report})
         learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
@@ -224,17 +230,7 @@ class PrepareService:
             recounted = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
             return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
         except OverBudget as over:
-            return await self._await_compaction(
-                view,
-                request,
-                budget,
-                counter,
-                over,
-                pause,
-                snapshot.evidence,
-                additions=snapshot.additions,
-                hooked=snapshot.hooked,
-            )
+            return await compaction(over)
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
         """The profile's calibration (only profiles without an offline tokenizer have one from usage;

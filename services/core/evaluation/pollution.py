@@ -27,6 +27,7 @@ from pydantic import JsonValue
 
 from contracts import ToolCatalog
 
+from services.core.evaluation.probes import message_texts
 from services.core.records import RecordKind
 from services.core.state import effects_of, tool_spec
 from services.core.trace import TraceCall, TraceLine
@@ -79,18 +80,7 @@ def state_probes_at(lines: Sequence[TraceLine], catalog: ToolCatalog | None) -> 
 
 def text_of(messages: Iterable[Mapping[str, JsonValue]]) -> str:
     """What a model reads in ``messages``, line structure kept: contents, then call arguments."""
-    parts: list[str] = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        calls = m.get("tool_calls")
-        for call in calls if isinstance(calls, list) else []:
-            function = call.get("function") if isinstance(call, dict) else None
-            arguments = function.get("arguments") if isinstance(function, dict) else None
-            if isinstance(arguments, str):
-                parts.append(arguments)
-    return "\n".join(parts)
+    return "\n".join(message_texts(messages))
 
 
 def current_marker(path: str, value: JsonValue) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "haystack_of",
     "head_line",
     "is_present",
+    "message_texts",
     "normalize",
     "probes_at",
     "telling_line",
@@ -84,8 +85,9 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def haystack_of(messages: Iterable[Mapping[str, JsonValue]]) -> str:
-    """The normalized text a model sees in ``messages``: contents, call arguments raw and decoded."""
+def message_texts(messages: Iterable[Mapping[str, JsonValue]], *, decoded: bool = False) -> list[str]:
+    """What a model reads in ``messages``, in order: contents, then call arguments (with the strings
+    inside them too when ``decoded``)."""
     parts: list[str] = []
     for m in messages:
         content = m.get("content")
@@ -97,8 +99,14 @@ def haystack_of(messages: Iterable[Mapping[str, JsonValue]]) -> str:
             arguments = function.get("arguments") if isinstance(function, dict) else None
             if isinstance(arguments, str):
                 parts.append(arguments)
-                parts.extend(_decoded_strings(arguments))
-    return normalize("\n".join(parts))
+                if decoded:
+                    parts.extend(_decoded_strings(arguments))
+    return parts
+
+
+def haystack_of(messages: Iterable[Mapping[str, JsonValue]]) -> str:
+    """The normalized text a model sees in ``messages``: contents, call arguments raw and decoded."""
+    return normalize("\n".join(message_texts(messages, decoded=True)))
 
 
 def is_present(probe: Probe, haystack: str) -> bool:
