@@ -35,9 +35,9 @@ from services.app.budgeting import measure as measure_of
 from services.core.compaction.select import choose_cover, split_segments, summary_cap
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
-from services.app.compact_hooks import after_compaction
+from services.app.compact_hooks import after_compaction, before_compaction
 from services.app.hooks import HookRegistry
-from services.errors import RevisionConflict
+from services.errors import CtxError, RevisionConflict
 from services.core.groups import DraftBlock, run_task_seq
 from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
@@ -166,7 +166,20 @@ class CompactionService:
             if parent is not None and summary_tokens > cap:
                 return self._rolled_up(view, job, measure, parent.body, cap, new_revision)
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
-        segments = split_segments(choice.blocks, max(1, job.input_budget // 2), encoding)[
+        chosen = list(choice.blocks)
+        if self._hooks is not None:
+            try:
+                scope = await before_compaction(
+                    self._hooks, view.scope.tenant, view.head.session_id, job.thread_id, chosen, cap
+                )
+            except CtxError as exc:
+                return JobOutcome(
+                    "failed", "hook", f"{exc.code.value}: {exc.message}", measure.estimated
+                ), None
+            if not scope.blocks:
+                return JobOutcome("deferred", "hook", "narrowed_to_nothing", measure.estimated), None
+            chosen, cap = list(scope.blocks), scope.target_tokens
+        segments = split_segments(chosen, max(1, job.input_budget // 2), encoding)[
             : policy.max_compaction_calls
         ]
         covered_blocks = [b for seg in segments for b in seg]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from contracts import BlockKind, PrepareRequest, Purpose, Retention
@@ -208,5 +210,87 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
     assert runner.calls and runner.calls[0][1].point is HookPoint.COMPACT_AFTER
     assert (outcome.status, outcome.stage) == ("failed", "validate")
     assert "redact@1" in (outcome.detail or "")
+    async with store.session() as s:
+        assert (await s.load_view(t.thread_id)).view_revision == 0
+
+
+async def _compaction_with(binding: HookBinding, reply: HookReply) -> tuple[Any, Any, Any, Thread]:
+    """A tight-policy thread of six written files, compacted once with ``binding`` answering ``reply``."""
+    from contracts import CompactionPolicy, ContextPolicy
+    from services.app.compacting import CompactionService
+    from services.app.scheduling import request_job
+    from services.app.views import ViewLoader
+
+    store, t = MemoryStore(), Thread()
+    await store.register_hooks("default", HookSet(release="rel-1", hooks=(binding,)))
+    await store.register_policy(
+        "default",
+        ContextPolicy(name="tight", model_profile=None, budget_tokens=2_000, compaction=CompactionPolicy()),
+    )
+    events = [
+        t.system("You fix bugs.").model_copy(update={"policy": "tight"}),
+        t.user("Fix app.py", key="task"),
+    ]
+    for i in range(6):
+        cmd = {"path": f"file{i}.py", "content": "x = 1\n" * 40}
+        events.append(t.assistant(f"step {i}", calls=((f"c{i}", "write_file", cmd),)))
+        events.append(t.outcome(f"c{i}", f"wrote file{i}.py " * 60, key=f"out{i}"))
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+    await recorder.record_batch(0, incoming(events))
+    store.tables.sessions[t.session_id]["agent_release"] = "rel-1"
+    runner = ScriptedHookRunner(scripts={binding.subject: reply})
+
+    class _Q:
+        async def publish(self, job: object) -> None:
+            return None
+
+    async with store.session() as s:
+        view = await ViewLoader().load(s, t.thread_id)
+        job = await request_job(s, _Q(), view, ("context_ratio",))  # type: ignore[arg-type]
+    assert job is not None
+    outcome = await CompactionService(store, ViewLoader(), hooks=HookRegistry(store, runner)).run(job)
+    return outcome, runner, store, t
+
+
+@pytest.mark.anyio
+async def test_a_compact_before_hook_that_ends_the_range_earlier_gets_a_summary_of_only_that_much() -> None:
+    binding = HookBinding(
+        name="scope", version="1", point=HookPoint.COMPACT_BEFORE, subject="hooks.default.scope"
+    )
+    unhooked, first, store, t = await _compaction_with(binding, HookReply())
+    candidate = first.calls[0][1].range
+    assert unhooked.status == "committed" and first.calls[0][1].point is HookPoint.COMPACT_BEFORE
+    async with store.session() as s:
+        whole = (await s.load_view(t.thread_id)).summary
+    assert whole is not None and whole.body.covered_to == candidate.to_seq
+    end = candidate.from_seq + 3
+    outcome, _, store, t = await _compaction_with(
+        binding,
+        HookReply(
+            decision="patch", patch=HookPatch(narrow_to=HookRange(from_seq=candidate.from_seq, to_seq=end))
+        ),
+    )
+    assert outcome.status == "committed"
+    async with store.session() as s:
+        summary = (await s.load_view(t.thread_id)).summary
+    assert summary is not None and candidate.from_seq <= summary.body.covered_to <= end < candidate.to_seq
+
+
+@pytest.mark.anyio
+async def test_a_compact_before_hook_may_not_move_the_start_of_the_range() -> None:
+    binding = HookBinding(
+        name="scope",
+        version="1",
+        point=HookPoint.COMPACT_BEFORE,
+        subject="hooks.default.scope",
+        failure=HookFailurePolicy.FAIL,
+    )
+    call_range = (await _compaction_with(binding, HookReply()))[1].calls[0][1].range
+    moved = HookRange(from_seq=call_range.from_seq + 1, to_seq=call_range.to_seq)
+    outcome, _, store, t = await _compaction_with(
+        binding, HookReply(decision="patch", patch=HookPatch(narrow_to=moved))
+    )
+    assert (outcome.status, outcome.stage) == ("failed", "hook")
+    assert "hook_change_refused" in outcome.detail
     async with store.session() as s:
         assert (await s.load_view(t.thread_id)).view_revision == 0
