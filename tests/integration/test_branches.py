@@ -66,9 +66,13 @@ def _contexts(folder: Path, session_id: str) -> list[dict[str, Any]]:
         text = path.read_text(encoding="utf-8")
         context = json.loads(text.replace(session_id, "<session>").replace(tag, "@<tag>"))
         if tag in text:
+            # Likewise what is measured from those tokens (the water level) or hashed from the ids.
             context.pop("budget_report")
+            context.pop("window_report", None)
             for block in context["blocks"]:
                 block.pop("tokens")
+            for protected in context.get("protected_block_manifest", []):
+                protected.pop("sha256")
         # Derived from the ids, and the head's revision: how many recorder batches wrote the thread,
         # which depends on timing, not on what was recorded.
         context.pop("prepared_id")
