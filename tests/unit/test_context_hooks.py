@@ -164,48 +164,12 @@ async def test_an_action_hook_does_not_run_for_a_completion_check() -> None:
 
 @pytest.mark.anyio
 async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_the_old_view_stays() -> None:
-    from contracts import CompactionPolicy, ContextPolicy
-    from services.app.compacting import CompactionService
-    from services.app.scheduling import request_job
-    from services.app.views import ViewLoader
-
-    store, t = MemoryStore(), Thread()
     binding = HookBinding(
         name="redact", version="1", point=HookPoint.COMPACT_AFTER, subject="hooks.default.redact"
     )
-    await store.register_hooks("default", HookSet(release="rel-1", hooks=(binding,)))
-    await store.register_policy(
-        "default",
-        ContextPolicy(name="tight", model_profile=None, budget_tokens=2_000, compaction=CompactionPolicy()),
+    outcome, runner, store, t = await _compaction_with(
+        binding, HookReply(decision="patch", patch=HookPatch(summary_fields={"files_modified": []}))
     )
-    events = [
-        t.system("You fix bugs.").model_copy(update={"policy": "tight"}),
-        t.user("Fix app.py", key="task"),
-    ]
-    for i in range(6):
-        cmd = {"path": f"file{i}.py", "content": "x = 1\n" * 40}
-        events.append(t.assistant(f"step {i}", calls=((f"c{i}", "write_file", cmd),)))
-        events.append(t.outcome(f"c{i}", f"wrote file{i}.py " * 60, key=f"out{i}"))
-    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
-    await recorder.record_batch(0, incoming(events))
-    store.tables.sessions[t.session_id]["agent_release"] = "rel-1"
-    runner = ScriptedHookRunner(
-        scripts={
-            "hooks.default.redact": HookReply(
-                decision="patch", patch=HookPatch(summary_fields={"files_modified": []})
-            )
-        }
-    )
-
-    class _Q:
-        async def publish(self, job: object) -> None:
-            return None
-
-    async with store.session() as s:
-        view = await ViewLoader().load(s, t.thread_id)
-        job = await request_job(s, _Q(), view, ("context_ratio",))  # type: ignore[arg-type]
-    assert job is not None
-    outcome = await CompactionService(store, ViewLoader(), hooks=HookRegistry(store, runner)).run(job)
 
     assert runner.calls and runner.calls[0][1].point is HookPoint.COMPACT_AFTER
     assert (outcome.status, outcome.stage) == ("failed", "validate")
