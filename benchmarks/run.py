@@ -618,7 +618,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             elif name == "shapes":
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
-                results["think"] = await bench_think(servers, settings)
+                results["think"] = await bench_think(nats_url, db, tmp, repeats=args.think_repeats)
             elif name == "concurrency":
 
                 async def fresh() -> str:
@@ -716,6 +716,7 @@ def main() -> None:
     )
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
     parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
+    parser.add_argument("--think-repeats", type=int, default=1, help="think: the pauses this many times over")
     parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
     parser.add_argument("--ingest-runs", type=int, default=3, help="runs per ingest figure (median)")
     parser.add_argument(

@@ -1,67 +1,96 @@
 """Read-your-writes with an agent's think time between steps (issue 16).
 
-A 50-record thread; then, for each pause between steps (0 s, 1.5 s, 10 s — a model call takes
-seconds), publish one event and time publish → prepare reply with ``after_event_key`` naming it. A
-recorder that left a half-filled pull request open would hold the event until the request expired,
-so the figure would grow with the pause; it must not.
+The fleet runs in its own process with all five workers, as ``make run`` runs it; this process is
+the agent runtime. A 50-record thread; then, for each pause between steps (0 s, 1.5 s, 10 s — a
+model call takes seconds), publish one event and time publish → prepare reply with
+``after_event_key`` naming it. A recorder that left a half-filled pull request open would hold the
+event until the request expired, so the figure would grow with the pause; it must not.
 
-``make bench BENCH_ARGS="--only think"``
+Each step is also split in its two halves: the publish ack, and the prepare that waits for the event
+(recorded, handed over, assembled, sent). Figures per pause: p50 / p99 / max of the step and of each
+half, and the fleet's CPU over the run.
+
+``make bench BENCH_ARGS="--only think"`` (``--think-repeats N`` runs the pauses N times over).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from contracts import PrepareRequest
-from infra.runtime import Servers, start_fleet
-from services.edge.replay import percentile
 from services.edge.client import FleetClient
-from services.settings import Settings
+from services.edge.replay import percentile
 from tests.fixtures.builders import Thread
 
-__all__ = ["bench_think"]
+from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
-PAUSES: tuple[tuple[float, int], ...] = ((0.0, 40), (1.5, 20), (10.0, 6))
+__all__ = ["PAUSES", "bench_think"]
+
+PAUSES: tuple[tuple[float, int], ...] = ((0.0, 60), (1.5, 30), (10.0, 8))
 
 
-async def bench_think(servers: Servers, settings: Settings) -> dict[str, object]:
-    fleet = await start_fleet(settings, servers)
-    out: dict[str, object] = {}
-    try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+def _ms(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(percentile(values, 50), 2),
+        "p99_ms": round(percentile(values, 99), 2),
+        "max_ms": round(max(values), 2),
+    }
+
+
+async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: int = 1) -> dict[str, object]:
+    """The step latencies per pause, against a fleet process of all five workers."""
+    await prepare_servers(nats_url, database_url, tmp / "data")
+    env = fleet_env(nats_url, database_url, tmp / "data")
+    out: dict[str, object] = {"workers": "+".join(ALL_WORKERS), "repeats": repeats}
+    with FleetProcess(ALL_WORKERS, env, tmp / "think.log") as fleet:
+        async with await FleetClient.connect(nats_url, name="think") as client:
             t = Thread()
             await client.append(t.system("You fix bugs."))
             await client.append(t.user("Fix the failing test."))
             for n in range(24):
                 await client.append(t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat f{n}.py"}),)))
-                await client.append(t.outcome(f"c{n}", f"line {n}\n" * 20))
+                last = t.outcome(f"c{n}", f"line {n}\n" * 20)
+                await client.append(last)
+            request = PrepareRequest(
+                session_id=t.session_id,
+                run_id=t.run_id,
+                instance_id=t.instance_id,
+                model_profile="gpt-4o",
+                wait_ms=5_000,
+            )
+            # The view warmed into the fleet's cache before anything is timed.
+            await client.prepare(request.model_copy(update={"after_event_key": last.event_key}), timeout=30)
+            cpu = fleet.cpu()
+            cpu.start()
             step = 0
-            for pause, steps in PAUSES:
-                latencies: list[float] = []
-                for _ in range(steps):
-                    await asyncio.sleep(pause)
-                    step += 1
-                    key = f"think-{step}"
-                    started = time.perf_counter()
-                    await client.append(t.user(f"and step {step}", key=key))
-                    await client.prepare(
-                        PrepareRequest(
-                            session_id=t.session_id,
-                            run_id=t.run_id,
-                            instance_id=t.instance_id,
-                            model_profile="gpt-4o",
-                            after_event_key=key,
-                            wait_ms=5_000,
-                        )
-                    )
-                    latencies.append((time.perf_counter() - started) * 1000)
+            # Per pause: whole steps, their publish acks, their prepares.
+            steps: dict[float, tuple[list[float], list[float], list[float]]] = {
+                p: ([], [], []) for p, _ in PAUSES
+            }
+            for _ in range(repeats):
+                for pause, count in PAUSES:
+                    total, acks, prepares = steps[pause]
+                    for _ in range(count):
+                        await asyncio.sleep(pause)
+                        step += 1
+                        key = f"think-{step}"
+                        started = time.perf_counter()
+                        await client.append(t.user(f"and step {step}", key=key))
+                        acked = time.perf_counter()
+                        await client.prepare(request.model_copy(update={"after_event_key": key}))
+                        done = time.perf_counter()
+                        total.append((done - started) * 1000)
+                        acks.append((acked - started) * 1000)
+                        prepares.append((done - acked) * 1000)
+            out["fleet_cpu_cores"] = cpu.stop()
+            for pause, _ in PAUSES:
+                total, acks, prepares = steps[pause]
                 out[f"pause_{pause:g}s"] = {
-                    "steps": steps,
-                    "p50_ms": round(percentile(latencies, 50), 2),
-                    "p99_ms": round(percentile(latencies, 99), 2),
-                    "max_ms": round(max(latencies), 2),
+                    "steps": len(total),
+                    **_ms(total),
+                    "publish": _ms(acks),
+                    "prepare": _ms(prepares),
                 }
-    finally:
-        await fleet.stop()
     return out

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from ._base import WireModel, any_of_schema, none_omitted
+from ._base import WireModel, any_of_schema, is_none, none_omitted
 from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
 from .task_budgets import TaskBudget, TaskBudgetReport
@@ -236,16 +236,9 @@ class ChatMessage(WireModel):
     model_config = ConfigDict(json_schema_extra=none_omitted)
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = None
-    tool_calls: tuple[ChatToolCall, ...] | None = None
-    tool_call_id: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _without_nulls(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        data: dict[str, object] = handler(self)
-        return {k: v for k, v in data.items() if v is not None}
+    content: str | None = Field(default=None, exclude_if=is_none)
+    tool_calls: tuple[ChatToolCall, ...] | None = Field(default=None, exclude_if=is_none)
+    tool_call_id: str | None = Field(default=None, exclude_if=is_none)
 
 
 class ChatTool(WireModel):
@@ -498,24 +491,13 @@ class PreparedContext(WireModel):
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
     # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
-    window_report: WindowReport | None = None
+    # Left out when None even by a plain dump, so a context assembled without a window policy is
+    # byte-identical to one from before windows (stored replies, golden files).
+    window_report: WindowReport | None = Field(default=None, exclude_if=is_none)
     # The run's task budget and ledger, when the request declared one.
-    task_budget: TaskBudgetReport | None = None
+    task_budget: TaskBudgetReport | None = Field(default=None, exclude_if=is_none)
     # Every required block, in order, with the hash the gateway's final check verifies (design D5.8).
     protected_block_manifest: tuple[ProtectedBlock, ...] = ()
-
-    @model_serializer(mode="wrap")
-    def _unreported_as_before(
-        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
-    ) -> dict[str, object]:
-        # A context assembled without a window policy is byte-identical to one from before windows
-        # (stored replies, golden files).
-        data: dict[str, object] = handler(self)
-        if self.window_report is None:
-            data.pop("window_report", None)
-        if self.task_budget is None:
-            data.pop("task_budget", None)
-        return data
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:
         """The messages exactly as an OpenAI-compatible endpoint takes them."""

@@ -30,6 +30,8 @@ from services.core.budget import BUILTIN_PROFILES
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
+from .hot_path import HotPath
+from .local_notices import LocalNotices
 from .level_clock import LevelClock
 from .gateway import gateway_router
 from .metrics import FleetMetrics
@@ -53,8 +55,14 @@ class AssemblerWorker:
         *,
         limits: RequestLimits | None = None,
         gateway: GatewayService | None = None,
+        local: LocalNotices | None = None,
+        hot_path: HotPath | None = None,
     ) -> None:
         self._service = service
+        self._local = local
+        self._hot_path = hot_path or HotPath()
+        if local is not None:
+            local.listen(board.notify)
         self._gateway = gateway
         self._board = board
         self._metrics = metrics
@@ -79,11 +87,12 @@ class AssemblerWorker:
         )
         async def on_prepare(body: bytes, message: NatsMessage) -> NatsResponse:
             tenant, run_id, instance_id = _tokens(message, 3)
-            return await admitted(
-                admission,
-                message.headers,
-                lambda slot: self._prepare(body, tenant, run_id, instance_id, slot),
-            )
+            with self._hot_path.serving():
+                return await admitted(
+                    admission,
+                    message.headers,
+                    lambda slot: self._prepare(body, tenant, run_id, instance_id, slot),
+                )
 
         @r.subscriber(
             f"{INSPECT}.{{tenant}}.{{run_id}}.{{instance_id}}",
@@ -108,6 +117,8 @@ class AssemblerWorker:
             description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
         )
         async def on_recorded(body: bytes, message: NatsMessage) -> None:
+            if self._local is not None and self._local.is_own(message.headers):
+                return  # handed over in this process already, right after the commit
             run_id, instance_id = _tokens(message, 2)
             self._board.notify(f"{run_id}.{instance_id}")
 

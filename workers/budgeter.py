@@ -15,6 +15,8 @@ from services.errors import CtxError, ThreadNotFound
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
+from .hot_path import HotPath
+from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 
 __all__ = ["BudgeterWorker"]
@@ -29,20 +31,33 @@ _MIN_INTERVAL_S = 0.25
 class BudgeterWorker(CoalescingWorker):
     """Coalescing evaluator of threads."""
 
-    def __init__(self, service: BudgetService | None, store: PgStore | None, metrics: FleetMetrics) -> None:
+    def __init__(
+        self,
+        service: BudgetService | None,
+        store: PgStore | None,
+        metrics: FleetMetrics,
+        *,
+        local: LocalNotices | None = None,
+        hot_path: HotPath | None = None,
+    ) -> None:
         self._service = service
         self._store = store
         self._metrics = metrics
         ready = service is not None and store is not None
         self._scheduler = (
             CoalescingScheduler(
-                self._evaluate, self._stale, log, sweep_s=_SWEEP_S, min_interval_s=_MIN_INTERVAL_S
+                self._evaluate,
+                self._stale,
+                log,
+                sweep_s=_SWEEP_S,
+                min_interval_s=_MIN_INTERVAL_S,
+                before_pass=hot_path.yield_to_prepares if hot_path is not None else None,
             )
             if ready
             else None
         )
         self.router = recorded_notices(
-            "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule
+            "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule, local
         )
 
     async def _evaluate(self, thread_id: str) -> None:

@@ -19,14 +19,23 @@ from faststream.nats.annotations import NatsMessage
 
 from contracts.subjects import RECORDED
 
+from .local_notices import LocalNotices
 from .replies import raw_body
 
 __all__ = ["CoalescingScheduler", "CoalescingWorker", "recorded_notices"]
 
 
-def recorded_notices(queue: str, description: str, schedule: Callable[[str], None]) -> NatsRouter:
-    """A router that schedules the thread of every recorder notice, shared by queue group ``queue``."""
+def recorded_notices(
+    queue: str, description: str, schedule: Callable[[str], None], local: LocalNotices | None = None
+) -> NatsRouter:
+    """A router that schedules the thread of every recorder notice, shared by queue group ``queue``.
+
+    With ``local``, this process's own recorder hands its notices over directly, and their NATS
+    copies are skipped.
+    """
     router = NatsRouter()
+    if local is not None:
+        local.listen(schedule)
 
     @router.subscriber(
         f"{RECORDED}.{{run_id}}.{{instance_id}}",
@@ -36,6 +45,8 @@ def recorded_notices(queue: str, description: str, schedule: Callable[[str], Non
         description=description,
     )
     async def on_recorded(body: bytes, message: NatsMessage) -> None:
+        if local is not None and local.is_own(message.headers):
+            return
         # The thread from the subject, not FastStream ``Path()`` parameters: those cost a thread hop
         # each on every notice, and a burst brings one per thread and recorded batch (issue 16).
         run_id, instance_id = str(message.raw_message.subject).split(".")[-2:]
@@ -57,8 +68,11 @@ class CoalescingScheduler:
         max_concurrent: int = 8,
         max_pending: int = 4096,
         min_interval_s: float = 0.0,
+        before_pass: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._work = work
+        # Awaited before each pass takes a slot: how a process's prepares go first (workers/hot_path.py).
+        self._before_pass = before_pass
         self._find_stale = sweep
         self._log = log
         self._sweep_s = sweep_s
@@ -93,6 +107,8 @@ class CoalescingScheduler:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                if self._before_pass is not None:
+                    await self._before_pass()
                 async with self._slots:
                     self._again.discard(thread_id)
                     started = loop.time()

@@ -38,9 +38,11 @@ from .admission import RequestLimits
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
+from .hot_path import HotPath
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
 from .manual import manual_router
+from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 
@@ -155,6 +157,10 @@ def compose(
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_url)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
+    # Shared by the workers of this process: the recorder's notices reach them without the broker, and
+    # background passes wait for the prepares in progress (issue 16).
+    local = LocalNotices()
+    hot_path = HotPath(settings.background_defer_ms / 1000)
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
@@ -175,18 +181,23 @@ def compose(
                 hook_grants or hooks,
                 store,
                 cache_contexts=settings.gateway_cache_contexts,
+                before_write=hot_path.yield_to_prepares,
             )
             service.gateway = gateway
         broker.include_router(
-            AssemblerWorker(service, board, metrics, store, limits=limits, gateway=gateway).router
+            AssemblerWorker(
+                service, board, metrics, store, limits=limits, gateway=gateway, local=local, hot_path=hot_path
+            ).router
         )
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics)
+        budgeter = BudgeterWorker(
+            BudgetService(store, loader, queue), store, metrics, local=local, hot_path=hot_path
+        )
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
-        indexer = IndexerWorker(store, metrics)
+        indexer = IndexerWorker(store, metrics, local=local, hot_path=hot_path)
         broker.include_router(indexer.router)
     if "compactor" in names:
 
@@ -206,6 +217,7 @@ def compose(
             limits=recording_limits(settings),
             recorder_id=settings.recorder_id,
             batch=settings.record_batch,
+            local=local,
         )
     return Workers(broker, loader, budgeter, indexer, recorder, gateway)
 

@@ -12,6 +12,8 @@ from services.app.indexing import index_thread, stale_threads
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
+from .hot_path import HotPath
+from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 
 __all__ = ["IndexerWorker"]
@@ -25,16 +27,29 @@ _MIN_INTERVAL_S = 0.25
 class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
-    def __init__(self, store: PgStore | None, metrics: FleetMetrics) -> None:
+    def __init__(
+        self,
+        store: PgStore | None,
+        metrics: FleetMetrics,
+        *,
+        local: LocalNotices | None = None,
+        hot_path: HotPath | None = None,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._scheduler = (
-            CoalescingScheduler(self._index, self._stale, log, min_interval_s=_MIN_INTERVAL_S)
+            CoalescingScheduler(
+                self._index,
+                self._stale,
+                log,
+                min_interval_s=_MIN_INTERVAL_S,
+                before_pass=hot_path.yield_to_prepares if hot_path is not None else None,
+            )
             if store is not None
             else None
         )
         self.router = recorded_notices(
-            "indexer", "Recorder notices: index the thread's new records.", self.schedule
+            "indexer", "Recorder notices: index the thread's new records.", self.schedule, local
         )
 
     async def _index(self, thread_id: str) -> None:

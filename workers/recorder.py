@@ -35,6 +35,7 @@ from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore
 
+from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
 
@@ -78,8 +79,10 @@ class RecorderWorker:
         recorder_id: str,
         batch: int,
         stream_check_s: float = DEFAULT_CHECK_EVERY_S,
+        local: LocalNotices | None = None,
     ) -> None:
         self._nc = nc
+        self._local = local or LocalNotices()
         self._js = nc.jetstream(timeout=10.0)
         self._store = store
         self._metrics = metrics
@@ -288,10 +291,15 @@ class RecorderWorker:
             self._metrics.events_rejected.labels(code=rejection.code.value).inc()
             if rejection.thread_id and rejection.thread_id not in touched:
                 touched[rejection.thread_id] = (-1, -1)
+        for thread_id in touched:
+            # This process's waiting prepares first, without a broker round trip (workers/local_notices.py).
+            self._local.announce(thread_id)
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
             await self._nc.publish(
-                recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode()
+                recorded_subject(thread_id),
+                json.dumps({"seq": seq, "revision": revision}).encode(),
+                headers=self._local.headers,
             )
 
 

@@ -163,16 +163,19 @@ class RecordingService:
 
     async def _attempt(self, partition: int, batch: Sequence[Incoming], attempt: int) -> BatchResult:
         async with self._store.session() as store:
-            applied = await store.max_tracking_seq(self._consumer, partition)
-            fresh = [m for m in batch if m.stream_seq > applied]
-            if not fresh:
-                return BatchResult({}, 0, (), 0, len(batch), attempt)
             # Each step that handles the events' values is guarded; the store has already translated
             # its errors, so a redelivered key or a lost connection keeps its own meaning.
             with _content_failures("decode"):
-                decoded = decode_batch(fresh, self._limits)
+                decoded = decode_batch(batch, self._limits)
             with _content_failures("read"):
-                reads = await store.read_for_batch(*_touched(decoded))
+                # The partition's position comes with the batch's reads: one round trip, not two.
+                reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
+            applied = reads.tracked
+            fresh = [m for m in batch if m.stream_seq > applied]
+            if not fresh:
+                return BatchResult({}, 0, (), 0, len(batch), attempt)
+            if len(fresh) < len(batch):  # a redelivery of what is applied already: plan only the rest
+                decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
                 plan = await self._plan(fresh, decoded, reads)
             for rejection in plan.rejections:

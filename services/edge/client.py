@@ -100,6 +100,7 @@ from services.settings import redact_url
 
 __all__ = [
     "DEADLINE_HEADER",
+    "STATUS_HEADER",
     "AppendAck",
     "ContextTools",
     "FleetClient",
@@ -110,6 +111,8 @@ __all__ = [
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
+# The label of every reply the fleet sends: "ok" or "error" (an ErrorReply body).
+STATUS_HEADER = "ctx-status"
 # Errors of a connection that is down (reconnecting, draining, closed): the fleet is unreachable.
 _DISCONNECTED = (
     ConnectionClosedError,
@@ -449,7 +452,7 @@ class FleetClient:
             ) from exc
         except NatsTimeout as exc:
             raise FleetUnavailable(f"no reply on {subject} within {timeout:.1f}s") from exc
-        if _is_error(reply.data):
+        if _is_error(reply.data, reply.headers):
             raise error_from_reply(ErrorReply.model_validate_json(reply.data))
         return reply.data
 
@@ -517,7 +520,12 @@ def _envelope_of(data: bytes) -> tuple[str, str | None]:
     )
 
 
-def _is_error(data: bytes) -> bool:
+def _is_error(data: bytes, headers: dict[str, str] | None = None) -> bool:
+    # The fleet labels every reply (``ctx-status``): reading the label spares parsing a large context
+    # twice (here, then into its model) on the hot path. Unlabelled replies are parsed to tell.
+    status = (headers or {}).get(STATUS_HEADER)
+    if status is not None:
+        return status == "error"
     try:
         return bool(json.loads(data).get("type") == "error")
     except (ValueError, AttributeError) as exc:

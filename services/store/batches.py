@@ -273,7 +273,8 @@ SELECT
      JOIN unnest($12::text[], $13::text[]) AS k(tenant, release)
        ON c.tenant = k.tenant AND c.release = k.release
      ORDER BY c.tenant, c.release, c.revision DESC) l
-  ) AS latest
+  ) AS latest,
+  (SELECT last_stream_seq FROM ctx.tracking WHERE consumer = $14 AND partition = $15) AS tracked
 """
 
 
@@ -292,8 +293,10 @@ async def read_for_batch(
     release_names: Sequence[tuple[str, str]] = (),
     operation_ids: Sequence[tuple[str, str]] = (),
     tenants: Sequence[str] = (),
+    tracking: tuple[str, int] | None = None,
 ) -> LedgerReads:
-    """Everything :func:`services.core.ledger.plan_batch` needs to know of the ledger, in one round trip."""
+    """Everything :func:`services.core.ledger.plan_batch` needs to know of the ledger, in one round trip;
+    with ``tracking`` (consumer, partition), that consumer's position too."""
     row = await conn.fetchrow(
         _READ_BATCH,
         list({*thread_ids, *extra_threads}),
@@ -309,6 +312,8 @@ async def read_for_batch(
         [o[1] for o in operation_ids],
         [k[0] for k in release_names],
         [k[1] for k in release_names],
+        tracking[0] if tracking is not None else None,
+        tracking[1] if tracking is not None else None,
     )
     assert row is not None  # an aggregate-only SELECT always returns its one row
     asked = set(thread_ids)
@@ -371,6 +376,7 @@ async def read_for_batch(
             for tenant, release, revision, body in json.loads(row["latest"])
         },
         operations=frozenset((s, o) for s, o in json.loads(row["operations"])),
+        tracked=int(row["tracked"] or 0),
     )
 
 

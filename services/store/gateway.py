@@ -7,7 +7,7 @@ Only SQL here (and its in-memory twin, which answers the same). A check row is w
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -19,9 +19,10 @@ from services.store._errors import translate_pg_errors
 
 __all__ = ["MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
 
-_INSERT_PREPARED = """
+_INSERT_PREPARED_MANY = """
 INSERT INTO ctx.prepared_contexts (prepared_id, format, tenant, thread_id, record)
-VALUES ($1, $2, $3, $4, $5::jsonb)
+SELECT p, f, t, th, r::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(p, f, t, th, r)
 ON CONFLICT (prepared_id, format) DO NOTHING
 """
 _SELECT_PREPARED = "SELECT record FROM ctx.prepared_contexts WHERE prepared_id = $1 AND format = $2"
@@ -63,15 +64,21 @@ class PgGatewayStore:
 
     async def insert_prepared(self, record: GatewayRecord) -> None:
         """Keep ``record``; the same id and format again is a no-op (prepared ids are deterministic)."""
+        await self.insert_prepared_many((record,))
+
+    async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
+        """Keep each of ``records`` in one statement; an id and format stored already is left as it is."""
+        if not records:
+            return
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 await conn.execute(
-                    _INSERT_PREPARED,
-                    record.prepared_id,
-                    record.format,
-                    record.tenant,
-                    record.thread_id,
-                    record.model_dump_json(),
+                    _INSERT_PREPARED_MANY,
+                    [r.prepared_id for r in records],
+                    [r.format for r in records],
+                    [r.tenant for r in records],
+                    [r.thread_id for r in records],
+                    [r.model_dump_json() for r in records],
                 )
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
@@ -146,6 +153,10 @@ class MemoryGatewayStore:
 
     async def insert_prepared(self, record: GatewayRecord) -> None:
         self.prepared.setdefault((record.prepared_id, record.format), record)
+
+    async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
+        for record in records:
+            await self.insert_prepared(record)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
         return self.prepared.get((prepared_id, format))

@@ -291,6 +291,7 @@ class MemorySession:
         release_names: Sequence[tuple[str, str]] = (),
         operation_ids: Sequence[tuple[str, str]] = (),
         tenants: Sequence[str] = (),
+        tracking: tuple[str, int] | None = None,
     ) -> LedgerReads:
         t = self._t
         heads = {
@@ -356,6 +357,7 @@ class MemorySession:
             catalogs=catalogs,
             latest_catalogs=latest,
             operations=frozenset(o for o in operation_ids if o in t.receipts),
+            tracked=t.tracking.get(tracking, 0) if tracking is not None else 0,
         )
 
     async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:

@@ -94,6 +94,7 @@ class RecordingSession(Transactional, Protocol):
         release_names: Sequence[tuple[str, str]] = (),
         operation_ids: Sequence[tuple[str, str]] = (),
         tenants: Sequence[str] = (),
+        tracking: tuple[str, int] | None = None,
     ) -> LedgerReads: ...
 
     async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
@@ -328,6 +329,10 @@ class GatewayStore(Protocol):
     """What the gateway's final check keeps: prepared-context records and one verdict per attempt."""
 
     async def insert_prepared(self, record: GatewayRecord) -> None: ...
+
+    async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
+        """Keep each of ``records`` in one statement; ids already stored are left as they are."""
+        ...
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None: ...
 

@@ -118,6 +118,7 @@ class PgSession:
         release_names: Sequence[tuple[str, str]] = (),
         operation_ids: Sequence[tuple[str, str]] = (),
         tenants: Sequence[str] = (),
+        tracking: tuple[str, int] | None = None,
     ) -> LedgerReads:
         return await batches.read_for_batch(
             self._conn,
@@ -130,6 +131,7 @@ class PgSession:
             release_names,
             operation_ids,
             tenants,
+            tracking,
         )
 
     @_translated

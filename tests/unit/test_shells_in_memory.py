@@ -90,6 +90,26 @@ async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_on
     assert (again.recorded, again.skipped, again.rejections) == (0, 3, ())
 
 
+async def test_a_batch_redelivered_with_new_events_after_it_applies_only_the_new_ones_in_order() -> None:
+    # The partition's position is read with the batch's reads (one round trip): what it covers is
+    # skipped, even an event that would now be rejected, and the rest is recorded once.
+    store, sink = MemoryStore(), _Sink()
+    t = Thread()
+    applied = incoming([t.user("q1", key="k1"), t.outcome("c-missing", "orphan", key="k2")])
+    await _recorder(store, sink).record_batch(0, applied)
+    assert len(sink.letters) == 1
+    tail = incoming([t.user("q2", key="k3")], start_seq=3)
+
+    result = await _recorder(store, sink).record_batch(0, [*applied, *tail])
+
+    assert (result.recorded, result.duplicates, result.skipped, result.rejections) == (1, 0, 2, ())
+    assert await _keys(store, t.thread_id) == ["k1", "k3"]
+    assert len(sink.letters) == 1
+    async with store.session() as s:
+        assert await s.max_tracking_seq("recorder", 0) == 3
+        assert await s.count_dead_letters(t.thread_id) == 1
+
+
 async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,0 +1,98 @@
+"""Prepares first: background passes wait for a process's prepares in progress, never for long."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from workers.coalescing import CoalescingScheduler
+from workers.hot_path import HotPath
+from workers.local_notices import ORIGIN_HEADER, LocalNotices
+
+pytestmark = pytest.mark.anyio
+log = logging.getLogger("test")
+
+
+async def _no_stale() -> list[str]:
+    return []
+
+
+async def test_yield_to_prepares_returns_at_once_when_no_prepare_is_in_progress() -> None:
+    hot = HotPath(max_defer_s=5.0)
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    await hot.yield_to_prepares()
+    assert loop.time() - begun < 0.5
+
+
+async def test_yield_to_prepares_waits_until_the_last_prepare_in_progress_ends() -> None:
+    hot = HotPath(max_defer_s=5.0)
+    order: list[str] = []
+
+    async def background() -> None:
+        await hot.yield_to_prepares()
+        order.append("background")
+
+    with hot.serving():
+        with hot.serving():
+            task = asyncio.create_task(background())
+            await asyncio.sleep(0.05)
+            order.append("first prepare done")
+        await asyncio.sleep(0.05)
+        assert hot.active == 1
+        order.append("second prepare done")
+    await asyncio.wait_for(task, timeout=1.0)
+    assert order == ["first prepare done", "second prepare done", "background"]
+
+
+async def test_yield_to_prepares_gives_up_after_its_bound_so_back_to_back_prepares_never_starve_it() -> None:
+    hot = HotPath(max_defer_s=0.05)
+    loop = asyncio.get_running_loop()
+    with hot.serving():
+        begun = loop.time()
+        await hot.yield_to_prepares()
+        waited = loop.time() - begun
+    assert 0.04 <= waited < 1.0
+
+
+async def test_yield_to_prepares_with_no_bound_never_waits() -> None:
+    hot = HotPath(max_defer_s=0.0)
+    with hot.serving():
+        await asyncio.wait_for(hot.yield_to_prepares(), timeout=0.5)
+
+
+async def test_scheduler_pass_starts_after_the_prepare_in_progress() -> None:
+    hot = HotPath(max_defer_s=5.0)
+    order: list[str] = []
+
+    async def work(thread_id: str) -> None:
+        order.append(f"pass {thread_id}")
+
+    scheduler = CoalescingScheduler(work, _no_stale, log, sweep_s=60, before_pass=hot.yield_to_prepares)
+    with hot.serving():
+        scheduler.schedule("r.a")
+        await asyncio.sleep(0.05)
+        order.append("prepare answered")
+    await scheduler.stop(grace_s=2.0)
+    assert order == ["prepare answered", "pass r.a"]
+
+
+def test_local_notices_hand_each_thread_to_every_listener() -> None:
+    local = LocalNotices()
+    seen: list[tuple[str, str]] = []
+    local.listen(lambda t: seen.append(("assembler", t)))
+    local.listen(lambda t: seen.append(("budgeter", t)))
+    local.announce("r1.main")
+    assert seen == [("assembler", "r1.main"), ("budgeter", "r1.main")]
+
+
+def test_a_notice_is_own_only_when_it_carries_this_process_origin() -> None:
+    here, there = LocalNotices(), LocalNotices()
+    assert here.origin != there.origin
+    assert here.is_own(here.headers)
+    assert not here.is_own(there.headers)
+    assert not here.is_own(None)
+    assert not here.is_own({})
+    assert here.headers == {ORIGIN_HEADER: here.origin}

@@ -1,0 +1,48 @@
+"""Recorder notices fanned out inside one process (issue 16).
+
+A prepare waiting for its event in the process that also records it used to learn of the commit
+through the broker: the recorder published ``ctx.recorded.<thread>`` and the same process received
+it back through FastStream, a round trip and a decode on the read-your-writes path of every step.
+Here the recorder hands the thread to this process's listeners directly, right after the commit.
+
+It still publishes every notice on NATS, for the workers of other processes, with this process's
+origin token in the ``ctx-origin`` header; a subscriber here skips the copy it already got, so a
+budgeter or indexer never runs a second pass for one batch. Either way a notice stays a hint:
+waiters re-check the ledger and the sweeps catch up on whatever a lost notice did not announce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from nats.nuid import NUID
+
+__all__ = ["ORIGIN_HEADER", "LocalNotices"]
+
+ORIGIN_HEADER = "ctx-origin"
+
+
+class LocalNotices:
+    """The listeners of one process for its own recorder's notices."""
+
+    def __init__(self, origin: str | None = None) -> None:
+        self.origin = origin or NUID().next().decode()
+        self._listeners: list[Callable[[str], None]] = []
+
+    def listen(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(thread_id)`` for every thread this process's recorder moves."""
+        self._listeners.append(listener)
+
+    def announce(self, thread_id: str) -> None:
+        """Tell this process's listeners that ``thread_id`` moved (after the commit)."""
+        for listener in self._listeners:
+            listener(thread_id)
+
+    def is_own(self, headers: Mapping[str, str] | None) -> bool:
+        """Whether a notice received from NATS came from this process (and was handed over already)."""
+        return headers is not None and headers.get(ORIGIN_HEADER) == self.origin
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers of a notice this process publishes."""
+        return {ORIGIN_HEADER: self.origin}
