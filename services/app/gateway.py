@@ -24,6 +24,7 @@ from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedCo
 from services.core.compaction.policy import ratio_threshold
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.hashing import canonical_json, sha256_hex
+from services.core.protected import ChatUnitDigests
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
 from services.errors import InvalidRequest, PreparedContextNotFound
@@ -86,6 +87,8 @@ class GatewayService:
         self._unwritten: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
         self._written: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._flusher: asyncio.Task[None] | None = None
+        # Chat messages hashed already: a thread's next record hashes only its new messages.
+        self._digests = ChatUnitDigests()
         self.dropped_writes = 0
 
     def remember(self, prepared: PreparedContext, tenant: str, *, carried_from: str | None = None) -> None:
@@ -172,7 +175,7 @@ class GatewayService:
         if cached is not None:
             prepared, owner, carried_from = cached
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, owner, encoding)
+            record = gateway_record(prepared, owner, encoding, self._digests)
             if carried_from is not None:
                 record = record.model_copy(update={"carried_from": carried_from})
         else:
@@ -210,7 +213,7 @@ class GatewayService:
                     await self._before_write()
                 key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
                 try:
-                    record = await _record_of(prepared, tenant)
+                    record = await _record_of(prepared, tenant, self._digests)
                 except Exception:  # a lost record only sends that context's checks to this process's cache
                     log.exception("could not derive the gateway record of %s", prepared.prepared_id)
                     continue
@@ -229,11 +232,11 @@ class GatewayService:
                 self._written.popitem(last=False)
 
 
-async def _record_of(prepared: PreparedContext, tenant: str) -> GatewayRecord:
+async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> GatewayRecord:
     encoding = encoding_of(prepared.budget_report.counting_method)
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
-        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding)
-    return gateway_record(prepared, tenant, encoding)
+        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding, digests)
+    return gateway_record(prepared, tenant, encoding, digests)
 
 
 def _distinct(additions: tuple[GatewayAddition, ...]) -> tuple[GatewayAddition, ...]:

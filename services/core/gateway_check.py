@@ -30,9 +30,11 @@ from contracts import GatewayAddition, PreparedContext, ProtectedBlock, RequestF
 from contracts.hooks import AdditionCategory
 from services.core.hashing import canonical_json, sha256_hex
 from services.core.protected import (
+    ChatUnitDigests,
     RequestUnit,
     block_hash,
     instruction_lengths,
+    prepared_chat_digests,
     prepared_units,
     request_units,
 )
@@ -119,18 +121,31 @@ class Verdict:
     additions: tuple[GatewayAddition, ...]
 
 
-def gateway_record(prepared: PreparedContext, tenant: str, encoding: str | None) -> GatewayRecord:
-    """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized)."""
+def gateway_record(
+    prepared: PreparedContext, tenant: str, encoding: str | None, digests: ChatUnitDigests | None = None
+) -> GatewayRecord:
+    """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized).
+
+    ``digests``: the process's memo of chat messages hashed already; the record is the same without it.
+    """
     protected = {m.block_id for m in prepared.protected_block_manifest}
-    units = tuple(
-        StoredUnit(
-            block_id=u.block_id,
-            digest=u.unit.digest,
-            text_digest=_text_digest(u.unit) if u.block_id in protected else None,
+    units: tuple[StoredUnit, ...]
+    if digests is not None and prepared.format == "openai.chat":
+        units = tuple(
+            StoredUnit(block_id=block, digest=digest, text_digest=text if block in protected else None)
+            for block, digest, text in prepared_chat_digests(prepared, digests)
         )
-        for u in prepared_units(prepared)
-    )
-    body = prepared.request if prepared.request is not None else _chat_body(prepared)
+    else:
+        units = tuple(
+            StoredUnit(
+                block_id=u.block_id,
+                digest=u.unit.digest,
+                text_digest=_text_digest(u.unit) if u.block_id in protected else None,
+            )
+            for u in prepared_units(prepared)
+        )
+    # Only the tools of a Chat body are read here: its messages are hashed as units above.
+    body = prepared.request if prepared.request is not None else _chat_tools(prepared)
     used = prepared.budget_report.used
     return GatewayRecord(
         prepared_id=prepared.prepared_id,
@@ -195,9 +210,9 @@ def _strings(value: JsonValue, key: str | None = None) -> list[str]:
     return []
 
 
-def _chat_body(prepared: PreparedContext) -> dict[str, JsonValue]:
+def _chat_tools(prepared: PreparedContext) -> dict[str, JsonValue]:
     tools: list[JsonValue] = [t.model_dump(mode="json") for t in prepared.tools]
-    return {"messages": list(prepared.openai_messages()), "tools": tools}
+    return {"tools": tools}
 
 
 def _text_digest(unit: RequestUnit) -> str | None:

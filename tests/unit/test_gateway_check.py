@@ -14,7 +14,13 @@ from contracts.hooks import AdditionCategory
 from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
-from services.core.protected import block_hash, build_manifest, prepared_units, request_units
+from services.core.protected import (
+    ChatUnitDigests,
+    block_hash,
+    build_manifest,
+    prepared_units,
+    request_units,
+)
 from services.core.tokens import counter_for
 from services.errors import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
 from tests.fixtures.builders import Thread, ledger_records
@@ -337,3 +343,24 @@ def test_block_hashes_from_its_own_messages_equal_those_read_back_from_the_body(
     read_back = {b.block_id: block_hash([u.unit for u in units if u.block_id == b.block_id]) for b in blocks}
     assert {m.block_id: m.sha256 for m in manifest} == read_back
     assert len(manifest) == len(prepared.blocks) > 5
+
+
+@pytest.mark.parametrize("format", FORMATS)
+def test_record_is_the_same_with_the_process_digest_memo_as_without(format: RequestFormat) -> None:
+    prepared = _prepared(format)
+    digests = ChatUnitDigests()
+    fresh = gateway_record(prepared, "default", "o200k_base")
+    assert gateway_record(prepared, "default", "o200k_base", digests) == fresh
+    # Again, from the memo: the same record.
+    assert gateway_record(prepared, "default", "o200k_base", digests) == fresh
+
+
+def test_digest_memo_hashes_a_message_object_once_and_stays_within_its_capacity() -> None:
+    prepared = _prepared("openai.chat")
+    digests = ChatUnitDigests(capacity=3)
+    first = [digests.of(m) for m in prepared.messages]
+    assert [digests.of(m) for m in prepared.messages] == first
+    assert len(digests._entries) == 3
+    # An equal message that is another object is hashed again, to the same digests.
+    copies = [m.model_copy() for m in prepared.messages]
+    assert [digests.of(m) for m in copies] == first
