@@ -15,12 +15,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from faststream.nats import NatsRouter
-from faststream.nats.annotations import NatsMessage
 
 from contracts.subjects import RECORDED
 
 from .local_notices import LocalNotices
-from .replies import raw_body
+from .replies import Inbound, inbound
 
 __all__ = ["CoalescingScheduler", "CoalescingWorker", "recorded_notices"]
 
@@ -40,16 +39,14 @@ def recorded_notices(
     @router.subscriber(
         f"{RECORDED}.{{run_id}}.{{instance_id}}",
         queue=queue,
-        decoder=raw_body,
+        decoder=inbound,
         title=queue,
         description=description,
     )
-    async def on_recorded(body: bytes, message: NatsMessage) -> None:
+    async def on_recorded(message: Inbound) -> None:
         if local is not None and local.is_own(message.headers):
             return
-        # The thread from the subject, not FastStream ``Path()`` parameters: those cost a thread hop
-        # each on every notice, and a burst brings one per thread and recorded batch (issue 16).
-        run_id, instance_id = str(message.raw_message.subject).split(".")[-2:]
+        run_id, instance_id = message.tokens(2)
         schedule(f"{run_id}.{instance_id}")
 
     return router

@@ -8,7 +8,7 @@ thread are the subject's (the server's permissions vouch for them).
 from __future__ import annotations
 
 from faststream.nats import NatsResponse, NatsRouter
-from faststream.nats.annotations import NatsMessage
+
 
 from contracts import GATEWAY_CHECK, FinalCheck, FinalCheckRequest, reply_json
 from services.app.gateway import GatewayService
@@ -16,7 +16,7 @@ from services.errors import CtxError, InvalidRequest
 
 from .admission import Admission
 from .metrics import FleetMetrics
-from .replies import admitted, error_reply, parse_body, raw_body
+from .replies import Inbound, admitted, error_reply, inbound, parse_body
 
 __all__ = ["gateway_router"]
 
@@ -28,7 +28,7 @@ def gateway_router(service: GatewayService | None, metrics: FleetMetrics, admiss
     @router.subscriber(
         f"{GATEWAY_CHECK}.{{tenant}}.{{run_id}}.{{instance_id}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=admission.limits.max_tasks,
         title="gateway_check",
         description=(
@@ -37,8 +37,9 @@ def gateway_router(service: GatewayService | None, metrics: FleetMetrics, admiss
             "context_budget_exceeded, prepared_context_not_found)."
         ),
     )
-    async def on_check(body: bytes, message: NatsMessage) -> NatsResponse:
-        tenant, run_id, instance_id = str(message.raw_message.subject).split(".")[-3:]
+    async def on_check(message: Inbound) -> NatsResponse:
+        tenant, run_id, instance_id = message.tokens(3)
+        body = message.body
 
         async def run() -> NatsResponse:
             try:

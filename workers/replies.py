@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -17,7 +18,16 @@ from services.store._errors import CONNECTION_ERRORS
 
 from .admission import Admission, Slot
 
-__all__ = ["admitted", "error_reply", "error_response", "parse_body", "raw_body", "reply_with"]
+__all__ = [
+    "Inbound",
+    "admitted",
+    "error_reply",
+    "error_response",
+    "inbound",
+    "parse_body",
+    "raw_body",
+    "reply_with",
+]
 
 log = logging.getLogger("ctxfleet.requests")
 _M = TypeVar("_M", bound=BaseModel)
@@ -49,6 +59,33 @@ _outages = _OutageLog(_OUTAGE_LOG_EVERY_S)
 async def raw_body(msg: NatsMessage) -> bytes:
     """FastStream decoder that leaves the body as bytes, so bad input gets a typed error reply."""
     return msg.body
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A message as the server delivered it: the raw body, its subject and its headers."""
+
+    body: bytes
+    subject: str
+    headers: Mapping[str, str]
+
+    def tokens(self, n: int) -> list[str]:
+        """The last ``n`` tokens of the subject (the subscription's wildcards guarantee the count).
+
+        Read from the subject rather than declared as FastStream ``Path()`` parameters: resolving those
+        costs a thread hop per parameter on every request (0.46 ms of a 1.5 ms round trip, issue 16).
+        """
+        return self.subject.split(".")[-n:]
+
+
+async def inbound(msg: NatsMessage) -> Inbound:
+    """FastStream decoder that hands the handler the whole delivered message, body left raw.
+
+    The hot handlers take this as their one argument instead of a ``NatsMessage`` context parameter:
+    fast_depends resolves a context parameter through a worker-thread hop on every message
+    (0.3 ms of a 1 ms request/reply, and interpreter-lock contention with the loop; issue 16).
+    """
+    return Inbound(msg.body, str(msg.raw_message.subject), msg.headers or {})
 
 
 def parse_body(model: type[_M], body: bytes) -> _M:
