@@ -520,6 +520,7 @@ class PrepareService:
             ),
             view_revision=state.view_revision,
             summaries=summaries,
+            summary_hooks=state.summary.hooks if state.summary else (),
             compaction_attempts=state.attempts,
             compaction_failures=state.failures,
             last_compaction_failure=state.last_failure,

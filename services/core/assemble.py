@@ -49,6 +49,7 @@ from contracts import (
     RecordRef,
     Retention,
     SourceWatermark,
+    SummaryHook,
     SummaryRef,
     ToolSchema,
     ToolStatus,
@@ -150,6 +151,8 @@ class SummaryView:
     skeleton_text: str | None = None
     skeleton_o200k: int = 0
     skeleton_cl100k: int = 0
+    # The hooks that narrowed or patched it, shown with it (design D13).
+    hooks: tuple[SummaryHook, ...] = ()
 
     def tokens(self, encoding: str) -> int:
         """Tokens of the summary text in ``encoding``."""
@@ -398,6 +401,7 @@ def assemble_context(
                 covered_from=summary.covered_from,
                 covered_to=summary.covered_to,
                 sources=summary.sources,
+                hooks=summary.hooks,
             )
             if summary
             else None

@@ -10,12 +10,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, assert_never
 
 from pydantic import JsonValue, ValidationError
 
-from contracts import BlockKind, ChatMessage, Retention
+from contracts import BlockKind, ChatMessage, Retention, SummaryHook
 from contracts.hook_protocol import SUMMARY_PATCH_FIELDS, HookBlock, HookPatch, HookRange
-from contracts.hooks import HookBinding
+from contracts.hooks import HookBinding, HookPoint
 
 from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
@@ -30,6 +31,7 @@ __all__ = [
     "check_prepare_before",
     "hook_blocks",
     "summary_after_hook",
+    "summary_hook",
 ]
 
 # The code a refused change is reported with (diagnostics, metrics outcome ``refused``).
@@ -191,3 +193,25 @@ def summary_after_hook(
     if dropped:
         return None, [f"patch drops constraint {t!r}" for t in dropped]
     return patched, []
+
+
+def summary_hook(binding: HookBinding, release: str, revision: int, change: str) -> SummaryHook:
+    """How a compaction hook that narrowed or patched a summary is recorded with it."""
+    point: Literal["context.compact.before", "context.compact.after"]
+    match binding.point:
+        case HookPoint.COMPACT_BEFORE:
+            point = "context.compact.before"
+        case HookPoint.COMPACT_AFTER:
+            point = "context.compact.after"
+        case HookPoint.PREPARE_BEFORE | HookPoint.PREPARE_AFTER:
+            raise ValueError(f"a {binding.point.value} hook does not shape a summary")
+        case _:
+            assert_never(binding.point)
+    return SummaryHook(
+        source=binding.source,
+        point=point,
+        subject=binding.subject,
+        release=release,
+        hook_set_revision=revision,
+        change=change,
+    )

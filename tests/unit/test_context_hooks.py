@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from contracts import BlockKind, PrepareRequest, Purpose, Retention
-from contracts.hook_protocol import HookAddition, HookBlock, HookBlockEdit, HookPatch, HookRange, HookReply
+from contracts import BlockKind, PrepareRequest, Purpose, Retention, SummaryHook
+from contracts.hook_protocol import (
+    HookAddition,
+    HookBlock,
+    HookBlockEdit,
+    HookCall,
+    HookPatch,
+    HookRange,
+    HookReply,
+)
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 from services.app.hooks import HookRegistry, ScriptedHookRunner
 from services.app.notices import NoticeBoard
@@ -178,7 +187,9 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
         assert (await s.load_view(t.thread_id)).view_revision == 0
 
 
-async def _compaction_with(binding: HookBinding, reply: HookReply) -> tuple[Any, Any, Any, Thread]:
+async def _compaction_with(
+    binding: HookBinding, reply: HookReply | Callable[[HookCall], Awaitable[HookReply]]
+) -> tuple[Any, Any, Any, Thread]:
     """A tight-policy thread of six written files, compacted once with ``binding`` answering ``reply``."""
     from contracts import CompactionPolicy, ContextPolicy
     from services.app.compacting import CompactionService
@@ -238,6 +249,40 @@ async def test_a_compact_before_hook_that_ends_the_range_earlier_gets_a_summary_
     async with store.session() as s:
         summary = (await s.load_view(t.thread_id)).summary
     assert summary is not None and candidate.from_seq <= summary.body.covered_to <= end < candidate.to_seq
+    assert whole.hooks == ()  # the hook ran but changed nothing: it did not shape the summary
+    assert summary.hooks == (
+        SummaryHook(
+            source="scope@1",
+            point="context.compact.before",
+            subject="hooks.default.scope",
+            release="rel-1",
+            hook_set_revision=1,
+            change=f"range {candidate.from_seq}–{candidate.to_seq} → {candidate.from_seq}–{end}",
+        ),
+    )
+    assert [e.hooks for e in await store.thread_compactions(t.thread_id)] == [summary.hooks]
+
+
+@pytest.mark.anyio
+async def test_a_compact_after_patch_that_validates_is_committed_and_recorded_with_the_summary() -> None:
+    binding = HookBinding(
+        name="redact", version="4", point=HookPoint.COMPACT_AFTER, subject="hooks.default.redact"
+    )
+
+    async def patch(call: HookCall) -> HookReply:
+        assert call.range is not None and call.summary is not None
+        step = {"text": "Run the tests before the next write", "sources": [call.range.from_seq]}
+        return HookReply(decision="patch", patch=HookPatch(summary_fields={"next_steps": [step]}))
+
+    outcome, _, store, t = await _compaction_with(binding, patch)
+    assert outcome.status == "committed"
+    async with store.session() as s:
+        summary = (await s.load_view(t.thread_id)).summary
+    assert summary is not None
+    assert [n.text for n in summary.body.next_steps] == ["Run the tests before the next write"]
+    assert [(h.source, h.point, h.hook_set_revision, h.change) for h in summary.hooks] == [
+        ("redact@4", "context.compact.after", 1, "patched next_steps")
+    ]
 
 
 @pytest.mark.anyio
