@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from services.core.hooks import (
 from services.core.ledger import RecordingLimits
 from services.errors import HookRejected, HookTimeout
 from services.store.memory import MemoryStore
-from tests.fixtures.builders import Thread, incoming
+from tests.fixtures.builders import Thread, incoming, prepare_request
 
 _BEFORE = HookBinding(
     name="policy",
@@ -122,6 +123,24 @@ async def _prepared_with(
 class _Sink:
     async def publish(self, letter: object, msg_id: str) -> None:
         return None
+
+
+@pytest.mark.anyio
+async def test_a_prepare_that_arrives_before_its_sessions_first_event_still_runs_the_releases_hooks() -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    runner = ScriptedHookRunner(scripts={_BEFORE.subject: HookReply()})
+    await store.register_hooks("default", HookSet(release="rel-1", hooks=(_BEFORE,)))
+    t = Thread()
+    service = PrepareService(store, board, hooks=HookRegistry(store, runner))
+    request = prepare_request(t, budget_tokens=8_000, after_event_key="u1", wait_ms=5_000)
+    waiting = asyncio.create_task(service.prepare(request))
+    await asyncio.sleep(0)  # the prepare is waiting for u1: the session is not recorded yet
+    first = t.system("Be brief.", key="sys").model_copy(update={"agent_release": "rel-1"})
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+    await recorder.record_batch(0, incoming([first, t.user("fix the bug", key="u1")]))
+    board.notify(t.thread_id)
+    prepared = await waiting
+    assert [(h.source, h.outcome) for h in prepared.hooks] == [("policy@2", "ok")]
 
 
 @pytest.mark.anyio
