@@ -22,6 +22,7 @@ from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
 
 __all__ = [
+    "HOOK_BLOCK_PREFIX",
     "HOOK_REFUSED",
     "PrepareHookChange",
     "addition_blocks",
@@ -34,6 +35,8 @@ __all__ = [
     "summary_hook",
 ]
 
+# Every block a hook adds is named ``hook:<name>:<digest>``: no ledger position, unlike other blocks.
+HOOK_BLOCK_PREFIX = "hook:"
 # The code a refused change is reported with (diagnostics, metrics outcome ``refused``).
 HOOK_REFUSED = "hook_change_refused"
 # Blocks no hook may deselect whatever their retention: they are who the agent is and what it does.
@@ -121,7 +124,7 @@ def addition_blocks(binding: HookBinding, patch: HookPatch) -> tuple[DraftBlock,
         digest = uuid.uuid5(_ADDITION_NS, f"{binding.source}\x00{i}\x00{a.category.value}\x00{a.text}")
         out.append(
             DraftBlock(
-                block_id=f"hook:{binding.name}:{digest.hex[:12]}",
+                block_id=f"{HOOK_BLOCK_PREFIX}{binding.name}:{digest.hex[:12]}",
                 kind=BlockKind.MATERIAL,
                 retention=Retention.COMPRESSIBLE,
                 # Guidance is the least of all: dropped first when the budget is short.

@@ -160,6 +160,16 @@ async def test_a_hooks_addition_is_in_the_prepared_context_with_its_source() -> 
 
 
 @pytest.mark.anyio
+async def test_a_hooks_addition_over_the_budget_is_left_out_whole_and_first() -> None:
+    # About 10k tokens against a budget of 8k: the material goes, everything the thread holds stays.
+    huge = HookAddition(category="material", title="archive", text="retention clause " * 5_000)
+    prepared, _ = await _prepared_with(HookReply(decision="patch", patch=HookPatch(add=(huge,))))
+    assert [o.block_id.split(":")[0] for o in prepared.omitted] == ["hook"]
+    assert prepared.messages[-1].content == "fix the bug"
+    assert prepared.budget_report.used.total <= prepared.budget_report.input_budget
+
+
+@pytest.mark.anyio
 async def test_a_patch_editing_the_task_is_refused_and_the_context_assembled_without_it() -> None:
     reply = HookReply(
         decision="patch", patch=HookPatch(edit=(HookBlockEdit(block_id="x", text="other task"),))
