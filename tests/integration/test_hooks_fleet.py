@@ -195,6 +195,13 @@ def _request(t: Thread, after: str, **request: Any) -> PrepareRequest:
     return prepare_request(t, after_event_key=after, **request)
 
 
+def end_early(call: HookCall) -> HookReply:
+    """A compact.before answer ending the candidate range three records after its start."""
+    assert call.range is not None
+    end = HookRange(from_seq=call.range.from_seq, to_seq=call.range.from_seq + 3)
+    return HookReply(decision="patch", patch=HookPatch(narrow_to=end))
+
+
 def _compact(t: Thread) -> CompactRequest:
     return CompactRequest(run_id=t.run_id, instance_id=t.instance_id, session_id=t.session_id)
 
@@ -218,17 +225,12 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
 async def test_a_summary_records_the_hooks_that_narrowed_and_patched_it(
     fleet: Any, client: FleetClient, hook_service: HookService, db: asyncpg.Connection
 ) -> None:
-    def narrow(call: HookCall) -> HookReply:
-        assert call.range is not None
-        end = HookRange(from_seq=call.range.from_seq, to_seq=call.range.from_seq + 3)
-        return HookReply(decision="patch", patch=HookPatch(narrow_to=end))
-
     def next_step(call: HookCall) -> HookReply:
         assert call.range is not None
         step = {"text": "Run the tests before the next write", "sources": [call.range.from_seq]}
         return HookReply(decision="patch", patch=HookPatch(summary_fields={"next_steps": [step]}))
 
-    scope = await _hook(hook_service, "scope", HookPoint.COMPACT_BEFORE, narrow)
+    scope = await _hook(hook_service, "scope", HookPoint.COMPACT_BEFORE, end_early)
     notes = await _hook(hook_service, "notes", HookPoint.COMPACT_AFTER, next_step, version="2")
     release = await _release(client, scope, notes)
     t = await _working_thread(client, release)
