@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -18,6 +18,7 @@ from contracts.hook_protocol import (
     HookRange,
     HookReply,
 )
+from contracts.prepare import HookTouch
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 from services.app.hooks import HookRegistry, ScriptedHookRunner
 from services.app.notices import NoticeBoard
@@ -73,6 +74,15 @@ def test_editing_the_task_text_deselecting_required_blocks_or_ungranted_addition
     assert len(problems) == 4
     assert any("edit of block task:2" in p for p in problems)
     assert any("guidance is not granted" in p for p in problems)
+
+
+def test_the_points_a_context_records_are_the_hook_points_of_their_stage() -> None:
+    # SummaryHook and HookTouch spell the points as literals (contracts.prepare cannot import
+    # contracts.hooks); they must stay the HookPoint values of their stage.
+    summary_points = get_args(SummaryHook.model_fields["point"].annotation)
+    touch_points = [a for u in get_args(HookTouch.model_fields["point"].annotation) for a in get_args(u)]
+    assert set(summary_points) == {p.value for p in HookPoint if p.is_compaction}
+    assert set(touch_points) == {p.value for p in HookPoint if not p.is_compaction}
 
 
 def test_prepare_after_may_only_annotate() -> None:
