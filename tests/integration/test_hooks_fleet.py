@@ -287,16 +287,21 @@ async def test_purposes_filter_which_hooks_run_and_a_compaction_never_runs_actio
         )
 
 
-async def test_a_timed_out_compaction_hook_under_fail_fails_the_job_and_the_old_view_stays(
-    fleet: Any, client: FleetClient, hook_service: HookService
+@pytest.mark.parametrize("failure", [HookFailurePolicy.SKIP, HookFailurePolicy.FAIL])
+async def test_a_compaction_hook_that_times_out_is_skipped_or_fails_the_job_by_its_policy(
+    fleet: Any, client: FleetClient, hook_service: HookService, failure: HookFailurePolicy
 ) -> None:
-    slow = await _hook(
-        hook_service, "scope", HookPoint.COMPACT_BEFORE, None, timeout_ms=200, failure=HookFailurePolicy.FAIL
-    )
+    slow = await _hook(hook_service, "scope", HookPoint.COMPACT_BEFORE, None, timeout_ms=200, failure=failure)
     timeouts = _calls(fleet, "context.compact.before", "timeout")
     t = await _working_thread(client, await _release(client, slow))
-    with pytest.raises(CompactionFailed) as failed:
+    if failure is HookFailurePolicy.SKIP:
+        # Compacted as if the hook had answered continue: it shaped nothing, so nothing names it.
         await client.compact(_compact(t))
-    assert failed.value.details["stage"] == "hook" and "hook_timeout" in failed.value.message
-    assert (await client.inspect(t.thread_id, limit=1)).summaries == 0
+        inspection = await client.inspect(t.thread_id, limit=1)
+        assert (inspection.summaries, inspection.summary_hooks) == (1, ())
+    else:
+        with pytest.raises(CompactionFailed) as failed:
+            await client.compact(_compact(t))
+        assert failed.value.details["stage"] == "hook" and "hook_timeout" in failed.value.message
+        assert (await client.inspect(t.thread_id, limit=1)).summaries == 0
     assert _calls(fleet, "context.compact.before", "timeout") == timeouts + 1
