@@ -103,6 +103,7 @@ from .prepare import (
     ReportedUsage,
     Retention,
     SourceWatermark,
+    SummaryHook,
     SummaryRef,
     ToolSchema,
 )
@@ -210,6 +211,7 @@ __all__ = [
     "SessionInspection",
     "session_inspect_subject",
     "SourceWatermark",
+    "SummaryHook",
     "SummaryRef",
     "SystemEvent",
     "SystemPayload",

@@ -25,6 +25,7 @@ __all__ = [
     "HookBinding",
     "HookFailurePolicy",
     "HookPoint",
+    "HOOKS",
     "HOOKS_REGISTER",
     "HookSet",
     "HooksRegistered",
@@ -32,6 +33,8 @@ __all__ = [
 
 # Registering a release's hook set: ``ctx.hooks.register.<tenant>`` (HookSet in, HooksRegistered out).
 HOOKS_REGISTER = "ctx.hooks.register"
+# Where the fleet calls hooks: ``hooks.<tenant>.<name…>`` (HookCall out, HookReply back).
+HOOKS = "hooks"
 # The subject a hook's service answers: ``hooks.<tenant>.<name…>``, no wildcards. The tenant token
 # keeps one tenant's hooks out of another's reach on a closed bus (a tenant's runtime may answer
 # ``hooks.<tenant>.>`` only) and lets the fleet's workers send to ``hooks.>`` and nothing else.

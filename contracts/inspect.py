@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ._base import WireModel
+from .prepare import SummaryHook
 
 __all__ = [
     "SESSION_INSPECT",
@@ -84,6 +85,8 @@ class ThreadInspection(WireModel):
     records: tuple[InspectedRecord, ...]
     view_revision: int = 0
     summaries: int = 0
+    # The hooks that narrowed or patched the summary the view shows now (design D13).
+    summary_hooks: tuple[SummaryHook, ...] = ()
     compaction_attempts: int = 0
     compaction_failures: int = 0
     last_compaction_failure: str | None = None

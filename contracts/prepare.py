@@ -52,6 +52,7 @@ __all__ = [
     "ReportedUsage",
     "Retention",
     "SourceWatermark",
+    "SummaryHook",
     "SummaryRef",
     "ToolSchema",
     "WindowReport",
@@ -436,6 +437,24 @@ class SourceWatermark(WireModel):
     last_event_key: str | None = None
 
 
+class SummaryHook(WireModel):
+    """A context hook that shaped a committed summary, as recorded with it (seed 000 §9, §10).
+
+    ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
+    ``context.compact.after``: it patched the summary's text fields (validated again before commit).
+    """
+
+    # The binding: ``name@version``, and the subject its service answered on.
+    source: str
+    point: Literal["context.compact.before", "context.compact.after"]
+    subject: str
+    # The hook set it belongs to: the release and the revision the session pinned.
+    release: str
+    hook_set_revision: Annotated[int, Field(ge=1)]
+    # What it changed, for people: "range 3–20 → 3–12", "target 400 → 200", "patched progress".
+    change: str = ""
+
+
 class SummaryRef(WireModel):
     """The committed summary a context shows in place of the history it covers."""
 
@@ -444,12 +463,16 @@ class SummaryRef(WireModel):
     covered_from: int
     covered_to: int
     sources: tuple[int, ...]
+    # The hooks that narrowed or patched this summary, in the order they ran (empty: none did).
+    hooks: tuple[SummaryHook, ...] = ()
 
 
 class HookTouch(WireModel):
     """A context hook that ran for a context: its source, what came of it, and its diagnostic note."""
 
     source: str
+    # Where it ran; absent in contexts prepared before the point was recorded.
+    point: Literal["context.prepare.before", "context.prepare.after"] | None = None
     # ok, patched, refused, timeout, error (the outcomes of ``ctx_hook_calls_total``; a reject fails
     # the prepare instead), or annotated (a prepare.after hook's note).
     outcome: str

@@ -46,7 +46,8 @@ from contracts import (
     ThreadInspection,
     ToolCatalog,
 )
-from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
+from contracts.hook_protocol import HookCall, HookReply
+from contracts.hooks import HOOKS, HOOKS_REGISTER, HookSet, HooksRegistered
 from contracts.subjects import DEAD, EVENTS, INSPECT, PREPARE, RECORDED
 from contracts.gateway import GATEWAY_CHECK, FinalCheck, FinalCheckRequest
 from contracts.manage import COMPACT, CompactReply, CompactRequest
@@ -80,6 +81,7 @@ _PARAMETERS: Mapping[str, str] = {
     "session_id": "The session (letters, digits, `_` and `-`, 1-128).",
     "run_id": "The run: unique across every session of the fleet (a thread is `run_id.instance_id`).",
     "instance_id": "The agent instance within the run (`main`, or a child's id).",
+    "hook": "The rest of a hook binding's subject: one to fourteen tokens (`policy`, `acme.redactor`).",
 }
 # Where a runtime finds each parameter's value in its own message, when it is there.
 _LOCATIONS: Mapping[str, str] = {
@@ -139,6 +141,8 @@ class Channel:
     headers: str | None = None
     # The fleet also takes the other side (its own workers consume what it sends).
     internal: bool = False
+    # What the replies carry: the fleet's ``ctx-status``; none when another service answers the fleet.
+    reply_headers: str | None = "ReplyHeaders"
 
     @property
     def message_name(self) -> str:
@@ -261,6 +265,18 @@ CHANNELS: tuple[Channel, ...] = (
         FinalCheck,
         "The model gateway's final check: the request about to be sent still holds every protected "
         "block, its additions are labelled and granted, and it fits.",
+    ),
+    Channel(
+        "hooks",
+        f"{HOOKS}.{{tenant}}.{{hook}}",
+        "send",
+        WireMessage.of(HookCall, sent=True),
+        "The fleet calls a context hook of the session's release (`HookBinding.subject`) and waits its "
+        "`timeout_ms` for the answer: continue, a patch of what the point allows, or a reject. A runtime "
+        "or plugin service of the tenant answers; a late, missing or malformed answer is skipped or fails "
+        "the stage by the binding's `failure` policy.",
+        replies=(WireMessage.of(HookReply),),
+        reply_headers=None,
     ),
     Channel(
         "dead_letters",
@@ -408,7 +424,7 @@ def asyncapi_document(settings: Settings, channels: Iterable[Channel] = CHANNELS
         else:
             messages[_EMPTY] = _message(_EMPTY, "A request without a body of its own.", channel.headers)
         for r in channel.replies:
-            messages[r.name] = _message(r.name, r.description, "ReplyHeaders")
+            messages[r.name] = _message(r.name, r.description, channel.reply_headers)
         channel_docs[channel.key] = _channel(channel)
         if channel.replies:
             channel_docs[f"{channel.key}_reply"] = _reply_channel(channel)

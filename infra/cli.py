@@ -46,7 +46,7 @@ from services.store.connect import create_pool
 from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
-from .cli_context import PLAIN_WIDTH, breakdown, render
+from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
 from .cli_progress import progress_bar
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
@@ -895,6 +895,8 @@ def _print_inspection(i: ThreadInspection) -> None:
     print(
         f"  state: {i.state_facts} current facts, {verdict}; view r{i.view_revision}, {i.summaries} summaries"
     )
+    for h in i.summary_hooks:
+        print(f"  summary shaped by hook {summary_hook_text(h)}")
     for r in i.records:
         preview = r.preview.replace("\n", " ")[:80]
         blob = f" blob {r.blob_sha256[:12]}" if r.blob_sha256 else ""

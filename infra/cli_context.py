@@ -2,7 +2,8 @@
 
 :func:`breakdown` is pure (a ``PreparedContext`` in, figures out): per category and per block the
 tokens and their share of the input budget, why each block is there, what was left out and why, and
-what the summary covers. :func:`render` draws it in a terminal; ``as_json`` is the ``--json`` form.
+what the summary covers and which hooks shaped it, and the context hooks that ran with their notes.
+:func:`render` draws it in a terminal; ``as_json`` is the ``--json`` form.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from contracts import BlockKind, PreparedContext, RecordRef
+from contracts import BlockKind, PreparedContext, RecordRef, SummaryHook
 
 __all__ = [
     "BlockLine",
     "Category",
     "CategoryLine",
     "ContextBreakdown",
+    "HookLine",
     "OmittedLine",
     "PLAIN_WIDTH",
+    "SummaryHookLine",
     "SummaryLine",
     "breakdown",
     "category_of",
     "render",
+    "summary_hook_text",
 ]
 
 Category = Literal["instructions", "tool_schemas", "history", "materials", "summaries", "envelopes"]
@@ -95,6 +99,28 @@ class OmittedLine:
 
 
 @dataclass(frozen=True, slots=True)
+class HookLine:
+    """A context hook that ran for this context: where, what came of it, and its note or annotation."""
+
+    source: str
+    point: str
+    outcome: str
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryHookLine:
+    """A compaction hook that narrowed or patched the summary, as recorded with it."""
+
+    source: str
+    point: str
+    subject: str
+    release: str
+    hook_set_revision: int
+    change: str
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryLine:
     """The committed summary the context shows in place of the history it covers."""
 
@@ -103,6 +129,7 @@ class SummaryLine:
     covered_from: int
     covered_to: int
     sources: int
+    hooks: tuple[SummaryHookLine, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +154,7 @@ class ContextBreakdown:
     summary: SummaryLine | None
     reductions: tuple[str, ...]
     pending_calls: tuple[str, ...]
+    hooks: tuple[HookLine, ...] = ()
 
     def as_json(self) -> dict[str, object]:
         """The breakdown as plain JSON values (``--json``)."""
@@ -166,7 +194,17 @@ def breakdown(prepared: PreparedContext) -> ContextBreakdown:
     )
     s = prepared.summary
     summary = (
-        SummaryLine(s.summary_id, s.view_revision, s.covered_from, s.covered_to, len(s.sources))
+        SummaryLine(
+            s.summary_id,
+            s.view_revision,
+            s.covered_from,
+            s.covered_to,
+            len(s.sources),
+            tuple(
+                SummaryHookLine(h.source, h.point, h.subject, h.release, h.hook_set_revision, h.change)
+                for h in s.hooks
+            ),
+        )
         if s
         else None
     )
@@ -189,6 +227,15 @@ def breakdown(prepared: PreparedContext) -> ContextBreakdown:
         summary=summary,
         reductions=prepared.reductions,
         pending_calls=tuple(f"{p.name} ({p.call_id}, #{p.seq})" for p in prepared.pending_calls),
+        hooks=tuple(HookLine(h.source, h.point or "-", h.outcome, h.note) for h in prepared.hooks),
+    )
+
+
+def summary_hook_text(h: SummaryHook | SummaryHookLine) -> str:
+    """One hook that shaped a summary, on one line (``ctxfleet context`` and ``ctxfleet inspect``)."""
+    change = f": {h.change}" if h.change else ""
+    return (
+        f"{h.source} at {h.point} (subject {h.subject}, hook set {h.release} r{h.hook_set_revision}){change}"
     )
 
 
@@ -268,8 +315,18 @@ def render(b: ContextBreakdown, console: Console) -> None:
             f"#{s.covered_from}–#{s.covered_to}, from {s.sources} source records",
             highlight=False,
         )
+        for shaped in s.hooks:
+            console.print(f"  shaped by hook {summary_hook_text(shaped)}", highlight=False)
     else:
         console.print("summary: none (no compaction has committed for this thread)")
+    if b.hooks:
+        hooks = Table(title="hooks", title_justify="left", expand=True)
+        for head in ("hook", "point", "outcome"):
+            hooks.add_column(head, no_wrap=True)
+        hooks.add_column("note", ratio=1, min_width=24, overflow="fold")
+        for h in b.hooks:
+            hooks.add_row(h.source, h.point, h.outcome, h.note or "-")
+        console.print(hooks)
     if b.reductions:
         console.print(f"reductions: {', '.join(b.reductions)}", highlight=False)
     if b.pending_calls:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from contracts import Purpose
+from contracts import Purpose, SummaryHook
 from contracts.hook_protocol import HookCall, HookPatch, HookRange
 from contracts.hooks import HookPoint
 
@@ -20,7 +20,12 @@ from services.app.hooks import HookRegistry
 from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
 from services.core.compaction.validate import CandidateInvalid
-from services.core.hooks import check_compact_after, check_compact_before, summary_after_hook
+from services.core.hooks import (
+    check_compact_after,
+    check_compact_before,
+    summary_after_hook,
+    summary_hook,
+)
 
 __all__ = ["CompactionScope", "after_compaction", "before_compaction"]
 
@@ -31,7 +36,7 @@ class CompactionScope:
 
     blocks: tuple[DraftBlock, ...]
     target_tokens: int
-    sources: tuple[str, ...] = ()
+    hooks: tuple[SummaryHook, ...] = ()
 
 
 async def before_compaction(
@@ -48,8 +53,10 @@ async def before_compaction(
     fails and the old view stays.
     """
     scope = CompactionScope(tuple(blocks), target_tokens)
-    hooks = await registry.hooks_of(tenant, session_id)
-    for binding in registry.bindings(hooks, HookPoint.COMPACT_BEFORE, Purpose.COMPACTION):
+    pinned = await registry.pinned_of(tenant, session_id)
+    if pinned is None:
+        return scope
+    for binding in registry.bindings(pinned.hooks, HookPoint.COMPACT_BEFORE, Purpose.COMPACTION):
         seqs = [r.seq for b in scope.blocks for r in b.records]
         if not seqs:
             break
@@ -79,10 +86,20 @@ async def before_compaction(
         if result.patch is None:
             continue
         end = result.patch.narrow_to.to_seq if result.patch.narrow_to else candidate.to_seq
+        lowered = min(target, result.patch.summary_target_tokens or target)
+        changes: list[str] = []
+        if end < candidate.to_seq:
+            changes.append(f"range {candidate.from_seq}–{candidate.to_seq} → {candidate.from_seq}–{end}")
+        if lowered < target:
+            changes.append(f"target {target} → {lowered}")
         scope = CompactionScope(
             tuple(b for b in scope.blocks if all(r.seq <= end for r in b.records)),
-            min(target, result.patch.summary_target_tokens or target),
-            (*scope.sources, binding.source),
+            lowered,
+            # Only a hook that changed something shaped the summary; a patch that restates the
+            # candidate range and target is recorded as having run (metrics), not as having narrowed.
+            (*scope.hooks, summary_hook(binding, pinned.hooks.release, pinned.revision, "; ".join(changes)))
+            if changes
+            else scope.hooks,
         )
     return scope
 
@@ -94,15 +111,17 @@ async def after_compaction(
     thread_id: str,
     summary: StructuredSummary,
     revalidate: Callable[[StructuredSummary], None],
-) -> tuple[StructuredSummary, tuple[str, ...]]:
-    """The summary after the session's compact.after hooks, and the sources of those that patched it.
+) -> tuple[StructuredSummary, tuple[SummaryHook, ...]]:
+    """The summary after the session's compact.after hooks, and those that patched it.
 
     ``CandidateInvalid`` when a patched summary fails validation (a dropped file write, a dropped
     constraint …): the compaction fails and the old view stays.
     """
-    sources: list[str] = []
-    hooks = await registry.hooks_of(tenant, session_id)
-    for binding in registry.bindings(hooks, HookPoint.COMPACT_AFTER, Purpose.COMPACTION):
+    patched_by: list[SummaryHook] = []
+    pinned = await registry.pinned_of(tenant, session_id)
+    if pinned is None:
+        return summary, ()
+    for binding in registry.bindings(pinned.hooks, HookPoint.COMPACT_AFTER, Purpose.COMPACTION):
         call = HookCall(
             point=binding.point,
             hook=binding.source,
@@ -123,5 +142,7 @@ async def after_compaction(
             revalidate(patched)
         except CandidateInvalid as exc:
             raise CandidateInvalid([f"{binding.source}: {p}" for p in exc.problems]) from None
-        summary, sources = patched, [*sources, binding.source]
-    return summary, tuple(sources)
+        fields = ", ".join(sorted(result.patch.summary_fields))
+        summary = patched
+        patched_by.append(summary_hook(binding, pinned.hooks.release, pinned.revision, f"patched {fields}"))
+    return summary, tuple(patched_by)

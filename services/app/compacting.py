@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import time
 from dataclasses import dataclass, replace
 
-from contracts import CompactionJob
+from contracts import CompactionJob, SummaryHook
 
 from services.core.counting import counts_as_turn
 from services.core.compaction.merge import merge_summaries, render_summary
@@ -167,6 +167,8 @@ class CompactionService:
                 return self._rolled_up(view, job, measure, parent.body, cap, new_revision)
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
         chosen = list(choice.blocks)
+        # The hooks that narrowed the range or patched the summary, recorded with it (design D13).
+        shaped_by: tuple[SummaryHook, ...] = ()
         if self._hooks is not None:
             try:
                 scope = await before_compaction(
@@ -178,7 +180,7 @@ class CompactionService:
                 ), None
             if not scope.blocks:
                 return JobOutcome("deferred", "hook", "narrowed_to_nothing", measure.estimated), None
-            chosen, cap = list(scope.blocks), scope.target_tokens
+            chosen, cap, shaped_by = list(scope.blocks), scope.target_tokens, scope.hooks
         segments = split_segments(chosen, max(1, job.input_budget // 2), encoding)[
             : policy.max_compaction_calls
         ]
@@ -221,9 +223,10 @@ class CompactionService:
         try:
             validate(merged)
             if self._hooks is not None:
-                merged, _hooked_by = await after_compaction(
+                merged, patched_by = await after_compaction(
                     self._hooks, view.scope.tenant, view.head.session_id, job.thread_id, merged, validate
                 )
+                shaped_by = (*shaped_by, *patched_by)
         except CandidateInvalid as exc:
             return replace(
                 cost.outcome(summarizer.name),
@@ -276,6 +279,7 @@ class CompactionService:
             max(0, measure.compressible - covered_tokens),
             outcome,
             records,
+            hooks=shaped_by,
         )
 
     def _rolled_up(
@@ -328,6 +332,8 @@ class CompactionService:
         compressible: int,
         outcome: JobOutcome,
         records: list[LedgerRecord],
+        *,
+        hooks: tuple[SummaryHook, ...] = (),
     ) -> tuple[JobOutcome, NewSummary]:
         policy = view.policy.compaction
         parent = view.state.summary
@@ -365,6 +371,7 @@ class CompactionService:
             job_id=job.job_id,
             baseline=totals,
             throttle=throttle_from("committed_still_over", post, totals, still) if still else None,
+            hooks=hooks,
         )
 
 

@@ -19,6 +19,7 @@ from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, Ho
 
 from services.errors import CtxError, HookChangeRefused, HookFailed, HookRejected, HookTimeout
 from services.core.hooks import HOOK_REFUSED
+from services.store.hooks import PinnedHooks
 from services.store.ports import HookStore
 
 __all__ = [
@@ -89,19 +90,24 @@ class HookRegistry:
         self._store = store
         self._runner = runner
         self._observer = observer or _Unobserved()
-        self._sessions: OrderedDict[tuple[str, str], HookSet | None] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str], PinnedHooks | None] = OrderedDict()
 
     async def register(self, tenant: str, hooks: HookSet) -> int:
         return await self._store.register_hooks(tenant, hooks)
 
     async def hooks_of(self, tenant: str, session_id: str) -> HookSet | None:
         """The hook set the session pinned (``None``: its release has none)."""
+        pinned = await self.pinned_of(tenant, session_id)
+        return None if pinned is None else pinned.hooks
+
+    async def pinned_of(self, tenant: str, session_id: str) -> PinnedHooks | None:
+        """The hook set the session pinned with its revision (``None``: its release has none)."""
         key = (tenant, session_id)
         if key in self._sessions:
             self._sessions.move_to_end(key)
             return self._sessions[key]
         recorded, pinned = await self._store.session_hooks(tenant, session_id)
-        hooks = pinned if pinned is not None and pinned.hooks else None
+        hooks = pinned if pinned is not None and pinned.hooks.hooks else None
         if recorded:
             # Only a recorded session's answer is final; an unknown one may yet be recorded.
             self._sessions[key] = hooks

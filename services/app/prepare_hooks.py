@@ -8,6 +8,7 @@ prepared context, with its outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from contracts import PreparedContext, PrepareRequest, thread_id_of
 from contracts.hook_protocol import HookBlock, HookCall, HookPatch
@@ -27,6 +28,8 @@ from services.core.hooks import (
 from services.core.tokens import TokenCounter, estimate_tokens
 
 __all__ = ["PrepareHooks", "after_prepare", "before_prepare"]
+
+_AFTER: Final = "context.prepare.after"
 
 
 @dataclass
@@ -88,7 +91,14 @@ async def before_prepare(
                 additions=(*change.additions, *addition_blocks(binding, result.patch)),
                 deselected=change.deselected | frozenset(result.patch.deselect),
             )
-        out.touches.append(HookTouch(source=binding.source, outcome=result.outcome, note=result.note or ""))
+        out.touches.append(
+            HookTouch(
+                source=binding.source,
+                point="context.prepare.before",
+                outcome=result.outcome,
+                note=result.note or "",
+            )
+        )
     out.change = change if change.additions or change.deselected else None
     return out
 
@@ -118,11 +128,13 @@ async def after_prepare(
         result = await registry.run(binding, call, check_prepare_after)
         if result.patch is not None and result.patch.annotations:
             touched += [
-                HookTouch(source=binding.source, outcome="annotated", note=a.text)
+                HookTouch(source=binding.source, point=_AFTER, outcome="annotated", note=a.text)
                 for a in result.patch.annotations
             ]
         else:
-            touched.append(HookTouch(source=binding.source, outcome=result.outcome, note=result.note or ""))
+            touched.append(
+                HookTouch(source=binding.source, point=_AFTER, outcome=result.outcome, note=result.note or "")
+            )
     if not touched:
         return prepared
     return prepared.model_copy(update={"hooks": tuple(touched)})

@@ -137,27 +137,31 @@ class PrepareService:
             pause: Released while the request only waits (for its event or a compaction), so the
                 caller's compute slot serves other requests meanwhile.
         """
+        thread_id = thread_id_of(request.run_id, request.instance_id)
+        base = resolve_budget(request, BUILTIN_PROFILES)
+        if request.after_event_key is not None:
+            await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
+        # Only after the wait: a session's hook set is known once its first event is recorded, and a
+        # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
-            return await self._prepare(request, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None)
         hook_set = await self._hooks.hooks_of(tenant, request.session_id)
         if hook_set is None:
-            return await self._prepare(request, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None)
         hooked = PrepareHooks()
-        prepared = await self._prepare(request, tenant, pause, (self._hooks, hook_set, hooked))
+        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked))
         return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
 
     async def _prepare(
         self,
         request: PrepareRequest,
+        base: BudgetSpec,
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
-        base = resolve_budget(request, BUILTIN_PROFILES)
         counter = _counter(base)
-        if request.after_event_key is not None:
-            await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
         view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
         kill_point("prepare.before_reply")
         task = _task_budget(view, request, base, counter)
@@ -520,6 +524,7 @@ class PrepareService:
             ),
             view_revision=state.view_revision,
             summaries=summaries,
+            summary_hooks=state.summary.hooks if state.summary else (),
             compaction_attempts=state.attempts,
             compaction_failures=state.failures,
             last_compaction_failure=state.last_failure,

@@ -114,6 +114,7 @@ class ThreadView:
                 skeleton_text=self.skeleton.text if self.skeleton else None,
                 skeleton_o200k=self.skeleton.tokens_o200k if self.skeleton else 0,
                 skeleton_cl100k=self.skeleton.tokens_cl100k if self.skeleton else 0,
+                hooks=row.hooks,
             )
         snapshot = ThreadSnapshot(
             session_id=self.head.session_id,

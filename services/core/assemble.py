@@ -49,6 +49,7 @@ from contracts import (
     RecordRef,
     Retention,
     SourceWatermark,
+    SummaryHook,
     SummaryRef,
     ToolSchema,
     ToolStatus,
@@ -66,6 +67,7 @@ from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
+from services.core.hooks import HOOK_BLOCK_PREFIX
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
@@ -150,6 +152,8 @@ class SummaryView:
     skeleton_text: str | None = None
     skeleton_o200k: int = 0
     skeleton_cl100k: int = 0
+    # The hooks that narrowed or patched it, shown with it (design D13).
+    hooks: tuple[SummaryHook, ...] = ()
 
     def tokens(self, encoding: str) -> int:
         """Tokens of the summary text in ``encoding``."""
@@ -398,6 +402,7 @@ def assemble_context(
                 covered_from=summary.covered_from,
                 covered_to=summary.covered_to,
                 sources=summary.sources,
+                hooks=summary.hooks,
             )
             if summary
             else None
@@ -1331,6 +1336,10 @@ def _items(blocks: Sequence[_Sized], schema_tokens: int) -> list[BlockSize]:
 
 
 def _first_seq(block_id: str) -> int:
+    """The ledger position a block's id ends with (``kind:seq``). Hook material has none: it is this
+    prepare's temporary input, ordered and dropped before any material from the ledger."""
+    if block_id.startswith(HOOK_BLOCK_PREFIX):
+        return -1
     return int(block_id.rsplit(":", 1)[1])
 
 

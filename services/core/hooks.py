@@ -10,17 +10,19 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, assert_never
 
 from pydantic import JsonValue, ValidationError
 
-from contracts import BlockKind, ChatMessage, Retention
+from contracts import BlockKind, ChatMessage, Retention, SummaryHook
 from contracts.hook_protocol import SUMMARY_PATCH_FIELDS, HookBlock, HookPatch, HookRange
-from contracts.hooks import HookBinding
+from contracts.hooks import HookBinding, HookPoint
 
 from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
 
 __all__ = [
+    "HOOK_BLOCK_PREFIX",
     "HOOK_REFUSED",
     "PrepareHookChange",
     "addition_blocks",
@@ -30,8 +32,11 @@ __all__ = [
     "check_prepare_before",
     "hook_blocks",
     "summary_after_hook",
+    "summary_hook",
 ]
 
+# Every block a hook adds is named ``hook:<name>:<digest>``: no ledger position, unlike other blocks.
+HOOK_BLOCK_PREFIX = "hook:"
 # The code a refused change is reported with (diagnostics, metrics outcome ``refused``).
 HOOK_REFUSED = "hook_change_refused"
 # Blocks no hook may deselect whatever their retention: they are who the agent is and what it does.
@@ -119,7 +124,7 @@ def addition_blocks(binding: HookBinding, patch: HookPatch) -> tuple[DraftBlock,
         digest = uuid.uuid5(_ADDITION_NS, f"{binding.source}\x00{i}\x00{a.category.value}\x00{a.text}")
         out.append(
             DraftBlock(
-                block_id=f"hook:{binding.name}:{digest.hex[:12]}",
+                block_id=f"{HOOK_BLOCK_PREFIX}{binding.name}:{digest.hex[:12]}",
                 kind=BlockKind.MATERIAL,
                 retention=Retention.COMPRESSIBLE,
                 # Guidance is the least of all: dropped first when the budget is short.
@@ -191,3 +196,25 @@ def summary_after_hook(
     if dropped:
         return None, [f"patch drops constraint {t!r}" for t in dropped]
     return patched, []
+
+
+def summary_hook(binding: HookBinding, release: str, revision: int, change: str) -> SummaryHook:
+    """How a compaction hook that narrowed or patched a summary is recorded with it."""
+    point: Literal["context.compact.before", "context.compact.after"]
+    match binding.point:
+        case HookPoint.COMPACT_BEFORE:
+            point = "context.compact.before"
+        case HookPoint.COMPACT_AFTER:
+            point = "context.compact.after"
+        case HookPoint.PREPARE_BEFORE | HookPoint.PREPARE_AFTER:
+            raise ValueError(f"a {binding.point.value} hook does not shape a summary")
+        case _:
+            assert_never(binding.point)
+    return SummaryHook(
+        source=binding.source,
+        point=point,
+        subject=binding.subject,
+        release=release,
+        hook_set_revision=revision,
+        change=change,
+    )

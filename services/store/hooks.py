@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from contracts.hooks import HookSet
 
 from services.store.ledger import Conn
 
-__all__ = ["insert_hooks", "select_session_hooks"]
+__all__ = ["PinnedHooks", "insert_hooks", "select_session_hooks"]
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedHooks:
+    """The hook set a session pinned, and its revision (recorded with every summary a hook shaped)."""
+
+    hooks: HookSet
+    revision: int
+
 
 _INSERT = """
 INSERT INTO ctx.context_hooks (tenant, release, revision, body)
@@ -17,10 +28,10 @@ RETURNING revision
 # The revision current when the session was created (its first event): a later one reaches only
 # sessions created after it, as a tool catalog does.
 _SESSION_HOOKS = """
-SELECT s.session_id, h.body::text AS body
+SELECT s.session_id, h.body::text AS body, h.revision
 FROM ctx.sessions s
 LEFT JOIN LATERAL (
-  SELECT body FROM ctx.context_hooks h
+  SELECT body, revision FROM ctx.context_hooks h
   WHERE h.tenant = s.tenant AND h.release = s.agent_release AND h.created_at <= s.created_at
   ORDER BY h.revision DESC LIMIT 1
 ) h ON true
@@ -33,9 +44,12 @@ async def insert_hooks(conn: Conn, tenant: str, hooks: HookSet) -> int:
     return int(await conn.fetchval(_INSERT, tenant, hooks.release, hooks.model_dump_json()))
 
 
-async def select_session_hooks(conn: Conn, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+async def select_session_hooks(conn: Conn, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
+    """Whether ``tenant`` has the session recorded, and the hook set revision it pinned."""
     row = await conn.fetchrow(_SESSION_HOOKS, session_id, tenant)
     if row is None:
         return False, None
     body = row["body"]
-    return True, None if body is None else HookSet.model_validate_json(body)
+    if body is None:
+        return True, None
+    return True, PinnedHooks(HookSet.model_validate_json(body), int(row["revision"]))

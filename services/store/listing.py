@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contracts import SummaryHook
+
 from services.store.ledger import Conn
+from services.store.views import parse_summary_hooks
 
 __all__ = [
     "CompactionEntry",
@@ -46,6 +49,8 @@ class CompactionEntry:
     summarizer: str
     trigger_reasons: tuple[str, ...]
     target_reached: bool
+    # The hooks that narrowed or patched it (design D13).
+    hooks: tuple[SummaryHook, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +77,7 @@ LIMIT $2
 """
 _COMPACTIONS = """
 SELECT view_revision, covered_from, covered_to, tokens_before, tokens_after, summarizer, trigger_reasons,
-       target_reached
+       target_reached, hooks::text AS hooks
 FROM ctx.summaries WHERE thread_id = $1 ORDER BY view_revision
 """
 _TOOL_CALLS = """
@@ -110,6 +115,7 @@ async def select_compactions(conn: Conn, thread_id: str) -> list[CompactionEntry
             summarizer=r["summarizer"],
             trigger_reasons=tuple(r["trigger_reasons"]),
             target_reached=r["target_reached"],
+            hooks=parse_summary_hooks(r["hooks"]),
         )
         for r in await conn.fetch(_COMPACTIONS, thread_id)
     ]

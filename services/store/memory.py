@@ -46,9 +46,19 @@ from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
-from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState, summary_id_of
+from services.store.views import (
+    Candidate,
+    NewSummary,
+    SummaryRow,
+    ThreadScope,
+    ViewState,
+    parse_summary_hooks,
+    summary_hooks_json,
+    summary_id_of,
+)
 from services.store.windows import OpenWindow
 
 if TYPE_CHECKING:
@@ -170,17 +180,17 @@ class MemoryStore:
         t.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(t.sessions))
         return revision
 
-    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
         t = self.tables
         s = t.sessions.get(session_id)
         if s is None or s["tenant"] != tenant:
             return False, None
         pinned = [
-            (r, hooks)
+            PinnedHooks(hooks, r)
             for (tn, rel, r), (hooks, before) in t.hooks.items()
             if tn == tenant and rel == s["agent_release"] and session_id not in before
         ]
-        return True, max(pinned, key=lambda p: p[0])[1] if pinned else None
+        return True, max(pinned, key=lambda p: p.revision) if pinned else None
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
@@ -235,6 +245,7 @@ class MemoryStore:
                 summarizer=s["summarizer"],
                 trigger_reasons=tuple(s["trigger_reasons"]),
                 target_reached=s["target_reached"],
+                hooks=parse_summary_hooks(s["hooks"]),
             )
             for s in mine
         ]
@@ -816,6 +827,7 @@ class MemorySession:
                 s["text"],
                 s["tokens_o200k"],
                 s["tokens_cl100k"],
+                parse_summary_hooks(s.get("hooks")),
             )
         since = v["pending_since"]
         return ViewState(
@@ -1034,6 +1046,8 @@ class MemorySession:
                 "tokens_before": summary.tokens_before,
                 "tokens_after": summary.tokens_after,
                 "target_reached": summary.target_reached,
+                # Stored as the column is, so both stores parse the same text.
+                "hooks": summary_hooks_json(summary.hooks),
             }
             # Looked up again: the transaction may have replaced the tables object.
             self._t.views[summary.thread_id].update(

@@ -35,6 +35,7 @@ from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store.gateway import StoredCheck
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.search import Chunker
@@ -299,9 +300,9 @@ class HookStore(Protocol):
         """Store ``hooks`` as the next revision of its release in ``tenant``; returns the revision."""
         ...
 
-    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
-        """Whether ``tenant`` has the session recorded, and the hook set its release had registered
-        when the session's first event was recorded (``None``: none then)."""
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
+        """Whether ``tenant`` has the session recorded, and the hook set revision its release had
+        registered when the session's first event was recorded (``None``: none then)."""
         ...
 
 

@@ -412,7 +412,7 @@ class PgStore:
         async with self._conn() as conn:
             return await hooks_sql.insert_hooks(conn, tenant, hooks)
 
-    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, HookSet | None]:
+    async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, hooks_sql.PinnedHooks | None]:
         async with self._conn() as conn:
             return await hooks_sql.select_session_hooks(conn, tenant, session_id)
 

@@ -8,7 +8,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from contracts import ContextPolicy
+from pydantic import TypeAdapter
+
+from contracts import ContextPolicy, SummaryHook
 from contracts.subjects import DEFAULT_TENANT
 
 from services.core.compaction.model import StructuredSummary
@@ -26,6 +28,8 @@ __all__ = [
     "ThreadScope",
     "ViewState",
     "ViewsRepo",
+    "parse_summary_hooks",
+    "summary_hooks_json",
     "summary_id_of",
 ]
 
@@ -121,7 +125,7 @@ SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.bas
        v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
        v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
        s.body AS summary_body, s.text AS summary_text, s.tokens_o200k AS summary_o200k,
-       s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from,
+       s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from, s.hooks::text AS summary_hooks,
        extract(epoch FROM now() - v.pending_since) AS pending_age_s
 FROM ctx.thread_views v LEFT JOIN ctx.summaries s ON s.summary_id = v.summary_id
 WHERE v.thread_id = $1
@@ -149,8 +153,9 @@ WHERE thread_id = $1
 _INSERT_SUMMARY = """
 INSERT INTO ctx.summaries (summary_id, thread_id, view_revision, parent_summary_id, covered_from, covered_to,
     source_watermark, policy_name, policy_revision, body, text, tokens_o200k, tokens_cl100k, summarizer,
-    calls, trigger_reasons, tokens_before, tokens_after, target_reached, job_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
+    calls, trigger_reasons, tokens_before, tokens_after, target_reached, job_id, hooks)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20,
+    $21::jsonb)
 """
 _COMMIT_VIEW = """
 UPDATE ctx.thread_views
@@ -183,6 +188,8 @@ class SummaryRow:
     text: str
     tokens_o200k: int
     tokens_cl100k: int
+    # The hooks that narrowed or patched it (design D13).
+    hooks: tuple[SummaryHook, ...] = ()
 
     def tokens(self, encoding: str) -> int:
         """Tokens of the rendered summary in ``encoding``."""
@@ -234,6 +241,21 @@ class NewSummary:
     job_id: str
     baseline: Counters
     throttle: Throttle | None
+    # The compact.before hooks that narrowed it and the compact.after hooks that patched it, in order.
+    hooks: tuple[SummaryHook, ...] = ()
+
+
+_HOOKS = TypeAdapter(tuple[SummaryHook, ...])
+
+
+def summary_hooks_json(hooks: tuple[SummaryHook, ...]) -> str:
+    """The ``summaries.hooks`` column of a summary (a JSON array; ``[]`` when no hook shaped it)."""
+    return _HOOKS.dump_json(hooks, exclude_defaults=True).decode()
+
+
+def parse_summary_hooks(text: str | None) -> tuple[SummaryHook, ...]:
+    """The hooks stored with a summary (none for a row from before they were recorded)."""
+    return _HOOKS.validate_json(text) if text else ()
 
 
 # A committed summary never changes under its id: each is parsed once per process, not on every
@@ -325,6 +347,7 @@ class ViewsRepo:
                 text=r["summary_text"],
                 tokens_o200k=r["summary_o200k"],
                 tokens_cl100k=r["summary_cl100k"],
+                hooks=parse_summary_hooks(r["summary_hooks"]),
             )
         throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
         return ViewState(
@@ -436,6 +459,7 @@ class ViewsRepo:
                 s.tokens_after,
                 s.target_reached,
                 s.job_id,
+                summary_hooks_json(s.hooks),
             )
             await conn.execute(_POINT_VIEW, s.thread_id, uuid.UUID(summary_id))
             kill_point("compact.before_commit")

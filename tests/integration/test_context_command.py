@@ -8,10 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from contracts import PrepareRequest
+from contracts import CompactRequest, PrepareRequest
+from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
+from contracts.hooks import HookPoint
 from infra.cli import main
 from services.edge.client import FleetClient
 from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import HookService
+from tests.integration.test_hooks_fleet import _hook, _release, _working_thread, end_early
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
 
@@ -170,3 +174,35 @@ async def test_inspect_command_names_the_tools_and_outcome_statuses_per_record(
     lines = out.splitlines()
     assert any(" a1 [bash]  calls: bash" in line for line in lines), out
     assert any(" o1 [bash: error]  1 failed" in line for line in lines), out
+
+
+@pytest.mark.anyio
+async def test_context_command_shows_the_hooks_that_ran_and_the_hook_that_narrowed_the_summary(
+    fleet, client: FleetClient, cli_env: None, capsys: pytest.CaptureFixture[str], hook_service: HookService
+) -> None:
+    note = HookPatch(annotations=(HookAnnotation(text="checked against policy v7"),))
+    audit = await _hook(
+        hook_service, "audit", HookPoint.PREPARE_AFTER, HookReply(decision="patch", patch=note)
+    )
+    scope = await _hook(hook_service, "scope", HookPoint.COMPACT_BEFORE, end_early)
+    t = await _working_thread(client, await _release(client, audit, scope))
+    await client.compact(CompactRequest(run_id=t.run_id, instance_id=t.instance_id))
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert shown["hooks"] == [
+        {
+            "source": "audit@1",
+            "point": "context.prepare.after",
+            "outcome": "annotated",
+            "note": "checked against policy v7",
+        }
+    ]
+    assert [(h["source"], h["point"], h["subject"]) for h in shown["summary"]["hooks"]] == [
+        ("scope@1", "context.compact.before", scope.subject)
+    ]
+    code, out, _ = await _in_thread(["context", t.thread_id], capsys)
+    assert code == 0 and "checked against policy v7" in out and "shaped by hook scope@1" in out
+    code, out, _ = await _in_thread(["inspect", t.thread_id], capsys)
+    assert code == 0 and "summary shaped by hook scope@1 at context.compact.before" in out

@@ -34,7 +34,8 @@ async def test_a_session_uses_the_hook_revision_current_when_it_was_created(db: 
         release,
     )
     assert await insert_hooks(db, tenant, _set(release, "2")) == 2
-    recorded, hooks = await select_session_hooks(db, tenant, session)
-    assert recorded and hooks is not None and hooks.hooks[0].source == "p@1"
+    recorded, pinned = await select_session_hooks(db, tenant, session)
+    assert recorded and pinned is not None and pinned.hooks.hooks[0].source == "p@1"
+    assert pinned.revision == 1  # recorded with every summary a hook of it shapes
     assert await select_session_hooks(db, "other", session) == (False, None)
     assert await select_session_hooks(db, tenant, "missing") == (False, None)

@@ -68,6 +68,12 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
     assert {"Event", "PrepareRequest", "PreparedContext", "ErrorReply", "ReadReply", "Receipt"} <= set(
         checked["document_validators"]
     )
+    # It served a context hook: each call and answer checked against HookCall / HookReply, the
+    # hook's addition in the context, every action prepare of the session calling it once.
+    assert {"HookCall", "HookReply"} <= set(checked["document_validators"])
+    assert checked["hooks_register"] == "HooksRegistered"
+    assert checked["hook_touches"] == ["node-policy@1:patched"]
+    assert checked["hook_calls"] >= 2
     assert {what: v["rejected_code"] for what, v in checked["bad_inputs"].items()} == {
         "missing field": "invalid_event",
         "unknown kind": "unknown_event_kind",

@@ -156,7 +156,56 @@ const deadSub = nc.subscribe(`ctx.dead.events.${thread}`);
   }
 })();
 
-await publishEvent(envelope("e1", "system", { text: "You are a careful coding agent." }));
+// --- A context hook this runtime serves: the fleet calls it on hooks.<tenant>.…, and every call and answer
+// is checked against the schemas (the AsyncAPI document's "send_hooks" operation and the schema files).
+const release = `rel-${session}`;
+const hookSubject = `hooks.${tenant}.node-policy`;
+const POLICY = "Node policy: pin engines in package.json.";
+const hookCalls = [];
+const hookSub = nc.subscribe(hookSubject);
+(async () => {
+  try {
+    for await (const m of hookSub) {
+      const call = json.decode(m.data);
+      expectValid("HookCall", call, "hook call");
+      expectNoNulls(call, "hook call");
+      hookCalls.push(call.point);
+      const reply =
+        call.point === "context.prepare.before"
+          ? {
+              schema_version: 1,
+              type: "hook_reply",
+              decision: "patch",
+              patch: { add: [{ category: "material", title: "engines", text: POLICY }] },
+            }
+          : { decision: "continue" };
+      expectValid("HookReply", reply, "hook reply");
+      m.respond(Buffer.from(JSON.stringify(reply)));
+    }
+  } catch {
+    // A runtime identity without hooks.<tenant>.> may not serve hooks: nothing calls it then.
+  }
+})();
+const hookSet = {
+  release,
+  hooks: [
+    {
+      name: "node-policy",
+      version: "1",
+      point: "context.prepare.before",
+      subject: hookSubject,
+      timeout_ms: 5000,
+      grants: ["material"],
+    },
+  ],
+};
+checked.hooks_register = await ask(`ctx.hooks.register.${tenant}`, "HookSet", hookSet, "HooksRegistered");
+const hooked = checked.hooks_register === "HooksRegistered";
+
+await publishEvent({
+  ...envelope("e1", "system", { text: "You are a careful coding agent." }),
+  ...(hooked ? { agent_release: release } : {}),
+});
 await publishEvent(envelope("e2", "user_input", { text: "Why does the build fail on Node 20?" }));
 await publishEvent(
   envelope("e3", "assistant_message", {
@@ -173,6 +222,11 @@ else {
   const text = JSON.stringify(ok.body.messages);
   if (!text.includes("Node 20") || !text.includes("engine node>=22")) fail("the prepared messages lack the events");
   checked.prepared_messages = ok.body.messages.length;
+  if (hooked) {
+    const touched = (ok.body.hooks ?? []).map((h) => `${h.source}:${h.outcome}`);
+    checked.hook_touches = touched;
+    if (!text.includes(POLICY)) fail("the prepared context lacks the hook's addition");
+  }
 }
 
 // The schema states the validator's budget rule, and the fleet agrees with it.
@@ -294,6 +348,9 @@ if (deadVisible) {
 } else {
   checked.dead_letters = "not permitted to this identity";
 }
+
+checked.hook_calls = hookCalls.length;
+if (hooked && hookCalls.some((p) => p !== "context.prepare.before")) fail(`hook called at ${hookCalls}`);
 
 await nc.drain();
 console.log(JSON.stringify({ ok: failures.length === 0, checked, failures }));

@@ -9,7 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from contracts import PreparedContext, SummaryRef
+from contracts.prepare import HookTouch
 from infra.cli_context import breakdown, render
+from tests.fixtures.builders import summary_hook
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "prepare"
 
@@ -56,6 +58,7 @@ def test_breakdown_shows_the_summary_coverage_when_the_context_has_a_summary() -
         "covered_from": 3,
         "covered_to": 9,
         "sources": 3,
+        "hooks": (),
     }
 
 
@@ -68,3 +71,68 @@ def test_render_draws_the_bar_every_block_and_what_was_left_out() -> None:
     for block in (*prepared.blocks, *prepared.omitted):
         assert block.block_id in text
     assert "why it was left out" in text
+
+
+_SCOPE = summary_hook("scope", "context.compact.before", "range 3–20 → 3–9")
+
+
+def _hooked() -> PreparedContext:
+    """A context two prepare hooks touched, showing a summary a compact.before hook narrowed."""
+    return _golden("coding_turn_with_trimmed_result").model_copy(
+        update={
+            "summary": SummaryRef(
+                summary_id="s1", view_revision=2, covered_from=3, covered_to=9, sources=(3,), hooks=(_SCOPE,)
+            ),
+            "hooks": (
+                HookTouch(source="policy@2", point="context.prepare.before", outcome="patched"),
+                HookTouch(
+                    source="audit@1",
+                    point="context.prepare.after",
+                    outcome="annotated",
+                    note="2 materials checked against the tenant's policy",
+                ),
+            ),
+        }
+    )
+
+
+def test_breakdown_json_lists_the_hooks_that_ran_and_those_that_shaped_the_summary() -> None:
+    shown = json.loads(json.dumps(breakdown(_hooked()).as_json()))
+    assert shown["hooks"] == [
+        {"source": "policy@2", "point": "context.prepare.before", "outcome": "patched", "note": ""},
+        {
+            "source": "audit@1",
+            "point": "context.prepare.after",
+            "outcome": "annotated",
+            "note": "2 materials checked against the tenant's policy",
+        },
+    ]
+    assert shown["summary"]["hooks"] == [
+        {
+            "source": "scope@1",
+            "point": "context.compact.before",
+            "subject": "hooks.default.scope",
+            "release": "rel-1",
+            "hook_set_revision": 2,
+            "change": "range 3–20 → 3–9",
+        }
+    ]
+
+
+def test_render_shows_each_hook_with_its_annotation_and_the_hook_that_narrowed_the_summary() -> None:
+    out = io.StringIO()
+    render(breakdown(_hooked()), Console(file=out, width=160, color_system=None))
+    text = out.getvalue()
+    assert "2 materials checked against the tenant's policy" in text
+    assert "context.prepare.before" in text and "patched" in text
+    assert (
+        "shaped by hook scope@1 at context.compact.before (subject hooks.default.scope, hook set rel-1 r2): "
+        "range 3–20 → 3–9" in text
+    )
+
+
+def test_a_context_no_hook_touched_shows_no_hooks_table() -> None:
+    out = io.StringIO()
+    prepared = _golden("coding_turn_with_trimmed_result")
+    render(breakdown(prepared), Console(file=out, width=160, color_system=None))
+    assert breakdown(prepared).hooks == () and "outcome" not in out.getvalue()

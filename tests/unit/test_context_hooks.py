@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, get_args
 
 import pytest
 
-from contracts import BlockKind, PrepareRequest, Purpose, Retention
-from contracts.hook_protocol import HookAddition, HookBlock, HookBlockEdit, HookPatch, HookRange, HookReply
+from contracts import BlockKind, PrepareRequest, Purpose, Retention, SummaryHook
+from contracts.hook_protocol import (
+    HookAddition,
+    HookBlock,
+    HookBlockEdit,
+    HookCall,
+    HookPatch,
+    HookRange,
+    HookReply,
+)
+from contracts.prepare import HookTouch
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 from services.app.hooks import HookRegistry, ScriptedHookRunner
 from services.app.notices import NoticeBoard
@@ -22,7 +33,7 @@ from services.core.hooks import (
 from services.core.ledger import RecordingLimits
 from services.errors import HookRejected, HookTimeout
 from services.store.memory import MemoryStore
-from tests.fixtures.builders import Thread, incoming
+from tests.fixtures.builders import Thread, incoming, prepare_request
 
 _BEFORE = HookBinding(
     name="policy",
@@ -63,6 +74,15 @@ def test_editing_the_task_text_deselecting_required_blocks_or_ungranted_addition
     assert len(problems) == 4
     assert any("edit of block task:2" in p for p in problems)
     assert any("guidance is not granted" in p for p in problems)
+
+
+def test_the_points_a_context_records_are_the_hook_points_of_their_stage() -> None:
+    # SummaryHook and HookTouch spell the points as literals (contracts.prepare cannot import
+    # contracts.hooks); they must stay the HookPoint values of their stage.
+    summary_points = get_args(SummaryHook.model_fields["point"].annotation)
+    touch_points = [a for u in get_args(HookTouch.model_fields["point"].annotation) for a in get_args(u)]
+    assert set(summary_points) == {p.value for p in HookPoint if p.is_compaction}
+    assert set(touch_points) == {p.value for p in HookPoint if not p.is_compaction}
 
 
 def test_prepare_after_may_only_annotate() -> None:
@@ -116,6 +136,24 @@ class _Sink:
 
 
 @pytest.mark.anyio
+async def test_a_prepare_that_arrives_before_its_sessions_first_event_still_runs_the_releases_hooks() -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    runner = ScriptedHookRunner(scripts={_BEFORE.subject: HookReply()})
+    await store.register_hooks("default", HookSet(release="rel-1", hooks=(_BEFORE,)))
+    t = Thread()
+    service = PrepareService(store, board, hooks=HookRegistry(store, runner))
+    request = prepare_request(t, budget_tokens=8_000, after_event_key="u1", wait_ms=5_000)
+    waiting = asyncio.create_task(service.prepare(request))
+    await asyncio.sleep(0)  # the prepare is waiting for u1: the session is not recorded yet
+    first = t.system("Be brief.", key="sys").model_copy(update={"agent_release": "rel-1"})
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+    await recorder.record_batch(0, incoming([first, t.user("fix the bug", key="u1")]))
+    board.notify(t.thread_id)
+    prepared = await waiting
+    assert [(h.source, h.outcome) for h in prepared.hooks] == [("policy@2", "ok")]
+
+
+@pytest.mark.anyio
 async def test_a_hooks_addition_is_in_the_prepared_context_with_its_source() -> None:
     reply = HookReply(
         decision="patch",
@@ -129,6 +167,16 @@ async def test_a_hooks_addition_is_in_the_prepared_context_with_its_source() -> 
     assert "policy@2" in block.reason and block.droppable
     assert [(h.source, h.outcome) for h in prepared.hooks] == [("policy@2", "patched")]
     assert runner.calls[0][1].blocks  # the hook saw the candidates
+
+
+@pytest.mark.anyio
+async def test_a_hooks_addition_over_the_budget_is_left_out_whole_and_first() -> None:
+    # About 10k tokens against a budget of 8k: the material goes, everything the thread holds stays.
+    huge = HookAddition(category="material", title="archive", text="retention clause " * 5_000)
+    prepared, _ = await _prepared_with(HookReply(decision="patch", patch=HookPatch(add=(huge,))))
+    assert [o.block_id.split(":")[0] for o in prepared.omitted] == ["hook"]
+    assert prepared.messages[-1].content == "fix the bug"
+    assert prepared.budget_report.used.total <= prepared.budget_report.input_budget
 
 
 @pytest.mark.anyio
@@ -178,7 +226,9 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
         assert (await s.load_view(t.thread_id)).view_revision == 0
 
 
-async def _compaction_with(binding: HookBinding, reply: HookReply) -> tuple[Any, Any, Any, Thread]:
+async def _compaction_with(
+    binding: HookBinding, reply: HookReply | Callable[[HookCall], Awaitable[HookReply]]
+) -> tuple[Any, Any, Any, Thread]:
     """A tight-policy thread of six written files, compacted once with ``binding`` answering ``reply``."""
     from contracts import CompactionPolicy, ContextPolicy
     from services.app.compacting import CompactionService
@@ -238,6 +288,40 @@ async def test_a_compact_before_hook_that_ends_the_range_earlier_gets_a_summary_
     async with store.session() as s:
         summary = (await s.load_view(t.thread_id)).summary
     assert summary is not None and candidate.from_seq <= summary.body.covered_to <= end < candidate.to_seq
+    assert whole.hooks == ()  # the hook ran but changed nothing: it did not shape the summary
+    assert summary.hooks == (
+        SummaryHook(
+            source="scope@1",
+            point="context.compact.before",
+            subject="hooks.default.scope",
+            release="rel-1",
+            hook_set_revision=1,
+            change=f"range {candidate.from_seq}–{candidate.to_seq} → {candidate.from_seq}–{end}",
+        ),
+    )
+    assert [e.hooks for e in await store.thread_compactions(t.thread_id)] == [summary.hooks]
+
+
+@pytest.mark.anyio
+async def test_a_compact_after_patch_that_validates_is_committed_and_recorded_with_the_summary() -> None:
+    binding = HookBinding(
+        name="redact", version="4", point=HookPoint.COMPACT_AFTER, subject="hooks.default.redact"
+    )
+
+    async def patch(call: HookCall) -> HookReply:
+        assert call.range is not None and call.summary is not None
+        step = {"text": "Run the tests before the next write", "sources": [call.range.from_seq]}
+        return HookReply(decision="patch", patch=HookPatch(summary_fields={"next_steps": [step]}))
+
+    outcome, _, store, t = await _compaction_with(binding, patch)
+    assert outcome.status == "committed"
+    async with store.session() as s:
+        summary = (await s.load_view(t.thread_id)).summary
+    assert summary is not None
+    assert [n.text for n in summary.body.next_steps] == ["Run the tests before the next write"]
+    assert [(h.source, h.point, h.hook_set_revision, h.change) for h in summary.hooks] == [
+        ("redact@4", "context.compact.after", 1, "patched next_steps")
+    ]
 
 
 @pytest.mark.anyio

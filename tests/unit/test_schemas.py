@@ -28,6 +28,8 @@ from contracts import (
     ReadRequest,
 )
 from contracts._base import WireModel
+from contracts.hook_protocol import HookBlock, HookCall, HookReply
+from contracts.hooks import HookPoint
 from infra.asyncapi import CHANNELS, Channel, asyncapi_document
 from infra.wire_schema import WireMessage
 from infra.schemas import write_schemas
@@ -71,6 +73,8 @@ MESSAGES = {
     "CompactReply",
     "FinalCheckRequest",
     "FinalCheck",
+    "HookCall",
+    "HookReply",
 }
 
 
@@ -298,6 +302,8 @@ def test_every_request_channel_declares_its_reply_and_the_error_reply(written: d
     assert replies["compact"] == {"CompactReply", "ErrorReply"}
     assert replies["gateway_check"] == {"FinalCheck", "ErrorReply"}
     assert replies["hooks_register"] == {"HooksRegistered", "ErrorReply"}
+    # A hook answers the fleet with its HookReply alone: a hook's error is a timeout or a bad answer.
+    assert replies.pop("hooks") == {"HookReply"}
     assert len(replies) == 13 and all("ErrorReply" in r for r in replies.values())
 
 
@@ -371,3 +377,69 @@ def test_every_field_a_sent_message_may_omit_as_none_has_a_default_so_clients_pa
         if field.is_required() and type(None) in get_args(field.annotation)
     ]
     assert sent and missing == []
+
+
+def _hook_call() -> HookCall:
+    return HookCall(
+        point=HookPoint.PREPARE_BEFORE,
+        hook="policy@2",
+        tenant="default",
+        session_id="s1",
+        thread_id="r1.main",
+        purpose="action",
+        blocks=(HookBlock(block_id="task:2", kind="task", retention="required", tokens=3, text="fix it"),),
+    )
+
+
+def test_the_hooks_channel_is_a_request_the_fleet_sends_and_a_hook_service_answers(
+    written: dict[str, Any],
+) -> None:
+    doc = written["asyncapi.json"]
+    assert doc["channels"]["hooks"]["address"] == "hooks.{tenant}.{hook}"
+    assert set(doc["channels"]["hooks"]["parameters"]) == {"tenant", "hook"}
+    send = doc["operations"]["send_hooks"]
+    assert send["action"] == "send" and "receive_hooks" not in doc["operations"]
+    assert [m["$ref"] for m in send["messages"]] == ["#/channels/hooks/messages/HookCall"]
+    assert [m["$ref"] for m in send["reply"]["messages"]] == ["#/channels/hooks_reply/messages/HookReply"]
+    # Neither side carries the fleet's headers: the fleet sets no deadline header on a hook call (the
+    # binding's timeout bounds it), and a hook's answer has no ctx-status (its body says it all).
+    messages = doc["components"]["messages"]
+    assert "headers" not in messages["HookCall"] and "headers" not in messages["HookReply"]
+
+
+def test_a_hook_call_as_the_fleet_sends_it_satisfies_its_schema_without_nulls(
+    written: dict[str, Any],
+) -> None:
+    body = json.loads(reply_json(_hook_call()))
+    assert list(_validator(written, "HookCall").iter_errors(body)) == []
+    assert '{"type": "null"}' not in json.dumps(written["HookCall.schema.json"])
+    assert not _validator(written, "HookCall").is_valid({**body, "point": "model.chat.before"})
+
+
+_ADD = {"category": "material", "title": "policy", "text": "Refunds need approval."}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"decision": "continue"},
+        {"decision": "patch", "patch": {"add": [_ADD], "deselect": ["material:3"]}},
+        {
+            "decision": "patch",
+            "patch": {"narrow_to": {"from_seq": 1, "to_seq": 4}, "summary_target_tokens": 200},
+        },
+        {"decision": "patch", "patch": {"narrow_to": None, "summary_fields": {"progress": []}}},
+        {"decision": "patch", "patch": {"edit": [{"block_id": "task:2", "text": "other"}]}},
+        {"decision": "reject", "reason": "tenant frozen"},
+        {"decision": "maybe"},
+        {"decision": "patch", "patch": {"summary_target_tokens": 0}},
+        {"decision": "patch", "patch": {"add": [{**_ADD, "category": "instruction"}]}},
+        {"decision": "continue", "note": "unknown fields are refused"},
+    ],
+)
+def test_the_hook_reply_schema_accepts_exactly_what_its_model_accepts(
+    written: dict[str, Any], body: dict[str, Any]
+) -> None:
+    schema_says, python_says = _agrees(written, HookReply, body)
+    assert schema_says == python_says
