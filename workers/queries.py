@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from faststream import Path
 from faststream.nats import NatsResponse, NatsRouter
-from faststream.nats.annotations import NatsMessage
 from pydantic import BaseModel
 
 from contracts import (
@@ -41,7 +39,7 @@ from services.store.postgres import PgStore
 from .admission import Admission
 from .branches import branches_router
 from .metrics import FleetMetrics
-from .replies import admitted, parse_body, raw_body, reply_with
+from .replies import Inbound, admitted, inbound, parse_body, reply_with
 
 __all__ = ["queries_router"]
 
@@ -51,7 +49,7 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     router = NatsRouter()
     tasks = admission.limits.max_tasks
 
-    async def serve(message: NatsMessage, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
+    async def serve(message: Inbound, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
         return await admitted(admission, message.headers, lambda _slot: reply_with(run))
 
     def store() -> PgStore:
@@ -64,14 +62,15 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     @router.subscriber(
         f"{READ}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="read",
         description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
     )
-    async def on_read(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_read(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
         response = await serve(
-            message, lambda: read_range(store(), parse_body(ReadRequest, body), tenant=tenant)
+            message, lambda: read_range(store(), parse_body(ReadRequest, message.body), tenant=tenant)
         )
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
@@ -79,15 +78,16 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     @router.subscriber(
         f"{SEARCH}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="search",
         description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.",
     )
-    async def on_search(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_search(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
         with metrics.search_seconds.time():
             response = await serve(
-                message, lambda: search(store(), parse_body(SearchRequest, body), tenant=tenant)
+                message, lambda: search(store(), parse_body(SearchRequest, message.body), tenant=tenant)
             )
         metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
@@ -95,42 +95,46 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     @router.subscriber(
         f"{OPERATION_STATUS}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="operation.status",
         description="OperationStatusRequest in, Receipt or ErrorReply out.",
     )
-    async def on_operation(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_operation(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
         return await serve(
             message,
-            lambda: operation_status(store(), parse_body(OperationStatusRequest, body), tenant=tenant),
+            lambda: operation_status(
+                store(), parse_body(OperationStatusRequest, message.body), tenant=tenant
+            ),
         )
 
     @router.subscriber(
         f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="session.inspect",
         description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
     )
-    async def on_session(
-        body: bytes, message: NatsMessage, tenant: str = Path(), session_id: str = Path()
-    ) -> NatsResponse:
+    async def on_session(message: Inbound) -> NatsResponse:
+        tenant, session_id = message.tokens(2)
         return await serve(message, lambda: inspect_session(store(), tenant, session_id))
 
     @router.subscriber(
         f"{POLICY_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="policy.register",
         description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
     )
-    async def on_policy(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_policy(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
+
         async def register() -> PolicyRegistered:
             try:
-                policy = parse_body(ContextPolicy, body)
+                policy = parse_body(ContextPolicy, message.body)
             except InvalidRequest as exc:
                 raise InvalidPolicy(exc.message) from None
             policy_budget(policy)
@@ -141,16 +145,18 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     @router.subscriber(
         f"{TOOLS_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="tools.register",
         description=(
             "ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release."
         ),
     )
-    async def on_tools(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_tools(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
+
         async def register() -> CatalogRegistered:
-            catalog = parse_body(ToolCatalog, body)
+            catalog = parse_body(ToolCatalog, message.body)
             return CatalogRegistered(
                 release=catalog.release, revision=await register_catalog(store(), tenant, catalog)
             )
@@ -160,14 +166,16 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
     @router.subscriber(
         f"{HOOKS_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=raw_body,
+        decoder=inbound,
         max_workers=tasks,
         title="hooks.register",
         description="HookSet in, HooksRegistered or ErrorReply out: a new hook set revision of a release.",
     )
-    async def on_hooks(body: bytes, message: NatsMessage, tenant: str = Path()) -> NatsResponse:
+    async def on_hooks(message: Inbound) -> NatsResponse:
+        (tenant,) = message.tokens(1)
+
         async def register() -> HooksRegistered:
-            hooks = parse_body(HookSet, body)
+            hooks = parse_body(HookSet, message.body)
             foreign = sorted({h.subject for h in hooks.hooks if hook_subject_tenant(h.subject) != tenant})
             if foreign:
                 raise InvalidRequest(
