@@ -28,6 +28,7 @@ from contracts import (
 )
 from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
+from contracts.task_budgets import TaskBudget
 from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
@@ -591,6 +592,7 @@ class MemorySession:
                 "status": final,
                 "main_thread_id": run.main_thread_id,
                 "snapshot_through": session_seq_of(run.main_thread_id, first) - 1,
+                "task_budget": None if run.task_budget is None else run.task_budget.model_dump_json(),
                 "created": t.tick(),
             }
         for run_id, status in plan.run_statuses.items():
@@ -757,6 +759,8 @@ class MemorySession:
             s["reset_seq"],
             run["snapshot_through"] if run else 0,
             run["status"] if run else None,
+            # Round-tripped like the jsonb column.
+            TaskBudget.model_validate_json(run["task_budget"]) if run and run.get("task_budget") else None,
         )
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:

@@ -93,7 +93,10 @@ async def _observe(store: Any, thread_ids: list[str], session_ids: list[str]) ->
             seen[tid] = {
                 "head": asdict(head),
                 "scope": asdict(await s.scope_of(tid)),
-                "records": [asdict(r) for r in view.records],
+                # recorded_at is each store's clock: only that both keep one is compared.
+                "records": [
+                    {**asdict(r), "recorded_at": isinstance(r.recorded_at, datetime)} for r in view.records
+                ],
                 "view": asdict(view.state),
                 "policy": (view.policy_name, view.policy_revision),
                 "facts": view.facts,
