@@ -3,13 +3,15 @@ through the recorder's and the assembler's shells on the in-memory store (no ser
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
-from contracts import DeadLetter
+from contracts import DeadLetter, ErrorCode
+from contracts.events import EventDecodeError, decode_event
 from contracts.task_budgets import CallUsage, TaskBudget
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -122,3 +124,22 @@ async def test_a_hard_runtime_budget_is_spent_by_the_time_between_the_runs_first
         await PrepareService(store, NoticeBoard()).prepare(prepare_request(t))
     assert err.value.details["exhausted"] == ["runtime_seconds"]
     assert err.value.details["spent"]["runtime_seconds"] == 100  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"task_budget": {}},  # no limit at all
+        {"task_budget": {"cost": -1}},
+        {"task_budget": {"runtime_seconds": 0}},
+        {"payload": {"text": "x", "usage": {"input_tokens": -5, "output_tokens": 1}}},
+        {"payload": {"text": "x", "usage": {"input_tokens": 5}}},  # output_tokens missing
+    ],
+)
+def test_a_bad_task_budget_or_usage_is_an_invalid_event(change: dict[str, Any]) -> None:
+    t = Thread()
+    event = {**json.loads(t.assistant("x").model_dump_json()), **change}
+
+    with pytest.raises(EventDecodeError) as err:
+        decode_event(json.dumps(event).encode(), max_bytes=1 << 20)
+    assert err.value.code is ErrorCode.INVALID_EVENT
