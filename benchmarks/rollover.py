@@ -47,7 +47,7 @@ async def _timed(client: FleetClient, request: PrepareRequest) -> tuple[float, P
 
 
 async def bench_rollover(
-    servers: Servers, settings: Settings, *, threads: int = 6, steps: int = 120
+    servers: Servers, settings: Settings, *, threads: int = 6, steps: int = 200
 ) -> dict[str, object]:
     """Latency of rolling and ordinary prepares, and handoff sizes, over ``threads`` × ``steps``."""
     policy = ContextPolicy(

@@ -183,6 +183,7 @@ async def test_ladder_retrieval_rung_adds_archived_records_of_the_step_and_never
     g, f = scores[RungName.RETRIEVAL.value], scores[RungName.PROJECTION.value]
     assert g["failed"] == 0 and all(_tokens(c) <= _BUDGET for c in sent)
     assert g["tokens_per_step"] > f["tokens_per_step"]
+    assert g["evidence"]["contexts"] == len(with_evidence) and f["evidence"]["contexts"] == 0
     # The search marks the moves an item's later moves superseded, so G brings no old bin back.
     assert g["stale_state_survival"]["survived"] == 0
     assert g["state_probe"]["rate"] == 1.0
