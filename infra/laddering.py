@@ -44,7 +44,7 @@ from services.app.views import ThreadView, ViewLoader
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
-from services.core.evaluation.ladder import LadderPoint, Rung, core_rungs
+from services.core.evaluation.ladder import LadderPoint, Rung, RungName, core_rungs
 from services.core.evaluation.retrieval import archived_hits, step_queries
 from services.core.evaluation.rollover_rung import RolloverRung
 from services.core.evaluation.ladder_scoring import LadderTraceScore, RungScore, score_point
@@ -148,6 +148,8 @@ async def ladder_trace(
     tools = tuple(ToolSchema(name=t.name) for t in trace.catalog.tools) if trace.catalog else ()
     counter, eval_counter = counter_for("o200k_base"), ContextCounter(counter_for("o200k_base"))
     built = rungs() if rungs is not None else ladder_rungs(trace.catalog)
+    # Search only for a ladder with a rung that shows the archive (a spy may wrap it: ask its name).
+    retrieving = any(r.name == RungName.RETRIEVAL.value for r in built)
     # Events and the trace lines they came from: the replayer adds run-closing events of its own.
     line_of = _line_indexes(trace.lines, events)
     points = _prepare_points(events)
@@ -188,7 +190,7 @@ async def ladder_trace(
         )
         view = await _view_for(store, loader, compactor, jobs, event.thread_id, request)
         snapshot = view.snapshot()
-        archive = await _archive(store, snapshot) if any(r.name.startswith("G-") for r in built) else ()
+        archive = await _archive(store, snapshot) if retrieving else ()
         point = LadderPoint(
             snapshot, request, resolve_budget(request), counter, state=view.facts, archive=archive
         )
