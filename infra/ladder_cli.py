@@ -148,4 +148,6 @@ def line_json(line: TraceLine) -> dict[str, Any]:
         out["status"] = line.status
     if line.run is not None:
         out["run"] = line.run
+    if line.usage is not None:
+        out["usage"] = line.usage.model_dump(mode="json", exclude_none=True)
     return out
