@@ -27,6 +27,9 @@ Figures (printed, and written to out/bench.json):
 - langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
   + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
 - memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
+- rollover: see benchmarks/rollover.py (rollover-policy threads at 8k: the prepare that rolls the
+  window over vs an ordinary prepare, p50/p99 as the client sees it, the server's rollover_ms, and
+  handoff tokens).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
 
@@ -65,6 +68,7 @@ from .ops import bench_ops
 from .overload import bench_overload
 from .prepare_pure import bench_pure
 from .recovery import bench_recovery
+from .rollover import bench_rollover
 from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
 from .think import bench_think
@@ -539,6 +543,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "compactor",
             "sessions",
             "state",
+            "rollover",
             "search",
             "ops",
             "overload",
@@ -607,6 +612,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["search"] = {"index_lag": lag, "session": big}
             elif name == "state":
                 results["state"] = await bench_state(servers, settings)
+            elif name == "rollover":
+                results["rollover"] = await bench_rollover(servers, settings)
             elif name == "ops":
                 results["ops"] = await bench_ops(nats_url, db, tmp)
             elif name == "recovery":
@@ -696,6 +703,7 @@ def main() -> None:
             "compactor",
             "sessions",
             "state",
+            "rollover",
             "search",
             "ops",
             "overload",

@@ -14,12 +14,20 @@ from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, Union
 
-from pydantic import Field, JsonValue, TypeAdapter, ValidationError
+from pydantic import (
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 from ._base import WireModel
 from .errors import ErrorCode
 from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
 from .state import OperationReconcilePayload, StatePatchPayload
+from .task_budgets import CallUsage, TaskBudget
 
 __all__ = [
     "EVENT_KINDS",
@@ -113,6 +121,17 @@ class AssistantMessagePayload(WireModel):
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     purpose: Literal["action", "completion"] = "action"
+    # What the provider reported for the call that produced this response; the task budget's ledger
+    # uses it instead of its local estimate (never shown to a model).
+    usage: CallUsage | None = None
+
+    @model_serializer(mode="wrap")
+    def _no_usage_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # Stored payloads and content hashes of responses without usage stay what they were.
+        data: dict[str, object] = handler(self)
+        if self.usage is None:
+            data.pop("usage", None)
+        return data
 
 
 class ToolOutcomePayload(WireModel):
@@ -207,6 +226,18 @@ class _Envelope(WireModel):
     agent_release: Annotated[str, Field(min_length=1, max_length=200)] | None = None
     # Honoured on a thread's first event: this instance is a child agent of that instance (same run).
     parent_instance_id: Identifier | None = None
+    # Honoured on a run's first event only (its main thread's first): the budget the whole run
+    # spends against, kept with the run; a prepare's own ``task_budget`` overrides it.
+    task_budget: TaskBudget | None = None
+
+    @model_serializer(mode="wrap")
+    def _no_budget_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # Without a budget an event serializes as it did before budgets: a fleet that predates the
+        # field (``extra="forbid"``) still takes it.
+        data: dict[str, object] = handler(self)
+        if self.task_budget is None:
+            data.pop("task_budget", None)
+        return data
 
     @property
     def thread_id(self) -> ThreadId:

@@ -1,9 +1,12 @@
 """Task budgets (seed 004 §26–27): what a whole task may spend, and the ledger of what it has spent.
 
-A runtime declares a run's ``TaskBudget`` in its prepare requests (``PrepareRequest.task_budget``);
-the fleet keeps the ``BudgetLedger`` from what the ledger recorded, so nothing about it needs
-persisting beyond the records themselves. A spent hard budget is the typed refusal
-``task_budget_exhausted`` carrying the report; a soft one only reports.
+A runtime declares a run's ``TaskBudget`` once, on the run's first event (the envelope's
+``task_budget``; the fleet keeps it with the run), or in a prepare request
+(``PrepareRequest.task_budget``), which overrides the run's for that prepare. The fleet keeps the
+``BudgetLedger`` from what the ledger recorded — the provider's usage an assistant message reports
+(``CallUsage``) where present, local counts otherwise — so the ledger itself needs no persisting
+beyond the records. A spent hard budget is the typed refusal ``task_budget_exhausted`` carrying the
+report; a soft one only reports.
 """
 
 from __future__ import annotations
@@ -14,9 +17,20 @@ from pydantic import Field, model_validator
 
 from ._base import WireModel
 
-__all__ = ["BudgetLedger", "TaskBudget", "TaskBudgetReport"]
+__all__ = ["BudgetLedger", "CallUsage", "TaskBudget", "TaskBudgetReport"]
 
 _Limit = Annotated[int, Field(gt=0, le=10_000_000_000)]
+# Cost in the provider's billing currency (what ``CallUsage.cost`` reports), e.g. US dollars.
+_Cost = Annotated[float, Field(gt=0, le=1_000_000_000, allow_inf_nan=False)]
+
+
+class CallUsage(WireModel):
+    """What the provider reported for one model call (an assistant message's ``usage``)."""
+
+    input_tokens: Annotated[int, Field(ge=0, le=10_000_000_000)]
+    output_tokens: Annotated[int, Field(ge=0, le=10_000_000_000)]
+    # What the provider billed for the call, when it says (same currency across a run).
+    cost: Annotated[float, Field(ge=0, le=1_000_000_000, allow_inf_nan=False)] | None = None
 
 
 class TaskBudget(WireModel):
@@ -27,17 +41,28 @@ class TaskBudget(WireModel):
     total_tokens: _Limit | None = None
     model_calls: _Limit | None = None
     tool_calls: _Limit | None = None
+    # Seconds from the run's first record to its newest (the fleet's clock, not the runtime's).
+    runtime_seconds: _Limit | None = None
+    # What the provider reported the run's calls cost (``CallUsage.cost``); unreported calls add nothing.
+    cost: _Cost | None = None
     # Hard: a spent dimension refuses the next prepare. Soft: it is only reported.
     hard: bool = True
 
     @model_validator(mode="after")
     def _limits_something(self) -> TaskBudget:
-        if all(v is None for v in (self.input_tokens, self.output_tokens, self.total_tokens)) and (
-            self.model_calls is None and self.tool_calls is None
-        ):
+        limits = (
+            self.input_tokens,
+            self.output_tokens,
+            self.total_tokens,
+            self.model_calls,
+            self.tool_calls,
+            self.runtime_seconds,
+            self.cost,
+        )
+        if all(v is None for v in limits):
             raise ValueError(
                 "a task budget limits at least one of input_tokens, output_tokens, total_tokens, "
-                "model_calls, tool_calls"
+                "model_calls, tool_calls, runtime_seconds, cost"
             )
         return self
 
@@ -47,22 +72,32 @@ class BudgetLedger(WireModel):
 
     model_calls: int = 0
     tool_calls: int = 0
-    # Local counts of the recorded responses.
+    # Per model call: the provider's reported output tokens, else the local count of the response.
     output_tokens: int = 0
-    # Per model call, the run's history recorded before it, capped at the input budget: the most
-    # that call can have been sent (compaction only makes it less), so a hard budget never runs over.
+    # Per model call: the provider's reported input tokens, else the run's history recorded before
+    # it, capped at the input budget — the most that call can have been sent (compaction only makes
+    # it less), so a hard budget never runs over on an estimate.
     input_tokens: int = 0
     total_tokens: int = 0
+    # Whole seconds from the run's first record to its newest (recorded_at, the fleet's clock).
+    runtime_seconds: int = 0
+    # The sum of the reported costs; calls that reported none add nothing (see ``priced_calls``).
+    cost: float = 0.0
+    # Which numbers are the provider's: calls whose tokens were reported (the other
+    # ``model_calls - reported_calls`` are local estimates), and calls whose cost was reported.
+    reported_calls: int = 0
+    priced_calls: int = 0
 
 
 class TaskBudgetReport(WireModel):
     """A run's budget, what it spent, what is left per limited dimension, and which are spent."""
 
-    # The declared limits (the limited dimensions only), and whether they are hard.
-    limits: dict[str, int]
+    # The declared limits (the limited dimensions only), and whether they are hard. ``cost`` is the
+    # one dimension that is not a whole number.
+    limits: dict[str, int | float]
     hard: bool
     spent: BudgetLedger
     # One entry per limited dimension: its limit minus what is spent (never below 0).
-    remaining: dict[str, int]
+    remaining: dict[str, int | float]
     # The limited dimensions whose spending reached the limit, in field order.
     exhausted: tuple[str, ...] = ()

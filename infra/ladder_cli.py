@@ -93,8 +93,9 @@ def print_ladder(report: LadderReport) -> None:
         "windows",
         "prep/win",
         "recovery",
+        "evidence",
     ]
-    console = Console(width=200)
+    console = Console(width=210)
     per_trace = Table(title="ctxfleet eval --ladder: per trace and budget")
     for head in ["trace", "budget", "rung", *heads]:
         per_trace.add_column(head, justify="left" if head in ("trace", "rung") else "right")
@@ -131,6 +132,8 @@ def _row(s: dict[str, Any]) -> list[str]:
         str(s["windows"]),
         "-" if s["prepares_per_window"] is None else f"{s['prepares_per_window']:g}",
         "-" if recovery["rate"] is None else f"{100 * recovery['rate']:.0f}% of {recovery['rollovers']}",
+        # Contexts that showed evidence (rung G's retrieved archive) and the blocks in all.
+        "-" if not s["evidence"]["contexts"] else f"{s['evidence']['contexts']} ({s['evidence']['blocks']})",
     ]
 
 
@@ -145,4 +148,6 @@ def line_json(line: TraceLine) -> dict[str, Any]:
         out["status"] = line.status
     if line.run is not None:
         out["run"] = line.run
+    if line.usage is not None:
+        out["usage"] = line.usage.model_dump(mode="json", exclude_none=True)
     return out

@@ -5,7 +5,9 @@ No broker and no database: the trace's events go through the recorder's service
 service evaluates the policy after every batch and the compactor's service runs each job it
 enqueues at once — the fleet's compaction as it is, only without waiting on a queue. A prepare the
 fleet would answer by waiting for an urgent compaction gets that compaction first, exactly once per
-state, as ``PrepareService`` asks for it. Then every rung assembles the same point
+state, as ``PrepareService`` asks for it. The indexer's service indexes every batch, so rung G
+searches the store's index for the current step and reads the archived hits back as evidence, as a
+runtime would (``services.core.evaluation.retrieval``). Then every rung assembles the same point
 (``services.core.evaluation.ladder``) and the pure scorer counts it.
 """
 
@@ -24,6 +26,8 @@ from contracts import (
     Event,
     PrepareRequest,
     RunStatusEvent,
+    SearchHit,
+    SearchRequest,
     ToolCatalog,
     ToolSchema,
 )
@@ -32,13 +36,16 @@ from contracts.subjects import DEFAULT_TENANT
 from services.app.budgeting import BudgetService
 from services.app.catalogs import validate_catalog
 from services.app.compacting import CompactionService
+from services.app.indexing import index_thread
+from services.app.reading import verified_blob
 from services.app.recording import RecordingService
 from services.app.scheduling import request_job
 from services.app.views import ThreadView, ViewLoader
-from services.core.assemble import assemble_context
+from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
-from services.core.evaluation.ladder import LadderPoint, Rung, core_rungs
+from services.core.evaluation.ladder import LadderPoint, Rung, RungName, core_rungs
+from services.core.evaluation.retrieval import archived_hits, step_queries
 from services.core.evaluation.rollover_rung import RolloverRung
 from services.core.evaluation.ladder_scoring import LadderTraceScore, RungScore, score_point
 from services.core.ledger import Incoming, RecordingLimits
@@ -141,6 +148,8 @@ async def ladder_trace(
     tools = tuple(ToolSchema(name=t.name) for t in trace.catalog.tools) if trace.catalog else ()
     counter, eval_counter = counter_for("o200k_base"), ContextCounter(counter_for("o200k_base"))
     built = rungs() if rungs is not None else ladder_rungs(trace.catalog)
+    # Search only for a ladder with a rung that shows the archive (a spy may wrap it: ask its name).
+    retrieving = any(r.name == RungName.RETRIEVAL.value for r in built)
     # Events and the trace lines they came from: the replayer adds run-closing events of its own.
     line_of = _line_indexes(trace.lines, events)
     points = _prepare_points(events)
@@ -167,6 +176,7 @@ async def ladder_trace(
                 )
             for thread_id in sorted(result.heads):
                 await _compact(store, budgeter, compactor, jobs, thread_id)
+                await index_thread(store, thread_id)
             recorded = index
         if index == len(events):
             break
@@ -179,7 +189,11 @@ async def ladder_trace(
             tools=tools,
         )
         view = await _view_for(store, loader, compactor, jobs, event.thread_id, request)
-        point = LadderPoint(view.snapshot(), request, resolve_budget(request), counter, state=view.facts)
+        snapshot = view.snapshot()
+        archive = await _archive(store, snapshot) if retrieving else ()
+        point = LadderPoint(
+            snapshot, request, resolve_budget(request), counter, state=view.facts, archive=archive
+        )
         contexts = {r.name: r.context(point) for r in built}
         score_point(score, trace.lines[: line_of[index]], trace.catalog, contexts, eval_counter)
     return score
@@ -205,7 +219,7 @@ async def run_ladder(
 
 
 def ladder_rungs(catalog: ToolCatalog | None) -> list[Rung]:
-    """Every rung the fleet runs from a trace: A–F of the core, then the rollover strategy."""
+    """Every rung the fleet runs from a trace: A–G of the core, then the rollover strategy."""
     return [*core_rungs(), RolloverRung(rules=catalog.paths if catalog else ())]
 
 
@@ -262,6 +276,34 @@ async def _view_for(
             if view.state.view_revision == before:
                 return view  # nothing more to cover: the rungs fit by dropping history, as the fleet does
     return view
+
+
+async def _archive(store: MemoryStore, snapshot: ThreadSnapshot) -> tuple[Evidence, ...]:
+    """Rung G's evidence: the store's search for the step's identifiers, archived hits read back."""
+    hits: list[SearchHit] = []
+    for query in step_queries(snapshot.records):
+        found = await store.search(
+            DEFAULT_TENANT, SearchRequest(session_id=snapshot.session_id, query=query, limit=10)
+        )
+        hits.extend(found or ())
+    chosen = archived_hits(hits, snapshot)
+    async with store.session() as s:
+        rows = await s.select_evidence(snapshot.session_id, [(h.thread_id, h.seq) for h in chosen])
+    out: list[Evidence] = []
+    for hit in chosen:
+        row = rows[(hit.thread_id, hit.seq)]
+        text = row.text or ""
+        if row.blob is not None and row.blob_sha256 is not None:
+            text = verified_blob(row.blob, row.blob_sha256).decode("utf-8", "replace")
+        # The hit's chunk only, as a runtime's evidence ref names its lines.
+        lines = text.splitlines(keepends=True)
+        text = "".join(lines[hit.start_line - 1 : hit.end_line]) or text
+        out.append(
+            Evidence(
+                hit.thread_id, hit.seq, row.event_key, row.kind, row.content_sha256, row.record_hash, text
+            )
+        )
+    return tuple(out)
 
 
 def _prepare_points(events: Sequence[Event]) -> list[int]:

@@ -93,6 +93,8 @@ def trace_line(session_id: str, row: HistoryRow) -> str | None:
                 for c in calls
                 if isinstance(c, dict)
             ]
+            if p.get("usage") is not None:
+                line["usage"] = p["usage"]
         case RecordKind.TOOL_OUTCOME:
             if p.get("external_ref"):
                 raise NotExportable(session_id, row.seq, "a tool_outcome with an external_ref")

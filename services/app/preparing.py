@@ -85,8 +85,12 @@ def _counter(budget: BudgetSpec) -> TokenCounter | None:
 def _task_budget(
     view: ThreadView, request: PrepareRequest, budget: BudgetSpec, counter: TokenCounter | None
 ) -> TaskBudgetReport | None:
-    """The run's task budget report, or the refusal when a hard one is spent (before any assembly)."""
-    if request.task_budget is None:
+    """The run's task budget report, or the refusal when a hard one is spent (before any assembly).
+
+    The prepare's own budget, else the one the run declared on its first event.
+    """
+    declared = request.task_budget or view.scope.task_budget
+    if declared is None:
         return None
     thread_id = view.head.thread_id
     spent = ledger_of(
@@ -95,7 +99,7 @@ def _task_budget(
         input_budget=budget.input_budget,
         encoding=counter.name if counter else "o200k_base",
     )
-    report = task_budget_report(request.task_budget, spent)
+    report = task_budget_report(declared, spent)
     ensure_within(report, thread_id)
     return report
 

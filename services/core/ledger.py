@@ -955,6 +955,14 @@ def _check_calls(event: Event, thread_id: str, calls: Mapping[tuple[str, str], C
 
 
 def _identity_and_content(event: Event) -> dict[str, JsonValue]:
+    identity = _identity(event)
+    if event.task_budget is not None:
+        # Only when declared: events recorded before task budgets keep their content hash.
+        identity["task_budget"] = event.task_budget.model_dump(mode="json")
+    return identity
+
+
+def _identity(event: Event) -> dict[str, JsonValue]:
     return {
         "event_key": event.event_key,
         "session_id": event.session_id,

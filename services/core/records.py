@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Literal, TypeAlias, assert_never
 
@@ -54,6 +55,7 @@ __all__ = [
     "SystemBody",
     "TokenCounts",
     "ToolOutcomeBody",
+    "UsageBody",
     "UserInputBody",
     "UserIntent",
     "call_json",
@@ -172,9 +174,19 @@ class CallBody:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageBody:
+    """What the provider reported for the call that produced a response (``CallUsage``)."""
+
+    input_tokens: int
+    output_tokens: int
+    cost: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AssistantMessageBody:
     tool_calls: tuple[CallBody, ...] = ()
     purpose: Purpose = "action"
+    usage: UsageBody | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,9 +317,11 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
             return UserInputBody("supplement" if p.get("intent") == "supplement" else "question")
         case RecordKind.ASSISTANT_MESSAGE:
             calls = p.get("tool_calls") or []
+            usage = p.get("usage")
             return AssistantMessageBody(
                 tuple(_call(c) for c in calls if isinstance(c, dict)) if isinstance(calls, list) else (),
                 "completion" if p.get("purpose") == "completion" else "action",
+                _usage(usage) if isinstance(usage, dict) else None,
             )
         case RecordKind.TOOL_OUTCOME:
             return ToolOutcomeBody(
@@ -372,6 +386,20 @@ def _call(c: Mapping[str, JsonValue]) -> CallBody:
     )
 
 
+def _usage(u: Mapping[str, JsonValue]) -> UsageBody:
+    cost = u.get("cost")
+    return UsageBody(
+        _int(u, "input_tokens"),
+        _int(u, "output_tokens"),
+        float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
+    )
+
+
+def _int(p: Mapping[str, JsonValue], key: str) -> int:
+    value = p.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def call_json(c: CallBody) -> dict[str, JsonValue]:
     """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``):
     what ``parse_body`` reads back."""
@@ -413,6 +441,8 @@ class LedgerRecord:
     # Which thread wrote it, and its seq there; a view orders records by ``seq`` = session seq.
     thread_id: str = ""
     thread_seq: int = 0
+    # When the fleet recorded it (its clock, ``recorded_at``); not part of what a model sees.
+    recorded_at: datetime | None = field(default=None, compare=False)
     body: RecordBody = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

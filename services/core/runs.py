@@ -11,14 +11,17 @@ Rules, one check each:
 4. Writing to a run that is not active resumes it — only when no other run is active (``_check_resume``).
 5. A child's exported background may only reference records of its own parent (``_check_export``).
 6. ``run_status`` belongs to main threads; ``context_export`` to child threads (``_check_kind``).
+7. A run's task budget is its first event's; on any later event, or a child's, ``task_budget`` is
+   not honoured (as ``policy`` on a later event of a session) (``_check_new_thread``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contracts import ContextExportEvent, ContextResetEvent, Event, RunStatusEvent, thread_id_of
+from contracts.task_budgets import TaskBudget
 
 from services.errors import (
     GrantViolation,
@@ -40,6 +43,8 @@ class RunState:
     session_id: str
     status: str
     main_thread_id: str
+    # Declared on the run's first event (its envelope's ``task_budget``); kept with the run.
+    task_budget: TaskBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +129,7 @@ class Lifecycle:
         if change.run_status is not None:
             run_id, status = change.run_status
             run = self.runs[run_id]
-            self.runs[run_id] = RunState(run.run_id, run.session_id, status, run.main_thread_id)
+            self.runs[run_id] = replace(run, status=status)
             if status == "active":
                 self.active[run.session_id] = run_id
             elif self.active.get(run.session_id) == run_id:
@@ -173,7 +178,7 @@ class Lifecycle:
         other = self.active.get(event.session_id)
         if other is not None:
             raise RunActive(event.session_id, other, event.run_id)
-        new_run = RunState(event.run_id, event.session_id, "active", thread_id)
+        new_run = RunState(event.run_id, event.session_id, "active", thread_id, event.task_budget)
         return LifecycleChange(
             new_run=new_run, new_thread=ThreadMeta(thread_id, event.session_id, "main", None, 0)
         )

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
+
+from contracts.task_budgets import CallUsage
 
 __all__ = ["TraceCall", "TraceFormatError", "TraceLine", "read_trace"]
 
@@ -45,6 +47,8 @@ class TraceLine:
     run: str | None = None
     ts: str | None = None
     extra: dict[str, JsonValue] = field(default_factory=dict)
+    # What the provider reported for the call that produced an assistant message.
+    usage: CallUsage | None = None
 
 
 def read_trace(path: Path) -> list[TraceLine]:
@@ -76,6 +80,7 @@ def _parse(name: str, lines: Iterator[str]) -> Iterator[TraceLine]:
         call_id = obj.get("call_id")
         if kind == "tool_outcome" and not isinstance(call_id, str):
             raise TraceFormatError(name, number, "a tool_outcome needs a call_id")
+        usage = _usage(name, number, kind, obj.get("usage"))
         yield TraceLine(
             line=number,
             kind=kind,
@@ -85,7 +90,20 @@ def _parse(name: str, lines: Iterator[str]) -> Iterator[TraceLine]:
             status=status,
             run=obj.get("run"),
             ts=obj.get("ts"),
+            usage=usage,
         )
+
+
+def _usage(name: str, number: int, kind: str, raw: object) -> CallUsage | None:
+    if raw is None:
+        return None
+    if kind != "assistant_message":
+        raise TraceFormatError(name, number, "usage belongs to an assistant_message")
+    try:
+        return CallUsage.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise TraceFormatError(name, number, f"usage: {first['loc']}: {first['msg']}") from None
 
 
 def _call(name: str, number: int, raw: object) -> TraceCall:

@@ -148,7 +148,7 @@ def _event(line: TraceLine, common: dict[str, object]) -> Event:
         case RecordKind.ASSISTANT_MESSAGE:
             calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
             return AssistantMessageEvent(
-                payload=AssistantMessagePayload(text=line.text, tool_calls=calls), **common
+                payload=AssistantMessagePayload(text=line.text, tool_calls=calls, usage=line.usage), **common
             )
         case RecordKind.TOOL_OUTCOME:
             payload = ToolOutcomePayload(

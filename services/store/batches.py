@@ -49,8 +49,8 @@ RETURNING session_id, last_seq
 
 
 _INSERT_RUN = """
-INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through)
-VALUES ($1, $2, $5, $3, $4)
+INSERT INTO ctx.runs (run_id, session_id, status, main_thread_id, snapshot_through, task_budget)
+VALUES ($1, $2, $5, $3, $4, $6::jsonb)
 """
 
 
@@ -540,7 +540,10 @@ async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> 
         first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
         through = _session_seq_of(plan, bases, run.main_thread_id, first) - 1
         final = plan.run_statuses.get(run.run_id, "active")
-        await conn.execute(_INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through, final)
+        budget = None if run.task_budget is None else run.task_budget.model_dump_json()
+        await conn.execute(
+            _INSERT_RUN, run.run_id, run.session_id, run.main_thread_id, through, final, budget
+        )
     for run_id, status in plan.run_statuses.items():
         if run_id not in new and status == "active":
             await conn.execute(_UPDATE_RUN, run_id, status)

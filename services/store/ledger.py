@@ -50,7 +50,8 @@ FROM ctx.thread_heads WHERE thread_id = $1
 _RECORD_COLUMNS = """
 SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
        COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
-       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k
+       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k,
+       r.recorded_at
 FROM ctx.records r
 """
 
@@ -211,6 +212,7 @@ def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
         ),
         thread_id=r["thread_id"],
         thread_seq=r["seq"],
+        recorded_at=r["recorded_at"],
     )
 
 

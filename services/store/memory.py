@@ -18,9 +18,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, cast
 
-from contracts import DEFAULT_POLICY_NAME, ContextPolicy, InspectedDeadLetter, ToolCatalog
+from contracts import (
+    DEFAULT_POLICY_NAME,
+    ContextPolicy,
+    InspectedDeadLetter,
+    SearchHit,
+    SearchRequest,
+    ToolCatalog,
+)
 from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
+from contracts.task_budgets import TaskBudget
 from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
@@ -48,6 +56,8 @@ from services.errors import StoreRejected
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.memory_search import MemoryIndex
+from services.store.search import Chunker
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.views import (
     Candidate,
@@ -114,6 +124,9 @@ class _Tables:
     forks: dict[str, ForkOrigin] = field(default_factory=dict)
     windows: dict[tuple[str, int], _Row] = field(default_factory=dict)
     handoffs: dict[str, _Row] = field(default_factory=dict)
+    # The search index (chunks, positions), and the records whose facts a later write superseded.
+    search: MemoryIndex = field(default_factory=MemoryIndex)
+    retired: set[tuple[str, int]] = field(default_factory=set)
     # Insertion order stands in for created_at / updated_at.
     clock: int = 0
 
@@ -153,10 +166,17 @@ def _new_view(thread_id: str) -> _Row:
 class MemoryStore:
     """The tables, shared by every session opened on it."""
 
-    def __init__(self, *, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        now: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         self.tables = _Tables()
         self.open_sessions = 0
         self._now = now
+        # The fleet's clock for ``recorded_at`` (PostgreSQL's ``now()``): search ranges and runtime.
+        self.wall = wall
         # The built-in policy every tenant may use, as migration 0002 seeds it.
         self.tables.policies[("", DEFAULT_POLICY_NAME, 1)] = ContextPolicy.model_validate_json(
             '{"schema_version": 1, "name": "default"}'
@@ -170,6 +190,34 @@ class MemoryStore:
             yield MemorySession(self, self._now)
         finally:
             self.open_sessions -= 1
+
+    async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
+        """As ``PgStore.search``: ``None`` unless ``tenant`` has the session and its principal may see it."""
+        t = self.tables
+        session = t.sessions.get(request.session_id)
+        if session is None or session["tenant"] != tenant:
+            return None
+        if session["principal_id"] is not None and session["principal_id"] != request.principal_id:
+            return None
+        runs = {tid: h["run_id"] for tid, h in t.heads.items()}
+        return t.search.search(request, run_of=runs, superseded=frozenset(t.retired))
+
+    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
+        """As ``PgStore.index_next``: up to ``batch`` records after the thread's position, at once."""
+        t = self.tables
+        rows = [r for (tid, _), r in t.records.items() if tid == thread_id]
+        return t.search.index_next(thread_id, rows, t.blobs, batch=batch, version=version, chunker=chunker)
+
+    async def stale_index_threads(self, limit: int, version: int) -> list[str]:
+        heads = {tid: int(h["last_seq"]) for tid, h in sorted(self.tables.heads.items())}
+        return self.tables.search.stale_threads(heads, limit, version)
+
+    async def reset_index(self, session_id: str | None) -> list[str]:
+        threads = sorted(
+            tid for tid, h in self.tables.heads.items() if session_id is None or h["session_id"] == session_id
+        )
+        self.tables.search.drop_threads(threads)
+        return threads
 
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
         """Store ``hooks`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
@@ -517,7 +565,7 @@ class MemorySession:
             "mask_text": r.mask_text,
             "mask_tokens_o200k": mask.o200k_base if mask else None,
             "mask_tokens_cl100k": mask.cl100k_counted if mask else None,
-            "recorded_at": t.tick(),
+            "recorded_at": self._store.wall(),
         }
 
     def _write_runs(self, plan: BatchPlan, bases: Mapping[str, int]) -> None:
@@ -557,6 +605,7 @@ class MemorySession:
                 "status": final,
                 "main_thread_id": run.main_thread_id,
                 "snapshot_through": session_seq_of(run.main_thread_id, first) - 1,
+                "task_budget": None if run.task_budget is None else run.task_budget.model_dump_json(),
                 "created": t.tick(),
             }
         for run_id, status in plan.run_statuses.items():
@@ -644,6 +693,9 @@ class MemorySession:
                     raise RevisionConflict(thread_id, version - 1, None)
                 t.versions[(thread_id, aggregate)] = version
             for fact in write.facts:
+                old = t.facts.get((thread_id, fact.path))
+                if old is not None and old.seq != fact.seq:
+                    t.retired.add((thread_id, old.seq))
                 # Round-tripped like a jsonb column, so a stored value never aliases the caller's.
                 t.facts[(thread_id, fact.path)] = copy.deepcopy(fact)
 
@@ -720,6 +772,8 @@ class MemorySession:
             s["reset_seq"],
             run["snapshot_through"] if run else 0,
             run["status"] if run else None,
+            # Round-tripped like the jsonb column.
+            TaskBudget.model_validate_json(run["task_budget"]) if run and run.get("task_budget") else None,
         )
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:

@@ -12,6 +12,7 @@ from pydantic import TypeAdapter
 
 from contracts import ContextPolicy, SummaryHook
 from contracts.subjects import DEFAULT_TENANT
+from contracts.task_budgets import TaskBudget
 
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters, Throttle
@@ -36,7 +37,7 @@ __all__ = [
 _THREAD_SCOPE = """
 SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
        COALESCE(r.snapshot_through, 0) AS snapshot_through,
-       r.status AS run_status
+       r.status AS run_status, r.task_budget
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
 LEFT JOIN ctx.runs r ON r.run_id = h.run_id
@@ -73,6 +74,8 @@ class ThreadScope:
     reset_seq: int = 0
     snapshot_through: int = 0
     run_status: str | None = None
+    # The budget the run declared on its first event (migration 0017), for every thread of the run.
+    task_budget: TaskBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class ScopeRepo:
             r["reset_seq"],
             r["snapshot_through"],
             r["run_status"],
+            None if r["task_budget"] is None else TaskBudget.model_validate_json(r["task_budget"]),
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from contracts.task_budgets import TaskBudget
 from contracts import DeadLetter
 from contracts.subjects import DEFAULT_TENANT
 from services.core.ledger import RecordingLimits
@@ -72,6 +73,9 @@ def _streams() -> list[list[Any]]:
             )
         )
     ]
+    # One run declares its task budget on its first event: kept with the run alike by both stores.
+    budget = TaskBudget(total_tokens=200_000, runtime_seconds=3_600, cost=2.5, hard=False)
+    traces[1][0] = traces[1][0].model_copy(update={"task_budget": budget})
     return [*traces, _hand_built()]
 
 
@@ -93,7 +97,10 @@ async def _observe(store: Any, thread_ids: list[str], session_ids: list[str]) ->
             seen[tid] = {
                 "head": asdict(head),
                 "scope": asdict(await s.scope_of(tid)),
-                "records": [asdict(r) for r in view.records],
+                # recorded_at is each store's clock: only that both keep one is compared.
+                "records": [
+                    {**asdict(r), "recorded_at": isinstance(r.recorded_at, datetime)} for r in view.records
+                ],
                 "view": asdict(view.state),
                 "policy": (view.policy_name, view.policy_revision),
                 "facts": view.facts,
@@ -134,3 +141,4 @@ async def test_the_same_events_read_back_identically_from_memory_and_postgres(pg
     for key in expected:
         assert got[key] == expected[key], key
     assert any(v["orphan"] for k, v in expected.items() if k in thread_ids)  # the scenario did reject one
+    assert sum(v["scope"]["task_budget"] is not None for k, v in expected.items() if k in thread_ids) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import ContextPolicy
+from contracts.task_budgets import CallUsage, TaskBudget
 from contracts.windows import WaterLevel, WindowPolicy, WindowStrategy
 from services.edge.client import FleetClient
 from services.errors import TaskBudgetExhausted
@@ -94,3 +95,33 @@ async def test_a_rollover_policy_trims_optional_material_at_yellow(fleet, client
     assert trimmed.window_report is not None
     assert (trimmed.window_report.level, trimmed.window_report.trimmed) == (WaterLevel.GREEN, True)
     assert [o.kind.value for o in trimmed.omitted] == ["material"]
+
+
+async def test_a_budget_declared_on_the_runs_first_event_is_reported_without_the_prepare_naming_one(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    first = t.system("You fix bugs.").model_copy(update={"task_budget": TaskBudget(model_calls=2)})
+    await client.append(first)
+    await client.append(t.user("Fix the failing parser test."))
+    reported = CallUsage(input_tokens=900, output_tokens=40, cost=0.01)
+    call = t.assistant("Looking.", calls=(("c1", "bash", {"cmd": "pytest -x"}),))
+    await client.append(
+        call.model_copy(update={"payload": call.payload.model_copy(update={"usage": reported})})
+    )
+    await client.append(t.outcome("c1", "E AssertionError", key="last"))
+
+    prepared = await client.prepare(_request(t, after_event_key="last"))
+    report = prepared.task_budget
+    assert report is not None and report.limits == {"model_calls": 2}
+    spent = report.spent
+    assert (spent.model_calls, spent.reported_calls, spent.input_tokens, spent.output_tokens) == (
+        1,
+        1,
+        900,
+        40,
+    )
+    assert spent.cost == 0.01
+    # The prepare's own budget overrides the run's.
+    own = await client.prepare(_request(t, task_budget={"cost": 0.5}))
+    assert own.task_budget is not None and own.task_budget.remaining == {"cost": 0.49}

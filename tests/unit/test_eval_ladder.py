@@ -170,3 +170,20 @@ async def test_ladder_rollover_rung_opens_new_windows_from_state_and_each_shows_
     last = sent[-1].prepared
     assert last is not None and last.window == s["windows"]
     assert _bins()[0] not in haystack_of(last.openai_messages())
+
+
+async def test_ladder_retrieval_rung_adds_archived_records_of_the_step_and_never_a_superseded_one() -> None:
+    spies, scores = await _run((RungName.PROJECTION, RungName.RETRIEVAL))
+    sent = spies[RungName.RETRIEVAL.value].sent
+
+    shown = [c.prepared for c in sent if c.prepared is not None]
+    with_evidence = [p for p in shown if any(b.block_id.startswith("evidence:") for b in p.blocks)]
+    # Once the summary covers history there is an archive to search, and G shows what it found.
+    assert with_evidence and all(p.summary is not None for p in with_evidence)
+    g, f = scores[RungName.RETRIEVAL.value], scores[RungName.PROJECTION.value]
+    assert g["failed"] == 0 and all(_tokens(c) <= _BUDGET for c in sent)
+    assert g["tokens_per_step"] > f["tokens_per_step"]
+    assert g["evidence"]["contexts"] == len(with_evidence) and f["evidence"]["contexts"] == 0
+    # The search marks the moves an item's later moves superseded, so G brings no old bin back.
+    assert g["stale_state_survival"]["survived"] == 0
+    assert g["state_probe"]["rate"] == 1.0

@@ -104,7 +104,15 @@ def test_eval_ladder_command_prints_the_ladder_and_writes_its_json(
     assert main(["eval", "--ladder", str(trace), "--budget", "1000", "--json", str(out)]) == 0
 
     report = json.loads(out.read_text())
-    assert report["rungs"] == ["A-full", "B-window", "C-summary", "D-state", "F-projection", "rollover"]
+    assert report["rungs"] == [
+        "A-full",
+        "B-window",
+        "C-summary",
+        "D-state",
+        "F-projection",
+        "G-retrieval",
+        "rollover",
+    ]
     f = report["aggregate"]["1000"]["F-projection"]
     assert f["stale_state_survival"]["checked"] > 0 and f["stale_state_survival"]["survived"] == 0
     assert "F-projection" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 from pydantic import ValidationError
 
@@ -12,13 +14,27 @@ from services.core.task_budget import ensure_within, ledger_of, task_budget_repo
 from services.errors import TaskBudgetExhausted
 
 
-def _rec(seq: int, kind: RecordKind, tokens: int, *, calls: int = 0, thread: str = "r.a") -> LedgerRecord:
+_T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+def _rec(
+    seq: int,
+    kind: RecordKind,
+    tokens: int,
+    *,
+    calls: int = 0,
+    thread: str = "r.a",
+    usage: dict[str, object] | None = None,
+    at_s: float | None = None,
+) -> LedgerRecord:
     payload: dict[str, object] = {"text": "x"}
     if kind is RecordKind.ASSISTANT_MESSAGE:
         payload = {
             "text": "x",
             "tool_calls": [{"call_id": f"c{seq}-{n}", "name": "t", "args": {}} for n in range(calls)],
         }
+        if usage is not None:
+            payload["usage"] = usage
     return LedgerRecord(
         seq=seq,
         event_key=f"k{seq}",
@@ -27,6 +43,7 @@ def _rec(seq: int, kind: RecordKind, tokens: int, *, calls: int = 0, thread: str
         text="x",
         tokens=TokenCounts(tokens, tokens),
         thread_id=thread,
+        recorded_at=None if at_s is None else _T0 + timedelta(seconds=at_s),
     )
 
 
@@ -66,11 +83,47 @@ def test_ledger_of_accumulates_recorded_calls_of_the_own_thread(
     assert ledger_of(records, own_thread="r.a", input_budget=input_budget) == ledger
 
 
+def test_ledger_of_takes_the_providers_numbers_where_a_response_reported_them() -> None:
+    records = [
+        _rec(1, U, 100),
+        _rec(2, A, 20, usage={"input_tokens": 130, "output_tokens": 25, "cost": 0.5}),
+        _rec(3, T, 300),
+        _rec(4, A, 30, usage={"input_tokens": 460, "output_tokens": 31}),  # usage without a cost
+        _rec(5, T, 10),
+        _rec(6, A, 40),  # no usage: the local estimate
+    ]
+
+    assert ledger_of(records, own_thread="r.a", input_budget=1000) == BudgetLedger(
+        model_calls=3,
+        input_tokens=130 + 460 + (100 + 20 + 300 + 30 + 10),
+        output_tokens=25 + 31 + 40,
+        total_tokens=590 + 460 + 96,
+        cost=0.5,
+        reported_calls=2,
+        priced_calls=1,
+    )
+
+
+def test_ledger_of_runtime_is_the_span_of_the_own_threads_recorded_times() -> None:
+    records = [
+        _rec(1, A, 5, thread="r.parent", at_s=0),  # before the run's own thread began: not its time
+        _rec(2, U, 5, at_s=10),
+        _rec(3, A, 5, at_s=40.9),
+        _rec(4, T, 5, at_s=130.7),
+    ]
+
+    assert ledger_of(records, own_thread="r.a", input_budget=1000).runtime_seconds == 120
+    assert ledger_of(records[:2], own_thread="r.a", input_budget=1000).runtime_seconds == 0
+
+
 def test_task_budget_needs_at_least_one_limit() -> None:
     with pytest.raises(ValidationError):
         TaskBudget()
     with pytest.raises(ValidationError):
         TaskBudget(model_calls=0)
+    with pytest.raises(ValidationError):
+        TaskBudget(cost=-1.0)
+    assert TaskBudget(runtime_seconds=60).runtime_seconds == 60 and TaskBudget(cost=2.5).cost == 2.5
 
 
 @pytest.mark.parametrize(
@@ -85,6 +138,13 @@ def test_task_budget_needs_at_least_one_limit() -> None:
             {"total_tokens": 60, "tool_calls": 0},
             ("tool_calls",),
         ),
+        (
+            TaskBudget(cost=1.0, runtime_seconds=600),
+            BudgetLedger(cost=0.7, runtime_seconds=600),
+            {"cost": 0.3, "runtime_seconds": 0},
+            ("runtime_seconds",),
+        ),
+        (TaskBudget(cost=0.3), BudgetLedger(cost=0.1 + 0.2), {"cost": 0.0}, ("cost",)),
     ],
 )
 def test_task_budget_report_is_spent_when_a_dimension_reaches_its_limit(

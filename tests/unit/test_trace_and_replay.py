@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from contracts import AssistantMessageEvent, ToolOutcomeEvent
+from contracts.task_budgets import CallUsage
+from services.app.exporting import trace_line
+from services.store.branches import HistoryRow
 from infra import SAMPLES_DIR
 from services.edge.replay import ReplayOptions, full_history_tokens, percentile, trace_events
 from services.settings import Settings, parse_partitions
@@ -35,6 +39,8 @@ def test_read_trace_reads_every_bundled_sample() -> None:
         ('{"kind": "tool_outcome", "text": "x"}\n', "needs a call_id"),
         ('{"kind": "tool_outcome", "call_id": "c", "status": "meh"}\n', "unknown status"),
         ('{"kind": "assistant_message", "tool_calls": [{"name": "x"}]}\n', "call_id and name"),
+        ('{"kind": "assistant_message", "usage": {"input_tokens": -1, "output_tokens": 2}}\n', "usage:"),
+        ('{"kind": "user_input", "usage": {"input_tokens": 1, "output_tokens": 2}}\n', "assistant_message"),
     ],
 )
 def test_read_trace_reports_the_line_and_the_problem(tmp_path: Path, text: str, message: str) -> None:
@@ -93,3 +99,24 @@ def test_settings_read_ctx_environment_and_refuse_bad_values(monkeypatch: pytest
     monkeypatch.setenv("CTX_PARTITIONS", "0")
     with pytest.raises(ValueError):
         Settings()
+
+
+def test_reported_usage_goes_from_a_trace_line_to_the_event_and_back_into_an_export(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        '{"kind": "assistant_message", "text": "hi", "usage": {"input_tokens": 900, "output_tokens": 12, '
+        '"cost": 0.002}}\n{"kind": "assistant_message", "text": "bye"}\n',
+    )
+    lines = read_trace(path)
+    events = trace_events(lines, ReplayOptions(session_id="sess"))
+    first, second = events[0], events[1]
+    assert isinstance(first, AssistantMessageEvent) and isinstance(second, AssistantMessageEvent)
+    assert first.payload.usage == CallUsage(input_tokens=900, output_tokens=12, cost=0.002)
+    assert second.payload.usage is None
+
+    stored = first.payload.model_dump(mode="json", exclude={"text"})
+    row = HistoryRow(1, "sess-r1.main", "sess-r1", "assistant_message", stored, "hi", None)
+    exported = json.loads(trace_line("sess", row) or "")
+    assert exported["usage"] == {"input_tokens": 900, "output_tokens": 12, "cost": 0.002}
+    plain = HistoryRow(2, "sess-r1.main", "sess-r1", "assistant_message", {"tool_calls": []}, "bye", None)
+    assert "usage" not in json.loads(trace_line("sess", plain) or "")

@@ -12,10 +12,11 @@ assembler gets and how it may fit them:
 | C summary | as the fleet fits it | the committed summary | – |
 | D state | as C | as C | every current value, without what it superseded |
 | F projection | as C | as C | the slice the tools read, with supersession (the fleet's own) |
+| G retrieval | as C, plus archived records the search found for the step, as evidence | as C | as F |
 
 The rollover rung (``rollover_rung``) runs the window strategy through the fleet's window functions.
-Rung G (F + archive retrieval: search hits as evidence) needs the fleet's search index, which lives
-in PostgreSQL only; the in-process replay has none, so G is not run rather than imitated.
+Rung G's evidence is the point's ``archive``: the replay searched the store's index for the current
+step and read the archived hits back (``retrieval``), as a runtime does through ``ctx.search``.
 
 A rung is anything with a ``name`` and a ``context(point)``: a rung built elsewhere (the rollover of
 the window strategy) plugs in beside these without the scorer changing.
@@ -29,7 +30,7 @@ from typing import Protocol, assert_never
 
 from contracts import PreparedContext, PrepareRequest
 
-from services.core.assemble import ThreadSnapshot, assemble_context
+from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec
 from services.core.state import StateView
 from services.core.tokens import TokenCounter
@@ -62,6 +63,7 @@ class RungName(StrEnum):
     SUMMARY = "C-summary"
     STATE = "D-state"
     PROJECTION = "F-projection"
+    RETRIEVAL = "G-retrieval"
 
 
 class History(StrEnum):
@@ -90,6 +92,8 @@ class RungConfig:
     history: History
     summary: bool
     state: StateMode
+    # Whether the point's archive (archived records the search found for the step) is shown as evidence.
+    archive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ class LadderPoint:
     counter: TokenCounter
     # The thread's state projection (facts and aggregate versions), for a rung that hands it over.
     state: StateView | None = None
+    # Archived records the fleet's search found for the current step, read back (for rung G).
+    archive: tuple[Evidence, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,7 @@ CORE_RUNGS: dict[RungName, RungConfig] = {
     RungName.SUMMARY: RungConfig(History.FIT, summary=True, state=StateMode.NONE),
     RungName.STATE: RungConfig(History.FIT, summary=True, state=StateMode.MATERIALIZED),
     RungName.PROJECTION: RungConfig(History.FIT, summary=True, state=StateMode.PROJECTED),
+    RungName.RETRIEVAL: RungConfig(History.FIT, summary=True, state=StateMode.PROJECTED, archive=True),
 }
 
 
@@ -187,6 +194,8 @@ class CoreRung:
                 pass
             case _:
                 assert_never(config.state)
+        if config.archive:
+            snapshot = replace(snapshot, evidence=point.archive)
         return replace(snapshot, memo=self._memo)
 
 

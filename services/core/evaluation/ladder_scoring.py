@@ -40,6 +40,9 @@ class RungScore:
     stale_survived: int = 0
     windows: int = 0
     recoveries: ProbeTally = field(default_factory=ProbeTally)
+    # Contexts that showed evidence blocks (rung G's retrieved archive), and how many blocks in all.
+    evidence_contexts: int = 0
+    evidence_blocks: int = 0
 
     @classmethod
     def empty(cls, rung: str) -> RungScore:
@@ -56,6 +59,8 @@ class RungScore:
         self.windows += other.windows
         self.recoveries.passed += other.recoveries.passed
         self.recoveries.total += other.recoveries.total
+        self.evidence_contexts += other.evidence_contexts
+        self.evidence_blocks += other.evidence_blocks
 
     @property
     def stale_rate(self) -> float | None:
@@ -94,6 +99,7 @@ class RungScore:
                 "rollovers": self.recoveries.total,
                 "rate": _round(self.recoveries.rate),
             },
+            "evidence": {"contexts": self.evidence_contexts, "blocks": self.evidence_blocks},
         }
 
 
@@ -154,9 +160,13 @@ def score_point(
         base.tokens += tokens
         # A context over the real budget is a request the provider refuses: it shows the model nothing.
         failed = prepared is None or tokens > score.budget
-        if failed:
+        if prepared is None or failed:
             base.failed += 1
             base.failed_required_fits += int(required_fits)
+        else:
+            shown_evidence = sum(b.block_id.startswith("evidence:") for b in prepared.blocks)
+            rung.evidence_contexts += int(shown_evidence > 0)
+            rung.evidence_blocks += shown_evidence
         if probed:
             base.scored += 1
             shown = "" if failed else haystack_of(messages)

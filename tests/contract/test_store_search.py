@@ -1,0 +1,52 @@
+"""The search index's contract on both stores: index positions, visibility, matching and superseded hits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contracts import SearchRequest
+from contracts.subjects import DEFAULT_TENANT
+from services.app.indexing import index_thread, reindex, stale_threads
+from tests.contract.test_store_contract import _write
+from tests.fixtures.builders import Thread
+
+pytestmark = pytest.mark.anyio
+
+
+async def _search(store: Any, t: Thread, query: str, **fields: Any) -> list[tuple[int, str, bool]]:
+    hits = await store.search(DEFAULT_TENANT, SearchRequest(session_id=t.session_id, query=query, **fields))
+    return [(h.seq, h.event_key, h.superseded) for h in hits]
+
+
+async def test_search_finds_every_word_of_the_query_in_the_session_and_nothing_before_indexing(
+    store: Any,
+) -> None:
+    t = Thread()
+    await _write(
+        store,
+        [
+            t.user("Fix the parser in tokenizer module", key="u1"),
+            t.assistant("reading", calls=(("c1", "bash", {"cmd": "cat tokenizer.py"}),), key="a1"),
+            t.outcome("c1", "def tokenize(text): raise ValueError('bad parser state')", key="o1"),
+        ],
+    )
+    assert await _search(store, t, "parser") == []  # not indexed yet
+    assert await stale_threads(store) == [t.thread_id]
+
+    assert await index_thread(store, t.thread_id) == 3
+    assert await index_thread(store, t.thread_id) == 0  # the position moved: never twice
+    assert await stale_threads(store) == []
+    # Both records hold "parser"; only the outcome holds both words; the call's arguments are searchable.
+    assert sorted(await _search(store, t, "parser")) == [(1, "u1", False), (3, "o1", False)]
+    assert await _search(store, t, "parser ValueError") == [(3, "o1", False)]
+    # A file name is one word (PostgreSQL's parser keeps it whole): it is not the word "tokenizer".
+    assert await _search(store, t, "tokenizer.py", kinds=("assistant_message",)) == [(2, "a1", False)]
+    assert await _search(store, t, "tokenizer") == [(1, "u1", False)]
+    assert await _search(store, t, "nowhere") == []
+    other = await store.search("another-tenant", SearchRequest(session_id=t.session_id, query="parser"))
+    assert other is None
+
+    assert await reindex(store, t.session_id) == 3
+    assert len(await _search(store, t, "parser")) == 2
