@@ -549,9 +549,9 @@ class PrepareService:
             while True:
                 woken.clear()
                 async with self._store.session() as store:
-                    if await store.find_event(tenant, thread_id, event_key) is not None:
-                        return
-                    rejected = await store.find_dead_letter(tenant, thread_id, event_key)
+                    seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)
+                if seq is not None:
+                    return
                 if rejected is not None:
                     raise EventRejected(event_key, rejected[0], rejected[1])
                 remaining = deadline - time.monotonic()

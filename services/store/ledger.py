@@ -91,6 +91,16 @@ WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3
 """
 
 
+# Recorded, or else its newest dead letter: one round trip for a prepare waiting on its event.
+_FIND_EVENT_OUTCOME = """
+SELECT
+  (SELECT r.seq FROM ctx.records r JOIN ctx.sessions s ON s.session_id = r.session_id
+   WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3) AS seq,
+  (SELECT json_build_array(d.code, d.reason) FROM ctx.dead_letters d
+   WHERE d.thread_id = $1 AND d.event_key = $2 AND d.tenant = $3 ORDER BY d.id DESC LIMIT 1) AS dead
+"""
+
+
 _SELECT_LINKS = """
 SELECT seq, content_sha256, prev_hash, record_hash FROM ctx.records WHERE thread_id = $1 ORDER BY seq
 """
@@ -277,6 +287,21 @@ class RecordsRepo:
         """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
         seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
         return None if seq is None else int(seq)
+
+    @staticmethod
+    async def find_event_outcome(
+        conn: Conn, tenant: str, thread_id: str, event_key: str
+    ) -> tuple[int | None, tuple[str, str] | None]:
+        """The seq an event key was recorded at in a thread of ``tenant``; else its newest dead letter's
+        code and reason, if it was rejected (both ``None``: not seen yet)."""
+        row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
+        assert row is not None  # a SELECT of scalar subqueries always returns its one row
+        if row["seq"] is not None:
+            return int(row["seq"]), None
+        if row["dead"] is None:
+            return None, None
+        code, reason = json.loads(row["dead"])
+        return None, (str(code), str(reason))
 
     @staticmethod
     async def select_full(

@@ -1137,6 +1137,14 @@ class MemorySession:
                 return d["code"], d["reason"]
         return None
 
+    async def find_event_outcome(
+        self, tenant: str, thread_id: str, event_key: str
+    ) -> tuple[int | None, tuple[str, str] | None]:
+        seq = await self.find_event(tenant, thread_id, event_key)
+        if seq is not None:
+            return seq, None
+        return None, await self.find_dead_letter(tenant, thread_id, event_key)
+
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], EvidenceRow]:

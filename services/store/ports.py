@@ -190,6 +190,12 @@ class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
         self, tenant: str, thread_id: str, event_key: str
     ) -> tuple[str, str] | None: ...
 
+    async def find_event_outcome(
+        self, tenant: str, thread_id: str, event_key: str
+    ) -> tuple[int | None, tuple[str, str] | None]:
+        """``find_event``, and when it finds nothing, ``find_dead_letter``: in one round trip."""
+        ...
+
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], EvidenceRow]: ...

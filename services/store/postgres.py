@@ -293,6 +293,12 @@ class PgSession:
         return await DeadLettersRepo.find(self._conn, tenant, thread_id, event_key)
 
     @_translated
+    async def find_event_outcome(
+        self, tenant: str, thread_id: str, event_key: str
+    ) -> tuple[int | None, tuple[str, str] | None]:
+        return await RecordsRepo.find_event_outcome(self._conn, tenant, thread_id, event_key)
+
+    @_translated
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], EvidenceRow]:

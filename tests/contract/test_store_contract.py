@@ -68,6 +68,9 @@ async def test_written_records_read_back_alike(store: Store) -> None:
         assert records[0].tokens.o200k_base > 0
         assert await s.find_event(DEFAULT_TENANT, t.thread_id, "u1") == 2
         assert await s.find_event("another-tenant", t.thread_id, "u1") is None
+        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "u1") == (2, None)
+        assert await s.find_event_outcome("another-tenant", t.thread_id, "u1") == (None, None)
+        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "never") == (None, None)
         assert await s.open_call_ids(t.thread_id) == ["c1"]
         assert (await s.totals(t.thread_id))[0] == 3
         assert verify_chain(t.thread_id, await s.select_links(t.thread_id)) is None
@@ -156,6 +159,11 @@ async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: 
         assert await s.count_dead_letters(t.thread_id) == 1
         assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "bad") == ("invalid_event", "no")
         assert await s.find_dead_letter("another-tenant", t.thread_id, "bad") is None
+        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "bad") == (
+            None,
+            ("invalid_event", "no"),
+        )
+        assert await s.find_event_outcome("another-tenant", t.thread_id, "bad") == (None, None)
 
 
 async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(store: Store) -> None:
