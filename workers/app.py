@@ -32,6 +32,7 @@ from services.store.gateway import PgGatewayStore
 from services.store.ports import HookGrants
 
 from .backlogs import export_backlogs, watch_backlogs
+from .hot_path import HotPath
 from .budgeter import BudgeterWorker
 from .compose import compose
 from .console import console_app
@@ -122,6 +123,7 @@ class Fleet:
     _draining: bool = False
     _waiting: str | None = None
     _heap: HeapKeeper | None = None
+    _hot_path: HotPath | None = None
 
     async def start(
         self,
@@ -154,7 +156,7 @@ class Fleet:
             hook_grants=self.hook_grants,
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
-        self.gateway = workers.gateway
+        self.gateway, self._hot_path = workers.gateway, workers.hot_path
         await self.broker.start()
         if self.budgeter is not None:
             await self.budgeter.start()
@@ -167,7 +169,11 @@ class Fleet:
         self._started = True
         _settle_heap()
         self.metrics.gc_pauses.install()
-        self._heap = HeapKeeper(self.settings.gc_freeze_interval_s, self.settings.gc_sweep_interval_s)
+        self._heap = HeapKeeper(
+            self.settings.gc_freeze_interval_s,
+            self.settings.gc_sweep_interval_s,
+            quiet=self._hot_path.yield_to_prepares if self._hot_path is not None else None,
+        )
         self._heap.start()
         log.info("workers %s started", ", ".join(names))
 
@@ -283,6 +289,9 @@ class Fleet:
         """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers of this process."""
         if self._nc is None:
             return
+        if self._hot_path is not None:
+            # Up to 17 JetStream requests a round: not while a prepare is being answered.
+            await self._hot_path.yield_to_prepares()
         await export_backlogs(
             self._nc, self.settings.worker_names, self.metrics, self.recorder, self.budgeter, self.indexer
         )

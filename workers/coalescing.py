@@ -158,6 +158,8 @@ class CoalescingScheduler:
     async def _sweep(self) -> None:
         while not self._stopping:
             try:
+                if self._before_pass is not None:
+                    await self._before_pass()
                 for thread_id in await self._find_stale():
                     self.schedule(thread_id)
             except Exception as exc:  # the sweep is the safety net; keep it alive through outages

@@ -131,6 +131,8 @@ class Workers:
     indexer: IndexerWorker | None
     recorder: RecorderWorker | None
     gateway: GatewayService | None = None
+    # The prepares in progress, which this process's background work waits for.
+    hot_path: HotPath | None = None
 
 
 def compose(
@@ -219,7 +221,7 @@ def compose(
             batch=settings.record_batch,
             local=local,
         )
-    return Workers(broker, loader, budgeter, indexer, recorder, gateway)
+    return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path)
 
 
 def _document_outputs(broker: NatsBroker) -> None:

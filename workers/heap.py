@@ -12,6 +12,7 @@ evicted cache entry is freed as before; only garbage *cycles* that were frozen w
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 import gc
 import logging
 import time
@@ -24,7 +25,14 @@ log = logging.getLogger("ctxfleet.heap")
 class HeapKeeper:
     """Freezes what survived each interval; sweeps frozen cycles once per sweep interval."""
 
-    def __init__(self, freeze_interval_s: float, sweep_interval_s: float) -> None:
+    def __init__(
+        self,
+        freeze_interval_s: float,
+        sweep_interval_s: float,
+        quiet: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        # Awaited before a sweep (a full collection, tens of ms): not while a prepare is being answered.
+        self._quiet = quiet
         self._freeze_s = freeze_interval_s
         self._sweep_s = sweep_interval_s
         self._task: asyncio.Task[None] | None = None
@@ -59,6 +67,8 @@ class HeapKeeper:
         while True:
             await asyncio.sleep(self._freeze_s)
             if time.monotonic() >= next_sweep:
+                if self._quiet is not None:
+                    await self._quiet()
                 pause = self.sweep()
                 next_sweep = time.monotonic() + self._sweep_s
                 log.info("heap sweep: %.0f ms, %d objects frozen", pause * 1000, gc.get_freeze_count())
