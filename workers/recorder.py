@@ -3,8 +3,9 @@
 Why not a FastStream subscriber: FastStream 0.7.8's batch pull loop keeps fetching until the batch
 is full or its timeout passes (a latency floor on every prepare), and its per-message pull loop
 handles a fetched batch concurrently (no order). Here each partition is read by an ephemeral,
-ack-less pull consumer that starts right after the position committed in Postgres; each fetched
-batch is one transaction that also advances that position. Postgres, not the broker, is the
+ack-less pull consumer that starts right after the position committed in Postgres, through one pull
+request kept open (``workers/pull.py``: a batch is what has arrived, never held back waiting for
+more); each batch is one transaction that also advances that position. Postgres, not the broker, is the
 source of truth for what was applied: a crash replays from the last commit, a delivery gap
 (consumer sequence jump) rebuilds the consumer from it, and nothing is applied twice or out of order.
 
@@ -24,7 +25,6 @@ from collections.abc import Awaitable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -37,12 +37,14 @@ from services.store.postgres import PgStore
 
 from .local_notices import LocalNotices
 from .metrics import FleetMetrics
+from .pull import ContinuousPull
 from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
 
 __all__ = ["JetStreamDeadLetterSink", "RecorderWorker"]
 
 log = logging.getLogger("ctxfleet.recorder")
-_FETCH_TIMEOUT_S = 1.0
+# How long a partition waits for an event before it checks the stream again (the pull stays open).
+_IDLE_CHECK_S = 1.0
 # Short: deterministic failures no longer retry (they are dead-lettered), so only outages wait here,
 # and recovery after one should not lag it by more than a couple of seconds.
 _MAX_BACKOFF_S = 2.0
@@ -94,7 +96,8 @@ class RecorderWorker:
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._applying: set[int] = set()
-        self._subs: dict[int, JetStreamContext.PullSubscription] = {}
+        # The consumer each bound partition reads through.
+        self._subs: dict[int, str] = {}
         # Consecutive failures per partition; a fetch that answers (even empty) proves health again.
         self._failures: dict[int, int] = {}
         self._guard = StreamGuard(self._js, store, metrics, every_s=stream_check_s)
@@ -122,9 +125,9 @@ class RecorderWorker:
     async def lag(self) -> dict[int, int]:
         """Events stored but not yet fetched, per bound partition."""
         out: dict[int, int] = {}
-        for partition, sub in list(self._subs.items()):
+        for partition, consumer in list(self._subs.items()):
             try:
-                out[partition] = (await sub.consumer_info()).num_pending or 0
+                out[partition] = (await self._js.consumer_info(EVENTS_STREAM, consumer)).num_pending or 0
             except Exception:  # rebinding right now; the next round reports it
                 continue
         return out
@@ -204,8 +207,9 @@ class RecorderWorker:
         config.name = name
         bound_at = self._guard.now()
         await self._js.add_consumer(EVENTS_STREAM, config=config)
-        sub = await self._js.pull_subscribe_bind(stream=EVENTS_STREAM, consumer=name, name=name)
+        pull = ContinuousPull(self._nc, stream=EVENTS_STREAM, consumer=name, batch=self._batch)
         try:
+            await pull.start()
             # A check begun after the consumer exists proves it sits on the stream the position
             # describes (a consumer dies with its stream); only then does the partition count as bound.
             if (await self._guard.check(since=bound_at)).halted:
@@ -213,13 +217,13 @@ class RecorderWorker:
             if await self._position_moved(partition, position):
                 return  # lowered after a lost tail (by us or another recorder): start from the new one
             epoch = self._guard.epoch
-            self._subs[partition] = sub
+            self._subs[partition] = name
             expected = 1
             while not self._stopping.is_set():
                 try:
-                    msgs = await sub.fetch(self._batch, timeout=_FETCH_TIMEOUT_S)
-                except (NatsTimeout, TimeoutError):
-                    # nats-py raises either, depending on where in the fetch the time ran out.
+                    msgs = await pull.next_batch(timeout=_IDLE_CHECK_S)
+                except TimeoutError:
+                    # Idle, and the open request still heard from: check the stream, keep the consumer.
                     self._failures[partition] = 0
                     if not await self._stream_still_ours(partition, epoch):
                         return
@@ -246,7 +250,7 @@ class RecorderWorker:
                     return
         finally:
             self._subs.pop(partition, None)
-            await _quietly(sub.unsubscribe())
+            await _quietly(pull.stop())
             # The server drops it after inactive_threshold anyway; this just tidies up sooner.
             await _quietly(self._js.delete_consumer(EVENTS_STREAM, name))
 

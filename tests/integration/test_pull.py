@@ -1,10 +1,10 @@
-"""The recorder's fetch hands an event over as soon as it is stored and leaves no pull request behind.
+"""The recorder's pull hands events over as soon as they are stored, in order, on a real server.
 
-An event published while the recorder idles in ``fetch(256, timeout)`` must reach it at once: a fetch
-that kept a half-filled request open on the server and waited for the rest of its batch would hold
-every prepare waiting for that event (``after_event_key``) up to a whole timeout — a read-your-writes
-stall that grows with the agent's think time (issue 16). nats-py (>= 2.16, as pinned) and the
-supported servers behave; this guards the pinned range and the servers against a regression.
+A pull that kept the first event of a half-filled batch while it waited for the rest would hold every
+prepare waiting for that event (``after_event_key``) up to its window: measured with nats-py's
+``fetch(256, 1.0)`` and 50 agents, up to 0.5–1 s (issue 16). ``workers/pull.py`` keeps one request
+open and hands out what arrived; these tests hold it to that, to its order and batch bound, to its
+heartbeats keeping an idle pull alive, and to its failing fast when the consumer is gone.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-pytestmark = [pytest.mark.anyio, pytest.mark.nats]
+from workers.pull import ContinuousPull, PullStalled
 
-# The recorder's batch and idle timeout (workers/recorder.py); long, so a wait for the rest would show.
-BATCH, TIMEOUT_S = 256, 20.0
+pytestmark = [pytest.mark.anyio, pytest.mark.nats]
 
 
 @pytest.fixture
@@ -39,35 +38,90 @@ async def stream(nats_url: str) -> AsyncIterator[tuple[NatsClient, str]]:
         await nc.close()
 
 
-async def test_an_event_published_while_the_recorder_idles_is_handed_over_alone_with_no_request_left(
+async def _pull(nc: NatsClient, name: str, batch: int = 256) -> ContinuousPull:
+    pull = ContinuousPull(nc, stream=name, consumer="reader", batch=batch)
+    await pull.start()
+    return pull
+
+
+async def test_an_event_published_while_the_pull_idles_is_handed_over_at_once_not_with_its_batch(
     stream: tuple[NatsClient, str],
 ) -> None:
     nc, name = stream
     js = nc.jetstream()
-    sub = await js.pull_subscribe_bind(stream=name, consumer="reader", durable="reader")
-    waiting = asyncio.ensure_future(sub.fetch(BATCH, timeout=TIMEOUT_S))
-    await asyncio.sleep(0.3)  # idle: the fetch's request is waiting on the server
-    await js.publish(f"{name.lower()}.a", b"one")
-    published = time.monotonic()
-    msgs = await asyncio.wait_for(waiting, timeout=TIMEOUT_S + 5)
-    handed_over = time.monotonic() - published
-    assert [m.data for m in msgs] == [b"one"]
-    # Not the rest of a 20 s timeout (the bound is loose on purpose: the failure mode is seconds).
-    assert handed_over < TIMEOUT_S / 4, handed_over
-    assert (await js.consumer_info(name, "reader")).num_waiting == 0
+    pull = await _pull(nc, name)
+    try:
+        waiting = asyncio.ensure_future(pull.next_batch(timeout=20.0))
+        await asyncio.sleep(0.3)  # idle: the request is open on the server
+        await js.publish(f"{name.lower()}.a", b"one")
+        published = time.monotonic()
+        msgs = await asyncio.wait_for(waiting, timeout=25.0)
+        handed_over = time.monotonic() - published
+        assert [m.data for m in msgs] == [b"one"]
+        # Not the rest of a window: the failure mode is hundreds of milliseconds or more.
+        assert handed_over < 0.2, handed_over
+        # Again, later, on the same open request.
+        await asyncio.sleep(0.6)
+        await js.publish(f"{name.lower()}.a", b"two")
+        published = time.monotonic()
+        assert [m.data for m in await pull.next_batch(timeout=5.0)] == [b"two"]
+        assert time.monotonic() - published < 0.2
+    finally:
+        await pull.stop()
 
 
-async def test_what_the_consumer_holds_comes_back_in_order_and_an_idle_fetch_times_out(
+async def test_what_arrived_while_the_caller_was_busy_comes_back_in_order_within_the_batch_bound(
     stream: tuple[NatsClient, str],
 ) -> None:
     nc, name = stream
     js = nc.jetstream()
-    for i in range(5):
-        await js.publish(f"{name.lower()}.a", str(i).encode())
-    sub = await js.pull_subscribe_bind(stream=name, consumer="reader", durable="reader")
-    first = await sub.fetch(3, timeout=TIMEOUT_S)
-    rest = await sub.fetch(BATCH, timeout=TIMEOUT_S)
-    assert [m.data for m in first + rest] == [b"0", b"1", b"2", b"3", b"4"]
-    assert (await js.consumer_info(name, "reader")).num_waiting == 0
-    with pytest.raises(TimeoutError):
-        await sub.fetch(BATCH, timeout=0.3)
+    pull = await _pull(nc, name, batch=4)
+    try:
+        for i in range(10):
+            await js.publish(f"{name.lower()}.a", str(i).encode())
+        await asyncio.sleep(0.2)  # the caller is busy: deliveries wait in the pull's inbox
+        got: list[bytes] = []
+        sizes: list[int] = []
+        consumer_seqs: list[int] = []
+        while len(got) < 10:
+            batch = await pull.next_batch(timeout=5.0)
+            sizes.append(len(batch))
+            got += [m.data for m in batch]
+            consumer_seqs += [m.metadata.sequence.consumer for m in batch]
+        assert got == [str(i).encode() for i in range(10)]
+        # Contiguous consumer sequence: the recorder's gap check sees no gap where there is none.
+        assert consumer_seqs == list(range(1, 11))
+        assert max(sizes) <= 4
+    finally:
+        await pull.stop()
+
+
+async def test_an_idle_pull_times_out_and_stays_alive_on_heartbeats(stream: tuple[NatsClient, str]) -> None:
+    nc, name = stream
+    js = nc.jetstream()
+    pull = await _pull(nc, name)
+    try:
+        # Longer than three heartbeats: only the heartbeats keep the silence rule from firing.
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                await pull.next_batch(timeout=1.2)
+        await js.publish(f"{name.lower()}.a", b"late")
+        assert [m.data for m in await pull.next_batch(timeout=5.0)] == [b"late"]
+    finally:
+        await pull.stop()
+
+
+async def test_a_pull_whose_consumer_is_gone_fails_fast_instead_of_waiting(
+    stream: tuple[NatsClient, str],
+) -> None:
+    nc, name = stream
+    js = nc.jetstream()
+    pull = await _pull(nc, name)
+    try:
+        await js.delete_consumer(name, "reader")
+        begun = time.monotonic()
+        with pytest.raises(PullStalled):
+            await pull.next_batch(timeout=20.0)
+        assert time.monotonic() - begun < 3.0
+    finally:
+        await pull.stop()

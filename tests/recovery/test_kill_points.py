@@ -198,12 +198,15 @@ async def test_kill_point_recovers_without_loss_duplicates_or_repeated_side_effe
         assert (
             prepared.messages[-1].content and '"bay_4"' in prepared.messages[-1].content
         )  # state block rebuilt
-        summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)
-        view = await db.fetchrow(
-            "SELECT view_revision, summary_id FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
+        # One statement, one snapshot: a compaction still committing cannot land between two reads.
+        both = await db.fetchrow(
+            "SELECT (SELECT count(*) FROM ctx.summaries WHERE thread_id=$1) AS summaries,"
+            " (SELECT view_revision FROM ctx.thread_views WHERE thread_id=$1) AS revision",
+            t.thread_id,
         )
+        summaries = both["summaries"]
         # Every committed summary is a revision of the view; no view row means no summary at all.
-        revision = view["view_revision"] if view is not None else 0
+        revision = both["revision"] if both["revision"] is not None else 0
         assert summaries == revision, f"{point_id}: summary revisions and view disagree"
         if kill_point == "compact.after_commit":
             assert summaries >= 1, f"{point_id}: the checkpoint committed before the kill is gone"
