@@ -46,6 +46,9 @@ class CachedRecords:
     record_bytes: int = 0
     # Exports resolved to their parent records, by seq: resolving reads the parent again.
     resolved: dict[int, LedgerRecord] = field(default_factory=dict)
+    # Where in ``records`` the exports still to resolve are, found as records arrive: a load then
+    # visits those, not every record of the thread (1.6 ms of a 5,000-record prepare, issue 16).
+    exports: tuple[int, ...] = ()
 
     @property
     def bytes(self) -> int:

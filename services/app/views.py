@@ -341,17 +341,20 @@ class ViewLoader:
     ) -> list[LedgerRecord]:
         """A child's exported background, resolved to the parent records it references (once per entry:
         the parent records are immutable, and the same objects keep the thread's memo valid)."""
-        out: list[LedgerRecord] = []
-        for record in records:
+        if not entry.exports:
+            return records
+        out = list(records)
+        for position in entry.exports:
+            if position >= len(out):
+                break  # this load serves an older head than the entry holds
+            record = out[position]
             body = record.body
-            if not isinstance(body, ContextExportBody) or body.resolved:
-                out.append(record)
-                continue
+            assert isinstance(body, ContextExportBody), "exports are found as records arrive"
             resolved = entry.resolved.get(record.seq)
             if resolved is None or resolved.event_key != record.event_key:
                 resolved = resolve_export(record, await conn.select_refs(body.refs))
                 entry.resolved[record.seq] = resolved
-            out.append(resolved)
+            out[position] = resolved
         return out
 
     async def _adopt(
@@ -412,12 +415,15 @@ class ViewLoader:
             cached = found if isinstance(found, CachedRecords) else CachedRecords(0, [], ViewMemo(thread_id))
             if cached.last_seq < head.last_seq:
                 new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
+                start = len(cached.records)
                 cached = CachedRecords(
                     head.last_seq,
                     cached.records + new,
                     cached.memo,
                     cached.record_bytes + record_bytes(new),
                     cached.resolved,
+                    cached.exports
+                    + tuple(start + n for n, record in enumerate(new) if _unresolved_export(record)),
                 )
             # Put again on every load: the memo grew with the last prepare, and the bound counts it.
             self._evicted(self.cache.put(key, cached, cached.bytes))
@@ -430,3 +436,8 @@ class ViewLoader:
         for key in keys:
             if isinstance(key, tuple) and key[0] == "records":
                 self._locks.pop(str(key[1]), None)
+
+
+def _unresolved_export(record: LedgerRecord) -> bool:
+    body = record.body
+    return isinstance(body, ContextExportBody) and not body.resolved

@@ -423,6 +423,7 @@ def assemble_context(
                     snapshot.records,
                     own_thread=snapshot.own_thread,
                     encoding=counter.name if counter else "o200k_base",
+                    last=window.forecast.recent_steps,
                 ),
                 request.forecast,
                 trimmed=fit.level_trimmed,

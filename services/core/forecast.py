@@ -33,24 +33,39 @@ def _is_step(record: LedgerRecord) -> bool:
 
 
 def step_growths(
-    records: Sequence[LedgerRecord], *, own_thread: str = "", encoding: EncodingName = "o200k_base"
+    records: Sequence[LedgerRecord],
+    *,
+    own_thread: str = "",
+    encoding: EncodingName = "o200k_base",
+    last: int | None = None,
 ) -> tuple[int, ...]:
-    """Tokens each closed step of ``own_thread`` added, oldest first (all records when it is ``""``).
+    """Tokens each closed step of ``own_thread`` added, oldest first (all records when it is ``""``);
+    with ``last``, only the newest ``last`` of them.
 
-    Records another thread wrote (inherited history, a parent's export) are no step of this one.
+    Records another thread wrote (inherited history, a parent's export) are no step of this one. Read
+    from the newest record back, so a forecast of the last few steps costs what those steps hold, not
+    the thread: every record of a 5,000-record thread took 7 ms of each prepare (issue 16).
     """
-    growths: list[int] = []
-    current: int | None = None  # growth of the open step; None before the first step
-    for record in sorted(records, key=lambda r: r.seq):
+    ordered = records if _in_seq_order(records) else sorted(records, key=lambda r: r.seq)
+    newest_first: list[int] = []
+    after = 0  # tokens recorded after the position reached, up to the next step
+    closed = False  # a newer step was seen: the step reached now is closed
+    for record in reversed(ordered):
         if own_thread and record.thread_id and record.thread_id != own_thread:
             continue
+        after += record.tokens.get(encoding)
         if _is_step(record):
-            if current is not None:
-                growths.append(current)
-            current = 0
-        if current is not None:
-            current += record.tokens.get(encoding)
-    return tuple(growths)
+            if closed:
+                newest_first.append(after)
+                if last is not None and len(newest_first) >= last:
+                    break
+            closed = True
+            after = 0
+    return tuple(reversed(newest_first))
+
+
+def _in_seq_order(records: Sequence[LedgerRecord]) -> bool:
+    return all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False))
 
 
 def nearest_rank(values: Sequence[int], percentile: int) -> int:

@@ -92,6 +92,17 @@ def test_step_growths_count_closed_action_steps_only(
     assert step_growths(records) == growths
 
 
+def test_step_growths_of_the_last_steps_are_the_tail_of_all_of_them_in_any_record_order() -> None:
+    kinds = [U, A, T, T, A, U, A, T, A, A, T, U, A, T, T, A]
+    records = [_rec(n + 1, kind, 3 * n + 1) for n, kind in enumerate(kinds)]
+    everything = step_growths(records)
+    assert len(everything) == 6
+    for last in range(1, 9):
+        assert step_growths(records, last=last) == everything[-last:]
+    assert step_growths(list(reversed(records))) == everything
+    assert step_growths(list(reversed(records)), last=2) == everything[-2:]
+
+
 def test_step_growths_ignore_records_of_other_threads() -> None:
     records = [_rec(1, A, 10, thread="r.a"), _rec(2, T, 500, thread="r.parent"), _rec(3, A, 1, thread="r.a")]
     assert step_growths(records, own_thread="r.a") == (10,)
