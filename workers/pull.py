@@ -93,6 +93,10 @@ class ContinuousPull:
             PullStalled: the server refused the request or went silent (invariant 3).
         """
         deadline = time.monotonic() + timeout
+        if self._left <= 0:
+            # The open request is used up: ask for more before the caller applies what it has, so the
+            # server delivers the next batch while this one is being written (a backlog streams).
+            await self._request()
         while True:
             # Cleared before looking, so a delivery between the look and the wait still wakes us.
             self._wake.clear()
