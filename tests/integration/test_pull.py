@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import nats
 import pytest
@@ -38,10 +39,14 @@ async def stream(nats_url: str) -> AsyncIterator[tuple[NatsClient, str]]:
         await nc.close()
 
 
-async def _pull(nc: NatsClient, name: str, batch: int = 256) -> ContinuousPull:
+@asynccontextmanager
+async def _pull(nc: NatsClient, name: str, batch: int = 256) -> AsyncIterator[ContinuousPull]:
     pull = ContinuousPull(nc, stream=name, consumer="reader", batch=batch)
     await pull.start()
-    return pull
+    try:
+        yield pull
+    finally:
+        await pull.stop()
 
 
 async def test_an_event_published_while_the_pull_idles_is_handed_over_at_once_not_with_its_batch(
@@ -49,8 +54,7 @@ async def test_an_event_published_while_the_pull_idles_is_handed_over_at_once_no
 ) -> None:
     nc, name = stream
     js = nc.jetstream()
-    pull = await _pull(nc, name)
-    try:
+    async with _pull(nc, name) as pull:
         waiting = asyncio.ensure_future(pull.next_batch(timeout=20.0))
         await asyncio.sleep(0.3)  # idle: the request is open on the server
         await js.publish(f"{name.lower()}.a", b"one")
@@ -66,8 +70,6 @@ async def test_an_event_published_while_the_pull_idles_is_handed_over_at_once_no
         published = time.monotonic()
         assert [m.data for m in await pull.next_batch(timeout=5.0)] == [b"two"]
         assert time.monotonic() - published < 0.2
-    finally:
-        await pull.stop()
 
 
 async def test_what_arrived_while_the_caller_was_busy_comes_back_in_order_within_the_batch_bound(
@@ -75,8 +77,7 @@ async def test_what_arrived_while_the_caller_was_busy_comes_back_in_order_within
 ) -> None:
     nc, name = stream
     js = nc.jetstream()
-    pull = await _pull(nc, name, batch=4)
-    try:
+    async with _pull(nc, name, batch=4) as pull:
         for i in range(10):
             await js.publish(f"{name.lower()}.a", str(i).encode())
         await asyncio.sleep(0.2)  # the caller is busy: deliveries wait in the pull's inbox
@@ -92,23 +93,18 @@ async def test_what_arrived_while_the_caller_was_busy_comes_back_in_order_within
         # Contiguous consumer sequence: the recorder's gap check sees no gap where there is none.
         assert consumer_seqs == list(range(1, 11))
         assert max(sizes) <= 4
-    finally:
-        await pull.stop()
 
 
 async def test_an_idle_pull_times_out_and_stays_alive_on_heartbeats(stream: tuple[NatsClient, str]) -> None:
     nc, name = stream
     js = nc.jetstream()
-    pull = await _pull(nc, name)
-    try:
+    async with _pull(nc, name) as pull:
         # Longer than three heartbeats: only the heartbeats keep the silence rule from firing.
         for _ in range(2):
             with pytest.raises(TimeoutError):
                 await pull.next_batch(timeout=1.2)
         await js.publish(f"{name.lower()}.a", b"late")
         assert [m.data for m in await pull.next_batch(timeout=5.0)] == [b"late"]
-    finally:
-        await pull.stop()
 
 
 async def test_a_pull_whose_consumer_is_gone_fails_fast_instead_of_waiting(
@@ -116,12 +112,9 @@ async def test_a_pull_whose_consumer_is_gone_fails_fast_instead_of_waiting(
 ) -> None:
     nc, name = stream
     js = nc.jetstream()
-    pull = await _pull(nc, name)
-    try:
+    async with _pull(nc, name) as pull:
         await js.delete_consumer(name, "reader")
         begun = time.monotonic()
         with pytest.raises(PullStalled):
             await pull.next_batch(timeout=20.0)
         assert time.monotonic() - begun < 3.0
-    finally:
-        await pull.stop()
