@@ -6,6 +6,11 @@ model call takes seconds), publish one event and time publish → prepare reply 
 ``after_event_key`` naming it. A recorder that left a half-filled pull request open would hold the
 event until the request expired, so the figure would grow with the pause; it must not.
 
+The agent process freezes its start-up heap once the thread is built (``gc.freeze()``, as the fleet
+does after start-up and as an agent runtime embedding the client should): otherwise a full
+collection of this process's own heap (imports, builders) lands inside a step's parse now and then
+(34 ms seen), a cost of the runtime's process, not of the fleet.
+
 Each step is also split in its two halves: the publish ack, and the prepare that waits for the event
 (recorded, handed over, assembled, sent). Figures per pause: p50 / p99 / max of the step and of each
 half, and the fleet's CPU over the run.
@@ -16,6 +21,7 @@ half, and the fleet's CPU over the run.
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -62,6 +68,8 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             )
             # The view warmed into the fleet's cache before anything is timed.
             await client.prepare(request.model_copy(update={"after_event_key": last.event_key}), timeout=30)
+            gc.collect()
+            gc.freeze()
             cpu = fleet.cpu()
             cpu.start()
             step = 0
@@ -85,6 +93,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         acks.append((acked - started) * 1000)
                         prepares.append((done - acked) * 1000)
             out["fleet_cpu_cores"] = cpu.stop()
+            gc.unfreeze()  # the other benchmarks of this run measure with their own heaps
             for pause, _ in PAUSES:
                 total, acks, prepares = steps[pause]
                 out[f"pause_{pause:g}s"] = {

@@ -61,7 +61,7 @@ class AssemblerWorker:
         self._local = local
         self._hot_path = hot_path or HotPath()
         if local is not None:
-            local.listen(board.notify)
+            local.listen_recorded(board.recorded)
         self._gateway = gateway
         self._board = board
         self._metrics = metrics

@@ -28,15 +28,24 @@ class LocalNotices:
     def __init__(self, origin: str | None = None) -> None:
         self.origin = origin or NUID().next().decode()
         self._listeners: list[Callable[[str], None]] = []
+        self._key_listeners: list[Callable[[str, str, frozenset[str]], None]] = []
 
     def listen(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(thread_id)`` for every thread this process's recorder moves."""
         self._listeners.append(listener)
 
-    def announce(self, thread_id: str) -> None:
-        """Tell this process's listeners that ``thread_id`` moved (after the commit)."""
+    def listen_recorded(self, listener: Callable[[str, str, frozenset[str]], None]) -> None:
+        """Call ``listener(thread_id, tenant, event_keys)`` for every thread this process's recorder
+        moves, with the keys it committed (empty when it only rejected or skipped events)."""
+        self._key_listeners.append(listener)
+
+    def announce(self, thread_id: str, tenant: str = "", event_keys: frozenset[str] = frozenset()) -> None:
+        """Tell this process's listeners that ``thread_id`` moved, and which keys of ``tenant`` it
+        committed there (after the commit: a listener may rely on them)."""
         for listener in self._listeners:
             listener(thread_id)
+        for key_listener in self._key_listeners:
+            key_listener(thread_id, tenant, event_keys)
 
     def is_own(self, headers: Mapping[str, str] | None) -> bool:
         """Whether a notice received from NATS came from this process (and was handed over already)."""

@@ -297,7 +297,7 @@ class RecorderWorker:
                 touched[rejection.thread_id] = (-1, -1)
         for thread_id in touched:
             # This process's waiting prepares first, without a broker round trip (workers/local_notices.py).
-            self._local.announce(thread_id)
+            self._local.announce(thread_id, *result.committed.get(thread_id, ("", frozenset())))
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
             await self._nc.publish(

@@ -2,6 +2,9 @@
 
 A notice is a hint that a thread's ledger moved; waiters always re-check the database, so a lost
 or duplicated notice can delay an answer (bounded by the re-check interval) but never falsify it.
+The one exception is first-hand: this process's own recorder hands over, after its commit, the
+event keys it committed (``recorded``), and a waiter for one of those needs no re-check (issue 16:
+one query less on every read-your-writes step).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
 
-__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "wait_for_notice"]
+__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "Wakeup", "wait_for_notice"]
 
 
 class Pause(Protocol):
@@ -46,16 +49,26 @@ async def wait_for_notice(woken: asyncio.Event, timeout: float, pause: Pause) ->
             pass
 
 
+class Wakeup(asyncio.Event):
+    """Set on every notice of a waiter's thread; also gathers what this process's recorder reported
+    committed to it while the waiter waited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # (tenant, event key) pairs committed: only ever filled after the commit, by the recorder.
+        self.recorded: set[tuple[str, str]] = set()
+
+
 class NoticeBoard:
     """Threads → the events of everyone waiting on them."""
 
     def __init__(self) -> None:
-        self._waiters: defaultdict[str, list[asyncio.Event]] = defaultdict(list)
+        self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
 
     @contextmanager
-    def waiting(self, thread_id: str) -> Iterator[asyncio.Event]:
+    def waiting(self, thread_id: str) -> Iterator[Wakeup]:
         """Register interest in a thread for the duration of the block."""
-        event = asyncio.Event()
+        event = Wakeup()
         self._waiters[thread_id].append(event)
         try:
             yield event
@@ -69,6 +82,13 @@ class NoticeBoard:
     def notify(self, thread_id: str) -> None:
         """Wake everyone waiting on ``thread_id``."""
         for event in self._waiters.get(thread_id, ()):
+            event.set()
+
+    def recorded(self, thread_id: str, tenant: str, event_keys: frozenset[str]) -> None:
+        """This process's recorder committed ``event_keys`` of ``tenant`` to ``thread_id``: wake its
+        waiters, telling them which keys need no re-check. Only a recorder, after its commit, may say so."""
+        for event in self._waiters.get(thread_id, ()):
+            event.recorded.update((tenant, key) for key in event_keys)
             event.set()
 
     @property

@@ -547,6 +547,8 @@ class PrepareService:
         deadline = started + wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
             while True:
+                if (tenant, event_key) in woken.recorded:
+                    return  # this process's recorder committed it while we waited: no re-check needed
                 woken.clear()
                 async with self._store.session() as store:
                     seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)

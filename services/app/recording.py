@@ -74,6 +74,8 @@ class BatchResult:
     """What a batch did, for acks, notices and metrics."""
 
     heads: Mapping[str, tuple[int, int]]
+    # Per thread: its tenant and the event keys this batch committed to it (for waiting prepares).
+    committed: Mapping[str, tuple[str, frozenset[str]]]
     recorded: int
     rejections: tuple[Rejection, ...]
     duplicates: int
@@ -173,7 +175,7 @@ class RecordingService:
             applied = reads.tracked
             fresh = [m for m in batch if m.stream_seq > applied]
             if not fresh:
-                return BatchResult({}, 0, (), 0, len(batch), attempt)
+                return BatchResult({}, {}, 0, (), 0, len(batch), attempt)
             if len(fresh) < len(batch):  # a redelivery of what is applied already: plan only the rest
                 decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
@@ -192,7 +194,7 @@ class RecordingService:
                     kill_point("record.before_commit")
             if plan.records:
                 kill_point("record.after_commit")
-        return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
+        return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
 
     async def _plan(
         self, fresh: Sequence[Incoming], decoded: list[Decoded | Rejection], reads: LedgerReads
@@ -217,14 +219,14 @@ class RecordingService:
         )
         async with self._store.session() as store:
             if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
-                return BatchResult({}, 0, (), 0, 1, 1)
+                return BatchResult({}, {}, 0, (), 0, 1, 1)
             await self._sink.publish(
                 dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
             )
             async with store.transaction():
                 await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
                 await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
-        return BatchResult({}, 0, (rejection,), 0, 0, 1)
+        return BatchResult({}, {}, 0, (rejection,), 0, 0, 1)
 
 
 class _Unappliable(Exception):
@@ -301,10 +303,15 @@ def _printable(text: str) -> str:
 def _merge(parts: Sequence[BatchResult]) -> BatchResult:
     """One result for a batch applied in parts; later heads win, as they were committed later."""
     heads: dict[str, tuple[int, int]] = {}
+    committed: dict[str, tuple[str, frozenset[str]]] = {}
     for part in parts:
         heads.update(part.heads)
+        for thread_id, (tenant, keys) in part.committed.items():
+            earlier = committed.get(thread_id, (tenant, frozenset()))[1]
+            committed[thread_id] = (tenant, earlier | keys)
     return BatchResult(
         heads=heads,
+        committed=committed,
         recorded=sum(p.recorded for p in parts),
         rejections=tuple(r for p in parts for r in p.rejections),
         duplicates=sum(p.duplicates for p in parts),
@@ -374,9 +381,18 @@ def _dead_msg_id(rejection: Rejection) -> str:
     return f"dead:{rejection.incoming.stream_seq}:{sha256_hex(rejection.incoming.data)[:16]}"
 
 
-def _result(plan: BatchPlan, *, skipped: int, attempt: int) -> BatchResult:
+def _result(plan: BatchPlan, reads: LedgerReads, *, skipped: int, attempt: int) -> BatchResult:
+    keys: dict[str, set[str]] = {}
+    tenants: dict[str, str] = {}
+    for record in plan.records:
+        keys.setdefault(record.thread_id, set()).add(record.event_key)
+        # The planner recorded it only if its subject's tenant owns the session (or created it).
+        tenants[record.thread_id] = (
+            plan.session_tenants.get(record.session_id) or reads.sessions[record.session_id]
+        )
     return BatchResult(
         heads={h.thread_id: (h.last_seq, h.revision) for h in plan.heads},
+        committed={t: (tenants[t], frozenset(k)) for t, k in keys.items()},
         recorded=len(plan.records),
         rejections=plan.rejections,
         duplicates=len(plan.duplicates),

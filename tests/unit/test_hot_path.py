@@ -101,3 +101,23 @@ def test_a_notice_is_own_only_when_it_carries_this_process_origin() -> None:
     assert not here.is_own(None)
     assert not here.is_own({})
     assert here.headers == {ORIGIN_HEADER: here.origin}
+
+
+async def test_a_prepare_counts_as_in_progress_until_the_loop_turn_after_it_returned() -> None:
+    hot = HotPath(max_defer_s=5.0)
+    order: list[str] = []
+
+    async def background() -> None:
+        await hot.yield_to_prepares()
+        order.append("background")
+
+    with hot.serving():
+        task = asyncio.create_task(background())
+        await asyncio.sleep(0.01)
+    # The handler has returned; FastStream queues the reply's write in this same turn.
+    assert hot.active == 1
+    asyncio.get_running_loop().call_soon(order.append, "reply written")
+    await asyncio.sleep(0)
+    assert hot.active == 0
+    await asyncio.wait_for(task, timeout=1.0)
+    assert order == ["reply written", "background"]

@@ -190,6 +190,47 @@ async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -
     assert [r.event_key for r in inspection.records] == ["u1", "u2"]
 
 
+async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answers_without_a_re_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.user("first", key="u1")])
+    checks: list[str] = []
+    real = MemorySession.find_event_outcome
+
+    async def counted(self: MemorySession, tenant: str, thread_id: str, event_key: str) -> Any:
+        checks.append(event_key)
+        return await real(self, tenant, thread_id, event_key)
+
+    monkeypatch.setattr(MemorySession, "find_event_outcome", counted)
+    service = PrepareService(store, board)
+    request = PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        after_event_key="u2",
+        wait_ms=5_000,
+    )
+    waiting = asyncio.create_task(service.prepare(request))
+    await asyncio.sleep(0.05)
+    assert checks == ["u2"] and not waiting.done()
+
+    # Another tenant's commit of the same key and thread says nothing of ours: it is checked again.
+    board.recorded(t.thread_id, "someone-else", frozenset({"u2"}))
+    await asyncio.sleep(0.05)
+    assert checks == ["u2", "u2"] and not waiting.done()
+
+    result = await _recorder(store).record_batch(0, incoming([t.user("second", key="u2")], start_seq=2))
+    assert result.committed == {t.thread_id: (DEFAULT_TENANT, frozenset({"u2"}))}
+    board.recorded(t.thread_id, *result.committed[t.thread_id])
+    prepared = await asyncio.wait_for(waiting, timeout=2)
+
+    assert checks == ["u2", "u2"]  # answered from the handover, with no third query
+    assert prepared.source_watermark.last_event_key == "u2"
+
+
 async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_one_says_why() -> None:
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
