@@ -19,6 +19,11 @@ async def _no_stale() -> list[str]:
     return []
 
 
+async def _background_pass(hot: HotPath, order: list[str]) -> None:
+    await hot.yield_to_prepares()
+    order.append("background")
+
+
 async def test_yield_to_prepares_returns_at_once_when_no_prepare_is_in_progress() -> None:
     hot = HotPath(max_defer_s=5.0)
     loop = asyncio.get_running_loop()
@@ -30,14 +35,11 @@ async def test_yield_to_prepares_returns_at_once_when_no_prepare_is_in_progress(
 async def test_yield_to_prepares_waits_until_the_last_prepare_in_progress_ends() -> None:
     hot = HotPath(max_defer_s=5.0)
     order: list[str] = []
-
-    async def background() -> None:
-        await hot.yield_to_prepares()
-        order.append("background")
+    background = _background_pass(hot, order)
 
     with hot.serving():
         with hot.serving():
-            task = asyncio.create_task(background())
+            task = asyncio.create_task(background)
             await asyncio.sleep(0.05)
             order.append("first prepare done")
         await asyncio.sleep(0.05)
@@ -106,13 +108,10 @@ def test_a_notice_is_own_only_when_it_carries_this_process_origin() -> None:
 async def test_a_prepare_counts_as_in_progress_until_the_loop_turn_after_it_returned() -> None:
     hot = HotPath(max_defer_s=5.0)
     order: list[str] = []
-
-    async def background() -> None:
-        await hot.yield_to_prepares()
-        order.append("background")
+    background = _background_pass(hot, order)
 
     with hot.serving():
-        task = asyncio.create_task(background())
+        task = asyncio.create_task(background)
         await asyncio.sleep(0.01)
     # The handler has returned; FastStream queues the reply's write in this same turn.
     assert hot.active == 1

@@ -163,19 +163,23 @@ async def _recorded(store: MemoryStore, board: NoticeBoard, events: list, start_
         board.notify(thread_id)
 
 
+def _waiting_for(t: Thread, key: str, wait_ms: int = 5_000) -> PrepareRequest:
+    return PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        after_event_key=key,
+        wait_ms=wait_ms,
+    )
+
+
 async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -> None:
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.system("Be brief.", key="sys"), t.user("first", key="u1")])
     service = PrepareService(store, board)
-    request = PrepareRequest(
-        session_id=t.session_id,
-        run_id=t.run_id,
-        instance_id=t.instance_id,
-        budget_tokens=8_000,
-        after_event_key="u2",
-        wait_ms=5_000,
-    )
+    request = _waiting_for(t, "u2")
 
     waiting = asyncio.create_task(service.prepare(request))
     await asyncio.sleep(0.05)
@@ -205,14 +209,7 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
 
     monkeypatch.setattr(MemorySession, "find_event_outcome", counted)
     service = PrepareService(store, board)
-    request = PrepareRequest(
-        session_id=t.session_id,
-        run_id=t.run_id,
-        instance_id=t.instance_id,
-        budget_tokens=8_000,
-        after_event_key="u2",
-        wait_ms=5_000,
-    )
+    request = _waiting_for(t, "u2")
     waiting = asyncio.create_task(service.prepare(request))
     await asyncio.sleep(0.05)
     assert checks == ["u2"] and not waiting.done()
@@ -238,14 +235,7 @@ async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_on
     service = PrepareService(store, board)
 
     def asking(key: str) -> PrepareRequest:
-        return PrepareRequest(
-            session_id=t.session_id,
-            run_id=t.run_id,
-            instance_id=t.instance_id,
-            budget_tokens=8_000,
-            after_event_key=key,
-            wait_ms=100,
-        )
+        return _waiting_for(t, key, wait_ms=100)
 
     with pytest.raises(NotYetRecorded):
         await service.prepare(asking("never"))
