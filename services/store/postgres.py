@@ -44,10 +44,12 @@ from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, Sto
 from services.store.tracking import DeadLettersRepo, TrackingRepo
 from services.store.windows import OpenWindow, WindowsRepo
 from services.store.views import (
+    DEFAULT_SUMMARY_CACHE_BYTES,
     Candidate,
     NewSummary,
     PoliciesRepo,
     ScopeRepo,
+    SummaryRows,
     ThreadScope,
     ViewsRepo,
     ViewState,
@@ -86,8 +88,9 @@ def _translated(
 class PgSession:
     """One borrowed connection, for a service's unit of work."""
 
-    def __init__(self, conn: Conn) -> None:
+    def __init__(self, conn: Conn, summaries: SummaryRows | None = None) -> None:
         self._conn = conn
+        self._summaries = summaries
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -197,7 +200,7 @@ class PgSession:
 
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:
-        return await ViewsRepo.load(self._conn, thread_id)
+        return await ViewsRepo.load(self._conn, thread_id, self._summaries)
 
     @_translated
     async def current_window(self, thread_id: str) -> OpenWindow | None:
@@ -356,15 +359,17 @@ class PgSession:
 class PgStore:
     """The store over one pool; sessions borrow a connection each, one-shot queries borrow their own."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, summary_cache_bytes: int = DEFAULT_SUMMARY_CACHE_BYTES) -> None:
         self._pool = pool
+        # Summaries are immutable by id, and this pool reads one database (services/store/views.py).
+        self._summaries = SummaryRows(summary_cache_bytes)
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[PgSession]:
         """A connection for a unit of work; a refused acquire is StoreUnavailable too."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
-                yield PgSession(conn)
+                yield PgSession(conn, self._summaries)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:

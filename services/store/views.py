@@ -21,11 +21,13 @@ from services.killpoints import kill_point
 from services.store.ledger import Conn
 
 __all__ = [
+    "DEFAULT_SUMMARY_CACHE_BYTES",
     "Candidate",
     "NewSummary",
     "PoliciesRepo",
     "ScopeRepo",
     "SummaryRow",
+    "SummaryRows",
     "ThreadScope",
     "ViewState",
     "ViewsRepo",
@@ -128,7 +130,10 @@ _SELECT_VIEW = """
 SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
        v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
        v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
-       s.body AS summary_body, s.text AS summary_text, s.tokens_o200k AS summary_o200k,
+       v.summary_id IS NOT DISTINCT FROM $2::uuid AS summary_held,
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN s.body::text END AS summary_body,
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN s.text END AS summary_text,
+       s.tokens_o200k AS summary_o200k,
        s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from, s.hooks::text AS summary_hooks,
        extract(epoch FROM now() - v.pending_since) AS pending_age_s
 FROM ctx.thread_views v LEFT JOIN ctx.summaries s ON s.summary_id = v.summary_id
@@ -265,21 +270,49 @@ def parse_summary_hooks(text: str | None) -> tuple[SummaryHook, ...]:
 # A committed summary never changes under its id: each is parsed once per process, not on every
 # prepare of its thread (a long thread's summary is ~100 kB of JSON; parsing it was a fifth of a
 # compacted thread's prepare, issue 16). Bounded by count: a summary is capped by its policy's share.
-_SUMMARY_CACHE_SIZE = 1024
-_summaries: OrderedDict[tuple[str, int], StructuredSummary] = OrderedDict()
+# Enough for the summaries of a process's busy threads; a thread whose summary fell out reads it again.
+DEFAULT_SUMMARY_CACHE_BYTES = 32 * 1024 * 1024
 
 
-def _parsed_summary(summary_id: str, body: str) -> StructuredSummary:
-    # Keyed by the text's hash too: one process may read two databases whose ids coincide (tests, benchmarks).
-    key = (summary_id, hash(body))
-    parsed = _summaries.get(key)
-    if parsed is None:
-        parsed = _summaries[key] = StructuredSummary.model_validate_json(body)
-        while len(_summaries) > _SUMMARY_CACHE_SIZE:
-            _summaries.popitem(last=False)
-    else:
-        _summaries.move_to_end(key)
-    return parsed
+class SummaryRows:
+    """The summary each thread's view showed when this store last read it, bounded by bytes.
+
+    A summary never changes once committed (a new one gets a new id), so a view that still shows the
+    one held here is read without its body and text: 0.6 ms of every prepare of a compacted thread
+    went to sending and parsing a ~100 KB summary again (issue 16). One per store, so one per
+    database: two databases in one process may hold equal summary ids (tests, benchmarks).
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_SUMMARY_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._rows: OrderedDict[str, tuple[SummaryRow, int]] = OrderedDict()
+        self._bytes = 0
+
+    def held(self, thread_id: str) -> SummaryRow | None:
+        """The summary held for the thread, if any."""
+        found = self._rows.get(thread_id)
+        if found is None:
+            return None
+        self._rows.move_to_end(thread_id)
+        return found[0]
+
+    def keep(self, thread_id: str, row: SummaryRow, size: int) -> None:
+        """Hold ``row`` as the thread's summary (``size``: about what it costs in memory)."""
+        previous = self._rows.pop(thread_id, None)
+        if previous is not None:
+            self._bytes -= previous[1]
+        if size > self.max_bytes:
+            return
+        self._rows[thread_id] = (row, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, dropped) = self._rows.popitem(last=False)
+            self._bytes -= dropped
+
+    @property
+    def bytes(self) -> int:
+        """What the held summaries cost, as their sizes were given."""
+        return self._bytes
 
 
 class PoliciesRepo:
@@ -338,21 +371,29 @@ class ViewsRepo:
     """Thread views: which summary a thread shows, counter baselines, pending jobs, throttling."""
 
     @staticmethod
-    async def load(conn: Conn, thread_id: str) -> ViewState:
-        """The compaction state of a thread (an empty state if it never had one)."""
-        r = await conn.fetchrow(_SELECT_VIEW, thread_id)
+    async def load(conn: Conn, thread_id: str, summaries: SummaryRows | None = None) -> ViewState:
+        """The compaction state of a thread (an empty state if it never had one); the summary's body
+        is read only when ``summaries`` does not hold the one the view shows."""
+        held = summaries.held(thread_id) if summaries is not None else None
+        r = await conn.fetchrow(_SELECT_VIEW, thread_id, uuid.UUID(held.summary_id) if held else None)
         if r is None:
             return ViewState()
         summary = None
-        if r["summary_id"] is not None:
+        if r["summary_id"] is not None and held is not None and r["summary_held"]:
+            summary = held
+        elif r["summary_id"] is not None:
+            body: str = r["summary_body"]
             summary = SummaryRow(
                 summary_id=str(r["summary_id"]),
-                body=_parsed_summary(str(r["summary_id"]), r["summary_body"]),
+                body=StructuredSummary.model_validate_json(body),
                 text=r["summary_text"],
                 tokens_o200k=r["summary_o200k"],
                 tokens_cl100k=r["summary_cl100k"],
                 hooks=parse_summary_hooks(r["summary_hooks"]),
             )
+            if summaries is not None:
+                # The parsed body costs a few times its JSON; the text once more.
+                summaries.keep(thread_id, summary, 4 * len(body) + len(summary.text))
         throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
         return ViewState(
             view_revision=r["view_revision"],

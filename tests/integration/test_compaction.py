@@ -17,6 +17,7 @@ from services.errors import ContextBudgetExceeded, ThreadNotFound
 from services.app.scheduling import request_job
 from services.app.views import ViewLoader
 from services.store.postgres import PgSession, PgStore
+from services.store.views import _SELECT_VIEW
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -432,3 +433,42 @@ async def test_summary_stays_within_its_share_however_long_the_thread(
     final = await client.prepare(_request(t, budget, last))
     text = "\n".join(str(m.content) for m in final.messages)
     assert "never touch setup.py" in text
+
+
+async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_view_moves_on(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    t, _ = await _thread_with_history(client, db, await _policy(client, "held", 2_000), groups=8)
+    pool = quiet_fleet.pool
+    assert (
+        await CompactionService(PgStore(pool), ViewLoader()).run(await _job(pool, t.thread_id))
+    ).status == ("committed")
+    store = PgStore(pool)
+    async with store.session() as s:
+        first = (await s.load_view(t.thread_id)).summary
+    async with store.session() as s:
+        again = (await s.load_view(t.thread_id)).summary
+    async with PgStore(pool).session() as other:
+        fresh = (await other.load_view(t.thread_id)).summary
+    assert first is not None and again is first  # held by this store: its body was not read again
+    assert fresh is not None and fresh is not first and fresh == first
+    held = await db.fetchrow("SELECT summary_id FROM ctx.thread_views WHERE thread_id = $1", t.thread_id)
+    # What the store asks when it holds the view's summary: everything but its body and text.
+    async with store.session() as s:
+        row = await s._conn.fetchrow(_SELECT_VIEW, t.thread_id, held["summary_id"])
+    assert row["summary_held"] and row["summary_body"] is None and row["summary_text"] is None
+
+    await _groups(client, t, 6, start=8)
+
+    async def grown() -> bool:
+        count = await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id=$1", t.thread_id)
+        return int(count) == 2 + 2 * 14
+
+    await eventually(grown, what="more history")
+    assert (await CompactionService(store, ViewLoader()).run(await _job(pool, t.thread_id))).status == (
+        "committed"
+    )
+    async with store.session() as s:
+        newer = (await s.load_view(t.thread_id)).summary
+    assert newer is not None and newer.summary_id != first.summary_id
+    assert newer.body.model_dump() != first.body.model_dump()
