@@ -180,9 +180,11 @@ class Settings(BaseSettings):
     pod_name: str = Field(default_factory=socket.gethostname)
     recorder_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     record_batch: Annotated[int, Field(ge=1, le=4096)] = 256
-    # How long a background pass (budgeter, indexer) waits for this process's prepares in progress
-    # before it starts anyway (workers/hot_path.py); 0 starts it at once.
-    background_defer_ms: Annotated[int, Field(ge=0, le=5_000)] = 100
+    # How long a background pass (budgeter, indexer) waits for a quiet moment of this process's
+    # prepares (none in progress, none answered for background_quiet_ms) before it starts anyway
+    # (workers/hot_path.py); 0 starts it at once.
+    background_defer_ms: Annotated[int, Field(ge=0, le=5_000)] = 1_000
+    background_quiet_ms: Annotated[int, Field(ge=0, le=1_000)] = 10
     max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000

@@ -51,7 +51,7 @@ class BudgeterWorker(CoalescingWorker):
                 log,
                 sweep_s=_SWEEP_S,
                 min_interval_s=_MIN_INTERVAL_S,
-                before_pass=hot_path.yield_to_prepares if hot_path is not None else None,
+                before_pass=hot_path.await_quiet if hot_path is not None else None,
             )
             if ready
             else None

@@ -162,7 +162,9 @@ def compose(
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
     # background passes wait for the prepares in progress (issue 16).
     local = LocalNotices()
-    hot_path = HotPath(settings.background_defer_ms / 1000)
+    hot_path = HotPath(
+        quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000
+    )
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)

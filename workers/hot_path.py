@@ -8,8 +8,15 @@ evaluated or a record indexed a few tens of milliseconds later changes nothing a
 
 Invariants:
 
-1. A background pass starts only when no prepare of the process is in progress, or after waiting
-   ``max_defer_s`` for that: prepares arriving back to back can delay it, never starve it.
+1. Short background work (the gateway's write-behind, the backlog gauges) starts only when no
+   prepare of the process is in progress, or after waiting ``max_defer_s`` for that
+   (``yield_to_prepares``): prepares arriving back to back can delay it, never starve it.
+1a. A budgeter or indexer pass (milliseconds of CPU: a view measured, records indexed) waits for a
+   quiet moment instead: no prepare in progress and none answered for ``quiet_s`` — an agent's think
+   time — or ``pass_defer_s`` at most (``await_quiet``). Between the steps of an agent that does not
+   think, a moment without a prepare lasts ~3 ms: a pass started there ran on into the next step
+   (measured: a 0 s-pause step p99 of 27 ms against a p50 of 8). Waiting for a real pause
+   gathers the passes of a busy loop into one per ``pass_defer_s`` at most.
 2. A prepare never waits for background work; the gate only delays the start of passes.
 3. A prepare counts as in progress until its reply is on its way: the count drops one loop turn
    after the handler returns. FastStream publishes the handler's reply right after it returns, and
@@ -24,17 +31,29 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["DEFAULT_MAX_DEFER_S", "HotPath"]
+__all__ = ["DEFAULT_MAX_DEFER_S", "DEFAULT_PASS_DEFER_S", "DEFAULT_QUIET_S", "HotPath"]
 
 DEFAULT_MAX_DEFER_S = 0.1
+DEFAULT_PASS_DEFER_S = 1.0
+DEFAULT_QUIET_S = 0.01
 
 
 class HotPath:
     """The prepares in progress in this process, and a wait for a moment without any."""
 
-    def __init__(self, max_defer_s: float = DEFAULT_MAX_DEFER_S) -> None:
+    def __init__(
+        self,
+        max_defer_s: float = DEFAULT_MAX_DEFER_S,
+        *,
+        quiet_s: float = DEFAULT_QUIET_S,
+        pass_defer_s: float = DEFAULT_PASS_DEFER_S,
+    ) -> None:
         self.max_defer_s = max_defer_s
+        self.quiet_s = quiet_s
+        self.pass_defer_s = pass_defer_s
         self._active = 0
+        # When the last prepare in progress was answered (loop time); -inf: never.
+        self._answered_at = float("-inf")
         self._quiet = asyncio.Event()
         self._quiet.set()
 
@@ -57,6 +76,7 @@ class HotPath:
     def _release(self) -> None:
         self._active -= 1
         if self._active == 0:
+            self._answered_at = asyncio.get_running_loop().time()
             self._quiet.set()
 
     async def yield_to_prepares(self) -> None:
@@ -67,3 +87,22 @@ class HotPath:
             await asyncio.wait_for(self._quiet.wait(), timeout=self.max_defer_s)
         except TimeoutError:
             pass
+
+    async def await_quiet(self) -> None:
+        """Return once no prepare is in progress and none was answered for ``quiet_s``, or after
+        ``pass_defer_s`` (invariant 1a)."""
+        if self.pass_defer_s <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.pass_defer_s
+        while (remaining := deadline - loop.time()) > 0:
+            if self._active:
+                try:
+                    await asyncio.wait_for(self._quiet.wait(), timeout=remaining)
+                except TimeoutError:
+                    return
+                continue
+            still = self._answered_at + self.quiet_s - loop.time()
+            if still <= 0:
+                return
+            await asyncio.sleep(min(still, remaining))

@@ -43,7 +43,7 @@ class IndexerWorker(CoalescingWorker):
                 self._stale,
                 log,
                 min_interval_s=_MIN_INTERVAL_S,
-                before_pass=hot_path.yield_to_prepares if hot_path is not None else None,
+                before_pass=hot_path.await_quiet if hot_path is not None else None,
             )
             if store is not None
             else None

@@ -86,6 +86,46 @@ async def test_scheduler_pass_starts_after_the_prepare_in_progress() -> None:
     assert order == ["prepare answered", "pass r.a"]
 
 
+async def test_a_pass_waits_for_a_quiet_moment_not_for_the_gap_between_two_steps() -> None:
+    hot = HotPath(quiet_s=0.05, pass_defer_s=5.0)
+    loop = asyncio.get_running_loop()
+    passed: list[float] = []
+
+    async def background() -> None:
+        await hot.await_quiet()
+        passed.append(loop.time())
+
+    with hot.serving():
+        task = asyncio.create_task(background())
+        await asyncio.sleep(0.01)
+    for _ in range(5):  # steps with 10 ms between them: never quiet for 50 ms
+        await asyncio.sleep(0.01)
+        assert not passed
+        with hot.serving():
+            await asyncio.sleep(0.005)
+    last_answered = loop.time()
+    await asyncio.wait_for(task, timeout=2.0)
+    assert passed[0] - last_answered >= 0.045  # ran in the pause after the last step
+
+
+async def test_a_pass_starts_at_its_bound_when_prepares_never_pause() -> None:
+    hot = HotPath(quiet_s=1.0, pass_defer_s=0.1)
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    with hot.serving():
+        await hot.await_quiet()
+        waited = loop.time() - begun
+    assert 0.09 <= waited < 0.5
+
+
+async def test_a_pass_starts_at_once_in_a_process_that_answered_no_prepare_yet() -> None:
+    hot = HotPath(quiet_s=5.0, pass_defer_s=5.0)
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    await hot.await_quiet()
+    assert loop.time() - begun < 0.5
+
+
 def test_local_notices_hand_each_thread_to_every_listener() -> None:
     local = LocalNotices()
     seen: list[tuple[str, str]] = []
