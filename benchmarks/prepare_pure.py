@@ -6,8 +6,12 @@ fleet's budgeter and compactor compacted as it grew (a 60,000-token policy); the
 with their whole history in view (a 10M-token budget, no summary; recorded with recorder + assembler
 only). Once compactions settled and every view fits without waiting, each case is prepared back to
 back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
-and through a NATS round trip to the fleet's assembler; p50/p99 per case. Every collection of the
-garbage collector during the measured loops is timed (``gc.callbacks``); the longest is reported.
+and through a NATS round trip to the fleet's assembler; p50/p99 per case. The fleet runs in its own
+process (``ctxfleet worker``, as ``make run`` runs it), the client in this one: a runtime never
+shares the fleet's event loop and core (until December 2026 this benchmark ran the fleet in its own
+process, so every round trip also paid the fleet's serialization on the client's core). Every
+collection of the garbage collector during the measured loops is timed (``gc.callbacks``, this
+process: the in-process loop runs the assembler's code here); the longest is reported.
 
 ``make bench BENCH_ARGS="--only pure"``
 """
@@ -20,6 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -27,17 +32,17 @@ import asyncpg
 from contracts import ContextPolicy, PrepareRequest
 from contracts.subjects import prepare_subject
 from infra import SAMPLES_DIR
-from infra.runtime import Servers, start_fleet
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.views import ViewLoader
 from services.core.trace import read_trace
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
-from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
+
+from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
 __all__ = ["bench_pure"]
 
@@ -183,70 +188,86 @@ async def _fits(client: FleetClient, conn: asyncpg.Connection, threads: list[Thr
     raise RuntimeError("the views never fitted their budget without waiting")
 
 
-async def bench_pure(servers: Servers, settings: Settings) -> dict[str, object]:
+async def bench_pure(nats_url: str, database_url: str, tmp: Path) -> dict[str, object]:
     steps = _sample_steps()
+    await prepare_servers(nats_url, database_url, tmp / "data")
+    env = fleet_env(nats_url, database_url, tmp / "data")
     # The whole-history thread is recorded by recorder + assembler only: a budgeter would re-measure
     # all of it on every recorded batch (issue 16's ingest finding: 5,000 × the view).
-    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
-    try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+    with FleetProcess(("recorder", "assembler"), env, tmp / "pure-whole.log"):
+        async with await FleetClient.connect(nats_url) as client:
             whole = await _build(client, 5_000, steps, whole=True)
-    finally:
-        await fleet.stop()
     # Then all five workers, as `make run` has them: the budgeter and compactor compact the other
     # threads as they grow; once settled, nothing runs in the background of the measured loops.
-    fleet = await start_fleet(settings, servers)
-    pool = await create_pool(servers.database_url, min_size=2, max_size=4)
+    pool = await create_pool(database_url, min_size=2, max_size=4)
     gcs = _GcPauses()
     gc.callbacks.append(gcs)
-    out: dict[str, object] = {}
+    out: dict[str, object] = {"fleet": "+".join(ALL_WORKERS) + " in a process of its own"}
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
-            await client.register_policy(
-                ContextPolicy(
-                    name="pure-compacted", model_profile=None, budget_tokens=_COMPACTED_POLICY_TOKENS
+        with FleetProcess(ALL_WORKERS, env, tmp / "pure.log"):
+            async with await FleetClient.connect(nats_url) as client:
+                await client.register_policy(
+                    ContextPolicy(
+                        name="pure-compacted", model_profile=None, budget_tokens=_COMPACTED_POLICY_TOKENS
+                    )
                 )
-            )
-            compacted = await _build(client, 5_000, steps, policy="pure-compacted")
-            small = await _build(client, 50, steps)
-            medium = await _build(client, 500, steps)
-            conn = await asyncpg.connect(servers.database_url)
-            try:
-                await _fits(client, conn, [small, medium, compacted])
-            finally:
-                await conn.close()
-            service = PrepareService(PgStore(pool), NoticeBoard(), loader=ViewLoader())
-            cases = (
-                ("records_50", small, False, 300),
-                ("records_500", medium, False, 200),
-                ("compacted_5000", compacted, False, 200),
-                ("whole_history_5000", whole, True, 20),
-            )
-            for name, t, big, n in cases:
-                request = _request(t, whole=big)
-                reply = await service.prepare(request)
-                in_process = await _timed(lambda r=request: service.prepare(r), n, gcs)
-                round_trip = await _timed(lambda r=request: client.prepare(r, timeout=60), n, gcs)
-                # The same round trip up to the reply's bytes: what the fleet costs a client in any
-                # language, before the Python client's own parse of the reply into PreparedContext.
-                subject = prepare_subject(client.tenant, f"{request.run_id}.{request.instance_id}")
-                body = request.model_dump_json().encode()
-                received = await _timed(
-                    lambda s=subject, b=body: client._request(s, b, 60),  # noqa: SLF001
-                    n,
-                    gcs,
-                )
-                out[name] = {
-                    "messages": len(reply.messages),
-                    "view_revision": reply.view_revision,
-                    "compaction_wait_ms": reply.compaction_wait_ms,
-                    "reply_bytes": len(reply.model_dump_json()),
-                    "in_process": in_process,
-                    "nats_round_trip": round_trip,
-                    "nats_reply_bytes_only": received,
-                }
+                compacted = await _build(client, 5_000, steps, policy="pure-compacted")
+                small = await _build(client, 50, steps)
+                medium = await _build(client, 500, steps)
+                conn = await asyncpg.connect(database_url)
+                try:
+                    await _fits(client, conn, [small, medium, compacted])
+                finally:
+                    await conn.close()
+                # This process's start-up heap and the threads it built, out of the collector's sight
+                # (as the fleet and an agent runtime do after start-up): what is timed is a prepare.
+                gc.collect()
+                gc.freeze()
+                try:
+                    out.update(await _measure(client, pool, gcs, small, medium, compacted, whole))
+                finally:
+                    gc.unfreeze()
     finally:
         gc.callbacks.remove(gcs)
         await pool.close()
-        await fleet.stop()
+    return out
+
+
+async def _measure(
+    client: FleetClient, pool: asyncpg.Pool, gcs: _GcPauses, *threads: Thread
+) -> dict[str, object]:
+    """Each case back to back: in-process through ``PrepareService``, the round trip with the client's
+    parse, and the round trip up to the reply's bytes."""
+    small, medium, compacted, whole = threads
+    out: dict[str, object] = {}
+    service = PrepareService(PgStore(pool), NoticeBoard(), loader=ViewLoader())
+    cases = (
+        ("records_50", small, False, 300),
+        ("records_500", medium, False, 200),
+        ("compacted_5000", compacted, False, 200),
+        ("whole_history_5000", whole, True, 20),
+    )
+    for name, t, big, n in cases:
+        request = _request(t, whole=big)
+        reply = await service.prepare(request)
+        in_process = await _timed(lambda r=request: service.prepare(r), n, gcs)
+        round_trip = await _timed(lambda r=request: client.prepare(r, timeout=60), n, gcs)
+        # The same round trip up to the reply's bytes: what the fleet costs a client in any
+        # language, before the Python client's own parse of the reply into PreparedContext.
+        subject = prepare_subject(client.tenant, f"{request.run_id}.{request.instance_id}")
+        body = request.model_dump_json().encode()
+        received = await _timed(
+            lambda s=subject, b=body: client._request(s, b, 60),  # noqa: SLF001
+            n,
+            gcs,
+        )
+        out[name] = {
+            "messages": len(reply.messages),
+            "view_revision": reply.view_revision,
+            "compaction_wait_ms": reply.compaction_wait_ms,
+            "reply_bytes": len(reply.model_dump_json()),
+            "in_process": in_process,
+            "nats_round_trip": round_trip,
+            "nats_reply_bytes_only": received,
+        }
     return out

@@ -649,7 +649,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             elif name == "memory":
                 results["memory"] = await bench_memory(nats_url, db, tmp, sessions=args.memory_sessions)
             elif name == "pure":
-                results["pure"] = await bench_pure(servers, settings)
+                results["pure"] = await bench_pure(nats_url, db, tmp)
             elif name == "sessions":
                 without = await bench_sessions(servers, settings, budget=10_000_000)
                 db2 = await _fresh_database(pg_url)

@@ -219,10 +219,11 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
-        head = await conn.select_head(thread_id)
-        if head is None or (session_id is not None and head.session_id != session_id):
+        # Head, scope, compaction state and open window in one round trip, from one snapshot.
+        at_head = await conn.thread_at_head(thread_id)
+        if at_head is None or (session_id is not None and at_head.head.session_id != session_id):
             raise ThreadNotFound(thread_id)
-        scope = await conn.scope_of(thread_id)
+        head, scope = at_head.head, at_head.scope
         if tenant is not None and scope.tenant != tenant:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
@@ -231,7 +232,7 @@ class ViewLoader:
         own = await self._resolve_exports(conn, own, entry)
         inherited = await self._inherited(conn, head.session_id, thread_id, scope)
         records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
-        state = await conn.load_view(thread_id)
+        state = at_head.state
         if scope.role == "main" and scope.snapshot_through > scope.reset_seq and state.summary is None:
             if await self._adopt(conn, head, scope, records, state):
                 state = await conn.load_view(thread_id)
@@ -252,7 +253,7 @@ class ViewLoader:
             catalog,
             skeleton,
             entry.memo,
-            await conn.current_window(thread_id),
+            at_head.window,
         )
 
     async def _pinned(

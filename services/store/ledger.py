@@ -37,6 +37,7 @@ __all__ = [
     "RecordsRepo",
     "StoredHead",
     "TailRecord",
+    "head_of_row",
 ]
 
 _SELECT_HEAD = """
@@ -226,6 +227,22 @@ def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
     )
 
 
+def head_of_row(r: asyncpg.Record) -> StoredHead:
+    """A head from a row with ``_SELECT_HEAD``'s columns."""
+    return StoredHead(
+        r["thread_id"],
+        r["session_id"],
+        r["run_id"],
+        r["instance_id"],
+        r["revision"],
+        r["last_seq"],
+        r["last_hash"],
+        r["last_event_key"],
+        r["user_turns"],
+        r["model_steps"],
+    )
+
+
 class HeadsRepo:
     """Thread heads."""
 
@@ -233,20 +250,7 @@ class HeadsRepo:
     async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
         """The head of a thread, or ``None`` if nothing was recorded for it."""
         r = await conn.fetchrow(_SELECT_HEAD, thread_id)
-        if r is None:
-            return None
-        return StoredHead(
-            r["thread_id"],
-            r["session_id"],
-            r["run_id"],
-            r["instance_id"],
-            r["revision"],
-            r["last_seq"],
-            r["last_hash"],
-            r["last_event_key"],
-            r["user_turns"],
-            r["model_steps"],
-        )
+        return None if r is None else head_of_row(r)
 
     @staticmethod
     async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:

@@ -69,6 +69,7 @@ from services.store.views import (
     summary_hooks_json,
     summary_id_of,
 )
+from services.store.thread_at_head import ThreadAtHead
 from services.store.windows import OpenWindow
 
 if TYPE_CHECKING:
@@ -757,6 +758,17 @@ class MemorySession:
             h["last_event_key"],
             h["user_turns"],
             h["model_steps"],
+        )
+
+    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
+        head = await self.select_head(thread_id)
+        if head is None:
+            return None
+        return ThreadAtHead(
+            head,
+            await self.scope_of(thread_id),
+            await self.load_view(thread_id),
+            await self.current_window(thread_id),
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:

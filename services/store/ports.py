@@ -40,6 +40,7 @@ from services.store.ledger import EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.search import Chunker
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
+from services.store.thread_at_head import ThreadAtHead
 from services.store.windows import OpenWindow
 
 __all__ = [
@@ -109,6 +110,10 @@ class ViewReads(Protocol):
     """What loading a thread's view reads (``services.app.views.ViewLoader``), plus adopting a summary."""
 
     async def select_head(self, thread_id: str) -> StoredHead | None: ...
+
+    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
+        """The head with its scope, compaction state and open window, read at one instant."""
+        ...
 
     async def scope_of(self, thread_id: str) -> ThreadScope: ...
 

@@ -42,6 +42,7 @@ from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.calibration import CalibrationsRepo
 from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
 from services.store.tracking import DeadLettersRepo, TrackingRepo
+from services.store.thread_at_head import ThreadAtHead, read_thread_at_head
 from services.store.windows import OpenWindow, WindowsRepo
 from services.store.views import (
     DEFAULT_SUMMARY_CACHE_BYTES,
@@ -197,6 +198,10 @@ class PgSession:
         return await branches.select_history(
             self._conn, session_id, after=after, through=through, limit=limit
         )
+
+    @_translated
+    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
+        return await read_thread_at_head(self._conn, thread_id, self._summaries)
 
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:

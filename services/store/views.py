@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 from pydantic import TypeAdapter
 
 from contracts import ContextPolicy, SummaryHook
@@ -21,6 +22,9 @@ from services.killpoints import kill_point
 from services.store.ledger import Conn
 
 __all__ = [
+    "held_summary_id",
+    "scope_of_row",
+    "view_state_of_row",
     "DEFAULT_SUMMARY_CACHE_BYTES",
     "Candidate",
     "NewSummary",
@@ -97,18 +101,21 @@ class ScopeRepo:
     async def of_thread(conn: Conn, thread_id: str) -> ThreadScope:
         """The scope of a recorded thread."""
         r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
-        if r is None:
-            return ThreadScope()
-        return ThreadScope(
-            r["role"],
-            r["parent_thread_id"],
-            r["tenant"],
-            r["principal_id"],
-            r["reset_seq"],
-            r["snapshot_through"],
-            r["run_status"],
-            None if r["task_budget"] is None else TaskBudget.model_validate_json(r["task_budget"]),
-        )
+        return ThreadScope() if r is None else scope_of_row(r)
+
+
+def scope_of_row(r: asyncpg.Record) -> ThreadScope:
+    """A scope from a row with ``_THREAD_SCOPE``'s columns."""
+    return ThreadScope(
+        r["role"],
+        r["parent_thread_id"],
+        r["tenant"],
+        r["principal_id"],
+        r["reset_seq"],
+        r["snapshot_through"],
+        r["run_status"],
+        None if r["task_budget"] is None else TaskBudget.model_validate_json(r["task_budget"]),
+    )
 
 
 # A tenant sees its own policies and the shared built-ins (tenant ''); revisions number across both.
@@ -315,6 +322,51 @@ class SummaryRows:
         return self._bytes
 
 
+def held_summary_id(held: SummaryRow | None) -> uuid.UUID | None:
+    """The parameter that spares reading a held summary's body again."""
+    return uuid.UUID(held.summary_id) if held is not None else None
+
+
+def view_state_of_row(
+    thread_id: str, r: asyncpg.Record, held: SummaryRow | None, summaries: SummaryRows | None
+) -> ViewState:
+    """A view state from a row with ``_SELECT_VIEW``'s columns, asked with ``held``'s id."""
+    summary = None
+    if r["summary_id"] is not None and held is not None and r["summary_held"]:
+        summary = held
+    elif r["summary_id"] is not None:
+        body: str = r["summary_body"]
+        summary = SummaryRow(
+            summary_id=str(r["summary_id"]),
+            body=StructuredSummary.model_validate_json(body),
+            text=r["summary_text"],
+            tokens_o200k=r["summary_o200k"],
+            tokens_cl100k=r["summary_cl100k"],
+            hooks=parse_summary_hooks(r["summary_hooks"]),
+        )
+        if summaries is not None:
+            # The parsed body costs a few times its JSON; the text once more.
+            summaries.keep(thread_id, summary, 4 * len(body) + len(summary.text))
+    throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
+    return ViewState(
+        view_revision=r["view_revision"],
+        summary=summary,
+        covered_to=r["covered_to"],
+        baseline=Counters(r["baseline_user_turns"], r["baseline_model_steps"]),
+        baseline_watermark=r["baseline_watermark"],
+        evaluated_revision=r["evaluated_revision"],
+        pending_fingerprint=r["pending_fingerprint"],
+        pending_age_s=float(r["pending_age_s"]) if r["pending_age_s"] is not None else None,
+        throttle=Throttle.from_json(throttle) if throttle else None,
+        deferred_reason=r["deferred_reason"],
+        attempts=r["attempts"],
+        failures=r["failures"],
+        last_failure=r["last_failure"],
+        prepare_budget=r["prepare_budget"],
+        prepare_reserved=r["prepare_reserved"],
+    )
+
+
 class PoliciesRepo:
     """Named, immutable policy revisions."""
 
@@ -375,43 +427,8 @@ class ViewsRepo:
         """The compaction state of a thread (an empty state if it never had one); the summary's body
         is read only when ``summaries`` does not hold the one the view shows."""
         held = summaries.held(thread_id) if summaries is not None else None
-        r = await conn.fetchrow(_SELECT_VIEW, thread_id, uuid.UUID(held.summary_id) if held else None)
-        if r is None:
-            return ViewState()
-        summary = None
-        if r["summary_id"] is not None and held is not None and r["summary_held"]:
-            summary = held
-        elif r["summary_id"] is not None:
-            body: str = r["summary_body"]
-            summary = SummaryRow(
-                summary_id=str(r["summary_id"]),
-                body=StructuredSummary.model_validate_json(body),
-                text=r["summary_text"],
-                tokens_o200k=r["summary_o200k"],
-                tokens_cl100k=r["summary_cl100k"],
-                hooks=parse_summary_hooks(r["summary_hooks"]),
-            )
-            if summaries is not None:
-                # The parsed body costs a few times its JSON; the text once more.
-                summaries.keep(thread_id, summary, 4 * len(body) + len(summary.text))
-        throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
-        return ViewState(
-            view_revision=r["view_revision"],
-            summary=summary,
-            covered_to=r["covered_to"],
-            baseline=Counters(r["baseline_user_turns"], r["baseline_model_steps"]),
-            baseline_watermark=r["baseline_watermark"],
-            evaluated_revision=r["evaluated_revision"],
-            pending_fingerprint=r["pending_fingerprint"],
-            pending_age_s=float(r["pending_age_s"]) if r["pending_age_s"] is not None else None,
-            throttle=Throttle.from_json(throttle) if throttle else None,
-            deferred_reason=r["deferred_reason"],
-            attempts=r["attempts"],
-            failures=r["failures"],
-            last_failure=r["last_failure"],
-            prepare_budget=r["prepare_budget"],
-            prepare_reserved=r["prepare_reserved"],
-        )
+        r = await conn.fetchrow(_SELECT_VIEW, thread_id, held_summary_id(held))
+        return ViewState() if r is None else view_state_of_row(thread_id, r, held, summaries)
 
     @staticmethod
     async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved: int) -> None:

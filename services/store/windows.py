@@ -11,7 +11,7 @@ from services.errors import RevisionConflict
 from services.killpoints import kill_point
 from services.store.ledger import Conn
 
-__all__ = ["OpenWindow", "WindowsRepo"]
+__all__ = ["OpenWindow", "WindowsRepo", "open_window_of"]
 
 _CURRENT = """
 SELECT w.window_no, w.opened_after, h.body::text AS body
@@ -45,6 +45,11 @@ class OpenWindow:
     handoff: WindowHandoff
 
 
+def open_window_of(window_no: int, opened_after: int, body: str) -> OpenWindow:
+    """The open window from its row's values (``_CURRENT``'s columns)."""
+    return OpenWindow(window_no, opened_after, WindowHandoff.model_validate_json(body))
+
+
 class WindowsRepo:
     """Windows and handoffs."""
 
@@ -52,11 +57,7 @@ class WindowsRepo:
     async def current(conn: Conn, thread_id: str) -> OpenWindow | None:
         """The thread's newest window, or None while it is in window 1."""
         row = await conn.fetchrow(_CURRENT, thread_id)
-        if row is None:
-            return None
-        return OpenWindow(
-            row["window_no"], row["opened_after"], WindowHandoff.model_validate_json(row["body"])
-        )
+        return None if row is None else open_window_of(row["window_no"], row["opened_after"], row["body"])
 
     @staticmethod
     async def closed_after(conn: Conn, thread_id: str) -> list[int]:

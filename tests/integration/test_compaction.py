@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncio
 import json
 
@@ -451,6 +453,16 @@ async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_v
     async with PgStore(pool).session() as other:
         fresh = (await other.load_view(t.thread_id)).summary
     assert first is not None and again is first  # held by this store: its body was not read again
+    async with store.session() as s:
+        at_head = await s.thread_at_head(t.thread_id)
+        assert at_head is not None and at_head.state.summary is first
+        apart = await s.load_view(t.thread_id)
+        assert replace(at_head.state, pending_age_s=None) == replace(apart, pending_age_s=None)
+        assert at_head.window is None
+        assert (at_head.head, at_head.scope) == (
+            await s.select_head(t.thread_id),
+            await s.scope_of(t.thread_id),
+        )
     assert fresh is not None and fresh is not first and fresh == first
     held = await db.fetchrow("SELECT summary_id FROM ctx.thread_views WHERE thread_id = $1", t.thread_id)
     # What the store asks when it holds the view's summary: everything but its body and text.

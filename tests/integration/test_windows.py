@@ -3,6 +3,8 @@ its window with a handoff and is served from state, not from the old window's hi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import asyncpg
 import pytest
 
@@ -20,6 +22,7 @@ from contracts import (
 )
 from contracts.windows import RolloverTrigger, WindowPolicy, WindowStrategy
 from services.edge.client import FleetClient
+from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
@@ -62,7 +65,7 @@ async def _move(client: FleetClient, t: Thread, n: int, location: str) -> str:
 async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not_old_history(
     start_fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
-    await start_fleet()
+    fleet = await start_fleet()
     await client.register_catalog(CATALOG)
     await client.register_policy(
         ContextPolicy(
@@ -104,6 +107,18 @@ async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not
         t.thread_id,
     )
     assert [(r["id"], r["window_no"]) for r in handoffs] == [(rolled.handoff_id, 2)]
+    # A view load reads head, scope, state and the open window in one statement: the same as apart.
+    async with PgStore(fleet.pool).session() as store:
+        at_head = await store.thread_at_head(t.thread_id)
+        assert at_head is not None
+        assert at_head.window == await store.current_window(t.thread_id) and at_head.window is not None
+        assert at_head.head == await store.select_head(t.thread_id)
+        assert at_head.scope == await store.scope_of(t.thread_id)
+        # The age of a pending job is measured at each read.
+        assert replace(at_head.state, pending_age_s=None) == replace(
+            await store.load_view(t.thread_id), pending_age_s=None
+        )
+        assert await store.thread_at_head("nobody.main") is None
     # Rollover, not summary: the budgeter never compacted this thread.
     assert await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", t.thread_id) == 0
 

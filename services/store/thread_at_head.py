@@ -1,0 +1,83 @@
+"""What every view load starts from, read at one instant in one round trip (issue 16).
+
+A view load read the thread's head, its scope (session, run, reset fence), its compaction state
+(with the summary) and its open window in four statements; on the read-your-writes path each round
+trip is one more wake-up of PostgreSQL and of the fleet. One statement reads them together, from one
+snapshot — a head and a view state that no commit can fall between — and, like ``load_view``,
+without the body of a summary this store already holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.store.ledger import Conn, StoredHead, head_of_row
+from services.store.views import (
+    SummaryRows,
+    ThreadScope,
+    ViewState,
+    held_summary_id,
+    scope_of_row,
+    view_state_of_row,
+)
+from services.store.windows import OpenWindow, open_window_of
+
+__all__ = ["ThreadAtHead", "read_thread_at_head"]
+
+# The columns of _SELECT_HEAD, _THREAD_SCOPE, _SELECT_VIEW and windows' _CURRENT, as their row readers
+# expect them; a thread without a view row reads its view columns as NULL (an empty state).
+_THREAD_AT_HEAD = """
+SELECT h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
+       h.last_event_key, h.user_turns, h.model_steps,
+       h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
+       COALESCE(r.snapshot_through, 0) AS snapshot_through, r.status AS run_status, r.task_budget,
+       v.thread_id IS NOT NULL AS has_view,
+       v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
+       v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
+       v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
+       v.summary_id IS NOT DISTINCT FROM $2::uuid AS summary_held,
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.body::text END AS summary_body,
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.text END AS summary_text,
+       sm.tokens_o200k AS summary_o200k, sm.tokens_cl100k AS summary_cl100k,
+       sm.covered_from AS summary_from, sm.hooks::text AS summary_hooks,
+       extract(epoch FROM now() - v.pending_since) AS pending_age_s,
+       w.window_no, w.opened_after, w.body AS window_body
+FROM ctx.thread_heads h
+JOIN ctx.sessions s ON s.session_id = h.session_id
+LEFT JOIN ctx.runs r ON r.run_id = h.run_id
+LEFT JOIN ctx.thread_views v ON v.thread_id = h.thread_id
+LEFT JOIN ctx.summaries sm ON sm.summary_id = v.summary_id
+LEFT JOIN LATERAL (
+  SELECT cw.window_no, cw.opened_after, hd.body::text AS body
+  FROM ctx.windows cw JOIN ctx.window_handoffs hd USING (handoff_id)
+  WHERE cw.thread_id = h.thread_id ORDER BY cw.window_no DESC LIMIT 1
+) w ON true
+WHERE h.thread_id = $1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadAtHead:
+    """A thread's head with its scope, compaction state and open window, as of one instant."""
+
+    head: StoredHead
+    scope: ThreadScope
+    state: ViewState
+    window: OpenWindow | None
+
+
+async def read_thread_at_head(
+    conn: Conn, thread_id: str, summaries: SummaryRows | None = None
+) -> ThreadAtHead | None:
+    """The thread at its head, or ``None`` if nothing was recorded for it."""
+    held = summaries.held(thread_id) if summaries is not None else None
+    r = await conn.fetchrow(_THREAD_AT_HEAD, thread_id, held_summary_id(held))
+    if r is None:
+        return None
+    state = view_state_of_row(thread_id, r, held, summaries) if r["has_view"] else ViewState()
+    window = (
+        None
+        if r["window_no"] is None
+        else open_window_of(r["window_no"], r["opened_after"], r["window_body"])
+    )
+    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window)
