@@ -31,6 +31,7 @@ from services.core.render import TokenCounts
 from services.core.state import StateView
 from services.store.ledger import StoredHead
 from services.store.ports import ViewReads
+from services.store.thread_at_head import ThreadAtHead
 from services.store.views import Candidate, ThreadScope, ViewState
 from services.store.windows import OpenWindow
 from services.core.windows.next_window import next_window_snapshot
@@ -220,7 +221,10 @@ class ViewLoader:
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
         # Head, scope, compaction state and open window in one round trip, from one snapshot.
-        at_head = await conn.thread_at_head(thread_id)
+        held = self._held_facts(thread_id)
+        at_head = await conn.thread_at_head(
+            thread_id, facts_of_revision=held.revision if held is not None else None
+        )
         if at_head is None or (session_id is not None and at_head.head.session_id != session_id):
             raise ThreadNotFound(thread_id)
         head, scope = at_head.head, at_head.scope
@@ -238,7 +242,7 @@ class ViewLoader:
                 state = await conn.load_view(thread_id)
         name, revision, catalog = await self._pinned(conn, head.session_id, scope.tenant)
         policy = await self._policy(conn, scope.tenant, name, revision)
-        facts = await self._facts(conn, head)
+        facts = await self._facts(conn, at_head)
         skeleton = self._skeleton(state, records, thread_id)
         return ThreadView(
             head,
@@ -272,14 +276,22 @@ class ViewLoader:
             self._evicted(self.cache.put(key, _Pinned(name, revision, catalog), size))
         return name, revision, catalog
 
-    async def _facts(self, conn: ViewReads, head: StoredHead) -> StateView | None:
+    def _held_facts(self, thread_id: str) -> _Facts | None:
+        found = self.cache.get(("facts", thread_id))
+        return found if isinstance(found, _Facts) else None
+
+    async def _facts(self, conn: ViewReads, at_head: ThreadAtHead) -> StateView | None:
         """The thread's current facts: written by the recorder with the records, in the transaction
         that moves the head, so an entry of the same head revision is current."""
+        head = at_head.head
         key = ("facts", head.thread_id)
-        found = self.cache.get(key)
-        if isinstance(found, _Facts) and found.revision == head.revision:
+        found = self._held_facts(head.thread_id)
+        if found is not None and found.revision == head.revision:
             return found.facts
-        facts = (await conn.read_states([head.thread_id])).get(head.thread_id)
+        if at_head.facts_read:
+            facts = at_head.facts
+        else:  # held for the revision the head had when it was read: a concurrent load replaced them
+            facts = (await conn.read_states([head.thread_id])).get(head.thread_id)
         size = 1_000 + (2_000 * len(facts.facts) if facts else 0)
         self._evicted(self.cache.put(key, _Facts(head.revision, facts), size))
         return facts

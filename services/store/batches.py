@@ -28,9 +28,12 @@ from services.store.ledger import Conn
 from services.store.tracking import DeadLettersRepo
 
 __all__ = [
+    "FACTS_JSON",
+    "VERSIONS_JSON",
     "read_for_batch",
     "read_session_catalog",
     "read_states",
+    "states_from_json",
     "write_plan",
 ]
 
@@ -337,24 +340,7 @@ async def read_for_batch(
         runs[run_id] = RunState(run_id, session_id, status, main_thread_id)
         if status == "active":
             active[session_id] = run_id
-    views: dict[str, StateView] = {}
-    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in json.loads(
-        row["facts"]
-    ):
-        views.setdefault(thread_id, StateView()).facts[path] = Fact(
-            path,
-            _json_or_none(value),
-            status,
-            source,
-            key,
-            seq,
-            observed,
-            supersedes,
-            _json_or_none(old),
-            tuple(evidence or ()),
-        )
-    for thread_id, aggregate, version in json.loads(row["versions"]):
-        views.setdefault(thread_id, StateView()).versions[aggregate] = version
+    views = states_from_json(row["facts"], row["versions"])
     return LedgerReads(
         heads=heads,
         keys=known,
@@ -378,6 +364,36 @@ async def read_for_batch(
         operations=frozenset((s, o) for s, o in json.loads(row["operations"])),
         tracked=int(row["tracked"] or 0),
     )
+
+
+# The JSON rows of a thread's current facts and aggregate versions, as states_from_json reads them.
+FACTS_JSON = """json_build_array(
+       thread_id, path, value::text, status, source, event_key, seq, observed_at,
+       supersedes, superseded_value::text, evidence)"""
+VERSIONS_JSON = "json_build_array(thread_id, aggregate, version)"
+
+
+def states_from_json(facts: str | None, versions: str | None) -> dict[str, StateView]:
+    """Threads' states from ``json_agg`` of ``FACTS_JSON`` and of ``VERSIONS_JSON`` rows (``NULL``: none)."""
+    views: dict[str, StateView] = {}
+    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in json.loads(
+        facts or "[]"
+    ):
+        views.setdefault(thread_id, StateView()).facts[path] = Fact(
+            path,
+            _json_or_none(value),
+            status,
+            source,
+            key,
+            seq,
+            observed,
+            supersedes,
+            _json_or_none(old),
+            tuple(evidence or ()),
+        )
+    for thread_id, aggregate, version in json.loads(versions or "[]"):
+        views.setdefault(thread_id, StateView()).versions[aggregate] = version
+    return views
 
 
 async def read_session_catalog(conn: Conn, session_id: str) -> ToolCatalog | None:

@@ -760,15 +760,20 @@ class MemorySession:
             h["model_steps"],
         )
 
-    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
+    async def thread_at_head(
+        self, thread_id: str, *, facts_of_revision: int | None = None
+    ) -> ThreadAtHead | None:
         head = await self.select_head(thread_id)
         if head is None:
             return None
+        fresh = head.revision != facts_of_revision
         return ThreadAtHead(
             head,
             await self.scope_of(thread_id),
             await self.load_view(thread_id),
             await self.current_window(thread_id),
+            (await self.read_states([thread_id])).get(thread_id) if fresh else None,
+            fresh,
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:

@@ -111,8 +111,11 @@ class ViewReads(Protocol):
 
     async def select_head(self, thread_id: str) -> StoredHead | None: ...
 
-    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
-        """The head with its scope, compaction state and open window, read at one instant."""
+    async def thread_at_head(
+        self, thread_id: str, *, facts_of_revision: int | None = None
+    ) -> ThreadAtHead | None:
+        """The head with its scope, compaction state and open window, read at one instant; its current
+        facts too unless the head is still at ``facts_of_revision``."""
         ...
 
     async def scope_of(self, thread_id: str) -> ThreadScope: ...

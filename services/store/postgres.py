@@ -200,8 +200,12 @@ class PgSession:
         )
 
     @_translated
-    async def thread_at_head(self, thread_id: str) -> ThreadAtHead | None:
-        return await read_thread_at_head(self._conn, thread_id, self._summaries)
+    async def thread_at_head(
+        self, thread_id: str, *, facts_of_revision: int | None = None
+    ) -> ThreadAtHead | None:
+        return await read_thread_at_head(
+            self._conn, thread_id, self._summaries, facts_of_revision=facts_of_revision
+        )
 
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:

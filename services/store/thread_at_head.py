@@ -4,13 +4,17 @@ A view load read the thread's head, its scope (session, run, reset fence), its c
 (with the summary) and its open window in four statements; on the read-your-writes path each round
 trip is one more wake-up of PostgreSQL and of the fleet. One statement reads them together, from one
 snapshot — a head and a view state that no commit can fall between — and, like ``load_view``,
-without the body of a summary this store already holds.
+without the body of a summary this store already holds. The thread's current facts come with it
+unless the caller holds them for this head revision already (every recorded event moves the
+revision, so they were two more statements on every read-your-writes step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.core.state import StateView
+from services.store.batches import FACTS_JSON, VERSIONS_JSON, states_from_json
 from services.store.ledger import Conn, StoredHead, head_of_row
 from services.store.views import (
     SummaryRows,
@@ -26,7 +30,7 @@ __all__ = ["ThreadAtHead", "read_thread_at_head"]
 
 # The columns of _SELECT_HEAD, _THREAD_SCOPE, _SELECT_VIEW and windows' _CURRENT, as their row readers
 # expect them; a thread without a view row reads its view columns as NULL (an empty state).
-_THREAD_AT_HEAD = """
+_THREAD_AT_HEAD = f"""
 SELECT h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
        h.last_event_key, h.user_turns, h.model_steps,
        h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
@@ -41,7 +45,14 @@ SELECT h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_se
        sm.tokens_o200k AS summary_o200k, sm.tokens_cl100k AS summary_cl100k,
        sm.covered_from AS summary_from, sm.hooks::text AS summary_hooks,
        extract(epoch FROM now() - v.pending_since) AS pending_age_s,
-       w.window_no, w.opened_after, w.body AS window_body
+       w.window_no, w.opened_after, w.body AS window_body,
+       h.revision IS DISTINCT FROM $3::bigint AS facts_read,
+       CASE WHEN h.revision IS DISTINCT FROM $3::bigint THEN
+         (SELECT json_agg({FACTS_JSON}) FROM ctx.state_facts WHERE thread_id = h.thread_id AND is_current)
+       END AS facts,
+       CASE WHEN h.revision IS DISTINCT FROM $3::bigint THEN
+         (SELECT json_agg({VERSIONS_JSON}) FROM ctx.state_versions WHERE thread_id = h.thread_id)
+       END AS versions
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
 LEFT JOIN ctx.runs r ON r.run_id = h.run_id
@@ -64,14 +75,18 @@ class ThreadAtHead:
     scope: ThreadScope
     state: ViewState
     window: OpenWindow | None
+    # The current facts (``None``: the thread has none), unless the caller held them for this revision.
+    facts: StateView | None = None
+    facts_read: bool = False
 
 
 async def read_thread_at_head(
-    conn: Conn, thread_id: str, summaries: SummaryRows | None = None
+    conn: Conn, thread_id: str, summaries: SummaryRows | None = None, *, facts_of_revision: int | None = None
 ) -> ThreadAtHead | None:
-    """The thread at its head, or ``None`` if nothing was recorded for it."""
+    """The thread at its head, or ``None`` if nothing was recorded for it; its facts too unless the
+    head is still at ``facts_of_revision``."""
     held = summaries.held(thread_id) if summaries is not None else None
-    r = await conn.fetchrow(_THREAD_AT_HEAD, thread_id, held_summary_id(held))
+    r = await conn.fetchrow(_THREAD_AT_HEAD, thread_id, held_summary_id(held), facts_of_revision)
     if r is None:
         return None
     state = view_state_of_row(thread_id, r, held, summaries) if r["has_view"] else ViewState()
@@ -80,4 +95,5 @@ async def read_thread_at_head(
         if r["window_no"] is None
         else open_window_of(r["window_no"], r["opened_after"], r["window_body"])
     )
-    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window)
+    facts = states_from_json(r["facts"], r["versions"]).get(thread_id) if r["facts_read"] else None
+    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]))

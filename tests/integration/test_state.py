@@ -21,6 +21,7 @@ from contracts import (
 )
 from services.edge.client import FleetClient
 from services.errors import EventRejected
+from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -210,6 +211,24 @@ async def test_two_writers_on_different_aggregates_both_commit_and_on_the_same_b
         )
     )
     assert current == {"item:1.location": '"a"', "item:2.location": '"b"'}
+
+
+async def test_a_view_load_reads_the_facts_with_the_head_and_not_again_for_the_same_revision(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    await _start(client, t)
+    await client.append(
+        _patch(t, "a", "orchestrator", [PatchOp(op="set", path="item:1.location", value="a")], {"item:1": 0})
+    )
+    await _prepare(client, t, "a")
+    async with PgStore(fleet.pool).session() as store:
+        at_head = await store.thread_at_head(t.thread_id)
+        assert at_head is not None and at_head.facts_read
+        assert at_head.facts == (await store.read_states([t.thread_id]))[t.thread_id]
+        assert at_head.facts is not None and at_head.facts.facts["item:1.location"].value == "a"
+        held = await store.thread_at_head(t.thread_id, facts_of_revision=at_head.head.revision)
+        assert held is not None and not held.facts_read and held.facts is None
 
 
 async def test_tool_outcomes_update_state_through_declared_effects_and_failures_make_it_unknown(
