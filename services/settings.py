@@ -191,6 +191,8 @@ class Settings(BaseSettings):
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     # The per-process cache of thread views (records and the blocks built of them), in MiB.
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
+    # The committed summaries a process holds so unchanged views are read without them, in MiB.
+    summary_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
     # Prepared contexts each process keeps for their gateway checks (beyond: the stored record is read).
     gateway_cache_contexts: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     # The garbage collector: what survived this long is moved out of its sight (0: never), and once

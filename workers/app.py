@@ -149,7 +149,7 @@ class Fleet:
         workers = compose(
             s,
             self.nats_url,
-            PgStore(self.pool),
+            PgStore(self.pool, summary_cache_bytes=s.summary_cache_mb * 1024 * 1024),
             self._nc,
             self.metrics,
             gateway_store=PgGatewayStore(self.pool),
