@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from contracts import (
+    CompactRequest,
     CompactionJob,
     CompactionPolicy,
     ContextPolicy,
@@ -17,6 +18,7 @@ from contracts import (
 )
 from contracts.subjects import DEFAULT_TENANT
 from services.app.compacting import CompactionService
+from services.app.manual_compaction import ManualCompaction
 from services.core.compaction.model import Segment, StructuredSummary
 from services.core.compaction.structured import summarize_records
 from services.errors import EventRejected, NotYetRecorded, StoreUnavailable
@@ -279,6 +281,20 @@ async def test_a_compaction_commits_a_summary_and_moves_the_view_and_its_baselin
         assert await s.summary_count(t.thread_id) == 1
     assert state.view_revision == 1 and state.summary is not None and state.covered_to > 0
     assert state.baseline.model_steps > 0 and state.pending_fingerprint is None
+
+
+async def test_a_manual_compaction_of_a_thread_no_budgeter_evaluated_yet_commits() -> None:
+    store, t = MemoryStore(), Thread()
+    await _history(store, t)  # recorded only: no budgeter pass has created the thread's view row
+    loader = ViewLoader()
+    manual = ManualCompaction(store, loader, CompactionService(store, loader))
+
+    reply = await manual.compact(
+        CompactRequest(run_id=t.run_id, instance_id=t.instance_id, session_id=t.session_id),
+        tenant=DEFAULT_TENANT,
+    )
+
+    assert reply.view_revision == 1 and reply.covered_to > 0
 
 
 class _Racing:
