@@ -219,14 +219,7 @@ async def bench_pure(nats_url: str, database_url: str, tmp: Path) -> dict[str, o
                     await _fits(client, conn, [small, medium, compacted])
                 finally:
                     await conn.close()
-                # This process's start-up heap and the threads it built, out of the collector's sight
-                # (as the fleet and an agent runtime do after start-up): what is timed is a prepare.
-                gc.collect()
-                gc.freeze()
-                try:
-                    out.update(await _measure(client, pool, gcs, small, medium, compacted, whole))
-                finally:
-                    gc.unfreeze()
+                out.update(await _measure(client, pool, gcs, small, medium, compacted, whole))
     finally:
         gc.callbacks.remove(gcs)
         await pool.close()
