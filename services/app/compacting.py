@@ -118,9 +118,6 @@ class CompactionService:
                 )
                 return outcome
             try:
-                # A thread no budgeter pass has evaluated yet (a manual compaction right after its
-                # events: passes wait for a quiet moment) has no view row for the compare-and-set.
-                await store.ensure_view(job.thread_id)
                 await store.commit_summary(job.view_revision, summary)
             except RevisionConflict as exc:
                 # Another compactor covered a prefix first: ours would double-cover. Drop it.

@@ -1081,6 +1081,7 @@ class MemorySession:
         return revision
 
     async def commit_summary(self, expected_revision: int, summary: NewSummary) -> str:
+        await self.ensure_view(summary.thread_id)
         view = self._t.views.get(summary.thread_id)
         if view is None or view["view_revision"] != expected_revision:
             raise RevisionConflict(
