@@ -234,7 +234,14 @@ WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS N
 # Every read a batch needs in one statement, so one round trip however many tables it touches: each
 # sub-select is one of the queries above, aggregated to a JSON array (json and jsonb columns as text,
 # parsed exactly as the row-per-query reads parsed them).
-_READ_BATCH = """
+# The JSON rows of a thread's current facts and aggregate versions, as states_from_json reads them.
+FACTS_JSON = """json_build_array(
+       thread_id, path, value::text, status, source, event_key, seq, observed_at,
+       supersedes, superseded_value::text, evidence)"""
+VERSIONS_JSON = "json_build_array(thread_id, aggregate, version)"
+
+
+_READ_BATCH = f"""
 SELECT
   (SELECT coalesce(json_agg(json_build_array(
        thread_id, session_id, revision, last_seq, last_hash, last_event_key, role, parent_thread_id)), '[]')
@@ -256,12 +263,9 @@ SELECT
   (SELECT coalesce(json_agg(json_build_array(run_id, session_id, status, main_thread_id)), '[]')
    FROM ctx.runs
    WHERE run_id = ANY($8::text[]) OR (session_id = ANY($6::text[]) AND status = 'active')) AS runs,
-  (SELECT coalesce(json_agg(json_build_array(
-       thread_id, path, value::text, status, source, event_key, seq, observed_at,
-       supersedes, superseded_value::text, evidence)), '[]')
-   FROM ctx.state_facts WHERE thread_id = ANY($9::text[]) AND is_current) AS facts,
-  (SELECT coalesce(json_agg(json_build_array(thread_id, aggregate, version)), '[]')
-   FROM ctx.state_versions WHERE thread_id = ANY($9::text[])) AS versions,
+  (SELECT json_agg({FACTS_JSON}) FROM ctx.state_facts
+   WHERE thread_id = ANY($9::text[]) AND is_current) AS facts,
+  (SELECT json_agg({VERSIONS_JSON}) FROM ctx.state_versions WHERE thread_id = ANY($9::text[])) AS versions,
   (SELECT coalesce(json_agg(json_build_array(s.session_id, c.revision, c.body::text)), '[]')
    FROM ctx.sessions s
    JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release
@@ -364,13 +368,6 @@ async def read_for_batch(
         operations=frozenset((s, o) for s, o in json.loads(row["operations"])),
         tracked=int(row["tracked"] or 0),
     )
-
-
-# The JSON rows of a thread's current facts and aggregate versions, as states_from_json reads them.
-FACTS_JSON = """json_build_array(
-       thread_id, path, value::text, status, source, event_key, seq, observed_at,
-       supersedes, superseded_value::text, evidence)"""
-VERSIONS_JSON = "json_build_array(thread_id, aggregate, version)"
 
 
 def states_from_json(facts: str | None, versions: str | None) -> dict[str, StateView]:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
 __all__ = [
+    "HEAD_COLUMNS",
     "Conn",
     "EvidenceRow",
     "HeadsRepo",
@@ -40,11 +41,10 @@ __all__ = [
     "head_of_row",
 ]
 
-_SELECT_HEAD = """
-SELECT thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
-       user_turns, model_steps
-FROM ctx.thread_heads WHERE thread_id = $1
-"""
+# What head_of_row reads, of ``ctx.thread_heads h`` (also read with a view: thread_at_head.py).
+HEAD_COLUMNS = """h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
+       h.last_event_key, h.user_turns, h.model_steps"""
+_SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM ctx.thread_heads h WHERE h.thread_id = $1"
 
 
 # What a LedgerRecord is read from (``_ledger_record``), written once for every query that reads one.
@@ -228,7 +228,7 @@ def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
 
 
 def head_of_row(r: asyncpg.Record) -> StoredHead:
-    """A head from a row with ``_SELECT_HEAD``'s columns."""
+    """A head from a row with ``HEAD_COLUMNS``."""
     return StoredHead(
         r["thread_id"],
         r["session_id"],

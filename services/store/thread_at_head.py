@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from services.core.state import StateView
 from services.store.batches import FACTS_JSON, VERSIONS_JSON, states_from_json
-from services.store.ledger import Conn, StoredHead, head_of_row
+from services.store.ledger import HEAD_COLUMNS, Conn, StoredHead, head_of_row
 from services.store.views import (
+    SCOPE_COLUMNS,
+    VIEW_COLUMNS,
     SummaryRows,
     ThreadScope,
     ViewState,
@@ -28,23 +30,13 @@ from services.store.windows import OpenWindow, open_window_of
 
 __all__ = ["ThreadAtHead", "read_thread_at_head"]
 
-# The columns of _SELECT_HEAD, _THREAD_SCOPE, _SELECT_VIEW and windows' _CURRENT, as their row readers
-# expect them; a thread without a view row reads its view columns as NULL (an empty state).
+# The row readers' own columns (a thread without a view row reads its view columns as NULL: an
+# empty state), the newest window, and the facts unless the caller holds them for this revision ($3).
 _THREAD_AT_HEAD = f"""
-SELECT h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
-       h.last_event_key, h.user_turns, h.model_steps,
-       h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
-       COALESCE(r.snapshot_through, 0) AS snapshot_through, r.status AS run_status, r.task_budget,
+SELECT {HEAD_COLUMNS},
+       {SCOPE_COLUMNS},
        v.thread_id IS NOT NULL AS has_view,
-       v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
-       v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
-       v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
-       v.summary_id IS NOT DISTINCT FROM $2::uuid AS summary_held,
-       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.body::text END AS summary_body,
-       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.text END AS summary_text,
-       sm.tokens_o200k AS summary_o200k, sm.tokens_cl100k AS summary_cl100k,
-       sm.covered_from AS summary_from, sm.hooks::text AS summary_hooks,
-       extract(epoch FROM now() - v.pending_since) AS pending_age_s,
+       {VIEW_COLUMNS},
        w.window_no, w.opened_after, w.body AS window_body,
        h.revision IS DISTINCT FROM $3::bigint AS facts_read,
        CASE WHEN h.revision IS DISTINCT FROM $3::bigint THEN

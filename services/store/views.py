@@ -22,28 +22,31 @@ from services.killpoints import kill_point
 from services.store.ledger import Conn
 
 __all__ = [
-    "held_summary_id",
-    "scope_of_row",
-    "view_state_of_row",
-    "DEFAULT_SUMMARY_CACHE_BYTES",
     "Candidate",
+    "DEFAULT_SUMMARY_CACHE_BYTES",
     "NewSummary",
     "PoliciesRepo",
+    "SCOPE_COLUMNS",
     "ScopeRepo",
     "SummaryRow",
     "SummaryRows",
     "ThreadScope",
+    "VIEW_COLUMNS",
     "ViewState",
     "ViewsRepo",
+    "held_summary_id",
     "parse_summary_hooks",
+    "scope_of_row",
     "summary_hooks_json",
     "summary_id_of",
+    "view_state_of_row",
 ]
 
-_THREAD_SCOPE = """
-SELECT h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
-       COALESCE(r.snapshot_through, 0) AS snapshot_through,
-       r.status AS run_status, r.task_budget
+# What scope_of_row reads, of ``ctx.thread_heads h``, ``ctx.sessions s`` and ``ctx.runs r``.
+SCOPE_COLUMNS = """h.role, h.parent_thread_id, s.tenant, s.principal_id, s.reset_seq,
+       COALESCE(r.snapshot_through, 0) AS snapshot_through, r.status AS run_status, r.task_budget"""
+_THREAD_SCOPE = f"""
+SELECT {SCOPE_COLUMNS}
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
 LEFT JOIN ctx.runs r ON r.run_id = h.run_id
@@ -105,7 +108,7 @@ class ScopeRepo:
 
 
 def scope_of_row(r: asyncpg.Record) -> ThreadScope:
-    """A scope from a row with ``_THREAD_SCOPE``'s columns."""
+    """A scope from a row with ``SCOPE_COLUMNS``."""
     return ThreadScope(
         r["role"],
         r["parent_thread_id"],
@@ -133,17 +136,20 @@ RETURNING revision
 """
 _SESSION_POLICY = "SELECT tenant, policy_name, policy_revision FROM ctx.sessions WHERE session_id = $1"
 _ENSURE_VIEW = "INSERT INTO ctx.thread_views (thread_id) VALUES ($1) ON CONFLICT (thread_id) DO NOTHING"
-_SELECT_VIEW = """
-SELECT v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
+# What view_state_of_row reads, of ``ctx.thread_views v`` and ``ctx.summaries sm`` (left joined),
+# asked with $2 = the id of the summary the store holds: its body and text are then not sent again.
+VIEW_COLUMNS = """v.view_revision, v.summary_id, v.covered_to, v.baseline_user_turns, v.baseline_model_steps,
        v.baseline_watermark, v.evaluated_revision, v.pending_fingerprint, v.pending_since, v.throttle,
        v.deferred_reason, v.attempts, v.failures, v.last_failure, v.prepare_budget, v.prepare_reserved,
        v.summary_id IS NOT DISTINCT FROM $2::uuid AS summary_held,
-       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN s.body::text END AS summary_body,
-       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN s.text END AS summary_text,
-       s.tokens_o200k AS summary_o200k,
-       s.tokens_cl100k AS summary_cl100k, s.covered_from AS summary_from, s.hooks::text AS summary_hooks,
-       extract(epoch FROM now() - v.pending_since) AS pending_age_s
-FROM ctx.thread_views v LEFT JOIN ctx.summaries s ON s.summary_id = v.summary_id
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.body::text END AS summary_body,
+       CASE WHEN v.summary_id IS DISTINCT FROM $2::uuid THEN sm.text END AS summary_text,
+       sm.tokens_o200k AS summary_o200k, sm.tokens_cl100k AS summary_cl100k,
+       sm.covered_from AS summary_from, sm.hooks::text AS summary_hooks,
+       extract(epoch FROM now() - v.pending_since) AS pending_age_s"""
+_SELECT_VIEW = f"""
+SELECT {VIEW_COLUMNS}
+FROM ctx.thread_views v LEFT JOIN ctx.summaries sm ON sm.summary_id = v.summary_id
 WHERE v.thread_id = $1
 """
 _SET_PENDING = """
@@ -274,9 +280,6 @@ def parse_summary_hooks(text: str | None) -> tuple[SummaryHook, ...]:
     return _HOOKS.validate_json(text) if text else ()
 
 
-# A committed summary never changes under its id: each is parsed once per process, not on every
-# prepare of its thread (a long thread's summary is ~100 kB of JSON; parsing it was a fifth of a
-# compacted thread's prepare, issue 16). Bounded by count: a summary is capped by its policy's share.
 # Enough for the summaries of a process's busy threads; a thread whose summary fell out reads it again.
 DEFAULT_SUMMARY_CACHE_BYTES = 32 * 1024 * 1024
 
@@ -330,7 +333,7 @@ def held_summary_id(held: SummaryRow | None) -> uuid.UUID | None:
 def view_state_of_row(
     thread_id: str, r: asyncpg.Record, held: SummaryRow | None, summaries: SummaryRows | None
 ) -> ViewState:
-    """A view state from a row with ``_SELECT_VIEW``'s columns, asked with ``held``'s id."""
+    """A view state from a row with ``VIEW_COLUMNS``, asked with ``held``'s id."""
     summary = None
     if r["summary_id"] is not None and held is not None and r["summary_held"]:
         summary = held
