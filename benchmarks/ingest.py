@@ -179,6 +179,8 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
         "200",
         "-f",
         "raw",
+        # Only the thread holding the GIL: what the process spends its one core on, not threads waiting.
+        "--gil",
         "-o",
         str(raw),
         stdout=asyncio.subprocess.DEVNULL,

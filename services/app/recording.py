@@ -46,7 +46,7 @@ from services.core.ledger import (
     readable_event_key,
 )
 from services.errors import StoreRejected
-from services.store.ports import RecordingStore
+from services.store.ports import Position, RecordingStore
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
@@ -186,10 +186,13 @@ class RecordingService:
                 )
             async with store.transaction():
                 with _content_failures("write"):
+                    # The position moves in the statement that writes the records (one round trip).
                     await store.write_plan(
-                        plan, recorded_by=self._recorder_id, keep_raw=self._limits.dead_letter_keep_bytes
+                        plan,
+                        recorded_by=self._recorder_id,
+                        keep_raw=self._limits.dead_letter_keep_bytes,
+                        position=Position(self._consumer, partition, fresh[-1].stream_seq),
                     )
-                await store.insert_tracking(self._consumer, partition, fresh[-1].stream_seq)
                 if plan.records:
                     kill_point("record.before_commit")
             if plan.records:

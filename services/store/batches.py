@@ -9,14 +9,12 @@ from collections.abc import Mapping, Sequence
 from pydantic import JsonValue
 
 
-from contracts import DEFAULT_POLICY_NAME, ToolCatalog
-from contracts.subjects import DEFAULT_TENANT
+from contracts import ToolCatalog
 
 from services.errors import RevisionConflict
 from services.core.ledger import (
     BatchPlan,
     CallState,
-    HeadWrite,
     KnownKey,
     LedgerReads,
     ThreadHead,
@@ -24,6 +22,7 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
+from services.store.batch_write import Position, write_ledger
 from services.store.ledger import Conn
 from services.store.tracking import DeadLettersRepo
 
@@ -36,19 +35,6 @@ __all__ = [
     "states_from_json",
     "write_plan",
 ]
-
-
-# Every session of the batch in one statement, in session order, so that two recorders bumping the
-# same sessions (a partition changing hands) always lock them in the same order.
-_BUMP_SESSIONS = """
-INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision, tenant)
-SELECT u.session_id, u.n, u.policy,
-       (SELECT max(revision) FROM ctx.policies WHERE name = u.policy AND tenant IN (u.tenant, '')), u.tenant
-FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS u(session_id, n, policy, tenant)
-ORDER BY u.session_id
-ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
-RETURNING session_id, last_seq
-"""
 
 
 _INSERT_RUN = """
@@ -93,56 +79,10 @@ WHERE h.thread_id = u.thread_id
 """
 
 
-# Heads are written in bulk, new ones and moved ones in a statement each; a head missing from what
-# a statement returns lost its compare-and-set (or its first insert) to another writer.
-_INSERT_HEADS = """
-INSERT INTO ctx.thread_heads
-    (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
-     user_turns, model_steps)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
-                     $7::text[], $8::text[], $9::integer[], $10::integer[])
-ON CONFLICT (thread_id) DO NOTHING
-RETURNING thread_id
-"""
-
-
-_UPDATE_HEADS = """
-UPDATE ctx.thread_heads h
-SET revision = u.revision, last_seq = u.last_seq, last_hash = u.last_hash, last_event_key = u.last_key,
-    updated_at = now(), user_turns = h.user_turns + u.turns, model_steps = h.model_steps + u.steps
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], $7::integer[],
-            $8::integer[]) AS u(thread_id, revision, last_seq, last_hash, last_key, expected, turns, steps)
-WHERE h.thread_id = u.thread_id AND h.revision = u.expected
-RETURNING h.thread_id
-"""
-
-
-_SELECT_REVISION = "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1"
-
-
 _INSERT_BLOBS = """
 INSERT INTO ctx.blobs (sha256, content, size)
 SELECT * FROM unnest($1::text[], $2::bytea[], $3::bigint[])
 ON CONFLICT (sha256) DO NOTHING
-"""
-
-
-_INSERT_RECORDS = """
-INSERT INTO ctx.records (
-    thread_id, seq, session_id, session_seq, run_id, instance_id, event_key, kind, payload, text,
-    blob_sha256, view_text, tokens_o200k, tokens_cl100k, content_sha256, prev_hash, record_hash,
-    client_ts, stream_seq, recorded_by, mask_text, mask_tokens_o200k, mask_tokens_cl100k)
-SELECT * FROM unnest(
-    $1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[],
-    $9::json[], $10::text[], $11::text[], $12::text[], $13::integer[], $14::integer[], $15::text[],
-    $16::text[], $17::text[], $18::timestamptz[], $19::bigint[], $20::text[], $21::text[],
-    $22::integer[], $23::integer[])
-"""
-
-
-_INSERT_CALLS = """
-INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq, args)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::json[])
 """
 
 
@@ -221,13 +161,6 @@ SET status = u.status, finished_event = u.finished_event, response_sha256 = u.re
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
     AS u(thread_id, call_id, status, finished_event, response_sha256, external_ref)
 WHERE r.thread_id = u.thread_id AND r.call_id = u.call_id
-"""
-
-
-_CLOSE_CALLS = """
-UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(thread_id, call_id, seq, status)
-WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS NULL
 """
 
 
@@ -425,14 +358,24 @@ async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, State
     return views
 
 
-async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
-    """Apply a batch plan inside the caller's transaction; raises RevisionConflict on a moved head."""
-    bases = await _bump_sessions(conn, plan)
+async def write_plan(
+    conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+) -> None:
+    """Apply a batch plan inside the caller's transaction, and move ``position`` with it; raises
+    RevisionConflict on a moved head."""
+    if plan.blobs:
+        # Before the statement whose records point at them (a foreign key).
+        await conn.execute(
+            _INSERT_BLOBS,
+            [b.sha256 for b in plan.blobs],
+            [b.content for b in plan.blobs],
+            [len(b.content) for b in plan.blobs],
+        )
+    bases = await write_ledger(conn, plan, recorded_by, position)
     if plan.principals:
         await conn.execute(_SET_PRINCIPALS, *_columns(sorted(plan.principals.items())))
     if plan.releases:
         await conn.execute(_SET_RELEASES, *_columns(sorted(plan.releases.items())))
-    await _write_heads(conn, plan.heads)
     if plan.new_threads:
         await conn.execute(
             _SET_THREAD_ROLES,
@@ -440,36 +383,7 @@ async def write_plan(conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw:
             [m.role for m in plan.new_threads.values()],
             [m.parent_thread_id for m in plan.new_threads.values()],
         )
-    if plan.blobs:
-        await conn.execute(
-            _INSERT_BLOBS,
-            [b.sha256 for b in plan.blobs],
-            [b.content for b in plan.blobs],
-            [len(b.content) for b in plan.blobs],
-        )
-    if plan.records:
-        await _insert_records(conn, plan, bases, recorded_by)
     await _write_runs(conn, plan, bases)
-    if plan.calls:
-        await conn.execute(
-            _INSERT_CALLS,
-            [c.thread_id for c in plan.calls],
-            [c.call_id for c in plan.calls],
-            [c.name for c in plan.calls],
-            [c.call_seq for c in plan.calls],
-            [json.dumps(c.args, ensure_ascii=False) for c in plan.calls],
-        )
-    if plan.outcomes:
-        status = await conn.execute(
-            _CLOSE_CALLS,
-            [o.thread_id for o in plan.outcomes],
-            [o.call_id for o in plan.outcomes],
-            [o.outcome_seq for o in plan.outcomes],
-            [o.status for o in plan.outcomes],
-        )
-        if int(status.split()[-1]) != len(plan.outcomes):
-            first = plan.outcomes[0]
-            raise RevisionConflict(first.thread_id, -1, None)
     for rejection in plan.rejections:
         await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
     await _write_state(conn, plan)
@@ -568,90 +482,3 @@ async def _write_runs(conn: Conn, plan: BatchPlan, bases: Mapping[str, int]) -> 
 
 def _columns(pairs: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
     return [a for a, _ in pairs], [b for _, b in pairs]
-
-
-async def _bump_sessions(conn: Conn, plan: BatchPlan) -> dict[str, int]:
-    """Reserve each session's sequence numbers for this batch; returns the base each one starts after."""
-    if not plan.session_counts:
-        return {}
-    ids = sorted(plan.session_counts)
-    rows = await conn.fetch(
-        _BUMP_SESSIONS,
-        ids,
-        [plan.session_counts[s] for s in ids],
-        [plan.session_policies.get(s, DEFAULT_POLICY_NAME) for s in ids],
-        # The tenant only matters to a session this batch creates; a known one keeps its own.
-        [plan.session_tenants.get(s, DEFAULT_TENANT) for s in ids],
-    )
-    return {r["session_id"]: r["last_seq"] - plan.session_counts[r["session_id"]] for r in rows}
-
-
-async def _write_heads(conn: Conn, heads: Sequence[HeadWrite]) -> None:
-    """Create or compare-and-set every head; raises RevisionConflict naming the first that lost."""
-    fresh = [h for h in heads if h.expected_revision is None]
-    moved = [h for h in heads if h.expected_revision is not None]
-    written: set[str] = set()
-    if fresh:
-        rows = await conn.fetch(
-            _INSERT_HEADS,
-            [h.thread_id for h in fresh],
-            [h.session_id for h in fresh],
-            [h.run_id for h in fresh],
-            [h.instance_id for h in fresh],
-            [h.revision for h in fresh],
-            [h.last_seq for h in fresh],
-            [h.last_hash for h in fresh],
-            [h.last_event_key for h in fresh],
-            [h.user_turns for h in fresh],
-            [h.model_steps for h in fresh],
-        )
-        written.update(r["thread_id"] for r in rows)
-    if moved:
-        rows = await conn.fetch(
-            _UPDATE_HEADS,
-            [h.thread_id for h in moved],
-            [h.revision for h in moved],
-            [h.last_seq for h in moved],
-            [h.last_hash for h in moved],
-            [h.last_event_key for h in moved],
-            [h.expected_revision for h in moved],
-            [h.user_turns for h in moved],
-            [h.model_steps for h in moved],
-        )
-        written.update(r["thread_id"] for r in rows)
-    # One write per thread and plan (the planner folds a thread's events into one head), so a
-    # count short of the heads means a lost compare-and-set.
-    for head in heads:
-        if head.thread_id not in written:
-            actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
-            raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
-
-
-async def _insert_records(conn: Conn, plan: BatchPlan, bases: Mapping[str, int], recorded_by: str) -> None:
-    rs = plan.records
-    await conn.execute(
-        _INSERT_RECORDS,
-        [r.thread_id for r in rs],
-        [r.seq for r in rs],
-        [r.session_id for r in rs],
-        [bases[r.session_id] + r.session_ordinal for r in rs],
-        [r.run_id for r in rs],
-        [r.instance_id for r in rs],
-        [r.event_key for r in rs],
-        [r.kind for r in rs],
-        [r.payload_json for r in rs],
-        [r.text for r in rs],
-        [r.blob_sha256 for r in rs],
-        [r.view_text for r in rs],
-        [r.tokens.o200k_base for r in rs],
-        [r.tokens.cl100k_counted for r in rs],
-        [r.content_sha256 for r in rs],
-        [r.prev_hash for r in rs],
-        [r.record_hash for r in rs],
-        [r.client_ts for r in rs],
-        [r.stream_seq for r in rs],
-        [recorded_by] * len(rs),
-        [r.mask_text for r in rs],
-        [r.mask_tokens.o200k_base if r.mask_tokens else None for r in rs],
-        [r.mask_tokens.cl100k_counted if r.mask_tokens else None for r in rs],
-    )

@@ -53,6 +53,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
+from services.store.batch_write import Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
@@ -420,8 +421,12 @@ class MemorySession:
             tracked=t.tracking.get(tracking, 0) if tracking is not None else 0,
         )
 
-    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+    async def write_plan(
+        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+    ) -> None:
         """As ``batches.write_plan``: every write of the plan, or (inside a transaction) none."""
+        if position is not None:
+            await self.insert_tracking(position.consumer, position.partition, position.stream_seq)
         t = self._t
         bases: dict[str, int] = {}
         for session_id in sorted(plan.session_counts):

@@ -34,6 +34,7 @@ from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store.gateway import StoredCheck
+from services.store.batch_write import Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
@@ -56,6 +57,7 @@ __all__ = [
     "HookStore",
     "IndexStore",
     "ListingStore",
+    "Position",
     "PrepareSession",
     "PrepareStore",
     "QueryStore",
@@ -99,8 +101,11 @@ class RecordingSession(Transactional, Protocol):
         tracking: tuple[str, int] | None = None,
     ) -> LedgerReads: ...
 
-    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
-        """Apply a plan (RevisionConflict on a moved head, DuplicateEvent on a key recorded meanwhile)."""
+    async def write_plan(
+        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+    ) -> None:
+        """Apply a plan and move ``position`` with it (RevisionConflict on a moved head, DuplicateEvent
+        on a key recorded meanwhile)."""
         ...
 
     async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None: ...

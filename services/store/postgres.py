@@ -35,6 +35,7 @@ from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store import batches, branches, listing, queries
+from services.store.batch_write import Position
 from services.store import hooks as hooks_sql
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
@@ -139,9 +140,13 @@ class PgSession:
         )
 
     @_translated
-    async def write_plan(self, plan: BatchPlan, *, recorded_by: str, keep_raw: int) -> None:
+    async def write_plan(
+        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+    ) -> None:
         # Looked up on the module at call time, so a test can make one plan fail as the server would.
-        await batches.write_plan(self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw)
+        await batches.write_plan(
+            self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position
+        )
 
     @_translated
     async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None:

@@ -68,7 +68,7 @@ async def _statements_of(
     return list(statements.queries)
 
 
-async def test_one_event_on_a_known_thread_costs_seven_statements(
+async def test_one_event_on_a_known_thread_costs_four_statements(
     counted: tuple[RecordingService, _Statements],
 ) -> None:
     service, statements = counted
@@ -76,9 +76,9 @@ async def test_one_event_on_a_known_thread_costs_seven_statements(
     t = Thread()
     await _statements_of(service, statements, [t.user("first")], seq=next(seqs))
     sent = await _statements_of(service, statements, [t.user("second", key="k2")], seq=next(seqs))
-    # The one read (the partition's position with it), BEGIN, session bump, head compare-and-set,
-    # records, position, COMMIT.
-    assert len(sent) == 7, "\n".join(sent)
+    # The one read (the partition's position with it), BEGIN, the one write (session bump, head
+    # compare-and-set, records and position: services/store/batch_write.py), COMMIT.
+    assert len(sent) == 4, "\n".join(sent)
 
 
 async def test_a_batch_of_many_threads_and_sessions_costs_a_fixed_number_of_statements(
@@ -93,6 +93,7 @@ async def test_a_batch_of_many_threads_and_sessions_costs_a_fixed_number_of_stat
         call = t.assistant("looking", calls=(("c1", "ls", {"path": "."}),))
         events += [call, t.outcome("c1", "a\nb\n" * 50)]
     sent = await _statements_of(service, statements, events, seq=next(seqs))
-    # As above, plus the tool calls inserted and closed and their receipts settled (one statement
-    # each): nothing grows with the threads, sessions or events of the batch.
-    assert len(sent) == 10, "\n".join(sent)
+    # As above — the tool calls inserted and closed are sub-statements of the one write (each call
+    # with the outcome the same batch gives it) — plus the receipts settled: nothing grows with the
+    # threads, sessions or events of the batch.
+    assert len(sent) == 5, "\n".join(sent)

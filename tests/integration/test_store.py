@@ -8,6 +8,7 @@ import pytest
 from services.errors import RevisionConflict, StoreUnavailable
 from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.store._errors import translate_pg_errors
+from services.store.batch_write import Position
 from services.store.batches import read_for_batch, write_plan
 from services.store.ledger import HeadsRepo
 from services.core.tokens import ENCODINGS, counter_for
@@ -22,7 +23,8 @@ LIMITS = RecordingLimits()
 async def _plan_from_db(db: asyncpg.Connection, events: list) -> object:  # type: ignore[type-arg]
     decoded = decode_batch(incoming(events), LIMITS)
     t = events[0]
-    reads = await read_for_batch(db, [t.thread_id], [(t.thread_id, e.event_key) for e in events], [])
+    calls = [(t.thread_id, e.payload.call_id) for e in events if e.kind == "tool_outcome"]
+    reads = await read_for_batch(db, [t.thread_id], [(t.thread_id, e.event_key) for e in events], calls)
     return plan_batch(decoded, reads, LIMITS, COUNTERS)
 
 
@@ -83,3 +85,57 @@ async def test_translate_pg_errors_maps_a_duplicate_seq_to_revision_conflict(db:
         with translate_pg_errors(t.thread_id):
             async with db.transaction():
                 await write_plan(db, replay, recorded_by="b", keep_raw=1024)  # type: ignore[arg-type]
+
+
+async def test_a_call_and_its_outcome_in_one_batch_are_written_closed(db: asyncpg.Connection) -> None:
+    # The batch's writes are one statement whose parts share a snapshot: the update closing calls
+    # could not see a call inserted beside it, so the call is written with its outcome.
+    t = Thread()
+    plan = await _plan_from_db(
+        db,
+        [
+            t.user("list it"),
+            t.assistant(calls=(("c1", "ls", {"path": "."}), ("c2", "ls", {"path": "/"}))),
+            t.outcome("c1", "a b"),
+        ],
+    )
+    async with db.transaction():
+        await write_plan(db, plan, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    rows = await db.fetch(
+        "SELECT call_id, call_seq, outcome_seq, status FROM ctx.tool_calls WHERE thread_id = $1"
+        " ORDER BY call_id",
+        t.thread_id,
+    )
+    assert [tuple(r) for r in rows] == [("c1", 2, 3, "success"), ("c2", 2, None, None)]
+    # An outcome for a call an earlier batch recorded closes it in place.
+    later = await _plan_from_db(db, [t.outcome("c2", "etc", status="error")])
+    async with db.transaction():
+        await write_plan(db, later, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    status = await db.fetchval(
+        "SELECT status FROM ctx.tool_calls WHERE thread_id = $1 AND call_id = 'c2'", t.thread_id
+    )
+    assert status == "error"
+
+
+async def test_a_writer_that_lost_the_head_leaves_no_session_number_call_or_position_behind(
+    db: asyncpg.Connection,
+) -> None:
+    t = Thread()
+    first = await _plan_from_db(db, [t.user("one")])
+    async with db.transaction():
+        await write_plan(db, first, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    a = await _plan_from_db(db, [t.user("from a")])
+    b = await _plan_from_db(db, [t.assistant(calls=(("c9", "ls", {}),))])
+    async with db.transaction():
+        await write_plan(db, a, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    last_seq = await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id)
+    with pytest.raises(RevisionConflict):
+        async with db.transaction():
+            await write_plan(  # type: ignore[arg-type]
+                db, b, recorded_by="b", keep_raw=1024, position=Position("lost", 0, 99)
+            )
+    assert (
+        await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id) == last_seq
+    )
+    assert await db.fetchval("SELECT count(*) FROM ctx.tool_calls WHERE thread_id = $1", t.thread_id) == 0
+    assert await db.fetchval("SELECT count(*) FROM ctx.tracking WHERE consumer = 'lost'") == 0

@@ -1,0 +1,267 @@
+"""A plan's ledger writes in one statement: sessions, heads, records, tool calls and the position.
+
+Each statement of a batch is a round trip, and the recorder's transaction is on every read-your-writes
+step: one event on a known thread was BEGIN, session bump, head compare-and-set, records, position,
+COMMIT (issue 16). Here they are the sub-statements of one ``WITH``, composed from the parts the plan
+has, so the transaction is BEGIN, this, COMMIT.
+
+Invariants:
+
+1. A record, a tool call and a call's outcome are written only for a thread whose head this
+   statement created or moved (``w``): a thread that lost its compare-and-set writes nothing of its
+   own, so the loss is reported as a conflict (``RevisionConflict``), never as a unique violation on
+   a sequence the winner took. The caller's transaction undoes what the statement did write.
+2. Sub-statements of one ``WITH`` see one snapshot, not each other's rows: an outcome whose call is
+   in the same plan is written with the call (``_fold_outcomes``), since the update closing calls
+   could not see it.
+3. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
+   so the caller has each session's base for runs and resets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from contracts import DEFAULT_POLICY_NAME
+from contracts.subjects import DEFAULT_TENANT
+
+from services.core.ledger import BatchPlan, NewCall, NewOutcome
+from services.errors import RevisionConflict
+from services.store.ledger import Conn
+
+__all__ = ["Position", "write_ledger"]
+
+
+@dataclass(frozen=True)
+class Position:
+    """The consumer position the batch moves to, written with its records."""
+
+    consumer: str
+    partition: int
+    stream_seq: int
+
+
+_SESSIONS = """
+s AS (
+  INSERT INTO ctx.sessions (session_id, last_seq, policy_name, policy_revision, tenant)
+  SELECT u.session_id, u.n, u.policy,
+         (SELECT max(revision) FROM ctx.policies WHERE name = u.policy AND tenant IN (u.tenant, '')),
+         u.tenant
+  FROM unnest({0}::text[], {1}::bigint[], {2}::text[], {3}::text[]) AS u(session_id, n, policy, tenant)
+  -- Sessions in one order, so two recorders bumping the same ones (a partition changing hands)
+  -- always lock them in that order.
+  ORDER BY u.session_id
+  ON CONFLICT (session_id) DO UPDATE SET last_seq = ctx.sessions.last_seq + EXCLUDED.last_seq
+  RETURNING session_id, last_seq)"""
+
+_NEW_HEADS = """
+hn AS (
+  INSERT INTO ctx.thread_heads
+      (thread_id, session_id, run_id, instance_id, revision, last_seq, last_hash, last_event_key,
+       user_turns, model_steps)
+  SELECT * FROM unnest({0}::text[], {1}::text[], {2}::text[], {3}::text[], {4}::bigint[], {5}::bigint[],
+                       {6}::text[], {7}::text[], {8}::integer[], {9}::integer[])
+  ON CONFLICT (thread_id) DO NOTHING
+  RETURNING thread_id)"""
+
+_MOVED_HEADS = """
+hm AS (
+  UPDATE ctx.thread_heads h
+  SET revision = u.revision, last_seq = u.last_seq, last_hash = u.last_hash, last_event_key = u.last_key,
+      updated_at = now(), user_turns = h.user_turns + u.turns, model_steps = h.model_steps + u.steps
+  FROM unnest({0}::text[], {1}::bigint[], {2}::bigint[], {3}::text[], {4}::text[], {5}::bigint[],
+              {6}::integer[], {7}::integer[])
+       AS u(thread_id, revision, last_seq, last_hash, last_key, expected, turns, steps)
+  WHERE h.thread_id = u.thread_id AND h.revision = u.expected
+  RETURNING h.thread_id)"""
+
+_RECORDS = """
+r AS (
+  INSERT INTO ctx.records (
+      thread_id, seq, session_id, session_seq, run_id, instance_id, event_key, kind, payload, text,
+      blob_sha256, view_text, tokens_o200k, tokens_cl100k, content_sha256, prev_hash, record_hash,
+      client_ts, stream_seq, recorded_by, mask_text, mask_tokens_o200k, mask_tokens_cl100k)
+  SELECT u.thread_id, u.seq, u.session_id, s.last_seq - u.n + u.ordinal, u.run_id, u.instance_id,
+         u.event_key, u.kind, u.payload, u.text, u.blob, u.view_text, u.o200k, u.cl100k, u.content_sha,
+         u.prev_hash, u.record_hash, u.client_ts, u.stream_seq, {23}, u.mask_text, u.mask_o200k,
+         u.mask_cl100k
+  FROM unnest({0}::text[], {1}::bigint[], {2}::text[], {3}::bigint[], {4}::bigint[], {5}::text[],
+              {6}::text[], {7}::text[], {8}::text[], {9}::json[], {10}::text[], {11}::text[], {12}::text[],
+              {13}::integer[], {14}::integer[], {15}::text[], {16}::text[], {17}::text[],
+              {18}::timestamptz[], {19}::bigint[], {20}::text[], {21}::integer[], {22}::integer[])
+       AS u(thread_id, seq, session_id, n, ordinal, run_id, instance_id, event_key, kind, payload, text,
+            blob, view_text, o200k, cl100k, content_sha, prev_hash, record_hash, client_ts, stream_seq,
+            mask_text, mask_o200k, mask_cl100k)
+  JOIN s ON s.session_id = u.session_id
+  WHERE u.thread_id IN (SELECT thread_id FROM w))"""
+
+_CALLS = """
+c AS (
+  INSERT INTO ctx.tool_calls (thread_id, call_id, name, call_seq, args, outcome_seq, status)
+  SELECT * FROM unnest({0}::text[], {1}::text[], {2}::text[], {3}::bigint[], {4}::json[], {5}::bigint[],
+                       {6}::text[]) AS u(thread_id, call_id, name, call_seq, args, outcome_seq, status)
+  WHERE u.thread_id IN (SELECT thread_id FROM w))"""
+
+_OUTCOMES = """
+o AS (
+  UPDATE ctx.tool_calls t SET outcome_seq = u.seq, status = u.status
+  FROM unnest({0}::text[], {1}::text[], {2}::bigint[], {3}::text[]) AS u(thread_id, call_id, seq, status)
+  WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND t.outcome_seq IS NULL
+    AND u.thread_id IN (SELECT thread_id FROM w)
+  RETURNING 1)"""
+
+_POSITION = """
+p AS (
+  INSERT INTO ctx.tracking (consumer, partition, last_stream_seq) VALUES ({0}, {1}, {2})
+  ON CONFLICT (consumer, partition) DO UPDATE
+  SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq),
+      updated_at = now())"""
+
+_SELECT_REVISION = "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1"
+
+# A new head's columns, in _NEW_HEADS's order.
+_HEAD_FIELDS = (
+    "thread_id",
+    "session_id",
+    "run_id",
+    "instance_id",
+    "revision",
+    "last_seq",
+    "last_hash",
+    "last_event_key",
+)
+
+
+@dataclass
+class _Statement:
+    """A ``WITH`` of sub-statements and their arguments, numbered as they are added."""
+
+    ctes: list[str] = field(default_factory=list)
+    args: list[object] = field(default_factory=list)
+
+    def add(self, template: str, *values: object) -> None:
+        first = len(self.args) + 1
+        self.args.extend(values)
+        self.ctes.append(template.format(*(f"${first + i}" for i in range(len(values)))))
+
+    def sql(self, select: str) -> str:
+        return "WITH" + ",".join(self.ctes) + "\n" + select
+
+
+async def write_ledger(
+    conn: Conn, plan: BatchPlan, recorded_by: str, position: Position | None
+) -> dict[str, int]:
+    """Sessions, heads, records, calls and ``position`` of ``plan`` in one statement, inside the
+    caller's transaction; each session's base (the sequence number its first record follows).
+
+    Raises RevisionConflict naming the first thread whose head another writer moved or created.
+    """
+    statement = _Statement()
+    if plan.session_counts:
+        ids = sorted(plan.session_counts)
+        statement.add(
+            _SESSIONS,
+            ids,
+            [plan.session_counts[s] for s in ids],
+            [plan.session_policies.get(s, DEFAULT_POLICY_NAME) for s in ids],
+            # The tenant only matters to a session this batch creates; a known one keeps its own.
+            [plan.session_tenants.get(s, DEFAULT_TENANT) for s in ids],
+        )
+    fresh = [h for h in plan.heads if h.expected_revision is None]
+    moved = [h for h in plan.heads if h.expected_revision is not None]
+    written: list[str] = []
+    if fresh:
+        statement.add(_NEW_HEADS, *_fields(fresh, *_HEAD_FIELDS, "user_turns", "model_steps"))
+        written.append("SELECT thread_id FROM hn")
+    if moved:
+        statement.add(
+            _MOVED_HEADS,
+            *_fields(moved, "thread_id", "revision", "last_seq", "last_hash", "last_event_key"),
+            *_fields(moved, "expected_revision", "user_turns", "model_steps"),
+        )
+        written.append("SELECT thread_id FROM hm")
+    statement.ctes.append(
+        "\nw AS (" + (" UNION ALL ".join(written) or "SELECT NULL::text AS thread_id WHERE false") + ")"
+    )
+    if plan.records:
+        _add_records(statement, plan, recorded_by)
+    calls, outcomes = _fold_outcomes(plan.calls, plan.outcomes)
+    if calls:
+        statement.add(
+            _CALLS,
+            [c.thread_id for c, _ in calls],
+            [c.call_id for c, _ in calls],
+            [c.name for c, _ in calls],
+            [c.call_seq for c, _ in calls],
+            [json.dumps(c.args, ensure_ascii=False) for c, _ in calls],
+            [o.outcome_seq if o is not None else None for _, o in calls],
+            [o.status if o is not None else None for _, o in calls],
+        )
+    if outcomes:
+        statement.add(
+            _OUTCOMES,
+            [o.thread_id for o in outcomes],
+            [o.call_id for o in outcomes],
+            [o.outcome_seq for o in outcomes],
+            [o.status for o in outcomes],
+        )
+    if position is not None:
+        statement.add(_POSITION, position.consumer, position.partition, position.stream_seq)
+    bumped = "(SELECT json_object_agg(session_id, last_seq) FROM s)::text" if plan.session_counts else "NULL"
+    closed = "(SELECT count(*) FROM o)" if outcomes else "0"
+    row = await conn.fetchrow(
+        statement.sql(f"SELECT {bumped}, ARRAY(SELECT thread_id FROM w), {closed}"), *statement.args
+    )
+    assert row is not None
+    last_seqs: Mapping[str, int] = json.loads(row[0]) if row[0] is not None else {}
+    heads_written = set(row[1])
+    # One write per thread and plan (the planner folds a thread's events into one head), so a head
+    # missing from what the statement returns lost its compare-and-set (or its first insert).
+    for head in plan.heads:
+        if head.thread_id not in heads_written:
+            actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
+            raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
+    if row[2] != len(outcomes):
+        raise RevisionConflict(outcomes[0].thread_id, -1, None)
+    return {s: last_seqs[s] - n for s, n in plan.session_counts.items()}
+
+
+def _fields(rows: Sequence[object], *names: str) -> list[list[object]]:
+    """One array argument per attribute name, for an ``unnest``."""
+    return [[getattr(row, name) for row in rows] for name in names]
+
+
+def _add_records(statement: _Statement, plan: BatchPlan, recorded_by: str) -> None:
+    rs = plan.records
+    statement.add(
+        _RECORDS,
+        *_fields(rs, "thread_id", "seq", "session_id"),
+        [plan.session_counts[r.session_id] for r in rs],
+        *_fields(rs, "session_ordinal", "run_id", "instance_id", "event_key", "kind", "payload_json"),
+        *_fields(rs, "text", "blob_sha256", "view_text"),
+        [r.tokens.o200k_base for r in rs],
+        [r.tokens.cl100k_counted for r in rs],
+        *_fields(rs, "content_sha256", "prev_hash", "record_hash", "client_ts", "stream_seq", "mask_text"),
+        [r.mask_tokens.o200k_base if r.mask_tokens else None for r in rs],
+        [r.mask_tokens.cl100k_counted if r.mask_tokens else None for r in rs],
+        recorded_by,
+    )
+
+
+def _fold_outcomes(
+    calls: Sequence[NewCall], outcomes: Sequence[NewOutcome]
+) -> tuple[list[tuple[NewCall, NewOutcome | None]], list[NewOutcome]]:
+    """Each new call with the outcome the same plan gives it (invariant 2), and the outcomes left to
+    close calls recorded earlier."""
+    slot = {(c.thread_id, c.call_id): i for i, c in enumerate(calls)}
+    folded: list[tuple[NewCall, NewOutcome | None]] = [(c, None) for c in calls]
+    earlier: list[NewOutcome] = []
+    for outcome in outcomes:
+        i = slot.get((outcome.thread_id, outcome.call_id))
+        if i is not None and folded[i][1] is None:
+            folded[i] = (calls[i], outcome)
+        else:
+            earlier.append(outcome)
+    return folded, earlier
