@@ -26,6 +26,8 @@ Figures (printed, and written to out/bench.json):
   agent-like publish → prepare → think loop per session; fleet and generator CPU).
 - langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
   + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
+- append: see benchmarks/append_step.py (assembly right after one new record vs an unchanged view, as a
+  thread grows from 40 to 900 records; in-process).
 - memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
 - rollover: see benchmarks/rollover.py (rollover-policy threads at 8k: the prepare that rolls the
   window over vs an ordinary prepare, p50/p99 as the client sees it, the server's rollover_ms, and
@@ -61,6 +63,7 @@ from tests.fixtures.builders import Thread
 
 from .concurrency import bench_concurrency
 from .eval import bench_eval
+from .append_step import bench_append
 from .langgraph_side import bench_langgraph
 from .memory import bench_memory
 from .ingest import bench_ingest
@@ -555,6 +558,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "langgraph",
             "memory",
             "pure",
+            "append",
         ):
             if args.only and name not in args.only:
                 continue
@@ -644,6 +648,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     seconds=args.rate_seconds,
                     think_s=args.think_s,
                 )
+            elif name == "append":
+                results["append"] = bench_append()
             elif name == "langgraph":
                 results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
             elif name == "memory":
@@ -716,6 +722,7 @@ def main() -> None:
             "langgraph",
             "memory",
             "pure",
+            "append",
         ],
     )
     parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")

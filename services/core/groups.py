@@ -98,6 +98,10 @@ class BlockSet:
     covered: list[DraftBlock]
     # The run's task (``run_task_seq``) of the records the blocks were built from.
     run_task: int | None = None
+    # The latest user input among them (the current request), and whether their seqs ascend: what
+    # extending these blocks by records appended after them needs (``_extend``).
+    last_user: int | None = None
+    ascending: bool = False
 
 
 def build_view_blocks(
@@ -122,17 +126,111 @@ def build_view_blocks(
         found: BlockSet | None = memo.last_build(records, key)
         if found is not None:
             return found
+        grown = memo.grown_from(records, key)
+        if grown is not None:
+            extended = _extend(records, grown, covered_to, own_thread, memo)
+            if extended is not None:
+                memo.settle(extended.ready)
+                memo.keep_extension(records, key, extended, built=len(records) - grown[0])
+                return extended
         memo.begin()
     run_task = run_task_seq(records, own_thread)
     shown_records = _uncovered(records, covered_to, own_thread) if covered_to else records
     ready, held, pending = build_blocks(shown_records, own_thread=own_thread, memo=memo)
     shown = [b for b in ready if not _is_covered(b, covered_to)]
     covered = [b for b in ready if _is_covered(b, covered_to)]
-    built = BlockSet(ready=shown, held=held, pending=pending, covered=covered, run_task=run_task)
+    built = BlockSet(
+        ready=shown,
+        held=held,
+        pending=pending,
+        covered=covered,
+        run_task=run_task,
+        last_user=_last_user(shown_records),
+        ascending=all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False)),
+    )
     if memo is not None:
         memo.settle(shown)
         memo.keep_build(records, key, built)
     return built
+
+
+def _last_user(records: Sequence[LedgerRecord]) -> int | None:
+    return max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+
+
+def _extend(
+    records: Sequence[LedgerRecord],
+    grown: tuple[int, BlockSet],
+    covered_to: int,
+    own_thread: str,
+    memo: ViewMemo,
+) -> BlockSet | None:
+    """The blocks of ``records`` from those of their first ``grown[0]`` (``grown[1]``), or ``None``
+    when the appended records change more than their own blocks and the full build must run.
+
+    A block is what its records and its place make of them, and an appended record changes the place
+    of only two kinds of earlier blocks: a new user input ends the current turn (the blocks from the
+    previous request on are no longer the current turn), and an outcome completes an open group. So
+    the blocks before the earlier of those two points are kept as they are, and the records from it
+    on are built again with the same code as a full build — which, for the same records, gives the
+    same blocks (the property test of ``tests/unit/test_view_memo.py`` prepares both ways and
+    compares the replies byte for byte). What else an appended record could move, it never does here:
+    an instruction, a thread's first question, an inherited record, or seqs out of order fall back.
+    """
+    n, before = grown
+    tail = records[n:]
+    if not before.ascending or (n and tail[0].seq <= records[n - 1].seq):
+        return None
+    if not all(a.seq < b.seq for a, b in zip(tail, tail[1:], strict=False)):
+        return None
+    for record in tail:
+        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
+            return None
+        if before.run_task is None and counts_as_turn(record.body) and not _foreign(record, own_thread):
+            return None  # the run's task appears: every block's place may change
+    last_user = before.last_user
+    start = tail[0].seq
+    for record in tail:
+        if record.kind is RecordKind.USER_INPUT:
+            if last_user is None:
+                return None
+            start = min(start, last_user)
+            last_user = record.seq
+    if before.held:
+        start = min(start, min(b.records[0].seq for b in before.held))
+    run_task = before.run_task
+    pinned = {last_user, run_task}
+    # The records from ``start`` on, as a full build would take them (_uncovered, _split_instructions).
+    i = len(records)
+    while i and records[i - 1].seq >= start:
+        i -= 1
+    again = [
+        r
+        for r in records[i:]
+        if r.kind is not RecordKind.SYSTEM
+        and (not covered_to or r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned)
+    ]
+    if any(_foreign(r, own_thread) for r in again):
+        return None
+    rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread, memo))
+    fresh = [memo.intern(b) for b in sorted(rebuilt, key=_order)]
+
+    def kept(blocks: list[DraftBlock]) -> list[DraftBlock]:
+        return [b for b in blocks if b.kind is BlockKind.INSTRUCTION or b.records[0].seq < start]
+
+    return BlockSet(
+        ready=sorted(
+            [*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered_to))], key=_order
+        ),
+        held=held,
+        pending=pending,
+        covered=sorted(
+            [*kept(before.covered), *(b for b in fresh if _is_covered(b, covered_to))], key=_order
+        ),
+        run_task=run_task,
+        last_user=last_user,
+        ascending=True,
+    )
 
 
 def _never_covered(kind: RecordKind) -> bool:
@@ -202,10 +300,30 @@ def build_blocks(
     two runs' ``c1`` never meet; an inherited call that never got its result becomes a state block
     "result unknown" — never half a protocol group, never something to execute again.
     """
-    last_user = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+    last_user = _last_user(records)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
     blocks: list[DraftBlock] = [_instruction_block(r, memo) for r in instructions]
+    blocks += _history_blocks(history, last_user, run_task, own_thread, memo)
+    ready, held, pending = _close_groups(blocks)
+    inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
+    held = [b for b in held if not _foreign(b.records[0], own_thread)]
+    pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
+    ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
+    if memo is not None:
+        ready = [memo.intern(b) for b in ready]
+    return ready, held, pending
+
+
+def _history_blocks(
+    history: Sequence[LedgerRecord],
+    last_user: int | None,
+    run_task: int | None,
+    own_thread: str,
+    memo: ViewMemo | None,
+) -> list[DraftBlock]:
+    """The blocks of history records (no instructions), outcomes attached to their groups."""
+    blocks: list[DraftBlock] = []
     groups: dict[tuple[str, str], DraftBlock] = {}
     for record in history:
         body = record.body
@@ -237,14 +355,7 @@ def build_blocks(
             for call_id in _recorded_ids(block).values():
                 groups[(record.thread_id, call_id)] = block
         blocks.append(block)
-    ready, held, pending = _close_groups(blocks)
-    inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
-    held = [b for b in held if not _foreign(b.records[0], own_thread)]
-    pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
-    ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
-    if memo is not None:
-        ready = [memo.intern(b) for b in ready]
-    return ready, held, pending
+    return blocks
 
 
 def _order(block: DraftBlock) -> tuple[int, int]:

@@ -16,12 +16,17 @@ Invariants:
    left the view (covered by a summary) or of one-off replacements are dropped at the next build,
    so it is bounded by the view it serves.
 4. The blocks of a view are reused whole only for exactly the same records (each the same object,
-   in the same order) and the same coverage.
+   in the same order) and the same coverage; extended (``grown_from``) only when the last build's
+   records, each the same object, are the first records now.
+5. Extending adds entries without dropping the ones whose blocks moved (an extension does not start
+   a generation): those stale entries are bounded by the records of the view (``_stale``), and the
+   next full build, forced past that bound, drops them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from operator import is_
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -88,9 +93,13 @@ class ViewMemo:
         "_last_records",
         "_last_key",
         "_last_value",
+        "_stale",
+        "_measured",
+        "_message_bytes",
         "bytes",
         "hits",
         "misses",
+        "extended",
     )
 
     def __init__(self, own_thread: str = "") -> None:
@@ -104,10 +113,17 @@ class ViewMemo:
         self._last_records: tuple[LedgerRecord, ...] = ()
         self._last_key: object = None
         self._last_value: object = None
+        # Blocks built by extensions since the last full build (invariant 5).
+        self._stale = 0
+        # Messages measured into ``_message_bytes`` (an extension measures only the ones it added).
+        self._measured = 0
+        self._message_bytes = 0
         # What the memo adds to the records it was built from, roughly (see ``_ENTRY_OVERHEAD``).
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        # Builds that extended the last one instead of building every block again.
+        self.extended = 0
 
     def last_build(self, records: Sequence[LedgerRecord], key: object) -> Any:
         """The blocks built last time, if ``records`` and ``key`` are exactly those (invariant 4)."""
@@ -122,16 +138,47 @@ class ViewMemo:
             return self._last_value
         return None
 
+    def grown_from(self, records: Sequence[LedgerRecord], key: object) -> tuple[int, Any] | None:
+        """``(n, blocks)`` of the last build, if its records are the first ``n < len(records)`` of
+        ``records`` and ``key`` is its key (invariant 4), and extensions have not yet built as many
+        blocks as the view holds records (invariant 5)."""
+        last = self._last_records
+        n = len(last)
+        if (
+            self._last_value is None
+            or key != self._last_key
+            or not n < len(records)
+            or self._stale > max(64, len(records))
+            or not all(map(is_, last, records))
+        ):
+            return None
+        return n, self._last_value
+
+    def keep_extension(
+        self, records: Sequence[LedgerRecord], key: object, value: object, *, built: int
+    ) -> None:
+        """Remember an extension's blocks; nothing is dropped until the next full build (invariant 5)."""
+        self._last_records, self._last_key, self._last_value = tuple(records), key, value
+        self._stale += built
+        self.extended += 1
+        # Entries are only added since the last measure, at the end of the dict: measure those.
+        self._message_bytes += _bytes_of(itertools.islice(self._messages.values(), self._measured, None))
+        self._measure(len(records))
+
     def keep_build(self, records: Sequence[LedgerRecord], key: object, value: object) -> None:
         """Remember a build's blocks; what the build did not use is dropped (invariant 3)."""
         self._last_records, self._last_key, self._last_value = tuple(records), key, value
         self._messages_before = {}
         self._blocks_before = {}
-        self.bytes = (
-            sum(_ENTRY_OVERHEAD + 2 * len(m.content or "") for _, m in self._messages.values())
-            + _BLOCK_OVERHEAD * len(self._blocks)
-            + 8 * len(records)
+        self._stale = 0
+        self._message_bytes = sum(
+            _ENTRY_OVERHEAD + 2 * len(m.content or "") for _, m in self._messages.values()
         )
+        self._measure(len(records))
+
+    def _measure(self, records: int) -> None:
+        self._measured = len(self._messages)
+        self.bytes = self._message_bytes + _BLOCK_OVERHEAD * len(self._blocks) + 8 * records
 
     def begin(self) -> None:
         """Start a build: the previous build's entries become the older generation."""
@@ -187,6 +234,10 @@ class ViewMemo:
     def estimate_bytes(self) -> int:
         """What the memo adds to its view's records, roughly (text counted, objects by overhead)."""
         return self.bytes
+
+
+def _bytes_of(entries: Iterable[tuple[LedgerRecord, ChatMessage]]) -> int:
+    return sum(_ENTRY_OVERHEAD + 2 * len(m.content or "") for _, m in entries)
 
 
 def message_of(

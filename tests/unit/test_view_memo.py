@@ -20,6 +20,10 @@ from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.trace import read_trace
+from services.edge.replay import ReplayOptions, trace_events
+from infra import SAMPLES_DIR
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
 from services.core.view_memo import ViewMemo
@@ -271,3 +275,45 @@ def test_view_cache_counts_are_exported_as_metrics() -> None:
         "ctx_view_cache_entries 1.0",
     ):
         assert line in text
+
+
+def _shape(blocks: BlockSet) -> tuple[object, ...]:
+    """Everything a block set says, with records by identity (extension must keep the same objects)."""
+
+    def block(b: DraftBlock) -> tuple[object, ...]:
+        return (
+            b.block_id,
+            b.kind,
+            b.retention,
+            b.priority,
+            b.reason,
+            tuple(map(id, b.records)),
+            tuple(b.messages),
+            tuple(b.waiting.items()),
+            tuple(sorted(b.error_calls)),
+        )
+
+    return (
+        tuple(map(block, blocks.ready)),
+        tuple(map(block, blocks.held)),
+        tuple(blocks.pending),
+        tuple(map(block, blocks.covered)),
+        blocks.run_task,
+        blocks.last_user,
+    )
+
+
+@pytest.mark.parametrize("trace", sorted(p.name for p in SAMPLES_DIR.glob("*.jsonl")))
+@pytest.mark.parametrize("covered", [0, 9])
+def test_blocks_extended_record_by_record_equal_blocks_built_from_scratch(trace: str, covered: int) -> None:
+    # Every sample trace grown one record at a time: each build extends the last one (a new record
+    # never rebuilds the blocks before the current request or an open group), and what it gives is
+    # what a build from scratch gives, block for block, records by identity.
+    records = ledger_records(trace_events(read_trace(SAMPLES_DIR / trace), ReplayOptions(session_id="s")))
+    own = records[0].thread_id
+    memo = ViewMemo(own)
+    for k in range(1, len(records) + 1):
+        view = records[:k]
+        extended = build_view_blocks(view, covered, own_thread=own, memo=memo)
+        assert _shape(extended) == _shape(build_view_blocks(view, covered, own_thread=own))
+    assert memo.extended > len(records) // 2
