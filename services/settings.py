@@ -169,9 +169,6 @@ class Settings(BaseSettings):
     # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.
     database_password: SecretStr | None = None
     db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
-    # The recorder's own connections (issue 16): its reads and writes never wait for a connection a
-    # background pass holds, and they run on generic plans (see services/store/connect.py).
-    db_recorder_pool_size: Annotated[int, Field(ge=1, le=64)] = 4
     # The tenants whose runtime users the embedded server and `python -m infra.nats_accounts` generate.
     tenants: str = DEFAULT_TENANT
     # The tenant the CLI and a client built from these settings speak for.

@@ -25,7 +25,7 @@ from services.errors import InvalidConfiguration
 from services.edge.client import connect_nats
 from services.core.tokens import counter_for
 from services.settings import Settings
-from services.store.connect import create_pool, plan_once
+from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from services.app.gateway import GatewayService
 from services.store.gateway import PgGatewayStore
@@ -108,7 +108,6 @@ class Fleet:
     database_url: str
     metrics: FleetMetrics = field(default_factory=FleetMetrics)
     pool: asyncpg.Pool | None = None
-    recorder_pool: asyncpg.Pool | None = None
     broker: NatsBroker | None = None
     recorder: RecorderWorker | None = None
     budgeter: BudgeterWorker | None = None
@@ -146,14 +145,6 @@ class Fleet:
         self.pool = await create_pool(
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
-        if "recorder" in names:
-            self.recorder_pool = await create_pool(
-                self.database_url,
-                min_size=1,
-                max_size=s.db_recorder_pool_size,
-                init=plan_once,
-                **s.database_options(),
-            )
         self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
         workers = compose(
             s,
@@ -163,7 +154,6 @@ class Fleet:
             self.metrics,
             gateway_store=PgGatewayStore(self.pool),
             hook_grants=self.hook_grants,
-            recorder_store=None if self.recorder_pool is None else PgStore(self.recorder_pool),
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         self.gateway, self._hot_path = workers.gateway, workers.hot_path
@@ -316,9 +306,8 @@ class Fleet:
         if self._heap is not None:
             await self._heap.stop()
             self._heap = None
-        recorder, budgeter, nc, broker = self.recorder, self.budgeter, self._nc, self.broker
-        pools = [p for p in (self.recorder_pool, self.pool) if p is not None]
-        self.recorder = self.budgeter = self._nc = self.broker = self.pool = self.recorder_pool = None
+        recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
+        self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:
             self._gauges.cancel()
             # Bounded: see watch_backlogs; it ends on the flag within one round if the cancel is lost.
@@ -358,7 +347,7 @@ class Fleet:
             except NatsError as exc:  # reconnecting: unacked work is redelivered, so just close
                 log.warning("shutdown: NATS: %s; closing", type(exc).__name__)
                 await nc.close()
-        for pool in pools:
+        if pool is not None:
             # close() waits for every connection to be released, and asyncpg 0.32's floor-keeping task can
             # swallow its cancellation (seen here: a close that never returned). Not wait_for, which
             # would wait for the cancelled close too: past the bound, terminate and move on.

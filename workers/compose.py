@@ -144,13 +144,11 @@ def compose(
     *,
     gateway_store: GatewayStore | None = None,
     hook_grants: HookGrants | None = None,
-    recorder_store: PgStore | None = None,
 ) -> Workers:
     """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started.
 
     The gateway's final check runs beside the assembler when given its store; it reads hook grants
-    from the registered hook sets, or from ``hook_grants`` when given (a twin in tests). The recorder
-    writes through ``recorder_store`` when given (its own connections), else through ``store``.
+    from the registered hook sets, or from ``hook_grants`` when given (a twin in tests).
     """
     gateway: GatewayService | None = None
     names = settings.worker_names
@@ -217,7 +215,7 @@ def compose(
     if "recorder" in names:
         recorder = RecorderWorker(
             nc,
-            recorder_store or store,
+            store,
             metrics,
             partitions=settings.owned_partitions(),
             limits=recording_limits(settings),
