@@ -183,14 +183,13 @@ def _extend(
         return None
     if not all(a.seq < b.seq for a, b in zip(tail, tail[1:], strict=False)):
         return None
-    for record in tail:
-        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
-            return None
-        if before.run_task is None and counts_as_turn(record.body) and not _foreign(record, own_thread):
-            return None  # the run's task appears: every block's place may change
     last_user = before.last_user
     start = tail[0].seq
     for record in tail:
+        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
+            return None
+        if before.run_task is None and counts_as_turn(record.body):
+            return None  # the run's task appears: every block's place may change
         if record.kind is RecordKind.USER_INPUT:
             if last_user is None:
                 return None
@@ -207,8 +206,7 @@ def _extend(
     again = [
         r
         for r in records[i:]
-        if r.kind is not RecordKind.SYSTEM
-        and (not covered_to or r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned)
+        if r.kind is not RecordKind.SYSTEM and (not covered_to or _shown(r, covered_to, pinned))
     ]
     if any(_foreign(r, own_thread) for r in again):
         return None
@@ -282,9 +280,13 @@ def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str
     the current request and the run's task. An outcome after ``covered_to`` whose call was covered
     finds no group and is dropped with it, as its covered group would be.
     """
-    last_question = max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
-    pinned = {last_question, run_task_seq(records, own_thread)}
-    return [r for r in records if r.seq > covered_to or r.kind in _NEVER_COVERED or r.seq in pinned]
+    pinned = {_last_user(records), run_task_seq(records, own_thread)}
+    return [r for r in records if _shown(r, covered_to, pinned)]
+
+
+def _shown(record: LedgerRecord, covered_to: int, pinned: set[int | None]) -> bool:
+    """Whether a summary covering up to ``covered_to`` leaves ``record`` to be shown (``_uncovered``)."""
+    return record.seq > covered_to or record.kind in _NEVER_COVERED or record.seq in pinned
 
 
 def _is_covered(block: DraftBlock, covered_to: int) -> bool:

@@ -28,18 +28,24 @@ async def _plan_from_db(db: asyncpg.Connection, events: list) -> object:  # type
     return plan_batch(decoded, reads, LIMITS, COUNTERS)
 
 
+async def _loser_of_two_writers(db: asyncpg.Connection, t: Thread, events: list) -> object:  # type: ignore[type-arg]
+    """After a first record of ``t``, two writers plan against the same head and "a" commits: the
+    plan of ``events`` made beside it, which must lose, not interleave."""
+    first = await _plan_from_db(db, [t.user("one")])
+    async with db.transaction():
+        await write_plan(db, first, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    a = await _plan_from_db(db, [t.user("from a")])
+    b = await _plan_from_db(db, events)
+    async with db.transaction():
+        await write_plan(db, a, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    return b
+
+
 async def test_write_plan_with_a_stale_revision_raises_revision_conflict_and_writes_nothing(
     db: asyncpg.Connection,
 ) -> None:
     t = Thread()
-    first = await _plan_from_db(db, [t.user("one")])
-    async with db.transaction():
-        await write_plan(db, first, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
-    # Two writers plan against the same head; the second to commit must lose, not interleave.
-    a = await _plan_from_db(db, [t.user("from a")])
-    b = await _plan_from_db(db, [t.user("from b")])
-    async with db.transaction():
-        await write_plan(db, a, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    b = await _loser_of_two_writers(db, t, [t.user("from b")])
     with pytest.raises(RevisionConflict) as err:
         async with db.transaction():
             await write_plan(db, b, recorded_by="b", keep_raw=1024)  # type: ignore[arg-type]
@@ -121,13 +127,7 @@ async def test_a_writer_that_lost_the_head_leaves_no_session_number_call_or_posi
     db: asyncpg.Connection,
 ) -> None:
     t = Thread()
-    first = await _plan_from_db(db, [t.user("one")])
-    async with db.transaction():
-        await write_plan(db, first, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
-    a = await _plan_from_db(db, [t.user("from a")])
-    b = await _plan_from_db(db, [t.assistant(calls=(("c9", "ls", {}),))])
-    async with db.transaction():
-        await write_plan(db, a, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    b = await _loser_of_two_writers(db, t, [t.assistant(calls=(("c9", "ls", {}),))])
     last_seq = await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id)
     with pytest.raises(RevisionConflict):
         async with db.transaction():
