@@ -33,6 +33,7 @@ from services.store.ports import HookGrants
 
 from .backlogs import export_backlogs, watch_backlogs
 from .hot_path import HotPath
+from .responder import Responder
 from .budgeter import BudgeterWorker
 from .compose import compose
 from .console import console_app
@@ -54,8 +55,11 @@ _GAUGES_STOP_S = 2.0
 _HINT_SUBJECTS = (f"{RECORDED}.", "ctx.compacted.")
 
 
-async def _answer_what_was_delivered(broker: NatsBroker) -> None:
+async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | None = None) -> None:
     """Drain every core subscription: requests already delivered here are answered, then it unsubscribes.
+
+    A drained request/reply endpoint has handed every delivered request to ``responder``'s tasks;
+    they are answered before this returns.
 
     FastStream's stop unsubscribes outright, which drops requests buffered in this process (their
     callers would time out although another assembler could have served them). A drain tells the
@@ -79,6 +83,8 @@ async def _answer_what_was_delivered(broker: NatsBroker) -> None:
         setattr(subscriber, "subscription", None)  # noqa: B010  # typed as object: nothing left to unsubscribe
 
     await asyncio.gather(*(drain(s) for s in broker.subscribers))
+    if responder is not None:
+        await responder.answered()
 
 
 async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
@@ -124,6 +130,7 @@ class Fleet:
     _waiting: str | None = None
     _heap: HeapKeeper | None = None
     _hot_path: HotPath | None = None
+    _responder: Responder | None = None
 
     async def start(
         self,
@@ -156,7 +163,7 @@ class Fleet:
             hook_grants=self.hook_grants,
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
-        self.gateway, self._hot_path = workers.gateway, workers.hot_path
+        self.gateway, self._hot_path, self._responder = workers.gateway, workers.hot_path, workers.responder
         await self.broker.start()
         if self.budgeter is not None:
             await self.budgeter.start()
@@ -320,7 +327,8 @@ class Fleet:
         if broker is not None:
             try:
                 await asyncio.wait_for(
-                    _answer_what_was_delivered(broker), timeout=self.settings.shutdown_timeout_s
+                    _answer_what_was_delivered(broker, self._responder),
+                    timeout=self.settings.shutdown_timeout_s,
                 )
             except TimeoutError:
                 log.warning(

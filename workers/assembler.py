@@ -7,8 +7,9 @@ Core NATS request/reply in the ``assembler`` queue group, so replicas share the 
 decoded raw: a bad request must get a typed error reply, which FastStream's own validation
 (failing before the handler runs) could not give.
 
-Requests are handled concurrently: FastStream hands up to ``RequestLimits.max_tasks`` to handlers at
-once, and one ``Admission`` per process bounds how many compute (see ``workers/admission.py``).
+Requests are handled concurrently: each runs in a task of its own (``workers/responder.py``), up to
+``RequestLimits.max_tasks`` per endpoint, and one ``Admission`` per process bounds how many compute
+(see ``workers/admission.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import time
 
 from faststream.nats import NatsResponse, NatsRouter
+from nats.aio.client import Client as NatsClient
 
 from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
@@ -36,6 +38,7 @@ from .gateway import gateway_router
 from .metrics import FleetMetrics
 from .queries import queries_router
 from .replies import Inbound, admitted, error_reply, inbound, parse_body
+from .responder import Responder
 
 __all__ = ["AssemblerWorker"]
 
@@ -56,6 +59,7 @@ class AssemblerWorker:
         gateway: GatewayService | None = None,
         local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
+        nc: NatsClient | None = None,
     ) -> None:
         self._service = service
         self._local = local
@@ -67,20 +71,20 @@ class AssemblerWorker:
         self._metrics = metrics
         self._levels = LevelClock()
         self.admission = Admission(limits or RequestLimits(), metrics)
+        # Answers prepare, inspect, the gateway check and the queries; nc=None: declared, never served.
+        self.responder = Responder(nc, self.admission.limits.max_tasks)
         self.router = NatsRouter()
         self._register()
-        self.router.include_router(queries_router(store, metrics, self.admission))
-        self.router.include_router(gateway_router(gateway, metrics, self.admission))
+        self.router.include_router(queries_router(store, metrics, self.admission, self.responder))
+        self.router.include_router(gateway_router(gateway, metrics, self.admission, self.responder))
 
     def _register(self) -> None:
-        r, admission = self.router, self.admission
-        tasks = admission.limits.max_tasks
+        r, admission, responder = self.router, self.admission, self.responder
 
-        @r.subscriber(
+        @responder.endpoint(
+            r,
             f"{PREPARE}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
-            decoder=inbound,
-            max_workers=tasks,
             title="prepare",
             description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
@@ -93,11 +97,10 @@ class AssemblerWorker:
                     lambda slot: self._prepare(message.body, tenant, run_id, instance_id, slot),
                 )
 
-        @r.subscriber(
+        @responder.endpoint(
+            r,
             f"{INSPECT}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
-            decoder=inbound,
-            max_workers=tasks,
             title="inspect",
             description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
         )

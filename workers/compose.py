@@ -39,6 +39,7 @@ from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
 from .hot_path import HotPath
+from .responder import Responder
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
 from .manual import manual_router
@@ -133,6 +134,8 @@ class Workers:
     gateway: GatewayService | None = None
     # The prepares in progress, which this process's background work waits for.
     hot_path: HotPath | None = None
+    # Answers the request/reply endpoints; the shutdown waits for what it has in hand.
+    responder: Responder | None = None
 
 
 def compose(
@@ -151,6 +154,7 @@ def compose(
     from the registered hook sets, or from ``hook_grants`` when given (a twin in tests).
     """
     gateway: GatewayService | None = None
+    responder: Responder | None = None
     names = settings.worker_names
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
@@ -188,11 +192,19 @@ def compose(
                 before_write=hot_path.yield_to_prepares,
             )
             service.gateway = gateway
-        broker.include_router(
-            AssemblerWorker(
-                service, board, metrics, store, limits=limits, gateway=gateway, local=local, hot_path=hot_path
-            ).router
+        assembler = AssemblerWorker(
+            service,
+            board,
+            metrics,
+            store,
+            limits=limits,
+            gateway=gateway,
+            local=local,
+            hot_path=hot_path,
+            nc=nc,
         )
+        responder = assembler.responder
+        broker.include_router(assembler.router)
     budgeter = None
     if "budgeter" in names:
         budgeter = BudgeterWorker(
@@ -223,7 +235,7 @@ def compose(
             batch=settings.record_batch,
             local=local,
         )
-    return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path)
+    return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path, responder)
 
 
 def _document_outputs(broker: NatsBroker) -> None:

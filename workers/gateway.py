@@ -16,20 +16,23 @@ from services.errors import CtxError, InvalidRequest
 
 from .admission import Admission
 from .metrics import FleetMetrics
-from .replies import Inbound, admitted, error_reply, inbound, parse_body
+from .replies import Inbound, admitted, error_reply, parse_body
+from .responder import Responder
 
 __all__ = ["gateway_router"]
 
 
-def gateway_router(service: GatewayService | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
-    """The router of ``ctx.gateway.check``, bound to one gateway service and the process's admission."""
+def gateway_router(
+    service: GatewayService | None, metrics: FleetMetrics, admission: Admission, responder: Responder
+) -> NatsRouter:
+    """The router of ``ctx.gateway.check``, bound to one gateway service and the process's admission
+    and responder."""
     router = NatsRouter()
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{GATEWAY_CHECK}.{{tenant}}.{{run_id}}.{{instance_id}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=admission.limits.max_tasks,
         title="gateway_check",
         description=(
             "FinalCheckRequest in, FinalCheck or ErrorReply out: the request about to be sent, held to "

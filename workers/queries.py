@@ -39,15 +39,18 @@ from services.store.postgres import PgStore
 from .admission import Admission
 from .branches import branches_router
 from .metrics import FleetMetrics
-from .replies import Inbound, admitted, inbound, parse_body, reply_with
+from .replies import Inbound, admitted, parse_body, reply_with
+from .responder import Responder
 
 __all__ = ["queries_router"]
 
 
-def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: Admission) -> NatsRouter:
-    """The router of the query and registration endpoints, bound to one store and one admission."""
+def queries_router(
+    attached: PgStore | None, metrics: FleetMetrics, admission: Admission, responder: Responder
+) -> NatsRouter:
+    """The router of the query and registration endpoints, bound to one store, one admission and the
+    process's responder."""
     router = NatsRouter()
-    tasks = admission.limits.max_tasks
 
     async def serve(message: Inbound, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
         return await admitted(admission, message.headers, lambda _slot: reply_with(run))
@@ -59,11 +62,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
 
     # Every endpoint's subject ends in the asking tenant (``{tenant}``):
     # the server's permissions vouch for it.
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{READ}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="read",
         description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
     )
@@ -75,11 +77,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
         metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{SEARCH}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="search",
         description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.",
     )
@@ -92,11 +93,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
         metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
         return response
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{OPERATION_STATUS}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="operation.status",
         description="OperationStatusRequest in, Receipt or ErrorReply out.",
     )
@@ -109,11 +109,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
             ),
         )
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="session.inspect",
         description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
     )
@@ -121,11 +120,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
         tenant, session_id = message.tokens(2)
         return await serve(message, lambda: inspect_session(store(), tenant, session_id))
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{POLICY_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="policy.register",
         description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
     )
@@ -142,11 +140,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
 
         return await serve(message, register)
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{TOOLS_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="tools.register",
         description=(
             "ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release."
@@ -163,11 +160,10 @@ def queries_router(attached: PgStore | None, metrics: FleetMetrics, admission: A
 
         return await serve(message, register)
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{HOOKS_REGISTER}.{{tenant}}",
         queue="assembler",
-        decoder=inbound,
-        max_workers=tasks,
         title="hooks.register",
         description="HookSet in, HooksRegistered or ErrorReply out: a new hook set revision of a release.",
     )

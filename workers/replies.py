@@ -68,6 +68,8 @@ class Inbound:
     body: bytes
     subject: str
     headers: Mapping[str, str]
+    # Where the answer goes (request/reply); empty for a plain publish.
+    reply: str = ""
 
     def tokens(self, n: int) -> list[str]:
         """The last ``n`` tokens of the subject (the subscription's wildcards guarantee the count).
@@ -85,7 +87,8 @@ async def inbound(msg: NatsMessage) -> Inbound:
     fast_depends resolves a context parameter through a worker-thread hop on every message
     (0.3 ms of a 1 ms request/reply, and interpreter-lock contention with the loop; issue 16).
     """
-    return Inbound(msg.body, str(msg.raw_message.subject), msg.headers or {})
+    raw = msg.raw_message
+    return Inbound(msg.body, str(raw.subject), msg.headers or {}, raw.reply or "")
 
 
 def parse_body(model: type[_M], body: bytes) -> _M:

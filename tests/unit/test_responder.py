@@ -1,0 +1,113 @@
+"""Request/reply endpoints answered from tasks of their own (workers/responder.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import cast
+
+import pytest
+from faststream.nats import NatsResponse
+from nats.aio.client import Client as NatsClient
+
+from workers.admission import DeadlinePassed
+from workers.replies import Inbound
+from workers.responder import Responder
+
+pytestmark = pytest.mark.anyio
+
+
+class _Published:
+    """The publishing half of a NATS client: what was sent where."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, str] | None]] = []
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> None:
+        self.sent.append((subject, payload, headers))
+
+
+def _responder(max_tasks: int = 4) -> tuple[Responder, _Published]:
+    nc = _Published()
+    return Responder(cast(NatsClient, nc), max_tasks), nc
+
+
+def _request(n: int, reply: str = "") -> Inbound:
+    return Inbound(str(n).encode(), "ctx.prepare.t.r.i", {}, reply or f"_INBOX.x.{n}")
+
+
+async def test_each_request_is_answered_once_on_its_reply_subject_with_its_headers() -> None:
+    responder, nc = _responder()
+
+    async def echo(message: Inbound) -> NatsResponse:
+        return NatsResponse(message.body, headers={"ctx-status": "ok"})
+
+    endpoint = responder.serving(echo)
+    for n in range(3):
+        await endpoint.take(_request(n))
+    await responder.answered()
+    assert sorted(nc.sent) == [(f"_INBOX.x.{n}", str(n).encode(), {"ctx-status": "ok"}) for n in range(3)]
+
+
+async def test_a_handler_that_raises_is_answered_with_a_typed_internal_error() -> None:
+    responder, nc = _responder()
+
+    async def broken(message: Inbound) -> NatsResponse:
+        raise RuntimeError("boom")
+
+    await responder.serving(broken).take(_request(1))
+    await responder.answered()
+    [(subject, body, headers)] = nc.sent
+    assert subject == "_INBOX.x.1"
+    assert headers == {"ctx-status": "error"}
+    assert json.loads(body)["code"] == "internal_error"
+
+
+async def test_a_request_whose_caller_is_gone_and_one_without_a_reply_subject_get_no_answer() -> None:
+    responder, nc = _responder()
+
+    async def late(message: Inbound) -> NatsResponse:
+        if message.body == b"1":
+            raise DeadlinePassed("the caller's deadline passed")
+        return NatsResponse(b"{}", headers={"ctx-status": "ok"})
+
+    endpoint = responder.serving(late)
+    await endpoint.take(_request(1))
+    await endpoint.take(Inbound(b"2", "ctx.prepare.t.r.i", {}, ""))
+    await responder.answered()
+    assert nc.sent == []
+
+
+async def test_requests_beyond_the_bound_wait_until_one_in_hand_is_answered() -> None:
+    responder, nc = _responder(max_tasks=2)
+    release = asyncio.Event()
+
+    async def slow(message: Inbound) -> NatsResponse:
+        await release.wait()
+        return NatsResponse(message.body, headers={"ctx-status": "ok"})
+
+    endpoint = responder.serving(slow)
+    await endpoint.take(_request(1))
+    await endpoint.take(_request(2))
+    third = asyncio.create_task(endpoint.take(_request(3)))
+    await asyncio.sleep(0.05)
+    assert not third.done()  # two in hand: the consume loop waits, as behind max_workers
+    assert responder.in_hand == 2
+    release.set()
+    await asyncio.wait_for(third, timeout=1.0)
+    await responder.answered()
+    assert len(nc.sent) == 3
+
+
+async def test_answered_waits_for_every_request_taken() -> None:
+    responder, nc = _responder()
+
+    async def slow(message: Inbound) -> NatsResponse:
+        await asyncio.sleep(0.05)
+        return NatsResponse(message.body, headers={"ctx-status": "ok"})
+
+    await responder.serving(slow).take(_request(1))
+    assert nc.sent == []
+    await asyncio.wait_for(responder.answered(), timeout=1.0)
+    assert [s for s, _, _ in nc.sent] == ["_INBOX.x.1"]
+    assert responder.in_hand == 0
