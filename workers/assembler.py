@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from faststream.nats import NatsResponse, NatsRouter
 from nats.aio.client import Client as NatsClient
@@ -59,7 +60,7 @@ class AssemblerWorker:
         gateway: GatewayService | None = None,
         local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
-        nc: NatsClient | None = None,
+        connection: Callable[[], NatsClient] | None = None,
     ) -> None:
         self._service = service
         self._local = local
@@ -71,8 +72,9 @@ class AssemblerWorker:
         self._metrics = metrics
         self._levels = LevelClock()
         self.admission = Admission(limits or RequestLimits(), metrics)
-        # Answers prepare, inspect, the gateway check and the queries; nc=None: declared, never served.
-        self.responder = Responder(nc, self.admission.limits.max_tasks)
+        # Answers prepare, inspect, the gateway check and the queries on ``connection`` (the broker's);
+        # None: declared, never served.
+        self.responder = Responder(connection, self.admission.limits.max_tasks)
         self.router = NatsRouter()
         self._register()
         self.router.include_router(queries_router(store, metrics, self.admission, self.responder))

@@ -201,7 +201,8 @@ def compose(
             gateway=gateway,
             local=local,
             hot_path=hot_path,
-            nc=nc,
+            # Answers go out on the connection the requests came in on (the broker's, once started).
+            connection=lambda: broker.connection,
         )
         responder = assembler.responder
         broker.include_router(assembler.router)

@@ -41,9 +41,11 @@ Handler = Callable[[Inbound], Awaitable[NatsResponse]]
 class Responder:
     """Serves the request/reply endpoints of one process, each request in its own task."""
 
-    def __init__(self, nc: NatsClient | None, max_tasks: int) -> None:
-        # None only where nothing is served (the AsyncAPI document is built from the routers).
-        self._nc = nc
+    def __init__(self, connection: Callable[[], NatsClient] | None, max_tasks: int) -> None:
+        # The connection the requests arrive on: the server lets a handler answer a requester's inbox
+        # only there (``allow_responses``, infra/nats_accounts.py). None only where nothing is served
+        # (the AsyncAPI document is built from the routers).
+        self._connection = connection
         self._max_tasks = max_tasks
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -85,8 +87,9 @@ class Responder:
         task.add_done_callback(self._tasks.discard)
 
     async def _reply(self, message: Inbound, response: NatsResponse) -> None:
-        if message.reply and self._nc is not None:
-            await self._nc.publish(message.reply, _body(response), headers=response.headers or None)
+        if message.reply and self._connection is not None:
+            nc = self._connection()
+            await nc.publish(message.reply, _body(response), headers=response.headers or None)
 
 
 class Endpoint:

@@ -184,17 +184,16 @@ class RecordingService:
                 await self._sink.publish(
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
                 )
-            async with store.transaction():
-                with _content_failures("write"):
-                    # The position moves in the statement that writes the records (one round trip).
-                    await store.write_plan(
-                        plan,
-                        recorded_by=self._recorder_id,
-                        keep_raw=self._limits.dead_letter_keep_bytes,
-                        position=Position(self._consumer, partition, fresh[-1].stream_seq),
-                    )
-                if plan.records:
-                    kill_point("record.before_commit")
+            with _content_failures("write"):
+                # The position moves in the statement that writes the records, and a known thread's
+                # messages, calls and outcomes are that one statement, committing by itself.
+                await store.write_plan(
+                    plan,
+                    recorded_by=self._recorder_id,
+                    keep_raw=self._limits.dead_letter_keep_bytes,
+                    position=Position(self._consumer, partition, fresh[-1].stream_seq),
+                    before_commit=_before_commit if plan.records else None,
+                )
             if plan.records:
                 kill_point("record.after_commit")
         return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
@@ -321,6 +320,10 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
         skipped=sum(p.skipped for p in parts),
         attempts=sum(p.attempts for p in parts),
     )
+
+
+def _before_commit() -> None:
+    kill_point("record.before_commit")
 
 
 def _touched(

@@ -220,10 +220,12 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
-        # Head, scope, compaction state and open window in one round trip, from one snapshot.
+        # Head, scope, compaction state, open window and the records after the ones held, in one round
+        # trip, from one snapshot.
         held = self._held_facts(thread_id)
+        after = self._held_records(thread_id)
         at_head = await conn.thread_at_head(
-            thread_id, facts_of_revision=held.revision if held is not None else None
+            thread_id, facts_of_revision=held.revision if held is not None else None, records_after=after
         )
         if at_head is None or (session_id is not None and at_head.head.session_id != session_id):
             raise ThreadNotFound(thread_id)
@@ -232,7 +234,7 @@ class ViewLoader:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
             raise ThreadNotFound(thread_id)
-        entry, own = await self._records(conn, thread_id, head)
+        entry, own = await self._records(conn, thread_id, head, fetched=(after, at_head.records))
         own = await self._resolve_exports(conn, own, entry)
         inherited = await self._inherited(conn, head.session_id, thread_id, scope)
         records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
@@ -418,16 +420,32 @@ class ViewLoader:
             policy = self._policies[key] = found[1]
         return policy
 
+    def _held_records(self, thread_id: str) -> int:
+        """The seq up to which this process holds the thread's records (0: none)."""
+        found = self.cache.get(("records", thread_id))
+        return found.last_seq if isinstance(found, CachedRecords) else 0
+
     async def _records(
-        self, conn: ViewReads, thread_id: str, head: StoredHead
+        self,
+        conn: ViewReads,
+        thread_id: str,
+        head: StoredHead,
+        *,
+        fetched: tuple[int, list[LedgerRecord] | None] = (0, None),
     ) -> tuple[CachedRecords, list[LedgerRecord]]:
+        """The thread's records up to ``head``, from the cache and what was read since; ``fetched``:
+        the records after a seq that came with the head, used when the cache still ends there."""
         lock = self._locks.setdefault(thread_id, asyncio.Lock())
         async with lock:
             key = ("records", thread_id)
             found = self.cache.get(key)
             cached = found if isinstance(found, CachedRecords) else CachedRecords(0, [], ViewMemo(thread_id))
             if cached.last_seq < head.last_seq:
-                new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
+                after, read = fetched
+                if read is not None and after == cached.last_seq:
+                    new = read
+                else:  # a concurrent load moved the cache (or evicted it) since the head was read
+                    new = await conn.select_records(thread_id, gt=cached.last_seq, lte=head.last_seq)
                 start = len(cached.records)
                 cached = CachedRecords(
                     head.last_seq,

@@ -1,20 +1,24 @@
-"""A plan's ledger writes in one statement: sessions, heads, records, tool calls and the position.
+"""A plan's ledger writes in one statement: sessions, heads, records, tool calls, receipts and the position.
 
 Each statement of a batch is a round trip, and the recorder's transaction is on every read-your-writes
 step: one event on a known thread was BEGIN, session bump, head compare-and-set, records, position,
 COMMIT (issue 16). Here they are the sub-statements of one ``WITH``, composed from the parts the plan
-has, so the transaction is BEGIN, this, COMMIT.
+has; a plan with nothing else to write (``one_statement``) needs no transaction around it at all.
 
 Invariants:
 
-1. A record, a tool call and a call's outcome are written only for a thread whose head this
-   statement created or moved (``w``): a thread that lost its compare-and-set writes nothing of its
-   own, so the loss is reported as a conflict (``RevisionConflict``), never as a unique violation on
-   a sequence the winner took. The caller's transaction undoes what the statement did write.
-2. Sub-statements of one ``WITH`` see one snapshot, not each other's rows: an outcome whose call is
+1. A record, a tool call, a call's outcome and a settled receipt are written only for a thread whose
+   head this statement created or moved (``w``): a thread that lost its compare-and-set writes nothing
+   of its own, so the loss is reported as a conflict (``RevisionConflict``), never as a unique
+   violation on a sequence the winner took.
+2. A lost head, or an outcome whose call another writer closed, fails the whole statement from
+   inside it (``ctx.require_written``, migration 0019): what it did write — the sessions' numbers, the
+   position — goes with it, with or without a transaction around it.
+3. Sub-statements of one ``WITH`` see one snapshot, not each other's rows: an outcome whose call is
    in the same plan is written with the call (``_fold_outcomes``), since the update closing calls
-   could not see it.
-3. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
+   could not see it; receipts are settled here only when the plan requests none (``one_statement``),
+   since the settling update could not see a receipt requested beside it.
+4. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
    so the caller has each session's base for runs and resets.
 """
 
@@ -27,11 +31,13 @@ from dataclasses import dataclass, field
 from contracts import DEFAULT_POLICY_NAME
 from contracts.subjects import DEFAULT_TENANT
 
+import asyncpg
+
 from services.core.ledger import BatchPlan, NewCall, NewOutcome
 from services.errors import RevisionConflict
 from services.store.ledger import Conn
 
-__all__ = ["Position", "write_ledger"]
+__all__ = ["Position", "one_statement", "write_ledger"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,15 @@ o AS (
     AND u.thread_id IN (SELECT thread_id FROM w)
   RETURNING 1)"""
 
+_RECEIPTS = """
+d AS (
+  UPDATE ctx.receipts t
+  SET status = u.status, finished_event = u.finished_event, response_sha256 = u.response_sha256,
+      external_ref = u.external_ref
+  FROM unnest({0}::text[], {1}::text[], {2}::text[], {3}::text[], {4}::text[], {5}::text[])
+      AS u(thread_id, call_id, status, finished_event, response_sha256, external_ref)
+  WHERE t.thread_id = u.thread_id AND t.call_id = u.call_id AND u.thread_id IN (SELECT thread_id FROM w))"""
+
 _POSITION = """
 p AS (
   INSERT INTO ctx.tracking (consumer, partition, last_stream_seq) VALUES ({0}, {1}, {2})
@@ -119,7 +134,9 @@ p AS (
   SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq),
       updated_at = now())"""
 
-_SELECT_REVISION = "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1"
+# The guard's failures (migration 0019).
+_LOST_HEAD = "CX001"
+_CALL_CLOSED = "CX002"
 
 # A new head's columns, in _NEW_HEADS's order.
 _HEAD_FIELDS = (
@@ -150,13 +167,33 @@ class _Statement:
         return "WITH" + ",".join(self.ctes) + "\n" + select
 
 
+def one_statement(plan: BatchPlan) -> bool:
+    """True when ``write_ledger`` writes all of ``plan``: it commits by itself, no transaction needed."""
+    return not (
+        plan.blobs
+        or plan.principals
+        or plan.releases
+        or plan.new_threads
+        or plan.new_runs
+        or plan.run_statuses
+        or plan.resets
+        or plan.rejections
+        or plan.session_catalogs
+        or plan.receipts_requested
+        or plan.receipts_reconciled
+        or plan.state_writes
+    )
+
+
 async def write_ledger(
     conn: Conn, plan: BatchPlan, recorded_by: str, position: Position | None
 ) -> dict[str, int]:
-    """Sessions, heads, records, calls and ``position`` of ``plan`` in one statement, inside the
-    caller's transaction; each session's base (the sequence number its first record follows).
+    """Sessions, heads, records, calls and ``position`` of ``plan`` in one statement (with its settled
+    receipts too when ``one_statement(plan)``); each session's base (the sequence number its first
+    record follows).
 
-    Raises RevisionConflict naming the first thread whose head another writer moved or created.
+    Raises RevisionConflict naming the first thread whose head another writer moved or created; the
+    statement then wrote nothing (invariant 2).
     """
     statement = _Statement()
     if plan.session_counts:
@@ -207,25 +244,43 @@ async def write_ledger(
             [o.outcome_seq for o in outcomes],
             [o.status for o in outcomes],
         )
+    if plan.receipts_finished and one_statement(plan):
+        ds = plan.receipts_finished
+        statement.add(
+            _RECEIPTS,
+            *_fields(ds, "thread_id", "call_id", "status", "finished_event", "response_sha256"),
+            [d.external_ref for d in ds],
+        )
     if position is not None:
         statement.add(_POSITION, position.consumer, position.partition, position.stream_seq)
     bumped = "(SELECT json_object_agg(session_id, last_seq) FROM s)::text" if plan.session_counts else "NULL"
     closed = "(SELECT count(*) FROM o)" if outcomes else "0"
-    row = await conn.fetchrow(
-        statement.sql(f"SELECT {bumped}, ARRAY(SELECT thread_id FROM w), {closed}"), *statement.args
-    )
+    heads, to_close = len(statement.args) + 1, len(statement.args) + 2
+    statement.args += [[h.thread_id for h in plan.heads], len(outcomes)]
+    guard = f"""ctx.require_written(l.thread_id,
+    (SELECT revision FROM ctx.thread_heads WHERE thread_id = l.thread_id), {closed}, ${to_close})
+FROM (SELECT (SELECT t FROM unnest(${heads}::text[]) AS t
+              WHERE t NOT IN (SELECT thread_id FROM w) LIMIT 1) AS thread_id) l"""
+    try:
+        row = await conn.fetchrow(statement.sql(f"SELECT {bumped}, {guard}"), *statement.args)
+    except asyncpg.PostgresError as exc:
+        raise _conflict(exc, plan, outcomes) from None
     assert row is not None
     last_seqs: Mapping[str, int] = json.loads(row[0]) if row[0] is not None else {}
-    heads_written = set(row[1])
-    # One write per thread and plan (the planner folds a thread's events into one head), so a head
-    # missing from what the statement returns lost its compare-and-set (or its first insert).
-    for head in plan.heads:
-        if head.thread_id not in heads_written:
-            actual = await conn.fetchval(_SELECT_REVISION, head.thread_id)
-            raise RevisionConflict(head.thread_id, head.expected_revision or 0, actual)
-    if row[2] != len(outcomes):
-        raise RevisionConflict(outcomes[0].thread_id, -1, None)
     return {s: last_seqs[s] - n for s, n in plan.session_counts.items()}
+
+
+def _conflict(exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[NewOutcome]) -> Exception:
+    """The guard's failure as the conflict it reports; any other error as it was raised."""
+    state = getattr(exc, "sqlstate", None)
+    if state == _LOST_HEAD:
+        thread_id = str(getattr(exc, "message", ""))
+        expected = next((h.expected_revision for h in plan.heads if h.thread_id == thread_id), None)
+        detail = getattr(exc, "detail", None)
+        return RevisionConflict(thread_id, expected or 0, int(detail) if detail else None)
+    if state == _CALL_CLOSED:
+        return RevisionConflict(outcomes[0].thread_id, -1, None)
+    return exc
 
 
 def _fields(rows: Sequence[object], *names: str) -> list[list[object]]:

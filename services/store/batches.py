@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import JsonValue
 
@@ -22,7 +22,7 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
-from services.store.batch_write import Position, write_ledger
+from services.store.batch_write import Position, one_statement, write_ledger
 from services.store.ledger import Conn
 from services.store.tracking import DeadLettersRepo
 
@@ -359,10 +359,37 @@ async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, State
 
 
 async def write_plan(
-    conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+    conn: Conn,
+    plan: BatchPlan,
+    *,
+    recorded_by: str,
+    keep_raw: int,
+    position: Position | None = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> None:
-    """Apply a batch plan inside the caller's transaction, and move ``position`` with it; raises
-    RevisionConflict on a moved head."""
+    """Apply a batch plan, all of it or none, and move ``position`` with it; raises RevisionConflict on
+    a moved head.
+
+    A plan whose writes are one statement (``one_statement``: a known thread's messages, calls and
+    outcomes) commits by itself, without BEGIN and COMMIT round trips; any other runs in a transaction
+    (a savepoint inside the caller's). ``before_commit`` runs once the writes are in and not yet
+    committed — for one statement, just before it is sent: nothing of it is durable before its own
+    commit either.
+    """
+    if one_statement(plan):
+        if before_commit is not None:
+            before_commit()
+        await write_ledger(conn, plan, recorded_by, position)
+        return
+    async with conn.transaction():
+        await _write_all(conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
+        if before_commit is not None:
+            before_commit()
+
+
+async def _write_all(
+    conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None
+) -> None:
     if plan.blobs:
         # Before the statement whose records point at them (a foreign key).
         await conn.execute(

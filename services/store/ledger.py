@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import asyncpg
 
@@ -31,6 +31,8 @@ Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyn
 
 __all__ = [
     "HEAD_COLUMNS",
+    "RECORD_BLOB_JOIN",
+    "RECORD_ROW",
     "Conn",
     "EvidenceRow",
     "HeadsRepo",
@@ -39,6 +41,7 @@ __all__ = [
     "StoredHead",
     "TailRecord",
     "head_of_row",
+    "ledger_record_of_row",
 ]
 
 # What head_of_row reads, of ``ctx.thread_heads h`` (also read with a view: thread_at_head.py).
@@ -47,19 +50,40 @@ HEAD_COLUMNS = """h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision
 _SELECT_HEAD = f"SELECT {HEAD_COLUMNS} FROM ctx.thread_heads h WHERE h.thread_id = $1"
 
 
-# What a LedgerRecord is read from (``_ledger_record``), written once for every query that reads one.
-_RECORD_COLUMNS = """
-SELECT r.thread_id, r.seq, r.session_seq, r.event_key, r.kind, r.payload,
-       COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8')) AS text,
-       r.tokens_o200k, r.tokens_cl100k, r.mask_text, r.mask_tokens_o200k, r.mask_tokens_cl100k,
-       r.recorded_at
-FROM ctx.records r
-"""
+# What a LedgerRecord is read from (``_ledger_record``), written once for every query that reads one:
+# named columns of ``ctx.records r`` (with ``ctx.blobs b`` joined for a large text), or one ROW of
+# them in this order (``RECORD_ROW``, read back by ``ledger_record_of_row``).
+_RECORD_FIELDS: tuple[tuple[str, str], ...] = (
+    ("thread_id", "r.thread_id"),
+    ("seq", "r.seq"),
+    ("session_seq", "r.session_seq"),
+    ("event_key", "r.event_key"),
+    ("kind", "r.kind"),
+    ("payload", "r.payload"),
+    ("text", "COALESCE(r.view_text, r.text, convert_from(b.content, 'UTF8'))"),
+    ("tokens_o200k", "r.tokens_o200k"),
+    ("tokens_cl100k", "r.tokens_cl100k"),
+    ("mask_text", "r.mask_text"),
+    ("mask_tokens_o200k", "r.mask_tokens_o200k"),
+    ("mask_tokens_cl100k", "r.mask_tokens_cl100k"),
+    ("recorded_at", "r.recorded_at"),
+)
+_RECORD_COLUMNS = (
+    "\nSELECT "
+    + ", ".join(e if e == f"r.{n}" else f"{e} AS {n}" for n, e in _RECORD_FIELDS)
+    + "\nFROM ctx.records r\n"
+)
+RECORD_ROW = "ROW(" + ", ".join(e for _, e in _RECORD_FIELDS) + ")"
+# The blob a record's text is stored in, when it is neither inline nor a view text.
+RECORD_BLOB_JOIN = (
+    "LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256"
+)
 
 
 _SELECT_RECORDS = (
     _RECORD_COLUMNS
-    + """LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+    + RECORD_BLOB_JOIN
+    + """
 WHERE r.thread_id = $1 AND r.seq > $2 AND r.seq <= $3
 ORDER BY r.seq
 """
@@ -69,7 +93,9 @@ ORDER BY r.seq
 _SELECT_INHERITED = (
     _RECORD_COLUMNS
     + """JOIN ctx.thread_heads h ON h.thread_id = r.thread_id AND h.role = 'main'
-LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+"""
+    + RECORD_BLOB_JOIN
+    + """
 WHERE r.session_id = $1 AND r.session_seq > $2 AND r.session_seq <= $3 AND r.thread_id <> $4
 ORDER BY r.session_seq
 """
@@ -80,7 +106,9 @@ _SELECT_BY_REF = (
     _RECORD_COLUMNS
     + """JOIN unnest($1::text[], $2::bigint[]) AS k(thread_id, seq) ON r.thread_id = k.thread_id
          AND r.seq = k.seq
-LEFT JOIN ctx.blobs b ON r.text IS NULL AND r.view_text IS NULL AND b.sha256 = r.blob_sha256
+"""
+    + RECORD_BLOB_JOIN
+    + """
 ORDER BY r.session_seq
 """
 )
@@ -201,6 +229,11 @@ class StoredHead:
     last_event_key: str | None
     user_turns: int = 0
     model_steps: int = 0
+
+
+def ledger_record_of_row(values: Sequence[object]) -> LedgerRecord:
+    """A record from one ``RECORD_ROW`` (an anonymous row asyncpg reads as a tuple)."""
+    return _ledger_record(cast(Any, dict(zip((n for n, _ in _RECORD_FIELDS), values, strict=True))))
 
 
 def _ledger_record(r: asyncpg.Record) -> LedgerRecord:

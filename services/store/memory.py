@@ -422,9 +422,23 @@ class MemorySession:
         )
 
     async def write_plan(
-        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+        self,
+        plan: BatchPlan,
+        *,
+        recorded_by: str,
+        keep_raw: int,
+        position: Position | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
-        """As ``batches.write_plan``: every write of the plan, or (inside a transaction) none."""
+        """As ``batches.write_plan``: every write of the plan, or none."""
+        async with self.transaction():
+            await self._write_plan(plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
+            if before_commit is not None:
+                before_commit()
+
+    async def _write_plan(
+        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None
+    ) -> None:
         if position is not None:
             await self.insert_tracking(position.consumer, position.partition, position.stream_seq)
         t = self._t
@@ -766,7 +780,7 @@ class MemorySession:
         )
 
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None
+        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
     ) -> ThreadAtHead | None:
         head = await self.select_head(thread_id)
         if head is None:
@@ -779,6 +793,9 @@ class MemorySession:
             await self.current_window(thread_id),
             (await self.read_states([thread_id])).get(thread_id) if fresh else None,
             fresh,
+            None
+            if records_after is None
+            else await self.select_records(thread_id, gt=records_after, lte=head.last_seq),
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:

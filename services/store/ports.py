@@ -102,10 +102,17 @@ class RecordingSession(Transactional, Protocol):
     ) -> LedgerReads: ...
 
     async def write_plan(
-        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+        self,
+        plan: BatchPlan,
+        *,
+        recorded_by: str,
+        keep_raw: int,
+        position: Position | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
-        """Apply a plan and move ``position`` with it (RevisionConflict on a moved head, DuplicateEvent
-        on a key recorded meanwhile)."""
+        """Apply a plan, all of it or none, and move ``position`` with it (RevisionConflict on a moved
+        head, DuplicateEvent on a key recorded meanwhile); it commits by itself unless the caller holds
+        a transaction. ``before_commit`` runs once, when the writes are in and not yet committed."""
         ...
 
     async def insert_dead_letter(self, rejection: Rejection, *, keep_raw: int) -> None: ...
@@ -117,10 +124,11 @@ class ViewReads(Protocol):
     async def select_head(self, thread_id: str) -> StoredHead | None: ...
 
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None
+        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
     ) -> ThreadAtHead | None:
         """The head with its scope, compaction state and open window, read at one instant; its current
-        facts too unless the head is still at ``facts_of_revision``."""
+        facts too unless the head is still at ``facts_of_revision``, and its records after seq
+        ``records_after`` up to the head when that is given."""
         ...
 
     async def scope_of(self, thread_id: str) -> ThreadScope: ...

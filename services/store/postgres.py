@@ -141,11 +141,22 @@ class PgSession:
 
     @_translated
     async def write_plan(
-        self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None = None
+        self,
+        plan: BatchPlan,
+        *,
+        recorded_by: str,
+        keep_raw: int,
+        position: Position | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         # Looked up on the module at call time, so a test can make one plan fail as the server would.
         await batches.write_plan(
-            self._conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position
+            self._conn,
+            plan,
+            recorded_by=recorded_by,
+            keep_raw=keep_raw,
+            position=position,
+            before_commit=before_commit,
         )
 
     @_translated
@@ -206,10 +217,14 @@ class PgSession:
 
     @_translated
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None
+        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
     ) -> ThreadAtHead | None:
         return await read_thread_at_head(
-            self._conn, thread_id, self._summaries, facts_of_revision=facts_of_revision
+            self._conn,
+            thread_id,
+            self._summaries,
+            facts_of_revision=facts_of_revision,
+            records_after=records_after,
         )
 
     @_translated

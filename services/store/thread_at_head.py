@@ -6,7 +6,9 @@ trip is one more wake-up of PostgreSQL and of the fleet. One statement reads the
 snapshot — a head and a view state that no commit can fall between — and, like ``load_view``,
 without the body of a summary this store already holds. The thread's current facts come with it
 unless the caller holds them for this head revision already (every recorded event moves the
-revision, so they were two more statements on every read-your-writes step).
+revision, so they were two more statements on every read-your-writes step), and so do the thread's
+records after the ones the caller holds (``records_after``): on a read-your-writes step the record
+just committed came in a statement of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ from dataclasses import dataclass
 
 from services.core.state import StateView
 from services.store.batches import FACTS_JSON, VERSIONS_JSON, states_from_json
-from services.store.ledger import HEAD_COLUMNS, Conn, StoredHead, head_of_row
+from services.core.records import LedgerRecord
+from services.store.ledger import (
+    HEAD_COLUMNS,
+    RECORD_BLOB_JOIN,
+    RECORD_ROW,
+    Conn,
+    StoredHead,
+    head_of_row,
+    ledger_record_of_row,
+)
 from services.store.views import (
     SCOPE_COLUMNS,
     VIEW_COLUMNS,
@@ -31,7 +42,8 @@ from services.store.windows import OpenWindow, open_window_of
 __all__ = ["ThreadAtHead", "read_thread_at_head"]
 
 # The row readers' own columns (a thread without a view row reads its view columns as NULL: an
-# empty state), the newest window, and the facts unless the caller holds them for this revision ($3).
+# empty state), the newest window, the facts unless the caller holds them for this revision ($3), and
+# the records after seq $4 up to the head (NULL: none asked for).
 _THREAD_AT_HEAD = f"""
 SELECT {HEAD_COLUMNS},
        {SCOPE_COLUMNS},
@@ -44,7 +56,11 @@ SELECT {HEAD_COLUMNS},
        END AS facts,
        CASE WHEN h.revision IS DISTINCT FROM $3::bigint THEN
          (SELECT json_agg({VERSIONS_JSON}) FROM ctx.state_versions WHERE thread_id = h.thread_id)
-       END AS versions
+       END AS versions,
+       CASE WHEN h.last_seq > $4::bigint THEN
+         ARRAY(SELECT {RECORD_ROW} FROM ctx.records r {RECORD_BLOB_JOIN}
+               WHERE r.thread_id = h.thread_id AND r.seq > $4::bigint AND r.seq <= h.last_seq ORDER BY r.seq)
+       END AS records
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
 LEFT JOIN ctx.runs r ON r.run_id = h.run_id
@@ -70,15 +86,24 @@ class ThreadAtHead:
     # The current facts (``None``: the thread has none), unless the caller held them for this revision.
     facts: StateView | None = None
     facts_read: bool = False
+    # The records after ``records_after`` up to the head, in order; ``None``: not asked for.
+    records: list[LedgerRecord] | None = None
 
 
 async def read_thread_at_head(
-    conn: Conn, thread_id: str, summaries: SummaryRows | None = None, *, facts_of_revision: int | None = None
+    conn: Conn,
+    thread_id: str,
+    summaries: SummaryRows | None = None,
+    *,
+    facts_of_revision: int | None = None,
+    records_after: int | None = None,
 ) -> ThreadAtHead | None:
     """The thread at its head, or ``None`` if nothing was recorded for it; its facts too unless the
-    head is still at ``facts_of_revision``."""
+    head is still at ``facts_of_revision``, and its records after seq ``records_after`` if given."""
     held = summaries.held(thread_id) if summaries is not None else None
-    r = await conn.fetchrow(_THREAD_AT_HEAD, thread_id, held_summary_id(held), facts_of_revision)
+    r = await conn.fetchrow(
+        _THREAD_AT_HEAD, thread_id, held_summary_id(held), facts_of_revision, records_after
+    )
     if r is None:
         return None
     state = view_state_of_row(thread_id, r, held, summaries) if r["has_view"] else ViewState()
@@ -88,4 +113,8 @@ async def read_thread_at_head(
         else open_window_of(r["window_no"], r["opened_after"], r["window_body"])
     )
     facts = states_from_json(r["facts"], r["versions"]).get(thread_id) if r["facts_read"] else None
-    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]))
+    head = head_of_row(r)
+    records: list[LedgerRecord] | None = None
+    if records_after is not None:
+        records = [ledger_record_of_row(row) for row in r["records"] or ()]
+    return ThreadAtHead(head, scope_of_row(r), state, window, facts, bool(r["facts_read"]), records)

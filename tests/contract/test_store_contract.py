@@ -368,3 +368,31 @@ async def test_commit_window_opens_window_2_and_refuses_a_stale_view_revision_al
                 0, _handoff(t.thread_id, 2, handoff_id="0c6f0d7e-8a9b-5c1d-9e2f-3a4b5c6d7e8f"), 40
             )
         assert await s.windows_closed_after(t.thread_id) == [2]
+
+
+async def test_the_records_read_with_the_head_are_the_records_read_alone(store: Store) -> None:
+    # A read-your-writes view load takes the records after the ones it holds in the head's statement;
+    # they must be exactly what the records' own read gives: inline text, a blob's text, a preview.
+    t = Thread()
+    await _write(
+        store,
+        [
+            t.system("Be brief.", key="sys"),
+            t.user("Fix app.py", key="u1"),
+            t.assistant("looking", calls=(("c1", "bash", {"cmd": "cat app.py"}),), key="a1"),
+            t.outcome("c1", "line of app.py\n" * 2_000, key="o1"),  # kept as a blob, with a preview
+            t.user("and the tests", key="u2"),
+        ],
+    )
+    async with store.session() as s:
+        for after in (0, 2, 4, 5):
+            at_head = await s.thread_at_head(t.thread_id, records_after=after)
+            assert at_head is not None and at_head.records is not None
+            alone = await s.select_records(t.thread_id, gt=after, lte=at_head.head.last_seq)
+            assert at_head.records == alone
+            assert [r.recorded_at for r in at_head.records] == [r.recorded_at for r in alone]
+            assert [r.thread_seq for r in at_head.records] == list(range(after + 1, 6))
+        outcome = next(r for r in (await s.select_records(t.thread_id, gt=0, lte=5)) if r.event_key == "o1")
+        assert outcome.text.startswith("line of app.py") and outcome.mask_text is not None
+        plain = await s.thread_at_head(t.thread_id)
+        assert plain is not None and plain.records is None  # not asked for, not read

@@ -1,5 +1,5 @@
 """How many SQL statements the recorder spends on a batch: each is a round trip, and the ingest rate
-of a partition is bounded by them (issue 16: one event's batch used to run 19, then 8).
+of a partition is bounded by them (issue 16: one event's batch used to run 19, then 8, then 4).
 
 Counted through asyncpg's query logger on every connection of the store's pool, so anything the
 recording path sends — reads, writes, tracking, BEGIN and COMMIT — is seen.
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
 
 from contracts import DeadLetter
 from services.app.recording import RecordingService
+from services.app.views import ViewLoader
 from services.core.ledger import RecordingLimits
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
@@ -68,7 +69,7 @@ async def _statements_of(
     return list(statements.queries)
 
 
-async def test_one_event_on_a_known_thread_costs_four_statements(
+async def test_one_event_on_a_known_thread_costs_two_statements(
     counted: tuple[RecordingService, _Statements],
 ) -> None:
     service, statements = counted
@@ -76,9 +77,11 @@ async def test_one_event_on_a_known_thread_costs_four_statements(
     t = Thread()
     await _statements_of(service, statements, [t.user("first")], seq=next(seqs))
     sent = await _statements_of(service, statements, [t.user("second", key="k2")], seq=next(seqs))
-    # The one read (the partition's position with it), BEGIN, the one write (session bump, head
-    # compare-and-set, records and position: services/store/batch_write.py), COMMIT.
-    assert len(sent) == 4, "\n".join(sent)
+    # The one read (the partition's position with it) and the one write (session bump, head
+    # compare-and-set, records and position: services/store/batch_write.py), which commits by itself:
+    # no BEGIN, no COMMIT.
+    assert len(sent) == 2, "\n".join(sent)
+    assert not any(q.startswith(("BEGIN", "COMMIT")) for q in sent), "\n".join(sent)
 
 
 async def test_a_batch_of_many_threads_and_sessions_costs_a_fixed_number_of_statements(
@@ -93,7 +96,55 @@ async def test_a_batch_of_many_threads_and_sessions_costs_a_fixed_number_of_stat
         call = t.assistant("looking", calls=(("c1", "ls", {"path": "."}),))
         events += [call, t.outcome("c1", "a\nb\n" * 50)]
     sent = await _statements_of(service, statements, events, seq=next(seqs))
-    # As above — the tool calls inserted and closed are sub-statements of the one write (each call
-    # with the outcome the same batch gives it) — plus the receipts settled: nothing grows with the
-    # threads, sessions or events of the batch.
-    assert len(sent) == 5, "\n".join(sent)
+    # As above — the tool calls inserted and closed and the receipts settled are sub-statements of the
+    # one write (each call with the outcome the same batch gives it): nothing grows with the threads,
+    # sessions or events of the batch.
+    assert len(sent) == 2, "\n".join(sent)
+
+
+async def test_a_batch_with_more_than_the_ledger_to_write_runs_in_one_transaction(
+    counted: tuple[RecordingService, _Statements],
+) -> None:
+    service, statements = counted
+    t = Thread()
+    # A thread's first event also records its run (and its role): statements of their own, so the
+    # batch is a transaction around them.
+    sent = await _statements_of(service, statements, [t.system("You fix bugs."), t.user("first")], seq=1)
+    assert sent[1].startswith("BEGIN") and sent[-1].startswith("COMMIT"), "\n".join(sent)
+
+
+async def test_a_view_load_after_a_new_record_costs_one_statement(
+    counted: tuple[RecordingService, _Statements], database_url: str
+) -> None:
+    # The read-your-writes step's view load: the head, scope, view state, window, facts and the record
+    # just committed all come in the head's statement (services/store/thread_at_head.py).
+    service, statements = counted
+    seqs = itertools.count(1, 1_000)
+    t = Thread()
+    await _statements_of(
+        service,
+        statements,
+        [t.system("You fix bugs.", key="s1"), t.user("first", key="u1"), t.user("more", key="u2")],
+        seq=next(seqs),
+    )
+    loader = ViewLoader()
+    pool = await create_pool(database_url, min_size=1, max_size=1, init=_logging(statements))
+    try:
+        store = PgStore(pool)
+        async with store.session() as s:
+            await loader.load(s, t.thread_id)  # warm: the session's pinned policy, the records so far
+        await _statements_of(service, statements, [t.user("and this", key="u3")], seq=next(seqs))
+        statements.queries.clear()
+        async with store.session() as s:
+            view = await loader.load(s, t.thread_id)
+        assert [r.event_key for r in view.records][-1] == "u3"
+        assert len(statements.queries) == 1, "\n".join(statements.queries)
+    finally:
+        await pool.close()
+
+
+def _logging(statements: _Statements) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    async def init(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(statements)
+
+    return init

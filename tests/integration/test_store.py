@@ -8,7 +8,7 @@ import pytest
 from services.errors import RevisionConflict, StoreUnavailable
 from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.store._errors import translate_pg_errors
-from services.store.batch_write import Position
+from services.store.batch_write import Position, one_statement
 from services.store.batches import read_for_batch, write_plan
 from services.store.ledger import HeadsRepo
 from services.core.tokens import ENCODINGS, counter_for
@@ -123,19 +123,74 @@ async def test_a_call_and_its_outcome_in_one_batch_are_written_closed(db: asyncp
     assert status == "error"
 
 
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["committing_by_itself", "in_a_transaction"])
 async def test_a_writer_that_lost_the_head_leaves_no_session_number_call_or_position_behind(
-    db: asyncpg.Connection,
+    db: asyncpg.Connection, in_transaction: bool
 ) -> None:
     t = Thread()
     b = await _loser_of_two_writers(db, t, [t.assistant(calls=(("c9", "ls", {}),))])
+    assert one_statement(b)  # type: ignore[arg-type]
     last_seq = await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id)
-    with pytest.raises(RevisionConflict):
-        async with db.transaction():
+    with pytest.raises(RevisionConflict) as err:
+        if in_transaction:
+            async with db.transaction():
+                await write_plan(  # type: ignore[arg-type]
+                    db, b, recorded_by="b", keep_raw=1024, position=Position("lost", 0, 99)
+                )
+        else:
+            # No transaction around it: the statement's own guard undoes the session bump and position.
             await write_plan(  # type: ignore[arg-type]
                 db, b, recorded_by="b", keep_raw=1024, position=Position("lost", 0, 99)
             )
+    assert err.value.details == {"thread_id": t.thread_id, "expected": 1, "actual": 2}
     assert (
         await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id) == last_seq
     )
     assert await db.fetchval("SELECT count(*) FROM ctx.tool_calls WHERE thread_id = $1", t.thread_id) == 0
     assert await db.fetchval("SELECT count(*) FROM ctx.tracking WHERE consumer = 'lost'") == 0
+
+
+async def test_an_outcome_whose_call_another_writer_closed_fails_the_whole_write(
+    db: asyncpg.Connection,
+) -> None:
+    t = Thread()
+    first = await _plan_from_db(db, [t.user("list it"), t.assistant(calls=(("c1", "ls", {"path": "."}),))])
+    await write_plan(db, first, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    late = await _plan_from_db(db, [t.outcome("c1", "a b")])
+    assert one_statement(late)  # type: ignore[arg-type]
+    # Another writer closed the call after this plan read it open (the head left as it was).
+    await db.execute(
+        "UPDATE ctx.tool_calls SET outcome_seq = 99, status = 'error' WHERE thread_id = $1", t.thread_id
+    )
+    before = await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id)
+    with pytest.raises(RevisionConflict):
+        await write_plan(  # type: ignore[arg-type]
+            db, late, recorded_by="b", keep_raw=1024, position=Position("closed", 0, 7)
+        )
+    head = await HeadsRepo.select_head(db, t.thread_id)
+    assert head is not None and head.last_seq == 2  # the head's move went with the statement
+    assert (
+        await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id) == before
+    )
+    assert await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", t.thread_id) == 2
+    assert await db.fetchval("SELECT count(*) FROM ctx.tracking WHERE consumer = 'closed'") == 0
+
+
+async def test_a_plan_of_more_than_one_statement_is_written_whole_or_not_at_all(
+    db: asyncpg.Connection,
+) -> None:
+    # A thread's first events carry their run and role: more than the one statement, so a transaction
+    # of its own; a failure in its last statement leaves none of the earlier ones behind.
+    t = Thread()
+    plan = await _plan_from_db(db, [t.system("You fix bugs."), t.user("first")])
+    assert not one_statement(plan)  # type: ignore[arg-type]
+
+    def crash() -> None:
+        raise RuntimeError("the process died before its commit")
+
+    with pytest.raises(RuntimeError):
+        await write_plan(db, plan, recorded_by="a", keep_raw=1024, before_commit=crash)  # type: ignore[arg-type]
+    assert await HeadsRepo.select_head(db, t.thread_id) is None
+    assert await db.fetchval("SELECT count(*) FROM ctx.runs WHERE run_id = $1", t.run_id) == 0
+    await write_plan(db, plan, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
+    assert await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", t.thread_id) == 2

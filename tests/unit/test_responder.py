@@ -29,7 +29,7 @@ class _Published:
 
 def _responder(max_tasks: int = 4) -> tuple[Responder, _Published]:
     nc = _Published()
-    return Responder(cast(NatsClient, nc), max_tasks), nc
+    return Responder(lambda: cast(NatsClient, nc), max_tasks), nc
 
 
 def _request(n: int, reply: str = "") -> Inbound:
