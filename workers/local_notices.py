@@ -5,9 +5,11 @@ through the broker: the recorder published ``ctx.recorded.<thread>`` and the sam
 it back through FastStream, a round trip and a decode on the read-your-writes path of every step.
 Here the recorder hands the thread to this process's listeners directly, right after the commit.
 
-It still publishes every notice on NATS, for the workers of other processes, with this process's
-origin token in the ``ctx-origin`` header; a subscriber here skips the copy it already got, so a
-budgeter or indexer never runs a second pass for one batch. Either way a notice stays a hint:
+It still publishes every notice on NATS, for the workers of other processes, on the process's
+broker connection, which does not echo what it publishes (``no_echo``): the copies never come back
+here. They carry this process's origin token in the ``ctx-origin`` header as well, and a subscriber
+here skips a copy it already got (a recorder publishing on a connection of its own), so a budgeter or
+indexer never runs a second pass for one batch. Either way a notice stays a hint:
 waiters re-check the ledger and the sweeps catch up on whatever a lost notice did not announce.
 """
 

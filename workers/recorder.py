@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -82,9 +82,13 @@ class RecorderWorker:
         batch: int,
         stream_check_s: float = DEFAULT_CHECK_EVERY_S,
         local: LocalNotices | None = None,
+        notices: Callable[[], NatsClient] | None = None,
     ) -> None:
         self._nc = nc
         self._local = local or LocalNotices()
+        # Where the notices go out (the process's broker connection, which does not echo them to this
+        # process's own subscribers); this recorder's own connection without one.
+        self._notices = notices or (lambda: nc)
         self._js = nc.jetstream(timeout=10.0)
         self._store = store
         self._metrics = metrics
@@ -298,9 +302,10 @@ class RecorderWorker:
         for thread_id in touched:
             # This process's waiting prepares first, without a broker round trip (workers/local_notices.py).
             self._local.announce(thread_id, *result.committed.get(thread_id, ("", frozenset())))
+        notices = self._notices()
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
-            await self._nc.publish(
+            await notices.publish(
                 recorded_subject(thread_id),
                 json.dumps({"seq": seq, "revision": revision}).encode(),
                 headers=self._local.headers,
