@@ -26,6 +26,9 @@ Figures (printed, and written to out/bench.json):
   agent-like publish → prepare → think loop per session; fleet and generator CPU).
 - langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
   + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
+- think_paired: see benchmarks/think_paired.py (read-your-writes steps of this checkout and of
+  ``--against DIR``, two fleet processes taking turns step by step: a comparison the machine's drift
+  cannot bias).
 - append: see benchmarks/append_step.py (assembly right after one new record vs an unchanged view, as a
   thread grows from 40 to 900 records; in-process).
 - memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
@@ -75,6 +78,7 @@ from .rollover import bench_rollover
 from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
 from .think import bench_think
+from .think_paired import bench_think_paired
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -559,6 +563,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "memory",
             "pure",
             "append",
+            "think_paired",
         ):
             if args.only and name not in args.only:
                 continue
@@ -630,6 +635,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
                 results["think"] = await bench_think(nats_url, db, tmp, repeats=args.think_repeats)
+            elif name == "think_paired":
+                if args.against is None:
+                    results["think_paired"] = {"skipped": "needs --against DIR (another ctxfleet checkout)"}
+                else:
+                    results["think_paired"] = await bench_think_paired(pg_url, tmp, args.against.resolve())
             elif name == "concurrency":
 
                 async def fresh() -> str:
@@ -723,6 +733,7 @@ def main() -> None:
             "memory",
             "pure",
             "append",
+            "think_paired",
         ],
     )
     parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")
@@ -732,6 +743,12 @@ def main() -> None:
     parser.add_argument("--rate-seconds", type=float, default=20.0, help="concurrency: seconds per rate")
     parser.add_argument("--think-s", type=float, default=1.5, help="concurrency: agent-like think pause")
     parser.add_argument("--think-repeats", type=int, default=1, help="think: the pauses this many times over")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        help="think_paired: another ctxfleet checkout whose fleet takes turns with this one's",
+    )
     parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
     parser.add_argument("--ingest-runs", type=int, default=3, help="runs per ingest figure (median)")
     parser.add_argument(
