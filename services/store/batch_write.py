@@ -16,8 +16,8 @@ Invariants:
    position — goes with it, with or without a transaction around it.
 3. Sub-statements of one ``WITH`` see one snapshot, not each other's rows: an outcome whose call is
    in the same plan is written with the call (``_fold_outcomes``), since the update closing calls
-   could not see it; receipts are settled here only when the plan requests none (``one_statement``),
-   since the settling update could not see a receipt requested beside it.
+   could not see it; receipts are settled here only when the plan requests none
+   (``settles_receipts``), since the settling update could not see a receipt requested beside it.
 4. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
    so the caller has each session's base for runs and resets.
 """
@@ -37,7 +37,7 @@ from services.core.ledger import BatchPlan, NewCall, NewOutcome
 from services.errors import RevisionConflict
 from services.store.ledger import Conn
 
-__all__ = ["Position", "one_statement", "write_ledger"]
+__all__ = ["Position", "one_statement", "settles_receipts", "write_ledger"]
 
 
 @dataclass(frozen=True)
@@ -185,11 +185,16 @@ def one_statement(plan: BatchPlan) -> bool:
     )
 
 
+def settles_receipts(plan: BatchPlan) -> bool:
+    """True when ``write_ledger`` settles the plan's finished receipts (invariant 3): it requests none."""
+    return not plan.receipts_requested
+
+
 async def write_ledger(
     conn: Conn, plan: BatchPlan, recorded_by: str, position: Position | None
 ) -> dict[str, int]:
     """Sessions, heads, records, calls and ``position`` of ``plan`` in one statement (with its settled
-    receipts too when ``one_statement(plan)``); each session's base (the sequence number its first
+    receipts too when ``settles_receipts(plan)``); each session's base (the sequence number its first
     record follows).
 
     Raises RevisionConflict naming the first thread whose head another writer moved or created; the
@@ -244,7 +249,7 @@ async def write_ledger(
             [o.outcome_seq for o in outcomes],
             [o.status for o in outcomes],
         )
-    if plan.receipts_finished and one_statement(plan):
+    if plan.receipts_finished and settles_receipts(plan):
         ds = plan.receipts_finished
         statement.add(
             _RECEIPTS,

@@ -22,7 +22,7 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
-from services.store.batch_write import Position, one_statement, write_ledger
+from services.store.batch_write import Position, one_statement, settles_receipts, write_ledger
 from services.store.ledger import Conn
 from services.store.tracking import DeadLettersRepo
 
@@ -152,8 +152,9 @@ WHERE session_id = $1 AND operation_id = $2 AND status IN ('requested', 'unknown
 """
 
 
-# Every outcome of the batch in one statement; a call has at most one outcome (a second one is
-# dead-lettered), so no receipt row is matched twice.
+# Every outcome of the batch in one statement, for a batch that also requests receipts (any other
+# settles them in its ledger statement: batch_write.py); a call has at most one outcome (a second one
+# is dead-lettered), so no receipt row is matched twice.
 _FINISH_RECEIPTS = """
 UPDATE ctx.receipts r
 SET status = u.status, finished_event = u.finished_event, response_sha256 = u.response_sha256,
@@ -432,7 +433,7 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
             [r.request_sha256 for r in rs],
             [r.requested_event for r in rs],
         )
-    if plan.receipts_finished:
+    if plan.receipts_finished and not settles_receipts(plan):  # else the ledger statement did
         ds = plan.receipts_finished
         await conn.execute(
             _FINISH_RECEIPTS,

@@ -113,8 +113,7 @@ async def read_thread_at_head(
         else open_window_of(r["window_no"], r["opened_after"], r["window_body"])
     )
     facts = states_from_json(r["facts"], r["versions"]).get(thread_id) if r["facts_read"] else None
-    head = head_of_row(r)
     records: list[LedgerRecord] | None = None
     if records_after is not None:
         records = [ledger_record_of_row(row) for row in r["records"] or ()]
-    return ThreadAtHead(head, scope_of_row(r), state, window, facts, bool(r["facts_read"]), records)
+    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]), records)
