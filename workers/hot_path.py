@@ -17,6 +17,10 @@ Invariants:
    think, a moment without a prepare lasts ~3 ms: a pass started there ran on into the next step
    (measured: a 0 s-pause step p99 of 27 ms against a p50 of 8). Waiting for a real pause
    gathers the passes of a busy loop into one per ``pass_defer_s`` at most.
+1b. ``yield_to_prepares`` suspends at least once even when no prepare is in progress: work done in
+   short pieces, each after a call, holds the event loop for one piece at a time, and a request read
+   meanwhile is served between two pieces. (Returning at once let the gateway's write-behind hash 40
+   queued records, 12.5 ms, in one go while a back-to-back agent's next event waited behind it.)
 2. A prepare never waits for background work; the gate only delays the start of passes.
 3. A prepare counts as in progress until its reply is on its way: the count drops one loop turn
    after the handler returns. FastStream publishes the handler's reply right after it returns, and
@@ -80,8 +84,9 @@ class HotPath:
             self._quiet.set()
 
     async def yield_to_prepares(self) -> None:
-        """Return once no prepare is in progress, or after ``max_defer_s`` (invariant 1)."""
+        """Return once no prepare is in progress, or after ``max_defer_s`` (invariants 1, 1b)."""
         if self._active == 0 or self.max_defer_s <= 0:
+            await asyncio.sleep(0)
             return
         try:
             await asyncio.wait_for(self._quiet.wait(), timeout=self.max_defer_s)

@@ -21,7 +21,6 @@ decides every write and every rejection. The invariants it enforces, one check e
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +68,7 @@ from services.errors import (
     OperationExists,
     UnknownOperation,
 )
+from services.core import json_text
 from services.core.hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from services.core.runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from services.core.state import StateView, StateWrite, effects_of, plan_patch, tool_spec
@@ -1062,7 +1062,7 @@ def _build_record(
         instance_id=event.instance_id,
         event_key=event.event_key,
         kind=event.kind,
-        payload_json=json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
+        payload_json=json_text.compact(payload),
         text=None if blob_sha is not None else text,
         blob_sha256=blob_sha,
         view_text=view_text,

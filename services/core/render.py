@@ -37,6 +37,7 @@ from services.core.records import (
     UserInputBody,
     parse_body,
 )
+from services.core import json_text
 from services.core.context_tools import CONTEXT_READ
 from services.core.tokens import EncodingName, TokenCounter
 
@@ -98,7 +99,7 @@ class RenderedCall:
 
 def arguments_json(args: Mapping[str, JsonValue]) -> str:
     """Tool arguments as the JSON string OpenAI expects, keys in the order the model wrote them."""
-    return json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+    return json_text.compact(args)
 
 
 def content_of(kind: str, payload: Mapping[str, JsonValue], text: str) -> str:

@@ -128,6 +128,10 @@ def estimate_tokens(text: str) -> int:
     return (len(text.encode("utf-8")) + 3) // 4
 
 
+# Token ids kept for the next ``head_tail`` of the same text, at most (~2.4 MB as Python ints).
+_KEEP_IDS = 65_536
+
+
 class TokenCounter:
     """Counts tokens of text in one encoding; special-token text is counted as ordinary text."""
 
@@ -135,24 +139,32 @@ class TokenCounter:
         self.name: EncodingName = name
         self.method = f"tiktoken:{name}"
         self._enc = _encoding(name)
-        # The last text counted: the recorder counts a tool output to decide whether to trim it,
-        # then counts the same text again as the record's content (one tuple: atomic to swap).
-        self._last: tuple[str, int] = ("", 0)
+        # The last text counted, with its token ids: the recorder counts a tool output to decide
+        # whether to trim it, then cuts it (``head_tail``) or counts the same text again as the
+        # record's content. One tuple: atomic to swap between the recorder's planning thread and
+        # the event loop. Ids are kept only up to ``_KEEP_IDS`` (each id is an int object).
+        self._last: tuple[str, int, list[int] | None] = ("", 0, None)
 
     def count(self, text: str) -> int:
         """Tokens in ``text``."""
         if not text:
             return 0
-        last_text, last_n = self._last
+        last_text, last_n, _ = self._last
         if text is last_text or text == last_text:
             return last_n
-        n = len(self._enc.encode_ordinary(text))
-        self._last = (text, n)
+        ids = self._enc.encode_ordinary(text)
+        n = len(ids)
+        self._last = (text, n, ids if n <= _KEEP_IDS else None)
         return n
 
     def head_tail(self, text: str, *, head_tokens: int, tail_tokens: int) -> tuple[str, str]:
         """The first ``head_tokens`` and last ``tail_tokens`` of ``text``, cut on token boundaries."""
-        ids = self._enc.encode_ordinary(text)
+        last_text, _, last_ids = self._last
+        # A tool output is cut right after it was counted: its ids are the ones just made.
+        if last_ids is not None and (text is last_text or text == last_text):
+            ids = last_ids
+        else:
+            ids = self._enc.encode_ordinary(text)
         return self._enc.decode(ids[:head_tokens]), self._enc.decode(ids[len(ids) - tail_tokens :])
 
 

@@ -32,6 +32,15 @@ async def test_yield_to_prepares_returns_at_once_when_no_prepare_is_in_progress(
     assert loop.time() - begun < 0.5
 
 
+async def test_yield_to_prepares_lets_the_loop_run_even_when_no_prepare_is_in_progress() -> None:
+    # Work done in pieces, each after this call, never holds the loop for more than one piece.
+    hot = HotPath(max_defer_s=5.0)
+    ran: list[str] = []
+    asyncio.get_running_loop().call_soon(ran.append, "request read")
+    await hot.yield_to_prepares()
+    assert ran == ["request read"]
+
+
 async def test_yield_to_prepares_waits_until_the_last_prepare_in_progress_ends() -> None:
     hot = HotPath(max_defer_s=5.0)
     order: list[str] = []

@@ -48,3 +48,49 @@ def test_head_tail_cuts_on_token_boundaries() -> None:
     head, tail = counter_for("o200k_base").head_tail(text, head_tokens=10, tail_tokens=5)
     assert text.startswith(head) and text.endswith(tail)
     assert counter_for("o200k_base").count(head) == 10
+
+
+class _CountingEncoding:
+    """An encoding that counts how often it encodes a whole text."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.encodes = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.encodes += 1
+        return self._inner.encode_ordinary(text)  # type: ignore[attr-defined, no-any-return]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._inner.decode(ids)  # type: ignore[attr-defined, no-any-return]
+
+
+def _counting(name: tokens.EncodingName) -> tuple[TokenCounter, _CountingEncoding]:
+    counter = TokenCounter(name)
+    encoding = _CountingEncoding(counter._enc)
+    counter._enc = encoding  # type: ignore[assignment]
+    return counter, encoding
+
+
+def test_a_tool_output_cut_right_after_it_was_counted_is_encoded_once() -> None:
+    text = " ".join(f"line {i} of the build log" for i in range(2000))
+    counter, encoding = _counting("o200k_base")
+    full = counter.count(text)
+    cut = counter.head_tail(text, head_tokens=300, tail_tokens=200)
+    assert encoding.encodes == 1
+    # The same cut as from a counter that never saw the text.
+    assert cut == TokenCounter("o200k_base").head_tail(text, head_tokens=300, tail_tokens=200)
+    assert full == TokenCounter("o200k_base").count(text)
+
+
+def test_ids_of_a_text_over_the_bound_are_not_kept_and_its_cut_encodes_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens, "_KEEP_IDS", 50)
+    text = " ".join(f"word{i}" for i in range(1000))
+    counter, encoding = _counting("o200k_base")
+    counter.count(text)
+    assert counter._last[2] is None
+    cut = counter.head_tail(text, head_tokens=10, tail_tokens=5)
+    assert encoding.encodes == 2
+    assert cut == TokenCounter("o200k_base").head_tail(text, head_tokens=10, tail_tokens=5)
