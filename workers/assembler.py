@@ -67,6 +67,10 @@ class AssemblerWorker:
         self._hot_path = hot_path or HotPath()
         if local is not None:
             local.listen_recorded(board.recorded)
+            # A waiter skips its first ledger check while the recorder holds its thread's batch, and
+            # is woken when the batch is let go (services/app/notices.py).
+            board.follow_recorder(local.is_recording)
+            local.listen_released(board.notify)
         self._gateway = gateway
         self._board = board
         self._metrics = metrics

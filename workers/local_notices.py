@@ -15,7 +15,9 @@ waiters re-check the ledger and the sweeps catch up on whatever a lost notice di
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 
 from nats.nuid import NUID
 
@@ -31,6 +33,9 @@ class LocalNotices:
         self.origin = origin or NUID().next().decode()
         self._listeners: list[Callable[[str], None]] = []
         self._key_listeners: list[Callable[[str, str, frozenset[str]], None]] = []
+        self._release_listeners: list[Callable[[str], None]] = []
+        # Threads with events in a batch the recorder holds (a count: partitions hold batches at once).
+        self._holding: Counter[str] = Counter()
 
     def listen(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(thread_id)`` for every thread this process's recorder moves."""
@@ -48,6 +53,30 @@ class LocalNotices:
             listener(thread_id)
         for key_listener in self._key_listeners:
             key_listener(thread_id, tenant, event_keys)
+
+    def listen_released(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(thread_id)`` for every thread of a batch this process's recorder lets go."""
+        self._release_listeners.append(listener)
+
+    @contextmanager
+    def recording(self, thread_ids: Collection[str]) -> Iterator[None]:
+        """This process's recorder holds a batch with events of ``thread_ids`` for the block; when it
+        ends — announced, rejected, duplicate or failed — the release listeners hear of each thread."""
+        self._holding.update(thread_ids)
+        try:
+            yield
+        finally:
+            self._holding.subtract(thread_ids)
+            for thread_id in thread_ids:
+                if self._holding[thread_id] <= 0:
+                    del self._holding[thread_id]
+            for thread_id in thread_ids:
+                for listener in self._release_listeners:
+                    listener(thread_id)
+
+    def is_recording(self, thread_id: str) -> bool:
+        """Whether this process's recorder holds a batch with events of ``thread_id``."""
+        return thread_id in self._holding
 
     def is_own(self, headers: Mapping[str, str] | None) -> bool:
         """Whether a notice received from NATS came from this process (and was handed over already)."""

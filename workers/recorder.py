@@ -28,7 +28,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
+from contracts.subjects import (
+    EVENTS_STREAM,
+    dead_subject,
+    parse_stored_subject,
+    partition_filter,
+    recorded_subject,
+)
 from contracts import DeadLetter, reply_json
 from services.errors import CtxError
 from services.core.ledger import Incoming, RecordingLimits
@@ -273,6 +279,11 @@ class RecorderWorker:
 
     async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
         batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _msg_id(m)) for m in msgs]
+        # This process's prepares waiting on these threads wait for the batch's end, not the ledger.
+        with self._local.recording(_threads_of(batch)):
+            await self._record(partition, batch)
+
+    async def _record(self, partition: int, batch: list[Incoming]) -> None:
         started = time.perf_counter()
         result = await self._service.record_batch(partition, batch)
         log.debug(
@@ -317,6 +328,11 @@ async def _quietly(step: Awaitable[object]) -> None:
         await asyncio.shield(step)
     except (Exception, asyncio.CancelledError):
         pass
+
+
+def _threads_of(batch: Sequence[Incoming]) -> set[str]:
+    """The threads the subjects of ``batch`` name (an event naming another thread is rejected)."""
+    return {stored.thread_id for m in batch if (stored := parse_stored_subject(m.subject)) is not None}
 
 
 def _msg_id(msg: Msg) -> str | None:

@@ -4,14 +4,18 @@ A notice is a hint that a thread's ledger moved; waiters always re-check the dat
 or duplicated notice can delay an answer (bounded by the re-check interval) but never falsify it.
 The one exception is first-hand: this process's own recorder hands over, after its commit, the
 event keys it committed (``recorded``), and a waiter for one of those needs no re-check (issue 16:
-one query less on every read-your-writes step).
+one query less on every read-your-writes step). And while that recorder holds a batch with events
+of a thread (``being_recorded``), a new waiter on the thread skips its first check too: the batch
+ends with a wake-up of the thread's waiters whatever became of it (committed, rejected, skipped as
+a duplicate, failed), and only then is the ledger asked — the check made meanwhile would race the
+recorder's own statements for the same rows, on the read-your-writes path of every step.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
 
@@ -59,11 +63,25 @@ class Wakeup(asyncio.Event):
         self.recorded: set[tuple[str, str]] = set()
 
 
+def _nothing_recorded(thread_id: str) -> bool:
+    return False
+
+
 class NoticeBoard:
     """Threads → the events of everyone waiting on them."""
 
     def __init__(self) -> None:
         self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
+        self._recording: Callable[[str], bool] = _nothing_recorded
+
+    def follow_recorder(self, is_recording: Callable[[str], bool]) -> None:
+        """Ask ``is_recording(thread_id)`` whether this process's recorder holds a batch of a thread;
+        that recorder must wake the thread's waiters (``notify``) when it lets the batch go."""
+        self._recording = is_recording
+
+    def being_recorded(self, thread_id: str) -> bool:
+        """Whether this process's recorder holds a batch with events of ``thread_id`` right now."""
+        return self._recording(thread_id)
 
     @contextmanager
     def waiting(self, thread_id: str) -> Iterator[Wakeup]:

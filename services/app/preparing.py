@@ -546,16 +546,20 @@ class PrepareService:
         started = time.monotonic()
         deadline = started + wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
+            # Registered first, so the wake-up at the end of the recorder's batch cannot be missed.
+            check = not self._board.being_recorded(thread_id)
             while True:
                 if (tenant, event_key) in woken.recorded:
                     return  # this process's recorder committed it while we waited: no re-check needed
                 woken.clear()
-                async with self._store.session() as store:
-                    seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)
-                if seq is not None:
-                    return
-                if rejected is not None:
-                    raise EventRejected(event_key, rejected[0], rejected[1])
+                if check:
+                    async with self._store.session() as store:
+                        seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)
+                    if seq is not None:
+                        return
+                    if rejected is not None:
+                        raise EventRejected(event_key, rejected[0], rejected[1])
+                check = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))

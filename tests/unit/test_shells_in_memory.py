@@ -230,6 +230,62 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     assert prepared.source_watermark.last_event_key == "u2"
 
 
+def _counting_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    checks: list[str] = []
+    real = MemorySession.find_event_outcome
+
+    async def counted(self: MemorySession, tenant: str, thread_id: str, event_key: str) -> Any:
+        checks.append(event_key)
+        return await real(self, tenant, thread_id, event_key)
+
+    monkeypatch.setattr(MemorySession, "find_event_outcome", counted)
+    return checks
+
+
+async def test_a_prepare_whose_thread_its_own_recorder_is_recording_waits_for_it_without_asking_the_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.user("first", key="u1")])
+    checks = _counting_checks(monkeypatch)
+    holding: set[str] = {t.thread_id}  # the recorder has taken a batch of the thread
+    board.follow_recorder(holding.__contains__)
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, "u2")))
+    await asyncio.sleep(0.05)
+    assert checks == [] and not waiting.done()
+
+    result = await _recorder(store).record_batch(0, incoming([t.user("second", key="u2")], start_seq=2))
+    board.recorded(t.thread_id, *result.committed[t.thread_id])
+    holding.clear()
+    board.notify(t.thread_id)  # the batch let go
+    prepared = await asyncio.wait_for(waiting, timeout=2)
+
+    assert checks == []
+    assert prepared.source_watermark.last_event_key == "u2"
+
+
+async def test_a_waiter_whose_event_was_not_in_the_recorders_batch_asks_the_ledger_once_the_batch_is_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.user("first", key="u1")])
+    checks = _counting_checks(monkeypatch)
+    holding: set[str] = {t.thread_id}
+    board.follow_recorder(holding.__contains__)
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, "u1")))
+    await asyncio.sleep(0.05)
+    assert checks == [] and not waiting.done()
+
+    holding.clear()
+    board.notify(t.thread_id)  # the batch held other events (u1 was recorded long before)
+    prepared = await asyncio.wait_for(waiting, timeout=2)
+
+    assert checks == ["u1"]
+    assert prepared.source_watermark.last_event_key == "u1"
+
+
 async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_one_says_why() -> None:
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
