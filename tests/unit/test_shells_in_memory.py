@@ -202,14 +202,7 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.user("first", key="u1")])
-    checks: list[str] = []
-    real = MemorySession.find_event_outcome
-
-    async def counted(self: MemorySession, tenant: str, thread_id: str, event_key: str) -> Any:
-        checks.append(event_key)
-        return await real(self, tenant, thread_id, event_key)
-
-    monkeypatch.setattr(MemorySession, "find_event_outcome", counted)
+    checks = _counting_checks(monkeypatch)
     service = PrepareService(store, board)
     request = _waiting_for(t, "u2")
     waiting = asyncio.create_task(service.prepare(request))
