@@ -77,11 +77,18 @@ def _chunks(kind: str, text: str, payload: str) -> list[tuple[int, int, int, int
 
 
 async def index_thread(store: IndexStore, thread_id: str, *, batch: int = 500) -> int:
-    """Index every record of ``thread_id`` after its position; returns how many were indexed."""
+    """Index every record of ``thread_id`` after its position; returns how many were indexed.
+
+    A step that indexed fewer than ``batch`` records reached the thread's end: the pass stops there
+    instead of asking once more to learn that nothing is left (a transaction of its own, on every
+    pass). A record recorded meanwhile comes with its own notice, or the sweep finds it.
+    """
     total = 0
-    while n := await store.index_next(thread_id, batch=batch, version=INDEX_VERSION, chunker=_chunks):
+    while True:
+        n = await store.index_next(thread_id, batch=batch, version=INDEX_VERSION, chunker=_chunks)
         total += n
-    return total
+        if n < batch:
+            return total
 
 
 async def stale_threads(store: IndexStore, limit: int = 500) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
@@ -51,7 +52,17 @@ SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
 """
-_INSERT = """
+_POSITION_AND_RECORDS = """
+SELECT p.last_seq, p.index_version,
+       ARRAY(SELECT ROW(r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
+                        COALESCE(r.text, convert_from(b.content, 'UTF8')), r.payload::text)
+             FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+             WHERE r.thread_id = $1 AND r.seq > COALESCE(p.last_seq, 0)
+             ORDER BY r.seq LIMIT $2) AS records
+FROM (SELECT $1::text AS thread_id) t LEFT JOIN ctx.index_positions p USING (thread_id)
+"""
+_STORE_CHUNKS = """
+WITH chunks AS (
 INSERT INTO ctx.search_chunks (thread_id, seq, chunk, session_id, kind, event_key, start_byte, end_byte,
                                start_line, end_line, recorded_at, text, tsv)
 SELECT t, s, c, sess, k, e, sb, eb, sl, el, ts, x, to_tsvector('simple', x)
@@ -59,9 +70,8 @@ FROM unnest($1::text[], $2::bigint[], $3::int[], $4::text[], $5::text[], $6::tex
             $7::bigint[], $8::bigint[], $9::int[], $10::int[], $11::timestamptz[], $12::text[])
      AS u(t, s, c, sess, k, e, sb, eb, sl, el, ts, x)
 ON CONFLICT (thread_id, seq, chunk) DO NOTHING
-"""
-_SET_POSITION = """
-INSERT INTO ctx.index_positions (thread_id, last_seq, index_version) VALUES ($1, $2, $3)
+)
+INSERT INTO ctx.index_positions (thread_id, last_seq, index_version) VALUES ($15::text, $13, $14)
 ON CONFLICT (thread_id) DO UPDATE SET
     last_seq = CASE WHEN ctx.index_positions.index_version = EXCLUDED.index_version
                     THEN GREATEST(ctx.index_positions.last_seq, EXCLUDED.last_seq) ELSE EXCLUDED.last_seq END,
@@ -103,39 +113,56 @@ async def search_session(conn: Conn, tenant: str, request: SearchRequest) -> tup
 
 
 async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
-    """Index up to ``batch`` records of the thread after its position, in one transaction; how many."""
+    """Index up to ``batch`` records of the thread after its position; how many.
+
+    Two statements, no transaction around them (issue 16: a pass was six round trips): one reads
+    the position with the records after it, one stores their chunks with the new position. Two
+    passes over the same records at once store the same chunks (``ON CONFLICT DO NOTHING``) and the
+    greater position, so nothing is locked; a thread indexed under another version is reindexed
+    from the start in one transaction (``_reindex_next``).
+    """
+    row = await conn.fetchrow(_POSITION_AND_RECORDS, thread_id, batch)
+    assert row is not None  # one row, with or without a position
+    if row["index_version"] is not None and row["index_version"] != version:
+        return await _reindex_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
+    records = row["records"]
+    if not records:
+        return 0
+    await _store_chunks(conn, thread_id, records, chunker, version)
+    return len(records)
+
+
+async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
+    """Indexed under another chunking or text configuration: drop the thread's chunks, index from 0."""
     async with conn.transaction():
         row = await conn.fetchrow(_POSITION, thread_id)
         position = 0 if row is None else int(row["last_seq"])
         if row is not None and row["index_version"] != version:
-            # Indexed under another chunking or text configuration: migrate by reindexing.
             await conn.execute(_DROP_THREAD, thread_id)
             position = 0
         rows = await conn.fetch(_RECORDS, thread_id, position, batch)
         if not rows:
             return 0
-        cols: list[list[object]] = [[] for _ in range(12)]
-        for r in rows:
-            for i, (sb, eb, sl, el, text) in enumerate(chunker(r["kind"], r["text"] or "", r["payload"])):
-                values = (
-                    thread_id,
-                    r["seq"],
-                    i,
-                    r["session_id"],
-                    r["kind"],
-                    r["event_key"],
-                    sb,
-                    eb,
-                    sl,
-                    el,
-                    r["recorded_at"],
-                    text,
-                )
-                for col, value in zip(cols, values, strict=True):
-                    col.append(value)
-        await conn.execute(_INSERT, *cols)
-        await conn.execute(_SET_POSITION, thread_id, rows[-1]["seq"], version)
+        records = [
+            (r["seq"], r["session_id"], r["kind"], r["event_key"], r["recorded_at"], r["text"], r["payload"])
+            for r in rows
+        ]
+        await _store_chunks(conn, thread_id, records, chunker, version)
     return len(rows)
+
+
+async def _store_chunks(
+    conn: Conn, thread_id: str, records: Sequence[Sequence[Any]], chunker: Chunker, version: int
+) -> None:
+    """The chunks of ``records`` (seq, session, kind, key, at, text, payload each), and the position
+    after the last of them, in one statement."""
+    cols: list[list[object]] = [[] for _ in range(12)]
+    for seq, session_id, kind, event_key, recorded_at, text, payload in records:
+        for i, (sb, eb, sl, el, chunk) in enumerate(chunker(kind, text or "", payload)):
+            values = (thread_id, seq, i, session_id, kind, event_key, sb, eb, sl, el, recorded_at, chunk)
+            for col, value in zip(cols, values, strict=True):
+                col.append(value)
+    await conn.execute(_STORE_CHUNKS, *cols, records[-1][0], version, thread_id)
 
 
 async def stale_index_threads(conn: Conn, limit: int, version: int) -> list[str]:

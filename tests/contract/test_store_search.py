@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -50,3 +51,40 @@ async def test_search_finds_every_word_of_the_query_in_the_session_and_nothing_b
 
     assert await reindex(store, t.session_id) == 3
     assert len(await _search(store, t, "parser")) == 2
+
+
+class _CountedIndex:
+    """The store, with the size of each ``index_next`` step it was asked for recorded."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.steps: list[int] = []
+
+    async def index_next(self, thread_id: str, **options: Any) -> int:
+        n: int = await self._store.index_next(thread_id, **options)
+        self.steps.append(n)
+        return n
+
+
+async def test_a_pass_indexes_the_whole_thread_and_stops_at_its_end_without_asking_again(store: Any) -> None:
+    t = Thread()
+    await _write(store, [t.user(f"question {n} about the parser", key=f"u{n}") for n in range(5)])
+    counted = _CountedIndex(store)
+    assert await index_thread(counted, t.thread_id, batch=2) == 5  # type: ignore[arg-type]
+    assert counted.steps == [2, 2, 1]  # the short step was the end: no fourth, empty one
+
+    await _write(store, [t.user("one more", key="u5")], start_seq=6)
+    counted.steps.clear()
+    assert await index_thread(counted, t.thread_id, batch=2) == 1  # type: ignore[arg-type]
+    assert counted.steps == [1]
+    assert len(await _search(store, t, "parser")) == 5
+
+
+async def test_two_passes_over_the_same_records_at_once_store_each_chunk_once(store: Any) -> None:
+    t = Thread()
+    await _write(store, [t.user(f"question {n} about the parser", key=f"u{n}") for n in range(4)])
+    done = await asyncio.gather(index_thread(store, t.thread_id), index_thread(store, t.thread_id))
+    assert 4 in done and sum(done) in (4, 8)  # the second saw the first's position, or the same records
+    assert await stale_threads(store) == []
+    assert sorted(await _search(store, t, "parser")) == [(n + 1, f"u{n}", False) for n in range(4)]
+    assert await index_thread(store, t.thread_id) == 0
