@@ -52,14 +52,19 @@ SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 AND r.seq > $2 ORDER BY r.seq LIMIT $3
 """
+# One row per record after the position (at most $2), or one row of NULLs past the position when none.
 _POSITION_AND_RECORDS = """
-SELECT p.last_seq, p.index_version,
-       ARRAY(SELECT ROW(r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
-                        COALESCE(r.text, convert_from(b.content, 'UTF8')), r.payload::text)
-             FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
-             WHERE r.thread_id = $1 AND r.seq > COALESCE(p.last_seq, 0)
-             ORDER BY r.seq LIMIT $2) AS records
-FROM (SELECT $1::text AS thread_id) t LEFT JOIN ctx.index_positions p USING (thread_id)
+SELECT p.last_seq, p.index_version, r.seq, r.session_id, r.kind, r.event_key, r.recorded_at, r.text, r.payload
+FROM (SELECT $1::text AS thread_id) t
+LEFT JOIN ctx.index_positions p USING (thread_id)
+LEFT JOIN LATERAL (
+  SELECT r.seq, r.session_id, r.kind, r.event_key, r.recorded_at,
+         COALESCE(r.text, convert_from(b.content, 'UTF8')) AS text, r.payload
+  FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
+  WHERE r.thread_id = $1 AND r.seq > COALESCE(p.last_seq, 0)
+  ORDER BY r.seq LIMIT $2
+) r ON true
+ORDER BY r.seq
 """
 _STORE_CHUNKS = """
 WITH chunks AS (
@@ -121,15 +126,13 @@ async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, ch
     greater position, so nothing is locked; a thread indexed under another version is reindexed
     from the start in one transaction (``_reindex_next``).
     """
-    row = await conn.fetchrow(_POSITION_AND_RECORDS, thread_id, batch)
-    assert row is not None  # one row, with or without a position
-    if row["index_version"] is not None and row["index_version"] != version:
+    rows = await conn.fetch(_POSITION_AND_RECORDS, thread_id, batch)
+    if rows[0]["index_version"] is not None and rows[0]["index_version"] != version:
         return await _reindex_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
-    records = row["records"]
-    if not records:
-        return 0
-    await _store_chunks(conn, thread_id, records, chunker, version)
-    return len(records)
+    if rows[0]["seq"] is None:
+        return 0  # nothing after the position
+    await _store_chunks(conn, thread_id, [_record_of(r) for r in rows], chunker, version)
+    return len(rows)
 
 
 async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
@@ -143,12 +146,20 @@ async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int,
         rows = await conn.fetch(_RECORDS, thread_id, position, batch)
         if not rows:
             return 0
-        records = [
-            (r["seq"], r["session_id"], r["kind"], r["event_key"], r["recorded_at"], r["text"], r["payload"])
-            for r in rows
-        ]
-        await _store_chunks(conn, thread_id, records, chunker, version)
+        await _store_chunks(conn, thread_id, [_record_of(r) for r in rows], chunker, version)
     return len(rows)
+
+
+def _record_of(row: Any) -> tuple[Any, ...]:
+    return (
+        row["seq"],
+        row["session_id"],
+        row["kind"],
+        row["event_key"],
+        row["recorded_at"],
+        row["text"],
+        row["payload"],
+    )
 
 
 async def _store_chunks(
