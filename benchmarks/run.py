@@ -32,6 +32,8 @@ Figures (printed, and written to out/bench.json):
 - append: see benchmarks/append_step.py (assembly right after one new record vs an unchanged view, as a
   thread grows from 40 to 900 records; in-process).
 - memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).
+- index_pass: see benchmarks/index_pass.py (an indexer pass over one new record, as an agent's threads
+  give them: this process's and PostgreSQL's CPU and the wall time per pass).
 - rollover: see benchmarks/rollover.py (rollover-policy threads at 8k: the prepare that rolls the
   window over vs an ordinary prepare, p50/p99 as the client sees it, the server's rollover_ms, and
   handoff tokens).
@@ -79,6 +81,7 @@ from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
 from .think import bench_think
 from .think_paired import bench_think_paired
+from .index_pass import bench_index_pass
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -564,6 +567,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "pure",
             "append",
             "think_paired",
+            "index_pass",
         ):
             if args.only and name not in args.only:
                 continue
@@ -660,6 +664,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 )
             elif name == "append":
                 results["append"] = bench_append()
+            elif name == "index_pass":
+                results["index_pass"] = await bench_index_pass(db)
             elif name == "langgraph":
                 results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
             elif name == "memory":
@@ -734,6 +740,7 @@ def main() -> None:
             "pure",
             "append",
             "think_paired",
+            "index_pass",
         ],
     )
     parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")
