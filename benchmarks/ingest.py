@@ -48,7 +48,7 @@ from services.core.trace import TraceLine, read_trace
 from services.edge.replay import ReplayOptions, trace_events
 from services.settings import Settings
 
-__all__ = ["bench_ingest", "ingest_events"]
+__all__ = ["ProcessCpu", "bench_ingest", "ingest_events", "server_processes"]
 
 ROOT = Path(__file__).resolve().parents[1]
 _CTXFLEET = Path(sys.executable).parent / "ctxfleet"
@@ -110,14 +110,14 @@ async def _publish_all(nats_url: str, sessions: Sequence[Sequence[Event]]) -> fl
             await nc.close()
 
 
-class _Cpu:
+class ProcessCpu:
     """CPU seconds of named process groups between two samples."""
 
     def __init__(self, groups: dict[str, list[psutil.Process]]) -> None:
         self._groups = groups
-        self._start = self._sample()
+        self._start = self.sample()
 
-    def _sample(self) -> dict[str, float]:
+    def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, procs in self._groups.items():
             total = 0.0
@@ -133,11 +133,11 @@ class _Cpu:
         return out
 
     def seconds(self) -> dict[str, float]:
-        end = self._sample()
+        end = self.sample()
         return {k: round(end[k] - self._start.get(k, 0.0), 2) for k in end}
 
 
-async def _servers(conn: asyncpg.Connection) -> dict[str, list[psutil.Process]]:
+async def server_processes(conn: asyncpg.Connection) -> dict[str, list[psutil.Process]]:
     """The embedded nats-server (our child) and the PostgreSQL postmaster serving ``conn``."""
     nats_procs = [p for p in psutil.Process().children(recursive=True) if p.name() == "nats-server"]
     backend = psutil.Process(int(await conn.fetchval("SELECT pg_backend_pid()")))
@@ -244,7 +244,7 @@ async def _one_run(
             )
             procs.append(proc)
             ports.append(port)
-        servers = await _servers(conn)
+        servers = await server_processes(conn)
         workers_cpu = [psutil.Process(p.pid) for p in procs]
         groups = {"worker": workers_cpu, "publisher": [psutil.Process()], **servers}
         if not backlog:
@@ -253,7 +253,7 @@ async def _one_run(
         if backlog:
             while (first := await _count(conn)) == 0:
                 await asyncio.sleep(0.005)
-        cpu = _Cpu(groups)
+        cpu = ProcessCpu(groups)
         started = time.perf_counter()
         # From the first record (backlog) or the first publish (burst): start-up is not profiled.
         spy = asyncio.create_task(_profile(procs[0].pid, 2, tmp / "spy")) if profile else None

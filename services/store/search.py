@@ -131,7 +131,7 @@ async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, ch
         return await _reindex_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
     if rows[0]["seq"] is None:
         return 0  # nothing after the position
-    await _store_chunks(conn, thread_id, [_record_of(r) for r in rows], chunker, version)
+    await _store_chunks(conn, thread_id, rows, chunker, version)
     return len(rows)
 
 
@@ -146,34 +146,35 @@ async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int,
         rows = await conn.fetch(_RECORDS, thread_id, position, batch)
         if not rows:
             return 0
-        await _store_chunks(conn, thread_id, [_record_of(r) for r in rows], chunker, version)
+        await _store_chunks(conn, thread_id, rows, chunker, version)
     return len(rows)
 
 
-def _record_of(row: Any) -> tuple[Any, ...]:
-    return (
-        row["seq"],
-        row["session_id"],
-        row["kind"],
-        row["event_key"],
-        row["recorded_at"],
-        row["text"],
-        row["payload"],
-    )
-
-
 async def _store_chunks(
-    conn: Conn, thread_id: str, records: Sequence[Sequence[Any]], chunker: Chunker, version: int
+    conn: Conn, thread_id: str, rows: Sequence[Any], chunker: Chunker, version: int
 ) -> None:
-    """The chunks of ``records`` (seq, session, kind, key, at, text, payload each), and the position
+    """The chunks of the records ``rows`` hold (both reads name the same columns), and the position
     after the last of them, in one statement."""
     cols: list[list[object]] = [[] for _ in range(12)]
-    for seq, session_id, kind, event_key, recorded_at, text, payload in records:
-        for i, (sb, eb, sl, el, chunk) in enumerate(chunker(kind, text or "", payload)):
-            values = (thread_id, seq, i, session_id, kind, event_key, sb, eb, sl, el, recorded_at, chunk)
+    for r in rows:
+        for i, (sb, eb, sl, el, chunk) in enumerate(chunker(r["kind"], r["text"] or "", r["payload"])):
+            values = (
+                thread_id,
+                r["seq"],
+                i,
+                r["session_id"],
+                r["kind"],
+                r["event_key"],
+                sb,
+                eb,
+                sl,
+                el,
+                r["recorded_at"],
+                chunk,
+            )
             for col, value in zip(cols, values, strict=True):
                 col.append(value)
-    await conn.execute(_STORE_CHUNKS, *cols, records[-1][0], version, thread_id)
+    await conn.execute(_STORE_CHUNKS, *cols, rows[-1]["seq"], version, thread_id)
 
 
 async def stale_index_threads(conn: Conn, limit: int, version: int) -> list[str]:

@@ -14,6 +14,7 @@ from contracts import (
     ContextPolicy,
     DeadLetter,
     InspectRequest,
+    PreparedContext,
     PrepareRequest,
 )
 from contracts.subjects import DEFAULT_TENANT
@@ -235,17 +236,28 @@ def _counting_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return checks
 
 
-async def test_a_prepare_whose_thread_its_own_recorder_is_recording_waits_for_it_without_asking_the_ledger(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def _waiting_while_its_recorder_holds_the_thread(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> tuple[MemoryStore, NoticeBoard, Thread, list[str], set[str], asyncio.Task[PreparedContext]]:
+    """A thread with "u1" recorded, this process's recorder holding a batch of it, and a prepare
+    waiting for ``key``; the ledger checks counted from here on."""
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.user("first", key="u1")])
     checks = _counting_checks(monkeypatch)
     holding: set[str] = {t.thread_id}  # the recorder has taken a batch of the thread
     board.follow_recorder(holding.__contains__)
-    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, "u2")))
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, key)))
     await asyncio.sleep(0.05)
+    return store, board, t, checks, holding, waiting
+
+
+async def test_a_prepare_whose_thread_its_own_recorder_is_recording_waits_for_it_without_asking_the_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t, checks, holding, waiting = await _waiting_while_its_recorder_holds_the_thread(
+        monkeypatch, "u2"
+    )
     assert checks == [] and not waiting.done()
 
     result = await _recorder(store).record_batch(0, incoming([t.user("second", key="u2")], start_seq=2))
@@ -261,14 +273,9 @@ async def test_a_prepare_whose_thread_its_own_recorder_is_recording_waits_for_it
 async def test_a_waiter_whose_event_was_not_in_the_recorders_batch_asks_the_ledger_once_the_batch_is_let_go(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store, board = MemoryStore(), NoticeBoard()
-    t = Thread()
-    await _recorded(store, board, [t.user("first", key="u1")])
-    checks = _counting_checks(monkeypatch)
-    holding: set[str] = {t.thread_id}
-    board.follow_recorder(holding.__contains__)
-    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, "u1")))
-    await asyncio.sleep(0.05)
+    _, board, t, checks, holding, waiting = await _waiting_while_its_recorder_holds_the_thread(
+        monkeypatch, "u1"
+    )
     assert checks == [] and not waiting.done()
 
     holding.clear()
