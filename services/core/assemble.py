@@ -424,6 +424,7 @@ def assemble_context(
                     own_thread=snapshot.own_thread,
                     encoding=counter.name if counter else "o200k_base",
                     last=window.forecast.recent_steps,
+                    ascending=memo.ascending(snapshot.records),
                 ),
                 request.forecast,
                 trimmed=fit.level_trimmed,
@@ -494,6 +495,7 @@ def _candidates(
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
+    ordered = [b if b.records else memo.intern_fixed(b) for b in ordered]
     return memo, blocks, _for_purpose(ordered, request.purpose)
 
 

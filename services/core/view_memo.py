@@ -100,6 +100,8 @@ class ViewMemo:
         "hits",
         "misses",
         "extended",
+        "_checked",
+        "_checked_ascending",
     )
 
     def __init__(self, own_thread: str = "") -> None:
@@ -124,6 +126,23 @@ class ViewMemo:
         self.misses = 0
         # Builds that extended the last one instead of building every block again.
         self.extended = 0
+        # The last record list checked for seq order, and the answer (``ascending``).
+        self._checked: tuple[LedgerRecord, ...] = ()
+        self._checked_ascending = True
+
+    def ascending(self, records: Sequence[LedgerRecord]) -> bool:
+        """Whether ``records`` ascend by seq: walked once per list, and for a list that extends the
+        last one checked (each record the same object) only from where that one ended (a 5,000-record
+        view's walk was 7 % of its prepare, issue 16)."""
+        last = self._checked
+        n = len(last)
+        if n and n <= len(records) and all(map(is_, last, records)):
+            found = self._checked_ascending and _ascending(itertools.islice(records, n - 1, None))
+        else:
+            found = _ascending(records)
+        # A copy, as ``keep_build`` keeps one: a caller's list changed in place later cannot fool it.
+        self._checked, self._checked_ascending = tuple(records), found
+        return found
 
     def last_build(self, records: Sequence[LedgerRecord], key: object) -> Any:
         """The blocks built last time, if ``records`` and ``key`` are exactly those (invariant 4)."""
@@ -212,6 +231,24 @@ class ViewMemo:
             self._derived[id(found)] = _Derived(found)
         return found  # type: ignore[return-value]
 
+    def intern_fixed(self, block: _B) -> _B:
+        """A block made of no records (the summary, the state, a handoff or note): the one built last
+        time with the same messages in the same place, or ``block`` itself.
+
+        Such a block is what its messages make of it, so equal messages mean equal blocks and its
+        size, wire block and protected hash are measured once: a compacted thread hashed its ~100 KB
+        summary block on every prepare (issue 16). The summary's text is the same object on every
+        prepare (the store keeps its row), so the key costs no walk of it.
+        """
+        key = ("fixed", block.block_id, block.retention, block.priority, block.reason, *block.messages)
+        found = self._blocks.get(key) or self._blocks_before.get(key)
+        if found is None:
+            found = block
+        self._blocks[key] = found
+        if self.derived(found) is None:
+            self._derived[id(found)] = _Derived(found)
+        return found
+
     def adopt(self, block: object) -> None:
         """Measure and emit ``block`` (a memoized replacement of a memoized block) only once too."""
         if self.derived(block) is None:
@@ -234,6 +271,10 @@ class ViewMemo:
     def estimate_bytes(self) -> int:
         """What the memo adds to its view's records, roughly (text counted, objects by overhead)."""
         return self.bytes
+
+
+def _ascending(records: Iterable[LedgerRecord]) -> bool:
+    return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
 def _bytes_of(entries: Iterable[tuple[LedgerRecord, ChatMessage]]) -> int:

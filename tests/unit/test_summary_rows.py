@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from services.core.compaction.model import StructuredSummary
+import pytest
+
+from services.core.compaction.model import SourcedText, StructuredSummary
+from services.store import views
 from services.store.views import SummaryRow, SummaryRows
 
 
@@ -36,3 +39,25 @@ def test_a_summary_larger_than_the_whole_bound_is_not_held_and_drops_the_older_o
     rows.keep("a", _row("s1"), 300)
     rows.keep("a", _row("s2"), 5_000)
     assert rows.held("a") is None and rows.bytes == 0
+
+
+def test_a_summary_rows_cited_seqs_are_walked_once_when_it_is_read_not_on_every_prepare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    walks: list[StructuredSummary] = []
+    real = views.summary_sources
+
+    def counted(body: StructuredSummary) -> list[int]:
+        walks.append(body)
+        return real(body)
+
+    monkeypatch.setattr(views, "summary_sources", counted)
+    body = StructuredSummary(
+        covered_from=1,
+        covered_to=9,
+        goal=SourcedText(text="fix the import", sources=(2,)),
+        decisions=(SourcedText(text="pin the version", sources=(7, 4)), SourcedText(text="x", sources=(4,))),
+    )
+    row = SummaryRow("s1", body, "summary", 10, 11)
+    assert (row.sources, row.sources) == ((2, 4, 7), (2, 4, 7))
+    assert walks == [body]

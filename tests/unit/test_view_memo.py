@@ -19,6 +19,7 @@ from contracts import PrepareRequest
 from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
+from services.core import protected
 from services.core.budget import resolve_budget
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.trace import read_trace
@@ -150,20 +151,25 @@ def test_memoized_prepares_equal_prepares_from_scratch_as_a_thread_grows_and_com
             assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop) == fresh
 
 
-def test_memoized_prepare_sees_a_record_appended_after_it() -> None:
+def _one_call_thread(*, then: int = 0) -> tuple[Thread, list[LedgerRecord], PrepareRequest]:
+    """A system prompt, a question, one call and its output, then ``then`` more user messages."""
     t = Thread()
-    records = ledger_records(
-        [
-            t.system("s"),
-            t.user("q"),
-            t.assistant("a", calls=(("c1", "bash", {"cmd": "ls"}),)),
-            t.outcome("c1", "x"),
-        ]
-    )
-    memo = ViewMemo(t.thread_id)
+    events = [
+        t.system("s"),
+        t.user("q"),
+        t.assistant("a", calls=(("c1", "bash", {"cmd": "ls"}),)),
+        t.outcome("c1", "x"),
+    ]
+    records = ledger_records(events + [t.user(f"and then step {n}") for n in range(then)])
     request = PrepareRequest(
         session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
     )
+    return t, records, request
+
+
+def test_memoized_prepare_sees_a_record_appended_after_it() -> None:
+    t, records, request = _one_call_thread()
+    memo = ViewMemo(t.thread_id)
     first = assemble_context(
         _snapshot(t, records[:3], memo, 0), request, resolve_budget(request), counter_for("o200k_base")
     )
@@ -317,3 +323,60 @@ def test_blocks_extended_record_by_record_equal_blocks_built_from_scratch(trace:
         extended = build_view_blocks(view, covered, own_thread=own, memo=memo)
         assert _shape(extended) == _shape(build_view_blocks(view, covered, own_thread=own))
     assert memo.extended > len(records) // 2
+
+
+def test_a_summary_block_is_built_measured_and_hashed_once_while_its_summary_stands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t, records, request = _one_call_thread(then=6)
+    hashed: list[int] = []
+    real = protected.block_hash
+
+    def counted(units: Any) -> str:
+        hashed.append(len(units))
+        return real(units)
+
+    monkeypatch.setattr(protected, "block_hash", counted)
+    memo = ViewMemo(t.thread_id)
+
+    def prepare(covered: int) -> tuple[int, Any]:
+        hashed.clear()
+        reply = assemble_context(
+            _snapshot(t, records, memo, covered), request, resolve_budget(request), counter_for("o200k_base")
+        )
+        return len(hashed), next(b for b in reply.blocks if b.kind == "summary")
+
+    first_hashes, first = prepare(4)
+    assert first_hashes >= 1  # the summary block is required: hashed for the manifest
+    again_hashes, again = prepare(4)
+    assert again_hashes == 0 and again is first  # the same block, its wire form and hash reused
+    moved_hashes, moved = prepare(6)
+    assert moved_hashes >= 1 and moved.block_id == first.block_id and moved != first
+
+
+class _Counted:
+    """A record stand-in that counts how often its seq is read."""
+
+    reads = 0
+
+    def __init__(self, seq: int) -> None:
+        self._seq = seq
+
+    @property
+    def seq(self) -> int:
+        _Counted.reads += 1
+        return self._seq
+
+
+def test_memo_knows_a_view_ascends_by_walking_only_what_was_added_since_it_last_checked() -> None:
+    memo = ViewMemo("t")
+    first: list[Any] = [_Counted(s) for s in (1, 2, 5, 9)]
+    assert memo.ascending(first)
+    _Counted.reads = 0
+    assert memo.ascending(first) and _Counted.reads == 0  # the same records: nothing walked
+    grown = [*first, _Counted(10), _Counted(12)]
+    assert memo.ascending(grown) and _Counted.reads == 4  # the pairs (9, 10) and (10, 12) only
+    assert not memo.ascending([*grown, _Counted(11)])  # a tail out of order
+    assert not memo.ascending([*grown, _Counted(11), _Counted(13)])  # still out of order, grown
+    assert not memo.ascending([_Counted(3), *first])  # another list: walked whole
+    assert memo.ascending([_Counted(0), *first])
