@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
     # The committed summaries a process holds so unchanged views are read without them, in MiB.
     summary_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
+    # The JSON of the messages and blocks an assembler's replies showed, kept to write the next reply
+    # of the same view without serializing them again, in MiB.
+    reply_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
     # Prepared contexts each process keeps for their gateway checks (beyond: the stored record is read).
     gateway_cache_contexts: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
     # The garbage collector: what survived this long is moved out of its sight (0: never), and once

@@ -29,6 +29,7 @@ from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.core.budget import BUILTIN_PROFILES
+from services.core.prepared_json import DEFAULT_REPLY_CACHE_BYTES, PreparedJson
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
@@ -61,8 +62,11 @@ class AssemblerWorker:
         local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
         connection: Callable[[], NatsClient] | None = None,
+        reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
     ) -> None:
         self._service = service
+        # Each message and block of a reply written once while the thread's view keeps it.
+        self._reply_json = PreparedJson(reply_cache_bytes)
         self._local = local
         self._hot_path = hot_path or HotPath()
         if local is not None:
@@ -198,7 +202,7 @@ class AssemblerWorker:
             m.window_rollovers.labels(trigger=prepared.rollover.trigger.value).inc()
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
-        return NatsResponse(reply_json(prepared), headers={"ctx-status": "ok"})
+        return NatsResponse(self._reply_json(prepared), headers={"ctx-status": "ok"})
 
     def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
         self._metrics.prepares_by_level.labels(level=level.value).inc()

@@ -207,6 +207,7 @@ def compose(
             hot_path=hot_path,
             # Answers go out on the connection the requests came in on (the broker's, once started).
             connection=lambda: broker.connection,
+            reply_cache_bytes=settings.reply_cache_mb * 1024 * 1024,
         )
         responder = assembler.responder
         broker.include_router(assembler.router)

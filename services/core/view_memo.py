@@ -102,6 +102,8 @@ class ViewMemo:
         "extended",
         "_checked",
         "_checked_ascending",
+        "_each",
+        "_each_bytes",
     )
 
     def __init__(self, own_thread: str = "") -> None:
@@ -129,6 +131,39 @@ class ViewMemo:
         # The last record list checked for seq order, and the answer (``ascending``).
         self._checked: tuple[LedgerRecord, ...] = ()
         self._checked_ascending = True
+        # Per ``each`` key: the records last given and what was made of each; and the text the
+        # records made anew hold.
+        self._each: dict[object, tuple[tuple[LedgerRecord, ...], tuple[LedgerRecord, ...]]] = {}
+        self._each_bytes = 0
+
+    def each(
+        self,
+        records: Sequence[LedgerRecord],
+        key: object,
+        make: Callable[[LedgerRecord], LedgerRecord],
+    ) -> list[LedgerRecord]:
+        """``[make(r) for r in records]``, each record made once while it stays in view; ``key`` names
+        what ``make`` does. What ``make`` returns for a record is the same object on every prepare,
+        so the blocks built of it are reused as well (context tools rewrote every preview, and
+        recounted it, on every prepare). Only what the last call was given is kept (invariant 3).
+        """
+        last = self._each.get(key)
+        if last is None:
+            made = [make(r) for r in records]
+        else:
+            before, made_before = last
+            n = len(before)
+            if n <= len(records) and all(map(is_, before, records)):
+                made = [*made_before, *map(make, itertools.islice(records, n, None))]
+            else:
+                # Every record the last call was given is held by it, so an id found is that record.
+                by_id = {id(r): m for r, m in zip(before, made_before, strict=True)}
+                made = [by_id.get(id(r)) or make(r) for r in records]
+            self._each_bytes -= _made_bytes(before, made_before)
+        kept = tuple(records), tuple(made)
+        self._each[key] = kept
+        self._each_bytes += _made_bytes(*kept)
+        return made
 
     def ascending(self, records: Sequence[LedgerRecord]) -> bool:
         """Whether ``records`` ascend by seq: walked once per list, and for a list that extends the
@@ -197,7 +232,9 @@ class ViewMemo:
 
     def _measure(self, records: int) -> None:
         self._measured = len(self._messages)
-        self.bytes = self._message_bytes + _BLOCK_OVERHEAD * len(self._blocks) + 8 * records
+        self.bytes = (
+            self._message_bytes + _BLOCK_OVERHEAD * len(self._blocks) + 8 * records + self._each_bytes
+        )
 
     def begin(self) -> None:
         """Start a build: the previous build's entries become the older generation."""
@@ -271,6 +308,15 @@ class ViewMemo:
     def estimate_bytes(self) -> int:
         """What the memo adds to its view's records, roughly (text counted, objects by overhead)."""
         return self.bytes
+
+
+def _made_bytes(records: Sequence[LedgerRecord], made: Sequence[LedgerRecord]) -> int:
+    """The text of the records ``each`` made anew (a record returned as it was costs nothing more)."""
+    return sum(
+        _ENTRY_OVERHEAD + 2 * (len(m.text) + len(m.mask_text or ""))
+        for r, m in zip(records, made, strict=True)
+        if m is not r
+    )
 
 
 def _ascending(records: Iterable[LedgerRecord]) -> bool:

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts import PrepareRequest
+from contracts import PreparedContext, PrepareRequest
 from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
-from services.core import protected
+from services.core import assemble, protected
 from services.core.budget import resolve_budget
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.trace import read_trace
@@ -380,3 +380,37 @@ def test_memo_knows_a_view_ascends_by_walking_only_what_was_added_since_it_last_
     assert not memo.ascending([*grown, _Counted(11), _Counted(13)])  # still out of order, grown
     assert not memo.ascending([_Counted(3), *first])  # another list: walked whole
     assert memo.ascending([_Counted(0), *first])
+
+
+def test_a_view_over_its_budget_masks_each_group_once_not_on_every_prepare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    t = Thread()
+    events: list[Any] = [t.system("You fix bugs."), t.user("Fix the failing import.")]
+    for n in range(8):  # outputs long enough to mask, each its own (nothing to deduplicate)
+        events.append(t.assistant(f"step {n}", calls=((f"c{n}", "bash", {"cmd": f"cat f{n}.log"}),)))
+        events.append(t.outcome(f"c{n}", f"line {n} of a long log file with numbers 1234567890\n" * 120))
+    records = ledger_records(events)
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=6_000
+    )
+    masked: list[str] = []
+    real = assemble._masked
+
+    def counted(s: Any, *args: Any) -> Any:
+        masked.append(s.block.block_id)
+        return real(s, *args)
+
+    monkeypatch.setattr(assemble, "_masked", counted)
+    memo = ViewMemo(t.thread_id)
+
+    def prepare() -> PreparedContext:
+        return assemble_context(
+            _snapshot(t, records, memo, 0), request, resolve_budget(request), counter_for("o200k_base")
+        )
+
+    first = prepare()
+    assert first.budget_report.reductions.masked > 0 and masked
+    masked.clear()
+    again = prepare()
+    assert masked == [] and again == first  # the same masked groups, taken as they were
