@@ -1056,51 +1056,78 @@ def _reduce_to(
     """Drop optional material (oldest first), then mask outputs oldest first in chunks,
     until the blocks fit ``target``."""
 
-    def over() -> int:
-        return fit.total - target
-
-    if over() <= 0:
+    # Kept up to date below rather than summed again after every step (a view holds hundreds of groups).
+    total = fit.total
+    if total <= target:
         return
     for s in sorted(
         (s for s in fit.kept if s.block.kind is BlockKind.MATERIAL),
         key=lambda s: _first_seq(s.block.block_id),
     ):
-        if over() <= 0:
+        if total <= target:
             return
-        fit.kept.remove(s)
+        # By identity: ``list.remove`` compares sized blocks field by field, records and all.
+        del fit.kept[next(n for n, k in enumerate(fit.kept) if k is s)]
+        total -= s.total
         fit.dropped.append(s)
         fit.reductions.append(f"dropped:{s.block.block_id}")
         fit.counts.dropped_material += 1
         fit.counts.tokens_saved += s.total
     groups = [s for s in fit.kept if s.block.block_id.startswith("group:")]
-    for boundary in _mask_boundaries(groups, inputs.chunk, inputs.counter):
-        if over() <= 0:
+    for boundary in _mask_boundaries(groups, inputs.chunk, inputs.counter, inputs.memo):
+        if total <= target:
             return
         for s in groups[:boundary]:
             if s.masked or s is newest:
                 continue
             saved = _mask(s, inputs.counter, sources, inputs.memo)
             if saved > 0:
+                total -= saved
                 fit.reductions.append(f"masked:{s.block.block_id}")
                 fit.counts.masked += 1
                 fit.counts.tokens_saved += saved
 
 
-def _mask_boundaries(groups: Sequence[_Sized], chunk: int, counter: TokenCounter | None) -> list[int]:
+def _mask_boundaries(
+    groups: Sequence[_Sized], chunk: int, counter: TokenCounter | None, memo: ViewMemo | None = None
+) -> list[int]:
     """How many of the oldest groups to mask, least first: chunk edges, then all but the newest two."""
     last = len(groups) - _KEEP_UNMASKED_GROUPS
     edges: list[int] = []
     saved = 0
     for k, s in enumerate(groups[: max(0, last)], start=1):
-        saved += sum(
-            _record_tokens(r, counter)
-            - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
-            for r in s.block.records
-            if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
-        )
+        saved += _mask_saving(s.block, counter, memo)
         if saved >= chunk * (len(edges) + 1):
             edges.append(k)
     return [*edges, last] if last > 0 else []
+
+
+def _mask_saving(block: DraftBlock, counter: TokenCounter | None, memo: ViewMemo | None) -> int:
+    """What showing ``block``'s long outputs as previews would save, measured once per block (memo)."""
+    derived = memo.derived(block) if memo is not None else None
+    key = ("mask_saving", counter.name if counter else None)
+    known = derived.variants.get(key) if derived is not None else None
+    if known is None:
+        known = _Saving(
+            sum(
+                _record_tokens(r, counter)
+                - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
+                for r in block.records
+                if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
+            ),
+            block,
+        )
+        if derived is not None:
+            derived.variants[key] = known
+    return known.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Saving:
+    """A measure kept with a block's variants (``block``: the block itself, as every variant names one)."""
+
+    tokens: int
+    block: DraftBlock
 
 
 def _mask(
