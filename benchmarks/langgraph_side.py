@@ -23,6 +23,7 @@ both alike. Figures per size: p50/p99 of each, and the ratio ctxfleet / LangGrap
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 import uuid
@@ -144,11 +145,17 @@ async def bench_langgraph(
                 kept: list[Any] = []
                 waits: list[int] = []
                 for _ in range(rounds):
+                    # Each side pays the collections its own allocations trigger, not the other's: one
+                    # process times both, and LangGraph's deserialized checkpoint left garbage that the
+                    # next prepare's parse would otherwise collect (and the other way round).
+                    gc.collect()
                     started = time.perf_counter()
                     snapshot = await saver.aget_tuple(config)
                     assert snapshot is not None
                     kept = _langgraph_context(snapshot.checkpoint["channel_values"]["messages"], budget)
                     lg_ms.append((time.perf_counter() - started) * 1000)
+                    del snapshot
+                    gc.collect()
                     started = time.perf_counter()
                     prepared = await client.prepare(request, timeout=30)
                     cf_ms.append((time.perf_counter() - started) * 1000)

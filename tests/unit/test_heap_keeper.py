@@ -9,6 +9,7 @@ import weakref
 import pytest
 
 from workers.heap import HeapKeeper
+from workers.app import encodings_at_start
 
 
 class _Node:
@@ -64,3 +65,10 @@ async def test_an_interval_of_zero_never_freezes() -> None:
     await asyncio.sleep(0.02)
     await keeper.stop()
     assert keeper.freezes == 0
+
+
+def test_a_process_with_a_compactor_loads_both_tokenizers_before_it_serves() -> None:
+    # The compactor counts every summary in both encodings: left to its first compaction, loading
+    # cl100k stalled the event loop for ~140 ms. Without one, cl100k waits for a reader that needs it.
+    assert encodings_at_start(["recorder", "assembler", "compactor"]) == ("o200k_base", "cl100k_base")
+    assert encodings_at_start(["recorder", "assembler", "budgeter", "indexer"]) == ("o200k_base",)
