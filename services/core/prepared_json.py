@@ -33,8 +33,15 @@ _AT = _FIELDS.index("messages")
 assert _FIELDS[_AT : _AT + 3] == ("messages", "tools", "blocks"), "the reply's spliced fields moved"
 _HEAD = set(_FIELDS[:_AT])
 _TAIL = set(_FIELDS[_AT + 3 :])
-# A fragment's bytes beyond its text: the entry, its key and the held object's share.
+# A fragment's bytes beyond its text: the entry and its key.
 _ENTRY_OVERHEAD = 200
+
+
+def _entry_bytes(text: bytes) -> int:
+    """An entry's estimate: its JSON, and as much again for the object it holds (a message's content is
+    about as long as its JSON). Counted even when a view memo holds the same object: the cache may
+    keep it alive after the memo let it go (the memory benchmark measured ~2× the JSON alone)."""
+    return _ENTRY_OVERHEAD + 2 * len(text)
 
 
 def _json(model: BaseModel, include: set[str] | None = None) -> bytes:
@@ -100,7 +107,7 @@ class PreparedJson:
         key = id(model)
         found = self._older.pop(key, None)
         if found is not None:
-            self._older_bytes -= _ENTRY_OVERHEAD + len(found[1])
+            self._older_bytes -= _entry_bytes(found[1])
         else:
             self.hits -= 1  # counted with the others by the caller
             self.misses += 1
@@ -110,5 +117,5 @@ class PreparedJson:
             self._older, self._older_bytes = self._current, self._current_bytes
             self._current, self._current_bytes = {}, 0
         self._current[key] = found
-        self._current_bytes += _ENTRY_OVERHEAD + len(found[1])
+        self._current_bytes += _entry_bytes(found[1])
         return found
