@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import assert_never
+from functools import partial
+from typing import Protocol, TypeVar, assert_never
 
 from pydantic import JsonValue
 
@@ -723,13 +724,7 @@ def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None
         # Which outputs repeat which decides the whole result: the same block repeating the same
         # sources is deduplicated the same way as last time.
         decided = (encoding, tuple(repeats))
-        done = derived.variants.get(decided) if derived is not None else None
-        if done is None:
-            done = _deduped(s, dict(repeats), counter)
-            if derived is not None and memo is not None:
-                derived.variants[decided] = done
-                if done.block is not s.block:
-                    memo.adopt(done.block)
+        done = _variant(memo, s.block, decided, partial(_deduped, s, dict(repeats), counter))
         if not done.seqs:
             continue
         before = s.content
@@ -739,6 +734,29 @@ def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None
         fit.counts.deduplicated += len(done.seqs)
         fit.counts.tokens_saved += before - s.content
     return frozenset(sources)
+
+
+class _Variant(Protocol):
+    @property
+    def block(self) -> DraftBlock: ...
+
+
+_V = TypeVar("_V", bound=_Variant)
+
+
+def _variant(memo: ViewMemo | None, block: DraftBlock, decided: object, make: Callable[[], _V]) -> _V:
+    """What ``make()`` gives for ``block``, kept with the block's variants under ``decided`` when the
+    block is memoized: a reduction decided the same way of the same block is that variant again, and
+    the block it made is measured and emitted once too (``ViewMemo.adopt``)."""
+    derived = memo.derived(block) if memo is not None else None
+    done: _V | None = derived.variants.get(decided) if derived is not None else None
+    if done is None:
+        done = make()
+        if derived is not None and memo is not None:
+            derived.variants[decided] = done
+            if done.block is not block:
+                memo.adopt(done.block)
+    return done
 
 
 def _outcome_keys(block: DraftBlock) -> tuple[tuple[tuple[str, str, str], int], ...]:
@@ -1104,11 +1122,9 @@ def _mask_boundaries(
 
 def _mask_saving(block: DraftBlock, counter: TokenCounter | None, memo: ViewMemo | None) -> int:
     """What showing ``block``'s long outputs as previews would save, measured once per block (memo)."""
-    derived = memo.derived(block) if memo is not None else None
-    key = ("mask_saving", counter.name if counter else None)
-    known = derived.variants.get(key) if derived is not None else None
-    if known is None:
-        known = _Saving(
+
+    def measured() -> _Saving:
+        return _Saving(
             sum(
                 _record_tokens(r, counter)
                 - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
@@ -1117,9 +1133,8 @@ def _mask_saving(block: DraftBlock, counter: TokenCounter | None, memo: ViewMemo
             ),
             block,
         )
-        if derived is not None:
-            derived.variants[key] = known
-    return known.tokens
+
+    return _variant(memo, block, ("mask_saving", counter.name if counter else None), measured).tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -1142,19 +1157,12 @@ def _mask(
     is that masked block again: a view over its budget masked, re-rendered and recounted every group
     on every prepare (issue 16: 25 % of a prepare of a compacted 5,000-record thread).
     """
-    derived = memo.derived(s.block) if memo is not None else None
     decided = (
         "mask",
         counter.name if counter else None,
         tuple(r.seq for r in s.block.records if r.seq in sources),
     )
-    done = derived.variants.get(decided) if derived is not None else None
-    if done is None:
-        done = _masked(s, counter, sources)
-        if derived is not None and memo is not None:
-            derived.variants[decided] = done
-            if done.block is not s.block:
-                memo.adopt(done.block)
+    done = _variant(memo, s.block, decided, lambda: _masked(s, counter, sources))
     if done.block is s.block:
         return 0
     before = s.content

@@ -153,7 +153,7 @@ class ViewMemo:
         else:
             before, made_before = last
             n = len(before)
-            if n <= len(records) and all(map(is_, before, records)):
+            if _starts_with(records, before):
                 made = [*made_before, *map(make, itertools.islice(records, n, None))]
             else:
                 # Every record the last call was given is held by it, so an id found is that record.
@@ -171,7 +171,7 @@ class ViewMemo:
         view's walk was 7 % of its prepare, issue 16)."""
         last = self._checked
         n = len(last)
-        if n and n <= len(records) and all(map(is_, last, records)):
+        if n and _starts_with(records, last):
             found = self._checked_ascending and _ascending(itertools.islice(records, n - 1, None))
         else:
             found = _ascending(records)
@@ -317,6 +317,11 @@ def _made_bytes(records: Sequence[LedgerRecord], made: Sequence[LedgerRecord]) -
         for r, m in zip(records, made, strict=True)
         if m is not r
     )
+
+
+def _starts_with(records: Sequence[LedgerRecord], first: Sequence[LedgerRecord]) -> bool:
+    """Whether ``records`` begin with ``first``, each the same object."""
+    return len(first) <= len(records) and all(map(is_, first, records))
 
 
 def _ascending(records: Iterable[LedgerRecord]) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
-from services.store.search import Chunker
+from services.store.search import Chunker, chunk_rows
 
 __all__ = ["MemoryIndex", "words_of"]
 
@@ -85,26 +85,8 @@ class MemoryIndex:
             return 0
         for r in todo:
             text = r["text"] if r["text"] is not None else blobs[r["blob_sha256"]].decode("utf-8", "replace")
-            for i, (sb, eb, sl, el, piece) in enumerate(chunker(r["kind"], text or "", r["payload"])):
-                key = (thread_id, r["seq"], i)
-                self.chunks.setdefault(
-                    key,
-                    _Chunk(
-                        thread_id,
-                        r["seq"],
-                        i,
-                        r["session_id"],
-                        r["kind"],
-                        r["event_key"],
-                        sb,
-                        eb,
-                        sl,
-                        el,
-                        r["recorded_at"],
-                        piece,
-                        Counter(words_of(piece)),
-                    ),
-                )
+            for values in chunk_rows(thread_id, r, text or "", chunker):
+                self.chunks.setdefault(values[:3], _Chunk(*values, Counter(words_of(values[-1]))))
         self.positions[thread_id] = (max(last, todo[-1]["seq"]), version)
         return len(todo)
 

@@ -2,17 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
 from services.store.ledger import Conn
 
-__all__ = ["Chunker", "index_next", "reset_index", "search_session", "stale_index_threads"]
+__all__ = [
+    "ChunkRow",
+    "Chunker",
+    "chunk_rows",
+    "index_next",
+    "reset_index",
+    "search_session",
+    "stale_index_threads",
+]
 
 # ``(kind, text, payload)`` of a record → its ``(start_byte, end_byte, start_line, end_line, text)`` chunks.
 Chunker = Callable[[str, str, str], Sequence[tuple[int, int, int, int, str]]]
+
+
+# thread, seq, chunk number, session, kind, event key, start/end byte, start/end line, recorded at, text.
+ChunkRow = tuple[str, int, int, str, str, str, int, int, int, int, Any, str]
+
+
+def chunk_rows(thread_id: str, record: Any, text: str, chunker: Chunker) -> Iterator[ChunkRow]:
+    """The chunk rows of one record (a row naming seq, session_id, kind, event_key, payload and
+    recorded_at), columns in the order of ``ctx.search_chunks``: thread, seq, chunk number, session,
+    kind, event key, byte and line span, recorded at, chunk text. The store and its twin share it."""
+    for i, (sb, eb, sl, el, chunk) in enumerate(chunker(record["kind"], text, record["payload"])):
+        yield (
+            thread_id,
+            record["seq"],
+            i,
+            record["session_id"],
+            record["kind"],
+            record["event_key"],
+            sb,
+            eb,
+            sl,
+            el,
+            record["recorded_at"],
+            chunk,
+        )
+
 
 _SESSION = "SELECT principal_id FROM ctx.sessions WHERE session_id = $1 AND tenant = $2"
 # Visibility is the WHERE clause: only this session's chunks, whatever scope the request names.
@@ -157,21 +191,7 @@ async def _store_chunks(
     after the last of them, in one statement."""
     cols: list[list[object]] = [[] for _ in range(12)]
     for r in rows:
-        for i, (sb, eb, sl, el, chunk) in enumerate(chunker(r["kind"], r["text"] or "", r["payload"])):
-            values = (
-                thread_id,
-                r["seq"],
-                i,
-                r["session_id"],
-                r["kind"],
-                r["event_key"],
-                sb,
-                eb,
-                sl,
-                el,
-                r["recorded_at"],
-                chunk,
-            )
+        for values in chunk_rows(thread_id, r, r["text"] or "", chunker):
             for col, value in zip(cols, values, strict=True):
                 col.append(value)
     await conn.execute(_STORE_CHUNKS, *cols, rows[-1]["seq"], version, thread_id)
