@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import orjson
 from pydantic import JsonValue
 
 __all__ = [
@@ -28,8 +29,37 @@ GENESIS_HASH = "0" * 64
 
 
 def canonical_json(value: JsonValue) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the same value always gives the same bytes."""
+    """Sorted keys, no whitespace, UTF-8: the same value always gives the same bytes.
+
+    The bytes are the ``json`` module's (``sort_keys``, compact, ``ensure_ascii=False``): every
+    content hash ever stored was made from them. orjson writes the same bytes ~10× faster for a
+    value of strings, integers, booleans, nulls, lists and dicts (a property test holds it to that);
+    a value holding anything else — a float, which orjson may write in another form (``1e16`` for
+    ``1e+16``), an enum, a tuple — or that orjson refuses (an integer beyond 64 bits, a non-str key,
+    a lone surrogate) is written by ``json``, as it always was.
+    """
+    if _plain(value):
+        try:
+            return orjson.dumps(value, option=_SORTED)
+        except orjson.JSONEncodeError:
+            pass
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+_SORTED = orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+_LEAVES = frozenset((str, int, bool, type(None)))
+
+
+def _plain(value: object) -> bool:
+    """True when ``value`` holds only str, int, bool, None, list and dict (no subclasses)."""
+    kind = type(value)
+    if kind in _LEAVES:
+        return True
+    if kind is dict:
+        return all(_plain(v) for v in value.values())  # type: ignore[attr-defined]
+    if kind is list:
+        return all(_plain(v) for v in value)  # type: ignore[attr-defined]
+    return False
 
 
 def sha256_hex(data: bytes) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple, assert_never
@@ -111,6 +111,8 @@ __all__ = [
     "deferred_tokens",
     "encode_raw",
     "plan_batch",
+    "plan_steps",
+    "run_steps",
     "readable_event_key",
 ]
 
@@ -480,6 +482,32 @@ def plan_batch(
     counters: Mapping[EncodingName, TokenCounter],
 ) -> BatchPlan:
     """Decide the records, heads, blobs, call states and rejections of a decoded batch."""
+    plan = run_steps(plan_steps(decoded, reads, limits, counters), until=lambda: False)
+    assert plan is not None
+    return plan
+
+
+def run_steps(steps: Generator[None, None, BatchPlan], *, until: Callable[[], bool]) -> BatchPlan | None:
+    """Advance :func:`plan_steps` to its plan, or ``None`` as soon as ``until()`` holds after a step."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            plan: BatchPlan = done.value
+            return plan
+        if until():
+            return None
+
+
+def plan_steps(
+    decoded: Sequence[Decoded | Rejection],
+    reads: LedgerReads,
+    limits: RecordingLimits,
+    counters: Mapping[EncodingName, TokenCounter],
+) -> Generator[None, None, BatchPlan]:
+    """:func:`plan_batch`, pausing after each event: the plan of a large batch takes tens of
+    milliseconds, and its caller may let other work run between events (the recorder shares its
+    event loop with prepares). Returns the plan as the generator's value."""
     chains = _Chains(reads.heads, dict(reads.keys))
     calls = _Calls(dict(reads.calls))
     sessions = _Sessions(reads)
@@ -487,6 +515,7 @@ def plan_batch(
     receipts = _Receipts(set(reads.operations))
     rejections: list[Rejection] = []
     for item in decoded:
+        yield
         if isinstance(item, Rejection):
             rejections.append(item)
             continue

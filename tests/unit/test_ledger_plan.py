@@ -17,6 +17,7 @@ from services.core.ledger import (
     ThreadHead,
     decode_batch,
     plan_batch,
+    plan_steps,
 )
 from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
@@ -301,3 +302,22 @@ def test_an_undecodable_payload_keeps_the_event_key_it_spells_so_a_waiting_prepa
     # Nothing names one: nothing is made up.
     (unnamed,) = decode_batch([Incoming(subject, b"{not json", 1)], LIMITS)
     assert isinstance(unnamed, Rejection) and unnamed.event_key is None
+
+
+def test_planning_in_steps_pauses_once_per_event_and_decides_what_planning_at_once_decides() -> None:
+    t = Thread()
+    # The last event reuses a key with other content: rejected.
+    events = [t.system(), t.user("q"), t.assistant("a"), t.user("other", key="k2")]
+    decoded = decode_batch(incoming(events), LIMITS)
+    steps = plan_steps(decoded, LedgerReads({}, {}, {}), LIMITS, COUNTERS)
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            stepped = done.value
+            break
+        pauses += 1
+    assert pauses == len(events)
+    assert stepped == plan_batch(decoded, LedgerReads({}, {}, {}), LIMITS, COUNTERS)
+    assert len(stepped.records) == 3 and len(stepped.rejections) == 1
