@@ -52,14 +52,18 @@ _LEAVES = frozenset((str, int, bool, type(None)))
 
 def _plain(value: object) -> bool:
     """True when ``value`` holds only str, int, bool, None, list and dict (no subclasses)."""
-    kind = type(value)
-    if kind in _LEAVES:
-        return True
-    if kind is dict:
-        return all(_plain(v) for v in value.values())  # type: ignore[attr-defined]
-    if kind is list:
-        return all(_plain(v) for v in value)  # type: ignore[attr-defined]
-    return False
+    # A loop, not recursion: this walk is most of what a content hash costs.
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict:
+            stack.extend(node.values())  # type: ignore[attr-defined]
+        elif kind is list:
+            stack.extend(node)  # type: ignore[arg-type]
+        elif kind not in _LEAVES:
+            return False
+    return True
 
 
 def sha256_hex(data: bytes) -> str:
