@@ -17,8 +17,10 @@ Invariants:
 1. At most one pull request of this object is open on the server, and its inbox subscription lives
    as long as the object: nothing is delivered where nobody reads.
 2. A delivery is handed out by the first :meth:`next_batch` after it arrived, in arrival order.
-3. Silence longer than three heartbeats means the request is gone (a server restart, a deleted
-   consumer): :meth:`next_batch` raises :class:`PullStalled` and the caller rebuilds the consumer.
+3. Silence longer than three heartbeats means the request may be gone (a server restart, a deleted
+   consumer): the server is asked about the consumer, and unless it answers that the consumer is
+   there, :meth:`next_batch` raises :class:`PullStalled` and the caller rebuilds the consumer. A
+   server too busy to send heartbeats (a burst of synced publishes) does not cost a rebuild.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class ContinuousPull:
     ) -> None:
         self._nc = nc
         self._next_subject = f"{api_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._info_subject = f"{api_prefix}.CONSUMER.INFO.{stream}.{consumer}"
         self._batch = batch
         self._expires_s = expires_s
         self._heartbeat_s = heartbeat_s
@@ -117,11 +120,37 @@ class ContinuousPull:
             # Judged only after a wait: heartbeats that came in while the caller was busy are counted.
             silent = time.monotonic() - self._last_heard
             if silent > 3 * self._heartbeat_s:
-                raise PullStalled(f"no delivery or heartbeat on {self._next_subject} for {silent:.1f}s")
+                await self._confirm_alive(silent)
         out: list[Msg] = []
         while self._arrived and len(out) < self._batch:
             out.append(self._arrived.popleft())
         return out
+
+    async def _confirm_alive(self, silent: float) -> None:
+        """Ask the server about the consumer after a silence; raises :class:`PullStalled` unless it
+        answers that the consumer is there.
+
+        A server busy writing a burst of publishes (each one synced to disk) sent no heartbeat for
+        0.8 s while the consumer was fine: every partition of the ingest benchmark's worker rebuilt
+        its consumer twice before reading the first event. A server restart or a deleted consumer
+        still ends the pull at once: the question times out or is answered "not found".
+        """
+        try:
+            reply = await self._nc.request(self._info_subject, b"", timeout=4 * self._heartbeat_s)
+            info = json.loads(reply.data)
+        except (NatsError, TimeoutError, ValueError) as exc:
+            raise PullStalled(
+                f"no delivery or heartbeat on {self._next_subject} for {silent:.1f}s "
+                f"and no answer about its consumer ({type(exc).__name__})"
+            ) from None
+        if not isinstance(info, dict) or "error" in info:
+            error = info.get("error") if isinstance(info, dict) else info
+            raise PullStalled(f"no delivery or heartbeat on {self._next_subject} for {silent:.1f}s: {error}")
+        self._last_heard = time.monotonic()
+        if not info.get("num_waiting"):
+            # The consumer is there but holds no request (this object is its only reader): ours ended
+            # unheard, so open the next one (invariant 1 holds: none is open).
+            await self._request()
 
     async def _request(self) -> None:
         request = {
