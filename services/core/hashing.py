@@ -32,8 +32,9 @@ def canonical_json(value: JsonValue) -> bytes:
     """Sorted keys, no whitespace, UTF-8: the same value always gives the same bytes.
 
     The bytes are the ``json`` module's (``sort_keys``, compact, ``ensure_ascii=False``): every
-    content hash ever stored was made from them. orjson writes the same bytes ~10× faster for a
-    value of strings, integers, booleans, nulls, lists and dicts (a property test holds it to that);
+    content hash ever stored was made from them. orjson writes the same bytes for a value of strings,
+    integers, booleans, nulls, lists and dicts (a property test holds it to that), 2.4 µs for a
+    sample event with the walk that checks the value, against 10–14 µs by ``json``;
     a value holding anything else — a float, which orjson may write in another form (``1e16`` for
     ``1e+16``), an enum, a tuple — or that orjson refuses (an integer beyond 64 bits, a non-str key,
     a lone surrogate) is written by ``json``, as it always was.

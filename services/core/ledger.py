@@ -112,8 +112,8 @@ __all__ = [
     "encode_raw",
     "plan_batch",
     "plan_steps",
-    "run_steps",
     "readable_event_key",
+    "run_steps",
 ]
 
 
