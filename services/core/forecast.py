@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from contracts.forecasts import Forecast, ForecastDeclaration, ForecastPolicy
 
-from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind
+from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ascending_by_seq
 from services.core.tokens import EncodingName
 
 __all__ = ["forecast_need", "nearest_rank", "step_growths"]
@@ -50,7 +50,7 @@ def step_growths(
     here when not given.
     """
     if ascending is None:
-        ascending = _in_seq_order(records)
+        ascending = ascending_by_seq(records)
     ordered = records if ascending else sorted(records, key=lambda r: r.seq)
     newest_first: list[int] = []
     after = 0  # tokens recorded after the position reached, up to the next step
@@ -67,10 +67,6 @@ def step_growths(
             closed = True
             after = 0
     return tuple(reversed(newest_first))
-
-
-def _in_seq_order(records: Sequence[LedgerRecord]) -> bool:
-    return all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False))
 
 
 def nearest_rank(values: Sequence[int], percentile: int) -> int:

@@ -8,7 +8,8 @@ again. Parsing is plain code over the stored JSON, not pydantic: the recorder va
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -58,6 +59,7 @@ __all__ = [
     "UsageBody",
     "UserInputBody",
     "UserIntent",
+    "ascending_by_seq",
     "call_json",
     "kind_of",
     "parse_body",
@@ -272,6 +274,11 @@ RecordBody: TypeAlias = (
     | OperationReconcileBody
     | PhaseChangeBody
 )
+
+
+def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
+    """Whether ``records`` come in strictly ascending seq order."""
+    return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
 def kind_of(event: Event) -> RecordKind:

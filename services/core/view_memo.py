@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from contracts import ChatMessage, ContextBlock, RecordRef
 
+from services.core.records import ascending_by_seq
+
 if TYPE_CHECKING:
     from services.core.records import LedgerRecord
 
@@ -148,21 +150,23 @@ class ViewMemo:
         recounted it, on every prepare). Only what the last call was given is kept (invariant 3).
         """
         last = self._each.get(key)
-        if last is None:
-            made = [make(r) for r in records]
-        else:
+        if last is not None and _starts_with(records, last[0]):
+            # The view grew: only the records added are made, and only their bytes are counted.
             before, made_before = last
-            n = len(before)
-            if _starts_with(records, before):
-                made = [*made_before, *map(make, itertools.islice(records, n, None))]
+            added = list(itertools.islice(records, len(before), None))
+            made_added = [make(r) for r in added]
+            made = [*made_before, *made_added]
+            self._each_bytes += _made_bytes(added, made_added)
+        else:
+            if last is None:
+                made = [make(r) for r in records]
             else:
                 # Every record the last call was given is held by it, so an id found is that record.
-                by_id = {id(r): m for r, m in zip(before, made_before, strict=True)}
+                by_id = {id(r): m for r, m in zip(*last, strict=True)}
                 made = [by_id.get(id(r)) or make(r) for r in records]
-            self._each_bytes -= _made_bytes(before, made_before)
-        kept = tuple(records), tuple(made)
-        self._each[key] = kept
-        self._each_bytes += _made_bytes(*kept)
+                self._each_bytes -= _made_bytes(*last)
+            self._each_bytes += _made_bytes(records, made)
+        self._each[key] = tuple(records), tuple(made)
         return made
 
     def ascending(self, records: Sequence[LedgerRecord]) -> bool:
@@ -172,9 +176,9 @@ class ViewMemo:
         last = self._checked
         n = len(last)
         if n and _starts_with(records, last):
-            found = self._checked_ascending and _ascending(itertools.islice(records, n - 1, None))
+            found = self._checked_ascending and ascending_by_seq(itertools.islice(records, n - 1, None))
         else:
-            found = _ascending(records)
+            found = ascending_by_seq(records)
         # A copy, as ``keep_build`` keeps one: a caller's list changed in place later cannot fool it.
         self._checked, self._checked_ascending = tuple(records), found
         return found
@@ -322,10 +326,6 @@ def _made_bytes(records: Sequence[LedgerRecord], made: Sequence[LedgerRecord]) -
 def _starts_with(records: Sequence[LedgerRecord], first: Sequence[LedgerRecord]) -> bool:
     """Whether ``records`` begin with ``first``, each the same object."""
     return len(first) <= len(records) and all(map(is_, first, records))
-
-
-def _ascending(records: Iterable[LedgerRecord]) -> bool:
-    return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
 def _bytes_of(entries: Iterable[tuple[LedgerRecord, ChatMessage]]) -> int:
