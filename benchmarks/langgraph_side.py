@@ -39,7 +39,7 @@ from services.edge.replay import percentile
 from .conversation import publish_thread, sample_events, sample_lines
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
-__all__ = ["bench_langgraph"]
+__all__ = ["SIZES", "bench_langgraph"]
 
 SIZES: dict[int, int] = {50: 200, 500: 100, 5_000: 30}  # messages → interleaved rounds
 _COUNTER = counter_for("o200k_base")

@@ -69,6 +69,7 @@ from tests.fixtures.builders import Thread
 from .concurrency import bench_concurrency
 from .eval import bench_eval
 from .append_step import bench_append
+from .langgraph_side import SIZES as LANGGRAPH_SIZES
 from .langgraph_side import bench_langgraph
 from .memory import bench_memory
 from .ingest import bench_ingest
@@ -667,7 +668,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             elif name == "index_pass":
                 results["index_pass"] = await bench_index_pass(db)
             elif name == "langgraph":
-                results["langgraph"] = await bench_langgraph(nats_url, db, tmp)
+                sizes = {n: LANGGRAPH_SIZES[n] for n in args.langgraph_sizes}
+                results["langgraph"] = await bench_langgraph(nats_url, db, tmp, sizes=sizes)
             elif name == "memory":
                 results["memory"] = await bench_memory(nats_url, db, tmp, sessions=args.memory_sessions)
             elif name == "pure":
@@ -757,6 +759,14 @@ def main() -> None:
         help="think_paired: another ctxfleet checkout whose fleet takes turns with this one's",
     )
     parser.add_argument("--memory-sessions", type=int, default=1_000, help="memory: sessions")
+    parser.add_argument(
+        "--langgraph-sizes",
+        type=int,
+        nargs="+",
+        choices=sorted(LANGGRAPH_SIZES),
+        default=sorted(LANGGRAPH_SIZES),
+        help="langgraph: the conversation sizes to time (messages)",
+    )
     parser.add_argument("--ingest-runs", type=int, default=3, help="runs per ingest figure (median)")
     parser.add_argument(
         "--ingest-sets",

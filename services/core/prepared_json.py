@@ -18,7 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -28,6 +29,7 @@ __all__ = ["DEFAULT_REPLY_CACHE_BYTES", "PreparedJson"]
 
 DEFAULT_REPLY_CACHE_BYTES = 32 * 1024 * 1024
 
+_M = TypeVar("_M", bound=BaseModel)
 _FIELDS = tuple(PreparedContext.model_fields)
 _AT = _FIELDS.index("messages")
 assert _FIELDS[_AT : _AT + 3] == ("messages", "tools", "blocks"), "the reply's spliced fields moved"
@@ -65,7 +67,15 @@ class PreparedJson:
         self.misses = 0
 
     def __call__(self, prepared: PreparedContext) -> bytes:
-        """``reply_json(prepared)``, with the fragments written before taken as they are."""
+        """``reply_json(prepared)``, with the fragments written before taken as they are; the same
+        context (a view's memo answers an unchanged view with the context it assembled) written once."""
+        self.hits += 1
+        found = self._current.get(id(prepared))
+        if found is None:
+            found = self._taken(prepared, self._written)
+        return found[1]
+
+    def _written(self, prepared: PreparedContext) -> bytes:
         head = _json(prepared, include=_HEAD)
         tail = _json(prepared, include=_TAIL)
         return b"".join(
@@ -96,13 +106,13 @@ class PreparedJson:
             # (invariant 2).
             found = current.get(id(model))
             if found is None:
-                found = self._taken(model)
+                found = self._taken(model, _json)
                 current = self._current  # a turn replaces the current generation
             texts.append(found[1])
         self.hits += len(models)
         return b",".join(texts)
 
-    def _taken(self, model: BaseModel) -> tuple[BaseModel, bytes]:
+    def _taken(self, model: _M, write: Callable[[_M], bytes]) -> tuple[BaseModel, bytes]:
         """``model``'s entry, from the older generation or written now, put in the current one."""
         key = id(model)
         found = self._older.pop(key, None)
@@ -111,7 +121,7 @@ class PreparedJson:
         else:
             self.hits -= 1  # counted with the others by the caller
             self.misses += 1
-            found = (model, _json(model))
+            found = (model, write(model))
         if self._current_bytes > self.max_bytes // 2:
             # The current generation becomes the older one; the one before is dropped (invariant 3).
             self._older, self._older_bytes = self._current, self._current_bytes

@@ -21,6 +21,10 @@ Invariants:
 5. Extending adds entries without dropping the ones whose blocks moved (an extension does not start
    a generation): those stale entries are bounded by the records of the view (``_stale``), and the
    next full build, forced past that bound, drops them.
+6. A whole context is reused only for exactly the same records (each the same object, in the same
+   order) and inputs equal to the ones it was assembled from (``last_context``): assembly is a pure
+   function of them (``services/core/assemble.py``). At most ``_CONTEXTS`` are kept, all of one
+   record list; a context of another list drops them.
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ __all__ = ["ViewMemo", "message_of"]
 # overestimate slightly (2.1 MB), so a cache bounded by them stays under its bound.
 _ENTRY_OVERHEAD = 1500
 _BLOCK_OVERHEAD = 3000
+# A kept context shares its messages and blocks with the memo: what it adds is its tuples, reports and
+# manifest, estimated per message and block (invariant 6).
+_CONTEXT_OVERHEAD = 4000
+_CONTEXT_PART_OVERHEAD = 400
+# Contexts kept per view: a runtime may alternate a few requests (purposes, formats) on one view.
+_CONTEXTS = 4
 
 
 class _Block(Protocol):
@@ -106,6 +116,10 @@ class ViewMemo:
         "_checked_ascending",
         "_each",
         "_each_bytes",
+        "_contexts",
+        "_context_records",
+        "_context_bytes",
+        "contexts_reused",
     )
 
     def __init__(self, own_thread: str = "") -> None:
@@ -137,6 +151,11 @@ class ViewMemo:
         # records made anew hold.
         self._each: dict[object, tuple[tuple[LedgerRecord, ...], tuple[LedgerRecord, ...]]] = {}
         self._each_bytes = 0
+        # Whole contexts assembled from ``_context_records``, newest first, with their inputs (invariant 6).
+        self._contexts: list[tuple[object, object, int]] = []
+        self._context_records: tuple[LedgerRecord, ...] = ()
+        self._context_bytes = 0
+        self.contexts_reused = 0
 
     def each(
         self,
@@ -186,15 +205,34 @@ class ViewMemo:
     def last_build(self, records: Sequence[LedgerRecord], key: object) -> Any:
         """The blocks built last time, if ``records`` and ``key`` are exactly those (invariant 4)."""
         last = self._last_records
-        if (
-            self._last_value is not None
-            and key == self._last_key
-            and len(records) == len(last)
-            and all(map(is_, records, last))
-        ):
+        if self._last_value is not None and key == self._last_key and _same_records(records, last):
             self.hits += 1
             return self._last_value
         return None
+
+    def last_context(self, records: Sequence[LedgerRecord], inputs: object) -> Any:
+        """The context assembled from exactly ``records`` and inputs equal to ``inputs``, or None
+        (invariant 6): a prepare of a view that did not change since costs a lookup (issue 16)."""
+        if not self._contexts or not _same_records(records, self._context_records):
+            return None
+        for kept, context, _ in self._contexts:
+            if kept == inputs:
+                self.contexts_reused += 1
+                return context
+        return None
+
+    def keep_context(
+        self, records: Sequence[LedgerRecord], inputs: object, context: object, *, parts: int
+    ) -> None:
+        """Remember ``context``, assembled from ``records`` and ``inputs`` (``parts``: its messages and
+        blocks, for the estimate); the oldest beyond ``_CONTEXTS`` goes (invariant 6)."""
+        if not _same_records(records, self._context_records):
+            self._contexts, self._context_records = [], tuple(records)
+        size = _CONTEXT_OVERHEAD + _CONTEXT_PART_OVERHEAD * parts
+        kept = [(inputs, context, size), *(c for c in self._contexts if c[0] != inputs)][:_CONTEXTS]
+        self._contexts = kept
+        self.bytes += sum(c[2] for c in kept) - self._context_bytes
+        self._context_bytes = sum(c[2] for c in kept)
 
     def grown_from(self, records: Sequence[LedgerRecord], key: object) -> tuple[int, Any] | None:
         """``(n, blocks)`` of the last build, if its records are the first ``n < len(records)`` of
@@ -237,7 +275,11 @@ class ViewMemo:
     def _measure(self, records: int) -> None:
         self._measured = len(self._messages)
         self.bytes = (
-            self._message_bytes + _BLOCK_OVERHEAD * len(self._blocks) + 8 * records + self._each_bytes
+            self._message_bytes
+            + _BLOCK_OVERHEAD * len(self._blocks)
+            + 8 * records
+            + self._each_bytes
+            + self._context_bytes
         )
 
     def begin(self) -> None:
@@ -321,6 +363,11 @@ def _made_bytes(records: Sequence[LedgerRecord], made: Sequence[LedgerRecord]) -
         for r, m in zip(records, made, strict=True)
         if m is not r
     )
+
+
+def _same_records(records: Sequence[LedgerRecord], kept: Sequence[LedgerRecord]) -> bool:
+    """Whether ``records`` are ``kept``, each the same object in the same place."""
+    return len(records) == len(kept) and all(map(is_, records, kept))
 
 
 def _starts_with(records: Sequence[LedgerRecord], first: Sequence[LedgerRecord]) -> bool:

@@ -414,3 +414,92 @@ def test_a_view_over_its_budget_masks_each_group_once_not_on_every_prepare(
     masked.clear()
     again = prepare()
     assert masked == [] and again == first  # the same masked groups, taken as they were
+
+
+def _assembled(snapshot: ThreadSnapshot, request: PrepareRequest, **options: Any) -> PreparedContext:
+    return assemble_context(snapshot, request, resolve_budget(request), counter_for("o200k_base"), **options)
+
+
+def test_a_prepare_of_an_unchanged_view_is_answered_with_the_context_assembled_last() -> None:
+    t, records, request = _one_call_thread(then=3)
+    memo = ViewMemo(t.thread_id)
+    first = _assembled(_snapshot(t, records, memo, 0), request)
+    # The same records in a new list, the request parsed anew from its bytes: what a prepare brings.
+    parsed = PrepareRequest.model_validate_json(request.model_dump_json())
+    again = _assembled(_snapshot(t, records, memo, 0), parsed)
+    assert again is first and memo.contexts_reused == 1
+    assert again == _assembled(_snapshot(t, records, None, 0), request)
+
+
+def _with(request: PrepareRequest, **update: Any) -> PrepareRequest:
+    """``request`` with ``update`` applied, validated as a request arriving would be."""
+    return PrepareRequest.model_validate({**request.model_dump(), **update})
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "budget",
+        "format",
+        "purpose",
+        "context_tools",
+        "summary",
+        "record_appended",
+        "equal_record_reread",
+        "head_revision",
+    ],
+)
+def test_a_prepare_whose_records_or_inputs_changed_is_assembled_again(change: str) -> None:
+    t, records, request = _one_call_thread(then=3)
+    memo = ViewMemo(t.thread_id)
+    first = _assembled(_snapshot(t, records[:-1], memo, 0), request)
+    snapshot = _snapshot(t, records[:-1], memo, 0)
+    if change == "budget":
+        request = _with(request, budget_tokens=8_000)
+    elif change == "format":
+        request = _with(request, format="anthropic.messages")
+    elif change == "purpose":
+        request = _with(request, purpose="completion")
+    elif change == "context_tools":
+        request = _with(request, context_tools=True)
+    elif change == "summary":
+        snapshot = _snapshot(t, records[:-1], memo, records[2].seq)
+    elif change == "record_appended":
+        snapshot = _snapshot(t, records, memo, 0)
+    elif change == "equal_record_reread":
+        snapshot = replace(snapshot, records=[*records[:-2], replace(records[-2])])
+    elif change == "head_revision":
+        snapshot = replace(snapshot, revision=snapshot.revision + 1)
+    again = _assembled(snapshot, request)
+    assert again is not first and memo.contexts_reused == 0
+    assert again == _assembled(replace(snapshot, memo=None), request)
+
+
+def test_the_memo_keeps_a_few_contexts_of_one_view_and_forgets_them_when_the_view_changes() -> None:
+    t, records, request = _one_call_thread(then=3)
+    memo = ViewMemo(t.thread_id)
+    requests = [request.model_copy(update={"budget_tokens": 9_000 + n}) for n in range(5)]
+    first = [_assembled(_snapshot(t, records[:-1], memo, 0), r) for r in requests]
+    # Four are kept: the first of five was let go.
+    newest_first = list(zip(requests, first, strict=True))[::-1]
+    assert [_assembled(_snapshot(t, records[:-1], memo, 0), r) is p for r, p in newest_first] == [
+        *[True] * 4,
+        False,
+    ]
+    kept = memo.estimate_bytes()
+    grown = _assembled(_snapshot(t, records, memo, 0), requests[-1])
+    assert grown is not first[-1]
+    # A context of the grown view: the ones of the view before are gone, and so are their bytes.
+    assert _assembled(_snapshot(t, records[:-1], memo, 0), requests[-1]) is not first[-1]
+    assert memo.estimate_bytes() < kept
+
+
+def test_a_prepare_that_waited_on_a_compaction_or_dropped_history_is_never_taken_from_the_memo() -> None:
+    t, records, request = _one_call_thread(then=3)
+    memo = ViewMemo(t.thread_id)
+    first = _assembled(_snapshot(t, records, memo, 0), request)
+    waited = _assembled(_snapshot(t, records, memo, 0), request, compaction_wait_ms=250)
+    dropping = _assembled(_snapshot(t, records, memo, 0), request, allow_drop_history=True)
+    assert waited is not first and waited.compaction_wait_ms == 250
+    assert dropping is not first and memo.contexts_reused == 0
+    assert _assembled(_snapshot(t, records, memo, 0), request) is first
