@@ -58,8 +58,8 @@ _HINT_SUBJECTS = (f"{RECORDED}.", "ctx.compacted.")
 async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | None = None) -> None:
     """Drain every core subscription: requests already delivered here are answered, then it unsubscribes.
 
-    A drained request/reply endpoint has handed every delivered request to ``responder``'s tasks;
-    they are answered before this returns.
+    ``responder``'s request/reply subscriptions are drained alike, and every request they took is
+    answered before this returns.
 
     FastStream's stop unsubscribes outright, which drops requests buffered in this process (their
     callers would time out although another assembler could have served them). A drain tells the
@@ -82,9 +82,9 @@ async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | 
             log.debug("drain: %s", exc)
         setattr(subscriber, "subscription", None)  # noqa: B010  # typed as object: nothing left to unsubscribe
 
-    await asyncio.gather(*(drain(s) for s in broker.subscribers))
-    if responder is not None:
-        await responder.answered()
+    await asyncio.gather(
+        *(drain(s) for s in broker.subscribers), *([responder.drain()] if responder is not None else [])
+    )
 
 
 async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
@@ -165,6 +165,8 @@ class Fleet:
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         self.gateway, self._hot_path, self._responder = workers.gateway, workers.hot_path, workers.responder
         await self.broker.start()
+        if self._responder is not None:
+            await self._responder.start()  # the request/reply endpoints, on the broker's connection
         if self.budgeter is not None:
             await self.budgeter.start()
         if self.indexer is not None:

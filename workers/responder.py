@@ -3,9 +3,11 @@
 A FastStream subscriber with ``max_workers`` hands each message through an anyio memory stream,
 semaphore and task group: measured here, a 19 KB request/reply took 1.08–1.13 ms that way, 0.68–0.70
 with FastStream consuming in order, and 0.44 with nats-py alone (``benchmarks`` probe, embedded
-NATS, issue 16). So a request/reply endpoint is still declared with FastStream (its decoder, the
-AsyncAPI document), but consumes in order with FastStream's own reply turned off (``no_reply``), and
-each request runs in a plain asyncio task that publishes its reply itself.
+NATS, issue 16). So each request runs in a plain asyncio task that publishes its reply itself, and a
+serving responder takes requests from nats-py subscriptions of its own (``start``): FastStream's
+parser, middlewares and dependency injection were still 0.2–0.4 ms of every prepare (design D14.10).
+Endpoints are declared in one place all the same: a responder without a connection (the AsyncAPI
+document's) declares each one as a FastStream subscriber, with the same subject, queue and title.
 
 Invariants:
 
@@ -16,17 +18,24 @@ Invariants:
    the handler raised; or not at all when the caller's deadline passed (``DeadlinePassed``) or the
    request named no reply subject.
 3. ``answered()`` returns once every request taken has been answered, so a shutdown that drained
-   the subscriptions answers what was delivered here before it closes the connection.
+   the subscriptions (``drain``) answers what was delivered here before it closes the connection.
+4. A serving responder's endpoints are subscribed once, by ``start``, in their queue groups; an
+   endpoint declared after ``start`` is an error, not an endpoint that silently never serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 
 from faststream.nats import NatsResponse, NatsRouter
 from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from .admission import DeadlinePassed
 from .replies import Inbound, error_response, inbound
@@ -48,6 +57,13 @@ class Responder:
         self._connection = connection
         self._max_tasks = max_tasks
         self._tasks: set[asyncio.Task[None]] = set()
+        self._served: list[_Served] = []
+        self._subscriptions: list[Subscription] | None = None
+
+    @property
+    def subjects(self) -> tuple[str, ...]:
+        """The subjects a serving responder subscribes (or has subscribed), in declaration order."""
+        return tuple(s.subject for s in self._served)
 
     @property
     def in_hand(self) -> int:
@@ -61,6 +77,11 @@ class Responder:
 
         def register(handler: Handler) -> Handler:
             served = self.serving(handler)
+            if self._connection is not None:
+                if self._subscriptions is not None:
+                    raise RuntimeError(f"endpoint {subject} declared after the responder started")
+                self._served.append(_Served(_wildcards(subject), queue, served))
+                return handler
 
             @router.subscriber(
                 subject, queue=queue, decoder=inbound, no_reply=True, title=title, description=description
@@ -71,6 +92,30 @@ class Responder:
             return handler
 
         return register
+
+    async def start(self) -> None:
+        """Subscribe every endpoint in its queue group on the connection (invariant 4)."""
+        if self._connection is None or self._subscriptions is not None:
+            return
+        nc = self._connection()
+        self._subscriptions = []
+        for served in self._served:
+            self._subscriptions.append(
+                await nc.subscribe(served.subject, queue=served.queue, cb=served.endpoint.deliver)
+            )
+        # Once the server has them: a process reported ready answers its first request.
+        await nc.flush()
+
+    async def drain(self) -> None:
+        """Stop taking requests, take what was delivered here already, and answer all of it
+        (invariant 3); the caller bounds it. New requests go to the other members of the queues."""
+        subscriptions, self._subscriptions = self._subscriptions or [], []
+        for subscription in subscriptions:
+            try:
+                await subscription.drain()  # type: ignore[no-untyped-call]
+            except NatsError as exc:  # the connection is gone: nothing more is delivered here
+                log.debug("drain %s: %s", subscription.subject, exc)
+        await self.answered()
 
     def serving(self, handler: Handler) -> Endpoint:
         """One endpoint's bound on requests in hand, in front of ``handler`` (invariant 1)."""
@@ -106,6 +151,10 @@ class Endpoint:
         await self._slots.acquire()
         self._responder._spawn(self._answer(message))
 
+    async def deliver(self, msg: Msg) -> None:
+        """The subscription's callback: ``msg`` as the handlers take it, then ``take``."""
+        await self.take(Inbound(msg.data, msg.subject, msg.headers or {}, msg.reply))
+
     async def _answer(self, message: Inbound) -> None:
         try:
             try:
@@ -119,6 +168,23 @@ class Endpoint:
             log.exception("could not answer a request on %s", message.subject)
         finally:
             self._slots.release()
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """An endpoint a serving responder subscribes: its NATS subject (wildcards), queue and bound."""
+
+    subject: str
+    queue: str
+    endpoint: Endpoint
+
+
+_PARAMETER = re.compile(r"\{[^}]+\}")
+
+
+def _wildcards(subject: str) -> str:
+    """``ctx.prepare.{tenant}.{run_id}`` as NATS subscribes it: each named token a ``*``."""
+    return _PARAMETER.sub("*", subject)
 
 
 def _body(response: NatsResponse) -> bytes:

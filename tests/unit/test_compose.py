@@ -45,6 +45,7 @@ def test_the_assembler_budgeter_and_compactor_of_a_process_share_one_view_loader
 def test_a_process_builds_only_the_workers_its_settings_name(monkeypatch: pytest.MonkeyPatch) -> None:
     built, _ = _compose(monkeypatch, "assembler")
     assert (built.recorder, built.budgeter, built.indexer) == (None, None, None)
-    assert built.broker.subscribers, "the assembler's request subscribers are on the broker"
+    assert built.responder is not None and "ctx.prepare.*.*.*" in built.responder.subjects
+    assert built.broker.subscribers, "the assembler's notice subscribers are on the broker"
     alone, _ = _compose(monkeypatch, "indexer")
     assert alone.indexer is not None and alone.recorder is None and alone.budgeter is None
