@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta, timezone
 
 import asyncpg
 import pytest
@@ -17,7 +18,8 @@ import pytest
 from contracts import DeadLetter
 from services.app.recording import RecordingService
 from services.app.views import ViewLoader
-from services.core.ledger import RecordingLimits
+from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
+from services.core.tokens import ENCODINGS, counter_for
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, incoming
@@ -148,3 +150,59 @@ def _logging(statements: _Statements) -> Callable[[asyncpg.Connection], Awaitabl
         conn.add_query_logger(statements)
 
     return init
+
+
+async def test_records_written_in_one_json_argument_read_back_as_they_were_planned(
+    counted: tuple[RecordingService, _Statements], database_url: str
+) -> None:
+    # The records travel as one JSON array (services/store/batch_write.py): text of any kind, a payload
+    # kept as its own JSON text, times with and without a zone, and the fields a record leaves empty.
+    service, _ = counted
+    t = Thread()
+    aware = datetime(2026, 12, 3, 21, 0, 0, 123456, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    naive = datetime(2026, 12, 3, 21, 0, 0, 654321)
+    odd = 'quote " backslash \\ tab \t newline \n é 漢字 🎉 \u2028 control \x01'
+    events = [
+        t.user(odd).model_copy(update={"client_ts": aware}),
+        t.assistant("calling", calls=(("c1", "grep", {"pattern": odd, "n": 3}),)).model_copy(
+            update={"client_ts": naive}
+        ),
+        t.outcome("c1", "line\n" * 4_000),  # long: trimmed, masked, its text in a blob
+    ]
+    plan = plan_batch(
+        decode_batch(incoming(events), RecordingLimits()),
+        LedgerReads({}, {}, {}),
+        RecordingLimits(),
+        {n: counter_for(n) for n in ENCODINGS},
+    )
+    result = await service.record_batch(partition=0, batch=incoming(events, start_seq=9_000))
+    assert result.recorded == 3
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT seq, payload::text AS payload, text, blob_sha256, view_text, tokens_o200k, client_ts,"
+            " mask_text, mask_tokens_o200k, content_sha256, record_hash FROM ctx.records"
+            " WHERE thread_id = $1 ORDER BY seq",
+            t.thread_id,
+        )
+    finally:
+        await conn.close()
+    assert [r["seq"] for r in rows] == [p.seq for p in plan.records]
+    for row, planned in zip(rows, plan.records, strict=True):
+        assert row["payload"] == planned.payload_json
+        assert (row["text"], row["blob_sha256"], row["view_text"]) == (
+            planned.text,
+            planned.blob_sha256,
+            planned.view_text,
+        )
+        assert (row["mask_text"], row["mask_tokens_o200k"]) == (
+            planned.mask_text,
+            planned.mask_tokens.o200k_base if planned.mask_tokens else None,
+        )
+        assert row["tokens_o200k"] == planned.tokens.o200k_base
+        assert (row["content_sha256"], row["record_hash"]) == (planned.content_sha256, planned.record_hash)
+    assert rows[0]["text"] == odd
+    # The same instants the driver stored before: an aware time at its offset, a naive one as local.
+    assert rows[0]["client_ts"] == aware
+    assert rows[1]["client_ts"] == naive.astimezone(timezone.utc)
+    assert rows[2]["client_ts"] is None and rows[2]["blob_sha256"] is not None
