@@ -229,10 +229,10 @@ class ViewMemo:
         if not _same_records(records, self._context_records):
             self._contexts, self._context_records = [], tuple(records)
         size = _CONTEXT_OVERHEAD + _CONTEXT_PART_OVERHEAD * parts
-        kept = [(inputs, context, size), *(c for c in self._contexts if c[0] != inputs)][:_CONTEXTS]
-        self._contexts = kept
-        self.bytes += sum(c[2] for c in kept) - self._context_bytes
-        self._context_bytes = sum(c[2] for c in kept)
+        self._contexts = [(inputs, context, size), *(c for c in self._contexts if c[0] != inputs)][:_CONTEXTS]
+        held = sum(c[2] for c in self._contexts)
+        self.bytes += held - self._context_bytes
+        self._context_bytes = held
 
     def grown_from(self, records: Sequence[LedgerRecord], key: object) -> tuple[int, Any] | None:
         """``(n, blocks)`` of the last build, if its records are the first ``n < len(records)`` of
