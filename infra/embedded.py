@@ -47,9 +47,11 @@ __all__ = [
 
 log = logging.getLogger("ctxfleet")
 _ENDPOINTS = "endpoints.json"
-# psutil derives a start time from boot time + clock ticks: the same process always reads the same
-# value, a different process reusing the PID reads a later one, so a small tolerance is enough.
-_SAME_START_S = 0.05
+# psutil derives a start time from the boot time + clock ticks, and the boot time from the kernel's
+# whole-second btime, which each process reads once: two processes may see one process's start a
+# second apart (a CLI in a second terminal found no running fleet that way, seen in CI). A process
+# reusing the PID started later than that by far (the PID space wrapped in between).
+_SAME_START_S = 2.0
 
 
 class EmbeddedServerError(RuntimeError):

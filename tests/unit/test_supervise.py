@@ -137,3 +137,11 @@ def test_server_records_round_trip_and_a_damaged_file_reads_as_none(tmp_path: Pa
 @pytest.mark.parametrize(("code", "text"), [(None, "exited"), (1, "exit code 1"), (-9, "killed by SIGKILL")])
 def test_describe_exit_says_how_a_server_ended(code: int | None, text: str) -> None:
     assert describe_exit(code) == text
+
+
+def test_process_identity_matches_a_start_time_read_a_boot_second_apart() -> None:
+    # Another process derives the same start from a btime it read a second apart: still this process.
+    me = ProcessIdentity.of(os.getpid())
+    assert me is not None
+    assert ProcessIdentity(me.pid, me.create_time + 1.0).is_running()
+    assert ProcessIdentity(me.pid, me.create_time - 1.0).is_running()
