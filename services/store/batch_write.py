@@ -234,7 +234,7 @@ async def write_ledger(
         "\nw AS (" + (" UNION ALL ".join(written) or "SELECT NULL::text AS thread_id WHERE false") + ")"
     )
     if plan.records:
-        _add_records(statement, plan, recorded_by)
+        statement.add(_RECORDS, _records_json(plan), recorded_by)
     calls, outcomes = _fold_outcomes(plan.calls, plan.outcomes)
     if calls:
         statement.add(
@@ -297,10 +297,6 @@ def _conflict(exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[Ne
 def _fields(rows: Sequence[object], *names: str) -> list[list[object]]:
     """One array argument per attribute name, for an ``unnest``."""
     return [[getattr(row, name) for row in rows] for name in names]
-
-
-def _add_records(statement: _Statement, plan: BatchPlan, recorded_by: str) -> None:
-    statement.add(_RECORDS, _records_json(plan), recorded_by)
 
 
 def _records_json(plan: BatchPlan) -> str:
