@@ -165,9 +165,9 @@ WHERE r.thread_id = u.thread_id AND r.call_id = u.call_id
 """
 
 
-# Every read a batch needs in one statement, so one round trip however many tables it touches: each
-# sub-select is one of the queries above, aggregated to a JSON array (json and jsonb columns as text,
-# parsed exactly as the row-per-query reads parsed them).
+# Every read a batch needs in one round trip: ``ctx.batch_reads`` (migration 0020), one statement whose
+# sub-selects each aggregate one of the reads to a JSON array (json and jsonb columns as text, parsed
+# exactly as the row-per-query reads parsed them), planned once per connection.
 # The JSON rows of a thread's current facts and aggregate versions, as states_from_json reads them.
 FACTS_JSON = """json_build_array(
        thread_id, path, value::text, status, source, event_key, seq, observed_at,
@@ -175,48 +175,7 @@ FACTS_JSON = """json_build_array(
 VERSIONS_JSON = "json_build_array(thread_id, aggregate, version)"
 
 
-_READ_BATCH = f"""
-SELECT
-  (SELECT coalesce(json_agg(json_build_array(
-       thread_id, session_id, revision, last_seq, last_hash, last_event_key, role, parent_thread_id)), '[]')
-   FROM ctx.thread_heads WHERE thread_id = ANY($1::text[])) AS heads,
-  (SELECT coalesce(json_agg(json_build_array(r.thread_id, r.event_key, r.seq, r.content_sha256)), '[]')
-   FROM ctx.records r
-   JOIN unnest($2::text[], $3::text[]) AS k(thread_id, event_key)
-     ON r.thread_id = k.thread_id AND r.event_key = k.event_key) AS keys,
-  (SELECT coalesce(json_agg(json_build_array(
-       c.thread_id, c.call_id, c.call_seq, c.outcome_seq, c.name, c.args::text)), '[]')
-   FROM ctx.tool_calls c
-   JOIN unnest($4::text[], $5::text[]) AS k(thread_id, call_id)
-     ON c.thread_id = k.thread_id AND c.call_id = k.call_id) AS calls,
-  (SELECT coalesce(json_agg(json_build_array(session_id, tenant, principal_id, agent_release)), '[]')
-   FROM ctx.sessions WHERE session_id = ANY($6::text[])) AS sessions,
-  (SELECT coalesce(json_agg(json_build_array(tenant, name)), '[]') FROM (
-     SELECT DISTINCT tenant, name FROM ctx.policies WHERE tenant = ANY($7::text[]) OR tenant = '') p
-  ) AS policies,
-  (SELECT coalesce(json_agg(json_build_array(run_id, session_id, status, main_thread_id)), '[]')
-   FROM ctx.runs
-   WHERE run_id = ANY($8::text[]) OR (session_id = ANY($6::text[]) AND status = 'active')) AS runs,
-  (SELECT json_agg({FACTS_JSON}) FROM ctx.state_facts
-   WHERE thread_id = ANY($9::text[]) AND is_current) AS facts,
-  (SELECT json_agg({VERSIONS_JSON}) FROM ctx.state_versions WHERE thread_id = ANY($9::text[])) AS versions,
-  (SELECT coalesce(json_agg(json_build_array(s.session_id, c.revision, c.body::text)), '[]')
-   FROM ctx.sessions s
-   JOIN ctx.tool_catalogs c ON c.tenant = s.tenant AND c.release = s.agent_release
-     AND c.revision = s.catalog_revision
-   WHERE s.session_id = ANY($6::text[])) AS catalogs,
-  (SELECT coalesce(json_agg(json_build_array(session_id, operation_id)), '[]')
-   FROM ctx.receipts
-   JOIN unnest($10::text[], $11::text[]) AS k(s, o) ON session_id = k.s AND operation_id = k.o) AS operations,
-  (SELECT coalesce(json_agg(json_build_array(tenant, release, revision, body)), '[]') FROM (
-     SELECT DISTINCT ON (c.tenant, c.release) c.tenant, c.release, c.revision, c.body::text AS body
-     FROM ctx.tool_catalogs c
-     JOIN unnest($12::text[], $13::text[]) AS k(tenant, release)
-       ON c.tenant = k.tenant AND c.release = k.release
-     ORDER BY c.tenant, c.release, c.revision DESC) l
-  ) AS latest,
-  (SELECT last_stream_seq FROM ctx.tracking WHERE consumer = $14 AND partition = $15) AS tracked
-"""
+_READ_BATCH = f"SELECT * FROM ctx.batch_reads({', '.join(f'${n}' for n in range(1, 16))})"
 
 
 def _json_or_none(text: str | None) -> JsonValue:
