@@ -212,8 +212,13 @@ async def test_a_fork_that_records_and_compacts_leaves_its_parents_context_and_i
     await eventually(compacted_itself, what="the fork's own compaction")
     prepared = await client.prepare(_request(f, "fq"))
     texts = "\n".join(m.content or "" for m in prepared.messages)
-    # The parent's question and its tool group up to the fork point, then the fork's own steps.
-    assert "Where is order 42?" in texts and "Then refund it." in texts
+    # The parent's question (seq 2) and its tool group up to the fork point, then the fork's own steps;
+    # never the parent's steps after it. How far the fork's own summary reaches depends on when its
+    # compaction ran: the question is shown as it was, or summarized with the rest.
+    summary = prepared.summary
+    summarized = summary is not None and summary.covered_from <= 2 <= summary.covered_to
+    assert "Where is order 42?" in texts or summarized
+    assert "Then refund it." in texts
     assert "a2 " not in texts and "a3 " not in texts
 
     assert (await client.prepare(_request(a, "a3"))).model_dump_json() == parent_before
