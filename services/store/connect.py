@@ -19,13 +19,10 @@ async def connect(url: str, **options: Any) -> asyncpg.Connection:
 
 
 # Types asyncpg learns from the server once per connection, on the first statement that uses one: the
-# store's arrays of int8, int4 and timestamptz and its anonymous records (a view load's records), and
-# arrays of float8 and bool, which cost nothing more here. Each was a catalog query of 3-12 ms
-# (PostgreSQL's log) inside whichever request first ran such a statement on a new connection, up to
-# four of them; asked for together here, as the connection opens (design D14.13).
-_PRIME_TYPES = (
-    "SELECT NULL::int8[], NULL::int4[], NULL::float8[], NULL::bool[], NULL::timestamptz[], ARRAY[ROW(1)]"
-)
+# store's arrays of int8, int4 and timestamptz and its anonymous records (a view load's records). Each
+# was a catalog query of 3-12 ms (PostgreSQL's log) inside whichever request first ran such a statement
+# on a new connection, up to four of them; asked for together here, as the connection opens (D14.13).
+_PRIME_TYPES = "SELECT NULL::int8[], NULL::int4[], NULL::timestamptz[], ARRAY[ROW(1)]"
 
 
 async def create_pool(
