@@ -179,8 +179,9 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
         "200",
         "-f",
         "raw",
-        # Only the thread holding the GIL: what the process spends its one core on, not threads waiting.
-        "--gil",
+        # Every thread on a CPU (py-spy leaves out idle ones, a thread waiting for the GIL included), not
+        # only the one holding the GIL: tiktoken lets it go while it encodes, and `--gil` hid the count
+        # (design D14.14).
         "-o",
         str(raw),
         stdout=asyncio.subprocess.DEVNULL,

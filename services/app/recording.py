@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -47,10 +48,11 @@ from services.core.ledger import (
     plan_steps,
     readable_event_key,
     run_steps,
+    texts_to_count,
 )
 from services.errors import StoreRejected
 from services.store.ports import Position, RecordingStore
-from services.core.tokens import EncodingName, TokenCounter, counter_for
+from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
 __all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
 
@@ -59,6 +61,8 @@ log = logging.getLogger("ctxfleet.recorder")
 _MAX_ATTEMPTS = 4
 # How long planning holds the event loop before it gives other work a turn.
 _PLAN_SLICE_S = 0.001
+# A batch with this much text (~1.5 ms of tiktoken) is counted on the counting thread before its plan.
+_COUNT_AHEAD_CHARS = 16_384
 _CAUSE_CHARS = 300
 # The steps of an attempt that handle the events' values, named in an unstorable event's details.
 _Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
@@ -123,6 +127,7 @@ class RecordingService:
         self._consumer = consumer
         # o200k only: cl100k counts are deferred to the readers whose profile needs them (issue 16).
         self._counters: dict[EncodingName, TokenCounter] = {"o200k_base": counter_for("o200k_base")}
+        self._counting: ThreadPoolExecutor | None = None
 
     async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
         """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
@@ -171,6 +176,7 @@ class RecordingService:
             # its errors, so a redelivered key or a lost connection keeps its own meaning.
             with _content_failures("decode"):
                 decoded = decode_batch(batch, self._limits)
+            counting = self._count_ahead(decoded)
             with _content_failures("read"):
                 # The partition's position comes with the batch's reads: one round trip, not two.
                 reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
@@ -181,7 +187,7 @@ class RecordingService:
             if len(fresh) < len(batch):  # a redelivery of what is applied already: plan only the rest
                 decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
-                plan = await self._plan(decoded, reads)
+                plan = await self._plan(decoded, reads, await self._counted_ahead(counting))
             for rejection in plan.rejections:
                 await self._sink.publish(
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
@@ -200,7 +206,38 @@ class RecordingService:
                 kill_point("record.after_commit")
         return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
 
-    async def _plan(self, decoded: list[Decoded | Rejection], reads: LedgerReads) -> BatchPlan:
+    def _count_ahead(self, decoded: Sequence[Decoded | Rejection]) -> _Counting | None:
+        """The batch's texts being counted on the counting thread, or ``None`` when there is little
+        to count: an agent's step is counted in its plan as before, where a thread hop costs more
+        than it saves.
+
+        Counting was a third of the recorder's CPU per event in a backlog, all of it on the loop
+        (issue 16). tiktoken releases the GIL while it encodes, so on the thread the count runs on
+        the other core while this loop reads the batch and plans and writes other partitions'.
+        One thread, and one tiktoken call per batch (``CountAhead``): threads that each want the GIL
+        back often made the loop wait for it (design D14.8).
+        """
+        job = CountAhead(self._counters["o200k_base"], texts_to_count(decoded))
+        if job.chars < _COUNT_AHEAD_CHARS:
+            return None
+        if self._counting is None:
+            self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-count")
+        return _Counting(job, asyncio.get_running_loop().run_in_executor(self._counting, job.encode))
+
+    async def _counted_ahead(self, counting: _Counting | None) -> Mapping[EncodingName, TokenCounter]:
+        """The counters the plan uses: answering from ``counting`` once it is done."""
+        if counting is None:
+            return self._counters
+        await counting.done
+        known = counting.job.known(ids_over=self._limits.tool_result_max_tokens)
+        return {"o200k_base": knowing(self._counters["o200k_base"], known)}
+
+    async def _plan(
+        self,
+        decoded: list[Decoded | Rejection],
+        reads: LedgerReads,
+        counters: Mapping[EncodingName, TokenCounter],
+    ) -> BatchPlan:
         """Plan on this loop, giving it a turn about every millisecond: a backlog batch takes tens of
         milliseconds to plan, and a prepare that arrives meanwhile is served between two events. The
         plan is pure, so the pauses change nothing but when it is ready.
@@ -209,7 +246,7 @@ class RecordingService:
         counting is a small part since cl100k is deferred), and handing the GIL back and forth between
         the loop and the planning threads cost more than the overlap bought: the fleet's CPU per
         recorded event went from 460–600 µs to 300–380 without the thread (design D14.8)."""
-        steps = plan_steps(decoded, reads, self._limits, self._counters)
+        steps = plan_steps(decoded, reads, self._limits, counters)
         while True:
             ends = time.perf_counter() + _PLAN_SLICE_S
             plan = run_steps(steps, until=partial(_past, ends))
@@ -238,6 +275,12 @@ class RecordingService:
                 await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
                 await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
         return BatchResult({}, {}, 0, (rejection,), 0, 0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Counting:
+    job: CountAhead
+    done: asyncio.Future[None]
 
 
 def _past(instant: float) -> bool:

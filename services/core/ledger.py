@@ -114,6 +114,7 @@ __all__ = [
     "plan_steps",
     "readable_event_key",
     "run_steps",
+    "texts_to_count",
 ]
 
 
@@ -1029,6 +1030,18 @@ def _text_of(event: Event) -> str:
             return event.payload.note
         case _:
             assert_never(event)
+
+
+def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
+    """The texts the plan of ``decoded`` will count, as far as they are known before it runs: each
+    event's text (a tool output's whole text, which decides its cut, and the content of most kinds) and
+    its calls' arguments. Counted ahead (``count_ahead``), they spare the plan its tokenizer time."""
+    texts: list[str] = []
+    for item in decoded:
+        if isinstance(item, Decoded):
+            texts.append(_text_of(item.event))
+            texts.extend(call.arguments for call in _calls_of(item.event))
+    return texts
 
 
 def _calls_of(event: Event) -> list[RenderedCall]:

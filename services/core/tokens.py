@@ -17,10 +17,10 @@ import base64
 import gzip
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import tiktoken
 
@@ -28,9 +28,12 @@ __all__ = [
     "ENCODINGS",
     "ESTIMATE_METHOD",
     "EncodingName",
+    "KnownCounts",
     "TokenCounter",
     "TokenizerDataError",
+    "CountAhead",
     "counter_for",
+    "knowing",
     "estimate_tokens",
 ]
 
@@ -166,6 +169,91 @@ class TokenCounter:
         else:
             ids = self._enc.encode_ordinary(text)
         return self._enc.decode(ids[:head_tokens]), self._enc.decode(ids[len(ids) - tail_tokens :])
+
+
+# What ``count_ahead`` found: each text's count, with its ids when a caller may cut it (``head_tail``).
+KnownCounts = dict[str, tuple[int, list[int] | None]]
+
+# Joins the texts ``count_ahead`` encodes in one call. tiktoken encodes the text between two allowed
+# special tokens on its own (its pieces never span one), so each text's ids are exactly its own.
+_SEPARATOR: Final = "<|endoftext|>"
+
+
+class CountAhead:
+    """Texts counted before a plan asks for them: :meth:`encode` in a worker thread, then
+    :meth:`known` on the loop (issue 16).
+
+    :meth:`encode` is one tiktoken call for all the texts, during which tiktoken releases the GIL, so
+    the event loop goes on meanwhile; its little Python (a join, a scan for the separators) is all
+    the thread needs the GIL for. A call per text would wait for the GIL after each one, up to the
+    interpreter's switch interval (5 ms) while the loop is busy, and turning every id into a Python
+    int would hold it for most of the count. A text holding the separator itself is counted by
+    :meth:`known`, alone.
+    """
+
+    def __init__(self, counter: TokenCounter, texts: Sequence[str]) -> None:
+        self._counter = counter
+        unique = [t for t in dict.fromkeys(texts) if t]
+        self._joined = [t for t in unique if _SEPARATOR not in t]
+        self._alone = [t for t in unique if _SEPARATOR in t]
+        self._tokens: Any = None
+        self._ends: list[int] = []
+
+    @property
+    def chars(self) -> int:
+        """How much there is to count."""
+        return sum(map(len, self._joined)) + sum(map(len, self._alone))
+
+    def encode(self) -> None:
+        """Encode the joined texts (any thread)."""
+        import numpy as np  # here only: the recorder's large batches are all that need it
+
+        if not self._joined:
+            return
+        enc = self._counter._enc
+        # Any other special token's text is ordinary text here, as in ``TokenCounter.count``.
+        tokens = enc.encode_to_numpy(
+            _SEPARATOR.join(self._joined), allowed_special={_SEPARATOR}, disallowed_special=()
+        )
+        self._ends = [*np.flatnonzero(tokens == enc.encode_single_token(_SEPARATOR)).tolist(), len(tokens)]
+        self._tokens = tokens
+
+    def known(self, *, ids_over: int) -> KnownCounts:
+        """Each text's count after :meth:`encode`, with its ids when over ``ids_over`` tokens."""
+        known: KnownCounts = {}
+        start = 0
+        for text, end in zip(self._joined, self._ends, strict=True):
+            n = end - start
+            known[text] = (n, self._tokens[start:end].tolist() if ids_over < n <= _KEEP_IDS else None)
+            start = end + 1
+        for text in self._alone:
+            ids = self._counter._enc.encode_ordinary(text)
+            known[text] = (len(ids), ids if ids_over < len(ids) <= _KEEP_IDS else None)
+        return known
+
+
+class _Knowing(TokenCounter):
+    """``base`` answering from counts made ahead (``count_ahead``); any other text is counted here."""
+
+    def __init__(self, base: TokenCounter, known: KnownCounts) -> None:
+        self.name = base.name
+        self.method = base.method
+        self._enc = base._enc
+        self._last = ("", 0, None)
+        self._known = known
+
+    def count(self, text: str) -> int:
+        hit = self._known.get(text)
+        if hit is None:
+            return super().count(text)
+        # As if just counted: a cut of this text right after (``head_tail``) reuses its ids.
+        self._last = (text, hit[0], hit[1])
+        return hit[0]
+
+
+def knowing(base: TokenCounter, known: KnownCounts) -> TokenCounter:
+    """``base``, answering the texts of ``known`` without counting them again."""
+    return _Knowing(base, known) if known else base
 
 
 _counters: dict[EncodingName, TokenCounter] = {}
