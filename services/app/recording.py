@@ -127,7 +127,9 @@ class RecordingService:
         self._consumer = consumer
         # o200k only: cl100k counts are deferred to the readers whose profile needs them (issue 16).
         self._counters: dict[EncodingName, TokenCounter] = {"o200k_base": counter_for("o200k_base")}
-        self._counting: ThreadPoolExecutor | None = None
+        self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-count")
+        # numpy's import (~0.1 s) on the thread now, not in the first large batch's wait.
+        self._counting.submit(CountAhead.warm_up, self._counters["o200k_base"])
 
     async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
         """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
@@ -220,8 +222,6 @@ class RecordingService:
         job = CountAhead(self._counters["o200k_base"], texts_to_count(decoded))
         if job.chars < _COUNT_AHEAD_CHARS:
             return None
-        if self._counting is None:
-            self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-count")
         return _Counting(job, asyncio.get_running_loop().run_in_executor(self._counting, job.encode))
 
     async def _counted_ahead(self, counting: _Counting | None) -> Mapping[EncodingName, TokenCounter]:

@@ -199,6 +199,12 @@ class CountAhead:
         self._tokens: Any = None
         self._ends: list[int] = []
 
+    @staticmethod
+    def warm_up(counter: TokenCounter) -> None:
+        """Import numpy and make one joined call, so the first large batch does not pay for them."""
+        job = CountAhead(counter, ["warm", "up"])
+        job.encode()
+
     @property
     def chars(self) -> int:
         """How much there is to count."""
