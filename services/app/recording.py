@@ -164,21 +164,31 @@ class RecordingService:
         return [*first, *await self._record_isolating(partition, batch[half:])]
 
     async def _record_retrying(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
+        # Each step that handles the events' values is guarded; the store has already translated
+        # its errors, so a redelivered key or a lost connection keeps its own meaning.
+        with _content_failures("decode"):
+            decoded = decode_batch(batch, self._limits)
+        # Counted once for every attempt, and before a connection is taken: a batch waiting for the
+        # counting thread must not hold one of the pool's connections meanwhile.
+        with _content_failures("plan"):
+            counters = await self._counted_ahead(self._count_ahead(decoded))
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                return await self._attempt(partition, batch, attempt)
+                return await self._attempt(partition, batch, decoded, counters, attempt)
             except (RevisionConflict, DuplicateEvent):
                 if attempt == _MAX_ATTEMPTS:
                     raise
         raise AssertionError("unreachable")
 
-    async def _attempt(self, partition: int, batch: Sequence[Incoming], attempt: int) -> BatchResult:
+    async def _attempt(
+        self,
+        partition: int,
+        batch: Sequence[Incoming],
+        decoded: list[Decoded | Rejection],
+        counters: Mapping[EncodingName, TokenCounter],
+        attempt: int,
+    ) -> BatchResult:
         async with self._store.session() as store:
-            # Each step that handles the events' values is guarded; the store has already translated
-            # its errors, so a redelivered key or a lost connection keeps its own meaning.
-            with _content_failures("decode"):
-                decoded = decode_batch(batch, self._limits)
-            counting = self._count_ahead(decoded)
             with _content_failures("read"):
                 # The partition's position comes with the batch's reads: one round trip, not two.
                 reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
@@ -189,7 +199,7 @@ class RecordingService:
             if len(fresh) < len(batch):  # a redelivery of what is applied already: plan only the rest
                 decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
-                plan = await self._plan(decoded, reads, await self._counted_ahead(counting))
+                plan = await self._plan(decoded, reads, counters)
             for rejection in plan.rejections:
                 await self._sink.publish(
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
@@ -215,7 +225,7 @@ class RecordingService:
 
         Counting was a third of the recorder's CPU per event in a backlog, all of it on the loop
         (issue 16). tiktoken releases the GIL while it encodes, so on the thread the count runs on
-        the other core while this loop reads the batch and plans and writes other partitions'.
+        the other core while this loop plans and writes other partitions' batches.
         One thread, and one tiktoken call per batch (``CountAhead``): threads that each want the GIL
         back often made the loop wait for it (design D14.8).
         """
