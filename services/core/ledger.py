@@ -1034,13 +1034,25 @@ def _text_of(event: Event) -> str:
 
 def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
     """The texts the plan of ``decoded`` will count, as far as they are known before it runs: each
-    event's text (a tool output's whole text, which decides its cut, and the content of most kinds) and
-    its calls' arguments. Counted ahead (``count_ahead``), they spare the plan its tokenizer time."""
+    event's text (a tool output's whole text, which decides its cut, and the content of most kinds),
+    the content of a failed output or a resource (the text under a heading), and its calls' names,
+    arguments and ids. Only a cut output's new text is left to the plan. Counted ahead
+    (``CountAhead``), they spare the plan its tokenizer time."""
     texts: list[str] = []
     for item in decoded:
-        if isinstance(item, Decoded):
-            texts.append(_text_of(item.event))
-            texts.extend(call.arguments for call in _calls_of(item.event))
+        if not isinstance(item, Decoded):
+            continue
+        event = item.event
+        text = _text_of(event)
+        texts.append(text)
+        if (
+            isinstance(event, ToolOutcomeEvent) and event.payload.status is not ToolStatus.SUCCESS
+        ) or isinstance(event, ResourceActivatedEvent):
+            texts.append(
+                content_of(event.kind, event.payload.model_dump(mode="json", exclude={"text"}), text)
+            )
+        for call in _calls_of(event):
+            texts += (call.name, call.arguments, call.call_id)
     return texts
 
 

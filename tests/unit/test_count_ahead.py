@@ -121,9 +121,15 @@ def test_a_plan_with_counts_made_ahead_is_the_plan_counting_as_it_goes() -> None
     decoded = decode_batch(incoming(_sample_events("s-plan")), LIMITS)
     job = CountAhead(base, texts_to_count(decoded))
     job.encode()
-    ahead = _plan_view({"o200k_base": knowing(base, job.known(ids_over=LIMITS.tool_result_max_tokens))})
+    counter = knowing(base, job.known(ids_over=LIMITS.tool_result_max_tokens))
+    encoding = _Encodes(counter)
+    ahead = _plan_view({"o200k_base": counter})
     assert ahead == _plan_view({"o200k_base": TokenCounter("o200k_base")})
-    assert any(view_text is not None for _, _, view_text, *_ in ahead), "the samples have outputs to cut"
+    cut = sum(1 for _, _, view_text, *_ in ahead if view_text is not None)
+    masked = sum(1 for *_, mask_text, _ in ahead if mask_text is not None)
+    assert cut > 0 and masked > 0, "the samples have outputs to cut and to mask"
+    # Left to the plan: a cut output's new text and the preview of a long one, nothing else.
+    assert encoding.encodes <= cut + masked
 
 
 class _Sink:
