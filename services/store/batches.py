@@ -328,7 +328,8 @@ async def write_plan(
     before_commit: Callable[[], None] | None = None,
 ) -> None:
     """Apply a batch plan, all of it or none, and move ``position`` with it; raises RevisionConflict on
-    a moved head.
+    a moved head. Outside a caller's transaction its blobs are committed first, on their own: content
+    under its own hash, which a failed batch leaves behind unreferenced and a retry finds there.
 
     A plan whose writes are one statement (``one_statement``: a known thread's messages, calls and
     outcomes) commits by itself, without BEGIN and COMMIT round trips; any other runs in a transaction
@@ -341,23 +342,34 @@ async def write_plan(
             before_commit()
         await write_ledger(conn, plan, recorded_by, position)
         return
+    blobs_first = bool(plan.blobs) and not conn.is_in_transaction()
+    if blobs_first:
+        # Committed on their own, before the transaction whose records point at them (a foreign key).
+        # A blob is its content's hash and never changes, so one left without a record (the batch
+        # then failed) is harmless; inserted inside the transaction, its row stayed locked until the
+        # commit, and every other batch storing the same content (the same file read in many
+        # sessions) waited for it, holding its own connection meanwhile.
+        await _insert_blobs(conn, plan)
     async with conn.transaction():
+        if plan.blobs and not blobs_first:
+            await _insert_blobs(conn, plan)
         await _write_all(conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
         if before_commit is not None:
             before_commit()
 
 
+async def _insert_blobs(conn: Conn, plan: BatchPlan) -> None:
+    await conn.execute(
+        _INSERT_BLOBS,
+        [b.sha256 for b in plan.blobs],
+        [b.content for b in plan.blobs],
+        [len(b.content) for b in plan.blobs],
+    )
+
+
 async def _write_all(
     conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None
 ) -> None:
-    if plan.blobs:
-        # Before the statement whose records point at them (a foreign key).
-        await conn.execute(
-            _INSERT_BLOBS,
-            [b.sha256 for b in plan.blobs],
-            [b.content for b in plan.blobs],
-            [len(b.content) for b in plan.blobs],
-        )
     bases = await write_ledger(conn, plan, recorded_by, position)
     if plan.principals:
         await conn.execute(_SET_PRINCIPALS, *_columns(sorted(plan.principals.items())))
