@@ -238,8 +238,12 @@ class RecordingService:
         """The counters the plan uses: answering from ``counting`` once it is done."""
         if counting is None:
             return self._counters
-        await counting.done
-        known = counting.job.known(ids_over=self._limits.tool_result_max_tokens)
+        try:
+            await counting.done
+            known = counting.job.known(ids_over=self._limits.tool_result_max_tokens)
+        except Exception as exc:  # only a shortcut failed: the plan counts every text itself, as before
+            log.warning("counting a batch ahead failed (%s: %s); its plan counts it", type(exc).__name__, exc)
+            return self._counters
         return {"o200k_base": knowing(self._counters["o200k_base"], known)}
 
     async def _plan(
@@ -252,10 +256,10 @@ class RecordingService:
         milliseconds to plan, and a prepare that arrives meanwhile is served between two events. The
         plan is pure, so the pauses change nothing but when it is ready.
 
-        Not in a worker thread: most of a plan is Python holding the GIL (tiktoken releases it, but
-        counting is a small part since cl100k is deferred), and handing the GIL back and forth between
-        the loop and the planning threads cost more than the overlap bought: the fleet's CPU per
-        recorded event went from 460–600 µs to 300–380 without the thread (design D14.8)."""
+        Not in a worker thread: most of a plan is Python holding the GIL, and handing the GIL back and
+        forth between the loop and the planning threads cost more than the overlap bought: the fleet's
+        CPU per recorded event went from 460–600 µs to 300–380 without the thread (design D14.8). Only
+        a large batch's count, which releases the GIL, runs on a thread (``_count_ahead``)."""
         steps = plan_steps(decoded, reads, self._limits, counters)
         while True:
             ends = time.perf_counter() + _PLAN_SLICE_S

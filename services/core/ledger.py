@@ -1036,7 +1036,8 @@ def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
     """The texts the plan of ``decoded`` will count, as far as they are known before it runs: each
     event's text (a tool output's whole text, which decides its cut, and the content of most kinds),
     the content of a failed output or a resource (the text under a heading), and its calls' names,
-    arguments and ids. Only a cut output's new text is left to the plan. Counted ahead
+    arguments and ids. Only what the plan makes itself is left to it: a cut output's new text and a
+    long output's preview. Counted ahead
     (``CountAhead``), they spare the plan its tokenizer time."""
     texts: list[str] = []
     for item in decoded:

@@ -27,14 +27,14 @@ import tiktoken
 __all__ = [
     "ENCODINGS",
     "ESTIMATE_METHOD",
+    "CountAhead",
     "EncodingName",
     "KnownCounts",
     "TokenCounter",
     "TokenizerDataError",
-    "CountAhead",
     "counter_for",
-    "knowing",
     "estimate_tokens",
+    "knowing",
 ]
 
 EncodingName = Literal["o200k_base", "cl100k_base"]
@@ -171,10 +171,10 @@ class TokenCounter:
         return self._enc.decode(ids[:head_tokens]), self._enc.decode(ids[len(ids) - tail_tokens :])
 
 
-# What ``count_ahead`` found: each text's count, with its ids when a caller may cut it (``head_tail``).
+# What ``CountAhead`` found: each text's count, with its ids when a caller may cut it (``head_tail``).
 KnownCounts = dict[str, tuple[int, list[int] | None]]
 
-# Joins the texts ``count_ahead`` encodes in one call. tiktoken encodes the text between two allowed
+# Joins the texts ``CountAhead`` encodes in one call. tiktoken encodes the text between two allowed
 # special tokens on its own (its pieces never span one), so each text's ids are exactly its own.
 _SEPARATOR: Final = "<|endoftext|>"
 
@@ -239,7 +239,7 @@ class CountAhead:
 
 
 class _Knowing(TokenCounter):
-    """``base`` answering from counts made ahead (``count_ahead``); any other text is counted here."""
+    """``base`` answering from counts made ahead (``CountAhead``); any other text is counted here."""
 
     def __init__(self, base: TokenCounter, known: KnownCounts) -> None:
         self.name = base.name

@@ -176,3 +176,19 @@ async def test_a_large_batch_is_counted_on_the_counting_thread_and_records_what_
     whole = await _recorded(events, len(events))
     assert len(threads) == 1 and threads[0].startswith("ctx-count")
     assert whole == one_by_one and len(whole) == len(events)
+
+
+async def test_a_count_ahead_that_fails_leaves_the_plan_to_count_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = _sample_events("s-broken")
+    expected = await _recorded(events, len(events))
+
+    def broken(self: CountAhead) -> None:
+        if self.chars >= 16_384:  # not the service's warm-up
+            raise RuntimeError("tokenizer changed its mind")
+
+    monkeypatch.setattr(CountAhead, "encode", broken)
+    # _Sink raises on any dead letter: every event is recorded, with the counts of the plan's own.
+    assert await _recorded(events, len(events)) == expected
+    assert "counting a batch ahead failed (RuntimeError" in caplog.text
