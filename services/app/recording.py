@@ -171,7 +171,7 @@ class RecordingService:
         # Counted once for every attempt, and before a connection is taken: a batch waiting for the
         # counting thread must not hold one of the pool's connections meanwhile.
         with _content_failures("plan"):
-            counters = await self._counted_ahead(self._count_ahead(decoded))
+            counters = await self._counters_for(decoded)
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
                 return await self._attempt(partition, batch, decoded, counters, attempt)
@@ -218,10 +218,12 @@ class RecordingService:
                 kill_point("record.after_commit")
         return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
 
-    def _count_ahead(self, decoded: Sequence[Decoded | Rejection]) -> _Counting | None:
-        """The batch's texts being counted on the counting thread, or ``None`` when there is little
-        to count: an agent's step is counted in its plan as before, where a thread hop costs more
-        than it saves.
+    async def _counters_for(
+        self, decoded: Sequence[Decoded | Rejection]
+    ) -> Mapping[EncodingName, TokenCounter]:
+        """The counters the plan of ``decoded`` uses: answering a large batch's texts from a count
+        made ahead on the counting thread; an agent's step is counted in its plan as before, where a
+        thread hop costs more than it saves.
 
         Counting was a third of the recorder's CPU per event in a backlog, all of it on the loop
         (issue 16). tiktoken releases the GIL while it encodes, so on the thread the count runs on
@@ -231,16 +233,10 @@ class RecordingService:
         """
         job = CountAhead(self._counters["o200k_base"], texts_to_count(decoded))
         if job.chars < _COUNT_AHEAD_CHARS:
-            return None
-        return _Counting(job, asyncio.get_running_loop().run_in_executor(self._counting, job.encode))
-
-    async def _counted_ahead(self, counting: _Counting | None) -> Mapping[EncodingName, TokenCounter]:
-        """The counters the plan uses: answering from ``counting`` once it is done."""
-        if counting is None:
             return self._counters
         try:
-            await counting.done
-            known = counting.job.known(ids_over=self._limits.tool_result_max_tokens)
+            await asyncio.get_running_loop().run_in_executor(self._counting, job.encode)
+            known = job.known(ids_over=self._limits.tool_result_max_tokens)
         except Exception as exc:  # only a shortcut failed: the plan counts every text itself, as before
             log.warning("counting a batch ahead failed (%s: %s); its plan counts it", type(exc).__name__, exc)
             return self._counters
@@ -259,7 +255,7 @@ class RecordingService:
         Not in a worker thread: most of a plan is Python holding the GIL, and handing the GIL back and
         forth between the loop and the planning threads cost more than the overlap bought: the fleet's
         CPU per recorded event went from 460–600 µs to 300–380 without the thread (design D14.8). Only
-        a large batch's count, which releases the GIL, runs on a thread (``_count_ahead``)."""
+        a large batch's count, which releases the GIL, runs on a thread (``_counters_for``)."""
         steps = plan_steps(decoded, reads, self._limits, counters)
         while True:
             ends = time.perf_counter() + _PLAN_SLICE_S
@@ -289,12 +285,6 @@ class RecordingService:
                 await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
                 await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
         return BatchResult({}, {}, 0, (rejection,), 0, 0, 1)
-
-
-@dataclass(frozen=True, slots=True)
-class _Counting:
-    job: CountAhead
-    done: asyncio.Future[None]
 
 
 def _past(instant: float) -> bool:

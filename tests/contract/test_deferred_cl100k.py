@@ -7,13 +7,11 @@ outputs, tool calls with JSON arguments, run ends), against ``count_record`` of 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
 from contracts import Event
-from infra import SAMPLES_DIR
 from services.app.recording import _touched
 from services.core.ledger import (
     RecordingLimits,
@@ -23,9 +21,7 @@ from services.core.ledger import (
 )
 from services.core.render import content_of, count_record
 from services.core.tokens import ENCODINGS, TokenCounter, counter_for
-from services.core.trace import read_trace
-from services.edge.replay import ReplayOptions, trace_events
-from tests.fixtures.builders import incoming
+from tests.fixtures.builders import incoming, sample_trace_events
 
 pytestmark = pytest.mark.anyio
 
@@ -43,13 +39,6 @@ class _Spy(TokenCounter):
     def count(self, text: str) -> int:
         self.calls += 1
         return super().count(text)
-
-
-def _sample_events(session: str) -> list[Event]:
-    lines = []
-    for k, path in enumerate(sorted(SAMPLES_DIR.glob("*.jsonl"))):
-        lines += [dataclasses.replace(line, run=f"t{k}") for line in read_trace(path)]
-    return trace_events(lines, ReplayOptions(session_id=session))
 
 
 def _eager(events: list[Event]) -> dict[str, tuple[int, int]]:
@@ -75,7 +64,7 @@ def _no_reads(decoded: Any) -> Any:
 
 
 def test_planning_a_batch_for_the_default_profiles_never_counts_cl100k() -> None:
-    events = _sample_events("s-lazy-plan")
+    events = sample_trace_events("s-lazy-plan")
     spy = _Spy()
     decoded = decode_batch(incoming(events), LIMITS)
     plan = plan_batch(
@@ -91,7 +80,7 @@ def test_planning_a_batch_for_the_default_profiles_never_counts_cl100k() -> None
 
 
 async def test_a_record_read_back_counts_cl100k_on_first_use_as_recording_both_did(store: Store) -> None:
-    events = _sample_events(f"s-lazy-{id(store)}")
+    events = sample_trace_events(f"s-lazy-{id(store)}")
     # As the recorder plans: it holds an o200k counter only.
     counters = {"o200k_base": counter_for("o200k_base")}
     by_thread: dict[str, list[Event]] = {}

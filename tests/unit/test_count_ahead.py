@@ -3,20 +3,16 @@ every count and every cut is the one counting each text alone gives, and so is e
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 
 import pytest
 
 from contracts import Event
-from infra import SAMPLES_DIR
 from services.app.recording import RecordingService
 from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch, texts_to_count
 from services.core.tokens import CountAhead, TokenCounter, counter_for, knowing
-from services.core.trace import read_trace
-from services.edge.replay import ReplayOptions, trace_events
 from services.store.memory import MemoryStore
-from tests.fixtures.builders import incoming
+from tests.fixtures.builders import incoming, sample_trace_events
 
 pytestmark = pytest.mark.anyio
 
@@ -39,15 +35,8 @@ EDGES = [
 ]
 
 
-def _sample_events(session: str) -> list[Event]:
-    lines = []
-    for k, path in enumerate(sorted(SAMPLES_DIR.glob("*.jsonl"))):
-        lines += [dataclasses.replace(line, run=f"t{k}") for line in read_trace(path)]
-    return trace_events(lines, ReplayOptions(session_id=session))
-
-
 def _sample_texts() -> list[str]:
-    return texts_to_count(decode_batch(incoming(_sample_events("s-texts")), LIMITS))
+    return texts_to_count(decode_batch(incoming(sample_trace_events("s-texts")), LIMITS))
 
 
 def test_texts_counted_ahead_in_one_call_count_as_each_counted_alone() -> None:
@@ -100,7 +89,7 @@ def test_a_cut_of_a_text_counted_ahead_reuses_its_ids() -> None:
 
 
 def _plan_view(counters: dict) -> list[tuple[object, ...]]:  # type: ignore[type-arg]
-    decoded = decode_batch(incoming(_sample_events("s-plan")), LIMITS)
+    decoded = decode_batch(incoming(sample_trace_events("s-plan")), LIMITS)
     plan = plan_batch(decoded, LedgerReads({}, {}, {}), LIMITS, counters)
     return [
         (
@@ -118,7 +107,7 @@ def _plan_view(counters: dict) -> list[tuple[object, ...]]:  # type: ignore[type
 
 def test_a_plan_with_counts_made_ahead_is_the_plan_counting_as_it_goes() -> None:
     base = counter_for("o200k_base")
-    decoded = decode_batch(incoming(_sample_events("s-plan")), LIMITS)
+    decoded = decode_batch(incoming(sample_trace_events("s-plan")), LIMITS)
     job = CountAhead(base, texts_to_count(decoded))
     job.encode()
     counter = knowing(base, job.known(ids_over=LIMITS.tool_result_max_tokens))
@@ -156,7 +145,7 @@ async def _recorded(events: list[Event], batch: int) -> list[tuple[str, int, str
 async def test_a_large_batch_is_counted_on_the_counting_thread_and_records_what_one_event_batches_do(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    events = _sample_events("s-batch")
+    events = sample_trace_events("s-batch")
     threads: list[str] = []
     encode = CountAhead.encode
 
@@ -181,7 +170,7 @@ async def test_a_large_batch_is_counted_on_the_counting_thread_and_records_what_
 async def test_a_count_ahead_that_fails_leaves_the_plan_to_count_and_loses_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    events = _sample_events("s-broken")
+    events = sample_trace_events("s-broken")
     expected = await _recorded(events, len(events))
 
     def broken(self: CountAhead) -> None:
