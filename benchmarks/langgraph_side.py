@@ -17,6 +17,11 @@ The budget of the trim is the ``input_budget`` of ctxfleet's reply, so both fit 
 two are timed interleaved (one LangGraph, one ctxfleet, …) in this process, so machine noise falls on
 both alike. Figures per size: p50/p99 of each, and the ratio ctxfleet / LangGraph (< 1: ctxfleet faster).
 
+A third timing in the same rounds is the floor under ctxfleet's figure (``benchmarks/echo_floor.py``):
+the same request to a process that answers at once with that size's prepared context, bytes for bytes,
+and the client's same parse. ``fleet_share`` is ctxfleet's p50 above that floor: what the fleet's
+own work (the thread's one statement, the memo, the reply) costs.
+
 ``make bench BENCH_ARGS="--only langgraph"`` (needs the ``bench`` extra, which ``make bench`` installs).
 """
 
@@ -30,13 +35,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from contracts import PrepareRequest
+import nats
+from nats.aio.client import Client as NatsClient
+
+from contracts import PreparedContext, PrepareRequest
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
-from services.edge.client import FleetClient
+from services.edge.client import DEADLINE_HEADER, FleetClient
 from services.edge.replay import percentile
 
 from .conversation import publish_thread, sample_events, sample_lines
+from .echo_floor import EchoFloor
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
 __all__ = ["SIZES", "bench_langgraph"]
@@ -125,6 +134,7 @@ async def bench_langgraph(
             AsyncPostgresSaver.from_conn_string(database_url) as saver,
             await FleetClient.connect(nats_url, name="langgraph-side") as client,
         ):
+            floor_nc = await nats.connect(nats_url, name="langgraph-side-floor")
             await saver.setup()
             builder = StateGraph(MessagesState)
             builder.add_node("agent", lambda state: {"messages": []})
@@ -142,26 +152,36 @@ async def bench_langgraph(
                 budget = settled.budget_report.input_budget
                 lg_ms: list[float] = []
                 cf_ms: list[float] = []
+                floor_ms: list[float] = []
+                floor = _Floor(floor_nc, f"floor.{uuid.uuid4().hex[:10]}", request)
                 kept: list[Any] = []
                 waits: list[int] = []
-                for _ in range(rounds):
-                    # Each side pays the collections its own allocations trigger, not the other's: one
-                    # process times both, and LangGraph's deserialized checkpoint left garbage that the
-                    # next prepare's parse would otherwise collect (and the other way round).
-                    gc.collect()
-                    started = time.perf_counter()
-                    snapshot = await saver.aget_tuple(config)
-                    assert snapshot is not None
-                    kept = _langgraph_context(snapshot.checkpoint["channel_values"]["messages"], budget)
-                    lg_ms.append((time.perf_counter() - started) * 1000)
-                    del snapshot
-                    gc.collect()
-                    started = time.perf_counter()
-                    prepared = await client.prepare(request, timeout=30)
-                    cf_ms.append((time.perf_counter() - started) * 1000)
-                    waits.append(prepared.compaction_wait_ms)
+                with EchoFloor(nats_url, floor.subject, settled.model_dump_json().encode(), tmp):
+                    for _ in range(rounds):
+                        # Each side pays the collections its own allocations trigger, not the other's:
+                        # one process times all three, and LangGraph's deserialized checkpoint left
+                        # garbage that the next prepare's parse would otherwise collect (and the other
+                        # way round).
+                        gc.collect()
+                        started = time.perf_counter()
+                        snapshot = await saver.aget_tuple(config)
+                        assert snapshot is not None
+                        kept = _langgraph_context(snapshot.checkpoint["channel_values"]["messages"], budget)
+                        lg_ms.append((time.perf_counter() - started) * 1000)
+                        del snapshot
+                        gc.collect()
+                        started = time.perf_counter()
+                        prepared = await client.prepare(request, timeout=30)
+                        cf_ms.append((time.perf_counter() - started) * 1000)
+                        waits.append(prepared.compaction_wait_ms)
+                        gc.collect()
+                        floor_ms.append(await floor.time())
                 lg = {"p50_ms": round(percentile(lg_ms, 50), 2), "p99_ms": round(percentile(lg_ms, 99), 2)}
                 cf = {"p50_ms": round(percentile(cf_ms, 50), 2), "p99_ms": round(percentile(cf_ms, 99), 2)}
+                fl = {
+                    "p50_ms": round(percentile(floor_ms, 50), 2),
+                    "p99_ms": round(percentile(floor_ms, 99), 2),
+                }
                 results[f"messages_{n}"] = {
                     "budget_tokens": budget,
                     "langgraph": {
@@ -179,9 +199,30 @@ async def bench_langgraph(
                         "compaction_wait_ms_max": max(waits, default=0),
                         "reply_bytes": len(prepared.model_dump_json()),
                     },
+                    "floor": {**fl, "fleet_share_p50_ms": round(cf["p50_ms"] - fl["p50_ms"], 2)},
                     "ratio_ctxfleet_over_langgraph": {
                         "p50": round(cf["p50_ms"] / lg["p50_ms"], 3) if lg["p50_ms"] else None,
                         "p99": round(cf["p99_ms"] / lg["p99_ms"], 3) if lg["p99_ms"] else None,
                     },
                 }
+            await floor_nc.close()
     return results
+
+
+class _Floor:
+    """The prepare's request sent to the echo responder, its reply parsed as the client parses one."""
+
+    def __init__(self, nc: NatsClient, subject: str, request: PrepareRequest) -> None:
+        self.subject = subject
+        self._nc = nc
+        self._body = request.model_dump_json().encode()
+
+    async def time(self) -> float:
+        """One round trip with the client's parse, in ms."""
+        started = time.perf_counter()
+        deadline = str(int(time.time() * 1000) + 30_000)
+        reply = await self._nc.request(
+            self.subject, self._body, timeout=30, headers={DEADLINE_HEADER: deadline}
+        )
+        PreparedContext.model_validate_json(reply.data)
+        return (time.perf_counter() - started) * 1000
