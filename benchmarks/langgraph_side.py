@@ -133,8 +133,8 @@ async def bench_langgraph(
         async with (
             AsyncPostgresSaver.from_conn_string(database_url) as saver,
             await FleetClient.connect(nats_url, name="langgraph-side") as client,
+            await nats.connect(nats_url, name="langgraph-side-floor") as floor_nc,
         ):
-            floor_nc = await nats.connect(nats_url, name="langgraph-side-floor")
             await saver.setup()
             builder = StateGraph(MessagesState)
             builder.add_node("agent", lambda state: {"messages": []})
@@ -205,7 +205,6 @@ async def bench_langgraph(
                         "p99": round(cf["p99_ms"] / lg["p99_ms"], 3) if lg["p99_ms"] else None,
                     },
                 }
-            await floor_nc.close()
     return results
 
 
