@@ -29,15 +29,21 @@ class EchoFloor:
     """A responder process on ``subject`` (wildcards allowed) answering with ``body``; ready on enter."""
 
     def __init__(self, nats_url: str, subject: str, body: bytes, workdir: Path) -> None:
-        self._args = (nats_url, subject, workdir / "echo-floor.body")
-        self._body = body
+        self._nats_url, self._subject, self._body = nats_url, subject, body
+        self._body_file = workdir / "echo-floor.body"
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> EchoFloor:
-        nats_url, subject, body_file = self._args
-        body_file.write_bytes(self._body)
+        self._body_file.write_bytes(self._body)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.echo_floor", nats_url, subject, str(body_file)],
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.echo_floor",
+                self._nats_url,
+                self._subject,
+                str(self._body_file),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
         )
@@ -53,9 +59,17 @@ class EchoFloor:
         self.stop()
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
             self._proc.terminate()
-            self._proc.wait(timeout=10)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 async def _serve(nats_url: str, subject: str, body: bytes) -> None:
