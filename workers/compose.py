@@ -163,8 +163,10 @@ def compose(
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
-    loader = ViewLoader(cache=ViewCache(settings.view_cache_mb * 1024 * 1024))
-    metrics.watch_view_cache(loader.cache)
+    loader = ViewLoader(
+        cache=ViewCache(settings.view_cache_mb * 1024 * 1024), trust_s=settings.view_trust_ms / 1000
+    )
+    metrics.watch_view_cache(loader.cache, loader.trust)
     broker = create_broker(settings, nats_url)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
@@ -174,7 +176,7 @@ def compose(
         quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000
     )
     if "assembler" in names:
-        board = NoticeBoard()
+        board = NoticeBoard(changed=lambda thread_id: loader.trust.changed("thread", thread_id))
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(
             store,

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from services.app.view_cache import ViewCache
+from services.app.view_trust import ViewTrust
 
 __all__ = ["FleetMetrics", "GcPauses"]
 
@@ -53,8 +54,9 @@ class GcPauses:
 class _ViewCacheCollector(Collector):
     """The shared view cache's counts, read at scrape time (the cache keeps them, in services/app)."""
 
-    def __init__(self, cache: ViewCache) -> None:
+    def __init__(self, cache: ViewCache, trust: ViewTrust[Any] | None) -> None:
         self._cache = cache
+        self._trust = trust
 
     def collect(self) -> Iterator[Metric]:
         c = self._cache
@@ -68,6 +70,25 @@ class _ViewCacheCollector(Collector):
             "ctx_view_cache_max_bytes", "The view cache's bound (CTX_VIEW_CACHE_MB)", c.max_bytes
         )
         yield GaugeMetricFamily("ctx_view_cache_entries", "Entries in the view cache", len(c))
+        t = self._trust
+        if t is None:
+            return
+        yield CounterMetricFamily(
+            "ctx_view_trust_served",
+            "Prepares answered from a trusted view, without reading the ledger",
+            t.served,
+        )
+        yield CounterMetricFamily(
+            "ctx_view_trust_changes",
+            "View changes announced to this process (its listener and notices)",
+            t.changes,
+        )
+        yield GaugeMetricFamily("ctx_view_trust_views", "Views this process trusts now", len(t))
+        yield GaugeMetricFamily(
+            "ctx_view_trust_listening",
+            "1 while this process listens for view changes (CTX_VIEW_TRUST_MS)",
+            int(t.enabled),
+        )
 
 
 @dataclass
@@ -356,8 +377,9 @@ class FleetMetrics:
             registry=r,
         )
 
-    def watch_view_cache(self, cache: ViewCache) -> None:
-        """Export the process's view cache (``ctx_view_cache_*``); once per registry."""
+    def watch_view_cache(self, cache: ViewCache, trust: ViewTrust[Any] | None = None) -> None:
+        """Export the process's view cache (``ctx_view_cache_*``) and trusted views (``ctx_view_trust_*``);
+        once per registry."""
         if not getattr(self, "_view_cache_watched", False):
-            self.registry.register(_ViewCacheCollector(cache))
+            self.registry.register(_ViewCacheCollector(cache, trust))
             self._view_cache_watched = True

@@ -70,9 +70,12 @@ def _nothing_recorded(thread_id: str) -> bool:
 class NoticeBoard:
     """Threads → the events of everyone waiting on them."""
 
-    def __init__(self) -> None:
+    def __init__(self, changed: Callable[[str], None] | None = None) -> None:
         self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
         self._recording: Callable[[str], bool] = _nothing_recorded
+        # Told of every notice too: a view this process trusts stops being trusted on it, ahead of
+        # the database's own announcement (D14.17).
+        self._changed = changed
 
     def follow_recorder(self, is_recording: Callable[[str], bool]) -> None:
         """Ask ``is_recording(thread_id)`` whether this process's recorder holds a batch of a thread;
@@ -99,12 +102,16 @@ class NoticeBoard:
 
     def notify(self, thread_id: str) -> None:
         """Wake everyone waiting on ``thread_id``."""
+        if self._changed is not None:
+            self._changed(thread_id)
         for event in self._waiters.get(thread_id, ()):
             event.set()
 
     def recorded(self, thread_id: str, tenant: str, event_keys: frozenset[str]) -> None:
         """This process's recorder committed ``event_keys`` of ``tenant`` to ``thread_id``: wake its
         waiters, telling them which keys need no re-check. Only a recorder, after its commit, may say so."""
+        if self._changed is not None:
+            self._changed(thread_id)
         for event in self._waiters.get(thread_id, ()):
             event.recorded.update((tenant, key) for key in event_keys)
             event.set()

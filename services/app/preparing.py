@@ -11,6 +11,8 @@ oldest history still awaiting compaction, each omission named — never an over-
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import replace
@@ -59,6 +61,8 @@ from services.app.windows import WindowKeeper
 from services.core.windows.next_window import window_of
 
 __all__ = ["PrepareService"]
+
+log = logging.getLogger("ctxfleet.assembler")
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
@@ -128,6 +132,8 @@ class PrepareService:
         self._hooks = hooks
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
+        # Trusted views being loaded again in the background, by thread (D14.17).
+        self._refreshing: dict[str, asyncio.Task[None]] = {}
 
     async def prepare(
         self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
@@ -166,7 +172,18 @@ class PrepareService:
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         counter = _counter(base)
-        view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
+        # A prepare naming its event reads the ledger it waited for; one naming none may be answered
+        # from the view loaded last, while nothing it is made of was announced changed (D14.17).
+        view = None
+        if request.after_event_key is None:
+            view = self._loader.trusted(
+                thread_id, tenant=tenant, session_id=request.session_id, principal_id=request.principal_id
+            )
+        if view is None:
+            view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
+        elif self._loader.trust.due(thread_id):
+            profiles = {base.profile, view.budget.profile}
+            self._refresh_soon(tenant, thread_id, request.session_id, request.principal_id, profiles)
         kill_point("prepare.before_reply")
         task = _task_budget(view, request, base, counter)
         prepared = await self._prepare_view(view, request, base, counter, tenant, pause, hooks)
@@ -362,6 +379,27 @@ class PrepareService:
                 )
             )
         return tuple(out)
+
+    def _refresh_soon(
+        self, tenant: str, thread_id: str, session_id: str, principal_id: str | None, profiles: set[str]
+    ) -> None:
+        """Load a trusted view again after this reply, and the calibrations its prepares read, so their
+        ages never expire them on a prepare's time."""
+        if thread_id in self._refreshing:
+            return
+
+        async def refresh() -> None:
+            try:
+                await self._view(tenant, thread_id, session_id, principal_id)
+                async with self._store.session() as store:
+                    for profile in profiles:
+                        self._calibrations.put(tenant, profile, await store.read_calibration(tenant, profile))
+            except Exception as exc:  # the held view just ages out: the next prepare reads the ledger
+                log.debug("refreshing the view of %s: %s: %s", thread_id, type(exc).__name__, exc)
+            finally:
+                self._refreshing.pop(thread_id, None)
+
+        self._refreshing[thread_id] = asyncio.get_running_loop().create_task(refresh())
 
     async def _view(
         self, tenant: str, thread_id: str, session_id: str, principal_id: str | None

@@ -37,6 +37,7 @@ from services.store.windows import OpenWindow
 from services.core.windows.next_window import next_window_snapshot
 from services.core.tokens import EncodingName, counter_for
 from services.core.view_memo import ViewMemo
+from services.app.view_trust import ViewTrust
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
 
@@ -193,6 +194,7 @@ class ViewLoader:
         cache: ViewCache | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_threads: int = 1024,
+        trust_s: float = 0.0,
     ) -> None:
         # One cache for every worker of the process (workers/compose.py passes the same loader around).
         self.cache = cache if cache is not None else ViewCache(cache_bytes)
@@ -204,6 +206,35 @@ class ViewLoader:
         # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
         # the provider will accept (issue 15); prepares share this cache (one per process).
         self.calibrations = CalibrationCache()
+        # The views a prepare naming no event may serve again without reading the ledger, while this
+        # process's listener of view changes says nothing of them changed (D14.17); off until it listens.
+        self.trust: ViewTrust[ThreadView] = ViewTrust(max_age_s=trust_s, max_views=cache_threads)
+
+    def trusted(
+        self, thread_id: str, *, tenant: str, session_id: str, principal_id: str | None
+    ) -> ThreadView | None:
+        """The thread's last loaded view, if nothing it is made of changed since (``load`` otherwise).
+
+        ``None`` too when it is another tenant's, session's or principal's: ``load`` reports that.
+        """
+        view = self.trust.view(thread_id)
+        if view is None:
+            return None
+        scope = view.scope
+        if view.head.session_id != session_id or scope.tenant != tenant:
+            return None
+        if scope.principal_id is not None and principal_id != scope.principal_id:
+            return None
+        # Learned in this process or re-read by its cache's rule, as a load would find it.
+        calibration = self.calibrations.fresh(scope.tenant, view.budget.profile)
+        if calibration is None:
+            return None
+        entry = self.cache.get(("records", thread_id))
+        if isinstance(entry, CachedRecords):
+            # Its memo grew with the last prepare, and the bound counts it (as ``_records`` does).
+            self._evicted(self.cache.put(("records", thread_id), entry, entry.bytes))
+        budget = calibrated(policy_budget(view.policy), calibration)
+        return view if budget == view.budget else replace(view, budget=budget)
 
     async def load(
         self,
@@ -220,6 +251,8 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
+        # Before the statement: whatever commits after its snapshot is announced after this.
+        token = self.trust.token()
         # Head, scope, compaction state, open window and the records after the ones held, in one round
         # trip, from one snapshot.
         held = self._held_facts(thread_id)
@@ -252,7 +285,7 @@ class ViewLoader:
         policy = await self._policy(conn, scope.tenant, name, revision)
         facts = await self._facts(conn, at_head)
         skeleton = self._skeleton(state, records, thread_id)
-        return ThreadView(
+        view = ThreadView(
             head,
             records,
             state,
@@ -267,6 +300,11 @@ class ViewLoader:
             entry.memo,
             at_head.window,
         )
+        # A run that may still adopt another run's summary would not hear of that summary's commit.
+        adoptable = scope.role == "main" and scope.snapshot_through > scope.reset_seq
+        if not adoptable or state.summary is not None:
+            self.trust.keep(token, thread_id, head.session_id, head.run_id, view)
+        return view
 
     async def _pinned(
         self, conn: ViewReads, session_id: str, tenant: str
@@ -473,6 +511,7 @@ class ViewLoader:
         for key in keys:
             if isinstance(key, tuple) and key[0] == "records":
                 self._locks.pop(str(key[1]), None)
+                self.trust.forget(str(key[1]))
 
 
 def _unresolved_export(record: LedgerRecord) -> bool:

@@ -1,0 +1,170 @@
+"""Which loaded views a prepare naming no event may serve without reading the ledger (design D14.17).
+
+A view load is one statement (D14.3), but on an agent's step PostgreSQL's backend has idled for the
+length of a model call, and waking it was half of a 50-message prepare's own time (D14.16). Every
+commit that changes what a view is made of is announced on one channel (migration 0021: triggers on
+the thread's, its session's and its run's tables) to a listener of the process. A view loaded while
+that listener was up is served again until a change of its thread, session or run arrives, the
+listener drops, or ``max_age_s`` passes — whichever comes first.
+
+Soundness, in order of events: a load takes a ``TrustToken`` *before* its statement, so a commit
+after its snapshot is announced after the token was taken and always counts against the view; a
+commit before it may count too, which only costs one more read. What is not closed is the notice in
+flight: a commit is announced to the listener as it commits, so a prepare that arrives in the same
+instant may still be answered from the view before it (a prepare that names its event never is).
+``max_age_s`` bounds how long anything else — a notice never sent — could stay unseen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+__all__ = ["ChangeKind", "TrustToken", "ViewTrust"]
+
+_V = TypeVar("_V")
+ChangeKind = Literal["thread", "session", "run"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrustToken:
+    """Taken before a load: the listener's life and the last change it had announced, and when."""
+
+    epoch: int
+    seq: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Held(Generic[_V]):
+    token: TrustToken
+    session_id: str
+    run_id: str | None
+    view: _V
+
+
+class ViewTrust(Generic[_V]):
+    """Views by thread, each trusted until a change of its thread, session or run is announced.
+
+    ``max_age_s`` 0 turns trust off (every prepare reads the ledger). Changes are remembered per key
+    for the last ``max_changes`` keys; a view older than the oldest forgotten change is not trusted.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_age_s: float,
+        max_views: int = 1024,
+        max_changes: int = 65_536,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_age_s = max_age_s
+        self._max_views = max_views
+        self._max_changes = max_changes
+        self._clock = clock
+        self._listening = False
+        self._epoch = 0
+        self._seq = 0
+        self._floor = 0
+        self._changes: OrderedDict[tuple[ChangeKind, str], int] = OrderedDict()
+        self._views: OrderedDict[str, _Held[_V]] = OrderedDict()
+        # For metrics: prepares answered from a held view, and changes announced.
+        self.served = 0
+        self.changes = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a load made now may be trusted: trust is on and the listener is up."""
+        return self._listening and self._max_age_s > 0
+
+    def listening(self) -> None:
+        """The listener is (again) up: what is loaded from now on may be trusted."""
+        self._epoch += 1
+        self._listening = True
+
+    def deaf(self) -> None:
+        """The listener is down: changes may go unannounced, so nothing held is trusted any more."""
+        self._epoch += 1
+        self._listening = False
+        self._views.clear()
+
+    def changed(self, kind: ChangeKind, key: str) -> None:
+        """A commit changed something of a thread, a session or a run (or a notice of this process says
+        so, ahead of the listener's)."""
+        self.changes += 1
+        self._seq += 1
+        at = (kind, key)
+        self._changes[at] = self._seq
+        self._changes.move_to_end(at)
+        while len(self._changes) > self._max_changes:
+            _, seq = self._changes.popitem(last=False)
+            self._floor = max(self._floor, seq)
+        if kind == "thread":
+            self._views.pop(key, None)
+
+    def everything_changed(self) -> None:
+        """A notice this process cannot attribute: nothing held before it is trusted."""
+        self._seq += 1
+        self._floor = self._seq
+        self._views.clear()
+
+    def token(self) -> TrustToken | None:
+        """Taken before a load; ``None`` when no view loaded now may be trusted."""
+        return TrustToken(self._epoch, self._seq, self._clock()) if self.enabled else None
+
+    def keep(
+        self, token: TrustToken | None, thread_id: str, session_id: str, run_id: str | None, view: _V
+    ) -> None:
+        """Hold the view a load that took ``token`` made, if nothing of it changed since."""
+        if token is None or not self._current(token):
+            return
+        if not self._unchanged(token, thread_id, session_id, run_id):
+            return
+        held = self._views.get(thread_id)
+        if held is not None and held.token.seq > token.seq:
+            return  # a load that began after this one's changes were announced holds a newer view
+        self._views[thread_id] = _Held(token, session_id, run_id, view)
+        self._views.move_to_end(thread_id)
+        while len(self._views) > self._max_views:
+            self._views.popitem(last=False)
+
+    def view(self, thread_id: str) -> _V | None:
+        """The thread's held view, if it is still trusted."""
+        held = self._views.get(thread_id)
+        if held is None:
+            return None
+        token = held.token
+        if not self._current(token) or not self._unchanged(token, thread_id, held.session_id, held.run_id):
+            del self._views[thread_id]
+            return None
+        self.served += 1
+        return held.view
+
+    def due(self, thread_id: str) -> bool:
+        """Whether the thread's held view is past half its age: time to load it again, off the hot path,
+        so that a thread in use never reaches ``max_age_s`` on a prepare's time."""
+        held = self._views.get(thread_id)
+        return held is not None and self._clock() - held.token.at > self._max_age_s / 2
+
+    def forget(self, thread_id: str) -> None:
+        """Stop holding a thread's view (its records left the view cache)."""
+        self._views.pop(thread_id, None)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def _current(self, token: TrustToken) -> bool:
+        return self.enabled and token.epoch == self._epoch and self._clock() - token.at <= self._max_age_s
+
+    def _unchanged(self, token: TrustToken, thread_id: str, session_id: str, run_id: str | None) -> bool:
+        if token.seq < self._floor:
+            return False
+        changes = self._changes
+        if changes.get(("thread", thread_id), 0) > token.seq:
+            return False
+        if changes.get(("session", session_id), 0) > token.seq:
+            return False
+        return run_id is None or changes.get(("run", run_id), 0) <= token.seq

@@ -1,0 +1,202 @@
+"""Commits that change a view are announced (migration 0021) and a fleet's listener acts on them
+(design D14.17), on the session's real PostgreSQL and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import asyncpg
+import pytest
+
+from contracts import PrepareRequest
+from services.app.views import ViewLoader
+from services.edge.client import FleetClient
+from services.errors import ThreadNotFound
+from services.store.connect import create_pool
+from services.store.postgres import PgStore
+from services.store.view_changes import CHANNEL, ViewChangeListener
+from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import eventually
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg]
+
+# Tables a view load reads whose rows never change once written, so no notice is needed: what a view
+# reads of them is fixed by keys that the announced tables hold.
+_IMMUTABLE = {
+    "policies": "a registration adds a revision; a session pins one revision (D3.3)",
+    "tool_catalogs": "a release's catalog is written once; a session pins one",
+    "blobs": "content-addressed: a hash names its bytes",
+    "calibrations": "read through the calibration cache, whose own age rule the trusted path keeps",
+}
+_TRIGGERS = {"view_changes_ins", "view_changes_upd", "view_changes_del"}
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.changes: list[tuple[str, str]] = []
+
+    def listening(self) -> None:
+        self.events.append("listening")
+
+    def deaf(self) -> None:
+        self.events.append("deaf")
+
+    def changed(self, kind: str, key: str) -> None:
+        self.changes.append((kind, key))
+
+    def everything_changed(self) -> None:
+        self.events.append("everything")
+
+
+async def _recorded(client: FleetClient, t: Thread) -> None:
+    await client.append(t.system("Be brief.", key="sys"))
+    await client.append(t.user("what is the weather?", key="u1"))
+    await client.prepare(_request(t, after="u1"))
+
+
+def _request(t: Thread, after: str | None = None) -> PrepareRequest:
+    return PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id="main",
+        budget_tokens=4_000,
+        after_event_key=after,
+    )
+
+
+@pytest.mark.nats
+async def test_every_table_a_view_load_reads_announces_its_changes_or_never_changes(
+    start_fleet, client: FleetClient, database_url: str, db: asyncpg.Connection
+) -> None:
+    await start_fleet()
+    t = Thread()
+    await _recorded(client, t)
+    queries: list[str] = []
+
+    async def logged(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda q: queries.append(q.query))
+
+    pool = await create_pool(database_url, min_size=1, max_size=1, init=logged)
+    try:
+        async with PgStore(pool).session() as store:
+            await ViewLoader().load(store, t.thread_id)
+    finally:
+        await pool.close()
+    read = set(re.findall(r"\bctx\.([a-z_]+)", "\n".join(queries)))
+    assert {"thread_heads", "sessions", "runs", "thread_views", "windows", "state_facts"} <= read, read
+
+    rows = await db.fetch(
+        """SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = 'ctx' AND t.tgname LIKE 'view_changes_%'"""
+    )
+    announced: dict[str, set[str]] = {}
+    for row in rows:
+        announced.setdefault(row["relname"], set()).add(row["tgname"])
+    silent = {table for table in read - _IMMUTABLE.keys() if announced.get(table) != _TRIGGERS}
+    assert not silent, f"a view load reads {sorted(silent)}, whose changes nobody announces"
+
+
+@pytest.mark.nats
+async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_rollback_is_not(
+    start_fleet, client: FleetClient, database_url: str, db: asyncpg.Connection
+) -> None:
+    await start_fleet()
+    t = Thread()
+    await _recorded(client, t)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(database_url)
+    await listener.add_listener(CHANNEL, lambda *args: heard.put_nowait(args[3]))
+    try:
+        async with db.transaction():
+            await db.execute("UPDATE ctx.runs SET status = status WHERE run_id = $1", t.run_id)
+            await db.execute(
+                "UPDATE ctx.sessions SET reset_seq = reset_seq WHERE session_id = $1", t.session_id
+            )
+            await db.execute(
+                "UPDATE ctx.thread_views SET view_revision = view_revision WHERE thread_id = $1", t.thread_id
+            )
+        got = {await asyncio.wait_for(heard.get(), 5) for _ in range(2)}
+        assert got >= {f"r:{t.run_id}", f"s:{t.session_id}"}
+
+        tx = db.transaction()
+        await tx.start()
+        await db.execute("UPDATE ctx.runs SET status = status WHERE run_id = $1", t.run_id)
+        await tx.rollback()
+
+        await client.append(t.user("and tomorrow?", key="u2"))  # the fleet's recorder commits a record
+        await client.prepare(_request(t, after="u2"))
+        payloads = set()
+        while f"t:{t.thread_id}" not in payloads:
+            payloads.add(await asyncio.wait_for(heard.get(), 5))
+        assert f"r:{t.run_id}" not in payloads  # the rolled-back update said nothing
+    finally:
+        await listener.close()
+
+
+async def test_the_listener_turns_trust_on_after_its_own_notice_returns_and_off_when_its_connection_dies(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    sink = _Sink()
+    listener = ViewChangeListener(database_url, sink, retry_s=(0.05, 0.2), heartbeat_s=0.1)
+    await listener.start()
+    try:
+        assert sink.events == ["listening"] and listener.up
+        await db.execute(
+            "SELECT pg_notify($1, 't:r-x.main'), pg_notify($1, 's:s-x'), pg_notify($1, 'zz')", CHANNEL
+        )
+        await eventually(lambda: _true(len(sink.changes) == 2 and "everything" in sink.events), 5, "notices")
+        assert sink.changes == [("thread", "r-x.main"), ("session", "s-x")]
+
+        killed = await db.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND query LIKE 'SELECT pg_notify($1, $2)%' AND datname = current_database()"
+        )
+        assert killed
+        await eventually(lambda: _true("deaf" in sink.events), 5, "the listener to go deaf")
+        await eventually(
+            lambda: _true(sink.events[-1] == "listening" and listener.up), 5, "it to listen again"
+        )
+    finally:
+        await listener.stop()
+    assert sink.events[-1] == "deaf"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+@pytest.mark.nats
+async def test_a_prepare_naming_no_event_is_served_from_trust_until_another_process_commits_a_change(
+    start_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    # No budgeter: its bookkeeping of the recorded events would be a change of the thread's own.
+    fleet = await start_fleet(workers="recorder,assembler")
+    t = Thread()
+    await _recorded(client, t)
+    served = lambda: fleet.metrics.registry.get_sample_value("ctx_view_trust_served_total") or 0.0  # noqa: E731
+    await eventually(lambda: _true(fleet.metrics.registry.get_sample_value("ctx_view_trust_listening") == 1))
+
+    first = await client.prepare(_request(t))
+
+    async def trusted() -> bool:
+        before = served()
+        again = await client.prepare(_request(t))
+        return served() == before + 1 and again.messages == first.messages
+
+    await eventually(trusted, 5, "a prepare served from a trusted view")
+
+    # Another process (here: this test) sets the session's principal: the view is someone's now.
+    await db.execute("UPDATE ctx.sessions SET principal_id = 'alice' WHERE session_id = $1", t.session_id)
+
+    async def refused() -> bool:
+        try:
+            await client.prepare(_request(t))
+        except ThreadNotFound:
+            return True
+        return False
+
+    # Far sooner than the view's age (5 s) would have ended its trust: the commit's notice did.
+    await eventually(refused, 1.0, "the fleet to hear of the change")

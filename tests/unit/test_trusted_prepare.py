@@ -1,0 +1,225 @@
+"""A prepare naming no event is answered from the view its process loaded last while nothing of that
+view was announced changed (design D14.17); one naming its event always reads the ledger. In-memory
+store, the ledger reads counted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from contracts import PrepareRequest
+from services.app.notices import NoticeBoard
+from services.app.preparing import PrepareService
+from services.app.recording import RecordingService
+from services.app.views import ThreadView, ViewLoader
+from services.app.view_trust import ViewTrust
+from services.core.ledger import RecordingLimits
+from services.errors import ThreadNotFound
+from services.store.memory import MemorySession, MemoryStore
+from tests.fixtures.builders import Thread, incoming
+
+pytestmark = pytest.mark.anyio
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Sink:
+    async def publish(self, letter: object, msg_id: str) -> None:
+        raise AssertionError(f"dead letter {letter}")
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    real = MemorySession.thread_at_head
+
+    async def counted(self: MemorySession, thread_id: str, **kw: Any) -> Any:
+        reads.append(thread_id)
+        return await real(self, thread_id, **kw)
+
+    monkeypatch.setattr(MemorySession, "thread_at_head", counted)
+    return reads
+
+
+def _request(t: Thread, after: str | None = None, **kw: Any) -> PrepareRequest:
+    return PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        after_event_key=after,
+        **kw,
+    )
+
+
+class _Fleet:
+    """One process's assembler on a store, with its listener up and a clock of its own."""
+
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.clock = _Clock()
+        self.loader = ViewLoader()
+        self.loader.trust = ViewTrust(max_age_s=5.0, clock=self.clock)
+        self.loader.trust.listening()
+        self.board = NoticeBoard(changed=lambda thread_id: self.loader.trust.changed("thread", thread_id))
+        self.service = PrepareService(self.store, self.board, loader=self.loader)
+        self._recorder = RecordingService(self.store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+        self.seq = 1
+
+    async def record(self, events: list[Any], *, tell_board: bool = True) -> None:
+        result = await self._recorder.record_batch(0, incoming(events, start_seq=self.seq))
+        self.seq += len(events)
+        if tell_board:
+            for thread_id in result.heads:
+                self.board.notify(thread_id)
+
+
+async def test_a_prepare_naming_no_event_is_answered_again_without_reading_the_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.system("Be brief.", key="sys"), t.user("first", key="u1")])
+    reads = _reads(monkeypatch)
+
+    first = await fleet.service.prepare(_request(t))
+    second = await fleet.service.prepare(_request(t))
+
+    assert reads == [t.thread_id]
+    assert second.messages == first.messages
+    assert second.source_watermark == first.source_watermark
+    assert fleet.loader.trust.served == 1
+
+
+async def test_a_prepare_naming_its_event_always_reads_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    reads = _reads(monkeypatch)
+
+    await fleet.service.prepare(_request(t, after="u1"))
+    await fleet.service.prepare(_request(t, after="u1"))
+
+    assert reads == [t.thread_id, t.thread_id]
+
+
+async def test_a_thread_this_process_was_told_of_is_read_again_and_shows_its_new_record(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    reads = _reads(monkeypatch)
+
+    await fleet.record([t.user("second", key="u2")])
+    prepared = await fleet.service.prepare(_request(t))
+
+    assert reads == [t.thread_id]
+    assert prepared.messages[-1].content == "second"
+
+
+async def test_a_change_announced_by_the_database_alone_is_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    # Another process recorded it: no notice of this process, only the listener's.
+    await fleet.record([t.user("second", key="u2")], tell_board=False)
+    stale = await fleet.service.prepare(_request(t))
+    assert stale.messages[-1].content == "first"  # nothing announced yet: the notice is in flight
+
+    fleet.loader.trust.changed("thread", t.thread_id)
+    prepared = await fleet.service.prepare(_request(t))
+
+    assert prepared.messages[-1].content == "second"
+
+
+async def test_a_change_of_the_session_is_read_again_and_a_foreign_principal_is_refused() -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    async with fleet.store.session() as s:
+        s._t.sessions[t.session_id]["principal_id"] = "alice"  # another process's principal event
+
+    fleet.loader.trust.changed("session", t.session_id)
+
+    with pytest.raises(ThreadNotFound):
+        await fleet.service.prepare(_request(t))
+
+
+async def test_a_trusted_view_is_never_served_to_another_session_tenant_or_principal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread(principal_id="alice")
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t, principal_id="alice"))
+    reads = _reads(monkeypatch)
+
+    with pytest.raises(ThreadNotFound):
+        await fleet.service.prepare(_request(t, principal_id="mallory"))
+    with pytest.raises(ThreadNotFound):
+        await fleet.service.prepare(
+            _request(t).model_copy(update={"session_id": "s-other", "principal_id": "alice"})
+        )
+    with pytest.raises(ThreadNotFound):
+        await fleet.service.prepare(_request(t, principal_id="alice"), tenant="someone-else")
+
+    assert reads == [t.thread_id] * 3  # each asked the ledger, which refused it as before
+
+
+async def test_a_view_past_half_its_age_is_served_and_loaded_again_behind_the_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    reads = _reads(monkeypatch)
+
+    fleet.clock.now += 3.0
+    await fleet.service.prepare(_request(t))
+    assert reads == []  # served from the view; its reload runs after the reply
+    await asyncio.sleep(0.01)
+    assert reads == [t.thread_id]
+
+    fleet.clock.now += 3.0  # 6 s after the first load, 3 s after the reload
+    await fleet.service.prepare(_request(t))
+    assert reads == [t.thread_id]
+
+
+async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    fleet.clock.now += 5.1
+
+    assert (
+        fleet.loader.trusted(t.thread_id, tenant="default", session_id=t.session_id, principal_id=None)
+        is None
+    )
+
+
+async def test_nothing_is_trusted_while_the_listener_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    fleet.loader.trust.deaf()
+    reads = _reads(monkeypatch)
+
+    await fleet.service.prepare(_request(t))
+    await fleet.service.prepare(_request(t))
+
+    assert reads == [t.thread_id, t.thread_id]
+
+
+def test_a_thread_view_is_what_the_trust_holds() -> None:
+    # The loader's trust holds whole views: the type the prepare path serves.
+    assert ViewLoader().trust.view("nothing") is None
+    held: ViewTrust[ThreadView] = ViewLoader(trust_s=1.0).trust
+    assert not held.enabled  # until its listener says it listens

@@ -1,0 +1,156 @@
+"""Which views a prepare naming no event may serve again without reading the ledger (design D14.17)."""
+
+from __future__ import annotations
+
+from services.app.view_trust import ViewTrust
+from services.store.view_changes import change_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _trust(clock: Clock | None = None, **kw: int) -> ViewTrust[str]:
+    trust: ViewTrust[str] = ViewTrust(max_age_s=5.0, clock=clock or Clock(), **kw)
+    trust.listening()
+    return trust
+
+
+def _load(
+    trust: ViewTrust[str], view: str, thread: str = "r1.main", session: str = "s1", run: str = "r1"
+) -> None:
+    trust.keep(trust.token(), thread, session, run, view)
+
+
+def test_a_view_loaded_while_listening_is_served_until_its_thread_changes() -> None:
+    trust = _trust()
+    _load(trust, "v1")
+    assert trust.view("r1.main") == "v1"
+    assert trust.view("r1.main") == "v1"
+    trust.changed("thread", "r1.main")
+    assert trust.view("r1.main") is None
+    assert trust.served == 2
+
+
+def test_a_change_of_another_thread_leaves_the_view_trusted() -> None:
+    trust = _trust()
+    _load(trust, "v1")
+    trust.changed("thread", "r1.child")
+    trust.changed("session", "s2")
+    trust.changed("run", "r2")
+    assert trust.view("r1.main") == "v1"
+
+
+def test_a_change_of_its_session_or_its_run_ends_the_trust() -> None:
+    for kind, key in (("session", "s1"), ("run", "r1")):
+        trust = _trust()
+        _load(trust, "v1")
+        trust.changed(kind, key)  # type: ignore[arg-type]
+        assert trust.view("r1.main") is None, kind
+
+
+def test_a_change_announced_while_the_load_ran_keeps_its_view_from_being_trusted() -> None:
+    trust = _trust()
+    token = trust.token()  # before the statement
+    trust.changed("thread", "r1.main")  # committed after the load's snapshot, announced meanwhile
+    trust.keep(token, "r1.main", "s1", "r1", "v1")
+    assert trust.view("r1.main") is None
+    token = trust.token()
+    trust.changed("session", "s1")
+    trust.keep(token, "r1.main", "s1", "r1", "v1")
+    assert trust.view("r1.main") is None
+
+
+def test_an_older_load_finishing_last_does_not_replace_a_newer_view() -> None:
+    trust = _trust()
+    older = trust.token()
+    trust.changed("thread", "r9.other")  # any change between the two loads began
+    newer = trust.token()
+    trust.keep(newer, "r1.main", "s1", "r1", "new")
+    trust.keep(older, "r1.main", "s1", "r1", "old")
+    assert trust.view("r1.main") == "new"
+
+
+def test_nothing_is_trusted_while_the_listener_is_down_nor_what_was_loaded_before_it_came_back() -> None:
+    trust = _trust()
+    _load(trust, "v1")
+    before = trust.token()
+    trust.deaf()
+    assert trust.view("r1.main") is None
+    assert trust.token() is None
+    _load(trust, "v2")  # loaded deaf: not kept
+    trust.listening()
+    assert trust.view("r1.main") is None
+    trust.keep(before, "r1.main", "s1", "r1", "v0")  # a load begun before the listener was lost
+    assert trust.view("r1.main") is None
+    _load(trust, "v3")
+    assert trust.view("r1.main") == "v3"
+
+
+def test_a_view_is_due_again_at_half_its_age_and_expires_at_its_age() -> None:
+    clock = Clock()
+    trust = _trust(clock)
+    _load(trust, "v1")
+    clock.now += 2.4
+    assert not trust.due("r1.main")
+    clock.now += 0.2
+    assert trust.due("r1.main")
+    assert trust.view("r1.main") == "v1"
+    clock.now += 2.5
+    assert trust.view("r1.main") is None
+    assert not trust.due("r1.main")
+
+
+def test_an_age_of_zero_turns_trust_off() -> None:
+    trust: ViewTrust[str] = ViewTrust(max_age_s=0)
+    trust.listening()
+    assert not trust.enabled
+    assert trust.token() is None
+    trust.keep(None, "r1.main", "s1", "r1", "v1")
+    assert trust.view("r1.main") is None
+
+
+def test_a_view_older_than_the_changes_it_remembers_is_not_trusted() -> None:
+    trust = _trust(max_changes=2)
+    _load(trust, "v1")
+    trust.changed("session", "s8")
+    trust.changed("session", "s9")
+    assert trust.view("r1.main") == "v1"
+    trust.changed("run", "r7")  # forgets s8's change: was it this view's? It cannot tell any more
+    assert trust.view("r1.main") is None
+    _load(trust, "v2")
+    assert trust.view("r1.main") == "v2"
+
+
+def test_a_notice_it_cannot_attribute_ends_all_trust() -> None:
+    trust = _trust()
+    _load(trust, "v1")
+    _load(trust, "w1", thread="r2.main", session="s2", run="r2")
+    trust.everything_changed()
+    assert trust.view("r1.main") is None
+    assert trust.view("r2.main") is None
+
+
+def test_views_held_are_bounded_least_recently_loaded_first_and_forgotten_on_request() -> None:
+    trust = _trust(max_views=2)
+    _load(trust, "a", thread="a")
+    _load(trust, "b", thread="b")
+    _load(trust, "c", thread="c")
+    assert len(trust) == 2
+    assert trust.view("a") is None
+    trust.forget("b")
+    assert trust.view("b") is None
+    assert trust.view("c") == "c"
+
+
+def test_notices_name_a_thread_a_session_or_a_run_and_anything_else_is_unknown() -> None:
+    assert change_of("t:r1.main") == ("thread", "r1.main")
+    assert change_of("s:sess-1") == ("session", "sess-1")
+    assert change_of("r:run:with:colons") == ("run", "run:with:colons")
+    assert change_of("x:what") is None
+    assert change_of("t:") is None
+    assert change_of("nonsense") is None
