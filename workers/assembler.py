@@ -150,6 +150,7 @@ class AssemblerWorker:
         self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot
     ) -> NatsResponse:
         started = time.perf_counter()
+
         purpose = "unknown"
         try:
             request = parse_body(PrepareRequest, body)

@@ -185,6 +185,7 @@ def compose(
             queue=counted,
             compaction_wait_ms=settings.compaction_wait_ms,
             hooks=hooks,
+            quiet=hot_path.await_quiet,
         )
         limits = RequestLimits(
             max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from contracts import (
@@ -120,8 +120,11 @@ class PrepareService:
         queue: JobQueue | None = None,
         compaction_wait_ms: int = 5_000,
         hooks: HookRegistry | None = None,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        # What background work of the service waits for first: its process's prepares answered.
+        self._quiet = quiet
         self._board = board
         self._loader = loader or ViewLoader()
         self._queue = queue
@@ -390,6 +393,8 @@ class PrepareService:
 
         async def refresh() -> None:
             try:
+                if self._quiet is not None:
+                    await self._quiet()  # this reply (and any other) goes out first
                 await self._view(tenant, thread_id, session_id, principal_id)
                 async with self._store.session() as store:
                     for profile in profiles:

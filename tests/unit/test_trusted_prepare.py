@@ -193,6 +193,30 @@ async def test_a_view_past_half_its_age_is_served_and_loaded_again_behind_the_re
     assert reads == [t.thread_id]
 
 
+async def test_the_reload_behind_a_reply_waits_until_its_process_has_answered_its_prepares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(), Thread()
+    quiet = asyncio.Event()
+
+    async def answered() -> None:
+        await quiet.wait()
+
+    fleet.service = PrepareService(fleet.store, fleet.board, loader=fleet.loader, quiet=answered)
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    reads = _reads(monkeypatch)
+    fleet.clock.now += 3.0
+    await fleet.service.prepare(_request(t))
+    await fleet.service.prepare(_request(t))  # one reload at a time
+    await asyncio.sleep(0.01)
+    assert reads == []
+
+    quiet.set()
+    await asyncio.sleep(0.01)
+    assert reads == [t.thread_id]
+
+
 async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
     fleet, t = _Fleet(), Thread()
     await fleet.record([t.user("first", key="u1")])
