@@ -154,3 +154,4 @@ def test_notices_name_a_thread_a_session_or_a_run_and_anything_else_is_unknown()
     assert change_of("x:what") is None
     assert change_of("t:") is None
     assert change_of("nonsense") is None
+    assert change_of("*") is None  # a TRUNCATE
