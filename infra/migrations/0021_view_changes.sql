@@ -7,7 +7,7 @@
 --
 -- Payloads: 't:<thread_id>', 's:<session_id>', 'r:<run_id>', and '*' after a TRUNCATE. PostgreSQL
 -- sends them at commit only (never for a rolled-back write), one per distinct payload per transaction.
--- Statement-level triggers with a transition table: a batch of records is one notice per thread,
+-- Statement-level triggers with a transition table: a batch is one notice per thread it moves,
 -- not one per row.
 
 -- TG_ARGV[0] names the key. PL/pgSQL plans a statement when it first runs, once per table a trigger
