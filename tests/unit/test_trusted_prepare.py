@@ -13,7 +13,7 @@ from contracts import PrepareRequest
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
-from services.app.views import ThreadView, ViewLoader
+from services.app.views import ViewLoader
 from services.app.view_trust import ViewTrust
 from services.core.ledger import RecordingLimits
 from services.errors import ThreadNotFound
@@ -81,6 +81,14 @@ class _Fleet:
                 self.board.notify(thread_id)
 
 
+async def _prepared_once() -> tuple[_Fleet, Thread]:
+    """A fleet whose thread has one record and one prepare: its view is held and trusted."""
+    fleet, t = _Fleet(), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    return fleet, t
+
+
 async def test_a_prepare_naming_no_event_is_answered_again_without_reading_the_ledger(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -98,9 +106,7 @@ async def test_a_prepare_naming_no_event_is_answered_again_without_reading_the_l
 
 
 async def test_a_prepare_naming_its_event_always_reads_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     reads = _reads(monkeypatch)
 
     await fleet.service.prepare(_request(t, after="u1"))
@@ -112,9 +118,7 @@ async def test_a_prepare_naming_its_event_always_reads_the_ledger(monkeypatch: p
 async def test_a_thread_this_process_was_told_of_is_read_again_and_shows_its_new_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     reads = _reads(monkeypatch)
 
     await fleet.record([t.user("second", key="u2")])
@@ -127,9 +131,7 @@ async def test_a_thread_this_process_was_told_of_is_read_again_and_shows_its_new
 async def test_a_change_announced_by_the_database_alone_is_read_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     # Another process recorded it: no notice of this process, only the listener's.
     await fleet.record([t.user("second", key="u2")], tell_board=False)
     stale = await fleet.service.prepare(_request(t))
@@ -142,9 +144,7 @@ async def test_a_change_announced_by_the_database_alone_is_read_again(
 
 
 async def test_a_change_of_the_session_is_read_again_and_a_foreign_principal_is_refused() -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     async with fleet.store.session() as s:
         s._t.sessions[t.session_id]["principal_id"] = "alice"  # another process's principal event
 
@@ -177,9 +177,7 @@ async def test_a_trusted_view_is_never_served_to_another_session_tenant_or_princ
 async def test_a_view_past_half_its_age_is_served_and_loaded_again_behind_the_reply(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     reads = _reads(monkeypatch)
 
     fleet.clock.now += 3.0
@@ -218,9 +216,7 @@ async def test_the_reload_behind_a_reply_waits_until_its_process_has_answered_it
 
 
 async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     fleet.clock.now += 5.1
 
     assert (
@@ -230,9 +226,7 @@ async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
 
 
 async def test_nothing_is_trusted_while_the_listener_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
-    fleet, t = _Fleet(), Thread()
-    await fleet.record([t.user("first", key="u1")])
-    await fleet.service.prepare(_request(t))
+    fleet, t = await _prepared_once()
     fleet.loader.trust.deaf()
     reads = _reads(monkeypatch)
 
@@ -242,8 +236,11 @@ async def test_nothing_is_trusted_while_the_listener_is_down(monkeypatch: pytest
     assert reads == [t.thread_id, t.thread_id]
 
 
-def test_a_thread_view_is_what_the_trust_holds() -> None:
-    # The loader's trust holds whole views: the type the prepare path serves.
-    assert ViewLoader().trust.view("nothing") is None
-    held: ViewTrust[ThreadView] = ViewLoader(trust_s=1.0).trust
-    assert not held.enabled  # until its listener says it listens
+def test_a_loader_trusts_nothing_until_its_listener_listens_and_nothing_at_all_with_an_age_of_zero() -> None:
+    loader = ViewLoader(trust_s=1.0)
+    assert not loader.trust.enabled and loader.trust.token() is None
+    loader.trust.listening()
+    assert loader.trust.enabled
+    off = ViewLoader()  # CTX_VIEW_TRUST_MS=0, and every loader outside an assembler process
+    off.trust.listening()
+    assert not off.trust.enabled
