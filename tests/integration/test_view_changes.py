@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import asyncpg
 import pytest
@@ -204,6 +205,7 @@ async def test_a_prepare_naming_no_event_is_served_from_trust_until_another_proc
         return served() == before + 1 and again.messages == first.messages
 
     await eventually(trusted, 5, "a prepare served from a trusted view")
+    assert served() >= 1
 
     # Another process (here: this test) sets the session's principal: the view is someone's now.
     await db.execute("UPDATE ctx.sessions SET principal_id = 'alice' WHERE session_id = $1", t.session_id)
@@ -216,4 +218,9 @@ async def test_a_prepare_naming_no_event_is_served_from_trust_until_another_proc
         return False
 
     # Far sooner than the view's age (5 s) would have ended its trust: the commit's notice did.
+    changed_at = time.monotonic()
     await eventually(refused, 1.0, "the fleet to hear of the change")
+    assert time.monotonic() - changed_at < 1.0
+    # The view is alice's now: read again from the ledger, it is served to her, and the same.
+    hers = await client.prepare(_request(t).model_copy(update={"principal_id": "alice"}))
+    assert hers.messages == first.messages
