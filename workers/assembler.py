@@ -150,7 +150,6 @@ class AssemblerWorker:
         self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot
     ) -> NatsResponse:
         started = time.perf_counter()
-
         purpose = "unknown"
         try:
             request = parse_body(PrepareRequest, body)

@@ -43,6 +43,10 @@ class CalibrationCache:
             self.put(tenant, profile, found)
         return found
 
+    async def refresh(self, reads: CalibrationReads, tenant: str, profile: str) -> None:
+        """Read the calibration again now, whatever its age (off the hot path, ahead of its expiry)."""
+        self.put(tenant, profile, await reads.read_calibration(tenant, profile))
+
     def put(self, tenant: str, profile: str, calibration: Calibration) -> None:
         """What this process just read or learned."""
         self._entries[(tenant, profile)] = (self._clock(), calibration)

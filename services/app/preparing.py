@@ -398,7 +398,7 @@ class PrepareService:
                 await self._view(tenant, thread_id, session_id, principal_id)
                 async with self._store.session() as store:
                     for profile in profiles:
-                        self._calibrations.put(tenant, profile, await store.read_calibration(tenant, profile))
+                        await self._calibrations.refresh(store, tenant, profile)
             except Exception as exc:  # the held view just ages out: the next prepare reads the ledger
                 log.debug("refreshing the view of %s: %s: %s", thread_id, type(exc).__name__, exc)
             finally:

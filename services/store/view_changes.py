@@ -157,10 +157,8 @@ class ViewChangeListener:
         finally:
             self._probe = None
 
-    def _notice(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        if not isinstance(payload, str):
-            self._sink.everything_changed()
-            return
+    def _notice(self, _conn: object, _pid: int, _channel: str, notice: object) -> None:
+        payload = str(notice)
         if payload.startswith(_PROBE):
             if self._probe is not None and self._probe[0] == payload and not self._probe[1].done():
                 self._probe[1].set_result(None)
