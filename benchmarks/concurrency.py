@@ -29,7 +29,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -42,7 +42,7 @@ from services.errors import FleetUnavailable, Overloaded
 from .conversation import publish_thread, sample_events
 from .fleet_process import ALL_WORKERS, CpuMeter, FleetProcess, MachineCpu, fleet_env, prepare_servers
 
-__all__ = ["bench_concurrency"]
+__all__ = ["AgentSteps", "Session", "agent_figures", "agent_steps", "bench_concurrency", "seed_sessions"]
 
 _CLIENTS = 4
 _TIMEOUT_S = 5.0
@@ -53,9 +53,9 @@ _CONFIGS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class _Session:
+class Session:
     request: PrepareRequest
-    ahead: list[Event]  # the thread's next events, for the agent-like mode
+    ahead: list[Event]  # the thread's next events, for the agent-like mode, consumed as published
 
 
 def _ms(values: list[float]) -> dict[str, float]:
@@ -66,18 +66,18 @@ def _ms(values: list[float]) -> dict[str, float]:
     }
 
 
-async def _seed(clients: list[FleetClient], sessions: int, records: int) -> list[_Session]:
+async def seed_sessions(clients: list[FleetClient], sessions: int, records: int) -> list[Session]:
     """Publish every session's thread, then wait until each one's last event is readable."""
 
-    async def one(i: int) -> _Session:
+    async def one(i: int) -> Session:
         client = clients[i % len(clients)]
         events = sample_events(f"conc-{uuid.uuid4().hex[:10]}", records + 200, start=i)
         head, ahead = events[:records], events[records:]
-        return _Session(await publish_thread(client, head), ahead)
+        return Session(await publish_thread(client, head), ahead)
 
     gate = asyncio.Semaphore(10)
 
-    async def bounded(i: int) -> _Session:
+    async def bounded(i: int) -> Session:
         async with gate:
             return await one(i)
 
@@ -85,7 +85,7 @@ async def _seed(clients: list[FleetClient], sessions: int, records: int) -> list
 
 
 async def _open_loop(
-    clients: list[FleetClient], sessions: list[_Session], rate: float, seconds: float, fleet: FleetProcess
+    clients: list[FleetClient], sessions: list[Session], rate: float, seconds: float, fleet: FleetProcess
 ) -> dict[str, object]:
     latencies: list[float] = []
     lags: list[float] = []
@@ -136,23 +136,32 @@ async def _open_loop(
     }
 
 
-async def _agent_like(
-    clients: list[FleetClient], sessions: list[_Session], think_s: float, seconds: float, fleet: FleetProcess
-) -> dict[str, object]:
-    latencies: list[float] = []
-    # The step's two halves apart: the publish ack, and the prepare that waits for the event.
-    publishes: list[float] = []
-    prepares: list[float] = []
-    counts = {"overloaded": 0, "timeouts": 0, "errors": 0}
+@dataclass
+class AgentSteps:
+    """Raw figures of agent-like steps: whole steps, and their two halves apart — the publish ack,
+    and the prepare that waits for the event."""
+
+    steps: list[float] = field(default_factory=list)
+    publishes: list[float] = field(default_factory=list)
+    prepares: list[float] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: {"overloaded": 0, "timeouts": 0, "errors": 0})
+
+
+async def agent_steps(
+    clients: list[FleetClient], sessions: list[Session], think_s: float, seconds: float, into: AgentSteps
+) -> None:
+    """For ``seconds``, each session publishes its next event, prepares naming it, then thinks.
+
+    Sessions start spread over one pause. Each session's events are consumed, so a later call goes on
+    where this one stopped (a repeated event would be a duplicate, answered without waiting)."""
     stop_at = time.monotonic() + seconds
     rng = random.Random(16)
 
-    async def agent(i: int, session: _Session) -> None:
+    async def agent(i: int, session: Session) -> None:
         client = clients[i % len(clients)]
         await asyncio.sleep(rng.uniform(0, think_s))
-        for event in session.ahead:
-            if time.monotonic() >= stop_at:
-                return
+        while session.ahead and time.monotonic() < stop_at:
+            event = session.ahead.pop(0)
             started = time.perf_counter()
             try:
                 await client.append(event)
@@ -162,32 +171,44 @@ async def _agent_like(
                     timeout=_TIMEOUT_S + 5,
                 )
                 done = time.perf_counter()
-                latencies.append((done - started) * 1000)
-                publishes.append((acked - started) * 1000)
-                prepares.append((done - acked) * 1000)
+                into.steps.append((done - started) * 1000)
+                into.publishes.append((acked - started) * 1000)
+                into.prepares.append((done - acked) * 1000)
             except Overloaded:
-                counts["overloaded"] += 1
+                into.counts["overloaded"] += 1
             except FleetUnavailable:
-                counts["timeouts"] += 1
+                into.counts["timeouts"] += 1
             except Exception:
-                counts["errors"] += 1
+                into.counts["errors"] += 1
             await asyncio.sleep(think_s)
 
+    await asyncio.gather(*(agent(i, s) for i, s in enumerate(sessions)))
+
+
+def agent_figures(run: AgentSteps, elapsed_s: float) -> dict[str, object]:
+    return {
+        "steps": len(run.steps),
+        "steps_per_s": round(len(run.steps) / elapsed_s, 1),
+        **_ms(run.steps),
+        "publish": _ms(run.publishes),
+        "prepare": _ms(run.prepares),
+        **run.counts,
+    }
+
+
+async def _agent_like(
+    clients: list[FleetClient], sessions: list[Session], think_s: float, seconds: float, fleet: FleetProcess
+) -> dict[str, object]:
     fleet_cpu, own_cpu, machine = fleet.cpu(), CpuMeter(psutil.Process(os.getpid())), MachineCpu()
     fleet_cpu.start()
     own_cpu.start()
     machine.start()
     t0 = time.perf_counter()
-    await asyncio.gather(*(agent(i, s) for i, s in enumerate(sessions)))
-    elapsed = time.perf_counter() - t0
+    run = AgentSteps()
+    await agent_steps(clients, sessions, think_s, seconds, run)
     return {
         "think_s": think_s,
-        "steps": len(latencies),
-        "steps_per_s": round(len(latencies) / elapsed, 1),
-        **_ms(latencies),
-        "publish": _ms(publishes),
-        "prepare": _ms(prepares),
-        **counts,
+        **agent_figures(run, time.perf_counter() - t0),
         "fleet_cpu_cores": fleet_cpu.stop(),
         "generator_cpu_cores": own_cpu.stop(),
         "machine_busy_cores": machine.stop(),
@@ -253,7 +274,7 @@ async def bench_concurrency(
         with FleetProcess(workers, env, tmp / f"concurrency-{name}.log") as fleet:
             clients = [await FleetClient.connect(nats_url, name=f"conc-{name}-{i}") for i in range(_CLIENTS)]
             try:
-                pool = await _seed(clients, sessions, records)
+                pool = await seed_sessions(clients, sessions, records)
                 # Warm every view into the fleet's caches before anything is timed.
                 await asyncio.gather(*(clients[0].prepare(s.request, timeout=30) for s in pool))
                 runs = [await _open_loop(clients, pool, rate, seconds, fleet) for rate in rates]

@@ -26,9 +26,12 @@ Figures (printed, and written to out/bench.json):
   agent-like publish → prepare → think loop per session; fleet and generator CPU).
 - langgraph: see benchmarks/langgraph_side.py (context time vs LangGraph's AsyncPostgresSaver + tiktoken
   + trim_messages at 50 / 500 / 5,000 messages, interleaved; needs the `bench` extra).
+- think: see benchmarks/think.py (read-your-writes steps at 0, 1.5 and 10 s pauses on 50-record threads;
+  then prepares naming no event at a 4,000-token budget in anthropic.messages with the same pauses,
+  and how many were served from a trusted view).
 - think_paired: see benchmarks/think_paired.py (read-your-writes steps of this checkout and of
   ``--against DIR``, two fleet processes taking turns step by step: a comparison the machine's drift
-  cannot bias).
+  cannot bias; then 50 concurrent agents per checkout, the checkouts taking turns in blocks).
 - append: see benchmarks/append_step.py (assembly right after one new record vs an unchanged view, as a
   thread grows from 40 to 900 records; in-process).
 - memory: see benchmarks/memory.py (VmRSS of an all-in-one fleet process under 1,000 sessions).

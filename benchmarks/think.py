@@ -22,6 +22,14 @@ Each step is also split in its two halves: the publish ack, and the prepare that
 (recorded, handed over, assembled, sent). Figures per pause: p50 / p99 / max of the step and of each
 half, and the fleet's CPU over the run.
 
+``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
+budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
+thread whose system prompt alone is about ``PURE_SYSTEM_TOKENS`` tokens — with the same pauses. Such a
+prepare may be answered from the view its process trusts (design D14.17) until the trust's age
+(``CTX_VIEW_TRUST_MS``, 5 s by default) runs out; the share served from trust comes from the fleet's
+own ``ctx_view_trust_served_total``, so the figure says which path each pause took. Every reply must
+fit its budget.
+
 ``make bench BENCH_ARGS="--only think"`` (``--think-repeats N`` runs the pauses N times over).
 """
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import urllib.request
 from pathlib import Path
 
 from contracts import PrepareRequest
@@ -39,7 +48,7 @@ from tests.fixtures.builders import Thread
 
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
-__all__ = ["GROWING_STEPS", "PAUSES", "ROTATE_STEPS", "bench_think"]
+__all__ = ["GROWING_STEPS", "PAUSES", "PURE_BUDGET", "PURE_SYSTEM_TOKENS", "ROTATE_STEPS", "bench_think"]
 
 # Steps per pause: enough at 0 s for a p99 that is not the maximum; the maximum is reported too.
 PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 60), (10.0, 12))
@@ -47,6 +56,11 @@ PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 60), (10.0, 12))
 # many steps (50 to 59 records) before the next, built beforehand, takes over.
 ROTATE_STEPS = 10
 GROWING_STEPS = 250
+# Pure prepares per pause; at 10 s each one outlives the default trust age, so a few tell the story.
+PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
+PURE_BUDGET = 4_000
+PURE_SYSTEM_TOKENS = 1_500
+_POLICY_LINE = "Refunds over 500 dollars need a supervisor's written approval before they are issued. "
 
 
 def _ms(values: list[float]) -> dict[str, float]:
@@ -57,11 +71,11 @@ def _ms(values: list[float]) -> dict[str, float]:
     }
 
 
-async def _build_thread(client: FleetClient) -> tuple[Thread, PrepareRequest]:
+async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> tuple[Thread, PrepareRequest]:
     """A 50-record thread (instructions, a question, 24 tool calls with their outputs), its view warmed
     into the fleet's cache by a prepare before anything is timed."""
     t = Thread()
-    await client.append(t.system("You fix bugs."))
+    await client.append(t.system(system))
     await client.append(t.user("Fix the failing test."))
     for n in range(24):
         await client.append(t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat f{n}.py"}),)))
@@ -86,6 +100,49 @@ async def _step(client: FleetClient, t: Thread, request: PrepareRequest, key: st
     await client.prepare(request.model_copy(update={"after_event_key": key}))
     done = time.perf_counter()
     return (acked - started) * 1000, (done - acked) * 1000
+
+
+def _trust_served(port: int) -> float:
+    """The fleet's ``ctx_view_trust_served_total``: pure prepares answered from a trusted view."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("ctx_view_trust_served_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError("the fleet exports no ctx_view_trust_served_total")
+
+
+async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, object]:
+    """Prepares naming no event at ``PURE_BUDGET`` tokens in ``anthropic.messages``, per pause."""
+    system = _POLICY_LINE * (PURE_SYSTEM_TOKENS // 16)
+    t, gpt = await _build_thread(client, system)
+    request = gpt.model_copy(
+        update={"model_profile": None, "budget_tokens": PURE_BUDGET, "format": "anthropic.messages"}
+    )
+    warm = await client.prepare(request)
+    out: dict[str, object] = {
+        "budget_tokens": PURE_BUDGET,
+        "format": request.format,
+        "system_prompt_tokens": warm.budget_report.used.instructions,
+        "reply_tokens": warm.budget_report.used.total,
+        "reply_messages": len(warm.request["messages"]) if warm.request else 0,  # type: ignore[arg-type]
+    }
+    for pause, count in PURE_PAUSES:
+        times: list[float] = []
+        over_budget = 0
+        served_before = _trust_served(fleet.port)
+        for _ in range(count):
+            await asyncio.sleep(pause)
+            started = time.perf_counter()
+            reply = await client.prepare(request)
+            times.append((time.perf_counter() - started) * 1000)
+            over_budget += reply.budget_report.used.total > PURE_BUDGET
+        out[f"pure_{pause:g}s"] = {
+            "prepares": count,
+            **_ms(times),
+            "served_from_trust": int(_trust_served(fleet.port) - served_before),
+            "over_budget": over_budget,
+        }
+    return out
 
 
 async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: int = 1) -> dict[str, object]:
@@ -139,10 +196,11 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             for n in range(GROWING_STEPS):
                 ack, prepare = await _step(client, t, request, f"grow-{n}")
                 growing.append(ack + prepare)
-            gc.unfreeze()  # the other benchmarks of this run measure with their own heaps
             out["growing_0s"] = {
                 "records": f"50 → {50 + GROWING_STEPS}",
                 "first_50_steps": _ms(growing[:50]),
                 "last_50_steps": _ms(growing[-50:]),
             }
+            out["pure"] = await _pure_prepares(client, fleet)
+            gc.unfreeze()  # the other benchmarks of this run measure with their own heaps
     return out

@@ -10,6 +10,15 @@ alternating order. Both see the same machine at the same moment; each also sees 
 background work, symmetrically. A step is the ``think`` benchmark's: publish one event, then the
 prepare naming it, on a 50–59-record thread.
 
+``agents``: the same comparison under concurrency — ``AGENTS`` sessions of 50-record threads per
+checkout, each stepping as the ``concurrency`` benchmark's agent-like mode does (publish, prepare
+naming the event, think ``AGENT_THINK_S``). Steps one at a time cannot show what fifty agents at once
+do to each other (a notice per commit, a listener woken per batch); so the checkouts take turns in
+blocks of ``AGENT_BLOCK_S``, in the order this, against, against, this, …, ``AGENT_BLOCKS`` blocks
+each, and each side's steps of all its blocks are pooled. Seeding leaves each fleet with background
+work (budgeter, indexer) for a while; the blocks start once both fleet processes are idle, or the
+first block would share the machine with the side seeded last.
+
 ``make bench BENCH_ARGS="--only think_paired --against /path/to/other/checkout"``
 """
 
@@ -20,6 +29,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -30,13 +40,19 @@ from infra.embedded import EmbeddedNats
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
 
+from .concurrency import AgentSteps, Session, agent_figures, agent_steps, seed_sessions
 from .fleet_process import ALL_WORKERS, ROOT, FleetProcess, fleet_env
 from .think import ROTATE_STEPS, _build_thread, _step
 
-__all__ = ["PAIRED_PAUSES", "bench_think_paired"]
+__all__ = ["AGENTS", "AGENT_BLOCKS", "AGENT_BLOCK_S", "AGENT_THINK_S", "PAIRED_PAUSES", "bench_think_paired"]
 
 # (pause between steps in s, steps per checkout): back to back, then an agent's think time.
 PAIRED_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40))
+AGENTS = 50
+AGENT_THINK_S = 1.5
+AGENT_BLOCK_S = 7.5
+AGENT_BLOCKS = 8
+_AGENT_CLIENTS = 4
 
 
 def _database(url: str, name: str) -> str:
@@ -55,6 +71,43 @@ def _prepare_with(tree: Path, nats_url: str, database_url: str, data_dir: Path) 
     )
 
 
+async def _settle(fleets: list[FleetProcess], *, idle_cores: float = 0.05, timeout_s: float = 120.0) -> None:
+    """Wait until every fleet process used under ``idle_cores`` over a second."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meters = [fleet.cpu() for fleet in fleets]
+        for meter in meters:
+            meter.start()
+        await asyncio.sleep(1.0)
+        if all(meter.stop() < idle_cores for meter in meters):
+            return
+    raise RuntimeError(f"the fleets were still busy after {timeout_s:g} s")
+
+
+async def _agents_paired(
+    clients: dict[str, list[FleetClient]], pools: dict[str, list[Session]], *, blocks: int, block_s: float
+) -> dict[str, object]:
+    runs = {side: AgentSteps() for side in clients}
+    busy = {side: 0.0 for side in clients}
+    sides = list(clients)
+    for block in range(blocks):
+        for side in sides if block % 2 == 0 else reversed(sides):
+            started = time.perf_counter()
+            await agent_steps(clients[side], pools[side], AGENT_THINK_S, block_s, runs[side])
+            busy[side] += time.perf_counter() - started
+    this, other = (agent_figures(runs[side], busy[side]) for side in sides)
+    return {
+        "sessions": len(pools[sides[0]]),
+        "think_s": AGENT_THINK_S,
+        "blocks": blocks,
+        "block_s": block_s,
+        "this": this,
+        "against": other,
+        "ratio_p50": round(float(this["p50_ms"]) / float(other["p50_ms"]), 3),  # type: ignore[arg-type]
+        "ratio_p99": round(float(this["p99_ms"]) / float(other["p99_ms"]), 3),  # type: ignore[arg-type]
+    }
+
+
 def _figures(values: list[float]) -> dict[str, float]:
     return {f"p{q}_ms": round(percentile(values, q), 2) for q in (50, 90, 99)} | {
         "max_ms": round(max(values), 2)
@@ -62,9 +115,17 @@ def _figures(values: list[float]) -> dict[str, float]:
 
 
 async def bench_think_paired(
-    pg_url: str, tmp: Path, against: Path, *, pauses: tuple[tuple[float, int], ...] = PAIRED_PAUSES
+    pg_url: str,
+    tmp: Path,
+    against: Path,
+    *,
+    pauses: tuple[tuple[float, int], ...] = PAIRED_PAUSES,
+    agents: int = AGENTS,
+    agent_blocks: int = AGENT_BLOCKS,
+    agent_block_s: float = AGENT_BLOCK_S,
 ) -> dict[str, object]:
-    """Step latencies of this checkout and of ``against`` (an absolute path), steps interleaved."""
+    """Step latencies of this checkout and of ``against`` (an absolute path), steps interleaved; then
+    ``agents`` concurrent agents per checkout, in alternating blocks (none when ``agents`` is 0)."""
     trees = {"this": ROOT, "against": against}
     conn = await asyncpg.connect(pg_url)
     names = {side: f"paired_{side}_{uuid.uuid4().hex[:8]}" for side in trees}
@@ -76,6 +137,7 @@ async def bench_think_paired(
     servers: dict[str, EmbeddedNats] = {}
     fleets: dict[str, FleetProcess] = {}
     clients: dict[str, FleetClient] = {}
+    agent_clients: dict[str, list[FleetClient]] = {}
     try:
         for side, tree in trees.items():
             servers[side] = EmbeddedNats(tmp / f"nats-{side}", sync_always=True)
@@ -85,6 +147,10 @@ async def bench_think_paired(
             env = fleet_env(nats_url, database_url, tmp / f"data-{side}", PYTHONPATH=str(tree))
             fleets[side] = FleetProcess(ALL_WORKERS, env, tmp / f"paired-{side}.log").__enter__()
             clients[side] = await FleetClient.connect(nats_url, name=f"paired-{side}")
+            agent_clients[side] = [
+                await FleetClient.connect(nats_url, name=f"paired-{side}-agents-{i}")
+                for i in range(_AGENT_CLIENTS)
+            ]
         steps = sum(count for _, count in pauses)
         threads = {
             side: [await _build_thread(clients[side]) for _ in range(-(-steps // ROTATE_STEPS))]
@@ -112,10 +178,16 @@ async def bench_think_paired(
                 "ratio_p50": round(this["p50_ms"] / other["p50_ms"], 3),
                 "ratio_p99": round(this["p99_ms"] / other["p99_ms"], 3),
             }
+        if agents:
+            pools = {side: await seed_sessions(agent_clients[side], agents, 50) for side in trees}
+            await _settle(list(fleets.values()))
+            out["agents"] = await _agents_paired(
+                agent_clients, pools, blocks=agent_blocks, block_s=agent_block_s
+            )
         gc.unfreeze()
         return out
     finally:
-        for client in clients.values():
+        for client in [*clients.values(), *(c for group in agent_clients.values() for c in group)]:
             await client.close()
         for fleet in fleets.values():
             fleet.__exit__(None, None, None)

@@ -2,10 +2,10 @@
 
 A view load is one statement (D14.3), but on an agent's step PostgreSQL's backend has idled for the
 length of a model call, and waking it was half of a 50-message prepare's own time (D14.16). Every
-commit that changes what a view is made of is announced on one channel (migration 0021: triggers on
-the thread's, its session's and its run's tables) to a listener of the process. A view loaded while
-that listener was up is served again until a change of its thread, session or run arrives, the
-listener drops, or ``max_age_s`` passes — whichever comes first.
+commit that changes what a view is made of is announced on one channel (migrations 0021 and 0022:
+triggers on the thread's, its session's and its run's tables) to a listener of the process. A view
+loaded while that listener was up is served again until a change of its thread, session or run
+arrives, the listener drops, or ``max_age_s`` passes — whichever comes first.
 
 Soundness, in order of events: a load takes a ``TrustToken`` *before* its statement, so a commit
 after its snapshot is announced after the token was taken and always counts against the view; a

@@ -1,4 +1,4 @@
-"""Listening for the commits that change views (migration 0021), on a connection of its own.
+"""Listening for the commits that change views (migrations 0021 and 0022), on a connection of its own.
 
 The notices feed a ``ChangeSink`` (``services/app/view_trust.py``). The sink is told the listener is
 up only once a notice this connection sent itself came back, so a server path that does not deliver

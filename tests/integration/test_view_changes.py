@@ -1,4 +1,4 @@
-"""Commits that change a view are announced (migration 0021) and a fleet's listener acts on them
+"""Commits that change a view are announced (migrations 0021 and 0022) and a fleet's listener acts on them
 (design D14.17), on the session's real PostgreSQL and NATS."""
 
 from __future__ import annotations
@@ -35,8 +35,12 @@ _IMMUTABLE = {
 # head revision by the loader already.
 _AS_OF_HEAD = {"records", "state_facts", "state_versions"}
 _TRIGGERS = {"view_changes_ins", "view_changes_upd", "view_changes_del", "view_changes_trunc"}
-# The session row is bumped by every batch: row triggers that let that bump alone pass silently.
-_ROW_TRIGGERS = {"view_changes_row", "view_changes_row_upd", "view_changes_trunc"}
+# The session row is bumped by every batch, and a thread's view row marked evaluated by every
+# budgeter pass: row triggers that let those changes alone pass silently.
+_ROW_TRIGGERS = {
+    "sessions": {"view_changes_row", "view_changes_row_upd", "view_changes_trunc"},
+    "thread_views": {"view_changes_ins", "view_changes_row_upd", "view_changes_del", "view_changes_trunc"},
+}
 
 
 class _Sink:
@@ -102,11 +106,10 @@ async def test_every_table_a_view_load_reads_announces_its_changes_or_never_chan
     announced: dict[str, set[str]] = {}
     for row in rows:
         announced.setdefault(row["relname"], set()).add(row["tgname"])
-    expected = {"sessions": _ROW_TRIGGERS}
     silent = {
         table
         for table in read - _IMMUTABLE.keys() - _AS_OF_HEAD
-        if announced.get(table) != expected.get(table, _TRIGGERS)
+        if announced.get(table) != _ROW_TRIGGERS.get(table, _TRIGGERS)
     }
     assert not silent, f"a view load reads {sorted(silent)}, whose changes nobody announces"
 
@@ -135,7 +138,8 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
         await tx.rollback()
         async with db.transaction():
             await db.execute(
-                "UPDATE ctx.thread_views SET view_revision = view_revision WHERE thread_id = $1", t.thread_id
+                "UPDATE ctx.thread_views SET view_revision = view_revision + 1 WHERE thread_id = $1",
+                t.thread_id,
             )
         assert await until(f"t:{t.thread_id}") == {f"t:{t.thread_id}"}  # the rolled-back update said nothing
 
@@ -144,8 +148,17 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
         # Its batch bumped the session's numbers too: nothing a view reads, so not announced.
         assert f"s:{t.session_id}" not in await until(f"t:{t.thread_id}")
 
+        # A budgeter pass marks the thread evaluated, and an update changes nothing: neither is
+        # announced (notices come in commit order, so the run's notice ends what could be heard).
+        await db.execute(
+            "UPDATE ctx.thread_views SET evaluated_revision = evaluated_revision + 1, updated_at = now() "
+            "WHERE thread_id = $1",
+            t.thread_id,
+        )
+        unchanged = "UPDATE ctx.thread_views SET prepare_reserved = prepare_reserved WHERE thread_id = $1"
+        await db.execute(unchanged, t.thread_id)
         await db.execute("UPDATE ctx.runs SET task_budget = task_budget WHERE run_id = $1", t.run_id)
-        await until(f"r:{t.run_id}")
+        assert f"t:{t.thread_id}" not in await until(f"r:{t.run_id}")
         await db.execute(
             "UPDATE ctx.sessions SET agent_release = 'yard@2' WHERE session_id = $1", t.session_id
         )
