@@ -23,7 +23,6 @@ loop; its CPU share is reported beside the fleet's, so a figure shows which one 
 from __future__ import annotations
 
 import asyncio
-import urllib.request
 import os
 import random
 import time
@@ -221,10 +220,9 @@ _SLOW = {
 }
 
 
-def _slow_counts(port: int) -> dict[str, dict[str, float]]:
+def _slow_counts(fleet: FleetProcess) -> dict[str, dict[str, float]]:
     """Per histogram: how many observations there were, and how many took over 0.1 s and 0.25 s."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
+    text = fleet.metrics()
     out: dict[str, dict[str, float]] = {}
     for metric, label in _SLOW.items():
         buckets: dict[str, float] = {}
@@ -287,6 +285,6 @@ async def bench_concurrency(
                 "agent_like": agent,
                 "rss_mb": round(fleet.rss_mb(), 1),
                 # Where a slow step went, from the fleet's own histograms over the whole run.
-                "fleet_slow_counts": _slow_counts(fleet.port),
+                "fleet_slow_counts": _slow_counts(fleet),
             }
     return results

@@ -164,6 +164,11 @@ class FleetProcess:
     def cpu(self) -> CpuMeter:
         return CpuMeter(self.process)
 
+    def metrics(self) -> str:
+        """The process's Prometheus exposition text, as an operator's scrape reads it."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
     def stop(self) -> None:
         if self._proc.poll() is not None:
             return

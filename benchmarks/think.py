@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-import urllib.request
 from pathlib import Path
 
 from contracts import PrepareRequest
@@ -102,12 +101,11 @@ async def _step(client: FleetClient, t: Thread, request: PrepareRequest, key: st
     return (acked - started) * 1000, (done - acked) * 1000
 
 
-def _trust_served(port: int) -> float:
+def _trust_served(fleet: FleetProcess) -> float:
     """The fleet's ``ctx_view_trust_served_total``: pure prepares answered from a trusted view."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith("ctx_view_trust_served_total"):
-                return float(line.rsplit(" ", 1)[1])
+    for line in fleet.metrics().splitlines():
+        if line.startswith("ctx_view_trust_served_total"):
+            return float(line.rsplit(" ", 1)[1])
     raise RuntimeError("the fleet exports no ctx_view_trust_served_total")
 
 
@@ -129,7 +127,7 @@ async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, 
     for pause, count in PURE_PAUSES:
         times: list[float] = []
         over_budget = 0
-        served_before = _trust_served(fleet.port)
+        served_before = _trust_served(fleet)
         for _ in range(count):
             await asyncio.sleep(pause)
             started = time.perf_counter()
@@ -139,7 +137,7 @@ async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, 
         out[f"pure_{pause:g}s"] = {
             "prepares": count,
             **_ms(times),
-            "served_from_trust": int(_trust_served(fleet.port) - served_before),
+            "served_from_trust": int(_trust_served(fleet) - served_before),
             "over_budget": over_budget,
         }
     return out
