@@ -20,7 +20,11 @@ collection of this process's own heap (imports, builders) lands inside a step's 
 
 Each step is also split in its two halves: the publish ack, and the prepare that waits for the event
 (recorded, handed over, assembled, sent). Figures per pause: p50 / p99 / max of the step and of each
-half, and the fleet's CPU over the run.
+half, and the fleet's CPU over the run. ``stages_mean_ms`` splits the fleet's part further, from its
+own ``ctx_record_stage_seconds`` and ``ctx_prepare_stage_seconds`` (services/app/stages.py): the mean
+of each stage over the pause's steps — the recorder's read, plan and write; the prepare's wait for its
+event (which spans the recorder's stages), load, assembly and reply. Means, not percentiles: they say
+where a pause's time goes, the step figures say how it is spread.
 
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
@@ -101,6 +105,31 @@ async def _step(client: FleetClient, t: Thread, request: PrepareRequest, key: st
     return (acked - started) * 1000, (done - acked) * 1000
 
 
+_STAGE_FAMILIES = (("ctx_record_stage_seconds", "record"), ("ctx_prepare_stage_seconds", "prepare"))
+
+
+def _stage_totals(fleet: FleetProcess) -> dict[str, tuple[float, float]]:
+    """(seconds, observations) so far of each stage the fleet exports, as ``record_read``, …"""
+    out: dict[str, tuple[float, float]] = {}
+    for line in fleet.metrics().splitlines():
+        for family, prefix in _STAGE_FAMILIES:
+            for suffix in ("_sum", "_count"):
+                head = f'{family}{suffix}{{stage="'
+                if not line.startswith(head):
+                    continue
+                stage = line[len(head) : line.index('"', len(head))]
+                key = f"{prefix}_{stage}"
+                value = float(line.rsplit(" ", 1)[1])
+                seconds, count = out.get(key, (0.0, 0.0))
+                out[key] = (value, count) if suffix == "_sum" else (seconds, value)
+    return out
+
+
+def _stage_means(spent: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean ms per stage from (seconds, observations) spent over a pause's steps."""
+    return {key: round(seconds / count * 1000, 2) for key, (seconds, count) in sorted(spent.items()) if count}
+
+
 def _trust_served(fleet: FleetProcess) -> float:
     """The fleet's ``ctx_view_trust_served_total``: pure prepares answered from a trusted view."""
     for line in fleet.metrics().splitlines():
@@ -165,10 +194,13 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             steps: dict[float, tuple[list[float], list[float], list[float]]] = {
                 p: ([], [], []) for p, _ in PAUSES
             }
+            # Per pause: (seconds, observations) of each fleet stage over its steps.
+            spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
             fresh = iter(threads[1:])
             for _ in range(repeats):
                 for pause, count in PAUSES:
                     total, acks, prepares = steps[pause]
+                    before = _stage_totals(fleet)
                     for n in range(count):
                         if n % ROTATE_STEPS == 0:
                             t, request = next(fresh)
@@ -178,6 +210,10 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         total.append(ack + prepare)
                         acks.append(ack)
                         prepares.append(prepare)
+                    for key, (seconds, observed) in _stage_totals(fleet).items():
+                        was_s, was_n = before.get(key, (0.0, 0.0))
+                        had_s, had_n = spent[pause].get(key, (0.0, 0.0))
+                        spent[pause][key] = (had_s + seconds - was_s, had_n + observed - was_n)
             out["fleet_cpu_cores"] = cpu.stop()
             for pause, _ in PAUSES:
                 total, acks, prepares = steps[pause]
@@ -186,6 +222,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                     **_ms(total),
                     "publish": _ms(acks),
                     "prepare": _ms(prepares),
+                    "stages_mean_ms": _stage_means(spent[pause]),
                 }
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).

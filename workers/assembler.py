@@ -78,6 +78,7 @@ class AssemblerWorker:
         self._gateway = gateway
         self._board = board
         self._metrics = metrics
+        self._reply_stage = metrics.prepare_stage_seconds.labels(stage="reply")
         self._levels = LevelClock()
         self.admission = Admission(limits or RequestLimits(), metrics)
         # Answers prepare, inspect, the gateway check and the queries on ``connection`` (the broker's);
@@ -202,7 +203,10 @@ class AssemblerWorker:
             m.window_rollovers.labels(trigger=prepared.rollover.trigger.value).inc()
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
-        return NatsResponse(self._reply_json(prepared), headers={"ctx-status": "ok"})
+        serializing = time.perf_counter()
+        body = self._reply_json(prepared)
+        self._reply_stage.observe(time.perf_counter() - serializing)
+        return NatsResponse(body, headers={"ctx-status": "ok"})
 
     def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
         self._metrics.prepares_by_level.labels(level=level.value).inc()

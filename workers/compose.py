@@ -186,6 +186,7 @@ def compose(
             compaction_wait_ms=settings.compaction_wait_ms,
             hooks=hooks,
             quiet=hot_path.await_quiet,
+            on_stage=metrics.prepare_stages(),
         )
         limits = RequestLimits(
             max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.app.stages import PREPARE_STAGES, RECORD_STAGES, PrepareStages, RecordStages
 from services.app.view_cache import ViewCache
 from services.app.view_trust import ViewTrust
 
@@ -19,6 +20,8 @@ __all__ = ["FleetMetrics", "GcPauses"]
 
 _TOKEN_BUCKETS = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 1_000_000)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A stage of a batch or a prepare takes from a tenth of a millisecond (back to back) to seconds (a wait).
+_STAGE_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 _GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -136,6 +139,14 @@ class FleetMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.record_stage_seconds = Histogram(
+            "ctx_record_stage_seconds",
+            "Time of each stage of a batch's attempt: read (the ledger's state its plan needs), plan, "
+            "write (dead letters and the commit)",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=r,
+        )
         self.record_batch_size = Histogram(
             "ctx_record_batch_size",
             "Messages per fetched batch",
@@ -169,6 +180,14 @@ class FleetMetrics:
             "Prepare latency by purpose",
             ["purpose", "policy"],
             buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prepare_stage_seconds = Histogram(
+            "ctx_prepare_stage_seconds",
+            "Time of each stage of a prepare: wait (for the event it names), load (its view from the "
+            "ledger), assemble, reply (serialized)",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
             registry=r,
         )
         self.prepare_input_tokens = Histogram(
@@ -383,3 +402,21 @@ class FleetMetrics:
         if not getattr(self, "_view_cache_watched", False):
             self.registry.register(_ViewCacheCollector(cache, trust))
             self._view_cache_watched = True
+
+    def record_stages(self) -> RecordStages:
+        """The recorder's stage observer: each stage's seconds into ``ctx_record_stage_seconds``."""
+        return _observer(self.record_stage_seconds, RECORD_STAGES)
+
+    def prepare_stages(self) -> PrepareStages:
+        """The assembler's stage observer: each stage's seconds into ``ctx_prepare_stage_seconds``."""
+        return _observer(self.prepare_stage_seconds, PREPARE_STAGES)
+
+
+def _observer(histogram: Histogram, stages: tuple[str, ...]) -> Callable[[Any, float], None]:
+    # The children resolved once: ``labels()`` on every observation is a lookup under a lock.
+    children = {stage: histogram.labels(stage=stage) for stage in stages}
+
+    def observe(stage: str, seconds: float) -> None:
+        children[stage].observe(seconds)
+
+    return observe

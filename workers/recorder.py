@@ -101,7 +101,11 @@ class RecorderWorker:
         self._partitions = tuple(partitions)
         self._batch = batch
         self._service = RecordingService(
-            store, JetStreamDeadLetterSink(self._js), limits=limits, recorder_id=recorder_id
+            store,
+            JetStreamDeadLetterSink(self._js),
+            limits=limits,
+            recorder_id=recorder_id,
+            on_stage=metrics.record_stages(),
         )
         self._stopping = asyncio.Event()
         self._tasks: dict[int, asyncio.Task[None]] = {}

@@ -58,6 +58,7 @@ from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
 from services.app.views import ThreadView, ViewLoader
 from services.app.windows import WindowKeeper
+from services.app.stages import PrepareStages, ignore_stage
 from services.core.windows.next_window import window_of
 
 __all__ = ["PrepareService"]
@@ -121,8 +122,11 @@ class PrepareService:
         compaction_wait_ms: int = 5_000,
         hooks: HookRegistry | None = None,
         quiet: Callable[[], Awaitable[None]] | None = None,
+        on_stage: PrepareStages = ignore_stage,
     ) -> None:
         self._store = store
+        # Told the wait, load and assemble seconds of each prepare as they end (services/app/stages.py).
+        self._on_stage = on_stage
         # What background work of the service waits for first: its process's prepares answered.
         self._quiet = quiet
         self._board = board
@@ -153,7 +157,9 @@ class PrepareService:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
         if request.after_event_key is not None:
+            started = time.perf_counter()
             await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
+            self._on_stage("wait", time.perf_counter() - started)
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
         # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
@@ -183,13 +189,17 @@ class PrepareService:
                 thread_id, tenant=tenant, session_id=request.session_id, principal_id=request.principal_id
             )
         if view is None:
+            started = time.perf_counter()
             view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
+            self._on_stage("load", time.perf_counter() - started)
         elif self._loader.trust.due(thread_id):
             profiles = {base.profile, view.budget.profile}
             self._refresh_soon(tenant, thread_id, request.session_id, request.principal_id, profiles)
         kill_point("prepare.before_reply")
+        started = time.perf_counter()
         task = _task_budget(view, request, base, counter)
         prepared = await self._prepare_view(view, request, base, counter, tenant, pause, hooks)
+        self._on_stage("assemble", time.perf_counter() - started)
         return prepared if task is None else prepared.model_copy(update={"task_budget": task})
 
     async def _prepare_view(

@@ -51,6 +51,7 @@ from services.core.ledger import (
     texts_to_count,
 )
 from services.errors import StoreRejected
+from services.app.stages import RecordStages, ignore_stage
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
@@ -119,8 +120,11 @@ class RecordingService:
         limits: RecordingLimits,
         recorder_id: str,
         consumer: str = "recorder",
+        on_stage: RecordStages = ignore_stage,
     ) -> None:
         self._store = store
+        # Told each attempt's read, plan and write seconds as they end (services/app/stages.py).
+        self._on_stage = on_stage
         self._sink = sink
         self._limits = limits
         self._recorder_id = recorder_id
@@ -188,10 +192,13 @@ class RecordingService:
         counters: Mapping[EncodingName, TokenCounter],
         attempt: int,
     ) -> BatchResult:
+        started = time.perf_counter()
         async with self._store.session() as store:
             with _content_failures("read"):
                 # The partition's position comes with the batch's reads: one round trip, not two.
                 reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
+            read = time.perf_counter()
+            self._on_stage("read", read - started)
             applied = reads.tracked
             fresh = [m for m in batch if m.stream_seq > applied]
             if not fresh:
@@ -200,6 +207,8 @@ class RecordingService:
                 decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
                 plan = await self._plan(decoded, reads, counters)
+            planned = time.perf_counter()
+            self._on_stage("plan", planned - read)
             for rejection in plan.rejections:
                 await self._sink.publish(
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
@@ -214,6 +223,7 @@ class RecordingService:
                     position=Position(self._consumer, partition, fresh[-1].stream_seq),
                     before_commit=_before_commit if plan.records else None,
                 )
+            self._on_stage("write", time.perf_counter() - planned)
             if plan.records:
                 kill_point("record.after_commit")
         return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
