@@ -44,6 +44,8 @@ import gc
 import time
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from contracts import PrepareRequest
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
@@ -105,23 +107,23 @@ async def _step(client: FleetClient, t: Thread, request: PrepareRequest, key: st
     return (acked - started) * 1000, (done - acked) * 1000
 
 
-_STAGE_FAMILIES = (("ctx_record_stage_seconds", "record"), ("ctx_prepare_stage_seconds", "prepare"))
+_STAGE_FAMILIES = {"ctx_record_stage_seconds": "record", "ctx_prepare_stage_seconds": "prepare"}
 
 
 def _stage_totals(fleet: FleetProcess) -> dict[str, tuple[float, float]]:
     """(seconds, observations) so far of each stage the fleet exports, as ``record_read``, …"""
     out: dict[str, tuple[float, float]] = {}
-    for line in fleet.metrics().splitlines():
-        for family, prefix in _STAGE_FAMILIES:
-            for suffix in ("_sum", "_count"):
-                head = f'{family}{suffix}{{stage="'
-                if not line.startswith(head):
-                    continue
-                stage = line[len(head) : line.index('"', len(head))]
-                key = f"{prefix}_{stage}"
-                value = float(line.rsplit(" ", 1)[1])
-                seconds, count = out.get(key, (0.0, 0.0))
-                out[key] = (value, count) if suffix == "_sum" else (seconds, value)
+    for family in text_string_to_metric_families(fleet.metrics()):
+        prefix = _STAGE_FAMILIES.get(family.name)
+        if prefix is None:
+            continue
+        for sample in family.samples:
+            key = f"{prefix}_{sample.labels['stage']}"
+            seconds, count = out.get(key, (0.0, 0.0))
+            if sample.name.endswith("_sum"):
+                out[key] = (sample.value, count)
+            elif sample.name.endswith("_count"):
+                out[key] = (seconds, sample.value)
     return out
 
 
