@@ -189,7 +189,7 @@ class Fleet:
         self._heap = HeapKeeper(
             self.settings.gc_freeze_interval_s,
             self.settings.gc_sweep_interval_s,
-            quiet=self._hot_path.yield_to_prepares if self._hot_path is not None else None,
+            quiet=self._hot_path.await_quiet if self._hot_path is not None else None,
         )
         self._heap.start()
         log.info("workers %s started", ", ".join(names))

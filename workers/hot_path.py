@@ -11,8 +11,9 @@ Invariants:
 1. Short background work (the gateway's write-behind, the backlog gauges) starts only when no
    prepare of the process is in progress, or after waiting ``max_defer_s`` for that
    (``yield_to_prepares``): prepares arriving back to back can delay it, never starve it.
-1a. A budgeter or indexer pass (milliseconds of CPU: a view measured, records indexed) waits for a
-   quiet moment instead: no prepare in progress and none answered for ``quiet_s`` — an agent's think
+1a. A budgeter or indexer pass (milliseconds of CPU: a view measured, records indexed), and the heap
+   keeper's collection of what the last interval allocated (workers/heap.py), wait for a quiet moment
+   instead: no prepare in progress and none answered for ``quiet_s`` — an agent's think
    time — or ``pass_defer_s`` at most (``await_quiet``). Between the steps of an agent that does not
    think, a moment without a prepare lasts ~3 ms: a pass started there ran on into the next step
    (measured: a 0 s-pause step p99 of 27 ms against a p50 of 8). Waiting for a real pause
