@@ -72,7 +72,6 @@ class HeapKeeper:
         self._freeze_s = freeze_interval_s
         self._sweep_s = sweep_interval_s
         self._task: asyncio.Task[None] | None = None
-        self._took = False
         self.freezes = 0
         self.sweeps = 0
 
@@ -80,7 +79,6 @@ class HeapKeeper:
         """Take full collections over from the allocator, and run them on the interval."""
         if self._freeze_s > 0 and self._task is None:
             _FULL.take()
-            self._took = True
             self._task = asyncio.get_running_loop().create_task(self._run(), name="heap-keeper")
 
     async def stop(self) -> None:
@@ -88,9 +86,7 @@ class HeapKeeper:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        if self._took:
             _FULL.give_back()
-            self._took = False
 
     def freeze(self) -> float:
         """Collect what is not frozen, then freeze what survived; returns the pause in seconds."""
