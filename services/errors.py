@@ -97,6 +97,7 @@ __all__ = [
     "OperationExists",
     "OrphanToolOutcome",
     "Overloaded",
+    "PositionRegressed",
     "PermissionDenied",
     "PayloadTooLarge",
     "ProviderContextExceeded",
@@ -436,6 +437,23 @@ class StoreUnavailable(CtxError):
 
     def __init__(self, cause: str) -> None:
         super().__init__(f"store unavailable: {cause}", cause=cause)
+
+
+class PositionRegressed(CtxError):
+    """The store's position of a partition is behind what this recorder committed there: commits it
+    made were lost (a PostgreSQL crash before they were flushed, a failover to a lagging replica), so
+    what follows must be read again from the position the store holds (design D14.20)."""
+
+    code = ErrorCode.POSITION_REGRESSED
+    retryable = True
+
+    def __init__(self, partition: int, committed: int, found: int) -> None:
+        super().__init__(
+            f"partition {partition}: committed up to stream seq {committed}, the store holds {found}",
+            partition=partition,
+            committed=committed,
+            found=found,
+        )
 
 
 class InvalidConfiguration(CtxError):

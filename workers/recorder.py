@@ -233,6 +233,8 @@ class RecorderWorker:
             epoch = self._guard.epoch
             self._subs[partition] = name
             expected = 1
+            # What this reader saw committed: a store found behind it lost commits (D14.20).
+            committed = position
             while not self._stopping.is_set():
                 try:
                     msgs = await pull.next_batch(timeout=_IDLE_CHECK_S)
@@ -246,12 +248,13 @@ class RecorderWorker:
                 if contiguous:
                     self._applying.add(partition)
                     try:
-                        await self._apply(partition, contiguous)
+                        await self._apply(partition, contiguous, committed)
                     finally:
                         self._applying.discard(partition)
                     # Recovered: the next outage starts its backoff from the shortest delay again.
                     self._failures[partition] = 0
                     expected += len(contiguous)
+                    committed = max(committed, contiguous[-1].metadata.sequence.stream)
                 if gap:
                     log.warning(
                         "partition %s: delivery gap at consumer seq %s; rebuilding from Postgres",
@@ -281,15 +284,16 @@ class RecorderWorker:
             )
             return True
 
-    async def _apply(self, partition: int, msgs: Sequence[Msg]) -> None:
+    async def _apply(self, partition: int, msgs: Sequence[Msg], committed: int) -> None:
         batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _msg_id(m)) for m in msgs]
         # This process's prepares waiting on these threads wait for the batch's end, not the ledger.
         with self._local.recording(_threads_of(batch)):
-            await self._record(partition, batch)
+            await self._record(partition, batch, committed)
 
-    async def _record(self, partition: int, batch: list[Incoming]) -> None:
+    async def _record(self, partition: int, batch: list[Incoming], committed: int) -> None:
         started = time.perf_counter()
-        result = await self._service.record_batch(partition, batch)
+        # A PositionRegressed leaves the loop: the partition rebinds from the position the store holds.
+        result = await self._service.record_batch(partition, batch, committed=committed)
         log.debug(
             "partition %s: %d fetched (seq %d..%d): %d recorded, %d duplicate, %d rejected, %d skipped",
             partition,

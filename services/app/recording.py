@@ -33,7 +33,7 @@ from contracts import (
 )
 from contracts.subjects import thread_from_partitioned_subject
 
-from services.errors import CtxError, DuplicateEvent, RevisionConflict, UnstorableEvent
+from services.errors import CtxError, DuplicateEvent, PositionRegressed, RevisionConflict, UnstorableEvent
 from services.core.hashing import sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
@@ -135,22 +135,33 @@ class RecordingService:
         # numpy's import (~0.1 s) on the thread now, not in the first large batch's wait.
         self._counting.submit(CountAhead.warm_up, self._counters["o200k_base"])
 
-    async def record_batch(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
+    async def record_batch(
+        self, partition: int, batch: Sequence[Incoming], *, committed: int | None = None
+    ) -> BatchResult:
         """Apply a batch exactly once, in order, setting aside any event that cannot be applied.
+
+        ``committed``: the position this reader last saw committed for the partition (read when it
+        bound its consumer, then each batch's end). Its commits do not wait for the WAL flush
+        (design D14.20), so a store that crashed meanwhile may hold an older one; the batch is then
+        refused with PositionRegressed instead of applied over the gap, and the reader starts again
+        from what the store holds.
 
         Raises:
             StoreUnavailable: the store cannot be reached; the worker retries the batch.
             RevisionConflict: another writer kept moving the heads through every attempt.
+            PositionRegressed: the store's position is behind ``committed``; nothing was written.
             StoreUnavailable: also for a failure of the store that no event caused (a missing table,
                 a full disk), so the worker retries rather than dead-letter valid events.
         """
-        parts = await self._record_isolating(partition, list(batch))
+        parts = await self._record_isolating(partition, list(batch), committed)
         return _merge(parts)
 
-    async def _record_isolating(self, partition: int, batch: list[Incoming]) -> list[BatchResult]:
+    async def _record_isolating(
+        self, partition: int, batch: list[Incoming], committed: int | None
+    ) -> list[BatchResult]:
         """The batch, or, if its content cannot be applied, its halves in order until the culprit is alone."""
         try:
-            return [await self._record_retrying(partition, batch)]
+            return [await self._record_retrying(partition, batch, committed)]
         except _Unappliable as failure:
             if len(batch) == 1:
                 return [await self._set_aside(partition, batch[0], failure)]
@@ -164,10 +175,12 @@ class RecordingService:
             )
         half = len(batch) // 2
         # In order, each half on fresh reads: the second sees what the first committed, as in one batch.
-        first = await self._record_isolating(partition, batch[:half])
-        return [*first, *await self._record_isolating(partition, batch[half:])]
+        first = await self._record_isolating(partition, batch[:half], committed)
+        return [*first, *await self._record_isolating(partition, batch[half:], committed)]
 
-    async def _record_retrying(self, partition: int, batch: Sequence[Incoming]) -> BatchResult:
+    async def _record_retrying(
+        self, partition: int, batch: Sequence[Incoming], committed: int | None
+    ) -> BatchResult:
         # Each step that handles the events' values is guarded; the store has already translated
         # its errors, so a redelivered key or a lost connection keeps its own meaning.
         with _content_failures("decode"):
@@ -178,7 +191,7 @@ class RecordingService:
             counters = await self._counters_for(decoded)
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                return await self._attempt(partition, batch, decoded, counters, attempt)
+                return await self._attempt(partition, batch, decoded, counters, attempt, committed)
             except (RevisionConflict, DuplicateEvent):
                 if attempt == _MAX_ATTEMPTS:
                     raise
@@ -191,6 +204,7 @@ class RecordingService:
         decoded: list[Decoded | Rejection],
         counters: Mapping[EncodingName, TokenCounter],
         attempt: int,
+        committed: int | None,
     ) -> BatchResult:
         started = time.perf_counter()
         async with self._store.session() as store:
@@ -200,6 +214,8 @@ class RecordingService:
             read = time.perf_counter()
             self._on_stage("read", read - started)
             applied = reads.tracked
+            if committed is not None and applied < committed:
+                raise PositionRegressed(partition, committed, applied)
             fresh = [m for m in batch if m.stream_seq > applied]
             if not fresh:
                 return BatchResult({}, {}, 0, (), 0, len(batch), attempt)

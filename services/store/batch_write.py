@@ -20,6 +20,11 @@ Invariants:
    (``settles_receipts``), since the settling update could not see a receipt requested beside it.
 4. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
    so the caller has each session's base for runs and resets.
+5. A statement that moves a consumer's position commits without waiting for the WAL flush
+   (``synchronous_commit`` off for its transaction, design D14.20): everything it writes is derived
+   from events the broker stored durably before acking them, so a crash that loses the commit loses
+   the position with it, and the recorder reads those events again (``PositionRegressed``). Nothing
+   that commits after it can survive without it: the WAL is flushed in order.
 """
 
 from __future__ import annotations
@@ -265,6 +270,8 @@ async def write_ledger(
     if position is not None:
         statement.add(_POSITION, position.consumer, position.partition, position.stream_seq)
     bumped = "(SELECT json_object_agg(session_id, last_seq) FROM s)::text" if plan.session_counts else "NULL"
+    # Local to the transaction: the statement's own when it commits by itself (invariant 5).
+    unflushed = ", set_config('synchronous_commit', 'off', true)" if position is not None else ""
     closed = "(SELECT count(*) FROM o)" if outcomes else "0"
     heads, to_close = len(statement.args) + 1, len(statement.args) + 2
     statement.args += [[h.thread_id for h in plan.heads], len(outcomes)]
@@ -273,7 +280,7 @@ async def write_ledger(
 FROM (SELECT (SELECT t FROM unnest(${heads}::text[]) AS t
               WHERE t NOT IN (SELECT thread_id FROM w) LIMIT 1) AS thread_id) l"""
     try:
-        row = await conn.fetchrow(statement.sql(f"SELECT {bumped}, {guard}"), *statement.args)
+        row = await conn.fetchrow(statement.sql(f"SELECT {bumped}{unflushed}, {guard}"), *statement.args)
     except asyncpg.PostgresError as exc:
         raise _conflict(exc, plan, outcomes) from None
     assert row is not None

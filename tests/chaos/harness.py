@@ -47,6 +47,11 @@ class Stack:
         self.nats.start()
         self.pg_url = self.pg.start()
         asyncio.run(self._build_template())
+        # The recorder's commits do not wait for the WAL flush (design D14.20); a WAL writer that
+        # flushes them only every 10 s makes each SIGKILL lose the last of them, which the recorder
+        # must then read again from the broker, every event once and in order.
+        asyncio.run(self._admin("ALTER SYSTEM SET wal_writer_delay = '10s'"))
+        asyncio.run(self._admin("SELECT pg_reload_conf()"))
 
     def stop(self) -> None:
         """Stop both servers; their data stays under ``root``."""

@@ -18,8 +18,9 @@ import pytest
 from contracts import DeadLetter
 from services.app.recording import RecordingService
 from services.app.views import ViewLoader
-from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
+from services.core.ledger import BatchPlan, LedgerReads, RecordingLimits, decode_batch, plan_batch
 from services.core.tokens import ENCODINGS, counter_for
+from services.store.batch_write import Position, write_ledger
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, incoming
@@ -206,3 +207,65 @@ async def test_records_written_in_one_json_argument_read_back_as_they_were_plann
     assert rows[0]["client_ts"] == aware
     assert rows[1]["client_ts"] == naive.astimezone(timezone.utc)
     assert rows[2]["client_ts"] is None and rows[2]["blob_sha256"] is not None
+
+
+def _plan_of_new_thread(text: str) -> BatchPlan:
+    """The plan of one user message opening a thread of its own."""
+    return plan_batch(
+        decode_batch(incoming([Thread().user(text, key="k1")]), RecordingLimits()),
+        LedgerReads({}, {}, {}),
+        RecordingLimits(),
+        {n: counter_for(n) for n in ENCODINGS},
+    )
+
+
+async def test_a_recorder_write_commits_without_waiting_for_the_wal_flush_and_leaves_the_connection_as_it_was(
+    database_url: str,
+) -> None:
+    # D14.20: the recorder's events are durable in the broker before it reads them, so its commit need
+    # not wait for the WAL flush; a write with no position (not read from the stream) still waits.
+    plan = _plan_of_new_thread("first")
+    consumer = f"flush-{uuid.uuid4().hex}"
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            await write_ledger(conn, plan, "unit", Position(consumer, 0, 1))
+            assert await conn.fetchval("SHOW synchronous_commit") == "off"
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        unpositioned = _plan_of_new_thread("second")
+        async with conn.transaction():
+            await write_ledger(conn, unpositioned, "unit", None)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await conn.close()
+
+
+async def test_a_recorder_write_that_commits_by_itself_leaves_no_setting_on_the_pooled_connection(
+    database_url: str,
+) -> None:
+    sent: list[str] = []
+
+    async def init(conn: asyncpg.Connection) -> None:
+        conn.add_query_logger(lambda record: sent.append(record.query))
+
+    pool = await create_pool(database_url, min_size=1, max_size=1, init=init)
+    try:
+        service = RecordingService(
+            PgStore(pool),
+            _Sink(),
+            limits=RecordingLimits(),
+            recorder_id="flush",
+            consumer=f"flush-{uuid.uuid4().hex}",
+        )
+        t = Thread()
+        await service.record_batch(0, incoming([t.user("first", key="k1")]))
+        sent.clear()
+        result = await service.record_batch(0, incoming([t.user("second", key="k2")], start_seq=2))
+
+        assert result.recorded == 1
+        (write,) = [q for q in sent if "INSERT" in q]
+        assert "set_config('synchronous_commit', 'off', true)" in write
+        async with pool.acquire() as conn:  # the pool's one connection, the write's own
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await pool.close()

@@ -72,9 +72,11 @@ async def test_a_prepare_on_a_thread_its_own_recorder_holds_waits_for_the_batch_
     gate = asyncio.Event()
     record_batch = RecordingService.record_batch
 
-    async def held(self: RecordingService, partition: int, batch: list[Incoming]) -> BatchResult:
+    async def held(
+        self: RecordingService, partition: int, batch: list[Incoming], *, committed: int | None = None
+    ) -> BatchResult:
         await gate.wait()  # the recorder has taken the batch and not yet written it
-        return await record_batch(self, partition, batch)
+        return await record_batch(self, partition, batch, committed=committed)
 
     checks: list[str] = []
     find_event_outcome = RecordsRepo.find_event_outcome

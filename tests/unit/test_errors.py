@@ -53,6 +53,7 @@ def test_errors_retryable_only_for_transient_failures() -> None:
         "RevisionConflict",
         "StoreUnavailable",
         "NotYetRecorded",
+        "PositionRegressed",
         "FleetUnavailable",
         "Overloaded",
     }

@@ -22,7 +22,7 @@ from services.app.compacting import CompactionService
 from services.app.manual_compaction import ManualCompaction
 from services.core.compaction.model import Segment, StructuredSummary
 from services.core.compaction.structured import summarize_records
-from services.errors import EventRejected, NotYetRecorded, StoreUnavailable
+from services.errors import EventRejected, NotYetRecorded, PositionRegressed, StoreUnavailable
 from services.core.ledger import BatchPlan, RecordingLimits
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -111,6 +111,48 @@ async def test_a_batch_redelivered_with_new_events_after_it_applies_only_the_new
     async with store.session() as s:
         assert await s.max_tracking_seq("recorder", 0) == 3
         assert await s.count_dead_letters(t.thread_id) == 1
+
+
+async def test_a_store_behind_its_recorder_refuses_the_batch_and_a_re_read_records_all_once_in_order() -> (
+    None
+):
+    # The recorder's commits do not wait for the WAL flush (D14.20): a store that crashed may come
+    # back without the last of them. Applied over that gap, the next batch would skip them for good.
+    t = Thread()
+    first = incoming([t.user("q1", key="k1"), t.assistant("a1", key="k2")])
+    lost = incoming([t.user("q2", key="k3")], start_seq=3)
+    after = incoming([t.user("q3", key="k4")], start_seq=4)
+    recovered = MemoryStore()  # holds the first batch only: the second was lost with the crash
+    await _recorder(recovered).record_batch(0, first, committed=0)
+
+    with pytest.raises(PositionRegressed) as refused:
+        await _recorder(recovered).record_batch(0, after, committed=3)
+
+    assert (refused.value.code.value, refused.value.details) == (
+        "position_regressed",
+        {"partition": 0, "committed": 3, "found": 2},
+    )
+    assert refused.value.retryable
+    assert await _keys(recovered, t.thread_id) == ["k1", "k2"]
+    async with recovered.session() as s:
+        position = await s.max_tracking_seq("recorder", 0)
+    assert position == 2
+    # Read again from the position the store holds: the lost event, then the new one.
+    result = await _recorder(recovered).record_batch(0, [*lost, *after], committed=position)
+    assert (result.recorded, result.duplicates, result.skipped) == (2, 0, 0)
+    assert await _keys(recovered, t.thread_id) == ["k1", "k2", "k3", "k4"]
+
+
+async def test_a_store_ahead_of_what_its_recorder_committed_skips_what_it_covers() -> None:
+    # Another recorder of the partition got there first: that is not a loss.
+    store = MemoryStore()
+    t = Thread()
+    batch = incoming([t.user("q1", key="k1"), t.user("q2", key="k2")])
+    await _recorder(store).record_batch(0, batch, committed=0)
+
+    result = await _recorder(store).record_batch(0, batch, committed=0)
+
+    assert (result.recorded, result.skipped) == (0, 2)
 
 
 async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_order(
