@@ -24,7 +24,10 @@ half, and the fleet's CPU over the run. ``stages_mean_ms`` splits the fleet's pa
 own ``ctx_record_stage_seconds`` and ``ctx_prepare_stage_seconds`` (services/app/stages.py): the mean
 of each stage over the pause's steps — the recorder's read, plan and write; the prepare's wait for its
 event (which spans the recorder's stages), load, assembly and reply. Means, not percentiles: they say
-where a pause's time goes, the step figures say how it is spread.
+where a pause's time goes, the step figures say how it is spread. ``views_extended`` counts the steps
+whose held view the recorder's commit extended to the new head (design D14.21), and
+``answered_without_reading`` the prepares answered from a held view, with no load (``load`` is then
+not observed: its mean is over the steps that read the ledger).
 
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
@@ -134,10 +137,14 @@ def _stage_means(spent: dict[str, tuple[float, float]]) -> dict[str, float]:
 
 def _trust_served(fleet: FleetProcess) -> float:
     """The fleet's ``ctx_view_trust_served_total``: pure prepares answered from a trusted view."""
+    return _counter(fleet, "ctx_view_trust_served_total")
+
+
+def _counter(fleet: FleetProcess, name: str) -> float:
     for line in fleet.metrics().splitlines():
-        if line.startswith("ctx_view_trust_served_total"):
+        if line.startswith(name):
             return float(line.rsplit(" ", 1)[1])
-    raise RuntimeError("the fleet exports no ctx_view_trust_served_total")
+    raise RuntimeError(f"the fleet exports no {name}")
 
 
 async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, object]:
@@ -198,11 +205,16 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             }
             # Per pause: (seconds, observations) of each fleet stage over its steps.
             spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
+            # Per pause: steps whose view the recorder's commit extended (D14.21), and of those the
+            # prepares answered from it (the rest read the ledger).
+            handed = {p: [0.0, 0.0] for p, _ in PAUSES}
             fresh = iter(threads[1:])
             for _ in range(repeats):
                 for pause, count in PAUSES:
                     total, acks, prepares = steps[pause]
                     before = _stage_totals(fleet)
+                    extended = _counter(fleet, "ctx_view_trust_extended_total")
+                    served = _trust_served(fleet)
                     for n in range(count):
                         if n % ROTATE_STEPS == 0:
                             t, request = next(fresh)
@@ -212,6 +224,8 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         total.append(ack + prepare)
                         acks.append(ack)
                         prepares.append(prepare)
+                    handed[pause][0] += _counter(fleet, "ctx_view_trust_extended_total") - extended
+                    handed[pause][1] += _trust_served(fleet) - served
                     for key, (seconds, observed) in _stage_totals(fleet).items():
                         was_s, was_n = before.get(key, (0.0, 0.0))
                         had_s, had_n = spent[pause].get(key, (0.0, 0.0))
@@ -225,6 +239,8 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                     "publish": _ms(acks),
                     "prepare": _ms(prepares),
                     "stages_mean_ms": _stage_means(spent[pause]),
+                    "views_extended": int(handed[pause][0]),
+                    "answered_without_reading": int(handed[pause][1]),
                 }
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).

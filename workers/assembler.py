@@ -74,7 +74,7 @@ class AssemblerWorker:
             # A waiter skips its first ledger check while the recorder holds its thread's batch, and
             # is woken when the batch is let go (services/app/notices.py).
             board.follow_recorder(local.is_recording)
-            local.listen_released(board.notify)
+            local.listen_released(board.wake)
         self._gateway = gateway
         self._board = board
         self._metrics = metrics

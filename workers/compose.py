@@ -176,7 +176,12 @@ def compose(
         quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000
     )
     if "assembler" in names:
-        board = NoticeBoard(changed=lambda thread_id: loader.trust.changed("thread", thread_id))
+        board = NoticeBoard(
+            changed=lambda thread_id: loader.trust.changed("thread", thread_id),
+            moved=loader.trust.head_moved,
+        )
+        # This process's recorder hands each head it moves to the loader first (D14.21).
+        local.listen_advanced(loader.extend)
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(
             store,

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 
 from nats.nuid import NUID
 
+from services.core.advances import HeadAdvance
+
 __all__ = ["ORIGIN_HEADER", "LocalNotices"]
 
 ORIGIN_HEADER = "ctx-origin"
@@ -32,7 +34,8 @@ class LocalNotices:
     def __init__(self, origin: str | None = None) -> None:
         self.origin = origin or NUID().next().decode()
         self._listeners: list[Callable[[str], None]] = []
-        self._key_listeners: list[Callable[[str, str, frozenset[str]], None]] = []
+        self._key_listeners: list[Callable[[str, str, frozenset[str], tuple[int, int] | None], None]] = []
+        self._advance_listeners: list[Callable[[HeadAdvance], object]] = []
         self._release_listeners: list[Callable[[str], None]] = []
         # Threads with events in a batch the recorder holds (a count: partitions hold batches at once).
         self._holding: Counter[str] = Counter()
@@ -41,18 +44,37 @@ class LocalNotices:
         """Call ``listener(thread_id)`` for every thread this process's recorder moves."""
         self._listeners.append(listener)
 
-    def listen_recorded(self, listener: Callable[[str, str, frozenset[str]], None]) -> None:
-        """Call ``listener(thread_id, tenant, event_keys)`` for every thread this process's recorder
-        moves, with the keys it committed (empty when it only rejected or skipped events)."""
+    def listen_recorded(
+        self, listener: Callable[[str, str, frozenset[str], tuple[int, int] | None], None]
+    ) -> None:
+        """Call ``listener(thread_id, tenant, event_keys, head)`` for every thread this process's
+        recorder moves, with the keys it committed (empty when it only rejected or skipped events) and
+        the head it moved the thread to: (last seq, revision), (-1, -1) for none."""
         self._key_listeners.append(listener)
 
-    def announce(self, thread_id: str, tenant: str = "", event_keys: frozenset[str] = frozenset()) -> None:
+    def listen_advanced(self, listener: Callable[[HeadAdvance], object]) -> None:
+        """Call ``listener(advance)`` for every head this process's recorder moved with a batch that
+        wrote nothing else a view reads, before the thread's other listeners hear of it (D14.21)."""
+        self._advance_listeners.append(listener)
+
+    def announce(
+        self,
+        thread_id: str,
+        tenant: str = "",
+        event_keys: frozenset[str] = frozenset(),
+        head: tuple[int, int] | None = None,
+        advance: HeadAdvance | None = None,
+    ) -> None:
         """Tell this process's listeners that ``thread_id`` moved, and which keys of ``tenant`` it
-        committed there (after the commit: a listener may rely on them)."""
+        committed there with its head moving to ``head`` (last seq, revision) (after the commit: a
+        listener may rely on them)."""
+        if advance is not None:
+            for advance_listener in self._advance_listeners:
+                advance_listener(advance)
         for listener in self._listeners:
             listener(thread_id)
         for key_listener in self._key_listeners:
-            key_listener(thread_id, tenant, event_keys)
+            key_listener(thread_id, tenant, event_keys, head)
 
     def listen_released(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(thread_id)`` for every thread of a batch this process's recorder lets go."""

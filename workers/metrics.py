@@ -86,6 +86,11 @@ class _ViewCacheCollector(Collector):
             "View changes announced to this process (its listener and notices)",
             t.changes,
         )
+        yield CounterMetricFamily(
+            "ctx_view_trust_extended",
+            "Trusted views extended to the head this process's recorder moved them to (D14.21)",
+            t.extended,
+        )
         yield GaugeMetricFamily("ctx_view_trust_views", "Views this process trusts now", len(t))
         yield GaugeMetricFamily(
             "ctx_view_trust_listening",

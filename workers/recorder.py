@@ -318,9 +318,11 @@ class RecorderWorker:
             self._metrics.events_rejected.labels(code=rejection.code.value).inc()
             if rejection.thread_id and rejection.thread_id not in touched:
                 touched[rejection.thread_id] = (-1, -1)
-        for thread_id in touched:
-            # This process's waiting prepares first, without a broker round trip (workers/local_notices.py).
-            self._local.announce(thread_id, *result.committed.get(thread_id, ("", frozenset())))
+        for thread_id, head in touched.items():
+            # This process's waiting prepares first, without a broker round trip (workers/local_notices.py),
+            # and its loader extends the view it holds with what the batch wrote (D14.21).
+            tenant, keys = result.committed.get(thread_id, ("", frozenset()))
+            self._local.announce(thread_id, tenant, keys, head, result.advances.get(thread_id))
         notices = self._notices()
         for thread_id, (seq, revision) in touched.items():
             # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.

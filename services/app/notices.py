@@ -59,8 +59,9 @@ class Wakeup(asyncio.Event):
 
     def __init__(self) -> None:
         super().__init__()
-        # (tenant, event key) pairs committed: only ever filled after the commit, by the recorder.
-        self.recorded: set[tuple[str, str]] = set()
+        # (tenant, event key) pairs committed, each with the thread seq its batch moved the head to
+        # (None: not said): only ever filled after the commit, by the recorder.
+        self.recorded: dict[tuple[str, str], int | None] = {}
 
 
 def _nothing_recorded(thread_id: str) -> bool:
@@ -70,12 +71,18 @@ def _nothing_recorded(thread_id: str) -> bool:
 class NoticeBoard:
     """Threads → the events of everyone waiting on them."""
 
-    def __init__(self, changed: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        changed: Callable[[str], None] | None = None,
+        moved: Callable[[str, int], None] | None = None,
+    ) -> None:
         self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
         self._recording: Callable[[str], bool] = _nothing_recorded
         # Told of every notice too: a view this process trusts stops being trusted on it, ahead of
-        # the database's own announcement (D14.17).
+        # the database's own announcement (D14.17) — or, told the head's new revision, only a view
+        # older than it does (``moved``: a view extended to that head stays, D14.21).
         self._changed = changed
+        self._moved = moved
 
     def follow_recorder(self, is_recording: Callable[[str], bool]) -> None:
         """Ask ``is_recording(thread_id)`` whether this process's recorder holds a batch of a thread;
@@ -101,19 +108,35 @@ class NoticeBoard:
                     del self._waiters[thread_id]
 
     def notify(self, thread_id: str) -> None:
-        """Wake everyone waiting on ``thread_id``."""
+        """``thread_id`` changed: wake everyone waiting on it."""
         if self._changed is not None:
             self._changed(thread_id)
+        self.wake(thread_id)
+
+    def wake(self, thread_id: str) -> None:
+        """Wake everyone waiting on ``thread_id``, which did not change (the recorder let go of a batch
+        whose commit, if any, it announced already: a change here would end the view it extended)."""
         for event in self._waiters.get(thread_id, ()):
             event.set()
 
-    def recorded(self, thread_id: str, tenant: str, event_keys: frozenset[str]) -> None:
-        """This process's recorder committed ``event_keys`` of ``tenant`` to ``thread_id``: wake its
-        waiters, telling them which keys need no re-check. Only a recorder, after its commit, may say so."""
-        if self._changed is not None:
+    def recorded(
+        self,
+        thread_id: str,
+        tenant: str,
+        event_keys: frozenset[str],
+        head: tuple[int, int] | None = None,
+    ) -> None:
+        """This process's recorder committed ``event_keys`` of ``tenant`` to ``thread_id``, moving its
+        head to ``head`` (last seq, revision) if given: wake its waiters, telling them which keys need no
+        re-check and through which seq the ledger holds them. Only a recorder, after its commit, may say
+        so."""
+        if head is not None and head[1] >= 0 and self._moved is not None:
+            self._moved(thread_id, head[1])
+        elif self._changed is not None:
             self._changed(thread_id)
+        through = head[0] if head is not None and head[0] >= 0 else None
         for event in self._waiters.get(thread_id, ()):
-            event.recorded.update((tenant, key) for key in event_keys)
+            event.recorded.update(((tenant, key), through) for key in event_keys)
             event.set()
 
     @property

@@ -156,19 +156,25 @@ class PrepareService:
         """
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
+        # The thread seq through which the ledger is known to hold the event (D14.21).
+        committed_at: int | None = None
         if request.after_event_key is not None:
             started = time.perf_counter()
-            await self._await_event(tenant, thread_id, request.after_event_key, request.wait_ms, pause)
+            committed_at = await self._await_event(
+                tenant, thread_id, request.after_event_key, request.wait_ms, pause
+            )
             self._on_stage("wait", time.perf_counter() - started)
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
         # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
-            return await self._prepare(request, base, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None, committed_at)
         hook_set = await self._hooks.hooks_of(tenant, request.session_id)
         if hook_set is None:
-            return await self._prepare(request, base, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None, committed_at)
         hooked = PrepareHooks()
-        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked))
+        prepared = await self._prepare(
+            request, base, tenant, pause, (self._hooks, hook_set, hooked), committed_at
+        )
         return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
 
     async def _prepare(
@@ -178,15 +184,22 @@ class PrepareService:
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
+        committed_at: int | None = None,
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         counter = _counter(base)
-        # A prepare naming its event reads the ledger it waited for; one naming none may be answered
-        # from the view loaded last, while nothing it is made of was announced changed (D14.17).
+        # One naming no event may be answered from the view loaded last, while nothing it is made of
+        # was announced changed (D14.17); one naming its event too, if that view holds the event:
+        # this process's recorder extended it to the head that committed it, or it was loaded since
+        # (D14.21). Otherwise the ledger is read.
         view = None
-        if request.after_event_key is None:
+        if request.after_event_key is None or committed_at is not None:
             view = self._loader.trusted(
-                thread_id, tenant=tenant, session_id=request.session_id, principal_id=request.principal_id
+                thread_id,
+                tenant=tenant,
+                session_id=request.session_id,
+                principal_id=request.principal_id,
+                through=committed_at or 0,
             )
         if view is None:
             started = time.perf_counter()
@@ -594,7 +607,9 @@ class PrepareService:
 
     async def _await_event(
         self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause
-    ) -> None:
+    ) -> int | None:
+        """Wait until the ledger holds ``event_key``; the thread seq through which it is known to: the
+        event's own, or the head its batch moved to when this process's recorder said so."""
         # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
         started = time.monotonic()
         deadline = started + wait_ms / 1000
@@ -603,13 +618,14 @@ class PrepareService:
             check = not self._board.being_recorded(thread_id)
             while True:
                 if (tenant, event_key) in woken.recorded:
-                    return  # this process's recorder committed it while we waited: no re-check needed
+                    # This process's recorder committed it while we waited: no re-check needed.
+                    return woken.recorded[(tenant, event_key)]
                 woken.clear()
                 if check:
                     async with self._store.session() as store:
                         seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)
                     if seq is not None:
-                        return
+                        return seq
                     if rejected is not None:
                         raise EventRejected(event_key, rejected[0], rejected[1])
                 check = True

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Literal, Protocol, TypeAlias
 
@@ -41,6 +41,7 @@ from services.core.ledger import (
     Decoded,
     Incoming,
     LedgerReads,
+    NewRecord,
     RecordingLimits,
     Rejection,
     decode_batch,
@@ -52,6 +53,8 @@ from services.core.ledger import (
 )
 from services.errors import StoreRejected
 from services.app.stages import RecordStages, ignore_stage
+from services.core.advances import HeadAdvance
+from services.store.batch_write import LedgerWritten, one_statement
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
@@ -88,6 +91,9 @@ class BatchResult:
     duplicates: int
     skipped: int
     attempts: int
+    # Per thread, the move of its head when the batch wrote nothing else a view reads (design D14.21):
+    # what this process's loader may extend the view it holds with, instead of reading the ledger.
+    advances: Mapping[str, HeadAdvance] = field(default_factory=dict)
 
 
 def dead_letter_of(rejection: Rejection, keep_bytes: int) -> DeadLetter:
@@ -232,7 +238,7 @@ class RecordingService:
             with _content_failures("write"):
                 # The position moves in the statement that writes the records, and a known thread's
                 # messages, calls and outcomes are that one statement, committing by itself.
-                await store.write_plan(
+                written = await store.write_plan(
                     plan,
                     recorded_by=self._recorder_id,
                     keep_raw=self._limits.dead_letter_keep_bytes,
@@ -242,7 +248,8 @@ class RecordingService:
             self._on_stage("write", time.perf_counter() - planned)
             if plan.records:
                 kill_point("record.after_commit")
-        return _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
+        result = _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
+        return replace(result, advances=_advances(plan, written)) if one_statement(plan) else result
 
     async def _counters_for(
         self, decoded: Sequence[Decoded | Rejection]
@@ -400,6 +407,8 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
     return BatchResult(
         heads=heads,
         committed=committed,
+        # A batch applied in parts is rare (an event at fault): its views are read again, not extended.
+        advances=parts[0].advances if len(parts) == 1 else {},
         recorded=sum(p.recorded for p in parts),
         rejections=tuple(r for p in parts for r in p.rejections),
         duplicates=sum(p.duplicates for p in parts),
@@ -471,6 +480,23 @@ def _touched(
 
 def _dead_msg_id(rejection: Rejection) -> str:
     return f"dead:{rejection.incoming.stream_seq}:{sha256_hex(rejection.incoming.data)[:16]}"
+
+
+def _advances(plan: BatchPlan, written: LedgerWritten) -> dict[str, HeadAdvance]:
+    """The heads a one-statement plan moved (not created), each with its new records."""
+    records: dict[str, list[NewRecord]] = {}
+    for record in plan.records:
+        records.setdefault(record.thread_id, []).append(record)
+    return {
+        h.thread_id: HeadAdvance(
+            h,
+            tuple(records.get(h.thread_id, ())),
+            written.bases.get(h.session_id, 0),
+            written.at,
+        )
+        for h in plan.heads
+        if h.expected_revision is not None
+    }
 
 
 def _result(plan: BatchPlan, reads: LedgerReads, *, skipped: int, attempt: int) -> BatchResult:

@@ -13,6 +13,12 @@ commit before it may count too, which only costs one more read. What is not clos
 flight: a commit is announced to the listener as it commits, so a prepare that arrives in the same
 instant may still be answered from the view before it (a prepare that names its event never is).
 ``max_age_s`` bounds how long anything else — a notice never sent — could stay unseen.
+
+A head's move is announced with the revision it moved to (migration 0023): only a view held at an
+older head stops being trusted. The process whose recorder made the move may first have extended its
+held view to the new head with what the batch wrote (``extend``, design D14.21): that view keeps the
+token of the load it was extended from, so nothing announced since that load is overlooked, and the
+move's own notice, arriving before or after, does not end it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ __all__ = ["ChangeKind", "TrustToken", "ViewTrust"]
 
 _V = TypeVar("_V")
 ChangeKind = Literal["thread", "session", "run"]
+# A head's move, remembered beside the changes under its own key kind.
+_HEAD: Literal["head"] = "head"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,8 @@ class _Held(Generic[_V]):
     session_id: str
     run_id: str | None
     view: _V
+    # The head revision the view is at.
+    revision: int
 
 
 class ViewTrust(Generic[_V]):
@@ -69,11 +79,14 @@ class ViewTrust(Generic[_V]):
         self._epoch = 0
         self._seq = 0
         self._floor = 0
-        self._changes: OrderedDict[tuple[ChangeKind, str], int] = OrderedDict()
+        self._changes: OrderedDict[tuple[ChangeKind | Literal["head"], str], int] = OrderedDict()
+        # The newest revision announced of each head in ``_changes``.
+        self._heads: dict[str, int] = {}
         self._views: OrderedDict[str, _Held[_V]] = OrderedDict()
-        # For metrics: prepares answered from a held view, and changes announced.
+        # For metrics: prepares answered from a held view, changes announced, views extended.
         self.served = 0
         self.changes = 0
+        self.extended = 0
 
     @property
     def enabled(self) -> bool:
@@ -94,16 +107,26 @@ class ViewTrust(Generic[_V]):
     def changed(self, kind: ChangeKind, key: str) -> None:
         """A commit changed something of a thread, a session or a run (or a notice of this process says
         so, ahead of the listener's)."""
+        self._remember(kind, key)
+        if kind == "thread":
+            self._views.pop(key, None)
+
+    def head_moved(self, thread_id: str, revision: int) -> None:
+        """A commit moved a thread's head to ``revision``: a view held at an older head is not trusted."""
+        self._remember(_HEAD, thread_id)
+        self._heads[thread_id] = max(revision, self._heads.get(thread_id, 0))
+
+    def _remember(self, kind: ChangeKind | Literal["head"], key: str) -> None:
         self.changes += 1
         self._seq += 1
         at = (kind, key)
         self._changes[at] = self._seq
         self._changes.move_to_end(at)
         while len(self._changes) > self._max_changes:
-            _, seq = self._changes.popitem(last=False)
+            (forgotten, key_of), seq = self._changes.popitem(last=False)
+            if forgotten == _HEAD:
+                self._heads.pop(key_of, None)
             self._floor = max(self._floor, seq)
-        if kind == "thread":
-            self._views.pop(key, None)
 
     def everything_changed(self) -> None:
         """A notice this process cannot attribute: nothing held before it is trusted."""
@@ -116,29 +139,62 @@ class ViewTrust(Generic[_V]):
         return TrustToken(self._epoch, self._seq, self._clock()) if self.enabled else None
 
     def keep(
-        self, token: TrustToken | None, thread_id: str, session_id: str, run_id: str | None, view: _V
+        self,
+        token: TrustToken | None,
+        thread_id: str,
+        session_id: str,
+        run_id: str | None,
+        view: _V,
+        revision: int,
     ) -> None:
-        """Hold the view a load that took ``token`` made, if nothing of it changed since."""
+        """Hold the view at head ``revision`` a load that took ``token`` made, if nothing of it changed
+        since."""
         if token is None or not self._current(token):
             return
-        if not self._unchanged(token, thread_id, session_id, run_id):
+        if not self._unchanged(token, thread_id, session_id, run_id, revision):
             return
         held = self._views.get(thread_id)
-        if held is not None and held.token.seq > token.seq:
+        if held is not None and (held.token.seq > token.seq or held.revision > revision):
             return  # a load that began after this one's changes were announced holds a newer view
-        self._views[thread_id] = _Held(token, session_id, run_id, view)
+        self._hold(thread_id, _Held(token, session_id, run_id, view, revision))
+
+    def extend(
+        self, thread_id: str, from_revision: int, revision: int, build: Callable[[_V], _V | None]
+    ) -> bool:
+        """Hold, at head ``revision``, what ``build`` makes of the view held at ``from_revision`` — a
+        commit of this process's recorder moved the head between them and wrote nothing else a view
+        reads (D14.21) — if that view is still trusted but for the move. False if nothing was held."""
+        held = self._views.get(thread_id)
+        if held is None or held.revision != from_revision or not self._current(held.token):
+            return False
+        if not self._unchanged(held.token, thread_id, held.session_id, held.run_id, revision):
+            return False
+        extended = build(held.view)
+        if extended is None:
+            return False
+        self._hold(thread_id, _Held(held.token, held.session_id, held.run_id, extended, revision))
+        self.extended += 1
+        return True
+
+    def _hold(self, thread_id: str, held: _Held[_V]) -> None:
+        self._views[thread_id] = held
         self._views.move_to_end(thread_id)
         while len(self._views) > self._max_views:
             self._views.popitem(last=False)
 
-    def view(self, thread_id: str) -> _V | None:
-        """The thread's held view, if it is still trusted."""
+    def view(self, thread_id: str, *, accept: Callable[[_V], bool] | None = None) -> _V | None:
+        """The thread's held view, if it is still trusted (and ``accept`` takes it: a view it declines
+        stays held, unserved)."""
         held = self._views.get(thread_id)
         if held is None:
             return None
         token = held.token
-        if not self._current(token) or not self._unchanged(token, thread_id, held.session_id, held.run_id):
+        if not self._current(token) or not self._unchanged(
+            token, thread_id, held.session_id, held.run_id, held.revision
+        ):
             del self._views[thread_id]
+            return None
+        if accept is not None and not accept(held.view):
             return None
         self.served += 1
         return held.view
@@ -159,11 +215,15 @@ class ViewTrust(Generic[_V]):
     def _current(self, token: TrustToken) -> bool:
         return self.enabled and token.epoch == self._epoch and self._clock() - token.at <= self._max_age_s
 
-    def _unchanged(self, token: TrustToken, thread_id: str, session_id: str, run_id: str | None) -> bool:
+    def _unchanged(
+        self, token: TrustToken, thread_id: str, session_id: str, run_id: str | None, revision: int
+    ) -> bool:
         if token.seq < self._floor:
             return False
         changes = self._changes
         if changes.get(("thread", thread_id), 0) > token.seq:
+            return False
+        if changes.get((_HEAD, thread_id), 0) > token.seq and self._heads.get(thread_id, 0) > revision:
             return False
         if changes.get(("session", session_id), 0) > token.seq:
             return False

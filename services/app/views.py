@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from contracts import ContextPolicy, ToolCatalog
 
+from services.core.advances import HeadAdvance
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.budget import BudgetSpec, calibrated, policy_budget
 from services.app.calibrations import CalibrationCache
@@ -211,13 +212,20 @@ class ViewLoader:
         self.trust: ViewTrust[ThreadView] = ViewTrust(max_age_s=trust_s, max_views=cache_threads)
 
     def trusted(
-        self, thread_id: str, *, tenant: str, session_id: str, principal_id: str | None
+        self,
+        thread_id: str,
+        *,
+        tenant: str,
+        session_id: str,
+        principal_id: str | None,
+        through: int = 0,
     ) -> ThreadView | None:
-        """The thread's last loaded view, if nothing it is made of changed since (``load`` otherwise).
+        """The thread's last loaded (or extended) view, if nothing it is made of changed since and it
+        holds the thread's records through seq ``through`` (``load`` otherwise).
 
         ``None`` too when it is another tenant's, session's or principal's: ``load`` reports that.
         """
-        view = self.trust.view(thread_id)
+        view = self.trust.view(thread_id, accept=lambda held: held.head.last_seq >= through)
         if view is None:
             return None
         scope = view.scope
@@ -235,6 +243,61 @@ class ViewLoader:
             self._evicted(self.cache.put(("records", thread_id), entry, entry.bytes))
         budget = calibrated(policy_budget(view.policy), calibration)
         return view if budget == view.budget else replace(view, budget=budget)
+
+    def extend(self, advance: HeadAdvance) -> bool:
+        """Extend the view held of the advance's thread to its new head with the records the batch
+        wrote, as a load would find them (design D14.21); False when the view held is not the one the
+        batch moved from, or the batch's records are not all in hand as a load reads them."""
+        head = advance.head
+        if head.expected_revision is None:
+            return False
+
+        def build(view: ThreadView) -> ThreadView | None:
+            seqs = [r.seq for r in advance.records]
+            if not seqs or seqs != list(range(view.head.last_seq + 1, head.last_seq + 1)):
+                return None  # not the records right after the view's head
+            key = ("records", head.thread_id)
+            entry = self.cache.get(key)
+            if not isinstance(entry, CachedRecords) or entry.last_seq != view.head.last_seq:
+                return None  # a concurrent load moved the cache (or it was evicted): read it then
+            new = advance.ledger_records()
+            if new is None or any(_unresolved_export(r) for r in new):
+                return None
+            records = entry.records + new
+            grown = CachedRecords(
+                head.last_seq,
+                records,
+                entry.memo,
+                entry.record_bytes + record_bytes(new),
+                entry.resolved,
+                entry.exports,
+            )
+            self._evicted(self.cache.put(key, grown, grown.bytes))
+            facts = self._held_facts(head.thread_id)
+            if facts is not None and facts.revision == view.head.revision:
+                # A batch that moves nothing else writes no facts: they stand at the new head.
+                moved_facts = _Facts(head.revision, facts.facts)
+                self._evicted(
+                    self.cache.put(("facts", head.thread_id), moved_facts, _facts_bytes(facts.facts))
+                )
+            moved = StoredHead(
+                head.thread_id,
+                view.head.session_id,
+                view.head.run_id,
+                view.head.instance_id,
+                head.revision,
+                head.last_seq,
+                head.last_hash,
+                head.last_event_key,
+                view.head.user_turns + head.user_turns,
+                view.head.model_steps + head.model_steps,
+            )
+            # Own records only, the cached list itself (``load``'s rule); with inherited records or a
+            # reset, the new ones follow what the view shows (they are the session's newest).
+            shown = records if view.records is entry.records else [*view.records, *new]
+            return replace(view, head=moved, records=shown, memo=entry.memo)
+
+        return self.trust.extend(head.thread_id, head.expected_revision, head.revision, build)
 
     async def load(
         self,
@@ -303,7 +366,7 @@ class ViewLoader:
         # A run that may still adopt another run's summary would not hear of that summary's commit.
         adoptable = scope.role == "main" and scope.snapshot_through > scope.reset_seq
         if not adoptable or state.summary is not None:
-            self.trust.keep(token, thread_id, head.session_id, head.run_id, view)
+            self.trust.keep(token, thread_id, head.session_id, head.run_id, view, head.revision)
         return view
 
     async def _pinned(
@@ -338,8 +401,7 @@ class ViewLoader:
             facts = at_head.facts
         else:  # held for the revision the head had when it was read: a concurrent load replaced them
             facts = (await conn.read_states([head.thread_id])).get(head.thread_id)
-        size = 1_000 + (2_000 * len(facts.facts) if facts else 0)
-        self._evicted(self.cache.put(key, _Facts(head.revision, facts), size))
+        self._evicted(self.cache.put(key, _Facts(head.revision, facts), _facts_bytes(facts)))
         return facts
 
     async def _budget(self, conn: ViewReads, tenant: str, policy: ContextPolicy) -> BudgetSpec:
@@ -512,6 +574,11 @@ class ViewLoader:
             if isinstance(key, tuple) and key[0] == "records":
                 self._locks.pop(str(key[1]), None)
                 self.trust.forget(str(key[1]))
+
+
+def _facts_bytes(facts: StateView | None) -> int:
+    """What a thread's facts count against the view cache's bound (an estimate)."""
+    return 1_000 + (2_000 * len(facts.facts) if facts else 0)
 
 
 def _unresolved_export(record: LedgerRecord) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timezone
+from datetime import datetime, timezone
 
 from contracts import DEFAULT_POLICY_NAME
 from contracts.subjects import DEFAULT_TENANT
@@ -44,7 +44,16 @@ from services.core.ledger import BatchPlan, NewCall, NewOutcome
 from services.errors import RevisionConflict
 from services.store.ledger import Conn
 
-__all__ = ["Position", "one_statement", "settles_receipts", "write_ledger"]
+__all__ = ["LedgerWritten", "Position", "one_statement", "settles_receipts", "write_ledger"]
+
+
+@dataclass(frozen=True)
+class LedgerWritten:
+    """What a committed ``write_ledger`` tells beyond the plan: each session's base (the sequence
+    number its first record follows) and the statement's clock (its records' ``recorded_at``)."""
+
+    bases: Mapping[str, int]
+    at: datetime
 
 
 @dataclass(frozen=True)
@@ -203,10 +212,9 @@ def settles_receipts(plan: BatchPlan) -> bool:
 
 async def write_ledger(
     conn: Conn, plan: BatchPlan, recorded_by: str, position: Position | None
-) -> dict[str, int]:
+) -> LedgerWritten:
     """Sessions, heads, records, calls and ``position`` of ``plan`` in one statement (with its settled
-    receipts too when ``settles_receipts(plan)``); each session's base (the sequence number its first
-    record follows).
+    receipts too when ``settles_receipts(plan)``); each session's base and the statement's clock.
 
     Raises RevisionConflict naming the first thread whose head another writer moved or created; the
     statement then wrote nothing (invariant 2).
@@ -280,12 +288,14 @@ async def write_ledger(
 FROM (SELECT (SELECT t FROM unnest(${heads}::text[]) AS t
               WHERE t NOT IN (SELECT thread_id FROM w) LIMIT 1) AS thread_id) l"""
     try:
-        row = await conn.fetchrow(statement.sql(f"SELECT {bumped}{unflushed}, {guard}"), *statement.args)
+        row = await conn.fetchrow(
+            statement.sql(f"SELECT {bumped}, now(){unflushed}, {guard}"), *statement.args
+        )
     except asyncpg.PostgresError as exc:
         raise _conflict(exc, plan, outcomes) from None
     assert row is not None
     last_seqs: Mapping[str, int] = json.loads(row[0]) if row[0] is not None else {}
-    return {s: last_seqs[s] - n for s, n in plan.session_counts.items()}
+    return LedgerWritten({s: last_seqs[s] - n for s, n in plan.session_counts.items()}, row[1])
 
 
 def _conflict(exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[NewOutcome]) -> Exception:

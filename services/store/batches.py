@@ -22,7 +22,7 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
-from services.store.batch_write import Position, one_statement, settles_receipts, write_ledger
+from services.store.batch_write import LedgerWritten, Position, one_statement, settles_receipts, write_ledger
 from services.store.ledger import Conn
 from services.store.tracking import DeadLettersRepo
 
@@ -326,7 +326,7 @@ async def write_plan(
     keep_raw: int,
     position: Position | None = None,
     before_commit: Callable[[], None] | None = None,
-) -> None:
+) -> LedgerWritten:
     """Apply a batch plan, all of it or none, and move ``position`` with it; raises RevisionConflict on
     a moved head. Outside a caller's transaction its blobs are committed first, on their own: content
     under its own hash, which a failed batch leaves behind unreferenced and a retry finds there.
@@ -340,8 +340,7 @@ async def write_plan(
     if one_statement(plan):
         if before_commit is not None:
             before_commit()
-        await write_ledger(conn, plan, recorded_by, position)
-        return
+        return await write_ledger(conn, plan, recorded_by, position)
     blobs_first = bool(plan.blobs) and not conn.is_in_transaction()
     if blobs_first:
         # Committed on their own, before the transaction whose records point at them (a foreign key).
@@ -353,9 +352,10 @@ async def write_plan(
     async with conn.transaction():
         if plan.blobs and not blobs_first:
             await _insert_blobs(conn, plan)
-        await _write_all(conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
+        written = await _write_all(conn, plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
         if before_commit is not None:
             before_commit()
+    return written
 
 
 async def _insert_blobs(conn: Conn, plan: BatchPlan) -> None:
@@ -369,8 +369,9 @@ async def _insert_blobs(conn: Conn, plan: BatchPlan) -> None:
 
 async def _write_all(
     conn: Conn, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None
-) -> None:
-    bases = await write_ledger(conn, plan, recorded_by, position)
+) -> LedgerWritten:
+    written = await write_ledger(conn, plan, recorded_by, position)
+    bases = written.bases
     if plan.principals:
         await conn.execute(_SET_PRINCIPALS, *_columns(sorted(plan.principals.items())))
     if plan.releases:
@@ -386,6 +387,7 @@ async def _write_all(
     for rejection in plan.rejections:
         await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
     await _write_state(conn, plan)
+    return written
 
 
 async def _write_state(conn: Conn, plan: BatchPlan) -> None:

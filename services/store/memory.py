@@ -53,7 +53,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
-from services.store.batch_write import Position
+from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
@@ -429,16 +429,19 @@ class MemorySession:
         keep_raw: int,
         position: Position | None = None,
         before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    ) -> LedgerWritten:
         """As ``batches.write_plan``: every write of the plan, or none."""
         async with self.transaction():
-            await self._write_plan(plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position)
+            written = await self._write_plan(
+                plan, recorded_by=recorded_by, keep_raw=keep_raw, position=position
+            )
             if before_commit is not None:
                 before_commit()
+        return written
 
     async def _write_plan(
         self, plan: BatchPlan, *, recorded_by: str, keep_raw: int, position: Position | None
-    ) -> None:
+    ) -> LedgerWritten:
         if position is not None:
             await self.insert_tracking(position.consumer, position.partition, position.stream_seq)
         t = self._t
@@ -508,6 +511,7 @@ class MemorySession:
         for rejection in plan.rejections:
             await self.insert_dead_letter(rejection, keep_raw=keep_raw)
         self._write_state(plan)
+        return LedgerWritten(bases, self._store.wall())
 
     def _write_head(self, head: HeadWrite) -> None:
         t = self._t

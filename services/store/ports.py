@@ -34,7 +34,7 @@ from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store.gateway import StoredCheck
-from services.store.batch_write import Position
+from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EvidenceRow, StoredHead, TailRecord
@@ -57,6 +57,7 @@ __all__ = [
     "HookStore",
     "IndexStore",
     "ListingStore",
+    "LedgerWritten",
     "Position",
     "PrepareSession",
     "PrepareStore",
@@ -109,7 +110,7 @@ class RecordingSession(Transactional, Protocol):
         keep_raw: int,
         position: Position | None = None,
         before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    ) -> LedgerWritten:
         """Apply a plan, all of it or none, and move ``position`` with it (RevisionConflict on a moved
         head, DuplicateEvent on a key recorded meanwhile); it commits by itself unless the caller holds
         a transaction. ``before_commit`` runs once, when the writes are in and not yet committed."""

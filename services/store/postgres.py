@@ -35,7 +35,7 @@ from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store import batches, branches, listing, queries
-from services.store.batch_write import Position
+from services.store.batch_write import LedgerWritten, Position
 from services.store import hooks as hooks_sql
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
@@ -148,9 +148,9 @@ class PgSession:
         keep_raw: int,
         position: Position | None = None,
         before_commit: Callable[[], None] | None = None,
-    ) -> None:
+    ) -> LedgerWritten:
         # Looked up on the module at call time, so a test can make one plan fail as the server would.
-        await batches.write_plan(
+        return await batches.write_plan(
             self._conn,
             plan,
             recorded_by=recorded_by,

@@ -18,7 +18,7 @@ import asyncpg
 
 from services.store.connect import connect
 
-__all__ = ["CHANNEL", "ChangeSink", "ViewChangeListener", "change_of"]
+__all__ = ["CHANNEL", "ChangeSink", "ViewChangeListener", "change_of", "head_move_of"]
 
 CHANNEL = "ctx_view_changes"
 _PROBE = "probe:"
@@ -34,7 +34,19 @@ class ChangeSink(Protocol):
     def listening(self) -> None: ...
     def deaf(self) -> None: ...
     def changed(self, kind: Literal["thread", "session", "run"], key: str) -> None: ...
+    def head_moved(self, thread_id: str, revision: int) -> None: ...
     def everything_changed(self) -> None: ...
+
+
+def head_move_of(payload: str) -> tuple[str, int] | None:
+    """``h:<revision>:<thread_id>`` (migration 0023: a thread's head moved to that revision) as
+    ``(thread_id, revision)``; ``None`` for any other payload."""
+    if not payload.startswith("h:"):
+        return None
+    revision, _, thread_id = payload[2:].partition(":")
+    if not thread_id or not revision.isdigit():
+        return None
+    return thread_id, int(revision)
 
 
 def change_of(payload: str) -> _Change | None:
@@ -162,6 +174,10 @@ class ViewChangeListener:
         if payload.startswith(_PROBE):
             if self._probe is not None and self._probe[0] == payload and not self._probe[1].done():
                 self._probe[1].set_result(None)
+            return
+        moved = head_move_of(payload)
+        if moved is not None:
+            self._sink.head_moved(*moved)
             return
         change = change_of(payload)
         if change is None:

@@ -26,6 +26,7 @@ from services.core.ledger import BatchPlan, Incoming, RecordingLimits
 from services.core.ledger import plan_steps as real_plan_steps
 from services.app.recording import RecordingService
 from services.store.ledger import RecordsRepo
+from services.store.batch_write import LedgerWritten
 from services.store.batches import write_plan as real_write_plan
 import services.store.batches as store_ledger
 from services.store.postgres import PgStore
@@ -134,11 +135,11 @@ def _fail_write_for(key: str, error: Exception, times: int | None = None) -> Any
     real = real_write_plan
     calls = {"failed": 0}
 
-    async def write_plan(conn: Any, plan: BatchPlan, **kw: Any) -> None:
+    async def write_plan(conn: Any, plan: BatchPlan, **kw: Any) -> LedgerWritten:
         if any(r.event_key == key for r in plan.records) and (times is None or calls["failed"] < times):
             calls["failed"] += 1
             raise error
-        await real(conn, plan, **kw)
+        return await real(conn, plan, **kw)
 
     write_plan.calls = calls  # type: ignore[attr-defined]
     return write_plan

@@ -57,6 +57,9 @@ class _Sink:
     def changed(self, kind: str, key: str) -> None:
         self.changes.append((kind, key))
 
+    def head_moved(self, thread_id: str, revision: int) -> None:
+        self.changes.append(("head", f"{revision}:{thread_id}"))
+
     def everything_changed(self) -> None:
         self.events.append("everything")
 
@@ -145,8 +148,13 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
 
         await client.append(t.user("and tomorrow?", key="u2"))  # the fleet's recorder commits a record
         await client.prepare(_request(t, after="u2"))
-        # Its batch bumped the session's numbers too: nothing a view reads, so not announced.
-        assert f"s:{t.session_id}" not in await until(f"t:{t.thread_id}")
+        revision = await db.fetchval(
+            "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1", t.thread_id
+        )
+        # Its head's move names the revision it moved to (migration 0023); the batch bumped the
+        # session's numbers too: nothing a view reads, so not announced.
+        heard_then = await until(f"h:{revision}:{t.thread_id}")
+        assert f"s:{t.session_id}" not in heard_then and f"t:{t.thread_id}" not in heard_then
 
         # A budgeter pass marks the thread evaluated, and an update changes nothing: neither is
         # announced (notices come in commit order, so the run's notice ends what could be heard).
@@ -237,3 +245,27 @@ async def test_a_prepare_naming_no_event_is_served_from_trust_until_another_proc
     # The view is alice's now: read again from the ledger, it is served to her, and the same.
     hers = await client.prepare(_request(t).model_copy(update={"principal_id": "alice"}))
     assert hers.messages == first.messages
+
+
+@pytest.mark.nats
+async def test_a_step_recorded_by_the_fleets_own_recorder_is_answered_from_the_view_it_extended(
+    start_fleet, client: FleetClient
+) -> None:
+    # No budgeter: its bookkeeping of the recorded events would be a change of the thread's own.
+    fleet = await start_fleet(workers="recorder,assembler")
+    t = Thread()
+    await _recorded(client, t)
+    sample = fleet.metrics.registry.get_sample_value
+    await eventually(lambda: _true(sample("ctx_view_trust_listening") == 1))
+    await client.prepare(_request(t))  # loaded while listening: held and trusted
+
+    steps = 0
+    for n in range(5):
+        extended, served = sample("ctx_view_trust_extended_total"), sample("ctx_view_trust_served_total")
+        await client.append(t.user(f"and day {n}?", key=f"d{n}"))
+        prepared = await client.prepare(_request(t, after=f"d{n}"))
+        assert prepared.messages[-1].content == f"and day {n}?"
+        # Extended by the recorder's commit, and the step answered from it without reading the ledger.
+        steps += sample("ctx_view_trust_extended_total") == extended + 1
+        steps += sample("ctx_view_trust_served_total") == served + 1
+    assert steps == 10

@@ -29,6 +29,7 @@ from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.app.scheduling import request_job
 from services.errors import StoreRejected
+from services.store.batch_write import LedgerWritten
 from services.store.memory import MemorySession, MemoryStore
 from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
@@ -162,10 +163,10 @@ async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_
     t = Thread()
     real = MemorySession.write_plan
 
-    async def refusing(self: MemorySession, plan: BatchPlan, **kw: Any) -> None:
+    async def refusing(self: MemorySession, plan: BatchPlan, **kw: Any) -> LedgerWritten:
         if any(r.event_key == "k2" for r in plan.records):
             raise StoreRejected("DataError", "22000", "invalid input for query argument $9")
-        await real(self, plan, **kw)
+        return await real(self, plan, **kw)
 
     monkeypatch.setattr(MemorySession, "write_plan", refusing)
     result = await _recorder(store, sink).record_batch(

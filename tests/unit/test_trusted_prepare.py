@@ -1,6 +1,7 @@
 """A prepare naming no event is answered from the view its process loaded last while nothing of that
-view was announced changed (design D14.17); one naming its event always reads the ledger. In-memory
-store, the ledger reads counted."""
+view was announced changed (design D14.17); one naming its event reads the ledger (unless its own
+recorder handed the view over: tests/unit/test_handed_views.py). In-memory store, the ledger reads
+counted."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from services.app.views import ViewLoader
 from services.app.view_trust import ViewTrust
 from services.core.ledger import RecordingLimits
 from services.errors import ThreadNotFound
-from services.store.memory import MemorySession, MemoryStore
+from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming
+from tests.fixtures.ledger_reads import NoDeadLetters, count_view_reads
 
 pytestmark = pytest.mark.anyio
 
@@ -29,23 +31,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class _Sink:
-    async def publish(self, letter: object, msg_id: str) -> None:
-        raise AssertionError(f"dead letter {letter}")
-
-
-def _reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    reads: list[str] = []
-    real = MemorySession.thread_at_head
-
-    async def counted(self: MemorySession, thread_id: str, **kw: Any) -> Any:
-        reads.append(thread_id)
-        return await real(self, thread_id, **kw)
-
-    monkeypatch.setattr(MemorySession, "thread_at_head", counted)
-    return reads
 
 
 def _request(t: Thread, after: str | None = None, **kw: Any) -> PrepareRequest:
@@ -70,7 +55,9 @@ class _Fleet:
         self.loader.trust.listening()
         self.board = NoticeBoard(changed=lambda thread_id: self.loader.trust.changed("thread", thread_id))
         self.service = PrepareService(self.store, self.board, loader=self.loader)
-        self._recorder = RecordingService(self.store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+        self._recorder = RecordingService(
+            self.store, NoDeadLetters(), limits=RecordingLimits(), recorder_id="unit"
+        )
         self.seq = 1
 
     async def record(self, events: list[Any], *, tell_board: bool = True) -> None:
@@ -94,7 +81,7 @@ async def test_a_prepare_naming_no_event_is_answered_again_without_reading_the_l
 ) -> None:
     fleet, t = _Fleet(), Thread()
     await fleet.record([t.system("Be brief.", key="sys"), t.user("first", key="u1")])
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
     first = await fleet.service.prepare(_request(t))
     second = await fleet.service.prepare(_request(t))
@@ -105,21 +92,27 @@ async def test_a_prepare_naming_no_event_is_answered_again_without_reading_the_l
     assert fleet.loader.trust.served == 1
 
 
-async def test_a_prepare_naming_its_event_always_reads_the_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_prepare_naming_its_event_reads_the_ledger_unless_the_view_held_holds_the_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     fleet, t = await _prepared_once()
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
-    await fleet.service.prepare(_request(t, after="u1"))
-    await fleet.service.prepare(_request(t, after="u1"))
+    await fleet.service.prepare(_request(t, after="u1"))  # the view held holds it: no read
+    assert reads == []
+    # Another process records the next event; its notice has not reached this one yet.
+    await fleet.record([t.user("second", key="u2")], tell_board=False)
+    prepared = await fleet.service.prepare(_request(t, after="u2"))
 
-    assert reads == [t.thread_id, t.thread_id]
+    assert reads == [t.thread_id]
+    assert prepared.messages[-1].content == "second"
 
 
 async def test_a_thread_this_process_was_told_of_is_read_again_and_shows_its_new_record(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fleet, t = await _prepared_once()
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
     await fleet.record([t.user("second", key="u2")])
     prepared = await fleet.service.prepare(_request(t))
@@ -160,7 +153,7 @@ async def test_a_trusted_view_is_never_served_to_another_session_tenant_or_princ
     fleet, t = _Fleet(), Thread(principal_id="alice")
     await fleet.record([t.user("first", key="u1")])
     await fleet.service.prepare(_request(t, principal_id="alice"))
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
     with pytest.raises(ThreadNotFound):
         await fleet.service.prepare(_request(t, principal_id="mallory"))
@@ -178,7 +171,7 @@ async def test_a_view_past_half_its_age_is_served_and_loaded_again_behind_the_re
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fleet, t = await _prepared_once()
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
     fleet.clock.now += 3.0
     await fleet.service.prepare(_request(t))
@@ -203,7 +196,7 @@ async def test_the_reload_behind_a_reply_waits_until_its_process_has_answered_it
     fleet.service = PrepareService(fleet.store, fleet.board, loader=fleet.loader, quiet=answered)
     await fleet.record([t.user("first", key="u1")])
     await fleet.service.prepare(_request(t))
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
     fleet.clock.now += 3.0
     await fleet.service.prepare(_request(t))
     await fleet.service.prepare(_request(t))  # one reload at a time
@@ -228,7 +221,7 @@ async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
 async def test_nothing_is_trusted_while_the_listener_is_down(monkeypatch: pytest.MonkeyPatch) -> None:
     fleet, t = await _prepared_once()
     fleet.loader.trust.deaf()
-    reads = _reads(monkeypatch)
+    reads = count_view_reads(monkeypatch)
 
     await fleet.service.prepare(_request(t))
     await fleet.service.prepare(_request(t))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.app.view_trust import ViewTrust
-from services.store.view_changes import change_of
+from services.store.view_changes import change_of, head_move_of
 
 
 class Clock:
@@ -21,9 +21,14 @@ def _trust(clock: Clock | None = None, **kw: int) -> ViewTrust[str]:
 
 
 def _load(
-    trust: ViewTrust[str], view: str, thread: str = "r1.main", session: str = "s1", run: str = "r1"
+    trust: ViewTrust[str],
+    view: str,
+    thread: str = "r1.main",
+    session: str = "s1",
+    run: str = "r1",
+    revision: int = 1,
 ) -> None:
-    trust.keep(trust.token(), thread, session, run, view)
+    trust.keep(trust.token(), thread, session, run, view, revision)
 
 
 def test_a_view_loaded_while_listening_is_served_until_its_thread_changes() -> None:
@@ -57,11 +62,11 @@ def test_a_change_announced_while_the_load_ran_keeps_its_view_from_being_trusted
     trust = _trust()
     token = trust.token()  # before the statement
     trust.changed("thread", "r1.main")  # committed after the load's snapshot, announced meanwhile
-    trust.keep(token, "r1.main", "s1", "r1", "v1")
+    trust.keep(token, "r1.main", "s1", "r1", "v1", 1)
     assert trust.view("r1.main") is None
     token = trust.token()
     trust.changed("session", "s1")
-    trust.keep(token, "r1.main", "s1", "r1", "v1")
+    trust.keep(token, "r1.main", "s1", "r1", "v1", 1)
     assert trust.view("r1.main") is None
 
 
@@ -70,8 +75,8 @@ def test_an_older_load_finishing_last_does_not_replace_a_newer_view() -> None:
     older = trust.token()
     trust.changed("thread", "r9.other")  # any change between the two loads began
     newer = trust.token()
-    trust.keep(newer, "r1.main", "s1", "r1", "new")
-    trust.keep(older, "r1.main", "s1", "r1", "old")
+    trust.keep(newer, "r1.main", "s1", "r1", "new", 1)
+    trust.keep(older, "r1.main", "s1", "r1", "old", 1)
     assert trust.view("r1.main") == "new"
 
 
@@ -85,7 +90,7 @@ def test_nothing_is_trusted_while_the_listener_is_down_nor_what_was_loaded_befor
     _load(trust, "v2")  # loaded deaf: not kept
     trust.listening()
     assert trust.view("r1.main") is None
-    trust.keep(before, "r1.main", "s1", "r1", "v0")  # a load begun before the listener was lost
+    trust.keep(before, "r1.main", "s1", "r1", "v0", 1)  # a load begun before the listener was lost
     assert trust.view("r1.main") is None
     _load(trust, "v3")
     assert trust.view("r1.main") == "v3"
@@ -110,7 +115,7 @@ def test_an_age_of_zero_turns_trust_off() -> None:
     trust.listening()
     assert not trust.enabled
     assert trust.token() is None
-    trust.keep(None, "r1.main", "s1", "r1", "v1")
+    trust.keep(None, "r1.main", "s1", "r1", "v1", 1)
     assert trust.view("r1.main") is None
 
 
@@ -155,3 +160,65 @@ def test_notices_name_a_thread_a_session_or_a_run_and_anything_else_is_unknown()
     assert change_of("t:") is None
     assert change_of("nonsense") is None
     assert change_of("*") is None  # a TRUNCATE
+
+
+def test_a_head_moved_past_the_view_ends_its_trust_and_a_move_it_already_shows_does_not() -> None:
+    trust = _trust()
+    _load(trust, "v2", revision=2)
+    trust.head_moved("r1.main", 2)  # the move the view was loaded at, announced after its load
+    trust.head_moved("r1.child", 7)
+    assert trust.view("r1.main") == "v2"
+    trust.head_moved("r1.main", 3)
+    assert trust.view("r1.main") is None
+
+
+def test_a_view_extended_to_the_head_its_process_moved_it_to_survives_that_moves_notice_only() -> None:
+    for notice_first in (False, True):
+        trust = _trust()
+        _load(trust, "v1", revision=1)
+        if notice_first:
+            trust.head_moved("r1.main", 2)  # the listener heard the commit before the recorder said so
+        assert trust.extend("r1.main", 1, 2, lambda view: view + "+r2")
+        trust.head_moved("r1.main", 2)
+        assert trust.view("r1.main") == "v1+r2", notice_first
+        assert trust.extended == 1
+        trust.head_moved("r1.main", 3)  # another writer's move
+        assert trust.view("r1.main") is None
+
+
+def test_a_view_is_not_extended_from_another_head_after_a_change_or_when_its_builder_declines() -> None:
+    trust = _trust()
+    _load(trust, "v1", revision=1)
+    assert not trust.extend("r1.main", 2, 3, lambda view: view + "+r3")  # not the head it holds
+    assert not trust.extend("r1.main", 1, 2, lambda view: None)
+    assert trust.view("r1.main") == "v1"
+    trust.changed("session", "s1")  # a summary, a reset, a policy: anything else
+    assert not trust.extend("r1.main", 1, 2, lambda view: view + "+r2")
+    assert not trust.extend("r1.other", 0, 1, lambda view: view)  # nothing held
+    assert trust.extended == 0
+
+
+def test_an_extended_view_ages_as_of_the_load_it_came_from() -> None:
+    clock = Clock()
+    trust = _trust(clock)
+    _load(trust, "v1", revision=1)
+    clock.now += 4.0
+    assert trust.extend("r1.main", 1, 2, lambda view: view + "+r2")
+    clock.now += 1.5
+    assert trust.view("r1.main") is None
+
+
+def test_a_view_declined_by_the_prepare_asking_is_not_served_nor_dropped() -> None:
+    trust = _trust()
+    _load(trust, "v1", revision=4)
+    assert trust.view("r1.main", accept=lambda view: view == "v2") is None
+    assert trust.view("r1.main", accept=lambda view: view == "v1") == "v1"
+    assert trust.served == 1
+
+
+def test_head_move_notices_name_their_revision_and_thread() -> None:
+    assert head_move_of("h:12:r1.main") == ("r1.main", 12)
+    assert head_move_of("h:3:run:with:colons.main") == ("run:with:colons.main", 3)
+    assert head_move_of("t:r1.main") is None
+    assert head_move_of("h:x:r1.main") is None
+    assert head_move_of("h:12:") is None
