@@ -34,11 +34,6 @@ class HeadAdvance:
     session_base: int
     recorded_at: datetime
 
-    @property
-    def thread_id(self) -> str:
-        """The thread whose head moved."""
-        return self.head.thread_id
-
     def ledger_records(self) -> list[LedgerRecord] | None:
         """The new records as a load would read them, in thread order; ``None`` if one is not in hand."""
         out: list[LedgerRecord] = []
