@@ -33,9 +33,9 @@ not observed: its mean is over the steps that read the ledger).
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
 thread whose system prompt alone is about ``PURE_SYSTEM_TOKENS`` tokens — with the same pauses. Such a
 prepare may be answered from the view its process trusts (design D14.17) until the trust's age
-(``CTX_VIEW_TRUST_MS``, 5 s by default) runs out; the share served from trust comes from the fleet's
-own ``ctx_view_trust_served_total``, so the figure says which path each pause took. Every reply must
-fit its budget.
+(``CTX_VIEW_TRUST_MS``, 30 s by default since design D14.22; 5 s before) runs out; the share served
+from trust comes from the fleet's own ``ctx_view_trust_served_total``, so the figure says which path
+each pause took. Every reply must fit its budget.
 
 ``make bench BENCH_ARGS="--only think"`` (``--think-repeats N`` runs the pauses N times over).
 """
@@ -64,7 +64,8 @@ PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 60), (10.0, 12))
 # many steps (50 to 59 records) before the next, built beforehand, takes over.
 ROTATE_STEPS = 10
 GROWING_STEPS = 250
-# Pure prepares per pause; at 10 s each one outlives the default trust age, so a few tell the story.
+# Pure prepares per pause; at 10 s each one outlives the calibration's own 5 s age (only its announced
+# changes keep the view trusted, D14.22), so a few tell the story.
 PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
 PURE_BUDGET = 4_000
 PURE_SYSTEM_TOKENS = 1_500

@@ -19,6 +19,10 @@ older head stops being trusted. The process whose recorder made the move may fir
 held view to the new head with what the batch wrote (``extend``, design D14.21): that view keeps the
 token of the load it was extended from, so nothing announced since that load is overlooked, and the
 move's own notice, arriving before or after, does not end it.
+
+A profile's calibration, which every trusted view is budgeted with, is announced the same way
+(migration 0024, design D14.22): ``CalibrationCache`` holds a calibration read under a token for as
+long as a view, until ``calibration_changed`` names its tenant and profile.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ __all__ = ["ChangeKind", "TrustToken", "ViewTrust"]
 
 _V = TypeVar("_V")
 ChangeKind = Literal["thread", "session", "run"]
-# A head's move, remembered beside the changes under its own key kind.
+# A head's move and a calibration's change, remembered beside the changes under key kinds of their own.
 _HEAD: Literal["head"] = "head"
+_CALIBRATION: Literal["calibration"] = "calibration"
+_Kind = ChangeKind | Literal["head", "calibration"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +85,7 @@ class ViewTrust(Generic[_V]):
         self._epoch = 0
         self._seq = 0
         self._floor = 0
-        self._changes: OrderedDict[tuple[ChangeKind | Literal["head"], str], int] = OrderedDict()
+        self._changes: OrderedDict[tuple[_Kind, str], int] = OrderedDict()
         # The newest revision announced of each head in ``_changes``.
         self._heads: dict[str, int] = {}
         self._views: OrderedDict[str, _Held[_V]] = OrderedDict()
@@ -116,7 +122,11 @@ class ViewTrust(Generic[_V]):
         self._remember(_HEAD, thread_id)
         self._heads[thread_id] = max(revision, self._heads.get(thread_id, 0))
 
-    def _remember(self, kind: ChangeKind | Literal["head"], key: str) -> None:
+    def calibration_changed(self, tenant: str, profile: str) -> None:
+        """A commit changed the calibration of a tenant's profile: one read before it is not trusted."""
+        self._remember(_CALIBRATION, _calibration_key(tenant, profile))
+
+    def _remember(self, kind: _Kind, key: str) -> None:
         self.changes += 1
         self._seq += 1
         at = (kind, key)
@@ -199,6 +209,14 @@ class ViewTrust(Generic[_V]):
         self.served += 1
         return held.view
 
+    def calibration_current(self, token: TrustToken, tenant: str, profile: str) -> bool:
+        """Whether a calibration read after ``token`` was taken is still what the store holds: the
+        listener has stayed up, nothing unattributable was announced, its own change was not, and it
+        is younger than ``max_age_s``."""
+        if not self._current(token) or token.seq < self._floor:
+            return False
+        return self._changes.get((_CALIBRATION, _calibration_key(tenant, profile)), 0) <= token.seq
+
     def due(self, thread_id: str) -> bool:
         """Whether the thread's held view is past half its age: time to load it again, off the hot path,
         so that a thread in use never reaches ``max_age_s`` on a prepare's time."""
@@ -228,3 +246,8 @@ class ViewTrust(Generic[_V]):
         if changes.get(("session", session_id), 0) > token.seq:
             return False
         return run_id is None or changes.get(("run", run_id), 0) <= token.seq
+
+
+def _calibration_key(tenant: str, profile: str) -> str:
+    # Two keys that ran together here would only make one change end the other's trust: one more read.
+    return f"{tenant}\x1f{profile}"

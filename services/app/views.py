@@ -196,6 +196,7 @@ class ViewLoader:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_threads: int = 1024,
         trust_s: float = 0.0,
+        trust: ViewTrust[ThreadView] | None = None,
     ) -> None:
         # One cache for every worker of the process (workers/compose.py passes the same loader around).
         self.cache = cache if cache is not None else ViewCache(cache_bytes)
@@ -204,12 +205,15 @@ class ViewLoader:
         self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
         self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
-        # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
-        # the provider will accept (issue 15); prepares share this cache (one per process).
-        self.calibrations = CalibrationCache()
         # The views a prepare naming no event may serve again without reading the ledger, while this
         # process's listener of view changes says nothing of them changed (D14.17); off until it listens.
-        self.trust: ViewTrust[ThreadView] = ViewTrust(max_age_s=trust_s, max_views=cache_threads)
+        self.trust: ViewTrust[ThreadView] = (
+            trust if trust is not None else ViewTrust(max_age_s=trust_s, max_views=cache_threads)
+        )
+        # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
+        # the provider will accept (issue 15); prepares share this cache (one per process). What it
+        # reads is trusted as long as the views are, until its change is announced (D14.22).
+        self.calibrations = CalibrationCache(trust=self.trust)
 
     def trusted(
         self,

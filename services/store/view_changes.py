@@ -1,4 +1,4 @@
-"""Listening for the commits that change views (migrations 0021 and 0022), on a connection of its own.
+"""Listening for the commits that change views (migrations 0021 to 0024), on a connection of its own.
 
 The notices feed a ``ChangeSink`` (``services/app/view_trust.py``). The sink is told the listener is
 up only once a notice this connection sent itself came back, so a server path that does not deliver
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from typing import Any, Literal, Protocol
@@ -18,7 +19,14 @@ import asyncpg
 
 from services.store.connect import connect
 
-__all__ = ["CHANNEL", "ChangeSink", "ViewChangeListener", "change_of", "head_move_of"]
+__all__ = [
+    "CHANNEL",
+    "ChangeSink",
+    "ViewChangeListener",
+    "calibration_change_of",
+    "change_of",
+    "head_move_of",
+]
 
 CHANNEL = "ctx_view_changes"
 _PROBE = "probe:"
@@ -35,6 +43,7 @@ class ChangeSink(Protocol):
     def deaf(self) -> None: ...
     def changed(self, kind: Literal["thread", "session", "run"], key: str) -> None: ...
     def head_moved(self, thread_id: str, revision: int) -> None: ...
+    def calibration_changed(self, tenant: str, profile: str) -> None: ...
     def everything_changed(self) -> None: ...
 
 
@@ -47,6 +56,22 @@ def head_move_of(payload: str) -> tuple[str, int] | None:
     if not thread_id or not revision.isdigit():
         return None
     return thread_id, int(revision)
+
+
+def calibration_change_of(payload: str) -> tuple[str, str] | None:
+    """``c:["<tenant>","<profile>"]`` (migration 0024: that calibration changed) as ``(tenant,
+    profile)``; ``None`` for any other payload."""
+    if not payload.startswith("c:"):
+        return None
+    try:
+        key = json.loads(payload[2:])
+    except ValueError:
+        return None
+    match key:
+        case [str(tenant), str(profile)]:
+            return tenant, profile
+        case _:
+            return None
 
 
 def change_of(payload: str) -> _Change | None:
@@ -178,6 +203,10 @@ class ViewChangeListener:
         moved = head_move_of(payload)
         if moved is not None:
             self._sink.head_moved(*moved)
+            return
+        calibration = calibration_change_of(payload)
+        if calibration is not None:
+            self._sink.calibration_changed(*calibration)
             return
         change = change_of(payload)
         if change is None:

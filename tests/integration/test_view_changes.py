@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import asyncpg
 import pytest
@@ -28,7 +31,6 @@ _IMMUTABLE = {
     "policies": "a registration adds a revision; a session pins one revision (D3.3)",
     "tool_catalogs": "a release's catalog is written once; a session pins one",
     "blobs": "content-addressed: a hash names its bytes",
-    "calibrations": "read through the calibration cache, whose own age rule the trusted path keeps",
 }
 # Read only as of the head, which every write of them moves in the same transaction (the head's
 # notice is theirs): a record beyond the head's last_seq is in no view yet, and facts are cached per
@@ -60,8 +62,22 @@ class _Sink:
     def head_moved(self, thread_id: str, revision: int) -> None:
         self.changes.append(("head", f"{revision}:{thread_id}"))
 
+    def calibration_changed(self, tenant: str, profile: str) -> None:
+        self.changes.append(("calibration", f"{tenant}|{profile}"))
+
     def everything_changed(self) -> None:
         self.events.append("everything")
+
+
+@contextlib.asynccontextmanager
+async def _listening(database_url: str) -> AsyncIterator[tuple[_Sink, ViewChangeListener]]:
+    sink = _Sink()
+    listener = ViewChangeListener(database_url, sink, retry_s=(0.05, 0.2), heartbeat_s=0.1)
+    await listener.start()
+    try:
+        yield sink, listener
+    finally:
+        await listener.stop()
 
 
 async def _recorded(client: FleetClient, t: Thread) -> None:
@@ -178,10 +194,7 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
 async def test_the_listener_turns_trust_on_after_its_own_notice_returns_and_off_when_its_connection_dies(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    sink = _Sink()
-    listener = ViewChangeListener(database_url, sink, retry_s=(0.05, 0.2), heartbeat_s=0.1)
-    await listener.start()
-    try:
+    async with _listening(database_url) as (sink, listener):
         assert sink.events == ["listening"] and listener.up
         await db.execute(
             "SELECT pg_notify($1, 't:r-x.main'), pg_notify($1, 's:s-x'), pg_notify($1, 'zz')", CHANNEL
@@ -198,9 +211,26 @@ async def test_the_listener_turns_trust_on_after_its_own_notice_returns_and_off_
         await eventually(
             lambda: _true(sink.events[-1] == "listening" and listener.up), 5, "it to listen again"
         )
-    finally:
-        await listener.stop()
     assert sink.events[-1] == "deaf"
+
+
+async def test_a_calibrations_change_is_announced_with_its_tenant_and_profile_and_a_read_is_not(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    tenant, profile = f"acme:{time.monotonic_ns()}", 'claude "sonnet", 4'
+    async with _listening(database_url) as (sink, _):
+        pool = await create_pool(database_url, min_size=1, max_size=1)
+        try:
+            async with PgStore(pool).session() as store:
+                await store.read_calibration(tenant, profile)  # a read writes nothing
+                await store.update_calibration(tenant, profile, lambda c: replace(c, factor=1.25, reports=1))
+        finally:
+            await pool.close()
+        await eventually(lambda: _true(bool(sink.changes)), 5, "the calibration's notice")
+        # Notices come in commit order: the thread's notice ends what the calibration could send.
+        await db.execute("SELECT pg_notify($1, 't:r-end.main')", CHANNEL)
+        await eventually(lambda: _true(sink.changes[-1] == ("thread", "r-end.main")), 5, "the end mark")
+        assert sink.changes == [("calibration", f"{tenant}|{profile}"), ("thread", "r-end.main")]
 
 
 async def _true(value: bool) -> bool:

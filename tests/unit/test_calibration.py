@@ -244,3 +244,54 @@ async def test_the_process_cache_reads_once_per_ttl_and_what_it_learns_is_seen_a
     now[0] = 6.0
     assert cache.fresh("acme", "claude-sonnet-4") is None
     assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 3) and reads.reads == 2
+
+
+@pytest.mark.anyio
+async def test_a_read_calibration_outlives_the_ttl_while_its_change_is_not_announced() -> None:
+    from services.app.calibrations import CalibrationCache
+    from services.app.view_trust import ViewTrust
+
+    class Reads:
+        def __init__(self) -> None:
+            self.reads = 0
+            self.factor = 1.1
+
+        async def read_calibration(self, tenant: str, profile: str) -> Calibration:
+            self.reads += 1
+            return Calibration(self.factor, self.reads)
+
+    now = [0.0]
+    trust: ViewTrust[str] = ViewTrust(max_age_s=30.0, clock=lambda: now[0])
+    trust.listening()
+    cache, reads = CalibrationCache(ttl_s=5.0, trust=trust, clock=lambda: now[0]), Reads()
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 1)
+    now[0] = 20.0  # an agent's long pause: four TTLs, nothing announced
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.1, 1) and reads.reads == 1
+    reads.factor = 1.3
+    trust.calibration_changed("acme", "claude-sonnet-4")  # another replica learned from a usage report
+    assert cache.fresh("acme", "claude-sonnet-4") is None
+    assert await cache.get(reads, "acme", "claude-sonnet-4") == Calibration(1.3, 2)
+    now[0] = 51.0  # past the trust's own age since that read
+    assert cache.fresh("acme", "claude-sonnet-4") is None
+
+
+@pytest.mark.anyio
+async def test_a_learned_calibration_keeps_the_ttl_rule_and_a_deaf_process_reads_every_ttl() -> None:
+    from services.app.calibrations import CalibrationCache
+    from services.app.view_trust import ViewTrust
+
+    class Reads:
+        async def read_calibration(self, tenant: str, profile: str) -> Calibration:
+            return Calibration(1.1, 3)
+
+    now = [0.0]
+    trust: ViewTrust[str] = ViewTrust(max_age_s=30.0, clock=lambda: now[0])
+    trust.listening()
+    cache = CalibrationCache(ttl_s=5.0, trust=trust, clock=lambda: now[0])
+    cache.put("acme", "claude-sonnet-4", Calibration(1.4, 4))  # its own notice is yet to come
+    now[0] = 6.0
+    assert cache.fresh("acme", "claude-sonnet-4") is None
+    await cache.get(Reads(), "acme", "claude-sonnet-4")
+    trust.deaf()  # notices may go unheard from here: back to the TTL
+    now[0] = 12.0
+    assert cache.fresh("acme", "claude-sonnet-4") is None

@@ -39,8 +39,7 @@ class _Process:
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
-        self.loader = ViewLoader()
-        self.loader.trust = ViewTrust(max_age_s=5.0)
+        self.loader = ViewLoader(trust=ViewTrust(max_age_s=5.0))
         self.loader.trust.listening()
         self.board = NoticeBoard(
             changed=lambda thread_id: self.loader.trust.changed("thread", thread_id),

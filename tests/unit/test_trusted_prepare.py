@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from contracts import PrepareRequest
+from services.app.calibrations import CalibrationCache
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
@@ -18,7 +19,8 @@ from services.app.views import ViewLoader
 from services.app.view_trust import ViewTrust
 from services.core.ledger import RecordingLimits
 from services.errors import ThreadNotFound
-from services.store.memory import MemoryStore
+from services.core.calibration import Calibration
+from services.store.memory import MemorySession, MemoryStore
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.ledger_reads import NoDeadLetters, count_view_reads
 
@@ -47,11 +49,11 @@ def _request(t: Thread, after: str | None = None, **kw: Any) -> PrepareRequest:
 class _Fleet:
     """One process's assembler on a store, with its listener up and a clock of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = 5.0) -> None:
         self.store = MemoryStore()
         self.clock = _Clock()
-        self.loader = ViewLoader()
-        self.loader.trust = ViewTrust(max_age_s=5.0, clock=self.clock)
+        self.loader = ViewLoader(trust=ViewTrust(max_age_s=max_age_s, clock=self.clock))
+        self.loader.calibrations = CalibrationCache(trust=self.loader.trust, clock=self.clock)
         self.loader.trust.listening()
         self.board = NoticeBoard(changed=lambda thread_id: self.loader.trust.changed("thread", thread_id))
         self.service = PrepareService(self.store, self.board, loader=self.loader)
@@ -216,6 +218,31 @@ async def test_a_view_not_used_for_its_whole_age_is_read_again() -> None:
         fleet.loader.trusted(t.thread_id, tenant="default", session_id=t.session_id, principal_id=None)
         is None
     )
+
+
+async def test_a_view_outlives_its_calibrations_ttl_until_that_calibrations_change_is_announced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleet, t = _Fleet(max_age_s=30.0), Thread()
+    await fleet.record([t.user("first", key="u1")])
+    await fleet.service.prepare(_request(t))
+    reads = count_view_reads(monkeypatch)
+    calibrations: list[str] = []
+    real = MemorySession.read_calibration
+
+    async def counted(self: MemorySession, tenant: str, profile: str) -> Calibration:
+        calibrations.append(profile)
+        return await real(self, tenant, profile)
+
+    monkeypatch.setattr(MemorySession, "read_calibration", counted)
+
+    fleet.clock.now += 10.0  # an agent's think time: twice the calibration's own 5 s
+    await fleet.service.prepare(_request(t))
+    assert reads == [] and calibrations == []
+
+    fleet.loader.trust.calibration_changed("default", "gpt-4o")  # another replica learned
+    await fleet.service.prepare(_request(t))
+    assert reads == [t.thread_id] and calibrations == ["gpt-4o"]
 
 
 async def test_nothing_is_trusted_while_the_listener_is_down(monkeypatch: pytest.MonkeyPatch) -> None:

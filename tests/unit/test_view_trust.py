@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.app.view_trust import ViewTrust
-from services.store.view_changes import change_of, head_move_of
+from services.store.view_changes import calibration_change_of, change_of, head_move_of
 
 
 class Clock:
@@ -222,3 +222,44 @@ def test_head_move_notices_name_their_revision_and_thread() -> None:
     assert head_move_of("t:r1.main") is None
     assert head_move_of("h:x:r1.main") is None
     assert head_move_of("h:12:") is None
+
+
+def test_a_calibration_read_under_a_token_is_current_until_its_own_change_is_announced() -> None:
+    trust = _trust()
+    token = trust.token()
+    assert token is not None
+    trust.calibration_changed("acme", "claude-haiku")  # another profile
+    trust.calibration_changed("globex", "claude-sonnet")  # another tenant's
+    trust.changed("thread", "r1.main")  # views' changes say nothing of it
+    assert trust.calibration_current(token, "acme", "claude-sonnet")
+    trust.calibration_changed("acme", "claude-sonnet")
+    assert not trust.calibration_current(token, "acme", "claude-sonnet")
+    later = trust.token()
+    assert later is not None and trust.calibration_current(later, "acme", "claude-sonnet")
+
+
+def test_a_calibration_stops_being_current_when_the_listener_drops_ages_or_hears_something_unknown() -> None:
+    clock = Clock()
+    trust = _trust(clock)
+    token = trust.token()
+    assert token is not None
+    clock.now += 5.5
+    assert not trust.calibration_current(token, "acme", "claude-sonnet")  # past max_age_s
+    token = trust.token()
+    assert token is not None
+    trust.everything_changed()
+    assert not trust.calibration_current(token, "acme", "claude-sonnet")
+    token = trust.token()
+    assert token is not None
+    trust.deaf()
+    trust.listening()
+    assert not trust.calibration_current(token, "acme", "claude-sonnet")  # notices may have been lost
+
+
+def test_calibration_notices_name_a_tenant_and_a_profile_of_any_characters() -> None:
+    assert calibration_change_of('c:["acme","claude-sonnet-4"]') == ("acme", "claude-sonnet-4")
+    assert calibration_change_of('c:["a:b","x\\"y, z"]') == ("a:b", 'x"y, z')
+    assert calibration_change_of("c:acme") is None
+    assert calibration_change_of('c:["acme"]') is None
+    assert calibration_change_of('c:["acme", 3]') is None
+    assert calibration_change_of('t:["acme","p"]') is None
