@@ -27,7 +27,10 @@ event (which spans the recorder's stages), load, assembly and reply. Means, not 
 where a pause's time goes, the step figures say how it is spread. ``views_extended`` counts the steps
 whose held view the recorder's commit extended to the new head (design D14.21), and
 ``answered_without_reading`` the prepares answered from a held view, with no load (``load`` is then
-not observed: its mean is over the steps that read the ledger).
+not observed: its mean is over the steps that read the ledger). After a think time the step figures
+are also split by that path (``steps_answered_without_reading``, ``steps_reading_the_ledger``: the
+fleet's counter scraped after each step, before the pause): the steps that read are mostly each new
+thread's first, whose view was loaded minutes before — a resumed thread, not one stepped every pause.
 
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
@@ -78,6 +81,10 @@ def _ms(values: list[float]) -> dict[str, float]:
         "p99_ms": round(percentile(values, 99), 2),
         "max_ms": round(max(values), 2),
     }
+
+
+def _counted_ms(values: list[float]) -> dict[str, float]:
+    return {"steps": len(values), **(_ms(values) if values else {})}
 
 
 async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> tuple[Thread, PrepareRequest]:
@@ -209,13 +216,16 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             # Per pause: steps whose view the recorder's commit extended (D14.21), and of those the
             # prepares answered from it (the rest read the ledger).
             handed = {p: [0.0, 0.0] for p, _ in PAUSES}
+            # Per pause after a think time: steps answered from a handed view, and steps that read
+            # the ledger (each new thread's first step, whose view was loaded minutes before).
+            split: dict[float, tuple[list[float], list[float]]] = {p: ([], []) for p, _ in PAUSES}
             fresh = iter(threads[1:])
             for _ in range(repeats):
                 for pause, count in PAUSES:
                     total, acks, prepares = steps[pause]
                     before = _stage_totals(fleet)
                     extended = _counter(fleet, "ctx_view_trust_extended_total")
-                    served = _trust_served(fleet)
+                    served = step_served = _trust_served(fleet)
                     for n in range(count):
                         if n % ROTATE_STEPS == 0:
                             t, request = next(fresh)
@@ -223,6 +233,12 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         step += 1
                         ack, prepare = await _step(client, t, request, f"think-{step}")
                         total.append(ack + prepare)
+                        if (
+                            pause > 0
+                        ):  # scraped after the step, so the whole pause still comes before the next
+                            now_served = _trust_served(fleet)
+                            split[pause][0 if now_served > step_served else 1].append(ack + prepare)
+                            step_served = now_served
                         acks.append(ack)
                         prepares.append(prepare)
                     handed[pause][0] += _counter(fleet, "ctx_view_trust_extended_total") - extended
@@ -243,6 +259,12 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                     "views_extended": int(handed[pause][0]),
                     "answered_without_reading": int(handed[pause][1]),
                 }
+                if pause > 0:
+                    answered, read = split[pause]
+                    out[f"pause_{pause:g}s"] |= {  # type: ignore[operator]
+                        "steps_answered_without_reading": _counted_ms(answered),
+                        "steps_reading_the_ledger": _counted_ms(read),
+                    }
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).
             t, request = threads[0]
