@@ -233,9 +233,8 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         step += 1
                         ack, prepare = await _step(client, t, request, f"think-{step}")
                         total.append(ack + prepare)
-                        if (
-                            pause > 0
-                        ):  # scraped after the step, so the whole pause still comes before the next
+                        # Scraped after the step, so the whole pause still comes before the next one.
+                        if pause > 0:
                             now_served = _trust_served(fleet)
                             split[pause][0 if now_served > step_served else 1].append(ack + prepare)
                             step_served = now_served
