@@ -59,9 +59,9 @@ class CalibrationCache:
         at, calibration, token = entry
         if self._clock() - at < self._ttl_s:
             return calibration
-        if token is not None and self._trust is not None:
-            if self._trust.calibration_current(token, tenant, profile):
-                return calibration
+        trust = self._trust
+        if token is not None and trust is not None and trust.calibration_current(token, tenant, profile):
+            return calibration
         return None
 
     async def get(self, reads: CalibrationReads, tenant: str, profile: str) -> Calibration:
