@@ -152,6 +152,14 @@ class FleetMetrics:
             buckets=_STAGE_BUCKETS,
             registry=r,
         )
+        self.record_batches_known = Counter(
+            "ctx_record_batches_known",
+            "Batches planned from what the recorder wrote last on their thread, without reading the "
+            "ledger (design D14.23), by outcome: planned (committed so) or missed (another writer or a "
+            "stored key intervened: read and planned again)",
+            ["outcome"],
+            registry=r,
+        )
         self.record_batch_size = Histogram(
             "ctx_record_batch_size",
             "Messages per fetched batch",

@@ -307,6 +307,8 @@ class RecorderWorker:
         )
         self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
         self._metrics.record_batch_size.observe(len(batch))
+        if result.known != "none":
+            self._metrics.record_batches_known.labels(outcome=result.known).inc()
         self._metrics.recorder_position.labels(partition=str(partition)).set(batch[-1].stream_seq)
         await self._announce(result)
 

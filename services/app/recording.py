@@ -50,15 +50,17 @@ from services.core.ledger import (
     readable_event_key,
     run_steps,
     texts_to_count,
+    writes_only_its_threads,
 )
+from services.core.known_threads import KnownThreads
 from services.errors import StoreRejected
 from services.app.stages import RecordStages, ignore_stage
 from services.core.advances import HeadAdvance
-from services.store.batch_write import LedgerWritten, one_statement
+from services.store.batch_write import LedgerWritten, Unread, one_statement
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
-__all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
+__all__ = ["BatchResult", "DeadLetterSink", "KnownUse", "RecordingService", "dead_letter_of"]
 
 log = logging.getLogger("ctxfleet.recorder")
 
@@ -70,6 +72,9 @@ _COUNT_AHEAD_CHARS = 16_384
 _CAUSE_CHARS = 300
 # The steps of an attempt that handle the events' values, named in an unstorable event's details.
 _Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
+# How a batch used what the recorder knew of its thread (design D14.23): not at all (it read the
+# ledger), planned and committed from it, or planned from it and then read and planned again.
+KnownUse: TypeAlias = Literal["none", "planned", "missed"]
 
 
 class DeadLetterSink(Protocol):
@@ -94,6 +99,7 @@ class BatchResult:
     # Per thread, the move of its head when the batch wrote nothing else a view reads (design D14.21):
     # what this process's loader may extend the view it holds with, instead of reading the ledger.
     advances: Mapping[str, HeadAdvance] = field(default_factory=dict)
+    known: KnownUse = "none"
 
 
 def dead_letter_of(rejection: Rejection, keep_bytes: int) -> DeadLetter:
@@ -127,8 +133,11 @@ class RecordingService:
         recorder_id: str,
         consumer: str = "recorder",
         on_stage: RecordStages = ignore_stage,
+        known_threads: int = 4096,
     ) -> None:
         self._store = store
+        # What this recorder wrote last on each thread, so an agent's next step skips the read (D14.23).
+        self._known = KnownThreads(known_threads)
         # Told each attempt's read, plan and write seconds as they end (services/app/stages.py).
         self._on_stage = on_stage
         self._sink = sink
@@ -195,13 +204,70 @@ class RecordingService:
         # counting thread must not hold one of the pool's connections meanwhile.
         with _content_failures("plan"):
             counters = await self._counters_for(decoded)
-        for attempt in range(1, _MAX_ATTEMPTS + 1):
-            try:
-                return await self._attempt(partition, batch, decoded, counters, attempt, committed)
-            except (RevisionConflict, DuplicateEvent):
-                if attempt == _MAX_ATTEMPTS:
-                    raise
+        threads = list({d.subject_thread: None for d in decoded if isinstance(d, Decoded)})
+        try:
+            known: KnownUse = "none"
+            if (reads := self._known.reads_for(decoded)) is not None:
+                result = await self._attempt_known(partition, batch, decoded, counters, reads, committed)
+                if result is not None:
+                    return result
+                self._known.forget(threads)
+                known = "missed"
+            for attempt in range(1, _MAX_ATTEMPTS + 1):
+                try:
+                    result = await self._attempt(partition, batch, decoded, counters, attempt, committed)
+                    return replace(result, known=known) if known != "none" else result
+                except (RevisionConflict, DuplicateEvent):
+                    if attempt == _MAX_ATTEMPTS:
+                        raise
+        except BaseException:
+            # Whether any of it committed is not known here: the next batch of these threads reads.
+            self._known.forget(threads)
+            raise
         raise AssertionError("unreachable")
+
+    async def _attempt_known(
+        self,
+        partition: int,
+        batch: Sequence[Incoming],
+        decoded: list[Decoded | Rejection],
+        counters: Mapping[EncodingName, TokenCounter],
+        reads: LedgerReads,
+        committed: int | None,
+    ) -> BatchResult | None:
+        """The batch planned from what this recorder knows of its thread, without reading the ledger
+        (design D14.23), and committed if the plan is one a read could not have changed; ``None``
+        when it must be read and planned again (its statement then wrote nothing)."""
+        started = time.perf_counter()
+        try:
+            plan = await self._plan(decoded, reads, counters)
+        except Exception:  # planned again on what the ledger holds, which decides what the failure means
+            return None
+        # A rejection or a duplicate is decided on what the ledger holds, never on what was known.
+        if plan.rejections or plan.duplicates or not writes_only_its_threads(plan):
+            return None
+        planned = time.perf_counter()
+        self._on_stage("plan", planned - started)
+        # The position was not read: the statement checks it (batch_write.py, invariant 6).
+        unread = Unread(committed or 0, batch[0].stream_seq)
+        try:
+            async with self._store.session() as store:
+                written = await store.write_plan(
+                    plan,
+                    recorded_by=self._recorder_id,
+                    keep_raw=self._limits.dead_letter_keep_bytes,
+                    position=Position(self._consumer, partition, batch[-1].stream_seq, unread),
+                    before_commit=_before_commit,
+                )
+        except (RevisionConflict, DuplicateEvent, StoreRejected):
+            # Another writer was first, a key or call id is stored already, or a value is refused:
+            # the read's plan says which, and dead-letters what it must.
+            return None
+        self._on_stage("write", time.perf_counter() - planned)
+        kill_point("record.after_commit")
+        self._known.learn(reads, plan)
+        result = _result(plan, reads, skipped=0, attempt=1)
+        return replace(result, advances=_advances(plan, written), known="planned")
 
     async def _attempt(
         self,
@@ -248,6 +314,7 @@ class RecordingService:
             self._on_stage("write", time.perf_counter() - planned)
             if plan.records:
                 kill_point("record.after_commit")
+        self._known.learn(reads, plan)
         result = _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
         return replace(result, advances=_advances(plan, written)) if one_statement(plan) else result
 
@@ -409,6 +476,7 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
         committed=committed,
         # A batch applied in parts is rare (an event at fault): its views are read again, not extended.
         advances=parts[0].advances if len(parts) == 1 else {},
+        known=parts[0].known if len(parts) == 1 else "none",
         recorded=sum(p.recorded for p in parts),
         rejections=tuple(r for p in parts for r in p.rejections),
         duplicates=sum(p.duplicates for p in parts),

@@ -115,6 +115,7 @@ __all__ = [
     "readable_event_key",
     "run_steps",
     "texts_to_count",
+    "writes_only_its_threads",
 ]
 
 
@@ -376,6 +377,26 @@ class BatchPlan:
     receipts_requested: tuple[ReceiptRequest, ...] = ()
     receipts_finished: tuple[ReceiptFinish, ...] = ()
     receipts_reconciled: tuple[ReceiptReconcile, ...] = ()
+
+
+def writes_only_its_threads(plan: BatchPlan) -> bool:
+    """True when ``plan`` writes nothing but its threads' records, heads, calls and outcomes (and the
+    receipts those outcomes settle): no session, run, thread role, state, catalog, blob or dead letter
+    — nothing another thread's plan or a view reads besides the threads themselves."""
+    return not (
+        plan.blobs
+        or plan.principals
+        or plan.releases
+        or plan.new_threads
+        or plan.new_runs
+        or plan.run_statuses
+        or plan.resets
+        or plan.rejections
+        or plan.session_catalogs
+        or plan.receipts_requested
+        or plan.receipts_reconciled
+        or plan.state_writes
+    )
 
 
 def blob_ref(sha256: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from contracts import DeadLetter, ErrorCode
+from contracts import ErrorCode
 from contracts.events import EventDecodeError, decode_event
 from contracts.task_budgets import CallUsage, TaskBudget
 from services.app.notices import NoticeBoard
@@ -19,17 +19,9 @@ from services.app.recording import RecordingService
 from services.core.ledger import RecordingLimits
 from services.errors import TaskBudgetExhausted
 from services.store.memory import MemoryStore
-from tests.fixtures.builders import Thread, incoming, prepare_request
+from tests.fixtures.builders import LetterSink, Thread, incoming, prepare_request
 
 pytestmark = pytest.mark.anyio
-
-
-class _Sink:
-    def __init__(self) -> None:
-        self.letters: list[DeadLetter] = []
-
-    async def publish(self, letter: DeadLetter, msg_id: str) -> None:
-        self.letters.append(letter)
 
 
 def _clock(step_s: int) -> Iterator[datetime]:
@@ -40,7 +32,7 @@ def _clock(step_s: int) -> Iterator[datetime]:
 
 
 async def _record(store: MemoryStore, events: list[Any], start: int = 1) -> None:
-    sink = _Sink()
+    sink = LetterSink()
     recorder = RecordingService(store, sink, limits=RecordingLimits(), recorder_id="unit")
     await recorder.record_batch(0, incoming(events, start_seq=start))
     assert sink.letters == []
