@@ -119,3 +119,22 @@ def test_the_least_recently_written_threads_are_forgotten_beyond_the_bound() -> 
     assert [known.reads_for(a) is not None for a in asks] == [False, True, True]
     known.forget([threads[1].thread_id])
     assert known.reads_for(asks[1]) is None
+
+
+def test_a_batch_of_several_threads_teaches_nothing_and_forgets_them() -> None:
+    known = KnownThreads()
+    t, other = Thread(), Thread()
+    _known_thread(t, known)
+    # A backlog's batch: both threads move in one plan that writes nothing but them.
+    both = _merged(_read_after_first_event(t), _read_after_first_event(other))
+    plan = _commit([t.assistant("ok", key="a2"), other.assistant("ok", key="a1")], both, known, start=3)
+    assert len(plan.heads) == 2 and not plan.rejections
+    assert len(known) == 0
+
+
+def _merged(a: LedgerReads, b: LedgerReads) -> LedgerReads:
+    fields = {}
+    for name in LedgerReads.__slots__:  # type: ignore[attr-defined]
+        mine, theirs = getattr(a, name), getattr(b, name)
+        fields[name] = {**mine, **theirs} if isinstance(mine, dict) else mine
+    return LedgerReads(**fields)
