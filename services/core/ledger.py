@@ -380,12 +380,11 @@ class BatchPlan:
 
 
 def writes_only_its_threads(plan: BatchPlan) -> bool:
-    """True when ``plan`` writes nothing but its threads' records, heads, calls and outcomes (and the
-    receipts those outcomes settle): no session, run, thread role, state, catalog, blob or dead letter
-    — nothing another thread's plan or a view reads besides the threads themselves."""
+    """True when ``plan`` writes nothing but its threads' records, heads, calls and outcomes (the
+    receipts those outcomes settle, and the blobs of their long texts, stored under their hash): no
+    session, run, thread role, state, catalog or dead letter — nothing another thread's plan reads."""
     return not (
-        plan.blobs
-        or plan.principals
+        plan.principals
         or plan.releases
         or plan.new_threads
         or plan.new_runs

@@ -215,7 +215,7 @@ class _Statement:
 
 def one_statement(plan: BatchPlan) -> bool:
     """True when ``write_ledger`` writes all of ``plan``: it commits by itself, no transaction needed."""
-    return writes_only_its_threads(plan)
+    return not plan.blobs and writes_only_its_threads(plan)
 
 
 def settles_receipts(plan: BatchPlan) -> bool:

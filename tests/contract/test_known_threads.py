@@ -194,3 +194,21 @@ async def test_a_batch_the_store_has_applied_already_is_skipped(store: Any) -> N
     [message] = incoming([t.assistant("ok", key="a1")], start_seq=2)
     result = await service.record_batch(0, [message], committed=1)
     assert (result.known, result.recorded, result.skipped) == ("missed", 0, 1)
+
+
+async def test_a_long_tool_output_is_stored_as_a_blob_without_a_read(store: Any) -> None:
+    counted = _CountingReads(store)
+    service = _service(counted)
+    t = Thread()
+    long_output = "".join(f"line {n}: the build wrote this\n" for n in range(400))  # ~12 KB: a blob
+    events = [
+        t.user("Fix app.py", key="u1"),
+        t.assistant("building", calls=(("c1", "make", {}),), key="a1"),
+        t.outcome("c1", long_output, key="o1"),
+    ]
+    results = await _one_by_one(service, events, start=1)
+    # The blob goes first, under its hash, as any batch stores it; nothing a plan reads changes.
+    assert results[-1].known == "planned" and counted.reads == 2
+    async with store.session() as s:
+        full = await s.select_full(t.thread_id)
+    assert full[-1][1] == "o1" and full[-1][4] == long_output
