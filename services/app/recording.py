@@ -266,8 +266,7 @@ class RecordingService:
         self._on_stage("write", time.perf_counter() - planned)
         kill_point("record.after_commit")
         self._known.learn(reads, plan)
-        result = _result(plan, reads, skipped=0, attempt=1)
-        return replace(result, advances=_advances(plan, written), known="planned")
+        return replace(_committed(plan, reads, written, skipped=0, attempt=1), known="planned")
 
     async def _attempt(
         self,
@@ -315,8 +314,7 @@ class RecordingService:
             if plan.records:
                 kill_point("record.after_commit")
         self._known.learn(reads, plan)
-        result = _result(plan, reads, skipped=len(batch) - len(fresh), attempt=attempt)
-        return replace(result, advances=_advances(plan, written)) if one_statement(plan) else result
+        return _committed(plan, reads, written, skipped=len(batch) - len(fresh), attempt=attempt)
 
     async def _counters_for(
         self, decoded: Sequence[Decoded | Rejection]
@@ -548,6 +546,15 @@ def _touched(
 
 def _dead_msg_id(rejection: Rejection) -> str:
     return f"dead:{rejection.incoming.stream_seq}:{sha256_hex(rejection.incoming.data)[:16]}"
+
+
+def _committed(
+    plan: BatchPlan, reads: LedgerReads, written: LedgerWritten, *, skipped: int, attempt: int
+) -> BatchResult:
+    """The result of a committed plan, planned from a read or from what was known alike: its heads are
+    handed over only when it was one statement (design D14.21: no blob, nothing else a view reads)."""
+    result = _result(plan, reads, skipped=skipped, attempt=attempt)
+    return replace(result, advances=_advances(plan, written)) if one_statement(plan) else result
 
 
 def _advances(plan: BatchPlan, written: LedgerWritten) -> dict[str, HeadAdvance]:
