@@ -10,22 +10,27 @@ Issue 16's figure is for a 50-record thread, and every step adds a record: a thr
 ``ROTATE_STEPS`` steps (50 to 59 records), then the next one, built and warmed before the timing,
 takes over. (Until December 3 one thread served every step and grew to 322 records, so the later
 pauses measured a six times larger view.) ``growing_0s`` is that other figure on purpose: one thread
-stepped back to back from 50 to 300 records, its first and last 50 steps, to show what a step costs
-as the view grows.
+stepped back to back from 50 to 300 records, the first and last 25 steps of each mode, to show what a
+step costs as the view grows.
 
 The agent process freezes its start-up heap once the thread is built (``gc.freeze()``, as the fleet
 does after start-up and as an agent runtime embedding the client should): otherwise a full
 collection of this process's own heap (imports, builders) lands inside a step's parse now and then
 (34 ms seen), a cost of the runtime's process, not of the fleet.
 
-Each step is also split in its two halves: the publish ack, and the prepare that waits for the event
-(recorded, handed over, assembled, sent). Figures per pause: p50 / p99 / max of the step and of each
-half, and the fleet's CPU over the run. ``stages_mean_ms`` splits the fleet's part further, from its
-own ``ctx_record_stage_seconds`` and ``ctx_prepare_stage_seconds`` (services/app/stages.py): the mean
-of each stage over the pause's steps — the recorder's read, plan and write; the prepare's wait for its
-event (which spans the recorder's stages), load, assembly and reply. Means, not percentiles: they say
-where a pause's time goes, the step figures say how it is spread. ``views_extended`` counts the steps
-whose held view the recorder's commit extended to the new head (design D14.21), and
+Steps alternate between the two ways a runtime can take one (``MODES``), so both meet the same
+moments of the machine: ``one_call`` — ``FleetClient.append_and_prepare`` sends the publish and the
+prepare naming its event together, and the assembler waits for the event either way, so the step
+costs the longer of the two; ``sequential`` — the prepare is sent once the publish is acked, so the
+step is their sum (``publish_ack_sequential`` is that first half). Figures per pause, for each mode
+and for both pooled (``all_steps``: the same publish → reply, twice the steps for its p99): p50 /
+p99 / max of the step, and the fleet's CPU over the run. ``stages_mean_ms`` splits the fleet's part
+further, from its own ``ctx_record_stage_seconds`` and ``ctx_prepare_stage_seconds``
+(services/app/stages.py): the mean of each stage over the pause's steps of both modes — the
+recorder's read, plan and write; the prepare's wait for its event (which spans the recorder's stages,
+and in ``one_call`` the publish too), load, assembly and reply. Means, not percentiles: they say where
+a pause's time goes, the step figures say how it is spread. ``views_extended`` counts the steps whose
+held view the recorder's commit extended to the new head (design D14.21), and
 ``answered_without_reading`` the prepares answered from a held view, with no load (``load`` is then
 not observed: its mean is over the steps that read the ledger). After a think time the step figures
 are also split by that path (``steps_answered_without_reading``, ``steps_reading_the_ledger``: the
@@ -59,10 +64,20 @@ from tests.fixtures.builders import Thread
 
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
-__all__ = ["GROWING_STEPS", "PAUSES", "PURE_BUDGET", "PURE_SYSTEM_TOKENS", "ROTATE_STEPS", "bench_think"]
+__all__ = [
+    "GROWING_STEPS",
+    "MODES",
+    "PAUSES",
+    "PURE_BUDGET",
+    "PURE_SYSTEM_TOKENS",
+    "ROTATE_STEPS",
+    "bench_think",
+]
 
 # Steps per pause: enough at 0 s for a p99 that is not the maximum; the maximum is reported too.
-PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 60), (10.0, 12))
+PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 100), (10.0, 16))
+# The two ways a runtime can take a step, alternated step by step (see ``_step``).
+MODES = ("one_call", "sequential")
 # The issue's figure is for a 50-record thread: each step adds a record, so a thread serves this
 # many steps (50 to 59 records) before the next, built beforehand, takes over.
 ROTATE_STEPS = 10
@@ -108,14 +123,24 @@ async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> t
     return t, request
 
 
-async def _step(client: FleetClient, t: Thread, request: PrepareRequest, key: str) -> tuple[float, float]:
-    """One step: publish a user message, then the prepare naming it; (ack ms, prepare ms)."""
+async def _step(
+    client: FleetClient, t: Thread, request: PrepareRequest, key: str, mode: str
+) -> tuple[float, float | None]:
+    """One step: publish a user message, get the prepare naming it; (step ms, publish ack ms).
+
+    ``sequential``: the prepare is sent once the publish is acked, so the step is ack + prepare.
+    ``one_call``: ``append_and_prepare`` sends both at once; its ack is not timed apart (None).
+    """
+    event = t.user(f"and {key}", key=key)
+    named = request.model_copy(update={"after_event_key": key})
     started = time.perf_counter()
-    await client.append(t.user(f"and {key}", key=key))
+    if mode == "one_call":
+        await client.append_and_prepare(event, named)
+        return (time.perf_counter() - started) * 1000, None
+    await client.append(event)
     acked = time.perf_counter()
-    await client.prepare(request.model_copy(update={"after_event_key": key}))
-    done = time.perf_counter()
-    return (acked - started) * 1000, (done - acked) * 1000
+    await client.prepare(named)
+    return (time.perf_counter() - started) * 1000, (acked - started) * 1000
 
 
 _STAGE_FAMILIES = {"ctx_record_stage_seconds": "record", "ctx_prepare_stage_seconds": "prepare"}
@@ -207,22 +232,22 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             cpu = fleet.cpu()
             cpu.start()
             step = 0
-            # Per pause: whole steps, their publish acks, their prepares.
-            steps: dict[float, tuple[list[float], list[float], list[float]]] = {
-                p: ([], [], []) for p, _ in PAUSES
-            }
+            # Per pause and mode: whole steps; per pause: the sequential steps' publish acks.
+            steps: dict[tuple[float, str], list[float]] = {(p, m): [] for p, _ in PAUSES for m in MODES}
+            acks: dict[float, list[float]] = {p: [] for p, _ in PAUSES}
             # Per pause: (seconds, observations) of each fleet stage over its steps.
             spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
             # Per pause: steps whose view the recorder's commit extended (D14.21), and of those the
             # prepares answered from it (the rest read the ledger).
             handed = {p: [0.0, 0.0] for p, _ in PAUSES}
-            # Per pause after a think time: steps answered from a handed view, and steps that read
-            # the ledger (each new thread's first step, whose view was loaded minutes before).
-            split: dict[float, tuple[list[float], list[float]]] = {p: ([], []) for p, _ in PAUSES}
+            # Per pause after a think time and mode: steps answered from a handed view, and steps that
+            # read the ledger (each new thread's first step, whose view was loaded minutes before).
+            split: dict[tuple[float, str], tuple[list[float], list[float]]] = {
+                (p, m): ([], []) for p, _ in PAUSES for m in MODES
+            }
             fresh = iter(threads[1:])
             for _ in range(repeats):
                 for pause, count in PAUSES:
-                    total, acks, prepares = steps[pause]
                     before = _stage_totals(fleet)
                     extended = _counter(fleet, "ctx_view_trust_extended_total")
                     served = step_served = _trust_served(fleet)
@@ -231,15 +256,18 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                             t, request = next(fresh)
                         await asyncio.sleep(pause)
                         step += 1
-                        ack, prepare = await _step(client, t, request, f"think-{step}")
-                        total.append(ack + prepare)
+                        # Alternated, so both ways of stepping meet the same moments of the machine,
+                        # and each takes the first step of every other thread (the ones that read).
+                        mode = MODES[(n + n // ROTATE_STEPS) % len(MODES)]
+                        took, ack = await _step(client, t, request, f"think-{step}", mode)
+                        steps[pause, mode].append(took)
+                        if ack is not None:
+                            acks[pause].append(ack)
                         # Scraped after the step, so the whole pause still comes before the next one.
                         if pause > 0:
                             now_served = _trust_served(fleet)
-                            split[pause][0 if now_served > step_served else 1].append(ack + prepare)
+                            split[pause, mode][0 if now_served > step_served else 1].append(took)
                             step_served = now_served
-                        acks.append(ack)
-                        prepares.append(prepare)
                     handed[pause][0] += _counter(fleet, "ctx_view_trust_extended_total") - extended
                     handed[pause][1] += _trust_served(fleet) - served
                     for key, (seconds, observed) in _stage_totals(fleet).items():
@@ -248,33 +276,33 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         spent[pause][key] = (had_s + seconds - was_s, had_n + observed - was_n)
             out["fleet_cpu_cores"] = cpu.stop()
             for pause, _ in PAUSES:
-                total, acks, prepares = steps[pause]
-                out[f"pause_{pause:g}s"] = {
-                    "steps": len(total),
-                    **_ms(total),
-                    "publish": _ms(acks),
-                    "prepare": _ms(prepares),
+                # Both ways pooled: the same publish → reply, twice the steps for its p99.
+                pooled = [took for mode in MODES for took in steps[pause, mode]]
+                figures: dict[str, object] = {"all_steps": {"steps": len(pooled), **_ms(pooled)}}
+                for mode in MODES:
+                    figures[mode] = {"steps": len(steps[pause, mode]), **_ms(steps[pause, mode])}
+                    if pause > 0:
+                        answered, read = split[pause, mode]
+                        figures[mode] |= {  # type: ignore[operator]
+                            "steps_answered_without_reading": _counted_ms(answered),
+                            "steps_reading_the_ledger": _counted_ms(read),
+                        }
+                out[f"pause_{pause:g}s"] = figures | {
+                    "publish_ack_sequential": _ms(acks[pause]),
                     "stages_mean_ms": _stage_means(spent[pause]),
                     "views_extended": int(handed[pause][0]),
                     "answered_without_reading": int(handed[pause][1]),
                 }
-                if pause > 0:
-                    answered, read = split[pause]
-                    out[f"pause_{pause:g}s"] |= {  # type: ignore[operator]
-                        "steps_answered_without_reading": _counted_ms(answered),
-                        "steps_reading_the_ledger": _counted_ms(read),
-                    }
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).
             t, request = threads[0]
-            growing: list[float] = []
+            growing: dict[str, list[float]] = {mode: [] for mode in MODES}
             for n in range(GROWING_STEPS):
-                ack, prepare = await _step(client, t, request, f"grow-{n}")
-                growing.append(ack + prepare)
-            out["growing_0s"] = {
-                "records": f"50 → {50 + GROWING_STEPS}",
-                "first_50_steps": _ms(growing[:50]),
-                "last_50_steps": _ms(growing[-50:]),
+                mode = MODES[n % len(MODES)]
+                growing[mode].append((await _step(client, t, request, f"grow-{n}", mode))[0])
+            out["growing_0s"] = {"records": f"50 → {50 + GROWING_STEPS}"} | {
+                mode: {"first_25_steps": _ms(times[:25]), "last_25_steps": _ms(times[-25:])}
+                for mode, times in growing.items()
             }
             out["pure"] = await _pure_prepares(client, fleet)
             gc.unfreeze()  # the other benchmarks of this run measure with their own heaps

@@ -95,7 +95,14 @@ from contracts.subjects import (
 
 # The executor of the model's context tools ships with the client (it needs only read and search).
 from services.edge.context_tools import ContextTools
-from services.errors import CtxError, FleetUnavailable, PayloadTooLarge, PermissionDenied, error_from_reply
+from services.errors import (
+    CtxError,
+    FleetUnavailable,
+    InvalidRequest,
+    PayloadTooLarge,
+    PermissionDenied,
+    error_from_reply,
+)
 from services.settings import redact_url
 
 __all__ = [
@@ -104,6 +111,7 @@ __all__ = [
     "AppendAck",
     "ContextTools",
     "FleetClient",
+    "StepReply",
     "connect_nats",
     "inbox_prefix",
     "msg_id_of",
@@ -128,6 +136,14 @@ class AppendAck:
 
     stream_seq: int
     duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepReply:
+    """One step's outcome: where its event was stored, and the prepared context that includes it."""
+
+    ack: AppendAck
+    prepared: PreparedContext
 
 
 async def connect_nats(
@@ -310,6 +326,41 @@ class FleetClient:
             prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait
         )
         return PreparedContext.model_validate_json(body)
+
+    async def append_and_prepare(
+        self, event: Event, request: PrepareRequest, *, timeout: float | None = None
+    ) -> StepReply:
+        """One agent step: publish ``event`` and get the prepared context that includes it.
+
+        The prepare names the event (``after_event_key``) and is sent with the publish, not after its
+        ack: the assembler waits for the event to be recorded either way (read-your-writes), so the
+        step costs the longer of the two round trips instead of their sum. ``request`` must be for the
+        event's thread and session and name no other event.
+
+        A failed publish wins: its error is raised and the prepare abandoned (its own error would only
+        be ``not_yet_recorded`` once ``wait_ms`` ran out). A failed prepare is raised once the publish
+        has been answered. Either way the whole step can be retried with the same event: the server
+        drops the second publish as a duplicate, and the prepare is read-only.
+        """
+        _check_step(event, request)
+        named = request.model_copy(update={"after_event_key": event.event_key})
+        publish = asyncio.ensure_future(self.append(event))
+        prepare = asyncio.ensure_future(self.prepare(named, timeout=timeout))
+        try:
+            await asyncio.wait((publish, prepare), return_when=asyncio.FIRST_EXCEPTION)
+            if publish.done() and publish.exception() is not None:
+                prepare.cancel()
+                await asyncio.wait((prepare,))
+            ack = await publish
+            return StepReply(ack=ack, prepared=await prepare)
+        finally:
+            for task in (publish, prepare):
+                if not task.done():
+                    task.cancel()
+            # Retrieved, so an abandoned half's error is not reported as never retrieved.
+            for task in (publish, prepare):
+                if task.done() and not task.cancelled():
+                    task.exception()
 
     async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
         """An operator's view of one thread."""
@@ -505,6 +556,24 @@ class _Denials:
                 denied.cancel()
             elif not denied.cancelled():
                 denied.exception()  # retrieved: a denial that lost the race is not an unhandled error
+
+
+def _check_step(event: Event, request: PrepareRequest) -> None:
+    """A step's prepare must be for its event's thread and session, and name that event or none."""
+    asked = (request.session_id, request.run_id, request.instance_id)
+    recorded = (event.session_id, event.run_id, event.instance_id)
+    if asked != recorded:
+        raise InvalidRequest(
+            "a step's prepare must be for its event's session and thread",
+            event=".".join(recorded),
+            request=".".join(asked),
+        )
+    if request.after_event_key not in (None, event.event_key):
+        raise InvalidRequest(
+            "a step's prepare names the step's own event",
+            event_key=event.event_key,
+            after_event_key=request.after_event_key,
+        )
 
 
 def _envelope_of(data: bytes) -> tuple[str, str | None]:
