@@ -45,6 +45,10 @@ prepare may be answered from the view its process trusts (design D14.17) until t
 from trust comes from the fleet's own ``ctx_view_trust_served_total``, so the figure says which path
 each pause took. Every reply must fit its budget.
 
+``far``: the two ways again, from a second client ``FAR_DELAY_MS`` from the broker each way (every
+byte delayed by ``benchmarks/far_link.py``, a process of its own), ``FAR_PAUSES``: a runtime in
+another zone, where the ack's way back and the prepare's way out outlast the recorder's write.
+
 ``make bench BENCH_ARGS="--only think"`` (``--think-repeats N`` runs the pauses N times over).
 """
 
@@ -54,6 +58,7 @@ import asyncio
 import gc
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -62,6 +67,7 @@ from services.edge.client import FleetClient
 from services.edge.replay import percentile
 from tests.fixtures.builders import Thread
 
+from .far_link import FarLink
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers
 
 __all__ = [
@@ -86,6 +92,9 @@ GROWING_STEPS = 250
 # changes keep the view trusted, D14.22), so a few tell the story.
 PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
 PURE_BUDGET = 4_000
+# A runtime in another zone: every byte between it and the broker delayed this much each way.
+FAR_DELAY_MS = 5.0
+FAR_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 100), (1.5, 40))
 PURE_SYSTEM_TOKENS = 1_500
 _POLICY_LINE = "Refunds over 500 dollars need a supervisor's written approval before they are issued. "
 
@@ -214,6 +223,31 @@ async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, 
     return out
 
 
+async def _far_steps(
+    client: FleetClient, nats_url: str, tmp: Path, threads: list[tuple[Thread, PrepareRequest]]
+) -> dict[str, object]:
+    """The same steps from a runtime ``FAR_DELAY_MS`` away from the broker each way (``far_link``)."""
+    out: dict[str, object] = {"delay_ms_each_way": FAR_DELAY_MS}
+    host_port = urlsplit(nats_url).netloc.rpartition("@")[2]
+    with FarLink(host_port, FAR_DELAY_MS, tmp) as link:
+        async with await FleetClient.connect(f"nats://127.0.0.1:{link.port}", name="think-far") as far:
+            fresh = iter(threads)
+            step = 0
+            for pause, count in FAR_PAUSES:
+                steps: dict[str, list[float]] = {mode: [] for mode in MODES}
+                for n in range(count):
+                    if n % ROTATE_STEPS == 0:
+                        t, request = next(fresh)
+                        # Warmed just before, so neither way's first step reads the ledger.
+                        await client.prepare(request)
+                    await asyncio.sleep(pause)
+                    step += 1
+                    mode = MODES[(n + n // ROTATE_STEPS) % len(MODES)]
+                    steps[mode].append((await _step(far, t, request, f"far-{step}", mode))[0])
+                out[f"pause_{pause:g}s"] = {mode: {"steps": len(v), **_ms(v)} for mode, v in steps.items()}
+    return out
+
+
 async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: int = 1) -> dict[str, object]:
     """The step latencies per pause, against a fleet process of all five workers."""
     await prepare_servers(nats_url, database_url, tmp / "data")
@@ -226,7 +260,9 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
     with FleetProcess(ALL_WORKERS, env, tmp / "think.log") as fleet:
         async with await FleetClient.connect(nats_url, name="think") as client:
             rotations = sum(-(-count // ROTATE_STEPS) for _, count in PAUSES) * repeats
+            far_rotations = sum(-(-count // ROTATE_STEPS) for _, count in FAR_PAUSES)
             threads = [await _build_thread(client) for _ in range(rotations + 1)]
+            rest = [await _build_thread(client) for _ in range(far_rotations)]
             gc.collect()
             gc.freeze()
             cpu = fleet.cpu()
@@ -305,5 +341,6 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                 for mode, times in growing.items()
             }
             out["pure"] = await _pure_prepares(client, fleet)
+            out["far"] = await _far_steps(client, nats_url, tmp, rest)
             gc.unfreeze()  # the other benchmarks of this run measure with their own heaps
     return out
