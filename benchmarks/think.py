@@ -20,22 +20,23 @@ collection of this process's own heap (imports, builders) lands inside a step's 
 
 Steps alternate between the two ways a runtime can take one (``MODES``), so both meet the same
 moments of the machine: ``one_call`` — ``FleetClient.append_and_prepare`` sends the publish and the
-prepare naming its event together, and the assembler waits for the event either way, so the step
-costs the longer of the two; ``sequential`` — the prepare is sent once the publish is acked, so the
-step is their sum (``publish_ack_sequential`` is that first half). Figures per pause, for each mode
-and for both pooled (``all_steps``: the same publish → reply, twice the steps for its p99): p50 /
-p99 / max of the step, and the fleet's CPU over the run. ``stages_mean_ms`` splits the fleet's part
-further, from its own ``ctx_record_stage_seconds`` and ``ctx_prepare_stage_seconds``
-(services/app/stages.py): the mean of each stage over the pause's steps of both modes — the
-recorder's read, plan and write; the prepare's wait for its event (which spans the recorder's stages,
-and in ``one_call`` the publish too), load, assembly and reply. Means, not percentiles: they say where
-a pause's time goes, the step figures say how it is spread. ``views_extended`` counts the steps whose
-held view the recorder's commit extended to the new head (design D14.21), and
-``answered_without_reading`` the prepares answered from a held view, with no load (``load`` is then
-not observed: its mean is over the steps that read the ledger). After a think time the step figures
-are also split by that path (``steps_answered_without_reading``, ``steps_reading_the_ledger``: the
-fleet's counter scraped after each step, before the pause): the steps that read are mostly each new
-thread's first, whose view was loaded minutes before — a resumed thread, not one stepped every pause.
+prepare naming its event together (the assembler waits for the event either way); ``sequential`` —
+the prepare is sent once the publish is acked (``publish_ack_sequential`` is that first half). Next
+to the broker the two cost the same: the recorder's write outlasts the ack's way back (D14.24).
+Figures per pause, for each mode and for both pooled (``all_steps``: the same publish → reply, twice
+the steps for its p99): p50 / p99 / max of the step, and the fleet's CPU over the run.
+``stages_mean_ms`` splits the fleet's part further, from its own ``ctx_record_stage_seconds`` and
+``ctx_prepare_stage_seconds`` (services/app/stages.py): the mean of each stage over the pause's
+steps of both modes — the recorder's read, plan and write; the prepare's wait for its event (which
+spans the recorder's stages, and in ``one_call`` the publish too), load, assembly and reply. Means,
+not percentiles: they say where a pause's time goes, the step figures say how it is spread.
+``views_extended`` counts the steps whose held view the recorder's commit extended to the new head
+(design D14.21), and ``answered_without_reading`` the prepares answered from a held view, with no
+load (``load`` is then not observed: its mean is over the steps that read the ledger). After a think
+time the step figures are also split by that path (``steps_answered_without_reading``,
+``steps_reading_the_ledger``: the fleet's counter scraped after each step, before the pause): the
+steps that read are mostly each new thread's first, whose view was loaded minutes before — a resumed
+thread, not one stepped every pause.
 
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
@@ -58,6 +59,7 @@ import asyncio
 import gc
 import time
 from pathlib import Path
+from typing import Literal, assert_never
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -83,7 +85,8 @@ __all__ = [
 # Steps per pause: enough at 0 s for a p99 that is not the maximum; the maximum is reported too.
 PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 100), (10.0, 16))
 # The two ways a runtime can take a step, alternated step by step (see ``_step``).
-MODES = ("one_call", "sequential")
+Mode = Literal["one_call", "sequential"]
+MODES: tuple[Mode, ...] = ("one_call", "sequential")
 # The issue's figure is for a 50-record thread: each step adds a record, so a thread serves this
 # many steps (50 to 59 records) before the next, built beforehand, takes over.
 ROTATE_STEPS = 10
@@ -92,10 +95,10 @@ GROWING_STEPS = 250
 # changes keep the view trusted, D14.22), so a few tell the story.
 PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
 PURE_BUDGET = 4_000
+PURE_SYSTEM_TOKENS = 1_500
 # A runtime in another zone: every byte between it and the broker delayed this much each way.
 FAR_DELAY_MS = 5.0
 FAR_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 100), (1.5, 40))
-PURE_SYSTEM_TOKENS = 1_500
 _POLICY_LINE = "Refunds over 500 dollars need a supervisor's written approval before they are issued. "
 
 
@@ -133,7 +136,7 @@ async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> t
 
 
 async def _step(
-    client: FleetClient, t: Thread, request: PrepareRequest, key: str, mode: str
+    client: FleetClient, t: Thread, request: PrepareRequest, key: str, mode: Mode
 ) -> tuple[float, float | None]:
     """One step: publish a user message, get the prepare naming it; (step ms, publish ack ms).
 
@@ -143,13 +146,23 @@ async def _step(
     event = t.user(f"and {key}", key=key)
     named = request.model_copy(update={"after_event_key": key})
     started = time.perf_counter()
-    if mode == "one_call":
-        await client.append_and_prepare(event, named)
-        return (time.perf_counter() - started) * 1000, None
-    await client.append(event)
-    acked = time.perf_counter()
-    await client.prepare(named)
-    return (time.perf_counter() - started) * 1000, (acked - started) * 1000
+    match mode:
+        case "one_call":
+            await client.append_and_prepare(event, named)
+            return (time.perf_counter() - started) * 1000, None
+        case "sequential":
+            await client.append(event)
+            acked = time.perf_counter()
+            await client.prepare(named)
+            return (time.perf_counter() - started) * 1000, (acked - started) * 1000
+        case _:
+            assert_never(mode)
+
+
+def _rotating_mode(n: int) -> Mode:
+    """The way of a pause's ``n``-th step: alternated, so both meet the same moments of the machine,
+    and each takes the first step of every other thread (the one that may read the ledger)."""
+    return MODES[(n + n // ROTATE_STEPS) % len(MODES)]
 
 
 _STAGE_FAMILIES = {"ctx_record_stage_seconds": "record", "ctx_prepare_stage_seconds": "prepare"}
@@ -234,7 +247,7 @@ async def _far_steps(
             fresh = iter(threads)
             step = 0
             for pause, count in FAR_PAUSES:
-                steps: dict[str, list[float]] = {mode: [] for mode in MODES}
+                steps: dict[Mode, list[float]] = {mode: [] for mode in MODES}
                 for n in range(count):
                     if n % ROTATE_STEPS == 0:
                         t, request = next(fresh)
@@ -242,7 +255,7 @@ async def _far_steps(
                         await client.prepare(request)
                     await asyncio.sleep(pause)
                     step += 1
-                    mode = MODES[(n + n // ROTATE_STEPS) % len(MODES)]
+                    mode = _rotating_mode(n)
                     steps[mode].append((await _step(far, t, request, f"far-{step}", mode))[0])
                 out[f"pause_{pause:g}s"] = {mode: {"steps": len(v), **_ms(v)} for mode, v in steps.items()}
     return out
@@ -269,7 +282,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             cpu.start()
             step = 0
             # Per pause and mode: whole steps; per pause: the sequential steps' publish acks.
-            steps: dict[tuple[float, str], list[float]] = {(p, m): [] for p, _ in PAUSES for m in MODES}
+            steps: dict[tuple[float, Mode], list[float]] = {(p, m): [] for p, _ in PAUSES for m in MODES}
             acks: dict[float, list[float]] = {p: [] for p, _ in PAUSES}
             # Per pause: (seconds, observations) of each fleet stage over its steps.
             spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
@@ -278,7 +291,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             handed = {p: [0.0, 0.0] for p, _ in PAUSES}
             # Per pause after a think time and mode: steps answered from a handed view, and steps that
             # read the ledger (each new thread's first step, whose view was loaded minutes before).
-            split: dict[tuple[float, str], tuple[list[float], list[float]]] = {
+            split: dict[tuple[float, Mode], tuple[list[float], list[float]]] = {
                 (p, m): ([], []) for p, _ in PAUSES for m in MODES
             }
             fresh = iter(threads[1:])
@@ -292,9 +305,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                             t, request = next(fresh)
                         await asyncio.sleep(pause)
                         step += 1
-                        # Alternated, so both ways of stepping meet the same moments of the machine,
-                        # and each takes the first step of every other thread (the ones that read).
-                        mode = MODES[(n + n // ROTATE_STEPS) % len(MODES)]
+                        mode = _rotating_mode(n)
                         took, ack = await _step(client, t, request, f"think-{step}", mode)
                         steps[pause, mode].append(took)
                         if ack is not None:
@@ -332,7 +343,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).
             t, request = threads[0]
-            growing: dict[str, list[float]] = {mode: [] for mode in MODES}
+            growing: dict[Mode, list[float]] = {mode: [] for mode in MODES}
             for n in range(GROWING_STEPS):
                 mode = MODES[n % len(MODES)]
                 growing[mode].append((await _step(client, t, request, f"grow-{n}", mode))[0])
