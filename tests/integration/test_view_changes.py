@@ -86,6 +86,15 @@ async def _recorded(client: FleetClient, t: Thread) -> None:
     await client.prepare(_request(t, after="u1"))
 
 
+async def _evaluated(db: asyncpg.Connection, thread_id: str) -> bool:
+    behind = await db.fetchval(
+        """SELECT h.revision > COALESCE(v.evaluated_revision, 0) FROM ctx.thread_heads h
+           LEFT JOIN ctx.thread_views v USING (thread_id) WHERE h.thread_id = $1""",
+        thread_id,
+    )
+    return behind is False
+
+
 def _request(t: Thread, after: str | None = None) -> PrepareRequest:
     return PrepareRequest(
         session_id=t.session_id,
@@ -140,6 +149,9 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
     await start_fleet()
     t = Thread()
     await _recorded(client, t)
+    # The budgeter's first pass creates the thread's view row (announced) once the hot path is quiet:
+    # let it land before listening, or its notice would be taken for the update below.
+    await eventually(lambda: _evaluated(db, t.thread_id), 10, "the budgeter's first pass")
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(database_url)
     await listener.add_listener(CHANNEL, lambda *args: heard.put_nowait(args[3]))
