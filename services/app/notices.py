@@ -9,17 +9,28 @@ of a thread (``being_recorded``), a new waiter on the thread skips its first che
 ends with a wake-up of the thread's waiters whatever became of it (committed, rejected, skipped as
 a duplicate, failed), and only then is the ledger asked — the check made meanwhile would race the
 recorder's own statements for the same rows, on the read-your-writes path of every step.
+
+The board also remembers the keys that recorder committed lately, per thread (``recent``; the last
+``RECENT_KEYS`` of each of the last ``RECENT_THREADS`` threads, design D14.25). A prepare naming one
+of them needs no check at all; one naming another key of such a thread — its event most likely still
+on its way to that recorder — waits a short grace for the handover before asking the ledger.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections import OrderedDict, defaultdict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
 
-__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "Wakeup", "wait_for_notice"]
+__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "RECENT_KEYS", "RECENT_THREADS", "Wakeup", "wait_for_notice"]
+
+# What the board remembers of its recorder's commits: enough keys per thread for a runtime retrying
+# its last few steps, for as many threads as a process steps at once; at most about 4,096 × 16 keys
+# of a few dozen bytes, a couple of megabytes.
+RECENT_THREADS = 4_096
+RECENT_KEYS = 16
 
 
 class Pause(Protocol):
@@ -78,6 +89,9 @@ class NoticeBoard:
     ) -> None:
         self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
         self._recording: Callable[[str], bool] = _nothing_recorded
+        # Thread → (tenant, event key) → the thread seq its batch moved the head to, as ``recorded``
+        # was told; both least recently recorded first.
+        self._recent: OrderedDict[str, OrderedDict[tuple[str, str], int | None]] = OrderedDict()
         # Told of every notice too: a view this process trusts stops being trusted on it, ahead of
         # the database's own announcement (D14.17) — or, told the head's new revision, only a view
         # older than it does (``moved``: a view extended to that head stays, D14.21).
@@ -135,9 +149,31 @@ class NoticeBoard:
         elif self._changed is not None:
             self._changed(thread_id)
         through = head[0] if head is not None and head[0] >= 0 else None
+        if event_keys:
+            self._remember(thread_id, tenant, event_keys, through)
         for event in self._waiters.get(thread_id, ()):
             event.recorded.update(((tenant, key), through) for key in event_keys)
             event.set()
+
+    def recent(self, thread_id: str) -> Mapping[tuple[str, str], int | None] | None:
+        """The (tenant, event key) pairs this process's recorder committed lately to ``thread_id``, each
+        with the thread seq through which the ledger holds it (None: not said); None when it committed
+        nothing of the thread lately (another process may be recording it)."""
+        return self._recent.get(thread_id)
+
+    def _remember(self, thread_id: str, tenant: str, event_keys: frozenset[str], through: int | None) -> None:
+        keys = self._recent.get(thread_id)
+        if keys is None:
+            keys = self._recent[thread_id] = OrderedDict()
+            if len(self._recent) > RECENT_THREADS:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(thread_id)
+        for key in sorted(event_keys):  # a batch's keys in no order of their own: any order is as good
+            keys[(tenant, key)] = through
+            keys.move_to_end((tenant, key))
+        while len(keys) > RECENT_KEYS:
+            keys.popitem(last=False)
 
     @property
     def waiting_threads(self) -> int:

@@ -67,6 +67,10 @@ log = logging.getLogger("ctxfleet.assembler")
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
 _RECHECK_S = 0.25
+# How long a prepare naming an event not yet handed over, of a thread this process's recorder commits
+# to lately, waits for that handover before asking the ledger (D14.25): the event's way to the
+# recorder and its write take 2–5 ms; a prepare naming an older event pays this once.
+_IN_FLIGHT_GRACE_S = 0.02
 # Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
 _OVERFLOW = ("provider_overflow",)
 
@@ -615,7 +619,15 @@ class PrepareService:
         deadline = started + wait_ms / 1000
         with self._board.waiting(thread_id) as woken:
             # Registered first, so the wake-up at the end of the recorder's batch cannot be missed.
-            check = not self._board.being_recorded(thread_id)
+            recent = self._board.recent(thread_id)
+            if recent is not None and (tenant, event_key) in recent:
+                return recent[(tenant, event_key)]  # committed lately by this process's recorder
+            # A thread that recorder commits to lately: the event is most likely on its way to it (a
+            # prepare sent with its publish, or as soon as the ack came back, arrives before the
+            # event is delivered), so its handover is awaited for a grace before the ledger is asked:
+            # a query then would only find it missing, while the recorder writes (D14.25).
+            check = not self._board.being_recorded(thread_id) and recent is None
+            first_wait = _IN_FLIGHT_GRACE_S if recent is not None else _RECHECK_S
             while True:
                 if (tenant, event_key) in woken.recorded:
                     # This process's recorder committed it while we waited: no re-check needed.
@@ -632,4 +644,5 @@ class PrepareService:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))
-                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
+                await wait_for_notice(woken, min(remaining, first_wait), pause)
+                first_wait = _RECHECK_S

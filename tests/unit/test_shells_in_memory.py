@@ -33,6 +33,7 @@ from services.store.batch_write import LedgerWritten
 from services.store.memory import MemorySession, MemoryStore
 from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
+from tests.fixtures.ledger_checks import counting_checks
 
 pytestmark = pytest.mark.anyio
 
@@ -246,7 +247,7 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.user("first", key="u1")])
-    checks = _counting_checks(monkeypatch)
+    checks = counting_checks(monkeypatch)
     service = PrepareService(store, board)
     request = _waiting_for(t, "u2")
     waiting = asyncio.create_task(service.prepare(request))
@@ -267,18 +268,6 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     assert prepared.source_watermark.last_event_key == "u2"
 
 
-def _counting_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    checks: list[str] = []
-    real = MemorySession.find_event_outcome
-
-    async def counted(self: MemorySession, tenant: str, thread_id: str, event_key: str) -> Any:
-        checks.append(event_key)
-        return await real(self, tenant, thread_id, event_key)
-
-    monkeypatch.setattr(MemorySession, "find_event_outcome", counted)
-    return checks
-
-
 async def _waiting_while_its_recorder_holds_the_thread(
     monkeypatch: pytest.MonkeyPatch, key: str
 ) -> tuple[MemoryStore, NoticeBoard, Thread, list[str], set[str], asyncio.Task[PreparedContext]]:
@@ -287,7 +276,7 @@ async def _waiting_while_its_recorder_holds_the_thread(
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.user("first", key="u1")])
-    checks = _counting_checks(monkeypatch)
+    checks = counting_checks(monkeypatch)
     holding: set[str] = {t.thread_id}  # the recorder has taken a batch of the thread
     board.follow_recorder(holding.__contains__)
     waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, key)))

@@ -1,0 +1,141 @@
+"""A prepare naming an event its own process's recorder committed lately, or is about to, asks the
+ledger nothing (design D14.25); the board's memory of those commits is bounded and per tenant."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from contracts import Event, PrepareRequest
+from contracts.subjects import DEFAULT_TENANT
+from services.app.notices import RECENT_KEYS, RECENT_THREADS, NoticeBoard
+from services.app.preparing import PrepareService
+from services.app.recording import RecordingService
+from services.core.ledger import RecordingLimits
+from services.store.memory import MemoryStore
+from tests.fixtures.builders import Thread, incoming
+from tests.fixtures.ledger_checks import counting_checks
+
+pytestmark = pytest.mark.anyio
+
+
+class _Sink:
+    async def publish(self, letter: object, msg_id: str) -> None:
+        pass
+
+
+async def _record_and_hand_over(
+    store: MemoryStore, board: NoticeBoard, t: Thread, events: list[Event], start_seq: int
+) -> None:
+    """What the recorder of the prepare's own process does: commit, then hand the keys over."""
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+    result = await recorder.record_batch(0, incoming(events, start_seq=start_seq))
+    board.recorded(t.thread_id, *result.committed[t.thread_id], result.heads[t.thread_id])
+
+
+def _naming(t: Thread, key: str) -> PrepareRequest:
+    return PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=8_000,
+        after_event_key=key,
+        wait_ms=5_000,
+    )
+
+
+async def test_a_prepare_naming_an_event_its_own_recorder_committed_lately_asks_the_ledger_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    await _record_and_hand_over(
+        store, board, t, [t.system("Be brief.", key="sys"), t.user("hi", key="u1")], 1
+    )
+    checks = counting_checks(monkeypatch)
+
+    prepared = await PrepareService(store, board).prepare(_naming(t, "sys"))
+
+    assert checks == []
+    # Answered through the head the batch moved to, which holds the named event and the one after it.
+    assert (prepared.source_watermark.last_event_key, prepared.source_watermark.thread_seq) == ("u1", 2)
+
+
+async def test_a_prepare_naming_an_event_still_on_its_way_to_its_own_recorder_waits_for_the_handover_unasked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    await _record_and_hand_over(store, board, t, [t.user("first", key="u1")], 1)
+    checks = counting_checks(monkeypatch)
+
+    # Sent with its publish: it reaches the assembler before the event reaches the recorder.
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(_naming(t, "u2")))
+    await asyncio.sleep(0.005)
+    assert not waiting.done()
+    await _record_and_hand_over(store, board, t, [t.user("second", key="u2")], 2)
+    prepared = await asyncio.wait_for(waiting, timeout=2)
+
+    assert checks == []
+    assert prepared.messages[-1].content == "second"
+
+
+async def test_a_prepare_naming_an_event_older_than_the_boards_memory_is_answered_from_the_ledger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    for n in range(RECENT_KEYS + 1):
+        await _record_and_hand_over(store, board, t, [t.user(f"turn {n}", key=f"u{n}")], n + 1)
+    checks = counting_checks(monkeypatch)
+
+    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, "u0")), timeout=2)
+
+    assert checks == ["u0"]  # forgotten, so asked for once the grace passed with no handover
+    assert prepared.source_watermark.last_event_key == f"u{RECENT_KEYS}"
+
+
+async def test_a_thread_another_process_records_is_asked_about_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="elsewhere")
+    await recorder.record_batch(0, incoming([t.user("first", key="u1")]))
+    checks = counting_checks(monkeypatch)
+
+    prepared = await PrepareService(store, board).prepare(_naming(t, "u1"))
+
+    assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
+
+
+def test_the_board_remembers_committed_keys_per_tenant_and_thread_within_its_bounds() -> None:
+    board = NoticeBoard()
+    board.recorded("r-1.main", DEFAULT_TENANT, frozenset({"a", "b"}), (7, 3))
+    board.recorded("r-1.main", "acme", frozenset({"a"}), (9, 4))
+    board.recorded("r-2.main", DEFAULT_TENANT, frozenset(), (-1, -1))  # only rejected or skipped events
+
+    assert board.recent("r-1.main") == {(DEFAULT_TENANT, "a"): 7, (DEFAULT_TENANT, "b"): 7, ("acme", "a"): 9}
+    assert board.recent("r-2.main") is None
+
+    for n in range(RECENT_KEYS + 5):
+        board.recorded("r-1.main", DEFAULT_TENANT, frozenset({f"k{n}"}), (10 + n, 5 + n))
+    kept = board.recent("r-1.main")
+    assert kept is not None and len(kept) == RECENT_KEYS
+    assert (DEFAULT_TENANT, f"k{RECENT_KEYS + 4}") in kept and (DEFAULT_TENANT, "a") not in kept
+
+    for n in range(RECENT_THREADS):
+        board.recorded(f"r-x{n}.main", DEFAULT_TENANT, frozenset({"k"}), (1, 1))
+    assert board.recent("r-1.main") is None  # the least recently recorded thread went first
+    assert board.recent(f"r-x{RECENT_THREADS - 1}.main") == {(DEFAULT_TENANT, "k"): 1}
+
+
+async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this_tenants_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
+    await recorder.record_batch(0, incoming([t.user("first", key="u1")]))
+    board.recorded(t.thread_id, "acme", frozenset({"u1"}), (1, 1))
+    checks = counting_checks(monkeypatch)
+
+    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, "u1")), timeout=2)
+
+    assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
