@@ -626,8 +626,10 @@ class PrepareService:
             # prepare sent with its publish, or as soon as the ack came back, arrives before the
             # event is delivered), so its handover is awaited for a grace before the ledger is asked:
             # a query then would only find it missing, while the recorder writes (D14.25).
-            check = not self._board.being_recorded(thread_id) and recent is None
-            first_wait = _IN_FLIGHT_GRACE_S if recent is not None else _RECHECK_S
+            # While that recorder holds a batch of the thread, its release wakes the waiter anyway.
+            held = self._board.being_recorded(thread_id)
+            check = not held and recent is None
+            first_wait = _IN_FLIGHT_GRACE_S if recent is not None and not held else _RECHECK_S
             while True:
                 if (tenant, event_key) in woken.recorded:
                     # This process's recorder committed it while we waited: no re-check needed.
