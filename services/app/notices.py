@@ -10,8 +10,9 @@ ends with a wake-up of the thread's waiters whatever became of it (committed, re
 a duplicate, failed), and only then is the ledger asked — the check made meanwhile would race the
 recorder's own statements for the same rows, on the read-your-writes path of every step.
 
-The board also remembers the keys that recorder committed lately, per thread (``recent``; the last
-``RECENT_KEYS`` of each of the last ``RECENT_THREADS`` threads, design D14.25). A prepare naming one
+The board also remembers the keys that recorder committed lately, per thread (``recent``: the last
+``RECENT_KEYS`` of a thread, or its last batch's if more, for the threads recorded most lately, within
+``RECENT_THREADS`` threads and ``RECENT_TOTAL_KEYS`` keys; design D14.25). A prepare naming one
 of them needs no check at all; one naming another key of such a thread — its event most likely still
 on its way to that recorder — waits a short grace for the handover before asking the ledger.
 """
@@ -24,13 +25,24 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Protocol
 
-__all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "RECENT_KEYS", "RECENT_THREADS", "Wakeup", "wait_for_notice"]
+__all__ = [
+    "NO_PAUSE",
+    "NoticeBoard",
+    "Pause",
+    "RECENT_KEYS",
+    "RECENT_THREADS",
+    "RECENT_TOTAL_KEYS",
+    "Wakeup",
+    "wait_for_notice",
+]
 
 # What the board remembers of its recorder's commits: enough keys per thread for a runtime retrying
-# its last few steps, for as many threads as a process steps at once; at most about 4,096 × 16 keys
-# of a few dozen bytes, a couple of megabytes.
+# its last few steps — and every key of the thread's last batch, whose last event a replay or a burst
+# names next — for as many threads as a process steps at once. At most 65,536 keys of a few dozen
+# bytes: a few megabytes.
 RECENT_THREADS = 4_096
 RECENT_KEYS = 16
+RECENT_TOTAL_KEYS = 65_536
 
 
 class Pause(Protocol):
@@ -92,6 +104,7 @@ class NoticeBoard:
         # Thread → (tenant, event key) → the thread seq its batch moved the head to, as ``recorded``
         # was told; both least recently recorded first.
         self._recent: OrderedDict[str, OrderedDict[tuple[str, str], int | None]] = OrderedDict()
+        self._recent_keys = 0
         # Told of every notice too: a view this process trusts stops being trusted on it, ahead of
         # the database's own announcement (D14.17) — or, told the head's new revision, only a view
         # older than it does (``moved``: a view extended to that head stays, D14.21).
@@ -165,15 +178,19 @@ class NoticeBoard:
         keys = self._recent.get(thread_id)
         if keys is None:
             keys = self._recent[thread_id] = OrderedDict()
-            if len(self._recent) > RECENT_THREADS:
-                self._recent.popitem(last=False)
         else:
             self._recent.move_to_end(thread_id)
-        for key in sorted(event_keys):  # a batch's keys in no order of their own: any order is as good
+        before = len(keys)
+        for key in event_keys:
             keys[(tenant, key)] = through
             keys.move_to_end((tenant, key))
-        while len(keys) > RECENT_KEYS:
+        # The batch's keys came last: trimming from the front keeps all of them.
+        while len(keys) > max(RECENT_KEYS, len(event_keys)):
             keys.popitem(last=False)
+        self._recent_keys += len(keys) - before
+        while len(self._recent) > RECENT_THREADS or self._recent_keys > RECENT_TOTAL_KEYS:
+            _, dropped = self._recent.popitem(last=False)
+            self._recent_keys -= len(dropped)
 
     @property
     def waiting_threads(self) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from contracts import Event, PrepareRequest
 from contracts.subjects import DEFAULT_TENANT
-from services.app.notices import RECENT_KEYS, RECENT_THREADS, NoticeBoard
+from services.app.notices import RECENT_KEYS, RECENT_THREADS, RECENT_TOTAL_KEYS, NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.core.ledger import RecordingLimits
@@ -139,3 +139,20 @@ async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this
     prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, "u1")), timeout=2)
 
     assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
+
+
+def test_every_key_of_a_threads_last_batch_is_remembered_however_large_and_all_keys_stay_bounded() -> None:
+    board = NoticeBoard()
+    burst = frozenset(f"e{n}" for n in range(3 * RECENT_KEYS))  # a replay's or a burst's batch
+    board.recorded("r-1.main", DEFAULT_TENANT, burst, (48, 1))
+    assert set(board.recent("r-1.main") or {}) == {(DEFAULT_TENANT, key) for key in burst}
+
+    board.recorded("r-1.main", DEFAULT_TENANT, frozenset({"next"}), (49, 2))
+    kept = board.recent("r-1.main") or {}
+    assert len(kept) == RECENT_KEYS and kept[(DEFAULT_TENANT, "next")] == 49
+
+    batch = 256  # the recorder's largest batch
+    for n in range(RECENT_TOTAL_KEYS // batch + 1):
+        board.recorded(f"r-b{n}.main", DEFAULT_TENANT, frozenset(f"k{i}" for i in range(batch)), (batch, 1))
+    assert board.recent("r-1.main") is None and board.recent("r-b0.main") is None
+    assert len(board.recent(f"r-b{RECENT_TOTAL_KEYS // batch}.main") or {}) == batch
