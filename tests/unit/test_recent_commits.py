@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from contracts import Event, PrepareRequest
+from contracts import Event
 from contracts.subjects import DEFAULT_TENANT
 from services.app.notices import RECENT_KEYS, RECENT_THREADS, RECENT_TOTAL_KEYS, NoticeBoard
 from services.app.preparing import PrepareService
@@ -15,7 +15,7 @@ from services.app.recording import RecordingService
 from services.core.ledger import RecordingLimits
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming
-from tests.fixtures.ledger_checks import counting_checks
+from tests.fixtures.ledger_checks import counting_checks, waiting_for
 
 pytestmark = pytest.mark.anyio
 
@@ -34,17 +34,6 @@ async def _record_and_hand_over(
     board.recorded(t.thread_id, *result.committed[t.thread_id], result.heads[t.thread_id])
 
 
-def _naming(t: Thread, key: str) -> PrepareRequest:
-    return PrepareRequest(
-        session_id=t.session_id,
-        run_id=t.run_id,
-        instance_id=t.instance_id,
-        budget_tokens=8_000,
-        after_event_key=key,
-        wait_ms=5_000,
-    )
-
-
 async def test_a_prepare_naming_an_event_its_own_recorder_committed_lately_asks_the_ledger_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -54,7 +43,7 @@ async def test_a_prepare_naming_an_event_its_own_recorder_committed_lately_asks_
     )
     checks = counting_checks(monkeypatch)
 
-    prepared = await PrepareService(store, board).prepare(_naming(t, "sys"))
+    prepared = await PrepareService(store, board).prepare(waiting_for(t, "sys"))
 
     assert checks == []
     # Answered through the head the batch moved to, which holds the named event and the one after it.
@@ -69,7 +58,7 @@ async def test_a_prepare_naming_an_event_still_on_its_way_to_its_own_recorder_wa
     checks = counting_checks(monkeypatch)
 
     # Sent with its publish: it reaches the assembler before the event reaches the recorder.
-    waiting = asyncio.create_task(PrepareService(store, board).prepare(_naming(t, "u2")))
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(waiting_for(t, "u2")))
     await asyncio.sleep(0.005)
     assert not waiting.done()
     await _record_and_hand_over(store, board, t, [t.user("second", key="u2")], 2)
@@ -87,7 +76,7 @@ async def test_a_prepare_naming_an_event_older_than_the_boards_memory_is_answere
         await _record_and_hand_over(store, board, t, [t.user(f"turn {n}", key=f"u{n}")], n + 1)
     checks = counting_checks(monkeypatch)
 
-    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, "u0")), timeout=2)
+    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(waiting_for(t, "u0")), timeout=2)
 
     assert checks == ["u0"]  # forgotten, so asked for once the grace passed with no handover
     assert prepared.source_watermark.last_event_key == f"u{RECENT_KEYS}"
@@ -101,7 +90,7 @@ async def test_a_thread_another_process_records_is_asked_about_at_once(
     await recorder.record_batch(0, incoming([t.user("first", key="u1")]))
     checks = counting_checks(monkeypatch)
 
-    prepared = await PrepareService(store, board).prepare(_naming(t, "u1"))
+    prepared = await PrepareService(store, board).prepare(waiting_for(t, "u1"))
 
     assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
 
@@ -136,7 +125,7 @@ async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this
     board.recorded(t.thread_id, "acme", frozenset({"u1"}), (1, 1))
     checks = counting_checks(monkeypatch)
 
-    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, "u1")), timeout=2)
+    prepared = await asyncio.wait_for(PrepareService(store, board).prepare(waiting_for(t, "u1")), timeout=2)
 
     assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
 

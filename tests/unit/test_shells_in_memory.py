@@ -33,7 +33,7 @@ from services.store.batch_write import LedgerWritten
 from services.store.memory import MemorySession, MemoryStore
 from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
-from tests.fixtures.ledger_checks import counting_checks
+from tests.fixtures.ledger_checks import counting_checks, waiting_for
 
 pytestmark = pytest.mark.anyio
 
@@ -210,23 +210,12 @@ async def _recorded(store: MemoryStore, board: NoticeBoard, events: list, start_
         board.notify(thread_id)
 
 
-def _waiting_for(t: Thread, key: str, wait_ms: int = 5_000) -> PrepareRequest:
-    return PrepareRequest(
-        session_id=t.session_id,
-        run_id=t.run_id,
-        instance_id=t.instance_id,
-        budget_tokens=8_000,
-        after_event_key=key,
-        wait_ms=wait_ms,
-    )
-
-
 async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -> None:
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.system("Be brief.", key="sys"), t.user("first", key="u1")])
     service = PrepareService(store, board)
-    request = _waiting_for(t, "u2")
+    request = waiting_for(t, "u2")
 
     waiting = asyncio.create_task(service.prepare(request))
     await asyncio.sleep(0.05)
@@ -249,7 +238,7 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     await _recorded(store, board, [t.user("first", key="u1")])
     checks = counting_checks(monkeypatch)
     service = PrepareService(store, board)
-    request = _waiting_for(t, "u2")
+    request = waiting_for(t, "u2")
     waiting = asyncio.create_task(service.prepare(request))
     await asyncio.sleep(0.05)
     assert checks == ["u2"] and not waiting.done()
@@ -279,7 +268,7 @@ async def _waiting_while_its_recorder_holds_the_thread(
     checks = counting_checks(monkeypatch)
     holding: set[str] = {t.thread_id}  # the recorder has taken a batch of the thread
     board.follow_recorder(holding.__contains__)
-    waiting = asyncio.create_task(PrepareService(store, board).prepare(_waiting_for(t, key)))
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(waiting_for(t, key)))
     await asyncio.sleep(0.05)
     return store, board, t, checks, holding, waiting
 
@@ -325,7 +314,7 @@ async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_on
     service = PrepareService(store, board)
 
     def asking(key: str) -> PrepareRequest:
-        return _waiting_for(t, key, wait_ms=100)
+        return waiting_for(t, key, wait_ms=100)
 
     with pytest.raises(NotYetRecorded):
         await service.prepare(asking("never"))
