@@ -29,6 +29,8 @@ Figures (printed, and written to out/bench.json):
 - think: see benchmarks/think.py (read-your-writes steps at 0, 1.5 and 10 s pauses on 50-record threads;
   then prepares naming no event at a 4,000-token budget in anthropic.messages with the same pauses,
   and how many were served from a trusted view).
+- think_tight: see benchmarks/think_tight.py (the same read-your-writes steps at 4,000 tokens in
+  anthropic.messages with a ~1,500-token system prompt, at 0 and 1.5 s pauses; budget use per reply).
 - think_paired: see benchmarks/think_paired.py (read-your-writes steps of this checkout and of
   ``--against DIR``, two fleet processes taking turns step by step: a comparison the machine's drift
   cannot bias; then 50 concurrent agents per checkout, the checkouts taking turns in blocks).
@@ -85,6 +87,7 @@ from .search import bench_index_lag, bench_search_session
 from .shapes import bench_shapes
 from .think import bench_think
 from .think_paired import bench_think_paired
+from .think_tight import bench_think_tight
 from .index_pass import bench_index_pass
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -565,6 +568,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "eval",
             "shapes",
             "think",
+            "think_tight",
             "concurrency",
             "langgraph",
             "memory",
@@ -643,6 +647,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["shapes"] = await bench_shapes(servers, settings)
             elif name == "think":
                 results["think"] = await bench_think(nats_url, db, tmp, repeats=args.think_repeats)
+            elif name == "think_tight":
+                results["think_tight"] = await bench_think_tight(nats_url, db, tmp)
             elif name == "think_paired":
                 if args.against is None:
                     results["think_paired"] = {"skipped": "needs --against DIR (another ctxfleet checkout)"}
@@ -739,6 +745,7 @@ def main() -> None:
             "eval",
             "shapes",
             "think",
+            "think_tight",
             "concurrency",
             "langgraph",
             "memory",

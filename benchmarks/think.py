@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts import PrepareRequest
+from contracts import PreparedContext, PrepareRequest
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
 from tests.fixtures.builders import Thread
@@ -137,8 +137,8 @@ async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> t
 
 async def _step(
     client: FleetClient, t: Thread, request: PrepareRequest, key: str, mode: Mode
-) -> tuple[float, float | None]:
-    """One step: publish a user message, get the prepare naming it; (step ms, publish ack ms).
+) -> tuple[float, float | None, PreparedContext]:
+    """One step: publish a user message, get the prepare naming it; (step ms, publish ack ms, reply).
 
     ``sequential``: the prepare is sent once the publish is acked, so the step is ack + prepare.
     ``one_call``: ``append_and_prepare`` sends both at once; its ack is not timed apart (None).
@@ -148,13 +148,13 @@ async def _step(
     started = time.perf_counter()
     match mode:
         case "one_call":
-            await client.append_and_prepare(event, named)
-            return (time.perf_counter() - started) * 1000, None
+            prepared = (await client.append_and_prepare(event, named)).prepared
+            return (time.perf_counter() - started) * 1000, None, prepared
         case "sequential":
             await client.append(event)
             acked = time.perf_counter()
-            await client.prepare(named)
-            return (time.perf_counter() - started) * 1000, (acked - started) * 1000
+            prepared = await client.prepare(named)
+            return (time.perf_counter() - started) * 1000, (acked - started) * 1000, prepared
         case _:
             assert_never(mode)
 
@@ -306,7 +306,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         await asyncio.sleep(pause)
                         step += 1
                         mode = _rotating_mode(n)
-                        took, ack = await _step(client, t, request, f"think-{step}", mode)
+                        took, ack, _ = await _step(client, t, request, f"think-{step}", mode)
                         steps[pause, mode].append(took)
                         if ack is not None:
                             acks[pause].append(ack)
