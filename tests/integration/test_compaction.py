@@ -51,6 +51,17 @@ async def _groups(client: FleetClient, t: Thread, n: int, *, words: int = 60, st
     return key
 
 
+async def _evaluated(db: asyncpg.Connection, t: Thread) -> bool:
+    """Whether the budgeter has evaluated the thread at its head."""
+    return bool(
+        await db.fetchval(
+            "SELECT v.evaluated_revision >= h.revision FROM ctx.thread_heads h "
+            "JOIN ctx.thread_views v USING (thread_id) WHERE thread_id = $1",
+            t.thread_id,
+        )
+    )
+
+
 async def _summaries(client: FleetClient, t: Thread) -> int:
     try:
         return (await client.inspect(t.thread_id, limit=1)).summaries
@@ -120,7 +131,8 @@ async def test_turn_trigger_below_target_still_really_reduces_and_moves_the_base
     assert row["trigger_reasons"] == ["user_turns"] and row["tokens_after"] < row["tokens_before"]
     assert row["baseline_user_turns"] == 2
     await client.append(t.user("third question", key="q3"))
-    await asyncio.sleep(0.5)  # the budgeter evaluates; one more question is below the period
+    # One more question is below the period: once the budgeter has evaluated it, still one summary.
+    await eventually(lambda: _evaluated(db, t), what="the budgeter's pass over the third question")
     assert (await client.inspect(t.thread_id, limit=1)).summaries == 1
 
 
@@ -254,15 +266,7 @@ async def test_required_content_at_82_percent_does_not_summarize_every_loop(
     for i in range(12):
         await client.append(t.assistant(f"ok {i}", key=f"a{i}"))
 
-        async def evaluated() -> bool:
-            head = await db.fetchval("SELECT revision FROM ctx.thread_heads WHERE thread_id=$1", t.thread_id)
-            seen = await db.fetchval(
-                "SELECT evaluated_revision FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
-            )
-            return seen is not None and seen >= head
-
-        await eventually(evaluated, what=f"evaluation after loop {i}")
-        await asyncio.sleep(0.05)
+        await eventually(lambda: _evaluated(db, t), what=f"evaluation after loop {i}")
     row = await db.fetchrow("SELECT attempts, failures FROM ctx.thread_views WHERE thread_id=$1", t.thread_id)
     summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id=$1", t.thread_id)
     # Twelve loops over the trigger; at most one real attempt, then it waits for 5% growth.
