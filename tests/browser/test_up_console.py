@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,17 +31,8 @@ def _start_up(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    """A data folder's parent that embedded PostgreSQL (another user, when we are root) can enter."""
-    root = Path(tempfile.mkdtemp(prefix="ctx-test-up-console-"))
-    os.chmod(root, 0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-async def test_up_prints_the_console_url_and_serves_the_console_there(folder: Path) -> None:
-    tmp_path = folder
+async def test_up_prints_the_console_url_and_serves_the_console_there(server_folder: Path) -> None:
+    tmp_path = server_folder
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env.update(CTX_DATA_DIR=str(tmp_path / "data"), CTX_PARTITIONS="4")  # no CTX_HTTP_PORT
     log = tmp_path / "up.log"

@@ -93,11 +93,10 @@ class Up:
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Iterator[Path]:
+def folder(server_folder: Path) -> Iterator[Path]:
     """A fresh data folder's parent; afterwards no server may be left running on it."""
-    os.chmod(tmp_path, 0o755)  # embedded PostgreSQL runs as another user when we are root
-    yield tmp_path
-    for store in (tmp_path / "data" / "nats", tmp_path / "data" / "postgres"):
+    yield server_folder
+    for store in (server_folder / "data" / "nats", server_folder / "data" / "postgres"):
         for proc in holders_of(store) if store.exists() else []:
             proc.kill()
 

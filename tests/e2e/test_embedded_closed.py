@@ -155,8 +155,8 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
         assert subject in logged, (subject, logged)
 
 
-def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(server_folder: Path) -> None:
+    data = server_folder / "data"
     env = {**os.environ, "CTX_DATA_DIR": str(data)}
     env.pop("CTX_NATS_URL", None)
     env.pop("CTX_DATABASE_URL", None)
@@ -205,10 +205,12 @@ def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(tmp_pa
             up.stdout.close()
 
 
-async def test_the_embedded_postgres_requires_its_generated_password_across_restarts(tmp_path: Path) -> None:
+async def test_the_embedded_postgres_requires_its_generated_password_across_restarts(
+    server_folder: Path,
+) -> None:
     import asyncpg
 
-    settings = Settings(data_dir=tmp_path / "data")
+    settings = Settings(data_dir=server_folder / "data")
     for _ in range(2):  # the second start finds a cluster already switched to passwords
         servers = await asyncio.to_thread(start_servers, settings)
         try:

@@ -145,10 +145,12 @@ def test_replay_without_a_running_fleet_says_how_to_start_one(tmp_path: Path) ->
     assert result.returncode == 2 and "make run" in result.stderr
 
 
-def test_up_on_embedded_servers_replays_the_sample_and_a_second_run_reuses_the_data(tmp_path: Path) -> None:
+def test_up_on_embedded_servers_replays_the_sample_and_a_second_run_reuses_the_data(
+    server_folder: Path,
+) -> None:
+    tmp_path = server_folder
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env["CTX_DATA_DIR"] = str(tmp_path / "data")
-    os.chmod(tmp_path, 0o755)
     for _ in range(2):
         result = _ctxfleet("up", "--exit-after-replay", env=env, timeout=180)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from services.edge.client import FleetClient
 from services.errors import CtxError, StoreUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings
+from tests.fixtures.servers import enterable_folder
 from workers.app import Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
@@ -28,8 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 @pytest.fixture
 async def own_postgres() -> AsyncIterator[EmbeddedPostgres]:
     """A PostgreSQL of this test alone, so stopping it disturbs no other test's database."""
-    root = Path(tempfile.mkdtemp(prefix="ctx-pgdown-"))  # short: the unix socket lives under it
-    os.chmod(root, 0o755)
+    root = enterable_folder("ctx-pgdown-")  # short: the unix socket lives under it
     server = EmbeddedPostgres(root / "data", delete_on_stop=False)
     await asyncio.to_thread(server.start)
     try:
