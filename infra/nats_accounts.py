@@ -12,7 +12,10 @@ this table.
 
 One table, rendered into ``infra/nats/auth.conf`` (Compose) and checked against ``k8s/nats/values.yaml``
 (Helm). A test runs each worker under its own user against a real server and fails on any
-permissions violation, so a grant is never a guess that happens to be wide enough.
+permissions violation, so a grant is never a guess that happens to be wide enough. The grants of the
+identities clients connect as (``runtime-<tenant>``, ``operator``) live in ``contracts/identities.py``,
+because the fleet reads them at run time; this module adds the fleet's own users and renders the
+whole table.
 
 ``allow_responses`` lets a request handler answer on the requester's inbox without being allowed
 to publish to inboxes at large. Regenerate the Compose file with
@@ -26,27 +29,18 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
-from contracts.branches import SESSION_EXPORT, SESSION_FORK
-from contracts.inspect import SESSION_INSPECT
-from contracts.gateway import GATEWAY_CHECK
-from contracts.manage import COMPACT
-from contracts.read import POLICY_REGISTER, READ
-from contracts.search import SEARCH
-from contracts.hooks import HOOKS_REGISTER
-from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
-from contracts.subjects import (
-    DEAD,
-    DEFAULT_TENANT,
-    EVENTS,
-    EVENTS_STREAM,
-    INSPECT,
-    PREPARE,
-    RECORDED,
-    check_tenant,
+from contracts.identities import (
+    OPERATOR,
+    REQUESTS,
+    SubjectPermissions,
+    operator_permissions,
+    runtime_user,
+    tenant_permissions,
 )
+from contracts.manage import COMPACT
+from contracts.subjects import DEAD, DEFAULT_TENANT, EVENTS_STREAM, RECORDED
 from services.settings import parse_tenants
 from workers.compactor import COMPACTOR_DURABLE
 
@@ -70,36 +64,14 @@ __all__ = [
 ]
 
 WORKERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner")
-OPERATOR = "operator"
 DEFAULT_TENANTS = (DEFAULT_TENANT,)
 _INBOX = "_INBOX.>"
 # Context hooks answer under hooks.<tenant>. (contracts/hooks.py); the fleet calls them at prepare
 # (assembler) and compaction (compactor) time.
 _HOOKS = "hooks.>"
 _COMPACTED = "ctx.compacted.>"
-# Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
-# A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
-_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, HOOKS_REGISTER, OPERATION_STATUS, SESSION_FORK)
-# The gateway's final check is a runtime's, like the prepare it follows.
-_PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)
-# Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
-# Exporting a session writes out every record of it: an operator's, like inspecting.
-_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT)
-_REQUESTS = (
-    *(f"{s}.>" for s in (*_PER_TENANT_TREE, *_OPERATOR_ONLY)),
-    *(f"{s}.*" for s in _PER_TENANT),
-)
 # The compaction queue gauges (depth, oldest job) that budgeters and compactors export.
 _QUEUE_GAUGES = (f"$JS.API.STREAM.INFO.{JOBS_STREAM}", f"$JS.API.STREAM.MSG.GET.{JOBS_STREAM}")
-
-
-@dataclass(frozen=True)
-class SubjectPermissions:
-    """Subjects a user may publish to and subscribe to (NATS wildcards)."""
-
-    publish: tuple[str, ...]
-    subscribe: tuple[str, ...]
-    allow_responses: bool = False
 
 
 def worker_permissions() -> dict[str, SubjectPermissions]:
@@ -122,7 +94,7 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         # Answers requests; enqueues a compaction when a prepare must wait for one.
         "assembler": SubjectPermissions(
             publish=(COMPACTION_JOBS, _HOOKS),
-            subscribe=(*_REQUESTS, f"{RECORDED}.>", _COMPACTED, _INBOX),
+            subscribe=(*REQUESTS, f"{RECORDED}.>", _COMPACTED, _INBOX),
             allow_responses=True,
         ),
         "budgeter": SubjectPermissions(
@@ -147,39 +119,6 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         # The migration Job: creates and reconciles streams and the compactor's durable.
         "provisioner": SubjectPermissions(publish=("$JS.API.>",), subscribe=(_INBOX,)),
     }
-
-
-def runtime_user(tenant: str) -> str:
-    """The NATS user of ``tenant``'s agent runtimes."""
-    return f"runtime-{check_tenant(tenant)}"
-
-
-def tenant_permissions(tenant: str) -> SubjectPermissions:
-    """``tenant``'s runtimes: publish its events, ask its requests; read replies on their own inboxes only.
-
-    Never the ledger's streams, the JetStream API, compaction jobs, notices or another tenant's
-    subjects; never inspection. Their clients must use the inbox prefix ``_INBOX.<user>``
-    (``FleetClient`` does), or no reply can reach them.
-    """
-    t = check_tenant(tenant)
-    return SubjectPermissions(
-        publish=(
-            f"{EVENTS}.{t}.>",
-            *(f"{s}.{t}.>" for s in _PER_TENANT_TREE),
-            *(f"{s}.{t}" for s in _PER_TENANT),
-            f"{COMPACT}.{t}.>",
-        ),
-        # Its own context hooks, which the fleet calls and the runtime (or its plugin service) answers.
-        subscribe=(f"_INBOX.{runtime_user(t)}.>", f"hooks.{t}.>"),
-        allow_responses=True,
-    )
-
-
-def operator_permissions() -> SubjectPermissions:
-    """People and the ctxfleet CLI: any tenant's events and requests, and inspecting threads and sessions."""
-    return SubjectPermissions(
-        publish=(f"{EVENTS}.>", *_REQUESTS, f"{COMPACT}.>"), subscribe=(f"_INBOX.{OPERATOR}.>",)
-    )
 
 
 def grants(tenants: Iterable[str] = DEFAULT_TENANTS) -> dict[str, SubjectPermissions]:
