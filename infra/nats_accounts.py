@@ -14,11 +14,37 @@ One table, rendered into ``infra/nats/auth.conf`` (Compose) and checked against 
 (Helm). A test runs each worker under its own user against a real server and fails on any
 permissions violation, so a grant is never a guess that happens to be wide enough. The grants of the
 identities clients connect as (``runtime-<tenant>``, ``operator``) live in ``contracts/identities.py``,
-because the fleet reads them at run time; this module adds the fleet's own users and renders the
-whole table.
+because the fleet reads them at run time to decide where an answer may go; this module adds the
+fleet's own users and renders the whole table.
 
-``allow_responses`` lets a request handler answer on the requester's inbox without being allowed
-to publish to inboxes at large. Regenerate the Compose file with
+``allow_responses`` lets a request handler answer on a reply subject without being allowed to
+publish there otherwise. The server checks only that the handler received a message naming that
+reply subject, and the sender names it freely, so what the fleet publishes that a request could
+steer, and why it stays within the sender's own reach:
+
+- Replies. Only the responder answers (``workers/responder.py``), and only on an inbox of an identity
+  whose grants here allow sending that request: ``_INBOX.runtime-<tenant>.`` of the subject's tenant
+  or ``_INBOX.operator.`` (``contracts/identities.py``); anything else is dropped unanswered and
+  counted (``ctx_replies_refused_total``). Notices and jobs are never answered: FastStream would
+  answer their reply subject (or a job's ``reply_to`` header), so every other subscriber is
+  ``no_reply``. Without user names on the bus (a token, nkeys, JWTs) the fleet answers any
+  ``_INBOX.`` subject, and what else a user may reach is that deployment's own permissions.
+- ``allow_responses: true`` is already the server's narrowest form that still answers: one response
+  (``max: 1``) per request received, within two minutes; a shorter ``expires`` would cut off a slow
+  manual compaction. A runtime's ``allow_responses`` answers the fleet's hook calls, whose reply
+  subjects are the fleet's own inboxes.
+- Hook calls (``hooks.>``). Their subjects come from a registered hook set, accepted only under the
+  registering tenant's ``hooks.<tenant>.`` (``workers/queries.py``), and a prepare or compaction calls
+  only the hooks its own tenant's session pinned.
+- Compaction jobs go to the one subject ``ctx.compaction.jobs`` and name a thread the asking tenant
+  owns (a prepare or manual compaction of another tenant's thread fails as ``thread_not_found`` before
+  any job); ``ctx.compacted.<thread>`` follows only a committed compaction of such a thread.
+- Notices (``ctx.recorded.<thread>``) and dead letters (``ctx.dead.>``) are the recorder's, from
+  events the server let their sender publish on its tenant's subjects; forks and exports write to or
+  read from PostgreSQL and publish nothing but their reply; the JetStream API subjects are fixed
+  strings of the fleet's own streams and consumers, none built from a request.
+
+Regenerate the Compose file with
 ``CTX_TENANTS=default,acme python -m infra.nats_accounts > infra/nats/auth.conf`` (the Helm users
 with ``--helm``).
 """
