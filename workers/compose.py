@@ -7,6 +7,7 @@ checks and stops what it built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -60,10 +61,12 @@ __all__ = [
 ]
 
 
-def reply_rule(settings: Settings) -> ReplyRule:
-    """Where this process's answers may go: with a user name, the bus names its users (the grants of
-    ``contracts/identities.py``), so only the requester's own inbox is answered."""
-    return ReplyRule(named_users=settings.nats_user is not None)
+def reply_rule(settings: Settings, nats_url: str) -> ReplyRule:
+    """Where this process's answers may go: connecting with a user name (``CTX_NATS_USER`` or the URL's),
+    the bus names its users (the grants of ``contracts/identities.py``), so only the requester's own
+    inbox is answered."""
+    user = settings.nats_user or urlsplit(nats_url.split(",")[0].strip()).username
+    return ReplyRule(named_users=bool(user))
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
@@ -190,7 +193,7 @@ def compose(
     responder = Responder(
         lambda: broker.connection,
         limits.max_tasks,
-        replies=reply_rule(settings),
+        replies=reply_rule(settings, nats_url),
         refused=metrics.replies_refused,
     )
     if "assembler" in names:

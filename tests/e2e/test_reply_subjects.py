@@ -222,7 +222,7 @@ async def test_the_fleet_serves_exactly_the_request_channels_and_only_through_it
     broker = closed.fleet.broker
     assert broker is not None
     # FastStream answers a message's reply subject unless told not to; none of its subscribers may.
-    assert [str(s.subject) for s in broker.subscribers if not s._no_reply] == []
+    assert [repr(s) for s in broker.subscribers if not s._no_reply] == []
 
 
 async def test_a_notice_or_a_job_carrying_a_reply_subject_is_never_answered(closed: ClosedFleet) -> None:
