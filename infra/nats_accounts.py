@@ -12,10 +12,39 @@ this table.
 
 One table, rendered into ``infra/nats/auth.conf`` (Compose) and checked against ``k8s/nats/values.yaml``
 (Helm). A test runs each worker under its own user against a real server and fails on any
-permissions violation, so a grant is never a guess that happens to be wide enough.
+permissions violation, so a grant is never a guess that happens to be wide enough. The grants of the
+identities clients connect as (``runtime-<tenant>``, ``operator``) live in ``contracts/identities.py``,
+because the fleet reads them at run time to decide where an answer may go; this module adds the
+fleet's own users and renders the whole table.
 
-``allow_responses`` lets a request handler answer on the requester's inbox without being allowed
-to publish to inboxes at large. Regenerate the Compose file with
+``allow_responses`` lets a request handler answer on a reply subject without being allowed to
+publish there otherwise. The server checks only that the handler received a message naming that
+reply subject, and the sender names it freely, so what the fleet publishes that a request could
+steer, and why it stays within the sender's own reach:
+
+- Replies. Only the responder answers (``workers/responder.py``), and only on an inbox of an identity
+  whose grants here allow sending that request: ``_INBOX.runtime-<tenant>.`` of the subject's tenant
+  or ``_INBOX.operator.`` (``contracts/identities.py``); anything else is dropped unanswered and
+  counted (``ctx_replies_refused_total``). Notices and jobs are never answered: FastStream would
+  answer their reply subject (or a job's ``reply_to`` header), so every other subscriber is
+  ``no_reply``. Without user names on the bus (a token, nkeys, JWTs) the fleet answers any
+  ``_INBOX.`` subject, and what else a user may reach is that deployment's own permissions.
+- ``allow_responses: true`` is already the server's narrowest form that still answers: one response
+  (``max: 1``) per request received, within two minutes; a shorter ``expires`` would cut off a slow
+  manual compaction. A runtime's ``allow_responses`` answers the fleet's hook calls, whose reply
+  subjects are the fleet's own inboxes.
+- Hook calls (``hooks.>``). Their subjects come from a registered hook set, accepted only under the
+  registering tenant's ``hooks.<tenant>.`` (``workers/queries.py``), and a prepare or compaction calls
+  only the hooks its own tenant's session pinned.
+- Compaction jobs go to the one subject ``ctx.compaction.jobs`` and name a thread the asking tenant
+  owns (a prepare or manual compaction of another tenant's thread fails as ``thread_not_found`` before
+  any job); ``ctx.compacted.<thread>`` follows only a committed compaction of such a thread.
+- Notices (``ctx.recorded.<thread>``) and dead letters (``ctx.dead.>``) are the recorder's, from
+  events the server let their sender publish on its tenant's subjects; forks and exports write to or
+  read from PostgreSQL and publish nothing but their reply; the JetStream API subjects are fixed
+  strings of the fleet's own streams and consumers, none built from a request.
+
+Regenerate the Compose file with
 ``CTX_TENANTS=default,acme python -m infra.nats_accounts > infra/nats/auth.conf`` (the Helm users
 with ``--helm``).
 """
@@ -26,27 +55,18 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
-from contracts.branches import SESSION_EXPORT, SESSION_FORK
-from contracts.inspect import SESSION_INSPECT
-from contracts.gateway import GATEWAY_CHECK
-from contracts.manage import COMPACT
-from contracts.read import POLICY_REGISTER, READ
-from contracts.search import SEARCH
-from contracts.hooks import HOOKS_REGISTER
-from contracts.state import OPERATION_STATUS, TOOLS_REGISTER
-from contracts.subjects import (
-    DEAD,
-    DEFAULT_TENANT,
-    EVENTS,
-    EVENTS_STREAM,
-    INSPECT,
-    PREPARE,
-    RECORDED,
-    check_tenant,
+from contracts.identities import (
+    OPERATOR,
+    REQUESTS,
+    SubjectPermissions,
+    operator_permissions,
+    runtime_user,
+    tenant_permissions,
 )
+from contracts.manage import COMPACT
+from contracts.subjects import DEAD, DEFAULT_TENANT, EVENTS_STREAM, RECORDED
 from services.settings import parse_tenants
 from workers.compactor import COMPACTOR_DURABLE
 
@@ -70,36 +90,14 @@ __all__ = [
 ]
 
 WORKERS = ("recorder", "assembler", "budgeter", "compactor", "indexer", "provisioner")
-OPERATOR = "operator"
 DEFAULT_TENANTS = (DEFAULT_TENANT,)
 _INBOX = "_INBOX.>"
 # Context hooks answer under hooks.<tenant>. (contracts/hooks.py); the fleet calls them at prepare
 # (assembler) and compaction (compactor) time.
 _HOOKS = "hooks.>"
 _COMPACTED = "ctx.compacted.>"
-# Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
-# A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
-_PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, HOOKS_REGISTER, OPERATION_STATUS, SESSION_FORK)
-# The gateway's final check is a runtime's, like the prepare it follows.
-_PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)
-# Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
-# Exporting a session writes out every record of it: an operator's, like inspecting.
-_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT)
-_REQUESTS = (
-    *(f"{s}.>" for s in (*_PER_TENANT_TREE, *_OPERATOR_ONLY)),
-    *(f"{s}.*" for s in _PER_TENANT),
-)
 # The compaction queue gauges (depth, oldest job) that budgeters and compactors export.
 _QUEUE_GAUGES = (f"$JS.API.STREAM.INFO.{JOBS_STREAM}", f"$JS.API.STREAM.MSG.GET.{JOBS_STREAM}")
-
-
-@dataclass(frozen=True)
-class SubjectPermissions:
-    """Subjects a user may publish to and subscribe to (NATS wildcards)."""
-
-    publish: tuple[str, ...]
-    subscribe: tuple[str, ...]
-    allow_responses: bool = False
 
 
 def worker_permissions() -> dict[str, SubjectPermissions]:
@@ -122,7 +120,7 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         # Answers requests; enqueues a compaction when a prepare must wait for one.
         "assembler": SubjectPermissions(
             publish=(COMPACTION_JOBS, _HOOKS),
-            subscribe=(*_REQUESTS, f"{RECORDED}.>", _COMPACTED, _INBOX),
+            subscribe=(*REQUESTS, f"{RECORDED}.>", _COMPACTED, _INBOX),
             allow_responses=True,
         ),
         "budgeter": SubjectPermissions(
@@ -147,39 +145,6 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
         # The migration Job: creates and reconciles streams and the compactor's durable.
         "provisioner": SubjectPermissions(publish=("$JS.API.>",), subscribe=(_INBOX,)),
     }
-
-
-def runtime_user(tenant: str) -> str:
-    """The NATS user of ``tenant``'s agent runtimes."""
-    return f"runtime-{check_tenant(tenant)}"
-
-
-def tenant_permissions(tenant: str) -> SubjectPermissions:
-    """``tenant``'s runtimes: publish its events, ask its requests; read replies on their own inboxes only.
-
-    Never the ledger's streams, the JetStream API, compaction jobs, notices or another tenant's
-    subjects; never inspection. Their clients must use the inbox prefix ``_INBOX.<user>``
-    (``FleetClient`` does), or no reply can reach them.
-    """
-    t = check_tenant(tenant)
-    return SubjectPermissions(
-        publish=(
-            f"{EVENTS}.{t}.>",
-            *(f"{s}.{t}.>" for s in _PER_TENANT_TREE),
-            *(f"{s}.{t}" for s in _PER_TENANT),
-            f"{COMPACT}.{t}.>",
-        ),
-        # Its own context hooks, which the fleet calls and the runtime (or its plugin service) answers.
-        subscribe=(f"_INBOX.{runtime_user(t)}.>", f"hooks.{t}.>"),
-        allow_responses=True,
-    )
-
-
-def operator_permissions() -> SubjectPermissions:
-    """People and the ctxfleet CLI: any tenant's events and requests, and inspecting threads and sessions."""
-    return SubjectPermissions(
-        publish=(f"{EVENTS}.>", *_REQUESTS, f"{COMPACT}.>"), subscribe=(f"_INBOX.{OPERATOR}.>",)
-    )
 
 
 def grants(tenants: Iterable[str] = DEFAULT_TENANTS) -> dict[str, SubjectPermissions]:

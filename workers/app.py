@@ -131,7 +131,8 @@ class Fleet:
     _waiting: str | None = None
     _heap: HeapKeeper | None = None
     _hot_path: HotPath | None = None
-    _responder: Responder | None = None
+    # Answers the request/reply endpoints of this process (workers/responder.py).
+    responder: Responder | None = None
     _view_changes: ViewChangeListener | None = None
 
     async def start(
@@ -171,10 +172,10 @@ class Fleet:
             )
             await self._view_changes.start()
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
-        self.gateway, self._hot_path, self._responder = workers.gateway, workers.hot_path, workers.responder
+        self.gateway, self._hot_path, self.responder = workers.gateway, workers.hot_path, workers.responder
         await self.broker.start()
-        if self._responder is not None:
-            await self._responder.start()  # the request/reply endpoints, on the broker's connection
+        if self.responder is not None:
+            await self.responder.start()  # the request/reply endpoints, on the broker's connection
         if self.budgeter is not None:
             await self.budgeter.start()
         if self.indexer is not None:
@@ -337,7 +338,7 @@ class Fleet:
         if broker is not None:
             try:
                 await asyncio.wait_for(
-                    _answer_what_was_delivered(broker, self._responder),
+                    _answer_what_was_delivered(broker, self.responder),
                     timeout=self.settings.shutdown_timeout_s,
                 )
             except TimeoutError:

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from faststream.nats import NatsResponse, NatsRouter
-from nats.aio.client import Client as NatsClient
 
 from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
@@ -61,7 +59,7 @@ class AssemblerWorker:
         gateway: GatewayService | None = None,
         local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
-        connection: Callable[[], NatsClient] | None = None,
+        responder: Responder | None = None,
         reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
     ) -> None:
         self._service = service
@@ -81,9 +79,9 @@ class AssemblerWorker:
         self._reply_stage = metrics.prepare_stage_seconds.labels(stage="reply")
         self._levels = LevelClock()
         self.admission = Admission(limits or RequestLimits(), metrics)
-        # Answers prepare, inspect, the gateway check and the queries on ``connection`` (the broker's);
-        # None: declared, never served.
-        self.responder = Responder(connection, self.admission.limits.max_tasks)
+        # Answers prepare, inspect, the gateway check and the queries; without one they are declared
+        # (for the AsyncAPI document), never served.
+        self.responder = responder or Responder(None, self.admission.limits.max_tasks)
         self.router = NatsRouter()
         self._register()
         self.router.include_router(queries_router(store, metrics, self.admission, self.responder))
@@ -123,9 +121,12 @@ class AssemblerWorker:
                 lambda _slot: self._inspect(message.body, tenant, f"{run_id}.{instance_id}"),
             )
 
+        # Notices are never answered, whatever reply subject they carry: only requests are, by the
+        # responder, and only to the requester's inbox (workers/responder.py, invariant 5).
         @r.subscriber(
             f"{RECORDED}.{{run_id}}.{{instance_id}}",
             decoder=inbound,
+            no_reply=True,
             title="recorded",
             description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
         )
@@ -138,6 +139,7 @@ class AssemblerWorker:
         @r.subscriber(
             "ctx.compacted.{run_id}.{instance_id}",
             decoder=inbound,
+            no_reply=True,
             title="compacted",
             description=(
                 "Compactor notices: a thread's view has a new summary (wakes prepares waiting on it)."

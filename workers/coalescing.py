@@ -40,6 +40,8 @@ def recorded_notices(
         f"{RECORDED}.{{run_id}}.{{instance_id}}",
         queue=queue,
         decoder=inbound,
+        # A notice is never answered, whatever reply subject it carries (workers/responder.py).
+        no_reply=True,
         title=queue,
         description=description,
     )

@@ -47,6 +47,8 @@ class CompactorWorker:
             durable=COMPACTOR_DURABLE,
             pull_sub=PullSub(batch_size=1, timeout=1.0),
             ack_policy=AckPolicy.MANUAL,
+            # FastStream would answer a job's ``reply_to`` header; a job is never answered.
+            no_reply=True,
             title="compactor",
             description="Compaction jobs (work queue): one job to one replica.",
         )

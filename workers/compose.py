@@ -7,6 +7,7 @@ checks and stops what it built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -46,6 +47,7 @@ from .manual import manual_router
 from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
+from .replies import ReplyRule
 
 __all__ = [
     "Workers",
@@ -54,8 +56,17 @@ __all__ = [
     "create_broker",
     "create_docs_app",
     "recording_limits",
+    "reply_rule",
     "summarizer_factory",
 ]
+
+
+def reply_rule(settings: Settings, nats_url: str) -> ReplyRule:
+    """Where this process's answers may go: connecting with a user name (``CTX_NATS_USER`` or the URL's),
+    the bus names its users (the grants of ``contracts/identities.py``), so only the requester's own
+    inbox is answered."""
+    user = settings.nats_user or urlsplit(nats_url.split(",")[0].strip()).username
+    return ReplyRule(named_users=bool(user))
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
@@ -158,7 +169,6 @@ def compose(
     from the registered hook sets, or from ``hook_grants`` when given (a twin in tests).
     """
     gateway: GatewayService | None = None
-    responder: Responder | None = None
     names = settings.worker_names
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
@@ -174,6 +184,17 @@ def compose(
     local = LocalNotices()
     hot_path = HotPath(
         quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000
+    )
+    limits = RequestLimits(
+        max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
+    )
+    # Every request/reply endpoint of this process (the assembler's, the compactor's), answered on the
+    # connection the requests come in on (the broker's, once started), and only to the requester's inbox.
+    responder = Responder(
+        lambda: broker.connection,
+        limits.max_tasks,
+        replies=reply_rule(settings, nats_url),
+        refused=metrics.replies_refused,
     )
     if "assembler" in names:
         board = NoticeBoard(
@@ -193,9 +214,6 @@ def compose(
             quiet=hot_path.await_quiet,
             on_stage=metrics.prepare_stages(),
         )
-        limits = RequestLimits(
-            max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
-        )
         if gateway_store is not None:
             gateway = GatewayService(
                 gateway_store,
@@ -214,11 +232,9 @@ def compose(
             gateway=gateway,
             local=local,
             hot_path=hot_path,
-            # Answers go out on the connection the requests came in on (the broker's, once started).
-            connection=lambda: broker.connection,
+            responder=responder,
             reply_cache_bytes=settings.reply_cache_mb * 1024 * 1024,
         )
-        responder = assembler.responder
         broker.include_router(assembler.router)
     budgeter = None
     if "budgeter" in names:
@@ -237,7 +253,9 @@ def compose(
 
         compaction = CompactionService(store, loader, summarizer_factory(settings), hooks=hooks)
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
-        broker.include_router(manual_router(ManualCompaction(store, loader, compaction), notify, metrics))
+        broker.include_router(
+            manual_router(ManualCompaction(store, loader, compaction), responder, notify, metrics)
+        )
     recorder = None
     if "recorder" in names:
         recorder = RecorderWorker(
@@ -272,7 +290,7 @@ def create_docs_app() -> FastStream:
     broker.include_router(AssemblerWorker(None, NoticeBoard(), metrics).router)
     broker.include_router(BudgeterWorker(None, None, metrics).router)
     broker.include_router(CompactorWorker(None, metrics).router)
-    broker.include_router(manual_router(None))
+    broker.include_router(manual_router(None, Responder(None, 1)))
     broker.include_router(IndexerWorker(None, metrics).router)
     _document_outputs(broker)
     return FastStream(broker)

@@ -1,8 +1,10 @@
 """Manual compaction: answers ``ctx.compact.<tenant>.<run>.<instance>`` in the compactor process.
 
 The tenant is the subject's (the server's permissions vouch for it). Served in the ``compactor``
-queue group, beside the job queue: a summarizer call may take seconds, and the assembler's compute
-slots are for prepares. After a commit the thread's prepares are woken, as after a queued job.
+queue group, beside the job queue, one request at a time per process: a summarizer call may take
+seconds, and the assembler's compute slots are for prepares. Answered by the process's responder,
+like every request (``workers/responder.py``). After a commit the thread's prepares are woken, as
+after a queued job.
 """
 
 from __future__ import annotations
@@ -10,38 +12,42 @@ from __future__ import annotations
 import json
 
 from faststream.nats import NatsResponse, NatsRouter
-from faststream.nats.annotations import NatsMessage
 
 from contracts import COMPACT, CompactReply, CompactRequest, compacted_subject
 from services.app.manual_compaction import ManualCompaction
 from services.errors import CtxError, InvalidRequest
 
-from .metrics import FleetMetrics
-
 from .compactor import Notify
-from .replies import parse_body, raw_body, reply_with
+from .metrics import FleetMetrics
+from .replies import Inbound, parse_body, reply_with
+from .responder import Responder
 
 __all__ = ["manual_router"]
 
 
 def manual_router(
-    service: ManualCompaction | None, notify: Notify | None = None, metrics: FleetMetrics | None = None
+    service: ManualCompaction | None,
+    responder: Responder,
+    notify: Notify | None = None,
+    metrics: FleetMetrics | None = None,
 ) -> NatsRouter:
-    """The router of ``ctx.compact``, bound to one manual-compaction service."""
+    """The router of ``ctx.compact``, bound to one manual-compaction service and the process's responder."""
     router = NatsRouter()
 
-    @router.subscriber(
+    @responder.endpoint(
+        router,
         f"{COMPACT}.{{tenant}}.{{run_id}}.{{instance_id}}",
         queue="compactor",
-        decoder=raw_body,
+        max_tasks=1,
         title="compact",
         description=(
             "CompactRequest in, CompactReply or ErrorReply out: a manual compaction of the thread "
             "(thread_not_found, nothing_to_compact, compaction_failed)."
         ),
     )
-    async def on_compact(body: bytes, message: NatsMessage) -> NatsResponse:
-        tenant, run_id, instance_id = str(message.raw_message.subject).split(".")[-3:]
+    async def on_compact(message: Inbound) -> NatsResponse:
+        tenant, run_id, instance_id = message.tokens(3)
+        body = message.body
 
         async def run() -> CompactReply:
             if service is None:

@@ -381,6 +381,13 @@ class FleetMetrics:
             ["reason"],
             registry=r,
         )
+        self.replies_refused = Counter(
+            "ctx_replies_refused",
+            "Requests dropped unanswered because their reply subject is not the requester's inbox, by "
+            "endpoint and reason (not_an_inbox, foreign_inbox)",
+            ["endpoint", "reason"],
+            registry=r,
+        )
         self.requests_inflight = Gauge("ctx_requests_inflight", "Requests holding a compute slot", registry=r)
         self.requests_queued = Gauge("ctx_requests_queued", "Requests queued for a compute slot", registry=r)
         self.requests_waiting = Gauge(

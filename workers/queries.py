@@ -184,5 +184,5 @@ def queries_router(
 
         return await serve(message, register)
 
-    router.include_router(branches_router(store, admission))
+    router.include_router(branches_router(store, admission, responder))
     return router

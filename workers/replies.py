@@ -1,10 +1,16 @@
-"""Request/reply plumbing shared by the request handlers: raw decode, admission, typed errors, replies."""
+"""Request/reply plumbing shared by the request handlers: raw decode, admission, typed errors, replies.
+
+Where an answer may go is :class:`ReplyRule`'s: a request names its reply subject freely, and the
+fleet's ``allow_responses`` would let it publish there, so a reply aimed anywhere but the requester's
+inbox (an events stream, the JetStream API, a notice) is never sent (``contracts/identities.py``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -13,6 +19,7 @@ from nats.errors import Error as NatsError
 from pydantic import BaseModel, ValidationError
 
 from contracts import ErrorCode, ErrorReply, reply_json
+from contracts.identities import INBOX, reply_prefixes
 from services.errors import CtxError, FleetUnavailable, InvalidRequest, Overloaded, StoreUnavailable
 from services.store._errors import CONNECTION_ERRORS
 
@@ -20,6 +27,9 @@ from .admission import Admission, Slot
 
 __all__ = [
     "Inbound",
+    "RareWarning",
+    "ReplyRefusal",
+    "ReplyRule",
     "admitted",
     "error_reply",
     "error_response",
@@ -35,25 +45,56 @@ _M = TypeVar("_M", bound=BaseModel)
 _OUTAGE_LOG_EVERY_S = 10.0
 
 
-class _OutageLog:
-    """Rate-limited warnings of store outages, with how many were not logged."""
+class RareWarning:
+    """A warning logged at most once per interval, with how many were not logged."""
 
-    def __init__(self, every_s: float) -> None:
+    def __init__(self, every_s: float, message: str) -> None:
         self._every_s = every_s
+        self._message = message
         self._last = float("-inf")
         self._quiet = 0
 
-    def warn(self, cause: str) -> None:
+    def warn(self, *args: object) -> None:
         now = time.monotonic()
         if now - self._last < self._every_s:
             self._quiet += 1
             return
         more = f" (and {self._quiet} more since the last warning)" if self._quiet else ""
-        log.warning("requests answered store_unavailable: %s%s", cause, more)
+        log.warning(self._message + "%s", *args, more)
         self._last, self._quiet = now, 0
 
 
-_outages = _OutageLog(_OUTAGE_LOG_EVERY_S)
+_outages = RareWarning(_OUTAGE_LOG_EVERY_S, "requests answered store_unavailable: %s")
+
+
+class ReplyRefusal(StrEnum):
+    """Why an answer may not go where its request asks: a closed set, a metric's label."""
+
+    # Anything but an inbox: an events stream, the JetStream API, a notice subject, a job queue.
+    NOT_AN_INBOX = "not_an_inbox"
+    # An inbox of an identity that may not send this request (another tenant's runtimes).
+    FOREIGN_INBOX = "foreign_inbox"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyRule:
+    """Where a request's answer may go: always an inbox; on a bus of named users, a requester's own.
+
+    ``named_users``: the bus authenticates users by name with the grants of ``contracts/identities.py``
+    (user and password: the embedded default, Compose, the Helm chart), so ``_INBOX.<user>.`` is
+    readable by ``user`` alone. Without names (no authentication, a token, nkeys, JWTs) the fleet
+    cannot tell one inbox from another, and any ``_INBOX.`` subject is answered.
+    """
+
+    named_users: bool = False
+
+    def refusal(self, subject: str, tenant: str | None, reply: str) -> ReplyRefusal | None:
+        """Why the answer to a request on ``subject`` (of ``tenant``) may not go to ``reply``, or None."""
+        if not reply.startswith(f"{INBOX}."):
+            return ReplyRefusal.NOT_AN_INBOX
+        if self.named_users and not reply.startswith(reply_prefixes(subject, tenant)):
+            return ReplyRefusal.FOREIGN_INBOX
+        return None
 
 
 async def raw_body(msg: NatsMessage) -> bytes:

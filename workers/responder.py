@@ -21,6 +21,10 @@ Invariants:
    the subscriptions (``drain``) answers what was delivered here before it closes the connection.
 4. A serving responder's endpoints are subscribed once, by ``start``, in their queue groups; an
    endpoint declared after ``start`` is an error, not an endpoint that silently never serves.
+5. A request whose reply subject its ``ReplyRule`` refuses (not the requester's inbox) is dropped
+   before it is handled: never answered, never computed, counted by endpoint and reason, and logged
+   at most once per interval. Every request/reply endpoint of the fleet is a responder's, so this is
+   the one place that decides where an answer may go.
 """
 
 from __future__ import annotations
@@ -36,13 +40,16 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from prometheus_client import Counter
 
 from .admission import DeadlinePassed
-from .replies import Inbound, error_response, inbound
+from .replies import Inbound, RareWarning, ReplyRule, error_response, inbound
 
 __all__ = ["Endpoint", "Handler", "Responder"]
 
 log = logging.getLogger("ctxfleet.requests")
+# Refusals come in floods when someone probes: one line per interval names the latest.
+_REFUSAL_LOG_EVERY_S = 10.0
 
 Handler = Callable[[Inbound], Awaitable[NatsResponse]]
 
@@ -50,12 +57,24 @@ Handler = Callable[[Inbound], Awaitable[NatsResponse]]
 class Responder:
     """Serves the request/reply endpoints of one process, each request in its own task."""
 
-    def __init__(self, connection: Callable[[], NatsClient] | None, max_tasks: int) -> None:
+    def __init__(
+        self,
+        connection: Callable[[], NatsClient] | None,
+        max_tasks: int,
+        *,
+        replies: ReplyRule | None = None,
+        refused: Counter | None = None,
+    ) -> None:
         # The connection the requests arrive on: the server lets a handler answer a requester's inbox
         # only there (``allow_responses``, infra/nats_accounts.py). None only where nothing is served
         # (the AsyncAPI document is built from the routers).
         self._connection = connection
         self._max_tasks = max_tasks
+        self._replies = replies or ReplyRule()
+        self._refused = refused
+        self._refusals = RareWarning(
+            _REFUSAL_LOG_EVERY_S, "dropped a request on %s unanswered: reply subject %r refused (%s)"
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._served: list[_Served] = []
         self._subscriptions: list[Subscription] | None = None
@@ -71,12 +90,23 @@ class Responder:
         return len(self._tasks)
 
     def endpoint(
-        self, router: NatsRouter, subject: str, *, queue: str, title: str, description: str
+        self,
+        router: NatsRouter,
+        subject: str,
+        *,
+        queue: str,
+        title: str,
+        description: str,
+        max_tasks: int | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Declare ``subject`` on ``router``; the decorated handler answers each request (invariant 2)."""
+        """Declare ``subject`` on ``router``; the decorated handler answers each request (invariant 2).
+
+        ``{tenant}`` in ``subject`` names the token the requester's tenant is read from (invariant 5);
+        ``max_tasks`` bounds this endpoint below the responder's bound.
+        """
 
         def register(handler: Handler) -> Handler:
-            served = self.serving(handler)
+            served = self.serving(handler, name=title, tenant_at=_tenant_token(subject), max_tasks=max_tasks)
             if self._connection is not None:
                 if self._subscriptions is not None:
                     raise RuntimeError(f"endpoint {subject} declared after the responder started")
@@ -117,9 +147,18 @@ class Responder:
                 log.debug("drain %s: %s", subscription.subject, exc)
         await self.answered()
 
-    def serving(self, handler: Handler) -> Endpoint:
-        """One endpoint's bound on requests in hand, in front of ``handler`` (invariant 1)."""
-        return Endpoint(self, handler, self._max_tasks)
+    def serving(
+        self,
+        handler: Handler,
+        *,
+        name: str = "",
+        tenant_at: int | None = None,
+        max_tasks: int | None = None,
+    ) -> Endpoint:
+        """One endpoint's bound on requests in hand and its reply rule, in front of ``handler``
+        (invariants 1 and 5): ``name`` labels its refusals, ``tenant_at`` is the index of the subject
+        token that holds the tenant."""
+        return Endpoint(self, handler, min(max_tasks or self._max_tasks, self._max_tasks), name, tenant_at)
 
     async def answered(self) -> None:
         """Until every request taken so far has been answered (invariant 3); the caller bounds it."""
@@ -131,6 +170,17 @@ class Responder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _refuses(self, endpoint: str, tenant_at: int | None, message: Inbound) -> bool:
+        """Whether ``message``'s reply subject is refused (invariant 5); counts and logs a refusal."""
+        tenant = None if tenant_at is None else message.subject.split(".")[tenant_at]
+        reason = self._replies.refusal(message.subject, tenant, message.reply)
+        if reason is None:
+            return False
+        if self._refused is not None:
+            self._refused.labels(endpoint=endpoint, reason=reason.value).inc()
+        self._refusals.warn(message.subject, message.reply[:256], reason.value)
+        return True
+
     async def _reply(self, message: Inbound, response: NatsResponse) -> None:
         if message.reply and self._connection is not None:
             nc = self._connection()
@@ -140,14 +190,23 @@ class Responder:
 class Endpoint:
     """The requests of one endpoint: at most ``max_tasks`` in hand, each answered in its own task."""
 
-    def __init__(self, responder: Responder, handler: Handler, max_tasks: int) -> None:
+    def __init__(
+        self, responder: Responder, handler: Handler, max_tasks: int, name: str, tenant_at: int | None
+    ) -> None:
         self._responder = responder
         self._handler = handler
+        self._name = name
+        self._tenant_at = tenant_at
         # One bound per endpoint, as max_workers was: a flood of one kind does not starve the rest.
         self._slots = asyncio.Semaphore(max_tasks)
 
     async def take(self, message: Inbound) -> None:
-        """Hand ``message`` to a task of its own; waits while ``max_tasks`` are in hand."""
+        """Hand ``message`` to a task of its own; waits while ``max_tasks`` are in hand.
+
+        A request whose answer may not go where it asks is dropped here, unhandled (invariant 5).
+        """
+        if message.reply and self._responder._refuses(self._name, self._tenant_at, message):
+            return
         await self._slots.acquire()
         self._responder._spawn(self._answer(message))
 
@@ -180,6 +239,12 @@ class _Served:
 
 
 _PARAMETER = re.compile(r"\{[^}]+\}")
+
+
+def _tenant_token(subject: str) -> int | None:
+    """The index of ``subject``'s ``{tenant}`` token, if it has one."""
+    tokens = subject.split(".")
+    return tokens.index("{tenant}") if "{tenant}" in tokens else None
 
 
 def _wildcards(subject: str) -> str:

@@ -82,6 +82,7 @@ from contracts.branches import (
     session_export_subject,
 )
 from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered
+from contracts.identities import inbox_prefix
 from contracts.ids import is_identifier
 from contracts.subjects import (
     DEFAULT_TENANT,
@@ -193,11 +194,6 @@ async def _close_quietly(nc: NatsClient) -> None:
     transport = getattr(nc, "_transport", None)
     if transport is not None:
         transport.close()
-
-
-def inbox_prefix(user: str | None) -> str:
-    """The reply inboxes of ``user``: its permissions allow subscribing under this prefix only."""
-    return f"_INBOX.{user}" if user else "_INBOX"
 
 
 class FleetClient:

@@ -6,9 +6,12 @@ import re
 
 import pytest
 
+from contracts.identities import may_publish, reply_prefixes, requesters
+from infra.asyncapi import CHANNELS, Channel
 from infra.nats_accounts import (
     OPERATOR,
     WORKERS,
+    embedded_grants,
     grants,
     helm_users,
     password_variable,
@@ -105,3 +108,51 @@ def test_every_configured_tenant_gets_a_user_and_a_password_variable_in_every_re
     assert re.search(r"ctx\.events\.acme-eu\.>", str(helm["runtime-acme-eu"]["permissions"]))
     with pytest.raises(ValueError, match="tenant"):
         runtime_user("acme.eu")
+
+
+_TRICKY = (
+    "ctx.read.acme",
+    "ctx.read.acme.x",
+    "ctx.read",
+    "ctx.prepare.acme",
+    "ctx.prepare.acme.r",
+    "ctx.prepare.acme.r.main",
+    "ctx.prepare.acmex.r.main",
+    "ctx.events.acme.s.r.main",
+    "ctx.compact.acme.r.main",
+    "ctx.session.export.acme.s1",
+    "ctx.session.export.acme.s1.x",
+    "$JS.API.STREAM.PURGE.CTX_EVENTS",
+    "$JS.API.STREAM.INFO.CTX_JOBS",
+    "hooks.acme.h1",
+    "_INBOX.runtime-acme.x",
+)
+
+
+@pytest.mark.parametrize("user", sorted(embedded_grants(("acme", "globex"))))
+def test_may_publish_matches_subjects_as_nats_wildcards_do(user: str) -> None:
+    grant = embedded_grants(("acme", "globex"))[user]
+    for subject in _TRICKY:
+        assert may_publish(grant, subject) == any(_matches(p, subject) for p in grant.publish), subject
+
+
+def _instance(address: str, tenant: str) -> str:
+    values = {"tenant": tenant, "run_id": "r1", "instance_id": "main", "session_id": "s1"}
+    return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], address)
+
+
+@pytest.mark.parametrize(
+    "channel", [c for c in CHANNELS if c.action == "receive" and c.replies], ids=lambda c: c.key
+)
+def test_who_may_send_each_request_and_be_answered_is_exactly_who_the_grants_table_lets_publish_it(
+    channel: Channel,
+) -> None:
+    # The reply rule reads the requesters from contracts/identities.py; the whole table (worker users,
+    # the all-in-one fleet user, every tenant) must agree, so no second list can drift from it.
+    table = embedded_grants(("acme", "globex"))
+    for tenant in ("acme", "globex"):
+        subject = _instance(channel.address, tenant)
+        allowed = {u for u, g in table.items() if any(_matches(p, subject) for p in g.publish)}
+        assert set(requesters(subject, tenant)) == allowed, subject
+        assert OPERATOR in allowed  # people may ask anything of any tenant
+        assert reply_prefixes(subject, tenant) == tuple(f"_INBOX.{u}." for u in requesters(subject, tenant))

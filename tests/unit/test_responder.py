@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import cast
 
 import pytest
 from faststream.nats import NatsResponse
 from nats.aio.client import Client as NatsClient
+from prometheus_client import CollectorRegistry, Counter
 
+from services.settings import Settings
 from workers.admission import DeadlinePassed
-from workers.replies import Inbound
+from workers.compose import reply_rule
+from workers.replies import Inbound, ReplyRule
 from workers.responder import Responder
 
 pytestmark = pytest.mark.anyio
@@ -111,3 +115,76 @@ async def test_answered_waits_for_every_request_taken() -> None:
     await asyncio.wait_for(responder.answered(), timeout=1.0)
     assert [s for s, _, _ in nc.sent] == ["_INBOX.x.1"]
     assert responder.in_hand == 0
+
+
+def _guarded(named_users: bool) -> tuple[Responder, _Published, Callable[[str, str], float | None]]:
+    nc, registry = _Published(), CollectorRegistry()
+    refused = Counter("ctx_replies_refused", "", ["endpoint", "reason"], registry=registry)
+    responder = Responder(
+        lambda: cast(NatsClient, nc), 4, replies=ReplyRule(named_users=named_users), refused=refused
+    )
+
+    def count(endpoint: str, reason: str) -> float | None:
+        return registry.get_sample_value(
+            "ctx_replies_refused_total", {"endpoint": endpoint, "reason": reason}
+        )
+
+    return responder, nc, count
+
+
+async def test_a_request_whose_reply_is_not_an_inbox_is_dropped_unhandled_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    responder, nc, refused = _guarded(named_users=False)
+    handled: list[bytes] = []
+
+    async def handler(message: Inbound) -> NatsResponse:
+        handled.append(message.body)
+        return NatsResponse(b"{}", headers={"ctx-status": "ok"})
+
+    endpoint = responder.serving(handler, name="prepare", tenant_at=2)
+    for n, reply in enumerate(("ctx.events.default.s.r.main", "$JS.API.STREAM.PURGE.CTX_EVENTS", "_INBOXx")):
+        await endpoint.take(Inbound(str(n).encode(), "ctx.prepare.acme.r.main", {}, reply))
+    # An open bus: any inbox is the requester's, as far as the fleet can tell.
+    await endpoint.take(Inbound(b"ok", "ctx.prepare.acme.r.main", {}, "_INBOX.abc.1"))
+    await responder.answered()
+    assert handled == [b"ok"] and [s for s, _, _ in nc.sent] == ["_INBOX.abc.1"]
+    assert refused("prepare", "not_an_inbox") == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "ctx.prepare.acme.r.main" in warnings[0], warnings
+    assert "ctx.events.default.s.r.main" in warnings[0]
+
+
+async def test_on_a_bus_of_named_users_only_a_requesters_own_inbox_is_answered() -> None:
+    responder, nc, refused = _guarded(named_users=True)
+
+    async def handler(message: Inbound) -> NatsResponse:
+        return NatsResponse(message.body, headers={"ctx-status": "ok"})
+
+    prepare = responder.serving(handler, name="prepare", tenant_at=2)
+    inspect = responder.serving(handler, name="inspect", tenant_at=2)
+    for reply in (
+        "_INBOX.runtime-acme.a.1",
+        "_INBOX.operator.b.1",
+        "_INBOX.runtime-default.c.1",
+        "_INBOX.x.1",
+    ):
+        await prepare.take(Inbound(b"p", "ctx.prepare.acme.r.main", {}, reply))
+    # Only the operator may inspect: the tenant's own runtime inbox is not a requester's there.
+    for reply in ("_INBOX.runtime-acme.d.1", "_INBOX.operator.e.1"):
+        await inspect.take(Inbound(b"i", "ctx.inspect.acme.r.main", {}, reply))
+    await responder.answered()
+    assert sorted(s for s, _, _ in nc.sent) == [
+        "_INBOX.operator.b.1",
+        "_INBOX.operator.e.1",
+        "_INBOX.runtime-acme.a.1",
+    ]
+    assert refused("prepare", "foreign_inbox") == 2 and refused("inspect", "foreign_inbox") == 1
+
+
+def test_the_reply_rule_names_users_when_the_fleet_connects_with_a_user_name() -> None:
+    assert reply_rule(Settings(nats_user="fleet", nats_password="pw"), "nats://h:4222").named_users
+    assert reply_rule(Settings(), "nats://assembler:pw@h:4222,nats://h2:4222").named_users
+    # A token, nkeys, JWTs or no authentication at all: the fleet cannot tell one inbox from another.
+    assert not reply_rule(Settings(nats_token="t"), "nats://h:4222").named_users
+    assert not reply_rule(Settings(), "nats://h:4222").named_users
