@@ -1574,7 +1574,7 @@ def _prepared_id(
     # the history-dropping fallback unless it changed the reply.
     # The format only changes the shape, never the context: one id whatever the provider.
     # A reply after a provider overflow differs only by its calibrated budget, which is in the id.
-    excluded = {"wait_ms", "after_event_key", "format", "after_overflow"} | (
+    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow"} | (
         set() if request.evidence else {"evidence"}
     )
     if not request.context_tools:
