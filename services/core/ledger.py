@@ -138,6 +138,9 @@ class RecordingLimits:
     max_event_bytes: int = 8 * 1024 * 1024
     blob_min_bytes: int = 4096
     tool_result_max_tokens: int = 2000
+    # A user input longer than this is shown as its head and tail, the whole readable back: a question
+    # every prepare must show (the run's task, the current request) still fits the usual profiles.
+    user_input_max_tokens: int = 32_000
     dead_letter_keep_bytes: int = 256 * 1024
     mask_min_chars: int = 800
 
@@ -1123,6 +1126,19 @@ def _build_record(
             max_tokens=limits.tool_result_max_tokens,
             blob_ref=blob_ref(text_sha),
             keep=keep,
+        )
+        if trimmed is not None:
+            view_text = trimmed[0]
+            blob_sha = text_sha
+    # A token is at least one byte: a text of fewer bytes than the limit is never counted to find out.
+    if isinstance(event, UserInputEvent) and len(raw_text) > limits.user_input_max_tokens:
+        text_sha = sha256_hex(raw_text)
+        trimmed = trim_tool_text(
+            text,
+            counters["o200k_base"],
+            max_tokens=limits.user_input_max_tokens,
+            blob_ref=blob_ref(text_sha),
+            what="input",
         )
         if trimmed is not None:
             view_text = trimmed[0]
