@@ -5,10 +5,12 @@ waiting out ``wait_ms``. The common case, its event recorded with the hash it na
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
 
-from contracts import Event, PrepareRequest
+from contracts import Event, PrepareRequest, decode_event
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
@@ -138,3 +140,12 @@ async def test_a_prepare_on_the_thread_an_event_names_hears_at_once_it_went_to_a
         with pytest.raises(EventRejected) as refused:
             await asyncio.wait_for(service.prepare(waiting_for(thread, "w1", LONG_WAIT_MS)), timeout=2)
         assert refused.value.details["rejected_code"] == "thread_mismatch" and not refused.value.retryable
+
+
+def test_the_content_hash_wire_md_teaches_is_the_one_the_ledger_records() -> None:
+    wire = (Path(__file__).parents[2] / "docs" / "wire.md").read_text(encoding="utf-8")
+    example = re.search(r"event \(no trailing newline\)\n\n```json\n(.+?)\n```", wire)
+    taught = re.search(r"whose SHA-256 is `([0-9a-f]{64})`", wire)
+    assert example is not None and taught is not None
+    event = decode_event(example.group(1).encode(), max_bytes=1_000)
+    assert content_sha256_of(event) == taught.group(1)
