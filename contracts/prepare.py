@@ -16,6 +16,7 @@ from pydantic import (
     JsonValue,
     SerializationInfo,
     SerializerFunctionWrapHandler,
+    StringConstraints,
     model_serializer,
     model_validator,
 )
@@ -159,7 +160,8 @@ class PrepareRequest(WireModel):
     Budget: name a built-in ``model_profile``, or pass a ``profile``, or a bare ``budget_tokens``
     (which also caps a profile's budget). Read-your-writes: ``after_event_key`` is the last event
     this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
-    ``wait_ms`` — never a silently stale context.
+    ``wait_ms`` — never a silently stale context — or ``event_rejected`` as soon as the fleet knows the
+    event will never be recorded (refused, or its key recorded with another ``after_event_hash``).
     """
 
     # The rule of ``_names_a_budget``, in the schema: a budget source, and not both kinds of profile.
@@ -188,6 +190,9 @@ class PrepareRequest(WireModel):
     tools: tuple[ToolSchema, ...] = ()
     format: RequestFormat = "openai.chat"
     after_event_key: EventKeyStr | None = None
+    # The named event's content hash as the ledger records it (``content_sha256``): a recorded body of
+    # another hash under the key, or a refusal of the key, answers ``event_rejected`` at once.
+    after_event_hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     wait_ms: Annotated[int, Field(ge=0, le=60_000)] = 5_000
     usage: ReportedUsage | None = None
     # The provider refused the previous context of this thread as too long: answer a smaller one.

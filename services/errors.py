@@ -37,7 +37,7 @@
     │   ├── ThreadNotFound(thread_id)
     │   └── StoreRejected(error, sqlstate, cause)   values PostgreSQL refused (SQLSTATE 22/23/54)
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
-    ├── EventRejected(event_key, rejected_code, reason)
+    ├── EventRejected(event_key, rejected_code, reason)   refused, or its key holds another body
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
     ├── ProtectedBlockAltered(prepared_id, block_id, how)   a final request lost or changed a required block
@@ -648,7 +648,7 @@ class NotYetRecorded(CtxError):
 
 
 class EventRejected(CtxError):
-    """The runtime's watermark event was dead-lettered; the context would never include it."""
+    """The runtime's watermark event will never be recorded: dead-lettered, or its key holds another body."""
 
     code = ErrorCode.EVENT_REJECTED
 

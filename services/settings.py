@@ -188,6 +188,9 @@ class Settings(BaseSettings):
     max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
     blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
     tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
+    # A user input over this is recorded as its head and tail, the whole readable back (see
+    # docs/wire.md, "Limits"): keep it well under the smallest input budget the fleet's prepares use.
+    user_input_max_tokens: Annotated[int, Field(ge=200)] = 32_000
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     # The per-process cache of thread views (records and the blocks built of them), in MiB.
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256

@@ -75,6 +75,7 @@ def recording_limits(settings: Settings) -> RecordingLimits:
         max_event_bytes=settings.max_event_bytes,
         blob_min_bytes=settings.blob_min_bytes,
         tool_result_max_tokens=settings.tool_result_max_tokens,
+        user_input_max_tokens=settings.user_input_max_tokens,
     )
 
 

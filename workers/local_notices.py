@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 
 from nats.nuid import NUID
 
@@ -26,6 +27,8 @@ from services.core.advances import HeadAdvance
 __all__ = ["ORIGIN_HEADER", "LocalNotices"]
 
 ORIGIN_HEADER = "ctx-origin"
+# No keys committed (the thread's events were only rejected or skipped).
+_NO_KEYS: Mapping[str, str] = MappingProxyType({})
 
 
 class LocalNotices:
@@ -34,7 +37,7 @@ class LocalNotices:
     def __init__(self, origin: str | None = None) -> None:
         self.origin = origin or NUID().next().decode()
         self._listeners: list[Callable[[str], None]] = []
-        self._key_listeners: list[Callable[[str, str, frozenset[str], tuple[int, int] | None], None]] = []
+        self._key_listeners: list[Callable[[str, str, Mapping[str, str], tuple[int, int] | None], None]] = []
         self._advance_listeners: list[Callable[[HeadAdvance], object]] = []
         self._release_listeners: list[Callable[[str], None]] = []
         # Threads with events in a batch the recorder holds (a count: partitions hold batches at once).
@@ -45,11 +48,12 @@ class LocalNotices:
         self._listeners.append(listener)
 
     def listen_recorded(
-        self, listener: Callable[[str, str, frozenset[str], tuple[int, int] | None], None]
+        self, listener: Callable[[str, str, Mapping[str, str], tuple[int, int] | None], None]
     ) -> None:
         """Call ``listener(thread_id, tenant, event_keys, head)`` for every thread this process's
-        recorder moves, with the keys it committed (empty when it only rejected or skipped events) and
-        the head it moved the thread to: (last seq, revision), (-1, -1) for none."""
+        recorder moves, with the keys it committed, each with its content hash (none when it only
+        rejected or skipped events), and the head it moved the thread to: (last seq, revision), (-1, -1)
+        for none."""
         self._key_listeners.append(listener)
 
     def listen_advanced(self, listener: Callable[[HeadAdvance], object]) -> None:
@@ -61,13 +65,13 @@ class LocalNotices:
         self,
         thread_id: str,
         tenant: str = "",
-        event_keys: frozenset[str] = frozenset(),
+        event_keys: Mapping[str, str] = _NO_KEYS,
         head: tuple[int, int] | None = None,
         advance: HeadAdvance | None = None,
     ) -> None:
         """Tell this process's listeners that ``thread_id`` moved, and which keys of ``tenant`` it
-        committed there with its head moving to ``head`` (last seq, revision) (after the commit: a
-        listener may rely on them)."""
+        committed there (with their content hashes) with its head moving to ``head`` (last seq,
+        revision) (after the commit: a listener may rely on them)."""
         if advance is not None:
             for advance_listener in self._advance_listeners:
                 advance_listener(advance)

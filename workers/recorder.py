@@ -318,12 +318,14 @@ class RecorderWorker:
         touched = dict(result.heads)
         for rejection in result.rejections:
             self._metrics.events_rejected.labels(code=rejection.code.value).inc()
-            if rejection.thread_id and rejection.thread_id not in touched:
-                touched[rejection.thread_id] = (-1, -1)
+            # The thread the body names is told too: a prepare there may be waiting on the refused key.
+            for thread_id in (rejection.thread_id, rejection.named_thread):
+                if thread_id and thread_id not in touched:
+                    touched[thread_id] = (-1, -1)
         for thread_id, head in touched.items():
             # This process's waiting prepares first, without a broker round trip (workers/local_notices.py),
             # and its loader extends the view it holds with what the batch wrote (D14.21).
-            tenant, keys = result.committed.get(thread_id, ("", frozenset()))
+            tenant, keys = result.committed.get(thread_id, ("", {}))
             self._local.announce(thread_id, tenant, keys, head, result.advances.get(thread_id))
         notices = self._notices()
         for thread_id, (seq, revision) in touched.items():

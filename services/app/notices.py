@@ -23,10 +23,11 @@ import asyncio
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = [
     "NO_PAUSE",
+    "Committed",
     "NoticeBoard",
     "Pause",
     "RECENT_KEYS",
@@ -76,15 +77,22 @@ async def wait_for_notice(woken: asyncio.Event, timeout: float, pause: Pause) ->
             pass
 
 
+class Committed(NamedTuple):
+    """An event this process's recorder committed: the thread seq its batch moved the head to (None: not
+    said), and the content hash it was recorded with (a prepare naming another hash is refused)."""
+
+    through: int | None
+    content_sha256: str
+
+
 class Wakeup(asyncio.Event):
     """Set on every notice of a waiter's thread; also gathers what this process's recorder reported
     committed to it while the waiter waited."""
 
     def __init__(self) -> None:
         super().__init__()
-        # (tenant, event key) pairs committed, each with the thread seq its batch moved the head to
-        # (None: not said): only ever filled after the commit, by the recorder.
-        self.recorded: dict[tuple[str, str], int | None] = {}
+        # (tenant, event key) pairs committed: only ever filled after the commit, by the recorder.
+        self.recorded: dict[tuple[str, str], Committed] = {}
 
 
 def _nothing_recorded(thread_id: str) -> bool:
@@ -101,9 +109,9 @@ class NoticeBoard:
     ) -> None:
         self._waiters: defaultdict[str, list[Wakeup]] = defaultdict(list)
         self._recording: Callable[[str], bool] = _nothing_recorded
-        # Thread → (tenant, event key) → the thread seq its batch moved the head to, as ``recorded``
-        # was told; both least recently recorded first.
-        self._recent: OrderedDict[str, OrderedDict[tuple[str, str], int | None]] = OrderedDict()
+        # Thread → (tenant, event key) → what ``recorded`` was told of it; both least recently recorded
+        # first.
+        self._recent: OrderedDict[str, OrderedDict[tuple[str, str], Committed]] = OrderedDict()
         self._recent_keys = 0
         # Told of every notice too: a view this process trusts stops being trusted on it, ahead of
         # the database's own announcement (D14.17) — or, told the head's new revision, only a view
@@ -150,13 +158,13 @@ class NoticeBoard:
         self,
         thread_id: str,
         tenant: str,
-        event_keys: frozenset[str],
+        event_keys: Mapping[str, str],
         head: tuple[int, int] | None = None,
     ) -> None:
-        """This process's recorder committed ``event_keys`` of ``tenant`` to ``thread_id``, moving its
-        head to ``head`` (last seq, revision) if given: wake its waiters, telling them which keys need no
-        re-check and through which seq the ledger holds them. Only a recorder, after its commit, may say
-        so."""
+        """This process's recorder committed ``event_keys`` of ``tenant`` (each with its content hash) to
+        ``thread_id``, moving its head to ``head`` (last seq, revision) if given: wake its waiters,
+        telling them which keys need no re-check, through which seq the ledger holds them and with which
+        content. Only a recorder, after its commit, may say so."""
         if head is not None and head[1] >= 0 and self._moved is not None:
             self._moved(thread_id, head[1])
         elif self._changed is not None:
@@ -165,24 +173,26 @@ class NoticeBoard:
         if event_keys:
             self._remember(thread_id, tenant, event_keys, through)
         for event in self._waiters.get(thread_id, ()):
-            event.recorded.update(((tenant, key), through) for key in event_keys)
+            event.recorded.update(((tenant, key), Committed(through, sha)) for key, sha in event_keys.items())
             event.set()
 
-    def recent(self, thread_id: str) -> Mapping[tuple[str, str], int | None] | None:
+    def recent(self, thread_id: str) -> Mapping[tuple[str, str], Committed] | None:
         """The (tenant, event key) pairs this process's recorder committed lately to ``thread_id``, each
-        with the thread seq through which the ledger holds it (None: not said); None when it committed
-        nothing of the thread lately (another process may be recording it)."""
+        with the thread seq through which the ledger holds it and its content hash; None when it
+        committed nothing of the thread lately (another process may be recording it)."""
         return self._recent.get(thread_id)
 
-    def _remember(self, thread_id: str, tenant: str, event_keys: frozenset[str], through: int | None) -> None:
+    def _remember(
+        self, thread_id: str, tenant: str, event_keys: Mapping[str, str], through: int | None
+    ) -> None:
         keys = self._recent.get(thread_id)
         if keys is None:
             keys = self._recent[thread_id] = OrderedDict()
         else:
             self._recent.move_to_end(thread_id)
         before = len(keys)
-        for key in event_keys:
-            keys[(tenant, key)] = through
+        for key, sha in event_keys.items():
+            keys[(tenant, key)] = Committed(through, sha)
             keys.move_to_end((tenant, key))
         # The batch's keys came last: trimming from the front keeps all of them.
         while len(keys) > max(RECENT_KEYS, len(event_keys)):

@@ -42,7 +42,7 @@ from services.core.calibration import (
     raise_on_overflow,
     request_tokens_before,
 )
-from services.errors import ContentNotFound, EventRejected, NotYetRecorded, ThreadNotFound
+from services.errors import ContentNotFound, EventKeyConflict, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.core.hooks import PrepareHookChange
 from services.killpoints import kill_point
@@ -165,7 +165,7 @@ class PrepareService:
         if request.after_event_key is not None:
             started = time.perf_counter()
             committed_at = await self._await_event(
-                tenant, thread_id, request.after_event_key, request.wait_ms, pause
+                tenant, thread_id, request.after_event_key, request.after_event_hash, request.wait_ms, pause
             )
             self._on_stage("wait", time.perf_counter() - started)
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
@@ -610,10 +610,13 @@ class PrepareService:
         )
 
     async def _await_event(
-        self, tenant: str, thread_id: str, event_key: str, wait_ms: int, pause: Pause
+        self, tenant: str, thread_id: str, event_key: str, event_hash: str | None, wait_ms: int, pause: Pause
     ) -> int | None:
         """Wait until the ledger holds ``event_key``; the thread seq through which it is known to: the
-        event's own, or the head its batch moved to when this process's recorder said so."""
+        event's own, or the head its batch moved to when this process's recorder said so.
+
+        ``EventRejected`` as soon as the key was refused, or was recorded with content other than
+        ``event_hash`` (when given): the body the runtime named can then never be recorded under it."""
         # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
         started = time.monotonic()
         deadline = started + wait_ms / 1000
@@ -621,7 +624,10 @@ class PrepareService:
             # Registered first, so the wake-up at the end of the recorder's batch cannot be missed.
             recent = self._board.recent(thread_id)
             if recent is not None and (tenant, event_key) in recent:
-                return recent[(tenant, event_key)]  # committed lately by this process's recorder
+                # Committed lately by this process's recorder: its hash is at hand, no query.
+                lately = recent[(tenant, event_key)]
+                _ensure_named_content(event_key, event_hash, lately.content_sha256)
+                return lately.through
             # A thread that recorder commits to lately: the event is most likely on its way to it (a
             # prepare sent with its publish, or as soon as the ack came back, arrives before the
             # event is delivered), so its handover is awaited for a grace before the ledger is asked:
@@ -633,18 +639,31 @@ class PrepareService:
             while True:
                 if (tenant, event_key) in woken.recorded:
                     # This process's recorder committed it while we waited: no re-check needed.
-                    return woken.recorded[(tenant, event_key)]
+                    done = woken.recorded[(tenant, event_key)]
+                    _ensure_named_content(event_key, event_hash, done.content_sha256)
+                    return done.through
                 woken.clear()
                 if check:
                     async with self._store.session() as store:
-                        seq, rejected = await store.find_event_outcome(tenant, thread_id, event_key)
-                    if seq is not None:
-                        return seq
-                    if rejected is not None:
-                        raise EventRejected(event_key, rejected[0], rejected[1])
+                        outcome = await store.find_event_outcome(tenant, thread_id, event_key)
+                    if outcome.seq is not None and outcome.content_sha256 is not None:
+                        _ensure_named_content(event_key, event_hash, outcome.content_sha256)
+                        return outcome.seq
+                    if outcome.rejected is not None:
+                        raise EventRejected(event_key, *outcome.rejected)
                 check = True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))
                 await wait_for_notice(woken, min(remaining, first_wait), pause)
                 first_wait = _RECHECK_S
+
+
+def _ensure_named_content(event_key: str, named: str | None, recorded: str) -> None:
+    """Refuse a prepare whose event's key holds other content: the ledger records a key once (the
+    recorder dead-letters the reused one as ``event_key_conflict``), so waiting cannot help."""
+    if named is None or named == recorded:
+        return
+    conflict = EventKeyConflict(event_key, None)
+    reason = f"{conflict.message} (recorded: {recorded}; named by the prepare: {named})"
+    raise EventRejected(event_key, conflict.code.value, reason)

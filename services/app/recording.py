@@ -89,8 +89,9 @@ class BatchResult:
     """What a batch did, for acks, notices and metrics."""
 
     heads: Mapping[str, tuple[int, int]]
-    # Per thread: its tenant and the event keys this batch committed to it (for waiting prepares).
-    committed: Mapping[str, tuple[str, frozenset[str]]]
+    # Per thread: its tenant and the event keys this batch committed to it, each with its content hash
+    # (for waiting prepares).
+    committed: Mapping[str, tuple[str, Mapping[str, str]]]
     recorded: int
     rejections: tuple[Rejection, ...]
     duplicates: int
@@ -463,12 +464,11 @@ def _printable(text: str) -> str:
 def _merge(parts: Sequence[BatchResult]) -> BatchResult:
     """One result for a batch applied in parts; later heads win, as they were committed later."""
     heads: dict[str, tuple[int, int]] = {}
-    committed: dict[str, tuple[str, frozenset[str]]] = {}
+    committed: dict[str, tuple[str, dict[str, str]]] = {}
     for part in parts:
         heads.update(part.heads)
         for thread_id, (tenant, keys) in part.committed.items():
-            earlier = committed.get(thread_id, (tenant, frozenset()))[1]
-            committed[thread_id] = (tenant, earlier | keys)
+            committed.setdefault(thread_id, (tenant, {}))[1].update(keys)
     return BatchResult(
         heads=heads,
         committed=committed,
@@ -575,17 +575,17 @@ def _advances(plan: BatchPlan, written: LedgerWritten) -> dict[str, HeadAdvance]
 
 
 def _result(plan: BatchPlan, reads: LedgerReads, *, skipped: int, attempt: int) -> BatchResult:
-    keys: dict[str, set[str]] = {}
+    keys: dict[str, dict[str, str]] = {}
     tenants: dict[str, str] = {}
     for record in plan.records:
-        keys.setdefault(record.thread_id, set()).add(record.event_key)
+        keys.setdefault(record.thread_id, {})[record.event_key] = record.content_sha256
         # The planner recorded it only if its subject's tenant owns the session (or created it).
         tenants[record.thread_id] = (
             plan.session_tenants.get(record.session_id) or reads.sessions[record.session_id]
         )
     return BatchResult(
         heads={h.thread_id: (h.last_seq, h.revision) for h in plan.heads},
-        committed={t: (tenants[t], frozenset(k)) for t, k in keys.items()},
+        committed={t: (tenants[t], k) for t, k in keys.items()},
         recorded=len(plan.records),
         rejections=plan.rejections,
         duplicates=len(plan.duplicates),

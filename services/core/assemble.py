@@ -1068,8 +1068,10 @@ def _failed(r: LedgerRecord) -> bool:
 
 
 def _naming_read_tool(r: LedgerRecord, counter: TokenCounter | None) -> LedgerRecord:
-    """``r`` with its stored previews (head + tail, mask) naming the tool that reads the rest, recounted."""
-    if r.kind is not RecordKind.TOOL_OUTCOME:
+    """``r`` with its stored previews (head + tail, mask) naming the tool that reads the rest, recounted.
+
+    Only the recorder's previews of tool outputs and of long user inputs name a blob this way."""
+    if r.kind not in (RecordKind.TOOL_OUTCOME, RecordKind.USER_INPUT):
         return r
     text = name_read_tool(r.text)
     mask_text = None if r.mask_text is None else name_read_tool(r.mask_text)
@@ -1574,7 +1576,7 @@ def _prepared_id(
     # the history-dropping fallback unless it changed the reply.
     # The format only changes the shape, never the context: one id whatever the provider.
     # A reply after a provider overflow differs only by its calibrated budget, which is in the id.
-    excluded = {"wait_ms", "after_event_key", "format", "after_overflow"} | (
+    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow"} | (
         set() if request.evidence else {"evidence"}
     )
     if not request.context_tools:

@@ -107,6 +107,7 @@ __all__ = [
     "SessionReset",
     "ThreadHead",
     "blob_ref",
+    "content_sha256_of",
     "decode_batch",
     "deferred_tokens",
     "encode_raw",
@@ -137,6 +138,9 @@ class RecordingLimits:
     max_event_bytes: int = 8 * 1024 * 1024
     blob_min_bytes: int = 4096
     tool_result_max_tokens: int = 2000
+    # A user input longer than this is shown as its head and tail, the whole readable back: a question
+    # every prepare must show (the run's task, the current request) still fits the usual profiles.
+    user_input_max_tokens: int = 32_000
     dead_letter_keep_bytes: int = 256 * 1024
     mask_min_chars: int = 800
 
@@ -162,6 +166,9 @@ class Rejection:
     code: ErrorCode
     reason: str
     details: dict[str, JsonValue]
+    # The thread the event's body names when it was published on another thread's subject: a prepare
+    # on either thread naming its key is told of the refusal.
+    named_thread: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,9 +462,11 @@ def decode_batch(batch: Sequence[Incoming], limits: RecordingLimits) -> list[Dec
 
 
 def _reject(incoming: Incoming, thread_id: str, event: Event, exc: InvalidEvent) -> Rejection:
-    # Filed under the subject's thread (a mismatch names another): the runtime that published there
-    # waits on that thread's key, and must hear event_rejected rather than wait out its wait_ms.
-    return Rejection(incoming, thread_id, event.event_key, exc.code, exc.message, exc.details)
+    # Filed under the subject's thread, and for a mismatch under the body's too: the runtime that
+    # published may wait on either thread's key, and must hear event_rejected rather than wait out its
+    # wait_ms.
+    named = event.thread_id if event.thread_id != thread_id else None
+    return Rejection(incoming, thread_id, event.event_key, exc.code, exc.message, exc.details, named)
 
 
 def _check_subject(subject_thread: str | None, event: Event) -> None:
@@ -542,7 +551,7 @@ def plan_steps(
             continue
         event, thread_id = item.event, item.subject_thread
         cursor = chains.cursor(thread_id, event)
-        content_sha = sha256_hex(canonical_json(_identity_and_content(event)))
+        content_sha = content_sha256_of(event)
         # The checks run in this order so an event breaking several rules is always rejected for the same one.
         try:
             sessions.check_tenant(item)
@@ -1004,6 +1013,14 @@ def _check_calls(event: Event, thread_id: str, calls: Mapping[tuple[str, str], C
         seen.add(call.call_id)
 
 
+def content_sha256_of(event: Event) -> str:
+    """The content hash the ledger records for ``event`` (``content_sha256``): the SHA-256 of the
+    canonical JSON of its identity and content. Two bodies under one key are the same event exactly when
+    their hashes are equal (invariant 4), so a prepare naming its event by this hash learns at once of
+    a key reused for other content."""
+    return sha256_hex(canonical_json(_identity_and_content(event)))
+
+
 def _identity_and_content(event: Event) -> dict[str, JsonValue]:
     identity = _identity(event)
     if event.task_budget is not None:
@@ -1109,6 +1126,19 @@ def _build_record(
             max_tokens=limits.tool_result_max_tokens,
             blob_ref=blob_ref(text_sha),
             keep=keep,
+        )
+        if trimmed is not None:
+            view_text = trimmed[0]
+            blob_sha = text_sha
+    # A token is at least one byte: a text of fewer bytes than the limit is never counted to find out.
+    if isinstance(event, UserInputEvent) and len(raw_text) > limits.user_input_max_tokens:
+        text_sha = sha256_hex(raw_text)
+        trimmed = trim_tool_text(
+            text,
+            counters["o200k_base"],
+            max_tokens=limits.user_input_max_tokens,
+            blob_ref=blob_ref(text_sha),
+            what="input",
         )
         if trimmed is not None:
             view_text = trimmed[0]

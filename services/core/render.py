@@ -169,9 +169,16 @@ def omitted_marker(omitted: int, full: int, where: str) -> str:
 
 
 def trim_tool_text(
-    text: str, counter: TokenCounter, *, max_tokens: int, blob_ref: str, keep: str | None = None
+    text: str,
+    counter: TokenCounter,
+    *,
+    max_tokens: int,
+    blob_ref: str,
+    keep: str | None = None,
+    what: str = "output",
 ) -> tuple[str, int] | None:
-    """Head + tail of a tool result over ``max_tokens``, with its size and where the rest is.
+    """Head + tail of a tool result (or another recorded ``what``: a user's input) over ``max_tokens``,
+    with its size and where the rest is.
 
     ``keep`` is a line that must stay visible (a failed output's telling line, see
     :func:`telling_line`): when the cut would lose it, it follows the marker. Returns
@@ -188,12 +195,14 @@ def trim_tool_text(
     tail_n = max_tokens - head_n
     head, tail = counter.head_tail(text, head_tokens=head_n, tail_tokens=tail_n)
     if keep is not None and (keep in head or keep in tail):
-        return trim_tool_text(text, counter, max_tokens=max_tokens + counter.count(kept), blob_ref=blob_ref)
+        return trim_tool_text(
+            text, counter, max_tokens=max_tokens + counter.count(kept), blob_ref=blob_ref, what=what
+        )
     lines = text.count("\n") + 1
     marker = omitted_marker(
         full - head_n - tail_n,
         full,
-        f"(full output: {len(text)} chars, {lines} lines; read it back from {blob_ref})",
+        f"(full {what}: {len(text)} chars, {lines} lines; read it back from {blob_ref})",
     )
     return head + marker + kept + tail, full
 

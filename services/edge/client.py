@@ -5,6 +5,9 @@ publish is dropped by the server within its window and by the recorder after it.
 asks the assembler (request/reply) and raises the typed error of an error reply. ``append_and_prepare``
 is one agent step: both at once, the prepare naming the event (design D14.24).
 
+A prepare naming an event this client published carries the event's content hash
+(``after_event_hash``), so a key reused for another body is answered ``event_rejected`` at once.
+
 A client speaks for one tenant (``tenant``, ``default`` unless told): every subject it uses names it,
 and the NATS server's permissions decide whether this identity may. Replies come back on inboxes
 under ``_INBOX.<user>``, the only inboxes a runtime identity may subscribe to, so no other client
@@ -21,6 +24,7 @@ import asyncio
 import json
 import re
 import time
+from collections import OrderedDict
 from urllib.parse import urlsplit
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +67,7 @@ from contracts import (
     ContextPolicy,
     ErrorReply,
     Event,
+    EventDecodeError,
     InspectRequest,
     PolicyRegistered,
     PreparedContext,
@@ -71,6 +76,7 @@ from contracts import (
     ReadRequest,
     SessionInspection,
     ThreadInspection,
+    decode_event,
     session_inspect_subject,
 )
 from contracts.branches import (
@@ -97,6 +103,7 @@ from contracts.subjects import (
 
 # The executor of the model's context tools ships with the client (it needs only read and search).
 from services.edge.context_tools import ContextTools
+from services.core.ledger import content_sha256_of
 from services.errors import (
     CtxError,
     FleetUnavailable,
@@ -123,6 +130,11 @@ __all__ = [
 DEADLINE_HEADER = "ctx-deadline-ms"
 # The label of every reply the fleet sends: "ok" or "error" (an ErrorReply body).
 STATUS_HEADER = "ctx-status"
+# How long a publish waits for JetStream's ack.
+_PUBLISH_TIMEOUT_S = 10.0
+# How many published events' content hashes a client keeps for the prepares naming them: a runtime
+# names its latest event, or one of its last few when it retries.
+_REMEMBERED_EVENTS = 1024
 # Errors of a connection that is down (reconnecting, draining, closed): the fleet is unreachable.
 _DISCONNECTED = (
     ConnectionClosedError,
@@ -206,6 +218,8 @@ class FleetClient:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=10.0)
         self._denials = denials or _Denials()
+        # (thread, event key) → content hash of the body this client published last under that key.
+        self._published: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     @classmethod
     async def connect(
@@ -264,10 +278,28 @@ class FleetClient:
         else:
             await self._nc.close()
 
-    async def append(self, event: Event, *, timeout: float = 10.0) -> AppendAck:
+    async def append(self, event: Event, *, timeout: float = _PUBLISH_TIMEOUT_S) -> AppendAck:
         """Publish one event; returns once JetStream has stored it."""
         data = event.model_dump_json().encode()
+        self._remember(data)
         return await self._publish(event.thread_id, event.event_key, data, event.session_id, timeout)
+
+    def _remember(self, data: bytes) -> str | None:
+        """Keep the content hash of a body about to be published under its thread and key (the one the
+        recorder will compute: the bytes decoded as it decodes them); ``None`` for a body it refuses."""
+        if len(data) > self._nc.max_payload:
+            return None  # never published: refused before it leaves
+        try:
+            event = decode_event(data, max_bytes=len(data))
+        except EventDecodeError:
+            return None
+        sha = content_sha256_of(event)
+        key = (event.thread_id, event.event_key)
+        self._published[key] = sha
+        self._published.move_to_end(key)
+        while len(self._published) > _REMEMBERED_EVENTS:
+            self._published.popitem(last=False)
+        return sha
 
     async def append_raw(
         self,
@@ -286,6 +318,7 @@ class FleetClient:
         checks that), ``event_key`` otherwise.
         """
         body_session, body_key = _envelope_of(data)
+        self._remember(data)
         return await self._publish(
             thread_id, body_key or event_key, data, session_id or body_session, timeout
         )
@@ -319,6 +352,10 @@ class FleetClient:
         """The prepared context for the request's thread; raises the fleet's typed errors."""
         thread_id = f"{request.run_id}.{request.instance_id}"
         wait = timeout if timeout is not None else request.wait_ms / 1000 + 10.0
+        if request.after_event_key is not None and request.after_event_hash is None:
+            published = self._published.get((thread_id, request.after_event_key))
+            if published is not None:
+                request = request.model_copy(update={"after_event_hash": published})
         body = await self._request(
             prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait
         )
@@ -342,8 +379,13 @@ class FleetClient:
         drops the second publish as a duplicate, and the prepare is read-only.
         """
         _check_step(event, request)
-        named = request.model_copy(update={"after_event_key": event.event_key})
-        publish = asyncio.ensure_future(self.append(event))
+        data = event.model_dump_json().encode()
+        named = request.model_copy(
+            update={"after_event_key": event.event_key, "after_event_hash": self._remember(data)}
+        )
+        publish = asyncio.ensure_future(
+            self._publish(event.thread_id, event.event_key, data, event.session_id, _PUBLISH_TIMEOUT_S)
+        )
         prepare = asyncio.ensure_future(self.prepare(named, timeout=timeout))
         try:
             await asyncio.wait((publish, prepare), return_when=asyncio.FIRST_EXCEPTION)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
 
 import asyncpg
 
@@ -34,6 +34,7 @@ __all__ = [
     "RECORD_BLOB_JOIN",
     "RECORD_ROW",
     "Conn",
+    "EventOutcome",
     "EvidenceRow",
     "HeadsRepo",
     "LedgerRecord",
@@ -120,13 +121,16 @@ WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3
 """
 
 
-# Recorded, or else its newest dead letter: one round trip for a prepare waiting on its event.
+# Recorded (with its content hash), or else its newest dead letter — filed under the thread, or naming
+# it from another thread's subject: one round trip for a prepare waiting on its event.
 _FIND_EVENT_OUTCOME = """
 SELECT
-  (SELECT r.seq FROM ctx.records r JOIN ctx.sessions s ON s.session_id = r.session_id
-   WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3) AS seq,
+  (SELECT json_build_array(r.seq, r.content_sha256) FROM ctx.records r
+   JOIN ctx.sessions s ON s.session_id = r.session_id
+   WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3) AS recorded,
   (SELECT json_build_array(d.code, d.reason) FROM ctx.dead_letters d
-   WHERE d.thread_id = $1 AND d.event_key = $2 AND d.tenant = $3 ORDER BY d.id DESC LIMIT 1) AS dead
+   WHERE (d.thread_id = $1 OR d.named_thread_id = $1) AND d.event_key = $2 AND d.tenant = $3
+   ORDER BY d.id DESC LIMIT 1) AS dead
 """
 
 
@@ -213,6 +217,15 @@ class EvidenceRow:
     text: str | None
     blob_sha256: str | None
     blob: bytes | None
+
+
+class EventOutcome(NamedTuple):
+    """What became of an event key in a thread: recorded at ``seq`` with ``content_sha256``, or refused
+    (``rejected``: its newest dead letter's code and reason), or neither yet (all ``None``)."""
+
+    seq: int | None
+    content_sha256: str | None
+    rejected: tuple[str, str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,19 +339,18 @@ class RecordsRepo:
         return None if seq is None else int(seq)
 
     @staticmethod
-    async def find_event_outcome(
-        conn: Conn, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[int | None, tuple[str, str] | None]:
-        """The seq an event key was recorded at in a thread of ``tenant``; else its newest dead letter's
-        code and reason, if it was rejected (both ``None``: not seen yet)."""
+    async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
+        """Where an event key was recorded in a thread of ``tenant``, with its content hash; else its
+        newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
         row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
         assert row is not None  # a SELECT of scalar subqueries always returns its one row
-        if row["seq"] is not None:
-            return int(row["seq"]), None
+        if row["recorded"] is not None:
+            seq, content_sha256 = json.loads(row["recorded"])
+            return EventOutcome(int(seq), str(content_sha256), None)
         if row["dead"] is None:
-            return None, None
+            return EventOutcome(None, None, None)
         code, reason = json.loads(row["dead"])
-        return None, (str(code), str(reason))
+        return EventOutcome(None, None, (str(code), str(reason)))
 
     @staticmethod
     async def select_full(

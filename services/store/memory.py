@@ -56,7 +56,7 @@ from services.errors import StoreRejected
 from services.store.batch_write import LedgerWritten, Position, position_refused
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
-from services.store.ledger import EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
@@ -749,6 +749,7 @@ class MemorySession:
                 "raw": raw[:keep_raw],
                 "raw_truncated": truncated,
                 "tenant": stored.tenant if stored else DEFAULT_TENANT,
+                "named_thread_id": rejection.named_thread,
             }
         )
 
@@ -1178,17 +1179,19 @@ class MemorySession:
 
     async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
         for d in reversed(self._t.dead_letters):
-            if d["thread_id"] == thread_id and d["event_key"] == event_key and d["tenant"] == tenant:
+            if (
+                thread_id in (d["thread_id"], d["named_thread_id"])
+                and d["event_key"] == event_key
+                and d["tenant"] == tenant
+            ):
                 return d["code"], d["reason"]
         return None
 
-    async def find_event_outcome(
-        self, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[int | None, tuple[str, str] | None]:
+    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
         seq = await self.find_event(tenant, thread_id, event_key)
         if seq is not None:
-            return seq, None
-        return None, await self.find_dead_letter(tenant, thread_id, event_key)
+            return EventOutcome(seq, self._t.records[(thread_id, seq)]["content_sha256"], None)
+        return EventOutcome(None, None, await self.find_dead_letter(tenant, thread_id, event_key))
 
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]

@@ -37,7 +37,7 @@ from services.store.gateway import StoredCheck
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
-from services.store.ledger import EvidenceRow, StoredHead, TailRecord
+from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.search import Chunker
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
@@ -212,10 +212,9 @@ class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
         self, tenant: str, thread_id: str, event_key: str
     ) -> tuple[str, str] | None: ...
 
-    async def find_event_outcome(
-        self, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[int | None, tuple[str, str] | None]:
-        """``find_event``, and when it finds nothing, ``find_dead_letter``: in one round trip."""
+    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
+        """``find_event`` with the record's content hash, and when it finds nothing,
+        ``find_dead_letter``: in one round trip."""
         ...
 
     async def select_evidence(

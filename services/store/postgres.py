@@ -41,7 +41,15 @@ from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.calibration import CalibrationsRepo
-from services.store.ledger import Conn, EvidenceRow, HeadsRepo, RecordsRepo, StoredHead, TailRecord
+from services.store.ledger import (
+    Conn,
+    EventOutcome,
+    EvidenceRow,
+    HeadsRepo,
+    RecordsRepo,
+    StoredHead,
+    TailRecord,
+)
 from services.store.tracking import DeadLettersRepo, TrackingRepo
 from services.store.thread_at_head import ThreadAtHead, read_thread_at_head
 from services.store.windows import OpenWindow, WindowsRepo
@@ -325,9 +333,7 @@ class PgSession:
         return await DeadLettersRepo.find(self._conn, tenant, thread_id, event_key)
 
     @_translated
-    async def find_event_outcome(
-        self, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[int | None, tuple[str, str] | None]:
+    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
         return await RecordsRepo.find_event_outcome(self._conn, tenant, thread_id, event_key)
 
     @_translated

@@ -28,8 +28,8 @@ __all__ = [
 
 _INSERT_DEAD = """
 INSERT INTO ctx.dead_letters (thread_id, event_key, code, reason, details, subject, stream_seq,
-                              raw_sha256, raw_size, raw, raw_truncated, tenant)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12)
+                              raw_sha256, raw_size, raw, raw_truncated, tenant, named_thread_id)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT ON CONSTRAINT dead_letters_once DO NOTHING
 """
 
@@ -80,8 +80,10 @@ WHERE consumer = $1 AND partition = $2 AND last_stream_seq = $4
 """
 
 
+# Filed under the thread, or naming it from another thread's subject (migration 0026).
 _FIND_DEAD = """
-SELECT code, reason FROM ctx.dead_letters WHERE thread_id = $1 AND event_key = $2 AND tenant = $3
+SELECT code, reason FROM ctx.dead_letters
+WHERE (thread_id = $1 OR named_thread_id = $1) AND event_key = $2 AND tenant = $3
 ORDER BY id DESC LIMIT 1
 """
 
@@ -115,6 +117,7 @@ class DeadLettersRepo:
             raw[:keep_raw],
             truncated,
             stored.tenant if (stored := parse_stored_subject(rejection.incoming.subject)) else DEFAULT_TENANT,
+            rejection.named_thread,
         )
 
     @staticmethod

@@ -68,9 +68,10 @@ async def test_written_records_read_back_alike(store: Store) -> None:
         assert records[0].tokens.o200k_base > 0
         assert await s.find_event(DEFAULT_TENANT, t.thread_id, "u1") == 2
         assert await s.find_event("another-tenant", t.thread_id, "u1") is None
-        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "u1") == (2, None)
-        assert await s.find_event_outcome("another-tenant", t.thread_id, "u1") == (None, None)
-        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "never") == (None, None)
+        recorded_sha = (await s.select_links(t.thread_id))[1].content_sha256
+        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "u1") == (2, recorded_sha, None)
+        assert await s.find_event_outcome("another-tenant", t.thread_id, "u1") == (None, None, None)
+        assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "never") == (None, None, None)
         assert await s.open_call_ids(t.thread_id) == ["c1"]
         assert (await s.totals(t.thread_id))[0] == 3
         assert verify_chain(t.thread_id, await s.select_links(t.thread_id)) is None
@@ -161,9 +162,36 @@ async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: 
         assert await s.find_dead_letter("another-tenant", t.thread_id, "bad") is None
         assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "bad") == (
             None,
+            None,
             ("invalid_event", "no"),
         )
-        assert await s.find_event_outcome("another-tenant", t.thread_id, "bad") == (None, None)
+        assert await s.find_event_outcome("another-tenant", t.thread_id, "bad") == (None, None, None)
+
+
+async def test_a_dead_letter_of_an_event_on_another_threads_subject_is_found_under_both_threads(
+    store: Store,
+) -> None:
+    subject_thread, body_thread = Thread(), Thread()
+    (message,) = incoming([subject_thread.user("x", key="misfiled")], start_seq=43)
+    rejection = Rejection(
+        Incoming(message.subject, message.data, 43),
+        subject_thread.thread_id,
+        "misfiled",
+        ErrorCode.THREAD_MISMATCH,
+        "wrong subject",
+        {},
+        named_thread=body_thread.thread_id,
+    )
+    refused, unknown = (None, None, ("thread_mismatch", "wrong subject")), (None, None, None)
+    async with store.session() as s:
+        await s.insert_dead_letter(rejection, keep_raw=16)
+        for thread in (subject_thread, body_thread):
+            assert await s.find_event_outcome(DEFAULT_TENANT, thread.thread_id, "misfiled") == refused
+        assert await s.find_event_outcome(DEFAULT_TENANT, Thread().thread_id, "misfiled") == unknown
+        assert await s.find_event_outcome("another-tenant", body_thread.thread_id, "misfiled") == unknown
+        # Inspection counts it where it was published, once.
+        assert await s.count_dead_letters(subject_thread.thread_id) == 1
+        assert await s.count_dead_letters(body_thread.thread_id) == 0
 
 
 async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(store: Store) -> None:

@@ -15,6 +15,7 @@ from services.core.ledger import (
     RecordingLimits,
     SessionReset,
     ThreadHead,
+    content_sha256_of,
     decode_batch,
     plan_batch,
     plan_steps,
@@ -118,8 +119,10 @@ def test_plan_batch_rejects_an_event_published_on_another_threads_subject() -> N
     moved = [Incoming(f"ctx.p.0.{t.session_id}.other-run.main", batch[0].data, 1)]
     decoded = decode_batch(moved, LIMITS)
     assert decoded[0].code.value == "thread_mismatch"  # type: ignore[union-attr]
-    # Filed under the subject's thread and key: a prepare waiting there hears event_rejected at once.
+    # Filed under the subject's thread and key, naming the body's thread too: a prepare waiting on the
+    # key on either thread hears event_rejected at once.
     assert (decoded[0].thread_id, decoded[0].event_key) == ("other-run.main", "k-moved")  # type: ignore[union-attr]
+    assert decoded[0].named_thread == t.thread_id  # type: ignore[union-attr]
 
 
 def test_plan_batch_counts_session_order_across_threads() -> None:
@@ -146,6 +149,28 @@ def test_plan_batch_stores_large_text_once_and_trims_long_tool_results_head_and_
     assert f"ctx://blob/{outcome.blob_sha256}" in outcome.view_text and "3000 lines" in outcome.view_text
     # The model pays for the trimmed view (200 tokens plus the ~70-token marker), not 30k tokens.
     assert outcome.tokens.o200k_base < 300
+
+
+def test_plan_batch_shows_a_user_input_over_its_limit_as_head_and_tail_and_keeps_it_whole() -> None:
+    t = Thread()
+    question = "\n".join(f"paragraph {i}: what the user pasted" for i in range(3000))
+    limits = RecordingLimits(user_input_max_tokens=300, blob_min_bytes=1000)
+    plan = _plan([t.user(question, key="q1"), t.user("a short follow-up", key="q2")], limits=limits)
+    long, short = plan.records
+    assert long.text is None and long.view_text is not None and long.blob_sha256
+    assert [b.content for b in plan.blobs] == [question.encode()]  # readable back whole
+    assert long.view_text.startswith("paragraph 0:") and long.view_text.endswith(
+        "paragraph 2999: what the user pasted"
+    )
+    marker = (
+        f"(full input: {len(question)} chars, 3000 lines; read it back from ctx://blob/{long.blob_sha256})"
+    )
+    assert marker in long.view_text
+    # What every prepare pays for: the head and tail plus the marker, not ~30k tokens.
+    assert long.tokens.o200k_base < 400
+    # Its identity is the whole question: the content hash of the event as published.
+    assert long.content_sha256 == content_sha256_of(t.user(question, key="q1"))
+    assert (short.text, short.view_text) == ("a short follow-up", None)
 
 
 def test_plan_batch_counts_tokens_of_calls_and_content_in_both_encodings() -> None:

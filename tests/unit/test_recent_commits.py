@@ -9,7 +9,7 @@ import pytest
 
 from contracts import Event
 from contracts.subjects import DEFAULT_TENANT
-from services.app.notices import RECENT_KEYS, RECENT_THREADS, RECENT_TOTAL_KEYS, NoticeBoard
+from services.app.notices import RECENT_KEYS, RECENT_THREADS, RECENT_TOTAL_KEYS, Committed, NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.core.ledger import RecordingLimits
@@ -18,6 +18,13 @@ from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.ledger_checks import counting_checks, waiting_for
 
 pytestmark = pytest.mark.anyio
+
+# A content hash the board passes along untouched (these tests are about which keys it keeps).
+SHA = "c" * 64
+
+
+def _keys(*names: str) -> dict[str, str]:
+    return dict.fromkeys(names, SHA)
 
 
 class _Sink:
@@ -97,23 +104,27 @@ async def test_a_thread_another_process_records_is_asked_about_at_once(
 
 def test_the_board_remembers_committed_keys_per_tenant_and_thread_within_its_bounds() -> None:
     board = NoticeBoard()
-    board.recorded("r-1.main", DEFAULT_TENANT, frozenset({"a", "b"}), (7, 3))
-    board.recorded("r-1.main", "acme", frozenset({"a"}), (9, 4))
-    board.recorded("r-2.main", DEFAULT_TENANT, frozenset(), (-1, -1))  # only rejected or skipped events
+    board.recorded("r-1.main", DEFAULT_TENANT, _keys("a", "b"), (7, 3))
+    board.recorded("r-1.main", "acme", _keys("a"), (9, 4))
+    board.recorded("r-2.main", DEFAULT_TENANT, _keys(), (-1, -1))  # only rejected or skipped events
 
-    assert board.recent("r-1.main") == {(DEFAULT_TENANT, "a"): 7, (DEFAULT_TENANT, "b"): 7, ("acme", "a"): 9}
+    assert board.recent("r-1.main") == {
+        (DEFAULT_TENANT, "a"): Committed(7, SHA),
+        (DEFAULT_TENANT, "b"): Committed(7, SHA),
+        ("acme", "a"): Committed(9, SHA),
+    }
     assert board.recent("r-2.main") is None
 
     for n in range(RECENT_KEYS + 5):
-        board.recorded("r-1.main", DEFAULT_TENANT, frozenset({f"k{n}"}), (10 + n, 5 + n))
+        board.recorded("r-1.main", DEFAULT_TENANT, _keys(f"k{n}"), (10 + n, 5 + n))
     kept = board.recent("r-1.main")
     assert kept is not None and len(kept) == RECENT_KEYS
     assert (DEFAULT_TENANT, f"k{RECENT_KEYS + 4}") in kept and (DEFAULT_TENANT, "a") not in kept
 
     for n in range(RECENT_THREADS):
-        board.recorded(f"r-x{n}.main", DEFAULT_TENANT, frozenset({"k"}), (1, 1))
+        board.recorded(f"r-x{n}.main", DEFAULT_TENANT, _keys("k"), (1, 1))
     assert board.recent("r-1.main") is None  # the least recently recorded thread went first
-    assert board.recent(f"r-x{RECENT_THREADS - 1}.main") == {(DEFAULT_TENANT, "k"): 1}
+    assert board.recent(f"r-x{RECENT_THREADS - 1}.main") == {(DEFAULT_TENANT, "k"): Committed(1, SHA)}
 
 
 async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this_tenants_event(
@@ -122,7 +133,7 @@ async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this
     store, board, t = MemoryStore(), NoticeBoard(), Thread()
     recorder = RecordingService(store, _Sink(), limits=RecordingLimits(), recorder_id="unit")
     await recorder.record_batch(0, incoming([t.user("first", key="u1")]))
-    board.recorded(t.thread_id, "acme", frozenset({"u1"}), (1, 1))
+    board.recorded(t.thread_id, "acme", _keys("u1"), (1, 1))
     checks = counting_checks(monkeypatch)
 
     prepared = await asyncio.wait_for(PrepareService(store, board).prepare(waiting_for(t, "u1")), timeout=2)
@@ -132,16 +143,16 @@ async def test_a_key_another_tenant_committed_on_the_thread_says_nothing_of_this
 
 def test_every_key_of_a_threads_last_batch_is_remembered_however_large_and_all_keys_stay_bounded() -> None:
     board = NoticeBoard()
-    burst = frozenset(f"e{n}" for n in range(3 * RECENT_KEYS))  # a replay's or a burst's batch
+    burst = _keys(*(f"e{n}" for n in range(3 * RECENT_KEYS)))  # a replay's or a burst's batch
     board.recorded("r-1.main", DEFAULT_TENANT, burst, (48, 1))
     assert set(board.recent("r-1.main") or {}) == {(DEFAULT_TENANT, key) for key in burst}
 
-    board.recorded("r-1.main", DEFAULT_TENANT, frozenset({"next"}), (49, 2))
+    board.recorded("r-1.main", DEFAULT_TENANT, _keys("next"), (49, 2))
     kept = board.recent("r-1.main") or {}
-    assert len(kept) == RECENT_KEYS and kept[(DEFAULT_TENANT, "next")] == 49
+    assert len(kept) == RECENT_KEYS and kept[(DEFAULT_TENANT, "next")].through == 49
 
     batch = 256  # the recorder's largest batch
     for n in range(RECENT_TOTAL_KEYS // batch + 1):
-        board.recorded(f"r-b{n}.main", DEFAULT_TENANT, frozenset(f"k{i}" for i in range(batch)), (batch, 1))
+        board.recorded(f"r-b{n}.main", DEFAULT_TENANT, _keys(*(f"k{i}" for i in range(batch))), (batch, 1))
     assert board.recent("r-1.main") is None and board.recent("r-b0.main") is None
     assert len(board.recent(f"r-b{RECENT_TOTAL_KEYS // batch}.main") or {}) == batch
