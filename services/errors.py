@@ -493,10 +493,11 @@ class Overloaded(CtxError):
     code = ErrorCode.OVERLOADED
     retryable = True
 
-    def __init__(self, retry_after_ms: int, reason: str, limit: int) -> None:
+    def __init__(
+        self, retry_after_ms: int, reason: str, limit: int, *, limit_of: str = "requests in flight"
+    ) -> None:
         super().__init__(
-            f"assembler overloaded ({reason}, limit {limit} requests in flight); "
-            f"retry after {retry_after_ms} ms",
+            f"assembler overloaded ({reason}, limit {limit} {limit_of}); retry after {retry_after_ms} ms",
             retry_after_ms=retry_after_ms,
             reason=reason,
             limit=limit,

@@ -206,6 +206,10 @@ class Settings(BaseSettings):
     reply_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
     # Prepared contexts each process keeps for their gateway checks (beyond: the stored record is read).
     gateway_cache_contexts: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
+    # Records of answered contexts waiting to be stored (through a database outage) at most, by count
+    # and by estimated MiB; at either bound prepares are answered `overloaded` until they are stored.
+    gateway_pending_records: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    gateway_pending_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 64
     # The garbage collector: what survived this long is moved out of its sight (0: never), and once
     # per sweep interval everything is collected once (cycles frozen meanwhile are reclaimed then).
     gc_freeze_interval_s: Annotated[float, Field(ge=0, le=3600)] = 5.0

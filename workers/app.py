@@ -354,6 +354,11 @@ class Fleet:
             log.info(
                 "shutdown: requests answered and jobs finished after %.2fs", time.perf_counter() - started
             )
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            # No prepare is answered any more: store the records still pending while the pool is open.
+            await gateway.close(self.settings.shutdown_timeout_s)
+            log.info("shutdown: gateway records written after %.2fs", time.perf_counter() - started)
         if budgeter is not None:
             await budgeter.stop()
         indexer, self.indexer = self.indexer, None

@@ -163,6 +163,9 @@ class AssemblerWorker:
                     f"{run_id}.{instance_id}"
                 )
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
+            if self._gateway is not None:
+                # Refused (overloaded) when its record could not be kept: no answer the check then lacks.
+                self._gateway.remember(prepared, tenant, carried_from=request.carry_additions_from)
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
@@ -175,8 +178,6 @@ class AssemblerWorker:
                 if reason == "history":
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
-        if self._gateway is not None:
-            self._gateway.remember(prepared, tenant, carried_from=request.carry_additions_from)
         report = prepared.budget_report
         if request.after_overflow is not None:
             self._metrics.provider_overflows.labels(

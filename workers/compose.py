@@ -222,7 +222,10 @@ def compose(
                 store,
                 cache_contexts=settings.gateway_cache_contexts,
                 before_write=hot_path.yield_to_prepares,
+                max_pending_records=settings.gateway_pending_records,
+                max_pending_bytes=settings.gateway_pending_mb * 1024 * 1024,
             )
+            metrics.watch_gateway(gateway)
             service.gateway = gateway
         assembler = AssemblerWorker(
             service,

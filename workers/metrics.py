@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.app.gateway import GatewayService
 from services.app.stages import PREPARE_STAGES, RECORD_STAGES, PrepareStages, RecordStages
 from services.app.view_cache import ViewCache
 from services.app.view_trust import ViewTrust
@@ -96,6 +97,48 @@ class _ViewCacheCollector(Collector):
             "ctx_view_trust_listening",
             "1 while this process listens for view changes (CTX_VIEW_TRUST_MS)",
             int(t.enabled),
+        )
+
+
+class _GatewayCollector(Collector):
+    """The gateway write-behind's counts, read at scrape time (the service keeps them, in services/app)."""
+
+    def __init__(self, gateway: GatewayService) -> None:
+        self._gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        g = self._gateway
+        yield GaugeMetricFamily(
+            "ctx_gateway_records_pending",
+            "Records of answered prepared contexts not stored yet (through a store outage)",
+            g.pending_records,
+        )
+        yield GaugeMetricFamily(
+            "ctx_gateway_records_pending_bytes",
+            "Estimated bytes of the pending gateway records",
+            g.pending_bytes,
+        )
+        yield CounterMetricFamily(
+            "ctx_gateway_records_stored", "Gateway records stored by the write-behind", g.stored_records
+        )
+        yield CounterMetricFamily(
+            "ctx_gateway_record_retries",
+            "Gateway records whose store was retried because the store was unavailable",
+            g.retried_records,
+        )
+        dropped = CounterMetricFamily(
+            "ctx_gateway_records_dropped",
+            "Gateway records never stored, by reason: rejected by the store, underivable, "
+            "or still pending at shutdown",
+            labels=["reason"],
+        )
+        for reason in ("rejected", "underivable", "shutdown"):
+            dropped.add_metric([reason], g.dropped_records[reason])
+        yield dropped
+        yield CounterMetricFamily(
+            "ctx_gateway_prepares_refused",
+            "Prepares answered overloaded because the pending gateway records were at their bound",
+            g.refused_prepares,
         )
 
 
@@ -422,6 +465,12 @@ class FleetMetrics:
         if not getattr(self, "_view_cache_watched", False):
             self.registry.register(_ViewCacheCollector(cache, trust))
             self._view_cache_watched = True
+
+    def watch_gateway(self, gateway: GatewayService) -> None:
+        """Export the gateway write-behind's counts (``ctx_gateway_records_*``); once per registry."""
+        if not getattr(self, "_gateway_watched", False):
+            self.registry.register(_GatewayCollector(gateway))
+            self._gateway_watched = True
 
     def record_stages(self) -> RecordStages:
         """The recorder's stage observer: each stage's seconds into ``ctx_record_stage_seconds``."""

@@ -11,14 +11,30 @@ prepare in a worker thread cost 2.5 ms of a 6.5 ms round trip, the thread conten
 interpreter lock while the reply was being sent (issue 16). A check served by the process that
 prepared finds the context in the cache; any other replica reads the record, and waits a moment
 for one still being written before it answers ``prepared_context_not_found``.
+
+Nothing answered is dropped later. Invariants of the write-behind:
+
+1. A record is pending from :meth:`GatewayService.remember` until it is stored; the store being
+   unavailable (``StoreUnavailable``) keeps it pending, and the batch is tried again after a backoff
+   (0.1 s doubling to 5 s), for as long as the outage lasts.
+2. A record the store refuses for what it holds (any other error) is the only one dropped: a refused
+   batch is stored one record at a time, so the others are kept; each refused record is counted and
+   logged once.
+3. Pending records are bounded (``max_pending_records`` and ``max_pending_bytes``). At the bound a
+   prepare is answered ``overloaded`` (retryable, with a hint) instead of being answered ``ok`` with a
+   record that might never be stored: a runtime's retry after the outage gets a recorded context,
+   where dropping the oldest pending records would break a promise already made to another caller.
+4. :meth:`GatewayService.close` (shutdown) retries what is pending within its bound; what is still
+   pending after it is counted and logged as dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from itertools import islice
 
 from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedContext
 from services.core.compaction.policy import ratio_threshold
@@ -27,7 +43,7 @@ from services.core.hashing import canonical_json, sha256_hex
 from services.core.protected import ChatUnitDigests
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
-from services.errors import InvalidRequest, PreparedContextNotFound
+from services.errors import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
 from services.store.gateway import StoredCheck
 from services.store.ports import GatewayStore, HookGrants, PrepareStore
 
@@ -39,11 +55,19 @@ log = logging.getLogger("ctxfleet.gateway")
 # the flusher's delay (``before_write`` is bounded, then a batch is one statement).
 _RECORD_WAIT_S = 1.0
 _RECORD_POLL_S = 0.05
-# Contexts queued for the write-behind at most; beyond it a record is not stored (a check then needs
-# this process, which still holds the context in its cache).
-_MAX_PENDING_WRITES = 256
 # Records stored per statement.
 _WRITE_BATCH = 64
+# The write-behind's backoff while the store is unavailable: short first (a failover or a restart
+# takes seconds), never longer than the cap, so records are stored within seconds of its return.
+_RETRY_FIRST_S = 0.1
+_RETRY_MAX_S = 5.0
+# While closing, the flusher retries at least this often within the shutdown's bound.
+_RETRY_CLOSING_S = 0.5
+# A record's JSON is mostly its digests: about this much per unit and per protected block, plus ids
+# and figures. An estimate keeps the bound in bytes without serializing each record twice.
+_UNIT_BYTES = 200
+_BLOCK_BYTES = 300
+_RECORD_BYTES = 1024
 # A context with more messages than this is hashed in a worker thread: on the event loop it would hold
 # every other request for tens of milliseconds (a whole-history view); smaller ones cost less than the hop.
 _THREAD_HASH_MESSAGES = 400
@@ -75,6 +99,9 @@ class GatewayService:
         *,
         cache_contexts: int = 1024,
         before_write: Callable[[], Awaitable[None]] | None = None,
+        max_pending_records: int = 10_000,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+        backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
     ) -> None:
         self._store = store
         # Awaited before a record is hashed: the process's prepares in progress go first (issue 16).
@@ -83,34 +110,92 @@ class GatewayService:
         self._policies = policies
         self._cache: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
         self._cache_contexts = cache_contexts
-        # Queued for the write-behind, and stored already by this process (ids are deterministic).
+        # Remembered, their records not derived yet; derived and not stored yet (invariant 1); and
+        # stored already by this process (ids are deterministic: an unchanged view has the same one).
         self._unwritten: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, str], tuple[GatewayRecord, int]] = OrderedDict()
         self._written: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._max_pending_records = max_pending_records
+        self._max_pending_bytes = max_pending_bytes
         self._flusher: asyncio.Task[None] | None = None
+        # Set to cut a backoff short (closing).
+        self._wake = asyncio.Event()
+        self._closing = False
+        # The first and the longest pause between two tries of a batch (invariant 1).
+        self._retry_first_s, self._retry_max_s = backoff_s
+        self._backoff_s = self._retry_first_s
         # Chat messages hashed already: a thread's next record hashes only its new messages.
         self._digests = ChatUnitDigests()
-        self.dropped_writes = 0
+        # Read by the metrics (workers/metrics.py) at scrape time.
+        self.pending_bytes = 0
+        self.stored_records = 0
+        self.retried_records = 0
+        self.refused_prepares = 0
+        self.dropped_records: Counter[str] = Counter()
+
+    @property
+    def pending_records(self) -> int:
+        """Contexts answered whose records are not stored yet."""
+        return len(self._unwritten) + len(self._pending)
 
     def remember(self, prepared: PreparedContext, tenant: str, *, carried_from: str | None = None) -> None:
-        """Keep ``prepared`` for its final check: O(1) here, the record is written behind."""
+        """Keep ``prepared`` for its final check: O(1) here, the record is written behind.
+
+        Raises:
+            Overloaded: the records pending are at their bound (invariant 3); ``prepared`` must not
+                be answered.
+        """
         key = (prepared.prepared_id, prepared.format)
+        if key not in self._written and key not in self._unwritten and key not in self._pending:
+            if (
+                self.pending_records >= self._max_pending_records
+                or self.pending_bytes >= self._max_pending_bytes
+            ):
+                self.refused_prepares += 1
+                retry_ms = max(1, int(1000 * self._backoff_s))
+                raise Overloaded(
+                    retry_ms, "gateway_records_pending", self._max_pending_records, limit_of="records pending"
+                )
+            self._unwritten[key] = (prepared, tenant, carried_from)
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.get_running_loop().create_task(self._write_behind())
         self._cache[key] = (prepared, tenant, carried_from)
         self._cache.move_to_end(key)
         while len(self._cache) > self._cache_contexts:
             self._cache.popitem(last=False)
-        if key in self._written or key in self._unwritten:
-            return
-        if len(self._unwritten) >= _MAX_PENDING_WRITES:
-            self.dropped_writes += 1
-            return
-        self._unwritten[key] = (prepared, tenant, carried_from)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._write_behind())
 
     async def flush(self) -> None:
-        """Wait until every queued record is stored (tests, shutdown)."""
+        """Wait until every pending record is stored (tests); waits through an outage."""
         while self._flusher is not None and not self._flusher.done():
             await asyncio.gather(self._flusher, return_exceptions=True)
+
+    async def close(self, timeout_s: float) -> int:
+        """Store what is pending within ``timeout_s`` (shutdown, invariant 4); how many were dropped.
+
+        Backoffs are cut short to at most 0.5 s meanwhile. What is still pending at the bound is
+        counted (``dropped_records["shutdown"]``) and logged.
+        """
+        self._closing = True
+        self._wake.set()
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            await asyncio.wait({flusher}, timeout=timeout_s)
+            if not flusher.done():
+                flusher.cancel()
+                await asyncio.gather(flusher, return_exceptions=True)
+        left = self.pending_records
+        if left:
+            self.dropped_records["shutdown"] += left
+            log.error(
+                "shutdown: %d gateway records not stored within %.1fs (the store is unavailable); "
+                "checks of those contexts on other replicas will answer prepared_context_not_found",
+                left,
+                timeout_s,
+            )
+            self._unwritten.clear()
+            self._pending.clear()
+            self.pending_bytes = 0
+        return left
 
     async def check(self, request: FinalCheckRequest, *, tenant: str, thread_id: str) -> FinalCheck:
         """The verdict on a final request; raises the typed error of a request that may not be sent."""
@@ -204,32 +289,99 @@ class GatewayService:
         return None if ratio is None else ratio_threshold(ratio, record.input_budget)
 
     async def _write_behind(self) -> None:
-        while self._unwritten:
-            batch: list[GatewayRecord] = []
-            keys: list[tuple[str, str]] = []
-            while self._unwritten and len(batch) < _WRITE_BATCH:
-                # Before each record: a prepare that arrived meanwhile is answered first.
-                if self._before_write is not None:
-                    await self._before_write()
-                key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
-                try:
-                    record = await _record_of(prepared, tenant, self._digests)
-                except Exception:  # a lost record only sends that context's checks to this process's cache
-                    log.exception("could not derive the gateway record of %s", prepared.prepared_id)
-                    continue
-                batch.append(record.model_copy(update={"carried_from": carried_from}))
-                keys.append(key)
+        failing: str | None = None
+        while self._unwritten or self._pending:
+            await self._derive()
+            batch = list(islice(self._pending, _WRITE_BATCH))
             if not batch:
                 continue
             try:
-                await self._store.insert_prepared_many(batch)
-            except Exception:
-                log.exception("could not store %d gateway records", len(batch))
+                await self._store_batch(batch)
+            except StoreUnavailable as exc:
+                # Invariant 1: kept, tried again; logged once per outage, not once per retry.
+                self.retried_records += len(batch)
+                if failing is None:
+                    log.warning(
+                        "could not store %d gateway records, retrying until the store is back: %s",
+                        self.pending_records,
+                        exc,
+                    )
+                failing = str(exc)
+                await self._back_off()
                 continue
-            for key in keys:
-                self._written[key] = None
-            while len(self._written) > 4 * self._cache_contexts:
-                self._written.popitem(last=False)
+            if failing is not None:
+                log.info("gateway records stored again after the store was unavailable (%s)", failing)
+                failing = None
+            self._backoff_s = self._retry_first_s
+
+    async def _derive(self) -> None:
+        """Turn every remembered context into its record (small: digests, no content)."""
+        while self._unwritten:
+            # Before each record: a prepare that arrived meanwhile is answered first.
+            if self._before_write is not None and not self._closing:
+                await self._before_write()
+            if not self._unwritten:
+                return
+            key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
+            try:
+                record = await _record_of(prepared, tenant, self._digests)
+            except Exception:  # a bug in deriving one record must not hold the others (invariant 2)
+                self.dropped_records["underivable"] += 1
+                log.exception("could not derive the gateway record of %s; dropped", prepared.prepared_id)
+                continue
+            record = record.model_copy(update={"carried_from": carried_from})
+            size = _approx_bytes(record)
+            self._pending[key] = (record, size)
+            self.pending_bytes += size
+
+    async def _store_batch(self, batch: list[tuple[str, str]]) -> None:
+        """Store ``batch`` of the pending records; raises ``StoreUnavailable`` with what is left pending.
+
+        A refusal of anything else is a record at fault (invariant 2): the batch is stored a record at
+        a time, and only the records refused alone are dropped.
+        """
+        try:
+            await self._store.insert_prepared_many([self._pending[key][0] for key in batch])
+        except StoreUnavailable:
+            raise
+        except Exception:  # whatever the store refused: isolate it below
+            if len(batch) == 1:
+                self._drop_refused(batch[0])
+                return
+            for key in batch:
+                await self._store_batch([key])
+            return
+        for key in batch:
+            self._done(key)
+
+    def _drop_refused(self, key: tuple[str, str]) -> None:
+        self.dropped_records["rejected"] += 1
+        log.exception("the store refused the gateway record of %s; dropped", key[0])
+        self._forget(key)
+
+    def _done(self, key: tuple[str, str]) -> None:
+        self._forget(key)
+        self.stored_records += 1
+        self._written[key] = None
+        while len(self._written) > 4 * self._cache_contexts:
+            self._written.popitem(last=False)
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        found = self._pending.pop(key, None)
+        if found is not None:
+            self.pending_bytes -= found[1]
+
+    async def _back_off(self) -> None:
+        delay = min(self._backoff_s, _RETRY_CLOSING_S) if self._closing else self._backoff_s
+        self._backoff_s = min(self._retry_max_s, self._backoff_s * 2)
+        self._wake.clear()
+        if self._closing:
+            await asyncio.sleep(delay)
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=delay)
+        except TimeoutError:
+            pass
 
 
 async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> GatewayRecord:
@@ -237,6 +389,10 @@ async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDi
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
         return await asyncio.to_thread(gateway_record, prepared, tenant, encoding, digests)
     return gateway_record(prepared, tenant, encoding, digests)
+
+
+def _approx_bytes(record: GatewayRecord) -> int:
+    return _RECORD_BYTES + _UNIT_BYTES * len(record.units) + _BLOCK_BYTES * len(record.manifest)
 
 
 def _distinct(additions: tuple[GatewayAddition, ...]) -> tuple[GatewayAddition, ...]:

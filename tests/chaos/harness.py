@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import psutil
 
 from infra.embedded import EmbeddedNats, EmbeddedPostgres
 from infra.runtime import migrate
-from tests.fixtures.servers import with_database
+from tests.fixtures.servers import kill_postgres, with_database
 
 __all__ = ["Stack", "Store"]
 
@@ -90,18 +89,7 @@ class Stack:
 
     def kill_postgres(self) -> None:
         """SIGKILL the postmaster and every backend: the next start runs crash recovery from the WAL."""
-        server = self.pg._server
-        pid = server.get_pid() if server is not None else None
-        if pid is None or not psutil.pid_exists(pid):
-            return
-        postmaster = psutil.Process(pid)
-        procs = [postmaster, *postmaster.children(recursive=True)]
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=10)
+        kill_postgres(self.pg)
 
     def stop_postgres(self) -> None:
         """A fast PostgreSQL shutdown (clients are disconnected, the WAL is flushed)."""

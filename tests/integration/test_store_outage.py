@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,23 +16,9 @@ from services.edge.client import FleetClient
 from services.errors import CtxError, StoreUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings
-from tests.fixtures.servers import enterable_folder
 from workers.app import Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
-
-
-@pytest.fixture
-async def own_postgres() -> AsyncIterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test alone, so stopping it disturbs no other test's database."""
-    root = enterable_folder("ctx-pgdown-")  # short: the unix socket lives under it
-    server = EmbeddedPostgres(root / "data", delete_on_stop=False)
-    await asyncio.to_thread(server.start)
-    try:
-        yield server
-    finally:
-        await asyncio.to_thread(server.stop)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _request(t: Thread) -> PrepareRequest:
