@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from services.app.indexing import index_thread, stale_threads
+from services.app.indexing import MAX_INDEXED_BYTES, index_thread, stale_threads
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
@@ -54,7 +54,21 @@ class IndexerWorker(CoalescingWorker):
 
     async def _index(self, thread_id: str) -> None:
         assert self._store is not None
-        self._metrics.indexed_records.inc(await index_thread(self._store, thread_id))
+        done = await index_thread(self._store, thread_id)
+        m = self._metrics
+        m.indexed_records.inc(done.records - len(done.skipped))
+        if done.cut:
+            m.index_records_cut.inc(done.cut)
+            log.info(
+                "%s: %d records indexed up to their first %d bytes (the rest is readable, not searchable)",
+                thread_id,
+                done.cut,
+                MAX_INDEXED_BYTES,
+            )
+        # Once each: the position moved past the record, so no pass (nor a restart) meets it again.
+        for skipped in done.skipped:
+            m.index_records_skipped.labels(sqlstate=skipped.sqlstate).inc()
+            log.warning("%s: record %d not indexed: %s", thread_id, skipped.seq, skipped.reason)
 
     async def _stale(self) -> list[str]:
         assert self._store is not None

@@ -401,6 +401,17 @@ class FleetMetrics:
             "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.indexed_records = Counter("ctx_indexed_records", "Records added to the search index", registry=r)
+        self.index_records_cut = Counter(
+            "ctx_index_records_cut",
+            "Records whose searchable text was indexed up to its first MiB only",
+            registry=r,
+        )
+        self.index_records_skipped = Counter(
+            "ctx_index_records_skipped",
+            "Records the store refused to index (by SQLSTATE), passed once and never retried",
+            ["sqlstate"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r
         )

@@ -58,7 +58,7 @@ from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.memory_search import MemoryIndex
-from services.store.search import Chunker
+from services.store.search import Chunker, IndexStep
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from services.store.views import (
     Candidate,
@@ -204,7 +204,7 @@ class MemoryStore:
         runs = {tid: h["run_id"] for tid, h in t.heads.items()}
         return t.search.search(request, run_of=runs, superseded=frozenset(t.retired))
 
-    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
+    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
         """As ``PgStore.index_next``: up to ``batch`` records after the thread's position, at once."""
         t = self.tables
         rows = [r for (tid, _), r in t.records.items() if tid == thread_id]

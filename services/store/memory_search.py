@@ -9,7 +9,9 @@ PostgreSQL's parser keeps it, and otherwise lowercase runs of letters and digits
 (``item_07`` is ``item`` and ``07``); a chunk matches when it holds every word of the query
 (``plainto_tsquery`` ANDs them). The rank counts the query's words in the chunk over its length, as
 ``ts_rank`` does without normalization; it is not ``ts_rank``'s number. The parser's rarer token
-types (URLs, e-mail addresses, versions) are not imitated.
+types (URLs, e-mail addresses, versions) are not imitated. A chunk whose words would make a tsvector
+over PostgreSQL's limit is refused as PostgreSQL refuses it (its record skipped, SQLSTATE 54000),
+its size counted as PostgreSQL counts it: per distinct word, its bytes (even), 2 and 2 per position.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
-from services.store.search import Chunker, chunk_rows
+from services.store.search import TSVECTOR_MAX_BYTES, Chunker, IndexStep, SkippedRecord, chunk_rows
 
 __all__ = ["MemoryIndex", "words_of"]
 
@@ -33,6 +35,15 @@ _WORD = re.compile(r"[\w-]+(?:[./][\w-]+)+|[^\W_]+", re.UNICODE)
 _CANDIDATES = 2000
 # ts_headline's MaxWords: the snippet is the words around the first match.
 _SNIPPET_WORDS = 24
+# Positions a tsvector keeps per lexeme at most.
+_MAX_POSITIONS = 256
+
+
+def _tsvector_bytes(words: Counter[str]) -> int:
+    return sum(
+        len(w.encode("utf-8")) + len(w.encode("utf-8")) % 2 + 2 + 2 * min(n, _MAX_POSITIONS)
+        for w, n in words.items()
+    )
 
 
 def words_of(text: str) -> list[str]:
@@ -73,7 +84,7 @@ class MemoryIndex:
         batch: int,
         version: int,
         chunker: Chunker,
-    ) -> int:
+    ) -> IndexStep:
         """Index up to ``batch`` of the thread's ``rows`` (its records, any order) after its position."""
         last, indexed_version = self.positions.get(thread_id, (0, version))
         if indexed_version != version:
@@ -82,13 +93,23 @@ class MemoryIndex:
             last = 0
         todo = sorted((r for r in rows if r["seq"] > last), key=lambda r: r["seq"])[:batch]
         if not todo:
-            return 0
+            return IndexStep(0)
+        skipped: list[SkippedRecord] = []
         for r in todo:
             text = r["text"] if r["text"] is not None else blobs[r["blob_sha256"]].decode("utf-8", "replace")
-            for values in chunk_rows(thread_id, r, text or "", chunker):
-                self.chunks.setdefault(values[:3], _Chunk(*values, Counter(words_of(values[-1]))))
+            chunks = [
+                _Chunk(*values, Counter(words_of(values[-1])))
+                for values in chunk_rows(thread_id, r, text or "", chunker)
+            ]
+            too_long = max((_tsvector_bytes(c.words) for c in chunks), default=0)
+            if too_long > TSVECTOR_MAX_BYTES:
+                reason = f"string is too long for tsvector ({too_long} bytes, max {TSVECTOR_MAX_BYTES} bytes)"
+                skipped.append(SkippedRecord(r["seq"], "54000", reason))
+                continue
+            for c in chunks:
+                self.chunks.setdefault((c.thread_id, c.seq, c.chunk), c)
         self.positions[thread_id] = (max(last, todo[-1]["seq"]), version)
-        return len(todo)
+        return IndexStep(len(todo), tuple(skipped))
 
     def stale_threads(self, heads: Mapping[str, int], limit: int, version: int) -> list[str]:
         """Threads recorded past their position, or indexed under another version (``heads``: last seqs)."""

@@ -39,7 +39,7 @@ from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
-from services.store.search import Chunker
+from services.store.search import Chunker, IndexStep
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 from services.store.thread_at_head import ThreadAtHead
 from services.store.windows import OpenWindow
@@ -346,7 +346,10 @@ class ListingStore(Protocol):
 class IndexStore(Protocol):
     """The search index's positions and chunks."""
 
-    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int: ...
+    async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
+        """Index up to ``batch`` records after the thread's position; a record whose content the
+        store refuses is skipped (named in the step), never raised: it would fail every time."""
+        ...
 
     async def stale_index_threads(self, limit: int, version: int) -> list[str]: ...
 

@@ -473,7 +473,7 @@ class PgStore:
 
     async def index_next(
         self, thread_id: str, *, batch: int, version: int, chunker: search_sql.Chunker
-    ) -> int:
+    ) -> search_sql.IndexStep:
         async with self._conn() as conn:
             return await search_sql.index_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
 

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
+from services.errors import StoreRejected
+from services.store._errors import translate_pg_errors
 from services.store.ledger import Conn
 
 __all__ = [
+    "TSVECTOR_MAX_BYTES",
     "ChunkRow",
     "Chunker",
+    "IndexStep",
+    "SkippedRecord",
     "chunk_rows",
     "index_next",
     "reset_index",
@@ -25,6 +31,27 @@ Chunker = Callable[[str, str, str], Sequence[tuple[int, int, int, int, str]]]
 
 # thread, seq, chunk number, session, kind, event key, start/end byte, start/end line, recorded at, text.
 ChunkRow = tuple[str, int, int, str, str, str, int, int, int, int, Any, str]
+
+# PostgreSQL's bound on a tsvector's lexemes and positions (MAXSTRPOS): over it, to_tsvector fails
+# with "string is too long for tsvector" (SQLSTATE 54000).
+TSVECTOR_MAX_BYTES = 1_048_575
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedRecord:
+    """A record of a thread that the store refused to index, and why; the position moved past it."""
+
+    seq: int
+    sqlstate: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStep:
+    """One step of indexing a thread: the records the position moved past, and those skipped among them."""
+
+    records: int
+    skipped: tuple[SkippedRecord, ...] = ()
 
 
 def chunk_rows(thread_id: str, record: Any, text: str, chunker: Chunker) -> Iterator[ChunkRow]:
@@ -151,8 +178,8 @@ async def search_session(conn: Conn, tenant: str, request: SearchRequest) -> tup
     return tuple(SearchHit(**dict(r)) for r in rows)
 
 
-async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
-    """Index up to ``batch`` records of the thread after its position; how many.
+async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
+    """Index up to ``batch`` records of the thread after its position.
 
     Two statements, no transaction around them (issue 16: a pass was six round trips): one reads
     the position with the records after it, one stores their chunks with the new position. Two
@@ -164,12 +191,13 @@ async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, ch
     if rows[0]["index_version"] is not None and rows[0]["index_version"] != version:
         return await _reindex_next(conn, thread_id, batch=batch, version=version, chunker=chunker)
     if rows[0]["seq"] is None:
-        return 0  # nothing after the position
-    await _store_chunks(conn, thread_id, rows, chunker, version)
-    return len(rows)
+        return IndexStep(0)  # nothing after the position
+    return IndexStep(len(rows), await _store_chunks(conn, thread_id, rows, chunker, version))
 
 
-async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> int:
+async def _reindex_next(
+    conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker
+) -> IndexStep:
     """Indexed under another chunking or text configuration: drop the thread's chunks, index from 0."""
     async with conn.transaction():
         row = await conn.fetchrow(_POSITION, thread_id)
@@ -179,22 +207,51 @@ async def _reindex_next(conn: Conn, thread_id: str, *, batch: int, version: int,
             position = 0
         rows = await conn.fetch(_RECORDS, thread_id, position, batch)
         if not rows:
-            return 0
-        await _store_chunks(conn, thread_id, rows, chunker, version)
-    return len(rows)
+            return IndexStep(0)
+        skipped = await _store_chunks(conn, thread_id, rows, chunker, version)
+    return IndexStep(len(rows), skipped)
 
 
 async def _store_chunks(
     conn: Conn, thread_id: str, rows: Sequence[Any], chunker: Chunker, version: int
-) -> None:
+) -> tuple[SkippedRecord, ...]:
     """The chunks of the records ``rows`` hold (both reads name the same columns), and the position
-    after the last of them, in one statement."""
+    after the last of them, in one statement; the records the store refuses to index, skipped.
+
+    A refused statement (a value PostgreSQL will refuse every time: a tsvector over its limit) is
+    stored again a record at a time, each statement moving the position past its record, so one
+    record at fault is skipped — and named — while the others are indexed.
+    """
+    chunks = [list(chunk_rows(thread_id, r, r["text"] or "", chunker)) for r in rows]
+    try:
+        await _insert_chunks(conn, thread_id, [c for cs in chunks for c in cs], rows[-1]["seq"], version)
+        return ()
+    except StoreRejected:
+        pass
+    skipped: list[SkippedRecord] = []
+    for r, record_chunks in zip(rows, chunks, strict=True):
+        try:
+            await _insert_chunks(conn, thread_id, record_chunks, r["seq"], version)
+        except StoreRejected as exc:
+            skipped.append(SkippedRecord(r["seq"], str(exc.details.get("sqlstate", "")), exc.cause))
+            await _insert_chunks(conn, thread_id, [], r["seq"], version)
+    return tuple(skipped)
+
+
+async def _insert_chunks(
+    conn: Conn, thread_id: str, chunks: Sequence[ChunkRow], last_seq: int, version: int
+) -> None:
     cols: list[list[object]] = [[] for _ in range(12)]
-    for r in rows:
-        for values in chunk_rows(thread_id, r, r["text"] or "", chunker):
-            for col, value in zip(cols, values, strict=True):
-                col.append(value)
-    await conn.execute(_STORE_CHUNKS, *cols, rows[-1]["seq"], version, thread_id)
+    for values in chunks:
+        for col, value in zip(cols, values, strict=True):
+            col.append(value)
+    with translate_pg_errors(thread_id):
+        if conn.is_in_transaction():
+            # A savepoint: a refused statement leaves the reindex's transaction usable for the next.
+            async with conn.transaction():
+                await conn.execute(_STORE_CHUNKS, *cols, last_seq, version, thread_id)
+        else:
+            await conn.execute(_STORE_CHUNKS, *cols, last_seq, version, thread_id)
 
 
 async def stale_index_threads(conn: Conn, limit: int, version: int) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Awaitable
 
 import asyncpg
 import pytest
@@ -13,6 +15,7 @@ from contracts import (
     PathRule,
     PrepareRequest,
     SearchRequest,
+    SearchReply,
     StatePatchEvent,
     StatePatchPayload,
     ToolCatalog,
@@ -300,3 +303,32 @@ async def test_evidence_from_a_tampered_blob_is_an_integrity_error_not_content(
     )
     with pytest.raises(IntegrityError):
         await client.prepare(request)
+
+
+async def test_indexer_indexes_an_8_mib_input_and_a_200_000_key_call_once_cut_with_the_rest_of_the_thread(
+    fleet, client: FleetClient, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each alone is over PostgreSQL's 1 MB tsvector limit: it was retried every pass, for ever.
+    t = Thread()
+    huge = " ".join(f"w{n:07d}" for n in range(900_000))  # one line of 8.1 MB, distinct words
+    args = {f"k{n:07d}": n for n in range(200_000)}
+    with caplog.at_level(logging.INFO, logger="ctxfleet.indexer"):
+        await client.append(t.user("before the paste: quarterly numbers", key="u1"))
+        await client.append(t.user(huge, key="u2"))
+        await client.append(t.assistant("filling the form", calls=(("c1", "fill", args),), key="a3"))
+        await client.append(t.user("after the paste: quarterly numbers", key="u4"))
+        await eventually(lambda: _indexed(db, t, 4), timeout=60, what="the thread to be indexed")
+
+    def search(query: str) -> Awaitable[SearchReply]:
+        return client.search(SearchRequest(session_id=t.session_id, query=query))
+
+    assert sorted(h.event_key for h in (await search("quarterly numbers")).hits) == ["u1", "u4"]
+    assert [h.event_key for h in (await search("w0000007")).hits] == ["u2"]  # the input's first MiB
+    assert [h.event_key for h in (await search("w0500000")).hits] == []  # past it: readable only
+    assert [h.event_key for h in (await search("k0000005")).hits] == ["a3"]
+    # Indexed once, each cut counted, nothing retried or warned about.
+    registry = fleet.metrics.registry
+    assert registry.get_sample_value("ctx_index_records_cut_total") == 2
+    assert registry.get_sample_value("ctx_indexed_records_total") == 4
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert len([r for r in caplog.records if "indexed up to their first" in r.getMessage()]) <= 2
