@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from services.app.budgeting import BudgetService
+from services.app.budgeting import BudgetService, pass_over
 from services.errors import CtxError, ThreadNotFound
 from services.store.postgres import PgStore
 
@@ -67,7 +67,13 @@ class BudgeterWorker(CoalescingWorker):
         except ThreadNotFound:
             return  # a notice for a thread whose only events were rejected
         except CtxError as exc:
-            log.warning("evaluating %s: %s", thread_id, exc)
+            if exc.retryable:
+                raise  # a store or NATS outage: the scheduler logs it once, the sweep tries again
+            # Deterministic: passed over until the thread moves, so the sweep does not retry it for ever.
+            assert self._store is not None
+            await pass_over(self._store, thread_id)
+            self._metrics.budgeter_failures.labels(code=exc.code.value).inc()
+            log.warning("evaluating %s: %s; passed over until its next records", thread_id, exc)
             return
         d = result.decision
         for hit in d.hits:

@@ -83,6 +83,10 @@ class CoalescingScheduler:
         self._sweeper: asyncio.Task[None] | None = None
         self._stopping = False
         self.dropped = 0
+        # The last failure of each thread still failing: the same one again is not logged again (a
+        # thread the sweep finds every round would log a line each round, for as long as it fails).
+        self._failing: dict[str, str] = {}
+        self.failures = 0
 
     def schedule(self, thread_id: str) -> None:
         """Work on ``thread_id`` soon (once more if it is being worked on)."""
@@ -114,7 +118,10 @@ class CoalescingScheduler:
                     try:
                         await self._work(thread_id)
                     except Exception as exc:  # the sweep retries; this work is never on the hot path
-                        self._log.warning("%s: %s", thread_id, exc)
+                        self._failed(thread_id, exc)
+                    else:
+                        if self._failing.pop(thread_id, None) is not None:
+                            self._log.info("%s: done again after failing", thread_id)
                 if thread_id not in self._again or self._stopping:
                     return
                 # A thread still being recorded into gets one more pass per interval, not one per
@@ -126,6 +133,17 @@ class CoalescingScheduler:
                     return
         finally:
             self._running.pop(thread_id, None)
+
+    def _failed(self, thread_id: str, exc: Exception) -> None:
+        self.failures += 1
+        said = f"{type(exc).__name__}: {exc}"
+        if self._failing.get(thread_id) == said:
+            self._log.debug("%s: still failing: %s", thread_id, said)
+            return
+        if len(self._failing) >= self._max_pending:
+            self._failing.pop(next(iter(self._failing)))
+        self._failing[thread_id] = said
+        self._log.warning("%s: %s (retried by the sweep; logged again only if it changes)", thread_id, said)
 
     @property
     def backlog(self) -> int:

@@ -400,6 +400,12 @@ class FleetMetrics:
         self.search_seconds = Histogram(
             "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.budgeter_failures = Counter(
+            "ctx_budgeter_failures",
+            "Evaluations that failed for what the thread holds (by code): passed over until it moves",
+            ["code"],
+            registry=r,
+        )
         self.indexed_records = Counter("ctx_indexed_records", "Records added to the search index", registry=r)
         self.index_records_cut = Counter(
             "ctx_index_records_cut",

@@ -15,7 +15,7 @@ from services.app.scheduling import PENDING_STALE_S, JobQueue, request_job
 from services.store.ports import BudgetStore
 from services.app.views import ThreadView, ViewLoader
 
-__all__ = ["BudgetService", "Evaluation", "measure"]
+__all__ = ["BudgetService", "Evaluation", "measure", "pass_over"]
 
 
 def measure(
@@ -105,3 +105,15 @@ class BudgetService:
             enqueued,
             f"{view.policy_name}@{view.policy_revision}",
         )
+
+
+async def pass_over(store: BudgetStore, thread_id: str) -> None:
+    """Mark ``thread_id`` evaluated at its head without evaluating it: an evaluation that failed for
+    what the thread holds would fail again, and the budgeter's sweep would find it every round.
+    The thread's next records make it due again."""
+    async with store.session() as session:
+        head = await session.select_head(thread_id)
+        if head is None:
+            return
+        await session.ensure_view(thread_id)
+        await session.mark_evaluated(thread_id, head.revision)

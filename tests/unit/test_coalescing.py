@@ -114,3 +114,31 @@ async def test_notices_for_a_moving_thread_collapse_into_one_pass_per_min_interv
     assert len(begun) == 2 and scheduler.backlog == 0
     assert begun[1] - begun[0] >= 0.2
     await scheduler.stop()
+
+
+async def test_a_thread_failing_the_same_way_every_pass_is_logged_once_until_its_failure_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    errors = [ValueError("too long"), ValueError("too long"), ValueError("too long"), KeyError("x"), None]
+    done = asyncio.Event()
+
+    async def work(thread_id: str) -> None:
+        error = errors.pop(0)
+        if not errors:
+            done.set()
+        if error is not None:
+            raise error
+
+    scheduler = CoalescingScheduler(work, _no_stale, log, sweep_s=60)
+    with caplog.at_level(logging.DEBUG, logger="test"):
+        while not done.is_set():
+            scheduler.schedule("r.a")  # as the sweep does, every round, while the thread is due
+            await asyncio.sleep(0.001)
+        await scheduler.stop(grace_s=1.0)
+    said = [(r.levelname, r.getMessage().split(" (")[0]) for r in caplog.records if r.levelno >= logging.INFO]
+    assert said == [
+        ("WARNING", "r.a: ValueError: too long"),
+        ("WARNING", "r.a: KeyError: 'x'"),
+        ("INFO", "r.a: done again after failing"),
+    ]
+    assert scheduler.failures == 4
