@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ._base import WireModel
+from .subjects import check_tenant, check_token
 from .ids import Identifier
 
 __all__ = [
@@ -36,7 +37,7 @@ EXPORT_MAX_BYTES = 262_144
 
 def session_export_subject(tenant: str, session_id: str) -> str:
     """Where an operator asks for a page of the export of a session of ``tenant``."""
-    return f"{SESSION_EXPORT}.{tenant}.{session_id}"
+    return f"{SESSION_EXPORT}.{check_tenant(tenant)}.{check_token(session_id, 'session id')}"
 
 
 class ForkRequest(WireModel):

@@ -20,6 +20,7 @@ __all__ = [
     "ID_PATTERN",
     "Identifier",
     "InstanceId",
+    "MAX_ID_LENGTH",
     "RunId",
     "SessionId",
     "ThreadId",
@@ -28,7 +29,9 @@ __all__ = [
     "thread_id_of",
 ]
 
-ID_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+# At most this many characters: an id is one NATS subject token (see ``contracts.subjects``).
+MAX_ID_LENGTH = 128
+ID_PATTERN = rf"^[A-Za-z0-9_-]{{1,{MAX_ID_LENGTH}}}$"
 # Event keys are chosen by runtimes; they travel in the Nats-Msg-Id header, never in a subject,
 # so they may hold ':' and '/' too (e.g. "turn-3/call:c1").
 EVENT_KEY_PATTERN = r"^[A-Za-z0-9_:/.@=+-]{1,200}$"
@@ -47,7 +50,8 @@ _ID_RE = re.compile(ID_PATTERN)
 
 def is_identifier(value: str) -> bool:
     """Whether ``value`` may be used as a session, run or instance id."""
-    return bool(_ID_RE.match(value))
+    # fullmatch: ``$`` alone also matches before a final newline, which would end a NATS protocol line.
+    return bool(_ID_RE.fullmatch(value))
 
 
 def thread_id_of(run_id: str, instance_id: str) -> ThreadId:

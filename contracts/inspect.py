@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ._base import WireModel
+from .subjects import check_tenant, check_token
 from .prepare import SummaryHook
 
 __all__ = [
@@ -26,7 +27,7 @@ SESSION_INSPECT = "ctx.session.inspect"
 
 def session_inspect_subject(tenant: str, session_id: str) -> str:
     """Where an operator asks for the runs, threads and snapshots of a session of ``tenant``."""
-    return f"{SESSION_INSPECT}.{tenant}.{session_id}"
+    return f"{SESSION_INSPECT}.{check_tenant(tenant)}.{check_token(session_id, 'session id')}"
 
 
 class InspectRequest(WireModel):

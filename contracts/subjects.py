@@ -11,6 +11,12 @@ FNV-1a of the session token modulo the partition count. A whole session — its 
 — lands in one partition and is recorded in publish order by one writer: decisions that span threads (a new
 question only after the previous run ended, a child only after its parent exists) see events in the order the
 runtime published them. Sessions spread across partitions.
+
+Every token a caller names — tenant, session, run, instance — is an identifier of at most
+``MAX_TOKEN_LENGTH`` (128) characters, and every subject at most ``MAX_SUBJECT_LENGTH`` (1,024)
+characters. A server closes the connection of a client whose subject overruns its protocol line
+(4,096 bytes by default), so an unchecked long id would cost the caller every request in flight
+and a reconnect; checked here, it is refused before anything is sent.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import hashlib
 
 from dataclasses import dataclass
 
-from .ids import is_identifier, split_thread_id
+from .ids import MAX_ID_LENGTH, is_identifier, split_thread_id
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -28,11 +34,15 @@ __all__ = [
     "EVENTS",
     "EVENTS_STREAM",
     "INSPECT",
+    "MAX_SUBJECT_LENGTH",
+    "MAX_TOKEN_LENGTH",
     "PARTITIONED",
     "PREPARE",
     "RECORDED",
     "StoredSubject",
+    "check_subject",
     "check_tenant",
+    "check_token",
     "dead_subject",
     "events_subject",
     "inspect_subject",
@@ -62,6 +72,11 @@ DEFAULT_TENANT = "default"
 EVENTS_STREAM = "CTX_EVENTS"
 DEAD_STREAM = "CTX_DEAD"
 
+# The longest id one subject token may carry (``contracts.ids.ID_PATTERN``), and the longest subject:
+# both well under the 4,096-byte protocol line past which a NATS server drops the connection.
+MAX_TOKEN_LENGTH = MAX_ID_LENGTH
+MAX_SUBJECT_LENGTH = 1024
+
 
 def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
     """The ``Nats-Msg-Id`` of an event: thread, key and a digest of the exact bytes.
@@ -75,11 +90,30 @@ def msg_id_of(thread_id: str, event_key: str, data: bytes) -> str:
     return f"{thread_id}/{event_key}/{hashlib.sha256(data).hexdigest()[:16]}"
 
 
+def check_token(value: str, what: str) -> str:
+    """``value`` if it can be one subject token (an identifier); raises ``ValueError`` naming ``what``."""
+    if not is_identifier(value):
+        raise ValueError(
+            f"not a valid {what} (allowed: letters, digits, '_' and '-', 1-{MAX_ID_LENGTH}): {_shown(value)}"
+        )
+    return value
+
+
+def check_subject(subject: str) -> str:
+    """``subject`` if a server takes it; raises ``ValueError`` past ``MAX_SUBJECT_LENGTH``."""
+    if len(subject) > MAX_SUBJECT_LENGTH:
+        raise ValueError(f"subject of {len(subject)} characters; at most {MAX_SUBJECT_LENGTH} are allowed")
+    return subject
+
+
 def check_tenant(tenant: str) -> str:
     """``tenant`` if it can be one subject token; raises ``ValueError`` otherwise."""
-    if not is_identifier(tenant):
-        raise ValueError(f"not a valid tenant (allowed: letters, digits, '_' and '-', 1-128): {tenant!r}")
-    return tenant
+    return check_token(tenant, "tenant")
+
+
+def _shown(value: str) -> str:
+    # An error message quotes at most the start of what it refuses (it may be megabytes).
+    return repr(value) if len(value) <= 40 else f"{value[:40]!r}... ({len(value)} characters)"
 
 
 def tenant_subject(base: str, tenant: str) -> str:
@@ -90,8 +124,8 @@ def tenant_subject(base: str, tenant: str) -> str:
 def events_subject(tenant: str, session_id: str, thread_id: str) -> str:
     """Where a runtime of ``tenant`` publishes the events of ``thread_id`` in ``session_id``."""
     split_thread_id(thread_id)
-    if not is_identifier(session_id) and session_id != "_":
-        raise ValueError(f"not a valid session id: {session_id!r}")
+    if session_id != "_":
+        check_token(session_id, "session id")
     return f"{EVENTS}.{check_tenant(tenant)}.{session_id}.{thread_id}"
 
 

@@ -93,6 +93,7 @@ from contracts.ids import is_identifier
 from contracts.subjects import (
     DEFAULT_TENANT,
     EVENTS_STREAM,
+    check_subject,
     check_tenant,
     events_subject,
     inspect_subject,
@@ -330,7 +331,7 @@ class FleetClient:
         if len(data) > limit:
             raise PayloadTooLarge(len(data), limit)
         self._ensure_connected(f"cannot append to {thread_id}")
-        subject = events_subject(self.tenant, session, thread_id)
+        subject = _subject(events_subject, self.tenant, session, thread_id)
         try:
             ack = await self._denials.guard(
                 subject,
@@ -357,7 +358,7 @@ class FleetClient:
             if published is not None:
                 request = request.model_copy(update={"after_event_hash": published})
         body = await self._request(
-            prepare_subject(self.tenant, thread_id), request.model_dump_json().encode(), wait
+            _subject(prepare_subject, self.tenant, thread_id), request.model_dump_json().encode(), wait
         )
         return PreparedContext.model_validate_json(body)
 
@@ -406,12 +407,12 @@ class FleetClient:
     async def inspect(self, thread_id: str, *, limit: int = 50, timeout: float = 10.0) -> ThreadInspection:
         """An operator's view of one thread."""
         request = InspectRequest(limit=limit).model_dump_json().encode()
-        body = await self._request(inspect_subject(self.tenant, thread_id), request, timeout)
+        body = await self._request(_subject(inspect_subject, self.tenant, thread_id), request, timeout)
         return ThreadInspection.model_validate_json(body)
 
     async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
         """An operator's view of a session: runs, threads, snapshots."""
-        subject = session_inspect_subject(self.tenant, session_id)
+        subject = _subject(session_inspect_subject, self.tenant, session_id)
         return SessionInspection.model_validate_json(await self._request(subject, b"{}", timeout))
 
     async def fork_session(self, request: ForkRequest, *, timeout: float = 10.0) -> SessionForked:
@@ -424,7 +425,7 @@ class FleetClient:
         self, session_id: str, request: ExportRequest, *, timeout: float = 10.0
     ) -> ExportPage:
         """One page of a session exported as a trace (operators)."""
-        subject = session_export_subject(self.tenant, session_id)
+        subject = _subject(session_export_subject, self.tenant, session_id)
         return ExportPage.model_validate_json(
             await self._request(subject, request.model_dump_json().encode(), timeout)
         )
@@ -448,7 +449,7 @@ class FleetClient:
         The default timeout leaves room for a summarizer that calls a model. Raises
         ``NothingToCompact``, ``CompactionFailed`` or ``ThreadNotFound`` (another tenant's thread too).
         """
-        subject = compact_subject(self.tenant, f"{request.run_id}.{request.instance_id}")
+        subject = _subject(compact_subject, self.tenant, f"{request.run_id}.{request.instance_id}")
         body = await self._request(subject, request.model_dump_json().encode(), timeout)
         return CompactReply.model_validate_json(body)
 
@@ -477,7 +478,7 @@ class FleetClient:
             request=dict(request),
             additions=tuple(additions),
         )
-        subject = gateway_check_subject(self.tenant, f"{prepared.run_id}.{prepared.instance_id}")
+        subject = _subject(gateway_check_subject, self.tenant, f"{prepared.run_id}.{prepared.instance_id}")
         return FinalCheck.model_validate_json(
             await self._request(subject, body.model_dump_json().encode(), timeout)
         )
@@ -615,6 +616,15 @@ def _check_step(event: Event, request: PrepareRequest) -> None:
             event_key=event.event_key,
             after_event_key=request.after_event_key,
         )
+
+
+def _subject(build: Callable[..., str], *tokens: str) -> str:
+    """The subject ``build`` makes of ``tokens``; an id that cannot be a subject token (too long, a
+    dot, a wildcard) is an ``InvalidRequest`` at once, before anything is sent (``contracts.subjects``)."""
+    try:
+        return check_subject(build(*tokens))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def _envelope_of(data: bytes) -> tuple[str, str | None]:
