@@ -18,9 +18,12 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -288,7 +291,10 @@ class EmbeddedPostgres:
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         _forget_dead_handles(self.data_dir, everyone=self.sole_owner)
         try:
-            self._server = get_server(self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop")
+            with _traversal_only(self.data_dir):
+                self._server = get_server(
+                    self.data_dir, cleanup_mode="delete" if self.delete_on_stop else "stop"
+                )
             self._require_password()
         except Exception as exc:
             raise EmbeddedServerError(
@@ -358,7 +364,7 @@ class EmbeddedPostgres:
         # No process works in the cluster any more, so the files are stale: remove them, not wait.
         remove_stale_pg_locks(self.data_dir)
         try:
-            with PostgresServer._lock:
+            with PostgresServer._lock, _traversal_only(self.data_dir):
                 server.ensure_postgres_running()
         except Exception as exc:
             raise EmbeddedServerError(
@@ -390,6 +396,37 @@ local   all   all                 scram-sha-256
 host    all   all   127.0.0.1/32  scram-sha-256
 host    all   all   ::1/128       scram-sha-256
 """
+
+
+@contextmanager
+def _traversal_only(pgdata: Path) -> Iterator[None]:
+    """Give back the modes of the folders above ``pgdata`` that the wheel widens, keeping only traversal.
+
+    Run as root, the wheel makes every folder above the cluster readable and listable by everyone
+    (``g+rx,o+rx``, up to ``/``) so that its own system user reaches the cluster: the data folder
+    (0711: nobody else may list it) became 0755, and so did a home folder above it. Reaching the
+    cluster needs only ``x`` on each of them: for others, and for the group, because the wheel runs
+    ``pg_ctl`` as that user with root's group still its own. That is all this leaves added.
+    """
+    if os.geteuid() != 0:
+        yield  # the wheel changes nothing then
+        return
+    traverse = stat.S_IXGRP | stat.S_IXOTH
+    before: dict[Path, int] = {}
+    for folder in pgdata.resolve().parents:
+        try:
+            before[folder] = stat.S_IMODE(folder.stat().st_mode)
+        except OSError:
+            continue
+    try:
+        yield
+    finally:
+        for folder, mode in before.items():
+            try:
+                if stat.S_IMODE(folder.stat().st_mode) != mode | traverse:
+                    folder.chmod(mode | traverse)
+            except OSError as exc:  # a folder that is not ours to change: the wheel's mode stays
+                log.warning("could not restore the mode of %s: %s", folder, exc)
 
 
 def _sql_literal(text: str) -> str:
