@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -35,6 +36,7 @@ __all__ = [
     "EmbeddedNats",
     "EmbeddedPostgres",
     "EmbeddedServerError",
+    "PortTaken",
     "ProcessIdentity",
     "describe_exit",
     "free_port",
@@ -43,6 +45,7 @@ __all__ = [
     "read_endpoints",
     "remove_endpoints",
     "remove_stale_pg_locks",
+    "server_info",
     "server_version_ok",
     "stop_process",
     "write_endpoints",
@@ -122,6 +125,40 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
+def server_info(port: int, timeout: float = 0.5) -> dict[str, Any] | None:
+    """The INFO a nats-server on ``127.0.0.1:port`` greets every client with, before any login.
+
+    ``None`` when nothing answers there, or something that is not a nats-server.
+    """
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            line = b""
+            while not line.endswith(b"\r\n") and len(line) < 64 * 1024:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                line += chunk
+    except OSError:
+        return None
+    head, _, body = line.partition(b" ")
+    if head != b"INFO":
+        return None
+    try:
+        info = json.loads(body)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _holder(port: int, info: dict[str, Any] | None = None) -> str:
+    """Who holds ``port``, as far as its greeting tells."""
+    info = info if info is not None else server_info(port)
+    if info is None:
+        return "another process"
+    return f"another nats-server (server_name {info.get('server_name') or '?'})"
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -151,9 +188,24 @@ def nats_server_binary() -> Path:
     return found
 
 
+class PortTaken(EmbeddedServerError):
+    """The embedded nats-server's port is held by another server: we never connect to that one."""
+
+    def __init__(self, port: int, holder: str) -> None:
+        super().__init__(
+            f"port {port} is taken by {holder}, not the nats-server this fleet started: "
+            "set CTX_NATS_PORT to a free port (0: any free one) or stop that server"
+        )
+        self.port = port
+
+
 @dataclass
 class EmbeddedNats:
-    """A nats-server with JetStream on loopback, its store under ``data_dir``."""
+    """A nats-server with JetStream on loopback, its store under ``data_dir``.
+
+    It is known by the ``server_name`` written into its config, which its INFO line repeats: a
+    start succeeds only once *that* server answers on the port, never another that holds it.
+    """
 
     data_dir: Path
     max_payload: int = 16 * 1024 * 1024
@@ -162,6 +214,9 @@ class EmbeddedNats:
     extra_config: str = ""
     sync_always: bool = True
     process: subprocess.Popen[bytes] | None = None
+    # Made at the first start, kept across restarts; a marker only, not a secret.
+    server_name: str = ""
+    _scanned: int = 0
     name = "nats-server"
 
     @property
@@ -197,33 +252,22 @@ class EmbeddedNats:
         return self.start(timeout)
 
     def start(self, timeout: float = 15.0) -> str:
-        """Start the server and wait until it accepts connections; returns its URL."""
+        """Start the server and wait until it answers on its port; returns its URL.
+
+        Raises:
+            PortTaken: another server holds the port (ours exited, or a stranger answered there).
+            EmbeddedServerError: the server exited or did not answer within ``timeout``.
+        """
         binary = nats_server_binary()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        conf = self.data_dir / "nats.conf"
-        conf.touch(mode=0o600, exist_ok=True)
-        conf.chmod(0o600)  # it may hold the users' passwords
-        conf.write_text(
-            "\n".join(
-                [
-                    f"listen: 127.0.0.1:{self.port}",
-                    f"max_payload: {self.max_payload}",
-                    "jetstream {",
-                    f'  store_dir: "{self.data_dir / "jetstream"}"',
-                    # Written and fsynced before the ack:
-                    # a SIGKILL / OOM of a single node loses nothing acked.
-                    "  sync_interval: always" if self.sync_always else "",
-                    "}",
-                    self.extra_config,
-                    "",
-                ]
-            )
-        )
+        self.server_name = self.server_name or f"ctxfleet-{secrets.token_hex(8)}"
+        self._write_config()
+        self._scanned = self.log_path.stat().st_size if self.log_path.exists() else 0
         # Its own session: a Ctrl-C meant for us must not stop the broker before the workers drain.
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
-                [str(binary), "-c", str(conf)],
+                [str(binary), "-c", str(self._config_path)],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -231,16 +275,60 @@ class EmbeddedNats:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if b"address already in use" in self._log_since(self._scanned):
+                    raise PortTaken(self.port, _holder(self.port))
                 raise EmbeddedServerError(
                     f"nats-server exited with {self.process.returncode}; see {self.log_path}"
                 )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self.url
-            except OSError:
-                time.sleep(0.05)
+            info = server_info(self.port)
+            if info is not None and info.get("server_name") == self.server_name:
+                return self.url
+            if info is not None:
+                # Ours cannot bind a port another server answers on: it is exiting, or will.
+                self.stop()
+                raise PortTaken(self.port, _holder(self.port, info))
+            time.sleep(0.05)
         self.stop()
         raise EmbeddedServerError(f"nats-server did not listen on {self.port} within {timeout}s")
+
+    @property
+    def _config_path(self) -> Path:
+        return self.data_dir / "nats.conf"
+
+    def _write_config(self) -> None:
+        conf = self._config_path
+        conf.touch(mode=0o600, exist_ok=True)
+        conf.chmod(0o600)  # it may hold the users' passwords
+        tmp = conf.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(
+                "\n".join(
+                    [
+                        f"server_name: {self.server_name}",
+                        f"listen: 127.0.0.1:{self.port}",
+                        f"max_payload: {self.max_payload}",
+                        "jetstream {",
+                        f'  store_dir: "{self.data_dir / "jetstream"}"',
+                        # Written and fsynced before the ack:
+                        # a SIGKILL / OOM of a single node loses nothing acked.
+                        "  sync_interval: always" if self.sync_always else "",
+                        "}",
+                        self.extra_config,
+                        "",
+                    ]
+                )
+            )
+        # Whole or not at all: a reload must never read half a config.
+        tmp.replace(conf)
+
+    def _log_since(self, offset: int) -> bytes:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout``)."""

@@ -31,7 +31,7 @@ from .datafolder import (
     write_server_records,
 )
 from .credentials import DATA_FOLDER_MODE, as_identity, load_or_create_credentials, secure_folder
-from .embedded import EmbeddedNats, EmbeddedPostgres, port_is_free
+from .embedded import EmbeddedNats, EmbeddedPostgres, PortTaken, port_is_free
 from .nats_accounts import authorization_conf, embedded_grants
 from .provision import ProvisionResult, provision_streams
 from .supervise import supervise
@@ -177,13 +177,35 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
                 ),
             )
             owned.append(broker)
-            servers.nats_url = broker.start()
+            servers.nats_url = _start_broker(broker)
             servers.record()
     except BaseException:
         # Ctrl-C during start included: nothing we started may outlive us.
         servers.stop()
         raise
     return servers
+
+
+# Starts on a port found free that another process took first, before we give up.
+_PORT_ATTEMPTS = 3
+
+
+def _start_broker(broker: EmbeddedNats) -> str:
+    """Start ``broker``; on a port another server took meanwhile, on a free one instead (said in the log).
+
+    The port was free when chosen, but another checkout's ``make run`` may bind it first: ours then
+    exits, and the fleet must never connect to the server that answers there instead.
+    """
+    left = _PORT_ATTEMPTS
+    while True:
+        try:
+            return broker.start()
+        except PortTaken as exc:
+            left -= 1
+            if left == 0:
+                raise
+            log.warning("%s; the embedded NATS listens on a free port instead ('ctxfleet env' names it)", exc)
+            broker.port = 0
 
 
 def _client_port(configured: int, previous: int) -> int:
