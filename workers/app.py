@@ -43,6 +43,7 @@ from .heap import HeapKeeper
 from .indexer import IndexerWorker
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
+from .refusals import Refusals
 
 __all__ = ["Fleet", "encodings_at_start"]
 
@@ -123,6 +124,11 @@ class Fleet:
     hook_grants: HookGrants | None = None
     gateway: GatewayService | None = None
     http_port: int | None = None
+    # What JetStream and PostgreSQL refused this process's writes lately (readiness says it).
+    refusals: Refusals = field(default_factory=Refusals)
+    # Further readiness checks by name, from whoever runs the servers (``ctxfleet up``: its
+    # embedded JetStream's store); each answers ``None`` when fine, or why it is not.
+    extra_checks: dict[str, Callable[[], str | None]] = field(default_factory=dict)
     _nc: NatsClient | None = None
     _gauges: asyncio.Task[None] | None = None
     _http: HealthServer | None = None
@@ -164,6 +170,7 @@ class Fleet:
             self.metrics,
             gateway_store=PgGatewayStore(self.pool),
             hook_grants=self.hook_grants,
+            refusals=self.refusals,
         )
         if "assembler" in names and s.view_trust_ms > 0:
             # Before any subscriber starts: no view is trusted until this listens (D14.17).
@@ -249,7 +256,11 @@ class Fleet:
             checks["broker"] = "not started"
         else:
             checks["broker"] = None if await self.broker.ping(timeout=1.0) else "not connected"
-        checks["postgres"] = await self._check_postgres()
+        checks["postgres"] = await self._check_postgres() or self.refusals.why("postgres")
+        # A full disk shows only when a write is refused: this process's own, or the embedded store's.
+        checks["jetstream"] = self.refusals.why("jetstream")
+        for name, check in self.extra_checks.items():
+            checks[name] = checks.get(name) or check()
         # Consumers bound before an outage receive nothing during it: not "ok" while NATS is down.
         checks["consumers"] = f"NATS {nats_down}" if nats_down is not None else self._check_consumers()
         return checks
@@ -276,10 +287,11 @@ class Fleet:
         if pool is None:
             return "not connected"
         try:
-            await asyncio.wait_for(PgStore(pool).ping(), timeout=2.0)
+            read_only = await asyncio.wait_for(PgStore(pool).read_only(), timeout=2.0)
         except Exception as exc:  # whatever the driver raises, the answer is "not ready, because"
             return f"{type(exc).__name__}: {exc}"[:200]
-        return None
+        # A standby, or default_transaction_read_only: every event would wait, unrecorded.
+        return "read-only (transaction_read_only is on): nothing can be recorded" if read_only else None
 
     def _check_consumers(self) -> str | None:
         if not self._started:

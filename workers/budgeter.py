@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from services.app.budgeting import BudgetService, pass_over
-from services.errors import CtxError, ThreadNotFound
+from services.errors import CtxError, FleetUnavailable, ThreadNotFound
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
@@ -66,6 +66,10 @@ class BudgeterWorker(CoalescingWorker):
             result = await self._service.evaluate(thread_id)
         except ThreadNotFound:
             return  # a notice for a thread whose only events were rejected
+        except FleetUnavailable:
+            # JetStream refused the job (a full store): not marked evaluated, so the sweep asks again.
+            self._metrics.jobs.labels(outcome="not_queued", reason="jetstream").inc()
+            raise
         except CtxError as exc:
             if exc.retryable:
                 raise  # a store or NATS outage: the scheduler logs it once, the sweep tries again

@@ -47,6 +47,7 @@ from .manual import manual_router
 from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
+from .refusals import Refusals
 from .replies import ReplyRule
 
 __all__ = [
@@ -163,15 +164,18 @@ def compose(
     *,
     gateway_store: GatewayStore | None = None,
     hook_grants: HookGrants | None = None,
+    refusals: Refusals | None = None,
 ) -> Workers:
     """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started.
 
     The gateway's final check runs beside the assembler when given its store; it reads hook grants
-    from the registered hook sets, or from ``hook_grants`` when given (a twin in tests).
+    from the registered hook sets, or from ``hook_grants`` when given (a twin in tests). The writers
+    report what JetStream and PostgreSQL refuse to ``refusals`` (readiness reads it).
     """
     gateway: GatewayService | None = None
     names = settings.worker_names
-    queue = JetStreamJobQueue(nc.jetstream(timeout=10.0))
+    refusals = refusals or Refusals()
+    queue = JetStreamJobQueue(nc.jetstream(timeout=10.0), refusals)
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
     loader = ViewLoader(
@@ -273,6 +277,7 @@ def compose(
             local=local,
             # Notices go out on the broker's connection, which does not echo them back (above).
             notices=lambda: broker.connection,
+            refusals=refusals,
         )
     return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path, responder)
 

@@ -333,7 +333,8 @@ class FleetMetrics:
         )
         self.jobs = Counter(
             "ctx_compaction_jobs",
-            "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled",
+            "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled, "
+            "not_queued (JetStream refused the job; retried)",
             ["outcome", "reason"],
             registry=r,
         )

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -36,7 +37,7 @@ from contracts.subjects import (
     recorded_subject,
 )
 from contracts import DeadLetter, reply_json
-from services.errors import CtxError
+from services.errors import CtxError, FleetUnavailable, StoreUnavailable
 from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore
@@ -44,6 +45,7 @@ from services.store.postgres import PgStore
 from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .pull import ContinuousPull
+from .refusals import Refusals, describe_publish_failure
 from .stream_guard import DEFAULT_CHECK_EVERY_S, StreamGuard
 
 __all__ = ["JetStreamDeadLetterSink", "RecorderWorker"]
@@ -60,17 +62,24 @@ _STOP_GRACE_S = 2.0
 class JetStreamDeadLetterSink:
     """Publishes dead letters to ``ctx.dead.events.<thread>`` (the CTX_DEAD stream), deduplicated by id."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, refusals: Refusals) -> None:
         self._js = js
+        self._refusals = refusals
 
     async def publish(self, letter: DeadLetter, msg_id: str) -> None:
-        """Store one dead letter durably."""
-        await self._js.publish(
-            dead_subject(letter.thread_id),
-            reply_json(letter),
-            headers={"Nats-Msg-Id": msg_id},
-            timeout=10.0,
-        )
+        """Store one dead letter durably (the batch is retried if JetStream does not take it)."""
+        try:
+            await self._js.publish(
+                dead_subject(letter.thread_id),
+                reply_json(letter),
+                headers={"Nats-Msg-Id": msg_id},
+                timeout=10.0,
+            )
+        except (NatsError, TimeoutError) as exc:
+            why = describe_publish_failure(exc)
+            self._refusals.refused("jetstream", why)
+            raise FleetUnavailable(f"JetStream did not store the dead letter: {why}") from exc
+        self._refusals.stored("jetstream")
 
 
 class RecorderWorker:
@@ -89,8 +98,10 @@ class RecorderWorker:
         stream_check_s: float = DEFAULT_CHECK_EVERY_S,
         local: LocalNotices | None = None,
         notices: Callable[[], NatsClient] | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self._nc = nc
+        self._refusals = refusals or Refusals()
         self._local = local or LocalNotices()
         # Where the notices go out (the process's broker connection, which does not echo them to this
         # process's own subscribers); this recorder's own connection without one.
@@ -102,7 +113,7 @@ class RecorderWorker:
         self._batch = batch
         self._service = RecordingService(
             store,
-            JetStreamDeadLetterSink(self._js),
+            JetStreamDeadLetterSink(self._js, self._refusals),
             limits=limits,
             recorder_id=recorder_id,
             on_stage=metrics.record_stages(),
@@ -193,6 +204,9 @@ class RecorderWorker:
                 delay = min(_MAX_BACKOFF_S, 0.2 * 2**failures)
                 code = exc.code.value if isinstance(exc, CtxError) else type(exc).__name__
                 self._metrics.record_retries.labels(code=code).inc()
+                if isinstance(exc, StoreUnavailable) and "sqlstate" in exc.details:
+                    # PostgreSQL runs but refuses the write: a full disk, a read-only cluster.
+                    self._refusals.refused("postgres", exc.message[:200])
                 log.warning(
                     "partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay
                 )
@@ -253,6 +267,7 @@ class RecorderWorker:
                         self._applying.discard(partition)
                     # Recovered: the next outage starts its backoff from the shortest delay again.
                     self._failures[partition] = 0
+                    self._refusals.stored("postgres")
                     expected += len(contiguous)
                     committed = max(committed, contiguous[-1].metadata.sequence.stream)
                 if gap:

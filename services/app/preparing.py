@@ -34,7 +34,7 @@ from contracts.prepare import ProviderOverflow
 from contracts.task_budgets import TaskBudgetReport
 
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
-from services.errors import InvalidRequest, OverBudget, ProviderContextExceeded
+from services.errors import FleetUnavailable, InvalidRequest, OverBudget, ProviderContextExceeded
 from services.core.budget import BUILTIN_PROFILES, BudgetSpec, calibrated, resolve_budget
 from services.core.calibration import (
     Calibration,
@@ -73,6 +73,15 @@ _RECHECK_S = 0.25
 _IN_FLIGHT_GRACE_S = 0.02
 # Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
 _OVERFLOW = ("provider_overflow",)
+# A queue that refuses jobs (a full JetStream store) refuses every prepare's: one warning per interval.
+_UNQUEUED_WARN_EVERY_S = 30.0
+
+
+class _NotQueued:
+    """The queue did not take the job (JetStream full or unreachable): no compaction is coming."""
+
+
+_NOT_QUEUED = _NotQueued()
 
 
 def _reserved_tokens(over: OverBudget) -> int:
@@ -137,6 +146,7 @@ class PrepareService:
         self._loader = loader or ViewLoader()
         self._queue = queue
         self._compaction_wait_ms = compaction_wait_ms
+        self._unqueued_warned = float("-inf")
         self._windows = WindowKeeper(store, self._loader)
         # The gateway's final check, which validated the additions a re-prepare carries.
         self.gateway: GatewayService | None = None
@@ -475,6 +485,8 @@ class PrepareService:
             ours = await self._request_job(view, budget, reserved, reasons=reasons)
             revision = view.state.view_revision
             while (remaining := deadline - time.monotonic()) > 0:
+                if isinstance(ours, _NotQueued):
+                    break  # no compaction is coming: answer now, without the oldest history
                 woken.clear()
                 await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
                 current = await self._view(
@@ -532,20 +544,33 @@ class PrepareService:
         reserved: int,
         *,
         reasons: tuple[str, ...] = ("hard_budget",),
-    ) -> CompactionJob | None:
-        """Ask for the thread's urgent compaction; the job, or None while another one is pending."""
+    ) -> CompactionJob | _NotQueued | None:
+        """Ask for the thread's urgent compaction; the job, ``None`` while another one is pending, or
+        ``_NOT_QUEUED`` when the queue refused it.
+
+        A refused job does not fail the prepare: compaction is off the hot path, so the context is
+        answered without it (within budget, the oldest history left out and named), and the
+        budgeter asks again once the queue takes jobs.
+        """
         if self._queue is None:
             return None
-        async with self._store.session() as store:
-            return await request_job(
-                store,
-                self._queue,
-                view,
-                reasons,
-                urgent=True,
-                input_budget=budget.input_budget,
-                reserved_tokens=reserved,
-            )
+        try:
+            async with self._store.session() as store:
+                return await request_job(
+                    store,
+                    self._queue,
+                    view,
+                    reasons,
+                    urgent=True,
+                    input_budget=budget.input_budget,
+                    reserved_tokens=reserved,
+                )
+        except FleetUnavailable as exc:
+            now = time.monotonic()
+            if now - self._unqueued_warned >= _UNQUEUED_WARN_EVERY_S:
+                self._unqueued_warned = now
+                log.warning("prepares answered without compaction: %s", exc.message)
+            return _NOT_QUEUED
 
     async def inspect(
         self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT

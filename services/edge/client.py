@@ -42,6 +42,7 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from pydantic import JsonValue
 
@@ -347,6 +348,11 @@ class FleetClient:
             raise PayloadTooLarge(len(data), limit) from exc
         except (NoRespondersError, NatsTimeout, *_DISCONNECTED) as exc:
             raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
+        except APIError as exc:
+            # "insufficient resources" (503) when its store is full: nothing stored, retry later.
+            raise FleetUnavailable(
+                f"JetStream did not store the event: {exc.description or 'refused'} ({exc.code})"
+            ) from exc
         return AppendAck(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
 
     async def prepare(self, request: PrepareRequest, *, timeout: float | None = None) -> PreparedContext:

@@ -467,6 +467,12 @@ class PgStore:
         async with self._conn() as conn:
             await conn.fetchval("SELECT 1")
 
+    async def read_only(self) -> bool:
+        """Whether a new transaction could not write (a standby, ``default_transaction_read_only``);
+        one round trip, so readiness asks this instead of ``ping``."""
+        async with self._conn() as conn:
+            return bool(await conn.fetchval("SELECT current_setting('transaction_read_only') = 'on'"))
+
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
         async with self._conn() as conn:
             return await PoliciesRepo.register(conn, tenant, policy)

@@ -110,7 +110,13 @@ async def test_the_entrypoint_starts_each_worker_ready_and_sigterm_exits_cleanly
     try:
         checks = await asyncio.to_thread(worker.wait_ready)
         assert checks["ready"] is True
-        assert checks["checks"] == {"nats": "ok", "broker": "ok", "postgres": "ok", "consumers": "ok"}
+        assert checks["checks"] == {
+            "nats": "ok",
+            "broker": "ok",
+            "postgres": "ok",
+            "jetstream": "ok",
+            "consumers": "ok",
+        }
         assert await asyncio.to_thread(_get, worker.port, "/healthz") == (200, "ok\n")
         status, metrics = await asyncio.to_thread(_get, worker.port, "/metrics")
         assert status == 200 and "ctx_consumer_lag" in metrics

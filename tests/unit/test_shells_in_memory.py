@@ -22,7 +22,13 @@ from services.app.compacting import CompactionService
 from services.app.manual_compaction import ManualCompaction
 from services.core.compaction.model import Segment, StructuredSummary
 from services.core.compaction.structured import summarize_records
-from services.errors import EventRejected, NotYetRecorded, PositionRegressed, StoreUnavailable
+from services.errors import (
+    EventRejected,
+    FleetUnavailable,
+    NotYetRecorded,
+    PositionRegressed,
+    StoreUnavailable,
+)
 from services.core.ledger import BatchPlan, RecordingLimits
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -343,6 +349,40 @@ async def _job(store: MemoryStore, thread_id: str) -> CompactionJob:
         job = await request_job(s, _Queue(), view, ("context_ratio",))
     assert job is not None
     return job
+
+
+class _RefusingQueue:
+    """A queue whose JetStream store is full: every job refused, typed."""
+
+    def __init__(self) -> None:
+        self.tries = 0
+
+    async def publish(self, job: CompactionJob) -> None:
+        self.tries += 1
+        raise FleetUnavailable("JetStream did not store the compaction job: insufficient resources (503)")
+
+
+async def test_a_prepare_whose_compaction_job_is_refused_is_answered_at_once_without_the_oldest_history() -> (
+    None
+):
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    await _history(store, t, budget=100_000)
+    queue = _RefusingQueue()
+    service = PrepareService(store, board, queue=queue, compaction_wait_ms=5_000)
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=900
+    )
+
+    started = asyncio.get_running_loop().time()
+    prepared = await service.prepare(request)
+
+    # Not after the 5 s compaction wait: no compaction is coming.
+    assert asyncio.get_running_loop().time() - started < 1.0 and queue.tries == 1
+    assert prepared.budget_report.used.total <= 900
+    assert prepared.budget_report.reductions.dropped_history > 0 and prepared.summary is None
+    async with store.session() as s:
+        # The refused job is not left pending: the next prepare or the budgeter asks again.
+        assert (await s.load_view(t.thread_id)).pending_fingerprint is None
 
 
 async def test_a_compaction_commits_a_summary_and_moves_the_view_and_its_baseline() -> None:
