@@ -35,10 +35,12 @@ import psutil
 __all__ = [
     "EmbeddedNats",
     "EmbeddedPostgres",
+    "DEFAULT_MAX_STORE",
     "EmbeddedServerError",
     "PortTaken",
     "ProcessIdentity",
     "describe_exit",
+    "fit_store_limit",
     "free_port",
     "nats_server_binary",
     "port_is_free",
@@ -48,6 +50,7 @@ __all__ = [
     "server_info",
     "server_version_ok",
     "stop_process",
+    "store_reserve",
     "write_endpoints",
 ]
 
@@ -159,6 +162,10 @@ def _holder(port: int, info: dict[str, Any] | None = None) -> str:
     return f"another nats-server (server_name {info.get('server_name') or '?'})"
 
 
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def free_port() -> int:
     """A free TCP port on loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -199,6 +206,35 @@ class PortTaken(EmbeddedServerError):
         self.port = port
 
 
+# The configured ceiling of the embedded JetStream store when none is given: the disk's room caps it
+# anyway (``fit_store_limit``), so this only matters on a disk larger than it.
+DEFAULT_MAX_STORE = 1 << 40
+_MIB = 1 << 20
+# How often a running server's store and disk are measured: summing a large store's files costs.
+_MEASURE_EVERY_S = 2.0
+# What nats-server writes when a write to its store fails (a full or read-only disk): the stream
+# then answers no publish until the server restarts, even once the disk has room again.
+_STORE_FAILURES = ("critical write error", "will be disabled")
+
+
+def store_reserve(disk_size: int) -> int:
+    """Room the JetStream store leaves free on its disk: 5 % of it, within 16 MiB..1 GiB."""
+    return min(max(16 * _MIB, disk_size // 20), 1024 * _MIB)
+
+
+def fit_store_limit(configured: int, used: int, free: int, reserve: int) -> int:
+    """The JetStream store limit for a store of ``used`` bytes on a disk with ``free`` bytes free.
+
+    JetStream answers a publish past its limit at once with a typed refusal (503 "insufficient
+    resources") and takes publishes again when the limit is raised; a write that meets a full disk
+    instead leaves the stream unable to store anything until the server restarts. So the limit
+    stays ``reserve`` below what the disk can hold, the reserve being room for PostgreSQL to record
+    what the store took. It does not move as the store fills (``used`` grows as ``free`` shrinks),
+    and rises as the disk gains room.
+    """
+    return max(_MIB, min(configured, used + free - reserve))
+
+
 @dataclass
 class EmbeddedNats:
     """A nats-server with JetStream on loopback, its store under ``data_dir``.
@@ -213,10 +249,17 @@ class EmbeddedNats:
     # Appended to the generated server config: an authorization block, TLS, a monitoring port.
     extra_config: str = ""
     sync_always: bool = True
+    # The ceiling of the JetStream store in bytes (``max_file_store``), kept within the disk's room.
+    max_store: int = DEFAULT_MAX_STORE
     process: subprocess.Popen[bytes] | None = None
     # Made at the first start, kept across restarts; a marker only, not a secret.
     server_name: str = ""
+    # Why JetStream cannot store right now (its limit reached, a failed write), for readiness.
+    store_problem: str | None = None
+    _store_limit: int = 0
     _scanned: int = 0
+    _store_failure: str | None = None
+    _measured_at: float = float("-inf")
     name = "nats-server"
 
     @property
@@ -233,6 +276,11 @@ class EmbeddedNats:
     def store(self) -> Path:
         """The folder whose files only one server may ever have open."""
         return self.data_dir
+
+    @property
+    def store_limit(self) -> int:
+        """The JetStream store limit the running server was given (bytes)."""
+        return self._store_limit
 
     def identity(self) -> ProcessIdentity | None:
         """PID and start time of the running server."""
@@ -262,8 +310,12 @@ class EmbeddedNats:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         self.server_name = self.server_name or f"ctxfleet-{secrets.token_hex(8)}"
+        used, free, reserve = self._disk()
+        self._store_limit = fit_store_limit(self.max_store, used, free, reserve)
         self._write_config()
         self._scanned = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._store_failure = self.store_problem = None
+        self._measured_at = float("-inf")
         # Its own session: a Ctrl-C meant for us must not stop the broker before the workers drain.
         with open(self.log_path, "ab") as log_file:
             self.process = subprocess.Popen(
@@ -291,6 +343,46 @@ class EmbeddedNats:
         self.stop()
         raise EmbeddedServerError(f"nats-server did not listen on {self.port} within {timeout}s")
 
+    def tend(self) -> str | None:
+        """Keep the store within the disk while the server runs; a reason to restart it, or ``None``.
+
+        Raises the store limit (a config reload: nats-server cannot lower it without a restart) as
+        the disk gains room, so publishes refused for a full store are taken again by themselves. A
+        store that met a full or read-only disk stores nothing until a restart: once a write there
+        succeeds again, the reason to restart is returned.
+        """
+        if not self.is_running():
+            return None
+        failure = self._store_failure = self._store_failure or self._new_store_failure()
+        now = time.monotonic()
+        if failure is None and now - self._measured_at < _MEASURE_EVERY_S:
+            return None
+        self._measured_at = now
+        used, free, reserve = self._disk()
+        if failure is not None:
+            self.store_problem = f"store write failed: {failure}"[:300]
+            return f"stopped writing its store ({failure[:160]})" if self._writable(free, reserve) else None
+        wanted = fit_store_limit(self.max_store, used, free, reserve)
+        if wanted > self._store_limit + max(_MIB, self._store_limit // 20):
+            log.log(
+                logging.WARNING if self.store_problem else logging.INFO,
+                "the JetStream store limit goes from %s to %s (%s free on its disk)",
+                _size(self._store_limit),
+                _size(wanted),
+                _size(free),
+            )
+            self._store_limit = wanted
+            self._write_config()
+            assert self.process is not None
+            self.process.send_signal(signal.SIGHUP)  # nats-server reloads its config
+        self.store_problem = (
+            f"store full: {_size(used)} of its {_size(self._store_limit)} limit, "
+            f"{_size(free)} free on its disk"
+            if self._store_limit - used < _MIB
+            else None
+        )
+        return None
+
     @property
     def _config_path(self) -> Path:
         return self.data_dir / "nats.conf"
@@ -310,6 +402,7 @@ class EmbeddedNats:
                         f"max_payload: {self.max_payload}",
                         "jetstream {",
                         f'  store_dir: "{self.data_dir / "jetstream"}"',
+                        f"  max_file_store: {self._store_limit}",
                         # Written and fsynced before the ack:
                         # a SIGKILL / OOM of a single node loses nothing acked.
                         "  sync_interval: always" if self.sync_always else "",
@@ -321,6 +414,39 @@ class EmbeddedNats:
             )
         # Whole or not at all: a reload must never read half a config.
         tmp.replace(conf)
+
+    def _disk(self) -> tuple[int, int, int]:
+        """Bytes the JetStream store holds, bytes free on its disk, and the reserve left there."""
+        store = self.data_dir / "jetstream"
+        used = 0
+        for path in store.rglob("*") if store.exists() else ():
+            try:
+                used += path.stat().st_size if path.is_file() else 0
+            except OSError:
+                continue  # removed while we looked (a compacted block)
+        disk = shutil.disk_usage(self.data_dir)
+        return used, disk.free, store_reserve(disk.total)
+
+    def _writable(self, free: int, reserve: int) -> bool:
+        """Whether the store's folder takes a write again (room beyond the reserve, not read-only)."""
+        if free <= reserve:
+            return False
+        probe = self.data_dir / ".write-probe"
+        try:
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError:
+            return False
+        return True
+
+    def _new_store_failure(self) -> str | None:
+        """The first store failure the log reports since the last look, if any."""
+        said = self._log_since(self._scanned)
+        self._scanned += len(said)
+        for line in said.decode("utf-8", "replace").splitlines():
+            if any(mark in line.lower() for mark in _STORE_FAILURES):
+                return line.split("] ", 2)[-1].strip()
+        return None
 
     def _log_since(self, offset: int) -> bytes:
         try:
@@ -436,6 +562,10 @@ class EmbeddedPostgres:
     def exit_status(self) -> str:
         """How the server ended; pg_ctl daemonizes it, so its exit code is not ours to read."""
         return describe_exit(None)
+
+    def tend(self) -> str | None:
+        """Nothing: PostgreSQL fails what a full disk refuses and carries on (or exits, and is restarted)."""
+        return None
 
     def restart(self, timeout: float = 15.0) -> str:
         """Start the postmaster again on the same socket; returns the (unchanged) URL."""

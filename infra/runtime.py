@@ -171,6 +171,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
                 max_payload=settings.nats_max_payload,
                 port=previous_port,
                 sync_always=settings.nats_sync_always,
+                max_store=settings.nats_max_store_mb * 1024 * 1024,
                 extra_config=authorization_conf(
                     lambda user: json.dumps(credentials.password(user)),
                     embedded_grants(settings.tenant_names),
@@ -293,6 +294,10 @@ async def start_fleet(settings: Settings, servers: Servers) -> Fleet:
     await migrate(servers.database_url, settings)
     await provision(servers.nats_url, settings)
     fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
+    broker = next((s for s in servers.owned if isinstance(s, EmbeddedNats)), None)
+    if broker is not None:
+        # The store as supervision last measured it: full before any write of ours is refused.
+        fleet.extra_checks["jetstream"] = lambda: broker.store_problem
     await fleet.start()
     return fleet
 

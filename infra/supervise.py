@@ -6,6 +6,10 @@ connection the server closed and opens a new one on the next acquire. Restarts a
 ``restarts`` within ``RESTART_WINDOW_S`` (a server that keeps dying has a cause a restart will not
 fix: a full disk, a damaged store), or when a restart itself fails, supervision ends with
 ``ServerDied``, which names the server and its log, and the caller stops the fleet.
+
+A server that runs is tended meanwhile (``tend``): the embedded nats-server keeps its store's
+limit within the disk's room, and asks for a restart when its store stopped taking writes (a full
+or read-only disk) and takes them again.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class SupervisedServer(Protocol):
         """Start it again on the same address."""
         ...
 
+    def tend(self) -> str | None:
+        """Upkeep while it runs (blocking, run in a thread); a reason to restart it, or ``None``."""
+        ...
+
 
 class ServerDied(EmbeddedServerError):
     """An embedded server exited and is not being restarted."""
@@ -81,8 +89,14 @@ async def supervise(
         await asyncio.sleep(interval_s)
         for server in servers:
             if server.is_running():
-                continue
-            status, now = server.exit_status(), clock()
+                # A server that runs may still need a restart: a store that met a full disk.
+                why = await asyncio.to_thread(server.tend)
+                if why is None:
+                    continue
+                status = why
+            else:
+                status = server.exit_status()
+            now = clock()
             history = recent[server.name]
             while history and now - history[0] > RESTART_WINDOW_S:
                 history.popleft()

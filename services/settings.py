@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     # The embedded nats-server fsyncs every write before it acks: a killed single node then loses
     # nothing it acked (its default flushes asynchronously). Costs publish throughput; see README.
     nats_sync_always: bool = True
+    # The ceiling of the embedded JetStream store, in MiB. `ctxfleet up` keeps the store within its
+    # disk's room below that (infra/embedded.py), and raises it while running as the disk gains room.
+    nats_max_store_mb: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 20
     # Copies JetStream keeps of each stream: 3 on a 3-node cluster, so losing a node loses nothing.
     stream_replicas: Annotated[int, Field(ge=1, le=5)] = 1
     # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.

@@ -151,3 +151,27 @@ async def test_two_ups_started_at_once_on_one_port_each_serve_on_their_own_serve
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def test_up_on_a_read_only_data_folder_fails_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    bound = subprocess.run(["mount", "--bind", str(data), str(data)], capture_output=True, text=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bound.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(data)], check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+        env["CTX_DATA_DIR"] = str(data)
+        up = subprocess.run(
+            [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert up.returncode == 2
+        assert up.stderr.splitlines() == [f"ctxfleet: Read-only file system: {data / 'up.lock'}"], up.stderr
+    finally:
+        subprocess.run(["umount", str(data)], check=False)

@@ -32,12 +32,17 @@ class FakeServer:
     deaths: int = 0
     restart_fails: bool = False
     restarts: list[float] = field(default_factory=list)
+    # Reasons to restart it although it runs (a store that met a full disk), one per look.
+    wants_restart: list[str] = field(default_factory=list)
 
     def is_running(self) -> bool:
-        return self.deaths == 0
+        return self.deaths <= 0
 
     def exit_status(self) -> str:
         return "killed by SIGKILL"
+
+    def tend(self) -> str | None:
+        return self.wants_restart.pop(0) if self.wants_restart else None
 
     def restart(self, timeout: float = 15.0) -> str:
         if self.restart_fails:
@@ -70,6 +75,16 @@ async def test_supervise_restarts_a_dead_server_and_keeps_watching() -> None:
         assert len(server.restarts) == 2 and recorded == [1, 2] and not task.done()
     finally:
         task.cancel()
+
+
+async def test_supervise_restarts_a_running_server_its_upkeep_asks_to_restart_within_the_budget() -> None:
+    server = FakeServer(wants_restart=["stopped writing its store (no space left on device)"] * 2)
+    with pytest.raises(ServerDied) as caught:
+        await _supervise_briefly(server, restarts=1)
+    assert len(server.restarts) == 1  # the second ask is past the budget
+    assert str(caught.value).startswith(
+        "nats-server stopped writing its store (no space left on device) and "
+    )
 
 
 async def test_supervise_raises_server_died_naming_server_and_log_past_the_restart_budget() -> None:
