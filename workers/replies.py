@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from contracts import ErrorCode, ErrorReply, reply_json
 from contracts.identities import INBOX, reply_prefixes
+from contracts.wire_json import WireJsonError, validate_wire
 from services.errors import CtxError, FleetUnavailable, InvalidRequest, Overloaded, StoreUnavailable
 from services.store._errors import CONNECTION_ERRORS
 
@@ -133,9 +134,12 @@ async def inbound(msg: NatsMessage) -> Inbound:
 
 
 def parse_body(model: type[_M], body: bytes) -> _M:
-    """Validate a request body; an invalid one is an InvalidRequest naming the field."""
+    """Validate a request body within the wire's JSON limits; an invalid one is an InvalidRequest
+    naming the field or the limit (a repeated key, U+0000, a number out of range…)."""
     try:
-        return model.model_validate_json(body)
+        return validate_wire(model, body)
+    except WireJsonError as exc:
+        raise InvalidRequest(f"invalid {model.__name__}: {exc.message}", **exc.details) from None
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         loc = ".".join(str(p) for p in first["loc"]) or "body"

@@ -8,9 +8,9 @@ import asyncpg
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
-from contracts import ErrorCode
-from services.errors import RevisionConflict
-from workers.replies import error_reply
+from contracts import ErrorCode, SearchRequest
+from services.errors import InvalidRequest, RevisionConflict
+from workers.replies import error_reply, parse_body
 
 
 @pytest.mark.parametrize(
@@ -39,3 +39,20 @@ def test_error_reply_of_a_nats_timeout_is_fleet_unavailable_not_store_unavailabl
 def test_error_reply_keeps_a_typed_error_and_reports_a_bug_as_internal() -> None:
     assert error_reply(RevisionConflict("r.main", 1, 2)).code is ErrorCode.REVISION_CONFLICT
     assert error_reply(ValueError("bug")).code is ErrorCode.INTERNAL
+
+
+@pytest.mark.parametrize(
+    ("body", "limit"),
+    [
+        (b'{"session_id":"s1","session_id":"s2","query":"x"}', "unique_keys"),
+        (b'{"session_id":"s1","query":"x\\u0000"}', "no_nul"),
+        (b'{"session_id":"s1","query":"x","limit":99999999999999999999}', "JSON_INT_MAX"),
+    ],
+    ids=["repeated-key", "nul", "int-beyond-64-bit"],
+)
+def test_parse_body_refuses_a_request_beyond_the_wire_limits_as_invalid_request_naming_the_limit(
+    body: bytes, limit: str
+) -> None:
+    with pytest.raises(InvalidRequest, match="invalid SearchRequest") as err:
+        parse_body(SearchRequest, body)
+    assert err.value.details["limit"] == limit
