@@ -7,7 +7,6 @@ turns raw bytes into a typed event, and it raises ``EventDecodeError`` with a st
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, Union
 
@@ -20,7 +19,7 @@ from pydantic import (
     model_serializer,
 )
 
-from ._base import WireModel
+from ._base import SchemaVersion, Timestamp, TimestampOutOfRange, WireModel
 from .errors import ErrorCode
 from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
 from .state import OperationReconcilePayload, StatePatchPayload
@@ -205,7 +204,7 @@ class PhaseChangePayload(WireModel):
 
 
 class _Envelope(WireModel):
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     event_key: EventKeyStr
     session_id: Identifier
     # Run ids are global, not per session: a thread is (run_id, instance_id) fleet-wide, so a run id
@@ -215,7 +214,7 @@ class _Envelope(WireModel):
         Field(description="Unique across every session of the fleet (a thread is run_id.instance_id)."),
     ]
     instance_id: Identifier
-    client_ts: datetime | None = None
+    client_ts: Timestamp | None = None
     # Honoured on a session's first event only: the policy the whole session runs under.
     policy: Identifier | None = None
     # The principal the session belongs to, fixed by its first event; later events must match.
@@ -388,6 +387,8 @@ def decode_event(raw: bytes, *, max_bytes: int) -> Event:
       than :data:`MAX_JSON_DEPTH` levels → ``invalid_event``;
     * ``client_ts`` outside years 1..9999 once converted to UTC → ``invalid_event``.
 
+    Fields are validated strictly, as the event schema types them: ``"8000"`` is not an integer.
+
     Raises:
         EventDecodeError: with ``payload_too_large``, ``invalid_encoding``, ``malformed_json``,
             ``unknown_event_kind`` or ``invalid_event``.
@@ -406,27 +407,28 @@ def decode_event(raw: bytes, *, max_bytes: int) -> Event:
         ) from None
     if not isinstance(obj, dict):
         raise EventDecodeError(ErrorCode.INVALID_EVENT, "an event is a JSON object")
-    kind = obj.get("kind")
-    if kind not in EVENT_KINDS:
-        raise EventDecodeError(
-            ErrorCode.UNKNOWN_EVENT_KIND,
-            f"unknown event kind {kind!r}; known: {', '.join(EVENT_KINDS)}",
-            {"kind": kind if isinstance(kind, str) else repr(kind)},
-        )
+    kind = _kind_of(obj)
     try:
-        event = _EVENT_ADAPTER.validate_python(obj)
+        event = _EVENT_ADAPTER.validate_json(raw, strict=True)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         problems = [
             {"loc": ".".join(str(p) for p in err["loc"]), "type": err["type"], "msg": err["msg"]}
-            for err in exc.errors(include_url=False, include_input=False)
+            for err in errors
         ]
         first = problems[0]
+        if isinstance(errors[0].get("ctx", {}).get("error"), TimestampOutOfRange):
+            # e.g. 0001-01-01T00:00:00+01:00: a valid RFC 3339 string whose UTC instant is in year 0.
+            raise EventDecodeError(
+                ErrorCode.INVALID_EVENT,
+                "client_ts falls outside years 1..9999 once converted to UTC, which the ledger cannot store",
+                {"limit": "client_ts_range"},
+            ) from None
         raise EventDecodeError(
             ErrorCode.INVALID_EVENT,
             f"invalid {kind} event: {first['loc']}: {first['msg']}",
             {"errors": problems},
         ) from None
-    _check_client_ts(event.client_ts)
     return event
 
 
@@ -435,21 +437,42 @@ _JSON_PROBLEM_CODES: dict[JsonProblem, ErrorCode] = {
     "syntax": ErrorCode.MALFORMED_JSON,
     "limit": ErrorCode.INVALID_EVENT,
 }
+# A kind named in a reason is cut to this many characters.
+_KIND_CHARS = 100
 
 
-def _check_client_ts(ts: datetime | None) -> None:
-    """The timestamp must exist in UTC: the driver converts it there to store it in timestamptz."""
-    if ts is None:
-        return
-    try:
-        ts.astimezone(timezone.utc)
-    except OverflowError:
-        # e.g. 0001-01-01T00:00:00+01:00: a valid ISO string whose UTC instant is in year 0.
+def _kind_of(obj: dict[str, Any]) -> str:
+    """The event's ``kind``, one of :data:`EVENT_KINDS`; else ``unknown_event_kind`` saying why."""
+    known = f"known: {', '.join(EVENT_KINDS)}"
+    if "kind" not in obj:
         raise EventDecodeError(
-            ErrorCode.INVALID_EVENT,
-            "client_ts falls outside years 1..9999 once converted to UTC, which the ledger cannot store",
-            {"limit": "client_ts_range"},
-        ) from None
+            ErrorCode.UNKNOWN_EVENT_KIND, f"missing field kind; {known}", {"missing": "kind"}
+        )
+    kind = obj["kind"]
+    if not isinstance(kind, str):
+        raise EventDecodeError(
+            ErrorCode.UNKNOWN_EVENT_KIND,
+            f"field kind must be a string, not {_json_type(kind)}; {known}",
+            {"type": _json_type(kind)},
+        )
+    if kind not in EVENT_KINDS:
+        raise EventDecodeError(
+            ErrorCode.UNKNOWN_EVENT_KIND,
+            f"unknown event kind {kind[:_KIND_CHARS]!r}; {known}",
+            {"kind": kind[:_KIND_CHARS]},
+        )
+    return kind
+
+
+def _json_type(value: object) -> str:
+    """The JSON type of a decoded value other than a string."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "array" if isinstance(value, list) else "object"
 
 
 def event_json_schema() -> dict[str, Any]:

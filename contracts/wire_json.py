@@ -11,7 +11,8 @@ accept what breaks them and the fleet refuses it (docs/wire.md, "What only the f
 * objects and arrays nested at most :data:`MAX_JSON_DEPTH` levels;
 * strings (keys included) valid Unicode without U+0000.
 
-Past the limits, :func:`validate_wire` validates the message's model.
+Past the limits, :func:`validate_wire` validates in pydantic's strict mode, the mode whose types are
+the schemas' types: a string is never an integer, a number never a string or a boolean.
 """
 
 from __future__ import annotations
@@ -241,11 +242,11 @@ def wire_loads(raw: bytes) -> object:
 
 
 def validate_wire(model: type[_M], raw: bytes) -> _M:
-    """``raw`` as a ``model``: within the wire's limits, then validated.
+    """``raw`` as a ``model``: within the wire's limits, then validated strictly.
 
     Raises:
         WireJsonError: outside the limits (:func:`wire_loads`).
         pydantic.ValidationError: not a valid ``model``.
     """
     wire_loads(raw)
-    return model.model_validate_json(raw)
+    return model.model_validate_json(raw, strict=True)

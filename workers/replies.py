@@ -134,8 +134,8 @@ async def inbound(msg: NatsMessage) -> Inbound:
 
 
 def parse_body(model: type[_M], body: bytes) -> _M:
-    """Validate a request body within the wire's JSON limits; an invalid one is an InvalidRequest
-    naming the field or the limit (a repeated key, U+0000, a number out of range…)."""
+    """Validate a request body strictly, within the wire's JSON limits; an invalid one is an
+    InvalidRequest naming the field or the limit (a repeated key, U+0000, a number out of range…)."""
     try:
         return validate_wire(model, body)
     except WireJsonError as exc:

@@ -56,3 +56,9 @@ def test_parse_body_refuses_a_request_beyond_the_wire_limits_as_invalid_request_
     with pytest.raises(InvalidRequest, match="invalid SearchRequest") as err:
         parse_body(SearchRequest, body)
     assert err.value.details["limit"] == limit
+
+
+def test_parse_body_is_strict_as_the_schema_types_are() -> None:
+    with pytest.raises(InvalidRequest, match="limit"):
+        parse_body(SearchRequest, b'{"session_id":"s1","query":"x","limit":"5"}')
+    assert parse_body(SearchRequest, b'{"session_id":"s1","query":"x","limit":5}').limit == 5
