@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import (
+    ConfigDict,
     Field,
     JsonValue,
     SerializerFunctionWrapHandler,
@@ -203,7 +204,15 @@ class PhaseChangePayload(WireModel):
     note: Annotated[str, Field(max_length=2_000)] = ""
 
 
+def _kind_required(schema: dict[str, Any]) -> None:
+    # On the wire every event names its kind (decode_event reads it first); only Python callers may
+    # leave it to the class's default.
+    schema["required"] = [*schema.get("required", ()), "kind"]
+
+
 class _Envelope(WireModel):
+    model_config = ConfigDict(json_schema_extra=_kind_required)
+
     schema_version: SchemaVersion = 1
     event_key: EventKeyStr
     session_id: Identifier
