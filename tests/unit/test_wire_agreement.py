@@ -292,6 +292,7 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
             "model_profile": None,
             "tools": [{"name": "read", "description": "read a file", "parameters": {"type": "object"}}],
             "after_event_key": "e4",
+            "after_event_hash": "0f" * 32,
             "wait_ms": 2_000,
             "usage": {"response_event_key": "e3", "input_tokens": 900, "output_tokens": 12},
             "evidence": [{"thread_id": "r1.main", "seq": 2, "start_line": 1, "end_line": 4}],
