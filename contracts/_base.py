@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+)
 
-__all__ = ["WireModel", "any_of_schema", "is_none", "none_omitted", "reply_json"]
+__all__ = [
+    "SchemaVersion",
+    "TIMESTAMP_PATTERN",
+    "Timestamp",
+    "TimestampOutOfRange",
+    "WireModel",
+    "any_of_schema",
+    "is_none",
+    "none_omitted",
+    "reply_json",
+]
 
 _SchemaRule = Callable[[dict[str, Any]], None]
+
+
+def _not_a_boolean(value: object) -> object:
+    # pydantic's Literal[1] takes true, even strictly (True == 1 in Python); JSON's true is no number.
+    if isinstance(value, bool):
+        raise ValueError("Input should be 1")
+    return value
+
+
+# The wire's version in every message: the number 1.
+SchemaVersion = Annotated[Literal[1], BeforeValidator(_not_a_boolean)]
 
 
 class WireModel(BaseModel):
@@ -70,3 +101,57 @@ def none_omitted(schema: dict[str, Any]) -> None:
             prop.update(rest[0])
         else:
             prop["anyOf"] = rest
+
+
+# RFC 3339's date-time, which JSON Schema's "date-time" format names: seconds and an offset required,
+# no leap second (Python has none), no year 0. [0-9], not \d: the digits of other scripts are not
+# digits here. The schema carries it beside the format, so validators without format checks agree.
+TIMESTAMP_PATTERN = (
+    r"^(?!0000)[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]"
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+_TIMESTAMP = re.compile(TIMESTAMP_PATTERN)
+_DATETIME: TypeAdapter[datetime] = TypeAdapter(datetime)
+
+
+class TimestampOutOfRange(ValueError):
+    """A time that cannot be written in UTC within years 1..9999, so cannot be stored."""
+
+
+def _timestamp(value: object, info: ValidationInfo) -> datetime:
+    # From JSON only an RFC 3339 string: pydantic alone also takes "1700000000", "2026-01-31T09:30"
+    # and times without an offset, which the schema refuses. From Python, what pydantic takes. All
+    # in one validator that hands pydantic a datetime (a second one cost another microsecond).
+    if isinstance(value, datetime):
+        parsed = value
+    elif info.mode == "json":
+        if not isinstance(value, str) or _TIMESTAMP.match(value) is None:
+            raise ValueError(
+                "not an RFC 3339 date-time with seconds and an offset, such as 2026-01-31T09:30:00Z"
+            )
+        try:
+            parsed = datetime.fromisoformat(value.upper())
+        except ValueError:
+            raise ValueError("no such date (a day past its month's end)") from None
+    else:
+        try:
+            parsed = _DATETIME.validate_python(value)
+        except ValidationError as exc:
+            raise ValueError(exc.errors(include_url=False)[0]["msg"]) from None
+    # Naive (only from Python) is UTC, as the store reads it; what cannot be written in UTC within
+    # years 1..9999 (0001-01-01T00:00:00+01:00) cannot be stored.
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=timezone.utc)
+    try:
+        parsed.astimezone(timezone.utc)
+    except OverflowError:
+        raise TimestampOutOfRange("outside years 1..9999 once converted to UTC") from None
+    return parsed
+
+
+# A point in time a runtime sends: RFC 3339 on the wire (TIMESTAMP_PATTERN), never naive in Python.
+Timestamp = Annotated[
+    datetime,
+    BeforeValidator(_timestamp),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": TIMESTAMP_PATTERN}),
+]

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .subjects import check_tenant, check_token
 from .ids import Identifier
 
@@ -47,7 +47,7 @@ class ForkRequest(WireModel):
     exists; any other use of an existing session id is ``session_exists``.
     """
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     session_id: Identifier
     at_seq: Annotated[int, Field(ge=1)]
     new_session_id: Identifier
@@ -58,7 +58,7 @@ class ForkRequest(WireModel):
 class SessionForked(WireModel):
     """The fork: its parent, the seq it branched at, and where its own records begin."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["session_forked"] = "session_forked"
     session_id: str
     parent_session_id: str
@@ -74,7 +74,7 @@ class ExportRequest(WireModel):
     """A page of the export: the trace lines after session seq ``after_seq`` (skipping ``offset``
     characters of the first one, when the previous page ended inside it)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     after_seq: Annotated[int, Field(ge=0)] = 0
     offset: Annotated[int, Field(ge=0)] = 0
     max_bytes: Annotated[int, Field(ge=4096, le=EXPORT_MAX_BYTES)] = EXPORT_MAX_BYTES
@@ -83,7 +83,7 @@ class ExportRequest(WireModel):
 class ExportPage(WireModel):
     """JSONL text of the trace (whole lines, or a part of one long line) and where to continue."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["session_export"] = "session_export"
     session_id: str
     chunk: str

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, JsonValue
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 
 __all__ = ["DeadLetter", "ErrorCode", "ErrorReply"]
 
@@ -92,7 +92,7 @@ class ErrorCode(StrEnum):
 class ErrorReply(WireModel):
     """The reply to a request that failed; ``code`` is stable, ``details`` typed per code."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["error"] = "error"
     code: ErrorCode
     message: str
@@ -107,7 +107,7 @@ class DeadLetter(WireModel):
     size limit) keep their head, with the full size and sha256 so the sender can find them.
     """
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     code: ErrorCode
     reason: str
     details: dict[str, JsonValue] = Field(default_factory=dict)

@@ -7,14 +7,11 @@ turns raw bytes into a typed event, and it raises ``EventDecodeError`` with a st
 
 from __future__ import annotations
 
-import json
-import math
-import re
-from datetime import datetime, timezone
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import (
+    ConfigDict,
     Field,
     JsonValue,
     SerializerFunctionWrapHandler,
@@ -23,11 +20,12 @@ from pydantic import (
     model_serializer,
 )
 
-from ._base import WireModel
+from ._base import SchemaVersion, Timestamp, TimestampOutOfRange, WireModel
 from .errors import ErrorCode
 from .ids import EventKeyStr, Identifier, ThreadId, thread_id_of
 from .state import OperationReconcilePayload, StatePatchPayload
 from .task_budgets import CallUsage, TaskBudget
+from .wire_json import JSON_INT_MAX, JSON_INT_MIN, MAX_JSON_DEPTH, JsonProblem, WireJsonError, wire_loads
 
 __all__ = [
     "EVENT_KINDS",
@@ -206,8 +204,16 @@ class PhaseChangePayload(WireModel):
     note: Annotated[str, Field(max_length=2_000)] = ""
 
 
+def _kind_required(schema: dict[str, Any]) -> None:
+    # On the wire every event names its kind (decode_event reads it first); only Python callers may
+    # leave it to the class's default.
+    schema["required"] = [*schema.get("required", ()), "kind"]
+
+
 class _Envelope(WireModel):
-    schema_version: Literal[1] = 1
+    model_config = ConfigDict(json_schema_extra=_kind_required)
+
+    schema_version: SchemaVersion = 1
     event_key: EventKeyStr
     session_id: Identifier
     # Run ids are global, not per session: a thread is (run_id, instance_id) fleet-wide, so a run id
@@ -217,7 +223,7 @@ class _Envelope(WireModel):
         Field(description="Unique across every session of the fleet (a thread is run_id.instance_id)."),
     ]
     instance_id: Identifier
-    client_ts: datetime | None = None
+    client_ts: Timestamp | None = None
     # Honoured on a session's first event only: the policy the whole session runs under.
     policy: Identifier | None = None
     # The principal the session belongs to, fixed by its first event; later events must match.
@@ -375,177 +381,22 @@ class EventDecodeError(ValueError):
         self.details: dict[str, Any] = details or {}
 
 
-# Limits on the JSON itself, checked at decode so that no accepted event can fail later in Python,
-# in the planner or in PostgreSQL (where a failure would stall its whole partition). They are part
-# of the wire contract: never loosen one without checking every reader of stored payloads.
-#
-# 64 levels: real tool-call arguments nest a handful deep; 64 is far above any of them and far below
-# Python's recursion limit (1000), which json.loads, pydantic, canonical_json and PostgreSQL's jsonb
-# parser must all stay under with their own frames on the stack.
-MAX_JSON_DEPTH = 64
-# Signed 64-bit: what PostgreSQL bigint, Go int64, Java long and every runtime's JSON reader hold.
-# Beyond it Python refuses to parse past 4,300 digits, and other readers silently lose precision.
-JSON_INT_MIN = -(2**63)
-JSON_INT_MAX = 2**63 - 1
-# An int literal longer than this (sign included) is out of range without converting it: JSON has no
-# leading zeros, and len("-9223372036854775808") == 20.
-_INT_MAX_CHARS = 20
-# Only an escape can put U+0000 or a surrogate into a decoded JSON string: raw control characters
-# are refused by json.loads and raw surrogates cannot be valid UTF-8. This cheap search over the
-# text lets the common event skip the walk over every string.
-_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
-
-
-class _JsonLimit(Exception):
-    """Raised inside json.loads hooks; carries the decode error to raise instead."""
-
-    def __init__(self, error: EventDecodeError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def _parse_int(literal: str) -> int:
-    if len(literal) <= _INT_MAX_CHARS:
-        value = int(literal)
-        if JSON_INT_MIN <= value <= JSON_INT_MAX:
-            return value
-    raise _JsonLimit(
-        EventDecodeError(
-            ErrorCode.INVALID_EVENT,
-            f"integer of {len(literal.lstrip('-'))} digits is outside signed 64-bit "
-            f"(JSON_INT_MIN..JSON_INT_MAX = {JSON_INT_MIN}..{JSON_INT_MAX}); send it as a string",
-            {
-                "limit": "JSON_INT_MIN" if literal.startswith("-") else "JSON_INT_MAX",
-                "digits": len(literal.lstrip("-")),
-            },
-        )
-    )
-
-
-def _parse_float(literal: str) -> float:
-    value = float(literal)
-    if math.isfinite(value):
-        return value
-    raise _non_finite(literal[:40])
-
-
-def _parse_constant(name: str) -> float:
-    # json.loads accepts NaN, Infinity and -Infinity, which are not JSON and not storable in jsonb.
-    raise _non_finite(name)
-
-
-def _non_finite(literal: str) -> _JsonLimit:
-    return _JsonLimit(
-        EventDecodeError(
-            ErrorCode.INVALID_EVENT,
-            f"number {literal} is not finite; JSON numbers must be finite (jsonb stores no NaN or Infinity)",
-            {"limit": "finite_numbers", "number": literal},
-        )
-    )
-
-
-def _too_deep() -> EventDecodeError:
-    return EventDecodeError(
-        ErrorCode.INVALID_EVENT,
-        f"event nests deeper than MAX_JSON_DEPTH = {MAX_JSON_DEPTH} levels of objects and arrays",
-        {"limit": "MAX_JSON_DEPTH", "max_depth": MAX_JSON_DEPTH},
-    )
-
-
-def _check_string(value: str) -> None:
-    if "\x00" in value:
-        raise EventDecodeError(
-            ErrorCode.INVALID_ENCODING,
-            "event text contains U+0000 (NUL), which PostgreSQL text cannot store; "
-            "the fleet refuses it rather than alter the text",
-            {"limit": "no_nul", "offset": value.index("\x00")},
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise EventDecodeError(
-            ErrorCode.INVALID_ENCODING,
-            f"event text contains a lone surrogate (U+{ord(value[exc.start]):04X}); "
-            "JSON strings must be valid Unicode (surrogate escapes only in pairs)",
-            {"limit": "no_lone_surrogates", "offset": exc.start},
-        ) from None
-
-
-def _check_depth(root: object) -> None:
-    """At most MAX_JSON_DEPTH levels of containers; level by level, never recursive."""
-    level = [root]
-    depth = 0
-    while level:
-        depth += 1
-        if depth > MAX_JSON_DEPTH:
-            raise _too_deep()
-        deeper: list[object] = []
-        for node in level:
-            children: Any = node.values() if type(node) is dict else node if type(node) is list else ()
-            # json.loads builds exact dicts and lists; `type() is` is the cheap test on this path.
-            deeper.extend(c for c in children if type(c) is dict or type(c) is list)
-        level = deeper
-
-
-def _check_strings(root: object) -> None:
-    """Every key and string value is storable text; iterative, since depth is not checked yet."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            _check_string(node)
-        elif isinstance(node, dict):
-            for key in node:
-                _check_string(key)
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-# Built once: json.loads with hooks would build a decoder (and its C scanner) on every call.
-_DECODER = json.JSONDecoder(parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
-
-
-def _loads(text: str) -> object:
-    """``json.loads`` within the wire's limits: finite numbers, 64-bit ints, depth, clean strings."""
-    try:
-        obj = _DECODER.decode(text)
-    except _JsonLimit as exc:
-        raise exc.error from None
-    except json.JSONDecodeError as exc:
-        raise EventDecodeError(
-            ErrorCode.MALFORMED_JSON, f"event is not JSON: {exc.msg} at {exc.pos}", {"offset": exc.pos}
-        ) from None
-    except RecursionError:
-        # json.loads hit Python's recursion limit: far deeper than MAX_JSON_DEPTH.
-        raise _too_deep() from None
-    # Nesting needs one bracket per level, so a text with few brackets cannot be too deep, and one
-    # without a suspect escape holds no NUL or surrogate: most events skip both walks.
-    if text.count("{") + text.count("[") > MAX_JSON_DEPTH:
-        _check_depth(obj)
-    if _SUSPECT_ESCAPE.search(text) is not None:
-        _check_strings(obj)
-    return obj
-
-
 def decode_event(raw: bytes, *, max_bytes: int) -> Event:
-    """Decode one event from the wire, checking size, encoding, JSON, kind and fields in that order.
+    """Decode one event from the wire, checking size, JSON, kind and fields in that order.
 
-    Besides valid JSON, the event must stay within the wire's fixed limits, so that nothing accepted
-    here can fail later in the planner or in PostgreSQL:
+    The bytes must be JSON within the wire's fixed limits (:mod:`contracts.wire_json`), so that
+    nothing accepted here can fail later in the planner or in PostgreSQL; ``details["limit"]`` names
+    the limit an event broke:
 
-    * every number finite (no ``NaN``, ``Infinity``, or literal like ``1e999`` that overflows) and
-      every integer within signed 64-bit, :data:`JSON_INT_MIN`..:data:`JSON_INT_MAX` →
-      ``invalid_event``;
-    * objects and arrays nested at most :data:`MAX_JSON_DEPTH` levels → ``invalid_event``;
-    * strings (keys included) valid Unicode: no lone surrogate escape such as ``\\ud800`` →
-      ``invalid_encoding``, the same code as bytes that are not UTF-8, since both are text that is
-      not Unicode;
-    * no U+0000 in any string → ``invalid_encoding``: PostgreSQL text cannot hold it, and the fleet
-      refuses it rather than store an altered text;
-    * ``client_ts`` within years 1..9999 once converted to UTC → ``invalid_event``.
+    * not UTF-8, a lone surrogate escape such as ``\\ud800`` (text that is not Unicode), or U+0000
+      in any string (PostgreSQL text cannot hold it, and the fleet refuses it rather than store an
+      altered text) → ``invalid_encoding``;
+    * a key twice in one object, a number that is not finite (``NaN``, ``Infinity``, a literal like
+      ``1e999`` that overflows), an integer outside signed 64-bit, objects and arrays nested deeper
+      than :data:`MAX_JSON_DEPTH` levels → ``invalid_event``;
+    * ``client_ts`` outside years 1..9999 once converted to UTC → ``invalid_event``.
 
-    ``details["limit"]`` names the limit an event broke.
+    Fields are validated strictly, as the event schema types them: ``"8000"`` is not an integer.
 
     Raises:
         EventDecodeError: with ``payload_too_large``, ``invalid_encoding``, ``malformed_json``,
@@ -558,53 +409,79 @@ def decode_event(raw: bytes, *, max_bytes: int) -> Event:
             {"size": len(raw), "limit": max_bytes},
         )
     try:
-        text = raw.decode("utf-8", errors="strict")
-    except UnicodeDecodeError as exc:
+        obj = wire_loads(raw)
+    except WireJsonError as exc:
         raise EventDecodeError(
-            ErrorCode.INVALID_ENCODING,
-            f"event is not valid UTF-8 (byte {exc.start})",
-            {"offset": exc.start},
+            _JSON_PROBLEM_CODES[exc.problem], f"event: {exc.message}", exc.details
         ) from None
-    obj = _loads(text)
     if not isinstance(obj, dict):
         raise EventDecodeError(ErrorCode.INVALID_EVENT, "an event is a JSON object")
-    kind = obj.get("kind")
-    if kind not in EVENT_KINDS:
-        raise EventDecodeError(
-            ErrorCode.UNKNOWN_EVENT_KIND,
-            f"unknown event kind {kind!r}; known: {', '.join(EVENT_KINDS)}",
-            {"kind": kind if isinstance(kind, str) else repr(kind)},
-        )
+    kind = _kind_of(obj)
     try:
-        event = _EVENT_ADAPTER.validate_python(obj)
+        event = _EVENT_ADAPTER.validate_json(raw, strict=True)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         problems = [
             {"loc": ".".join(str(p) for p in err["loc"]), "type": err["type"], "msg": err["msg"]}
-            for err in exc.errors(include_url=False, include_input=False)
+            for err in errors
         ]
         first = problems[0]
+        if isinstance(errors[0].get("ctx", {}).get("error"), TimestampOutOfRange):
+            # e.g. 0001-01-01T00:00:00+01:00: a valid RFC 3339 string whose UTC instant is in year 0.
+            raise EventDecodeError(
+                ErrorCode.INVALID_EVENT,
+                "client_ts falls outside years 1..9999 once converted to UTC, which the ledger cannot store",
+                {"limit": "client_ts_range"},
+            ) from None
         raise EventDecodeError(
             ErrorCode.INVALID_EVENT,
             f"invalid {kind} event: {first['loc']}: {first['msg']}",
             {"errors": problems},
         ) from None
-    _check_client_ts(event.client_ts)
     return event
 
 
-def _check_client_ts(ts: datetime | None) -> None:
-    """The timestamp must exist in UTC: the driver converts it there to store it in timestamptz."""
-    if ts is None:
-        return
-    try:
-        ts.astimezone(timezone.utc)
-    except OverflowError:
-        # e.g. 0001-01-01T00:00:00+01:00: a valid ISO string whose UTC instant is in year 0.
+_JSON_PROBLEM_CODES: dict[JsonProblem, ErrorCode] = {
+    "encoding": ErrorCode.INVALID_ENCODING,
+    "syntax": ErrorCode.MALFORMED_JSON,
+    "limit": ErrorCode.INVALID_EVENT,
+}
+# A kind named in a reason is cut to this many characters.
+_KIND_CHARS = 100
+
+
+def _kind_of(obj: dict[str, Any]) -> str:
+    """The event's ``kind``, one of :data:`EVENT_KINDS`; else ``unknown_event_kind`` saying why."""
+    known = f"known: {', '.join(EVENT_KINDS)}"
+    if "kind" not in obj:
         raise EventDecodeError(
-            ErrorCode.INVALID_EVENT,
-            "client_ts falls outside years 1..9999 once converted to UTC, which the ledger cannot store",
-            {"limit": "client_ts_range"},
-        ) from None
+            ErrorCode.UNKNOWN_EVENT_KIND, f"missing field kind; {known}", {"missing": "kind"}
+        )
+    kind = obj["kind"]
+    if not isinstance(kind, str):
+        raise EventDecodeError(
+            ErrorCode.UNKNOWN_EVENT_KIND,
+            f"field kind must be a string, not {_json_type(kind)}; {known}",
+            {"type": _json_type(kind)},
+        )
+    if kind not in EVENT_KINDS:
+        raise EventDecodeError(
+            ErrorCode.UNKNOWN_EVENT_KIND,
+            f"unknown event kind {kind[:_KIND_CHARS]!r}; {known}",
+            {"kind": kind[:_KIND_CHARS]},
+        )
+    return kind
+
+
+def _json_type(value: object) -> str:
+    """The JSON type of a decoded value other than a string."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "array" if isinstance(value, list) else "object"
 
 
 def event_json_schema() -> dict[str, Any]:

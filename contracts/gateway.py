@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .hooks import AdditionCategory
 from .ids import Identifier, split_thread_id
 from .prepare import RequestFormat
@@ -59,7 +59,7 @@ class GatewayAddition(WireModel):
 class FinalCheckRequest(WireModel):
     """Check the provider request built from prepared context ``prepared_id`` before sending it."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     run_id: Identifier
     instance_id: Identifier
     prepared_id: Annotated[str, Field(min_length=1, max_length=200)]
@@ -75,7 +75,7 @@ class FinalCheckRequest(WireModel):
 class FinalCheck(WireModel):
     """A sendable verdict, or a request to prepare again once (``context_reprepare_required``)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["final_check"] = "final_check"
     check_id: str
     prepared_id: str

@@ -21,7 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .hooks import AdditionCategory, HookPoint
 from .prepare import BlockKind, Purpose, Retention
 
@@ -85,7 +85,7 @@ class HookRange(WireModel):
 class HookCall(WireModel):
     """What the fleet sends a hook; the scope and purpose are read-only."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["hook_call"] = "hook_call"
     point: HookPoint
     hook: str
@@ -137,7 +137,7 @@ class HookPatch(WireModel):
 class HookReply(WireModel):
     """A hook's answer."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["hook_reply"] = "hook_reply"
     decision: HookDecision = HookDecision.CONTINUE
     reason: Annotated[str, Field(max_length=2_000)] = ""

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .ids import Identifier
 from .prepare import Purpose
 
@@ -130,7 +130,7 @@ def hook_subject_tenant(subject: str) -> str:
 class HookSet(WireModel):
     """The context hooks of one agent release; each registration is a new revision."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     release: Annotated[str, Field(min_length=1, max_length=200)]
     hooks: tuple[HookBinding, ...] = Field(default=(), max_length=32)
 
@@ -146,7 +146,7 @@ class HookSet(WireModel):
 class HooksRegistered(WireModel):
     """The revision a hook set got; sessions of that release started afterwards use it."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["hooks_registered"] = "hooks_registered"
     release: str
     revision: int

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .subjects import check_tenant, check_token
 from .prepare import SummaryHook
 
@@ -33,7 +33,7 @@ def session_inspect_subject(tenant: str, session_id: str) -> str:
 class InspectRequest(WireModel):
     """Ask for a thread's head and its last ``limit`` records."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     limit: Annotated[int, Field(ge=1, le=10_000)] = 50
 
 
@@ -69,7 +69,7 @@ class InspectedDeadLetter(WireModel):
 class ThreadInspection(WireModel):
     """A thread's head, a verification of its whole hash chain, and its most recent records."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["thread_inspection"] = "thread_inspection"
     thread_id: str
     session_id: str
@@ -123,7 +123,7 @@ class InspectedRun(WireModel):
 class SessionInspection(WireModel):
     """A session's runs in order, their threads and snapshot boundaries."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["session_inspection"] = "session_inspection"
     session_id: str
     principal_id: str | None = None

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 
 __all__ = ["COMPACTION_JOBS", "JOBS_STREAM", "CompactionJob", "compacted_subject"]
 
@@ -20,7 +18,7 @@ def compacted_subject(thread_id: str) -> str:
 class CompactionJob(WireModel):
     """Compact one thread's view as it was at ``watermark``, under one policy revision."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     job_id: str
     thread_id: str
     session_id: str

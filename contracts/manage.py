@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .ids import Identifier, split_thread_id
 from .subjects import check_tenant
 
@@ -35,7 +35,7 @@ class CompactRequest(WireModel):
     thread makes it look missing.
     """
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     run_id: Identifier
     instance_id: Identifier
     session_id: Identifier | None = None
@@ -46,7 +46,7 @@ class CompactRequest(WireModel):
 class CompactReply(WireModel):
     """A committed manual compaction: the new summary, and the view's tokens before and after it."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["compacted"] = "compacted"
     thread_id: str
     summary_id: str

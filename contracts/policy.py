@@ -7,11 +7,11 @@ new sessions only.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel, any_of_schema
+from ._base import SchemaVersion, WireModel, any_of_schema
 from .ids import Identifier
 from .prepare import ModelProfile
 from .windows import WindowPolicy
@@ -79,7 +79,7 @@ class ContextPolicy(WireModel):
     ``budget_tokens`` when set. Prepares still check their own request's budget.
     """
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     name: Identifier
     model_profile: Annotated[str, Field(min_length=1, max_length=200)] | None = "gpt-4o"
     profile: ModelProfile | None = None

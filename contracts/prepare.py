@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from ._base import WireModel, any_of_schema, is_none, none_omitted
+from ._base import SchemaVersion, WireModel, any_of_schema, is_none, none_omitted
 from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
 from .task_budgets import TaskBudget, TaskBudgetReport
@@ -177,7 +177,7 @@ class PrepareRequest(WireModel):
         )
     )
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     session_id: Identifier
     # Checked against the session's principal when the session has one.
     principal_id: Identifier | None = None
@@ -487,7 +487,7 @@ class HookTouch(WireModel):
 class PreparedContext(WireModel):
     """The reply to a prepare: messages for the model, and the explanation of each."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["prepared_context"] = "prepared_context"
     prepared_id: str
     session_id: str

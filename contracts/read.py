@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel, any_of_schema
+from ._base import SchemaVersion, WireModel, any_of_schema
 from .ids import Identifier
 
 __all__ = ["READ", "POLICY_REGISTER", "PolicyRegistered", "ReadReply", "ReadRequest"]
@@ -18,7 +18,7 @@ POLICY_REGISTER = "ctx.policy.register"
 class ReadRequest(WireModel):
     """A byte range (``offset``/``length``) or a line range (``line``/``lines``) of ``ctx://blob/<sha256>``."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     session_id: Identifier
     principal_id: Identifier | None = None
     # An externalized output, or one recorded record of the session (what a search hit points at).
@@ -54,7 +54,7 @@ class ReadRequest(WireModel):
 class ReadReply(WireModel):
     """The requested range, with where the content ends and where to continue."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["read"] = "read"
     ref: str
     total_bytes: int
@@ -70,7 +70,7 @@ class ReadReply(WireModel):
 class PolicyRegistered(WireModel):
     """The revision a registered policy got; new sessions naming it run under that revision."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["policy_registered"] = "policy_registered"
     name: str
     revision: int

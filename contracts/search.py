@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from ._base import WireModel
+from ._base import SchemaVersion, Timestamp, WireModel
 
 __all__ = ["SEARCH", "SearchHit", "SearchReply", "SearchRequest"]
 
@@ -18,7 +18,7 @@ _ID = r"^[A-Za-z0-9_-]{1,128}$"
 class SearchRequest(WireModel):
     """Full-text search within one session (optionally one run or thread, some kinds, a time range)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     session_id: Annotated[str, Field(pattern=_ID)]
     principal_id: Annotated[str, Field(pattern=_ID)] | None = None
     query: Annotated[str, Field(min_length=1, max_length=500)]
@@ -26,8 +26,8 @@ class SearchRequest(WireModel):
     thread_id: str | None = None
     kinds: tuple[str, ...] = ()
     # Recorded at or after ``since`` and before ``until`` (the fleet's clock, not the runtime's).
-    since: datetime | None = None
-    until: datetime | None = None
+    since: Timestamp | None = None
+    until: Timestamp | None = None
     limit: Annotated[int, Field(ge=1, le=200)] = 20
 
     @model_validator(mode="after")
@@ -57,6 +57,6 @@ class SearchHit(WireModel):
 class SearchReply(WireModel):
     """The hits, best first."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["search"] = "search"
     hits: tuple[SearchHit, ...]

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 
 __all__ = [
     "OPERATION_STATUS",
@@ -104,7 +104,7 @@ class ToolSpec(WireModel):
 class ToolCatalog(WireModel):
     """The tools and state paths of one agent release; each registration is a new revision."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     release: Annotated[str, Field(min_length=1, max_length=200)]
     paths: tuple[PathRule, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
@@ -113,7 +113,7 @@ class ToolCatalog(WireModel):
 class CatalogRegistered(WireModel):
     """The revision a catalog got; sessions of that release started afterwards use it."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["catalog_registered"] = "catalog_registered"
     release: str
     revision: int
@@ -131,7 +131,7 @@ class OperationReconcilePayload(WireModel):
 class OperationStatusRequest(WireModel):
     """A recovering runtime asks what became of an operation before it re-executes anything."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     session_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
     principal_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
     operation_id: Annotated[str, Field(min_length=1, max_length=200)]
@@ -140,7 +140,7 @@ class OperationStatusRequest(WireModel):
 class Receipt(WireModel):
     """The fleet's record of a side-effecting call: requested, then its real outcome (or unknown)."""
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     type: Literal["receipt"] = "receipt"
     operation_id: str
     thread_id: str

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel
+from ._base import WireModel, any_of_schema
 
 __all__ = ["BudgetLedger", "CallUsage", "TaskBudget", "TaskBudgetReport"]
 
@@ -33,6 +33,17 @@ class CallUsage(WireModel):
     cost: Annotated[float, Field(ge=0, le=1_000_000_000, allow_inf_nan=False)] | None = None
 
 
+_LIMITS = (
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "model_calls",
+    "tool_calls",
+    "runtime_seconds",
+    "cost",
+)
+
+
 class TaskBudget(WireModel):
     """Limits on what one run may spend; at least one is set."""
 
@@ -47,6 +58,19 @@ class TaskBudget(WireModel):
     cost: _Cost | None = None
     # Hard: a spent dimension refuses the next prepare. Soft: it is only reported.
     hard: bool = True
+
+    # ``_limits_something`` in the schema: one of the limits present and not null.
+    model_config = ConfigDict(
+        json_schema_extra=any_of_schema(
+            *(
+                {
+                    "properties": {name: {"type": "number" if name == "cost" else "integer"}},
+                    "required": [name],
+                }
+                for name in _LIMITS
+            )
+        )
+    )
 
     @model_validator(mode="after")
     def _limits_something(self) -> TaskBudget:

@@ -10,11 +10,11 @@ input budget (seed 004 §31).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from ._base import WireModel
+from ._base import SchemaVersion, WireModel
 from .forecasts import ForecastPolicy
 
 __all__ = [
@@ -115,7 +115,7 @@ class WindowHandoff(WireModel):
     changes after the rollover is never shown at its handoff-time value.
     """
 
-    schema_version: Literal[1] = 1
+    schema_version: SchemaVersion = 1
     handoff_id: str
     thread_id: str
     # The run is the task (a run is one question, design D3.1).

@@ -2,13 +2,16 @@
 
 Pydantic's output is close to what other languages need, but not quite:
 
-1. It emits ``discriminator`` (an OpenAPI keyword) on tagged unions; strict JSON Schema validators
-   (ajv) refuse unknown keywords. Each branch already pins its tag with ``const``, so the keyword
-   adds nothing a validator needs and is removed.
-2. A standalone file needs ``$schema`` (the dialect) and ``$id`` (a stable name to ``$ref`` it by).
-3. The AsyncAPI document shares one ``components/schemas``: there the definitions are generated
+1. It emits OpenAPI's ``discriminator`` on a tagged union (``Event``), with a ``mapping`` that ajv's
+   ``discriminator`` option refuses. The schema files keep ``{"propertyName": "kind"}`` alone, so ajv
+   (``discriminator: true``) reports one error for an unknown or missing kind instead of one per
+   branch; the AsyncAPI document writes AsyncAPI's own form, the property's name. Each branch pins
+   its tag with ``const`` and requires it, so validators that ignore the keyword agree.
+2. Integers are typed within signed 64-bit (``contracts.wire_json``), the range the fleet reads.
+3. A standalone file needs ``$schema`` (the dialect) and ``$id`` (a stable name to ``$ref`` it by).
+4. The AsyncAPI document shares one ``components/schemas``: there the definitions are generated
    together, with references into it.
-4. What the fleet sends (replies, dead letters, notices) never carries ``null``
+5. What the fleet sends (replies, dead letters, notices) never carries ``null``
    (``contracts.reply_json``): there a field that can be ``None`` is typed without ``null`` and is
    simply optional. What it receives may carry ``null`` (the Python client sends it), so requests
    and events keep it.
@@ -23,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter
 
 from contracts._base import none_omitted
+from contracts.wire_json import JSON_INT_MAX, JSON_INT_MIN
 
 __all__ = ["DIALECT", "WireMessage", "component_schemas", "message_schema", "schema_id", "strict_schema"]
 
@@ -58,22 +62,30 @@ def schema_id(name: str) -> str:
     return f"{_ID_PREFIX}{name}"
 
 
-def strict_schema(schema: Any) -> Any:
-    """``schema`` without OpenAPI's ``discriminator``, walked by keyword so no property is touched."""
+def strict_schema(schema: Any, *, asyncapi: bool = False) -> Any:
+    """``schema`` as validators in other languages take it (module docstring), walked by keyword so no
+    property is touched; ``asyncapi``: the discriminator in the AsyncAPI document's form."""
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "discriminator":
-            continue
-        if key in _ONE:
-            out[key] = strict_schema(value)
+            out[key] = value["propertyName"] if asyncapi else {"propertyName": value["propertyName"]}
+            # ajv's strict mode wants the type its keyword applies to said beside it.
+            out["type"] = "object"
+        elif key in _ONE:
+            out[key] = strict_schema(value, asyncapi=asyncapi)
         elif key in _MANY:
-            out[key] = [strict_schema(v) for v in value]
+            out[key] = [strict_schema(v, asyncapi=asyncapi) for v in value]
         elif key in _MAPS:
-            out[key] = {name: strict_schema(v) for name, v in value.items()}
+            out[key] = {name: strict_schema(v, asyncapi=asyncapi) for name, v in value.items()}
         else:
             out[key] = value
+    if out.get("type") == "integer":
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = JSON_INT_MIN
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = JSON_INT_MAX
     return out
 
 
@@ -91,14 +103,17 @@ def message_schema(message: WireMessage) -> dict[str, Any]:
 
 
 def component_schemas(messages: Iterable[WireMessage], ref_template: str) -> dict[str, Any]:
-    """Every message's schema and every definition they use, in one map referenced by ``ref_template``."""
+    """Every message's schema and every definition they use, in one map referenced by ``ref_template``
+    (the AsyncAPI document's ``components/schemas``)."""
     listed = list(messages)
     by_key, top = TypeAdapter.json_schemas(
         [(m.name, "validation", m.adapter) for m in listed], ref_template=ref_template
     )
-    components: dict[str, Any] = {name: strict_schema(s) for name, s in top.get("$defs", {}).items()}
+    components: dict[str, Any] = {
+        name: strict_schema(s, asyncapi=True) for name, s in top.get("$defs", {}).items()
+    }
     for m in listed:
-        schema = strict_schema(by_key[(m.name, "validation")])
+        schema = strict_schema(by_key[(m.name, "validation")], asyncapi=True)
         # A model's own entry is a bare $ref to its definition; a union (Event) is inline.
         if set(schema) != {"$ref"}:
             schema.setdefault("title", m.name)

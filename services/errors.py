@@ -438,6 +438,13 @@ class StoreUnavailable(CtxError):
     def __init__(self, cause: str) -> None:
         super().__init__(f"store unavailable: {cause}", cause=cause)
 
+    def to_reply(self) -> ErrorReply:
+        """What a client is told: retry later. The cause names servers and driver errors, so it stays
+        in the fleet's log (``workers.replies``)."""
+        return ErrorReply(
+            code=self.code, message="store unavailable: retry later", retryable=self.retryable, details={}
+        )
+
 
 class PositionRegressed(CtxError):
     """The store's position of a partition is behind what this recorder committed there: commits it
@@ -556,6 +563,26 @@ class StoreRejected(InvalidRequest):
             sqlstate=sqlstate,
         )
         self.cause = cause
+        self.sqlstate = sqlstate
+
+    def to_reply(self) -> ErrorReply:
+        """What a client is told: which of its values were refused, in plain words. The driver's error
+        and SQLSTATE stay in the fleet's log (``workers.replies``)."""
+        reason = _REFUSED_BECAUSE.get(self.sqlstate[:2], "a value the store cannot hold")
+        return ErrorReply(
+            code=self.code,
+            message=f"the store refused the request: {reason}",
+            retryable=self.retryable,
+            details={"refused": reason},
+        )
+
+
+# By SQLSTATE class (services/store/_errors.py CONTENT_SQLSTATE_CLASSES).
+_REFUSED_BECAUSE = {
+    "22": "a value out of range or in a form the store cannot hold",
+    "23": "it conflicts with what is stored",
+    "54": "it is too large for the store",
+}
 
 
 class UnknownModelProfile(InvalidRequest):

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from contracts._base import reply_json
 from contracts.hook_protocol import HookCall, HookReply
 from contracts.hooks import HookBinding, HookPoint
+from contracts.wire_json import WireJsonError, validate_wire
 
 from services.app.hooks import HookOutcome
 from services.errors import HookFailed, HookTimeout
@@ -36,7 +37,9 @@ class NatsHookRunner:
         except NatsError as exc:
             raise HookFailed(binding.source, point, f"request failed: {type(exc).__name__}") from None
         try:
-            return HookReply.model_validate_json(msg.data)
+            return validate_wire(HookReply, msg.data)
+        except WireJsonError as exc:
+            raise HookFailed(binding.source, point, f"malformed reply: {exc.message}") from None
         except ValidationError as exc:
             raise HookFailed(binding.source, point, f"malformed reply ({exc.error_count()} errors)") from None
 

@@ -20,7 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from contracts import ErrorCode, ErrorReply, reply_json
 from contracts.identities import INBOX, reply_prefixes
-from services.errors import CtxError, FleetUnavailable, InvalidRequest, Overloaded, StoreUnavailable
+from contracts.wire_json import WireJsonError, validate_wire
+from services.errors import (
+    CtxError,
+    FleetUnavailable,
+    InvalidRequest,
+    Overloaded,
+    StoreRejected,
+    StoreUnavailable,
+)
 from services.store._errors import CONNECTION_ERRORS
 
 from .admission import Admission, Slot
@@ -65,6 +73,9 @@ class RareWarning:
 
 
 _outages = RareWarning(_OUTAGE_LOG_EVERY_S, "requests answered store_unavailable: %s")
+# A client sees a plain reason only (StoreRejected.to_reply): the driver's words are logged here, and
+# a client repeating a refused value must not flood the log either.
+_refusals = RareWarning(_OUTAGE_LOG_EVERY_S, "requests the store refused: %s")
 
 
 class ReplyRefusal(StrEnum):
@@ -133,9 +144,12 @@ async def inbound(msg: NatsMessage) -> Inbound:
 
 
 def parse_body(model: type[_M], body: bytes) -> _M:
-    """Validate a request body; an invalid one is an InvalidRequest naming the field."""
+    """Validate a request body strictly, within the wire's JSON limits; an invalid one is an
+    InvalidRequest naming the field or the limit (a repeated key, U+0000, a number out of range…)."""
     try:
-        return model.model_validate_json(body)
+        return validate_wire(model, body)
+    except WireJsonError as exc:
+        raise InvalidRequest(f"invalid {model.__name__}: {exc.message}", **exc.details) from None
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         loc = ".".join(str(p) for p in first["loc"]) or "body"
@@ -146,7 +160,8 @@ def error_reply(exc: Exception) -> ErrorReply:
     """The wire error of any failure; an unexpected one is logged and reported as internal.
 
     A lost or refused database connection is ``store_unavailable`` wherever it was raised (a pool
-    acquire raises a bare ``OSError``), logged as one rate-limited line, not a traceback each.
+    acquire raises a bare ``OSError``), logged as one rate-limited line, not a traceback each. Neither
+    it nor a value the store refused tells the client the driver's words: those are logged.
     """
     if isinstance(exc, NatsError):  # its timeouts are TimeoutErrors too, but not the database's
         exc = FleetUnavailable(f"{type(exc).__name__}: {exc}")
@@ -154,6 +169,8 @@ def error_reply(exc: Exception) -> ErrorReply:
         exc = StoreUnavailable(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, StoreUnavailable):
         _outages.warn(exc.message)
+    elif isinstance(exc, StoreRejected):
+        _refusals.warn(exc.message)
     if isinstance(exc, CtxError):
         return exc.to_reply()
     log.exception("request failed unexpectedly")

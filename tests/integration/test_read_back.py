@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
 import pytest
 
 from contracts import PrepareRequest, ReadRequest, SearchRequest
 from services.edge.client import FleetClient
-from services.errors import ContentNotFound, IntegrityError
+from services.errors import ContentNotFound, IntegrityError, InvalidRequest
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -69,6 +70,24 @@ async def test_read_refuses_another_sessions_content_and_a_tampered_blob(
     )
     with pytest.raises(IntegrityError):
         await client.read(ReadRequest(session_id=t.session_id, ref=ref))
+
+
+async def test_a_value_the_store_refuses_is_answered_in_plain_words_and_the_driver_error_is_logged(
+    fleet, client: FleetClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The ref's pattern allows 19 digits, more than a bigint holds: PostgreSQL refuses the value.
+    t = Thread()
+    await client.append(t.user("x", key="k1"))
+    request = ReadRequest(session_id=t.session_id, ref=f"ctx://record/{t.thread_id}/9999999999999999999")
+    with caplog.at_level(logging.WARNING, logger="ctxfleet.requests"):
+        with pytest.raises(InvalidRequest) as err:
+            await client.read(request)
+    assert (
+        err.value.message
+        == "the store refused the request: a value out of range or in a form the store cannot hold"
+    )
+    assert err.value.details == {"refused": "a value out of range or in a form the store cannot hold"}
+    assert "SQLSTATE 22000" in caplog.text and "out of int64 range" in caplog.text
 
 
 async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(

@@ -64,6 +64,8 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
     report = json.loads(out.decode().strip().splitlines()[-1])
     checked = report["checked"]
     assert checked["asyncapi_diagnostics"] == 0
+    # The schema files discriminate events on their kind: a missing one is one error, not twelve.
+    assert checked["missing_kind_errors"] == 1
     # The client model from the AsyncAPI document covers every reply, the errors included.
     assert {"Event", "PrepareRequest", "PreparedContext", "ErrorReply", "ReadReply", "Receipt"} <= set(
         checked["document_validators"]
@@ -79,6 +81,7 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
         "unknown kind": "unknown_event_kind",
         "malformed JSON": "malformed_json",
         "invalid UTF-8": "invalid_encoding",
+        "duplicate keys": "invalid_event",
         "wrong thread": "thread_mismatch",
         "oversize": "payload_too_large",
     }
@@ -98,6 +101,7 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
             "unknown_event_kind",
             "malformed_json",
             "invalid_encoding",
+            "invalid_event",
             "thread_mismatch",
             "payload_too_large",
         ]

@@ -29,13 +29,16 @@ const fail = (what) => failures.push(what);
 
 // --- The contract: JSON Schemas (one per message) and the AsyncAPI document -----------------------------
 
-function strictAjv() {
-  const ajv = new Ajv2020({ strict: true, allErrors: true });
+// The schema files' Event is a oneOf discriminated on "kind" (OpenAPI's keyword, which ajv takes with
+// discriminator: true): one error for a bad kind instead of one per branch. The AsyncAPI document
+// writes AsyncAPI's form of it, the property's name, which ajv only carries along.
+function strictAjv(options = {}) {
+  const ajv = new Ajv2020({ strict: true, allErrors: true, ...options });
   addFormats(ajv);
   return ajv;
 }
 
-const files = strictAjv();
+const files = strictAjv({ discriminator: true });
 for (const name of fs.readdirSync(dir).filter((f) => f.endsWith(".schema.json"))) {
   files.addSchema(JSON.parse(fs.readFileSync(path.join(dir, name), "utf8")));
 }
@@ -56,7 +59,12 @@ checked.asyncapi_diagnostics = serious.length;
 // and every reply of every request operation), compiled from the parsed, dereferenced payloads. The
 // parser marks each schema with extension keywords of its own; declaring them keeps ajv in strict mode.
 const fromDocument = strictAjv();
-fromDocument.addVocabulary(["x-parser-schema-id", "x-parser-circular", "x-parser-original-schema-format"]);
+fromDocument.addVocabulary([
+  "x-parser-schema-id",
+  "x-parser-circular",
+  "x-parser-original-schema-format",
+  "discriminator",
+]);
 const documentValidators = {};
 for (const op of document.operations().all()) {
   for (const message of [...op.messages().all(), ...(op.reply()?.messages().all() ?? [])]) {
@@ -229,17 +237,28 @@ else {
   }
 }
 
-// The schema states the validator's budget rule, and the fleet agrees with it.
-const noBudget = { ...base, after_event_key: "e4" };
-if (fileValidator("PrepareRequest")(noBudget)) fail("the PrepareRequest schema accepts a request with no budget");
-const refused = await nc.request(`ctx.prepare.${tenant}.${thread}`, Buffer.from(JSON.stringify(noBudget)), {
-  timeout: 10_000,
-});
-const refusal = json.decode(refused.data);
-expectValid("ErrorReply", refusal, "prepare without a budget");
-if (refused.headers?.get("ctx-status") !== "error" || refusal.code !== "invalid_request") {
-  fail(`a prepare without a budget answered ${JSON.stringify(refusal)}`);
+// The schema states the validator's budget rule and the field types, and the fleet agrees with it.
+const notPrepares = {
+  "without a budget": { ...base, after_event_key: "e4" },
+  "with a string for an integer": { ...base, budget_tokens: "8000", after_event_key: "e4" },
+};
+for (const [what, request] of Object.entries(notPrepares)) {
+  if (fileValidator("PrepareRequest")(request)) fail(`the PrepareRequest schema accepts a request ${what}`);
+  const refused = await nc.request(`ctx.prepare.${tenant}.${thread}`, Buffer.from(JSON.stringify(request)), {
+    timeout: 10_000,
+  });
+  const refusal = json.decode(refused.data);
+  expectValid("ErrorReply", refusal, `prepare ${what}`);
+  if (refused.headers?.get("ctx-status") !== "error" || refusal.code !== "invalid_request") {
+    fail(`a prepare ${what} answered ${JSON.stringify(refusal)}`);
+  }
 }
+
+// An event without a kind is one error, not one per kind.
+const validateEvent = fileValidator("Event");
+const { kind: _kind, ...kindless } = envelope("e-none", "user_input", { text: "x" });
+if (validateEvent(kindless)) fail("the Event schema accepts an event without a kind");
+checked.missing_kind_errors = validateEvent.errors?.length ?? 0;
 
 // --- Bad input: each is dead-lettered under its key, so a prepare waiting on it is told at once --------
 
@@ -262,6 +281,15 @@ const bad = [
       Buffer.from([0xff, 0xfe]),
       Buffer.from('"}}'),
     ]),
+  ],
+  [
+    "duplicate keys",
+    "invalid_event",
+    "b-dup",
+    // The key twice: JSON.parse would keep the second, and the fleet refuses both.
+    Buffer.from(
+      JSON.stringify(envelope("b-dup", "user_input", { text: "x" })).replace('"b-dup",', '"b-dup","event_key":"b-dup2",'),
+    ),
   ],
   [
     "wrong thread",

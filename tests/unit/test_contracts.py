@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import pytest
 from pydantic import ValidationError
@@ -12,6 +13,7 @@ from contracts import (
     EventDecodeError,
     ModelProfile,
     PrepareRequest,
+    SearchRequest,
     ToolOutcomeEvent,
     decode_event,
     split_thread_id,
@@ -81,6 +83,69 @@ def test_decode_event_missing_field_names_the_field() -> None:
     with pytest.raises(EventDecodeError) as err:
         decode_event(json.dumps({"kind": "user_input", "payload": {"text": "x"}}).encode(), max_bytes=1000)
     assert "event_key" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (_raw(kind="telepathy", payload={}), "unknown event kind 'telepathy'"),
+        (_raw(payload={}), "missing field kind"),
+        (_raw(kind=None, payload={}), "field kind must be a string, not null"),
+    ],
+    ids=["unknown", "missing", "null"],
+)
+def test_decode_event_says_which_kind_is_unknown_or_that_there_is_none(raw: bytes, says: str) -> None:
+    with pytest.raises(EventDecodeError) as err:
+        decode_event(raw, max_bytes=1000)
+    assert err.value.code is ErrorCode.UNKNOWN_EVENT_KIND and err.value.message.startswith(says)
+    assert "None" not in err.value.message
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _raw(kind="phase_change", payload={"phase": "verify", "expected_steps": "4"}),
+        _raw(kind="user_input", payload={"text": "x"}, schema_version=True),
+        _raw(kind="user_input", payload={"text": 5}),
+        _raw(
+            kind="tool_outcome", payload={"call_id": "c1", "status": "success"}, task_budget={"cost": "1.5"}
+        ),
+    ],
+    ids=["string-for-int", "true-for-1", "number-for-string", "string-for-number"],
+)
+def test_decode_event_is_strict_as_the_event_schema_types_fields(raw: bytes) -> None:
+    with pytest.raises(EventDecodeError) as err:
+        decode_event(raw, max_bytes=1000)
+    assert err.value.code is ErrorCode.INVALID_EVENT
+
+
+@pytest.mark.parametrize(
+    ("client_ts", "taken"),
+    [
+        ("2026-01-31T09:30:00Z", True),
+        ("2026-01-31t09:30:00.123456789+05:30", True),
+        ("2026-01-31T09:30:00", False),
+        ("2026-01-31T09:30Z", False),
+        ("1769851800", False),
+        ("2026-02-30T00:00:00Z", False),
+    ],
+)
+def test_decode_event_takes_client_ts_as_rfc_3339_with_seconds_and_an_offset_only(
+    client_ts: str, taken: bool
+) -> None:
+    raw = _raw(kind="user_input", payload={"text": "x"}, client_ts=client_ts)
+    if taken:
+        ts = decode_event(raw, max_bytes=1000).client_ts
+        assert ts is not None and ts.tzinfo is not None
+    else:
+        with pytest.raises(EventDecodeError, match="client_ts"):
+            decode_event(raw, max_bytes=1000)
+
+
+def test_a_naive_time_given_in_python_is_utc_so_what_the_client_sends_has_an_offset() -> None:
+    request = SearchRequest(session_id="s1", query="x", since=datetime(2026, 1, 31, 9, 30))
+    assert request.since == datetime(2026, 1, 31, 9, 30, tzinfo=timezone.utc)
+    assert json.loads(request.model_dump_json())["since"] == "2026-01-31T09:30:00Z"
 
 
 def test_thread_ids_are_two_subject_tokens_and_round_trip() -> None:

@@ -69,6 +69,27 @@ def test_decode_event_refuses_every_non_finite_spelling(constant: str) -> None:
     assert (err.code, err.details["limit"]) == (ErrorCode.INVALID_EVENT, "finite_numbers")
 
 
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (('{"kind":"user_input","event_key":"e2",%s,"payload":{}}' % ENVELOPE).encode(), "event_key"),
+        (_user('"x","intent":"question","text":"y"'), "text"),
+        (_args('{"path":"a","deep":[{"k":1,"k":1}]}'), "k"),
+    ],
+    ids=["envelope", "payload", "deep-in-args-same-value"],
+)
+def test_decode_event_refuses_a_key_repeated_in_any_object_and_names_it(raw: bytes, key: str) -> None:
+    # Readers disagree on which of two equal keys wins (json.loads keeps the last): the fleet takes neither.
+    err = _decode_error(raw)
+    assert (err.code, err.details) == (ErrorCode.INVALID_EVENT, {"limit": "unique_keys", "key": key})
+    assert f"key '{key}' appears twice" in err.message
+
+
+def test_decode_event_names_a_repeated_key_escaped_when_it_holds_what_a_reason_may_not() -> None:
+    err = _decode_error(_args('{"k\\u0000":1,"k\\u0000":2}'))
+    assert err.details == {"limit": "unique_keys", "key": "k\\x00"}
+
+
 def test_decode_event_refuses_nul_and_surrogates_in_object_keys_too() -> None:
     assert _decode_error(_args('{"k\\u0000ey": 1}')).details["limit"] == "no_nul"
     assert _decode_error(_args('{"k\\ud83dey": 1}')).details["limit"] == "no_lone_surrogates"

@@ -28,6 +28,8 @@ from contracts import (
     ReadRequest,
 )
 from contracts._base import WireModel
+from contracts.task_budgets import TaskBudget
+from contracts.wire_json import JSON_INT_MAX, JSON_INT_MIN
 from contracts.hook_protocol import HookBlock, HookCall, HookReply
 from contracts.hooks import HookPoint
 from infra.asyncapi import CHANNELS, Channel, asyncapi_document
@@ -105,9 +107,26 @@ def test_every_message_schema_is_draft_2020_12_with_a_unique_id(written: dict[st
     assert len(set(ids)) == len(MESSAGES)
 
 
-def test_no_schema_carries_the_openapi_discriminator_keyword(written: dict[str, Any]) -> None:
-    # ajv strict refuses unknown keywords; no wire model has a field of that name either.
-    assert not any('"discriminator"' in json.dumps(s) for s in written.values())
+def test_the_event_schema_discriminates_on_a_required_kind_and_no_other_schema_has_a_discriminator(
+    written: dict[str, Any],
+) -> None:
+    # ajv's discriminator option takes {propertyName} alone (no mapping) and needs the tag required in
+    # every branch; it then reports one error for a bad kind instead of one per branch.
+    event = written["Event.schema.json"]
+    assert event["discriminator"] == {"propertyName": "kind"} and "mapping" not in json.dumps(event)
+    assert all("kind" in event["$defs"][r["$ref"].rsplit("/", 1)[1]]["required"] for r in event["oneOf"])
+    others = {name for name, s in written.items() if '"discriminator"' in json.dumps(s)}
+    assert others == {"Event.schema.json", "asyncapi.json"}
+    # AsyncAPI 3.0.0's schema object names the property itself.
+    assert written["asyncapi.json"]["components"]["schemas"]["Event"]["discriminator"] == "kind"
+
+
+def test_a_missing_kind_is_refused_by_the_event_schema(written: dict[str, Any]) -> None:
+    # A tool outcome's payload fits no other kind: only the required kind refuses it.
+    body = json.loads(Thread().outcome("c1", "a").model_dump_json())
+    assert _validator(written, "Event").is_valid(body)
+    del body["kind"]
+    assert not _validator(written, "Event").is_valid(body)
 
 
 def test_the_event_schema_is_one_of_every_kind_pinned_by_const(written: dict[str, Any]) -> None:
@@ -180,6 +199,11 @@ _PROFILE = {"name": "p", "context_window": 8000}
         (CompactionTriggers, {"context_ratio": None, "user_turns": 3}),
         (EvidenceRef, {"thread_id": "r1.main", "seq": 2, "end_line": 4}),
         (EvidenceRef, {"thread_id": "r1.main", "seq": 2, "start_line": 1, "end_line": 4}),
+        (TaskBudget, {}),
+        (TaskBudget, {"hard": False}),
+        (TaskBudget, {"model_calls": None, "cost": None}),
+        (TaskBudget, {"model_calls": None, "cost": 1.5}),
+        (TaskBudget, {"runtime_seconds": 600}),
     ],
 )
 def test_a_schema_accepts_exactly_what_its_model_validator_accepts(
@@ -191,8 +215,29 @@ def test_a_schema_accepts_exactly_what_its_model_validator_accepts(
     if model.__name__ == "EvidenceRef":
         body = {**_PREPARE, "budget_tokens": 900, "evidence": [body]}
         model = PrepareRequest
+    if model.__name__ == "TaskBudget":
+        body = {**_PREPARE, "budget_tokens": 900, "task_budget": body}
+        model = PrepareRequest
     schema_says, python_says = _agrees(written, model, body)
     assert schema_says == python_says
+
+
+def _integers(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, list):
+        return [i for v in node for i in _integers(v)]
+    if not isinstance(node, dict):
+        return []
+    own = [node] if node.get("type") == "integer" else []
+    return own + [i for v in node.values() for i in _integers(v)]
+
+
+def test_every_integer_of_every_schema_is_bounded_within_signed_64_bit(written: dict[str, Any]) -> None:
+    # What the fleet reads (contracts.wire_json): a runtime's validator refuses 2**63 where the fleet does.
+    found = [i for schema in written.values() for i in _integers(schema)]
+    assert found
+    for i in found:
+        assert i.get("minimum", i.get("exclusiveMinimum")) >= JSON_INT_MIN
+        assert i.get("maximum", i.get("exclusiveMaximum")) <= JSON_INT_MAX
 
 
 def test_chat_messages_are_typed_without_null_since_none_is_omitted(written: dict[str, Any]) -> None:
