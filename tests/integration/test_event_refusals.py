@@ -88,3 +88,21 @@ async def test_a_prepare_naming_a_valid_event_is_answered_with_it(fleet, client:
     # A retried step is the same body under the same key: a duplicate, answered as before.
     again = await client.append_and_prepare(t.user("a follow-up", key="k2"), prepare_request(t))
     assert again.ack.duplicate and again.prepared.messages[-1].content == "a follow-up"
+
+
+async def test_a_prepare_naming_the_first_key_of_an_event_that_repeats_its_key_is_rejected_at_once(
+    fleet, client: FleetClient
+) -> None:
+    t = Thread()
+    await client.append(t.user("the first question", key="k1"))
+    body = t.user("which key is mine?", key="e2").model_dump_json()
+    repeated = body[:-1] + ', "event_key": "e7"}'  # JSON that names two keys: neither may win
+    # The dead letter is filed under the first key the bytes spell (the one a reader of them sees).
+    await client.append_raw(t.thread_id, "e2", repeated.encode())
+
+    started = time.monotonic()
+    with pytest.raises(EventRejected) as refused:
+        await client.prepare(prepare_request(t, after_event_key="e2", wait_ms=WAIT_MS), timeout=AT_ONCE_S)
+    assert time.monotonic() - started < AT_ONCE_S
+    assert refused.value.details["rejected_code"] == "invalid_event" and not refused.value.retryable
+    assert "event_key" in refused.value.message
