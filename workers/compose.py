@@ -7,6 +7,7 @@ checks and stops what it built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -28,7 +29,7 @@ from services.app.hooks import HookRegistry
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner
 from services.core.records import LedgerRecord
-from services.settings import Settings
+from services.settings import Settings, nats_connection
 from services.store.postgres import PgStore
 from services.store.ports import GatewayStore, HookGrants
 from services.app.view_cache import ViewCache
@@ -89,9 +90,8 @@ def summarizer_factory(settings: Settings) -> SummarizerFactory:
     return structured
 
 
-def broker_security(settings: Settings) -> NatsSecurity | None:
-    """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
-    options = settings.nats_options()
+def broker_security(options: dict[str, Any]) -> NatsSecurity | None:
+    """The FastStream form of NATS credentials and TLS given as ``nats.connect`` options."""
     tls = options.get("tls")
     if "user" in options:
         return NatsUserPassword(options["user"], options["password"], ssl_context=tls)
@@ -106,13 +106,14 @@ def broker_security(settings: Settings) -> NatsSecurity | None:
     return None
 
 
-def create_broker(settings: Settings, nats_url: str) -> NatsBroker:
-    """The FastStream broker of this process, not yet connected."""
+def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
+    """The FastStream broker of this process on ``nats_urls`` (a server or a cluster), not yet connected."""
+    servers, options = nats_connection(nats_urls, settings.nats_options())
     return NatsBroker(
-        nats_url,
+        servers,
         name=f"ctxfleet-broker-{settings.recorder_id}",
         logger=None,
-        security=broker_security(settings),
+        security=broker_security(options),
         # Like our own connection: ride out any broker outage rather than give up after a minute.
         max_reconnect_attempts=-1,
         # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
@@ -144,7 +145,7 @@ class Workers:
 
 def compose(
     settings: Settings,
-    nats_url: str,
+    nats_urls: tuple[str, ...],
     store: PgStore,
     nc: NatsClient,
     metrics: FleetMetrics,
@@ -167,7 +168,7 @@ def compose(
         cache=ViewCache(settings.view_cache_mb * 1024 * 1024), trust_s=settings.view_trust_ms / 1000
     )
     metrics.watch_view_cache(loader.cache, loader.trust)
-    broker = create_broker(settings, nats_url)
+    broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
     # background passes wait for the prepares in progress (issue 16).

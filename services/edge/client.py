@@ -21,7 +21,6 @@ import asyncio
 import json
 import re
 import time
-from urllib.parse import urlsplit
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -99,12 +98,13 @@ from services.edge.context_tools import ContextTools
 from services.errors import (
     CtxError,
     FleetUnavailable,
+    InvalidConfiguration,
     InvalidRequest,
     PayloadTooLarge,
     PermissionDenied,
     error_from_reply,
 )
-from services.settings import redact_url
+from services.settings import nats_connection, redact_url
 
 __all__ = [
     "DEADLINE_HEADER",
@@ -148,7 +148,7 @@ class StepReply:
 
 
 async def connect_nats(
-    nats_url: str,
+    servers: str | Sequence[str],
     *,
     name: str,
     max_reconnect_attempts: int = -1,
@@ -161,13 +161,19 @@ async def connect_nats(
     (nats-py would otherwise retry for minutes); once connected, a broker restart or failover must
     never leave a worker alive but permanently disconnected. ``max_reconnect_attempts`` (per
     server, -1: no limit) and ``reconnect_wait_s`` (between attempts) apply after the first connect.
+    ``servers`` is one URL, a cluster's comma-separated, or a sequence of them; credentials in any of
+    them are used for every server (``services.settings.nats_connection``).
     """
+    try:
+        urls, options = nats_connection(servers, options)
+    except ValueError as exc:
+        raise InvalidConfiguration([f"NATS servers: {exc}"]) from None
     nc = NatsClient()
     try:
         # nats-py retries a refused first connect up to max_reconnect_attempts (60) times, 2 s apart,
         # even with allow_reconnect off: two quick tries per server, then the error.
         await nc.connect(
-            nats_url,
+            urls,
             name=name,
             allow_reconnect=False,
             connect_timeout=5,
@@ -177,7 +183,8 @@ async def connect_nats(
         )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
         await _close_quietly(nc)  # nats-py leaves the failed socket open
-        raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
+        shown = ", ".join(map(redact_url, urls))
+        raise FleetUnavailable(f"cannot connect to NATS at {shown}: {exc}") from exc
     nc.options["allow_reconnect"] = True
     nc.options["max_reconnect_attempts"] = max_reconnect_attempts
     if reconnect_wait_s is not None:
@@ -214,7 +221,7 @@ class FleetClient:
     @classmethod
     async def connect(
         cls,
-        nats_url: str,
+        servers: str | Sequence[str],
         *,
         name: str = "ctxfleet-client",
         tenant: str = DEFAULT_TENANT,
@@ -225,7 +232,8 @@ class FleetClient:
         """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS.
 
         Args:
-            nats_url: The server(s), comma-separated for a cluster.
+            servers: The server's URL, or a cluster's: comma-separated or as a sequence. Credentials in
+                any of them (``nats://user:password@host``) are used for every server.
             name: The connection name the server shows.
             tenant: The tenant this client speaks for; the server refuses it another tenant's subjects.
             max_reconnect_attempts: Reconnect attempts per server after a lost connection; -1 (the
@@ -236,13 +244,16 @@ class FleetClient:
         Raises:
             FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
                 retried, only a connection that was up and dropped).
+            InvalidConfiguration: ``servers`` are not nats:// URLs (``services.settings.parse_nats_urls``).
         """
         denials = _Denials(options.pop("error_cb", None))
-        options.setdefault(
-            "inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username)
-        )
+        try:
+            urls, options = nats_connection(servers, options)
+        except ValueError as exc:
+            raise InvalidConfiguration([f"NATS servers: {exc}"]) from None
+        options.setdefault("inbox_prefix", inbox_prefix(options.get("user")))
         nc = await connect_nats(
-            nats_url,
+            urls,
             name=name,
             max_reconnect_attempts=max_reconnect_attempts,
             reconnect_wait_s=reconnect_wait_s,
