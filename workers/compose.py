@@ -19,6 +19,7 @@ from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
+from services.edge.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
@@ -124,6 +125,7 @@ def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
         # process's workers got them in-process already (workers/local_notices.py), and each copy
         # cost a FastStream pass per subscriber (three per event, ~0.3 ms each) on the hot path.
         no_echo=True,
+        error_cb=log_nats_error,
     )
 
 

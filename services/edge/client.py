@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -37,6 +38,7 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 
 from pydantic import JsonValue
 
@@ -115,8 +117,11 @@ __all__ = [
     "StepReply",
     "connect_nats",
     "inbox_prefix",
+    "log_nats_error",
     "msg_id_of",
 ]
+
+_log = logging.getLogger("ctxfleet.nats")
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
@@ -168,6 +173,7 @@ async def connect_nats(
         urls, options = nats_connection(servers, options)
     except ValueError as exc:
         raise InvalidConfiguration([f"NATS servers: {exc}"]) from None
+    options.setdefault("error_cb", log_nats_error)
     nc = NatsClient()
     try:
         # nats-py retries a refused first connect up to max_reconnect_attempts (60) times, 2 s apart,
@@ -190,6 +196,12 @@ async def connect_nats(
     if reconnect_wait_s is not None:
         nc.options["reconnect_time_wait"] = reconnect_wait_s
     return nc
+
+
+async def log_nats_error(exc: Exception) -> None:
+    """One line per error of a connection (nats-py's default logs each with a traceback): a refused
+    or dropped server is expected while a node of a cluster is down, and the connection moves on."""
+    _log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
 async def _close_quietly(nc: NatsClient) -> None:
@@ -326,7 +338,8 @@ class FleetClient:
             )
         except MaxPayloadError as exc:
             raise PayloadTooLarge(len(data), limit) from exc
-        except (NoRespondersError, NatsTimeout, *_DISCONNECTED) as exc:
+        # NoStreamResponseError: the stream answered 503, as it does while its replicas elect a leader.
+        except (NoRespondersError, NoStreamResponseError, NatsTimeout, *_DISCONNECTED) as exc:
             raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
         return AppendAck(stream_seq=ack.seq, duplicate=bool(ack.duplicate))
 
