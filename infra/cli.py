@@ -48,6 +48,7 @@ from services.core.trace import TraceFormatError, TraceLine, read_trace
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
 from .cli_progress import progress_bar
+from .cluster_cli import add_cluster_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
@@ -283,6 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=_cmd_eval)
     _add_branch_commands(sub)
+    add_cluster_command(sub)
     return p
 
 
