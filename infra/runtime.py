@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from contracts import JOBS_STREAM
@@ -290,6 +291,11 @@ async def fleet_prerequisites(settings: Settings, servers: Servers) -> None:
             await nc.jetstream(timeout=5.0).consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
         except NotFoundError as exc:
             raise NotProvisioned(str(exc)) from None
+        except NatsTimeout:
+            # Unanswered, not refused: on a cluster, the consumer's copies may be electing a leader.
+            raise FleetUnavailable(
+                f"JetStream did not answer about the {COMPACTOR_DURABLE} consumer of {JOBS_STREAM}"
+            ) from None
         finally:
             await nc.close()
 
