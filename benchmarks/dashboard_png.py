@@ -90,12 +90,12 @@ async def scrape_loop(port: int, started: float, out: list[Scrape], every_s: flo
         await asyncio.sleep(max(0.0, every_s - (time.perf_counter() - tick)))
 
 
-async def register_policies(nats_url: str, nats_options: dict[str, Any]) -> None:
+async def register_policies(nats_urls: tuple[str, ...], nats_options: dict[str, Any]) -> None:
     """One small-budget policy per budget (``budget-3000``...), as ``ctxfleet replay --budget`` does."""
     from contracts import ContextPolicy
     from services.edge.client import FleetClient
 
-    async with await FleetClient.connect(nats_url, name="dashboard-policies", **nats_options) as client:
+    async with await FleetClient.connect(nats_urls, name="dashboard-policies", **nats_options) as client:
         for budget in BUDGETS:
             if budget is not None:
                 policy = ContextPolicy(name=f"budget-{budget}", model_profile=None, budget_tokens=budget)
@@ -103,7 +103,7 @@ async def register_policies(nats_url: str, nats_options: dict[str, Any]) -> None
 
 
 async def replay_lane(
-    nats_url: str,
+    nats_urls: tuple[str, ...],
     nats_options: dict[str, Any],
     traces: Sequence[Path],
     budget: int | None,
@@ -116,7 +116,7 @@ async def replay_lane(
     from services.core.trace import read_trace
 
     policy = None if budget is None else f"budget-{budget}"
-    async with await FleetClient.connect(nats_url, name=f"dashboard-lane-{lane}", **nats_options) as client:
+    async with await FleetClient.connect(nats_urls, name=f"dashboard-lane-{lane}", **nats_options) as client:
         for trace in itertools.islice(itertools.cycle(traces), lane, None):
             session = f"dash-{lane}-{uuid.uuid4().hex[:8]}"
             options = ReplayOptions(session_id=session, budget_tokens=budget, policy=policy)
@@ -149,12 +149,12 @@ async def run_load(
         try:
             assert fleet.http_port is not None
             nats_options = as_identity(settings, "runtime").nats_options()  # the embedded broker is closed
-            await register_policies(servers.nats_url, nats_options)
+            await register_policies(servers.nats_urls, nats_options)
             started = time.perf_counter()
             scraper = asyncio.create_task(scrape_loop(fleet.http_port, started, scrapes))
             lanes = [
                 asyncio.create_task(
-                    replay_lane(servers.nats_url, nats_options, traces, BUDGETS[i % len(BUDGETS)], i, done)
+                    replay_lane(servers.nats_urls, nats_options, traces, BUDGETS[i % len(BUDGETS)], i, done)
                 )
                 for i in range(sessions)
             ]

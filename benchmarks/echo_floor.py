@@ -20,6 +20,8 @@ from types import TracebackType
 import nats
 from nats.aio.msg import Msg
 
+from services.settings import parse_nats_urls
+
 from .fleet_process import ROOT
 
 __all__ = ["EchoFloor"]
@@ -73,7 +75,7 @@ class EchoFloor:
 
 
 async def _serve(nats_url: str, subject: str, body: bytes) -> None:
-    nc = await nats.connect(nats_url, name="echo-floor")
+    nc = await nats.connect(list(parse_nats_urls(nats_url)), name="echo-floor")
 
     async def answer(msg: Msg) -> None:
         if msg.reply:

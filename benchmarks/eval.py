@@ -48,7 +48,7 @@ async def bench_eval(
     prompted = [EvalTrace(t.name, tuple(with_system_prompt(t.lines, prompt))) for t in traces]
     fleet = await start_fleet(settings, servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             started = time.perf_counter()
             plain = await evaluate(
                 client, traces, BUDGETS, session_prefix=f"bench-eval-{uuid.uuid4().hex[:8]}"

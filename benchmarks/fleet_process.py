@@ -22,7 +22,7 @@ import psutil
 
 from infra.embedded import free_port
 from infra.runtime import migrate, provision
-from services.settings import Settings
+from services.settings import Settings, parse_nats_urls
 
 __all__ = [
     "ALL_WORKERS",
@@ -77,7 +77,9 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60.0) 
 async def prepare_servers(nats_url: str, database_url: str, data_dir: Path) -> None:
     """Migrations and streams, done once by the benchmark as the migration Job would."""
     await migrate(database_url)
-    await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=data_dir))
+    await provision(
+        parse_nats_urls(nats_url), Settings(nats_url=nats_url, database_url=database_url, data_dir=data_dir)
+    )
 
 
 def fleet_env(nats_url: str, database_url: str, data_dir: Path, **extra: str) -> dict[str, str]:

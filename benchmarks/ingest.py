@@ -46,7 +46,7 @@ from .fleet_process import spawn_worker, wait_ready
 from infra.runtime import migrate, provision
 from services.core.trace import TraceLine, read_trace
 from services.edge.replay import ReplayOptions, trace_events
-from services.settings import Settings
+from services.settings import Settings, parse_nats_urls
 
 __all__ = ["ProcessCpu", "bench_ingest", "ingest_events", "server_processes"]
 
@@ -80,7 +80,10 @@ def ingest_events(sessions: int, per_session: int, tag: str) -> list[list[Event]
 
 async def _publish_all(nats_url: str, sessions: Sequence[Sequence[Event]]) -> float:
     """Publish every session concurrently; seconds until the last ack."""
-    conns = [await nats.connect(nats_url, name=f"ingest-pub-{i}") for i in range(_PUBLISHERS)]
+    conns = [
+        await nats.connect(list(parse_nats_urls(nats_url)), name=f"ingest-pub-{i}")
+        for i in range(_PUBLISHERS)
+    ]
     try:
         streams = [nc.jetstream(publish_async_max_pending=_PENDING) for nc in conns]
         encoded = [
@@ -228,7 +231,9 @@ async def _one_run(
     db: str = await fresh_database(pg_url)  # type: ignore[operator]
     await reset_streams(nats_url)  # type: ignore[operator]
     await migrate(db)
-    await provision(nats_url, Settings(nats_url=nats_url, database_url=db, data_dir=tmp / "data"))
+    await provision(
+        parse_nats_urls(nats_url), Settings(nats_url=nats_url, database_url=db, data_dir=tmp / "data")
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env.update(CTX_NATS_URL=nats_url, CTX_DATABASE_URL=db, CTX_DATA_DIR=str(tmp / "data"))
     total = sum(len(s) for s in sessions)

@@ -43,6 +43,7 @@ from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 from services.edge.client import DEADLINE_HEADER, FleetClient
 from services.edge.replay import percentile
+from services.settings import parse_nats_urls
 
 from .conversation import publish_thread, sample_events, sample_lines
 from .echo_floor import EchoFloor
@@ -133,7 +134,7 @@ async def bench_langgraph(
         async with (
             AsyncPostgresSaver.from_conn_string(database_url) as saver,
             await FleetClient.connect(nats_url, name="langgraph-side") as client,
-            await nats.connect(nats_url, name="langgraph-side-floor") as floor_nc,
+            await nats.connect(list(parse_nats_urls(nats_url)), name="langgraph-side-floor") as floor_nc,
         ):
             await saver.setup()
             builder = StateGraph(MessagesState)

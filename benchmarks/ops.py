@@ -31,7 +31,7 @@ from infra.embedded import free_port
 from services.edge.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from infra.runtime import migrate, provision
-from services.settings import WORKER_NAMES, Settings
+from services.settings import WORKER_NAMES, Settings, parse_nats_urls
 from services.core.trace import read_trace
 
 __all__ = ["bench_ops"]
@@ -93,7 +93,10 @@ async def bench_ops(
     """Start-to-ready, idle RSS and drain-under-load figures for every worker kind."""
     # What the migration Job does once; workers never migrate or provision.
     await migrate(database_url)
-    await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"))
+    await provision(
+        parse_nats_urls(nats_url),
+        Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"),
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env.update(
         CTX_NATS_URL=nats_url,

@@ -30,7 +30,7 @@ from infra.runtime import migrate, provision
 from services.edge.client import FleetClient
 from services.errors import FleetUnavailable, Overloaded
 from services.edge.replay import percentile
-from services.settings import Settings
+from services.settings import Settings, parse_nats_urls
 from tests.fixtures.builders import Thread
 
 __all__ = ["bench_overload"]
@@ -131,7 +131,10 @@ async def bench_overload(
     """Admitted p50/p99 and the overloaded share under ``loops`` concurrent prepare loops,
     per configuration."""
     await migrate(database_url)
-    await provision(nats_url, Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"))
+    await provision(
+        parse_nats_urls(nats_url),
+        Settings(nats_url=nats_url, database_url=database_url, data_dir=tmp / "data"),
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     base.update(CTX_NATS_URL=nats_url, CTX_DATABASE_URL=database_url, CTX_DATA_DIR=str(tmp / "data"))
     results: dict[str, object] = {

@@ -93,7 +93,7 @@ async def bench_rollover(
     handoff_tokens: list[float] = []
     fleet = await start_fleet(settings, servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             await client.register_policy(policy)
             await client.register_catalog(CATALOG)
             for _ in range(threads):

@@ -67,7 +67,7 @@ from infra.runtime import Servers, start_fleet
 from contracts import ContextPolicy, PrepareRequest
 from services.edge.client import FleetClient
 from services.edge.replay import ReplayOptions, percentile, replay_trace
-from services.settings import Settings
+from services.settings import Settings, parse_nats_urls
 from services.core.trace import read_trace
 from tests.fixtures.builders import Thread
 
@@ -98,7 +98,7 @@ async def bench_burst(
 ) -> dict[str, float]:
     fleet = await start_fleet(settings, servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             pool = [Thread(session_id=f"bench-{uuid.uuid4().hex[:8]}") for _ in range(threads)]
             events = [
                 [t.user(f"{t.run_id} event {i} " + "payload " * 20, key=f"b{i}") for i in range(per_thread)]
@@ -135,7 +135,7 @@ async def bench_prepare(servers: Servers, settings: Settings) -> dict[str, objec
     latencies: list[float] = []
     per_trace = {}
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             for sample in sorted(SAMPLES_DIR.glob("*.jsonl")):
                 report = await replay_trace(
                     client, read_trace(sample), ReplayOptions(session_id=f"bench-{uuid.uuid4().hex[:10]}")
@@ -165,7 +165,7 @@ async def _reset_streams(nats_url: str) -> None:
     from contracts import JOBS_STREAM
     from contracts.subjects import DEAD_STREAM, EVENTS_STREAM
 
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(list(parse_nats_urls(nats_url)))
     try:
         for stream in (EVENTS_STREAM, DEAD_STREAM, JOBS_STREAM):
             try:
@@ -203,7 +203,7 @@ async def bench_busy(
 ) -> dict[str, object]:
     fleet = await start_fleet(settings, servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             name = f"busy-{budget}"
             await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
             t = Thread(session_id=f"busy-{uuid.uuid4().hex[:8]}")
@@ -255,7 +255,7 @@ async def bench_small_budget(
     }
     latencies: list[float] = []
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             name = f"bench-{budget}"
             await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
             for trace in traces:
@@ -284,7 +284,7 @@ async def bench_compactors(
     fleet = await start_fleet(no_compactor, servers)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             name = "compactor-bench"
             await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=4_000))
             pool = [Thread(session_id=f"cb-{uuid.uuid4().hex[:8]}") for _ in range(threads)]
@@ -314,7 +314,7 @@ async def bench_compactors(
                 await asyncio.sleep(0.05)
             env = {
                 **os.environ,
-                "CTX_NATS_URL": servers.nats_url,
+                "CTX_NATS_URL": ",".join(servers.nats_urls),
                 "CTX_DATABASE_URL": servers.database_url,
                 "CTX_DATA_DIR": str(tmp / "cdata"),
             }
@@ -359,7 +359,7 @@ async def bench_sessions(
     """The 10th question of a session whose history holds ``records`` records."""
     fleet = await start_fleet(settings, servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             name = f"sessions-{budget}"
             await client.register_policy(ContextPolicy(name=name, model_profile=None, budget_tokens=budget))
             t = Thread(session_id=f"sess-{uuid.uuid4().hex[:8]}")
@@ -458,7 +458,7 @@ async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]
     results: dict[str, object] = {}
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             await client.register_catalog(catalog)
             conn = await asyncpg.connect(servers.database_url)
             for label, threads, per in (("one_thread", 1, 2_000), ("hundred_threads", 100, 50)):
@@ -583,7 +583,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             settings = Settings(
                 nats_url=nats_url, database_url=db, data_dir=tmp / "data", recorder_id="bench"
             )
-            servers = Servers(nats_url, db)
+            servers = Servers((nats_url,), db)
             await _reset_streams(nats_url)
             if name == "ingest":
                 results["ingest"] = await bench_ingest(
@@ -605,7 +605,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     update={"database_url": db, "workers": "recorder,assembler"}
                 )
                 results["burst_recorder_and_assembler_only"] = await bench_burst(
-                    Servers(nats_url, db),
+                    Servers((nats_url,), db),
                     only_recording,
                     threads=args.threads,
                     per_thread=args.events // args.threads,
@@ -626,7 +626,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 db2 = await _fresh_database(pg_url)
                 await _reset_streams(nats_url)
                 big = await bench_search_session(
-                    Servers(nats_url, db2),
+                    Servers((nats_url,), db2),
                     settings.model_copy(update={"database_url": db2}),
                     records=args.search_records,
                 )
@@ -688,7 +688,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 db2 = await _fresh_database(pg_url)
                 await _reset_streams(nats_url)
                 with_summary = await bench_sessions(
-                    Servers(nats_url, db2), settings.model_copy(update={"database_url": db2}), budget=60_000
+                    Servers((nats_url,), db2),
+                    settings.model_copy(update={"database_url": db2}),
+                    budget=60_000,
                 )
                 results["sessions"] = {"without_summary": without, "with_summary": with_summary}
             else:
@@ -698,7 +700,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     await _reset_streams(nats_url)
                     runs.append(
                         await bench_compactors(
-                            Servers(nats_url, db),
+                            Servers((nats_url,), db),
                             settings.model_copy(update={"database_url": db}),
                             tmp,
                             replicas=replicas,

@@ -78,7 +78,7 @@ async def bench_index_lag(
     """Recording at full speed over many sessions, with the indexer following."""
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             rng = random.Random(7)
             threads = [Thread(session_id=f"lag-{uuid.uuid4().hex[:8]}") for _ in range(sessions)]
             events = [[e for n in range(pairs_per_session) for e in _pair(t, n, rng)] for t in threads]
@@ -137,7 +137,7 @@ async def bench_search_session(
     fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
     session = f"big-{uuid.uuid4().hex[:8]}"
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             rng = random.Random(11)
             # One run per session at a time (design D3.2): its main instance and 19 children.
             run = f"r-{uuid.uuid4().hex[:10]}"

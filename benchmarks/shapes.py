@@ -108,7 +108,7 @@ async def bench_shapes(
     prefix_steady: dict[str, list[tuple[int, int]]] = {f: [] for f in FORMATS[:2]}
     earlier: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
     try:
-        async with await FleetClient.connect(servers.nats_url) as client:
+        async with await FleetClient.connect(servers.nats_urls) as client:
             for path in paths:
                 options = ReplayOptions(session_id=f"shapes-{uuid.uuid4().hex[:10]}")
                 last_key: dict[str, str] = {}

@@ -67,6 +67,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from contracts import PreparedContext, PrepareRequest
 from services.edge.client import FleetClient
 from services.edge.replay import percentile
+from services.settings import parse_nats_urls
 from tests.fixtures.builders import Thread
 
 from .far_link import FarLink
@@ -241,7 +242,7 @@ async def _far_steps(
 ) -> dict[str, object]:
     """The same steps from a runtime ``FAR_DELAY_MS`` away from the broker each way (``far_link``)."""
     out: dict[str, object] = {"delay_ms_each_way": FAR_DELAY_MS}
-    host_port = urlsplit(nats_url).netloc.rpartition("@")[2]
+    host_port = urlsplit(parse_nats_urls(nats_url)[0]).netloc.rpartition("@")[2]
     with FarLink(host_port, FAR_DELAY_MS, tmp) as link:
         async with await FleetClient.connect(f"nats://127.0.0.1:{link.port}", name="think-far") as far:
             fresh = iter(threads)

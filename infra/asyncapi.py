@@ -327,21 +327,34 @@ def wire_messages(channels: Iterable[Channel] = CHANNELS) -> list[WireMessage]:
     return list(seen.values())
 
 
-def _server(settings: Settings) -> dict[str, Any]:
-    if settings.nats_url:
-        first = urlsplit(settings.nats_url.split(",")[0].strip())
-        # Credentials in a URL are not the document's to publish.
-        host = first.hostname or "localhost"
-        port = first.port or 4222
-        where = "the NATS server of CTX_NATS_URL"
-    else:
-        host, port = "localhost", settings.nats_port
+def _servers(settings: Settings) -> dict[str, Any]:
+    """``fleet``: the configured server (the first of a cluster's); ``fleet-2``…: the cluster's others."""
+    hint = "`ctxfleet env` prints the CTX_NATS_* lines a client needs."
+    if not settings.nats_url:
         where = "the embedded nats-server of `make run` (CTX_NATS_PORT)"
-    return {
-        "host": f"{host}:{port}",
-        "protocol": "nats",
-        "description": f"{where}; `ctxfleet env` prints the CTX_NATS_* lines a client needs.",
-    }
+        return {
+            "fleet": {
+                "host": f"localhost:{settings.nats_port}",
+                "protocol": "nats",
+                "description": f"{where}; {hint}",
+            }
+        }
+    servers: dict[str, Any] = {}
+    count = len(settings.nats_url)
+    for i, url in enumerate(settings.nats_url, start=1):
+        # Host and port only: credentials in a URL are not the document's to publish.
+        parts = urlsplit(url)
+        where = (
+            "the NATS server of CTX_NATS_URL"
+            if count == 1
+            else f"node {i} of {count} of CTX_NATS_URL's cluster"
+        )
+        servers["fleet" if i == 1 else f"fleet-{i}"] = {
+            "host": f"{parts.hostname}:{parts.port or 4222}",
+            "protocol": "nats",
+            "description": f"{where}; {hint}",
+        }
+    return servers
 
 
 def _message(name: str, description: str, headers: str | None) -> dict[str, Any]:
@@ -438,7 +451,7 @@ def asyncapi_document(settings: Settings, channels: Iterable[Channel] = CHANNELS
             "license": {"name": meta["License"]},
         },
         "defaultContentType": "application/json",
-        "servers": {"fleet": _server(settings)},
+        "servers": _servers(settings),
         "channels": channel_docs,
         "operations": operations,
         "components": {"schemas": schemas, "messages": messages},

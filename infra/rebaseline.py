@@ -48,7 +48,7 @@ class RebaselineReport:
 
 
 async def rebaseline(
-    nats_url: str, database_url: str, settings: Settings, *, apply: bool
+    nats_urls: tuple[str, ...], database_url: str, settings: Settings, *, apply: bool
 ) -> RebaselineReport:
     """Compare the positions with the events stream and, if ``apply``, re-baseline them.
 
@@ -57,7 +57,7 @@ async def rebaseline(
         SchemaBehind: the database lacks the migration that records stream identities.
     """
     await require_current_schema(database_url, settings)
-    nc = await connect_nats(nats_url, name="ctxfleet-rebaseline", **settings.nats_options())
+    nc = await connect_nats(nats_urls, name="ctxfleet-rebaseline", **settings.nats_options())
     try:
         js = nc.jetstream(timeout=10.0)
         pool = await create_pool(database_url, min_size=1, max_size=1, **settings.database_options())

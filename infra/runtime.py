@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from contracts import JOBS_STREAM
@@ -82,7 +83,7 @@ class Servers:
     ``ctxfleet up`` can start a second server on the same stores.
     """
 
-    nats_url: str
+    nats_urls: tuple[str, ...]  # one server, or a cluster's
     database_url: str
     owned: list[EmbeddedNats | EmbeddedPostgres] = field(default_factory=list)
     data_dir: Path | None = None
@@ -138,10 +139,10 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
     servers a crashed run left on the folder are stopped before anything new starts.
     """
     owned: list[EmbeddedNats | EmbeddedPostgres] = []
-    nats_url = settings.nats_url
+    nats_urls = settings.nats_url
     database_url = settings.database_dsn
-    if nats_url is not None and database_url is not None:
-        return Servers(nats_url=nats_url, database_url=database_url, lock=lock)
+    if nats_urls is not None and database_url is not None:
+        return Servers(nats_urls=nats_urls, database_url=database_url, lock=lock)
     data_dir = settings.data_dir
     own_lock = lock is None
     held = lock if lock is not None else lock_data_folder(data_dir)
@@ -149,7 +150,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         data_dir, DATA_FOLDER_MODE
     )  # credentials, endpoints and the broker's store: the owner's alone
     servers = Servers(
-        nats_url or "", database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock
+        nats_urls or (), database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock
     )
     try:
         previous_port = _recorded_port(data_dir)
@@ -163,7 +164,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
             owned.append(pg)
             servers.database_url = pg.start()
             servers.record()  # at once: a crash before NATS is up must still leave PostgreSQL findable
-        if nats_url is None:
+        if nats_urls is None:
             # Closed: only the generated users connect, each confined to its subjects (infra.credentials).
             secure_folder(data_dir / "nats")  # raw events and the users' passwords (nats.conf)
             broker = EmbeddedNats(
@@ -178,7 +179,7 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
                 ),
             )
             owned.append(broker)
-            servers.nats_url = _start_broker(broker)
+            servers.nats_urls = (_start_broker(broker),)
             servers.record()
     except BaseException:
         # Ctrl-C during start included: nothing we started may outlive us.
@@ -275,9 +276,11 @@ async def require_current_schema(
         raise SchemaBehind(pending)
 
 
-async def provision(nats_url: str, settings: Settings, *, force: bool = False) -> ProvisionResult:
-    """Check the broker and create or reconcile the streams."""
-    nc = await connect_nats(nats_url, name="ctxfleet-provision", **settings.nats_options())
+async def provision(
+    nats_urls: tuple[str, ...], settings: Settings, *, force: bool = False
+) -> ProvisionResult:
+    """Check the broker and create or reconcile the streams (``CTX_STREAM_REPLICAS`` copies of each)."""
+    nc = await connect_nats(nats_urls, name="ctxfleet-provision", **settings.nats_options())
     try:
         result = await provision_streams(
             nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas
@@ -292,8 +295,8 @@ async def start_fleet(settings: Settings, servers: Servers) -> Fleet:
     """Migrate, provision and start the configured workers (as ``fleet`` on the embedded server)."""
     settings = as_identity(settings, "fleet")
     await migrate(servers.database_url, settings)
-    await provision(servers.nats_url, settings)
-    fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
+    await provision(servers.nats_urls, settings)
+    fleet = Fleet(settings, nats_urls=servers.nats_urls, database_url=servers.database_url)
     broker = next((s for s in servers.owned if isinstance(s, EmbeddedNats)), None)
     if broker is not None:
         # The store as supervision last measured it: full before any write of ours is refused.
@@ -310,11 +313,16 @@ async def fleet_prerequisites(settings: Settings, servers: Servers) -> None:
     """
     await require_current_schema(servers.database_url, settings)
     if "compactor" in settings.worker_names:
-        nc = await connect_nats(servers.nats_url, name="ctxfleet-startup-check", **settings.nats_options())
+        nc = await connect_nats(servers.nats_urls, name="ctxfleet-startup-check", **settings.nats_options())
         try:
             await nc.jetstream(timeout=5.0).consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
         except NotFoundError as exc:
             raise NotProvisioned(str(exc)) from None
+        except NatsTimeout:
+            # Unanswered, not refused: on a cluster, the consumer's copies may be electing a leader.
+            raise FleetUnavailable(
+                f"JetStream did not answer about the {COMPACTOR_DURABLE} consumer of {JOBS_STREAM}"
+            ) from None
         finally:
             await nc.close()
 
@@ -326,7 +334,7 @@ async def serve_workers(settings: Settings, servers: Servers) -> Fleet:
     creating them is ``ctxfleet provision``'s job, run once (the k8s Job, Compose's one-shot service).
     With ``CTX_STARTUP_WAIT_S`` the worker waits that long for it (live, not ready) instead of exiting.
     """
-    fleet = Fleet(settings, nats_url=servers.nats_url, database_url=servers.database_url)
+    fleet = Fleet(settings, nats_urls=servers.nats_urls, database_url=servers.database_url)
 
     async def prerequisites() -> None:
         await fleet_prerequisites(settings, servers)

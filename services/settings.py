@@ -12,13 +12,14 @@ import re
 import socket
 import ssl
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.subjects import DEFAULT_TENANT, check_tenant
 
@@ -31,6 +32,8 @@ __all__ = [
     "Settings",
     "default_data_dir",
     "load_settings",
+    "nats_connection",
+    "parse_nats_urls",
     "parse_partitions",
     "parse_tenants",
     "redact_url",
@@ -107,6 +110,82 @@ def redact_url(url: str | None) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+_NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def parse_nats_urls(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """``CTX_NATS_URL`` as the URLs it names: one server, or a cluster's comma-separated.
+
+    Each URL is stripped of surrounding whitespace and kept as written otherwise. Raises
+    ``ValueError`` (a message that never echoes a password) for an empty list or an empty part, a
+    scheme other than nats/tls/ws/wss, a URL without a host or with a bad port, websocket URLs mixed
+    with others (nats-py refuses the mix), or URLs naming different credentials: one fleet identity
+    connects to every server, and the credentials of one URL are used for all (``nats_connection``).
+    """
+    parts = [spec] if isinstance(spec, str) else list(spec)
+    urls = tuple(url.strip() for part in parts for url in part.split(","))
+    if not any(urls):
+        raise ValueError("name at least one nats:// URL")
+    for position, url in enumerate(urls, start=1):
+        if not url:
+            raise ValueError(f"URL {position} of {len(urls)} is empty (a stray comma?)")
+        _check_nats_url(url)
+    if len({_is_websocket(url) for url in urls}) > 1:
+        raise ValueError("websocket (ws://, wss://) and nats:// or tls:// URLs cannot be mixed")
+    if len({credentials for url in urls if (credentials := _url_credentials(url))}) > 1:
+        raise ValueError("the URLs carry different credentials; give one user (or token) in any of them")
+    return urls
+
+
+def _check_nats_url(url: str) -> None:
+    shown = repr(redact_url(url))
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number in range
+    except ValueError:
+        raise ValueError(f"{shown} is not a URL (bad port?)") from None
+    if parts.scheme not in _NATS_SCHEMES:
+        raise ValueError(f"must be nats://, tls://, ws:// or wss:// URLs, got {shown}")
+    if not parts.hostname:
+        raise ValueError(f"{shown} names no host")
+
+
+def _is_websocket(url: str) -> bool:
+    return urlsplit(url).scheme in ("ws", "wss")
+
+
+def _url_credentials(url: str) -> tuple[str, str | None] | None:
+    """``(user, password)`` or ``(token, None)`` in a URL, percent-decoded; ``None`` without any."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    return unquote(parts.username), None if parts.password is None else unquote(parts.password)
+
+
+def _without_credentials(parts: SplitResult) -> str:
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def nats_connection(
+    servers: str | Sequence[str], options: dict[str, Any]
+) -> tuple[list[str], dict[str, Any]]:
+    """The server list and connect options for ``nats.connect`` (or FastStream's broker).
+
+    Credentials written in any of the URLs become the connection's ``user``/``password`` (or
+    ``token``) unless ``options`` name an authentication method already, and leave the URLs: nats-py
+    would otherwise send them only to the server whose URL holds them, not to the other URLs, nor to
+    servers it discovers from the cluster, and FastStream refuses URL credentials beside ``security``.
+    """
+    urls = parse_nats_urls(servers)
+    merged = dict(options)
+    credentials = next((c for url in urls if (c := _url_credentials(url))), None)
+    has_method = any(key in merged for key in ("user", "token", "nkeys_seed", "user_credentials"))
+    if credentials is not None and not has_method:
+        user, password = credentials
+        merged.update({"user": user, "password": password} if password is not None else {"token": user})
+    return [_without_credentials(urlsplit(url)) for url in urls], merged
+
+
 class _SecretFiles(PydanticBaseSettingsSource):
     """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content
     (one trailing newline dropped)."""
@@ -145,8 +224,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    # Where the servers are. Unset: the embedded NATS and PostgreSQL under ``data_dir``.
-    nats_url: str | None = None
+    # Where the servers are. Unset: the embedded NATS and PostgreSQL under ``data_dir``. CTX_NATS_URL
+    # names one server or a cluster's, comma-separated; it is read once into the tuple of its URLs.
+    nats_url: Annotated[tuple[str, ...] | None, NoDecode] = None
     database_url: SecretStr | None = None
     data_dir: Path = Field(default_factory=default_data_dir)
     # NATS authentication (at most one method) and TLS.
@@ -267,16 +347,16 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
         return ",".join(names)
 
-    @field_validator("nats_url")
+    @field_validator("nats_url", mode="before")
     @classmethod
-    def _nats_scheme(cls, value: str | None) -> str | None:
-        if value is not None:
-            for one in value.split(","):
-                if urlsplit(one.strip()).scheme not in ("nats", "tls", "ws", "wss"):
-                    raise ValueError(
-                        f"must be nats://, tls://, ws:// or wss:// URLs, got {redact_url(one.strip())!r}"
-                    )
-        return value
+    def _nats_urls(cls, value: object) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, str) or (
+            isinstance(value, Sequence) and all(isinstance(url, str) for url in value)
+        ):
+            return parse_nats_urls(value)
+        raise ValueError("must be nats:// URLs, comma-separated for a cluster")
 
     @field_validator("database_url")
     @classmethod
@@ -296,6 +376,7 @@ class Settings(BaseSettings):
                 ("CTX_NATS_TOKEN", self.nats_token is not None),
                 ("CTX_NATS_NKEY_SEED_FILE", self.nats_nkey_seed_file is not None),
                 ("CTX_NATS_CREDS_FILE", self.nats_creds_file is not None),
+                ("credentials in CTX_NATS_URL", any(map(_url_credentials, self.nats_url or ()))),
             )
             if present
         ]

@@ -112,7 +112,7 @@ class Fleet:
     """The running workers of this process."""
 
     settings: Settings
-    nats_url: str
+    nats_urls: tuple[str, ...]  # one server, or a cluster's
     database_url: str
     metrics: FleetMetrics = field(default_factory=FleetMetrics)
     pool: asyncpg.Pool | None = None
@@ -161,10 +161,10 @@ class Fleet:
         self.pool = await create_pool(
             self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
         )
-        self._nc = await connect_nats(self.nats_url, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
+        self._nc = await connect_nats(self.nats_urls, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
         workers = compose(
             s,
-            self.nats_url,
+            self.nats_urls,
             PgStore(self.pool, summary_cache_bytes=s.summary_cache_mb * 1024 * 1024),
             self._nc,
             self.metrics,

@@ -7,7 +7,7 @@ checks and stops what it built.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -19,6 +19,7 @@ from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
+from services.edge.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
@@ -29,7 +30,7 @@ from services.app.hooks import HookRegistry
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner
 from services.core.records import LedgerRecord
-from services.settings import Settings
+from services.settings import Settings, nats_connection
 from services.store.postgres import PgStore
 from services.store.ports import GatewayStore, HookGrants
 from services.app.view_cache import ViewCache
@@ -62,12 +63,12 @@ __all__ = [
 ]
 
 
-def reply_rule(settings: Settings, nats_url: str) -> ReplyRule:
-    """Where this process's answers may go: connecting with a user name (``CTX_NATS_USER`` or the URL's),
+def reply_rule(settings: Settings, nats_urls: tuple[str, ...]) -> ReplyRule:
+    """Where this process's answers may go: connecting with a user name (``CTX_NATS_USER`` or a URL's),
     the bus names its users (the grants of ``contracts/identities.py``), so only the requester's own
     inbox is answered."""
-    user = settings.nats_user or urlsplit(nats_url.split(",")[0].strip()).username
-    return ReplyRule(named_users=bool(user))
+    _, options = nats_connection(nats_urls, settings.nats_options())
+    return ReplyRule(named_users=bool(options.get("user")))
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
@@ -102,9 +103,8 @@ def summarizer_factory(settings: Settings) -> SummarizerFactory:
     return structured
 
 
-def broker_security(settings: Settings) -> NatsSecurity | None:
-    """The FastStream form of the NATS credentials and TLS that ``settings`` configure."""
-    options = settings.nats_options()
+def broker_security(options: dict[str, Any]) -> NatsSecurity | None:
+    """The FastStream form of NATS credentials and TLS given as ``nats.connect`` options."""
     tls = options.get("tls")
     if "user" in options:
         return NatsUserPassword(options["user"], options["password"], ssl_context=tls)
@@ -119,13 +119,14 @@ def broker_security(settings: Settings) -> NatsSecurity | None:
     return None
 
 
-def create_broker(settings: Settings, nats_url: str) -> NatsBroker:
-    """The FastStream broker of this process, not yet connected."""
+def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
+    """The FastStream broker of this process on ``nats_urls`` (a server or a cluster), not yet connected."""
+    servers, options = nats_connection(nats_urls, settings.nats_options())
     return NatsBroker(
-        nats_url,
+        servers,
         name=f"ctxfleet-broker-{settings.recorder_id}",
         logger=None,
-        security=broker_security(settings),
+        security=broker_security(options),
         # Like our own connection: ride out any broker outage rather than give up after a minute.
         max_reconnect_attempts=-1,
         # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
@@ -136,6 +137,7 @@ def create_broker(settings: Settings, nats_url: str) -> NatsBroker:
         # process's workers got them in-process already (workers/local_notices.py), and each copy
         # cost a FastStream pass per subscriber (three per event, ~0.3 ms each) on the hot path.
         no_echo=True,
+        error_cb=log_nats_error,
     )
 
 
@@ -157,7 +159,7 @@ class Workers:
 
 def compose(
     settings: Settings,
-    nats_url: str,
+    nats_urls: tuple[str, ...],
     store: PgStore,
     nc: NatsClient,
     metrics: FleetMetrics,
@@ -182,7 +184,7 @@ def compose(
         cache=ViewCache(settings.view_cache_mb * 1024 * 1024), trust_s=settings.view_trust_ms / 1000
     )
     metrics.watch_view_cache(loader.cache, loader.trust)
-    broker = create_broker(settings, nats_url)
+    broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
     # background passes wait for the prepares in progress (issue 16).
@@ -198,7 +200,7 @@ def compose(
     responder = Responder(
         lambda: broker.connection,
         limits.max_tasks,
-        replies=reply_rule(settings, nats_url),
+        replies=reply_rule(settings, nats_urls),
         refused=metrics.replies_refused,
     )
     if "assembler" in names:

@@ -57,6 +57,10 @@ _IDLE_CHECK_S = 1.0
 # and recovery after one should not lag it by more than a couple of seconds.
 _MAX_BACKOFF_S = 2.0
 _STOP_GRACE_S = 2.0
+# A JetStream API call (stream info, consumer create) the server does not answer — its stream has no
+# leader while the replicas of a cluster elect one — is given up and retried this soon; the partitions
+# wait for the guard's check, so with 10 s a failover took the election plus twice that.
+_API_TIMEOUT_S = 3.0
 
 
 class JetStreamDeadLetterSink:
@@ -106,7 +110,7 @@ class RecorderWorker:
         # Where the notices go out (the process's broker connection, which does not echo them to this
         # process's own subscribers); this recorder's own connection without one.
         self._notices = notices or (lambda: nc)
-        self._js = nc.jetstream(timeout=10.0)
+        self._js = nc.jetstream(timeout=_API_TIMEOUT_S)
         self._store = store
         self._metrics = metrics
         self._partitions = tuple(partitions)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections import OrderedDict
-from urllib.parse import urlsplit
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -42,7 +42,7 @@ from nats.errors import (
 )
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from pydantic import JsonValue
 
@@ -109,12 +109,13 @@ from services.core.ledger import content_sha256_of
 from services.errors import (
     CtxError,
     FleetUnavailable,
+    InvalidConfiguration,
     InvalidRequest,
     PayloadTooLarge,
     PermissionDenied,
     error_from_reply,
 )
-from services.settings import redact_url
+from services.settings import nats_connection, redact_url
 
 __all__ = [
     "DEADLINE_HEADER",
@@ -125,8 +126,11 @@ __all__ = [
     "StepReply",
     "connect_nats",
     "inbox_prefix",
+    "log_nats_error",
     "msg_id_of",
 ]
+
+_log = logging.getLogger("ctxfleet.nats")
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
@@ -163,7 +167,7 @@ class StepReply:
 
 
 async def connect_nats(
-    nats_url: str,
+    servers: str | Sequence[str],
     *,
     name: str,
     max_reconnect_attempts: int = -1,
@@ -176,13 +180,20 @@ async def connect_nats(
     (nats-py would otherwise retry for minutes); once connected, a broker restart or failover must
     never leave a worker alive but permanently disconnected. ``max_reconnect_attempts`` (per
     server, -1: no limit) and ``reconnect_wait_s`` (between attempts) apply after the first connect.
+    ``servers`` is one URL, a cluster's comma-separated, or a sequence of them; credentials in any of
+    them are used for every server (``services.settings.nats_connection``).
     """
+    try:
+        urls, options = nats_connection(servers, options)
+    except ValueError as exc:
+        raise InvalidConfiguration([f"NATS servers: {exc}"]) from None
+    options.setdefault("error_cb", log_nats_error)
     nc = NatsClient()
     try:
         # nats-py retries a refused first connect up to max_reconnect_attempts (60) times, 2 s apart,
         # even with allow_reconnect off: two quick tries per server, then the error.
         await nc.connect(
-            nats_url,
+            urls,
             name=name,
             allow_reconnect=False,
             connect_timeout=5,
@@ -192,12 +203,19 @@ async def connect_nats(
         )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
         await _close_quietly(nc)  # nats-py leaves the failed socket open
-        raise FleetUnavailable(f"cannot connect to NATS at {redact_url(nats_url)}: {exc}") from exc
+        shown = ", ".join(map(redact_url, urls))
+        raise FleetUnavailable(f"cannot connect to NATS at {shown}: {exc}") from exc
     nc.options["allow_reconnect"] = True
     nc.options["max_reconnect_attempts"] = max_reconnect_attempts
     if reconnect_wait_s is not None:
         nc.options["reconnect_time_wait"] = reconnect_wait_s
     return nc
+
+
+async def log_nats_error(exc: Exception) -> None:
+    """One line per error of a connection (nats-py's default logs each with a traceback): a refused
+    or dropped server is expected while a node of a cluster is down, and the connection moves on."""
+    _log.warning("NATS: %s: %s", type(exc).__name__, exc)
 
 
 async def _close_quietly(nc: NatsClient) -> None:
@@ -226,7 +244,7 @@ class FleetClient:
     @classmethod
     async def connect(
         cls,
-        nats_url: str,
+        servers: str | Sequence[str],
         *,
         name: str = "ctxfleet-client",
         tenant: str = DEFAULT_TENANT,
@@ -237,7 +255,8 @@ class FleetClient:
         """Connect to the fleet's NATS server; ``options`` are ``nats.connect`` credentials and TLS.
 
         Args:
-            nats_url: The server(s), comma-separated for a cluster.
+            servers: The server's URL, or a cluster's: comma-separated or as a sequence. Credentials in
+                any of them (``nats://user:password@host``) are used for every server.
             name: The connection name the server shows.
             tenant: The tenant this client speaks for; the server refuses it another tenant's subjects.
             max_reconnect_attempts: Reconnect attempts per server after a lost connection; -1 (the
@@ -248,13 +267,16 @@ class FleetClient:
         Raises:
             FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
                 retried, only a connection that was up and dropped).
+            InvalidConfiguration: ``servers`` are not nats:// URLs (``services.settings.parse_nats_urls``).
         """
         denials = _Denials(options.pop("error_cb", None))
-        options.setdefault(
-            "inbox_prefix", inbox_prefix(options.get("user") or urlsplit(nats_url.split(",")[0]).username)
-        )
+        try:
+            urls, options = nats_connection(servers, options)
+        except ValueError as exc:
+            raise InvalidConfiguration([f"NATS servers: {exc}"]) from None
+        options.setdefault("inbox_prefix", inbox_prefix(options.get("user")))
         nc = await connect_nats(
-            nats_url,
+            urls,
             name=name,
             max_reconnect_attempts=max_reconnect_attempts,
             reconnect_wait_s=reconnect_wait_s,
@@ -346,7 +368,8 @@ class FleetClient:
             )
         except MaxPayloadError as exc:
             raise PayloadTooLarge(len(data), limit) from exc
-        except (NoRespondersError, NatsTimeout, *_DISCONNECTED) as exc:
+        # NoStreamResponseError: the stream answered 503, as it does while its replicas elect a leader.
+        except (NoRespondersError, NoStreamResponseError, NatsTimeout, *_DISCONNECTED) as exc:
             raise FleetUnavailable(f"JetStream did not store the event: {type(exc).__name__}") from exc
         except APIError as exc:
             # "insufficient resources" (503) when its store is full: nothing stored, retry later.

@@ -32,10 +32,11 @@ _PUBLISH_TIMEOUT_S = 2.0
 _RETRY_PAUSE_S = 0.1
 
 
-async def connect_client(nats_url: str, name: str) -> FleetClient:
-    """A client that rides out a broker restart (the stock one gives up after three reconnects)."""
+async def connect_client(nats_urls: tuple[str, ...], name: str) -> FleetClient:
+    """A client that rides out a broker restart or a node's loss (the stock one gives up after three
+    reconnects)."""
     nc = await nats.connect(
-        nats_url,
+        list(nats_urls),
         name=name,
         connect_timeout=5,
         max_reconnect_attempts=-1,

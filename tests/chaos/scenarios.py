@@ -1,8 +1,9 @@
 """The chaos scenarios: real processes, injected faults, and the invariants checked after each.
 
 Every scenario runs the whole fleet (five workers, one ``ctxfleet worker`` process) on the suite's
-own servers, drives it with concurrent at-least-once runtimes, injects its fault while the load is
-in flight, clears it, and then checks:
+own servers — ``cluster_failover`` on a 3-node JetStream cluster of its own, with two worker
+processes each given the three URLs — drives it with concurrent at-least-once runtimes, injects its
+fault while the load is in flight, clears it, and then checks:
 
 1. lost: no acknowledged valid event is missing from the ledger *and* from the stream;
 2. stuck: none is missing from the ledger (but still in the stream) once the bound has passed;
@@ -13,7 +14,8 @@ in flight, clears it, and then checks:
 6. unserved: each thread's final prepare, after its last event, succeeds.
 
 Time to recover is measured from the moment the fault is cleared (the server or worker is started
-again) until ``/readyz`` answers 200 and a fresh canary event is in the ledger.
+again) until every worker's ``/readyz`` answers 200 and a fresh canary event is in the ledger; for
+``cluster_failover`` from the kill itself, with the killed node still down.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -32,6 +34,7 @@ from typing import assert_never
 from contracts import PrepareRequest
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, PARTITIONED
 from services.edge.client import FleetClient
+from infra.nats_cluster import NatsCluster
 from services.errors import CtxError
 from tests.fixtures.audit import ThreadAudit, audit_thread
 from tests.fixtures.builders import Thread
@@ -59,6 +62,10 @@ class Scenario(StrEnum):
     NATS_RESTART = "nats_restart"
     DUPLICATES = "duplicates"
     POISON = "poison"
+    # SIGKILL of the events stream's leader node of a 3-node cluster (R3 streams) and of one of two
+    # worker processes at once: the stream elects a new leader, the workers' connections move to the
+    # nodes left, the killed worker is started again; the node rejoins once the fleet has recovered.
+    CLUSTER_FAILOVER = "cluster_failover"
 
 
 @dataclass(frozen=True)
@@ -172,36 +179,56 @@ async def run_scenario(
     started = time.monotonic()
     report = ScenarioReport(scenario.value, scale.name)
     database_url = await stack.new_database()
-    await reset_streams(stack.nats_url)
-    env = worker_env(
-        stack.nats_url,
-        database_url,
-        workdir / "data",
-        TEST_PARTITIONS,
-        max_event_bytes=str(MAX_EVENT_BYTES),
-        shutdown_timeout_s="10",
-    )
-    fleet = WorkerProcess(env, workdir)
     store = Store(database_url)
-    fleet.start()
+    cluster = NatsCluster(workdir / "cluster") if scenario is Scenario.CLUSTER_FAILOVER else None
+    workers: list[WorkerProcess] = []
     client: FleetClient | None = None
     try:
-        await fleet.wait_ready()
-        client = await connect_client(stack.nats_url, f"chaos-{scenario.value}")
-        run = _Run(stack, fleet, store, client, scenario, scale, random.Random(seed), report)
+        nats_urls = (stack.nats_url,) if cluster is None else await asyncio.to_thread(cluster.start)
+        await reset_streams(nats_urls, replicas=len(nats_urls))
+        env = worker_env(
+            ",".join(nats_urls),
+            database_url,
+            workdir / "data",
+            TEST_PARTITIONS,
+            max_event_bytes=str(MAX_EVENT_BYTES),
+            shutdown_timeout_s="10",
+        )
+        workers = _worker_processes(env, workdir, count=1 if cluster is None else 2)
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            await worker.wait_ready()
+        client = await connect_client(nats_urls, f"chaos-{scenario.value}")
+        run = _Run(stack, cluster, workers, store, client, scenario, scale, random.Random(seed), report)
         await run.drive()
         await run.verify()
     finally:
         if client is not None:
             await client.close()
         await store.close()
-        code = await asyncio.to_thread(fleet.stop)
-        if code not in (0, None):
-            report.unbounded_shutdowns += 1
-            report.notes.append(f"the last worker exited with {code} on SIGTERM; see {fleet.log}")
+        for worker in workers:
+            code = await asyncio.to_thread(worker.stop)
+            if code not in (0, None):
+                report.unbounded_shutdowns += 1
+                report.notes.append(f"the last worker exited with {code} on SIGTERM; see {worker.log}")
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
         await stack.drop_database(database_url)
     report.elapsed_s = round(time.monotonic() - started, 1)
     return report
+
+
+def _worker_processes(env: dict[str, str], workdir: Path, *, count: int) -> list[WorkerProcess]:
+    """``count`` processes of all five workers, each recording its share of the partitions."""
+    if count == 1:
+        return [WorkerProcess(env, workdir)]
+    # A worker started again while the cluster elects leaders waits for them, as under a supervisor.
+    shared = {**env, "CTX_STARTUP_WAIT_S": "30"}
+    return [
+        WorkerProcess({**shared, "CTX_RECORDER_PARTITIONS": f"{i}/{count}"}, workdir / f"worker-{i}")
+        for i in range(count)
+    ]
 
 
 class _Run:
@@ -210,7 +237,8 @@ class _Run:
     def __init__(
         self,
         stack: Stack,
-        fleet: WorkerProcess,
+        cluster: NatsCluster | None,
+        workers: Sequence[WorkerProcess],
         store: Store,
         client: FleetClient,
         scenario: Scenario,
@@ -218,7 +246,8 @@ class _Run:
         rng: random.Random,
         report: ScenarioReport,
     ) -> None:
-        self.stack, self.fleet, self.store, self.client = stack, fleet, store, client
+        self.stack, self.cluster, self.workers = stack, cluster, workers
+        self.store, self.client = store, client
         self.scenario, self.scale, self.rng, self.report = scenario, scale, rng, report
         pace = scale.load_s / scale.events
         dup_rate = 0.1 if scenario is Scenario.DUPLICATES else 0.02
@@ -272,16 +301,16 @@ class _Run:
         s = self.stack
         match self.scenario:
             case Scenario.FLEET_KILL:
-                self.fleet.kill()
+                self._kill_workers()
                 s.kill_nats()
                 s.kill_postgres()
                 await asyncio.sleep(self.scale.outage_s)  # the outage: runtimes keep retrying
                 await asyncio.to_thread(s.start_postgres)
                 await asyncio.to_thread(s.start_nats)
-                self.fleet.start()
+                self._start_workers()
             case Scenario.WORKER_KILL:
-                self.fleet.kill()
-                self.fleet.start()
+                self._kill_workers()
+                self._start_workers()
             case Scenario.POSTGRES_RESTART:
                 await asyncio.to_thread(s.stop_postgres)
                 await asyncio.sleep(self.scale.outage_s)
@@ -299,10 +328,53 @@ class _Run:
             case Scenario.POISON:
                 await self._poison(n)
                 return
+            case Scenario.CLUSTER_FAILOVER:
+                await self._fail_over(n)
+                return
             case _:
                 assert_never(self.scenario)
         self.report.faults += 1
         await self._measure_recovery(time.monotonic(), n)
+
+    def _kill_workers(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+
+    def _start_workers(self) -> None:
+        for worker in self.workers:
+            worker.start()
+
+    async def _fail_over(self, n: int) -> None:
+        """Kill the events stream's leader node and one worker; recover without the node, then let
+        it rejoin (and catch up) before anything else happens, so a next fault cannot take a quorum."""
+        assert self.cluster is not None
+        js = self.client._nc.jetstream(timeout=10.0)
+        leader = (await js.stream_info(EVENTS_STREAM)).cluster
+        assert leader is not None and leader.leader is not None, "the events stream is not replicated"
+        node = self.cluster.node_named(leader.leader)
+        victim = self.workers[n % len(self.workers)]
+        self.cluster.kill(node)
+        victim.kill()
+        killed = time.monotonic()
+        victim.start()  # as its supervisor would, at once; the node stays down while the fleet recovers
+        self.report.faults += 1
+        await self._measure_recovery(killed, n)
+        after = (await js.stream_info(EVENTS_STREAM)).cluster
+        self.report.notes.append(
+            f"fault {n}: killed {leader.leader}, the events stream's leader, and worker"
+            f" {n % len(self.workers)}; its leader is now {after.leader if after else None}"
+        )
+        await asyncio.to_thread(self.cluster.start_node, node)
+
+        cluster = self.cluster
+
+        async def rejoined() -> bool:
+            return await asyncio.to_thread(cluster.healthy, node)
+
+        if not await _within(rejoined, self.scale.stuck_bound_s):
+            self.report.notes.append(
+                f"fault {n}: {leader.leader} not healthy again within {self.scale.stuck_bound_s}s"
+            )
 
     async def _poison(self, n: int) -> None:
         """Publish every invalid input, one at a time, into the partitions of valid sessions."""
@@ -319,7 +391,8 @@ class _Run:
 
     async def _measure_recovery(self, cleared: float, n: int) -> None:
         try:
-            await self.fleet.wait_ready(timeout=self.scale.stuck_bound_s)
+            for worker in self.workers:
+                await worker.wait_ready(timeout=self.scale.stuck_bound_s)
         except AssertionError as exc:
             self.report.notes.append(f"fault {n}: not ready again: {str(exc)[:200]}")
             return

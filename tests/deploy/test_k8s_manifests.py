@@ -351,7 +351,7 @@ def test_the_shared_settings_are_accepted_by_the_settings_object(
     for key, value in settings_configmap(objects)["data"].items():
         monkeypatch.setenv(key, value)
     settings = Settings()
-    assert settings.nats_url == "nats://nats:4222"
+    assert settings.nats_url == ("nats://nats:4222",)
     assert settings.partitions == 16
 
 

@@ -58,9 +58,9 @@ async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alo
 ) -> None:
     settings, servers = embedded
     with pytest.raises(FleetUnavailable):
-        await FleetClient.connect(servers.nats_url)
+        await FleetClient.connect(servers.nats_urls)
     with pytest.raises(FleetUnavailable):
-        await FleetClient.connect(servers.nats_url, user="runtime-default", password="guessed")
+        await FleetClient.connect(servers.nats_urls, user="runtime-default", password="guessed")
     assert _mode(settings.data_dir / CREDENTIALS_FILE) == 0o600
     assert (
         _mode(settings.data_dir / "nats") == 0o700
@@ -78,7 +78,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
         # The CLI's replay inspects the thread at its end: it runs as the operator.
         operator = as_identity(settings, "operator")
         assert operator.nats_user == "operator"
-        async with await FleetClient.connect(servers.nats_url, **operator.nats_options()) as client:
+        async with await FleetClient.connect(servers.nats_urls, **operator.nats_options()) as client:
             policy = ContextPolicy(name="closed-3000", model_profile=None, budget_tokens=3_000)
             await client.register_policy(policy)
             report = await replay_trace(
@@ -87,7 +87,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
         assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
         # A runtime prepares the same thread; it may not inspect it.
         async with await FleetClient.connect(
-            servers.nats_url, **as_identity(settings, "runtime-default").nats_options()
+            servers.nats_urls, **as_identity(settings, "runtime-default").nats_options()
         ) as client:
             thread = "closed-s1-r1.main"
             prepared = await client.prepare(prepare_request_for(thread))
@@ -121,7 +121,7 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
     creds = load_credentials(settings.data_dir)
     assert creds is not None
     nc = await nats.connect(
-        servers.nats_url,
+        list(servers.nats_urls),
         user="runtime-default",
         password=creds.password("runtime-default"),
         error_cb=on_error,

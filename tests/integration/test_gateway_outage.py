@@ -45,7 +45,7 @@ async def test_every_context_answered_ok_is_recorded_after_postgres_is_killed_mi
     await migrate(url)
     # Nothing cached: every check reads the stored record, as on another replica.
     settings = make_settings(streams, url, tmp_path, workers="recorder,assembler", gateway_cache_contexts=0)
-    fleet = Fleet(settings, nats_url=streams, database_url=url)
+    fleet = Fleet(settings, nats_urls=(streams,), database_url=url)
     await fleet.start()
     answered: list[PreparedContext] = []
     stop = asyncio.Event()

@@ -63,7 +63,7 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
     provisioner = make_settings(
         secured_nats.url, database_url, tmp_path, nats_user="provisioner", nats_password=pw["provisioner"]
     )
-    await provision(secured_nats.url, provisioner)
+    await provision((secured_nats.url,), provisioner)
     fleets: list[Fleet] = []
     try:
         for worker in WORKER_NAMES:
@@ -76,7 +76,7 @@ async def test_each_worker_under_its_own_user_replays_a_trace_with_compaction_an
                 nats_password=pw[worker],
                 recorder_id=f"acct-{worker}",
             )
-            fleet = Fleet(settings, nats_url=secured_nats.url, database_url=database_url)
+            fleet = Fleet(settings, nats_urls=(secured_nats.url,), database_url=database_url)
             fleets.append(fleet)
             await fleet.start()
         for fleet in fleets:

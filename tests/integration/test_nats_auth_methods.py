@@ -43,7 +43,7 @@ async def _provision_as(
         **env,
     }.items():
         monkeypatch.setenv(name, value)
-    return await provision(url, load_settings())
+    return await provision((url,), load_settings())
 
 
 async def _start(tmp: Path, config: str) -> EmbeddedNats:
@@ -164,7 +164,7 @@ async def test_mutual_tls_verifies_the_server_and_presents_a_client_certificate(
         clean_env.delenv("CTX_NATS_TLS_CERT_FILE")
         clean_env.delenv("CTX_NATS_TLS_KEY_FILE")
         with pytest.raises(FleetUnavailable, match="cannot connect to NATS"):
-            await asyncio.wait_for(provision(url, load_settings()), timeout=20)
+            await asyncio.wait_for(provision((url,), load_settings()), timeout=20)
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -184,7 +184,7 @@ async def test_a_creds_file_authenticates_provisioning_and_a_running_fleet(
         # The FastStream broker authenticates separately (NatsCredentials):
         # the compactor and assembler use it.
         clean_env.setenv("CTX_WORKERS", "recorder,assembler,compactor")
-        fleet = Fleet(load_settings(), nats_url=server.url, database_url=database_url)
+        fleet = Fleet(load_settings(), nats_urls=(server.url,), database_url=database_url)
         await fleet.start()
         checks = await fleet.readiness()
         assert checks["broker"] is None and checks["nats"] is None, checks

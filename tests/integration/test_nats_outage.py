@@ -48,7 +48,7 @@ async def test_client_keeps_working_across_a_nats_restart_and_fails_fast_while_i
     await reset_streams(url)
     fleet = Fleet(
         make_settings(url, database_url, tmp_path, workers="recorder,assembler"),
-        nats_url=url,
+        nats_urls=(url,),
         database_url=database_url,
     )
     await fleet.start()

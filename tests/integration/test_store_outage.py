@@ -38,7 +38,7 @@ async def test_every_endpoint_answers_store_unavailable_while_postgres_is_down_a
     await migrate(url)
     fleet = Fleet(
         make_settings(streams, url, tmp_path, workers="recorder,assembler"),
-        nats_url=streams,
+        nats_urls=(streams,),
         database_url=url,
     )
     await fleet.start()

@@ -104,13 +104,13 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     assert await _positions(db) == committed, "a halted recorder commits nothing"
 
     settings = make_settings(streams, database_url, tmp_path)
-    dry = await rebaseline(streams, database_url, settings, apply=False)
+    dry = await rebaseline((streams,), database_url, settings, apply=False)
     assert not dry.applied and dry.plan.verdict.kind == "recreated"
     assert {r.partition: r.new for r in dry.plan.resets} == dict.fromkeys(committed, 0)
     assert await _positions(db) == committed, "a dry run changes nothing"
 
     duplicates_before = fleet.metrics.events_duplicate._value.get()
-    done = await rebaseline(streams, database_url, settings, apply=True)
+    done = await rebaseline((streams,), database_url, settings, apply=True)
     assert done.applied
     # The running fleet notices on its own: no restart.
     await eventually(lambda: _has(db, b, 5), timeout=20, what="the new thread's records")
@@ -218,7 +218,7 @@ async def test_rebaseline_refuses_clearly_when_the_events_stream_does_not_exist(
     finally:
         await nc.close()
     with pytest.raises(RebaselineError, match="does not exist: run 'ctxfleet provision' first"):
-        await rebaseline(streams, database_url, make_settings(streams, database_url, tmp_path), apply=True)
+        await rebaseline((streams,), database_url, make_settings(streams, database_url, tmp_path), apply=True)
 
 
 async def test_a_lost_tail_of_the_same_stream_is_repaired_without_an_operator_and_nothing_new_is_skipped(

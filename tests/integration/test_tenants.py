@@ -78,7 +78,7 @@ async def two_tenants(database_url: str, tmp_path: Path) -> AsyncIterator[TwoTen
     url = await asyncio.to_thread(server.start)
     try:
         await provision(
-            url,
+            (url,),
             make_settings(
                 url, database_url, tmp_path, nats_user="provisioner", nats_password=passwords["provisioner"]
             ),
@@ -91,7 +91,7 @@ async def two_tenants(database_url: str, tmp_path: Path) -> AsyncIterator[TwoTen
             nats_password=passwords["fleet"],
             recorder_id="tenants",
         )
-        fleet = Fleet(settings, nats_url=url, database_url=database_url)
+        fleet = Fleet(settings, nats_urls=(url,), database_url=database_url)
         await fleet.start()
         try:
             yield TwoTenants(url, passwords, tmp_path / "nats" / "nats.log", fleet)

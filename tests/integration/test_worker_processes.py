@@ -329,9 +329,9 @@ async def test_a_broker_restart_turns_readiness_503_then_the_worker_reconnects_a
     url = await asyncio.to_thread(broker.start)
     port = free_port()
     settings = make_settings(url, database_url, tmp_path, http_port=port, workers="recorder,assembler")
-    fleet = Fleet(settings, nats_url=url, database_url=database_url)
+    fleet = Fleet(settings, nats_urls=(url,), database_url=database_url)
     try:
-        await provision(url, settings)
+        await provision((url,), settings)
         await fleet.start()
 
         async def status() -> int:

@@ -29,7 +29,7 @@ def _compose(monkeypatch: pytest.MonkeyPatch, workers: str) -> tuple[compose_mod
 
     monkeypatch.setattr(compose_module, "ViewLoader", counted)
     built = compose(
-        Settings(workers=workers), "nats://localhost:4222", object(), _Connection(), FleetMetrics()
+        Settings(workers=workers), ("nats://localhost:4222",), object(), _Connection(), FleetMetrics()
     )  # type: ignore[arg-type]
     return built, made
 

@@ -183,8 +183,8 @@ async def test_on_a_bus_of_named_users_only_a_requesters_own_inbox_is_answered()
 
 
 def test_the_reply_rule_names_users_when_the_fleet_connects_with_a_user_name() -> None:
-    assert reply_rule(Settings(nats_user="fleet", nats_password="pw"), "nats://h:4222").named_users
-    assert reply_rule(Settings(), "nats://assembler:pw@h:4222,nats://h2:4222").named_users
+    assert reply_rule(Settings(nats_user="fleet", nats_password="pw"), ("nats://h:4222",)).named_users
+    assert reply_rule(Settings(), ("nats://h2:4222", "nats://assembler:pw@h:4222")).named_users
     # A token, nkeys, JWTs or no authentication at all: the fleet cannot tell one inbox from another.
-    assert not reply_rule(Settings(nats_token="t"), "nats://h:4222").named_users
-    assert not reply_rule(Settings(), "nats://h:4222").named_users
+    assert not reply_rule(Settings(nats_token="t"), ("nats://h:4222",)).named_users
+    assert not reply_rule(Settings(), ("nats://h:4222",)).named_users
