@@ -72,7 +72,7 @@ def test_start_servers_moves_to_a_free_port_when_another_server_takes_the_chosen
     try:
         (broker,) = servers.owned
         assert isinstance(broker, EmbeddedNats)
-        assert servers.nats_url == broker.url and broker.port != stranger.port
+        assert servers.nats_urls == (broker.url,) and broker.port != stranger.port
         info = server_info(broker.port)
         assert info is not None and info["server_name"] == broker.server_name != stranger.server_name
     finally:

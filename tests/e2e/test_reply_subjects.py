@@ -58,7 +58,7 @@ class ClosedFleet:
         creds = load_credentials(self.settings.data_dir)
         assert creds is not None
         return await nats.connect(
-            self.servers.nats_url,
+            list(self.servers.nats_urls),
             user=user,
             password=creds.password(user),
             inbox_prefix=inbox_prefix(user),
@@ -102,7 +102,7 @@ async def closed(
             assert creds is not None
             user = runtime_user(VICTIM)
             async with await FleetClient.connect(
-                servers.nats_url, user=user, password=creds.password(user), tenant=VICTIM
+                servers.nats_urls, user=user, password=creds.password(user), tenant=VICTIM
             ) as client:
                 await client.append(victim.system())
                 last = victim.user("hello")

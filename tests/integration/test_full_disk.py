@@ -130,7 +130,7 @@ async def _running(broker: EmbeddedNats, database_url: str, tmp_path: Path) -> A
     await asyncio.to_thread(broker.start)
     settings = make_settings(broker.url, database_url, tmp_path, http_port=free_port())
     supervisor = asyncio.create_task(supervise([broker], restarts=3, interval_s=0.2))
-    fleet = await start_fleet(settings, Servers(broker.url, database_url, owned=[broker]))
+    fleet = await start_fleet(settings, Servers((broker.url,), database_url, owned=[broker]))
     client = await FleetClient.connect(broker.url)
     try:
         yield Running(broker, fleet, client, database_url)
@@ -266,7 +266,7 @@ async def test_a_read_only_postgres_records_nothing_says_why_and_records_everyth
     await migrate(url)
     await reset_streams(nats_url)
     settings = make_settings(nats_url, url, tmp_path, http_port=free_port())
-    fleet = await start_fleet(settings, Servers(nats_url, url))
+    fleet = await start_fleet(settings, Servers((nats_url,), url))
     client = await FleetClient.connect(nats_url)
     admin = await asyncpg.connect(url)
     try:
