@@ -61,9 +61,9 @@ class NatsCluster:
                 self.data_dir / f"n{i + 1}",
                 port=client_ports[i],
                 sync_always=self.sync_always,
+                server_name=self.server_name(i),
                 extra_config="\n".join(
                     [
-                        f"server_name: {self.server_name(i)}",
                         f"http: 127.0.0.1:{self._monitor[i]}",
                         "cluster {",
                         f"  name: {self.name}",
