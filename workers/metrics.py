@@ -181,6 +181,14 @@ class FleetMetrics:
         self.events_rejected = Counter(
             "ctx_events_rejected", "Events dead-lettered, by error code", ["code"], registry=r
         )
+        self.events_unstorable = Counter(
+            "ctx_recorder_events_unstorable",
+            "Events that passed every check yet failed alone every attempt to record them, dead-lettered "
+            "unstorable_event so their partition moves on, by the step that failed (a bug or a value the "
+            "recorder did not foresee: see the recorder's log for the traceback)",
+            ["stage"],
+            registry=r,
+        )
         self.record_batch_seconds = Histogram(
             "ctx_record_batch_seconds",
             "Time to apply one fetched batch",

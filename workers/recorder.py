@@ -5,14 +5,25 @@ is full or its timeout passes (a latency floor on every prepare), and its per-me
 handles a fetched batch concurrently (no order). Here each partition is read by an ephemeral,
 ack-less pull consumer that starts right after the position committed in Postgres, through one pull
 request kept open (``workers/pull.py``: a batch is what has arrived, never held back waiting for
-more); each batch is one transaction that also advances that position. Postgres, not the broker, is the
-source of truth for what was applied: a crash replays from the last commit, a delivery gap
-(consumer sequence jump) rebuilds the consumer from it, and nothing is applied twice or out of order.
+more).
 
-Positions are only meaningful for the stream they were read from: a ``StreamGuard`` checks, on
-start, after binding each consumer, when a fetch comes back idle and every couple of seconds while
-busy, that the events stream has not gone backwards or been re-created. If it has, every partition
-stops (they share one sequence space) and stays stopped, unready, until ``ctxfleet rebaseline``.
+What holds, per partition:
+
+1. Each batch is one transaction that also advances the partition's position. Postgres, not the
+   broker, is the source of truth for what was applied: a crash replays from the last commit, a
+   delivery gap (consumer sequence jump) rebuilds the consumer from it, and nothing is applied twice
+   or out of order.
+2. Positions are only meaningful for the stream they were read from: a ``StreamGuard`` checks, on
+   start, after binding each consumer, when a fetch comes back idle and every couple of seconds while
+   busy, that the events stream has not gone backwards or been re-created. If it has, every partition
+   stops (they share one sequence space) and stays stopped, unready, until ``ctxfleet rebaseline``.
+3. Only a failure that waiting can fix is retried, with a backoff, for as long as it lasts (the store
+   or the broker out, a revision race, a regressed position), so an outage never loses or
+   dead-letters a valid event; it is logged when it starts, when it changes and when it ends, not at
+   each retry. Any other failure of a batch is one event's: that event is found, tried alone a few
+   times, then dead-lettered ``unstorable_event`` with its raw payload (logged once with its
+   traceback, counted in ``ctx_recorder_events_unstorable_total``), and the partition moves on with
+   the events after it (``services/app/recording.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from contracts.subjects import (
     partition_filter,
     recorded_subject,
 )
-from contracts import DeadLetter, reply_json
+from contracts import DeadLetter, ErrorCode, reply_json
 from services.errors import CtxError, FleetUnavailable, StoreUnavailable
 from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
@@ -61,6 +72,8 @@ _STOP_GRACE_S = 2.0
 # leader while the replicas of a cluster elect one — is given up and retried this soon; the partitions
 # wait for the guard's check, so with 10 s a failover took the election plus twice that.
 _API_TIMEOUT_S = 3.0
+# How often a failure of the events stream's check that keeps repeating is said again.
+_CHECK_FAILED_LOG_EVERY_S = 60.0
 
 
 class JetStreamDeadLetterSink:
@@ -129,6 +142,11 @@ class RecorderWorker:
         self._subs: dict[int, str] = {}
         # Consecutive failures per partition; a fetch that answers (even empty) proves health again.
         self._failures: dict[int, int] = {}
+        # The failure each failing partition last logged: the same one again at its next retry (an
+        # outage retried every couple of seconds) is not logged again until it changes or ends.
+        self._failing: dict[int, str] = {}
+        # The stream check's last failure said, and when.
+        self._check_said: tuple[str, float] | None = None
         self._guard = StreamGuard(self._js, store, metrics, every_s=stream_check_s)
 
     @property
@@ -198,7 +216,7 @@ class RecorderWorker:
                     await self._pause(self._guard.every_s)
                     continue
                 await self._consume(partition)
-                self._failures[partition] = 0
+                self._recovered(partition)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Keep the partition alive through broker or store outages.
@@ -211,10 +229,31 @@ class RecorderWorker:
                 if isinstance(exc, StoreUnavailable) and "sqlstate" in exc.details:
                     # PostgreSQL runs but refuses the write: a full disk, a read-only cluster.
                     self._refusals.refused("postgres", exc.message[:200])
-                log.warning(
-                    "partition %s: %s: %s; retrying in %.1fs", partition, type(exc).__name__, exc, delay
-                )
+                self._retrying(partition, exc, delay)
                 await self._pause(delay)
+
+    def _retrying(self, partition: int, exc: Exception, delay: float) -> None:
+        """Log a partition's failure when it starts or changes; its repeats at each retry only at debug."""
+        said = f"{type(exc).__name__}: {exc}"
+        if self._failing.get(partition) == said:
+            log.debug("partition %s: still %s; retrying in %.1fs", partition, said, delay)
+            return
+        self._failing[partition] = said
+        log.warning(
+            "partition %s: %s; retrying in %.1fs (logged again when it changes or ends)",
+            partition,
+            said,
+            delay,
+            # One the fleet's errors do not name was not foreseen: where it came from is worth a trace.
+            exc_info=None if isinstance(exc, CtxError) else exc,
+        )
+
+    def _recovered(self, partition: int) -> None:
+        """A fetch answered or a batch was applied: the next failure starts from the shortest delay,
+        and is logged whatever it is."""
+        failed, self._failures[partition] = self._failures[partition], 0
+        if self._failing.pop(partition, None) is not None:
+            log.info("partition %s: working again after %d failed attempts", partition, failed)
 
     async def _pause(self, delay: float) -> None:
         try:
@@ -258,7 +297,8 @@ class RecorderWorker:
                     msgs = await pull.next_batch(timeout=_IDLE_CHECK_S)
                 except TimeoutError:
                     # Idle, and the open request still heard from: check the stream, keep the consumer.
-                    self._failures[partition] = 0
+                    if self._failures[partition]:
+                        self._recovered(partition)
                     if not await self._stream_still_ours(partition, epoch):
                         return
                     continue
@@ -270,7 +310,8 @@ class RecorderWorker:
                     finally:
                         self._applying.discard(partition)
                     # Recovered: the next outage starts its backoff from the shortest delay again.
-                    self._failures[partition] = 0
+                    if self._failures[partition]:
+                        self._recovered(partition)
                     self._refusals.stored("postgres")
                     expected += len(contiguous)
                     committed = max(committed, contiguous[-1].metadata.sequence.stream)
@@ -298,10 +339,24 @@ class RecorderWorker:
         try:
             return not (await self._guard.check()).halted and self._guard.epoch == epoch
         except Exception as exc:  # a broker or store blip; the fetch or the next batch reports it
-            log.warning(
-                "partition %s: events stream check failed: %s: %s", partition, type(exc).__name__, exc
-            )
+            self._check_failed(partition, f"{type(exc).__name__}: {exc}")
             return True
+
+    def _check_failed(self, partition: int, said: str) -> None:
+        # The guard's check is shared by every partition, and an idle one checks each second: through an
+        # outage the same failure is said when it starts or changes, then once in a while, not each time.
+        now = time.monotonic()
+        if self._check_said is not None and self._check_said[0] == said:
+            if now - self._check_said[1] < _CHECK_FAILED_LOG_EVERY_S:
+                log.debug("partition %s: events stream check failed again: %s", partition, said)
+                return
+        self._check_said = (said, now)
+        log.warning(
+            "partition %s: events stream check failed: %s (said again if it changes, or in %.0fs)",
+            partition,
+            said,
+            _CHECK_FAILED_LOG_EVERY_S,
+        )
 
     async def _apply(self, partition: int, msgs: Sequence[Msg], committed: int) -> None:
         batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _msg_id(m)) for m in msgs]
@@ -337,6 +392,8 @@ class RecorderWorker:
         touched = dict(result.heads)
         for rejection in result.rejections:
             self._metrics.events_rejected.labels(code=rejection.code.value).inc()
+            if rejection.code is ErrorCode.UNSTORABLE_EVENT:
+                self._metrics.events_unstorable.labels(stage=str(rejection.details.get("stage"))).inc()
             # The thread the body names is told too: a prepare there may be waiting on the refused key.
             for thread_id in (rejection.thread_id, rejection.named_thread):
                 if thread_id and thread_id not in touched:

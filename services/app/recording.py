@@ -4,12 +4,15 @@ Optimistic: read what the batch touches, plan every write with no lock held (tok
 expensive part), then write in one transaction that compare-and-sets each thread head. A moved head
 or a key recorded meanwhile means another writer got there first: re-read and re-plan.
 
-No event can stop its partition. A failure the batch's own content causes (a value PostgreSQL
-refuses, a planner bug one event trips) would fail every retry alike, so the batch is split in halves,
-each applied in order on fresh reads, until the one event at fault is alone; that event is
-dead-lettered ``unstorable_event`` and every other event is recorded once, in order. Failures of the
-store itself (lost connections, a missing table, a full disk) are not the events' fault: they
-propagate and the worker retries, so a broken database never turns valid events into dead letters.
+No event can stop its partition. A failure that waiting cannot fix — a value PostgreSQL refuses, a
+planner bug one event trips, any exception the recording did not foresee — would fail every retry
+alike, so the batch is split in halves, each applied in order on fresh reads, until the one event at
+fault is alone. That event is tried again on fresh reads, and after ``_ALONE_ATTEMPTS`` in all it is
+dead-lettered ``unstorable_event`` (logged once, with the traceback) while every other event is
+recorded once, in order: a later event of its thread is planned as if it had never been published,
+as after any rejected event. Failures of the store or the broker themselves (lost connections, a
+missing table, a full disk, a revision race) are not the events' fault: they propagate and the worker
+retries, so an outage never turns valid events into dead letters.
 """
 
 from __future__ import annotations
@@ -65,13 +68,18 @@ __all__ = ["BatchResult", "DeadLetterSink", "KnownUse", "RecordingService", "dea
 log = logging.getLogger("ctxfleet.recorder")
 
 _MAX_ATTEMPTS = 4
+# An event that fails alone is tried this many times in all, each on fresh reads, before it is set
+# aside: a failure a fresh read does not repeat (one tripped by what the recorder remembered of its
+# thread) is not blamed on the event.
+_ALONE_ATTEMPTS = 3
 # How long planning holds the event loop before it gives other work a turn.
 _PLAN_SLICE_S = 0.001
 # A batch with this much text (~1.5 ms of tiktoken) is counted on the counting thread before its plan.
 _COUNT_AHEAD_CHARS = 16_384
 _CAUSE_CHARS = 300
-# The steps of an attempt that handle the events' values, named in an unstorable event's details.
-_Stage: TypeAlias = Literal["decode", "read", "plan", "write"]
+# The steps of an attempt that handle the events' values, named in an unstorable event's details;
+# ``record`` is anywhere else in recording a batch (a failure the steps did not foresee).
+_Stage: TypeAlias = Literal["decode", "read", "plan", "write", "record"]
 # How a batch used what the recorder knew of its thread (design D14.23): not at all (it read the
 # ledger), planned and committed from it, or planned from it and then read and planned again.
 KnownUse: TypeAlias = Literal["none", "planned", "missed"]
@@ -162,12 +170,17 @@ class RecordingService:
         refused with PositionRegressed instead of applied over the gap, and the reader starts again
         from what the store holds.
 
+        Only failures that waiting can fix propagate (what is recorded so far stays, and the retry
+        skips it); any other failure sets the event at fault aside.
+
         Raises:
             StoreUnavailable: the store cannot be reached; the worker retries the batch.
             RevisionConflict: another writer kept moving the heads through every attempt.
             PositionRegressed: the store's position is behind ``committed``; nothing was written.
             StoreUnavailable: also for a failure of the store that no event caused (a missing table,
                 a full disk), so the worker retries rather than dead-letter valid events.
+            FleetUnavailable: the sink could not publish a dead letter (a broker outage); the
+                worker retries the batch.
         """
         parts = await self._record_isolating(partition, list(batch), committed)
         return _merge(parts)
@@ -178,10 +191,14 @@ class RecordingService:
         """The batch, or, if its content cannot be applied, its halves in order until the culprit is alone."""
         try:
             return [await self._record_retrying(partition, batch, committed)]
-        except _Unappliable as failure:
+        except Exception as exc:
+            # No wrapper around the attempt: a batch that succeeds costs no frame more.
+            if (failure := _unappliable(exc)) is None:
+                raise
             if len(batch) == 1:
-                return [await self._set_aside(partition, batch[0], failure)]
-            log.warning(
+                return [await self._record_alone(partition, batch[0], committed, failure)]
+            # Said once, with its traceback, when the event at fault is set aside.
+            log.debug(
                 "partition %s: seq %d..%d cannot be applied (%s: %s); isolating the event at fault",
                 partition,
                 batch[0].stream_seq,
@@ -193,6 +210,21 @@ class RecordingService:
         # In order, each half on fresh reads: the second sees what the first committed, as in one batch.
         first = await self._record_isolating(partition, batch[:half], committed)
         return [*first, *await self._record_isolating(partition, batch[half:], committed)]
+
+    async def _record_alone(
+        self, partition: int, incoming: Incoming, committed: int | None, failure: _Unappliable
+    ) -> BatchResult:
+        """One event that failed alone: tried again on fresh reads, then set aside if it still fails."""
+        attempts = 1
+        while attempts < _ALONE_ATTEMPTS:
+            attempts += 1
+            try:
+                return await self._record_retrying(partition, [incoming], committed)
+            except Exception as exc:
+                if (again := _unappliable(exc)) is None:
+                    raise
+                failure = again
+        return await self._set_aside(partition, incoming, failure, attempts)
 
     async def _record_retrying(
         self, partition: int, batch: Sequence[Incoming], committed: int | None
@@ -260,9 +292,12 @@ class RecordingService:
                     position=Position(self._consumer, partition, batch[-1].stream_seq, unread),
                     before_commit=_before_commit,
                 )
-        except (RevisionConflict, DuplicateEvent, StoreRejected):
-            # Another writer was first, a key or call id is stored already, or a value is refused:
-            # the read's plan says which, and dead-letters what it must.
+        except Exception as exc:
+            if not isinstance(exc, (RevisionConflict, DuplicateEvent)) and not _is_content_failure(exc):
+                raise  # an outage, or a position that regressed: the read would meet it too
+            # Another writer was first, a key or call id is stored already, a value is refused, or the
+            # write failed in a way it did not foresee: the read's plan says which, and dead-letters
+            # what it must.
             return None
         self._on_stage("write", time.perf_counter() - planned)
         kill_point("record.after_commit")
@@ -363,27 +398,37 @@ class RecordingService:
                 return plan
             await asyncio.sleep(0)
 
-    async def _set_aside(self, partition: int, incoming: Incoming, failure: _Unappliable) -> BatchResult:
-        """Dead-letter the one event that cannot be applied and move the position past it."""
+    async def _set_aside(
+        self, partition: int, incoming: Incoming, failure: _Unappliable, attempts: int
+    ) -> BatchResult:
+        """Dead-letter the one event that cannot be applied and move the position past it.
+
+        Its dead letter is built only from text the store can hold, so a failure to store it is the
+        store's (retried by the worker, nothing moved), never the event's.
+        """
         rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
-        log.error(
-            "partition %s: seq %d (thread %s) is set aside as %s: %s",
-            partition,
-            incoming.stream_seq,
-            rejection.thread_id,
-            rejection.code.value,
-            rejection.reason,
-        )
         async with self._store.session() as store:
             if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
-                return BatchResult({}, {}, 0, (), 0, 1, 1)
+                return BatchResult({}, {}, 0, (), 0, 1, attempts)
             await self._sink.publish(
                 dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
             )
             async with store.transaction():
                 await store.insert_dead_letter(rejection, keep_raw=self._limits.dead_letter_keep_bytes)
                 await store.insert_tracking(self._consumer, partition, incoming.stream_seq)
-        return BatchResult({}, {}, 0, (rejection,), 0, 0, 1)
+        # Once it is stored: a retry through an outage meanwhile would otherwise say it again.
+        log.error(
+            "partition %s: seq %d (thread %s, key %s) failed %d times alone and is set aside as %s: %s",
+            partition,
+            incoming.stream_seq,
+            rejection.thread_id,
+            rejection.event_key,
+            attempts,
+            rejection.code.value,
+            rejection.reason,
+            exc_info=failure.cause,
+        )
+        return BatchResult({}, {}, 0, (rejection,), 0, 0, attempts)
 
 
 def _past(instant: float) -> bool:
@@ -394,22 +439,46 @@ class _Unappliable(Exception):
     """The batch's own content made a step fail: retrying the same batch would fail the same way."""
 
     def __init__(self, stage: _Stage, cause: Exception) -> None:
-        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+        super().__init__(f"{stage}: {type(cause).__name__}: {_text_of(cause)}")
         self.stage = stage
         self.cause = cause
 
 
 def _is_content_failure(exc: Exception) -> bool:
-    """True when the values of the batch, not the state of the store, made a step fail."""
+    """True when the values of the batch, not the state of the store or the broker, made a step fail."""
     if isinstance(exc, CtxError):
         # Retryable errors (StoreUnavailable: the store's state, not the values) and
         # DuplicateEvent already have their own handling; StoreRejected blames the values sent.
         return not exc.retryable and not isinstance(exc, DuplicateEvent)
-    if isinstance(exc, MemoryError):
+    # Out of memory, or the operating system failing a call (a socket, a timeout): not the values.
+    if isinstance(exc, (MemoryError, OSError)):
         return False
     # Python raising on a value (UnicodeEncodeError, ValueError, OverflowError, RecursionError…), in
-    # pure planning or while asyncpg encodes a parameter: the same input fails the same way again.
+    # pure planning or while asyncpg encodes a parameter, or a bug one event trips (KeyError,
+    # AssertionError…): the same input fails the same way again.
     return True
+
+
+def _unappliable(exc: Exception) -> _Unappliable | None:
+    """What a failed attempt at a batch means: ``_Unappliable`` when retrying it cannot help, ``None``
+    when it must propagate for the worker to retry (an outage, a race, a regressed position)."""
+    if isinstance(exc, _Unappliable):
+        return exc
+    if isinstance(exc, DuplicateEvent):
+        # Through every fresh read of the attempts: the reads miss what the write meets, which no
+        # wait changes.
+        return _Unappliable("write", exc)
+    if _is_content_failure(exc):
+        return _Unappliable("record", exc)
+    return None
+
+
+def _text_of(exc: BaseException) -> str:
+    """``str(exc)``, which a foreign exception may fail to produce."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} that cannot be printed>"
 
 
 @contextmanager
@@ -436,7 +505,7 @@ def _unstorable(incoming: Incoming, failure: _Unappliable, max_bytes: int) -> Re
         )
     else:
         error = UnstorableEvent(
-            failure.stage, type(cause).__name__, _printable(str(cause))[:_CAUSE_CHARS], None
+            failure.stage, type(cause).__name__, _printable(_text_of(cause))[:_CAUSE_CHARS], None
         )
     subject = _printable(incoming.subject)
     thread_id = thread_from_partitioned_subject(subject)

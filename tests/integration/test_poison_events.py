@@ -8,19 +8,23 @@ records the rest of its batch in order, exactly once, while transient failures a
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Generator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import nats
 import pytest
 
 import services.app.recording as recording
 from contracts import DeadLetter
-from contracts.subjects import partition_of
+from contracts.subjects import DEAD_STREAM, dead_subject, partition_of
 from services.edge.client import FleetClient
-from services.errors import StoreUnavailable
+from services.errors import DuplicateEvent, StoreUnavailable
 from services.core.hashing import verify_chain
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits
 from services.core.ledger import plan_steps as real_plan_steps
@@ -32,6 +36,8 @@ import services.store.batches as store_ledger
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually
+from workers.metrics import FleetMetrics
+from workers.recorder import RecorderWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -305,3 +311,97 @@ async def test_recorder_worker_sets_aside_an_event_the_store_refuses_and_records
     assert row is not None
     assert (row["code"], row["event_key"]) == ("unstorable_event", "t-bad")
     assert json.loads(row["details"])["sqlstate"] == "22021"
+
+
+class _FailingPgWrites(PgStore):
+    """The fleet's store, except that every write recording ``key`` raises ``error``."""
+
+    def __init__(self, pool: asyncpg.Pool, key: str, error: Exception) -> None:
+        super().__init__(pool)
+        self.key = key
+        self.error = error
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Any]:
+        async with super().session() as inner:
+            yield _FailingPgSession(inner, self)
+
+
+class _FailingPgSession:
+    def __init__(self, inner: Any, owner: _FailingPgWrites) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def write_plan(self, plan: BatchPlan, **kw: Any) -> LedgerWritten:
+        if any(r.event_key == self._owner.key for r in plan.records):
+            raise self._owner.error
+        return await self._inner.write_plan(plan, **kw)
+
+
+@pytest.mark.parametrize(
+    "unforeseen",
+    [RuntimeError("a bug one event trips"), DuplicateEvent("t-bad")],
+    ids=["bug", "stored-key-the-reads-miss"],
+)
+async def test_recorder_worker_sets_aside_an_event_whose_write_always_fails_once_said_once_and_counted(
+    streams: str,
+    database_url: str,
+    client: FleetClient,
+    db: asyncpg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    unforeseen: Exception,
+) -> None:
+    caplog.set_level(logging.INFO, logger="ctxfleet.recorder")
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    nc = await nats.connect(streams)
+    metrics = FleetMetrics()
+    worker = RecorderWorker(
+        nc,
+        _FailingPgWrites(pool, "t-bad", unforeseen),
+        metrics,
+        partitions=range(TEST_PARTITIONS),
+        limits=RecordingLimits(),
+        recorder_id="unforeseen-test",
+        batch=256,
+    )
+    await worker.start()
+    try:
+        t = Thread()
+        neighbour = _neighbour_of(t.session_id)
+        await client.append(t.user("before", key="t-1"))
+        bad = await client.append(t.user("its write always fails", key="t-bad"))
+        await client.append(neighbour.user("neighbour", key="nb-1"))
+        await client.append(t.user("after", key="t-2"))
+
+        async def recorded() -> bool:
+            return await _keys(db, t.thread_id) == ["t-1", "t-2"] and await _keys(
+                db, neighbour.thread_id
+            ) == ["nb-1"]
+
+        await eventually(recorded, timeout=20, what="the events around the one whose write fails")
+        rows = await db.fetch("SELECT code, event_key, stream_seq, details FROM ctx.dead_letters")
+        assert [(r["code"], r["event_key"], r["stream_seq"]) for r in rows] == [
+            ("unstorable_event", "t-bad", bad.stream_seq)
+        ]
+        assert json.loads(rows[0]["details"])["error"] == type(unforeseen).__name__
+        stored = await nc.jetstream().get_last_msg(DEAD_STREAM, dead_subject(t.thread_id))
+        letter = DeadLetter.model_validate_json(stored.data)
+        assert (letter.code.value, letter.event_key, letter.raw_truncated) == (
+            "unstorable_event",
+            "t-bad",
+            False,
+        )
+        assert json.loads(base64.b64decode(letter.raw_base64))["payload"]["text"] == "its write always fails"
+        assert (
+            metrics.registry.get_sample_value("ctx_recorder_events_unstorable_total", {"stage": "write"}) == 1
+        )
+    finally:
+        await worker.stop()
+        await nc.close()
+        await pool.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "ctxfleet.recorder"]
+    assert len([m for m in said if "set aside" in m]) == 1, said
+    assert not [m for m in said if "retrying" in m], said
