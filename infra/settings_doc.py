@@ -22,7 +22,7 @@ from pydantic.fields import FieldInfo
 
 from services.settings import ENV_PREFIX, SECRET_FIELDS, Settings
 
-__all__ = ["BEGIN", "DOC", "END", "MEANINGS", "render_table", "rewrite", "table_of"]
+__all__ = ["BEGIN", "DOC", "END", "MEANINGS", "main", "render_table", "rewrite", "table_of"]
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN = "<!-- settings table: written by `python -m infra.settings_doc` from services/settings.py -->"
