@@ -60,7 +60,7 @@ lint: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m tests.chaos --scale full --json out/chaos.json
 
-## Throughput and latency figures (see README, "Measured"); one part: make bench BENCH_ARGS="--only eval".
+## Throughput and latency figures (see docs/measurements.md); one part: make bench BENCH_ARGS="--only eval".
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
@@ -76,7 +76,7 @@ ladder: $(STAMP)
 	$(VENV)/bin/ctxfleet eval --ladder --budget 8000 --system-prompt infra/samples/system-prompt-large.txt --json out/ladder-8k.json
 	$(VENV)/bin/ctxfleet eval --ladder --budget 32000 --json out/ladder-32k.json
 
-## The README's dashboard picture: a real replay, /metrics scraped every second, plotted.
+## The dashboard picture of docs/operating.md: a real replay, /metrics scraped every second, plotted.
 dashboard: $(STAMP)
 	$(PY) -m benchmarks.dashboard_png --out docs/dashboard.png
 

@@ -1,4 +1,4 @@
-"""The README's dashboard picture is plotted from metrics scraped during a real replay.
+"""The dashboard picture of docs/operating.md is plotted from metrics scraped during a real replay.
 
 ``python -m benchmarks.dashboard_png [--out docs/dashboard.png] [--seconds 90]`` starts a whole
 fleet in this process (embedded NATS and PostgreSQL in a temp folder, unless ``CTX_NATS_URL`` /

@@ -242,7 +242,7 @@ class Settings(BaseSettings):
     # The embedded nats-server's client port, so a client elsewhere knows where to look (0: any free one).
     nats_port: Annotated[int, Field(ge=0, le=65535)] = 4250
     # The embedded nats-server fsyncs every write before it acks: a killed single node then loses
-    # nothing it acked (its default flushes asynchronously). Costs publish throughput; see README.
+    # nothing it acked (its default flushes asynchronously). Costs publish throughput (docs/measurements.md).
     nats_sync_always: bool = True
     # The ceiling of the embedded JetStream store, in MiB. `ctxfleet up` keeps the store within its
     # disk's room below that (infra/embedded.py), and raises it while running as the disk gains room.

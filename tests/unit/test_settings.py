@@ -14,7 +14,7 @@ from services.errors import InvalidConfiguration
 from services.settings import SECRET_FIELDS, Settings, load_settings, parse_partitions, redact_url
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 
 
 @pytest.fixture(autouse=True)
@@ -153,11 +153,11 @@ def test_env_names_cover_every_field_and_the_file_variants_of_secrets() -> None:
     assert "CTX_NATS_PASSWORD_FILE" in names and "CTX_PARTITIONS_FILE" not in names
 
 
-def test_the_readme_documents_every_setting_with_its_default() -> None:
-    table = README.read_text().split("## Configuration", 1)[1].split("\n## ", 1)[0]
+def test_the_configuration_doc_documents_every_setting_with_its_default() -> None:
+    table = CONFIGURATION.read_text().split("## Every setting", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"`(CTX_[A-Z_]+)`", table))
     missing = sorted(Settings.env_names() - documented)
-    assert missing == [], f"README '## Configuration' lacks {missing}"
+    assert missing == [], f"docs/configuration.md '## Every setting' lacks {missing}"
     assert sorted(documented - Settings.env_names()) == []
 
 
