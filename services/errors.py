@@ -681,6 +681,9 @@ class EventRejected(CtxError):
     code = ErrorCode.EVENT_REJECTED
 
     def __init__(self, event_key: str, rejected_code: str, reason: str) -> None:
+        if rejected_code == ErrorCode.UNSTORABLE_EVENT.value:
+            # That dead letter's reason quotes the store's own error: the operator's to read, not a client's.
+            reason = "the fleet could not store it; an operator finds why in its dead letter"
         super().__init__(
             f"event {event_key!r} was rejected ({rejected_code}): {reason}",
             event_key=event_key,

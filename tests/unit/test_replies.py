@@ -9,7 +9,13 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
 from contracts import ErrorCode, SearchRequest, reply_json
-from services.errors import InvalidRequest, RevisionConflict, StoreRejected, StoreUnavailable
+from services.errors import (
+    EventRejected,
+    InvalidRequest,
+    RevisionConflict,
+    StoreRejected,
+    StoreUnavailable,
+)
 from workers import replies
 from workers.replies import error_reply, parse_body
 
@@ -87,6 +93,16 @@ def test_error_reply_of_a_store_fault_tells_the_client_to_retry_and_nothing_of_t
     assert (reply.code, reply.retryable, reply.details) == (ErrorCode.STORE_UNAVAILABLE, True, {})
     assert "42P01" not in reply_json(reply).decode() and "ctx.records" not in reply.message
     assert "42P01" in caplog.text
+
+
+def test_error_reply_of_an_event_the_store_could_not_hold_names_its_code_and_nothing_of_the_store() -> None:
+    # An unstorable_event dead letter's reason quotes the driver; the runtime learns the code alone.
+    driver = "the write failed: ProgramLimitExceededError (SQLSTATE 54000): index row size exceeds maximum"
+    reply = error_reply(EventRejected("k1", "unstorable_event", driver))
+    wire = reply_json(reply).decode()
+    assert (reply.code, reply.retryable) == (ErrorCode.EVENT_REJECTED, False)
+    assert reply.details["rejected_code"] == "unstorable_event"
+    assert not any(internal in wire for internal in ("SQLSTATE", "54000", "ProgramLimitExceeded"))
 
 
 def test_error_reply_of_a_nats_timeout_is_fleet_unavailable_not_store_unavailable() -> None:
