@@ -1,4 +1,4 @@
-"""Assembly after one new record, as a thread grows (issue 16: cost proportional to what changed).
+"""Assembly after one new record, as a thread grows: its cost should follow what changed.
 
 Nearly every prepare follows a new record (the runtime publishes, then prepares naming it), so the
 figure that matters is not a prepare of an unchanged view but one right after an append. One thread

@@ -1,4 +1,4 @@
-"""Prepare throughput under concurrency (issue 16): an open-loop schedule against a fleet process.
+"""Prepare throughput under concurrency: an open-loop schedule against a fleet process.
 
 ``sessions`` sessions (50 by default) each hold one thread of ``records`` records (50) built from the
 bundled samples. The fleet runs in its own process (``ctxfleet worker …``): all five workers, then

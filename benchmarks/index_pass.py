@@ -1,4 +1,4 @@
-"""Indexer passes of one new record each, as an agent's threads give them (issue 16).
+"""Indexer passes of one new record each, as an agent's threads give them.
 
 An agent's thread gets a record per step, and the indexer a pass per step (at most one per 0.25 s):
 what a pass costs beyond the record's chunks is paid on every step of every thread, on the fleet's

@@ -1,4 +1,4 @@
-"""Context time side by side with LangGraph's Postgres checkpointer, same PostgreSQL (issue 16).
+"""Context time side by side with LangGraph's Postgres checkpointer, same PostgreSQL.
 
 One conversation of ``n`` messages (50, 500, 5,000) is built from the bundled samples
 (``benchmarks.conversation``) and stored in both:

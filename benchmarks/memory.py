@@ -1,4 +1,4 @@
-"""Memory of an all-in-one fleet process under 1,000 sessions (issue 16).
+"""Memory of an all-in-one fleet process under 1,000 sessions.
 
 All five workers run in one process (``ctxfleet worker …``); ``sessions`` sessions (1,000), at most
 ``parallel`` at a time, each record ``events`` events (~20, from the bundled samples) and prepare
@@ -10,7 +10,7 @@ grow it with the sessions.
 
 The view cache setting is taken from this environment and handed to the fleet: every ``CTX_*CACHE*``
 variable set here (e.g. ``CTX_VIEW_CACHE_MB=64 make bench BENCH_ARGS="--only memory"``) is named in
-the result; none set means the build's defaults (today: each cache bounded by a count of threads).
+the result; none set means the build's defaults (each cache bounded by a count of threads).
 
 ``make bench BENCH_ARGS="--only memory"``
 """

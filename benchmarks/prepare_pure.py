@@ -1,4 +1,4 @@
-"""Pure prepares: no read-your-writes wait, so the figure is what assembling a view costs (issue 16).
+"""Pure prepares: no read-your-writes wait, so the figure is what assembling a view costs.
 
 Threads built from the bundled sample traces (their assistant calls and tool outputs, cycled with
 fresh call ids): 50 and 500 records under the default gpt-4o profile; a 5,000-record thread that the
@@ -8,8 +8,7 @@ only). Once compactions settled and every view fits without waiting, each case i
 back, in-process through ``PrepareService`` with a real ``PgStore`` (as the assembler worker does)
 and through a NATS round trip to the fleet's assembler; p50/p99 per case. The fleet runs in its own
 process (``ctxfleet worker``, as ``make run`` runs it), the client in this one: a runtime never
-shares the fleet's event loop and core (until December 2026 this benchmark ran the fleet in its own
-process, so every round trip also paid the fleet's serialization on the client's core). Every
+shares the fleet's event loop and core. Every
 collection of the garbage collector during the measured loops is timed (``gc.callbacks``, this
 process: the in-process loop runs the assembler's code here); the longest is reported.
 
@@ -193,7 +192,7 @@ async def bench_pure(nats_url: str, database_url: str, tmp: Path) -> dict[str, o
     await prepare_servers(nats_url, database_url, tmp / "data")
     env = fleet_env(nats_url, database_url, tmp / "data")
     # The whole-history thread is recorded by recorder + assembler only: a budgeter would re-measure
-    # all of it on every recorded batch (issue 16's ingest finding: 5,000 × the view).
+    # all of it on every recorded batch (5,000 records × the view).
     with FleetProcess(("recorder", "assembler"), env, tmp / "pure-whole.log"):
         async with await FleetClient.connect(nats_url) as client:
             whole = await _build(client, 5_000, steps, whole=True)

@@ -1,4 +1,4 @@
-"""What each provider shape costs and caches, on the bundled samples replayed through a fleet (issue 15).
+"""What each provider shape costs and caches, on the bundled samples replayed through a fleet.
 
 For every prepare of every sample (gpt-4o profile, a 16k cap so compactions happen), the same context is
 asked for in each shape — ``openai.chat``, ``openai.responses``, ``anthropic.messages`` — and measured:

@@ -1,4 +1,4 @@
-"""Read-your-writes with an agent's think time between steps (issue 16).
+"""Read-your-writes with an agent's think time between steps.
 
 The fleet runs in its own process with all five workers, as ``make run`` runs it; this process is
 the agent runtime. For each pause between steps (0 s, 1.5 s, 10 s — a model call takes seconds),
@@ -6,10 +6,10 @@ publish one event and time publish → prepare reply with ``after_event_key`` na
 that left a half-filled pull request open would hold the event until the request expired, so the
 figure would grow with the pause; it must not.
 
-Issue 16's figure is for a 50-record thread, and every step adds a record: a thread serves
+The figure is for a 50-record thread, and every step adds a record: a thread serves
 ``ROTATE_STEPS`` steps (50 to 59 records), then the next one, built and warmed before the timing,
-takes over. (Until December 3 one thread served every step and grew to 322 records, so the later
-pauses measured a six times larger view.) ``growing_0s`` is that other figure on purpose: one thread
+takes over. (One thread serving every step would grow to hundreds of records, and the later pauses
+would measure a view several times larger.) ``growing_0s`` is that other figure on purpose: one thread
 stepped back to back from 50 to 300 records, the first and last 25 steps of each mode, to show what a
 step costs as the view grows.
 

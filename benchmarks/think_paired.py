@@ -1,4 +1,4 @@
-"""Read-your-writes steps of this checkout and another one, interleaved step by step (issue 16).
+"""Read-your-writes steps of this checkout and another one, interleaved step by step.
 
 On a shared 2-core machine the speed of everything drifts by half or more within minutes (the
 publish ack alone, which no fleet code touches, went from 0.9 to 2.2 ms between two runs), so two

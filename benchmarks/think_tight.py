@@ -1,4 +1,4 @@
-"""Read-your-writes steps at a tight budget in another provider's shape, with think time (issue 16).
+"""Read-your-writes steps at a tight budget in another provider's shape, with think time.
 
 ``think`` steps a gpt-4o thread in openai.chat, whose 128k budget keeps the whole 50-record thread.
 Here the same steps — publish one event, then the prepare naming it, alternating one call and

@@ -58,7 +58,7 @@ def reply_json(reply: BaseModel) -> bytes:
     provider body) keeps its nulls, since pydantic leaves values inside a dict alone.
     """
     # The serializer's own bytes: ``model_dump_json`` decodes them, and encoding a large reply with any
-    # non-ASCII character back cost ~1 µs per KB (issue 16).
+    # non-ASCII character back costs ~1 µs per KB.
     return reply.__pydantic_serializer__.to_json(reply, exclude_none=True)
 
 
@@ -83,7 +83,7 @@ def is_none(value: object) -> bool:
     """An ``exclude_if`` rule: a field left out of every dump while it is ``None``.
 
     A field rule, not a wrap serializer: a wrap serializer builds the whole model as Python objects
-    before JSON, which doubled the cost of a prepared context's reply (issue 16).
+    before JSON, which doubles the cost of a prepared context's reply.
     """
     return value is None
 

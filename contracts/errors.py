@@ -72,7 +72,7 @@ class ErrorCode(StrEnum):
     INTEGRITY_ERROR = "integrity_error"
     NOT_FOUND = "not_found"
     INVALID_CONFIGURATION = "invalid_configuration"
-    # Branches (issue 17): forking a session, exporting it as a trace.
+    # Branches: forking a session, exporting it as a trace.
     SESSION_EXISTS = "session_exists"
     SEQ_OUT_OF_RANGE = "seq_out_of_range"
     FORK_INSIDE_TOOL_GROUP = "fork_inside_tool_group"
@@ -81,7 +81,7 @@ class ErrorCode(StrEnum):
     CONTEXT_PROTECTED_BLOCK_ALTERED = "context_protected_block_altered"
     CONTEXT_ADDITION_REFUSED = "context_addition_refused"
     PREPARED_CONTEXT_NOT_FOUND = "prepared_context_not_found"
-    # Context hooks (issue 19): a hook's change outside what its point allows, its reject, its failure.
+    # Context hooks: a hook's change outside what its point allows, its reject, its failure.
     HOOK_CHANGE_REFUSED = "hook_change_refused"
     HOOK_REJECTED = "hook_rejected"
     HOOK_TIMEOUT = "hook_timeout"

@@ -115,7 +115,7 @@ class ReportedUsage(WireModel):
 
 
 class ProviderOverflow(WireModel):
-    """The provider refused the last context as too long (issue 15): what it said, and what we sent.
+    """The provider refused the last context as too long: what it said, and what we sent.
 
     Only an explicit context-length refusal is an overflow. An HTTP 413 (a proxy's body limit) or an
     unclassified error says nothing about tokens, so the model admits no other ``kind``: a runtime
@@ -514,7 +514,7 @@ class PreparedContext(WireModel):
     handoff_id: str | None = None
     # Set on the one prepare that rolled the window over (design D10).
     rollover: RolloverReport | None = None
-    # Every context hook that ran for this context (issue 19): a context names the hooks that touched it.
+    # Every context hook that ran for this context: a context names the hooks that touched it.
     hooks: tuple[HookTouch, ...] = ()
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None

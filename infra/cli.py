@@ -797,7 +797,7 @@ def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add_branch_commands(sub: Any) -> None:
-    """``export`` and ``fork`` (issue 17): a session as a trace, and a session branched at a seq."""
+    """``export`` and ``fork``: a session as a trace, and a session branched at a seq."""
     export = sub.add_parser(
         "export", help="write a session as a trace (JSONL) that 'ctxfleet replay' reads back"
     )

@@ -414,10 +414,10 @@ def _settle_heap(names: Sequence[str]) -> None:
 
     The tokenizers' rank tables alone are hundreds of thousands of objects that live as long as the
     process: left in the collected generations, every full collection walks them again — a pause of
-    tens of ms on the hot path (issue 16). Frozen, a collection visits only what requests allocate.
+    tens of ms on the hot path. Frozen, a collection visits only what requests allocate.
     o200k: every record is counted with it. cl100k only with a compactor, which counts every summary
     in both encodings: loaded at its first compaction instead, it stalled the event loop for ~140 ms
-    (+31 MB either way). Elsewhere it is counted on a reader's first need (issue 16), and the heap
+    (+31 MB either way). Elsewhere it is counted on a reader's first need, and the heap
     keeper freezes its table within one interval of that first load.
     """
     if gc.get_freeze_count():

@@ -24,7 +24,7 @@ __all__ = ["BudgeterWorker"]
 log = logging.getLogger("ctxfleet.budgeter")
 _SWEEP_S = 2.0
 # A thread being recorded into is evaluated at most this often, however many batches land (each
-# evaluation loads and measures its view: per batch, it took CPU from the recorder, issue 16).
+# evaluation loads and measures its view: one per batch takes CPU from the recorder).
 _MIN_INTERVAL_S = 0.25
 
 

@@ -187,7 +187,7 @@ def compose(
     broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
-    # background passes wait for the prepares in progress (issue 16).
+    # background passes wait for the prepares in progress.
     local = LocalNotices()
     hot_path = HotPath(
         quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000

@@ -1,7 +1,7 @@
 """Keeps the garbage collector's full collections off the hot path.
 
 A full collection walks every tracked object the process holds, and the view cache holds hundreds
-of MB of them: 200–500 ms with the event loop stopped, every few hundred prepares (issue 16). What
+of MB of them: 200–500 ms with the event loop stopped, every few hundred prepares. What
 has lived through a freeze interval is almost always cache or connection state, so it is frozen
 (``gc.freeze``: a list splice, no walk) and the collector's generations hold only what recent
 requests allocated. Refcounting still frees frozen objects the moment nothing holds them — an
@@ -10,7 +10,7 @@ evicted cache entry is freed as before; only garbage *cycles* that were frozen w
 
 Full collections are the keeper's alone. Left to the allocator, one starts at whatever allocation
 crosses its threshold — a prepare's included — and walks everything allocated since the last freeze:
-22–50 ms in the middle of an agent's step after a few threads' views were built (December 5, one in
+22–50 ms in the middle of an agent's step after a few threads' views were built (one in
 each 300-step run, the step's p99). So the allocator's own full collections are turned off (young
 ones stay, they are short), and at each interval the keeper collects what is not frozen in a quiet
 moment, then freezes what survived: cycles of the interval are freed before they are frozen.

@@ -1,4 +1,4 @@
-"""Prepares first: background passes of a process wait for its prepares in progress (issue 16).
+"""Prepares first: background passes of a process wait for its prepares in progress.
 
 The budgeter and the indexer of a process that also answers prepares (the embedded default runs
 all five workers on one event loop) are woken by the same recorder notice as the prepare waiting

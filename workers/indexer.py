@@ -20,7 +20,7 @@ __all__ = ["IndexerWorker"]
 
 log = logging.getLogger("ctxfleet.indexer")
 # A thread being recorded into is indexed at most this often: one pass then takes every record
-# since the last, instead of a pass (and its transaction) per recorded batch (issue 16).
+# since the last, instead of a pass (and its transaction) per recorded batch.
 _MIN_INTERVAL_S = 0.25
 
 

@@ -1,8 +1,8 @@
-"""Recorder notices fanned out inside one process (issue 16).
+"""Recorder notices fanned out inside one process.
 
-A prepare waiting for its event in the process that also records it used to learn of the commit
-through the broker: the recorder published ``ctx.recorded.<thread>`` and the same process received
-it back through FastStream, a round trip and a decode on the read-your-writes path of every step.
+Through the broker, a prepare waiting for its event in the process that also records it would learn
+of the commit only once the recorder's ``ctx.recorded.<thread>`` came back to the same process
+through FastStream: a round trip and a decode on the read-your-writes path of every step.
 Here the recorder hands the thread to this process's listeners directly, right after the commit.
 
 It still publishes every notice on NATS, for the workers of other processes, on the process's

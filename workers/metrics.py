@@ -30,7 +30,7 @@ class GcPauses:
     """Times every collection of the process's cyclic garbage collector into a histogram.
 
     A collection stops the event loop: a full one walks every tracked object the caches hold, so it
-    is the hot path's tail (issue 16) and operators need to see it, by generation.
+    is the hot path's tail and operators need to see it, by generation.
     """
 
     def __init__(self, histogram: Histogram) -> None:

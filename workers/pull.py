@@ -1,5 +1,5 @@
 """A partition's events as soon as they are stored: one pull request kept open, its deliveries handed
-out at once (issue 16).
+out at once.
 
 Why not nats-py's ``fetch(n, timeout)``: once the first message of a pull has arrived it waits for the
 rest of ``n`` until its timeout. Measured with 50 agents stepping every 1.5 s: an event acked in 1.5

@@ -1,9 +1,9 @@
-"""Request/reply subscribers whose requests are answered from tasks of their own (issue 16).
+"""Request/reply subscribers whose requests are answered from tasks of their own.
 
 A FastStream subscriber with ``max_workers`` hands each message through an anyio memory stream,
 semaphore and task group: measured here, a 19 KB request/reply took 1.08–1.13 ms that way, 0.68–0.70
 with FastStream consuming in order, and 0.44 with nats-py alone (``benchmarks`` probe, embedded
-NATS, issue 16). So each request runs in a plain asyncio task that publishes its reply itself, and a
+NATS). So each request runs in a plain asyncio task that publishes its reply itself, and a
 serving responder takes requests from nats-py subscriptions of its own (``start``): FastStream's
 parser, middlewares and dependency injection were still 0.2–0.4 ms of every prepare (design D14.10).
 Endpoints are declared in one place all the same: a responder without a connection (the AsyncAPI

@@ -1,4 +1,4 @@
--- Tenants (issue 13). A session belongs to the tenant on the subject of its first event — an identity
+-- Tenants. A session belongs to the tenant on the subject of its first event — an identity
 -- the NATS server vouches for, never a payload field — and every request names its tenant the same
 -- way. Sessions recorded before tenancy are the default tenant's.
 ALTER TABLE ctx.sessions ADD COLUMN tenant text NOT NULL DEFAULT 'default';

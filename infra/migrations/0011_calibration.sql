@@ -1,4 +1,4 @@
--- Counting per provider family (issue 15). A profile without an offline tokenizer (Anthropic's) is
+-- Counting per provider family. A profile without an offline tokenizer (Anthropic's) is
 -- counted as the local o200k count times a factor learned from the provider's own figures: usage
 -- reports and explicit context-length refusals. Kept per tenant and profile name, so one tenant's
 -- usage reports (or a mistaken runtime's) never shrink another tenant's contexts.

@@ -1,4 +1,4 @@
--- Session forks (issue 17, seed 003 §10): a session whose history is another session's up to a
+-- Session forks (seed 003 §10): a session whose history is another session's up to a
 -- session seq, by reference. The fork's own records number on from at_seq (its sessions row starts
 -- with last_seq = at_seq), so parent and fork records never share a seq and a view merges them in
 -- seq order. Nothing here or anywhere points from the parent to the fork: the parent cannot change.

@@ -1,4 +1,4 @@
--- The model gateway's final check (issue 19). What a check needs of each prepared context — its
+-- The model gateway's final check. What a check needs of each prepared context — its
 -- protected block manifest, unit digests and budget figures, never its content — written behind the
 -- prepare's reply, keyed by prepared id and format (one id serves every provider shape). And what the
 -- model was actually sent (design D5.8): one row per check attempt.

@@ -1,4 +1,4 @@
--- Windows (issue 18, seed 004 §22–24): a thread's context runs in numbered windows; window 1 is
+-- Windows (seed 004 §22–24): a thread's context runs in numbered windows; window 1 is
 -- implicit (no row). A rollover commits the closing window's handoff and the next window's row in one
 -- transaction with a view-revision compare-and-set, so a crash while a window closes (K9) leaves
 -- exactly one of the two windows, the handoff fully written or absent. Records are never rewritten:

@@ -1,4 +1,4 @@
--- Context hooks per agent release (issue 19): every registration is a new revision; a session uses
+-- Context hooks per agent release: every registration is a new revision; a session uses
 -- the revision current when it was created (its first event), like a tool catalog.
 CREATE TABLE ctx.context_hooks (
     tenant      text NOT NULL,

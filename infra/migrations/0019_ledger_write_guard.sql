@@ -1,4 +1,4 @@
--- The recorder's batch write commits by itself when it is one statement (issue 16): no BEGIN and
+-- The recorder's batch write commits by itself when it is one statement: no BEGIN and
 -- COMMIT round trips around it. A thread whose head another writer moved first, or an outcome whose
 -- call another writer closed, must then fail that statement, so nothing of it stays (the session
 -- numbers it took, the position it moved): this guard raises from inside the statement.

@@ -1,5 +1,5 @@
 -- The recorder's reads before each batch, as a function whose statement is planned once per
--- connection (issue 16). As a prepared statement PostgreSQL planned its dozen sub-selects again on
+-- connection. As a prepared statement PostgreSQL planned its dozen sub-selects again on
 -- every call (0.95 ms of server time against 0.14 ms of execution, on every read-your-writes step),
 -- because their estimates over parameter arrays never made the generic plan look cheaper. Here
 -- `plan_cache_mode = force_generic_plan` holds for this function's statement alone.

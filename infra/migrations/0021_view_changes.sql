@@ -1,5 +1,5 @@
--- Every commit that changes what a thread's view is made of says so on one channel (issue 16,
--- design D14.17): an assembler listening there may answer a prepare that names no event from the
+-- Every commit that changes what a thread's view is made of says so on one channel (design
+-- D14.17): an assembler listening there may answer a prepare that names no event from the
 -- view it loaded last, without reading the ledger again, for as long as no notice of its thread, its
 -- session or its run has arrived. The notices come from triggers rather than from each writer, so a
 -- writer added later cannot forget one; tests/integration/test_view_changes.py checks that every table

@@ -1,6 +1,6 @@
 -- The budgeter marks every thread it measured as evaluated (``evaluated_revision``), one commit per
 -- recorded batch, and migration 0021's statement trigger announced each of those commits as a change
--- of the thread's view (issue 16, design D14.17). No view depends on that column: only the
+-- of the thread's view (design D14.17). No view depends on that column: only the
 -- budgeter's own scan for threads left to evaluate reads it. So every step of an agent sent two
 -- notices, the recorder's and the budgeter's, and woke every listening assembler twice. The second
 -- one ended no trust that the first had not ended already.

@@ -1,4 +1,4 @@
--- A thread's head moving is announced with the revision it moved to (issue 16, design D14.21):
+-- A thread's head moving is announced with the revision it moved to (design D14.21):
 -- 'h:<revision>:<thread_id>' instead of 't:<thread_id>'. A process whose recorder committed the move
 -- has extended the view it holds to that head already; told only "the thread changed", it would drop
 -- that view before the prepare waiting for the event could be answered from it. A view at an older

@@ -1,7 +1,7 @@
--- A profile's calibration changing is announced like a view's change (issue 16, design D14.22):
+-- A profile's calibration changing is announced like a view's change (design D14.22):
 -- 'c:["<tenant>","<profile>"]' on the same channel. A trusted view is served with the calibration of
--- its profile, and until now each process re-read that row every 5 s whatever happened, which bounded
--- how long any view could be trusted: an agent pausing 10 s between steps always read both again.
+-- its profile; a process re-reading that row every 5 s whatever happened would bound how long any
+-- view could be trusted: an agent pausing 10 s between steps would always read both again.
 -- Announced, a calibration read while the process listens stays current until its notice arrives,
 -- like the views it budgets. The key is a JSON array: a tenant or a profile may hold any character.
 -- Statement triggers with a transition table, as migration 0021's: the upsert that finds its row

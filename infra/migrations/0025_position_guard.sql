@@ -1,6 +1,6 @@
 -- The recorder plans an agent's next step on a thread from what it wrote there last, without reading
--- the ledger first (issue 16, design D14.23). It then has not read its partition's position either,
--- which the read used to bring: the position moves in the statement that writes the records, and this
+-- the ledger first (design D14.23). It then has not read its partition's position either,
+-- which that read would bring: the position moves in the statement that writes the records, and this
 -- guard, raised from inside that statement, makes the write fail unless the store holds the position
 -- the recorder expects.
 -- CX003: the store's position is behind what the recorder saw committed (commits were lost, D14.20);

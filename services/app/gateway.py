@@ -8,7 +8,7 @@ a digest per unit, the budget figures — never content) and stores the batch un
 are answered (``before_write``, bounded), hashes a record at a time, and skips a context it
 already stored (an unchanged view prepared again has the same id): measured, a record hashed per
 prepare in a worker thread cost 2.5 ms of a 6.5 ms round trip, the thread contending for the
-interpreter lock while the reply was being sent (issue 16). A check served by the process that
+interpreter lock while the reply was being sent. A check served by the process that
 prepared finds the context in the cache; any other replica reads the record, and waits a moment
 for one still being written before it answers ``prepared_context_not_found``.
 
@@ -104,7 +104,7 @@ class GatewayService:
         backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
     ) -> None:
         self._store = store
-        # Awaited before a record is hashed: the process's prepares in progress go first (issue 16).
+        # Awaited before a record is hashed: the process's prepares in progress go first.
         self._before_write = before_write
         self._grants = grants
         self._policies = policies

@@ -3,8 +3,8 @@
 A notice is a hint that a thread's ledger moved; waiters always re-check the database, so a lost
 or duplicated notice can delay an answer (bounded by the re-check interval) but never falsify it.
 The one exception is first-hand: this process's own recorder hands over, after its commit, the
-event keys it committed (``recorded``), and a waiter for one of those needs no re-check (issue 16:
-one query less on every read-your-writes step). And while that recorder holds a batch with events
+event keys it committed (``recorded``), and a waiter for one of those needs no re-check (one
+query less on every read-your-writes step). And while that recorder holds a batch with events
 of a thread (``being_recorded``), a new waiter on the thread skips its first check too: the batch
 ends with a wake-up of the thread's waiters whatever became of it (committed, rejected, skipped as
 a duplicate, failed), and only then is the ledger asked — the check made meanwhile would race the

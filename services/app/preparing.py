@@ -90,7 +90,7 @@ def _reserved_tokens(over: OverBudget) -> int:
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
-    # A profile without an offline tokenizer is counted in o200k, times its calibration (issue 15).
+    # A profile without an offline tokenizer is counted in o200k, times its calibration.
     if budget.learns_from_usage:
         return counter_for("o200k_base")
     for name in ENCODINGS:

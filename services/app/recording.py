@@ -153,7 +153,7 @@ class RecordingService:
         self._limits = limits
         self._recorder_id = recorder_id
         self._consumer = consumer
-        # o200k only: cl100k counts are deferred to the readers whose profile needs them (issue 16).
+        # o200k only: cl100k counts are deferred to the readers whose profile needs them.
         self._counters: dict[EncodingName, TokenCounter] = {"o200k_base": counter_for("o200k_base")}
         self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctx-count")
         # numpy's import (~0.1 s) on the thread now, not in the first large batch's wait.
@@ -359,8 +359,8 @@ class RecordingService:
         made ahead on the counting thread; an agent's step is counted in its plan as before, where a
         thread hop costs more than it saves.
 
-        Counting was a third of the recorder's CPU per event in a backlog, all of it on the loop
-        (issue 16). tiktoken releases the GIL while it encodes, so on the thread the count runs on
+        Counting is a third of the recorder's CPU per event in a backlog; on the loop, all of it would
+        wait there. tiktoken releases the GIL while it encodes, so on the thread the count runs on
         the other core while this loop plans and writes other partitions' batches.
         One thread, and one tiktoken call per batch (``CountAhead``): threads that each want the GIL
         back often made the loop wait for it (design D14.8).

@@ -1,8 +1,8 @@
-"""Where a recorded batch's and a prepare's time went, told to whoever measures it (issue 16).
+"""Where a recorded batch's and a prepare's time went, told to whoever measures it.
 
-A read-your-writes step after an agent's pause cost twice what it cost back to back, and no single
-stage explained it: each of its round trips and pieces of Python ran cold (docs/measurements.md,
-December 5). So the recorder and the assembler report the seconds of each stage as it ends; the
+A read-your-writes step after an agent's pause can cost twice what it costs back to back with no
+single stage to blame: each of its round trips and pieces of Python runs cold
+(docs/measurements.md). So the recorder and the assembler report the seconds of each stage as it ends; the
 workers export them (``ctx_record_stage_seconds``, ``ctx_prepare_stage_seconds``) and the ``think``
 benchmark splits each pause's steps with them. The services stay free of metrics: they call a plain
 function, which does nothing unless a worker gives them one.

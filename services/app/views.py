@@ -211,7 +211,7 @@ class ViewLoader:
             trust if trust is not None else ViewTrust(max_age_s=trust_s, max_views=cache_threads)
         )
         # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
-        # the provider will accept (issue 15); prepares share this cache (one per process). What it
+        # the provider will accept; prepares share this cache (one per process). What it
         # reads is trusted as long as the views are, until its change is announced (D14.22).
         self.calibrations = CalibrationCache(trust=self.trust)
 
@@ -338,8 +338,8 @@ class ViewLoader:
         own = await self._resolve_exports(conn, own, entry)
         inherited = await self._inherited(conn, head.session_id, thread_id, scope)
         # Seqs start at 1: with nothing inherited and no reset, the view is the cached list itself, the
-        # same object on every prepare until a record is added (copying it was 5 % of a prepare of a
-        # 5,000-record thread, issue 16). Nobody changes a view's list in place.
+        # same object on every prepare until a record is added (copying it is 5 % of a prepare of a
+        # 5,000-record thread). Nobody changes a view's list in place.
         if inherited or scope.reset_seq > 0:
             records = [r for r in (*inherited, *own) if r.seq > scope.reset_seq]
         else:

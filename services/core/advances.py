@@ -1,8 +1,8 @@
 """A thread's head moved by one committed batch, as the process that recorded it can hand it over.
 
-A read-your-writes prepare in the process whose recorder committed its event used to read the ledger
-once the commit was announced: one more round trip (0.9–1.3 ms after an agent's pause) for records the
-recorder had just written from its own memory. A batch that writes nothing a view reads but the
+A read-your-writes prepare in the process whose recorder committed its event would otherwise read the
+ledger once the commit was announced: one more round trip (0.9–1.3 ms after an agent's pause) for
+records the recorder has just written from its own memory. A batch that writes nothing a view reads but the
 thread's head and new records — a known thread's messages, calls and outcomes, its facts untouched —
 extends the view held at the head it moved from into the view at the new head (design D14.21).
 

@@ -149,7 +149,7 @@ class SummaryView:
     tokens_o200k: int
     tokens_cl100k: int
     sources: tuple[int, ...]
-    # The summary's smallest roll-up, shown when the full text does not fit (issue 12).
+    # The summary's smallest roll-up, shown when the full text does not fit.
     skeleton_text: str | None = None
     skeleton_o200k: int = 0
     skeleton_cl100k: int = 0
@@ -294,7 +294,7 @@ def assemble_context(
     if memo is None or memo.own_thread != snapshot.own_thread or compaction_wait_ms or allow_drop_history:
         return _assemble(snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window)
     # Same records and inputs, same context (this module's first promise): a view that did not change
-    # since its last prepare is answered from the memo (issue 16).
+    # since its last prepare is answered from the memo.
     inputs = _inputs_of(snapshot, request, budget, counter, window)
     found = memo.last_context(snapshot.records, inputs)
     if isinstance(found, PreparedContext):
@@ -567,7 +567,7 @@ def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int
     # it, so a new question follows the history it asks about (and that inherited prefix is stable).
     older: list[DraftBlock] = []
     rest: list[DraftBlock] = []
-    for b in ready:  # one pass: a view's blocks are many (issue 16)
+    for b in ready:  # one pass: a view's blocks are many
         if b.kind is BlockKind.INSTRUCTION:
             pinned.append(b)
         elif b.kind is BlockKind.TASK and b.records[0].seq == run_task:
@@ -1191,8 +1191,8 @@ def _mask(
     line (error class and message, failing test, exit status): the last error stays visible.
 
     With ``memo``, a block masked the same way before (the same outputs kept whole, the same encoding)
-    is that masked block again: a view over its budget masked, re-rendered and recounted every group
-    on every prepare (issue 16: 25 % of a prepare of a compacted 5,000-record thread).
+    is that masked block again: masking, re-rendering and recounting every group of a view over its
+    budget on every prepare is 25 % of a prepare of a compacted 5,000-record thread.
     """
     decided = (
         "mask",
@@ -1254,7 +1254,7 @@ def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessa
 def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock | None:
     """Where history was left out, and the failures it held that no later call of the same command redid.
 
-    The last error stays visible (issue 12) until a compaction folds it into the summary.
+    The last error stays visible until a compaction folds it into the summary.
     """
     records = sorted((r for s in dropped for r in s.block.records), key=lambda r: r.seq)
     if not records:
@@ -1529,7 +1529,7 @@ def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
 def _counting_method(counter: TokenCounter | None, budget: BudgetSpec) -> str:
     if counter is None:
         return ESTIMATE_METHOD
-    # A profile without an offline tokenizer: the local count times its learned factor (issue 15).
+    # A profile without an offline tokenizer: the local count times its learned factor.
     return f"{counter.method}*calibration" if budget.learns_from_usage else counter.method
 
 

@@ -1,4 +1,4 @@
-"""Per-profile calibration of local counts for models without an offline tokenizer (issue 15). Pure.
+"""Per-profile calibration of local counts for models without an offline tokenizer. Pure.
 
 Anthropic's tokenizer is not shipped (and changes between model versions), so such a profile is
 counted with the local o200k count times a factor learned from what the provider itself reported:

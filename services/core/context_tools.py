@@ -1,4 +1,4 @@
-"""The context tools a model can call to reach what the fleet moved out of its view (issue 15). Pure.
+"""The context tools a model can call to reach what the fleet moved out of its view. Pure.
 
 ``context_read`` reads back an externalized output (``ctx://blob/<sha256>``, the ref every preview
 names) or a recorded record (``ctx://record/<thread_id>/<seq>``, the ref of a search hit);

@@ -2,7 +2,7 @@
 
 The recorder writes every event's payload as JSON text for the ledger, and the assembler every tool
 call's arguments for the model; with the ``json`` module each cost ~15 µs for a sample event against
-~1.2 µs with orjson (issue 16: serialization was 13–24 % of the recorder's CPU in the ingest profile).
+~1.2 µs with orjson (with ``json``, serialization is 13–24 % of the recorder's CPU in the ingest profile).
 
 Invariants:
 

@@ -1,5 +1,5 @@
 """What the recorder knows of the threads it wrote last, so an agent's next step is planned without
-reading the ledger first (issue 16, design D14.23).
+reading the ledger first (design D14.23).
 
 Every batch read what its plan needs (heads, keys, calls, sessions, runs, state, catalogs, the
 position) in one round trip before planning: ~1.3 ms of a read-your-writes step after an agent's

@@ -224,7 +224,7 @@ class LedgerReads:
     latest_catalogs: Mapping[tuple[str, str], tuple[int, ToolCatalog]] = field(default_factory=dict)
     operations: frozenset[tuple[str, str]] = frozenset()
     # The consumer's position in the partition, when the read asked for it (``tracking``): read with
-    # the rest, so a batch costs one round trip fewer (issue 16).
+    # the rest, so a batch costs one round trip fewer.
     tracked: int = 0
 
 
@@ -1186,8 +1186,8 @@ def _build_record(
 def _counted(
     counters: Mapping[EncodingName, TokenCounter], content: str, calls: Sequence[RenderedCall]
 ) -> TokenCounts:
-    """o200k now; cl100k deferred to the first profile that asks (issue 16: it was a third of the
-    recorder's tokenizer time, for profiles most sessions never use)."""
+    """o200k now; cl100k deferred to the first profile that asks (it is a third of the recorder's
+    tokenizer time, for profiles most sessions never use)."""
     return TokenCounts(
         o200k_base=count_rendered(counters["o200k_base"], content, calls),
         cl100k_base=lambda: count_rendered(_cl100k(counters), content, calls),

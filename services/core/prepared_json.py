@@ -1,8 +1,8 @@
 """A prepared context's reply bytes, its messages and blocks written once each. Pure.
 
 A thread's view memo hands the same message and wire block objects to every prepare until their
-records change (``services/core/view_memo.py``), yet the reply was serialized whole on every prepare:
-at 500 records, 165 KB of JSON, 0.4 of its 0.6 ms the messages (issue 16). ``PreparedJson`` writes
+records change (``services/core/view_memo.py``); serialized whole on every prepare, the reply at 500
+records is 165 KB of JSON, 0.4 of its 0.6 ms the messages. ``PreparedJson`` writes
 the reply as pydantic would — the fields before the messages, each message, the tools, each block,
 then the fields after the blocks — and keeps each message's and block's JSON by object identity.
 

@@ -178,7 +178,7 @@ class ChatUnitDigests:
 
     A thread's consecutive prepares hand out the same message objects for what did not change (the
     view memo keeps them), so the gateway's record of the next prepare hashes only what is new: a
-    200-message record cost 2.4 ms to hash whole (issue 16). An entry holds its message, so an id is
+    200-message record costs 2.4 ms to hash whole. An entry holds its message, so an id is
     never mistaken for another object's while it is remembered. A lock, because a large context's
     record is derived in a worker thread.
     """

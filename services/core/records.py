@@ -93,7 +93,7 @@ class TokenCounts:
 
     ``cl100k_base`` may be given as a function that counts it: the recorder counts only o200k (what
     the default profiles and every estimate use), and the cl100k count is made on first use by a
-    profile that needs it, then kept (issue 16). Immutable, compared and hashed by both counts.
+    profile that needs it, then kept. Immutable, compared and hashed by both counts.
     """
 
     __slots__ = ("o200k_base", "_cl100k", "_count_cl100k")

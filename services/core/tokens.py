@@ -181,7 +181,7 @@ _SEPARATOR: Final = "<|endoftext|>"
 
 class CountAhead:
     """Texts counted before a plan asks for them: :meth:`encode` in a worker thread, then
-    :meth:`known` on the loop (issue 16).
+    :meth:`known` on the loop.
 
     :meth:`encode` is one tiktoken call for all the texts, during which tiktoken releases the GIL, so
     the event loop goes on meanwhile; its little Python (a join, a scan for the separators) is all

@@ -191,7 +191,7 @@ class ViewMemo:
     def ascending(self, records: Sequence[LedgerRecord]) -> bool:
         """Whether ``records`` ascend by seq: walked once per list, and for a list that extends the
         last one checked (each record the same object) only from where that one ended (a 5,000-record
-        view's walk was 7 % of its prepare, issue 16)."""
+        view's walk is 7 % of its prepare)."""
         last = self._checked
         n = len(last)
         if n and _starts_with(records, last):
@@ -212,7 +212,7 @@ class ViewMemo:
 
     def last_context(self, records: Sequence[LedgerRecord], inputs: object) -> Any:
         """The context assembled from exactly ``records`` and inputs equal to ``inputs``, or None
-        (invariant 6): a prepare of a view that did not change since costs a lookup (issue 16)."""
+        (invariant 6): a prepare of a view that did not change since costs a lookup."""
         if not self._contexts or not _same_records(records, self._context_records):
             return None
         for kept, context, _ in self._contexts:
@@ -319,8 +319,8 @@ class ViewMemo:
         time with the same messages in the same place, or ``block`` itself.
 
         Such a block is what its messages make of it, so equal messages mean equal blocks and its
-        size, wire block and protected hash are measured once: a compacted thread hashed its ~100 KB
-        summary block on every prepare (issue 16). The summary's text is the same object on every
+        size, wire block and protected hash are measured once, not a compacted thread's ~100 KB
+        summary block hashed on every prepare. The summary's text is the same object on every
         prepare (the store keeps its row), so the key costs no walk of it.
         """
         key = ("fixed", block.block_id, block.retention, block.priority, block.reason, *block.messages)

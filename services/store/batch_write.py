@@ -1,9 +1,10 @@
 """A plan's ledger writes in one statement: sessions, heads, records, tool calls, receipts and the position.
 
 Each statement of a batch is a round trip, and the recorder's transaction is on every read-your-writes
-step: one event on a known thread was BEGIN, session bump, head compare-and-set, records, position,
-COMMIT (issue 16). Here they are the sub-statements of one ``WITH``, composed from the parts the plan
-has; a plan with nothing else to write (``one_statement``) needs no transaction around it at all.
+step: as separate statements, one event on a known thread is BEGIN, session bump, head
+compare-and-set, records, position, COMMIT. Here they are the sub-statements of one ``WITH``,
+composed from the parts the plan has; a plan with nothing else to write (``one_statement``) needs no
+transaction around it at all.
 
 Invariants:
 
@@ -124,8 +125,8 @@ hm AS (
   RETURNING h.thread_id)"""
 
 # The records come as one JSON array (``_records_json``), not as 23 arrays: asyncpg encodes an array
-# element by element, asking each whether it is itself an array (three ABC isinstance checks), which was
-# 6 % of the recorder's time in a backlog (issue 16). A field typed ``json`` keeps its text as sent.
+# element by element, asking each whether it is itself an array (three ABC isinstance checks), which is
+# 6 % of the recorder's time in a backlog. A field typed ``json`` keeps its text as sent.
 _RECORDS = """
 r AS (
   INSERT INTO ctx.records (

@@ -178,8 +178,8 @@ class MemoryGatewayStore:
 class MemoryHookGrants:
     """The in-memory twin of the ``HookGrants`` port: each session's hook set, as registered for it.
 
-    Until hook sets are stored (issue 19, context hooks), this is what a fleet reads grants from: a
-    source no session was given here is granted nothing, so every addition is refused.
+    For a gateway without the hook store (the fleet's reads them from ``HookRegistry``): a source no
+    session was given here is granted nothing, so every addition is refused.
     """
 
     sessions: dict[tuple[str, str], HookSet] = field(default_factory=dict)

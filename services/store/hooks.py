@@ -1,4 +1,4 @@
-"""Context hook sets per agent release (issue 19): registered revisions, and the one a session pinned."""
+"""Context hook sets per agent release: registered revisions, and the one a session pinned."""
 
 from __future__ import annotations
 

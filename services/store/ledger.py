@@ -259,7 +259,7 @@ def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
         kind=r["kind"],
         payload=payload,
         text=text,
-        # NULL cl100k: the recorder deferred it; counted here on first use (issue 16).
+        # NULL cl100k: the recorder deferred it; counted here on first use.
         tokens=deferred_tokens(r["kind"], payload, text, r["tokens_o200k"], r["tokens_cl100k"]),
         mask_text=mask_text,
         mask_tokens=(

@@ -321,7 +321,7 @@ class QueryStore(Protocol):
 
 
 class HookStore(Protocol):
-    """Context hook sets per agent release (issue 19)."""
+    """Context hook sets per agent release."""
 
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
         """Store ``hooks`` as the next revision of its release in ``tenant``; returns the revision."""

@@ -181,7 +181,7 @@ async def search_session(conn: Conn, tenant: str, request: SearchRequest) -> tup
 async def index_next(conn: Conn, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
     """Index up to ``batch`` records of the thread after its position.
 
-    Two statements, no transaction around them (issue 16: a pass was six round trips): one reads
+    Two statements, no transaction around them (not six round trips per pass): one reads
     the position with the records after it, one stores their chunks with the new position. Two
     passes over the same records at once store the same chunks (``ON CONFLICT DO NOTHING``) and the
     greater position, so nothing is locked; a thread indexed under another version is reindexed

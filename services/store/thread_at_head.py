@@ -1,4 +1,4 @@
-"""What every view load starts from, read at one instant in one round trip (issue 16).
+"""What every view load starts from, read at one instant in one round trip.
 
 A view load read the thread's head, its scope (session, run, reset fence), its compaction state
 (with the summary) and its open window in four statements; on the read-your-writes path each round

@@ -213,8 +213,8 @@ class SummaryRow:
     tokens_cl100k: int
     # The hooks that narrowed or patched it (design D13).
     hooks: tuple[SummaryHook, ...] = ()
-    # Every record seq the body cites, sorted: walked once per summary, not on every prepare (it was
-    # 15 % of a compacted 500-record thread's prepare, issue 16).
+    # Every record seq the body cites, sorted: walked once per summary, not on every prepare (where it
+    # would be 15 % of a compacted 500-record thread's prepare).
     sources: tuple[int, ...] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -295,8 +295,8 @@ class SummaryRows:
     """The summary each thread's view showed when this store last read it, bounded by bytes.
 
     A summary never changes once committed (a new one gets a new id), so a view that still shows the
-    one held here is read without its body and text: 0.6 ms of every prepare of a compacted thread
-    went to sending and parsing a ~100 KB summary again (issue 16). One per store, so one per
+    one held here is read without its body and text, sparing every prepare of a compacted thread the
+    0.6 ms of sending and parsing a ~100 KB summary again. One per store, so one per
     database: two databases in one process may hold equal summary ids (tests, benchmarks).
     """
 

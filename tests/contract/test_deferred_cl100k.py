@@ -1,5 +1,5 @@
 """The recorder counts o200k only; a record's cl100k count is made when a profile first needs it
-(issue 16) — with the same result as counting both at recording, on both stores.
+— with the same result as counting both at recording, on both stores.
 
 Checked over every record of the bundled sample traces (long outputs cut to head and tail, failed
 outputs, tool calls with JSON arguments, run ends), against ``count_record`` of both encodings.

@@ -1,4 +1,4 @@
-"""The embedded default is closed: generated identities only, each confined to its subjects (issue 13)."""
+"""The embedded default is closed: generated identities only, each confined to its subjects."""
 
 from __future__ import annotations
 

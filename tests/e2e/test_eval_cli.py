@@ -1,6 +1,6 @@
 """`ctxfleet eval` as a user runs it: bundled samples, a 4.7k-token system prompt, an 8k budget.
 
-The assertions are the goals of issue 12, used as the specification: no failed prepare while the
+The assertions are the context manager's goals, used as the specification: no failed prepare while the
 required content fits; the task, every written file and the head of the last tool outcome in
 every context whose full history no longer fits.
 """

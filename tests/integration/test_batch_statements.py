@@ -1,5 +1,5 @@
 """How many SQL statements the recorder spends on a batch: each is a round trip, and the ingest rate
-of a partition is bounded by them (issue 16: one event's batch used to run 19, then 8, then 4).
+of a partition is bounded by them.
 
 Counted through asyncpg's query logger on every connection of the store's pool, so anything the
 recording path sends — reads, writes, tracking, BEGIN and COMMIT — is seen.

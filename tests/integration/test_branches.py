@@ -1,4 +1,4 @@
-"""Export and fork through NATS and PostgreSQL (issue 17): a session exported and replayed is the same
+"""Export and fork through NATS and PostgreSQL: a session exported and replayed is the same
 session again; a fork branches by reference and leaves its parent byte-identical (seed 003 inv. 11)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Counting per provider family and overflow recovery through a real fleet (issue 15)."""
+"""Counting per provider family and overflow recovery through a real fleet."""
 
 from __future__ import annotations
 

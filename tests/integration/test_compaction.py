@@ -95,7 +95,7 @@ async def test_budgeter_compacts_in_the_background_once_the_ratio_is_reached(
     assert inspection.record_count == 2 + 28  # source records are never deleted or rewritten
     prepared = await client.prepare(_request(t, 3_000, last))
     assert prepared.summary is not None and prepared.budget_report.used.total <= 3_000
-    # Stable before volatile: instructions, the run's task, then the summary (issue 12).
+    # Stable before volatile: instructions, the run's task, then the summary.
     assert [m.role for m in prepared.messages[:3]] == ["system", "user", "user"]
     assert prepared.messages[1].content == "Fix the failing import in app.py"
     assert prepared.messages[2].content.startswith("[context summary")  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""Water levels, forecasts and task budgets through a real fleet (issue 18)."""
+"""Water levels, forecasts and task budgets through a real fleet."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A connection of the store's pool asks PostgreSQL for the types it needs as it opens, not inside the
-first request that runs a statement using one (issue 16: a catalog query of 3-12 ms each, up to four
+first request that runs a statement using one (a catalog query of 3-12 ms each, up to four
 per new connection, seen in PostgreSQL's log of the read-your-writes benchmark).
 
 asyncpg reports its own catalog queries to a connection's query logger, so the statements sent are

@@ -1,4 +1,4 @@
-"""A prepare answers in the provider's own request shape, over real servers (issue 15)."""
+"""A prepare answers in the provider's own request shape, over real servers."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A pull that kept the first event of a half-filled batch while it waited for the rest would hold every
 prepare waiting for that event (``after_event_key``) up to its window: measured with nats-py's
-``fetch(256, 1.0)`` and 50 agents, up to 0.5–1 s (issue 16). ``workers/pull.py`` keeps one request
+``fetch(256, 1.0)`` and 50 agents, up to 0.5–1 s. ``workers/pull.py`` keeps one request
 open and hands out what arrived; these tests hold it to that, to its order and batch bound, to its
 heartbeats keeping an idle pull alive, and to its failing fast when the consumer is gone.
 """

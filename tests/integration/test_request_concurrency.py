@@ -142,7 +142,7 @@ async def test_unrelated_prepare_is_served_while_another_waits_for_its_compactio
     await client.prepare(_request(long, after_event_key="m19", budget_tokens=100_000))
 
     # 600 tokens: the required messages fit, the history does not; no compactor runs, so after its
-    # wait the prepare is served without the oldest history, each omission named (issue 12).
+    # wait the prepare is served without the oldest history, each omission named.
     waiting = asyncio.create_task(client.prepare(_request(long, budget_tokens=600)))
 
     async def compaction_waiting() -> bool:

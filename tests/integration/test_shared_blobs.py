@@ -1,7 +1,7 @@
 """Content stored by many sessions at once (the same file read in each) is stored once, and no batch
-waits for another's transaction to store it (the ingest stall of issue 16: a blob inserted inside a
-batch's transaction stayed locked until its commit, and every other batch with the same content
-waited, holding one of the pool's connections)."""
+waits for another's transaction to store it (a blob inserted inside a batch's transaction would
+stay locked until its commit, and every other batch with the same content would wait, holding one
+of the pool's connections)."""
 
 from __future__ import annotations
 

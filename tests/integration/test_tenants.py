@@ -1,4 +1,4 @@
-"""Two tenants on one fleet: identities, not claims (issue 13).
+"""Two tenants on one fleet: identities, not claims.
 
 A real NATS server with the generated users of ``infra.nats_accounts`` for tenants ``acme`` and
 ``globex``; the fleet runs under its own ``fleet`` user, each tenant's runtime under

@@ -1,4 +1,4 @@
-"""Assembly under budget pressure (issue 12): what the model always sees, the reduction order, and
+"""Assembly under budget pressure: what the model always sees, the reduction order, and
 counting everything that is sent."""
 
 from __future__ import annotations

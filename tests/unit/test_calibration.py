@@ -1,4 +1,4 @@
-"""Counting per provider family and recovery from a provider's overflow (issue 15)."""
+"""Counting per provider family and recovery from a provider's overflow."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Context hooks (issue 19): what a hook's patch may change, and a prepare with a scripted hook service."""
+"""Context hooks: what a hook's patch may change, and a prepare with a scripted hook service."""
 
 from __future__ import annotations
 

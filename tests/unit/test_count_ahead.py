@@ -1,4 +1,4 @@
-"""A large batch's texts are counted ahead, in one tiktoken call on the counting thread (issue 16):
+"""A large batch's texts are counted ahead, in one tiktoken call on the counting thread:
 every count and every cut is the one counting each text alone gives, and so is every record."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A prepare for an o200k profile never makes the cl100k counts the recorder deferred; one for a
-cl100k profile makes them (issue 16). In memory; the counts' equality is tests/contract's."""
+cl100k profile makes them. In memory; the counts' equality is tests/contract's."""
 
 from __future__ import annotations
 

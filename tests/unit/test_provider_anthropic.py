@@ -389,7 +389,7 @@ def test_cached_share_is_measured_before_the_last_breakpoint() -> None:
     prepared = _prepare(t, records, budget=200_000, tools=[BASH, EDITOR])
     request = anthropic_request(_bundle(prepared, records))
     share = _cached_share(request)
-    # Everything but the newest evidence and state lies before the last breakpoint (issue 15: >= 90%).
+    # Everything but the newest evidence and state lies before the last breakpoint (>= 90%).
     assert share >= 0.9
     whole = {k: request[k] for k in ("tools", "system", "messages") if k in request}
     assert share * COUNTER.count(json.dumps(whole, ensure_ascii=False)) > COUNTER.count(

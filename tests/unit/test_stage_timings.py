@@ -1,5 +1,5 @@
 """The recorder and the assembler say where a batch's and a prepare's time went, stage by stage, and
-the workers export it (issue 16: a step after an agent's pause costs twice a back-to-back one, and the
+the workers export it (a step after an agent's pause can cost twice a back-to-back one, and the
 stages tell which round trips and which Python). In memory; the exported series are the registry's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rolling a summary up until it fits its own share of the input budget (issue 12, "Convergence"). Pure.
+"""Rolling a summary up until it fits its own share of the input budget. Pure.
 
 A merge appends; this module shrinks. ``fit_summary`` applies a fixed ladder of reductions,
 lowest-value detail first, re-counting the rendering after each rung, and stops at the first

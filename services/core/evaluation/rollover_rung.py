@@ -1,4 +1,4 @@
-"""The ladder's rollover rung: issue 18's window strategy, through the fleet's own window functions. Pure.
+"""The ladder's rollover rung: the window strategy, through the fleet's own window functions. Pure.
 
 A thread under the rollover strategy is never summarized; at every prepare the rung measures the
 window as the fleet's ``WindowKeeper`` does (one assembly), asks ``decide_window`` and, when it says
