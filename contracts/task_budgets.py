@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from ._base import WireModel, any_of_schema
 
-__all__ = ["BudgetLedger", "CallUsage", "TaskBudget", "TaskBudgetReport"]
+__all__ = ["TASK_BUDGET_DIMENSIONS", "BudgetLedger", "CallUsage", "TaskBudget", "TaskBudgetReport"]
 
 _Limit = Annotated[int, Field(gt=0, le=10_000_000_000)]
 # Cost in the provider's billing currency (what ``CallUsage.cost`` reports), e.g. US dollars.
@@ -33,7 +33,8 @@ class CallUsage(WireModel):
     cost: Annotated[float, Field(ge=0, le=1_000_000_000, allow_inf_nan=False)] | None = None
 
 
-_LIMITS = (
+# The limited dimensions, in report order: each is a field of both TaskBudget and BudgetLedger.
+TASK_BUDGET_DIMENSIONS = (
     "input_tokens",
     "output_tokens",
     "total_tokens",
@@ -67,7 +68,7 @@ class TaskBudget(WireModel):
                     "properties": {name: {"type": "number" if name == "cost" else "integer"}},
                     "required": [name],
                 }
-                for name in _LIMITS
+                for name in TASK_BUDGET_DIMENSIONS
             )
         )
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from contracts.task_budgets import BudgetLedger, TaskBudget, TaskBudgetReport
+from contracts.task_budgets import TASK_BUDGET_DIMENSIONS, BudgetLedger, TaskBudget, TaskBudgetReport
 
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind
 from services.core.tokens import EncodingName
@@ -24,16 +24,7 @@ from services.errors import TaskBudgetExhausted
 
 __all__ = ["DIMENSIONS", "ensure_within", "ledger_of", "task_budget_report"]
 
-# The limited dimensions, in report order: each is a field of both TaskBudget and BudgetLedger.
-DIMENSIONS = (
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "model_calls",
-    "tool_calls",
-    "runtime_seconds",
-    "cost",
-)
+DIMENSIONS = TASK_BUDGET_DIMENSIONS
 
 
 def ledger_of(
