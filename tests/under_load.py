@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMING_SENSITIVE: tuple[str, ...] = (
     "tests/e2e/test_data_folder.py::test_ctrl_c_during_the_startup_replay_stops_the_fleet_cleanly",
     "tests/e2e/test_data_folder.py::test_a_failing_startup_replay_is_reported_in_one_line_and_the_fleet_keeps_serving",
-    "tests/e2e/test_data_folder.py::test_up_restarts_a_killed_embedded_server_and_is_ready_again[postgres]",
+    "tests/e2e/test_data_folder.py::test_up_restarts_a_killed_embedded_server_and_is_ready_again",
     "tests/integration/test_compaction.py::test_two_compactors_racing_on_one_thread_commit_exactly_one_summary",
     "tests/integration/test_compaction.py::test_user_message_arriving_while_a_compaction_commits_is_kept_after_the_summary",
     "tests/integration/test_responder_serving.py::test_a_drain_answers_every_request_delivered_and_takes_no_more",
