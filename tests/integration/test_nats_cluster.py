@@ -76,6 +76,8 @@ async def test_client_given_every_url_with_credentials_in_one_moves_to_another_n
             # and a server reached without them refuses the connection.
             await eventually(elsewhere, timeout=30, what="the client to reconnect to another node")
             await nc.flush(timeout=5)
+            live = {n.port for i, n in enumerate(cluster.nodes) if i != node}
+            assert nc.connected_url.port in live and nc.stats["reconnects"] >= 1
         finally:
             await asyncio.to_thread(cluster.start_node, node)
 
