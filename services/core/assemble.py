@@ -526,7 +526,13 @@ def _candidates(
             ("naming_read_tool", counter.name if counter else None),
             lambda r: _naming_read_tool(r, counter),
         )
-    blocks = build_view_blocks(records, snapshot.covered_to, own_thread=snapshot.own_thread, memo=memo)
+    blocks = build_view_blocks(
+        records,
+        snapshot.covered_to,
+        covered_from=snapshot.summary.covered_from if snapshot.summary else 0,
+        own_thread=snapshot.own_thread,
+        memo=memo,
+    )
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     if snapshot.handoff is not None:
         ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))

@@ -108,48 +108,50 @@ def build_view_blocks(
     records: Sequence[LedgerRecord],
     covered_to: int = 0,
     *,
+    covered_from: int = 0,
     own_thread: str = "",
     memo: ViewMemo | None = None,
 ) -> BlockSet:
-    """Blocks of a thread whose interactions up to ``covered_to`` are replaced by a summary.
+    """Blocks of a thread whose interactions ``covered_from..covered_to`` are replaced by a summary.
 
     Coverage is decided per block (by its first record), so an outcome recorded after the covered
     range still belongs to its covered group. Instructions, the current request, material and open
-    groups are never covered: they are shown from their own records.
+    groups are never covered: they are shown from their own records. Nor is what precedes the range:
+    a request that was current when the summary was made stays out of it, and must be shown once a
+    newer request takes its place.
 
     With ``memo`` (the thread's, kept across prepares), the same records give the same blocks without
     building them again, and a block built from the same records in the same place as last time is
     that block, so what was measured and emitted of it is reused (``services/core/view_memo.py``).
     """
-    key = (covered_to, own_thread)
+    covered = range(covered_from, covered_to + 1)
+    key = (covered, own_thread)
     if memo is not None:
         found: BlockSet | None = memo.last_build(records, key)
         if found is not None:
             return found
         grown = memo.grown_from(records, key)
         if grown is not None:
-            extended = _extend(records, grown, covered_to, own_thread, memo)
+            extended = _extend(records, grown, covered, own_thread, memo)
             if extended is not None:
                 memo.settle(extended.ready)
                 memo.keep_extension(records, key, extended, built=len(records) - grown[0])
                 return extended
         memo.begin()
     run_task = run_task_seq(records, own_thread)
-    shown_records = _uncovered(records, covered_to, own_thread) if covered_to else records
+    shown_records = _uncovered(records, covered, own_thread) if covered_to else records
     ready, held, pending = build_blocks(shown_records, own_thread=own_thread, memo=memo)
-    shown = [b for b in ready if not _is_covered(b, covered_to)]
-    covered = [b for b in ready if _is_covered(b, covered_to)]
     built = BlockSet(
-        ready=shown,
+        ready=[b for b in ready if not _is_covered(b, covered)],
         held=held,
         pending=pending,
-        covered=covered,
+        covered=[b for b in ready if _is_covered(b, covered)],
         run_task=run_task,
         last_user=_last_user(shown_records),
         ascending=all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False)),
     )
     if memo is not None:
-        memo.settle(shown)
+        memo.settle(built.ready)
         memo.keep_build(records, key, built)
     return built
 
@@ -161,7 +163,7 @@ def _last_user(records: Sequence[LedgerRecord]) -> int | None:
 def _extend(
     records: Sequence[LedgerRecord],
     grown: tuple[int, BlockSet],
-    covered_to: int,
+    covered: range,
     own_thread: str,
     memo: ViewMemo,
 ) -> BlockSet | None:
@@ -203,11 +205,7 @@ def _extend(
     i = len(records)
     while i and records[i - 1].seq >= start:
         i -= 1
-    again = [
-        r
-        for r in records[i:]
-        if r.kind is not RecordKind.SYSTEM and (not covered_to or _shown(r, covered_to, pinned))
-    ]
+    again = [r for r in records[i:] if r.kind is not RecordKind.SYSTEM and _shown(r, covered, pinned)]
     if any(_foreign(r, own_thread) for r in again):
         return None
     rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread, memo))
@@ -217,14 +215,10 @@ def _extend(
         return [b for b in blocks if b.kind is BlockKind.INSTRUCTION or b.records[0].seq < start]
 
     return BlockSet(
-        ready=sorted(
-            [*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered_to))], key=_order
-        ),
+        ready=sorted([*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered))], key=_order),
         held=held,
         pending=pending,
-        covered=sorted(
-            [*kept(before.covered), *(b for b in fresh if _is_covered(b, covered_to))], key=_order
-        ),
+        covered=sorted([*kept(before.covered), *(b for b in fresh if _is_covered(b, covered))], key=_order),
         run_task=run_task,
         last_user=last_user,
         ascending=True,
@@ -273,24 +267,24 @@ def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int |
     )
 
 
-def _uncovered(records: Sequence[LedgerRecord], covered_to: int, own_thread: str = "") -> list[LedgerRecord]:
+def _uncovered(records: Sequence[LedgerRecord], covered: range, own_thread: str = "") -> list[LedgerRecord]:
     """Skip what a summary covers before building blocks, so a long covered history costs nothing.
 
-    Kept: everything after ``covered_to``, records that are never covered (instructions, material),
-    the current request and the run's task. An outcome after ``covered_to`` whose call was covered
+    Kept: everything outside the ``covered`` seqs, records that are never covered (instructions, material),
+    the current request and the run's task. An outcome after the range whose call was covered
     finds no group and is dropped with it, as its covered group would be.
     """
     pinned = {_last_user(records), run_task_seq(records, own_thread)}
-    return [r for r in records if _shown(r, covered_to, pinned)]
+    return [r for r in records if _shown(r, covered, pinned)]
 
 
-def _shown(record: LedgerRecord, covered_to: int, pinned: set[int | None]) -> bool:
-    """Whether a summary covering up to ``covered_to`` leaves ``record`` to be shown (``_uncovered``)."""
-    return record.seq > covered_to or record.kind in _NEVER_COVERED or record.seq in pinned
+def _shown(record: LedgerRecord, covered: range, pinned: set[int | None]) -> bool:
+    """Whether a summary covering the ``covered`` seqs leaves ``record`` to be shown (``_uncovered``)."""
+    return record.seq not in covered or record.kind in _NEVER_COVERED or record.seq in pinned
 
 
-def _is_covered(block: DraftBlock, covered_to: int) -> bool:
-    return block.kind is BlockKind.INTERACTION and block.records[0].seq <= covered_to
+def _is_covered(block: DraftBlock, covered: range) -> bool:
+    return block.kind is BlockKind.INTERACTION and block.records[0].seq in covered
 
 
 def build_blocks(

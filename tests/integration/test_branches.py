@@ -163,8 +163,9 @@ async def _summaries(db: asyncpg.Connection, thread_id: str) -> int:
     return int(await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", thread_id))
 
 
+@pytest.mark.parametrize("compacts_before_its_question", [False, True])
 async def test_a_fork_that_records_and_compacts_leaves_its_parents_context_and_inspection_byte_identical(
-    fleet, client: FleetClient, db: asyncpg.Connection
+    fleet, client: FleetClient, db: asyncpg.Connection, compacts_before_its_question: bool
 ) -> None:
     policy = ContextPolicy(
         name=f"steps3-{uuid.uuid4().hex[:6]}",
@@ -203,12 +204,16 @@ async def test_a_fork_that_records_and_compacts_leaves_its_parents_context_and_i
     await client.append(f.outcome("d2", "mail sent", key="g2"))
     await client.append(f.assistant(LONG.format("f3"), calls=(("d3", "close", {"order": 42}),), key="f3"))
     await client.append(f.outcome("d3", "closed", key="g3"))
-    await client.append(f.user("Then refund it.", key="fq"))
 
     async def compacted_itself() -> bool:
         # The parent's summary counted its steps past the fork point: the fork compacts on its own.
         return await _summaries(db, f.thread_id) >= 1 and await _settled(db, f.thread_id)
 
+    if compacts_before_its_question:
+        # The parent's question is then the current request, left out of the summary: once the
+        # fork's own question takes its place, it must be shown from its record.
+        await eventually(compacted_itself, what="the fork's own compaction")
+    await client.append(f.user("Then refund it.", key="fq"))
     await eventually(compacted_itself, what="the fork's own compaction")
     prepared = await client.prepare(_request(f, "fq"))
     texts = "\n".join(m.content or "" for m in prepared.messages)

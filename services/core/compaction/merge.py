@@ -271,7 +271,9 @@ def merge_summaries(
     if parent is None:
         return fold_actions(fold_progress(child, _KEEP_PROGRESS), _KEEP_ACTIONS)
     merged = StructuredSummary(
-        covered_from=parent.covered_from,
+        # A request that was current when the parent was made precedes its range; covered now, it
+        # widens the range down.
+        covered_from=min(parent.covered_from, child.covered_from),
         covered_to=child.covered_to,
         goal=parent.goal or child.goal,
         current_request=child.current_request or parent.current_request,

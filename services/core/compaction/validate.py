@@ -47,7 +47,7 @@ def validate_candidate(
         problems.append("no goal or current request")
     if not summary.next_steps:
         problems.append("no next steps")
-    expected_from = parent.covered_from if parent else covered[0].seq
+    expected_from = min(parent.covered_from, covered[0].seq) if parent else covered[0].seq
     if summary.covered_from != expected_from or summary.covered_to < covered[-1].seq:
         problems.append(
             f"covers {summary.covered_from}–{summary.covered_to}, expected {expected_from}–{covered[-1].seq}"
