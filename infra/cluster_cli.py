@@ -47,10 +47,10 @@ def add_cluster_command(sub: Any) -> None:
 
 
 def _cmd_cluster(args: argparse.Namespace, settings: Settings) -> int:
-    root: Path = args.dir or settings.data_dir / "cluster"
+    root: Path = args.dir or settings.embedded.data_dir / "cluster"
     # Traversable by the embedded PostgreSQL's own user when we are root; listing refused to others.
     secure_folder(root, DATA_FOLDER_MODE)
-    nats = NatsCluster(root / "nats", size=args.nodes, sync_always=settings.nats_sync_always)
+    nats = NatsCluster(root / "nats", size=args.nodes, sync_always=settings.embedded.nats_sync_always)
     postgres = EmbeddedPostgres(root / "postgres", sole_owner=True, password=_password(root))
     stopping: list[int] = []
 

@@ -109,13 +109,13 @@ def load_or_create_credentials(
 
 
 def _configured(settings: Settings) -> bool:
-    return settings.nats_url is not None or any(
+    return settings.bus.nats_url is not None or any(
         v is not None
         for v in (
-            settings.nats_user,
-            settings.nats_token,
-            settings.nats_nkey_seed_file,
-            settings.nats_creds_file,
+            settings.bus.nats_user,
+            settings.bus.nats_token,
+            settings.bus.nats_nkey_seed_file,
+            settings.bus.nats_creds_file,
         )
     )
 
@@ -124,7 +124,7 @@ def as_identity(settings: Settings, user: str) -> Settings:
     """``settings`` connecting to the embedded fleet as ``user`` (unchanged when NATS is configured)."""
     if _configured(settings):
         return settings
-    found = load_credentials(settings.data_dir)
+    found = load_credentials(settings.embedded.data_dir)
     if found is None or user not in found.nats:
         return settings
-    return settings.model_copy(update={"nats_user": user, "nats_password": SecretStr(found.password(user))})
+    return settings.replace(nats_user=user, nats_password=SecretStr(found.password(user)))

@@ -57,10 +57,10 @@ async def rebaseline(
         SchemaBehind: the database lacks the migration that records stream identities.
     """
     await require_current_schema(database_url, settings)
-    nc = await connect_nats(nats_urls, name="ctxfleet-rebaseline", **settings.nats_options())
+    nc = await connect_nats(nats_urls, name="ctxfleet-rebaseline", **settings.bus.nats_options())
     try:
         js = nc.jetstream(timeout=10.0)
-        pool = await create_pool(database_url, min_size=1, max_size=1, **settings.database_options())
+        pool = await create_pool(database_url, min_size=1, max_size=1, **settings.store.database_options())
         try:
             # The positions are locked while we read the stream and write, so a recorder that has
             # not halted yet cannot advance one between our read and our reset.

@@ -139,11 +139,11 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
     servers a crashed run left on the folder are stopped before anything new starts.
     """
     owned: list[EmbeddedNats | EmbeddedPostgres] = []
-    nats_urls = settings.nats_url
-    database_url = settings.database_dsn
+    nats_urls = settings.bus.nats_url
+    database_url = settings.store.database_dsn
     if nats_urls is not None and database_url is not None:
         return Servers(nats_urls=nats_urls, database_url=database_url, lock=lock)
-    data_dir = settings.data_dir
+    data_dir = settings.embedded.data_dir
     own_lock = lock is None
     held = lock if lock is not None else lock_data_folder(data_dir)
     secure_folder(
@@ -157,8 +157,8 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
         orphans = clear_orphans(data_dir, [data_dir / "postgres", data_dir / "nats"], timeout=_ORPHAN_STOP_S)
         if orphans:
             log.warning("stopped servers a previous run of %s left: %s", data_dir, "; ".join(orphans))
-        previous_port = _client_port(settings.nats_port, previous_port)
-        credentials = load_or_create_credentials(data_dir, settings.tenant_names)
+        previous_port = _client_port(settings.embedded.nats_port, previous_port)
+        credentials = load_or_create_credentials(data_dir, settings.bus.tenant_names)
         if database_url is None:
             pg = EmbeddedPostgres(data_dir / "postgres", sole_owner=True, password=credentials.postgres)
             owned.append(pg)
@@ -169,13 +169,13 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
             secure_folder(data_dir / "nats")  # raw events and the users' passwords (nats.conf)
             broker = EmbeddedNats(
                 data_dir / "nats",
-                max_payload=settings.nats_max_payload,
+                max_payload=settings.embedded.nats_max_payload,
                 port=previous_port,
-                sync_always=settings.nats_sync_always,
-                max_store=settings.nats_max_store_mb * 1024 * 1024,
+                sync_always=settings.embedded.nats_sync_always,
+                max_store=settings.embedded.nats_max_store_mb * 1024 * 1024,
                 extra_config=authorization_conf(
                     lambda user: json.dumps(credentials.password(user)),
-                    embedded_grants(settings.tenant_names),
+                    embedded_grants(settings.bus.tenant_names),
                 ),
             )
             owned.append(broker)
@@ -245,8 +245,7 @@ async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
         await asyncio.Future()  # nothing of ours to watch: external servers have their own keepers
     await supervise(
         servers.owned,
-        restarts=settings.server_restarts,
-        interval_s=settings.supervise_interval_s,
+        restarts=settings.embedded.server_restarts,
         on_restart=servers.record,
     )
 
@@ -255,7 +254,7 @@ async def migrate(
     database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR
 ) -> list[str]:
     """Apply pending migrations."""
-    options = settings.database_options() if settings is not None else {}
+    options = settings.store.database_options() if settings is not None else {}
     conn = await pg_connect(database_url, **options)
     try:
         return await apply_migrations(conn, directory)
@@ -267,7 +266,7 @@ async def require_current_schema(
     database_url: str, settings: Settings, directory: Path = MIGRATIONS_DIR
 ) -> None:
     """Refuse to serve on a database this build's migrations have not reached (the Job's task, not ours)."""
-    conn = await pg_connect(database_url, **settings.database_options())
+    conn = await pg_connect(database_url, **settings.store.database_options())
     try:
         pending = await pending_migrations(conn, directory)
     finally:
@@ -280,10 +279,10 @@ async def provision(
     nats_urls: tuple[str, ...], settings: Settings, *, force: bool = False
 ) -> ProvisionResult:
     """Check the broker and create or reconcile the streams (``CTX_STREAM_REPLICAS`` copies of each)."""
-    nc = await connect_nats(nats_urls, name="ctxfleet-provision", **settings.nats_options())
+    nc = await connect_nats(nats_urls, name="ctxfleet-provision", **settings.bus.nats_options())
     try:
         result = await provision_streams(
-            nc, partitions=settings.partitions, force=force, replicas=settings.stream_replicas
+            nc, partitions=settings.bus.partitions, force=force, replicas=settings.bus.stream_replicas
         )
         log.info("streams: events %s, dead letters %s, jobs %s", result.events, result.dead, result.jobs)
         return result
@@ -312,8 +311,10 @@ async def fleet_prerequisites(settings: Settings, servers: Servers) -> None:
     consumer that ``ctxfleet provision`` creates last); recorders retry on their own, others need none.
     """
     await require_current_schema(servers.database_url, settings)
-    if "compactor" in settings.worker_names:
-        nc = await connect_nats(servers.nats_urls, name="ctxfleet-startup-check", **settings.nats_options())
+    if "compactor" in settings.process.worker_names:
+        nc = await connect_nats(
+            servers.nats_urls, name="ctxfleet-startup-check", **settings.bus.nats_options()
+        )
         try:
             await nc.jetstream(timeout=5.0).consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
         except NotFoundError as exc:

@@ -1,6 +1,7 @@
-"""The settings table of docs/configuration.md, written from the ``Settings`` model.
+"""The settings tables of docs/configuration.md, written from the ``Settings`` model.
 
-The variable names, defaults, accepted values and which settings are secrets come from
+One table per group of settings (``bus``, ``store``, …), headed by the group's docstring. The
+variable names, defaults, accepted values and which settings are secrets come from
 ``services.settings.Settings`` itself; only the one-line meaning of each setting is written here, so a
 setting added to the model without a meaning fails ``tests/unit/test_settings_doc.py``, and so does a
 committed table that differs from what this module writes.
@@ -17,12 +18,12 @@ import types
 import typing
 from pathlib import Path
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from services.settings import ENV_PREFIX, SECRET_FIELDS, Settings
 
-__all__ = ["BEGIN", "DOC", "END", "MEANINGS", "main", "render_table", "rewrite", "table_of"]
+__all__ = ["BEGIN", "DOC", "END", "MEANINGS", "groups_of", "main", "render_table", "rewrite", "table_of"]
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN = "<!-- settings table: written by `python -m infra.settings_doc` from services/settings.py -->"
@@ -84,13 +85,7 @@ MEANINGS: dict[str, str] = {
     "pod_name": "the StatefulSet pod name (`…-3` → ordinal 3), set from the downward API",
     "recorder_id": "name stored with each record (`recorded_by`)",
     "record_batch": "most events per fetch and per transaction",
-    "background_defer_ms": (
-        "how long a budgeter or indexer pass waits for a quiet moment of its process's prepares before "
-        "it starts anyway (`0`: at once)"
-    ),
-    "background_quiet_ms": "the quiet moment: no prepare in progress and none answered for this long",
     "max_event_bytes": "events above this are dead-lettered `payload_too_large`",
-    "blob_min_bytes": "text at least this large is stored once in `ctx.blobs`, by its hash",
     "tool_result_max_tokens": "tool results above this are shown as head + tail (fixed at recording)",
     "user_input_max_tokens": (
         "user inputs above this are shown as head + tail, the whole readable back with `context_read` "
@@ -106,28 +101,11 @@ MEANINGS: dict[str, str] = {
         "while PostgreSQL announces no change of it; `0`: every prepare reads the ledger (set it behind "
         "a pooler in transaction mode, which drops notices)"
     ),
-    "summary_cache_mb": "bound (MiB, estimated) of the committed summaries a process holds",
-    "reply_cache_mb": (
-        "bound (MiB, estimated) of the JSON of messages and blocks an assembler's replies showed, "
-        "reused by the next reply of the same view"
-    ),
-    "gateway_cache_contexts": (
-        "prepared contexts each assembler keeps for their gateway checks (`ctx.gateway.check`); "
-        "beyond them the stored record is read"
-    ),
     "gateway_pending_records": (
         "records of answered contexts kept until stored (through a PostgreSQL outage); at this bound "
         "prepares are answered `overloaded`"
     ),
     "gateway_pending_mb": "the same bound in MiB (estimated)",
-    "gc_freeze_interval_s": (
-        "every this many seconds, in a moment without prepares, what survived is moved out of the "
-        "garbage collector's sight (`gc.freeze`), so no collection walks the view cache; `0`: never"
-    ),
-    "gc_sweep_interval_s": (
-        "once per this many seconds, one full collection of everything, frozen objects included; its "
-        "pause is logged and in `ctx_gc_pause_seconds`"
-    ),
     "max_inflight_requests": (
         "requests computing at once per process (waiting for an event or a compaction holds no slot); "
         "at most 4× as many queue for one"
@@ -151,7 +129,6 @@ MEANINGS: dict[str, str] = {
         "how long `ctxfleet worker` waits (live, not ready) for migrations, provisioning and the servers "
         "before exiting with code 2 (`300` in Kubernetes)"
     ),
-    "supervise_interval_s": "how often `ctxfleet up` checks that its embedded servers still run",
     "server_restarts": (
         "restarts of one embedded server `ctxfleet up` tries within 10 minutes before it stops the fleet "
         "(`0`: stop on the first exit)"
@@ -214,16 +191,27 @@ def _accepted(name: str, field: FieldInfo) -> str:
     return f"{kind} {bounds}" if bounds else kind
 
 
-def table_of(model: type[Settings] = Settings) -> list[tuple[str, str, str, str]]:
-    """One row per setting: variable (and its ``_FILE`` form for secrets), default, accepted, meaning.
+def groups_of(model: type[Settings] = Settings) -> list[tuple[str, type[BaseModel]]]:
+    """``(name, model)`` of each group of settings, in the model's order."""
+    groups = []
+    for name, field in model.model_fields.items():
+        group = field.annotation
+        assert isinstance(group, type) and issubclass(group, BaseModel), f"{name} is not a group"
+        groups.append((name, group))
+    return groups
+
+
+def table_of(group: type[BaseModel]) -> list[tuple[str, str, str, str]]:
+    """One row per setting of ``group``: variable (and its ``_FILE`` form for secrets), default,
+    accepted, meaning.
 
     Raises ``KeyError`` naming a setting that has no meaning written in ``MEANINGS``.
     """
-    missing = [name for name in model.model_fields if name not in MEANINGS]
+    missing = [name for name in group.model_fields if name not in MEANINGS]
     if missing:
         raise KeyError(f"settings without a meaning in infra/settings_doc.py: {', '.join(missing)}")
     rows = []
-    for name, field in model.model_fields.items():
+    for name, field in group.model_fields.items():
         variable = f"`{ENV_PREFIX}{name.upper()}`"
         if name in SECRET_FIELDS:
             variable += f", `{ENV_PREFIX}{name.upper()}_FILE`"
@@ -232,10 +220,15 @@ def table_of(model: type[Settings] = Settings) -> list[tuple[str, str, str, str]
 
 
 def render_table(model: type[Settings] = Settings) -> str:
-    """The Markdown table between the ``BEGIN`` and ``END`` markers."""
-    lines = ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
-    lines += [f"| {' | '.join(row)} |" for row in table_of(model)]
-    return "\n".join(lines)
+    """The Markdown between the ``BEGIN`` and ``END`` markers: a heading and a table per group."""
+    parts = []
+    for name, group in groups_of(model):
+        about = (group.__doc__ or "").strip().split("\n", 1)[0]
+        lines = [f"### `{name}` — {about}", ""]
+        lines += ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
+        lines += [f"| {' | '.join(row)} |" for row in table_of(group)]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def rewrite(text: str, table: str) -> str:

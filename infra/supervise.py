@@ -24,10 +24,13 @@ from typing import NoReturn, Protocol
 
 from .embedded import EmbeddedServerError
 
-__all__ = ["RESTART_WINDOW_S", "ServerDied", "SupervisedServer", "supervise"]
+__all__ = ["CHECK_INTERVAL_S", "RESTART_WINDOW_S", "ServerDied", "SupervisedServer", "supervise"]
 
 log = logging.getLogger("ctxfleet")
 RESTART_WINDOW_S = 600.0
+# How often `ctxfleet up` looks at its servers: a check is cheap (is the process there, is its store
+# writable), and twice a second restarts one before its clients' reconnect attempts give up.
+CHECK_INTERVAL_S = 0.5
 
 
 class SupervisedServer(Protocol):
@@ -73,7 +76,7 @@ async def supervise(
     servers: Sequence[SupervisedServer],
     *,
     restarts: int,
-    interval_s: float,
+    interval_s: float = CHECK_INTERVAL_S,
     on_restart: Callable[[], None] = lambda: None,
     clock: Callable[[], float] = time.monotonic,
 ) -> NoReturn:

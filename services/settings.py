@@ -1,5 +1,10 @@
 """The fleet's configuration: one typed object, read from ``CTX_*`` environment variables.
 
+The settings come in groups (``settings.bus``, ``.store``, ``.embedded``, ``.process``, ``.limits``,
+``.tuning``, ``.compaction``), each a frozen model; a setting's variable is ``CTX_<NAME>`` whatever
+its group, so names are unique across groups. Hot-path constants no operator should turn live in
+the modules that use them, each with its reason.
+
 Secrets (database password or URL, NATS password or token, summarizer API key) come from the
 environment or, with the ``_FILE`` suffix, from a file (a mounted Kubernetes or Compose secret).
 They are ``SecretStr`` or hidden from ``repr``, and a bad value is reported by name, never echoed.
@@ -17,9 +22,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
-from pydantic import Field, FilePath, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from contracts.subjects import DEFAULT_TENANT, check_tenant
 
@@ -27,9 +41,18 @@ from services.errors import InvalidConfiguration
 
 __all__ = [
     "ENV_PREFIX",
+    "GROUPS",
+    "GROUP_OF",
     "SECRET_FIELDS",
     "WORKER_NAMES",
+    "BusSettings",
+    "CompactionSettings",
+    "EmbeddedSettings",
+    "LimitsSettings",
+    "ProcessSettings",
     "Settings",
+    "StoreSettings",
+    "TuningSettings",
     "default_data_dir",
     "load_settings",
     "nats_connection",
@@ -186,6 +209,18 @@ def nats_connection(
     return [_without_credentials(urlsplit(url)) for url in urls], merged
 
 
+class _FlatEnv(PydanticBaseSettingsSource):
+    """``CTX_<NAME>`` for every setting of every group, as the flat ``{name: text}`` the groups take."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        # Case-insensitive, as pydantic-settings reads variables.
+        env = {key.upper(): value for key, value in os.environ.items()}
+        return {name: env[var] for name in GROUP_OF if (var := f"{ENV_PREFIX}{name.upper()}") in env}
+
+
 class _SecretFiles(PydanticBaseSettingsSource):
     """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content
     (one trailing newline dropped)."""
@@ -219,17 +254,17 @@ class _SecretFiles(PydanticBaseSettingsSource):
         return values
 
 
-class Settings(BaseSettings):
-    """Every knob of the fleet. Unset URLs mean: start the embedded servers."""
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    # Where the servers are. Unset: the embedded NATS and PostgreSQL under ``data_dir``. CTX_NATS_URL
-    # names one server or a cluster's, comma-separated; it is read once into the tuple of its URLs.
-    nats_url: Annotated[tuple[str, ...] | None, NoDecode] = None
-    database_url: SecretStr | None = None
-    data_dir: Path = Field(default_factory=default_data_dir)
-    # NATS authentication (at most one method) and TLS.
+class BusSettings(_Group):
+    """NATS: where the servers are, how to authenticate, and the shape of the streams."""
+
+    # Unset: the embedded server under ``data_dir``. CTX_NATS_URL names one server or a cluster's,
+    # comma-separated; it is read once into the tuple of its URLs.
+    nats_url: tuple[str, ...] | None = None
+    # Authentication (at most one method) and TLS.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
     nats_token: SecretStr | None = None
@@ -238,114 +273,11 @@ class Settings(BaseSettings):
     nats_tls_ca_file: FilePath | None = None
     nats_tls_cert_file: FilePath | None = None
     nats_tls_key_file: FilePath | None = None
-    nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
-    # The embedded nats-server's client port, so a client elsewhere knows where to look (0: any free one).
-    nats_port: Annotated[int, Field(ge=0, le=65535)] = 4250
-    # The embedded nats-server fsyncs every write before it acks: a killed single node then loses
-    # nothing it acked (its default flushes asynchronously). Costs publish throughput (docs/measurements.md).
-    nats_sync_always: bool = True
-    # The ceiling of the embedded JetStream store, in MiB. `ctxfleet up` keeps the store within its
-    # disk's room below that (infra/embedded.py), and raises it while running as the disk gains room.
-    nats_max_store_mb: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 20
+    partitions: Annotated[int, Field(ge=1, le=1024)] = 16
     # Copies JetStream keeps of each stream: 3 on a 3-node cluster, so losing a node loses nothing.
     stream_replicas: Annotated[int, Field(ge=1, le=5)] = 1
-    # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.
-    database_password: SecretStr | None = None
-    db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
     # The tenants whose runtime users the embedded server and `python -m infra.nats_accounts` generate.
     tenants: str = DEFAULT_TENANT
-    # The tenant the CLI and a client built from these settings speak for.
-    tenant: str = DEFAULT_TENANT
-    # What this process runs.
-    workers: str = ",".join(WORKER_NAMES)
-    partitions: Annotated[int, Field(ge=1, le=1024)] = 16
-    recorder_partitions: str = "all"
-    pod_name: str = Field(default_factory=socket.gethostname)
-    recorder_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    record_batch: Annotated[int, Field(ge=1, le=4096)] = 256
-    # How long a background pass (budgeter, indexer) waits for a quiet moment of this process's
-    # prepares (none in progress, none answered for background_quiet_ms) before it starts anyway
-    # (workers/hot_path.py); 0 starts it at once.
-    background_defer_ms: Annotated[int, Field(ge=0, le=5_000)] = 1_000
-    background_quiet_ms: Annotated[int, Field(ge=0, le=1_000)] = 10
-    max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
-    blob_min_bytes: Annotated[int, Field(ge=1)] = 4096
-    tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
-    # A user input over this is recorded as its head and tail, the whole readable back (see
-    # docs/wire.md, "Limits"): keep it well under the smallest input budget the fleet's prepares use.
-    user_input_max_tokens: Annotated[int, Field(ge=200)] = 32_000
-    compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
-    # The per-process cache of thread views (records and the blocks built of them), in MiB.
-    view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
-    # How long an assembler may answer a prepare naming no event from the view it loaded last, while
-    # the database announces nothing of that view changed (design D14.17); 0: every prepare reads it.
-    # Every table a view and its budget read announces its changes (D14.22), so the age only bounds
-    # what a notice never sent could hide: longer than an agent's think time between two steps.
-    view_trust_ms: Annotated[int, Field(ge=0, le=60_000)] = 30_000
-    # The committed summaries a process holds so unchanged views are read without them, in MiB.
-    summary_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
-    # The JSON of the messages and blocks an assembler's replies showed, kept to write the next reply
-    # of the same view without serializing them again, in MiB.
-    reply_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
-    # Prepared contexts each process keeps for their gateway checks (beyond: the stored record is read).
-    gateway_cache_contexts: Annotated[int, Field(ge=0, le=1_000_000)] = 1024
-    # Records of answered contexts waiting to be stored (through a database outage) at most, by count
-    # and by estimated MiB; at either bound prepares are answered `overloaded` until they are stored.
-    gateway_pending_records: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
-    gateway_pending_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 64
-    # The garbage collector: what survived this long is moved out of its sight (0: never), and once
-    # per sweep interval everything is collected once (cycles frozen meanwhile are reclaimed then).
-    gc_freeze_interval_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
-    gc_sweep_interval_s: Annotated[float, Field(ge=1, le=86_400)] = 900.0
-    # Request/reply admission per process: requests computing at once (waits excluded), and how
-    # long one may queue for a slot before it is answered `overloaded` instead.
-    max_inflight_requests: Annotated[int, Field(ge=1, le=4096)] = 64
-    max_queue_age_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
-    summarizer: Literal["structured", "openai"] = "structured"
-    summarizer_base_url: str | None = None
-    summarizer_model: str | None = None
-    summarizer_api: Literal["chat_completions", "responses"] = "chat_completions"
-    summarizer_api_key: SecretStr | None = None
-    # Operations: /metrics, /healthz and /readyz on one port (0: not served); drain bound on SIGTERM.
-    http_host: str = "127.0.0.1"
-    http_port: Annotated[int, Field(ge=0, le=65535)] = 0
-    # The console shows every tenant's records, unauthenticated: only to this machine unless told.
-    console_remote: bool = False
-    shutdown_timeout_s: Annotated[float, Field(gt=0, le=600)] = 25.0
-    # How long `ctxfleet worker` waits for migrations, provisioning and the servers before giving up.
-    startup_wait_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
-    # `ctxfleet up`: how often it checks its embedded servers, and how many restarts of one it
-    # tries within 10 minutes before it stops the fleet instead (0: stop on the first exit).
-    supervise_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
-    server_restarts: Annotated[int, Field(ge=0, le=100)] = 3
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _SecretFiles(settings_cls))
-
-    @classmethod
-    def env_names(cls) -> frozenset[str]:
-        """Every environment variable the fleet reads."""
-        names = {f"{ENV_PREFIX}{name.upper()}" for name in cls.model_fields}
-        names |= {f"{ENV_PREFIX}{name.upper()}_FILE" for name in SECRET_FIELDS}
-        return frozenset(names)
-
-    @field_validator("workers")
-    @classmethod
-    def _known_workers(cls, value: str) -> str:
-        names = [w.strip() for w in value.split(",") if w.strip()]
-        unknown = sorted(set(names) - set(WORKER_NAMES))
-        if unknown or not names:
-            raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
-        return ",".join(names)
 
     @field_validator("nats_url", mode="before")
     @classmethod
@@ -358,17 +290,14 @@ class Settings(BaseSettings):
             return parse_nats_urls(value)
         raise ValueError("must be nats:// URLs, comma-separated for a cluster")
 
-    @field_validator("database_url")
+    @field_validator("tenants")
     @classmethod
-    def _database_scheme(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and urlsplit(value.get_secret_value()).scheme not in ("postgres", "postgresql"):
-            raise ValueError("must be a postgresql:// URL (value not shown: it may hold a password)")
+    def _tenant_names(cls, value: str) -> str:
+        parse_tenants(value)
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.summarizer == "openai" and not (self.summarizer_base_url and self.summarizer_model):
-            raise ValueError("CTX_SUMMARIZER=openai needs CTX_SUMMARIZER_BASE_URL and CTX_SUMMARIZER_MODEL")
+    def _one_method(self) -> BusSettings:
         methods = [
             name
             for name, present in (
@@ -386,37 +315,12 @@ class Settings(BaseSettings):
             raise ValueError("CTX_NATS_USER and CTX_NATS_PASSWORD go together")
         if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
             raise ValueError("CTX_NATS_TLS_CERT_FILE and CTX_NATS_TLS_KEY_FILE go together")
-        self.owned_partitions()  # a bad CTX_RECORDER_PARTITIONS stops the process here, not at first fetch
-        try:
-            self.tenant_names  # noqa: B018 -- validates CTX_TENANTS at start
-            check_tenant(self.tenant)
-        except ValueError as exc:
-            raise ValueError(f"CTX_TENANTS={self.tenants!r} / CTX_TENANT={self.tenant!r}: {exc}") from None
         return self
 
     @property
     def tenant_names(self) -> tuple[str, ...]:
         """The configured tenants (``CTX_TENANTS``), each a valid subject token, in order, once each."""
         return parse_tenants(self.tenants)
-
-    @property
-    def database_dsn(self) -> str | None:
-        """``CTX_DATABASE_URL`` as the driver takes it (it may hold a password: never log it)."""
-        value: SecretStr | str | None = self.database_url
-        # model_copy(update=...) does not validate, so a plain string can land here.
-        return value.get_secret_value() if isinstance(value, SecretStr) else value
-
-    @property
-    def worker_names(self) -> tuple[str, ...]:
-        """The workers this process runs."""
-        return tuple(self.workers.split(","))
-
-    def owned_partitions(self) -> tuple[int, ...]:
-        """The events partitions this process records."""
-        try:
-            return parse_partitions(self.recorder_partitions, self.partitions, pod_name=self.pod_name)
-        except ValueError as exc:
-            raise ValueError(f"CTX_RECORDER_PARTITIONS={self.recorder_partitions!r}: {exc}") from None
 
     def nats_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``: credentials and TLS as configured."""
@@ -439,11 +343,232 @@ class Settings(BaseSettings):
             options["tls"] = context
         return options
 
+
+class StoreSettings(_Group):
+    """PostgreSQL: where it is and how many connections a process keeps."""
+
+    # Unset: the embedded server under ``data_dir``.
+    database_url: SecretStr | None = None
+    # Overrides the password in CTX_DATABASE_URL, so the URL itself can live in a ConfigMap.
+    database_password: SecretStr | None = None
+    db_pool_size: Annotated[int, Field(ge=2, le=200)] = 10
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and urlsplit(value.get_secret_value()).scheme not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql:// URL (value not shown: it may hold a password)")
+        return value
+
+    @property
+    def database_dsn(self) -> str | None:
+        """``CTX_DATABASE_URL`` as the driver takes it (it may hold a password: never log it)."""
+        value: SecretStr | str | None = self.database_url
+        # model_copy(update=...) does not validate, so a plain string can land here.
+        return value.get_secret_value() if isinstance(value, SecretStr) else value
+
     def database_options(self) -> dict[str, Any]:
         """Keyword arguments for ``asyncpg.connect`` / ``create_pool`` beyond the URL."""
         if self.database_password is None:
             return {}
         return {"password": self.database_password.get_secret_value()}
+
+
+class EmbeddedSettings(_Group):
+    """The servers `ctxfleet up` runs itself when no URL names external ones."""
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    # The embedded nats-server's client port, so a client elsewhere knows where to look (0: any free one).
+    nats_port: Annotated[int, Field(ge=0, le=65535)] = 4250
+    nats_max_payload: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 16 * 1024 * 1024
+    # Fsync every write before the ack: a killed single node then loses nothing it acked (NATS's
+    # default flushes asynchronously). Costs publish throughput (docs/measurements.md).
+    nats_sync_always: bool = True
+    # The ceiling of the JetStream store, in MiB. `ctxfleet up` keeps the store within its disk's room
+    # below that (infra/embedded.py), and raises it while running as the disk gains room.
+    nats_max_store_mb: Annotated[int, Field(ge=1, le=1 << 30)] = 1 << 20
+    # Restarts of one server `ctxfleet up` tries within 10 minutes before it stops the fleet instead.
+    server_restarts: Annotated[int, Field(ge=0, le=100)] = 3
+
+
+class ProcessSettings(_Group):
+    """What this process runs, who it is, and how it is operated."""
+
+    # The tenant the CLI and a client built from these settings speak for.
+    tenant: str = DEFAULT_TENANT
+    workers: str = ",".join(WORKER_NAMES)
+    recorder_partitions: str = "all"
+    pod_name: str = Field(default_factory=socket.gethostname)
+    recorder_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # /metrics, /healthz, /readyz and the console on one port (0: not served).
+    http_host: str = "127.0.0.1"
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    # The console shows every tenant's records, unauthenticated: only to this machine unless told.
+    console_remote: bool = False
+    shutdown_timeout_s: Annotated[float, Field(gt=0, le=600)] = 25.0
+    # How long `ctxfleet worker` waits for migrations, provisioning and the servers before giving up.
+    startup_wait_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+
+    @field_validator("workers")
+    @classmethod
+    def _known_workers(cls, value: str) -> str:
+        names = [w.strip() for w in value.split(",") if w.strip()]
+        unknown = sorted(set(names) - set(WORKER_NAMES))
+        if unknown or not names:
+            raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
+        return ",".join(names)
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        return check_tenant(value)
+
+    @property
+    def worker_names(self) -> tuple[str, ...]:
+        """The workers this process runs."""
+        return tuple(self.workers.split(","))
+
+
+class LimitsSettings(_Group):
+    """What bounds the input a fleet accepts and the work and memory it takes on for it."""
+
+    max_event_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
+    tool_result_max_tokens: Annotated[int, Field(ge=50)] = 2000
+    # A user input over this is recorded as its head and tail, the whole readable back (see
+    # docs/wire.md, "Limits"): keep it well under the smallest input budget the fleet's prepares use.
+    user_input_max_tokens: Annotated[int, Field(ge=200)] = 32_000
+    compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
+    # Request/reply admission per process: requests computing at once (waits excluded), and how
+    # long one may queue for a slot before it is answered `overloaded` instead.
+    max_inflight_requests: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_queue_age_ms: Annotated[int, Field(ge=0, le=60_000)] = 500
+    # Records of answered contexts waiting to be stored (through a database outage) at most, by count
+    # and by estimated MiB; at either bound prepares are answered `overloaded` until they are stored.
+    gateway_pending_records: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    gateway_pending_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 64
+
+
+class TuningSettings(_Group):
+    """What an operator may trade: throughput, memory, and how long a loaded view is trusted."""
+
+    record_batch: Annotated[int, Field(ge=1, le=4096)] = 256
+    # The per-process cache of thread views (records and the blocks built of them), in MiB.
+    view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
+    # How long an assembler may answer a prepare naming no event from the view it loaded last, while
+    # the database announces nothing of that view changed; 0: every prepare reads it (behind a
+    # pooler in transaction mode, which drops notices). Every table a view and its budget read
+    # announces its changes, so the age only bounds what a notice never sent could hide.
+    view_trust_ms: Annotated[int, Field(ge=0, le=60_000)] = 30_000
+
+
+class CompactionSettings(_Group):
+    """Which summarizer the compactor calls."""
+
+    summarizer: Literal["structured", "openai"] = "structured"
+    summarizer_base_url: str | None = None
+    summarizer_model: str | None = None
+    summarizer_api: Literal["chat_completions", "responses"] = "chat_completions"
+    summarizer_api_key: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _endpoint_named(self) -> CompactionSettings:
+        if self.summarizer == "openai" and not (self.summarizer_base_url and self.summarizer_model):
+            raise ValueError("CTX_SUMMARIZER=openai needs CTX_SUMMARIZER_BASE_URL and CTX_SUMMARIZER_MODEL")
+        return self
+
+
+# Each group in the order the documentation shows it.
+GROUPS: dict[str, type[BaseModel]] = {
+    "bus": BusSettings,
+    "store": StoreSettings,
+    "embedded": EmbeddedSettings,
+    "process": ProcessSettings,
+    "limits": LimitsSettings,
+    "tuning": TuningSettings,
+    "compaction": CompactionSettings,
+}
+# Setting names are unique across groups: each is one variable, ``CTX_<NAME>``.
+GROUP_OF: dict[str, str] = {name: group for group, model in GROUPS.items() for name in model.model_fields}
+
+
+class Settings(BaseSettings):
+    """Every knob of the fleet, in groups. Unset URLs mean: start the embedded servers.
+
+    Each setting is read from ``CTX_<NAME>``, whatever its group; the constructor and :meth:`replace`
+    take the same flat names (``Settings(nats_url=…, partitions=4)``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    bus: BusSettings = Field(default_factory=BusSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    tuning: TuningSettings = Field(default_factory=TuningSettings)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _FlatEnv(settings_cls), _SecretFiles(settings_cls))
+
+    @classmethod
+    def env_names(cls) -> frozenset[str]:
+        """Every environment variable the fleet reads."""
+        names = {f"{ENV_PREFIX}{name.upper()}" for name in GROUP_OF}
+        names |= {f"{ENV_PREFIX}{name.upper()}_FILE" for name in SECRET_FIELDS}
+        return frozenset(names)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grouped(cls, values: Any) -> Any:
+        """Flat names (from the environment, files or keywords) into their groups."""
+        if not isinstance(values, dict):
+            return values
+        flat: dict[str, dict[str, Any]] = {}
+        rest: dict[str, Any] = {}
+        for key, value in values.items():
+            if key in GROUP_OF:
+                flat.setdefault(GROUP_OF[key], {})[key] = value
+            else:
+                rest[key] = value
+        for group, named in flat.items():
+            given = rest.get(group)
+            if isinstance(given, BaseModel):
+                given = given.model_dump()
+            # A group given whole wins over flat names of its settings.
+            rest[group] = {**named, **(given or {})}
+        return rest
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        self.owned_partitions()  # a bad CTX_RECORDER_PARTITIONS stops the process here, not at first fetch
+        return self
+
+    def owned_partitions(self) -> tuple[int, ...]:
+        """The events partitions this process records."""
+        spec = self.process.recorder_partitions
+        try:
+            return parse_partitions(spec, self.bus.partitions, pod_name=self.process.pod_name)
+        except ValueError as exc:
+            raise ValueError(f"CTX_RECORDER_PARTITIONS={spec!r}: {exc}") from None
+
+    def replace(self, **changes: Any) -> Settings:
+        """These settings with ``changes`` (flat names), unvalidated like ``model_copy``."""
+        groups: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            groups.setdefault(GROUP_OF[name], {})[name] = value
+        return self.model_copy(
+            update={group: getattr(self, group).model_copy(update=update) for group, update in groups.items()}
+        )
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -456,8 +581,8 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            field = ".".join(str(x) for x in error["loc"])
-            var = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+            # ("bus", "partitions") names CTX_PARTITIONS; ("bus",) is a rule across a group's settings.
+            name = next((str(x) for x in error["loc"] if x in GROUP_OF), None)
             message = error["msg"].removeprefix("Value error, ")
-            problems.append(f"{var}: {message}" if field else message)
+            problems.append(f"{ENV_PREFIX}{name.upper()}: {message}" if name else message)
         raise InvalidConfiguration(problems) from None

@@ -51,6 +51,11 @@ log = logging.getLogger("ctxfleet")
 _STARTUP_RETRY_S = 2.0
 _POOL_CLOSE_S = 5.0
 _GAUGES_STOP_S = 2.0
+# The heap keeper: what survived 5 s is long-lived (views, caches) and is frozen out of the
+# collector's sight; a full sweep every 15 minutes reclaims cycles frozen meanwhile (its pause is in
+# ctx_gc_pause_seconds).
+_GC_FREEZE_INTERVAL_S = 5.0
+_GC_SWEEP_INTERVAL_S = 900.0
 
 
 # Subjects whose messages only say "look again"; dropping buffered ones on shutdown loses nothing.
@@ -152,30 +157,32 @@ class Fleet:
         (live, not ready, the reason on /readyz); then, or with any other error, start fails.
         """
         s = self.settings
-        names = s.worker_names
-        if s.http_port:
+        names = s.process.worker_names
+        if s.process.http_port:
             # First, so a probe can tell "starting" (503) from "dead" while connections come up.
-            await self._serve_operations(s.http_host, s.http_port)
+            await self._serve_operations(s.process.http_host, s.process.http_port)
         if prerequisites is not None:
             await self._wait_for(prerequisites, retry_on)
         self.pool = await create_pool(
-            self.database_url, min_size=2, max_size=s.db_pool_size, **s.database_options()
+            self.database_url, min_size=2, max_size=s.store.db_pool_size, **s.store.database_options()
         )
-        self._nc = await connect_nats(self.nats_urls, name=f"ctxfleet-{s.recorder_id}", **s.nats_options())
+        self._nc = await connect_nats(
+            self.nats_urls, name=f"ctxfleet-{s.process.recorder_id}", **s.bus.nats_options()
+        )
         workers = compose(
             s,
             self.nats_urls,
-            PgStore(self.pool, summary_cache_bytes=s.summary_cache_mb * 1024 * 1024),
+            PgStore(self.pool),
             self._nc,
             self.metrics,
             gateway_store=PgGatewayStore(self.pool),
             hook_grants=self.hook_grants,
             refusals=self.refusals,
         )
-        if "assembler" in names and s.view_trust_ms > 0:
+        if "assembler" in names and s.tuning.view_trust_ms > 0:
             # Before any subscriber starts: no view is trusted until this listens (D14.17).
             self._view_changes = ViewChangeListener(
-                self.database_url, workers.loader.trust, **s.database_options()
+                self.database_url, workers.loader.trust, **s.store.database_options()
             )
             await self._view_changes.start()
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
@@ -195,8 +202,8 @@ class Fleet:
         _settle_heap(names)
         self.metrics.gc_pauses.install()
         self._heap = HeapKeeper(
-            self.settings.gc_freeze_interval_s,
-            self.settings.gc_sweep_interval_s,
+            _GC_FREEZE_INTERVAL_S,
+            _GC_SWEEP_INTERVAL_S,
             quiet=self._hot_path.await_quiet if self._hot_path is not None else None,
         )
         self._heap.start()
@@ -205,7 +212,8 @@ class Fleet:
     async def _serve_operations(self, host: str, port: int) -> None:
         # The console reads through this process's pool, once there is one (``None``: a "starting" page).
         console = console_app(
-            lambda: None if self.pool is None else PgStore(self.pool), remote=self.settings.console_remote
+            lambda: None if self.pool is None else PgStore(self.pool),
+            remote=self.settings.process.console_remote,
         )
         self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness, console)
         try:
@@ -219,7 +227,7 @@ class Fleet:
     async def _wait_for(
         self, prerequisites: Callable[[], Awaitable[None]], retry_on: tuple[type[BaseException], ...]
     ) -> None:
-        deadline = time.monotonic() + self.settings.startup_wait_s
+        deadline = time.monotonic() + self.settings.process.startup_wait_s
         while True:
             try:
                 await prerequisites()
@@ -323,7 +331,12 @@ class Fleet:
             # Up to 17 JetStream requests a round: not while a prepare is being answered.
             await self._hot_path.yield_to_prepares()
         await export_backlogs(
-            self._nc, self.settings.worker_names, self.metrics, self.recorder, self.budgeter, self.indexer
+            self._nc,
+            self.settings.process.worker_names,
+            self.metrics,
+            self.recorder,
+            self.budgeter,
+            self.indexer,
         )
 
     async def stop(self) -> None:
@@ -345,18 +358,18 @@ class Fleet:
             self._gauges = None
         started = time.perf_counter()
         if recorder is not None:
-            await recorder.stop(timeout=self.settings.shutdown_timeout_s)
+            await recorder.stop(timeout=self.settings.process.shutdown_timeout_s)
             log.info("shutdown: recorder stopped after %.2fs", time.perf_counter() - started)
         if broker is not None:
             try:
                 await asyncio.wait_for(
                     _answer_what_was_delivered(broker, self.responder),
-                    timeout=self.settings.shutdown_timeout_s,
+                    timeout=self.settings.process.shutdown_timeout_s,
                 )
             except TimeoutError:
                 log.warning(
                     "shutdown: requests still being answered after %.1fs; stopping anyway",
-                    self.settings.shutdown_timeout_s,
+                    self.settings.process.shutdown_timeout_s,
                 )
             log.info("shutdown: subscriptions drained after %.2fs", time.perf_counter() - started)
             try:
@@ -369,7 +382,7 @@ class Fleet:
         gateway, self.gateway = self.gateway, None
         if gateway is not None:
             # No prepare is answered any more: store the records still pending while the pool is open.
-            await gateway.close(self.settings.shutdown_timeout_s)
+            await gateway.close(self.settings.process.shutdown_timeout_s)
             log.info("shutdown: gateway records written after %.2fs", time.perf_counter() - started)
         if budgeter is not None:
             await budgeter.stop()

@@ -67,29 +67,29 @@ def reply_rule(settings: Settings, nats_urls: tuple[str, ...]) -> ReplyRule:
     """Where this process's answers may go: connecting with a user name (``CTX_NATS_USER`` or a URL's),
     the bus names its users (the grants of ``contracts/identities.py``), so only the requester's own
     inbox is answered."""
-    _, options = nats_connection(nats_urls, settings.nats_options())
+    _, options = nats_connection(nats_urls, settings.bus.nats_options())
     return ReplyRule(named_users=bool(options.get("user")))
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
     """The recorder limits a settings object describes."""
     return RecordingLimits(
-        max_event_bytes=settings.max_event_bytes,
-        blob_min_bytes=settings.blob_min_bytes,
-        tool_result_max_tokens=settings.tool_result_max_tokens,
-        user_input_max_tokens=settings.user_input_max_tokens,
+        max_event_bytes=settings.limits.max_event_bytes,
+        tool_result_max_tokens=settings.limits.tool_result_max_tokens,
+        user_input_max_tokens=settings.limits.user_input_max_tokens,
     )
 
 
 def summarizer_factory(settings: Settings) -> SummarizerFactory:
     """The configured summarizer (deterministic by default)."""
-    if settings.summarizer == "openai":
-        assert settings.summarizer_base_url and settings.summarizer_model
+    chosen = settings.compaction
+    if chosen.summarizer == "openai":
+        assert chosen.summarizer_base_url and chosen.summarizer_model
         config = HttpSummarizerConfig(
-            base_url=settings.summarizer_base_url,
-            model=settings.summarizer_model,
-            api_key=settings.summarizer_api_key.get_secret_value() if settings.summarizer_api_key else None,
-            api=settings.summarizer_api,
+            base_url=chosen.summarizer_base_url,
+            model=chosen.summarizer_model,
+            api_key=chosen.summarizer_api_key.get_secret_value() if chosen.summarizer_api_key else None,
+            api=chosen.summarizer_api,
         )
 
         def http(current_request: LedgerRecord | None) -> Summarizer:
@@ -121,10 +121,10 @@ def broker_security(options: dict[str, Any]) -> NatsSecurity | None:
 
 def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
     """The FastStream broker of this process on ``nats_urls`` (a server or a cluster), not yet connected."""
-    servers, options = nats_connection(nats_urls, settings.nats_options())
+    servers, options = nats_connection(nats_urls, settings.bus.nats_options())
     return NatsBroker(
         servers,
-        name=f"ctxfleet-broker-{settings.recorder_id}",
+        name=f"ctxfleet-broker-{settings.process.recorder_id}",
         logger=None,
         security=broker_security(options),
         # Like our own connection: ride out any broker outage rather than give up after a minute.
@@ -132,7 +132,7 @@ def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
         # nats-py's default 2 s between attempts was nearly all of a restart's recovery time.
         reconnect_time_wait=0.5,  # type: ignore[arg-type]
         # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
-        graceful_timeout=settings.shutdown_timeout_s,
+        graceful_timeout=settings.process.shutdown_timeout_s,
         # What this connection publishes (the recorder's notices) is never delivered back to it: this
         # process's workers got them in-process already (workers/local_notices.py), and each copy
         # cost a FastStream pass per subscriber (three per event, ~0.3 ms each) on the hot path.
@@ -175,13 +175,14 @@ def compose(
     report what JetStream and PostgreSQL refuse to ``refusals`` (readiness reads it).
     """
     gateway: GatewayService | None = None
-    names = settings.worker_names
+    names = settings.process.worker_names
     refusals = refusals or Refusals()
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0), refusals)
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
     loader = ViewLoader(
-        cache=ViewCache(settings.view_cache_mb * 1024 * 1024), trust_s=settings.view_trust_ms / 1000
+        cache=ViewCache(settings.tuning.view_cache_mb * 1024 * 1024),
+        trust_s=settings.tuning.view_trust_ms / 1000,
     )
     metrics.watch_view_cache(loader.cache, loader.trust)
     broker = create_broker(settings, nats_urls)
@@ -189,11 +190,9 @@ def compose(
     # Shared by the workers of this process: the recorder's notices reach them without the broker, and
     # background passes wait for the prepares in progress.
     local = LocalNotices()
-    hot_path = HotPath(
-        quiet_s=settings.background_quiet_ms / 1000, pass_defer_s=settings.background_defer_ms / 1000
-    )
+    hot_path = HotPath()
     limits = RequestLimits(
-        max_inflight=settings.max_inflight_requests, max_queue_age_ms=settings.max_queue_age_ms
+        max_inflight=settings.limits.max_inflight_requests, max_queue_age_ms=settings.limits.max_queue_age_ms
     )
     # Every request/reply endpoint of this process (the assembler's, the compactor's), answered on the
     # connection the requests come in on (the broker's, once started), and only to the requester's inbox.
@@ -216,7 +215,7 @@ def compose(
             board,
             loader=loader,
             queue=counted,
-            compaction_wait_ms=settings.compaction_wait_ms,
+            compaction_wait_ms=settings.limits.compaction_wait_ms,
             hooks=hooks,
             quiet=hot_path.await_quiet,
             on_stage=metrics.prepare_stages(),
@@ -226,10 +225,9 @@ def compose(
                 gateway_store,
                 hook_grants or hooks,
                 store,
-                cache_contexts=settings.gateway_cache_contexts,
                 before_write=hot_path.yield_to_prepares,
-                max_pending_records=settings.gateway_pending_records,
-                max_pending_bytes=settings.gateway_pending_mb * 1024 * 1024,
+                max_pending_records=settings.limits.gateway_pending_records,
+                max_pending_bytes=settings.limits.gateway_pending_mb * 1024 * 1024,
             )
             metrics.watch_gateway(gateway)
             service.gateway = gateway
@@ -243,7 +241,6 @@ def compose(
             local=local,
             hot_path=hot_path,
             responder=responder,
-            reply_cache_bytes=settings.reply_cache_mb * 1024 * 1024,
         )
         broker.include_router(assembler.router)
     budgeter = None
@@ -274,8 +271,8 @@ def compose(
             metrics,
             partitions=settings.owned_partitions(),
             limits=recording_limits(settings),
-            recorder_id=settings.recorder_id,
-            batch=settings.record_batch,
+            recorder_id=settings.process.recorder_id,
+            batch=settings.tuning.record_batch,
             local=local,
             # Notices go out on the broker's connection, which does not echo them back (above).
             notices=lambda: broker.connection,

@@ -4,7 +4,7 @@ One indexed row, but read on the hot path: a process re-reads it at most every `
 another replica learned shows here within that time and what this process learns (a usage report,
 an overflow) shows at once to its prepares, budgeter and compactor alike.
 
-While the process listens for changes (design D14.22, migration 0024), a calibration it *read* stays
+While the process listens for changes (design D14.22; the calibration triggers), a calibration it *read* stays
 current past ``ttl_s`` — for as long as the views it budgets are trusted — until its change is
 announced: an agent that thinks longer than ``ttl_s`` between steps then reads neither again. One it
 learned itself is written before its own notice comes back, so it keeps only the ``ttl_s`` rule.

@@ -57,6 +57,9 @@ _RECORD_WAIT_S = 1.0
 _RECORD_POLL_S = 0.05
 # Records stored per statement.
 _WRITE_BATCH = 64
+# Contexts kept in memory for their checks: an agent checks the context it was just given, so the
+# newest thousand serve every step in flight; an older one is read from ctx.prepared_contexts.
+_CACHED_CONTEXTS = 1024
 # The write-behind's backoff while the store is unavailable: short first (a failover or a restart
 # takes seconds), never longer than the cap, so records are stored within seconds of its return.
 _RETRY_FIRST_S = 0.1
@@ -97,7 +100,7 @@ class GatewayService:
         grants: HookGrants,
         policies: PrepareStore | None = None,
         *,
-        cache_contexts: int = 1024,
+        cache_contexts: int = _CACHED_CONTEXTS,
         before_write: Callable[[], Awaitable[None]] | None = None,
         max_pending_records: int = 10_000,
         max_pending_bytes: int = 64 * 1024 * 1024,

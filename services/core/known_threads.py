@@ -12,7 +12,7 @@ of those is checked by the write itself, inside its one statement:
   does not know is unknown to the plan, which rejects what names it, and a rejection is never decided
   here (the batch is then read and planned again); a new call id stored earlier fails its insert;
 - event keys: none is assumed known; a key recorded earlier fails the records' unique index;
-- the partition's position: the write checks it (``ctx.require_position``, migration 0025);
+- the partition's position: the write checks it (``ctx.require_position``);
 - a known session's tenant, principal, release and pinned catalog never change (they are set by the
   batch that creates it); a run's status changes only with its main thread's records; a thread's role
   and parent never change; its state changes only by plans that are not learned here (state writes).

@@ -136,6 +136,8 @@ class RecordingLimits:
     """The recorder's configurable limits."""
 
     max_event_bytes: int = 8 * 1024 * 1024
+    # Text this large is stored once in ctx.blobs, by its hash: smaller, a row of its own costs more
+    # than the copies it saves.
     blob_min_bytes: int = 4096
     tool_result_max_tokens: int = 2000
     # A user input longer than this is shown as its head and tail, the whole readable back: a question

@@ -13,7 +13,7 @@ Invariants:
    of its own, so the loss is reported as a conflict (``RevisionConflict``), never as a unique
    violation on a sequence the winner took.
 2. A lost head, or an outcome whose call another writer closed, fails the whole statement from
-   inside it (``ctx.require_written``, migration 0019): what it did write — the sessions' numbers, the
+   inside it (``ctx.require_written``): what it did write — the sessions' numbers, the
    position — goes with it, with or without a transaction around it.
 3. Sub-statements of one ``WITH`` see one snapshot, not each other's rows: an outcome whose call is
    in the same plan is written with the call (``_fold_outcomes``), since the update closing calls
@@ -27,7 +27,7 @@ Invariants:
    the position with it, and the recorder reads those events again (``PositionRegressed``). Nothing
    that commits after it can survive without it: the WAL is flushed in order.
 6. A batch planned without reading its partition's position (``Position.unread``, design D14.23) is
-   written only over the position its writer expects (``ctx.require_position``, migration 0025): one
+   written only over the position its writer expects (``ctx.require_position``): one
    behind what it saw committed fails the statement as ``PositionRegressed``, one at or past the batch's
    first event as a ``RevisionConflict``; either way nothing of it stays (invariant 2).
 """
@@ -179,7 +179,7 @@ p AS (
   SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq),
       updated_at = now())"""
 
-# The guard's failures (migrations 0019 and 0025).
+# The guards' failures (``ctx.require_written`` and ``ctx.require_position``).
 _LOST_HEAD = "CX001"
 _CALL_CLOSED = "CX002"
 _POSITION_BEHIND = "CX003"

@@ -1,4 +1,4 @@
-"""Session forks and history reads for export (migration 0012). Only SQL here; each function takes
+"""Session forks and history reads for export. Only SQL here; each function takes
 the connection first."""
 
 from __future__ import annotations

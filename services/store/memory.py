@@ -179,7 +179,7 @@ class MemoryStore:
         self._now = now
         # The fleet's clock for ``recorded_at`` (PostgreSQL's ``now()``): search ranges and runtime.
         self.wall = wall
-        # The built-in policy every tenant may use, as migration 0002 seeds it.
+        # The built-in policy every tenant may use, as the baseline migration seeds it.
         self.tables.policies[("", DEFAULT_POLICY_NAME, 1)] = ContextPolicy.model_validate_json(
             '{"schema_version": 1, "name": "default"}'
         )

@@ -80,7 +80,7 @@ WHERE consumer = $1 AND partition = $2 AND last_stream_seq = $4
 """
 
 
-# Filed under the thread, or naming it from another thread's subject (migration 0026).
+# Filed under the thread, or naming it from another thread's subject (``named_thread_id``).
 _FIND_DEAD = """
 SELECT code, reason FROM ctx.dead_letters
 WHERE (thread_id = $1 OR named_thread_id = $1) AND event_key = $2 AND tenant = $3

@@ -1,4 +1,4 @@
-"""Listening for the commits that change views (migrations 0021 to 0024), on a connection of its own.
+"""Listening, on a connection of its own, for the commits that change views (ctx_view_changes).
 
 The notices feed a ``ChangeSink`` (``services/app/view_trust.py``). The sink is told the listener is
 up only once a notice this connection sent itself came back, so a server path that does not deliver
@@ -48,7 +48,7 @@ class ChangeSink(Protocol):
 
 
 def head_move_of(payload: str) -> tuple[str, int] | None:
-    """``h:<revision>:<thread_id>`` (migration 0023: a thread's head moved to that revision) as
+    """``h:<revision>:<thread_id>`` (a thread's head moved to that revision) as
     ``(thread_id, revision)``; ``None`` for any other payload."""
     if not payload.startswith("h:"):
         return None
@@ -59,7 +59,7 @@ def head_move_of(payload: str) -> tuple[str, int] | None:
 
 
 def calibration_change_of(payload: str) -> tuple[str, str] | None:
-    """``c:["<tenant>","<profile>"]`` (migration 0024: that calibration changed) as ``(tenant,
+    """``c:["<tenant>","<profile>"]`` (that calibration changed) as ``(tenant,
     profile)``; ``None`` for any other payload."""
     if not payload.startswith("c:"):
         return None

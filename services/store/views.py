@@ -84,7 +84,7 @@ class ThreadScope:
     reset_seq: int = 0
     snapshot_through: int = 0
     run_status: str | None = None
-    # The budget the run declared on its first event (migration 0018), for every thread of the run.
+    # The budget the run declared on its first event (``ctx.runs.task_budget``), for every thread of the run.
     task_budget: TaskBudget | None = None
 
 

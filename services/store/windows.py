@@ -1,4 +1,4 @@
-"""The windows of a thread and the handoffs that opened them (migration 0015). Only SQL here."""
+"""The windows of a thread and the handoffs that opened them. Only SQL here."""
 
 from __future__ import annotations
 

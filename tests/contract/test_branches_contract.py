@@ -1,4 +1,4 @@
-"""Forks and exports on both stores alike (migration 0012, services/store/branches.py): what a fork
+"""Forks and exports on both stores alike (services/store/branches.py): what a fork
 reads of its parent, what it refuses, and what an export writes."""
 
 from __future__ import annotations

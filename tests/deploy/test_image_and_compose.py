@@ -36,22 +36,9 @@ _SECRETISH = re.compile(r"PASSWORD|TOKEN|SECRET|API_KEY|CREDENTIAL|PRIVATE_KEY|N
 _INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 _CTX_NAME = re.compile(r"\bCTX_[A-Z0-9_]*[A-Z0-9]\b")
 
-# The settings names the brief fixed; only used if Settings.env_names() is not there.
-_FALLBACK_ENV_NAMES = frozenset(
-    """CTX_NATS_URL CTX_NATS_USER CTX_NATS_PASSWORD CTX_NATS_TOKEN CTX_NATS_NKEY_SEED_FILE CTX_NATS_CREDS_FILE
-    CTX_NATS_TLS_CA_FILE CTX_NATS_TLS_CERT_FILE CTX_NATS_TLS_KEY_FILE CTX_DATABASE_URL CTX_DATABASE_PASSWORD
-    CTX_DATA_DIR CTX_PARTITIONS CTX_RECORDER_PARTITIONS CTX_RECORDER_ID CTX_POD_NAME CTX_RECORD_BATCH
-    CTX_MAX_EVENT_BYTES CTX_BLOB_MIN_BYTES CTX_TOOL_RESULT_MAX_TOKENS CTX_DB_POOL_SIZE CTX_HTTP_HOST
-    CTX_HTTP_PORT CTX_WORKERS CTX_COMPACTION_WAIT_MS CTX_SUMMARIZER CTX_SUMMARIZER_BASE_URL
-    CTX_SUMMARIZER_MODEL CTX_SUMMARIZER_API CTX_SUMMARIZER_API_KEY CTX_NATS_MAX_PAYLOAD
-    CTX_SHUTDOWN_TIMEOUT_S CTX_LOG_LEVEL CTX_NATS_PASSWORD_FILE CTX_NATS_TOKEN_FILE CTX_DATABASE_URL_FILE
-    CTX_DATABASE_PASSWORD_FILE CTX_SUMMARIZER_API_KEY_FILE""".split()
-)
-
 
 def accepted_env_names() -> frozenset[str]:
-    env_names = getattr(Settings, "env_names", None)
-    return frozenset(env_names()) if env_names is not None else _FALLBACK_ENV_NAMES
+    return Settings.env_names()
 
 
 # --- Containerfile ---------------------------------------------------------------------------------
@@ -426,7 +413,7 @@ def test_settings_accept_the_environment_compose_gives(
     load = getattr(settings_module, "load_settings", Settings)
     settings = load()
     if name in WORKERS:
-        assert settings.nats_url and settings.database_url
+        assert settings.bus.nats_url and settings.store.database_url
 
 
 def test_no_secret_value_is_written_into_the_compose_file() -> None:

@@ -351,8 +351,8 @@ def test_the_shared_settings_are_accepted_by_the_settings_object(
     for key, value in settings_configmap(objects)["data"].items():
         monkeypatch.setenv(key, value)
     settings = Settings()
-    assert settings.nats_url == ("nats://nats:4222",)
-    assert settings.partitions == 16
+    assert settings.bus.nats_url == ("nats://nats:4222",)
+    assert settings.bus.partitions == 16
 
 
 def test_no_secret_value_is_written_inline(objects: list[Obj]) -> None:

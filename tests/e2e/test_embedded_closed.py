@@ -61,12 +61,12 @@ async def test_an_anonymous_client_cannot_connect_and_secrets_are_the_owners_alo
         await FleetClient.connect(servers.nats_urls)
     with pytest.raises(FleetUnavailable):
         await FleetClient.connect(servers.nats_urls, user="runtime-default", password="guessed")
-    assert _mode(settings.data_dir / CREDENTIALS_FILE) == 0o600
+    assert _mode(settings.embedded.data_dir / CREDENTIALS_FILE) == 0o600
     assert (
-        _mode(settings.data_dir / "nats") == 0o700
-        and _mode(settings.data_dir / "nats" / "nats.conf") == 0o600
+        _mode(settings.embedded.data_dir / "nats") == 0o700
+        and _mode(settings.embedded.data_dir / "nats" / "nats.conf") == 0o600
     )
-    assert _mode(settings.data_dir) & 0o077 in (0, 0o011)  # nobody else may list the folder
+    assert _mode(settings.embedded.data_dir) & 0o077 in (0, 0o011)  # nobody else may list the folder
 
 
 async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
@@ -77,8 +77,8 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
     try:
         # The CLI's replay inspects the thread at its end: it runs as the operator.
         operator = as_identity(settings, "operator")
-        assert operator.nats_user == "operator"
-        async with await FleetClient.connect(servers.nats_urls, **operator.nats_options()) as client:
+        assert operator.bus.nats_user == "operator"
+        async with await FleetClient.connect(servers.nats_urls, **operator.bus.nats_options()) as client:
             policy = ContextPolicy(name="closed-3000", model_profile=None, budget_tokens=3_000)
             await client.register_policy(policy)
             report = await replay_trace(
@@ -87,7 +87,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
         assert report.totals["errors"] == 0 and report.totals["prepares"] == 19
         # A runtime prepares the same thread; it may not inspect it.
         async with await FleetClient.connect(
-            servers.nats_urls, **as_identity(settings, "runtime-default").nats_options()
+            servers.nats_urls, **as_identity(settings, "runtime-default").bus.nats_options()
         ) as client:
             thread = "closed-s1-r1.main"
             prepared = await client.prepare(prepare_request_for(thread))
@@ -103,7 +103,7 @@ async def test_the_fleet_and_a_runtime_work_under_their_generated_identities(
     # (the runtime's refusal above is the only one).
     violations = [
         line
-        for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines()
+        for line in (settings.embedded.data_dir / "nats" / "nats.log").read_text().splitlines()
         if "Violation" in line
     ]
     assert all("user:runtime-default" in line and "ctx.inspect." in line for line in violations), violations
@@ -118,7 +118,7 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
 
-    creds = load_credentials(settings.data_dir)
+    creds = load_credentials(settings.embedded.data_dir)
     assert creds is not None
     nc = await nats.connect(
         list(servers.nats_urls),
@@ -142,7 +142,7 @@ async def test_a_runtime_cannot_answer_prepares_touch_jetstream_put_jobs_or_forg
     assert any("permissions violation" in str(e).lower() for e in errors)
     logged = "\n".join(
         line
-        for line in (settings.data_dir / "nats" / "nats.log").read_text().splitlines()
+        for line in (settings.embedded.data_dir / "nats" / "nats.log").read_text().splitlines()
         if "Violation" in line
     )
     for subject in (
@@ -215,7 +215,7 @@ async def test_the_embedded_postgres_requires_its_generated_password_across_rest
         servers = await asyncio.to_thread(start_servers, settings)
         try:
             url = servers.database_url
-            creds = load_credentials(settings.data_dir)
+            creds = load_credentials(settings.embedded.data_dir)
             assert (
                 creds is not None and creds.postgres and f":{creds.postgres}@" in url
             )  # url-safe: never escaped

@@ -88,7 +88,7 @@ def test_the_data_folder_stays_0711_after_the_embedded_postgres_starts() -> None
         settings = Settings(data_dir=root / "data", nats_url="nats://127.0.0.1:1")
         servers = start_servers(settings)
         try:
-            assert _mode(settings.data_dir) == 0o711  # nobody else may list it
+            assert _mode(settings.embedded.data_dir) == 0o711  # nobody else may list it
             # Its parent gains traversal only, which the embedded PostgreSQL's own user needs.
             assert _mode(root) == 0o711
         finally:

@@ -55,7 +55,7 @@ class ClosedFleet:
     victim: Thread
 
     async def connect(self, user: str) -> NatsClient:
-        creds = load_credentials(self.settings.data_dir)
+        creds = load_credentials(self.settings.embedded.data_dir)
         assert creds is not None
         return await nats.connect(
             list(self.servers.nats_urls),
@@ -98,7 +98,7 @@ async def closed(
         fleet = await start_fleet(settings, servers)
         try:
             victim = Thread()
-            creds = load_credentials(settings.data_dir)
+            creds = load_credentials(settings.embedded.data_dir)
             assert creds is not None
             user = runtime_user(VICTIM)
             async with await FleetClient.connect(

@@ -1,4 +1,4 @@
-"""The recorder's batch reads (``ctx.batch_reads``, migration 0020) are planned once per connection, and
+"""The recorder's batch reads (``ctx.batch_reads``) are planned once per connection, and
 that one plan must stay right as the ledger grows from nothing.
 
 A generic plan is made from the table sizes of its moment: made on an empty database, a join of the
@@ -40,7 +40,7 @@ async def _function(conn: asyncpg.Connection) -> asyncpg.Record:
         WHERE n.nspname = 'ctx' AND p.proname = 'batch_reads'
         """
     )
-    assert row is not None, "migration 0020 defines ctx.batch_reads"
+    assert row is not None, "the baseline migration defines ctx.batch_reads"
     return row
 
 

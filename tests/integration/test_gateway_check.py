@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import copy
 import uuid
+from functools import partial
 from typing import Any
 
 import asyncpg
 import pytest
 
+import workers.compose
+
 from contracts import GatewayAddition, PreparedContext, PrepareRequest, Purpose
 from contracts.hooks import AdditionCategory, HookBinding, HookPoint, HookSet
+from services.app.gateway import GatewayService
 from services.edge.client import FleetClient
 from services.errors import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
 from tests.fixtures.builders import Thread
@@ -123,10 +127,11 @@ async def test_additions_crossing_the_soft_limit_reprepare_once_and_are_carried(
 
 @pytest.mark.parametrize("format", ["openai.responses", "anthropic.messages"])
 async def test_check_final_reads_the_record_written_behind_the_prepare_when_nothing_is_cached(
-    start_fleet: Any, client: FleetClient, format: str
+    start_fleet: Any, client: FleetClient, format: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No context kept in memory: every check reads ctx.prepared_contexts, as another replica would.
-    await start_fleet(gateway_cache_contexts=0)
+    monkeypatch.setattr(workers.compose, "GatewayService", partial(GatewayService, cache_contexts=0))
+    await start_fleet()
     t = await _thread(client)
     prepared = await _prepared(client, t, model_profile="gpt-4o", format=format)
     assert prepared.request is not None

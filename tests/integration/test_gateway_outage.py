@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+import workers.compose
+
 from contracts import PreparedContext, PrepareRequest
 from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
+from services.app.gateway import GatewayService
 from services.edge.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.builders import Thread
@@ -39,12 +43,17 @@ def _request(t: Thread, budget: int, **fields: object) -> PrepareRequest:
 
 
 async def test_every_context_answered_ok_is_recorded_after_postgres_is_killed_mid_flush(
-    own_postgres: EmbeddedPostgres, streams: str, tmp_path: Path, client: FleetClient
+    own_postgres: EmbeddedPostgres,
+    streams: str,
+    tmp_path: Path,
+    client: FleetClient,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url = own_postgres._server.get_uri()
     await migrate(url)
     # Nothing cached: every check reads the stored record, as on another replica.
-    settings = make_settings(streams, url, tmp_path, workers="recorder,assembler", gateway_cache_contexts=0)
+    monkeypatch.setattr(workers.compose, "GatewayService", partial(GatewayService, cache_contexts=0))
+    settings = make_settings(streams, url, tmp_path, workers="recorder,assembler")
     fleet = Fleet(settings, nats_urls=(streams,), database_url=url)
     await fleet.start()
     answered: list[PreparedContext] = []

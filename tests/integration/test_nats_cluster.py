@@ -92,9 +92,9 @@ async def test_provision_keeps_stream_replicas_copies_of_every_stream_one_on_eac
 ) -> None:
     urls = (_with_credentials(cluster.urls[0], password), *cluster.urls[1:])
     settings = Settings(nats_url=urls, stream_replicas=3, partitions=4, data_dir=tmp_path)
-    assert settings.nats_url is not None
-    await provision(settings.nats_url, settings)
-    async with await FleetClient.connect(settings.nats_url) as client:
+    assert settings.bus.nats_url is not None
+    await provision(settings.bus.nats_url, settings)
+    async with await FleetClient.connect(settings.bus.nats_url) as client:
         js = client._nc.jetstream(timeout=10.0)
         for stream in (EVENTS_STREAM, DEAD_STREAM, JOBS_STREAM):
             info = await js.stream_info(stream)

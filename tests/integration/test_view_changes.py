@@ -1,4 +1,4 @@
-"""Commits that change a view are announced (migrations 0021 and 0022) and a fleet's listener acts on them
+"""Commits that change a view are announced (the view-change triggers) and a fleet's listener acts on them
 (design D14.17), on the session's real PostgreSQL and NATS."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ async def test_each_commit_is_announced_for_its_thread_session_or_run_and_a_roll
         revision = await db.fetchval(
             "SELECT revision FROM ctx.thread_heads WHERE thread_id = $1", t.thread_id
         )
-        # Its head's move names the revision it moved to (migration 0023); the batch bumped the
+        # Its head's move names the revision it moved to (``h:<revision>:<thread>``); the batch bumped the
         # session's numbers too: nothing a view reads, so not announced.
         heard_then = await until(f"h:{revision}:{t.thread_id}")
         assert f"s:{t.session_id}" not in heard_then and f"t:{t.thread_id}" not in heard_then

@@ -217,7 +217,7 @@ async def test_a_worker_refuses_an_unmigrated_database_and_names_the_fix(
         await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await conn.close()
     assert result.returncode == 2
-    assert "lacks migrations 0001_ledger.sql" in result.stderr and "ctxfleet migrate" in result.stderr
+    assert "lacks migrations 0001_baseline.sql" in result.stderr and "ctxfleet migrate" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -30,13 +30,13 @@ def test_nats_url_names_one_server_or_each_server_of_a_cluster_whitespace_around
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CTX_NATS_URL", " nats://a:4222 ,\tnats://b:4222,  tls://c:4223 ")
-    assert load_settings().nats_url == ("nats://a:4222", "nats://b:4222", "tls://c:4223")
+    assert load_settings().bus.nats_url == ("nats://a:4222", "nats://b:4222", "tls://c:4223")
     monkeypatch.setenv("CTX_NATS_URL", "nats://nats:4222")
-    assert load_settings().nats_url == ("nats://nats:4222",)
-    assert Settings(nats_url=CLUSTER).nats_url == tuple(CLUSTER.split(","))
-    assert Settings(nats_url=["nats://a:1", "nats://b:2"]).nats_url == ("nats://a:1", "nats://b:2")
+    assert load_settings().bus.nats_url == ("nats://nats:4222",)
+    assert Settings(nats_url=CLUSTER).bus.nats_url == tuple(CLUSTER.split(","))
+    assert Settings(nats_url=["nats://a:1", "nats://b:2"]).bus.nats_url == ("nats://a:1", "nats://b:2")
     monkeypatch.delenv("CTX_NATS_URL")
-    assert Settings().nats_url is None
+    assert Settings().bus.nats_url is None
 
 
 @pytest.mark.parametrize(
@@ -108,8 +108,8 @@ def test_credentials_in_the_urls_and_a_nats_user_are_two_methods_refused_togethe
 
 def test_the_workers_broker_gets_every_url_and_the_urls_credentials() -> None:
     settings = Settings(nats_url="nats://fleet:pw@127.0.0.1:14301," + CLUSTER.split(",", 1)[1])
-    assert settings.nats_url is not None
-    connection = create_broker(settings, settings.nats_url)._connection_kwargs
+    assert settings.bus.nats_url is not None
+    connection = create_broker(settings, settings.bus.nats_url)._connection_kwargs
     assert connection["servers"] == CLUSTER.split(",")
     assert (connection["user"], connection["password"]) == ("fleet", "pw")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.errors import InvalidConfiguration
-from services.settings import SECRET_FIELDS, Settings, load_settings, parse_partitions, redact_url
+from services.settings import GROUP_OF, SECRET_FIELDS, Settings, load_settings, parse_partitions, redact_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -56,8 +56,8 @@ def test_secrets_are_hidden_from_repr_and_redacted_urls(monkeypatch: pytest.Monk
     shown = repr(s) + str(s) + s.model_dump_json()
     for secret in ("hunter2", "s3cret-nats", "sk-abcdef"):
         assert secret not in shown
-    assert redact_url(s.database_dsn) == "postgresql://app:***@db:5432/ctx"
-    assert s.nats_options() == {"user": "recorder", "password": "s3cret-nats"}
+    assert redact_url(s.store.database_dsn) == "postgresql://app:***@db:5432/ctx"
+    assert s.bus.nats_options() == {"user": "recorder", "password": "s3cret-nats"}
 
 
 def test_secrets_are_read_from_files_without_the_trailing_newline(
@@ -69,8 +69,8 @@ def test_secrets_are_read_from_files_without_the_trailing_newline(
     monkeypatch.setenv("CTX_NATS_USER", "compactor")
     monkeypatch.setenv("CTX_NATS_PASSWORD_FILE", str(tmp_path / "nats"))
     s = load_settings()
-    assert s.database_options() == {"password": "pg-pass"}
-    assert s.nats_options()["password"] == "nats-pass"
+    assert s.store.database_options() == {"password": "pg-pass"}
+    assert s.bus.nats_options()["password"] == "nats-pass"
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_tls_and_nkey_options_reach_the_nats_connection(
     ca = Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
     if ca.exists():
         monkeypatch.setenv("CTX_NATS_TLS_CA_FILE", str(ca))
-    options = load_settings().nats_options()
+    options = load_settings().bus.nats_options()
     assert options["nkeys_seed"] == str(seed)
     if ca.exists():
         assert isinstance(options["tls"], ssl.SSLContext)
@@ -148,7 +148,7 @@ def test_tls_and_nkey_options_reach_the_nats_connection(
 
 def test_env_names_cover_every_field_and_the_file_variants_of_secrets() -> None:
     names = Settings.env_names()
-    assert {f"CTX_{f.upper()}" for f in Settings.model_fields} <= names
+    assert {f"CTX_{f.upper()}" for f in GROUP_OF} <= names
     assert {f"CTX_{f.upper()}_FILE" for f in SECRET_FIELDS} <= names
     assert "CTX_NATS_PASSWORD_FILE" in names and "CTX_PARTITIONS_FILE" not in names
 
@@ -188,9 +188,9 @@ def test_the_cli_refuses_to_start_on_bad_configuration_with_exit_code_2(tmp_path
 def test_tenants_are_read_once_each_in_order_and_a_name_that_cannot_be_a_subject_token_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert load_settings().tenant_names == ("default",)
+    assert load_settings().bus.tenant_names == ("default",)
     monkeypatch.setenv("CTX_TENANTS", " default, acme,acme ,globex-2")
-    assert load_settings().tenant_names == ("default", "acme", "globex-2")
+    assert load_settings().bus.tenant_names == ("default", "acme", "globex-2")
     for bad in ("acme.eu", "acme,*", " , "):
         monkeypatch.setenv("CTX_TENANTS", bad)
         with pytest.raises(InvalidConfiguration, match="CTX_TENANTS"):

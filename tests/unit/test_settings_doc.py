@@ -9,8 +9,8 @@ import pytest
 from pydantic import Field
 
 from infra import settings_doc
-from infra.settings_doc import BEGIN, DOC, END, render_table, rewrite, table_of
-from services.settings import Settings
+from infra.settings_doc import BEGIN, DOC, END, groups_of, render_table, rewrite, table_of
+from services.settings import GROUPS, TuningSettings
 
 
 def test_settings_doc_committed_table_is_what_the_generator_writes() -> None:
@@ -20,13 +20,16 @@ def test_settings_doc_committed_table_is_what_the_generator_writes() -> None:
     )
 
 
-def test_settings_doc_has_one_row_per_setting_in_model_order() -> None:
-    variables = [row[0].split(",")[0].strip("`") for row in table_of()]
-    assert variables == [f"CTX_{name.upper()}" for name in Settings.model_fields]
+def test_settings_doc_has_a_table_per_group_with_one_row_per_setting_in_model_order() -> None:
+    assert [name for name, _ in groups_of()] == list(GROUPS)
+    for name, group in groups_of():
+        assert f"### `{name}` — " in render_table()
+        variables = [row[0].split(",")[0].strip("`") for row in table_of(group)]
+        assert variables == [f"CTX_{field.upper()}" for field in group.model_fields]
 
 
 def test_settings_doc_shows_defaults_bounds_and_the_file_form_of_secrets() -> None:
-    rows = {row[0]: row for row in table_of()}
+    rows = {row[0]: row for _, group in groups_of() for row in table_of(group)}
     assert rows["`CTX_PARTITIONS`"][1:3] == ("`16`", "integer ≥ 1, ≤ 1024")
     assert rows["`CTX_NATS_SYNC_ALWAYS`"][1] == "`true`"
     assert rows["`CTX_SUMMARIZER`"][2] == "`structured` / `openai`"
@@ -35,7 +38,7 @@ def test_settings_doc_shows_defaults_bounds_and_the_file_form_of_secrets() -> No
 
 
 def test_settings_doc_refuses_a_setting_without_a_meaning() -> None:
-    class WithNewKnob(Settings):
+    class WithNewKnob(TuningSettings):
         new_knob: Annotated[int, Field(ge=1)] = 3
 
     with pytest.raises(KeyError, match="new_knob"):

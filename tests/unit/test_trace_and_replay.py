@@ -91,7 +91,7 @@ def test_settings_read_ctx_environment_and_refuse_bad_values(monkeypatch: pytest
     monkeypatch.setenv("CTX_PARTITIONS", "32")
     monkeypatch.setenv("CTX_WORKERS", "recorder")
     s = Settings()
-    assert s.partitions == 32 and s.worker_names == ("recorder",)
+    assert s.bus.partitions == 32 and s.process.worker_names == ("recorder",)
     monkeypatch.setenv("CTX_WORKERS", "recorder,telepath")
     with pytest.raises(ValueError, match="telepath"):
         Settings()
