@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
@@ -274,7 +275,8 @@ class RecorderWorker:
             mem_storage=True,
             num_replicas=1,
         )
-        name = f"recorder-p{partition}-{self._nc._nuid.next().decode()}"
+        # Unique per binding: a rebound partition never meets the consumer it left behind.
+        name = f"recorder-p{partition}-{uuid.uuid4().hex}"
         config.name = name
         bound_at = self._guard.now()
         await self._js.add_consumer(EVENTS_STREAM, config=config)

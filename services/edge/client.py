@@ -202,7 +202,7 @@ async def connect_nats(
             **options,
         )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
-        await _close_quietly(nc)  # nats-py leaves the failed socket open
+        await _close_quietly(nc)
         shown = ", ".join(map(redact_url, urls))
         raise FleetUnavailable(f"cannot connect to NATS at {shown}: {exc}") from exc
     nc.options["allow_reconnect"] = True
@@ -223,9 +223,6 @@ async def _close_quietly(nc: NatsClient) -> None:
         await nc.close()
     except Exception:  # already closed or never opened: nothing left to release
         pass
-    transport = getattr(nc, "_transport", None)
-    if transport is not None:
-        transport.close()
 
 
 class FleetClient:
