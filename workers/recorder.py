@@ -292,7 +292,7 @@ class RecorderWorker:
             epoch = self._guard.epoch
             self._subs[partition] = name
             expected = 1
-            # What this reader saw committed: a store found behind it lost commits (D14.20).
+            # What this reader saw committed: a store found behind it lost commits.
             committed = position
             while not self._stopping.is_set():
                 try:
@@ -402,7 +402,7 @@ class RecorderWorker:
                     touched[thread_id] = (-1, -1)
         for thread_id, head in touched.items():
             # This process's waiting prepares first, without a broker round trip (workers/local_notices.py),
-            # and its loader extends the view it holds with what the batch wrote (D14.21).
+            # and its loader extends the view it holds with what the batch wrote.
             tenant, keys = result.committed.get(thread_id, ("", {}))
             self._local.announce(thread_id, tenant, keys, head, result.advances.get(thread_id))
         notices = self._notices()
