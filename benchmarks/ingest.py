@@ -183,8 +183,7 @@ async def _profile(pid: int, seconds: float, out: Path) -> list[str]:
         "-f",
         "raw",
         # Every thread on a CPU (py-spy leaves out idle ones, a thread waiting for the GIL included), not
-        # only the one holding the GIL: tiktoken lets it go while it encodes, and `--gil` hid the count
-        # (design D14.14).
+        # only the one holding the GIL: tiktoken lets it go while it encodes, and `--gil` hid the count.
         "-o",
         str(raw),
         stdout=asyncio.subprocess.DEVNULL,

@@ -1,4 +1,4 @@
-"""Window rollover on a real fleet (design D10.3): the prepare that rolls over vs an ordinary one.
+"""Window rollover on a real fleet: the prepare that rolls over vs an ordinary one.
 
 A few threads under a ``rollover`` policy grow step by step with a prepare before every model call,
 as a runtime does. A step is a test run (a ~650-token output), an edit of one of 40 modules

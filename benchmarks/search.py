@@ -139,7 +139,7 @@ async def bench_search_session(
     try:
         async with await FleetClient.connect(servers.nats_urls) as client:
             rng = random.Random(11)
-            # One run per session at a time (design D3.2): its main instance and 19 children.
+            # One run per session at a time: its main instance and 19 children.
             run = f"r-{uuid.uuid4().hex[:10]}"
             threads = [Thread(session_id=session, run_id=run)] + [
                 Thread(session_id=session, run_id=run, instance_id=f"w{k}", parent_instance_id="main")

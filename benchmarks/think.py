@@ -22,7 +22,7 @@ Steps alternate between the two ways a runtime can take one (``MODES``), so both
 moments of the machine: ``one_call`` — ``FleetClient.append_and_prepare`` sends the publish and the
 prepare naming its event together (the assembler waits for the event either way); ``sequential`` —
 the prepare is sent once the publish is acked (``publish_ack_sequential`` is that first half). Next
-to the broker the two cost the same: the recorder's write outlasts the ack's way back (D14.24).
+to the broker the two cost the same: the recorder's write outlasts the ack's way back.
 Figures per pause, for each mode and for both pooled (``all_steps``: the same publish → reply, twice
 the steps for its p99): p50 / p99 / max of the step, and the fleet's CPU over the run.
 ``stages_mean_ms`` splits the fleet's part further, from its own ``ctx_record_stage_seconds`` and
@@ -30,8 +30,8 @@ the steps for its p99): p50 / p99 / max of the step, and the fleet's CPU over th
 steps of both modes — the recorder's read, plan and write; the prepare's wait for its event (which
 spans the recorder's stages, and in ``one_call`` the publish too), load, assembly and reply. Means,
 not percentiles: they say where a pause's time goes, the step figures say how it is spread.
-``views_extended`` counts the steps whose held view the recorder's commit extended to the new head
-(design D14.21), and ``answered_without_reading`` the prepares answered from a held view, with no
+``views_extended`` counts the steps whose held view the recorder's commit extended to the new head,
+and ``answered_without_reading`` the prepares answered from a held view, with no
 load (``load`` is then not observed: its mean is over the steps that read the ledger). After a think
 time the step figures are also split by that path (``steps_answered_without_reading``,
 ``steps_reading_the_ledger``: the fleet's counter scraped after each step, before the pause): the
@@ -41,8 +41,8 @@ thread, not one stepped every pause.
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
 thread whose system prompt alone is about ``PURE_SYSTEM_TOKENS`` tokens — with the same pauses. Such a
-prepare may be answered from the view its process trusts (design D14.17) until the trust's age
-(``CTX_VIEW_TRUST_MS``, 30 s by default since design D14.22; 5 s before) runs out; the share served
+prepare may be answered from the view its process trusts until the trust's age
+(``CTX_VIEW_TRUST_MS``, 30 s by default) runs out; the share served
 from trust comes from the fleet's own ``ctx_view_trust_served_total``, so the figure says which path
 each pause took. Every reply must fit its budget.
 
@@ -93,7 +93,7 @@ MODES: tuple[Mode, ...] = ("one_call", "sequential")
 ROTATE_STEPS = 10
 GROWING_STEPS = 250
 # Pure prepares per pause; at 10 s each one outlives the calibration's own 5 s age (only its announced
-# changes keep the view trusted, D14.22), so a few tell the story.
+# changes keep the view trusted), so a few tell the story.
 PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
 PURE_BUDGET = 4_000
 PURE_SYSTEM_TOKENS = 1_500
@@ -287,7 +287,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             acks: dict[float, list[float]] = {p: [] for p, _ in PAUSES}
             # Per pause: (seconds, observations) of each fleet stage over its steps.
             spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
-            # Per pause: steps whose view the recorder's commit extended (D14.21), and of those the
+            # Per pause: steps whose view the recorder's commit extended, and of those the
             # prepares answered from it (the rest read the ledger).
             handed = {p: [0.0, 0.0] for p, _ in PAUSES}
             # Per pause after a think time and mode: steps answered from a handed view, and steps that

@@ -57,9 +57,7 @@ def reply_json(reply: BaseModel) -> bytes:
     default is not ``None`` (a policy's ``context_ratio``), and free-form JSON (``details``, a
     provider body) keeps its nulls, since pydantic leaves values inside a dict alone.
     """
-    # The serializer's own bytes: ``model_dump_json`` decodes them, and encoding a large reply with any
-    # non-ASCII character back costs ~1 µs per KB.
-    return reply.__pydantic_serializer__.to_json(reply, exclude_none=True)
+    return reply.model_dump_json(exclude_none=True).encode()
 
 
 def any_of_schema(*branches: dict[str, Any], forbid: dict[str, Any] | None = None) -> _SchemaRule:

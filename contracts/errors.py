@@ -50,7 +50,7 @@ class ErrorCode(StrEnum):
     # Concurrency and infrastructure: retryable.
     REVISION_CONFLICT = "revision_conflict"
     STORE_UNAVAILABLE = "store_unavailable"
-    # The store holds an older position than its recorder committed: re-read from there (D14.20).
+    # The store holds an older position than its recorder committed: re-read from there.
     POSITION_REGRESSED = "position_regressed"
     FLEET_UNAVAILABLE = "fleet_unavailable"
     OVERLOADED = "overloaded"

@@ -88,7 +88,7 @@ class ToolCall(WireModel):
     call_id: Annotated[str, Field(min_length=1, max_length=200)]
     name: Annotated[str, Field(min_length=1, max_length=200)]
     args: dict[str, JsonValue] = Field(default_factory=dict)
-    # Set for side-effecting calls: the fleet keeps a receipt under it (design D8.1).
+    # Set for side-effecting calls: the fleet keeps a receipt under it.
     operation_id: Annotated[str, Field(min_length=1, max_length=200)] | None = None
 
 
@@ -101,7 +101,7 @@ class SystemPayload(WireModel):
 class UserInputPayload(WireModel):
     """A question, answer or supplement from the user.
 
-    ``intent`` says how it counts toward the ``user_turns`` trigger (design D5.2): a new question
+    ``intent`` says how it counts toward the ``user_turns`` trigger: a new question
     counts once; a supplement to a running question does not, though its tokens still count.
     """
 
@@ -178,7 +178,7 @@ class SourceRef(WireModel):
 
 
 class ContextExportPayload(WireModel):
-    """What a parent explicitly hands a child as background: references, never copies (design D3.4)."""
+    """What a parent explicitly hands a child as background: references, never copies."""
 
     refs: tuple[SourceRef, ...] = Field(min_length=1, max_length=500)
     note: str = ""

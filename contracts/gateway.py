@@ -5,7 +5,7 @@ provider request body the runtime is about to send, the ``prepared_id`` it was b
 addition the runtime or its model hooks made — and answers a :class:`FinalCheck` (``ok``, or
 ``context_reprepare_required`` once when the additions first cross the soft threshold) or an
 ``ErrorReply``: ``context_protected_block_altered``, ``context_addition_refused``,
-``context_budget_exceeded`` (never sendable) or ``prepared_context_not_found`` (design D5.8).
+``context_budget_exceeded`` (never sendable) or ``prepared_context_not_found``.
 """
 
 from __future__ import annotations

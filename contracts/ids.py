@@ -1,6 +1,6 @@
 """Identifier types and the one rule that makes them safe inside NATS subjects.
 
-A thread is ``(run_id, instance_id)`` (design D2.1). Its string form, ``ThreadId``, is
+A thread is ``(run_id, instance_id)``. Its string form, ``ThreadId``, is
 ``"<run_id>.<instance_id>"`` so that it spans exactly two subject tokens:
 ``ctx.events.<tenant>.<session>.<run>.<instance>``. Identifiers therefore may not contain dots, wildcards or
 whitespace.

@@ -53,7 +53,7 @@ class InspectedRecord(WireModel):
     tools: tuple[str, ...] = ()
     # A tool outcome's status (success, error, …); None for every other kind.
     status: str | None = None
-    # The window the record belongs to (design D10.1): derived from where windows opened, never stored.
+    # The window the record belongs to: derived from where windows opened, never stored.
     window: int = 1
 
 
@@ -86,7 +86,7 @@ class ThreadInspection(WireModel):
     records: tuple[InspectedRecord, ...]
     view_revision: int = 0
     summaries: int = 0
-    # The hooks that narrowed or patched the summary the view shows now (design D13).
+    # The hooks that narrowed or patched the summary the view shows now.
     summary_hooks: tuple[SummaryHook, ...] = ()
     compaction_attempts: int = 0
     compaction_failures: int = 0

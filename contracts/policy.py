@@ -1,4 +1,5 @@
-"""Context policies: the model budget a session works within and when to compact (design D5.3, D5.4).
+"""Context policies: the model budget a session works within and when to compact (docs/design.md,
+"Budget and compaction triggers").
 
 Policies are registered by name; every registration is a new immutable revision. A session pins
 the revision that was current when its first event was recorded, so a changed policy applies to

@@ -61,7 +61,7 @@ __all__ = [
 
 
 class Purpose(StrEnum):
-    """Why the runtime is calling its model (design D4.1)."""
+    """Why the runtime is calling its model."""
 
     ACTION = "action"
     COMPACTION = "compaction"
@@ -102,7 +102,7 @@ class ToolSchema(WireModel):
 
 
 class ReportedUsage(WireModel):
-    """Provider usage of the model response recorded as ``response_event_key`` (design D4.4).
+    """Provider usage of the model response recorded as ``response_event_key``.
 
     The next estimate is this usage plus local counts of what was recorded after that response,
     as long as the view is still the one the response was produced from (``view_revision``).
@@ -254,13 +254,13 @@ class ChatTool(WireModel):
     function: ToolSchema
 
 
-# The provider request shape a prepare answers in (design D4.5): the canonical ``messages``/``tools`` are
+# The provider request shape a prepare answers in: the canonical ``messages``/``tools`` are
 # always OpenAI Chat's; for the other formats ``PreparedContext.request`` holds the provider's own body.
 RequestFormat = Literal["openai.chat", "openai.responses", "anthropic.messages"]
 
 
 class BlockKind(StrEnum):
-    """What a block is (design D4.2)."""
+    """What a block is."""
 
     INSTRUCTION = "instruction"
     TASK = "task"
@@ -271,7 +271,7 @@ class BlockKind(StrEnum):
 
 
 class Retention(StrEnum):
-    """How hard the assembler holds on to a block (design D4.2)."""
+    """How hard the assembler holds on to a block."""
 
     REQUIRED = "required"
     ACTIVE = "active"
@@ -303,7 +303,7 @@ class ContextBlock(WireModel):
 
 
 class Authority(StrEnum):
-    """Whose word a block carries to the model: derived from its kind and source records (D1.2)."""
+    """Whose word a block carries to the model: derived from its kind and source records."""
 
     # The agent release's own instructions (system records).
     RELEASE_INSTRUCTION = "release_instruction"
@@ -367,7 +367,7 @@ class BudgetCategory(WireModel):
 
 
 class ReductionCounts(WireModel):
-    """What each step of the reduction order (design D5.7) did to this context, in step order."""
+    """What each step of the reduction order did to this context, in step order."""
 
     # 1. Later tool outputs byte-identical to one still in view, shown as a one-line reference.
     deduplicated: int = 0
@@ -512,7 +512,7 @@ class PreparedContext(WireModel):
     # from window 2 on, the handoff it was rebuilt from.
     window: Annotated[int, Field(ge=1)] = 1
     handoff_id: str | None = None
-    # Set on the one prepare that rolled the window over (design D10).
+    # Set on the one prepare that rolled the window over.
     rollover: RolloverReport | None = None
     # Every context hook that ran for this context: a context names the hooks that touched it.
     hooks: tuple[HookTouch, ...] = ()
@@ -524,7 +524,7 @@ class PreparedContext(WireModel):
     window_report: WindowReport | None = Field(default=None, exclude_if=is_none)
     # The run's task budget and ledger, when the request declared one.
     task_budget: TaskBudgetReport | None = Field(default=None, exclude_if=is_none)
-    # Every required block, in order, with the hash the gateway's final check verifies (design D5.8).
+    # Every required block, in order, with the hash the gateway's final check verifies.
     protected_block_manifest: tuple[ProtectedBlock, ...] = ()
 
     def openai_messages(self) -> list[dict[str, JsonValue]]:

@@ -38,7 +38,7 @@ class SearchRequest(WireModel):
 
 
 class SearchHit(WireModel):
-    """Where the text is — a pointer to read back, not evidence by itself (design D9.1)."""
+    """Where the text is — a pointer to read back, not evidence by itself."""
 
     thread_id: str
     seq: int

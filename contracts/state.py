@@ -1,4 +1,4 @@
-"""State: typed patches, tool catalogs with declared effects, facts with provenance (design D7).
+"""State: typed patches, tool catalogs with declared effects, facts with provenance.
 
 A state is a per-thread projection of the ledger, partitioned into aggregates (the part of a path
 before the first dot: ``item:42`` in ``item:42.location``). The only write path is a typed patch —

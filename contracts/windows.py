@@ -118,7 +118,7 @@ class WindowHandoff(WireModel):
     schema_version: SchemaVersion = 1
     handoff_id: str
     thread_id: str
-    # The run is the task (a run is one question, design D3.1).
+    # The run is the task (a run is one question).
     task_id: str
     previous_window: Annotated[int, Field(ge=1)]
     new_window: Annotated[int, Field(ge=2)]

@@ -595,7 +595,7 @@ class EmbeddedPostgres:
         if self._server is None:
             return
         server, self._server = self._server, None
-        postmaster = ProcessIdentity.of(server.get_pid()) if server._postmaster_info is not None else None
+        postmaster = ProcessIdentity.of(server.get_pid())
         try:
             server.cleanup()
         except (psutil.Error, subprocess.SubprocessError, OSError) as exc:
@@ -605,7 +605,7 @@ class EmbeddedPostgres:
             stop_process(proc, signal.SIGINT, timeout)
 
     def _postmaster(self) -> Any:
-        return None if self._server is None else self._server._postmaster_info
+        return None if self._server is None else self._server.get_postmaster_info()
 
 
 _HBA_MARK = "# ctxfleet: password required"

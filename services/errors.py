@@ -4,50 +4,64 @@
 
     CtxError                         code, retryable=False
     ├── InvalidEvent                 dead-lettered with the raw payload; never retried
-    │   ├── OrphanToolOutcome(call_id)
-    │   ├── DuplicateToolOutcome(call_id)
+    │   ├── OrphanToolOutcome(call_id, thread_id)
+    │   ├── DuplicateToolOutcome(call_id, first_seq)
     │   ├── DuplicateCallId(call_id)
     │   ├── ScopeViolation(thread_id, session_id, owner_session_id)
     │   │   └── ForeignSession(session_id)
     │   ├── ThreadMismatch(subject_thread, event_thread)
-    │   ├── EventKeyConflict(event_key)
     │   ├── MsgIdMismatch(sent, expected)   a Nats-Msg-Id not derived from the event's bytes
+    │   ├── EventKeyConflict(event_key, first_seq)
+    │   ├── PayloadTooLarge(size, limit)     raised by the client before publishing
     │   ├── UnknownPolicy(name)
     │   ├── RunActive(session_id, active_run, run_id)
     │   ├── ReleaseMismatch(session_id, pinned, claimed)
-    │   ├── UnregisteredPath(path) / AuthorityViolation(pattern, kind, source)
-    │   ├── StaleStateVersion(aggregate, expected, actual) / InvariantViolation(path, why)
-    │   ├── OperationExists(operation_id) / UnknownOperation(operation_id)
     │   ├── UnknownInstance(thread_id, why)
     │   ├── GrantViolation(thread_id, ref_thread, ref_seq)
-    │   ├── UnstorableEvent(stage, error, cause, sqlstate)   passed every check, yet planning or storing it
-    │   │                                                    failed
-    │   └── PayloadTooLarge(size, limit)     raised by the client before publishing
+    │   ├── UnregisteredPath(path)
+    │   ├── AuthorityViolation(pattern, kind, source)
+    │   ├── StaleStateVersion(aggregate, expected, actual)
+    │   ├── InvariantViolation(path, why)
+    │   ├── OperationExists(operation_id)
+    │   ├── UnknownOperation(operation_id)
+    │   └── UnstorableEvent(stage, error, cause, sqlstate)   passed every check, yet storing it failed
     ├── DuplicateEvent(event_key)    internal: the caller treats it as success (idempotent ack)
     ├── RevisionConflict(thread_id, expected, actual)    retryable
     ├── StoreUnavailable(cause)      retryable
+    ├── PositionRegressed(partition, committed, found)   retryable: re-read from the store's position
+    ├── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
     ├── FleetUnavailable(cause)      retryable: no assembler answered, or NATS is unreachable
     ├── PermissionDenied(subject)    the broker refused this identity the subject: never retried
     ├── Overloaded(retry_after_ms, reason, limit)   retryable: refused at once, retry after the hint
     ├── IntegrityError(ref, actual)  stored content that no longer matches its hash
     ├── ContentNotFound(ref)         read-back of content the session cannot see
     ├── InvalidPolicy                a policy that fails validation
-    ├── InvalidRequest               a prepare or inspect request that cannot be served as asked
-    │   ├── UnknownModelProfile(name)
+    ├── InvalidRequest               a request that cannot be served as asked
+    │   ├── StoreRejected(error, sqlstate, cause)   values PostgreSQL refused (SQLSTATE 22/23/54)
+    │   ├── UnknownModelProfile(name, known)
     │   ├── ThreadNotFound(thread_id)
-    │   └── StoreRejected(error, sqlstate, cause)   values PostgreSQL refused (SQLSTATE 22/23/54)
+    │   ├── SessionExists(session_id)     a fork naming a session id already in use
+    │   ├── SeqOutOfRange(session_id, at_seq, last_seq)
+    │   ├── ForkInsideToolGroup(session_id, at_seq, thread_id, call_ids)
+    │   └── NotExportable(session_id, seq, what)   a record the trace format cannot carry
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
     ├── EventRejected(event_key, rejected_code, reason)   refused, or its key holds another body
     ├── ContextBudgetExceeded(required, input_budget, items)
     │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
-    ├── ProtectedBlockAltered(prepared_id, block_id, how)   a final request lost or changed a required block
-    ├── AdditionRefused(prepared_id, reason, position)   a final request's addition is unlabelled or ungranted
-    ├── PreparedContextNotFound(prepared_id)   a final check of a context this fleet never prepared
-    ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
     ├── TaskBudgetExhausted(thread_id, report)   a run's hard task budget is spent
+    ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
     ├── NothingToCompact(thread_id, reason)   a manual compaction found nothing the policy lets go
     ├── CompactionFailed(thread_id, stage, detail)   a manual compaction that did not commit
-    └── InvalidConfiguration(problems)   a process refusing to start: one line per bad setting
+    ├── ProtectedBlockAltered(prepared_id, block_id, how, detail)   a final request lost a required block
+    ├── AdditionRefused(prepared_id, reason, position, detail)   an addition unlabelled or ungranted
+    ├── PreparedContextNotFound(prepared_id, format)   a final check of a context never prepared
+    ├── HookChangeRefused(source, point, problems)   a hook asked for a change its point never allows
+    ├── HookRejected(source, point, reason)
+    ├── HookTimeout(source, point, timeout_ms)
+    └── HookFailed(source, point, detail)   no valid reply: no responder, an error, a malformed answer
+
+The store raises these same classes: ``services/store/_errors.py`` translates the driver's errors
+into ``DuplicateEvent``, ``RevisionConflict``, ``StoreRejected`` and ``StoreUnavailable``.
 
 Decode failures of raw bytes are ``contracts.EventDecodeError`` (the wire owns them); the recorder
 dead-letters both kinds the same way.
@@ -449,7 +463,7 @@ class StoreUnavailable(CtxError):
 class PositionRegressed(CtxError):
     """The store's position of a partition is behind what this recorder committed there: commits it
     made were lost (a PostgreSQL crash before they were flushed, a failover to a lagging replica), so
-    what follows must be read again from the position the store holds (design D14.20)."""
+    what follows must be read again from the position the store holds."""
 
     code = ErrorCode.POSITION_REGRESSED
     retryable = True
@@ -538,7 +552,7 @@ class ContentNotFound(CtxError):
 
 
 class InvalidPolicy(CtxError):
-    """A policy that fails validation (design D5.4)."""
+    """A policy that fails validation."""
 
     code = ErrorCode.INVALID_POLICY
 
@@ -631,7 +645,7 @@ class SeqOutOfRange(InvalidRequest):
 
 
 class ForkInsideToolGroup(InvalidRequest):
-    """A fork point between a tool call and its outcome: the fork would hold half a group (D2.4)."""
+    """A fork point between a tool call and its outcome: the fork would hold half a group."""
 
     code = ErrorCode.FORK_INSIDE_TOOL_GROUP
 

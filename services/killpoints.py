@@ -1,4 +1,4 @@
-"""Fault injection for the recovery tests (design D8.2): die hard at a named point.
+"""Fault injection for the recovery tests: die hard at a named point.
 
 Set ``CTX_KILL_POINT=<name>`` (or ``<name>:<n>`` for the n-th time the point is reached) and the
 process sends itself SIGKILL there — no exception handlers, no cleanup, exactly like a crash.

@@ -180,7 +180,7 @@ class Fleet:
             refusals=self.refusals,
         )
         if "assembler" in names and s.tuning.view_trust_ms > 0:
-            # Before any subscriber starts: no view is trusted until this listens (D14.17).
+            # Before any subscriber starts: no view is trusted until this listens.
             self._view_changes = ViewChangeListener(
                 self.database_url, workers.loader.trust, **s.store.database_options()
             )

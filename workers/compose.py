@@ -207,7 +207,7 @@ def compose(
             changed=lambda thread_id: loader.trust.changed("thread", thread_id),
             moved=loader.trust.head_moved,
         )
-        # This process's recorder hands each head it moves to the loader first (D14.21).
+        # This process's recorder hands each head it moves to the loader first.
         local.listen_advanced(loader.extend)
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(

@@ -89,7 +89,7 @@ class _ViewCacheCollector(Collector):
         )
         yield CounterMetricFamily(
             "ctx_view_trust_extended",
-            "Trusted views extended to the head this process's recorder moved them to (D14.21)",
+            "Trusted views extended to the head this process's recorder moved them to",
             t.extended,
         )
         yield GaugeMetricFamily("ctx_view_trust_views", "Views this process trusts now", len(t))
@@ -206,7 +206,7 @@ class FleetMetrics:
         self.record_batches_known = Counter(
             "ctx_record_batches_known",
             "Batches planned from what the recorder wrote last on their thread, without reading the "
-            "ledger (design D14.23), by outcome: planned (committed so) or missed (another writer or a "
+            "ledger, by outcome: planned (committed so) or missed (another writer or a "
             "stored key intervened: read and planned again)",
             ["outcome"],
             registry=r,
@@ -305,7 +305,7 @@ class FleetMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        # Window rollovers (design D10): why each window closed, how large its handoff was, and how
+        # Window rollovers: why each window closed, how large its handoff was, and how
         # long the prepare spent closing it before assembling the next window.
         self.window_rollovers = Counter(
             "ctx_window_rollovers", "Windows closed by a rollover, by trigger", ["trigger"], registry=r

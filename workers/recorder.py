@@ -32,6 +32,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
@@ -274,7 +275,8 @@ class RecorderWorker:
             mem_storage=True,
             num_replicas=1,
         )
-        name = f"recorder-p{partition}-{self._nc._nuid.next().decode()}"
+        # Unique per binding: a rebound partition never meets the consumer it left behind.
+        name = f"recorder-p{partition}-{uuid.uuid4().hex}"
         config.name = name
         bound_at = self._guard.now()
         await self._js.add_consumer(EVENTS_STREAM, config=config)
@@ -290,7 +292,7 @@ class RecorderWorker:
             epoch = self._guard.epoch
             self._subs[partition] = name
             expected = 1
-            # What this reader saw committed: a store found behind it lost commits (D14.20).
+            # What this reader saw committed: a store found behind it lost commits.
             committed = position
             while not self._stopping.is_set():
                 try:
@@ -400,7 +402,7 @@ class RecorderWorker:
                     touched[thread_id] = (-1, -1)
         for thread_id, head in touched.items():
             # This process's waiting prepares first, without a broker round trip (workers/local_notices.py),
-            # and its loader extends the view it holds with what the batch wrote (D14.21).
+            # and its loader extends the view it holds with what the batch wrote.
             tenant, keys = result.committed.get(thread_id, ("", {}))
             self._local.announce(thread_id, tenant, keys, head, result.advances.get(thread_id))
         notices = self._notices()

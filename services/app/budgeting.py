@@ -88,7 +88,7 @@ class BudgetService:
             )
             enqueued = False
             if decision.action == "enqueue" and view.policy.window.strategy is WindowStrategy.ROLLOVER:
-                pass  # a rollover thread is not summarized: its prepare closes the window (D10.3)
+                pass  # a rollover thread is not summarized: its prepare closes the window
             elif decision.action == "enqueue":
                 enqueued = await request_job(store, self._queue, view, decision.hits) is not None
             elif decision.action == "defer":

@@ -1,6 +1,6 @@
 """The compactor's service: run one job, commit a verified summary revision or leave the view as it was.
 
-Every outcome but ``committed`` leaves the counter baseline where it was (design D5.6): a failed
+Every outcome but ``committed`` leaves the counter baseline where it was: a failed
 summary, an empty or invalid one, no real reduction, or a lost race. Source records are never
 touched; a new summary chains to its parent and covers only records its parent did not.
 """
@@ -167,7 +167,7 @@ class CompactionService:
                 return self._rolled_up(view, job, measure, parent.body, cap, new_revision)
             return JobOutcome("deferred", "select", "nothing_compressible", measure.estimated), None
         chosen = list(choice.blocks)
-        # The hooks that narrowed the range or patched the summary, recorded with it (design D13).
+        # The hooks that narrowed the range or patched the summary, recorded with it.
         shaped_by: tuple[SummaryHook, ...] = ()
         if self._hooks is not None:
             try:
@@ -201,7 +201,7 @@ class CompactionService:
                 tokens_before=measure.estimated,
             ), None
         if current_request is not None:
-            # The task comes from its own record, whatever the summarizer made of it (design D6.2).
+            # The task comes from its own record, whatever the summarizer made of it.
             merged = merged.model_copy(
                 update={
                     "current_request": SourcedText(

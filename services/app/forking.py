@@ -1,5 +1,5 @@
 """Forking a session at a seq (``ctx.session.fork``): a new session whose history is the parent's up to
-that seq, by reference (seed 003 §10; design D3.5).
+that seq, by reference (seed 003 §10).
 
 Checks, in order:
 
@@ -11,7 +11,7 @@ Checks, in order:
 4. ``at_seq`` does not split a tool group: the main thread the newest record at or before it belongs
    to has no call without an outcome at or before ``at_seq`` (``fork_inside_tool_group``). Half a
    group in a branch would be a call whose outcome never comes, or one the fork records a second
-   time (design D2.4).
+   time.
 
 Nothing here writes to the parent: the fork is a new sessions row (pins copied, seq starting at
 ``at_seq``) and a ``session_forks`` row; its views read the parent's records, never change them.

@@ -1,4 +1,4 @@
-"""Model profiles and the input budget: ``InputBudget = min(input_limit, C − R − S)`` (design D5.1)."""
+"""Model profiles and the input budget: ``InputBudget = min(input_limit, C − R − S)``."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ class BudgetSpec:
     safety_margin: int
     input_budget: int
     encoding: str
-    # ``input_budget`` is in local tokens: the profile's budget divided by this factor (design D5.1 as
-    # the provider counts it). Only profiles with encoding "estimate" are calibrated from usage.
+    # ``input_budget`` is in local tokens: the profile's budget divided by this factor (as the
+    # provider counts it). Only profiles with encoding "estimate" are calibrated from usage.
     calibration_factor: float = 1.0
     calibration_reports: int = 0
 

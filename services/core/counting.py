@@ -1,4 +1,4 @@
-"""The one rule for what counts as a user turn and as a model step (design D5.2). Pure.
+"""The one rule for what counts as a user turn and as a model step. Pure.
 
 The recorder counts wire events into the thread head; the view, the budgeter and the summarizers
 count records. Both sides ask here, so a head's counters and a view's totals cannot drift apart.

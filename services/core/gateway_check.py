@@ -1,6 +1,6 @@
 """The gateway's final check of a provider request against the context it was prepared from. Pure.
 
-Checks, in order (design D5.8):
+Checks, in order (docs/design.md, "The gateway's final check holds what is sent to what was prepared"):
 
 1. Every protected block is in the request, byte-identical (its units' hash is the manifest's) and
    in manifest order; otherwise ``ProtectedBlockAltered`` says which block and how: ``missing``,

@@ -938,7 +938,7 @@ def _state_write(
 
 
 def _counts_as_turn(event: Event) -> int:
-    """A user turn counts once per accepted new question (design D5.2)."""
+    """A user turn counts once per accepted new question."""
     return int(isinstance(event, UserInputEvent) and is_new_question(event.payload.intent))
 
 

@@ -3,7 +3,7 @@
 Rendering is fixed at recording time (the view text of a long tool result, the token counts per
 encoding), so a prepare never re-tokenizes history. Material from resources and child agents is
 framed as quoted material in a user message: text from a tool, a file or a child can never
-appear with instruction authority (design D1.2).
+appear with instruction authority.
 """
 
 from __future__ import annotations

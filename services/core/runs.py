@@ -1,4 +1,4 @@
-"""Sessions, runs and threads as the recorder sees them: who may write where (design D3.1–D3.4). Pure.
+"""Sessions, runs and threads as the recorder sees them: who may write where. Pure.
 
 Rules, one check each:
 

@@ -1,9 +1,10 @@
 """State as a deterministic projection of the ledger: facts with provenance and supersession. Pure.
 
-Rules (design D7.1–D7.6), one function each:
+Rules (docs/design.md, "State"), one function each:
 
 1. Only registered paths are written (``_rule_for``).
-2. Who may write is the authority matrix of design D7.3; a model can only propose (``_authority``).
+2. Who may write is the authority matrix (docs/design.md, "Who may write what"); a model can only
+   propose (``_authority``).
 3. A patch names the aggregate versions it was based on; a moved aggregate refuses it (``_check_versions``).
 4. Operations keep their invariants: increment needs a number, append/remove a list, replace_if the
    expected current value (``_apply_op``).
@@ -67,7 +68,8 @@ __all__ = [
 ]
 
 _Verdict = Literal["commit", "proposal", "deny"]
-# design D7.3. "Confirmation" (a user on a business fact) commits; "Proposal" is recorded, not applied.
+# The authority matrix (docs/design.md, "Who may write what"). "Confirmation" (a user on a business fact)
+# commits; "Proposal" is recorded, not applied.
 AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
     "tool_fact": {
         "tool_effect": "commit",
@@ -115,7 +117,7 @@ AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
         "orchestrator": "commit",
     },
 }
-# The plan lifecycle (design D7.8): where a plan's status may go from where it is.
+# The plan lifecycle: where a plan's status may go from where it is.
 PLAN_TRANSITIONS: Mapping[str | None, frozenset[str]] = {
     None: frozenset({"proposed"}),
     "proposed": frozenset({"accepted", "cancelled"}),

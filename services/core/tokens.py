@@ -8,7 +8,7 @@ base64 token and its rank per line, tiktoken's own format); tiktoken's encoding 
 ever touches the network, the environment or a cache directory.
 
 UTF-8 bytes / 4 exists only as a labelled fallback (``estimate:utf8_bytes_div_4``): on real agent
-traffic it undercounts by about 13% (design D1.3).
+traffic it undercounts by about 13%.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``append`` publishes an event to JetStream with ``Nats-Msg-Id`` = thread + event key, so a retried
 publish is dropped by the server within its window and by the recorder after it. ``prepare``
 asks the assembler (request/reply) and raises the typed error of an error reply. ``append_and_prepare``
-is one agent step: both at once, the prepare naming the event (design D14.24).
+is one agent step: both at once, the prepare naming the event.
 
 A prepare naming an event this client published carries the event's content hash
 (``after_event_hash``), so a key reused for another body is answered ``event_rejected`` at once.
@@ -202,7 +202,7 @@ async def connect_nats(
             **options,
         )
     except Exception as exc:  # socket, TLS and protocol errors all mean: cannot start
-        await _close_quietly(nc)  # nats-py leaves the failed socket open
+        await _close_quietly(nc)
         shown = ", ".join(map(redact_url, urls))
         raise FleetUnavailable(f"cannot connect to NATS at {shown}: {exc}") from exc
     nc.options["allow_reconnect"] = True
@@ -223,9 +223,6 @@ async def _close_quietly(nc: NatsClient) -> None:
         await nc.close()
     except Exception:  # already closed or never opened: nothing left to release
         pass
-    transport = getattr(nc, "_transport", None)
-    if transport is not None:
-        transport.close()
 
 
 class FleetClient:
@@ -399,7 +396,7 @@ class FleetClient:
         The prepare names the event (``after_event_key``) and is sent with the publish, not after its
         ack: the assembler waits for the event to be recorded either way (read-your-writes). Next to
         the fleet that is about as fast as sequential, since the recorder's write outlasts the ack's
-        way back (design D14.24); a runtime far from the broker saves a round trip (5 ms away each
+        way back; a runtime far from the broker saves a round trip (5 ms away each
         way: 16.9 against 25.2 ms p50). ``request`` must be for the event's thread and session and
         name no other event.
 

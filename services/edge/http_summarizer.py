@@ -1,7 +1,7 @@
 """A summarizer backed by any OpenAI-compatible endpoint (Chat Completions or Responses API).
 
 One segment is one HTTP request: a fixed, versioned instruction, then one user message holding the
-parent summary and the covered records as quoted material (never instruction, design D1.2).
+parent summary and the covered records as quoted material (never instruction).
 No tools are offered; the answer is constrained to the summary schema without ``covered_from`` /
 ``covered_to``, which come from the segment itself.
 

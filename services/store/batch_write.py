@@ -22,11 +22,11 @@ Invariants:
 4. The sessions' bump is read by the records' insert (their session sequence numbers) and returned,
    so the caller has each session's base for runs and resets.
 5. A statement that moves a consumer's position commits without waiting for the WAL flush
-   (``synchronous_commit`` off for its transaction, design D14.20): everything it writes is derived
+   (``synchronous_commit`` off for its transaction): everything it writes is derived
    from events the broker stored durably before acking them, so a crash that loses the commit loses
    the position with it, and the recorder reads those events again (``PositionRegressed``). Nothing
    that commits after it can survive without it: the WAL is flushed in order.
-6. A batch planned without reading its partition's position (``Position.unread``, design D14.23) is
+6. A batch planned without reading its partition's position (``Position.unread``) is
    written only over the position its writer expects (``ctx.require_position``): one
    behind what it saw committed fails the statement as ``PositionRegressed``, one at or past the batch's
    first event as a ``RevisionConflict``; either way nothing of it stays (invariant 2).
@@ -71,8 +71,8 @@ class LedgerWritten:
 
 @dataclass(frozen=True)
 class Unread:
-    """What a writer that planned without reading the position expects the store to hold (design
-    D14.23): at least ``committed`` (what it saw committed; less means commits were lost, D14.20) and
+    """What a writer that planned without reading the position expects the store to hold: at
+    least ``committed`` (what it saw committed; less means commits were lost) and
     less than ``first_seq`` (the batch's first event; more means another writer applied it)."""
 
     committed: int

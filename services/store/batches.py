@@ -174,7 +174,7 @@ VERSIONS_JSON = "json_build_array(thread_id, aggregate, version)"
 
 # Every read a batch needs in one round trip: ``ctx.batch_reads``, one statement whose
 # sub-selects each aggregate one of the reads to a JSON array (json and jsonb columns as text, parsed
-# exactly as the row-per-query reads parsed them), planned once per connection (design D14.12).
+# exactly as the row-per-query reads parsed them), planned once per connection.
 _READ_BATCH = f"SELECT * FROM ctx.batch_reads({', '.join(f'${n}' for n in range(1, 16))})"
 
 

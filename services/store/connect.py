@@ -21,7 +21,7 @@ async def connect(url: str, **options: Any) -> asyncpg.Connection:
 # Types asyncpg learns from the server once per connection, on the first statement that uses one: the
 # store's arrays of int8, int4 and timestamptz and its anonymous records (a view load's records). Each
 # was a catalog query of 3-12 ms (PostgreSQL's log) inside whichever request first ran such a statement
-# on a new connection, up to four of them; asked for together here, as the connection opens (D14.13).
+# on a new connection, up to four of them; asked for together here, as the connection opens.
 _PRIME_TYPES = "SELECT NULL::int8[], NULL::int4[], NULL::timestamptz[], ARRAY[ROW(1)]"
 
 

@@ -49,7 +49,7 @@ class CompactionEntry:
     summarizer: str
     trigger_reasons: tuple[str, ...]
     target_reached: bool
-    # The hooks that narrowed or patched it (design D13).
+    # The hooks that narrowed or patched it.
     hooks: tuple[SummaryHook, ...] = ()
 
 

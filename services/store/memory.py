@@ -492,7 +492,7 @@ class MemorySession:
         self._write_runs(plan, bases)
         for c in plan.calls:
             if (c.thread_id, c.call_id) in t.calls:
-                # As the server's unique violation on tool_calls_pkey translates: a race (design D14.23).
+                # As the server's unique violation on tool_calls_pkey translates: a race.
                 raise RevisionConflict(c.thread_id, -1, None)
             t.calls[(c.thread_id, c.call_id)] = {
                 "name": c.name,

@@ -211,7 +211,7 @@ class SummaryRow:
     text: str
     tokens_o200k: int
     tokens_cl100k: int
-    # The hooks that narrowed or patched it (design D13).
+    # The hooks that narrowed or patched it.
     hooks: tuple[SummaryHook, ...] = ()
     # Every record seq the body cites, sorted: walked once per summary, not on every prepare (where it
     # would be 15 % of a compacted 500-record thread's prepare).

@@ -46,7 +46,7 @@ class Stack:
         self.nats.start()
         self.pg_url = self.pg.start()
         asyncio.run(self._build_template())
-        # The recorder's commits do not wait for the WAL flush (design D14.20); a WAL writer that
+        # The recorder's commits do not wait for the WAL flush; a WAL writer that
         # flushes them only every 10 s makes each SIGKILL lose the last of them, which the recorder
         # must then read again from the broker, every event once and in order.
         asyncio.run(self._admin("ALTER SYSTEM SET wal_writer_delay = '10s'"))

@@ -56,8 +56,8 @@ class Scenario(StrEnum):
     FLEET_KILL = "fleet_kill"
     WORKER_KILL = "worker_kill"
     POSTGRES_RESTART = "postgres_restart"
-    # SIGKILL of PostgreSQL alone, the fleet running on: the recorder's last commits, not yet flushed
-    # (design D14.20), are lost with it and must be read again from the broker.
+    # SIGKILL of PostgreSQL alone, the fleet running on: the recorder's last commits, not yet flushed,
+    # are lost with it and must be read again from the broker.
     POSTGRES_KILL = "postgres_kill"
     NATS_RESTART = "nats_restart"
     DUPLICATES = "duplicates"

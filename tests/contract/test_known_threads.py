@@ -1,5 +1,5 @@
 """An agent's next step on a thread the recorder just wrote is planned from what it wrote, without
-reading the ledger (design D14.23) — and commits exactly what a step planned from a read commits.
+reading the ledger — and commits exactly what a step planned from a read commits.
 
 Each test runs on the in-memory twin and on PostgreSQL (the statement's guards: the head's
 compare-and-set, the unique keys and call ids, ``ctx.require_position``).
@@ -176,7 +176,7 @@ async def test_a_position_behind_what_was_committed_is_refused_without_a_read(st
     t = Thread()
     await _one_by_one(service, [t.user("Fix app.py", key="u1"), t.assistant("ok", key="a1")], start=1)
     reads = counted.reads
-    # The reader saw stream seq 4 committed, the store holds 2: commits were lost (design D14.20).
+    # The reader saw stream seq 4 committed, the store holds 2: commits were lost.
     [message] = incoming([t.user("next", key="u2")], start_seq=5)
     with pytest.raises(PositionRegressed):
         await service.record_batch(0, [message], committed=4)

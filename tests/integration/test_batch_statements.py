@@ -85,7 +85,7 @@ async def test_one_event_on_a_known_thread_costs_two_statements_then_one(
     # no BEGIN, no COMMIT.
     assert len(sent) == 2, "\n".join(sent)
     assert not any(q.startswith(("BEGIN", "COMMIT")) for q in sent), "\n".join(sent)
-    # Its next steps are planned from what the recorder wrote (design D14.23): no read, only the write,
+    # Its next steps are planned from what the recorder wrote: no read, only the write,
     # whose guards check the head, the keys and the position the read used to bring.
     for step in ("k3", "k4"):
         sent = await _statements_of(service, statements, [t.user(step, key=step)], seq=next(seqs))
@@ -227,7 +227,7 @@ def _plan_of_new_thread(text: str) -> BatchPlan:
 async def test_a_recorder_write_commits_without_waiting_for_the_wal_flush_and_leaves_the_connection_as_it_was(
     database_url: str,
 ) -> None:
-    # D14.20: the recorder's events are durable in the broker before it reads them, so its commit need
+    # The recorder's events are durable in the broker before it reads them, so its commit need
     # not wait for the WAL flush; a write with no position (not read from the stream) still waits.
     plan = _plan_of_new_thread("first")
     consumer = f"flush-{uuid.uuid4().hex}"

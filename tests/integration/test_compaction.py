@@ -1,4 +1,4 @@
-"""Budgeter and compactor over real NATS and Postgres, with fixed small budgets (design D8.3)."""
+"""Budgeter and compactor over real NATS and Postgres, with fixed small budgets."""
 
 from __future__ import annotations
 

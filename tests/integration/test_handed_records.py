@@ -1,4 +1,4 @@
-"""What a recorder hands its process's loader (design D14.21) is what PostgreSQL gives back: every
+"""What a recorder hands its process's loader is what PostgreSQL gives back: every
 record of every bundled sample, recorded one event per batch, rebuilt from the plan exactly as a load
 reads it, and every head as stored."""
 

@@ -126,8 +126,8 @@ def _debian_nats_listening() -> bool:
 async def test_check_server_refuses_a_server_older_than_2_10_with_a_clear_message() -> None:
     nc = await nats.connect("nats://127.0.0.1:4222")
     try:
-        version = nc._server_info["version"]
-        if tuple(int(x) for x in version.split(".")[:2]) >= (2, 10):
+        version = nc.connected_server_version
+        if (version.major, version.minor) >= (2, 10):
             pytest.skip(f"system nats-server is {version}, new enough")
         with pytest.raises(ProvisionError, match=r"needs nats-server >= 2\.10.*runs 2\.9"):
             await check_server(nc)

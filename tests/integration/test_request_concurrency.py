@@ -60,7 +60,7 @@ async def test_prepares_beyond_the_limit_are_answered_overloaded_with_a_retry_hi
     start_fleet, client: FleetClient
 ) -> None:
     # Two slots and a 50 ms queue age: a burst of 100 cannot all be served in time. Each reads the
-    # ledger (no trusted view, D14.17): served from one, 100 prepares take less than the queue age.
+    # ledger (no trusted view): served from one, 100 prepares take less than the queue age.
     fleet = await start_fleet(
         workers="recorder,assembler", max_inflight_requests=2, max_queue_age_ms=50, view_trust_ms=0
     )

@@ -1,7 +1,7 @@
 """A serving responder takes its requests from nats-py subscriptions of its own, on a real server.
 
 FastStream's consume pipeline (parser, middlewares, dependency injection) was 0.2–0.4 ms of every
-prepare (design D14.10), so request/reply endpoints are subscribed by the responder itself; a
+prepare, so request/reply endpoints are subscribed by the responder itself; a
 responder without a connection only declares them for the AsyncAPI document. These tests hold the
 serving path to the same promises: answered on the caller's inbox, shared by the queue group, every
 delivered request answered through a drain, and no endpoint declared once serving has begun.

@@ -1,4 +1,4 @@
-"""Sessions, runs, threads and children over real NATS and Postgres (design D3, D8.3)."""
+"""Sessions, runs, threads and children over real NATS and Postgres."""
 
 from __future__ import annotations
 

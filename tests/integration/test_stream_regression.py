@@ -99,7 +99,7 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     reason = (await fleet.readiness())["consumers"]
     assert reason is not None and reason.startswith(f"events stream {EVENTS_STREAM} was recreated at")
     assert reason.endswith("nothing after it is being recorded; inspect, then run 'ctxfleet rebaseline'")
-    assert fleet.metrics.recorder_halted._value.get() == 1
+    assert fleet.metrics.registry.get_sample_value("ctx_recorder_halted") == 1
     assert await _keys(db, a) == _expected(range(0, 10)) and await _keys(db, b) == []
     assert await _positions(db) == committed, "a halted recorder commits nothing"
 
@@ -109,7 +109,7 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     assert {r.partition: r.new for r in dry.plan.resets} == dict.fromkeys(committed, 0)
     assert await _positions(db) == committed, "a dry run changes nothing"
 
-    duplicates_before = fleet.metrics.events_duplicate._value.get()
+    duplicates_before = fleet.metrics.registry.get_sample_value("ctx_events_duplicate_total") or 0.0
     done = await rebaseline((streams,), database_url, settings, apply=True)
     assert done.applied
     # The running fleet notices on its own: no restart.
@@ -117,11 +117,11 @@ async def test_recorder_halts_on_a_recreated_stream_and_records_everything_once_
     await eventually(lambda: _has(db, a, 15), timeout=20, what="the old thread's new records")
     assert await _keys(db, a) == _expected(range(0, 15)), "each event once, in publish order"
     assert await _keys(db, b) == _expected(range(0, 5))
-    assert fleet.metrics.events_duplicate._value.get() - duplicates_before == 3, (
+    assert fleet.metrics.registry.get_sample_value("ctx_events_duplicate_total") - duplicates_before == 3, (
         "re-sent events recognised, not re-recorded"
     )
     await eventually(lambda: _ready(fleet), what="the fleet ready again")
-    assert fleet.metrics.recorder_halted._value.get() == 0
+    assert fleet.metrics.registry.get_sample_value("ctx_recorder_halted") == 0
     created = await db.fetchval("SELECT created FROM ctx.stream_baselines WHERE stream = $1", EVENTS_STREAM)
     assert created == done.stream.created
 
@@ -241,7 +241,7 @@ async def test_a_lost_tail_of_the_same_stream_is_repaired_without_an_operator_an
     # Ready means checked: the repair happened on start, before anything new arrived (a tail lost and
     # refilled past the old position before any check would look intact — hence sync_interval: always).
     await eventually(lambda: _ready(fleet), what="a ready fleet: nothing for an operator to do")
-    assert fleet.metrics.stream_truncations._value.get() == 1
+    assert fleet.metrics.registry.get_sample_value("ctx_recorder_stream_truncations_total") == 1
     # The next publishes get seqs just past the stream's end, which the stale position would skip.
     await _publish(client, t, range(6, 10))
     await eventually(lambda: _has(db, t, 10), timeout=20, what="the 4 events after the lost tail")

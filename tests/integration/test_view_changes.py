@@ -1,5 +1,5 @@
-"""Commits that change a view are announced (the view-change triggers) and a fleet's listener acts on them
-(design D14.17), on the session's real PostgreSQL and NATS."""
+"""Commits that change a view are announced and a fleet's listener acts on them,
+on the session's real PostgreSQL and NATS."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg]
 # Tables a view load reads whose rows never change once written, so no notice is needed: what a view
 # reads of them is fixed by keys that the announced tables hold.
 _IMMUTABLE = {
-    "policies": "a registration adds a revision; a session pins one revision (D3.3)",
+    "policies": "a registration adds a revision; a session pins one revision",
     "tool_catalogs": "a release's catalog is written once; a session pins one",
     "blobs": "content-addressed: a hash names its bytes",
 }

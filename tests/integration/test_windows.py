@@ -1,4 +1,4 @@
-"""Window rollover over real NATS and Postgres (design D10): a rollover-policy thread past RED closes
+"""Window rollover over real NATS and Postgres: a rollover-policy thread past RED closes
 its window with a handoff and is served from state, not from the old window's history."""
 
 from __future__ import annotations

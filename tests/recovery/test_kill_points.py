@@ -1,4 +1,5 @@
-"""The kill-point matrix of design D8.2: SIGKILL the fleet at each point, restart, check everything.
+"""The kill-point matrix: SIGKILL the fleet at each point, restart, check everything (docs/design.md,
+"Recovery is checked at every kill point").
 
 For every point: the run recovers; no event is lost or recorded twice; no side effect is repeated
 (one receipt per operation, never re-requested); state equals its replay from the ledger; the hash

@@ -1,4 +1,4 @@
-"""Triggers, one job per state, and retry throttling (design D5.3–D5.5, D8.3), with fixed budgets."""
+"""Triggers, one job per state, and retry throttling, with fixed budgets."""
 
 from __future__ import annotations
 

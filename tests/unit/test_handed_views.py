@@ -1,5 +1,5 @@
 """A read-your-writes prepare in the process whose recorder committed its event is answered from the
-view that process held, extended to the new head with what the batch wrote (design D14.21), and
+view that process held, extended to the new head with what the batch wrote, and
 what it answers is what a load of the ledger would have given. In-memory store, ledger reads counted."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the recorder keeps of the threads it wrote (design D14.23): only what a plan of the thread's
+"""What the recorder keeps of the threads it wrote: only what a plan of the thread's
 next batch reads, only after plans that wrote nothing but their threads, bounded by a count."""
 
 from __future__ import annotations

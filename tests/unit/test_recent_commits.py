@@ -1,5 +1,5 @@
 """A prepare naming an event its own process's recorder committed lately, or is about to, asks the
-ledger nothing (design D14.25); the board's memory of those commits is bounded and per tenant."""
+ledger nothing; the board's memory of those commits is bounded and per tenant."""
 
 from __future__ import annotations
 

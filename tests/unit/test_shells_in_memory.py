@@ -124,7 +124,7 @@ async def test_a_batch_redelivered_with_new_events_after_it_applies_only_the_new
 async def test_a_store_behind_its_recorder_refuses_the_batch_and_a_re_read_records_all_once_in_order() -> (
     None
 ):
-    # The recorder's commits do not wait for the WAL flush (D14.20): a store that crashed may come
+    # The recorder's commits do not wait for the WAL flush: a store that crashed may come
     # back without the last of them. Applied over that gap, the next batch would skip them for good.
     t = Thread()
     first = incoming([t.user("q1", key="k1"), t.assistant("a1", key="k2")])

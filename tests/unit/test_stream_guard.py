@@ -80,7 +80,7 @@ async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_chang
         guard.halt_reason is not None
         and "last seq 7 < committed position 120 of partition 0" in guard.halt_reason
     )
-    assert metrics.recorder_halted._value.get() == 1
+    assert metrics.registry.get_sample_value("ctx_recorder_halted") == 1
 
     # The stream grows back past the old position: events 8..120 would be skipped, so stay halted.
     js.last_seq = 500
@@ -90,7 +90,7 @@ async def test_stream_guard_halt_is_sticky_until_the_positions_in_postgres_chang
     stored["positions"] = Positions({0: 0}, CREATED)  # what 'ctxfleet rebaseline --yes' writes
     clock.t = 10.0
     assert (await guard.check()).kind == "intact"
-    assert guard.halt_reason is None and metrics.recorder_halted._value.get() == 0
+    assert guard.halt_reason is None and metrics.registry.get_sample_value("ctx_recorder_halted") == 0
 
 
 async def test_stream_guard_checks_at_most_every_interval_and_a_failure_never_counts_as_verified(
@@ -133,7 +133,9 @@ async def test_stream_guard_lowers_positions_past_a_lost_tail_and_tells_bound_co
     verdict = await guard.check()
     assert verdict.kind == "intact" and not verdict.halted
     assert written == [(0, 1206, 1205), (2, 1210, 1205)], "only partitions past the end, down to it"
-    assert guard.epoch == 1 and metrics.stream_truncations._value.get() == 1
+    assert (
+        guard.epoch == 1 and metrics.registry.get_sample_value("ctx_recorder_stream_truncations_total") == 1
+    )
 
 
 async def test_stream_guard_reads_positions_before_the_stream_so_a_busy_recorder_is_no_lost_tail(

@@ -1,5 +1,5 @@
 """A prepare naming no event is answered from the view its process loaded last while nothing of that
-view was announced changed (design D14.17); one naming its event reads the ledger (unless its own
+view was announced changed; one naming its event reads the ledger (unless its own
 recorder handed the view over: tests/unit/test_handed_views.py). In-memory store, the ledger reads
 counted."""
 

@@ -1,4 +1,4 @@
-"""Which views a prepare naming no event may serve again without reading the ledger (design D14.17)."""
+"""Which views a prepare naming no event may serve again without reading the ledger."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class StepFold(_Frozen):
 
 
 class StructuredSummary(_Frozen):
-    """What future steps still need from the covered records (design D6.3)."""
+    """What future steps still need from the covered records."""
 
     covered_from: int
     covered_to: int

@@ -1,6 +1,6 @@
 """When to compact: OR-combined triggers, one job per state, and retry throttling. Pure.
 
-Rules (design D5.3–D5.5), one function each:
+Rules (docs/design.md, "Budget and compaction triggers"), one function each:
 
 1. Each enabled trigger fires at ``>=``: ``estimated / InputBudget >= context_ratio``; user turns or
    model steps since the last successful compaction (``totals − baseline``) ``>=`` their period

@@ -76,7 +76,7 @@ def measure_view(
 
 def summary_cap(policy: CompactionPolicy, budget: int, required: int) -> int:
     """The most tokens a summary may render to: its policy share of the budget, and never more than
-    half of what the required content leaves free — the other half is for recent history (design D6.4),
+    half of what the required content leaves free — the other half is for recent history,
     so a large system prompt at a tight budget shrinks the summary instead of crowding out the
     result of the model's last action."""
     share = math.floor(Fraction(str(policy.summary_ratio)) * budget)

@@ -1,7 +1,7 @@
 """The deterministic structured summarizer (the default): a progress ledger built from the typed records.
 
 No model, fully reproducible: statements are copied from the records (identifiers verbatim) and
-every one keeps the seqs it came from. What it extracts (design D6.3): goal and current
+every one keeps the seqs it came from. What it extracts: goal and current
 request, the user's constraints (whole sentences), decisions and the current hypothesis the model
 stated, progress per tool group, files modified with what changed and files read with the range
 shown and a hash of what it showed, each distinct command with its run count, last status and

@@ -1,4 +1,4 @@
-"""Checks a candidate summary must pass before it may replace history (design D6.3). Pure.
+"""Checks a candidate summary must pass before it may replace history. Pure.
 
 1. It says what the task is (goal or current request) when the thread has one, and what comes next.
 2. Every cited record exists; everything but goal and request lies in the covered range — at any

@@ -6,7 +6,7 @@ trace order. It never reads the fleet's state projection, so a projection that s
 caught rather than trusted.
 
 For each path that held a value before its current one, a context **lets a superseded value survive**
-(design D7.9) when it
+when it
 
 1. marks a superseded value CURRENT on the path's state line, or
 2. shows a superseded value anywhere — an old tool output, a summary line — without a state line

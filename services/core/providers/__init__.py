@@ -1,3 +1,3 @@
-"""Provider adapters: the canonical context in each provider's own request shape (design D4.5). Pure."""
+"""Provider adapters: the canonical context in each provider's own request shape. Pure."""
 
 __all__: list[str] = []

@@ -1,4 +1,4 @@
-"""The canonical context as an Anthropic Messages request body (design D4.5). Pure.
+"""The canonical context as an Anthropic Messages request body. Pure.
 
 ``anthropic_request(bundle)`` gives ``{"system": [...], "messages": [...], "tools": [...]}``, ready to
 spread into ``messages.create`` next to ``model`` and ``max_tokens``. The rules, where the Chat

@@ -1,4 +1,4 @@
-"""The canonical context an adapter renders into a provider's request (design D4.5). Pure.
+"""The canonical context an adapter renders into a provider's request. Pure.
 
 The assembler builds one context whatever the provider: its messages and tools in OpenAI Chat shape
 (the wire's ``PreparedContext.messages``/``tools``), and the blocks they came from. An adapter needs a

@@ -1,4 +1,4 @@
-"""The canonical context as an OpenAI Responses API request body (design D4.5). Pure.
+"""The canonical context as an OpenAI Responses API request body. Pure.
 
 Chat's messages become Responses' input items: text turns are ``message`` items, each assistant
 tool call its own ``function_call`` item right after the assistant's text, each tool result a

@@ -1,4 +1,4 @@
-"""The provider request a prepare answers in (design D4.5). Pure."""
+"""The provider request a prepare answers in. Pure."""
 
 from __future__ import annotations
 

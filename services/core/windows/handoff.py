@@ -3,7 +3,7 @@
 Invariants:
 1. The handoff names state paths, evidence and operations; it copies no value. The next window
    reads values from the state projection, so it shows the current value, never the one a later
-   patch superseded (design D7.9).
+   patch superseded.
 2. Its id and checkpoint id are derived from the thread, the window and the state it closed at:
    the same rollover computed twice (a retry, a lost race) is the same handoff.
 3. What it holds is sorted: the same state gives the same handoff, byte for byte.
