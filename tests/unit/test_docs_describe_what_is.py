@@ -57,8 +57,6 @@ DESIGN_IDS_UNTIL_REWRITTEN = {
     "services/core/advances.py",
     "workers/local_notices.py",
     "workers/responder.py",
-    "services/settings.py",
-    "infra/migrations",
     "docs/design.md#a-pure-prepare-trusts-the-view-its-process-was-told-about",
     "docs/design.md#a-steps-view-is-handed-over-by-the-recorder-that-committed-its-event",
     "docs/design.md#calibrations-are-announced-and-a-view-is-trusted-past-an-agents-pause",
