@@ -39,9 +39,8 @@ from services.app.compacting import CompactionService
 from services.app.indexing import index_thread
 from services.app.reading import verified_blob
 from services.app.recording import RecordingService
-from services.app.scheduling import request_job
 from services.app.views import ThreadView, ViewLoader
-from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
+from services.core.assemble import Evidence, ThreadSnapshot
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
 from services.core.evaluation.ladder import LadderPoint, Rung, RungName, core_rungs
@@ -52,14 +51,10 @@ from services.core.ledger import Incoming, RecordingLimits
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 from services.edge.replay import ReplayOptions, trace_events
-from services.errors import ContextBudgetExceeded, InvalidRequest, OverBudget
+from services.errors import InvalidRequest
 from services.store.memory import MemoryStore
 
 __all__ = ["LadderReport", "LadderTrace", "RungFactory", "ladder_rungs", "ladder_trace", "run_ladder"]
-
-# A prepare over the budget asks for an urgent compaction; a long thread may need a few in a row
-# (each covers what one job may), as the fleet's prepare keeps asking until its wait runs out.
-_URGENT_ROUNDS = 4
 
 RungFactory = Callable[[], list[Rung]]
 
@@ -188,7 +183,7 @@ async def ladder_trace(
             budget_tokens=budget,
             tools=tools,
         )
-        view = await _view_for(store, loader, compactor, jobs, event.thread_id, request)
+        view = await _view_for(store, loader, event.thread_id)
         snapshot = view.snapshot()
         archive = await _archive(store, snapshot) if retrieving else ()
         point = LadderPoint(
@@ -236,46 +231,11 @@ async def _run_jobs(compactor: CompactionService, jobs: _Jobs) -> None:
         await compactor.run(jobs.jobs.pop(0))
 
 
-async def _view_for(
-    store: MemoryStore,
-    loader: ViewLoader,
-    compactor: CompactionService,
-    jobs: _Jobs,
-    thread_id: str,
-    request: PrepareRequest,
-) -> ThreadView:
-    """The view a prepare is answered from: after the urgent compactions the fleet's prepare asks for."""
-    budget = resolve_budget(request)
-    counter = counter_for("o200k_base")
-    for _ in range(_URGENT_ROUNDS):
-        async with store.session() as s:
-            view = await loader.load(s, thread_id)
-        try:
-            assemble_context(view.snapshot(), request, budget, counter)
-            return view
-        except ContextBudgetExceeded:
-            return view  # required content alone does not fit: no compaction helps, the rungs say so
-        except OverBudget as over:
-            reserved = sum(int(str(i["tokens"])) for i in over.items if i["kind"] == "tool_schemas")
-            async with store.session() as s:
-                job = await request_job(
-                    s,
-                    jobs,
-                    view,
-                    ("hard_budget",),
-                    urgent=True,
-                    input_budget=budget.input_budget,
-                    reserved_tokens=reserved,
-                )
-            if job is None:
-                return view
-            before = view.state.view_revision
-            await _run_jobs(compactor, jobs)
-            async with store.session() as s:
-                view = await loader.load(s, thread_id)
-            if view.state.view_revision == before:
-                return view  # nothing more to cover: the rungs fit by dropping history, as the fleet does
-    return view
+async def _view_for(store: MemoryStore, loader: ViewLoader, thread_id: str) -> ThreadView:
+    """The view a prepare is answered from: as the budgeter's compactions left it (the rungs fit the
+    rest by dropping history, each as its configuration says)."""
+    async with store.session() as s:
+        return await loader.load(s, thread_id)
 
 
 async def _archive(store: MemoryStore, snapshot: ThreadSnapshot) -> tuple[Evidence, ...]:

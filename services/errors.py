@@ -47,7 +47,7 @@
     ├── NotYetRecorded(thread_id, event_key, waited_ms)   retryable
     ├── EventRejected(event_key, rejected_code, reason)   refused, or its key holds another body
     ├── ContextBudgetExceeded(required, input_budget, items)
-    │   └── OverBudget(total, input_budget, items, reductions)   the assembly's signal: compact first
+    │   └── OverBudget(total, input_budget, items, reductions)   over even with the oldest history dropped
     ├── TaskBudgetExhausted(thread_id, report)   a run's hard task budget is spent
     ├── ProviderContextExceeded(profile, view_revision, …)   the provider refused the same view twice
     ├── NothingToCompact(thread_id, reason)   a manual compaction found nothing the policy lets go
@@ -724,11 +724,7 @@ class ContextBudgetExceeded(CtxError):
 
 
 class OverBudget(ContextBudgetExceeded):
-    """The view does not fit even after the deterministic reductions; history must be compacted.
-
-    The pure assembly raises it to its shell, which waits for a compaction; should it ever reach a
-    runtime, it reads as what it is — a context over budget, with the figures.
-    """
+    """The view does not fit even with the history awaiting compaction dropped: a context over budget."""
 
     def __init__(
         self, total: int, input_budget: int, items: list[BlockSize], reductions: tuple[str, ...]
@@ -744,13 +740,6 @@ class OverBudget(ContextBudgetExceeded):
         self.input_budget = input_budget
         self.items = items
         self.reductions = reductions
-
-    def exceeded(self, waited_ms: int) -> ContextBudgetExceeded:
-        """The wire error once waiting for compaction did not help."""
-        err = ContextBudgetExceeded(self.total, self.input_budget, self.items)
-        err.details["reason"] = "history over budget and no compaction landed in time"
-        err.details["waited_ms"] = waited_ms
-        return err
 
 
 class TaskBudgetExhausted(CtxError):

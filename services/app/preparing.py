@@ -15,11 +15,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import assert_never
 
 from contracts import (
     CompactionJob,
-    GatewayAddition,
     InspectedRecord,
     InspectRequest,
     PreparedContext,
@@ -32,9 +33,28 @@ from contracts.subjects import DEFAULT_TENANT
 from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
 from contracts.task_budgets import TaskBudgetReport
+from contracts.windows import WindowStrategy
 
 from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
-from services.errors import FleetUnavailable, InvalidRequest, OverBudget, ProviderContextExceeded
+from services.errors import (
+    ContextBudgetExceeded,
+    FleetUnavailable,
+    InvalidRequest,
+    ProviderContextExceeded,
+)
+from services.core.prepare_step import (
+    Assemble,
+    AwaitCompaction,
+    CompactionWait,
+    Done,
+    Learn,
+    PrepareProgress,
+    Recount,
+    Refuse,
+    RequestCompaction,
+    RollOver,
+    next_step,
+)
 from services.core.budget import BUILTIN_PROFILES, BudgetSpec, calibrated, resolve_budget
 from services.core.calibration import (
     Calibration,
@@ -44,12 +64,11 @@ from services.core.calibration import (
 )
 from services.errors import ContentNotFound, EventKeyConflict, EventRejected, NotYetRecorded, ThreadNotFound
 from services.core.hashing import verify_chain
-from services.core.hooks import PrepareHookChange
 from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
 from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
-from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
+from services.app.notices import NO_PAUSE, NoticeBoard, Pause, Wakeup, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
 from services.core.state import StateView, rebuild_state, state_hash
@@ -71,8 +90,6 @@ _RECHECK_S = 0.25
 # to lately, waits for that handover before asking the ledger (D14.25): the event's way to the
 # recorder and its write take 2–5 ms; a prepare naming an older event pays this once.
 _IN_FLIGHT_GRACE_S = 0.02
-# Why a compaction a provider overflow forced was asked for (in the job, for the compactor's logs).
-_OVERFLOW = ("provider_overflow",)
 # A queue that refuses jobs (a full JetStream store) refuses every prepare's: one warning per interval.
 _UNQUEUED_WARN_EVERY_S = 30.0
 
@@ -84,9 +101,22 @@ class _NotQueued:
 _NOT_QUEUED = _NotQueued()
 
 
-def _reserved_tokens(over: OverBudget) -> int:
-    """What the prepare needs besides the view: its tool schemas, as the assembler itemized them."""
-    return sum(int(str(item["tokens"])) for item in over.items if item["kind"] == "tool_schemas")
+@dataclass(frozen=True, slots=True)
+class _CompactionWait:
+    """A prepare's wait for compactions: when it began, its deadline, and its wake-ups of the thread."""
+
+    started: float
+    deadline: float
+    woken: Wakeup
+
+
+def _carried(view: ThreadView, snapshot: ThreadSnapshot) -> ThreadSnapshot:
+    """``view``'s snapshot, with what the request brought to ``snapshot`` (evidence, validated
+    additions, hook changes)."""
+    fresh = view.snapshot()
+    if not (snapshot.evidence or snapshot.additions or snapshot.hooked):
+        return fresh
+    return replace(fresh, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked)
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
@@ -257,45 +287,97 @@ class PrepareService:
             hooked.change, hooked.touches = ran.change, ran.touches
             snapshot = replace(snapshot, hooked=ran.change)
         if request.after_overflow is not None:
-            return await self._after_overflow(
-                view, snapshot, request, base, counter, request.after_overflow, tenant, pause
+            raised = await self._after_overflow(
+                view.head.thread_id, snapshot, base, request.after_overflow, tenant
             )
-        calibration = await self._calibration(tenant, base)
-        budget = calibrated(base, calibration)
-        window = await self._windows.settle(view, snapshot, request, budget, counter)
-        view, snapshot = window.view, window.snapshot
+            progress = PrepareProgress(raised, after_overflow=True)
+        else:
+            rollover = view.policy.window.strategy is WindowStrategy.ROLLOVER
+            progress = PrepareProgress(await self._calibration(tenant, base), rollover_window=rollover)
+        return await self._loop(progress, view, snapshot, request, base, counter, tenant, pause)
 
-        def compaction(over: OverBudget) -> Awaitable[PreparedContext]:
-            # The budget as it stands when called: the second assembly runs on a recalibrated one.
-            return self._await_compaction(
-                view,
-                request,
-                budget,
-                counter,
-                over,
-                pause,
-                snapshot.evidence,
-                additions=snapshot.additions,
-                hooked=snapshot.hooked,
-            )
-
-        try:
-            prepared = window.measured or assemble_context(
-                snapshot, request, budget, counter, window=view.policy.window
-            )
-        except OverBudget as over:
-            return await compaction(over)
-        if window.report is not None:
-            prepared = prepared.model_copy(update={"rollover": window.report})
-        learned = await self._learn(tenant, base, calibration, snapshot, request, prepared)
-        if learned.factor <= calibration.factor:
-            return prepared  # counted at least as conservatively as the new factor would
-        budget = calibrated(base, learned)
-        try:
-            recounted = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
-            return recounted.model_copy(update={"rollover": window.report}) if window.report else recounted
-        except OverBudget as over:
-            return await compaction(over)
+    async def _loop(
+        self,
+        progress: PrepareProgress,
+        view: ThreadView,
+        snapshot: ThreadSnapshot,
+        request: PrepareRequest,
+        base: BudgetSpec,
+        counter: TokenCounter | None,
+        tenant: str,
+        pause: Pause,
+    ) -> PreparedContext:
+        """The prepare, step by step as ``next_step`` says (services/core/prepare_step.py): the one
+        place that assembles."""
+        budget = calibrated(base, progress.calibration)
+        measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
+        wait: _CompactionWait | None = None
+        with ExitStack() as registered:
+            while True:
+                step = next_step(progress)
+                match step:
+                    case Assemble():
+                        if step.measure_window:
+                            measured_at = time.monotonic()
+                        try:
+                            outcome = assemble_context(
+                                snapshot,
+                                request,
+                                budget,
+                                counter,
+                                compaction_wait_ms=step.compaction_wait_ms,
+                                allow_drop_history=step.allow_drop_history,
+                                window=view.policy.window,
+                            )
+                        except ContextBudgetExceeded as refused:
+                            if not step.measure_window:
+                                raise
+                            # Past the window's red line: the next window may fit; if this one stays,
+                            # its next assembly refuses the prepare.
+                            decision = self._windows.decide(view, snapshot, refused, budget)
+                            progress = replace(progress, decision=decision)
+                            continue
+                        if step.measure_window:
+                            progress = replace(
+                                progress, decision=self._windows.decide(view, snapshot, outcome, budget)
+                            )
+                        progress = replace(progress, outcome=outcome)
+                    case RollOver(trigger):
+                        view, snapshot, report = await self._windows.roll_over(
+                            view, snapshot, trigger, measured_at
+                        )
+                        progress = replace(progress, rolled=True, report=report, outcome=None)
+                    case AwaitCompaction(reserved, reasons):
+                        if wait is None:
+                            started = time.monotonic()
+                            woken = registered.enter_context(self._board.waiting(view.head.thread_id))
+                            wait = _CompactionWait(started, started + self._compaction_wait_ms / 1000, woken)
+                        view, landed = await self._await_compaction(
+                            view, request, budget, reserved, reasons, pause, wait
+                        )
+                        snapshot = _carried(view, snapshot)
+                        waited = CompactionWait(int((time.monotonic() - wait.started) * 1000), landed)
+                        progress = replace(progress, outcome=None, waited=waited)
+                    case RequestCompaction(reserved, reasons):
+                        # It fits under the raised count already; the compaction makes room for the
+                        # next steps, so it runs without this reply waiting on it (and without the
+                        # budgeter's triggers deciding).
+                        await self._request_job(view, budget, reserved, reasons=reasons)
+                        progress = replace(progress, requested=True)
+                    case Learn(prepared):
+                        learned = await self._learn(
+                            tenant, base, progress.calibration, snapshot, request, prepared
+                        )
+                        progress = replace(progress, learned=learned)
+                    case Recount(calibration):
+                        budget = calibrated(base, calibration)
+                        progress = replace(progress, calibration=calibration, outcome=None)
+                    case Done(prepared):
+                        return prepared
+                    case Refuse(over):
+                        raise over.error()
+                    case _:
+                        assert_never(step)
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
         """The profile's calibration (only profiles without an offline tokenizer have one from usage;
@@ -332,22 +414,19 @@ class PrepareService:
 
     async def _after_overflow(
         self,
-        view: ThreadView,
+        thread_id: str,
         snapshot: ThreadSnapshot,
-        request: PrepareRequest,
         base: BudgetSpec,
-        counter: TokenCounter | None,
         overflow: ProviderOverflow,
         tenant: str,
-        pause: Pause,
-    ) -> PreparedContext:
-        """The provider refused the previous context as too long: raise the profile's calibration from
-        its figures, force the thread's compaction and answer one smaller context — once per view.
+    ) -> Calibration:
+        """The provider refused the previous context as too long: the profile's calibration raised from
+        its figures, so that the prepare answers one smaller context (and forces the thread's
+        compaction) — once per view.
 
         A second overflow on the same view is ``ProviderContextExceeded``: the fleet already counted
         more and compacted for that view, so shrinking again would be a loop, not a recovery.
         """
-        thread_id = view.head.thread_id
         if overflow.view_revision > snapshot.view_revision:
             # Each view may recalibrate once: a view that does not exist yet would be a way around that.
             raise InvalidRequest(
@@ -374,26 +453,7 @@ class PrepareService:
                     ),
                 )
         self._calibrations.put(tenant, base.profile, raised)
-        budget = calibrated(base, raised)
-        try:
-            prepared = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
-        except OverBudget as over:
-            return await self._await_compaction(
-                view,
-                request,
-                budget,
-                counter,
-                over,
-                pause,
-                snapshot.evidence,
-                reasons=_OVERFLOW,
-                additions=snapshot.additions,
-                hooked=snapshot.hooked,
-            )
-        # It fits under the raised count already; the compaction makes room for the next steps, so it
-        # runs without this reply waiting on it (and without the budgeter's triggers deciding).
-        await self._request_job(view, budget, prepared.budget_report.used.tool_schemas, reasons=_OVERFLOW)
-        return prepared
+        return raised
 
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
@@ -461,81 +521,37 @@ class PrepareService:
         view: ThreadView,
         request: PrepareRequest,
         budget: BudgetSpec,
-        counter: TokenCounter | None,
-        over: OverBudget,
+        reserved: int,
+        reasons: tuple[str, ...],
         pause: Pause,
-        evidence: tuple[Evidence, ...] = (),
-        *,
-        additions: tuple[GatewayAddition, ...] = (),
-        reasons: tuple[str, ...] = ("hard_budget",),
-        hooked: PrepareHookChange | None = None,
-    ) -> PreparedContext:
-        """Ask for the thread's compaction and wait for a new view revision, up to the deadline.
+        wait: _CompactionWait,
+    ) -> tuple[ThreadView, bool]:
+        """Ask for the thread's compaction and wait for a new view revision, up to the deadline: the
+        view loaded last, and whether a new revision landed.
 
         When none lands in time, the context is served without the oldest history still awaiting
         compaction (each omission named in the reply): required content fits, so a prepare never
         fails for history the compactor has not caught up with.
         """
         thread_id = view.head.thread_id
-        started = time.monotonic()
-        deadline = started + self._compaction_wait_ms / 1000
-        reserved = _reserved_tokens(over)
+        ours = await self._request_job(view, budget, reserved, reasons=reasons)
+        revision = view.state.view_revision
         current = view
-        with self._board.waiting(thread_id) as woken:
-            ours = await self._request_job(view, budget, reserved, reasons=reasons)
-            revision = view.state.view_revision
-            while (remaining := deadline - time.monotonic()) > 0:
-                if isinstance(ours, _NotQueued):
-                    break  # no compaction is coming: answer now, without the oldest history
-                woken.clear()
-                await wait_for_notice(woken, min(remaining, _RECHECK_S), pause)
-                current = await self._view(
-                    view.scope.tenant, thread_id, request.session_id, request.principal_id
-                )
-                if current.state.view_revision == revision:
-                    if current.state.pending_fingerprint is not None:
-                        continue
-                    if ours is not None and ours.watermark == current.watermark:
-                        break  # our job ended without a commit (nothing to cover): waiting longer cannot help
-                    # Another job held the slot, or history grew since ours: ask for this state.
-                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
-                    continue
-                waited = int((time.monotonic() - started) * 1000)
-                try:
-                    return assemble_context(
-                        self._snapshot(current, evidence, additions, hooked),
-                        request,
-                        budget,
-                        counter,
-                        compaction_wait_ms=waited,
-                        window=current.policy.window,
-                    )
-                except OverBudget as still:
-                    revision = current.state.view_revision
-                    reserved = _reserved_tokens(still)
-                    ours = await self._request_job(current, budget, reserved, reasons=reasons)
-        waited = int((time.monotonic() - started) * 1000)
-        return assemble_context(
-            self._snapshot(current, evidence, additions, hooked),
-            request,
-            budget,
-            counter,
-            compaction_wait_ms=waited,
-            allow_drop_history=True,
-            window=current.policy.window,
-        )
-
-    @staticmethod
-    def _snapshot(
-        view: ThreadView,
-        evidence: tuple[Evidence, ...],
-        additions: tuple[GatewayAddition, ...] = (),
-        hooked: PrepareHookChange | None = None,
-    ) -> ThreadSnapshot:
-        snapshot = view.snapshot()
-        if not (evidence or additions or hooked):
-            return snapshot
-        return replace(snapshot, evidence=evidence, additions=additions, hooked=hooked)
+        while (remaining := wait.deadline - time.monotonic()) > 0:
+            if isinstance(ours, _NotQueued):
+                break  # no compaction is coming: answer now, without the oldest history
+            wait.woken.clear()
+            await wait_for_notice(wait.woken, min(remaining, _RECHECK_S), pause)
+            current = await self._view(view.scope.tenant, thread_id, request.session_id, request.principal_id)
+            if current.state.view_revision != revision:
+                return current, True
+            if current.state.pending_fingerprint is not None:
+                continue
+            if ours is not None and ours.watermark == current.watermark:
+                break  # our job ended without a commit (nothing to cover): waiting longer cannot help
+            # Another job held the slot, or history grew since ours: ask for this state.
+            ours = await self._request_job(current, budget, reserved, reasons=reasons)
+        return current, False
 
     async def _request_job(
         self,

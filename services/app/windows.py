@@ -1,27 +1,28 @@
 """Rolling a thread's window over from state, in the prepare that finds it due (design D10).
 
-Where it runs: in the prepare, synchronously. A rollover calls no model — the handoff is built from
-the state projection the recorder already keeps — so it costs one assembly to measure the window,
-one small transaction and one assembly of the new window, all bounded and reported in the reply
-(``rollover.rollover_ms``). Sending it through the compactor would add a job round trip and a
-wait to exactly the prepare that must not be served from the old window, for no work a compactor
-is better placed to do. Concurrent prepares of one thread race on the view revision: the loser
-gets ``RevisionConflict``, reloads and serves the window the winner opened.
+Where it runs: in the prepare's loop (``services/core/prepare_step.py``). A rollover calls no
+model — the handoff is built from the state projection the recorder already keeps — so it costs the
+assembly that measures the window, one small transaction and one assembly of the new window, all
+bounded and reported in the reply (``rollover.rollover_ms``). Sending it through the compactor would
+add a job round trip and a wait to exactly the prepare that must not be served from the old window,
+for no work a compactor is better placed to do. Concurrent prepares of one thread race on the view
+revision: the loser gets ``RevisionConflict``, reloads and serves the window the winner opened.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import assert_never
 
-from contracts import PreparedContext, PrepareRequest
-from contracts.windows import RolloverReport, RolloverTrigger, WindowHandoff, WindowStrategy
+from contracts import PreparedContext
+from contracts.windows import RolloverReport, RolloverTrigger, WindowHandoff
 
-from services.core.assemble import ThreadSnapshot, assemble_context
+from services.core.assemble import OverBudgetView, ThreadSnapshot
 from services.core.budget import BudgetSpec
 from services.core.state import StateView
-from services.core.tokens import TokenCounter, counter_for
+from services.core.tokens import counter_for
 from services.core.windows.decision import WindowAction, WindowDecision, WindowSignals, decide_window
 from services.core.windows.handoff import render_handoff
 from services.core.windows.next_window import roll_over
@@ -36,23 +37,10 @@ from services.errors import ContextBudgetExceeded, RevisionConflict
 from services.store.ports import PrepareStore
 from services.app.views import ThreadView, ViewLoader
 
-__all__ = ["WindowKeeper", "WindowOutcome"]
+__all__ = ["WindowKeeper"]
 
 # Handoff candidates kept from ORANGE prepares, one per thread (bounded: a cache, not state).
 _CANDIDATES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class WindowOutcome:
-    """The view and snapshot to serve, and the rollover report when this prepare closed a window."""
-
-    view: ThreadView
-    snapshot: ThreadSnapshot
-    decision: WindowDecision | None = None
-    report: RolloverReport | None = None
-    # The context the decision measured, when it is the one to serve (no rollover, and it fitted):
-    # the prepare does not assemble the same inputs twice.
-    measured: PreparedContext | None = None
 
 
 class WindowKeeper:
@@ -64,74 +52,34 @@ class WindowKeeper:
         # ORANGE builds the handoff ahead; RED commits it if the state has not moved since.
         self._candidates: OrderedDict[str, WindowHandoff] = OrderedDict()
 
-    async def settle(
+    def decide(
         self,
         view: ThreadView,
         snapshot: ThreadSnapshot,
-        request: PrepareRequest,
+        measured: PreparedContext | OverBudgetView | ContextBudgetExceeded,
         budget: BudgetSpec,
-        counter: TokenCounter | None,
-    ) -> WindowOutcome:
-        """The window this prepare is served from: the current one, or the next when it is due."""
-        if view.policy.window.strategy is not WindowStrategy.ROLLOVER:
-            return WindowOutcome(view, snapshot)
-        started = time.monotonic()
-        measured, decision = self._decide(view, snapshot, request, budget, counter)
-        if decision.action is WindowAction.PREPARE_ROLLOVER and decision.blocked_by is None:
-            self._keep_candidate(view, snapshot, decision.trigger or RolloverTrigger.HARD_LIMIT)
-        if decision.action is not WindowAction.ROLLOVER or decision.trigger is None:
-            return WindowOutcome(view, snapshot, decision, measured=measured)
-        handoff = self._handoff(view, snapshot, decision.trigger)
-        tokens = counter_for("o200k_base").count(render_handoff(handoff))
-        async with self._store.session() as store:
-            try:
-                await store.commit_window(view.state.view_revision, handoff, tokens)
-                report: RolloverReport | None = RolloverReport(
-                    trigger=decision.trigger,
-                    previous_window=handoff.previous_window,
-                    handoff_tokens=tokens,
-                    rollover_ms=int((time.monotonic() - started) * 1000),
-                )
-            except RevisionConflict:
-                report = None  # another prepare closed it first: serve the window it opened
-            fresh = await self._loader.load(
-                store,
-                view.head.thread_id,
-                tenant=view.scope.tenant,
-                session_id=view.head.session_id,
-                principal_id=view.scope.principal_id,
-            )
-        self._candidates.pop(view.head.thread_id, None)
-        fresh_snapshot = fresh.snapshot()
-        # What the request brought (evidence, validated additions, hook changes) is the new window's too.
-        fresh_snapshot = replace(
-            fresh_snapshot, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked
-        )
-        return WindowOutcome(fresh, fresh_snapshot, decision, report)
-
-    def _decide(
-        self,
-        view: ThreadView,
-        snapshot: ThreadSnapshot,
-        request: PrepareRequest,
-        budget: BudgetSpec,
-        counter: TokenCounter | None,
-    ) -> tuple[PreparedContext | None, WindowDecision]:
-        measured: PreparedContext | None = None
-        try:
-            measured = assemble_context(snapshot, request, budget, counter, window=view.policy.window)
-            used = measured.budget_report.used.total
-        except ContextBudgetExceeded as over:
-            # Over the budget (OverBudget) or not even fitting at its smallest: past the red line.
-            used = max(int(str(over.details.get("required", 0))), budget.input_budget + 1)
+    ) -> WindowDecision:
+        """Whether this prepare closes the window, from its assembly of the current one (``measured``:
+        the context, or what did not fit); an ORANGE window's handoff is built ahead."""
+        match measured:
+            case PreparedContext():
+                used = measured.budget_report.used.total
+                forecast = measured.window_report.forecast.tokens if measured.window_report else 0
+            case OverBudgetView():
+                used, forecast = max(measured.total, budget.input_budget + 1), 0
+            case ContextBudgetExceeded():
+                # Not even fitting at its smallest: past the red line.
+                used = max(int(str(measured.details.get("required", 0))), budget.input_budget + 1)
+                forecast = 0
+            case _:
+                assert_never(measured)
         opened_after = _opened_after(view)
         own = window_records(snapshot.records, opened_after, view.head.thread_id)
         # A critical operation has no source in the fleet yet: the decision takes it as an input.
-        report = measured.window_report if measured is not None else None
         signals = WindowSignals(
             used=used,
             budget=budget.input_budget,
-            forecast_need=report.forecast.tokens if report is not None else 0,
+            forecast_need=forecast,
             phase_boundary=phase_boundary(
                 window_records(snapshot.records, 0, view.head.thread_id), opened_after
             ),
@@ -142,7 +90,43 @@ class WindowKeeper:
             low_value_share=low_value_share(own, view.encoding),
         )
         window = view.policy.window
-        return measured, decide_window(signals, window.levels, window.max_low_value_share)
+        decision = decide_window(signals, window.levels, window.max_low_value_share)
+        if decision.action is WindowAction.PREPARE_ROLLOVER and decision.blocked_by is None:
+            self._keep_candidate(view, snapshot, decision.trigger or RolloverTrigger.HARD_LIMIT)
+        return decision
+
+    async def roll_over(
+        self, view: ThreadView, snapshot: ThreadSnapshot, trigger: RolloverTrigger, started: float
+    ) -> tuple[ThreadView, ThreadSnapshot, RolloverReport | None]:
+        """Close the window and load the next one: its view, its snapshot carrying what the request
+        brought, and the report (None when another prepare closed it first: this one serves the window
+        that one opened). ``started``: when the prepare began measuring the window (monotonic)."""
+        handoff = self._handoff(view, snapshot, trigger)
+        tokens = counter_for("o200k_base").count(render_handoff(handoff))
+        async with self._store.session() as store:
+            try:
+                await store.commit_window(view.state.view_revision, handoff, tokens)
+                report: RolloverReport | None = RolloverReport(
+                    trigger=trigger,
+                    previous_window=handoff.previous_window,
+                    handoff_tokens=tokens,
+                    rollover_ms=int((time.monotonic() - started) * 1000),
+                )
+            except RevisionConflict:
+                report = None
+            fresh = await self._loader.load(
+                store,
+                view.head.thread_id,
+                tenant=view.scope.tenant,
+                session_id=view.head.session_id,
+                principal_id=view.scope.principal_id,
+            )
+        self._candidates.pop(view.head.thread_id, None)
+        # What the request brought (evidence, validated additions, hook changes) is the new window's too.
+        fresh_snapshot = replace(
+            fresh.snapshot(), evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked
+        )
+        return fresh, fresh_snapshot, report
 
     def _handoff(self, view: ThreadView, snapshot: ThreadSnapshot, trigger: RolloverTrigger) -> WindowHandoff:
         state = view.facts or StateView()

@@ -19,9 +19,9 @@ budget the reductions of design D5.7 run in order, each counted in the report:
    skeleton when the full one does not fit next to the required blocks and the newest group;
 3. drop optional material (oldest first), then mask tool outputs to their previews, oldest first
    in chunks, never the newest two groups (a failed output keeps its telling line);
-4. still over → ``OverBudget``: history must be compacted. With ``allow_drop_history`` (after the
-   compaction wait ran out) the oldest history is dropped instead, each block reported, and a
-   note stands in its place with the failures only it still showed.
+4. still over → an ``OverBudgetView`` instead of a context: history must be compacted first. With
+   ``allow_drop_history`` (after the compaction wait ran out) the oldest history is dropped instead,
+   each block reported, and a note stands in its place with the failures only it still showed.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ from services.core.view_memo import ViewMemo
 __all__ = [
     "ASSEMBLY_REVISION",
     "Evidence",
+    "OverBudgetView",
     "SummaryView",
     "ThreadSnapshot",
     "assemble_context",
@@ -197,6 +198,26 @@ class ThreadSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class OverBudgetView:
+    """What assembly gives for a view that does not fit even after the deterministic reductions: its
+    history must be compacted first. The items are the kept blocks, itemized as the error reports them."""
+
+    total: int
+    input_budget: int
+    items: tuple[BlockSize, ...]
+    reductions: tuple[str, ...]
+
+    @property
+    def reserved_tokens(self) -> int:
+        """What the prepare needs besides the view: its tool schemas."""
+        return sum(int(str(item["tokens"])) for item in self.items if item["kind"] == "tool_schemas")
+
+    def error(self) -> OverBudget:
+        """The refusal, for a view that does not fit even with the history awaiting compaction dropped."""
+        return OverBudget(self.total, self.input_budget, list(self.items), self.reductions)
+
+
+@dataclass(frozen=True, slots=True)
 class Evidence:
     """A record quoted as evidence: re-read from the ledger, with the hashes that identify it."""
 
@@ -280,13 +301,15 @@ def assemble_context(
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
     window: WindowPolicy | None = None,
-) -> PreparedContext:
-    """The prepared context; ``counter`` is ``None`` when the profile asks for the bytes/4 estimate.
+) -> PreparedContext | OverBudgetView:
+    """The prepared context, or ``OverBudgetView`` when history must be compacted first; ``counter`` is
+    ``None`` when the profile asks for the bytes/4 estimate. ``ContextBudgetExceeded`` when required
+    content at its smallest does not fit: no compaction can help.
 
     ``window``: report the context's water level and forecast (``PreparedContext.window_report``), and at
     YELLOW or above trim low-value optional material back toward the yellow line.
 
-    ``allow_drop_history``: instead of raising ``OverBudget``, drop the oldest history (never a
+    ``allow_drop_history``: instead of answering ``OverBudgetView``, drop the oldest history (never a
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
@@ -300,6 +323,8 @@ def assemble_context(
     if isinstance(found, PreparedContext):
         return found
     prepared = _assemble(snapshot, request, budget, counter, 0, False, window)
+    if isinstance(prepared, OverBudgetView):
+        return prepared
     memo.keep_context(snapshot.records, inputs, prepared, parts=len(prepared.messages) + len(prepared.blocks))
     return prepared
 
@@ -324,7 +349,7 @@ def _assemble(
     compaction_wait_ms: int,
     allow_drop_history: bool,
     window: WindowPolicy | None,
-) -> PreparedContext:
+) -> PreparedContext | OverBudgetView:
     memo, blocks, ordered = _candidates(snapshot, request, counter)
     if snapshot.hooked is not None:
         ordered = snapshot.hooked.apply(ordered)
@@ -368,7 +393,9 @@ def _assemble(
         fit = _fit(inputs, dropped | more)
     total = fit.total + schema_tokens + REPLY_PRIMING
     if total > budget.input_budget:
-        raise OverBudget(total, budget.input_budget, _items(fit.kept, schema_tokens), tuple(fit.reductions))
+        return OverBudgetView(
+            total, budget.input_budget, tuple(_items(fit.kept, schema_tokens)), tuple(fit.reductions)
+        )
 
     out_blocks, messages = _emit(fit.kept, memo)
     used = _usage(fit.kept, schema_tokens)

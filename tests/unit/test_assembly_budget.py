@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest, UserInputEvent, UserInputPayload
-from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
-from services.errors import OverBudget
+from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.errors import ContextBudgetExceeded
 from services.core.groups import build_view_blocks
@@ -63,6 +62,22 @@ def _prepare(
     allow_drop_history: bool = False,
     **request: object,
 ) -> PreparedContext:
+    prepared = _assembled(
+        t, records, budget, snapshot=snapshot, allow_drop_history=allow_drop_history, **request
+    )
+    assert isinstance(prepared, PreparedContext)
+    return prepared
+
+
+def _assembled(
+    t: Thread,
+    records: list[LedgerRecord],
+    budget: int = 100_000,
+    *,
+    snapshot: dict[str, Any] | None = None,
+    allow_drop_history: bool = False,
+    **request: object,
+) -> PreparedContext | OverBudgetView:
     req = _request(t, budget, **request)
     return assemble_context(
         _snapshot(t, records, **(snapshot or {})),
@@ -296,8 +311,7 @@ def test_old_groups_are_masked_but_the_newest_ones_keep_their_output_and_history
     assert masked[0] and masked == sorted(masked, reverse=True)  # the oldest first, a prefix
     assert masked[-2:] == [False, False]  # the newest groups keep their full output
     assert prepared.budget_report.reductions.masked == sum(masked)
-    with pytest.raises(OverBudget):
-        _prepare(t, records, budget=full.budget_report.used.total // 3)
+    assert isinstance(_assembled(t, records, budget=full.budget_report.used.total // 3), OverBudgetView)
 
 
 def test_a_masked_failed_output_keeps_its_telling_line() -> None:
@@ -387,8 +401,7 @@ def test_allow_drop_history_drops_the_oldest_history_and_reports_it_instead_of_o
     records = ledger_records(_coding_thread(t, 8))
     full = _prepare(t, records)
     budget = full.budget_report.used.total // 4
-    with pytest.raises(OverBudget):
-        _prepare(t, records, budget=budget)
+    assert isinstance(_assembled(t, records, budget=budget), OverBudgetView)
     prepared = _prepare(t, records, budget=budget, allow_drop_history=True)
     assert prepared.budget_report.used.total <= budget
     dropped = [o for o in prepared.omitted if o.reason.startswith("history awaiting compaction")]
@@ -426,6 +439,10 @@ def test_with_history_dropping_every_budget_where_required_content_fits_gets_a_c
             )
         except ContextBudgetExceeded as err:
             assert sum(_sizes(err).values()) > budget
+            outcomes["required_too_big"] += 1
+            continue
+        if isinstance(prepared, OverBudgetView):
+            assert sum(_sizes(prepared.error()).values()) > budget
             outcomes["required_too_big"] += 1
             continue
         assert prepared.budget_report.used.total <= budget
@@ -609,14 +626,15 @@ def test_reported_total_is_at_least_the_independent_count_and_close_to_it(
     budget = max(1, int(full.budget_report.used.total * budget_share))
     attempts = [full]
     try:
-        attempts.append(
-            _prepare(t, records, budget=budget, tools=tools, allow_drop_history=True, snapshot=snap)
-        )
-        attempts.append(_prepare(t, records, budget=budget, tools=tools, snapshot=snap))
+        dropped = _assembled(t, records, budget=budget, tools=tools, allow_drop_history=True, snapshot=snap)
+        if isinstance(dropped, OverBudgetView):
+            raise dropped.error()  # what the prepare answers then
+        attempts.append(dropped)
+        fitted = _assembled(t, records, budget=budget, tools=tools, snapshot=snap)
+        if isinstance(fitted, PreparedContext):  # else compaction must catch up first
+            attempts.append(fitted)
     except ContextBudgetExceeded as err:  # only when required content at its smallest does not fit
         assert sum(_sizes(err).values()) > budget
-    except OverBudget:  # without dropping history, compaction must catch up first
-        pass
     for prepared in attempts:
         independent = count_prepared(prepared, COUNTER)
         assert independent <= prepared.budget_report.used.total <= independent + _SLACK_PER_TOOL * ntools + 1

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from contracts import PreparedContext, PrepareRequest
 from services.app.view_cache import ViewCache
 from services.app.views import ViewLoader
-from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
+from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
 from services.core import assemble, protected
 from services.core.budget import resolve_budget
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
@@ -112,6 +112,8 @@ def _reply(snapshot: ThreadSnapshot, request: PrepareRequest, *, drop: bool) -> 
         )
     except CtxError as exc:
         return f"{type(exc).__name__}: {exc}"
+    if isinstance(prepared, OverBudgetView):
+        return f"OverBudgetView: {prepared.error()}"
     return prepared.model_dump_json()
 
 

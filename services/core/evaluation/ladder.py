@@ -30,7 +30,7 @@ from typing import Protocol, assert_never
 
 from contracts import PreparedContext, PrepareRequest
 
-from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
+from services.core.assemble import Evidence, OverBudgetView, ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec
 from services.core.state import StateView
 from services.core.tokens import TokenCounter
@@ -174,7 +174,9 @@ class CoreRung:
                 allow_drop_history=self.config.history is History.FIT,
             )
         except CtxError as exc:
-            return LadderContext(None, f"{exc.code.value}: {exc.message}")
+            return _refused(exc)
+        if isinstance(prepared, OverBudgetView):
+            return _refused(prepared.error())
         return LadderContext(prepared)
 
     def _snapshot(self, point: LadderPoint) -> ThreadSnapshot:
@@ -197,6 +199,10 @@ class CoreRung:
         if config.archive:
             snapshot = replace(snapshot, evidence=point.archive)
         return replace(snapshot, memo=self._memo)
+
+
+def _refused(exc: CtxError) -> LadderContext:
+    return LadderContext(None, f"{exc.code.value}: {exc.message}")
 
 
 def core_rungs(names: tuple[RungName, ...] = tuple(RungName)) -> list[Rung]:

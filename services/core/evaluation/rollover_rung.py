@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from contracts import PathRule
 from contracts.windows import RolloverTrigger, WindowHandoff, WindowPolicy
 
-from services.core.assemble import ThreadSnapshot, assemble_context
+from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
 from services.core.state import StateView
 from services.core.view_memo import ViewMemo
 from services.core.windows.decision import WindowAction, WindowSignals, decide_window
@@ -74,11 +74,16 @@ class RolloverRung:
                 snapshot, point.request, point.budget, point.counter, allow_drop_history=True
             )
         except CtxError as exc:
-            return LadderContext(None, f"{exc.code.value}: {exc.message}", window=self.window)
+            return self._refused(exc)
+        if isinstance(prepared, OverBudgetView):
+            return self._refused(prepared.error())
         recovered = None
         if handoff is not None:
             recovered = _shows_state(handoff, point, text_of(prepared.openai_messages()))
         return LadderContext(prepared, window=self.window, recovered=recovered)
+
+    def _refused(self, exc: CtxError) -> LadderContext:
+        return LadderContext(None, f"{exc.code.value}: {exc.message}", window=self.window)
 
     def _snapshot(self, point: LadderPoint) -> ThreadSnapshot:
         snapshot = point.snapshot
@@ -90,13 +95,17 @@ class RolloverRung:
 
     def _due(self, point: LadderPoint, snapshot: ThreadSnapshot) -> RolloverTrigger | None:
         """What closes the window at this prepare, as the fleet's ``WindowKeeper`` decides it."""
+        # Over the budget or not fitting at its smallest: past the red line.
+        past_red = point.budget.input_budget + 1
         try:
-            used = assemble_context(
-                snapshot, point.request, point.budget, point.counter
-            ).budget_report.used.total
+            measured = assemble_context(snapshot, point.request, point.budget, point.counter)
         except ContextBudgetExceeded as over:
-            # Over the budget or not fitting at its smallest: past the red line.
-            used = max(int(str(over.details.get("required", 0))), point.budget.input_budget + 1)
+            measured = None
+            used = max(int(str(over.details.get("required", 0))), past_red)
+        if isinstance(measured, OverBudgetView):
+            used = max(measured.total, past_red)
+        elif measured is not None:
+            used = measured.budget_report.used.total
         own = window_records(snapshot.records, self.opened_after, snapshot.own_thread)
         signals = WindowSignals(
             used=used,
