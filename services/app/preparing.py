@@ -362,7 +362,7 @@ class PrepareService:
                         # It fits under the raised count already; the compaction makes room for the
                         # next steps, so it runs without this reply waiting on it (and without the
                         # budgeter's triggers deciding).
-                        await self._request_job(view, budget, reserved, reasons=reasons)
+                        await self._request_job(view, budget, reserved, reasons)
                         progress = replace(progress, requested=True)
                     case Learn(prepared):
                         learned = await self._learn(
@@ -534,7 +534,7 @@ class PrepareService:
         fails for history the compactor has not caught up with.
         """
         thread_id = view.head.thread_id
-        ours = await self._request_job(view, budget, reserved, reasons=reasons)
+        ours = await self._request_job(view, budget, reserved, reasons)
         revision = view.state.view_revision
         current = view
         while (remaining := wait.deadline - time.monotonic()) > 0:
@@ -550,7 +550,7 @@ class PrepareService:
             if ours is not None and ours.watermark == current.watermark:
                 break  # our job ended without a commit (nothing to cover): waiting longer cannot help
             # Another job held the slot, or history grew since ours: ask for this state.
-            ours = await self._request_job(current, budget, reserved, reasons=reasons)
+            ours = await self._request_job(current, budget, reserved, reasons)
         return current, False
 
     async def _request_job(
@@ -558,8 +558,7 @@ class PrepareService:
         view: ThreadView,
         budget: BudgetSpec,
         reserved: int,
-        *,
-        reasons: tuple[str, ...] = ("hard_budget",),
+        reasons: tuple[str, ...],
     ) -> CompactionJob | _NotQueued | None:
         """Ask for the thread's urgent compaction; the job, ``None`` while another one is pending, or
         ``_NOT_QUEUED`` when the queue refused it.
