@@ -5,6 +5,9 @@ The ledger is append-only: a record never changes, so the message it shows, the 
 same on every prepare until the record's place changes. A memo belongs to one thread's view (the
 thread fixes how inherited call ids are tagged) and is kept by the view cache; a prepare without
 one builds everything from scratch, through the same code, so both give byte-identical replies.
+The pure-prepare figure (a prepare within 4× a bare NATS round trip, ``--only pure``) needs its
+reuse of a whole context, and assembly right after an append (``--only append``) its extension of
+the last build: without them both grow with the thread's length.
 
 Invariants:
 
