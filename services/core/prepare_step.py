@@ -151,9 +151,10 @@ def next_step(p: PrepareProgress) -> PrepareStep:
     """What the prepare does next."""
     if p.rollover_window and p.decision is None:
         return Assemble(measure_window=True)
-    trigger = _closes(p.decision) if p.decision is not None and not p.rolled else None
-    if trigger is not None:
-        return RollOver(trigger)
+    decision = p.decision
+    if decision is not None and decision.action is WindowAction.ROLLOVER and not p.rolled:
+        if decision.trigger is not None:
+            return RollOver(decision.trigger)
     reasons = PROVIDER_OVERFLOW if p.after_overflow else HARD_BUDGET
     match p.outcome:
         case None:
@@ -180,8 +181,3 @@ def next_step(p: PrepareProgress) -> PrepareStep:
             return Done(prepared)
         case _:
             assert_never(p.outcome)
-
-
-def _closes(decision: WindowDecision) -> RolloverTrigger | None:
-    """What closes the window, when the decision is to roll over now."""
-    return decision.trigger if decision.action is WindowAction.ROLLOVER else None
