@@ -1,4 +1,4 @@
-"""Rolling a thread's window over from state, in the prepare that finds it due (design D10).
+"""Rolling a thread's window over from state, in the prepare that finds it due.
 
 Where it runs: in the prepare's loop (``services/core/prepare_step.py``). A rollover calls no
 model — the handoff is built from the state projection the recorder already keeps — so it costs the

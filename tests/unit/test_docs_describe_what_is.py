@@ -48,7 +48,6 @@ DESIGN_IDS_UNTIL_REWRITTEN = {
     "services/app/preparing.py",
     "services/app/notices.py",
     "services/app/view_trust.py",
-    "services/app/windows.py",
     "services/app/calibrations.py",
     "services/app/recording.py",
     "services/app/views.py",
