@@ -68,7 +68,7 @@ from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
 from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
-from services.app.notices import NO_PAUSE, NoticeBoard, Pause, Wakeup, wait_for_notice
+from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
 from services.core.state import StateView, rebuild_state, state_hash
@@ -107,7 +107,7 @@ class _CompactionWait:
 
     started: float
     deadline: float
-    woken: Wakeup
+    woken: asyncio.Event
 
 
 def _carried(view: ThreadView, snapshot: ThreadSnapshot) -> ThreadSnapshot:
