@@ -238,7 +238,7 @@ class FleetMetrics:
         )
         self.record_batch_events = Histogram(
             "ctx_record_batch_events",
-            "Messages per fetched batch",
+            "Events per fetched batch",
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
             registry=r,
         )
