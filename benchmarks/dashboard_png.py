@@ -148,8 +148,8 @@ async def run_load(
         fleet = await start_fleet(settings, servers)
         try:
             assert fleet.http_port is not None
-            # The embedded broker is closed: connect as its runtime user.
-            nats_options = as_identity(settings, "runtime").bus.nats_options()
+            # The embedded broker is closed: connect as its operator, as ``ctxfleet replay`` does.
+            nats_options = as_identity(settings, "operator").bus.nats_options()
             await register_policies(servers.nats_urls, nats_options)
             started = time.perf_counter()
             scraper = asyncio.create_task(scrape_loop(fleet.http_port, started, scrapes))
