@@ -148,8 +148,8 @@ async def run_load(
         fleet = await start_fleet(settings, servers)
         try:
             assert fleet.http_port is not None
-            # The embedded broker is closed: connect as its runtime user.
-            nats_options = as_identity(settings, "runtime").bus.nats_options()
+            # The embedded broker is closed: connect as its operator, as ``ctxfleet replay`` does.
+            nats_options = as_identity(settings, "operator").bus.nats_options()
             await register_policies(servers.nats_urls, nats_options)
             started = time.perf_counter()
             scraper = asyncio.create_task(scrape_loop(fleet.http_port, started, scrapes))
@@ -329,7 +329,7 @@ def plot_dashboard(scrapes: Sequence[Scrape], out: Path, title: str, footnote: s
     lines(ax[4], failed, "--")
     ax[4].set(title="Compactions by result", ylabel="per second")
 
-    lines(ax[5], {"jobs waiting (max)": summed(scrapes, "ctx_compaction_queue_depth", ()).get((), [])})
+    lines(ax[5], {"jobs waiting (max)": summed(scrapes, "ctx_compaction_queue_jobs", ()).get((), [])})
     oldest = summed(scrapes, "ctx_compaction_queue_oldest_age_seconds", ()).get((), [])
     twin(ax[5], {"oldest job age (max)": oldest}, "oldest job age (s)")
     ax[5].set(title="Compaction queue", ylabel="jobs waiting (gauges refreshed every 5 s)")
@@ -354,8 +354,13 @@ def plot_dashboard(scrapes: Sequence[Scrape], out: Path, title: str, footnote: s
     lines(ax[7], rates("ctx_events_duplicate_total", "", "duplicates"), "--")
     ax[7].set(title="Events recorded", ylabel="events per second")
 
-    lines(ax[8], {k: v for (k,), v in summed(scrapes, "ctx_consumer_lag", ("worker",)).items()})
-    ax[8].set(title="Consumer lag per worker", ylabel="pending (sum over consumers)")
+    lag = {
+        f"{worker} ({unit})": v
+        for unit in ("events", "jobs", "threads")
+        for (worker,), v in summed(scrapes, f"ctx_consumer_lag_{unit}", ("worker",)).items()
+    }
+    lines(ax[8], lag)
+    ax[8].set(title="Consumer lag per worker", ylabel="unfinished (sum over consumers)")
 
     for axes in ax:
         axes.grid(True, alpha=0.3)

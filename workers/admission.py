@@ -221,6 +221,6 @@ class Admission:
     def publish_gauges(self) -> None:
         """Export slots in use, queue length and waiters."""
         m = self._metrics
-        m.requests_inflight.set(self.limits.max_inflight - self._free)
-        m.requests_queued.set(len(self._queue))
-        m.requests_waiting.set(self.waiting)
+        m.inflight_requests.set(self.limits.max_inflight - self._free)
+        m.queued_requests.set(len(self._queue))
+        m.waiting_requests.set(self.waiting)

@@ -324,7 +324,7 @@ class Fleet:
         return None
 
     async def export_backlogs(self) -> None:
-        """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers of this process."""
+        """Set the compaction queue gauges and ``ctx_consumer_lag_*`` for the workers of this process."""
         if self._nc is None:
             return
         if self._hot_path is not None:

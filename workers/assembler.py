@@ -35,7 +35,7 @@ from .hot_path import HotPath
 from .local_notices import LocalNotices
 from .level_clock import LevelClock
 from .gateway import gateway_router
-from .metrics import FleetMetrics
+from .metrics import FleetMetrics, policy_label
 from .queries import queries_router
 from .replies import Inbound, admitted, error_reply, inbound, parse_body
 from .responder import Responder
@@ -183,15 +183,13 @@ class AssemblerWorker:
             self._metrics.provider_overflows.labels(
                 profile=_profile_label(report.profile), outcome="recompacted"
             ).inc()
-        # The session's policy revision: bounded by registrations, unlike a request's ad-hoc budget.
-        m, policy = self._metrics, prepared.policy
+        m, policy = self._metrics, policy_label(prepared.policy)
         m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
-        m.prepare_tokens.labels(purpose=purpose).observe(report.used.total)
         m.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
-        m.prepare_input_tokens.labels(purpose=purpose, policy=policy).observe(report.estimated_input)
-        m.prepare_input_budget.labels(purpose=purpose, policy=policy).observe(report.input_budget)
-        if report.calibration != "local":
-            m.prepare_usage_tokens.labels(purpose=purpose).observe(report.estimated_input)
+        m.prepare_input_tokens.labels(purpose=purpose, policy=policy, calibration=report.calibration).observe(
+            report.estimated_input
+        )
+        m.prepare_budget_tokens.labels(purpose=purpose, policy=policy).observe(report.input_budget)
         for reduction in prepared.reductions:
             m.prepare_reductions.labels(kind=reduction.split(":")[0]).inc()
         if prepared.window_report is not None:
@@ -212,7 +210,7 @@ class AssemblerWorker:
         return NatsResponse(body, headers={"ctx-status": "ok"})
 
     def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
-        self._metrics.prepares_by_level.labels(level=level.value).inc()
+        self._metrics.window_level_prepares.labels(level=level.value).inc()
         lasted = self._levels.advance(thread_id, level, time.monotonic())
         if lasted is not None:
             self._metrics.window_level_seconds.labels(level=lasted[0].value).inc(lasted[1])

@@ -42,12 +42,11 @@ async def export_backlogs(
     budgeter: BudgeterWorker | None,
     indexer: IndexerWorker | None,
 ) -> None:
-    """Set the compaction queue gauges and ``ctx_consumer_lag`` for the workers ``names`` of this process."""
-    lag = metrics.consumer_lag
+    """Set the compaction queue gauges and ``ctx_consumer_lag_*`` for the workers ``names`` here."""
     js = nc.jetstream(timeout=5.0)
     if "compactor" in names or "budgeter" in names:
         info = await js.stream_info(JOBS_STREAM)
-        metrics.queue_depth.set(info.state.messages)
+        metrics.queue_jobs.set(info.state.messages)
         age = 0.0
         if info.state.messages:
             try:
@@ -62,16 +61,16 @@ async def export_backlogs(
         metrics.queue_oldest_age.set(max(0.0, age))
     if "compactor" in names:
         consumer = await js.consumer_info(JOBS_STREAM, COMPACTOR_DURABLE)
-        lag.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(
+        metrics.consumer_lag_jobs.labels(worker="compactor", consumer=COMPACTOR_DURABLE).set(
             consumer.num_pending + consumer.num_ack_pending
         )
     if recorder is not None:
         for partition, pending in (await recorder.lag()).items():
-            lag.labels(worker="recorder", consumer=f"p{partition}").set(pending)
+            metrics.consumer_lag_events.labels(worker="recorder", consumer=f"p{partition}").set(pending)
     if budgeter is not None:
-        lag.labels(worker="budgeter", consumer="threads").set(budgeter.backlog)
+        metrics.consumer_lag_threads.labels(worker="budgeter").set(budgeter.backlog)
     if indexer is not None:
-        lag.labels(worker="indexer", consumer="threads").set(indexer.backlog)
+        metrics.consumer_lag_threads.labels(worker="indexer").set(indexer.backlog)
 
 
 async def watch_backlogs(

@@ -81,7 +81,7 @@ class BudgeterWorker(CoalescingWorker):
             return
         d = result.decision
         for hit in d.hits:
-            self._metrics.trigger_hits.labels(condition=hit, policy=result.policy_revision).inc()
+            self._metrics.trigger_hits.labels(condition=hit, policy=result.policy_name).inc()
         if d.action == "enqueue":
             self._metrics.jobs.labels(
                 outcome="enqueued" if result.enqueued else "deduplicated", reason="+".join(d.hits)

@@ -199,7 +199,7 @@ class CoalescingWorker:
 
     @property
     def backlog(self) -> int:
-        """Threads waiting for this worker (its ``ctx_consumer_lag``)."""
+        """Threads waiting for this worker (its ``ctx_consumer_lag_threads``)."""
         return self._scheduler.backlog if self._scheduler is not None else 0
 
     async def start(self) -> None:

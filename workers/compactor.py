@@ -87,8 +87,8 @@ class CompactorWorker:
                 outcome.output_tokens
             )
         if outcome.status == "committed":
-            self._metrics.compaction_tokens_before.observe(outcome.tokens_before)
-            self._metrics.compaction_tokens_after.observe(outcome.tokens_after)
+            self._metrics.compaction_before_tokens.observe(outcome.tokens_before)
+            self._metrics.compaction_after_tokens.observe(outcome.tokens_after)
             self._metrics.compaction_target.labels(reached=str(outcome.target_reached).lower()).inc()
         elif outcome.status == "dropped":
             self._metrics.revision_conflicts.labels(where="compaction_commit").inc()

@@ -56,7 +56,6 @@ class CountedJobQueue:
     async def publish(self, job: CompactionJob) -> None:
         """Enqueue one job and count it."""
         await self._inner.publish(job)
-        policy = f"{job.policy_name}@{job.policy_revision}"
         for reason in job.reasons:
-            self._metrics.trigger_hits.labels(condition=reason, policy=policy).inc()
+            self._metrics.trigger_hits.labels(condition=reason, policy=job.policy_name).inc()
         self._metrics.jobs.labels(outcome="enqueued", reason="+".join(job.reasons)).inc()

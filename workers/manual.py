@@ -66,8 +66,8 @@ def manual_router(
                 raise
             if metrics is not None:
                 metrics.manual_compactions.labels(outcome="committed").inc()
-                metrics.compaction_tokens_before.observe(reply.tokens_before)
-                metrics.compaction_tokens_after.observe(reply.tokens_after)
+                metrics.compaction_before_tokens.observe(reply.tokens_before)
+                metrics.compaction_after_tokens.observe(reply.tokens_after)
             if notify is not None:
                 notice = {"status": "committed", "view_revision": reply.view_revision}
                 await notify(compacted_subject(reply.thread_id), json.dumps(notice).encode())

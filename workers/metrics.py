@@ -1,4 +1,10 @@
-"""The Prometheus metrics the workers export (one registry per process)."""
+"""The Prometheus metrics the workers export (one registry per process).
+
+Names follow Prometheus's conventions, and ``tests/unit/test_metric_names.py`` holds every metric to
+them: the unit comes last and is one per metric (``_seconds``, ``_bytes``, ``_tokens``, ``_ratio``,
+or what a count counts: ``_events``, ``_jobs``, ``_threads``, ``_requests``...), counters end in
+``_total``, and label values are bounded (a policy is labelled by its name, never its revision).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -17,13 +23,24 @@ from services.app.stages import PREPARE_STAGES, RECORD_STAGES, PrepareStages, Re
 from services.app.view_cache import ViewCache
 from services.app.view_trust import ViewTrust
 
-__all__ = ["FleetMetrics", "GcPauses"]
+__all__ = ["FleetMetrics", "GcPauses", "policy_label"]
+
+# No ``*_created`` series: one more series per counter and histogram child, for a start time that
+# Prometheus's own reset handling makes redundant. Process-wide, as prometheus-client's switch is.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
 
 _TOKEN_BUCKETS = (500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000, 1_000_000)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # A stage of a batch or a prepare takes from a tenth of a millisecond (back to back) to seconds (a wait).
 _STAGE_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 _GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def policy_label(policy: str) -> str:
+    """The ``policy`` label of a ``name@revision`` reference: its name. Every registration makes a new
+    revision, so a label carrying it would grow a series per registration; names are as few as the
+    policies an operator registers."""
+    return policy.partition("@")[0]
 
 
 class GcPauses:
@@ -64,10 +81,16 @@ class _ViewCacheCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._cache
-        yield CounterMetricFamily("ctx_view_cache_hits", "View cache lookups that found an entry", c.hits)
-        yield CounterMetricFamily("ctx_view_cache_misses", "View cache lookups that found none", c.misses)
         yield CounterMetricFamily(
-            "ctx_view_cache_evictions", "View cache entries evicted to stay under the bound", c.evictions
+            "ctx_view_cache_hits_total", "View cache lookups that found an entry", c.hits
+        )
+        yield CounterMetricFamily(
+            "ctx_view_cache_misses_total", "View cache lookups that found none", c.misses
+        )
+        yield CounterMetricFamily(
+            "ctx_view_cache_evictions_total",
+            "View cache entries evicted to stay under the bound",
+            c.evictions,
         )
         yield GaugeMetricFamily("ctx_view_cache_bytes", "Estimated bytes the view cache holds", c.bytes)
         yield GaugeMetricFamily(
@@ -109,25 +132,25 @@ class _GatewayCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         g = self._gateway
         yield GaugeMetricFamily(
-            "ctx_gateway_records_pending",
+            "ctx_gateway_pending_records",
             "Records of answered prepared contexts not stored yet (through a store outage)",
             g.pending_records,
         )
         yield GaugeMetricFamily(
-            "ctx_gateway_records_pending_bytes",
+            "ctx_gateway_pending_bytes",
             "Estimated bytes of the pending gateway records",
             g.pending_bytes,
         )
         yield CounterMetricFamily(
-            "ctx_gateway_records_stored", "Gateway records stored by the write-behind", g.stored_records
+            "ctx_gateway_records_stored_total", "Gateway records stored by the write-behind", g.stored_records
         )
         yield CounterMetricFamily(
-            "ctx_gateway_record_retries",
+            "ctx_gateway_record_retries_total",
             "Gateway records whose store was retried because the store was unavailable",
             g.retried_records,
         )
         dropped = CounterMetricFamily(
-            "ctx_gateway_records_dropped",
+            "ctx_gateway_records_dropped_total",
             "Gateway records never stored, by reason: rejected by the store, underivable, "
             "or still pending at shutdown",
             labels=["reason"],
@@ -136,7 +159,7 @@ class _GatewayCollector(Collector):
             dropped.add_metric([reason], g.dropped_records[reason])
         yield dropped
         yield CounterMetricFamily(
-            "ctx_gateway_prepares_refused",
+            "ctx_gateway_prepares_refused_total",
             "Prepares answered overloaded because the pending gateway records were at their bound",
             g.refused_prepares,
         )
@@ -150,9 +173,11 @@ class FleetMetrics:
 
     def __post_init__(self) -> None:
         r = self.registry
-        self.events_recorded = Counter("ctx_events_recorded", "Events appended to the ledger", registry=r)
+        self.events_recorded = Counter(
+            "ctx_events_recorded_total", "Events appended to the ledger", registry=r
+        )
         self.hook_calls = Counter(
-            "ctx_hook_calls",
+            "ctx_hook_calls_total",
             "Context hook calls, by point and outcome (ok, patched, rejected, refused, timeout, error)",
             ["point", "outcome"],
             registry=r,
@@ -174,15 +199,15 @@ class FleetMetrics:
             )
         )
         self.events_duplicate = Counter(
-            "ctx_events_duplicate",
+            "ctx_events_duplicate_total",
             "Redelivered or re-published events recognised as already recorded",
             registry=r,
         )
         self.events_rejected = Counter(
-            "ctx_events_rejected", "Events dead-lettered, by error code", ["code"], registry=r
+            "ctx_events_rejected_total", "Events dead-lettered, by error code", ["code"], registry=r
         )
         self.events_unstorable = Counter(
-            "ctx_recorder_events_unstorable",
+            "ctx_recorder_events_unstorable_total",
             "Events that passed every check yet failed alone every attempt to record them, dead-lettered "
             "unstorable_event so their partition moves on, by the step that failed (a bug or a value the "
             "recorder did not foresee: see the recorder's log for the traceback)",
@@ -204,21 +229,21 @@ class FleetMetrics:
             registry=r,
         )
         self.record_batches_known = Counter(
-            "ctx_record_batches_known",
+            "ctx_record_batches_known_total",
             "Batches planned from what the recorder wrote last on their thread, without reading the "
             "ledger, by outcome: planned (committed so) or missed (another writer or a "
             "stored key intervened: read and planned again)",
             ["outcome"],
             registry=r,
         )
-        self.record_batch_size = Histogram(
-            "ctx_record_batch_size",
-            "Messages per fetched batch",
+        self.record_batch_events = Histogram(
+            "ctx_record_batch_events",
+            "Events per fetched batch",
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
             registry=r,
         )
         self.record_retries = Counter(
-            "ctx_record_retries",
+            "ctx_record_retries_total",
             "Batches retried after a retryable failure, by error code",
             ["code"],
             registry=r,
@@ -256,45 +281,40 @@ class FleetMetrics:
         )
         self.prepare_input_tokens = Histogram(
             "ctx_prepare_input_tokens",
-            "Estimated input tokens per prepare",
-            ["purpose", "policy"],
+            "Input tokens of a prepared context as held against its budget, by how they were counted: "
+            "local (counted here) or provider_usage+local (the provider's usage of the last response "
+            "plus what came after it)",
+            ["purpose", "policy", "calibration"],
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
-        self.prepare_input_budget = Histogram(
-            "ctx_prepare_input_budget",
+        self.prepare_budget_tokens = Histogram(
+            "ctx_prepare_budget_tokens",
             "Input budget per prepare",
             ["purpose", "policy"],
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
-        self.prepare_usage_tokens = Histogram(
-            "ctx_prepare_usage_tokens",
-            "Provider-reported usage (input+output) of the last response",
-            ["purpose"],
-            buckets=_TOKEN_BUCKETS,
-            registry=r,
-        )
         self.prepare_reductions = Counter(
-            "ctx_prepare_reductions",
+            "ctx_prepare_reductions_total",
             "Deterministic reductions applied on the hot path, by kind",
             ["kind"],
             registry=r,
         )
-        self.prepares_by_level = Counter(
-            "ctx_prepares_by_level",
+        self.window_level_prepares = Counter(
+            "ctx_window_level_prepares_total",
             "Prepared contexts by the water level of their window",
             ["level"],
             registry=r,
         )
         self.window_level_seconds = Counter(
-            "ctx_window_level_seconds",
+            "ctx_window_level_seconds_total",
             "Seconds threads' windows stood at each water level, between one prepare and the next",
             ["level"],
             registry=r,
         )
         self.prepare_compaction_waits = Counter(
-            "ctx_prepare_compaction_waits",
+            "ctx_prepare_compaction_waits_total",
             "Prepares that waited for a compaction to land",
             ["outcome"],
             registry=r,
@@ -308,7 +328,7 @@ class FleetMetrics:
         # Window rollovers: why each window closed, how large its handoff was, and how
         # long the prepare spent closing it before assembling the next window.
         self.window_rollovers = Counter(
-            "ctx_window_rollovers", "Windows closed by a rollover, by trigger", ["trigger"], registry=r
+            "ctx_window_rollovers_total", "Windows closed by a rollover, by trigger", ["trigger"], registry=r
         )
         self.window_handoff_tokens = Histogram(
             "ctx_window_handoff_tokens",
@@ -323,61 +343,61 @@ class FleetMetrics:
             registry=r,
         )
         self.budget_overflows = Counter(
-            "ctx_budget_overflows", "Prepares refused as over budget, by reason", ["reason"], registry=r
+            "ctx_budget_overflows_total", "Prepares refused as over budget, by reason", ["reason"], registry=r
         )
         # Explicit context-length refusals a runtime reported: recovered (recalibrated, compaction forced,
         # a smaller context answered) or refused as the second on the same view.
         self.provider_overflows = Counter(
-            "ctx_provider_overflows",
+            "ctx_provider_overflows_total",
             "Provider context-length overflows reported by runtimes, by profile and outcome",
             ["profile", "outcome"],
             registry=r,
         )
         self.trigger_hits = Counter(
-            "ctx_compaction_trigger_hits",
+            "ctx_compaction_trigger_hits_total",
             "Policy triggers that fired on evaluation, by condition",
             ["condition", "policy"],
             registry=r,
         )
         self.jobs = Counter(
-            "ctx_compaction_jobs",
+            "ctx_compaction_jobs_total",
             "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled, "
             "not_queued (JetStream refused the job; retried)",
             ["outcome", "reason"],
             registry=r,
         )
         self.compactions = Counter(
-            "ctx_compactions",
+            "ctx_compactions_total",
             "Compaction jobs by result (committed, failed, deferred, dropped, stale) and stage",
             ["result", "stage"],
             registry=r,
         )
         self.gateway_checks = Counter(
-            "ctx_gateway_checks",
+            "ctx_gateway_checks_total",
             "Final checks (ctx.gateway.check) by outcome: ok, context_reprepare_required, or the error code",
             ["outcome"],
             registry=r,
         )
         self.manual_compactions = Counter(
-            "ctx_manual_compactions",
+            "ctx_manual_compactions_total",
             "Manual compactions (ctx.compact) by outcome: committed, or the error code of the reply",
             ["outcome"],
             registry=r,
         )
-        self.compaction_tokens_before = Histogram(
-            "ctx_compaction_tokens_before",
+        self.compaction_before_tokens = Histogram(
+            "ctx_compaction_before_tokens",
             "View tokens before a committed compaction",
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
-        self.compaction_tokens_after = Histogram(
-            "ctx_compaction_tokens_after",
+        self.compaction_after_tokens = Histogram(
+            "ctx_compaction_after_tokens",
             "View tokens after a committed compaction",
             buckets=_TOKEN_BUCKETS,
             registry=r,
         )
         self.compaction_target = Counter(
-            "ctx_compaction_target",
+            "ctx_compaction_target_total",
             "Committed compactions by whether they reached the target ratio",
             ["reached"],
             registry=r,
@@ -386,10 +406,10 @@ class FleetMetrics:
             "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.summarizer_calls = Counter(
-            "ctx_summarizer_calls", "Summarizer calls", ["summarizer"], registry=r
+            "ctx_summarizer_calls_total", "Summarizer calls", ["summarizer"], registry=r
         )
         self.summarizer_tokens = Counter(
-            "ctx_summarizer_tokens",
+            "ctx_summarizer_tokens_total",
             "Tokens summarizers reported using, by direction",
             ["summarizer", "direction"],
             registry=r,
@@ -402,65 +422,86 @@ class FleetMetrics:
             registry=r,
         )
         self.revision_conflicts = Counter(
-            "ctx_revision_conflicts", "Optimistic revision checks that lost, by where", ["where"], registry=r
+            "ctx_revision_conflicts_total",
+            "Optimistic revision checks that lost, by where",
+            ["where"],
+            registry=r,
         )
-        self.read_backs = Counter("ctx_read_backs", "ctx.read requests, by outcome", ["outcome"], registry=r)
-        self.searches = Counter("ctx_searches", "ctx.search requests, by outcome", ["outcome"], registry=r)
+        self.read_backs = Counter(
+            "ctx_read_backs_total", "ctx.read requests, by outcome", ["outcome"], registry=r
+        )
+        self.searches = Counter(
+            "ctx_searches_total", "ctx.search requests, by outcome", ["outcome"], registry=r
+        )
         self.search_seconds = Histogram(
             "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.budgeter_failures = Counter(
-            "ctx_budgeter_failures",
+            "ctx_budgeter_failures_total",
             "Evaluations that failed for what the thread holds (by code): passed over until it moves",
             ["code"],
             registry=r,
         )
-        self.indexed_records = Counter("ctx_indexed_records", "Records added to the search index", registry=r)
+        self.indexed_records = Counter(
+            "ctx_indexed_records_total", "Records added to the search index", registry=r
+        )
         self.index_records_cut = Counter(
-            "ctx_index_records_cut",
+            "ctx_index_records_cut_total",
             "Records whose searchable text was indexed up to its first MiB only",
             registry=r,
         )
         self.index_records_skipped = Counter(
-            "ctx_index_records_skipped",
+            "ctx_index_records_skipped_total",
             "Records the store refused to index (by SQLSTATE), passed once and never retried",
             ["sqlstate"],
             registry=r,
         )
-        self.queue_depth = Gauge(
-            "ctx_compaction_queue_depth", "Jobs waiting on the compaction queue", registry=r
+        self.queue_jobs = Gauge(
+            "ctx_compaction_queue_jobs", "Jobs waiting on the compaction queue", registry=r
         )
         self.queue_oldest_age = Gauge(
             "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r
         )
-        self.consumer_lag = Gauge(
-            "ctx_consumer_lag",
-            "Work a worker has not finished: events per recorder partition, jobs for compactors, "
-            "threads for budgeter/indexer",
+        # Work a worker has not finished, one metric per unit: a sum across units would mean nothing.
+        self.consumer_lag_events = Gauge(
+            "ctx_consumer_lag_events",
+            "Events not yet recorded, per recorder partition (consumer p<N>)",
             ["worker", "consumer"],
             registry=r,
         )
+        self.consumer_lag_jobs = Gauge(
+            "ctx_consumer_lag_jobs",
+            "Compaction jobs pending or unacknowledged on the compactors' durable consumer",
+            ["worker", "consumer"],
+            registry=r,
+        )
+        self.consumer_lag_threads = Gauge(
+            "ctx_consumer_lag_threads",
+            "Threads waiting for the budgeter or the indexer",
+            ["worker"],
+            registry=r,
+        )
         self.prepare_errors = Counter(
-            "ctx_prepare_errors", "Prepares answered with an error, by code", ["code"], registry=r
+            "ctx_prepare_errors_total", "Prepares answered with an error, by code", ["code"], registry=r
         )
         self.requests_rejected = Counter(
-            "ctx_requests_rejected",
+            "ctx_requests_rejected_total",
             "Requests refused by admission: queue_full/queue_age answered overloaded, "
             "deadline dropped unanswered",
             ["reason"],
             registry=r,
         )
         self.replies_refused = Counter(
-            "ctx_replies_refused",
+            "ctx_replies_refused_total",
             "Requests dropped unanswered because their reply subject is not the requester's inbox, by "
             "endpoint and reason (not_an_inbox, foreign_inbox)",
             ["endpoint", "reason"],
             registry=r,
         )
-        self.requests_inflight = Gauge("ctx_requests_inflight", "Requests holding a compute slot", registry=r)
-        self.requests_queued = Gauge("ctx_requests_queued", "Requests queued for a compute slot", registry=r)
-        self.requests_waiting = Gauge(
-            "ctx_requests_waiting",
+        self.inflight_requests = Gauge("ctx_inflight_requests", "Requests holding a compute slot", registry=r)
+        self.queued_requests = Gauge("ctx_queued_requests", "Requests queued for a compute slot", registry=r)
+        self.waiting_requests = Gauge(
+            "ctx_waiting_requests",
             "Admitted requests waiting for an event or a compaction (holding no slot)",
             registry=r,
         )
@@ -468,13 +509,6 @@ class FleetMetrics:
             "ctx_request_queue_seconds",
             "Time admitted requests queued for a compute slot",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.prepare_tokens = Histogram(
-            "ctx_prepare_tokens",
-            "Tokens in a prepared context",
-            ["purpose"],
-            buckets=(500, 1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000, 256000),
             registry=r,
         )
         self.prepare_budget_ratio = Histogram(

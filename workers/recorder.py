@@ -382,7 +382,7 @@ class RecorderWorker:
             result.skipped,
         )
         self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
-        self._metrics.record_batch_size.observe(len(batch))
+        self._metrics.record_batch_events.observe(len(batch))
         if result.known != "none":
             self._metrics.record_batches_known.labels(outcome=result.known).inc()
         self._metrics.recorder_position.labels(partition=str(partition)).set(batch[-1].stream_seq)

@@ -60,7 +60,7 @@ class Evaluation:
     estimated: int
     budget: int
     enqueued: bool
-    policy_revision: str
+    policy_name: str
 
 
 class BudgetService:
@@ -109,7 +109,7 @@ class BudgetService:
             measured.estimated,
             measured.budget,
             enqueued,
-            f"{view.policy_name}@{view.policy_revision}",
+            view.policy_name,
         )
 
 

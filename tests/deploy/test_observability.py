@@ -30,12 +30,13 @@ PROMETHEUS_CONFIG = ROOT / "infra" / "prometheus" / "prometheus.yml"
 TARGET_LABELS = frozenset({"job", "instance"})
 SEVERITIES = frozenset({"info", "warning", "critical"})
 
-# Sample names the exposition format derives from a metric family, by family type.
+# Sample names the exposition format derives from a metric family, by family type (without the
+# ``_created`` series, which the workers turn off).
 _SUFFIXES = {
-    "counter": ("_total", "_created"),
+    "counter": ("_total",),
     "gauge": ("",),
-    "histogram": ("_bucket", "_sum", "_count", "_created"),
-    "summary": ("", "_sum", "_count", "_created"),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("", "_sum", "_count"),
     "info": ("_info",),
     "stateset": ("",),
     "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
@@ -271,7 +272,7 @@ def test_registry_series_include_the_suffixes_prometheus_exposes() -> None:
         "ctx_events_recorded_total",
         "ctx_prepare_seconds_bucket",
         "ctx_prepare_seconds_count",
-        "ctx_compaction_queue_depth",
+        "ctx_compaction_queue_jobs",
     } <= SERIES.keys()
     assert "ctx_events_recorded" not in SERIES
     assert SERIES["ctx_prepare_seconds_bucket"] == {"purpose", "policy", "le"}
@@ -359,11 +360,13 @@ REQUIRED_PANELS = [
     ("ctx_prepare_budget_ratio", "purpose"),
     ("ctx_compaction_trigger_hits", "condition"),
     ("ctx_compactions", "result"),
-    ("ctx_compaction_queue_depth", None),
+    ("ctx_compaction_queue_jobs", None),
     ("ctx_compaction_queue_oldest_age_seconds", None),
     ("ctx_summarizer_tokens", "direction"),
     ("ctx_summarizer_calls", None),
-    ("ctx_consumer_lag", "worker"),
+    ("ctx_consumer_lag_events", "worker"),
+    ("ctx_consumer_lag_jobs", "worker"),
+    ("ctx_consumer_lag_threads", "worker"),
     ("ctx_revision_conflicts", None),
     ("ctx_events_recorded", None),
     ("ctx_events_rejected", None),
@@ -434,7 +437,9 @@ def test_alerts_cover_queue_age_refusals_dead_letters_and_consumer_lag() -> None
         "ctx_compaction_queue_oldest_age_seconds",
         "ctx_budget_overflows",
         "ctx_events_rejected",
-        "ctx_consumer_lag",
+        "ctx_consumer_lag_events",
+        "ctx_consumer_lag_jobs",
+        "ctx_consumer_lag_threads",
     } <= used
 
 

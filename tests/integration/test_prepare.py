@@ -157,7 +157,7 @@ async def test_prepare_over_budget_waits_for_compaction_and_answers_within_budge
     registry = fleet.metrics.registry
     assert (
         registry.get_sample_value(
-            "ctx_compaction_trigger_hits_total", {"condition": "hard_budget", "policy": "default@1"}
+            "ctx_compaction_trigger_hits_total", {"condition": "hard_budget", "policy": "default"}
         )
         or 0
     ) >= 1

@@ -129,11 +129,11 @@ async def test_metrics_endpoint_serves_fleet_metrics_without_thread_labels(
         "ctx_prepare_seconds_bucket",
         "ctx_prepare_input_tokens_bucket",
         "ctx_compactions_total",
-        "ctx_compaction_queue_depth",
+        "ctx_compaction_queue_jobs",
         "ctx_search_seconds_bucket",
         "ctx_indexed_records_total",
     ):
         assert name in body or name.replace("_total", "") in body
     assert t.run_id not in body and t.session_id not in body  # no unbounded label values
-    assert 'ctx_prepare_seconds_count{policy="default@1",purpose="action"} 1.0' in body
+    assert 'ctx_prepare_seconds_count{policy="default",purpose="action"} 1.0' in body
     assert 'ctx_searches_total{outcome="ok"} 1.0' in body

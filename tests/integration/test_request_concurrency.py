@@ -45,7 +45,7 @@ async def test_unrelated_prepare_is_answered_in_its_normal_time_while_ten_prepar
     ]
 
     async def all_waiting() -> bool:
-        return _sample(fleet, "ctx_requests_waiting") == 10
+        return _sample(fleet, "ctx_waiting_requests") == 10
 
     await eventually(all_waiting, what="ten prepares waiting for their events")
     behind = await _timed_prepare(client, _request(t))
@@ -146,7 +146,7 @@ async def test_unrelated_prepare_is_served_while_another_waits_for_its_compactio
     waiting = asyncio.create_task(client.prepare(_request(long, budget_tokens=600)))
 
     async def compaction_waiting() -> bool:
-        return _sample(fleet, "ctx_requests_waiting") == 1
+        return _sample(fleet, "ctx_waiting_requests") == 1
 
     await eventually(compaction_waiting, what="the over-budget prepare waiting for its compaction")
     behind = await _timed_prepare(client, _request(short))

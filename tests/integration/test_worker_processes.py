@@ -119,7 +119,7 @@ async def test_the_entrypoint_starts_each_worker_ready_and_sigterm_exits_cleanly
         }
         assert await asyncio.to_thread(_get, worker.port, "/healthz") == (200, "ok\n")
         status, metrics = await asyncio.to_thread(_get, worker.port, "/metrics")
-        assert status == 200 and "ctx_consumer_lag" in metrics
+        assert status == 200 and "ctx_consumer_lag_events" in metrics
         code, took = await asyncio.to_thread(worker.terminate)
     finally:
         worker.kill()

@@ -213,7 +213,7 @@ async def test_gateway_metrics_export_the_write_behind_counts() -> None:
     await asyncio.wait_for(service.flush(), timeout=5.0)
     text = generate_latest(metrics.registry).decode()
     for line in (
-        "ctx_gateway_records_pending 0.0",
+        "ctx_gateway_pending_records 0.0",
         "ctx_gateway_records_stored_total 1.0",
         "ctx_gateway_record_retries_total 1.0",
         'ctx_gateway_records_dropped_total{reason="rejected"} 0.0',
