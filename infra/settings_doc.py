@@ -101,11 +101,6 @@ MEANINGS: dict[str, str] = {
         "bound (MiB, estimated) of the per-process cache of thread views the assembler, budgeter and "
         "compactor share; least recently used threads leave first"
     ),
-    "view_trust_ms": (
-        "how long an assembler may answer a prepare naming no event from the view it loaded last, "
-        "while PostgreSQL announces no change of it; `0`: every prepare reads the ledger (set it behind "
-        "a pooler in transaction mode, which drops notices)"
-    ),
     "summary_cache_mb": "bound (MiB, estimated) of the committed summaries a process holds",
     "reply_cache_mb": (
         "bound (MiB, estimated) of the JSON of messages and blocks an assembler's replies showed, "

@@ -277,11 +277,6 @@ class Settings(BaseSettings):
     compaction_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 5_000
     # The per-process cache of thread views (records and the blocks built of them), in MiB.
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
-    # How long an assembler may answer a prepare naming no event from the view it loaded last, while
-    # the database announces nothing of that view changed (design D14.17); 0: every prepare reads it.
-    # Every table a view and its budget read announces its changes (D14.22), so the age only bounds
-    # what a notice never sent could hide: longer than an agent's think time between two steps.
-    view_trust_ms: Annotated[int, Field(ge=0, le=60_000)] = 30_000
     # The committed summaries a process holds so unchanged views are read without them, in MiB.
     summary_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 32
     # The JSON of the messages and blocks an assembler's replies showed, kept to write the next reply
