@@ -53,7 +53,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
-from services.store.batch_write import LedgerWritten, Position, position_refused
+from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
@@ -444,10 +444,6 @@ class MemorySession:
     ) -> LedgerWritten:
         t = self._t
         if position is not None:
-            held = t.tracking.get((position.consumer, position.partition), 0)
-            unread = position.unread
-            if unread is not None and not unread.committed <= held < unread.first_seq:
-                raise position_refused(position, plan, held)
             await self.insert_tracking(position.consumer, position.partition, position.stream_seq)
         bases: dict[str, int] = {}
         for session_id in sorted(plan.session_counts):
@@ -492,7 +488,7 @@ class MemorySession:
         self._write_runs(plan, bases)
         for c in plan.calls:
             if (c.thread_id, c.call_id) in t.calls:
-                # As the server's unique violation on tool_calls_pkey translates: a race (design D14.23).
+                # As the server's unique violation on tool_calls_pkey translates: a race.
                 raise RevisionConflict(c.thread_id, -1, None)
             t.calls[(c.thread_id, c.call_id)] = {
                 "name": c.name,
