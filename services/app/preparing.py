@@ -48,7 +48,7 @@ from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
 from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
-from services.app.freshness import RECHECK_S, await_recorded
+from services.app.freshness import RECHECK_S, view_after
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -161,21 +161,21 @@ class PrepareService:
         """
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
+        # Read with the event it names, once the ledger holds it; otherwise in ``_prepare``.
+        view: ThreadView | None = None
         if request.after_event_key is not None:
             started = time.perf_counter()
-            await self._await_event(
-                tenant, thread_id, request.after_event_key, request.after_event_hash, request.wait_ms, pause
-            )
+            view = await self._await_event(tenant, thread_id, request, pause)
             self._on_stage("wait", time.perf_counter() - started)
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
         # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
-            return await self._prepare(request, base, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None, view)
         hook_set = await self._hooks.hooks_of(tenant, request.session_id)
         if hook_set is None:
-            return await self._prepare(request, base, tenant, pause, None)
+            return await self._prepare(request, base, tenant, pause, None, view)
         hooked = PrepareHooks()
-        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked))
+        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked), view)
         return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
 
     async def _prepare(
@@ -185,13 +185,14 @@ class PrepareService:
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
+        view: ThreadView | None = None,
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         counter = _counter(base)
-        # Loaded now, after the wait: it holds every commit the ledger held when the prepare was served.
-        started = time.perf_counter()
-        view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
-        self._on_stage("load", time.perf_counter() - started)
+        if view is None:  # it holds every commit the ledger held when the prepare was served
+            started = time.perf_counter()
+            view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
+            self._on_stage("load", time.perf_counter() - started)
         kill_point("prepare.before_reply")
         started = time.perf_counter()
         task = _task_budget(view, request, base, counter)
@@ -582,16 +583,20 @@ class PrepareService:
         )
 
     async def _await_event(
-        self, tenant: str, thread_id: str, event_key: str, event_hash: str | None, wait_ms: int, pause: Pause
-    ) -> None:
-        """Wait until the ledger holds ``event_key`` (``services/app/freshness.py``)."""
-        await await_recorded(
+        self, tenant: str, thread_id: str, request: PrepareRequest, pause: Pause
+    ) -> ThreadView:
+        """The view once the ledger holds the event the request names (``services/app/freshness.py``)."""
+        assert request.after_event_key is not None
+        return await view_after(
             self._store,
+            self._loader,
             self._board,
             tenant=tenant,
             thread_id=thread_id,
-            event_key=event_key,
-            event_hash=event_hash,
-            wait_ms=wait_ms,
+            session_id=request.session_id,
+            principal_id=request.principal_id,
+            event_key=request.after_event_key,
+            event_hash=request.after_event_hash,
+            wait_ms=request.wait_ms,
             pause=pause,
         )

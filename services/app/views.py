@@ -29,7 +29,7 @@ from services.core.groups import run_task_seq
 from services.core.records import ContextExportBody, LedgerRecord
 from services.core.render import TokenCounts
 from services.core.state import StateView
-from services.store.ledger import StoredHead
+from services.store.ledger import EventOutcome, StoredHead
 from services.store.ports import ViewReads
 from services.store.thread_at_head import ThreadAtHead
 from services.store.views import Candidate, ThreadScope, ViewState
@@ -220,16 +220,64 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
+        after = self._held_records(thread_id)
+        at_head = await self._at_head(conn, thread_id, after)
+        if at_head is None:
+            raise ThreadNotFound(thread_id)
+        return await self._build(conn, at_head, after, tenant, session_id, principal_id, enforce_principal)
+
+    async def load_naming(
+        self,
+        conn: ViewReads,
+        thread_id: str,
+        event_key: str,
+        *,
+        tenant: str,
+        session_id: str,
+        principal_id: str | None,
+    ) -> tuple[ThreadView | None, EventOutcome | None]:
+        """What became of ``event_key`` in ``tenant``'s thread, and once it is recorded, the thread's
+        view (which holds it: both come from one statement); ``None`` for the outcome when the thread
+        has no head yet. Another tenant's thread answers as one where nothing was recorded."""
+        after = self._held_records(thread_id)
+        at_head = await self._at_head(conn, thread_id, after, event_key)
+        if at_head is None:
+            return None, None
+        named = at_head.named
+        if named is None or at_head.scope.tenant != tenant:
+            return None, EventOutcome(None, None, None)
+        if named.seq is None:
+            return None, named
+        view = await self._build(conn, at_head, after, tenant, session_id, principal_id, True)
+        return view, named
+
+    async def _at_head(
+        self, conn: ViewReads, thread_id: str, after: int, event_key: str | None = None
+    ) -> ThreadAtHead | None:
         # Head, scope, compaction state, open window and the records after the ones held, in one round
         # trip, from one snapshot.
         held = self._held_facts(thread_id)
-        after = self._held_records(thread_id)
-        at_head = await conn.thread_at_head(
-            thread_id, facts_of_revision=held.revision if held is not None else None, records_after=after
+        return await conn.thread_at_head(
+            thread_id,
+            facts_of_revision=held.revision if held is not None else None,
+            records_after=after,
+            event_key=event_key,
         )
-        if at_head is None or (session_id is not None and at_head.head.session_id != session_id):
-            raise ThreadNotFound(thread_id)
+
+    async def _build(
+        self,
+        conn: ViewReads,
+        at_head: ThreadAtHead,
+        after: int,
+        tenant: str | None,
+        session_id: str | None,
+        principal_id: str | None,
+        enforce_principal: bool,
+    ) -> ThreadView:
         head, scope = at_head.head, at_head.scope
+        thread_id = head.thread_id
+        if session_id is not None and head.session_id != session_id:
+            raise ThreadNotFound(thread_id)
         if tenant is not None and scope.tenant != tenant:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:

@@ -782,15 +782,21 @@ class MemorySession:
         )
 
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
+        self,
+        thread_id: str,
+        *,
+        facts_of_revision: int | None = None,
+        records_after: int | None = None,
+        event_key: str | None = None,
     ) -> ThreadAtHead | None:
         head = await self.select_head(thread_id)
         if head is None:
             return None
         fresh = head.revision != facts_of_revision
+        scope = await self.scope_of(thread_id)
         return ThreadAtHead(
             head,
-            await self.scope_of(thread_id),
+            scope,
             await self.load_view(thread_id),
             await self.current_window(thread_id),
             (await self.read_states([thread_id])).get(thread_id) if fresh else None,
@@ -798,6 +804,7 @@ class MemorySession:
             None
             if records_after is None
             else await self.select_records(thread_id, gt=records_after, lte=head.last_seq),
+            None if event_key is None else await self.find_event_outcome(scope.tenant, thread_id, event_key),
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:
