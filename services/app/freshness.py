@@ -61,7 +61,7 @@ async def view_after(
                     session_id=session_id,
                     principal_id=principal_id,
                 )
-                if outcome is None:  # no head yet: its first event may have been refused
+                if outcome is None:  # no head yet, or another tenant's: the key may have been refused
                     outcome = await session.find_event_outcome(tenant, thread_id, event_key)
             if outcome.content_sha256 is not None:
                 _ensure_named_content(event_key, event_hash, outcome.content_sha256)

@@ -238,14 +238,12 @@ class ViewLoader:
     ) -> tuple[ThreadView | None, EventOutcome | None]:
         """What became of ``event_key`` in ``tenant``'s thread, and once it is recorded, the thread's
         view (which holds it: both come from one statement); ``None`` for the outcome when the thread
-        has no head yet. Another tenant's thread answers as one where nothing was recorded."""
+        has no head yet or is another tenant's (whose refusal of the key the caller asks about)."""
         after = self._held_records(thread_id)
         at_head = await self._at_head(conn, thread_id, after, event_key)
-        if at_head is None:
+        named = at_head.named if at_head is not None else None
+        if at_head is None or named is None or at_head.scope.tenant != tenant:
             return None, None
-        named = at_head.named
-        if named is None or at_head.scope.tenant != tenant:
-            return None, EventOutcome(None, None, None)
         if named.seq is None:
             return None, named
         view = await self._build(conn, at_head, after, tenant, session_id, principal_id, True)
