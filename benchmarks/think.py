@@ -30,21 +30,12 @@ the steps for its p99): p50 / p99 / max of the step, and the fleet's CPU over th
 steps of both modes — the recorder's read, plan and write; the prepare's wait for its event (which
 spans the recorder's stages, and in ``one_call`` the publish too), load, assembly and reply. Means,
 not percentiles: they say where a pause's time goes, the step figures say how it is spread.
-``views_extended`` counts the steps whose held view the recorder's commit extended to the new head,
-and ``answered_without_reading`` the prepares answered from a held view, with no
-load (``load`` is then not observed: its mean is over the steps that read the ledger). After a think
-time the step figures are also split by that path (``steps_answered_without_reading``,
-``steps_reading_the_ledger``: the fleet's counter scraped after each step, before the pause): the
-steps that read are mostly each new thread's first, whose view was loaded minutes before — a resumed
-thread, not one stepped every pause.
 
 ``pure_*``: prepares that name no event (a runtime that does not ask for read-your-writes) at a tight
 budget in another provider's shape — ``PURE_BUDGET`` tokens, ``anthropic.messages``, on a 50-record
-thread whose system prompt alone is about ``PURE_SYSTEM_TOKENS`` tokens — with the same pauses. Such a
-prepare may be answered from the view its process trusts until the trust's age
-(``CTX_VIEW_TRUST_MS``, 30 s by default) runs out; the share served
-from trust comes from the fleet's own ``ctx_view_trust_served_total``, so the figure says which path
-each pause took. Every reply must fit its budget.
+thread whose system prompt alone is about ``PURE_SYSTEM_TOKENS`` tokens — with the same pauses. Each
+reads the thread's head from the ledger (``services/app/freshness.py``). Every reply must fit its
+budget.
 
 ``far``: the two ways again, from a second client ``FAR_DELAY_MS`` from the broker each way (every
 byte delayed by ``benchmarks/far_link.py``, a process of its own), ``FAR_PAUSES``: a runtime in
@@ -92,8 +83,7 @@ MODES: tuple[Mode, ...] = ("one_call", "sequential")
 # many steps (50 to 59 records) before the next, built beforehand, takes over.
 ROTATE_STEPS = 10
 GROWING_STEPS = 250
-# Pure prepares per pause; at 10 s each one outlives the calibration's own 5 s age (only its announced
-# changes keep the view trusted), so a few tell the story.
+# Pure prepares per pause; at 10 s each one outlives the calibration's 5 s age, so a few tell the story.
 PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
 PURE_BUDGET = 4_000
 PURE_SYSTEM_TOKENS = 1_500
@@ -109,10 +99,6 @@ def _ms(values: list[float]) -> dict[str, float]:
         "p99_ms": round(percentile(values, 99), 2),
         "max_ms": round(max(values), 2),
     }
-
-
-def _counted_ms(values: list[float]) -> dict[str, float]:
-    return {"steps": len(values), **(_ms(values) if values else {})}
 
 
 async def _build_thread(client: FleetClient, system: str = "You fix bugs.") -> tuple[Thread, PrepareRequest]:
@@ -191,19 +177,7 @@ def _stage_means(spent: dict[str, tuple[float, float]]) -> dict[str, float]:
     return {key: round(seconds / count * 1000, 2) for key, (seconds, count) in sorted(spent.items()) if count}
 
 
-def _trust_served(fleet: FleetProcess) -> float:
-    """The fleet's ``ctx_view_trust_served_total``: pure prepares answered from a trusted view."""
-    return _counter(fleet, "ctx_view_trust_served_total")
-
-
-def _counter(fleet: FleetProcess, name: str) -> float:
-    for line in fleet.metrics().splitlines():
-        if line.startswith(name):
-            return float(line.rsplit(" ", 1)[1])
-    raise RuntimeError(f"the fleet exports no {name}")
-
-
-async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, object]:
+async def _pure_prepares(client: FleetClient) -> dict[str, object]:
     """Prepares naming no event at ``PURE_BUDGET`` tokens in ``anthropic.messages``, per pause."""
     system = _POLICY_LINE * (PURE_SYSTEM_TOKENS // 16)
     t, gpt = await _build_thread(client, system)
@@ -221,7 +195,6 @@ async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, 
     for pause, count in PURE_PAUSES:
         times: list[float] = []
         over_budget = 0
-        served_before = _trust_served(fleet)
         for _ in range(count):
             await asyncio.sleep(pause)
             started = time.perf_counter()
@@ -231,7 +204,6 @@ async def _pure_prepares(client: FleetClient, fleet: FleetProcess) -> dict[str, 
         out[f"pure_{pause:g}s"] = {
             "prepares": count,
             **_ms(times),
-            "served_from_trust": int(_trust_served(fleet) - served_before),
             "over_budget": over_budget,
         }
     return out
@@ -287,20 +259,10 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
             acks: dict[float, list[float]] = {p: [] for p, _ in PAUSES}
             # Per pause: (seconds, observations) of each fleet stage over its steps.
             spent: dict[float, dict[str, tuple[float, float]]] = {p: {} for p, _ in PAUSES}
-            # Per pause: steps whose view the recorder's commit extended, and of those the
-            # prepares answered from it (the rest read the ledger).
-            handed = {p: [0.0, 0.0] for p, _ in PAUSES}
-            # Per pause after a think time and mode: steps answered from a handed view, and steps that
-            # read the ledger (each new thread's first step, whose view was loaded minutes before).
-            split: dict[tuple[float, Mode], tuple[list[float], list[float]]] = {
-                (p, m): ([], []) for p, _ in PAUSES for m in MODES
-            }
             fresh = iter(threads[1:])
             for _ in range(repeats):
                 for pause, count in PAUSES:
                     before = _stage_totals(fleet)
-                    extended = _counter(fleet, "ctx_view_trust_extended_total")
-                    served = step_served = _trust_served(fleet)
                     for n in range(count):
                         if n % ROTATE_STEPS == 0:
                             t, request = next(fresh)
@@ -311,13 +273,6 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                         steps[pause, mode].append(took)
                         if ack is not None:
                             acks[pause].append(ack)
-                        # Scraped after the step, so the whole pause still comes before the next one.
-                        if pause > 0:
-                            now_served = _trust_served(fleet)
-                            split[pause, mode][0 if now_served > step_served else 1].append(took)
-                            step_served = now_served
-                    handed[pause][0] += _counter(fleet, "ctx_view_trust_extended_total") - extended
-                    handed[pause][1] += _trust_served(fleet) - served
                     for key, (seconds, observed) in _stage_totals(fleet).items():
                         was_s, was_n = before.get(key, (0.0, 0.0))
                         had_s, had_n = spent[pause].get(key, (0.0, 0.0))
@@ -329,17 +284,9 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                 figures: dict[str, object] = {"all_steps": {"steps": len(pooled), **_ms(pooled)}}
                 for mode in MODES:
                     figures[mode] = {"steps": len(steps[pause, mode]), **_ms(steps[pause, mode])}
-                    if pause > 0:
-                        answered, read = split[pause, mode]
-                        figures[mode] |= {  # type: ignore[operator]
-                            "steps_answered_without_reading": _counted_ms(answered),
-                            "steps_reading_the_ledger": _counted_ms(read),
-                        }
                 out[f"pause_{pause:g}s"] = figures | {
                     "publish_ack_sequential": _ms(acks[pause]),
                     "stages_mean_ms": _stage_means(spent[pause]),
-                    "views_extended": int(handed[pause][0]),
-                    "answered_without_reading": int(handed[pause][1]),
                 }
             # The same steps back to back on one thread that grows with them: what a step costs as
             # the view grows (every prepare follows a new record, so nothing is reused whole).
@@ -352,7 +299,7 @@ async def bench_think(nats_url: str, database_url: str, tmp: Path, *, repeats: i
                 mode: {"first_25_steps": _ms(times[:25]), "last_25_steps": _ms(times[-25:])}
                 for mode, times in growing.items()
             }
-            out["pure"] = await _pure_prepares(client, fleet)
+            out["pure"] = await _pure_prepares(client)
             out["far"] = await _far_steps(client, nats_url, tmp, rest)
             gc.unfreeze()  # the other benchmarks of this run measure with their own heaps
     return out

@@ -10,6 +10,10 @@ alternating order. Both see the same machine at the same moment; each also sees 
 background work, symmetrically. A step is the ``think`` benchmark's: publish one event, then the
 prepare naming it, on a 50–59-record thread.
 
+``pure``: prepares naming no event, of a warmed 50-record thread, taking turns the same way, beside a
+bare NATS request/reply on each side's server (an echo subscriber of this process): ``ratio_to_bare``
+is a pure prepare's p50 over the bare round trip's.
+
 ``agents``: the same comparison under concurrency — ``AGENTS`` sessions of 50-record threads per
 checkout, each stepping as the ``concurrency`` benchmark's agent-like mode does (publish, prepare
 naming the event, think ``AGENT_THINK_S``). Steps one at a time cannot show what fifty agents at once
@@ -35,6 +39,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import nats
+from nats.aio.msg import Msg
+
+from contracts import PrepareRequest
 
 from infra.embedded import EmbeddedNats
 from services.edge.client import FleetClient
@@ -42,12 +50,14 @@ from services.edge.replay import percentile
 
 from .concurrency import AgentSteps, Session, agent_figures, agent_steps, seed_sessions
 from .fleet_process import ALL_WORKERS, ROOT, FleetProcess, fleet_env
-from .think import ROTATE_STEPS, _build_thread, _step
+from .think import ROTATE_STEPS, _build_thread, _rotating_mode, _step
 
 __all__ = ["AGENTS", "AGENT_BLOCKS", "AGENT_BLOCK_S", "AGENT_THINK_S", "PAIRED_PAUSES", "bench_think_paired"]
 
 # (pause between steps in s, steps per checkout): back to back, then an agent's think time.
-PAIRED_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40))
+PAIRED_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 200), (1.5, 40), (10.0, 8))
+# (pause between prepares in s, prepares per checkout) of the pure prepares.
+PURE_PAUSES: tuple[tuple[float, int], ...] = ((0.0, 300), (1.5, 20))
 AGENTS = 50
 AGENT_THINK_S = 1.5
 AGENT_BLOCK_S = 7.5
@@ -108,6 +118,51 @@ async def _agents_paired(
     }
 
 
+async def _pure_paired(
+    clients: dict[str, FleetClient], urls: dict[str, str], requests: dict[str, PrepareRequest]
+) -> dict[str, object]:
+    """Prepares naming no event and bare request/replies, each side in turn."""
+    sides = list(clients)
+    bare_ncs = {side: await nats.connect(urls[side]) for side in sides}
+    for nc in bare_ncs.values():
+        await nc.subscribe("bench.echo", cb=_echo)
+    out: dict[str, object] = {}
+    try:
+        for side in sides:
+            await clients[side].prepare(requests[side])  # warmed: the view is in the fleet's cache
+        for pause, count in PURE_PAUSES:
+            pure: dict[str, list[float]] = {side: [] for side in sides}
+            bare: dict[str, list[float]] = {side: [] for side in sides}
+            for n in range(count):
+                for side in sides if n % 2 == 0 else reversed(sides):
+                    await asyncio.sleep(pause)
+                    started = time.perf_counter()
+                    await bare_ncs[side].request("bench.echo", b"x", timeout=5)
+                    bare[side].append((time.perf_counter() - started) * 1000)
+                    started = time.perf_counter()
+                    await clients[side].prepare(requests[side])
+                    pure[side].append((time.perf_counter() - started) * 1000)
+            this, other = _figures(pure["this"]), _figures(pure["against"])
+            out[f"pause_{pause:g}s"] = {
+                "prepares": count,
+                "this": this | {"bare_p50_ms": round(percentile(bare["this"], 50), 3)},
+                "against": other | {"bare_p50_ms": round(percentile(bare["against"], 50), 3)},
+                "ratio_p50": round(this["p50_ms"] / other["p50_ms"], 3),
+                "ratio_p99": round(this["p99_ms"] / other["p99_ms"], 3),
+                "ratio_to_bare": {
+                    side: round(percentile(pure[side], 50) / percentile(bare[side], 50), 2) for side in sides
+                },
+            }
+    finally:
+        for nc in bare_ncs.values():
+            await nc.close()
+    return out
+
+
+async def _echo(msg: Msg) -> None:
+    await msg.respond(msg.data)
+
+
 def _figures(values: list[float]) -> dict[str, float]:
     return {f"p{q}_ms": round(percentile(values, q), 2) for q in (50, 90, 99)} | {
         "max_ms": round(max(values), 2)
@@ -137,11 +192,12 @@ async def bench_think_paired(
     servers: dict[str, EmbeddedNats] = {}
     fleets: dict[str, FleetProcess] = {}
     clients: dict[str, FleetClient] = {}
+    urls: dict[str, str] = {}
     agent_clients: dict[str, list[FleetClient]] = {}
     try:
         for side, tree in trees.items():
             servers[side] = EmbeddedNats(tmp / f"nats-{side}", sync_always=True)
-            nats_url = servers[side].start()
+            nats_url = urls[side] = servers[side].start()
             database_url = _database(pg_url, names[side])
             await asyncio.to_thread(_prepare_with, tree, nats_url, database_url, tmp / f"data-{side}")
             env = fleet_env(nats_url, database_url, tmp / f"data-{side}", PYTHONPATH=str(tree))
@@ -167,8 +223,8 @@ async def bench_think_paired(
                 for side in order:
                     await asyncio.sleep(pause)
                     t, request = threads[side][step // ROTATE_STEPS]
-                    ack, prepare = await _step(clients[side], t, request, f"paired-{step}")
-                    timed[side].append(ack + prepare)
+                    took, _, _ = await _step(clients[side], t, request, f"paired-{step}", _rotating_mode(n))
+                    timed[side].append(took)
                 step += 1
             this, other = _figures(timed["this"]), _figures(timed["against"])
             out[f"pause_{pause:g}s"] = {
@@ -178,6 +234,7 @@ async def bench_think_paired(
                 "ratio_p50": round(this["p50_ms"] / other["p50_ms"], 3),
                 "ratio_p99": round(this["p99_ms"] / other["p99_ms"], 3),
             }
+        out["pure"] = await _pure_paired(clients, urls, {side: threads[side][0][1] for side in trees})
         if agents:
             pools = {side: await seed_sessions(agent_clients[side], agents, 50) for side in trees}
             await _settle(list(fleets.values()))

@@ -96,11 +96,6 @@ MEANINGS: dict[str, str] = {
         "bound (MiB, estimated) of the per-process cache of thread views the assembler, budgeter and "
         "compactor share; least recently used threads leave first"
     ),
-    "view_trust_ms": (
-        "how long an assembler may answer a prepare naming no event from the view it loaded last, "
-        "while PostgreSQL announces no change of it; `0`: every prepare reads the ledger (set it behind "
-        "a pooler in transaction mode, which drops notices)"
-    ),
     "gateway_pending_records": (
         "records of answered contexts kept until stored (through a PostgreSQL outage); at this bound "
         "prepares are answered `overloaded`"

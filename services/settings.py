@@ -450,16 +450,11 @@ class LimitsSettings(_Group):
 
 
 class TuningSettings(_Group):
-    """What an operator may trade: throughput, memory, and how long a loaded view is trusted."""
+    """What an operator may trade: throughput and memory."""
 
     record_batch: Annotated[int, Field(ge=1, le=4096)] = 256
     # The per-process cache of thread views (records and the blocks built of them), in MiB.
     view_cache_mb: Annotated[int, Field(ge=1, le=1_048_576)] = 256
-    # How long an assembler may answer a prepare naming no event from the view it loaded last, while
-    # the database announces nothing of that view changed; 0: every prepare reads it (behind a
-    # pooler in transaction mode, which drops notices). Every table a view and its budget read
-    # announces its changes, so the age only bounds what a notice never sent could hide.
-    view_trust_ms: Annotated[int, Field(ge=0, le=60_000)] = 30_000
 
 
 class CompactionSettings(_Group):

@@ -27,7 +27,6 @@ from services.core.tokens import EncodingName, counter_for
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
-from services.store.view_changes import ViewChangeListener
 from services.app.gateway import GatewayService
 from services.store.gateway import PgGatewayStore
 from services.store.ports import HookGrants
@@ -144,7 +143,6 @@ class Fleet:
     _hot_path: HotPath | None = None
     # Answers the request/reply endpoints of this process (workers/responder.py).
     responder: Responder | None = None
-    _view_changes: ViewChangeListener | None = None
 
     async def start(
         self,
@@ -179,12 +177,6 @@ class Fleet:
             hook_grants=self.hook_grants,
             refusals=self.refusals,
         )
-        if "assembler" in names and s.tuning.view_trust_ms > 0:
-            # Before any subscriber starts: no view is trusted until this listens.
-            self._view_changes = ViewChangeListener(
-                self.database_url, workers.loader.trust, **s.store.database_options()
-            )
-            await self._view_changes.start()
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         self.gateway, self._hot_path, self.responder = workers.gateway, workers.hot_path, workers.responder
         await self.broker.start()
@@ -396,9 +388,6 @@ class Fleet:
             except NatsError as exc:  # reconnecting: unacked work is redelivered, so just close
                 log.warning("shutdown: NATS: %s; closing", type(exc).__name__)
                 await nc.close()
-        view_changes, self._view_changes = self._view_changes, None
-        if view_changes is not None:
-            await view_changes.stop()
         if pool is not None:
             # close() waits for every connection to be released, and asyncpg 0.32's floor-keeping task can
             # swallow its cancellation (seen here: a close that never returned). Not wait_for, which

@@ -32,7 +32,6 @@ from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
 from .hot_path import HotPath
-from .local_notices import LocalNotices
 from .level_clock import LevelClock
 from .gateway import gateway_router
 from .metrics import FleetMetrics, policy_label
@@ -57,7 +56,6 @@ class AssemblerWorker:
         *,
         limits: RequestLimits | None = None,
         gateway: GatewayService | None = None,
-        local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
         responder: Responder | None = None,
         reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
@@ -65,14 +63,7 @@ class AssemblerWorker:
         self._service = service
         # Each message and block of a reply written once while the thread's view keeps it.
         self._reply_json = PreparedJson(reply_cache_bytes)
-        self._local = local
         self._hot_path = hot_path or HotPath()
-        if local is not None:
-            local.listen_recorded(board.recorded)
-            # A waiter skips its first ledger check while the recorder holds its thread's batch, and
-            # is woken when the batch is let go (services/app/notices.py).
-            board.follow_recorder(local.is_recording)
-            local.listen_released(board.wake)
         self._gateway = gateway
         self._board = board
         self._metrics = metrics
@@ -131,8 +122,6 @@ class AssemblerWorker:
             description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
         )
         async def on_recorded(message: Inbound) -> None:
-            if self._local is not None and self._local.is_own(message.headers):
-                return  # handed over in this process already, right after the commit
             run_id, instance_id = message.tokens(2)
             self._board.notify(f"{run_id}.{instance_id}")
 

@@ -16,7 +16,6 @@ from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .hot_path import HotPath
-from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 
 __all__ = ["BudgeterWorker"]
@@ -37,7 +36,6 @@ class BudgeterWorker(CoalescingWorker):
         store: PgStore | None,
         metrics: FleetMetrics,
         *,
-        local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
     ) -> None:
         self._service = service
@@ -57,7 +55,7 @@ class BudgeterWorker(CoalescingWorker):
             else None
         )
         self.router = recorded_notices(
-            "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule, local
+            "budgeter", "Recorder notices: evaluate the thread's compaction policy.", self.schedule
         )
 
     async def _evaluate(self, thread_id: str) -> None:

@@ -18,23 +18,14 @@ from faststream.nats import NatsRouter
 
 from contracts.subjects import RECORDED
 
-from .local_notices import LocalNotices
 from .replies import Inbound, inbound
 
 __all__ = ["CoalescingScheduler", "CoalescingWorker", "recorded_notices"]
 
 
-def recorded_notices(
-    queue: str, description: str, schedule: Callable[[str], None], local: LocalNotices | None = None
-) -> NatsRouter:
-    """A router that schedules the thread of every recorder notice, shared by queue group ``queue``.
-
-    With ``local``, this process's own recorder hands its notices over directly, and their NATS
-    copies are skipped.
-    """
+def recorded_notices(queue: str, description: str, schedule: Callable[[str], None]) -> NatsRouter:
+    """A router that schedules the thread of every recorder notice, shared by queue group ``queue``."""
     router = NatsRouter()
-    if local is not None:
-        local.listen(schedule)
 
     @router.subscriber(
         f"{RECORDED}.{{run_id}}.{{instance_id}}",
@@ -46,8 +37,6 @@ def recorded_notices(
         description=description,
     )
     async def on_recorded(message: Inbound) -> None:
-        if local is not None and local.is_own(message.headers):
-            return
         run_id, instance_id = message.tokens(2)
         schedule(f"{run_id}.{instance_id}")
 

@@ -45,7 +45,6 @@ from .responder import Responder
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
 from .manual import manual_router
-from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
 from .refusals import Refusals
@@ -133,10 +132,6 @@ def create_broker(settings: Settings, nats_urls: tuple[str, ...]) -> NatsBroker:
         reconnect_time_wait=0.5,  # type: ignore[arg-type]
         # On SIGTERM a handler in progress (a compaction) may finish and ack within the bound.
         graceful_timeout=settings.process.shutdown_timeout_s,
-        # What this connection publishes (the recorder's notices) is never delivered back to it: this
-        # process's workers got them in-process already (workers/local_notices.py), and each copy
-        # cost a FastStream pass per subscriber (three per event, ~0.3 ms each) on the hot path.
-        no_echo=True,
         error_cb=log_nats_error,
     )
 
@@ -180,16 +175,11 @@ def compose(
     queue = JetStreamJobQueue(nc.jetstream(timeout=10.0), refusals)
     # One loader per process: the assembler, budgeter and compactor of a process read the same hot
     # threads, and three caches would hold (and re-read) the same records three times.
-    loader = ViewLoader(
-        cache=ViewCache(settings.tuning.view_cache_mb * 1024 * 1024),
-        trust_s=settings.tuning.view_trust_ms / 1000,
-    )
-    metrics.watch_view_cache(loader.cache, loader.trust)
+    loader = ViewLoader(cache=ViewCache(settings.tuning.view_cache_mb * 1024 * 1024))
+    metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
-    # Shared by the workers of this process: the recorder's notices reach them without the broker, and
-    # background passes wait for the prepares in progress.
-    local = LocalNotices()
+    # Shared by the workers of this process: background passes wait for the prepares in progress.
     hot_path = HotPath()
     limits = RequestLimits(
         max_inflight=settings.limits.max_inflight_requests, max_queue_age_ms=settings.limits.max_queue_age_ms
@@ -203,12 +193,7 @@ def compose(
         refused=metrics.replies_refused,
     )
     if "assembler" in names:
-        board = NoticeBoard(
-            changed=lambda thread_id: loader.trust.changed("thread", thread_id),
-            moved=loader.trust.head_moved,
-        )
-        # This process's recorder hands each head it moves to the loader first.
-        local.listen_advanced(loader.extend)
+        board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
         service = PrepareService(
             store,
@@ -217,7 +202,6 @@ def compose(
             queue=counted,
             compaction_wait_ms=settings.limits.compaction_wait_ms,
             hooks=hooks,
-            quiet=hot_path.await_quiet,
             on_stage=metrics.prepare_stages(),
         )
         if gateway_store is not None:
@@ -238,20 +222,17 @@ def compose(
             store,
             limits=limits,
             gateway=gateway,
-            local=local,
             hot_path=hot_path,
             responder=responder,
         )
         broker.include_router(assembler.router)
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(
-            BudgetService(store, loader, queue), store, metrics, local=local, hot_path=hot_path
-        )
+        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics, hot_path=hot_path)
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
-        indexer = IndexerWorker(store, metrics, local=local, hot_path=hot_path)
+        indexer = IndexerWorker(store, metrics, hot_path=hot_path)
         broker.include_router(indexer.router)
     if "compactor" in names:
 
@@ -273,9 +254,6 @@ def compose(
             limits=recording_limits(settings),
             recorder_id=settings.process.recorder_id,
             batch=settings.tuning.record_batch,
-            local=local,
-            # Notices go out on the broker's connection, which does not echo them back (above).
-            notices=lambda: broker.connection,
             refusals=refusals,
         )
     return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path, responder)

@@ -13,7 +13,6 @@ from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .hot_path import HotPath
-from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 
 __all__ = ["IndexerWorker"]
@@ -32,7 +31,6 @@ class IndexerWorker(CoalescingWorker):
         store: PgStore | None,
         metrics: FleetMetrics,
         *,
-        local: LocalNotices | None = None,
         hot_path: HotPath | None = None,
     ) -> None:
         self._store = store
@@ -49,7 +47,7 @@ class IndexerWorker(CoalescingWorker):
             else None
         )
         self.router = recorded_notices(
-            "indexer", "Recorder notices: index the thread's new records.", self.schedule, local
+            "indexer", "Recorder notices: index the thread's new records.", self.schedule
         )
 
     async def _index(self, thread_id: str) -> None:

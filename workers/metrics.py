@@ -21,7 +21,6 @@ from prometheus_client.registry import Collector
 from services.app.gateway import GatewayService
 from services.app.stages import PREPARE_STAGES, RECORD_STAGES, PrepareStages, RecordStages
 from services.app.view_cache import ViewCache
-from services.app.view_trust import ViewTrust
 
 __all__ = ["FleetMetrics", "GcPauses", "policy_label"]
 
@@ -75,9 +74,8 @@ class GcPauses:
 class _ViewCacheCollector(Collector):
     """The shared view cache's counts, read at scrape time (the cache keeps them, in services/app)."""
 
-    def __init__(self, cache: ViewCache, trust: ViewTrust[Any] | None) -> None:
+    def __init__(self, cache: ViewCache) -> None:
         self._cache = cache
-        self._trust = trust
 
     def collect(self) -> Iterator[Metric]:
         c = self._cache
@@ -97,30 +95,6 @@ class _ViewCacheCollector(Collector):
             "ctx_view_cache_max_bytes", "The view cache's bound (CTX_VIEW_CACHE_MB)", c.max_bytes
         )
         yield GaugeMetricFamily("ctx_view_cache_entries", "Entries in the view cache", len(c))
-        t = self._trust
-        if t is None:
-            return
-        yield CounterMetricFamily(
-            "ctx_view_trust_served",
-            "Prepares answered from a trusted view, without reading the ledger",
-            t.served,
-        )
-        yield CounterMetricFamily(
-            "ctx_view_trust_changes",
-            "View changes announced to this process (its listener and notices)",
-            t.changes,
-        )
-        yield CounterMetricFamily(
-            "ctx_view_trust_extended",
-            "Trusted views extended to the head this process's recorder moved them to",
-            t.extended,
-        )
-        yield GaugeMetricFamily("ctx_view_trust_views", "Views this process trusts now", len(t))
-        yield GaugeMetricFamily(
-            "ctx_view_trust_listening",
-            "1 while this process listens for view changes (CTX_VIEW_TRUST_MS)",
-            int(t.enabled),
-        )
 
 
 class _GatewayCollector(Collector):
@@ -226,14 +200,6 @@ class FleetMetrics:
             "write (dead letters and the commit)",
             ["stage"],
             buckets=_STAGE_BUCKETS,
-            registry=r,
-        )
-        self.record_batches_known = Counter(
-            "ctx_record_batches_known_total",
-            "Batches planned from what the recorder wrote last on their thread, without reading the "
-            "ledger, by outcome: planned (committed so) or missed (another writer or a "
-            "stored key intervened: read and planned again)",
-            ["outcome"],
             registry=r,
         )
         self.record_batch_events = Histogram(
@@ -519,11 +485,10 @@ class FleetMetrics:
             registry=r,
         )
 
-    def watch_view_cache(self, cache: ViewCache, trust: ViewTrust[Any] | None = None) -> None:
-        """Export the process's view cache (``ctx_view_cache_*``) and trusted views (``ctx_view_trust_*``);
-        once per registry."""
+    def watch_view_cache(self, cache: ViewCache) -> None:
+        """Export the process's view cache (``ctx_view_cache_*``); once per registry."""
         if not getattr(self, "_view_cache_watched", False):
-            self.registry.register(_ViewCacheCollector(cache, trust))
+            self.registry.register(_ViewCacheCollector(cache))
             self._view_cache_watched = True
 
     def watch_gateway(self, gateway: GatewayService) -> None:

@@ -33,7 +33,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -44,7 +44,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from contracts.subjects import (
     EVENTS_STREAM,
     dead_subject,
-    parse_stored_subject,
     partition_filter,
     recorded_subject,
 )
@@ -54,7 +53,6 @@ from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore
 
-from .local_notices import LocalNotices
 from .metrics import FleetMetrics
 from .pull import ContinuousPull
 from .refusals import Refusals, describe_publish_failure
@@ -114,16 +112,10 @@ class RecorderWorker:
         recorder_id: str,
         batch: int,
         stream_check_s: float = DEFAULT_CHECK_EVERY_S,
-        local: LocalNotices | None = None,
-        notices: Callable[[], NatsClient] | None = None,
         refusals: Refusals | None = None,
     ) -> None:
         self._nc = nc
         self._refusals = refusals or Refusals()
-        self._local = local or LocalNotices()
-        # Where the notices go out (the process's broker connection, which does not echo them to this
-        # process's own subscribers); this recorder's own connection without one.
-        self._notices = notices or (lambda: nc)
         self._js = nc.jetstream(timeout=_API_TIMEOUT_S)
         self._store = store
         self._metrics = metrics
@@ -362,9 +354,7 @@ class RecorderWorker:
 
     async def _apply(self, partition: int, msgs: Sequence[Msg], committed: int) -> None:
         batch = [Incoming(m.subject, m.data, m.metadata.sequence.stream, _msg_id(m)) for m in msgs]
-        # This process's prepares waiting on these threads wait for the batch's end, not the ledger.
-        with self._local.recording(_threads_of(batch)):
-            await self._record(partition, batch, committed)
+        await self._record(partition, batch, committed)
 
     async def _record(self, partition: int, batch: list[Incoming], committed: int) -> None:
         started = time.perf_counter()
@@ -383,8 +373,6 @@ class RecorderWorker:
         )
         self._metrics.record_batch_seconds.observe(time.perf_counter() - started)
         self._metrics.record_batch_events.observe(len(batch))
-        if result.known != "none":
-            self._metrics.record_batches_known.labels(outcome=result.known).inc()
         self._metrics.recorder_position.labels(partition=str(partition)).set(batch[-1].stream_seq)
         await self._announce(result)
 
@@ -400,18 +388,12 @@ class RecorderWorker:
             for thread_id in (rejection.thread_id, rejection.named_thread):
                 if thread_id and thread_id not in touched:
                     touched[thread_id] = (-1, -1)
-        for thread_id, head in touched.items():
-            # This process's waiting prepares first, without a broker round trip (workers/local_notices.py),
-            # and its loader extends the view it holds with what the batch wrote.
-            tenant, keys = result.committed.get(thread_id, ("", {}))
-            self._local.announce(thread_id, tenant, keys, head, result.advances.get(thread_id))
-        notices = self._notices()
         for thread_id, (seq, revision) in touched.items():
-            # A hint for waiting prepares; they re-check Postgres, so a lost notice only delays.
-            await notices.publish(
+            # A hint for waiting prepares and the background workers of every process (this one's too):
+            # they read the ledger, so a lost notice only delays.
+            await self._nc.publish(
                 recorded_subject(thread_id),
                 json.dumps({"seq": seq, "revision": revision}).encode(),
-                headers=self._local.headers,
             )
 
 
@@ -420,11 +402,6 @@ async def _quietly(step: Awaitable[object]) -> None:
         await asyncio.shield(step)
     except (Exception, asyncio.CancelledError):
         pass
-
-
-def _threads_of(batch: Sequence[Incoming]) -> set[str]:
-    """The threads the subjects of ``batch`` name (an event naming another thread is rejected)."""
-    return {stored.thread_id for m in batch if (stored := parse_stored_subject(m.subject)) is not None}
 
 
 def _msg_id(msg: Msg) -> str | None:

@@ -1,20 +1,19 @@
 """The assembler's service: answer prepares and inspections from the store.
 
-Read-your-writes: a request naming ``after_event_key`` is answered only once the ledger holds that
-event (or says it was rejected); the wait is driven by recorder notices and bounded by the
-request's ``wait_ms``. The hot path never calls a summarizer: when a view is over budget even after
-the deterministic reductions, it asks for the thread's compaction job and waits for its commit up
-to ``compaction_wait_ms`` (less when the job ends without one), then serves the context without the
-oldest history still awaiting compaction, each omission named — never an over-budget context, and
-``ContextBudgetExceeded`` only when required content alone does not fit.
+What a prepare is answered from is stated once, in ``services/app/freshness.py``: a view loaded
+from the ledger, after the event a request names (``after_event_key``) is in it. The hot path never
+calls a summarizer: when a view is over budget even after the deterministic reductions, it asks for
+the thread's compaction job and waits for its commit up to ``compaction_wait_ms`` (less when the job
+ends without one), then serves the context without the oldest history still awaiting compaction,
+each omission named — never an over-budget context, and ``ContextBudgetExceeded`` only when required
+content alone does not fit.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import asyncio
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import assert_never
@@ -62,12 +61,13 @@ from services.core.calibration import (
     raise_on_overflow,
     request_tokens_before,
 )
-from services.errors import ContentNotFound, EventKeyConflict, EventRejected, NotYetRecorded, ThreadNotFound
+from services.errors import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
 from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
+from services.app.freshness import RECHECK_S, view_after
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
 from services.app.reading import verified_blob
 from services.app.scheduling import JobQueue, request_job
@@ -85,11 +85,7 @@ __all__ = ["PrepareService"]
 log = logging.getLogger("ctxfleet.assembler")
 
 # Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
-_RECHECK_S = 0.25
-# How long a prepare naming an event not yet handed over, of a thread this process's recorder commits
-# to lately, waits for that handover before asking the ledger (D14.25): the event's way to the
-# recorder and its write take 2–5 ms; a prepare naming an older event pays this once.
-_IN_FLIGHT_GRACE_S = 0.02
+_RECHECK_S = RECHECK_S
 # A queue that refuses jobs (a full JetStream store) refuses every prepare's: one warning per interval.
 _UNQUEUED_WARN_EVERY_S = 30.0
 
@@ -164,14 +160,11 @@ class PrepareService:
         queue: JobQueue | None = None,
         compaction_wait_ms: int = 5_000,
         hooks: HookRegistry | None = None,
-        quiet: Callable[[], Awaitable[None]] | None = None,
         on_stage: PrepareStages = ignore_stage,
     ) -> None:
         self._store = store
         # Told the wait, load and assemble seconds of each prepare as they end (services/app/stages.py).
         self._on_stage = on_stage
-        # What background work of the service waits for first: its process's prepares answered.
-        self._quiet = quiet
         self._board = board
         self._loader = loader or ViewLoader()
         self._queue = queue
@@ -183,8 +176,6 @@ class PrepareService:
         self._hooks = hooks
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
-        # Trusted views being loaded again in the background, by thread (D14.17).
-        self._refreshing: dict[str, asyncio.Task[None]] = {}
 
     async def prepare(
         self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
@@ -200,25 +191,21 @@ class PrepareService:
         """
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
-        # The thread seq through which the ledger is known to hold the event (D14.21).
-        committed_at: int | None = None
+        # Read with the event it names, once the ledger holds it; otherwise in ``_prepare``.
+        view: ThreadView | None = None
         if request.after_event_key is not None:
             started = time.perf_counter()
-            committed_at = await self._await_event(
-                tenant, thread_id, request.after_event_key, request.after_event_hash, request.wait_ms, pause
-            )
+            view = await self._await_event(tenant, thread_id, request, pause)
             self._on_stage("wait", time.perf_counter() - started)
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
         # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
-            return await self._prepare(request, base, tenant, pause, None, committed_at)
+            return await self._prepare(request, base, tenant, pause, None, view)
         hook_set = await self._hooks.hooks_of(tenant, request.session_id)
         if hook_set is None:
-            return await self._prepare(request, base, tenant, pause, None, committed_at)
+            return await self._prepare(request, base, tenant, pause, None, view)
         hooked = PrepareHooks()
-        prepared = await self._prepare(
-            request, base, tenant, pause, (self._hooks, hook_set, hooked), committed_at
-        )
+        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked), view)
         return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
 
     async def _prepare(
@@ -228,30 +215,14 @@ class PrepareService:
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
-        committed_at: int | None = None,
+        view: ThreadView | None = None,
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         counter = _counter(base)
-        # One naming no event may be answered from the view loaded last, while nothing it is made of
-        # was announced changed (D14.17); one naming its event too, if that view holds the event:
-        # this process's recorder extended it to the head that committed it, or it was loaded since
-        # (D14.21). Otherwise the ledger is read.
-        view = None
-        if request.after_event_key is None or committed_at is not None:
-            view = self._loader.trusted(
-                thread_id,
-                tenant=tenant,
-                session_id=request.session_id,
-                principal_id=request.principal_id,
-                through=committed_at or 0,
-            )
-        if view is None:
+        if view is None:  # it holds every commit the ledger held when the prepare was served
             started = time.perf_counter()
             view = await self._view(tenant, thread_id, request.session_id, request.principal_id)
             self._on_stage("load", time.perf_counter() - started)
-        elif self._loader.trust.due(thread_id):
-            profiles = {base.profile, view.budget.profile}
-            self._refresh_soon(tenant, thread_id, request.session_id, request.principal_id, profiles)
         kill_point("prepare.before_reply")
         started = time.perf_counter()
         task = _task_budget(view, request, base, counter)
@@ -480,29 +451,6 @@ class PrepareService:
             )
         return tuple(out)
 
-    def _refresh_soon(
-        self, tenant: str, thread_id: str, session_id: str, principal_id: str | None, profiles: set[str]
-    ) -> None:
-        """Load a trusted view again after this reply, and the calibrations its prepares read, so their
-        ages never expire them on a prepare's time."""
-        if thread_id in self._refreshing:
-            return
-
-        async def refresh() -> None:
-            try:
-                if self._quiet is not None:
-                    await self._quiet()  # this reply (and any other) goes out first
-                await self._view(tenant, thread_id, session_id, principal_id)
-                async with self._store.session() as store:
-                    for profile in profiles:
-                        await self._calibrations.refresh(store, tenant, profile)
-            except Exception as exc:  # the held view just ages out: the next prepare reads the ledger
-                log.debug("refreshing the view of %s: %s: %s", thread_id, type(exc).__name__, exc)
-            finally:
-                self._refreshing.pop(thread_id, None)
-
-        self._refreshing[thread_id] = asyncio.get_running_loop().create_task(refresh())
-
     async def _view(
         self, tenant: str, thread_id: str, session_id: str, principal_id: str | None
     ) -> ThreadView:
@@ -650,60 +598,20 @@ class PrepareService:
         )
 
     async def _await_event(
-        self, tenant: str, thread_id: str, event_key: str, event_hash: str | None, wait_ms: int, pause: Pause
-    ) -> int | None:
-        """Wait until the ledger holds ``event_key``; the thread seq through which it is known to: the
-        event's own, or the head its batch moved to when this process's recorder said so.
-
-        ``EventRejected`` as soon as the key was refused, or was recorded with content other than
-        ``event_hash`` (when given): the body the runtime named can then never be recorded under it."""
-        # Scoped to the tenant, so another tenant's thread waits and times out exactly like a missing one.
-        started = time.monotonic()
-        deadline = started + wait_ms / 1000
-        with self._board.waiting(thread_id) as woken:
-            # Registered first, so the wake-up at the end of the recorder's batch cannot be missed.
-            recent = self._board.recent(thread_id)
-            if recent is not None and (tenant, event_key) in recent:
-                # Committed lately by this process's recorder: its hash is at hand, no query.
-                lately = recent[(tenant, event_key)]
-                _ensure_named_content(event_key, event_hash, lately.content_sha256)
-                return lately.through
-            # A thread that recorder commits to lately: the event is most likely on its way to it (a
-            # prepare sent with its publish, or as soon as the ack came back, arrives before the
-            # event is delivered), so its handover is awaited for a grace before the ledger is asked:
-            # a query then would only find it missing, while the recorder writes (D14.25).
-            # While that recorder holds a batch of the thread, its release wakes the waiter anyway.
-            held = self._board.being_recorded(thread_id)
-            check = not held and recent is None
-            first_wait = _IN_FLIGHT_GRACE_S if recent is not None and not held else _RECHECK_S
-            while True:
-                if (tenant, event_key) in woken.recorded:
-                    # This process's recorder committed it while we waited: no re-check needed.
-                    done = woken.recorded[(tenant, event_key)]
-                    _ensure_named_content(event_key, event_hash, done.content_sha256)
-                    return done.through
-                woken.clear()
-                if check:
-                    async with self._store.session() as store:
-                        outcome = await store.find_event_outcome(tenant, thread_id, event_key)
-                    if outcome.seq is not None and outcome.content_sha256 is not None:
-                        _ensure_named_content(event_key, event_hash, outcome.content_sha256)
-                        return outcome.seq
-                    if outcome.rejected is not None:
-                        raise EventRejected(event_key, *outcome.rejected)
-                check = True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise NotYetRecorded(thread_id, event_key, int((time.monotonic() - started) * 1000))
-                await wait_for_notice(woken, min(remaining, first_wait), pause)
-                first_wait = _RECHECK_S
-
-
-def _ensure_named_content(event_key: str, named: str | None, recorded: str) -> None:
-    """Refuse a prepare whose event's key holds other content: the ledger records a key once (the
-    recorder dead-letters the reused one as ``event_key_conflict``), so waiting cannot help."""
-    if named is None or named == recorded:
-        return
-    conflict = EventKeyConflict(event_key, None)
-    reason = f"{conflict.message} (recorded: {recorded}; named by the prepare: {named})"
-    raise EventRejected(event_key, conflict.code.value, reason)
+        self, tenant: str, thread_id: str, request: PrepareRequest, pause: Pause
+    ) -> ThreadView:
+        """The view once the ledger holds the event the request names (``services/app/freshness.py``)."""
+        assert request.after_event_key is not None
+        return await view_after(
+            self._store,
+            self._loader,
+            self._board,
+            tenant=tenant,
+            thread_id=thread_id,
+            session_id=request.session_id,
+            principal_id=request.principal_id,
+            event_key=request.after_event_key,
+            event_hash=request.after_event_hash,
+            wait_ms=request.wait_ms,
+            pause=pause,
+        )

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Literal, Protocol, TypeAlias
 
@@ -44,7 +44,6 @@ from services.core.ledger import (
     Decoded,
     Incoming,
     LedgerReads,
-    NewRecord,
     RecordingLimits,
     Rejection,
     decode_batch,
@@ -53,17 +52,13 @@ from services.core.ledger import (
     readable_event_key,
     run_steps,
     texts_to_count,
-    writes_only_its_threads,
 )
-from services.core.known_threads import KnownThreads
 from services.errors import StoreRejected
 from services.app.stages import RecordStages, ignore_stage
-from services.core.advances import HeadAdvance
-from services.store.batch_write import LedgerWritten, Unread, one_statement
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
-__all__ = ["BatchResult", "DeadLetterSink", "KnownUse", "RecordingService", "dead_letter_of"]
+__all__ = ["BatchResult", "DeadLetterSink", "RecordingService", "dead_letter_of"]
 
 log = logging.getLogger("ctxfleet.recorder")
 
@@ -80,9 +75,6 @@ _CAUSE_CHARS = 300
 # The steps of an attempt that handle the events' values, named in an unstorable event's details;
 # ``record`` is anywhere else in recording a batch (a failure the steps did not foresee).
 _Stage: TypeAlias = Literal["decode", "read", "plan", "write", "record"]
-# How a batch used what the recorder knew of its thread (design D14.23): not at all (it read the
-# ledger), planned and committed from it, or planned from it and then read and planned again.
-KnownUse: TypeAlias = Literal["none", "planned", "missed"]
 
 
 class DeadLetterSink(Protocol):
@@ -97,18 +89,11 @@ class BatchResult:
     """What a batch did, for acks, notices and metrics."""
 
     heads: Mapping[str, tuple[int, int]]
-    # Per thread: its tenant and the event keys this batch committed to it, each with its content hash
-    # (for waiting prepares).
-    committed: Mapping[str, tuple[str, Mapping[str, str]]]
     recorded: int
     rejections: tuple[Rejection, ...]
     duplicates: int
     skipped: int
     attempts: int
-    # Per thread, the move of its head when the batch wrote nothing else a view reads (design D14.21):
-    # what this process's loader may extend the view it holds with, instead of reading the ledger.
-    advances: Mapping[str, HeadAdvance] = field(default_factory=dict)
-    known: KnownUse = "none"
 
 
 def dead_letter_of(rejection: Rejection, keep_bytes: int) -> DeadLetter:
@@ -142,11 +127,8 @@ class RecordingService:
         recorder_id: str,
         consumer: str = "recorder",
         on_stage: RecordStages = ignore_stage,
-        known_threads: int = 4096,
     ) -> None:
         self._store = store
-        # What this recorder wrote last on each thread, so an agent's next step skips the read (D14.23).
-        self._known = KnownThreads(known_threads)
         # Told each attempt's read, plan and write seconds as they end (services/app/stages.py).
         self._on_stage = on_stage
         self._sink = sink
@@ -237,72 +219,13 @@ class RecordingService:
         # counting thread must not hold one of the pool's connections meanwhile.
         with _content_failures("plan"):
             counters = await self._counters_for(decoded)
-        threads = list({d.subject_thread: None for d in decoded if isinstance(d, Decoded)})
-        try:
-            known: KnownUse = "none"
-            if (reads := self._known.reads_for(decoded)) is not None:
-                result = await self._attempt_known(partition, batch, decoded, counters, reads, committed)
-                if result is not None:
-                    return result
-                self._known.forget(threads)
-                known = "missed"
-            for attempt in range(1, _MAX_ATTEMPTS + 1):
-                try:
-                    result = await self._attempt(partition, batch, decoded, counters, attempt, committed)
-                    return replace(result, known=known) if known != "none" else result
-                except (RevisionConflict, DuplicateEvent):
-                    if attempt == _MAX_ATTEMPTS:
-                        raise
-        except BaseException:
-            # Whether any of it committed is not known here: the next batch of these threads reads.
-            self._known.forget(threads)
-            raise
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                return await self._attempt(partition, batch, decoded, counters, attempt, committed)
+            except (RevisionConflict, DuplicateEvent):
+                if attempt == _MAX_ATTEMPTS:
+                    raise
         raise AssertionError("unreachable")
-
-    async def _attempt_known(
-        self,
-        partition: int,
-        batch: Sequence[Incoming],
-        decoded: list[Decoded | Rejection],
-        counters: Mapping[EncodingName, TokenCounter],
-        reads: LedgerReads,
-        committed: int | None,
-    ) -> BatchResult | None:
-        """The batch planned from what this recorder knows of its thread, without reading the ledger
-        (design D14.23), and committed if the plan is one a read could not have changed; ``None``
-        when it must be read and planned again (its statement then wrote nothing)."""
-        started = time.perf_counter()
-        try:
-            plan = await self._plan(decoded, reads, counters)
-        except Exception:  # planned again on what the ledger holds, which decides what the failure means
-            return None
-        # A rejection or a duplicate is decided on what the ledger holds, never on what was known.
-        if plan.rejections or plan.duplicates or not writes_only_its_threads(plan):
-            return None
-        planned = time.perf_counter()
-        self._on_stage("plan", planned - started)
-        # The position was not read: the statement checks it (batch_write.py, invariant 6).
-        unread = Unread(committed or 0, batch[0].stream_seq)
-        try:
-            async with self._store.session() as store:
-                written = await store.write_plan(
-                    plan,
-                    recorded_by=self._recorder_id,
-                    keep_raw=self._limits.dead_letter_keep_bytes,
-                    position=Position(self._consumer, partition, batch[-1].stream_seq, unread),
-                    before_commit=_before_commit,
-                )
-        except Exception as exc:
-            if not isinstance(exc, (RevisionConflict, DuplicateEvent)) and not _is_content_failure(exc):
-                raise  # an outage, or a position that regressed: the read would meet it too
-            # Another writer was first, a key or call id is stored already, a value is refused, or the
-            # write failed in a way it did not foresee: the read's plan says which, and dead-letters
-            # what it must.
-            return None
-        self._on_stage("write", time.perf_counter() - planned)
-        kill_point("record.after_commit")
-        self._known.learn(reads, plan)
-        return replace(_committed(plan, reads, written, skipped=0, attempt=1), known="planned")
 
     async def _attempt(
         self,
@@ -325,7 +248,7 @@ class RecordingService:
                 raise PositionRegressed(partition, committed, applied)
             fresh = [m for m in batch if m.stream_seq > applied]
             if not fresh:
-                return BatchResult({}, {}, 0, (), 0, len(batch), attempt)
+                return BatchResult({}, 0, (), 0, len(batch), attempt)
             if len(fresh) < len(batch):  # a redelivery of what is applied already: plan only the rest
                 decoded = [d for d in decoded if d.incoming.stream_seq > applied]
             with _content_failures("plan"):
@@ -337,9 +260,8 @@ class RecordingService:
                     dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
                 )
             with _content_failures("write"):
-                # The position moves in the statement that writes the records, and a known thread's
-                # messages, calls and outcomes are that one statement, committing by itself.
-                written = await store.write_plan(
+                # The position moves in the statement that writes the records.
+                await store.write_plan(
                     plan,
                     recorded_by=self._recorder_id,
                     keep_raw=self._limits.dead_letter_keep_bytes,
@@ -349,8 +271,7 @@ class RecordingService:
             self._on_stage("write", time.perf_counter() - planned)
             if plan.records:
                 kill_point("record.after_commit")
-        self._known.learn(reads, plan)
-        return _committed(plan, reads, written, skipped=len(batch) - len(fresh), attempt=attempt)
+        return _result(plan, skipped=len(batch) - len(fresh), attempt=attempt)
 
     async def _counters_for(
         self, decoded: Sequence[Decoded | Rejection]
@@ -409,7 +330,7 @@ class RecordingService:
         rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
         async with self._store.session() as store:
             if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
-                return BatchResult({}, {}, 0, (), 0, 1, attempts)
+                return BatchResult({}, 0, (), 0, 1, attempts)
             await self._sink.publish(
                 dead_letter_of(rejection, self._limits.dead_letter_keep_bytes), _dead_msg_id(rejection)
             )
@@ -428,7 +349,7 @@ class RecordingService:
             rejection.reason,
             exc_info=failure.cause,
         )
-        return BatchResult({}, {}, 0, (rejection,), 0, 0, attempts)
+        return BatchResult({}, 0, (rejection,), 0, 0, attempts)
 
 
 def _past(instant: float) -> bool:
@@ -533,17 +454,10 @@ def _printable(text: str) -> str:
 def _merge(parts: Sequence[BatchResult]) -> BatchResult:
     """One result for a batch applied in parts; later heads win, as they were committed later."""
     heads: dict[str, tuple[int, int]] = {}
-    committed: dict[str, tuple[str, dict[str, str]]] = {}
     for part in parts:
         heads.update(part.heads)
-        for thread_id, (tenant, keys) in part.committed.items():
-            committed.setdefault(thread_id, (tenant, {}))[1].update(keys)
     return BatchResult(
         heads=heads,
-        committed=committed,
-        # A batch applied in parts is rare (an event at fault): its views are read again, not extended.
-        advances=parts[0].advances if len(parts) == 1 else {},
-        known=parts[0].known if len(parts) == 1 else "none",
         recorded=sum(p.recorded for p in parts),
         rejections=tuple(r for p in parts for r in p.rejections),
         duplicates=sum(p.duplicates for p in parts),
@@ -617,44 +531,9 @@ def _dead_msg_id(rejection: Rejection) -> str:
     return f"dead:{rejection.incoming.stream_seq}:{sha256_hex(rejection.incoming.data)[:16]}"
 
 
-def _committed(
-    plan: BatchPlan, reads: LedgerReads, written: LedgerWritten, *, skipped: int, attempt: int
-) -> BatchResult:
-    """The result of a committed plan, planned from a read or from what was known alike: its heads are
-    handed over only when it was one statement (design D14.21: no blob, nothing else a view reads)."""
-    result = _result(plan, reads, skipped=skipped, attempt=attempt)
-    return replace(result, advances=_advances(plan, written)) if one_statement(plan) else result
-
-
-def _advances(plan: BatchPlan, written: LedgerWritten) -> dict[str, HeadAdvance]:
-    """The heads a one-statement plan moved (not created), each with its new records."""
-    records: dict[str, list[NewRecord]] = {}
-    for record in plan.records:
-        records.setdefault(record.thread_id, []).append(record)
-    return {
-        h.thread_id: HeadAdvance(
-            h,
-            tuple(records.get(h.thread_id, ())),
-            written.bases.get(h.session_id, 0),
-            written.at,
-        )
-        for h in plan.heads
-        if h.expected_revision is not None
-    }
-
-
-def _result(plan: BatchPlan, reads: LedgerReads, *, skipped: int, attempt: int) -> BatchResult:
-    keys: dict[str, dict[str, str]] = {}
-    tenants: dict[str, str] = {}
-    for record in plan.records:
-        keys.setdefault(record.thread_id, {})[record.event_key] = record.content_sha256
-        # The planner recorded it only if its subject's tenant owns the session (or created it).
-        tenants[record.thread_id] = (
-            plan.session_tenants.get(record.session_id) or reads.sessions[record.session_id]
-        )
+def _result(plan: BatchPlan, *, skipped: int, attempt: int) -> BatchResult:
     return BatchResult(
         heads={h.thread_id: (h.last_seq, h.revision) for h in plan.heads},
-        committed={t: (tenants[t], k) for t, k in keys.items()},
         recorded=len(plan.records),
         rejections=plan.rejections,
         duplicates=len(plan.duplicates),

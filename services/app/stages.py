@@ -26,10 +26,10 @@ __all__ = [
 # read: the session and the ledger's state the batch's plan needs (one statement); plan: the plan, in
 # Python; write: the dead letters and the statement(s) that commit the batch.
 RecordStage: TypeAlias = Literal["read", "plan", "write"]
-# wait: until the ledger holds the event the request names (overlaps the recorder's stages); load: the
-# view read from the ledger (absent when the prepare was answered from a view its process trusts or
-# held); assemble: from the view in hand to the context built (hooks, window, assembly, and a wait
-# for compaction when the view is over budget, which ``ctx_prepare_compaction_wait_seconds`` has alone).
+# wait: until the ledger holds the event the request names (overlaps the recorder's stages), the view
+# read with it; load: the view read from the ledger, for a request naming no event; assemble: from the
+# view in hand to the context built (hooks, window, assembly, and a wait for compaction when the view
+# is over budget, which ``ctx_prepare_compaction_wait_seconds`` has alone).
 PrepareStage: TypeAlias = Literal["wait", "load", "assemble"]
 RECORD_STAGES: tuple[RecordStage, ...] = ("read", "plan", "write")
 PREPARE_STAGES: tuple[PrepareStage, ...] = ("wait", "load", "assemble")

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 
 from contracts import ContextPolicy, ToolCatalog
 
-from services.core.advances import HeadAdvance
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.budget import BudgetSpec, calibrated, policy_budget
 from services.app.calibrations import CalibrationCache
@@ -30,7 +29,7 @@ from services.core.groups import run_task_seq
 from services.core.records import ContextExportBody, LedgerRecord
 from services.core.render import TokenCounts
 from services.core.state import StateView
-from services.store.ledger import StoredHead
+from services.store.ledger import EventOutcome, StoredHead
 from services.store.ports import ViewReads
 from services.store.thread_at_head import ThreadAtHead
 from services.store.views import Candidate, ThreadScope, ViewState
@@ -38,7 +37,6 @@ from services.store.windows import OpenWindow
 from services.core.windows.next_window import next_window_snapshot
 from services.core.tokens import EncodingName, counter_for
 from services.core.view_memo import ViewMemo
-from services.app.view_trust import ViewTrust
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
 
@@ -195,8 +193,6 @@ class ViewLoader:
         cache: ViewCache | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_threads: int = 1024,
-        trust_s: float = 0.0,
-        trust: ViewTrust[ThreadView] | None = None,
     ) -> None:
         # One cache for every worker of the process (workers/compose.py passes the same loader around).
         self.cache = cache if cache is not None else ViewCache(cache_bytes)
@@ -205,103 +201,9 @@ class ViewLoader:
         self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
         # Summaries are immutable: a skeleton is rendered and counted once per summary.
         self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
-        # The views a prepare naming no event may serve again without reading the ledger, while this
-        # process's listener of view changes says nothing of them changed (D14.17); off until it listens.
-        self.trust: ViewTrust[ThreadView] = (
-            trust if trust is not None else ViewTrust(max_age_s=trust_s, max_views=cache_threads)
-        )
         # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
-        # the provider will accept; prepares share this cache (one per process). What it
-        # reads is trusted as long as the views are, until its change is announced (D14.22).
-        self.calibrations = CalibrationCache(trust=self.trust)
-
-    def trusted(
-        self,
-        thread_id: str,
-        *,
-        tenant: str,
-        session_id: str,
-        principal_id: str | None,
-        through: int = 0,
-    ) -> ThreadView | None:
-        """The thread's last loaded (or extended) view, if nothing it is made of changed since and it
-        holds the thread's records through seq ``through`` (``load`` otherwise).
-
-        ``None`` too when it is another tenant's, session's or principal's: ``load`` reports that.
-        """
-        view = self.trust.view(thread_id, accept=lambda held: held.head.last_seq >= through)
-        if view is None:
-            return None
-        scope = view.scope
-        if view.head.session_id != session_id or scope.tenant != tenant:
-            return None
-        if scope.principal_id is not None and principal_id != scope.principal_id:
-            return None
-        # Learned in this process or re-read by its cache's rule, as a load would find it.
-        calibration = self.calibrations.fresh(scope.tenant, view.budget.profile)
-        if calibration is None:
-            return None
-        entry = self.cache.get(("records", thread_id))
-        if isinstance(entry, CachedRecords):
-            # Its memo grew with the last prepare, and the bound counts it (as ``_records`` does).
-            self._evicted(self.cache.put(("records", thread_id), entry, entry.bytes))
-        budget = calibrated(policy_budget(view.policy), calibration)
-        return view if budget == view.budget else replace(view, budget=budget)
-
-    def extend(self, advance: HeadAdvance) -> bool:
-        """Extend the view held of the advance's thread to its new head with the records the batch
-        wrote, as a load would find them (design D14.21); False when the view held is not the one the
-        batch moved from, or the batch's records are not all in hand as a load reads them."""
-        head = advance.head
-        if head.expected_revision is None:
-            return False
-
-        def build(view: ThreadView) -> ThreadView | None:
-            seqs = [r.seq for r in advance.records]
-            if not seqs or seqs != list(range(view.head.last_seq + 1, head.last_seq + 1)):
-                return None  # not the records right after the view's head
-            key = ("records", head.thread_id)
-            entry = self.cache.get(key)
-            if not isinstance(entry, CachedRecords) or entry.last_seq != view.head.last_seq:
-                return None  # a concurrent load moved the cache (or it was evicted): read it then
-            new = advance.ledger_records()
-            if new is None or any(_unresolved_export(r) for r in new):
-                return None
-            records = entry.records + new
-            grown = CachedRecords(
-                head.last_seq,
-                records,
-                entry.memo,
-                entry.record_bytes + record_bytes(new),
-                entry.resolved,
-                entry.exports,
-            )
-            self._evicted(self.cache.put(key, grown, grown.bytes))
-            facts = self._held_facts(head.thread_id)
-            if facts is not None and facts.revision == view.head.revision:
-                # A batch that moves nothing else writes no facts: they stand at the new head.
-                moved_facts = _Facts(head.revision, facts.facts)
-                self._evicted(
-                    self.cache.put(("facts", head.thread_id), moved_facts, _facts_bytes(facts.facts))
-                )
-            moved = StoredHead(
-                head.thread_id,
-                view.head.session_id,
-                view.head.run_id,
-                view.head.instance_id,
-                head.revision,
-                head.last_seq,
-                head.last_hash,
-                head.last_event_key,
-                view.head.user_turns + head.user_turns,
-                view.head.model_steps + head.model_steps,
-            )
-            # Own records only, the cached list itself (``load``'s rule); with inherited records or a
-            # reset, the new ones follow what the view shows (they are the session's newest).
-            shown = records if view.records is entry.records else [*view.records, *new]
-            return replace(view, head=moved, records=shown, memo=entry.memo)
-
-        return self.trust.extend(head.thread_id, head.expected_revision, head.revision, build)
+        # the provider will accept; prepares share this cache (one per process).
+        self.calibrations = CalibrationCache()
 
     async def load(
         self,
@@ -318,18 +220,62 @@ class ViewLoader:
         ThreadNotFound if it has no records, or belongs to another tenant, session or principal — a
         foreign thread is reported exactly like a missing one, so ids cannot be probed.
         """
-        # Before the statement: whatever commits after its snapshot is announced after this.
-        token = self.trust.token()
+        after = self._held_records(thread_id)
+        at_head = await self._at_head(conn, thread_id, after)
+        if at_head is None:
+            raise ThreadNotFound(thread_id)
+        return await self._build(conn, at_head, after, tenant, session_id, principal_id, enforce_principal)
+
+    async def load_naming(
+        self,
+        conn: ViewReads,
+        thread_id: str,
+        event_key: str,
+        *,
+        tenant: str,
+        session_id: str,
+        principal_id: str | None,
+    ) -> tuple[ThreadView | None, EventOutcome | None]:
+        """What became of ``event_key`` in ``tenant``'s thread, and once it is recorded, the thread's
+        view (which holds it: both come from one statement); ``None`` for the outcome when the thread
+        has no head yet or is another tenant's (whose refusal of the key the caller asks about)."""
+        after = self._held_records(thread_id)
+        at_head = await self._at_head(conn, thread_id, after, event_key)
+        named = at_head.named if at_head is not None else None
+        if at_head is None or named is None or at_head.scope.tenant != tenant:
+            return None, None
+        if named.seq is None:
+            return None, named
+        view = await self._build(conn, at_head, after, tenant, session_id, principal_id, True)
+        return view, named
+
+    async def _at_head(
+        self, conn: ViewReads, thread_id: str, after: int, event_key: str | None = None
+    ) -> ThreadAtHead | None:
         # Head, scope, compaction state, open window and the records after the ones held, in one round
         # trip, from one snapshot.
         held = self._held_facts(thread_id)
-        after = self._held_records(thread_id)
-        at_head = await conn.thread_at_head(
-            thread_id, facts_of_revision=held.revision if held is not None else None, records_after=after
+        return await conn.thread_at_head(
+            thread_id,
+            facts_of_revision=held.revision if held is not None else None,
+            records_after=after,
+            event_key=event_key,
         )
-        if at_head is None or (session_id is not None and at_head.head.session_id != session_id):
-            raise ThreadNotFound(thread_id)
+
+    async def _build(
+        self,
+        conn: ViewReads,
+        at_head: ThreadAtHead,
+        after: int,
+        tenant: str | None,
+        session_id: str | None,
+        principal_id: str | None,
+        enforce_principal: bool,
+    ) -> ThreadView:
         head, scope = at_head.head, at_head.scope
+        thread_id = head.thread_id
+        if session_id is not None and head.session_id != session_id:
+            raise ThreadNotFound(thread_id)
         if tenant is not None and scope.tenant != tenant:
             raise ThreadNotFound(thread_id)
         if enforce_principal and scope.principal_id is not None and principal_id != scope.principal_id:
@@ -352,7 +298,7 @@ class ViewLoader:
         policy = await self._policy(conn, scope.tenant, name, revision)
         facts = await self._facts(conn, at_head)
         skeleton = self._skeleton(state, records, thread_id)
-        view = ThreadView(
+        return ThreadView(
             head,
             records,
             state,
@@ -367,11 +313,6 @@ class ViewLoader:
             entry.memo,
             at_head.window,
         )
-        # A run that may still adopt another run's summary would not hear of that summary's commit.
-        adoptable = scope.role == "main" and scope.snapshot_through > scope.reset_seq
-        if not adoptable or state.summary is not None:
-            self.trust.keep(token, thread_id, head.session_id, head.run_id, view, head.revision)
-        return view
 
     async def _pinned(
         self, conn: ViewReads, session_id: str, tenant: str
@@ -577,7 +518,6 @@ class ViewLoader:
         for key in keys:
             if isinstance(key, tuple) and key[0] == "records":
                 self._locks.pop(str(key[1]), None)
-                self.trust.forget(str(key[1]))
 
 
 def _facts_bytes(facts: StateView | None) -> int:

@@ -43,8 +43,7 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 CONTENT_SQLSTATE_CLASSES = frozenset({"22", "23", "54"})
 
 # Unique constraints whose violation means another writer got there first (retry on fresh reads).
-# A call id already stored: the planner rejects one it read, so the insert meets one only when the
-# batch was planned from what the recorder knew rather than read or in a race.
+# A call id already stored: the planner rejects one it read, so the insert meets one only in a race.
 _RACE_CONSTRAINTS = frozenset(
     {
         "records_pkey",

@@ -26,10 +26,6 @@ Invariants:
    from events the broker stored durably before acking them, so a crash that loses the commit loses
    the position with it, and the recorder reads those events again (``PositionRegressed``). Nothing
    that commits after it can survive without it: the WAL is flushed in order.
-6. A batch planned without reading its partition's position (``Position.unread``) is
-   written only over the position its writer expects (``ctx.require_position``): one
-   behind what it saw committed fails the statement as ``PositionRegressed``, one at or past the batch's
-   first event as a ``RevisionConflict``; either way nothing of it stays (invariant 2).
 """
 
 from __future__ import annotations
@@ -46,15 +42,13 @@ import asyncpg
 import orjson
 
 from services.core.ledger import BatchPlan, NewCall, NewOutcome, writes_only_its_threads
-from services.errors import PositionRegressed, RevisionConflict
+from services.errors import RevisionConflict
 from services.store.ledger import Conn
 
 __all__ = [
     "LedgerWritten",
     "Position",
-    "Unread",
     "one_statement",
-    "position_refused",
     "settles_receipts",
     "write_ledger",
 ]
@@ -70,24 +64,12 @@ class LedgerWritten:
 
 
 @dataclass(frozen=True)
-class Unread:
-    """What a writer that planned without reading the position expects the store to hold: at
-    least ``committed`` (what it saw committed; less means commits were lost) and
-    less than ``first_seq`` (the batch's first event; more means another writer applied it)."""
-
-    committed: int
-    first_seq: int
-
-
-@dataclass(frozen=True)
 class Position:
-    """The consumer position the batch moves to, written with its records; ``unread``: the batch was
-    planned without reading it, and the statement checks it (invariant 6)."""
+    """The consumer position the batch moves to, written with its records."""
 
     consumer: str
     partition: int
     stream_seq: int
-    unread: Unread | None = None
 
 
 _SESSIONS = """
@@ -179,11 +161,9 @@ p AS (
   SET last_stream_seq = GREATEST(ctx.tracking.last_stream_seq, EXCLUDED.last_stream_seq),
       updated_at = now())"""
 
-# The guards' failures (``ctx.require_written`` and ``ctx.require_position``).
+# The guard's failures (``ctx.require_written``).
 _LOST_HEAD = "CX001"
 _CALL_CLOSED = "CX002"
-_POSITION_BEHIND = "CX003"
-_POSITION_PAST = "CX004"
 
 # A new head's columns, in _NEW_HEADS's order.
 _HEAD_FIELDS = (
@@ -301,32 +281,20 @@ async def write_ledger(
     (SELECT revision FROM ctx.thread_heads WHERE thread_id = l.thread_id), {closed}, ${to_close})
 FROM (SELECT (SELECT t FROM unnest(${heads}::text[]) AS t
               WHERE t NOT IN (SELECT thread_id FROM w) LIMIT 1) AS thread_id) l"""
-    if position is not None and position.unread is not None:
-        at = len(statement.args) + 1
-        statement.args += [position.consumer, position.partition, position.unread.committed]
-        statement.args.append(position.unread.first_seq)
-        # The CTEs see the snapshot before the statement: the position as it was, not as ``p`` moves it.
-        guard += f""",
-  ctx.require_position((SELECT last_stream_seq FROM ctx.tracking WHERE consumer = ${at}
-                        AND partition = ${at + 1}), ${at + 2}, ${at + 3})"""
     try:
         row = await conn.fetchrow(
             statement.sql(f"SELECT {bumped}, now(){unflushed}, {guard}"), *statement.args
         )
     except asyncpg.PostgresError as exc:
-        raise _conflict(exc, plan, outcomes, position) from None
+        raise _conflict(exc, plan, outcomes) from None
     assert row is not None
     last_seqs: Mapping[str, int] = json.loads(row[0]) if row[0] is not None else {}
     return LedgerWritten({s: last_seqs[s] - n for s, n in plan.session_counts.items()}, row[1])
 
 
-def _conflict(
-    exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[NewOutcome], position: Position | None
-) -> Exception:
+def _conflict(exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[NewOutcome]) -> Exception:
     """The guard's failure as the conflict it reports; any other error as it was raised."""
     state = getattr(exc, "sqlstate", None)
-    if state in (_POSITION_BEHIND, _POSITION_PAST) and position is not None and position.unread is not None:
-        return position_refused(position, plan, int(getattr(exc, "detail", None) or 0))
     if state == _LOST_HEAD:
         thread_id = str(getattr(exc, "message", ""))
         expected = next((h.expected_revision for h in plan.heads if h.thread_id == thread_id), None)
@@ -335,18 +303,6 @@ def _conflict(
     if state == _CALL_CLOSED:
         return RevisionConflict(outcomes[0].thread_id, -1, None)
     return exc
-
-
-def position_refused(position: Position, plan: BatchPlan, held: int) -> Exception:
-    """What a write planned without reading the position raises when the store holds ``held`` and
-    the guard refused it (invariant 6)."""
-    assert position.unread is not None
-    if held < position.unread.committed:
-        return PositionRegressed(position.partition, position.unread.committed, held)
-    thread_id = plan.heads[0].thread_id if plan.heads else "?"
-    conflict = RevisionConflict(thread_id, -1, None)
-    conflict.details["position"] = held
-    return conflict
 
 
 def _fields(rows: Sequence[object], *names: str) -> list[list[object]]:

@@ -53,7 +53,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from services.errors import StoreRejected
-from services.store.batch_write import LedgerWritten, Position, position_refused
+from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
@@ -444,10 +444,6 @@ class MemorySession:
     ) -> LedgerWritten:
         t = self._t
         if position is not None:
-            held = t.tracking.get((position.consumer, position.partition), 0)
-            unread = position.unread
-            if unread is not None and not unread.committed <= held < unread.first_seq:
-                raise position_refused(position, plan, held)
             await self.insert_tracking(position.consumer, position.partition, position.stream_seq)
         bases: dict[str, int] = {}
         for session_id in sorted(plan.session_counts):
@@ -786,15 +782,21 @@ class MemorySession:
         )
 
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
+        self,
+        thread_id: str,
+        *,
+        facts_of_revision: int | None = None,
+        records_after: int | None = None,
+        event_key: str | None = None,
     ) -> ThreadAtHead | None:
         head = await self.select_head(thread_id)
         if head is None:
             return None
         fresh = head.revision != facts_of_revision
+        scope = await self.scope_of(thread_id)
         return ThreadAtHead(
             head,
-            await self.scope_of(thread_id),
+            scope,
             await self.load_view(thread_id),
             await self.current_window(thread_id),
             (await self.read_states([thread_id])).get(thread_id) if fresh else None,
@@ -802,6 +804,7 @@ class MemorySession:
             None
             if records_after is None
             else await self.select_records(thread_id, gt=records_after, lte=head.last_seq),
+            None if event_key is None else await self.find_event_outcome(scope.tenant, thread_id, event_key),
         )
 
     async def scope_of(self, thread_id: str) -> ThreadScope:

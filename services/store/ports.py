@@ -125,11 +125,17 @@ class ViewReads(Protocol):
     async def select_head(self, thread_id: str) -> StoredHead | None: ...
 
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
+        self,
+        thread_id: str,
+        *,
+        facts_of_revision: int | None = None,
+        records_after: int | None = None,
+        event_key: str | None = None,
     ) -> ThreadAtHead | None:
         """The head with its scope, compaction state and open window, read at one instant; its current
-        facts too unless the head is still at ``facts_of_revision``, and its records after seq
-        ``records_after`` up to the head when that is given."""
+        facts too unless the head is still at ``facts_of_revision``, its records after seq
+        ``records_after`` up to the head when that is given, and what became of ``event_key`` in the
+        thread (for the thread's tenant) when that is."""
         ...
 
     async def scope_of(self, thread_id: str) -> ThreadScope: ...

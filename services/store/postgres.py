@@ -225,7 +225,12 @@ class PgSession:
 
     @_translated
     async def thread_at_head(
-        self, thread_id: str, *, facts_of_revision: int | None = None, records_after: int | None = None
+        self,
+        thread_id: str,
+        *,
+        facts_of_revision: int | None = None,
+        records_after: int | None = None,
+        event_key: str | None = None,
     ) -> ThreadAtHead | None:
         return await read_thread_at_head(
             self._conn,
@@ -233,6 +238,7 @@ class PgSession:
             self._summaries,
             facts_of_revision=facts_of_revision,
             records_after=records_after,
+            event_key=event_key,
         )
 
     @_translated

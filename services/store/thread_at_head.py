@@ -8,11 +8,13 @@ without the body of a summary this store already holds. The thread's current fac
 unless the caller holds them for this head revision already (every recorded event moves the
 revision, so they were two more statements on every read-your-writes step), and so do the thread's
 records after the ones the caller holds (``records_after``): on a read-your-writes step the record
-just committed came in a statement of its own.
+just committed came in a statement of its own. A prepare naming an event asks what became of it in the
+same statement (``event_key``): recorded in this thread (with its content hash), or dead-lettered.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from services.core.state import StateView
@@ -20,6 +22,7 @@ from services.store.batches import FACTS_JSON, VERSIONS_JSON, states_from_json
 from services.core.records import LedgerRecord
 from services.store.ledger import (
     HEAD_COLUMNS,
+    EventOutcome,
     RECORD_BLOB_JOIN,
     RECORD_ROW,
     Conn,
@@ -43,7 +46,8 @@ __all__ = ["ThreadAtHead", "read_thread_at_head"]
 
 # The row readers' own columns (a thread without a view row reads its view columns as NULL: an
 # empty state), the newest window, the facts unless the caller holds them for this revision ($3), and
-# the records after seq $4 up to the head (NULL: none asked for).
+# the records after seq $4 up to the head (NULL: none asked for), and what became of event key $5 in
+# this thread (NULL: none named) — as ``find_event_outcome`` answers, for the thread's own tenant.
 _THREAD_AT_HEAD = f"""
 SELECT {HEAD_COLUMNS},
        {SCOPE_COLUMNS},
@@ -60,7 +64,17 @@ SELECT {HEAD_COLUMNS},
        CASE WHEN h.last_seq > $4::bigint THEN
          ARRAY(SELECT {RECORD_ROW} FROM ctx.records r {RECORD_BLOB_JOIN}
                WHERE r.thread_id = h.thread_id AND r.seq > $4::bigint AND r.seq <= h.last_seq ORDER BY r.seq)
-       END AS records
+       END AS records,
+       CASE WHEN $5::text IS NOT NULL THEN
+         (SELECT json_build_array(n.seq, n.content_sha256) FROM ctx.records n
+          WHERE n.thread_id = h.thread_id AND n.event_key = $5::text)
+       END AS named_recorded,
+       CASE WHEN $5::text IS NOT NULL THEN
+         (SELECT json_build_array(d.code, d.reason) FROM ctx.dead_letters d
+          WHERE (d.thread_id = h.thread_id OR d.named_thread_id = h.thread_id) AND d.event_key = $5::text
+            AND d.tenant = s.tenant
+          ORDER BY d.id DESC LIMIT 1)
+       END AS named_dead
 FROM ctx.thread_heads h
 JOIN ctx.sessions s ON s.session_id = h.session_id
 LEFT JOIN ctx.runs r ON r.run_id = h.run_id
@@ -88,6 +102,8 @@ class ThreadAtHead:
     facts_read: bool = False
     # The records after ``records_after`` up to the head, in order; ``None``: not asked for.
     records: list[LedgerRecord] | None = None
+    # What became of the event key asked about; ``None``: none was.
+    named: EventOutcome | None = None
 
 
 async def read_thread_at_head(
@@ -97,12 +113,14 @@ async def read_thread_at_head(
     *,
     facts_of_revision: int | None = None,
     records_after: int | None = None,
+    event_key: str | None = None,
 ) -> ThreadAtHead | None:
     """The thread at its head, or ``None`` if nothing was recorded for it; its facts too unless the
-    head is still at ``facts_of_revision``, and its records after seq ``records_after`` if given."""
+    head is still at ``facts_of_revision``, its records after seq ``records_after`` if given, and what
+    became of ``event_key`` if given."""
     held = summaries.held(thread_id) if summaries is not None else None
     r = await conn.fetchrow(
-        _THREAD_AT_HEAD, thread_id, held_summary_id(held), facts_of_revision, records_after
+        _THREAD_AT_HEAD, thread_id, held_summary_id(held), facts_of_revision, records_after, event_key
     )
     if r is None:
         return None
@@ -116,4 +134,17 @@ async def read_thread_at_head(
     records: list[LedgerRecord] | None = None
     if records_after is not None:
         records = [ledger_record_of_row(row) for row in r["records"] or ()]
-    return ThreadAtHead(head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]), records)
+    named = None if event_key is None else _outcome(r["named_recorded"], r["named_dead"])
+    return ThreadAtHead(
+        head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]), records, named
+    )
+
+
+def _outcome(recorded: str | None, dead: str | None) -> EventOutcome:
+    if recorded is not None:
+        seq, content_sha256 = json.loads(recorded)
+        return EventOutcome(int(seq), str(content_sha256), None)
+    if dead is None:
+        return EventOutcome(None, None, None)
+    code, reason = json.loads(dead)
+    return EventOutcome(None, None, (str(code), str(reason)))

@@ -59,11 +59,9 @@ async def test_unrelated_prepare_is_answered_in_its_normal_time_while_ten_prepar
 async def test_prepares_beyond_the_limit_are_answered_overloaded_with_a_retry_hint_and_the_rest_are_served(
     start_fleet, client: FleetClient
 ) -> None:
-    # Two slots and a 50 ms queue age: a burst of 100 cannot all be served in time. Each reads the
-    # ledger (no trusted view): served from one, 100 prepares take less than the queue age.
-    fleet = await start_fleet(
-        workers="recorder,assembler", max_inflight_requests=2, max_queue_age_ms=50, view_trust_ms=0
-    )
+    # Two slots and a 50 ms queue age: a burst of 100, each reading the ledger, cannot all be served
+    # in time.
+    fleet = await start_fleet(workers="recorder,assembler", max_inflight_requests=2, max_queue_age_ms=50)
     t = Thread()
     for i in range(30):
         await client.append(t.user(f"question {i} " + "words " * 50, key=f"q{i}"))

@@ -1,6 +1,6 @@
 """A prepare naming an event learns at once that the event will never be recorded: its key holds other
 content (``after_event_hash``), or the event was refused on another thread's subject — never by
-waiting out ``wait_ms``. The common case, its event recorded with the hash it names, asks nothing more."""
+waiting out ``wait_ms``. The common case, its event recorded with the hash it names, asks the ledger once."""
 
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ def _recorder(store: MemoryStore) -> RecordingService:
 async def _record(
     store: MemoryStore, board: NoticeBoard | None, t: Thread, events: list[Event], start_seq: int
 ) -> None:
-    """Record ``events``; hand their keys to ``board`` as the prepare's own process's recorder does."""
-    result = await _recorder(store).record_batch(0, incoming(events, start_seq=start_seq))
+    """Record ``events``; notify ``board`` of their thread as a recorder's notice does."""
+    await _recorder(store).record_batch(0, incoming(events, start_seq=start_seq))
     if board is not None:
-        board.recorded(t.thread_id, *result.committed[t.thread_id], result.heads[t.thread_id])
+        board.notify(t.thread_id)
 
 
 def _naming(t: Thread, event: Event) -> PrepareRequest:
@@ -49,7 +49,7 @@ def _naming(t: Thread, event: Event) -> PrepareRequest:
     return request.model_copy(update={"after_event_hash": content_sha256_of(event)})
 
 
-async def test_a_prepare_naming_its_event_by_the_recorded_hash_asks_the_ledger_nothing(
+async def test_a_prepare_naming_its_event_by_the_recorded_hash_asks_the_ledger_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store, board, t = MemoryStore(), NoticeBoard(), Thread()
@@ -59,38 +59,22 @@ async def test_a_prepare_naming_its_event_by_the_recorded_hash_asks_the_ledger_n
 
     prepared = await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, first)), timeout=2)
 
-    assert checks == [] and prepared.source_watermark.last_event_key == "u1"
-
-
-async def test_a_prepare_naming_a_key_its_recorder_committed_with_other_content_is_rejected_unasked(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store, board, t = MemoryStore(), NoticeBoard(), Thread()
-    await _record(store, board, t, [t.user("first", key="u1")], 1)
-    checks = counting_checks(monkeypatch)
-
-    reused = t.user("a different question under the same key", key="u1")
-    with pytest.raises(EventRejected) as refused:
-        await asyncio.wait_for(PrepareService(store, board).prepare(_naming(t, reused)), timeout=2)
-
-    assert checks == []
-    assert refused.value.details["rejected_code"] == "event_key_conflict" and not refused.value.retryable
-    assert content_sha256_of(reused) in str(refused.value.details["reason"])
+    assert checks == ["u1"] and prepared.source_watermark.last_event_key == "u1"
 
 
 async def test_a_prepare_naming_a_key_the_ledger_holds_with_other_content_is_rejected_after_one_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store, t = MemoryStore(), Thread()
-    await _record(store, None, t, [t.user("first", key="u1")], 1)  # another process's recorder
+    await _record(store, None, t, [t.user("first", key="u1")], 1)
     checks = counting_checks(monkeypatch)
 
+    reused = t.user("a different question under the same key", key="u1")
     with pytest.raises(EventRejected) as refused:
-        await asyncio.wait_for(
-            PrepareService(store, NoticeBoard()).prepare(_naming(t, t.user("other", key="u1"))), timeout=2
-        )
+        await asyncio.wait_for(PrepareService(store, NoticeBoard()).prepare(_naming(t, reused)), timeout=2)
 
     assert checks == ["u1"] and refused.value.details["rejected_code"] == "event_key_conflict"
+    assert not refused.value.retryable and content_sha256_of(reused) in str(refused.value.details["reason"])
 
 
 async def test_a_prepare_waiting_for_its_event_is_rejected_when_the_key_is_committed_with_other_content(
@@ -109,7 +93,8 @@ async def test_a_prepare_waiting_for_its_event_is_rejected_when_the_key_is_commi
 
     with pytest.raises(EventRejected) as refused:
         await asyncio.wait_for(waiting, timeout=2)
-    assert checks == [] and refused.value.details["rejected_code"] == "event_key_conflict"
+    # One check before the commit, one on its notice: not the re-check interval later.
+    assert checks == ["u2", "u2"] and refused.value.details["rejected_code"] == "event_key_conflict"
 
 
 async def test_a_prepare_without_a_hash_is_answered_from_whatever_its_key_recorded() -> None:

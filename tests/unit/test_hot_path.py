@@ -9,7 +9,6 @@ import pytest
 
 from workers.coalescing import CoalescingScheduler
 from workers.hot_path import HotPath
-from workers.local_notices import ORIGIN_HEADER, LocalNotices
 
 pytestmark = pytest.mark.anyio
 log = logging.getLogger("test")
@@ -133,25 +132,6 @@ async def test_a_pass_starts_at_once_in_a_process_that_answered_no_prepare_yet()
     begun = loop.time()
     await hot.await_quiet()
     assert loop.time() - begun < 0.5
-
-
-def test_local_notices_hand_each_thread_to_every_listener() -> None:
-    local = LocalNotices()
-    seen: list[tuple[str, str]] = []
-    local.listen(lambda t: seen.append(("assembler", t)))
-    local.listen(lambda t: seen.append(("budgeter", t)))
-    local.announce("r1.main")
-    assert seen == [("assembler", "r1.main"), ("budgeter", "r1.main")]
-
-
-def test_a_notice_is_own_only_when_it_carries_this_process_origin() -> None:
-    here, there = LocalNotices(), LocalNotices()
-    assert here.origin != there.origin
-    assert here.is_own(here.headers)
-    assert not here.is_own(there.headers)
-    assert not here.is_own(None)
-    assert not here.is_own({})
-    assert here.headers == {ORIGIN_HEADER: here.origin}
 
 
 async def test_a_prepare_counts_as_in_progress_until_the_loop_turn_after_it_returned() -> None:

@@ -25,7 +25,7 @@ BASE_UNITS = frozenset({"seconds", "bytes", "tokens", "ratio"})
 # What a gauge or a histogram of counts counts, as its last word.
 COUNTED = frozenset({"events", "jobs", "threads", "requests", "records", "entries", "views"})
 # Gauges that hold a state or a position rather than an amount: there is no unit to name.
-UNITLESS = frozenset({"ctx_recorder_halted", "ctx_recorder_position", "ctx_view_trust_listening"})
+UNITLESS = frozenset({"ctx_recorder_halted", "ctx_recorder_position"})
 
 
 def naming_violations(families: Iterable[Metric]) -> list[str]:

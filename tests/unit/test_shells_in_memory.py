@@ -14,7 +14,6 @@ from contracts import (
     ContextPolicy,
     DeadLetter,
     InspectRequest,
-    PreparedContext,
     PrepareRequest,
 )
 from contracts.subjects import DEFAULT_TENANT
@@ -30,6 +29,7 @@ from services.errors import (
     StoreUnavailable,
 )
 from services.core.ledger import BatchPlan, RecordingLimits
+from services.app.freshness import RECHECK_S
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
@@ -236,7 +236,7 @@ async def test_a_prepare_waits_for_its_event_and_answers_once_it_is_recorded() -
     assert [r.event_key for r in inspection.records] == ["u1", "u2"]
 
 
-async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answers_without_a_re_check(
+async def test_a_notice_only_wakes_a_waiting_prepare_and_the_ledger_decides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     store, board = MemoryStore(), NoticeBoard()
@@ -244,74 +244,47 @@ async def test_a_prepare_told_by_its_own_recorder_that_its_event_committed_answe
     await _recorded(store, board, [t.user("first", key="u1")])
     checks = counting_checks(monkeypatch)
     service = PrepareService(store, board)
-    request = waiting_for(t, "u2")
-    waiting = asyncio.create_task(service.prepare(request))
+    waiting = asyncio.create_task(service.prepare(waiting_for(t, "u2")))
     await asyncio.sleep(0.05)
     assert checks == ["u2"] and not waiting.done()
 
-    # Another tenant's commit of the same key and thread says nothing of ours: it is checked again.
-    board.recorded(t.thread_id, "someone-else", {"u2": "c" * 64})
+    board.notify(t.thread_id)  # a notice of something else (or forged): asked again, still waiting
     await asyncio.sleep(0.05)
     assert checks == ["u2", "u2"] and not waiting.done()
 
-    result = await _recorder(store).record_batch(0, incoming([t.user("second", key="u2")], start_seq=2))
-    tenant, keys = result.committed[t.thread_id]
-    assert set(result.committed) == {t.thread_id} and (tenant, set(keys)) == (DEFAULT_TENANT, {"u2"})
-    board.recorded(t.thread_id, *result.committed[t.thread_id])
+    await _recorded(store, board, [t.user("second", key="u2")], start_seq=2)
     prepared = await asyncio.wait_for(waiting, timeout=2)
 
-    assert checks == ["u2", "u2"]  # answered from the handover, with no third query
+    assert checks == ["u2", "u2", "u2"]
     assert prepared.source_watermark.last_event_key == "u2"
 
 
-async def _waiting_while_its_recorder_holds_the_thread(
-    monkeypatch: pytest.MonkeyPatch, key: str
-) -> tuple[MemoryStore, NoticeBoard, Thread, list[str], set[str], asyncio.Task[PreparedContext]]:
-    """A thread with "u1" recorded, this process's recorder holding a batch of it, and a prepare
-    waiting for ``key``; the ledger checks counted from here on."""
+async def test_a_prepare_whose_events_notice_is_lost_is_answered_on_its_next_look_at_the_ledger() -> None:
     store, board = MemoryStore(), NoticeBoard()
     t = Thread()
     await _recorded(store, board, [t.user("first", key="u1")])
-    checks = counting_checks(monkeypatch)
-    holding: set[str] = {t.thread_id}  # the recorder has taken a batch of the thread
-    board.follow_recorder(holding.__contains__)
-    waiting = asyncio.create_task(PrepareService(store, board).prepare(waiting_for(t, key)))
+    waiting = asyncio.create_task(PrepareService(store, board).prepare(waiting_for(t, "u2")))
     await asyncio.sleep(0.05)
-    return store, board, t, checks, holding, waiting
 
+    await _recorded(store, NoticeBoard(), [t.user("second", key="u2")], start_seq=2)  # nobody told
+    prepared = await asyncio.wait_for(waiting, timeout=2 * RECHECK_S + 1)
 
-async def test_a_prepare_whose_thread_its_own_recorder_is_recording_waits_for_it_without_asking_the_ledger(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    store, board, t, checks, holding, waiting = await _waiting_while_its_recorder_holds_the_thread(
-        monkeypatch, "u2"
-    )
-    assert checks == [] and not waiting.done()
-
-    result = await _recorder(store).record_batch(0, incoming([t.user("second", key="u2")], start_seq=2))
-    board.recorded(t.thread_id, *result.committed[t.thread_id])
-    holding.clear()
-    board.notify(t.thread_id)  # the batch let go
-    prepared = await asyncio.wait_for(waiting, timeout=2)
-
-    assert checks == []
     assert prepared.source_watermark.last_event_key == "u2"
 
 
-async def test_a_waiter_whose_event_was_not_in_the_recorders_batch_asks_the_ledger_once_the_batch_is_let_go(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _, board, t, checks, holding, waiting = await _waiting_while_its_recorder_holds_the_thread(
-        monkeypatch, "u1"
-    )
-    assert checks == [] and not waiting.done()
+async def test_a_prepare_after_a_commit_it_was_not_told_of_sees_it() -> None:
+    """Another process's recorder committed; this process heard nothing, yet its next prepare shows it."""
+    store, board = MemoryStore(), NoticeBoard()
+    t = Thread()
+    await _recorded(store, board, [t.user("first", key="u1")])
+    service = PrepareService(store, board)
+    before = await service.prepare(waiting_for(t, "u1"))
 
-    holding.clear()
-    board.notify(t.thread_id)  # the batch held other events (u1 was recorded long before)
-    prepared = await asyncio.wait_for(waiting, timeout=2)
+    await _recorded(store, NoticeBoard(), [t.user("second", key="u2")], start_seq=2)
+    after = await service.prepare(waiting_for(t, "u1").model_copy(update={"after_event_key": None}))
 
-    assert checks == ["u1"]
-    assert prepared.source_watermark.last_event_key == "u1"
+    assert before.source_watermark.last_event_key == "u1"
+    assert after.source_watermark.last_event_key == "u2" and after.messages[-1].content == "second"
 
 
 async def test_a_prepare_for_an_event_never_recorded_times_out_and_a_rejected_one_says_why() -> None:

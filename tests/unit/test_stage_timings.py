@@ -73,7 +73,7 @@ def _request(t: Thread, **update: object) -> PrepareRequest:
     return request.model_copy(update=update)
 
 
-async def test_a_prepare_naming_its_event_reports_the_wait_the_load_and_the_assembly() -> None:
+async def test_a_prepare_naming_its_event_reports_the_wait_that_read_its_view_and_the_assembly() -> None:
     store = MemoryStore()
     t, key = await _recorded(store)
     stages = _Stages()
@@ -81,7 +81,8 @@ async def test_a_prepare_naming_its_event_reports_the_wait_the_load_and_the_asse
         _request(t, after_event_key=key)
     )
     assert prepared.messages[-1].content == "list the files"
-    assert stages.names == ["wait", "load", "assemble"]
+    # The statement that found the event read the view with it: no load of its own.
+    assert stages.names == ["wait", "assemble"]
 
 
 async def test_a_prepare_naming_no_event_reports_no_wait() -> None:
