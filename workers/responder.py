@@ -5,7 +5,8 @@ semaphore and task group: measured here, a 19 KB request/reply took 1.08–1.13 
 with FastStream consuming in order, and 0.44 with nats-py alone (``benchmarks`` probe, embedded
 NATS). So each request runs in a plain asyncio task that publishes its reply itself, and a
 serving responder takes requests from nats-py subscriptions of its own (``start``): FastStream's
-parser, middlewares and dependency injection were still 0.2–0.4 ms of every prepare (design D14.10).
+parser, middlewares and dependency injection were still 0.2–0.4 ms of every prepare (docs/design.md,
+"Request/reply without FastStream's worker pool").
 Endpoints are declared in one place all the same: a responder without a connection (the AsyncAPI
 document's) declares each one as a FastStream subscriber, with the same subject, queue and title.
 

@@ -148,7 +148,8 @@ class RecordingService:
 
         ``committed``: the position this reader last saw committed for the partition (read when it
         bound its consumer, then each batch's end). Its commits do not wait for the WAL flush
-        (design D14.20), so a store that crashed meanwhile may hold an older one; the batch is then
+        (docs/design.md, "The recorder's commits do not wait for the WAL flush"), so a store that crashed
+        meanwhile may hold an older one; the batch is then
         refused with PositionRegressed instead of applied over the gap, and the reader starts again
         from what the store holds.
 
@@ -284,7 +285,8 @@ class RecordingService:
         wait there. tiktoken releases the GIL while it encodes, so on the thread the count runs on
         the other core while this loop plans and writes other partitions' batches.
         One thread, and one tiktoken call per batch (``CountAhead``): threads that each want the GIL
-        back often made the loop wait for it (design D14.8).
+        back often made the loop wait for it (docs/design.md, "Less CPU per recorded event and per indexed
+        record").
         """
         job = CountAhead(self._counters["o200k_base"], texts_to_count(decoded))
         if job.chars < _COUNT_AHEAD_CHARS:
@@ -309,7 +311,8 @@ class RecordingService:
 
         Not in a worker thread: most of a plan is Python holding the GIL, and handing the GIL back and
         forth between the loop and the planning threads cost more than the overlap bought: the fleet's
-        CPU per recorded event went from 460–600 µs to 300–380 without the thread (design D14.8). Only
+        CPU per recorded event went from 460–600 µs to 300–380 without the thread (docs/design.md, "Less
+        CPU per recorded event and per indexed record"). Only
         a large batch's count, which releases the GIL, runs on a thread (``_counters_for``)."""
         steps = plan_steps(decoded, reads, self._limits, counters)
         while True:

@@ -61,7 +61,8 @@ def resolve_export(record: LedgerRecord, sources: list[LedgerRecord]) -> LedgerR
 @dataclass(frozen=True, slots=True)
 class Skeleton:
     """The smallest rendering of a committed summary: what a prepare falls back to when the full one
-    does not fit its budget (design D5.7: only what must survive)."""
+    does not fit its budget (docs/design.md, "The reduction order, and the hard limit": only what must
+    survive)."""
 
     text: str
     tokens_o200k: int
@@ -167,7 +168,7 @@ class ThreadView:
 
 
 def count_totals(records: list[LedgerRecord]) -> Counters:
-    """Counter totals of exactly these records (design D5.2 counting rules)."""
+    """Counter totals of exactly these records (docs/design.md, "Counting turns and steps")."""
     return Counters(*turns_and_steps(records))
 
 
@@ -317,7 +318,7 @@ class ViewLoader:
     async def _pinned(
         self, conn: ViewReads, session_id: str, tenant: str
     ) -> tuple[str, int, ToolCatalog | None]:
-        """The policy and tool catalog a session pinned at its first event: they never change (D3.3)."""
+        """The policy and tool catalog a session pinned at its first event: they never change."""
         key = ("pinned", session_id)
         found = self.cache.get(key)
         if isinstance(found, _Pinned):
@@ -391,7 +392,7 @@ class ViewLoader:
         self, conn: ViewReads, session_id: str, through: int, after: int
     ) -> list[LedgerRecord]:
         """A fork's history before its own records: its parent's main-thread records up to the branch
-        point, and so on up the chain (design D3.5) — read, never copied, never changed."""
+        point, and so on up the chain — read, never copied, never changed."""
         origin = await conn.select_fork(session_id)
         if origin is None:
             return []
@@ -447,7 +448,7 @@ class ViewLoader:
     ) -> list[Candidate]:
         """Summaries a run may adopt, newest coverage first: its session's earlier runs', and for a fork
         its ancestors' up to the branch point — a fork of a compacted session need not compact the
-        same history again. Adopting only points the fork's own view at the summary (D3.5)."""
+        same history again. Adopting only points the fork's own view at the summary."""
         found = await conn.candidates(session_id, thread_id, through)
         origin = await conn.select_fork(session_id)
         if origin is not None:

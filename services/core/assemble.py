@@ -12,7 +12,8 @@ at their smallest, exceed the budget does the prepare fail with ``ContextBudgetE
 
 Budget: everything sent is counted — message text, role framing, every tool call's id, name and
 arguments, a tool message's call id, the tools array as the provider is sent it. Over the input
-budget the reductions of design D5.7 run in order, each counted in the report:
+budget the reductions of docs/design.md ("The reduction order, and the hard limit") run in order, each
+counted in the report:
 1. dedup: a tool output byte-identical to one still in view becomes a one-line reference (always,
    so a context does not flip between both forms as pressure changes);
 2. trim: the newest group's outputs are cut to the room left; the summary falls back to its
@@ -154,7 +155,7 @@ class SummaryView:
     skeleton_text: str | None = None
     skeleton_o200k: int = 0
     skeleton_cl100k: int = 0
-    # The hooks that narrowed or patched it, shown with it (design D13).
+    # The hooks that narrowed or patched it, shown with it.
     hooks: tuple[SummaryHook, ...] = ()
 
     def tokens(self, encoding: str) -> int:
@@ -288,7 +289,7 @@ class _Inputs:
     context_tools: bool = False
     memo: ViewMemo | None = None
     # The view tokens that keep the context GREEN: optional material goes and older outputs are masked
-    # to get under it (design D12), never the newest group, the summary or any history.
+    # to get under it (its water level), never the newest group, the summary or any history.
     green_room: int | None = None
 
 
@@ -515,7 +516,7 @@ def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
 
 
 def _green_view_room(input_budget: int, window: WindowPolicy | None, schema_tokens: int) -> int | None:
-    """The view tokens that keep the context GREEN, when its level trims it (design D12).
+    """The view tokens that keep the context GREEN, when its level trims it.
 
     Only a ``rollover`` window trims at YELLOW: it ends at the red line, so what it leaves out early
     is room the next steps get. A ``summary`` window is compacted from ``context_ratio`` on instead,
@@ -1370,7 +1371,7 @@ def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
 
 
 def _for_purpose(blocks: list[DraftBlock], purpose: Purpose) -> list[DraftBlock]:
-    """The blocks a purpose's context is made of (design D4.1)."""
+    """The blocks a purpose's context is made of."""
     match purpose:
         case Purpose.ACTION | Purpose.COMPACTION:
             return blocks
@@ -1444,7 +1445,7 @@ def _addition_block(addition: GatewayAddition, index: int) -> DraftBlock:
 def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
     """Current facts with status and source: the slice the requested tools declare they read, or all.
 
-    Placed last: it changes with every patch, and volatile parts go last (design D4.3).
+    Placed last: it changes with every patch, and volatile parts go last.
     """
     if not snapshot.facts:
         return None
@@ -1574,7 +1575,8 @@ def _calibrate(
     encoding: EncodingName,
     budget: BudgetSpec,
 ) -> tuple[int, str]:
-    """Provider usage of the last response plus local counts of what came after it (design D4.4),
+    """Provider usage of the last response plus local counts of what came after it (docs/design.md,
+    "Provider usage calibrates the count"),
     the local part as the provider counts it (times the profile's calibration factor)."""
     factor = budget.calibration_factor
     usage = request.usage

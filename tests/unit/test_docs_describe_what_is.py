@@ -11,25 +11,21 @@ Docs: the prose of README.md and docs/**/*.md. Allowed: fenced code blocks and i
 Code: every line of every text file in ``CODE`` (comments, docstrings and strings alike, Python, SQL,
 YAML, Makefile …). Allowed: the data and vendored files of ``ALLOWED_PATHS``, and the single values of
 ``ALLOWED_TEXT`` that are data in a test's input.
-
-``DESIGN_IDS_UNTIL_REWRITTEN`` lets design-decision numbers stand, for now, in files and sections of
-docs/design.md that are being rewritten or deleted apart from the rest; it is to be emptied.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.docs_text import ROOT, prose_lines, slug, user_docs
+from tests.unit.docs_text import ROOT, prose_lines, user_docs
 
-_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 _MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
 _MONTHS_SHORT = r"(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.?"
-_DESIGN_ID = "a design-decision id"
+
 FORBIDDEN = {
     "an issue number": re.compile(r"\bissues? #?\d+", re.IGNORECASE),
     "a work session's number": re.compile(r"\bsessions? #?\d+\b", re.IGNORECASE),
@@ -38,29 +34,7 @@ FORBIDDEN = {
         rf"\b(?:{_MONTHS}|{_MONTHS_SHORT}) (?:\d{{1,2}}|\d{{4}})\b|\b\d{{4}}-\d{{2}}-\d{{2}}\b"
     ),
     # "D14.21", or a whole chapter as "design D3".
-    _DESIGN_ID: re.compile(r"\bD\d{1,2}\.\d{1,2}\b|\bdesign D\d{1,2}\b(?!\.\d)"),
-}
-
-
-# Files, and sections of docs/design.md (by anchor), whose design-decision numbers go with a rewrite
-# of their own made apart from the one that named design.md's sections; empty it once those are in.
-DESIGN_IDS_UNTIL_REWRITTEN = {
-    "services/app/preparing.py",
-    "services/app/notices.py",
-    "services/app/view_trust.py",
-    "services/app/calibrations.py",
-    "services/app/recording.py",
-    "services/app/views.py",
-    "services/core/assemble.py",
-    "services/core/known_threads.py",
-    "services/core/advances.py",
-    "workers/local_notices.py",
-    "workers/responder.py",
-    "docs/design.md#a-pure-prepare-trusts-the-view-its-process-was-told-about",
-    "docs/design.md#a-steps-view-is-handed-over-by-the-recorder-that-committed-its-event",
-    "docs/design.md#calibrations-are-announced-and-a-view-is-trusted-past-an-agents-pause",
-    "docs/design.md#an-agents-next-step-is-planned-from-what-the-recorder-wrote-without-a-read",
-    "docs/design.md#a-prepare-waiting-for-its-own-processs-recorder-asks-the-ledger-nothing",
+    "a design-decision id": re.compile(r"\bD\d{1,2}\.\d{1,2}\b|\bdesign D\d{1,2}\b(?!\.\d)"),
 }
 
 
@@ -72,22 +46,11 @@ def _references(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str, st
                 yield number, what, match.group(0)
 
 
-def findings(
-    path: Path, root: Path = ROOT, until_rewritten: Collection[str] = DESIGN_IDS_UNTIL_REWRITTEN
-) -> list[str]:
-    """``file:line: what`` for every forbidden reference in the prose of one Markdown file; a design
-    id is let stand in the sections (``file#anchor``) of ``until_rewritten``."""
-    text = path.read_text(encoding="utf-8")
+def findings(path: Path, root: Path = ROOT) -> list[str]:
+    """``file:line: what`` for every forbidden reference in the prose of one Markdown file."""
     where = path.relative_to(root).as_posix()
-    section = ""
-    found = []
-    for number, line in prose_lines(text):
-        if heading := _HEADING.match(line):
-            section = slug(heading.group(1))
-        for _, what, match in _references([(number, line)]):
-            if what != _DESIGN_ID or f"{where}#{section}" not in until_rewritten:
-                found.append(f"{where}:{number}: {what}: {match!r}")
-    return found
+    lines = prose_lines(path.read_text(encoding="utf-8"))
+    return [f"{where}:{number}: {what}: {match!r}" for number, what, match in _references(lines)]
 
 
 # The words the examples below put before a number, kept apart so this file does not match itself.
@@ -106,10 +69,10 @@ def test_docs_describe_what_is_check_names_file_and_line_of_each_reference(tmp_p
         f"# x\n\nMet {ISSUE} 16's goal in {SESSION} 42.\n\n{MONTH} 6: faster (design D{14}.24).\n\n"
         f"40 sessions, the session's runs, `{SESSION} 7`, [design D5.7](design.md#d57), `D{5}.7`.\n\n"
         f"```\n{MONTH} 6, {ISSUE} 3, D{5}.7\n```\n\n"
-        f"## Being rewritten\n\nAs D{14}.17 says, in {SESSION} 9.\n",
+        f"## Later\n\nAs D{14}.17 says, in {SESSION} 9.\n",
         encoding="utf-8",
     )
-    got = findings(doc, root=tmp_path, until_rewritten={"docs/x.md#being-rewritten"})
+    got = findings(doc, root=tmp_path)
     assert got == [
         f"docs/x.md:3: an issue number: '{ISSUE} 16'",
         f"docs/x.md:3: a work session's number: '{SESSION} 42'",
@@ -117,6 +80,7 @@ def test_docs_describe_what_is_check_names_file_and_line_of_each_reference(tmp_p
         f"docs/x.md:5: a design-decision id: 'D{14}.24'",
         f"docs/x.md:7: a design-decision id: 'D{5}.7'",
         f"docs/x.md:15: a work session's number: '{SESSION} 9'",
+        f"docs/x.md:15: a design-decision id: 'D{14}.17'",
     ]
 
 
@@ -187,11 +151,10 @@ def code_findings(path: Path, root: Path = ROOT) -> list[str]:
     where = path.relative_to(root).as_posix()
     allowed = ALLOWED_TEXT.get(where, set())
     numbered = enumerate(text.splitlines(), start=1)
-    pending = _within(where, DESIGN_IDS_UNTIL_REWRITTEN)
     return [
         f"{where}:{number}: {what}: {found!r}"
         for number, what, found in _references(numbered)
-        if found not in allowed and not (pending and what == _DESIGN_ID)
+        if found not in allowed
     ]
 
 
@@ -202,19 +165,6 @@ def test_code_describes_what_is_without_issue_session_or_date_references(name: s
 
 def test_code_describes_what_is_allowances_name_what_exists() -> None:
     missing = [where for where in ALLOWED_PATHS if not (ROOT / where).exists()]
-    # A file or section let keep its design ids until it is rewritten still holds one, or leaves the list.
-    pattern = FORBIDDEN[_DESIGN_ID]
-    for where in sorted(DESIGN_IDS_UNTIL_REWRITTEN):
-        file, _, anchor = where.partition("#")
-        top = ROOT / file
-        if anchor:
-            others = DESIGN_IDS_UNTIL_REWRITTEN - {where}
-            held = top.is_file() and len(findings(top, until_rewritten=others)) > len(findings(top))
-        else:
-            paths = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
-            held = any(pattern.search(p.read_text(encoding="utf-8")) for p in paths)
-        if not held:
-            missing.append(f"{where}: no design id left (or gone): take it off DESIGN_IDS_UNTIL_REWRITTEN")
     missing += [
         f"{where}: {text}"
         for where, texts in ALLOWED_TEXT.items()
