@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
 import json
 import logging
@@ -21,7 +20,6 @@ from pydantic import BaseModel, ValidationError
 from contracts import (
     CompactReply,
     CompactRequest,
-    ContextPolicy,
     ModelProfile,
     PreparedContext,
     PrepareRequest,
@@ -41,7 +39,7 @@ from services.edge.evaluating import EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
-from services.settings import Settings, load_settings, parse_nats_urls, redact_url
+from services.settings import Settings, default_data_dir, load_settings, parse_nats_urls, redact_url
 from services.store.connect import create_pool
 from services.core.trace import TraceFormatError, TraceLine, read_trace
 
@@ -69,16 +67,23 @@ from .runtime import (
 from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
-from workers.console import console_url
+from workers.console import console_url, local_url
+from .startup_replay import (
+    SAMPLE,
+    SAMPLE_BUDGET,
+    StartupReplay,
+    closing_lines,
+    context_command,
+    replay_under_budget,
+    replay_until_compacted,
+)
 
 __all__ = [
     "CliError",
-    "DEFAULT_SAMPLE",
     "main",
 ]
 
 log = logging.getLogger("ctxfleet")
-DEFAULT_SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
 
 
 class CliError(Exception):
@@ -168,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
         "--replay", type=Path, action="append", default=None, help="trace to replay once up (repeatable)"
     )
     up.add_argument("--no-replay", action="store_true", help="do not replay the bundled sample")
+    up.add_argument(
+        "--budget",
+        type=int,
+        default=SAMPLE_BUDGET,
+        help=f"input budget (tokens) of the startup replays (default {SAMPLE_BUDGET}: the sample compacts)",
+    )
     up.add_argument("--exit-after-replay", action="store_true", help="stop once the replays are done")
     up.set_defaults(func=_cmd_up)
 
@@ -290,6 +301,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     started = time.perf_counter()
+    if args.budget <= 0:
+        raise CliError("--budget must be positive")
     # First of all, and for the life of the process: one fleet per data folder (see infra.datafolder).
     lock = lock_data_folder(settings.embedded.data_dir)
     try:
@@ -322,18 +335,18 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
             flush=True,
         )
         print(f"ctxfleet: console {console_url(settings.process.http_host, fleet.http_port)}", flush=True)
-        traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
+        traces = [] if args.no_replay else (args.replay or [SAMPLE])
         for trace in traces:
             if stop.is_set() or supervisor.done():
                 break
-            replay = asyncio.create_task(
-                _replay(settings, servers.nats_urls, trace, ReplayOptions(session_id=_session_id()))
-            )
+            replay = asyncio.create_task(_startup_replay(settings, servers.nats_urls, trace, args.budget))
             if not await _first_of(replay, stop, supervisor):
                 print(f"ctxfleet: replay of {trace.name} interrupted", flush=True)
                 break
             try:
-                _print_summary(trace, replay.result())
+                _print_startup_replay(
+                    replay.result(), settings, fleet.http_port or settings.process.http_port
+                )
             except Exception as exc:  # a demonstration replay: whatever broke it, say so and keep serving
                 print(
                     f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving",
@@ -371,7 +384,7 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
 
 
 async def _first_of(
-    work: asyncio.Task[ReplayReport] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]
+    work: asyncio.Task[StartupReplay] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]
 ) -> bool:
     """Wait for ``work``, Ctrl-C or the supervisor giving up; ``True`` if ``work`` finished first.
 
@@ -462,15 +475,31 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _replay(
-    settings: Settings,
-    nats_urls: tuple[str, ...],
-    trace: Path,
-    options: ReplayOptions,
-    *,
-    policy_budget: int | None = None,
-) -> ReplayReport:
-    return await _replay_lines(settings, nats_urls, read_trace(trace), options, policy_budget=policy_budget)
+async def _startup_replay(
+    settings: Settings, nats_urls: tuple[str, ...], trace: Path, budget: int
+) -> StartupReplay:
+    lines = read_trace(trace)
+    async with await _connect(settings, nats_urls, "ctxfleet-replay") as client:
+        return await replay_until_compacted(
+            client, trace, lines, ReplayOptions(session_id=_session_id()), budget
+        )
+
+
+def _print_startup_replay(replay: StartupReplay, settings: Settings, http_port: int) -> None:
+    host = settings.process.http_host
+    data_dir = settings.embedded.data_dir
+    lines = closing_lines(
+        replay,
+        context=context_command(
+            replay.thread_id,
+            replay.budget,
+            tenant=settings.process.tenant,
+            data_dir=None if data_dir == default_data_dir() else data_dir,
+        ),
+        console=console_url(host, http_port) + f"threads/{replay.thread_id}",
+        metrics=local_url(host, http_port, "/metrics"),
+    )
+    print("\n".join(lines), flush=True)
 
 
 async def _replay_lines(
@@ -484,12 +513,7 @@ async def _replay_lines(
 ) -> ReplayReport:
     async with await _connect(settings, nats_urls, "ctxfleet-replay") as client:
         if policy_budget is not None:
-            # The session runs under a policy whose input budget is the replay's budget.
-            policy = ContextPolicy(
-                name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget
-            )
-            await client.register_policy(policy)
-            options = dataclasses.replace(options, policy=policy.name)
+            return await replay_under_budget(client, lines, options, policy_budget, on_event=on_event)
         return await replay_trace(client, lines, options, on_event=on_event)
 
 
