@@ -9,6 +9,7 @@ import logging
 import shlex
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from services.edge.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
-from services.edge.evaluating import EvalReport, EvalTrace, evaluate
+from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
@@ -278,11 +279,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", type=Path, dest="json_out", help="write every figure here")
     ev.add_argument(
         "--fleet",
-        choices=["auto", "running", "in-process"],
-        default="auto",
+        choices=["in-process", "running"],
+        default="in-process",
         help=(
-            "a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: "
-            "running if found)"
+            "in-process (default): workers in this process on embedded servers of their own, a running "
+            f"fleet left alone; running: the running fleet (CTX_NATS_URL or 'make run'), as tenant "
+            f"'{EVAL_TENANT}' unless --tenant names one"
         ),
     )
     ev.add_argument(
@@ -983,17 +985,17 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     for path in paths:
         lines = read_trace(path)
         traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
-    running = args.fleet == "running" or (
-        args.fleet == "auto" and (settings.bus.nats_url or read_endpoints(settings.embedded.data_dir))
-    )
-    if running:
+    # Its sessions are a tenant's of their own: on a shared fleet, never among a person's sessions.
+    settings = settings.replace(tenant=args.tenant or EVAL_TENANT)
+    if args.fleet == "running":
+        print(
+            f"ctxfleet: evaluating on the running fleet, as tenant {settings.process.tenant!r}",
+            file=sys.stderr,
+            flush=True,
+        )
         report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets))
     else:
-        servers = start_servers(settings)
-        try:
-            report = asyncio.run(_eval_in_process(settings, servers, traces, budgets))
-        finally:
-            servers.stop()
+        report = _eval_in_process(settings, traces, budgets)
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
     if args.json_out:
@@ -1016,10 +1018,26 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _eval_in_process(
+def _eval_in_process(settings: Settings, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+    """Workers in this process, on servers of their own: a fleet that serves here is left alone.
+
+    The servers are embedded ones in a temporary folder, removed afterwards, unless ``CTX_NATS_URL``
+    and ``CTX_DATABASE_URL`` both name servers to use. No HTTP port: a serving fleet may hold it.
+    """
+    with tempfile.TemporaryDirectory(prefix="ctxfleet-eval-") as folder:
+        settings = settings.replace(http_port=0)
+        if settings.bus.nats_url is None or settings.store.database_dsn is None:
+            settings = settings.replace(nats_url=None, database_url=None, data_dir=Path(folder), nats_port=0)
+        servers = start_servers(settings)
+        try:
+            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets))
+        finally:
+            servers.stop()
+
+
+async def _eval_on_own_fleet(
     settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]
 ) -> EvalReport:
-    """Workers in this process, on ``servers``: ``ctxfleet eval`` needs no second terminal."""
     fleet = await start_fleet(settings, servers)
     try:
         return await _eval_on(settings, servers.nats_urls, traces, budgets)

@@ -9,9 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,44 +38,6 @@ def _ctxfleet(*args: str, env: dict[str, str], timeout: float = 120) -> subproce
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture
-def serving_fleet(streams: str, database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """`ctxfleet up --no-replay` on the test servers; yields the env of a second terminal."""
-    data_dir = tmp_path / "data"
-    env = {
-        **os.environ,
-        "CTX_NATS_URL": streams,
-        "CTX_DATABASE_URL": database_url,
-        "CTX_DATA_DIR": str(data_dir),
-        "CTX_PARTITIONS": "4",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            if "serving" in line:
-                break
-            assert time.monotonic() < deadline, "fleet did not come up"
-        else:
-            pytest.fail(f"fleet exited: {proc.wait()}")
-        # The second terminal knows nothing but the checkout: no URLs, only the data folder.
-        second = {k: v for k, v in env.items() if k not in ("CTX_NATS_URL", "CTX_DATABASE_URL")}
-        yield second
-    finally:
-        proc.send_signal(2)  # Ctrl-C
-        out = proc.communicate(timeout=30)[0]
-        assert proc.returncode == 0, out
-        assert "stopped cleanly" in out
 
 
 def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(
