@@ -65,7 +65,8 @@ bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)
 
 ## What the model sees at 4k/8k/16k/32k on the bundled samples, beside full/window/masking (see docs/eval.md).
-## Then again with a 4.7k-token system prompt, at the budgets where it fits. Uses a running fleet if there is one.
+## Then again with a 4.7k-token system prompt, at the budgets where it fits. In this process, on servers of its own:
+## a running fleet is left alone ('ctxfleet eval --fleet running' uses it, as the tenant 'eval').
 eval: $(STAMP)
 	$(VENV)/bin/ctxfleet eval --budget 4000 8000 16000 32000 --json out/eval.json
 	$(VENV)/bin/ctxfleet eval --budget 8000 16000 32000 --system-prompt infra/samples/system-prompt-large.txt --json out/eval-large-prompt.json

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import asyncio
 import json
 import logging
 import shlex
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,7 +21,6 @@ from pydantic import BaseModel, ValidationError
 from contracts import (
     CompactReply,
     CompactRequest,
-    ContextPolicy,
     ModelProfile,
     PreparedContext,
     PrepareRequest,
@@ -37,11 +36,11 @@ from services.edge.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
-from services.edge.evaluating import EvalReport, EvalTrace, evaluate
+from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
-from services.settings import Settings, load_settings, parse_nats_urls, redact_url
+from services.settings import Settings, default_data_dir, load_settings, parse_nats_urls, redact_url
 from services.store.connect import create_pool
 from services.core.trace import TraceFormatError, TraceLine, read_trace
 
@@ -69,16 +68,23 @@ from .runtime import (
 from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
-from workers.console import console_url
+from workers.console import console_url, local_url
+from .startup_replay import (
+    SAMPLE,
+    SAMPLE_BUDGET,
+    StartupReplay,
+    closing_lines,
+    context_command,
+    replay_under_budget,
+    replay_until_compacted,
+)
 
 __all__ = [
     "CliError",
-    "DEFAULT_SAMPLE",
     "main",
 ]
 
 log = logging.getLogger("ctxfleet")
-DEFAULT_SAMPLE = SAMPLES_DIR / "tau-bench__gpt-4o-airline_task024_trial0.jsonl"
 
 
 class CliError(Exception):
@@ -168,6 +174,12 @@ def _parser() -> argparse.ArgumentParser:
         "--replay", type=Path, action="append", default=None, help="trace to replay once up (repeatable)"
     )
     up.add_argument("--no-replay", action="store_true", help="do not replay the bundled sample")
+    up.add_argument(
+        "--budget",
+        type=int,
+        default=SAMPLE_BUDGET,
+        help=f"input budget (tokens) of the startup replays (default {SAMPLE_BUDGET}: the sample compacts)",
+    )
     up.add_argument("--exit-after-replay", action="store_true", help="stop once the replays are done")
     up.set_defaults(func=_cmd_up)
 
@@ -267,11 +279,12 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", type=Path, dest="json_out", help="write every figure here")
     ev.add_argument(
         "--fleet",
-        choices=["auto", "running", "in-process"],
-        default="auto",
+        choices=["in-process", "running"],
+        default="in-process",
         help=(
-            "a running fleet (CTX_NATS_URL or 'make run'), or start one in this process (auto: "
-            "running if found)"
+            "in-process (default): workers in this process on embedded servers of their own, a running "
+            f"fleet left alone; running: the running fleet (CTX_NATS_URL or 'make run'), as tenant "
+            f"'{EVAL_TENANT}' unless --tenant names one"
         ),
     )
     ev.add_argument(
@@ -290,6 +303,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     started = time.perf_counter()
+    if args.budget <= 0:
+        raise CliError("--budget must be positive")
     # First of all, and for the life of the process: one fleet per data folder (see infra.datafolder).
     lock = lock_data_folder(settings.embedded.data_dir)
     try:
@@ -322,18 +337,18 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
             flush=True,
         )
         print(f"ctxfleet: console {console_url(settings.process.http_host, fleet.http_port)}", flush=True)
-        traces = [] if args.no_replay else (args.replay or [DEFAULT_SAMPLE])
+        traces = [] if args.no_replay else (args.replay or [SAMPLE])
         for trace in traces:
             if stop.is_set() or supervisor.done():
                 break
-            replay = asyncio.create_task(
-                _replay(settings, servers.nats_urls, trace, ReplayOptions(session_id=_session_id()))
-            )
+            replay = asyncio.create_task(_startup_replay(settings, servers.nats_urls, trace, args.budget))
             if not await _first_of(replay, stop, supervisor):
                 print(f"ctxfleet: replay of {trace.name} interrupted", flush=True)
                 break
             try:
-                _print_summary(trace, replay.result())
+                _print_startup_replay(
+                    replay.result(), settings, fleet.http_port or settings.process.http_port
+                )
             except Exception as exc:  # a demonstration replay: whatever broke it, say so and keep serving
                 print(
                     f"ctxfleet: replay of {trace.name} failed ({_one_line(exc)}); the fleet keeps serving",
@@ -371,7 +386,7 @@ async def _up(args: argparse.Namespace, settings: Settings, servers: Servers, st
 
 
 async def _first_of(
-    work: asyncio.Task[ReplayReport] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]
+    work: asyncio.Task[StartupReplay] | None, stop: asyncio.Event, supervisor: asyncio.Task[NoReturn]
 ) -> bool:
     """Wait for ``work``, Ctrl-C or the supervisor giving up; ``True`` if ``work`` finished first.
 
@@ -462,15 +477,31 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def _replay(
-    settings: Settings,
-    nats_urls: tuple[str, ...],
-    trace: Path,
-    options: ReplayOptions,
-    *,
-    policy_budget: int | None = None,
-) -> ReplayReport:
-    return await _replay_lines(settings, nats_urls, read_trace(trace), options, policy_budget=policy_budget)
+async def _startup_replay(
+    settings: Settings, nats_urls: tuple[str, ...], trace: Path, budget: int
+) -> StartupReplay:
+    lines = read_trace(trace)
+    async with await _connect(settings, nats_urls, "ctxfleet-replay") as client:
+        return await replay_until_compacted(
+            client, trace, lines, ReplayOptions(session_id=_session_id()), budget
+        )
+
+
+def _print_startup_replay(replay: StartupReplay, settings: Settings, http_port: int) -> None:
+    host = settings.process.http_host
+    data_dir = settings.embedded.data_dir
+    lines = closing_lines(
+        replay,
+        context=context_command(
+            replay.thread_id,
+            replay.budget,
+            tenant=settings.process.tenant,
+            data_dir=None if data_dir == default_data_dir() else data_dir,
+        ),
+        console=console_url(host, http_port) + f"threads/{replay.thread_id}",
+        metrics=local_url(host, http_port, "/metrics"),
+    )
+    print("\n".join(lines), flush=True)
 
 
 async def _replay_lines(
@@ -484,12 +515,7 @@ async def _replay_lines(
 ) -> ReplayReport:
     async with await _connect(settings, nats_urls, "ctxfleet-replay") as client:
         if policy_budget is not None:
-            # The session runs under a policy whose input budget is the replay's budget.
-            policy = ContextPolicy(
-                name=f"budget-{policy_budget}", model_profile=None, budget_tokens=policy_budget
-            )
-            await client.register_policy(policy)
-            options = dataclasses.replace(options, policy=policy.name)
+            return await replay_under_budget(client, lines, options, policy_budget, on_event=on_event)
         return await replay_trace(client, lines, options, on_event=on_event)
 
 
@@ -959,17 +985,17 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     for path in paths:
         lines = read_trace(path)
         traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
-    running = args.fleet == "running" or (
-        args.fleet == "auto" and (settings.bus.nats_url or read_endpoints(settings.embedded.data_dir))
-    )
-    if running:
+    # Its sessions are a tenant's of their own: on a shared fleet, never among a person's sessions.
+    settings = settings.replace(tenant=args.tenant or EVAL_TENANT)
+    if args.fleet == "running":
+        print(
+            f"ctxfleet: evaluating on the running fleet, as tenant {settings.process.tenant!r}",
+            file=sys.stderr,
+            flush=True,
+        )
         report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets))
     else:
-        servers = start_servers(settings)
-        try:
-            report = asyncio.run(_eval_in_process(settings, servers, traces, budgets))
-        finally:
-            servers.stop()
+        report = _eval_in_process(settings, traces, budgets)
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
     if args.json_out:
@@ -992,10 +1018,26 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _eval_in_process(
+def _eval_in_process(settings: Settings, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+    """Workers in this process, on servers of their own: a fleet that serves here is left alone.
+
+    The servers are embedded ones in a temporary folder, removed afterwards, unless ``CTX_NATS_URL``
+    and ``CTX_DATABASE_URL`` both name servers to use. No HTTP port: a serving fleet may hold it.
+    """
+    with tempfile.TemporaryDirectory(prefix="ctxfleet-eval-") as folder:
+        settings = settings.replace(http_port=0)
+        if settings.bus.nats_url is None or settings.store.database_dsn is None:
+            settings = settings.replace(nats_url=None, database_url=None, data_dir=Path(folder), nats_port=0)
+        servers = start_servers(settings)
+        try:
+            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets))
+        finally:
+            servers.stop()
+
+
+async def _eval_on_own_fleet(
     settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]
 ) -> EvalReport:
-    """Workers in this process, on ``servers``: ``ctxfleet eval`` needs no second terminal."""
     fleet = await start_fleet(settings, servers)
     try:
         return await _eval_on(settings, servers.nats_urls, traces, budgets)

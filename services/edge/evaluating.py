@@ -32,6 +32,7 @@ from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 
 __all__ = [
+    "EVAL_TENANT",
     "EvalReport",
     "EvalTrace",
     "FleetRun",
@@ -40,6 +41,10 @@ __all__ = [
     "policy_name",
     "run_through_fleet",
 ]
+
+
+# The tenant ``ctxfleet eval`` speaks for, unless told: its sessions never crowd a person's own.
+EVAL_TENANT = "eval"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.core.trace import read_trace
-from tests.e2e.test_replay_cli import SAMPLE, _ctxfleet, serving_fleet  # noqa: F401  (the fixture)
+from tests.e2e.test_replay_cli import SAMPLE, _ctxfleet
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
 

@@ -2,7 +2,9 @@
 
 The assertions are the context manager's goals, used as the specification: no failed prepare while the
 required content fits; the task, every written file and the head of the last tool outcome in
-every context whose full history no longer fits.
+every context whose full history no longer fits. And a fleet serving beside it keeps its sessions
+to itself: eval runs on servers of its own unless told to use the running fleet, and then as a
+tenant of its own.
 """
 
 from __future__ import annotations
@@ -125,3 +127,47 @@ def test_every_probed_context_shows_the_task_the_files_written_and_the_last_outc
     tally = _fleet(evaluation)["probes"][probe]
     assert tally["total"] > 0
     assert tally["passed"] == tally["total"], [m for m in _fleet(evaluation)["misses"] if m["probe"] == probe]
+
+
+# The shortest bundled trace at one budget: the smallest evaluation that writes sessions.
+SMALL = SAMPLES_DIR / "swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
+
+
+def test_eval_leaves_a_running_fleet_alone_unless_asked_and_then_writes_only_under_its_own_tenant(
+    serving_fleet: dict[str, str], database_url: str
+) -> None:
+    replayed = _cli("replay", str(SMALL), "-q", env=serving_fleet)
+    assert replayed.returncode == 0, replayed.stderr
+    before = asyncio.run(_sessions(database_url))
+    assert [tenant for tenant, _ in before] == ["default"]
+
+    alone = _cli("eval", str(SMALL), "--budget", "4000", env=serving_fleet)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert asyncio.run(_sessions(database_url)) == before
+
+    asked = _cli("eval", str(SMALL), "--budget", "4000", "--fleet", "running", env=serving_fleet)
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert "as tenant 'eval'" in asked.stderr
+    after = asyncio.run(_sessions(database_url))
+    added = sorted(set(after) - set(before))
+    assert set(before) <= set(after) and added and {tenant for tenant, _ in added} == {"eval"}
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+
+
+async def _sessions(url: str) -> list[tuple[str, str]]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT tenant, session_id FROM ctx.sessions ORDER BY tenant, session_id")
+    finally:
+        await conn.close()
+    return [(r["tenant"], r["session_id"]) for r in rows]

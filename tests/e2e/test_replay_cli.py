@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,8 @@ from contracts import PreparedContext
 from infra import SAMPLES_DIR
 from infra.credentials import load_credentials
 from infra.embedded import EmbeddedPostgres
+from infra.startup_replay import SAMPLE as STARTUP_SAMPLE
+from infra.startup_replay import SAMPLE_BUDGET
 from services.core.trace import read_trace
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
@@ -33,44 +38,6 @@ def _ctxfleet(*args: str, env: dict[str, str], timeout: float = 120) -> subproce
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture
-def serving_fleet(streams: str, database_url: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """`ctxfleet up --no-replay` on the test servers; yields the env of a second terminal."""
-    data_dir = tmp_path / "data"
-    env = {
-        **os.environ,
-        "CTX_NATS_URL": streams,
-        "CTX_DATABASE_URL": database_url,
-        "CTX_DATA_DIR": str(data_dir),
-        "CTX_PARTITIONS": "4",
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infra.cli", "up", "--no-replay"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:
-            if "serving" in line:
-                break
-            assert time.monotonic() < deadline, "fleet did not come up"
-        else:
-            pytest.fail(f"fleet exited: {proc.wait()}")
-        # The second terminal knows nothing but the checkout: no URLs, only the data folder.
-        second = {k: v for k, v in env.items() if k not in ("CTX_NATS_URL", "CTX_DATABASE_URL")}
-        yield second
-    finally:
-        proc.send_signal(2)  # Ctrl-C
-        out = proc.communicate(timeout=30)[0]
-        assert proc.returncode == 0, out
-        assert "stopped cleanly" in out
 
 
 def test_replay_against_running_fleet_writes_report_and_ordered_context_dumps(
@@ -138,6 +105,91 @@ def test_replay_with_a_small_budget_compacts_and_never_exceeds_it(
     assert data["totals"]["prepared_tokens_sum"] < data["totals"]["full_history_tokens_sum"] / 2
 
 
+def test_up_replays_the_sample_until_it_compacts_and_ends_with_a_context_line_that_works(
+    streams: str, database_url: str, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "CTX_NATS_URL": streams,
+        "CTX_DATABASE_URL": database_url,
+        "CTX_DATA_DIR": str(tmp_path / "data"),
+        "CTX_PARTITIONS": "4",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infra.cli", "up"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if "serving" in line:
+                break
+        else:
+            pytest.fail(f"fleet exited {proc.wait()}:\n{''.join(printed)}")
+        closing = _closing_block("".join(printed))
+        assert closing["compactions"] >= 1, printed
+        # The thread as the replay left it: a compaction committed, its summary in the view.
+        assert _summaries(database_url, closing["thread"]) >= 1
+        # Pasted into a second terminal, which knows nothing but the checkout.
+        words = shlex.split(closing["context"])
+        second = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+        while "=" in words[0]:
+            name, _, value = words.pop(0).partition("=")
+            second[name] = value
+        assert words[0] == ".venv/bin/ctxfleet"
+        shown = subprocess.run(
+            [sys.executable, "-m", "infra.cli", *words[1:]],
+            cwd=ROOT,
+            env=second,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"Context {closing['thread']}" in shown.stdout and "summary" in shown.stdout
+        with urllib.request.urlopen(closing["console"], timeout=10) as page:
+            assert closing["thread"] in page.read().decode()
+        with urllib.request.urlopen(closing["metrics"], timeout=10) as metrics:
+            assert "ctx_" in metrics.read().decode()
+    finally:
+        proc.send_signal(2)  # Ctrl-C
+        out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 0 and "stopped cleanly" in out, out
+
+
+def _closing_block(stdout: str) -> dict[str, Any]:
+    """The figures and lines that close the startup replay (infra.startup_replay.closing_lines)."""
+    figures = re.search(r"^  (\d+) events, \d+ prepares .*?, (\d+) compactions?", stdout, re.M)
+    assert figures is not None, stdout
+    block: dict[str, Any] = {"events": int(figures[1]), "compactions": int(figures[2])}
+    for name in ("thread", "context", "console", "metrics"):
+        found = re.search(rf"^  {name} +(\S.*)$", stdout, re.M)
+        assert found is not None, f"no {name} line in:\n{stdout}"
+        block[name] = found[1]
+    return block
+
+
+def _summaries(database_url: str, thread_id: str) -> int:
+    async def count() -> int:
+        import asyncpg
+
+        conn = await asyncpg.connect(database_url)
+        try:
+            return int(
+                await conn.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", thread_id)
+            )
+        finally:
+            await conn.close()
+
+    return asyncio.run(count())
+
+
 def test_replay_without_a_running_fleet_says_how_to_start_one(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
     env["CTX_DATA_DIR"] = str(tmp_path / "nothing-here")
@@ -154,15 +206,17 @@ def test_up_on_embedded_servers_replays_the_sample_and_a_second_run_reuses_the_d
     for _ in range(2):
         result = _ctxfleet("up", "--exit-after-replay", env=env, timeout=180)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "events recorded" in result.stdout and "prepare latency p50" in result.stdout
+        closing = _closing_block(result.stdout)
+        assert closing["events"] == len(read_trace(STARTUP_SAMPLE)) and closing["compactions"] >= 1
+        assert closing["context"].endswith(f"context {closing['thread']} --budget {SAMPLE_BUDGET}")
+        assert closing["console"].endswith(f"/console/threads/{closing['thread']}")
+        assert closing["metrics"].endswith("/metrics")
     # The cluster now requires the superuser's generated password (infra.credentials).
     creds = load_credentials(tmp_path / "data")
     assert creds is not None
     pg = EmbeddedPostgres(tmp_path / "data" / "postgres", password=creds.postgres)
     url = pg.start()
     try:
-        import asyncio
-
         import asyncpg
 
         async def sessions() -> int:

@@ -22,7 +22,7 @@ from services.errors import CtxError, StoreUnavailable, ThreadNotFound
 
 from .reading import ConsoleStore, prepare_context, read_search, read_session, read_sessions, read_thread
 
-__all__ = ["StoreSource", "console_app", "console_url"]
+__all__ = ["StoreSource", "console_app", "console_url", "local_url"]
 
 # The store of the running process, or ``None`` while it starts (or after it stopped).
 StoreSource = Callable[[], ConsoleStore | None]
@@ -148,7 +148,10 @@ def console_app(source: StoreSource, *, remote: bool = False) -> Starlette:
 
 def console_url(host: str, port: int | None) -> str:
     """Where a person on this machine opens the console served on ``host:port``."""
-    if not port:
-        return "not served (CTX_HTTP_PORT=0)"
+    return local_url(host, port, "/console/") if port else "not served (CTX_HTTP_PORT=0)"
+
+
+def local_url(host: str, port: int, path: str) -> str:
+    """Where a person on this machine opens ``path`` of the routes served on ``host:port`` (``/metrics``)."""
     shown = "127.0.0.1" if host in ("", "0.0.0.0") else "[::1]" if host == "::" else host
-    return f"http://{f'[{shown}]' if ':' in shown and not shown.startswith('[') else shown}:{port}/console/"
+    return f"http://{f'[{shown}]' if ':' in shown and not shown.startswith('[') else shown}:{port}{path}"
