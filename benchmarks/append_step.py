@@ -4,8 +4,9 @@ Nearly every prepare follows a new record (the runtime publishes, then prepares 
 figure that matters is not a prepare of an unchanged view but one right after an append. One thread
 of small tool groups (a call and its output, a user message every 10 groups) grows a record at a time
 from 40 to 900 records under the gpt-4o profile (no compaction: everything fits); after every record
-``assemble_context`` runs on the thread's view with the view memo kept across steps, as the assembler
-runs it, in this process (no servers: the figure is the assembly alone). Reported per size band:
+the thread's view is assembled with its view memo and the view cache kept across steps
+(``assemble_reusing``), as the assembler runs it, in this process (no servers: the figure is the
+assembly alone). Reported per size band:
 p50 / p90 of the step after an append, and of a second prepare of the same view (nothing changed).
 
 ``make bench BENCH_ARGS="--only append"``
@@ -16,7 +17,8 @@ from __future__ import annotations
 import time
 
 from contracts import PrepareRequest
-from services.core.assemble import ThreadSnapshot, assemble_context
+from services.app.view_cache import ViewCache, assemble_reusing
+from services.core.assemble import ThreadSnapshot
 from services.core.budget import resolve_budget
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
@@ -54,7 +56,7 @@ def bench_append() -> dict[str, object]:
         session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o"
     )
     budget, counter = resolve_budget(request), counter_for("o200k_base")
-    memo = ViewMemo(t.thread_id)
+    memo, cache = ViewMemo(t.thread_id), ViewCache()
 
     def assemble(k: int) -> float:
         view = records[:k]
@@ -70,7 +72,7 @@ def bench_append() -> dict[str, object]:
             memo=memo,
         )
         started = time.perf_counter()
-        assemble_context(snapshot, request, budget, counter)
+        assemble_reusing(cache, snapshot, request, budget, counter)
         return time.perf_counter() - started
 
     appended: dict[tuple[int, int], list[float]] = {band: [] for band in BANDS}

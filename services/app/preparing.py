@@ -34,7 +34,7 @@ from contracts.prepare import ProviderOverflow
 from contracts.task_budgets import TaskBudgetReport
 from contracts.windows import WindowStrategy
 
-from services.core.assemble import Evidence, ThreadSnapshot, assemble_context
+from services.core.assemble import Evidence, ThreadSnapshot
 from services.errors import (
     ContextBudgetExceeded,
     FleetUnavailable,
@@ -75,6 +75,7 @@ from services.core.state import StateView, rebuild_state, state_hash
 from services.core.task_budget import ensure_within, ledger_of, task_budget_report
 from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
+from services.app.view_cache import assemble_reusing
 from services.app.views import ThreadView, ViewLoader
 from services.app.windows import WindowKeeper
 from services.app.stages import PrepareStages, ignore_stage
@@ -291,7 +292,8 @@ class PrepareService:
                         if step.measure_window:
                             measured_at = time.monotonic()
                         try:
-                            outcome = assemble_context(
+                            outcome = assemble_reusing(
+                                self._loader.cache,
                                 snapshot,
                                 request,
                                 budget,

@@ -2,7 +2,8 @@
 
 The assembler, budgeter and compactor of a process read the same hot threads through one
 ``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks the
-last prepare built of them (``ViewMemo``), and the immutable inherited snapshots of runs. Entries are
+last prepare built of them (``ViewMemo``), the contexts last assembled of each view
+(``assemble_reusing``) and the immutable inherited snapshots of runs. Entries are
 evicted least recently used first once their estimated bytes exceed the bound, so memory follows a
 setting (``CTX_VIEW_CACHE_MB``) rather than a count of threads whatever their size.
 
@@ -14,21 +15,33 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from contracts import PreparedContext, PrepareRequest
+from contracts.windows import WindowPolicy
+
+from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
+from services.core.budget import BudgetSpec
+from services.core.tokens import TokenCounter
 from services.core.view_memo import ViewMemo
 
 if TYPE_CHECKING:
     from services.core.records import LedgerRecord
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "record_bytes"]
+__all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "assemble_reusing", "record_bytes"]
 
 # What a cached record costs beyond its text: the object, its parsed body, payload and token counts
 # (tracemalloc on the bundled samples: 2.2 KB per record at 560 characters of text on average).
 _RECORD_OVERHEAD = 1000
 # The default bound: a 5,000-record thread of the bundled samples takes about 20 MB with its memo.
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+# A kept context shares its messages and blocks with the memo: what it adds is its tuples, reports and
+# manifest, estimated per message and block.
+_CONTEXT_OVERHEAD = 4000
+_CONTEXT_PART_OVERHEAD = 400
+# Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
+_CONTEXTS = 4
 
 
 def record_bytes(records: Sequence[LedgerRecord]) -> int:
@@ -103,3 +116,55 @@ class ViewCache:
     def keys(self) -> list[Hashable]:
         """Keys from least to most recently used."""
         return list(self._entries)
+
+
+def assemble_reusing(
+    cache: ViewCache,
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    *,
+    compaction_wait_ms: int = 0,
+    allow_drop_history: bool = False,
+    window: WindowPolicy | None = None,
+) -> PreparedContext | OverBudgetView:
+    """``assemble_context``, answered from ``cache`` for a prepare that neither waited nor drops
+    history when the thread's view did not change since: assembly is a pure function of its inputs,
+    and the snapshot without its records (head revision, view revision, window, summary, evidence,
+    hook changes) names the records a loaded view holds. Compared, never hashed: a request's tools
+    hold JSON schemas."""
+    if compaction_wait_ms or allow_drop_history:
+        return assemble_context(
+            snapshot,
+            request,
+            budget,
+            counter,
+            compaction_wait_ms=compaction_wait_ms,
+            allow_drop_history=allow_drop_history,
+            window=window,
+        )
+    inputs = (replace(snapshot, records=(), memo=None), request, budget, counter, window)
+    key = ("contexts", snapshot.own_thread)
+    found = cache.get(key)
+    kept: tuple[_Kept, ...] = found if isinstance(found, tuple) else ()
+    for k in kept:
+        if k.inputs == inputs:
+            return k.context
+    prepared = assemble_context(snapshot, request, budget, counter, window=window)
+    if isinstance(prepared, PreparedContext):
+        # Only contexts of this head and view revision stay: the thread's older ones answer no prepare.
+        at = snapshot.revision, snapshot.view_revision
+        kept = (_Kept(inputs, prepared, at), *(k for k in kept if k.at == at))[:_CONTEXTS]
+        parts = sum(len(k.context.messages) + len(k.context.blocks) for k in kept)
+        cache.put(key, kept, _CONTEXT_OVERHEAD * len(kept) + _CONTEXT_PART_OVERHEAD * parts)
+    return prepared
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A context, what it was assembled from, and the head and view revision it is of."""
+
+    inputs: tuple[object, ...]
+    context: PreparedContext
+    at: tuple[int, int]

@@ -314,32 +314,7 @@ def assemble_context(
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    memo = snapshot.memo
-    if memo is None or memo.own_thread != snapshot.own_thread or compaction_wait_ms or allow_drop_history:
-        return _assemble(snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window)
-    # Same records and inputs, same context (this module's first promise): a view that did not change
-    # since its last prepare is answered from the memo.
-    inputs = _inputs_of(snapshot, request, budget, counter, window)
-    found = memo.last_context(snapshot.records, inputs)
-    if isinstance(found, PreparedContext):
-        return found
-    prepared = _assemble(snapshot, request, budget, counter, 0, False, window)
-    if isinstance(prepared, OverBudgetView):
-        return prepared
-    memo.keep_context(snapshot.records, inputs, prepared, parts=len(prepared.messages) + len(prepared.blocks))
-    return prepared
-
-
-def _inputs_of(
-    snapshot: ThreadSnapshot,
-    request: PrepareRequest,
-    budget: BudgetSpec,
-    counter: TokenCounter | None,
-    window: WindowPolicy | None,
-) -> tuple[object, ...]:
-    """Everything an assembly reads but the records, which the memo compares by identity: equal
-    inputs, equal contexts. Compared, never hashed: a request's tools hold JSON schemas."""
-    return (replace(snapshot, records=(), memo=None), request, budget, counter, window)
+    return _assemble(snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window)
 
 
 def _assemble(

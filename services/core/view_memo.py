@@ -5,9 +5,8 @@ The ledger is append-only: a record never changes, so the message it shows, the 
 same on every prepare until the record's place changes. A memo belongs to one thread's view (the
 thread fixes how inherited call ids are tagged) and is kept by the view cache; a prepare without
 one builds everything from scratch, through the same code, so both give byte-identical replies.
-The pure-prepare figure (a prepare within 4× a bare NATS round trip, ``--only pure``) needs its
-reuse of a whole context, and assembly right after an append (``--only append``) its extension of
-the last build: without them both grow with the thread's length.
+Assembly right after an append (``--only append``) needs its extension of the last build: without it
+the step grows with the thread's length.
 
 Invariants:
 
@@ -24,10 +23,6 @@ Invariants:
 5. Extending adds entries without dropping the ones whose blocks moved (an extension does not start
    a generation): those stale entries are bounded by the records of the view (``_stale``), and the
    next full build, forced past that bound, drops them.
-6. A whole context is reused only for exactly the same records (each the same object, in the same
-   order) and inputs equal to the ones it was assembled from (``last_context``): assembly is a pure
-   function of them (``services/core/assemble.py``). At most ``_CONTEXTS`` are kept, all of one
-   record list; a context of another list drops them.
 """
 
 from __future__ import annotations
@@ -51,12 +46,6 @@ __all__ = ["ViewMemo", "message_of"]
 # overestimate slightly (2.1 MB), so a cache bounded by them stays under its bound.
 _ENTRY_OVERHEAD = 1500
 _BLOCK_OVERHEAD = 3000
-# A kept context shares its messages and blocks with the memo: what it adds is its tuples, reports and
-# manifest, estimated per message and block (invariant 6).
-_CONTEXT_OVERHEAD = 4000
-_CONTEXT_PART_OVERHEAD = 400
-# Contexts kept per view: a runtime may alternate a few requests (purposes, formats) on one view.
-_CONTEXTS = 4
 
 
 class _Block(Protocol):
@@ -119,10 +108,6 @@ class ViewMemo:
         "_checked_ascending",
         "_each",
         "_each_bytes",
-        "_contexts",
-        "_context_records",
-        "_context_bytes",
-        "contexts_reused",
     )
 
     def __init__(self, own_thread: str = "") -> None:
@@ -154,11 +139,6 @@ class ViewMemo:
         # records made anew hold.
         self._each: dict[object, tuple[tuple[LedgerRecord, ...], tuple[LedgerRecord, ...]]] = {}
         self._each_bytes = 0
-        # Whole contexts assembled from ``_context_records``, newest first, with their inputs (invariant 6).
-        self._contexts: list[tuple[object, object, int]] = []
-        self._context_records: tuple[LedgerRecord, ...] = ()
-        self._context_bytes = 0
-        self.contexts_reused = 0
 
     def each(
         self,
@@ -213,30 +193,6 @@ class ViewMemo:
             return self._last_value
         return None
 
-    def last_context(self, records: Sequence[LedgerRecord], inputs: object) -> Any:
-        """The context assembled from exactly ``records`` and inputs equal to ``inputs``, or None
-        (invariant 6): a prepare of a view that did not change since costs a lookup."""
-        if not self._contexts or not _same_records(records, self._context_records):
-            return None
-        for kept, context, _ in self._contexts:
-            if kept == inputs:
-                self.contexts_reused += 1
-                return context
-        return None
-
-    def keep_context(
-        self, records: Sequence[LedgerRecord], inputs: object, context: object, *, parts: int
-    ) -> None:
-        """Remember ``context``, assembled from ``records`` and ``inputs`` (``parts``: its messages and
-        blocks, for the estimate); the oldest beyond ``_CONTEXTS`` goes (invariant 6)."""
-        if not _same_records(records, self._context_records):
-            self._contexts, self._context_records = [], tuple(records)
-        size = _CONTEXT_OVERHEAD + _CONTEXT_PART_OVERHEAD * parts
-        self._contexts = [(inputs, context, size), *(c for c in self._contexts if c[0] != inputs)][:_CONTEXTS]
-        held = sum(c[2] for c in self._contexts)
-        self.bytes += held - self._context_bytes
-        self._context_bytes = held
-
     def grown_from(self, records: Sequence[LedgerRecord], key: object) -> tuple[int, Any] | None:
         """``(n, blocks)`` of the last build, if its records are the first ``n < len(records)`` of
         ``records`` and ``key`` is its key (invariant 4), and extensions have not yet built as many
@@ -278,11 +234,7 @@ class ViewMemo:
     def _measure(self, records: int) -> None:
         self._measured = len(self._messages)
         self.bytes = (
-            self._message_bytes
-            + _BLOCK_OVERHEAD * len(self._blocks)
-            + 8 * records
-            + self._each_bytes
-            + self._context_bytes
+            self._message_bytes + _BLOCK_OVERHEAD * len(self._blocks) + 8 * records + self._each_bytes
         )
 
     def begin(self) -> None:

@@ -2,8 +2,8 @@
 
 Property: for random record sequences grown one step at a time (tool groups with repeated and failed
 outputs, open groups closed later, answers, questions, material) and compaction swaps, under budgets
-that make every reduction run, a prepare with the thread's memo kept across steps is byte-identical
-to one built from scratch.
+that make every reduction run, a prepare with the thread's memo and the view cache kept across steps
+is byte-identical to one built from scratch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest
-from services.app.view_cache import ViewCache
+from services.app.view_cache import ViewCache, assemble_reusing
 from services.app.views import ViewLoader
 from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
 from services.core import assemble, protected
@@ -105,11 +105,15 @@ def _snapshot(t: Thread, records: list[LedgerRecord], memo: ViewMemo | None, cov
     )
 
 
-def _reply(snapshot: ThreadSnapshot, request: PrepareRequest, *, drop: bool) -> str:
+def _reply(
+    snapshot: ThreadSnapshot, request: PrepareRequest, *, drop: bool, cache: ViewCache | None = None
+) -> str:
+    budget, counter = resolve_budget(request), counter_for("o200k_base")
     try:
-        prepared = assemble_context(
-            snapshot, request, resolve_budget(request), counter_for("o200k_base"), allow_drop_history=drop
-        )
+        if cache is None:
+            prepared = assemble_context(snapshot, request, budget, counter, allow_drop_history=drop)
+        else:
+            prepared = assemble_reusing(cache, snapshot, request, budget, counter, allow_drop_history=drop)
     except CtxError as exc:
         return f"{type(exc).__name__}: {exc}"
     if isinstance(prepared, OverBudgetView):
@@ -130,7 +134,7 @@ def test_memoized_prepares_equal_prepares_from_scratch_as_a_thread_grows_and_com
 ) -> None:
     t = Thread()
     records = ledger_records(_events(t, steps))
-    memo = ViewMemo(t.thread_id)
+    memo, cache = ViewMemo(t.thread_id), ViewCache()
     request = PrepareRequest(
         session_id=t.session_id,
         run_id=t.run_id,
@@ -149,8 +153,8 @@ def test_memoized_prepares_equal_prepares_from_scratch_as_a_thread_grows_and_com
             coverages.append(covered)
         for c in coverages:
             fresh = _reply(_snapshot(t, records[:k], None, c), request, drop=drop)
-            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop) == fresh
-            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop) == fresh
+            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop, cache=cache) == fresh
+            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop, cache=cache) == fresh
 
 
 def _one_call_thread(*, then: int = 0) -> tuple[Thread, list[LedgerRecord], PrepareRequest]:
@@ -418,19 +422,24 @@ def test_a_view_over_its_budget_masks_each_group_once_not_on_every_prepare(
     assert masked == [] and again == first  # the same masked groups, taken as they were
 
 
-def _assembled(snapshot: ThreadSnapshot, request: PrepareRequest, **options: Any) -> PreparedContext:
-    return assemble_context(snapshot, request, resolve_budget(request), counter_for("o200k_base"), **options)
+def _assembled(
+    cache: ViewCache, snapshot: ThreadSnapshot, request: PrepareRequest, **options: Any
+) -> PreparedContext:
+    budget, counter = resolve_budget(request), counter_for("o200k_base")
+    reply = assemble_reusing(cache, snapshot, request, budget, counter, **options)
+    assert isinstance(reply, PreparedContext)
+    return reply
 
 
 def test_a_prepare_of_an_unchanged_view_is_answered_with_the_context_assembled_last() -> None:
     t, records, request = _one_call_thread(then=3)
-    memo = ViewMemo(t.thread_id)
-    first = _assembled(_snapshot(t, records, memo, 0), request)
+    cache = ViewCache()
+    first = _assembled(cache, _snapshot(t, records, None, 0), request)
     # The same records in a new list, the request parsed anew from its bytes: what a prepare brings.
     parsed = PrepareRequest.model_validate_json(request.model_dump_json())
-    again = _assembled(_snapshot(t, records, memo, 0), parsed)
-    assert again is first and memo.contexts_reused == 1
-    assert again == _assembled(_snapshot(t, records, None, 0), request)
+    again = _assembled(cache, _snapshot(t, records, None, 0), parsed)
+    assert again is first
+    assert again == _assembled(ViewCache(), _snapshot(t, records, None, 0), request)
 
 
 def _with(request: PrepareRequest, **update: Any) -> PrepareRequest:
@@ -440,22 +449,13 @@ def _with(request: PrepareRequest, **update: Any) -> PrepareRequest:
 
 @pytest.mark.parametrize(
     "change",
-    [
-        "budget",
-        "format",
-        "purpose",
-        "context_tools",
-        "summary",
-        "record_appended",
-        "equal_record_reread",
-        "head_revision",
-    ],
+    ["budget", "format", "purpose", "context_tools", "summary", "record_appended", "head_revision", "thread"],
 )
-def test_a_prepare_whose_records_or_inputs_changed_is_assembled_again(change: str) -> None:
+def test_a_prepare_whose_view_or_inputs_changed_is_assembled_again(change: str) -> None:
     t, records, request = _one_call_thread(then=3)
-    memo = ViewMemo(t.thread_id)
-    first = _assembled(_snapshot(t, records[:-1], memo, 0), request)
-    snapshot = _snapshot(t, records[:-1], memo, 0)
+    cache = ViewCache()
+    first = _assembled(cache, _snapshot(t, records[:-1], None, 0), request)
+    snapshot = _snapshot(t, records[:-1], None, 0)
     if change == "budget":
         request = _with(request, budget_tokens=8_000)
     elif change == "format":
@@ -464,44 +464,43 @@ def test_a_prepare_whose_records_or_inputs_changed_is_assembled_again(change: st
         request = _with(request, purpose="completion")
     elif change == "context_tools":
         request = _with(request, context_tools=True)
-    elif change == "summary":
-        snapshot = _snapshot(t, records[:-1], memo, records[2].seq)
+    elif change == "summary":  # a new view revision
+        snapshot = _snapshot(t, records[:-1], None, records[2].seq)
     elif change == "record_appended":
-        snapshot = _snapshot(t, records, memo, 0)
-    elif change == "equal_record_reread":
-        snapshot = replace(snapshot, records=[*records[:-2], replace(records[-2])])
+        snapshot = _snapshot(t, records, None, 0)
     elif change == "head_revision":
         snapshot = replace(snapshot, revision=snapshot.revision + 1)
-    again = _assembled(snapshot, request)
-    assert again is not first and memo.contexts_reused == 0
-    assert again == _assembled(replace(snapshot, memo=None), request)
+    elif change == "thread":
+        snapshot = replace(snapshot, own_thread="another")
+    again = _assembled(cache, snapshot, request)
+    assert again is not first
+    assert again == _assembled(ViewCache(), snapshot, request)
 
 
-def test_the_memo_keeps_a_few_contexts_of_one_view_and_forgets_them_when_the_view_changes() -> None:
+def test_the_view_cache_keeps_a_few_contexts_of_one_view_and_forgets_them_when_the_view_changes() -> None:
     t, records, request = _one_call_thread(then=3)
-    memo = ViewMemo(t.thread_id)
+    cache = ViewCache()
     requests = [request.model_copy(update={"budget_tokens": 9_000 + n}) for n in range(5)]
-    first = [_assembled(_snapshot(t, records[:-1], memo, 0), r) for r in requests]
+    first = [_assembled(cache, _snapshot(t, records[:-1], None, 0), r) for r in requests]
     # Four are kept: the first of five was let go.
     newest_first = list(zip(requests, first, strict=True))[::-1]
-    assert [_assembled(_snapshot(t, records[:-1], memo, 0), r) is p for r, p in newest_first] == [
+    assert [_assembled(cache, _snapshot(t, records[:-1], None, 0), r) is p for r, p in newest_first] == [
         *[True] * 4,
         False,
     ]
-    kept = memo.estimate_bytes()
-    grown = _assembled(_snapshot(t, records, memo, 0), requests[-1])
+    kept = cache.bytes
+    grown = _assembled(cache, _snapshot(t, records, None, 0), requests[-1])
     assert grown is not first[-1]
     # A context of the grown view: the ones of the view before are gone, and so are their bytes.
-    assert _assembled(_snapshot(t, records[:-1], memo, 0), requests[-1]) is not first[-1]
-    assert memo.estimate_bytes() < kept
+    assert cache.bytes < kept
 
 
-def test_a_prepare_that_waited_on_a_compaction_or_dropped_history_is_never_taken_from_the_memo() -> None:
+def test_a_prepare_that_waited_on_a_compaction_or_dropped_history_is_never_taken_from_the_cache() -> None:
     t, records, request = _one_call_thread(then=3)
-    memo = ViewMemo(t.thread_id)
-    first = _assembled(_snapshot(t, records, memo, 0), request)
-    waited = _assembled(_snapshot(t, records, memo, 0), request, compaction_wait_ms=250)
-    dropping = _assembled(_snapshot(t, records, memo, 0), request, allow_drop_history=True)
+    cache = ViewCache()
+    first = _assembled(cache, _snapshot(t, records, None, 0), request)
+    waited = _assembled(cache, _snapshot(t, records, None, 0), request, compaction_wait_ms=250)
+    dropping = _assembled(cache, _snapshot(t, records, None, 0), request, allow_drop_history=True)
     assert waited is not first and waited.compaction_wait_ms == 250
-    assert dropping is not first and memo.contexts_reused == 0
-    assert _assembled(_snapshot(t, records, memo, 0), request) is first
+    assert dropping is not first
+    assert _assembled(cache, _snapshot(t, records, None, 0), request) is first
