@@ -178,7 +178,7 @@ class AssemblerWorker:
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
         report = prepared.budget_report
         if span.is_recording():
-            record_prepared(span, request, prepared)
+            record_prepared(span, prepared)
             record_rollover(self._tracing, f"{run_id}.{instance_id}", prepared, time.time_ns())
         if request.after_overflow is not None:
             self._metrics.provider_overflows.labels(

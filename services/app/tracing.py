@@ -24,8 +24,8 @@ requester's trace when its request carried a W3C ``traceparent`` header.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -35,7 +35,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from contracts import CompactionJob, PreparedContext, PrepareRequest
+    from contracts import CompactionJob, PreparedContext
     from contracts.hook_protocol import HookCall
     from contracts.hooks import HookBinding
 
@@ -65,6 +65,8 @@ _OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 _TOOL_NAME = "gen_ai.tool.name"
 _TOOL_TYPE = "gen_ai.tool.type"
 _ERROR_TYPE = "error.type"
+# Tracing off: one shared, reusable context yielding the API's non-recording span.
+_NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
 
 
 @dataclass(frozen=True)
@@ -94,13 +96,13 @@ class Tracing:
         if self.provider is not None:
             self.provider.shutdown()
 
-    @contextmanager
-    def prepare(self, headers: Mapping[str, str], thread_id: str, tenant: str) -> Iterator[Span]:
+    def prepare(
+        self, headers: Mapping[str, str], thread_id: str, tenant: str
+    ) -> AbstractContextManager[Span]:
         """The span of one prepare request, continuing the requester's trace (``traceparent``)."""
         if not self.enabled:
-            yield trace.INVALID_SPAN
-            return
-        with self.tracer.start_as_current_span(
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(
             "ctx.prepare",
             context=propagate.extract(headers),
             kind=SpanKind.SERVER,
@@ -112,16 +114,13 @@ class Tracing:
             },
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            yield span
+        )
 
-    @contextmanager
-    def compaction(self, job: CompactionJob) -> Iterator[Span]:
+    def compaction(self, job: CompactionJob) -> AbstractContextManager[Span]:
         """The span of one compaction job, from taking it to its final outcome."""
         if not self.enabled:
-            yield trace.INVALID_SPAN
-            return
-        with self.tracer.start_as_current_span(
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(
             "ctx.compaction",
             kind=SpanKind.CONSUMER,
             attributes={
@@ -137,16 +136,13 @@ class Tracing:
                 "ctx.budget.input_tokens": job.input_budget,
                 "ctx.policy": f"{job.policy_name}@{job.policy_revision}",
             },
-        ) as span:
-            yield span
+        )
 
-    @contextmanager
-    def hook(self, binding: HookBinding, call: HookCall) -> Iterator[Span]:
+    def hook(self, binding: HookBinding, call: HookCall) -> AbstractContextManager[Span]:
         """The span of one hook call, a child of the prepare or compaction it serves."""
         if not self.enabled:
-            yield trace.INVALID_SPAN
-            return
-        with self.tracer.start_as_current_span(
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(
             "ctx.hook",
             kind=SpanKind.CLIENT,
             attributes={
@@ -161,8 +157,7 @@ class Tracing:
             },
             record_exception=False,
             set_status_on_exception=False,
-        ) as span:
-            yield span
+        )
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """Add the current span's ``traceparent`` to an outgoing request's headers."""
@@ -170,7 +165,7 @@ class Tracing:
             propagate.inject(headers)
 
 
-def record_prepared(span: Span, request: PrepareRequest, prepared: PreparedContext) -> None:
+def record_prepared(span: Span, prepared: PreparedContext) -> None:
     """What a prepare answered: tokens against the budget, blocks kept and left out, its window."""
     report = prepared.budget_report
     span.set_attributes(
@@ -191,9 +186,9 @@ def record_prepared(span: Span, request: PrepareRequest, prepared: PreparedConte
             "ctx.window": prepared.window,
         }
     )
-    model = request.model_profile or (request.profile.name if request.profile is not None else None)
-    if model is not None:
-        span.set_attribute(_REQUEST_MODEL, model)
+    # A model profile is named after its model; a bare budget ("budget:N") names none.
+    if not report.profile.startswith("budget:"):
+        span.set_attribute(_REQUEST_MODEL, report.profile)
     if prepared.window_report is not None:
         span.set_attribute("ctx.window.level", prepared.window_report.level.value)
 
