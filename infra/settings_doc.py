@@ -129,6 +129,10 @@ MEANINGS: dict[str, str] = {
         "(`0`: stop on the first exit)"
     ),
     "log_level": "how much the process logs (`-v` raises `WARNING` to `INFO`)",
+    "traces": (
+        "OpenTelemetry spans of prepares, compactions, rollovers and hook calls: `otlp` exports them over "
+        "OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT` (see docs/operating.md, Traces)"
+    ),
 }
 
 

@@ -409,6 +409,8 @@ class ProcessSettings(_Group):
     # How long `ctxfleet worker` waits for migrations, provisioning and the servers before giving up.
     startup_wait_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    # OpenTelemetry spans: off, or exported over OTLP/HTTP as the standard OTEL_* variables configure.
+    traces: Literal["off", "otlp"] = "off"
 
     @field_validator("workers")
     @classmethod

@@ -28,6 +28,7 @@ from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from services.app.gateway import GatewayService
+from services.app.tracing import Tracing, start_tracing
 from services.store.gateway import PgGatewayStore
 from services.store.ports import HookGrants
 
@@ -143,6 +144,9 @@ class Fleet:
     _hot_path: HotPath | None = None
     # Answers the request/reply endpoints of this process (workers/responder.py).
     responder: Responder | None = None
+    # Spans of prepares, compactions, rollovers and hook calls; from ``CTX_TRACES`` unless given.
+    tracing: Tracing | None = None
+    _own_tracing: Tracing | None = None
 
     async def start(
         self,
@@ -167,6 +171,8 @@ class Fleet:
         self._nc = await connect_nats(
             self.nats_urls, name=f"ctxfleet-{s.process.recorder_id}", **s.bus.nats_options()
         )
+        if self.tracing is None:
+            self.tracing = self._own_tracing = start_tracing(s.process.traces)
         workers = compose(
             s,
             self.nats_urls,
@@ -176,6 +182,7 @@ class Fleet:
             gateway_store=PgGatewayStore(self.pool),
             hook_grants=self.hook_grants,
             refusals=self.refusals,
+            tracing=self.tracing,
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
         self.gateway, self._hot_path, self.responder = workers.gateway, workers.hot_path, workers.responder
@@ -401,6 +408,11 @@ class Fleet:
                 )
                 pool.terminate()
                 closing.cancel()
+        own_tracing, self._own_tracing = self._own_tracing, None
+        if own_tracing is not None:
+            self.tracing = None
+            # The batch exporter's last flush is a blocking HTTP post: off the loop.
+            await asyncio.to_thread(own_tracing.shutdown)
         if self._http is not None:
             await self._http.close()
             self._http = None

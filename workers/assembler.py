@@ -18,6 +18,7 @@ import logging
 import time
 
 from faststream.nats import NatsResponse, NatsRouter
+from opentelemetry.trace import Span
 
 from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
@@ -26,6 +27,7 @@ from services.errors import CtxError, InvalidRequest
 from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
+from services.app.tracing import Tracing, record_error, record_prepared, record_rollover
 from services.core.budget import BUILTIN_PROFILES
 from services.core.prepared_json import DEFAULT_REPLY_CACHE_BYTES, PreparedJson
 from services.store.postgres import PgStore
@@ -59,8 +61,10 @@ class AssemblerWorker:
         hot_path: HotPath | None = None,
         responder: Responder | None = None,
         reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
+        tracing: Tracing | None = None,
     ) -> None:
         self._service = service
+        self._tracing = tracing or Tracing.off()
         # Each message and block of a reply written once while the thread's view keeps it.
         self._reply_json = PreparedJson(reply_cache_bytes)
         self._hot_path = hot_path or HotPath()
@@ -90,11 +94,14 @@ class AssemblerWorker:
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
-            with self._hot_path.serving():
+            with (
+                self._hot_path.serving(),
+                self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span,
+            ):
                 return await admitted(
                     admission,
                     message.headers,
-                    lambda slot: self._prepare(message.body, tenant, run_id, instance_id, slot),
+                    lambda slot: self._prepare(message.body, tenant, run_id, instance_id, slot, span),
                 )
 
         @responder.endpoint(
@@ -139,7 +146,7 @@ class AssemblerWorker:
             self._board.notify(f"{run_id}.{instance_id}")
 
     async def _prepare(
-        self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot
+        self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot, span: Span
     ) -> NatsResponse:
         started = time.perf_counter()
         purpose = "unknown"
@@ -158,6 +165,8 @@ class AssemblerWorker:
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
+            if span.is_recording():
+                record_error(span, reply.code.value, reply.message)
             if reply.code is ErrorCode.PROVIDER_CONTEXT_EXCEEDED:
                 profile = _profile_label(str(reply.details.get("profile", "")))
                 self._metrics.provider_overflows.labels(profile=profile, outcome="refused").inc()
@@ -168,6 +177,9 @@ class AssemblerWorker:
                     self._metrics.prepare_compaction_waits.labels(outcome="timed_out").inc()
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
         report = prepared.budget_report
+        if span.is_recording():
+            record_prepared(span, prepared)
+            record_rollover(self._tracing, f"{run_id}.{instance_id}", prepared, time.time_ns())
         if request.after_overflow is not None:
             self._metrics.provider_overflows.labels(
                 profile=_profile_label(report.profile), outcome="recompacted"

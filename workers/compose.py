@@ -27,6 +27,7 @@ from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
+from services.app.tracing import Tracing
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner
 from services.core.records import LedgerRecord
@@ -162,13 +163,16 @@ def compose(
     gateway_store: GatewayStore | None = None,
     hook_grants: HookGrants | None = None,
     refusals: Refusals | None = None,
+    tracing: Tracing | None = None,
 ) -> Workers:
     """The workers ``settings`` name, wired to ``store``, ``nc`` and one broker; nothing is started.
 
     The gateway's final check runs beside the assembler when given its store; it reads hook grants
     from the registered hook sets, or from ``hook_grants`` when given (a twin in tests). The writers
-    report what JetStream and PostgreSQL refuse to ``refusals`` (readiness reads it).
+    report what JetStream and PostgreSQL refuse to ``refusals`` (readiness reads it). The assembler,
+    the compactions and the hook calls record their spans with ``tracing`` (none when not given).
     """
+    tracing = tracing or Tracing.off()
     gateway: GatewayService | None = None
     names = settings.process.worker_names
     refusals = refusals or Refusals()
@@ -178,7 +182,12 @@ def compose(
     loader = ViewLoader(cache=ViewCache(settings.tuning.view_cache_mb * 1024 * 1024))
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_urls)
-    hooks = HookRegistry(store, NatsHookRunner(nc), HookMetrics(metrics.hook_calls, metrics.hook_seconds))
+    hooks = HookRegistry(
+        store,
+        NatsHookRunner(nc, tracing),
+        HookMetrics(metrics.hook_calls, metrics.hook_seconds),
+        tracing,
+    )
     # Shared by the workers of this process: background passes wait for the prepares in progress.
     hot_path = HotPath()
     limits = RequestLimits(
@@ -224,6 +233,7 @@ def compose(
             gateway=gateway,
             hot_path=hot_path,
             responder=responder,
+            tracing=tracing,
         )
         broker.include_router(assembler.router)
     budgeter = None
@@ -239,7 +249,9 @@ def compose(
         async def notify(subject: str, body: bytes) -> None:
             await nc.publish(subject, body)
 
-        compaction = CompactionService(store, loader, summarizer_factory(settings), hooks=hooks)
+        compaction = CompactionService(
+            store, loader, summarizer_factory(settings), hooks=hooks, tracing=tracing
+        )
         broker.include_router(CompactorWorker(compaction, metrics, notify).router)
         broker.include_router(
             manual_router(ManualCompaction(store, loader, compaction), responder, notify, metrics)

@@ -15,6 +15,7 @@ from contracts.hooks import HookBinding, HookPoint
 from contracts.wire_json import WireJsonError, validate_wire
 
 from services.app.hooks import HookOutcome
+from services.app.tracing import Tracing
 from services.errors import HookFailed, HookTimeout
 
 __all__ = ["HookMetrics", "NatsHookRunner"]
@@ -23,13 +24,19 @@ __all__ = ["HookMetrics", "NatsHookRunner"]
 class NatsHookRunner:
     """The ``HookRunner`` of the fleet: one NATS request per hook call."""
 
-    def __init__(self, nc: NatsClient) -> None:
+    def __init__(self, nc: NatsClient, tracing: Tracing | None = None) -> None:
         self._nc = nc
+        self._tracing = tracing or Tracing.off()
 
     async def call(self, binding: HookBinding, call: HookCall) -> HookReply:
         point = binding.point.value
+        # The hook's service may continue the trace of the prepare or compaction that called it.
+        headers: dict[str, str] = {}
+        self._tracing.inject(headers)
         try:
-            msg = await self._nc.request(binding.subject, reply_json(call), timeout=binding.timeout_ms / 1000)
+            msg = await self._nc.request(
+                binding.subject, reply_json(call), timeout=binding.timeout_ms / 1000, headers=headers or None
+            )
         except NatsTimeout:
             raise HookTimeout(binding.source, point, binding.timeout_ms) from None
         except NoRespondersError:

@@ -45,6 +45,7 @@ from services.store.ports import CompactionStore
 from services.store.views import NewSummary
 from services.core.tokens import EncodingName, counter_for
 from services.app.views import ThreadView, ViewLoader, count_totals
+from services.app.tracing import Tracing, record_compaction, record_error
 
 __all__ = [
     "CompactionService",
@@ -72,6 +73,9 @@ class JobOutcome:
     input_tokens: int = 0
     output_tokens: int = 0
     summarizer_seconds: float = 0.0
+    # Committed: the ledger range the new summary covers.
+    covered_from: int = 0
+    covered_to: int = 0
 
 
 SummarizerFactory = Callable[[LedgerRecord | None], Summarizer]
@@ -90,14 +94,27 @@ class CompactionService:
         loader: ViewLoader,
         summarizer: SummarizerFactory = _default_summarizer,
         hooks: HookRegistry | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._hooks = hooks
+        self._tracing = tracing or Tracing.off()
         self._store = store
         self._loader = loader
         self._summarizer = summarizer
 
     async def run(self, job: CompactionJob) -> JobOutcome:
-        """Run one job to a final outcome (the job may be acked whatever it returns)."""
+        """Run one job to a final outcome (the job may be acked whatever it returns), in a span of its own."""
+        with self._tracing.compaction(job) as span:
+            try:
+                outcome = await self._run(job)
+            except CtxError as exc:
+                if span.is_recording():
+                    record_error(span, exc.code.value, exc.message)
+                raise
+            record_compaction(span, outcome)
+            return outcome
+
+    async def _run(self, job: CompactionJob) -> JobOutcome:
         async with self._store.session() as store:
             view = await self._loader.load(store, job.thread_id)
             if view.state.view_revision != job.view_revision:
@@ -350,6 +367,8 @@ class CompactionService:
             tokens_after=after,
             view_revision=new_revision,
             target_reached=target,
+            covered_from=body.covered_from,
+            covered_to=covered_to,
         )
         return outcome, NewSummary(
             thread_id=job.thread_id,

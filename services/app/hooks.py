@@ -18,6 +18,7 @@ from contracts.hook_protocol import HookCall, HookDecision, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 
 from services.errors import CtxError, HookChangeRefused, HookFailed, HookRejected, HookTimeout
+from services.app.tracing import Tracing, record_outcome
 from services.core.hooks import HOOK_REFUSED
 from services.store.hooks import PinnedHooks
 from services.store.ports import HookStore
@@ -86,10 +87,17 @@ class HookResult:
 class HookRegistry:
     """The hook sets of sessions, and calling their hooks."""
 
-    def __init__(self, store: HookStore, runner: HookRunner, observer: HookObserver | None = None) -> None:
+    def __init__(
+        self,
+        store: HookStore,
+        runner: HookRunner,
+        observer: HookObserver | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self._store = store
         self._runner = runner
         self._observer = observer or _Unobserved()
+        self._tracing = tracing or Tracing.off()
         self._sessions: OrderedDict[tuple[str, str], PinnedHooks | None] = OrderedDict()
 
     async def register(self, tenant: str, hooks: HookSet) -> int:
@@ -134,6 +142,20 @@ class HookRegistry:
         self, binding: HookBinding, call: HookCall, check: Callable[[HookPatch], list[str]]
     ) -> HookResult:
         """Call one hook and apply its failure policy: a ``skip`` failure is a note, a ``fail`` one raises."""
+        with self._tracing.hook(binding, call) as span:
+            try:
+                result = await self._run(binding, call, check)
+            except CtxError as exc:
+                if span.is_recording():
+                    record_outcome(span, _outcome_of(exc))
+                raise
+            if span.is_recording():
+                record_outcome(span, result.outcome)
+            return result
+
+    async def _run(
+        self, binding: HookBinding, call: HookCall, check: Callable[[HookPatch], list[str]]
+    ) -> HookResult:
         started = time.monotonic()
         point = binding.point
         try:
@@ -176,3 +198,14 @@ class HookRegistry:
                 return HookResult(binding, None, outcome, f"{binding.source}: {exc.code.value}: skipped")
             case _:
                 assert_never(binding.failure)
+
+
+def _outcome_of(exc: CtxError) -> HookOutcome:
+    # The outcome a raising call counts under in ``ctx_hook_calls_total``.
+    if isinstance(exc, HookRejected):
+        return "rejected"
+    if isinstance(exc, HookChangeRefused):
+        return "refused"
+    if isinstance(exc, HookTimeout):
+        return "timeout"
+    return "error"

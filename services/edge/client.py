@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
+from opentelemetry import propagate
 from nats.errors import (
     ConnectionClosedError,
     ConnectionDrainingError,
@@ -558,10 +559,12 @@ class FleetClient:
     async def _request(self, subject: str, data: bytes, timeout: float) -> bytes:
         self._ensure_connected(f"cannot request {subject}")
         deadline = int(time.time() * 1000 + timeout * 1000)
+        headers = {DEADLINE_HEADER: str(deadline)}
+        # The runtime's current span, if it traces with OpenTelemetry: the fleet's spans continue it.
+        propagate.inject(headers)
         try:
             reply = await self._denials.guard(
-                subject,
-                self._nc.request(subject, data, timeout=timeout, headers={DEADLINE_HEADER: str(deadline)}),
+                subject, self._nc.request(subject, data, timeout=timeout, headers=headers)
             )
         except NoRespondersError as exc:
             raise FleetUnavailable(f"no fleet worker is serving {subject}") from exc
