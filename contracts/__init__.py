@@ -35,9 +35,12 @@ from .events import (
     ToolStatus,
     UserInputEvent,
     UserInputPayload,
+    content_sha256,
     decode_event,
     event_json_schema,
 )
+from .branches import ExportPage, ExportRequest, ForkRequest, SessionForked
+from .hooks import HookSet, HooksRegistered
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import (
     SESSION_INSPECT,
@@ -109,6 +112,13 @@ from .prepare import (
 )
 
 __all__ = [
+    "ExportPage",
+    "ExportRequest",
+    "ForkRequest",
+    "HookSet",
+    "HooksRegistered",
+    "SessionForked",
+    "content_sha256",
     "reply_json",
     "CompactedNotice",
     "RecordedNotice",

@@ -32,7 +32,7 @@ from contracts import (
 )
 from contracts.branches import ForkRequest, SessionForked
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration

@@ -27,7 +27,7 @@ from contracts import (
 )
 from infra.embedded import free_port
 from services.core.trace import read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from tests.browser.conftest import CHROMIUM_ARGS
 from tests.fixtures.builders import Thread

@@ -20,7 +20,7 @@ from contracts import ContextPolicy, PrepareRequest
 from infra import SAMPLES_DIR
 from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import FleetUnavailable, PermissionDenied
 from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import Settings

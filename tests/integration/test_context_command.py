@@ -12,7 +12,7 @@ from contracts import CompactRequest, PrepareRequest
 from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
 from contracts.hooks import HookPoint
 from infra.cli import main
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import HookService
 from tests.integration.test_hooks_fleet import _hook, _release, _working_thread, end_early

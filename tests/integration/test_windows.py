@@ -22,7 +22,7 @@ from contracts import (
     ToolSpec,
 )
 from contracts.windows import RolloverTrigger, WindowPolicy, WindowStrategy
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 

@@ -35,8 +35,8 @@ from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
 from services.core.request_count import count_prepared
 from services.core.tokens import counter_for
-from services.edge.client import ContextTools
-from services.edge.context_tools import tool_calls_of
+from ctxfleet_client import ContextTools
+from ctxfleet_client.context_tools import tool_calls_of
 from services.errors import ContentNotFound, FleetUnavailable, InvalidRequest
 from tests.fixtures.builders import Thread, ledger_records
 
