@@ -266,6 +266,8 @@ def _parser() -> argparse.ArgumentParser:
             "the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)"
         ),
     )
+    # Also after the command, as `ctxfleet env --tenant T` reads; SUPPRESS keeps one given before it.
+    env.add_argument("--tenant", default=argparse.SUPPRESS, help="the tenant whose runtime identity to print")
     env.set_defaults(func=_cmd_env)
 
     ev = sub.add_parser(
@@ -817,24 +819,40 @@ def _shown(nats_urls: tuple[str, ...]) -> str:
 
 
 def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
-    """``CTX_NATS_URL`` and the identity's credentials, as shell lines (``eval "$(ctxfleet env)"``)."""
+    """``CTX_NATS_URL``, the identity's credentials and ``CTX_TENANT``, as shell lines
+    (``eval "$(ctxfleet env)"``): all of them or, on an error, none.
+
+    The embedded fleet's identities come from its data folder, also in a shell where an earlier
+    ``eval`` set ``CTX_NATS_URL`` to that fleet; an external server's are the configured ones
+    (``CTX_NATS_USER`` / ``CTX_NATS_PASSWORD``), if any: the operator's, never generated here.
+    """
     nats_urls = _fleet_nats_urls(settings)
-    print(f"CTX_NATS_URL={shlex.quote(','.join(nats_urls))}")
-    if settings.bus.nats_url is not None:
-        return 0  # an external server: its credentials are the operator's, not ours to print
-    user = args.user or runtime_user(settings.process.tenant)
-    found = load_credentials(settings.embedded.data_dir)
-    if found is None or user not in found.nats:
-        hint = (
-            f" (add {settings.process.tenant!r} to CTX_TENANTS and restart the fleet)"
-            if args.user is None
-            else ""
-        )
-        raise CliError(f"no credentials for NATS user {user!r} in {settings.embedded.data_dir}{hint}")
-    print(f"CTX_NATS_USER={shlex.quote(user)}")
-    print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(user))}")
-    print(f"CTX_TENANT={shlex.quote(settings.process.tenant)}")
+    tenant = settings.process.tenant
+    lines = [("CTX_NATS_URL", ",".join(nats_urls))]
+    # The data folder's identities, when the URLs are its fleet's and its bus is closed.
+    found = load_credentials(settings.embedded.data_dir) if _is_embedded_fleet(settings, nats_urls) else None
+    if found is not None or settings.bus.nats_url is None:
+        user = args.user or runtime_user(tenant)
+        if found is None or user not in found.nats:
+            hint = f" (add {tenant!r} to CTX_TENANTS and restart the fleet)" if args.user is None else ""
+            raise CliError(f"no credentials for NATS user {user!r} in {settings.embedded.data_dir}{hint}")
+        lines += [("CTX_NATS_USER", user), ("CTX_NATS_PASSWORD", found.password(user))]
+    elif settings.bus.nats_user is not None and settings.bus.nats_password is not None:
+        lines += [
+            ("CTX_NATS_USER", settings.bus.nats_user),
+            ("CTX_NATS_PASSWORD", settings.bus.nats_password.get_secret_value()),
+        ]
+    lines.append(("CTX_TENANT", tenant))
+    print("\n".join(f"{name}={shlex.quote(value)}" for name, value in lines))
     return 0
+
+
+def _is_embedded_fleet(settings: Settings, nats_urls: tuple[str, ...]) -> bool:
+    """Whether ``nats_urls`` are the embedded fleet's of the data folder (what ``env`` printed for it)."""
+    if settings.bus.nats_url is None:
+        return True
+    endpoints = read_endpoints(settings.embedded.data_dir)
+    return endpoints is not None and _parsed(endpoints["nats_url"]) == nats_urls
 
 
 def _add_branch_commands(sub: Any) -> None:
