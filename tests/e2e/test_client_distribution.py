@@ -87,3 +87,10 @@ async def test_client_wheel_alone_replays_a_trace_against_a_running_fleet(
     assert sum(seen["formats"].values()) == SAMPLE_PREPARES
     for shape, first_line in seen["answers"].items():
         assert first_line.endswith("hit(s), best first; each names its ref]"), (shape, first_line)
+
+    # The README's Python quick start runs as written, on the wheel alone.
+    readme = (ROOT / "README.md").read_text().split("## Quick start in Python", 1)[1]
+    quick = tmp_path / "quick.py"
+    quick.write_text(readme.split("```python\n", 1)[1].split("```", 1)[0])
+    printed = await asyncio.to_thread(_run, python, quick, cwd=tmp_path, env=env)
+    assert printed.startswith("system You fix bugs."), printed
