@@ -16,7 +16,8 @@ from contracts.subjects import DEFAULT_TENANT
 from contracts.windows import RolloverTrigger, WindowHandoff
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters
-from services.errors import DuplicateEvent, ErrorCode, RevisionConflict
+from contracts import ErrorCode
+from services.errors import DuplicateEvent, RevisionConflict
 from services.core.hashing import verify_chain
 from services.core.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
 from services.app.recording import _touched

@@ -164,7 +164,7 @@ def test_services_top_level_holds_only_the_layers_and_the_shared_modules() -> No
     }
 
 
-# Within services: core ← store ← app, and edge (the client and what drives a fleet through it) beside app.
+# Within services: core ← store ← app, and edge (what drives a fleet through the client) beside app.
 _MAY_USE = {
     "core": {"core"},
     "store": {"core", "store"},
