@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-under-load test-unit chromium typecheck lint chaos bench eval ladder dashboard schemas install clean
+.PHONY: run test test-under-load test-unit chromium typecheck lint chaos bench eval ladder dashboard schemas client install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,10 @@ dashboard: $(STAMP)
 ## A JSON Schema (draft 2020-12) per wire message + the AsyncAPI 3.0.0 document, into schemas/ (docs/wire.md).
 schemas: $(STAMP)
 	$(VENV)/bin/ctxfleet schemas schemas
+
+## The client distribution's wheel (clients/python: ctxfleet_client + contracts, nats-py and pydantic) into dist/.
+client: $(STAMP)
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation clients/python -w dist
 
 clean:
 	rm -rf $(VENV) .ctxfleet schemas
