@@ -5,13 +5,13 @@ which only puts the (already built) ``PreparedContext`` into a bounded in-proces
 it for the write-behind. One flusher per process derives each queued context's record (the manifest,
 a digest per unit, the budget figures — never content) and stores the batch under
 ``(prepared_id, format)`` in one statement; beside it, the thread's served history (each block's
-manifest entry, and the texts of blocks this process has not stored for the thread yet). It starts only once the process's prepares in progress
-are answered (``before_write``, bounded), hashes a record at a time, and skips a context it
-already stored (an unchanged view prepared again has the same id): measured, a record hashed per
-prepare in a worker thread cost 2.5 ms of a 6.5 ms round trip, the thread contending for the
-interpreter lock while the reply was being sent. A check served by the process that
-prepared finds the context in the cache; any other replica reads the record, and waits a moment
-for one still being written before it answers ``prepared_context_not_found``.
+manifest entry, and the texts of blocks this process has not stored for the thread yet). It starts
+only once the process's prepares in progress are answered (``before_write``, bounded), hashes a
+record at a time, and skips a context it already stored (an unchanged view prepared again has the
+same id): measured, a record hashed per prepare in a worker thread cost 2.5 ms of a 6.5 ms round
+trip, the thread contending for the interpreter lock while the reply was being sent. A check
+served by the process that prepared finds the context in the cache; any other replica reads the
+record, and waits a moment for one still being written before it answers ``prepared_context_not_found``.
 
 Nothing answered is dropped later. Invariants of the write-behind:
 

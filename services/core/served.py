@@ -183,7 +183,10 @@ def _stable_prefix(before: Sequence[ServedBlock], after: Sequence[ServedBlock]) 
 
 
 def _reason(
-    change: Literal["added", "removed", "changed"], block: ServedBlock, before: ServedContext, after: ServedContext
+    change: Literal["added", "removed", "changed"],
+    block: ServedBlock,
+    before: ServedContext,
+    after: ServedContext,
 ) -> tuple[ChangeReason, str]:
     """The first of: rollover, compaction, new records, reduction, hook; else a reassembly."""
     if after.window != before.window:
@@ -192,10 +195,12 @@ def _reason(
         covered = after.summary
         if change == "removed" and covered is not None and block.sources:
             if all(covered.covered_from <= s <= covered.covered_to for s in block.sources):
-                return "compaction", (
-                    f"compaction {after.view_revision}: summarized (#{covered.covered_from}–#{covered.covered_to})"
-                )
-        return "compaction", f"compaction {after.view_revision} (view {before.view_revision} → {after.view_revision})"
+                span = f"#{covered.covered_from}–#{covered.covered_to}"
+                return "compaction", f"compaction {after.view_revision}: summarized ({span})"
+        return (
+            "compaction",
+            f"compaction {after.view_revision} (view {before.view_revision} → {after.view_revision})",
+        )
     if change == "added" and any(s > before.thread_seq for s in block.sources):
         return "new_records", f"records #{before.thread_seq + 1}–#{after.thread_seq}"
     if after.reductions or before.reductions:
@@ -204,13 +209,18 @@ def _reason(
         return "hook", ", ".join(after.hooks)
     if after.thread_seq != before.thread_seq:
         return "new_records", f"records #{before.thread_seq + 1}–#{after.thread_seq}"
-    return "reassembled", f"{before.purpose} → {after.purpose}, budget {before.input_budget} → {after.input_budget}"
+    return (
+        "reassembled",
+        f"{before.purpose} → {after.purpose}, budget {before.input_budget} → {after.input_budget}",
+    )
 
 
 def diff_served(before: ServedContext | None, after: ServedContext) -> ServedDiff:
     """Blocks added, removed and changed from ``before`` (the previous step, if any) to ``after``."""
     if before is None:
-        changes = tuple(BlockChange("added", b, None, "first", "the thread's first served context") for b in after.blocks)
+        changes = tuple(
+            BlockChange("added", b, None, "first", "the thread's first served context") for b in after.blocks
+        )
         return ServedDiff(changes, kept=0, stable_prefix_tokens=0, stable_prefix_blocks=0)
     old = {b.block_id: b for b in before.blocks}
     new_ids = {b.block_id for b in after.blocks}

@@ -32,7 +32,8 @@ ON CONFLICT (prepared_id, format) DO NOTHING
 # Steps are numbered per thread in the order the contexts are stored (a batch in its own order).
 _INSERT_SERVED_MANY = """
 WITH u AS (
-    SELECT p, f, t, th, m::jsonb AS m, ord FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+    SELECT p, f, t, th, m::jsonb AS m, ord
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
         WITH ORDINALITY AS u(p, f, t, th, m, ord)
 ), fresh AS (
     SELECT u.* FROM u
@@ -126,7 +127,8 @@ class PgGatewayStore:
         with translate_pg_errors():
             async with self._pool.acquire() as conn, conn.transaction():
                 if texts:
-                    await conn.execute(_INSERT_SERVED_TEXTS, *(list(column) for column in zip(*texts, strict=True)))
+                    columns = (list(column) for column in zip(*texts, strict=True))
+                    await conn.execute(_INSERT_SERVED_TEXTS, *columns)
                 if served:
                     await conn.execute(
                         _INSERT_SERVED_MANY,
@@ -136,7 +138,8 @@ class PgGatewayStore:
                         [s.thread_id for s in served],
                         [s.model_dump_json() for s in served],
                     )
-                    await conn.execute(_PRUNE_SERVED, sorted({s.thread_id for s in served}), SERVED_STEPS_KEPT)
+                    threads = sorted({s.thread_id for s in served})
+                    await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
         """The record of a prepared context in one format, if it was written."""

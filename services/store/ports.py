@@ -383,7 +383,7 @@ class GatewayStore(Protocol):
     async def insert_served_many(
         self, served: Sequence[ServedContext], texts: Sequence[tuple[str, str, str, str]]
     ) -> None:
-        """Keep served manifests (once per id and format) and block texts ``(thread, digest, tenant, text)``."""
+        """Keep served manifests (once per id and format) and ``(thread, digest, tenant, text)``s."""
         ...
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None: ...
