@@ -188,9 +188,11 @@ def _reason(
     before: ServedContext,
     after: ServedContext,
 ) -> tuple[ChangeReason, str]:
-    """The first of: rollover, compaction, new records, reduction, hook; else a reassembly."""
+    """The first of: rollover, new records (a block of them), compaction, reduction, hook; else reassembly."""
     if after.window != before.window:
         return "rollover", f"window {before.window} → {after.window}"
+    if change == "added" and any(s > before.thread_seq for s in block.sources):
+        return "new_records", f"records #{before.thread_seq + 1}–#{after.thread_seq}"
     if after.view_revision != before.view_revision:
         covered = after.summary
         if change == "removed" and covered is not None and block.sources:
@@ -201,8 +203,6 @@ def _reason(
             "compaction",
             f"compaction {after.view_revision} (view {before.view_revision} → {after.view_revision})",
         )
-    if change == "added" and any(s > before.thread_seq for s in block.sources):
-        return "new_records", f"records #{before.thread_seq + 1}–#{after.thread_seq}"
     if after.reductions or before.reductions:
         return "reduction", ", ".join(after.reductions or before.reductions)
     if after.hooks:

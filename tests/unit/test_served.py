@@ -63,20 +63,26 @@ def test_diff_served_adds_the_blocks_of_new_records_and_keeps_the_identical_pref
     assert diff.stable_prefix_tokens >= system.tokens
 
 
-def test_diff_served_attributes_blocks_a_summary_covers_to_that_compaction() -> None:
+def test_diff_served_attributes_what_a_summary_covers_to_that_compaction_and_new_blocks_to_records() -> None:
     kept, old, newer = _block("b1", (1,), "d1"), _block("b2", (2, 3), "d2"), _block("b5", (5,), "d5")
-    summary = _block("summary", (2, 3), "ds")
+    summary, fresh = _block("summary", (2, 3), "ds"), _block("b6", (6,), "d6")
     before = _context(blocks=(kept, old, newer), thread_seq=5)
     summary_ref = SummaryRef(summary_id="s1", view_revision=1, covered_from=2, covered_to=3, sources=(2, 3))
     after = before.model_copy(
-        update={"view_revision": 1, "summary": summary_ref, "blocks": (kept, summary, newer)}
+        update={
+            "view_revision": 1,
+            "summary": summary_ref,
+            "blocks": (kept, summary, newer, fresh),
+            "thread_seq": 6,
+        }
     )
     diff = diff_served(before, after)
     assert [(c.change, c.block.block_id, c.reason) for c in diff.changes] == [
         ("added", "summary", "compaction"),
+        ("added", "b6", "new_records"),
         ("removed", "b2", "compaction"),
     ]
-    assert "summarized (#2–#3)" in diff.changes[1].detail
+    assert "summarized (#2–#3)" in diff.changes[2].detail
     assert (diff.kept, diff.stable_prefix_blocks, diff.stable_prefix_tokens) == (2, 1, 10)
 
 

@@ -135,13 +135,18 @@ def timeline_svg(steps: Sequence[ChartStep], lines: Sequence[ChartLine], marks: 
             f'stroke="{colour}" stroke-width="1.5" stroke-dasharray="4 3"/>'
             f'<text x="{at + 3:.1f}" y="{_TOP - 6}" fill="{colour}">{escape(m.label)}</text></g>'
         )
-    for line in lines:
+    # Labels of lines close together are pushed apart, top down, so each stays readable.
+    placed: list[float] = []
+    for line in sorted(lines, key=lambda item: -item.tokens):
+        at = y(line.tokens)
+        label_y = max(at + 4, placed[-1] + 13) if placed else at + 4
+        placed.append(label_y)
         dash = ' stroke-dasharray="6 4"' if line.dashed else ""
         out.append(
             f'<g class="line" data-name="{escape(line.name)}" data-tokens="{line.tokens}">'
-            f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{y(line.tokens):.1f}" y2="{y(line.tokens):.1f}" '
+            f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{at:.1f}" y2="{at:.1f}" '
             f'stroke="{line.colour}" stroke-width="1.5"{dash}/>'
-            f'<text x="{_LEFT + plot_w + 6}" y="{y(line.tokens) + 4:.1f}" fill="{line.colour}">'
+            f'<text x="{_LEFT + plot_w + 6}" y="{label_y:.1f}" fill="{line.colour}">'
             f"{escape(line.name)} {line.tokens:,}</text></g>"
         )
     for n, (name, colour) in enumerate(CATEGORIES):
