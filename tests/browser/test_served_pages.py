@@ -3,14 +3,13 @@
 A fleet replays a bundled sample at a budget small enough to compact; a person then opens the
 thread's served contexts and must see a chart of every step against the budget with the compaction
 marked, the step after it with what left and what replaced it, and the compaction's before and
-after with the summary's text. Screenshots go to ``out/console/`` (``CTX_SCREENSHOTS``: elsewhere,
-as ``make screenshots`` does for docs/screenshots/).
+after with the summary's text. Screenshots go to ``out/console/`` (``make screenshots`` copies them
+to docs/screenshots/).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "infra/samples/swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
-SHOTS = Path(os.environ.get("CTX_SCREENSHOTS", ROOT / "out" / "console"))
+SHOTS = ROOT / "out" / "console"
 VIEWPORT = {"width": 1280, "height": 900}
 # Small enough that the sample's history is compacted, large enough for its system prompt and task.
 BUDGET = 6_000
