@@ -334,13 +334,12 @@ class GatewayService:
                 return
             key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
             try:
-                record = await _record_of(prepared, tenant, self._digests)
+                record, served, texts = await _record_of(prepared, tenant, self._digests)
             except Exception:  # a bug in deriving one record must not hold the others (invariant 2)
                 self.dropped_records["underivable"] += 1
                 log.exception("could not derive the gateway record of %s; dropped", prepared.prepared_id)
                 continue
             record = record.model_copy(update={"carried_from": carried_from})
-            served, texts = served_of(prepared, tenant)
             fresh = {d: t for d, t in texts.items() if (served.thread_id, d) not in self._texts_stored}
             size = _approx_bytes(record) + sum(len(t) for t in fresh.values())
             self._pending[key] = _Pending(record, served, fresh, size)
@@ -407,11 +406,19 @@ class GatewayService:
             pass
 
 
-async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> GatewayRecord:
-    encoding = encoding_of(prepared.budget_report.counting_method)
+_Derived = tuple[GatewayRecord, ServedContext, dict[str, str]]
+
+
+def _derive_one(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> _Derived:
+    record = gateway_record(prepared, tenant, encoding_of(prepared.budget_report.counting_method), digests)
+    return (record, *served_of(prepared, tenant))
+
+
+async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> _Derived:
+    """The check's record of ``prepared``, its served manifest and its blocks' texts by digest."""
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
-        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding, digests)
-    return gateway_record(prepared, tenant, encoding, digests)
+        return await asyncio.to_thread(_derive_one, prepared, tenant, digests)
+    return _derive_one(prepared, tenant, digests)
 
 
 @dataclass(frozen=True, slots=True)
