@@ -46,7 +46,7 @@ from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
-from .cli_served import history_json, render_history, render_step, step_json
+from .cli_served import history_json, render_history, render_step, step_json, write_plot
 from .cli_progress import progress_bar
 from .cluster_cli import add_cluster_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
@@ -235,6 +235,7 @@ def _parser() -> argparse.ArgumentParser:
         "--diff", action="store_true", help="with --step: only what changed since the step before"
     )
     served.add_argument("--json", action="store_true")
+    served.add_argument("--plot", type=Path, help="write the chart of its steps to FILE.svg or FILE.png")
     served.set_defaults(func=_cmd_served)
 
     reidx = sub.add_parser(
@@ -645,6 +646,10 @@ def _cmd_served(args: argparse.Namespace, settings: Settings) -> int:
             thread_id = f"{run_id}.{instance_id}"
             if args.step is None:
                 page = await read_served(store, thread_id, None)
+                if args.plot is not None:
+                    why = write_plot(page, args.plot)
+                    if why is not None:
+                        raise CliError(why)
                 return history_json(page) if args.json else render_history(page)
             step = await read_served_step(store, thread_id, args.step, None)
             return step_json(step) if args.json else render_step(step, diff_only=args.diff)

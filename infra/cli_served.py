@@ -2,17 +2,24 @@
 
 The history lists every step kept with its tokens, stable prefix and what changed; ``--step N`` shows
 that step as the model saw it (each block with its text), ``--diff`` only what changed since step
-N−1 and why.
+N−1 and why; ``--plot FILE`` writes the console's chart, as SVG or (with Debian's chromium) PNG.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 from services.core.served import change_symbol
 from workers.console.reading import ServedPage, StepPage
 
-__all__ = ["history_json", "render_history", "render_step", "step_json"]
+__all__ = ["history_json", "render_history", "render_step", "step_json", "write_plot"]
+
+# The chart's own size (workers/console/chart.py): the PNG is the chart, no page around it.
+_PLOT_SIZE = "1120,380"
 
 
 def render_history(page: ServedPage) -> str:
@@ -112,3 +119,37 @@ def step_json(page: StepPage) -> str:
         },
         indent=2,
     )
+
+
+def write_plot(page: ServedPage, path: Path) -> str | None:
+    """Write the chart to ``path`` (``.svg``, or ``.png`` drawn by headless chromium); why not, when not."""
+    if path.suffix == ".svg":
+        path.write_text(page.chart, encoding="utf-8")
+        return None
+    if path.suffix != ".png":
+        return f"--plot writes .svg or .png, not {path.suffix or 'a file without a suffix'}"
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        return "a PNG is drawn by Debian's chromium (make chromium); an .svg needs nothing"
+    with tempfile.TemporaryDirectory() as folder:
+        html = Path(folder) / "chart.html"
+        html.write_text(f"<!doctype html><body style='margin:0'>{page.chart}</body>", encoding="utf-8")
+        done = subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--window-size={_PLOT_SIZE}",
+                f"--screenshot={path.resolve()}",
+                html.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    if done.returncode != 0 or not path.exists():
+        return f"chromium could not draw the chart: {done.stderr.strip()[-300:]}"
+    return None

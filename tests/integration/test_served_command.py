@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 import asyncpg
@@ -50,6 +51,7 @@ async def test_served_command_lists_steps_and_shows_a_step_as_the_model_saw_it_w
     db: asyncpg.Connection,
     cli_env: None,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     t = Thread()
     await client.append(t.system("You fix bugs in a Python repository."))
@@ -88,3 +90,17 @@ async def test_served_command_lists_steps_and_shows_a_step_as_the_model_saw_it_w
 
     code, out, err = await asyncio.to_thread(_run, ["served", t.thread_id, "--step", "9"], capsys)
     assert code != 0 and "step 9" in err
+
+    svg = tmp_path / "steps.svg"
+    code, out, err = await asyncio.to_thread(_run, ["served", t.thread_id, "--plot", str(svg)], capsys)
+    assert (code, err) == (0, "")
+    assert svg.read_text().startswith("<svg") and svg.read_text().count('class="seg ') >= 2
+    code, out, err = await asyncio.to_thread(
+        _run, ["served", t.thread_id, "--plot", str(tmp_path / "x.pdf")], capsys
+    )
+    assert code != 0 and "--plot writes .svg or .png" in err
+    if shutil.which("chromium") is not None:
+        png = tmp_path / "steps.png"
+        code, out, err = await asyncio.to_thread(_run, ["served", t.thread_id, "--plot", str(png)], capsys)
+        assert (code, err) == (0, "")
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
