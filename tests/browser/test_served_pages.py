@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 from playwright.async_api import Browser, Page
 
-from contracts import ContextPolicy
+from contracts import ContextPolicy, PrepareRequest
 from infra.embedded import free_port
 from services.core.trace import read_trace
 from services.edge.client import FleetClient
@@ -42,6 +42,13 @@ async def _shot(page: Page, name: str) -> None:
     # Playwright creates the folder; a full page, so a screenshot shows the whole page in docs/.
     png = await page.screenshot(path=str(path), full_page=True)
     assert len(png) > 10_000, f"{path}: suspiciously small for a rendered page"
+
+
+async def _count(db: asyncpg.Connection, sql: str, *args: object) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return int(await db.fetchval(sql, *args)) > 0
+
+    return check
 
 
 async def _served_across_a_compaction(db: asyncpg.Connection, thread_id: str) -> bool:
@@ -72,6 +79,19 @@ async def test_served_pages_show_the_chart_a_steps_diff_and_a_compactions_before
     )
     assert report.totals["errors"] == 0
     t = Thread(session_id=session, run_id=f"{session}-r1")
+    # The compaction may land after the replay's last prepare: one more step is then served after it.
+    await eventually(
+        await _count(db, "SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", t.thread_id),
+        timeout=60,
+        what="a compaction committed",
+    )
+    last = await client.prepare(
+        PrepareRequest(session_id=session, run_id=t.run_id, instance_id="main", budget_tokens=BUDGET)
+    )
+    await eventually(
+        await _count(db, "SELECT count(*) FROM ctx.served_contexts WHERE prepared_id = $1", last.prepared_id),
+        what="the last step recorded",
+    )
     await eventually(
         lambda: _served_across_a_compaction(db, t.thread_id),
         timeout=60,
