@@ -129,11 +129,14 @@ def timeline_svg(steps: Sequence[ChartStep], lines: Sequence[ChartLine], marks: 
             continue
         at = x(index[m.step])
         colour = "#b45309" if m.kind == "compaction" else "#be123c"
+        # Near the right edge the label reads leftwards, clear of the lines' labels.
+        side, anchor = (-1, "end") if at > _LEFT + 0.8 * plot_w else (1, "start")
         out.append(
             f'<g class="mark {escape(m.kind)}">'
             f'<line x1="{at:.1f}" x2="{at:.1f}" y1="{_TOP}" y2="{_TOP + plot_h}" '
             f'stroke="{colour}" stroke-width="1.5" stroke-dasharray="4 3"/>'
-            f'<text x="{at + 3:.1f}" y="{_TOP - 6}" fill="{colour}">{escape(m.label)}</text></g>'
+            f'<text x="{at + side * 3:.1f}" y="{_TOP - 6}" fill="{colour}" text-anchor="{anchor}">'
+            f"{escape(m.label)}</text></g>"
         )
     # Labels of lines close together are pushed apart, top down, so each stays readable.
     placed: list[float] = []
