@@ -35,6 +35,8 @@ SHOTS = ROOT / "out" / "console"
 VIEWPORT = {"width": 1280, "height": 900}
 # Small enough that the sample's history is compacted, large enough for its system prompt and task.
 BUDGET = 6_000
+# Record content is untrusted: a block's text must show as text, never run or render as markup.
+HOSTILE = "<b>bold?</b><script>window.__pwned = 1</script> & <img src=x onerror=window.__pwned=2>"
 
 
 async def _shot(page: Page, name: str) -> None:
@@ -85,8 +87,15 @@ async def test_served_pages_show_the_chart_a_steps_diff_and_a_compactions_before
         timeout=60,
         what="a compaction committed",
     )
+    await client.append(t.user(HOSTILE, key=f"hostile-{run}"))
     last = await client.prepare(
-        PrepareRequest(session_id=session, run_id=t.run_id, instance_id="main", budget_tokens=BUDGET)
+        PrepareRequest(
+            session_id=session,
+            run_id=t.run_id,
+            instance_id="main",
+            budget_tokens=BUDGET,
+            after_event_key=f"hostile-{run}",
+        )
     )
     await eventually(
         await _count(db, "SELECT count(*) FROM ctx.served_contexts WHERE prepared_id = $1", last.prepared_id),
@@ -170,6 +179,15 @@ async def test_served_pages_show_the_chart_a_steps_diff_and_a_compactions_before
     assert await left.count() == left_blocks
     assert f"ctx://record/{t.thread_id}/" in await left.first.inner_text()
     await _shot(page, "compaction")
+
+    # The last step shows the hostile input as the text it is.
+    await page.goto(f"{base}threads/{t.thread_id}/served/{steps[-1]['step']}")
+    shown = await page.locator("#seen pre.text").all_inner_texts()
+    assert any(HOSTILE in text for text in shown)
+    assert await page.evaluate("window.__pwned === undefined")
+    assert (
+        await page.locator("#seen b, #seen img, #seen script, #diff b, #diff img, #diff script").count() == 0
+    )
 
     # Another tenant sees none of it.
     other = await page.goto(f"{base}threads/{t.thread_id}/served?tenant=nobody-{run}")
