@@ -14,7 +14,8 @@ CREATE TABLE ctx.served_contexts (
     served_at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (prepared_id, format)
 );
-CREATE INDEX served_contexts_thread ON ctx.served_contexts (thread_id, step);
+-- Replicas writing one thread's steps take turns (an advisory lock per thread), so steps are unique.
+CREATE UNIQUE INDEX served_contexts_thread ON ctx.served_contexts (thread_id, step);
 
 -- A block's text as the model saw it (its messages, rendered), keyed by the thread and the digest
 -- the manifest names: a block kept in view for many steps is stored once. Grows with what a thread

@@ -47,6 +47,12 @@ SELECT p, f, t, th,
 FROM fresh
 ON CONFLICT (prepared_id, format) DO NOTHING
 """
+# Replicas storing steps of one thread at once take turns, so no two number the same step (sorted:
+# two batches lock their threads in one order and never wait on each other in a cycle).
+_LOCK_SERVED_THREADS = """
+SELECT pg_advisory_xact_lock(hashtextextended('ctx.served:' || t, 0))
+FROM unnest($1::text[]) AS t ORDER BY t
+"""
 _INSERT_SERVED_TEXTS = """
 INSERT INTO ctx.served_texts (thread_id, digest, tenant, text)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
@@ -130,6 +136,8 @@ class PgGatewayStore:
                     columns = (list(column) for column in zip(*texts, strict=True))
                     await conn.execute(_INSERT_SERVED_TEXTS, *columns)
                 if served:
+                    threads = sorted({s.thread_id for s in served})
+                    await conn.execute(_LOCK_SERVED_THREADS, threads)
                     await conn.execute(
                         _INSERT_SERVED_MANY,
                         [s.prepared_id for s in served],
@@ -138,7 +146,6 @@ class PgGatewayStore:
                         [s.thread_id for s in served],
                         [s.model_dump_json() for s in served],
                     )
-                    threads = sorted({s.thread_id for s in served})
                     await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:

@@ -3,6 +3,7 @@ a block's text once per thread, and a thread's steps bounded."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -59,3 +60,17 @@ async def test_insert_served_many_keeps_only_a_threads_newest_steps(pool: asyncp
     assert len(steps) == SERVED_STEPS_KEPT
     assert (steps[0].step, steps[-1].step) == (3, SERVED_STEPS_KEPT + 2)
     assert steps[-1].served.prepared_id == f"p{SERVED_STEPS_KEPT + 1}"
+
+
+async def test_insert_served_many_numbers_each_step_once_when_replicas_store_at_once(
+    pool: asyncpg.Pool,
+) -> None:
+    t = Thread()
+    one, _ = _served(t, 1)
+    replicas = [PgGatewayStore(pool), PgGatewayStore(pool)]
+    contexts = [one.model_copy(update={"prepared_id": f"p{n}"}) for n in range(8)]
+    await asyncio.gather(*(replicas[n % 2].insert_served_many([c], []) for n, c in enumerate(contexts)))
+    async with pool.acquire() as conn:
+        steps = await listing.select_served(conn, t.thread_id)
+    assert [s.step for s in steps] == list(range(1, 9))
+    assert {s.served.prepared_id for s in steps} == {c.prepared_id for c in contexts}
