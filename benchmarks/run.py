@@ -249,7 +249,7 @@ async def bench_small_budget(
         "over_budget": 0,
         "compactions": 0,
         "compaction_failures": 0,
-        "hot_path_waits": 0,
+        "compaction_waits": 0,
         "prepared_tokens_sum": 0,
         "full_history_tokens_sum": 0,
     }

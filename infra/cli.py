@@ -1137,7 +1137,7 @@ def _print_eval(report: EvalReport) -> None:
         fits = f" ({s['failed_while_required_fits']} fit)" if fleet and s["failed"] else ""
         failed = f"{s['failed']}/{s['prepares']}{fits}"
         over = str(s["over_budget"]) if fleet else "-"
-        waits = str(s["hot_path_waits"]) if fleet else "-"
+        waits = str(s["compaction_waits"]) if fleet else "-"
         cells = [f"{s['tokens_per_task']:,}", cache, failed, over, waits, comp, summary]
         return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
 

@@ -29,11 +29,9 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.tracing import Tracing, record_error, record_prepared, record_rollover
 from services.core.budget import BUILTIN_PROFILES
-from services.core.prepared_json import DEFAULT_REPLY_CACHE_BYTES, PreparedJson
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
-from .hot_path import HotPath
 from .level_clock import LevelClock
 from .gateway import gateway_router
 from .metrics import FleetMetrics, policy_label
@@ -58,16 +56,11 @@ class AssemblerWorker:
         *,
         limits: RequestLimits | None = None,
         gateway: GatewayService | None = None,
-        hot_path: HotPath | None = None,
         responder: Responder | None = None,
-        reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
         tracing: Tracing | None = None,
     ) -> None:
         self._service = service
         self._tracing = tracing or Tracing.off()
-        # Each message and block of a reply written once while the thread's view keeps it.
-        self._reply_json = PreparedJson(reply_cache_bytes)
-        self._hot_path = hot_path or HotPath()
         self._gateway = gateway
         self._board = board
         self._metrics = metrics
@@ -94,10 +87,7 @@ class AssemblerWorker:
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
-            with (
-                self._hot_path.serving(),
-                self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span,
-            ):
+            with self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span:
                 return await admitted(
                     admission,
                     message.headers,
@@ -206,7 +196,7 @@ class AssemblerWorker:
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
         serializing = time.perf_counter()
-        body = self._reply_json(prepared)
+        body = reply_json(prepared)
         self._reply_stage.observe(time.perf_counter() - serializing)
         return NatsResponse(body, headers={"ctx-status": "ok"})
 

@@ -4,14 +4,11 @@ Keeping what a check needs never slows a prepare: the assembler hands its reply 
 which only puts the (already built) ``PreparedContext`` into a bounded in-process cache and queues
 it for the write-behind. One flusher per process derives each queued context's record (the manifest,
 a digest per unit, the budget figures — never content) and stores the batch under
-``(prepared_id, format)`` in one statement; beside it, the thread's served history (each block's
-manifest entry, and the texts of blocks this process has not stored for the thread yet). It starts
-only once the process's prepares in progress are answered (``before_write``, bounded), hashes a
-record at a time, and skips a context it already stored (an unchanged view prepared again has the
-same id): measured, a record hashed per prepare in a worker thread cost 2.5 ms of a 6.5 ms round
-trip, the thread contending for the interpreter lock while the reply was being sent. A check
-served by the process that prepared finds the context in the cache; any other replica reads the
-record, and waits a moment for one still being written before it answers ``prepared_context_not_found``.
+``(prepared_id, format)`` in one statement, skipping a context it already stored (an unchanged view
+prepared again has the same id); beside it, the thread's served history (each block's manifest
+entry, and the texts of blocks this process has not stored for the thread yet). A check served by
+the process that prepared finds the context in the cache; any other replica reads the record, and
+waits a moment for one still being written before it answers ``prepared_context_not_found``.
 
 Nothing answered is dropped later. Invariants of the write-behind:
 
@@ -34,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -55,7 +52,7 @@ __all__ = ["GatewayService", "encoding_of"]
 log = logging.getLogger("ctxfleet.gateway")
 
 # A check on another replica may arrive before the preparing one's write-behind landed: well above
-# the flusher's delay (``before_write`` is bounded, then a batch is one statement).
+# the flusher's delay (a batch is one statement).
 _RECORD_WAIT_S = 1.0
 _RECORD_POLL_S = 0.05
 # Records stored per statement.
@@ -107,14 +104,11 @@ class GatewayService:
         policies: PrepareStore | None = None,
         *,
         cache_contexts: int = _CACHED_CONTEXTS,
-        before_write: Callable[[], Awaitable[None]] | None = None,
         max_pending_records: int = 10_000,
         max_pending_bytes: int = 64 * 1024 * 1024,
         backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
     ) -> None:
         self._store = store
-        # Awaited before a record is hashed: the process's prepares in progress go first.
-        self._before_write = before_write
         self._grants = grants
         self._policies = policies
         self._cache: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
@@ -327,11 +321,6 @@ class GatewayService:
     async def _derive(self) -> None:
         """Turn every remembered context into its record (small: digests, no content)."""
         while self._unwritten:
-            # Before each record: a prepare that arrived meanwhile is answered first.
-            if self._before_write is not None and not self._closing:
-                await self._before_write()
-            if not self._unwritten:
-                return
             key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
             try:
                 record, served, texts = await _record_of(prepared, tenant, self._digests)

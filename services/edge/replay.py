@@ -249,7 +249,7 @@ async def replay_trace(
         "over_budget": sum(1 for p in ok_prepares if p.get("over_budget")),
         "compactions": compactions,
         "compaction_failures": failures,
-        "hot_path_waits": sum(1 for p in ok_prepares if _int(p.get("compaction_wait_ms", 0)) > 0),
+        "compaction_waits": sum(1 for p in ok_prepares if _int(p.get("compaction_wait_ms", 0)) > 0),
         "reductions": sum(_int(p.get("reductions", 0)) for p in ok_prepares),
     }
     return report
