@@ -46,6 +46,7 @@ from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
+from .cli_served import history_json, render_history, render_step, step_json, write_plot
 from .cli_progress import progress_bar
 from .cluster_cli import add_cluster_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
@@ -69,6 +70,7 @@ from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
 from workers.console import console_url, local_url
+from workers.console.reading import read_served, read_served_step
 from .startup_replay import (
     SAMPLE,
     SAMPLE_BUDGET,
@@ -222,6 +224,19 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("--until", help="recorded before this ISO-8601 time")
     find.add_argument("--limit", type=int, default=10)
     find.set_defaults(func=_cmd_search)
+
+    served = sub.add_parser(
+        "served",
+        help="show the contexts the fleet answered a thread: every step, one as the model saw it, its diff",
+    )
+    served.add_argument("thread", help="<run_id>.<instance_id>")
+    served.add_argument("--step", type=int, help="show this step as the model saw it (every block's text)")
+    served.add_argument(
+        "--diff", action="store_true", help="with --step: only what changed since the step before"
+    )
+    served.add_argument("--json", action="store_true")
+    served.add_argument("--plot", type=Path, help="write the chart of its steps to FILE.svg or FILE.png")
+    served.set_defaults(func=_cmd_served)
 
     reidx = sub.add_parser(
         "reindex", help="rebuild the search index from the ledger (a session, or everything)"
@@ -613,6 +628,37 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     with progress_bar("reindexing threads", quiet=args.quiet) as advance:
         records = asyncio.run(run(advance))
     print(f"reindexed {records} records")
+    return 0
+
+
+def _cmd_served(args: argparse.Namespace, settings: Settings) -> int:
+    run_id, instance_id = _thread_arg(args.thread)
+    if args.diff and args.step is None:
+        raise CliError("--diff shows one step's changes: name it with --step N")
+    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
+        "database_url"
+    )
+    if not url:
+        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+
+    async def run() -> str:
+        pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
+        try:
+            store = PgStore(pool)
+            thread_id = f"{run_id}.{instance_id}"
+            if args.step is None:
+                page = await read_served(store, thread_id, None)
+                if args.plot is not None:
+                    why = write_plot(page, args.plot)
+                    if why is not None:
+                        raise CliError(why)
+                return history_json(page) if args.json else render_history(page)
+            step = await read_served_step(store, thread_id, args.step, None)
+            return step_json(step) if args.json else render_step(step, diff_only=args.diff)
+        finally:
+            await pool.close()
+
+    print(asyncio.run(run()))
     return 0
 
 

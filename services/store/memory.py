@@ -59,7 +59,7 @@ from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker, IndexStep
-from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
+from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.views import (
     Candidate,
     NewSummary,
@@ -296,9 +296,19 @@ class MemoryStore:
                 trigger_reasons=tuple(s["trigger_reasons"]),
                 target_reached=s["target_reached"],
                 hooks=parse_summary_hooks(s["hooks"]),
+                summary_id=str(s["summary_id"]),
+                text=s["text"],
             )
             for s in mine
         ]
+
+    async def thread_served(self, thread_id: str) -> list[ServedStep]:
+        """None: the served history is the gateway's (``MemoryGatewayStore.served``), not the ledger's."""
+        return []
+
+    async def served_texts(self, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
+        """None kept here (see :meth:`thread_served`)."""
+        return {}
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
         """The thread's tool calls in call order, each with its outcome once recorded."""
