@@ -21,7 +21,7 @@ from playwright.async_api import Browser, Page
 from contracts import ContextPolicy, PrepareRequest
 from infra.embedded import free_port
 from services.core.trace import read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

@@ -13,7 +13,7 @@ import pytest
 
 from contracts import PrepareRequest
 from infra.cli import main
-from services.edge.client import FleetClient
+from ctxfleet_client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from workers.app import Fleet
