@@ -55,6 +55,7 @@ from services.core.state import Fact, StateView
 from services.errors import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.gateway import MemoryGatewayStore
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
 from services.store.memory_search import MemoryIndex
@@ -173,8 +174,11 @@ class MemoryStore:
         *,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        gateway: MemoryGatewayStore | None = None,
     ) -> None:
         self.tables = _Tables()
+        # The gateway's tables of this same database (its served history is listed from here).
+        self.gateway = gateway if gateway is not None else MemoryGatewayStore()
         self.open_sessions = 0
         self._now = now
         # The fleet's clock for ``recorded_at`` (PostgreSQL's ``now()``): search ranges and runtime.
@@ -303,12 +307,11 @@ class MemoryStore:
         ]
 
     async def thread_served(self, thread_id: str) -> list[ServedStep]:
-        """None: the served history is the gateway's (``MemoryGatewayStore.served``), not the ledger's."""
-        return []
+        return list(self.gateway.served.get(thread_id, ()))
 
     async def served_texts(self, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
-        """None kept here (see :meth:`thread_served`)."""
-        return {}
+        texts = self.gateway.served_texts
+        return {d: texts[(thread_id, d)] for d in digests if (thread_id, d) in texts}
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
         """The thread's tool calls in call order, each with its outcome once recorded."""
