@@ -40,7 +40,10 @@ from .events import (
 )
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import (
+    CONTEXT_SHOW,
     SESSION_INSPECT,
+    ContextRequest,
+    ContextShown,
     InspectedDeadLetter,
     InspectedRecord,
     InspectedRun,
@@ -48,6 +51,7 @@ from .inspect import (
     InspectRequest,
     SessionInspection,
     ThreadInspection,
+    context_show_subject,
     session_inspect_subject,
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
@@ -181,6 +185,10 @@ __all__ = [
     "EventKey",
     "EvidenceRef",
     "InspectRequest",
+    "CONTEXT_SHOW",
+    "ContextRequest",
+    "ContextShown",
+    "context_show_subject",
     "InspectedDeadLetter",
     "InspectedRecord",
     "InspectedRun",
