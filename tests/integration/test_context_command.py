@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import urllib.request
 
 import asyncpg
 import pytest
@@ -13,9 +16,11 @@ from contracts import CompactRequest, PrepareRequest
 from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
 from contracts.hooks import HookPoint
 from infra.cli import main
+from infra.embedded import free_port
 from services.edge.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import HookService, eventually
+from workers.app import Fleet
 from tests.integration.test_hooks_fleet import _hook, _release, _working_thread, end_early
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
@@ -282,3 +287,43 @@ async def test_context_command_shows_the_hooks_that_ran_and_the_hook_that_narrow
     assert code == 0 and "checked against policy v7" in out and "shaped by hook scope@1" in out
     code, out, _ = await _in_thread(["inspect", t.thread_id], capsys)
     assert code == 0 and "summary shaped by hook scope@1 at context.compact.before" in out
+
+
+@pytest.mark.anyio
+async def test_compact_context_the_console_and_the_budget_report_count_one_moment_alike(
+    start_fleet: Callable[..., Awaitable[Fleet]],
+    client: FleetClient,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fleet = await start_fleet(http_port=free_port())
+    t = await _thread(client, 8)
+
+    code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert code == 0
+    before = json.loads(out)
+    code, out, _ = await _in_thread(["compact", t.thread_id, "--json"], capsys)
+    assert code == 0
+    compacted = json.loads(out)
+    code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert code == 0
+    after = json.loads(out)
+    url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
+    page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    shown = (await client.show_context(t.thread_id)).prepared.budget_report
+
+    assert (compacted["tokens_before"], compacted["tokens_after"]) == (before["used"], after["used"])
+    assert shown.used.total == after["used"] and shown.input_budget == after["input_budget"]
+    assert f'<strong id="used-tokens" data-tokens="{after["used"]}">' in page
+    for context in (before, after):
+        assert sum(c["tokens"] for c in context["categories"]) == context["used"]
+        by_block: dict[str, int] = {}
+        for b in context["blocks"]:
+            by_block[b["category"]] = by_block.get(b["category"], 0) + b["tokens"]
+        assert {c["name"]: c["tokens"] for c in context["categories"] if c["name"] in by_block} == by_block
+    summary = after["summary"]
+    assert summary["records"] == summary["covered_to"] - summary["covered_from"] + 1
+    assert (summary["covered_from"], summary["covered_to"]) == (
+        compacted["covered_from"],
+        compacted["covered_to"],
+    )
