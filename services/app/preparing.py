@@ -344,7 +344,7 @@ class PrepareService:
                     case RollOver(trigger) if would is not None:
                         would.append(
                             f"close this window ({trigger.value}) and answer from the next one; shown: "
-                            "this window's context"
+                            "this window's context, as far as it fits"
                         )
                         progress = replace(progress, rolled=True)
                     case RollOver(trigger):
@@ -353,10 +353,12 @@ class PrepareService:
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
                     case AwaitCompaction(_, reasons) if would is not None:
-                        would.append(
-                            f"ask for a {', '.join(reasons)} compaction and wait for it; shown: the "
-                            "context it answers when none lands in time, without the oldest history"
-                        )
+                        # Past a rollover the prepare answers from the next window, which needs none.
+                        if not progress.rolled:
+                            would.append(
+                                f"ask for a {', '.join(reasons)} compaction and wait for it; shown: the "
+                                "context it answers when none lands in time, without the oldest history"
+                            )
                         progress = replace(progress, outcome=None, waited=CompactionWait(0, landed=False))
                     case AwaitCompaction(reserved, reasons):
                         if wait is None:
