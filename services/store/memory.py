@@ -57,7 +57,14 @@ from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.gateway import MemoryGatewayStore
 from services.store.hooks import PinnedHooks
-from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.ledger import (
+    EventOutcome,
+    EvidenceRow,
+    StoredHead,
+    TailRecord,
+    _ledger_record,
+    blob_preview,
+)
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker, IndexStep
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
@@ -1254,11 +1261,16 @@ class MemorySession:
                 r["content_sha256"],
                 r["record_hash"],
                 r["blob_sha256"],
-                _preview(r)[:preview_chars],
+                _preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
                 *self._tools_and_status(thread_id, r),
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
+
+    def _blob_preview(self, row: _Row, chars: int) -> str:
+        if row["text"] is not None or row["view_text"] is not None or not row["blob_sha256"]:
+            return ""
+        return blob_preview(self._t.blobs[row["blob_sha256"]][: chars * 4], chars)
 
     def _tools_and_status(self, thread_id: str, row: _Row) -> tuple[tuple[str, ...], str | None]:
         """As the PostgreSQL store's tail: the calls' names, or the answered tool and the outcome's status."""
