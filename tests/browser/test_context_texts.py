@@ -3,16 +3,14 @@ person expands it, then the text the model reads, a long one cut with its full l
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Awaitable
-from pathlib import Path
+from collections.abc import Callable, Awaitable
 
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser
 
 from contracts import PrepareRequest
 from infra.embedded import free_port
 from ctxfleet_client import FleetClient
-from tests.browser.conftest import CHROMIUM_ARGS
 from tests.fixtures.builders import Thread
 from workers.app import Fleet
 
@@ -21,16 +19,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 SYSTEM = "You fix bugs in a Python repository. Never edit the tests."
 # Longer than the page shows of one block: the rest is cut, and the page says how much.
 LONG_OUTPUT = "".join(f"line {i} of a very long build log\n" for i in range(400))
-
-
-@pytest.fixture
-async def browser(chromium: Path) -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=str(chromium), args=list(CHROMIUM_ARGS))
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 async def test_a_person_expands_a_block_on_the_context_page_and_reads_its_text(
