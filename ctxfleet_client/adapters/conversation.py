@@ -79,16 +79,20 @@ class FleetConversation:
         """The fleet's thread id, ``<run_id>.<instance_id>``."""
         return f"{self.run_id}.{self.instance_id}"
 
-    async def record(self, history: Sequence[Turn]) -> None:
-        """Publish the turns of the whole ``history`` that this process has not published yet."""
-        for position in range(self._recorded, len(history)):
-            await self._publish(position, history[position])
+    @property
+    def recorded(self) -> int:
+        """How many turns of the conversation this process knows to be recorded."""
+        return self._recorded
+
+    async def record(self, history: Sequence[Turn], *, start: int = 0) -> None:
+        """Publish the turns at positions ``start …`` that this process has not published yet."""
+        for position in range(max(self._recorded, start), start + len(history)):
+            await self._publish(position, history[position - start])
 
     async def extend(self, turns: Sequence[Turn]) -> None:
         """Publish ``turns`` after the last one the thread recorded (for frameworks that hand increments)."""
         await self._resume()
-        for turn in turns:
-            await self._publish(self._recorded, turn)
+        await self.record(turns, start=self._recorded)
 
     async def prepare(
         self, tools: Sequence[ToolSchema] = (), *, format: RequestFormat = "openai.chat"
