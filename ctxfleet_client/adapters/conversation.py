@@ -21,6 +21,8 @@ from contracts import (
     AssistantMessageEvent,
     AssistantMessagePayload,
     ChatMessage,
+    ContextResetEvent,
+    ContextResetPayload,
     Event,
     PreparedContext,
     PrepareRequest,
@@ -40,7 +42,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FleetConversation", "Turn", "call_arguments", "tool_names"]
 
-Turn: TypeAlias = SystemPayload | UserInputPayload | AssistantMessagePayload | ToolOutcomePayload
+# A context reset starts the context over; the ledger keeps what came before (``inspect``, read-back).
+Turn: TypeAlias = (
+    SystemPayload | UserInputPayload | AssistantMessagePayload | ToolOutcomePayload | ContextResetPayload
+)
 
 _KEY = re.compile(r"^m(\d+)$")
 
@@ -91,7 +96,7 @@ class FleetConversation:
 
     async def extend(self, turns: Sequence[Turn]) -> None:
         """Publish ``turns`` after the last one the thread recorded (for frameworks that hand increments)."""
-        await self._resume()
+        await self.resume()
         await self.record(turns, start=self._recorded)
 
     async def prepare(
@@ -116,8 +121,8 @@ class FleetConversation:
         self._recorded = position + 1
         self._last_key = key
 
-    async def _resume(self) -> None:
-        """Continue after the thread's last recorded turn, once per process."""
+    async def resume(self) -> None:
+        """Continue after the thread's last recorded turn (asks the fleet once per process)."""
         if self._resumed:
             return
         self._resumed = True
@@ -141,6 +146,8 @@ class FleetConversation:
                 return AssistantMessageEvent(event_key=key, **_ids(*thread), payload=turn)
             case ToolOutcomePayload():
                 return ToolOutcomeEvent(event_key=key, **_ids(*thread), payload=turn)
+            case ContextResetPayload():
+                return ContextResetEvent(event_key=key, **_ids(*thread), payload=turn)
             case _:
                 assert_never(turn)
 

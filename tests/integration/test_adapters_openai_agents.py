@@ -1,0 +1,97 @@
+"""The Agents SDK session end to end: a real ``Runner``, a scripted ``Model``, a real fleet."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
+from agents.models.interface import Model
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+from ctxfleet_client import FleetClient
+from ctxfleet_client.adapters import FleetConversation
+from ctxfleet_client.adapters.openai_agents import FleetSession
+from tests.fixtures import agent_script as script
+
+pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+
+class ScriptedModel(Model):
+    """Reads the script's files one call per response, then answers; keeps every input it was sent."""
+
+    def __init__(self) -> None:
+        self.received: list[list[dict[str, Any]]] = []
+
+    async def get_response(
+        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        self.received.append([dict(item) for item in input])
+        step = len(self.received) - 1
+        if step < script.FILES:
+            arguments = json.dumps({"path": script.path_of(step)})
+            output: Any = ResponseFunctionToolCall(
+                type="function_call", call_id=script.call_id(step), name="read_file", arguments=arguments
+            )
+        else:
+            text = ResponseOutputText(type="output_text", text=script.ANSWER, annotations=[])
+            output = ResponseOutputMessage(
+                id="msg_answer", type="message", role="assistant", status="completed", content=[text]
+            )
+        return ModelResponse(output=[output], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("the script answers whole responses")
+
+
+def _chat(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses input items in Chat wire shape, for the script's checks."""
+    chat: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            if chat and chat[-1]["role"] == "assistant":
+                chat[-1].setdefault("tool_calls", []).append(call)
+            else:
+                chat.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            chat.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        else:
+            role = "system" if item["role"] == "developer" else item["role"]
+            chat.append({"role": role, "content": item["content"]})
+    return chat
+
+
+@function_tool
+def read_file(path: str) -> str:
+    """Read a file of the billing service."""
+    return script.read_file(path)
+
+
+async def test_agents_sdk_runner_sees_compacted_contexts_and_the_ledger_keeps_everything(
+    fleet, client: FleetClient
+) -> None:
+    model = ScriptedModel()
+    conversation = FleetConversation(
+        client, session_id=f"s-{uuid.uuid4().hex[:10]}", run_id="r-1", budget_tokens=script.BUDGET
+    )
+    session = FleetSession(conversation)
+    agent = Agent(name="billing", instructions=script.SYSTEM, model=model, tools=[read_file])
+    config = RunConfig(tracing_disabled=True, call_model_input_filter=session.model_input)
+
+    result = await Runner.run(agent, script.TASK, session=session, run_config=config)
+
+    assert result.final_output == script.ANSWER and len(model.received) == script.FILES + 1
+    for items in model.received:
+        script.assert_compacted_context(_chat(items))
+    assert (
+        script.tokens(_chat(model.received[-1])) < script.unmanaged_tokens(script.FILES) - script.BUDGET // 2
+    )
+    await script.assert_ledger_holds(client, conversation.thread_id, system=False)
