@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
@@ -10,6 +9,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
 from pydantic import Field
 
 from ctxfleet_client import FleetClient
@@ -18,6 +18,9 @@ from ctxfleet_client.adapters.langchain import FleetContextMiddleware
 from tests.fixtures import agent_script as script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
+
+GRAPH_THREAD: Any = {"configurable": {"thread_id": "billing"}}
+FOLLOW_UP = "And where is it read?"
 
 
 class ScriptedChatModel(GenericFakeChatModel):
@@ -54,14 +57,17 @@ async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_kee
     fleet, client: FleetClient
 ) -> None:
     model = ScriptedChatModel(messages=iter(_script()))
-    conversation = FleetConversation(
-        client, session_id=f"s-{uuid.uuid4().hex[:10]}", run_id="r-1", budget_tokens=script.BUDGET
-    )
+    conversation = script.conversation(client)
+    saver = InMemorySaver()
     agent = create_agent(
-        model, [read_file], system_prompt=script.SYSTEM, middleware=[FleetContextMiddleware(conversation)]
+        model,
+        [read_file],
+        system_prompt=script.SYSTEM,
+        middleware=[FleetContextMiddleware(conversation)],
+        checkpointer=saver,
     )
 
-    state = await agent.ainvoke({"messages": [{"role": "user", "content": script.TASK}]})
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": script.TASK}]}, GRAPH_THREAD)
 
     assert len(model.received) == script.FILES + 1
     for received in model.received:
@@ -72,3 +78,33 @@ async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_kee
     messages = state["messages"]
     assert len(messages) == 2 + 2 * script.FILES and messages[-1].content == script.ANSWER
     await script.assert_ledger_holds(client, conversation.thread_id)
+
+
+async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
+    fleet, client: FleetClient
+) -> None:
+    first_process, saver = script.conversation(client), InMemorySaver()
+
+    def agent_of(model: ScriptedChatModel, conversation: FleetConversation) -> Any:
+        middleware = [FleetContextMiddleware(conversation)]
+        return create_agent(
+            model, [read_file], system_prompt=script.SYSTEM, middleware=middleware, checkpointer=saver
+        )
+
+    first = ScriptedChatModel(messages=iter(_script()))
+    await agent_of(first, first_process).ainvoke(
+        {"messages": [{"role": "user", "content": script.TASK}]}, GRAPH_THREAD
+    )
+    # A new middleware (as after a restart) over the checkpointed graph: it republishes the history
+    # it does not know to be recorded, under the same keys and bodies, then the new turns.
+    resumed = ScriptedChatModel(messages=iter([AIMessage(content="billing/retry.py reads it.")]))
+    state = await agent_of(resumed, script.conversation(client, like=first_process)).ainvoke(
+        {"messages": [{"role": "user", "content": FOLLOW_UP}]}, GRAPH_THREAD
+    )
+
+    assert len(state["messages"]) == 2 + 2 * script.FILES + 2
+    (received,) = resumed.received
+    script.assert_compacted_context(convert_to_openai_messages(received))
+    assert convert_to_openai_messages(received)[-1] == {"role": "user", "content": FOLLOW_UP}
+    then = ("user_input", "assistant_message")
+    await script.assert_ledger_holds(client, first_process.thread_id, then=then)

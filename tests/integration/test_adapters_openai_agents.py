@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -12,7 +11,6 @@ from agents.models.interface import Model
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
 from ctxfleet_client import FleetClient
-from ctxfleet_client.adapters import FleetConversation
 from ctxfleet_client.adapters.openai_agents import FleetSession
 from tests.fixtures import agent_script as script
 
@@ -79,9 +77,7 @@ async def test_agents_sdk_runner_sees_compacted_contexts_and_the_ledger_keeps_ev
     fleet, client: FleetClient
 ) -> None:
     model = ScriptedModel()
-    conversation = FleetConversation(
-        client, session_id=f"s-{uuid.uuid4().hex[:10]}", run_id="r-1", budget_tokens=script.BUDGET
-    )
+    conversation = script.conversation(client)
     session = FleetSession(conversation)
     agent = Agent(name="billing", instructions=script.SYSTEM, model=model, tools=[read_file])
     config = RunConfig(tracing_disabled=True, call_model_input_filter=session.model_input)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from ctxfleet_client import FleetClient
-from ctxfleet_client.adapters import FleetConversation
 from ctxfleet_client.adapters.pydantic_ai import FleetHistory
 from tests.fixtures import agent_script as script
 
@@ -70,9 +68,7 @@ async def test_pydantic_ai_agent_model_sees_compacted_contexts_and_the_ledger_ke
             return ModelResponse(parts=[ToolCallPart("read_file", args, tool_call_id=script.call_id(step))])
         return ModelResponse(parts=[TextPart(script.ANSWER)])
 
-    conversation = FleetConversation(
-        client, session_id=f"s-{uuid.uuid4().hex[:10]}", run_id="r-1", budget_tokens=script.BUDGET
-    )
+    conversation = script.conversation(client)
     history = FleetHistory(conversation)
     agent = Agent(
         FunctionModel(scripted), system_prompt=script.SYSTEM, capabilities=[ProcessHistory(history.process)]
@@ -92,9 +88,7 @@ async def test_pydantic_ai_agent_model_sees_compacted_contexts_and_the_ledger_ke
     assert script.tokens(_chat(received[-1])) < script.unmanaged_tokens(script.FILES) - script.BUDGET // 2
     await script.assert_ledger_holds(client, conversation.thread_id)
     # The run's history handed to another process records nothing twice: same keys, same bodies.
-    again = FleetConversation(
-        client, session_id=conversation.session_id, run_id="r-1", budget_tokens=script.BUDGET
-    )
+    again = script.conversation(client, like=conversation)
     await FleetHistory(again).record(result.all_messages())
     await again.prepare()  # names the republished turn: a key holding another body is refused here
     await script.assert_ledger_holds(client, conversation.thread_id)
