@@ -16,19 +16,22 @@ from tests.fixtures import agent_script as script
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
+FOLLOW_UP = "And where is it read?"
+
 
 class ScriptedModel(Model):
     """Reads the script's files one call per response, then answers; keeps every input it was sent."""
 
     def __init__(self) -> None:
         self.received: list[list[dict[str, Any]]] = []
+        self.answer_at = script.FILES
 
     async def get_response(
         self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
     ) -> ModelResponse:
         self.received.append([dict(item) for item in input])
         step = len(self.received) - 1
-        if step < script.FILES:
+        if step < self.answer_at:
             arguments = json.dumps({"path": script.path_of(step)})
             output: Any = ResponseFunctionToolCall(
                 type="function_call", call_id=script.call_id(step), name="read_file", arguments=arguments
@@ -91,3 +94,29 @@ async def test_agents_sdk_runner_sees_compacted_contexts_and_the_ledger_keeps_ev
         script.tokens(_chat(model.received[-1])) < script.unmanaged_tokens(script.FILES) - script.BUDGET // 2
     )
     await script.assert_ledger_holds(client, conversation.thread_id, system=False)
+
+
+async def test_agents_sdk_session_in_a_new_process_continues_after_the_recorded_items(
+    fleet, client: FleetClient
+) -> None:
+    first_process = script.conversation(client)
+    agent = Agent(name="billing", instructions=script.SYSTEM, model=ScriptedModel(), tools=[read_file])
+    session = FleetSession(first_process)
+    config = RunConfig(tracing_disabled=True, call_model_input_filter=session.model_input)
+    await Runner.run(agent, script.TASK, session=session, run_config=config)
+    await script.assert_ledger_holds(client, first_process.thread_id, system=False)
+
+    # Another process builds the session again: it starts from the prepared context, and its items
+    # are recorded after the ones the ledger holds.
+    model = ScriptedModel()
+    model.answer_at = 0
+    session = FleetSession(script.conversation(client, like=first_process))
+    agent = Agent(name="billing", instructions=script.SYSTEM, model=model, tools=[read_file])
+    config = RunConfig(tracing_disabled=True, call_model_input_filter=session.model_input)
+    await Runner.run(agent, FOLLOW_UP, session=session, run_config=config)
+
+    (received,) = model.received
+    script.assert_compacted_context(_chat(received))
+    assert _chat(received)[-1] == {"role": "user", "content": FOLLOW_UP}
+    then = ("user_input", "assistant_message")
+    await script.assert_ledger_holds(client, first_process.thread_id, system=False, then=then)
