@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import re
+
 import pytest
 
 from infra.embedded import free_port
@@ -88,6 +90,60 @@ def test_typescript_generator_check_fails_when_a_schema_changes(ts_package: Path
     )
     assert check.returncode == 1
     assert "npm run generate" in check.stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.pg
+@pytest.mark.nats
+async def test_the_readme_typescript_quick_start_compiles_strict_and_runs_against_a_fleet(
+    ts_package: Path, start_fleet, streams: str
+) -> None:
+    await start_fleet()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Quick start in TypeScript", 1)[1]
+    found = re.search(r"```ts\n(.*?)```", section, re.DOTALL)
+    assert found is not None, "the README's TypeScript quick start has no ts block"
+    assert len(found.group(1).splitlines()) <= 30
+    # Inside the package, so that "ctxfleet-client" resolves to it (a package may import itself by name).
+    work = ts_package / ".quickstart"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    (work / "quick.ts").write_text(found.group(1), encoding="utf-8")
+    config = {
+        "compilerOptions": {
+            "target": "ES2022",
+            "module": "NodeNext",
+            "moduleResolution": "NodeNext",
+            "strict": True,
+            "types": ["node"],
+            "rootDir": ".",
+            "outDir": "out",
+        },
+        "include": ["quick.ts"],
+    }
+    (work / "tsconfig.json").write_text(json.dumps(config), encoding="utf-8")
+    tsc = ts_package / "node_modules" / "typescript" / "bin" / "tsc"
+    built = subprocess.run(
+        ["node", str(tsc), "-p", "."], cwd=work, capture_output=True, text=True, timeout=120
+    )
+    assert built.returncode == 0, f"{built.stdout}{built.stderr}"
+    env = {**os.environ, "CTX_NATS_URL": streams, "CTX_TENANT": "default"}
+    for name in ("CTX_NATS_USER", "CTX_NATS_PASSWORD"):
+        env.pop(name, None)
+    node = await asyncio.create_subprocess_exec(
+        "node",
+        "out/quick.js",
+        cwd=work,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(node.communicate(), timeout=30)
+    assert node.returncode == 0, f"{out.decode()}\n{err.decode()}"
+    # Each block's kind and reason, then the roles of the Chat body: the instructions and the question.
+    printed = out.decode().splitlines()
+    assert printed[0].startswith("instruction ")
+    assert printed[-1] == "[ 'system', 'user' ]"
 
 
 @pytest.mark.anyio

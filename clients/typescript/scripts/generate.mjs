@@ -73,7 +73,7 @@ function untitledInner(schema) {
 if (flag === "--check") {
   const current = fs.existsSync(target) ? fs.readFileSync(target, "utf8") : "";
   if (current !== source) {
-    console.error(`${path.relative(process.cwd(), target)} is not what the schemas generate: run npm run generate`);
+    console.error(`${path.relative(process.cwd(), target)} is not what the schemas generate: run make schemas, then npm run generate in clients/typescript`);
     process.exit(1);
   }
 } else {
