@@ -8,7 +8,9 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import re
 
@@ -20,6 +22,7 @@ from services.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
+StartFleet = Callable[..., Awaitable[Any]]
 TRACE = ROOT / "infra" / "samples" / "swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
 
 
@@ -61,6 +64,15 @@ def ts_package() -> Path:
     return PACKAGE
 
 
+def test_typescript_client_tests_pass_without_a_fleet(ts_package: Path) -> None:
+    """clients/typescript/test: fromEnv's parsing, the context tools' mapping, each provider's call shape."""
+    tests = subprocess.run(
+        ["node", "--test", "test/"], cwd=ts_package, capture_output=True, text=True, timeout=120
+    )
+    assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr
+    assert "# fail 0" in tests.stdout
+
+
 def test_typescript_wire_types_are_what_the_schemas_generate(ts_package: Path, tmp_path: Path) -> None:
     schemas = tmp_path / "schemas"
     write_schemas(schemas, Settings(nats_url="nats://127.0.0.1:4222"))
@@ -92,13 +104,9 @@ def test_typescript_generator_check_fails_when_a_schema_changes(ts_package: Path
     assert "npm run generate" in check.stderr
 
 
-@pytest.mark.anyio
-@pytest.mark.pg
-@pytest.mark.nats
-async def test_the_readme_typescript_quick_start_compiles_strict_and_runs_against_a_fleet(
-    ts_package: Path, start_fleet, streams: str
-) -> None:
-    await start_fleet()
+@pytest.fixture
+def quick_start(ts_package: Path) -> Path:
+    """The README's TypeScript quick start, compiled with tsc --strict: the folder with out/quick.js."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Quick start in TypeScript", 1)[1]
     found = re.search(r"```ts\n(.*?)```", section, re.DOTALL)
@@ -127,13 +135,23 @@ async def test_the_readme_typescript_quick_start_compiles_strict_and_runs_agains
         ["node", str(tsc), "-p", "."], cwd=work, capture_output=True, text=True, timeout=120
     )
     assert built.returncode == 0, f"{built.stdout}{built.stderr}"
+    return work
+
+
+@pytest.mark.anyio
+@pytest.mark.pg
+@pytest.mark.nats
+async def test_the_readme_typescript_quick_start_compiles_strict_and_runs_against_a_fleet(
+    quick_start: Path, start_fleet: StartFleet, streams: str
+) -> None:
+    await start_fleet()
     env = {**os.environ, "CTX_NATS_URL": streams, "CTX_TENANT": "default"}
     for name in ("CTX_NATS_USER", "CTX_NATS_PASSWORD"):
         env.pop(name, None)
     node = await asyncio.create_subprocess_exec(
         "node",
         "out/quick.js",
-        cwd=work,
+        cwd=quick_start,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -150,7 +168,7 @@ async def test_the_readme_typescript_quick_start_compiles_strict_and_runs_agains
 @pytest.mark.pg
 @pytest.mark.nats
 async def test_typescript_client_replays_a_trace_in_three_formats_and_answers_the_context_tools(
-    ts_package: Path, start_fleet, streams: str
+    ts_package: Path, start_fleet: StartFleet, streams: str
 ) -> None:
     await start_fleet()
     # CTX_NATS_URL as `ctxfleet env` prints a cluster's, one node of it down: fromEnv splits it.
