@@ -1,18 +1,17 @@
 """The TypeScript client (clients/typescript): built with ``tsc --strict``, its types what the schemas
-generate, and its replay of a bundled trace against a real fleet."""
+generate, its own tests, the README's quick start, and its replay of a bundled trace against a fleet."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-import re
 
 import pytest
 
