@@ -63,6 +63,19 @@ def ts_package() -> Path:
     return PACKAGE
 
 
+def test_typescript_types_hold_requests_to_the_schemas_rules(ts_package: Path) -> None:
+    """test/wire-types.ts: a prepare without a budget, half a line range, a payload of another kind and an
+    unknown field do not compile (each line is marked @ts-expect-error, so one that compiled fails)."""
+    checked = subprocess.run(
+        ["node", "node_modules/typescript/bin/tsc", "-p", "tsconfig.test.json"],
+        cwd=ts_package,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_typescript_client_tests_pass_without_a_fleet(ts_package: Path) -> None:
     """clients/typescript/test: fromEnv's parsing, the context tools' mapping, each provider's call shape."""
     tests = subprocess.run(
