@@ -201,7 +201,7 @@ async def test_typescript_client_replays_a_trace_in_three_formats_and_answers_th
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(node.communicate(), timeout=55)
+    out, err = await asyncio.wait_for(node.communicate(), timeout=90)
     assert node.returncode == 0, f"{out.decode()}\n{err.decode()}"
     report = json.loads(out.decode().strip().splitlines()[-1])
     assistant_messages = sum(1 for line in TRACE.read_text().splitlines() if '"assistant_message"' in line)

@@ -173,6 +173,12 @@ export class FleetClient {
         request: asked,
       });
     }
+    if (request.after_event_key != null && request.after_event_key !== event.event_key) {
+      throw new FleetError("invalid_request", "a step's prepare names the step's own event", false, {
+        event_key: event.event_key,
+        after_event_key: request.after_event_key,
+      });
+    }
     const prepared = this.prepare({ ...request, after_event_key: event.event_key }, options);
     // Abandoned when the publish fails: its own error would only be not_yet_recorded.
     prepared.catch(() => undefined);
@@ -200,7 +206,12 @@ export class FleetClient {
     } catch (err) {
       throw fromNats(err, subject);
     }
-    const parsed: unknown = JSON.parse(new TextDecoder().decode(reply.data));
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(new TextDecoder().decode(reply.data));
+    } catch (err) {
+      throw new FleetError("internal_error", `unreadable reply on ${subject}: ${String(err)}`, false);
+    }
     const status = reply.headers?.get(STATUS_HEADER);
     const isError = status ? status === "error" : (parsed as { type?: unknown }).type === "error";
     if (isError) throw FleetError.of(parsed as ErrorReply);
