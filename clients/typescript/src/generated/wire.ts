@@ -2,21 +2,11 @@
 
 /**
  * What a hook may add to a context, as the host grants it; never instructions or required blocks.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "AdditionCategory".
  */
 export type AdditionCategory = "material" | "guidance";
-/**
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "JsonValue".
- */
 export type JsonValue = unknown;
 /**
  * Limits on what one run may spend; at least one is set.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "TaskBudget".
  */
 export type TaskBudget = TaskBudget1 & TaskBudget2;
 export type TaskBudget1 =
@@ -43,17 +33,11 @@ export type TaskBudget1 =
     };
 /**
  * Whose word a block carries to the model: derived from its kind and source records.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Authority".
  */
 export type Authority =
   "release_instruction" | "fleet_instruction" | "user" | "model" | "tool_output" | "material" | "fleet_derived";
 /**
  * What a block is.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "BlockKind".
  */
 export type BlockKind = "instruction" | "task" | "state" | "summary" | "interaction" | "material";
 /**
@@ -62,16 +46,10 @@ export type BlockKind = "instruction" | "task" | "state" | "summary" | "interact
 export type ChildStatus = "completed" | "failed" | "cancelled";
 /**
  * How a child agent's task ended.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChildStatus".
  */
 export type ChildStatus1 = "completed" | "failed" | "cancelled";
 /**
  * OR-combined triggers, each firing at ``>=``; ``None`` turns a trigger off.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactionTriggers".
  */
 export type CompactionTriggers = CompactionTriggers1 & CompactionTriggers2;
 export type CompactionTriggers1 =
@@ -86,9 +64,6 @@ export type CompactionTriggers1 =
     };
 /**
  * How hard the assembler holds on to a block.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Retention".
  */
 export type Retention = "required" | "active" | "compressible" | "on_demand";
 /**
@@ -96,9 +71,6 @@ export type Retention = "required" | "active" | "compressible" | "on_demand";
  *
  * The budget is the model profile's (or a built-in profile's by name), capped by
  * ``budget_tokens`` when set. Prepares still check their own request's budget.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextPolicy".
  */
 export type ContextPolicy = ContextPolicy1 & ContextPolicy2;
 export type ContextPolicy1 =
@@ -117,9 +89,6 @@ export type ContextPolicy1 =
 export type WindowStrategy = "summary" | "rollover";
 /**
  * Every error the fleet reports, by stable code.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ErrorCode".
  */
 export type ErrorCode =
   | "invalid_event"
@@ -181,9 +150,6 @@ export type ErrorCode =
   | "internal_error";
 /**
  * One event of a thread: an envelope (session, run, instance, event key) around the payload of its `kind`.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Event".
  */
 export type Event =
   | SystemEvent
@@ -204,9 +170,6 @@ export type Event =
 export type ToolStatus = "success" | "error" | "timeout" | "unknown";
 /**
  * A record (typically a search hit) the runtime wants in this context, as quoted evidence.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "EvidenceRef".
  */
 export type EvidenceRef = EvidenceRef1 & EvidenceRef2;
 export type EvidenceRef1 =
@@ -222,29 +185,16 @@ export type EvidenceRef1 =
 export type HookFailurePolicy = "skip" | "fail";
 /**
  * Where in the pipeline a hook runs (seed 000 §4, §9).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookPoint".
  */
 export type HookPoint =
   "context.prepare.before" | "context.prepare.after" | "context.compact.before" | "context.compact.after";
 /**
  * Why the runtime is calling its model.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Purpose".
  */
 export type Purpose = "action" | "compaction" | "completion";
-/**
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookDecision".
- */
 export type HookDecision = "continue" | "patch" | "reject";
 /**
  * What a hook's timeout, error or refused change does to the stage it runs in.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookFailurePolicy".
  */
 export type HookFailurePolicy1 = "skip" | "fail";
 export type HookDecision1 = "continue" | "patch" | "reject";
@@ -256,9 +206,6 @@ export type HookDecision1 = "continue" | "patch" | "reject";
  * this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
  * ``wait_ms`` — never a silently stale context — or ``event_rejected`` as soon as the fleet knows the
  * event will never be recorded (refused, or its key recorded with another ``after_event_hash``).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PrepareRequest".
  */
 export type PrepareRequest = PrepareRequest1 & PrepareRequest2;
 export type PrepareRequest1 =
@@ -277,23 +224,14 @@ export type PrepareRequest1 =
 export type Purpose1 = "action" | "compaction" | "completion";
 /**
  * Why a window closes (seed 004 §32's five triggers).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RolloverTrigger".
  */
 export type RolloverTrigger = "hard_limit" | "forecast" | "phase_boundary" | "semantic_density" | "recovery_boundary";
 /**
  * How full the window is (seed 004 §31).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "WaterLevel".
  */
 export type WaterLevel = "green" | "yellow" | "orange" | "red";
 /**
  * A byte range (``offset``/``length``) or a line range (``line``/``lines``) of ``ctx://blob/<sha256>``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ReadRequest".
  */
 export type ReadRequest = ReadRequest1 & ReadRequest2;
 export type ReadRequest1 =
@@ -307,25 +245,15 @@ export type ReadRequest1 =
     };
 /**
  * The real status of a tool call, as the tool runtime observed it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolStatus".
  */
 export type ToolStatus1 = "success" | "error" | "timeout" | "unknown";
 /**
  * What a thread does when its window fills.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "WindowStrategy".
  */
 export type WindowStrategy1 = "summary" | "rollover";
 
-export interface Wire {}
 /**
  * Envelope of an ``assistant_message`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "AssistantMessageEvent".
  */
 export interface AssistantMessageEvent {
   agent_release?: string | null;
@@ -350,9 +278,6 @@ export interface AssistantMessageEvent {
  *
  * Only ``action`` responses count as model steps; a ``completion`` check's answer is recorded
  * but never counted (compaction calls are not recorded as messages at all).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "AssistantMessagePayload".
  */
 export interface AssistantMessagePayload {
   purpose?: "action" | "completion";
@@ -362,9 +287,6 @@ export interface AssistantMessagePayload {
 }
 /**
  * One tool call inside an assistant message.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolCall".
  */
 export interface ToolCall {
   args?: {
@@ -376,9 +298,6 @@ export interface ToolCall {
 }
 /**
  * What the provider reported for one model call (an assistant message's ``usage``).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CallUsage".
  */
 export interface CallUsage {
   cost?: number | null;
@@ -397,9 +316,6 @@ export interface TaskBudget2 {
 }
 /**
  * Tokens by what they are for; ``total`` is their sum.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "BudgetCategory".
  */
 export interface BudgetCategory {
   envelopes?: number;
@@ -412,9 +328,6 @@ export interface BudgetCategory {
 }
 /**
  * What a run has spent, from its recorded model calls (assistant messages) and tool calls.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "BudgetLedger".
  */
 export interface BudgetLedger {
   cost?: number;
@@ -429,9 +342,6 @@ export interface BudgetLedger {
 }
 /**
  * How the prepared context fits the model.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "BudgetReport".
  */
 export interface BudgetReport {
   calibration?: "local" | "provider_usage+local";
@@ -464,9 +374,6 @@ export interface ReductionCounts {
 }
 /**
  * The revision a catalog got; sessions of that release started afterwards use it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CatalogRegistered".
  */
 export interface CatalogRegistered {
   release: string;
@@ -476,9 +383,6 @@ export interface CatalogRegistered {
 }
 /**
  * OpenAI ``function`` of a tool call: arguments as a JSON string.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChatFunction".
  */
 export interface ChatFunction {
   arguments: string;
@@ -487,9 +391,6 @@ export interface ChatFunction {
 /**
  * One message in OpenAI Chat Completions shape: ``None`` fields are omitted on the wire, so each
  * message is exactly what the API takes (``"tool_calls": null`` fails the official SDK's types).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChatMessage".
  */
 export interface ChatMessage {
   content?: string;
@@ -499,9 +400,6 @@ export interface ChatMessage {
 }
 /**
  * OpenAI tool call.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChatToolCall".
  */
 export interface ChatToolCall {
   function: ChatFunction;
@@ -510,9 +408,6 @@ export interface ChatToolCall {
 }
 /**
  * A tool as Chat Completions takes it: ``{"type": "function", "function": {name, description, ...}}``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChatTool".
  */
 export interface ChatTool {
   function: ToolSchema;
@@ -520,9 +415,6 @@ export interface ChatTool {
 }
 /**
  * A tool the model may call on this turn; counted against the budget and echoed back.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolSchema".
  */
 export interface ToolSchema {
   description?: string;
@@ -533,9 +425,6 @@ export interface ToolSchema {
 }
 /**
  * Envelope of a ``child_result`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChildResultEvent".
  */
 export interface ChildResultEvent {
   agent_release?: string | null;
@@ -557,9 +446,6 @@ export interface ChildResultEvent {
 }
 /**
  * A child agent's typed result; it enters the parent as material, never as instruction.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ChildResultPayload".
  */
 export interface ChildResultPayload {
   artifact_refs?: string[];
@@ -571,9 +457,6 @@ export interface ChildResultPayload {
 }
 /**
  * A committed manual compaction: the new summary, and the view's tokens before and after it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactReply".
  */
 export interface CompactReply {
   calls: number;
@@ -596,9 +479,6 @@ export interface CompactReply {
  * Everything the policy lets go is covered (its ``keep_recent_groups`` stay verbatim); the thread's
  * scope is checked as a prepare checks it: a ``session_id`` or ``principal_id`` that does not own the
  * thread makes it look missing.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactRequest".
  */
 export interface CompactRequest {
   instance_id: string;
@@ -609,9 +489,6 @@ export interface CompactRequest {
 }
 /**
  * ``ctx.compacted.<run>.<instance>``: a compaction job of the thread ended, however it ended.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactedNotice".
  */
 export interface CompactedNotice {
   status: "committed" | "deferred" | "failed" | "dropped" | "stale";
@@ -619,9 +496,6 @@ export interface CompactedNotice {
 }
 /**
  * Compact one thread's view as it was at ``watermark``, under one policy revision.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactionJob".
  */
 export interface CompactionJob {
   input_budget: number;
@@ -639,9 +513,6 @@ export interface CompactionJob {
 }
 /**
  * When and how far to compact.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "CompactionPolicy".
  */
 export interface CompactionPolicy {
   keep_recent_groups?: number;
@@ -658,9 +529,6 @@ export interface CompactionTriggers2 {
 }
 /**
  * A selectable unit of the view and the messages it produced, with its explanation.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextBlock".
  */
 export interface ContextBlock {
   block_id: string;
@@ -676,9 +544,6 @@ export interface ContextBlock {
 }
 /**
  * A ledger record a block was built from.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RecordRef".
  */
 export interface RecordRef {
   event_key: string;
@@ -687,9 +552,6 @@ export interface RecordRef {
 }
 /**
  * Envelope of a ``context_export`` event (published into the child's thread).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextExportEvent".
  */
 export interface ContextExportEvent {
   agent_release?: string | null;
@@ -711,9 +573,6 @@ export interface ContextExportEvent {
 }
 /**
  * What a parent explicitly hands a child as background: references, never copies.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextExportPayload".
  */
 export interface ContextExportPayload {
   note?: string;
@@ -725,9 +584,6 @@ export interface ContextExportPayload {
 }
 /**
  * A record of another thread, by thread and thread seq.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SourceRef".
  */
 export interface SourceRef {
   seq: number;
@@ -745,9 +601,6 @@ export interface ContextPolicy2 {
 /**
  * A model's limits: ``InputBudget = min(input_limit,
  * context_window − output_reserve − safety_margin)``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ModelProfile".
  */
 export interface ModelProfile {
   context_window: number;
@@ -759,9 +612,6 @@ export interface ModelProfile {
 }
 /**
  * The window strategy of a policy and its water levels.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "WindowPolicy".
  */
 export interface WindowPolicy {
   forecast?: ForecastPolicy;
@@ -771,9 +621,6 @@ export interface WindowPolicy {
 }
 /**
  * How a forecast is computed (seed 004 §30); part of ``WindowPolicy``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ForecastPolicy".
  */
 export interface ForecastPolicy {
   default_step_tokens?: number;
@@ -786,9 +633,6 @@ export interface ForecastPolicy {
 }
 /**
  * Thresholds as shares of the input budget; each level starts at its threshold (``>=``).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "WaterLevels".
  */
 export interface WaterLevels {
   orange?: number;
@@ -797,9 +641,6 @@ export interface WaterLevels {
 }
 /**
  * Envelope of a ``context_reset`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextResetEvent".
  */
 export interface ContextResetEvent {
   agent_release?: string | null;
@@ -821,9 +662,6 @@ export interface ContextResetEvent {
 }
 /**
  * An explicit reset of the session's context: a new origin; raw history stays readable.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ContextResetPayload".
  */
 export interface ContextResetPayload {
   reason?: string;
@@ -833,9 +671,6 @@ export interface ContextResetPayload {
  *
  * The raw payload is kept whole (base64) up to ``raw_kept_bytes``; larger payloads (those over the
  * size limit) keep their head, with the full size and sha256 so the sender can find them.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "DeadLetter".
  */
 export interface DeadLetter {
   code: ErrorCode;
@@ -855,9 +690,6 @@ export interface DeadLetter {
 }
 /**
  * The reply to a request that failed; ``code`` is stable, ``details`` typed per code.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ErrorReply".
  */
 export interface ErrorReply {
   code: ErrorCode;
@@ -871,9 +703,6 @@ export interface ErrorReply {
 }
 /**
  * Envelope of a ``system`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SystemEvent".
  */
 export interface SystemEvent {
   agent_release?: string | null;
@@ -895,18 +724,12 @@ export interface SystemEvent {
 }
 /**
  * The agent's instructions: pinned and required in every prepared context.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SystemPayload".
  */
 export interface SystemPayload {
   text: string;
 }
 /**
  * Envelope of a ``user_input`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "UserInputEvent".
  */
 export interface UserInputEvent {
   agent_release?: string | null;
@@ -931,9 +754,6 @@ export interface UserInputEvent {
  *
  * ``intent`` says how it counts toward the ``user_turns`` trigger: a new question
  * counts once; a supplement to a running question does not, though its tokens still count.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "UserInputPayload".
  */
 export interface UserInputPayload {
   intent?: "question" | "supplement";
@@ -941,9 +761,6 @@ export interface UserInputPayload {
 }
 /**
  * Envelope of a ``tool_outcome`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolOutcomeEvent".
  */
 export interface ToolOutcomeEvent {
   agent_release?: string | null;
@@ -965,9 +782,6 @@ export interface ToolOutcomeEvent {
 }
 /**
  * The result of one tool call, with its real status.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolOutcomePayload".
  */
 export interface ToolOutcomePayload {
   call_id: string;
@@ -977,9 +791,6 @@ export interface ToolOutcomePayload {
 }
 /**
  * Envelope of a ``resource_activated`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ResourceActivatedEvent".
  */
 export interface ResourceActivatedEvent {
   agent_release?: string | null;
@@ -1001,9 +812,6 @@ export interface ResourceActivatedEvent {
 }
 /**
  * A loaded resource (skill body, file, document) that enters the context as material.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ResourceActivatedPayload".
  */
 export interface ResourceActivatedPayload {
   resource_id: string;
@@ -1014,9 +822,6 @@ export interface ResourceActivatedPayload {
 }
 /**
  * Envelope of a ``run_status`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RunStatusEvent".
  */
 export interface RunStatusEvent {
   agent_release?: string | null;
@@ -1038,9 +843,6 @@ export interface RunStatusEvent {
 }
 /**
  * The runtime says how a run ended (or paused); a session has at most one active run.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RunStatusPayload".
  */
 export interface RunStatusPayload {
   reason?: string;
@@ -1048,9 +850,6 @@ export interface RunStatusPayload {
 }
 /**
  * Envelope of a ``state_patch`` event: a typed patch from a user, the orchestrator or a model.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "StatePatchEvent".
  */
 export interface StatePatchEvent {
   agent_release?: string | null;
@@ -1072,9 +871,6 @@ export interface StatePatchEvent {
 }
 /**
  * A typed patch: who proposes it, on which aggregate versions, with which evidence.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "StatePatchPayload".
  */
 export interface StatePatchPayload {
   based_on_version?: {
@@ -1090,9 +886,6 @@ export interface StatePatchPayload {
 }
 /**
  * One operation of a patch. ``value`` null with ``unknown`` true records UNKNOWN, never a guess.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PatchOp".
  */
 export interface PatchOp {
   expected?: {
@@ -1108,9 +901,6 @@ export interface PatchOp {
 }
 /**
  * Envelope of an ``operation_reconcile`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "OperationReconcileEvent".
  */
 export interface OperationReconcileEvent {
   agent_release?: string | null;
@@ -1132,9 +922,6 @@ export interface OperationReconcileEvent {
 }
 /**
  * The orchestrator settles an operation whose outcome was unknown, after checking the world.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "OperationReconcilePayload".
  */
 export interface OperationReconcilePayload {
   evidence?: string;
@@ -1144,9 +931,6 @@ export interface OperationReconcilePayload {
 }
 /**
  * Envelope of a ``phase_change`` event.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PhaseChangeEvent".
  */
 export interface PhaseChangeEvent {
   agent_release?: string | null;
@@ -1172,9 +956,6 @@ export interface PhaseChangeEvent {
  * A proposal the fleet weighs, never an instruction: from the runtime it may close the window at a
  * safe boundary; from the model it is recorded and decides nothing (the model proposes, the runtime
  * decides).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PhaseChangePayload".
  */
 export interface PhaseChangePayload {
   expected_steps?: number | null;
@@ -1190,9 +971,6 @@ export interface EvidenceRef2 {
 }
 /**
  * JSONL text of the trace (whole lines, or a part of one long line) and where to continue.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ExportPage".
  */
 export interface ExportPage {
   chunk: string;
@@ -1205,9 +983,6 @@ export interface ExportPage {
 /**
  * A page of the export: the trace lines after session seq ``after_seq`` (skipping ``offset``
  * characters of the first one, when the previous page ended inside it).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ExportRequest".
  */
 export interface ExportRequest {
   after_seq?: number;
@@ -1217,9 +992,6 @@ export interface ExportRequest {
 }
 /**
  * A sendable verdict, or a request to prepare again once (``context_reprepare_required``).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "FinalCheck".
  */
 export interface FinalCheck {
   addition_sources?: string[];
@@ -1237,9 +1009,6 @@ export interface FinalCheck {
 }
 /**
  * Check the provider request built from prepared context ``prepared_id`` before sending it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "FinalCheckRequest".
  */
 export interface FinalCheckRequest {
   /**
@@ -1261,9 +1030,6 @@ export interface FinalCheckRequest {
  *
  * ``text`` is the added unit's text exactly as it is in the request (a message's ``content``, a
  * content block's ``text``); an edited optional block is an addition of its new text.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "GatewayAddition".
  */
 export interface GatewayAddition {
   category: AdditionCategory;
@@ -1272,9 +1038,6 @@ export interface GatewayAddition {
 }
 /**
  * Tokens the coming steps are expected to add: ``step_growth × steps + declared``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Forecast".
  */
 export interface Forecast {
   declared: number;
@@ -1286,9 +1049,6 @@ export interface Forecast {
 }
 /**
  * What the runtime plans before its next model calls (``PrepareRequest.forecast``); bounded.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ForecastDeclaration".
  */
 export interface ForecastDeclaration {
   evidence?: number;
@@ -1301,9 +1061,6 @@ export interface ForecastDeclaration {
  *
  * Idempotent: asking again for the same fork (same id, parent and seq) answers the fork that
  * exists; any other use of an existing session id is ``session_exists``.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ForkRequest".
  */
 export interface ForkRequest {
   at_seq: number;
@@ -1314,9 +1071,6 @@ export interface ForkRequest {
 }
 /**
  * Material a prepare.before hook adds; counted in the budget like any material, droppable.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookAddition".
  */
 export interface HookAddition {
   category: AdditionCategory;
@@ -1325,18 +1079,12 @@ export interface HookAddition {
 }
 /**
  * A diagnostic note a prepare.after hook attaches to the prepared context.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookAnnotation".
  */
 export interface HookAnnotation {
   text: string;
 }
 /**
  * One hook of a release at one point.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookBinding".
  */
 export interface HookBinding {
   failure?: HookFailurePolicy;
@@ -1350,9 +1098,6 @@ export interface HookBinding {
 }
 /**
  * A candidate block as a prepare.before hook sees it (or a kept block, for prepare.after).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookBlock".
  */
 export interface HookBlock {
   block_id: string;
@@ -1363,9 +1108,6 @@ export interface HookBlock {
 }
 /**
  * A change of a block's text: never allowed — listed so that asking for one is refused by name.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookBlockEdit".
  */
 export interface HookBlockEdit {
   block_id: string;
@@ -1373,9 +1115,6 @@ export interface HookBlockEdit {
 }
 /**
  * What the fleet sends a hook; the scope and purpose are read-only.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookCall".
  */
 export interface HookCall {
   blocks?: HookBlock[];
@@ -1396,18 +1135,11 @@ export interface HookCall {
 }
 /**
  * A range of ledger records (inclusive).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookRange".
  */
 export interface HookRange {
   from_seq: number;
   to_seq: number;
 }
-/**
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookPatch".
- */
 export interface HookPatch {
   /**
    * @maxItems 16
@@ -1427,9 +1159,6 @@ export interface HookPatch {
 }
 /**
  * A hook's answer.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookReply".
  */
 export interface HookReply {
   decision?: HookDecision1;
@@ -1457,9 +1186,6 @@ export interface HookPatch1 {
 }
 /**
  * The context hooks of one agent release; each registration is a new revision.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookSet".
  */
 export interface HookSet {
   /**
@@ -1471,9 +1197,6 @@ export interface HookSet {
 }
 /**
  * A context hook that ran for a context: its source, what came of it, and its diagnostic note.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HookTouch".
  */
 export interface HookTouch {
   note?: string;
@@ -1483,9 +1206,6 @@ export interface HookTouch {
 }
 /**
  * The revision a hook set got; sessions of that release started afterwards use it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "HooksRegistered".
  */
 export interface HooksRegistered {
   release: string;
@@ -1495,9 +1215,6 @@ export interface HooksRegistered {
 }
 /**
  * Ask for a thread's head and its last ``limit`` records.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "InspectRequest".
  */
 export interface InspectRequest {
   limit?: number;
@@ -1505,9 +1222,6 @@ export interface InspectRequest {
 }
 /**
  * An event the recorder refused for this thread, and why.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "InspectedDeadLetter".
  */
 export interface InspectedDeadLetter {
   code: string;
@@ -1517,9 +1231,6 @@ export interface InspectedDeadLetter {
 }
 /**
  * One ledger record as an operator sees it.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "InspectedRecord".
  */
 export interface InspectedRecord {
   blob_sha256?: string;
@@ -1537,9 +1248,6 @@ export interface InspectedRecord {
 }
 /**
  * One run (question) of a session, with the snapshot it inherited.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "InspectedRun".
  */
 export interface InspectedRun {
   main_thread_id: string;
@@ -1550,9 +1258,6 @@ export interface InspectedRun {
 }
 /**
  * One thread of a run.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "InspectedThread".
  */
 export interface InspectedThread {
   parent_thread_id?: string;
@@ -1564,9 +1269,6 @@ export interface InspectedThread {
 }
 /**
  * A block left out of this context, and why.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "OmittedBlock".
  */
 export interface OmittedBlock {
   block_id: string;
@@ -1577,9 +1279,6 @@ export interface OmittedBlock {
 }
 /**
  * A recovering runtime asks what became of an operation before it re-executes anything.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "OperationStatusRequest".
  */
 export interface OperationStatusRequest {
   operation_id: string;
@@ -1589,9 +1288,6 @@ export interface OperationStatusRequest {
 }
 /**
  * A registered state path pattern (``item:{id}.location``) and what kind of state it holds.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PathRule".
  */
 export interface PathRule {
   kind:
@@ -1608,9 +1304,6 @@ export interface PathRule {
 }
 /**
  * A tool call whose outcome has not been recorded yet; its group is held back whole.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PendingCall".
  */
 export interface PendingCall {
   call_id: string;
@@ -1619,9 +1312,6 @@ export interface PendingCall {
 }
 /**
  * The revision a registered policy got; new sessions naming it run under that revision.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PolicyRegistered".
  */
 export interface PolicyRegistered {
   name: string;
@@ -1661,9 +1351,6 @@ export interface PrepareRequest2 {
  * Only an explicit context-length refusal is an overflow. An HTTP 413 (a proxy's body limit) or an
  * unclassified error says nothing about tokens, so the model admits no other ``kind``: a runtime
  * cannot report one, and the fleet never shrinks contexts on a guess.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ProviderOverflow".
  */
 export interface ProviderOverflow {
   kind: "context_length_exceeded";
@@ -1677,9 +1364,6 @@ export interface ProviderOverflow {
  *
  * The next estimate is this usage plus local counts of what was recorded after that response,
  * as long as the view is still the one the response was produced from (``view_revision``).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ReportedUsage".
  */
 export interface ReportedUsage {
   input_tokens: number;
@@ -1689,9 +1373,6 @@ export interface ReportedUsage {
 }
 /**
  * The reply to a prepare: messages for the model, and the explanation of each.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "PreparedContext".
  */
 export interface PreparedContext {
   assembly_revision: string;
@@ -1731,9 +1412,6 @@ export interface PreparedContext {
  *
  * ``sha256`` is over the block's units in the context's ``format`` (docs/wire.md, "Protected
  * blocks"): a runtime in any language can recompute it from the request it is about to send.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ProtectedBlock".
  */
 export interface ProtectedBlock {
   authority: Authority;
@@ -1745,9 +1423,6 @@ export interface ProtectedBlock {
 }
 /**
  * The prepare that closed a window says so: why, how large the handoff is, how long it took.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RolloverReport".
  */
 export interface RolloverReport {
   handoff_tokens: number;
@@ -1757,9 +1432,6 @@ export interface RolloverReport {
 }
 /**
  * How far into the ledger this context looked.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SourceWatermark".
  */
 export interface SourceWatermark {
   head_revision: number;
@@ -1768,9 +1440,6 @@ export interface SourceWatermark {
 }
 /**
  * The committed summary a context shows in place of the history it covers.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SummaryRef".
  */
 export interface SummaryRef {
   covered_from: number;
@@ -1785,9 +1454,6 @@ export interface SummaryRef {
  *
  * ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
  * ``context.compact.after``: it patched the summary's text fields (validated again before commit).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SummaryHook".
  */
 export interface SummaryHook {
   change?: string;
@@ -1799,9 +1465,6 @@ export interface SummaryHook {
 }
 /**
  * A run's budget, what it spent, what is left per limited dimension, and which are spent.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "TaskBudgetReport".
  */
 export interface TaskBudgetReport {
   exhausted?: string[];
@@ -1816,9 +1479,6 @@ export interface TaskBudgetReport {
 }
 /**
  * Where a prepared context stands in its window (seed 004 §31).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "WindowReport".
  */
 export interface WindowReport {
   forecast: Forecast;
@@ -1830,9 +1490,6 @@ export interface WindowReport {
 }
 /**
  * The requested range, with where the content ends and where to continue.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ReadReply".
  */
 export interface ReadReply {
   content: string;
@@ -1859,9 +1516,6 @@ export interface ReadRequest2 {
 }
 /**
  * The fleet's record of a side-effecting call: requested, then its real outcome (or unknown).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "Receipt".
  */
 export interface Receipt {
   call_id: string;
@@ -1882,9 +1536,6 @@ export interface Receipt {
  * ``ctx.recorded.<run>.<instance>``: the thread's head after a recorded batch.
  *
  * ``seq`` and ``revision`` are ``-1`` when the batch only dead-lettered events of the thread.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "RecordedNotice".
  */
 export interface RecordedNotice {
   revision: number;
@@ -1892,9 +1543,6 @@ export interface RecordedNotice {
 }
 /**
  * What each step of the reduction order did to this context, in step order.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ReductionCounts".
  */
 export interface ReductionCounts1 {
   deduplicated?: number;
@@ -1907,9 +1555,6 @@ export interface ReductionCounts1 {
 }
 /**
  * Where the text is — a pointer to read back, not evidence by itself.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SearchHit".
  */
 export interface SearchHit {
   end_byte: number;
@@ -1927,9 +1572,6 @@ export interface SearchHit {
 }
 /**
  * The hits, best first.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SearchReply".
  */
 export interface SearchReply {
   hits: SearchHit[];
@@ -1938,9 +1580,6 @@ export interface SearchReply {
 }
 /**
  * Full-text search within one session (optionally one run or thread, some kinds, a time range).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SearchRequest".
  */
 export interface SearchRequest {
   kinds?: string[];
@@ -1956,9 +1595,6 @@ export interface SearchRequest {
 }
 /**
  * The fork: its parent, the seq it branched at, and where its own records begin.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SessionForked".
  */
 export interface SessionForked {
   at_seq: number;
@@ -1972,9 +1608,6 @@ export interface SessionForked {
 }
 /**
  * A session's runs in order, their threads and snapshot boundaries.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "SessionInspection".
  */
 export interface SessionInspection {
   last_seq: number;
@@ -1988,9 +1621,6 @@ export interface SessionInspection {
 }
 /**
  * A thread's head, a verification of its whole hash chain, and its most recent records.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ThreadInspection".
  */
 export interface ThreadInspection {
   chain_error?: string;
@@ -2021,9 +1651,6 @@ export interface ThreadInspection {
 }
 /**
  * The tools and state paths of one agent release; each registration is a new revision.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolCatalog".
  */
 export interface ToolCatalog {
   paths?: PathRule[];
@@ -2033,9 +1660,6 @@ export interface ToolCatalog {
 }
 /**
  * A tool of an agent release: what it reads, what it changes, whether it is idempotent.
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolSpec".
  */
 export interface ToolSpec {
   effects?: ToolEffect[];
@@ -2052,9 +1676,6 @@ export interface ToolSpec {
  * Templates are ``{args.NAME}`` / ``{result.NAME}`` (the outcome text parsed as JSON). A path that
  * cannot be filled, or a result that is not JSON, writes nothing; a non-success outcome writes the
  * path as UNKNOWN (tool success is not world state, and failure is not knowledge either).
- *
- * This interface was referenced by `Wire`'s JSON-Schema
- * via the `definition` "ToolEffect".
  */
 export interface ToolEffect {
   op?: "set" | "clear" | "append" | "increment";
