@@ -15,9 +15,9 @@ import type { ChatCompletionCreateParamsNonStreaming, ChatCompletionMessage } fr
 import type { ResponseCreateParamsNonStreaming, ResponseFunctionToolCall } from "openai/resources/responses/responses";
 
 import { fromEnv, type FleetClient } from "./client.js";
-import { CONTEXT_READ, CONTEXT_SEARCH, ContextTools } from "./contextTools.js";
+import { type Answered, CONTEXT_READ, CONTEXT_SEARCH, ContextTools } from "./contextTools.js";
 import { FleetError } from "./errors.js";
-import type { Event, PreparedContext, PrepareRequest, ToolCall, ToolStatus } from "./generated/wire.js";
+import type { Event, PreparedContext, PrepareRequest, SearchHit, ToolCall, ToolStatus } from "./generated/wire.js";
 import { FORMATS, providerBody } from "./providers.js";
 
 interface TraceLine {
@@ -186,9 +186,15 @@ async function answerContextTools(client: FleetClient, last: Event): Promise<voi
     refusal: null,
     tool_calls: [{ id: "call_ts_search", type: "function", function: { name: CONTEXT_SEARCH, arguments: JSON.stringify({ query }) } }],
   };
-  const searched = await tools.answer(chat);
-  const hit = searched.answers[0]?.reply;
-  const hits = hit && "hits" in hit ? hit.hits : [];
+  // The indexer follows the ledger asynchronously: ask again until the hit is there (or 10 s pass).
+  const deadline = Date.now() + 10_000;
+  let searched = await tools.answer(chat);
+  let hits = hitsOf(searched);
+  while (hits.length === 0 && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    searched = await tools.answer(chat);
+    hits = hitsOf(searched);
+  }
   done.search_hits = hits.length;
   const first = hits[0];
   if (!first) throw new Error(`context_search for ${JSON.stringify(query)} found nothing`);
@@ -223,4 +229,9 @@ async function answerContextTools(client: FleetClient, last: Event): Promise<voi
     if (err instanceof FleetError) failures.push(`prepare after the context tools' outcomes: ${err.message}`);
     else throw err;
   }
+}
+
+function hitsOf(answered: Answered): SearchHit[] {
+  const reply = answered.answers[0]?.reply;
+  return reply && "hits" in reply ? reply.hits : [];
 }
