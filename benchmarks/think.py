@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import PreparedContext, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 from services.settings import parse_nats_urls
 from tests.fixtures.builders import Thread

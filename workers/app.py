@@ -21,7 +21,7 @@ from nats.errors import Error as NatsError
 
 from contracts.subjects import RECORDED
 from services.errors import InvalidConfiguration
-from services.edge.client import connect_nats
+from ctxfleet_client.client import connect_nats
 from services.core.tokens import EncodingName, counter_for
 from services.settings import Settings
 from services.store.connect import create_pool

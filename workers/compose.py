@@ -19,7 +19,7 @@ from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
-from services.edge.client import log_nats_error
+from ctxfleet_client.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer

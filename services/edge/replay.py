@@ -34,7 +34,7 @@ from contracts import (
     UserInputPayload,
 )
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError, PermissionDenied
 from services.core.records import RecordKind
 from services.core.render import (
