@@ -88,6 +88,18 @@ export type ContextPolicy1 =
  */
 export type WindowStrategy = "summary" | "rollover";
 /**
+ * Why the runtime is calling its model.
+ */
+export type Purpose = "action" | "compaction" | "completion";
+/**
+ * Why a window closes (seed 004 §32's five triggers).
+ */
+export type RolloverTrigger = "hard_limit" | "forecast" | "phase_boundary" | "semantic_density" | "recovery_boundary";
+/**
+ * How full the window is (seed 004 §31).
+ */
+export type WaterLevel = "green" | "yellow" | "orange" | "red";
+/**
  * Every error the fleet reports, by stable code.
  */
 export type ErrorCode =
@@ -188,10 +200,6 @@ export type HookFailurePolicy = "skip" | "fail";
  */
 export type HookPoint =
   "context.prepare.before" | "context.prepare.after" | "context.compact.before" | "context.compact.after";
-/**
- * Why the runtime is calling its model.
- */
-export type Purpose = "action" | "compaction" | "completion";
 export type HookDecision = "continue" | "patch" | "reject";
 /**
  * What a hook's timeout, error or refused change does to the stage it runs in.
@@ -222,14 +230,6 @@ export type PrepareRequest1 =
  * Why the runtime is calling its model.
  */
 export type Purpose1 = "action" | "compaction" | "completion";
-/**
- * Why a window closes (seed 004 §32's five triggers).
- */
-export type RolloverTrigger = "hard_limit" | "forecast" | "phase_boundary" | "semantic_density" | "recovery_boundary";
-/**
- * How full the window is (seed 004 §31).
- */
-export type WaterLevel = "green" | "yellow" | "orange" | "red";
 /**
  * A byte range (``offset``/``length``) or a line range (``line``/``lines``) of ``ctx://blob/<sha256>``.
  */
@@ -316,6 +316,10 @@ export interface TaskBudget2 {
 }
 /**
  * Tokens by what they are for; ``total`` is their sum.
+ *
+ * Each block counts whole (its messages' framing included) in the category of its kind, so a
+ * category is the sum of its blocks' ``tokens``; ``envelopes`` is what no block carries, the
+ * priming of the reply.
  */
 export interface BudgetCategory {
   envelopes?: number;
@@ -640,6 +644,16 @@ export interface WaterLevels {
   yellow?: number;
 }
 /**
+ * Ask what a thread's next prepare would answer, without preparing it: the session's policy
+ * budget unless a ``model_profile``, a ``profile`` or a ``budget_tokens`` cap is named.
+ */
+export interface ContextRequest {
+  budget_tokens?: number | null;
+  model_profile?: string | null;
+  profile?: ModelProfile | null;
+  schema_version?: 1;
+}
+/**
  * Envelope of a ``context_reset`` event.
  */
 export interface ContextResetEvent {
@@ -665,6 +679,174 @@ export interface ContextResetEvent {
  */
 export interface ContextResetPayload {
   reason?: string;
+}
+/**
+ * The context a thread's next prepare would answer, the budget it was counted at and where that
+ * budget came from, and what that prepare would do first that showing it did not (compact, roll
+ * the window over): nothing was written to show it.
+ */
+export interface ContextShown {
+  budget_source: string;
+  policy: string;
+  prepared: PreparedContext;
+  runtime_would?: string[];
+  schema_version?: 1;
+  type?: "context_shown";
+}
+/**
+ * The reply to a prepare: messages for the model, and the explanation of each.
+ */
+export interface PreparedContext {
+  assembly_revision: string;
+  blocks: ContextBlock[];
+  budget_report: BudgetReport;
+  compaction_wait_ms?: number;
+  format?: "openai.chat" | "openai.responses" | "anthropic.messages";
+  handoff_id?: string;
+  hooks?: HookTouch[];
+  instance_id: string;
+  messages: ChatMessage[];
+  omitted: OmittedBlock[];
+  pending_calls: PendingCall[];
+  policy?: string;
+  prepared_id: string;
+  protected_block_manifest?: ProtectedBlock[];
+  purpose: Purpose;
+  reductions?: string[];
+  request?: {
+    [k: string]: JsonValue | undefined;
+  };
+  rollover?: RolloverReport;
+  run_id: string;
+  schema_version?: 1;
+  session_id: string;
+  source_watermark: SourceWatermark;
+  summary?: SummaryRef;
+  task_budget?: TaskBudgetReport;
+  tools: ChatTool[];
+  type?: "prepared_context";
+  view_revision?: number;
+  window?: number;
+  window_report?: WindowReport;
+}
+/**
+ * A context hook that ran for a context: its source, what came of it, and its diagnostic note.
+ */
+export interface HookTouch {
+  note?: string;
+  outcome: string;
+  point?: "context.prepare.before" | "context.prepare.after";
+  source: string;
+}
+/**
+ * A block left out of this context, and why.
+ */
+export interface OmittedBlock {
+  block_id: string;
+  kind: BlockKind;
+  reason: string;
+  sources: RecordRef[];
+  tokens: number;
+}
+/**
+ * A tool call whose outcome has not been recorded yet; its group is held back whole.
+ */
+export interface PendingCall {
+  call_id: string;
+  name: string;
+  seq: number;
+}
+/**
+ * A required block as the model must receive it: the gateway's final check holds requests to it.
+ *
+ * ``sha256`` is over the block's units in the context's ``format`` (docs/wire.md, "Protected
+ * blocks"): a runtime in any language can recompute it from the request it is about to send.
+ */
+export interface ProtectedBlock {
+  authority: Authority;
+  block_id: string;
+  kind: BlockKind;
+  sha256: string;
+  sources: RecordRef[];
+  units: number;
+}
+/**
+ * The prepare that closed a window says so: why, how large the handoff is, how long it took.
+ */
+export interface RolloverReport {
+  handoff_tokens: number;
+  previous_window: number;
+  rollover_ms: number;
+  trigger: RolloverTrigger;
+}
+/**
+ * How far into the ledger this context looked.
+ */
+export interface SourceWatermark {
+  head_revision: number;
+  last_event_key?: string;
+  thread_seq: number;
+}
+/**
+ * The committed summary a context shows in place of the history it covers.
+ */
+export interface SummaryRef {
+  covered_from: number;
+  covered_to: number;
+  hooks?: SummaryHook[];
+  sources: number[];
+  summary_id: string;
+  view_revision: number;
+}
+/**
+ * A context hook that shaped a committed summary, as recorded with it (seed 000 §9, §10).
+ *
+ * ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
+ * ``context.compact.after``: it patched the summary's text fields (validated again before commit).
+ */
+export interface SummaryHook {
+  change?: string;
+  hook_set_revision: number;
+  point: "context.compact.before" | "context.compact.after";
+  release: string;
+  source: string;
+  subject: string;
+}
+/**
+ * A run's budget, what it spent, what is left per limited dimension, and which are spent.
+ */
+export interface TaskBudgetReport {
+  exhausted?: string[];
+  hard: boolean;
+  limits: {
+    [k: string]: number | undefined;
+  };
+  remaining: {
+    [k: string]: number | undefined;
+  };
+  spent: BudgetLedger;
+}
+/**
+ * Where a prepared context stands in its window (seed 004 §31).
+ */
+export interface WindowReport {
+  forecast: Forecast;
+  input_budget: number;
+  level: WaterLevel;
+  safe_remaining: number;
+  trimmed?: boolean;
+  used: number;
+}
+/**
+ * Tokens the coming steps are expected to add: ``step_growth × steps + declared``.
+ */
+export interface Forecast {
+  declared: number;
+  fits: boolean;
+  observed_steps: number;
+  step_growth: number;
+  steps: number;
+  tokens: number;
 }
 /**
  * A rejected event with its reason and raw payload, published to ``ctx.dead.events.<thread>``.
@@ -1037,17 +1219,6 @@ export interface GatewayAddition {
   text: string;
 }
 /**
- * Tokens the coming steps are expected to add: ``step_growth × steps + declared``.
- */
-export interface Forecast {
-  declared: number;
-  fits: boolean;
-  observed_steps: number;
-  step_growth: number;
-  steps: number;
-  tokens: number;
-}
-/**
  * What the runtime plans before its next model calls (``PrepareRequest.forecast``); bounded.
  */
 export interface ForecastDeclaration {
@@ -1196,15 +1367,6 @@ export interface HookSet {
   schema_version?: 1;
 }
 /**
- * A context hook that ran for a context: its source, what came of it, and its diagnostic note.
- */
-export interface HookTouch {
-  note?: string;
-  outcome: string;
-  point?: "context.prepare.before" | "context.prepare.after";
-  source: string;
-}
-/**
  * The revision a hook set got; sessions of that release started afterwards use it.
  */
 export interface HooksRegistered {
@@ -1268,16 +1430,6 @@ export interface InspectedThread {
   view_revision: number;
 }
 /**
- * A block left out of this context, and why.
- */
-export interface OmittedBlock {
-  block_id: string;
-  kind: BlockKind;
-  reason: string;
-  sources: RecordRef[];
-  tokens: number;
-}
-/**
  * A recovering runtime asks what became of an operation before it re-executes anything.
  */
 export interface OperationStatusRequest {
@@ -1301,14 +1453,6 @@ export interface PathRule {
     | "constraint"
     | "decision";
   pattern: string;
-}
-/**
- * A tool call whose outcome has not been recorded yet; its group is held back whole.
- */
-export interface PendingCall {
-  call_id: string;
-  name: string;
-  seq: number;
 }
 /**
  * The revision a registered policy got; new sessions naming it run under that revision.
@@ -1370,123 +1514,6 @@ export interface ReportedUsage {
   output_tokens?: number;
   response_event_key: string;
   view_revision?: number;
-}
-/**
- * The reply to a prepare: messages for the model, and the explanation of each.
- */
-export interface PreparedContext {
-  assembly_revision: string;
-  blocks: ContextBlock[];
-  budget_report: BudgetReport;
-  compaction_wait_ms?: number;
-  format?: "openai.chat" | "openai.responses" | "anthropic.messages";
-  handoff_id?: string;
-  hooks?: HookTouch[];
-  instance_id: string;
-  messages: ChatMessage[];
-  omitted: OmittedBlock[];
-  pending_calls: PendingCall[];
-  policy?: string;
-  prepared_id: string;
-  protected_block_manifest?: ProtectedBlock[];
-  purpose: Purpose;
-  reductions?: string[];
-  request?: {
-    [k: string]: JsonValue | undefined;
-  };
-  rollover?: RolloverReport;
-  run_id: string;
-  schema_version?: 1;
-  session_id: string;
-  source_watermark: SourceWatermark;
-  summary?: SummaryRef;
-  task_budget?: TaskBudgetReport;
-  tools: ChatTool[];
-  type?: "prepared_context";
-  view_revision?: number;
-  window?: number;
-  window_report?: WindowReport;
-}
-/**
- * A required block as the model must receive it: the gateway's final check holds requests to it.
- *
- * ``sha256`` is over the block's units in the context's ``format`` (docs/wire.md, "Protected
- * blocks"): a runtime in any language can recompute it from the request it is about to send.
- */
-export interface ProtectedBlock {
-  authority: Authority;
-  block_id: string;
-  kind: BlockKind;
-  sha256: string;
-  sources: RecordRef[];
-  units: number;
-}
-/**
- * The prepare that closed a window says so: why, how large the handoff is, how long it took.
- */
-export interface RolloverReport {
-  handoff_tokens: number;
-  previous_window: number;
-  rollover_ms: number;
-  trigger: RolloverTrigger;
-}
-/**
- * How far into the ledger this context looked.
- */
-export interface SourceWatermark {
-  head_revision: number;
-  last_event_key?: string;
-  thread_seq: number;
-}
-/**
- * The committed summary a context shows in place of the history it covers.
- */
-export interface SummaryRef {
-  covered_from: number;
-  covered_to: number;
-  hooks?: SummaryHook[];
-  sources: number[];
-  summary_id: string;
-  view_revision: number;
-}
-/**
- * A context hook that shaped a committed summary, as recorded with it (seed 000 §9, §10).
- *
- * ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
- * ``context.compact.after``: it patched the summary's text fields (validated again before commit).
- */
-export interface SummaryHook {
-  change?: string;
-  hook_set_revision: number;
-  point: "context.compact.before" | "context.compact.after";
-  release: string;
-  source: string;
-  subject: string;
-}
-/**
- * A run's budget, what it spent, what is left per limited dimension, and which are spent.
- */
-export interface TaskBudgetReport {
-  exhausted?: string[];
-  hard: boolean;
-  limits: {
-    [k: string]: number | undefined;
-  };
-  remaining: {
-    [k: string]: number | undefined;
-  };
-  spent: BudgetLedger;
-}
-/**
- * Where a prepared context stands in its window (seed 004 §31).
- */
-export interface WindowReport {
-  forecast: Forecast;
-  input_budget: number;
-  level: WaterLevel;
-  safe_remaining: number;
-  trimmed?: boolean;
-  used: number;
 }
 /**
  * The requested range, with where the content ends and where to continue.
