@@ -33,16 +33,12 @@ def measure(
     agree, or a retry check would see a change that is not one.
     """
     encoding = view.encoding
-    # The view's own records: build through its memo, so what the budgeter builds after a batch is
-    # what the thread's next prepare reuses (nothing here changes a block).
-    memo = view.memo if records is view.records else None
     summary = view.state.summary
     blocks = build_view_blocks(
         records,
         view.state.covered_to,
         covered_from=summary.body.covered_from if summary else 0,
         own_thread=view.head.thread_id,
-        memo=memo,
     )
     measured, eligible = measure_view(
         blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget

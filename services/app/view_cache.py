@@ -1,9 +1,8 @@
 """One cache of thread views per process, bounded by bytes.
 
 The assembler, budgeter and compactor of a process read the same hot threads through one
-``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks the
-last prepare built of them (``ViewMemo``), the contexts last assembled of each view
-(``assemble_reusing``) and the immutable inherited snapshots of runs. Entries are
+``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the contexts
+last assembled of each view (``assemble_reusing``) and the immutable inherited snapshots of runs. Entries are
 evicted least recently used first once their estimated bytes exceed the bound, so memory follows a
 setting (``CTX_VIEW_CACHE_MB``) rather than a count of threads whatever their size.
 
@@ -24,7 +23,6 @@ from contracts.windows import WindowPolicy
 from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec
 from services.core.tokens import TokenCounter
-from services.core.view_memo import ViewMemo
 
 if TYPE_CHECKING:
     from services.core.records import LedgerRecord
@@ -34,10 +32,10 @@ __all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "assemble_reusin
 # What a cached record costs beyond its text: the object, its parsed body, payload and token counts
 # (tracemalloc on the bundled samples: 2.2 KB per record at 560 characters of text on average).
 _RECORD_OVERHEAD = 1000
-# The default bound: a 5,000-record thread of the bundled samples takes about 20 MB with its memo.
+# The default bound: a 5,000-record thread of the bundled samples takes about 11 MB (2.2 KB a record).
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-# A kept context shares its messages and blocks with the memo: what it adds is its tuples, reports and
-# manifest, estimated per message and block.
+# A kept context shares its messages' text with the records: what it adds is its messages, blocks,
+# reports and manifest, estimated per message and block.
 _CONTEXT_OVERHEAD = 4000
 _CONTEXT_PART_OVERHEAD = 400
 # Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
@@ -51,22 +49,16 @@ def record_bytes(records: Sequence[LedgerRecord]) -> int:
 
 @dataclass
 class CachedRecords:
-    """A thread's records up to ``last_seq``, and the blocks the last prepare built of them."""
+    """A thread's records up to ``last_seq``."""
 
     last_seq: int
     records: list[LedgerRecord]
-    memo: ViewMemo
     record_bytes: int = 0
     # Exports resolved to their parent records, by seq: resolving reads the parent again.
     resolved: dict[int, LedgerRecord] = field(default_factory=dict)
     # Where in ``records`` the exports still to resolve are, found as records arrive: a load then
     # visits those, not every record of the thread (1.6 ms of a 5,000-record prepare).
     exports: tuple[int, ...] = ()
-
-    @property
-    def bytes(self) -> int:
-        """Estimated bytes of the entry: its records and its memo."""
-        return self.record_bytes + self.memo.estimate_bytes()
 
 
 class ViewCache:
@@ -144,7 +136,7 @@ def assemble_reusing(
             allow_drop_history=allow_drop_history,
             window=window,
         )
-    inputs = (replace(snapshot, records=(), memo=None), request, budget, counter, window)
+    inputs = (replace(snapshot, records=()), request, budget, counter, window)
     key = ("contexts", snapshot.own_thread)
     found = cache.get(key)
     kept: tuple[_Kept, ...] = found if isinstance(found, tuple) else ()

@@ -50,7 +50,6 @@ from services.core.records import (
     UserInputBody,
 )
 from services.core.render import arguments_json, record_content
-from services.core.view_memo import ViewMemo, message_of
 
 __all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
 
@@ -98,10 +97,6 @@ class BlockSet:
     covered: list[DraftBlock]
     # The run's task (``run_task_seq``) of the records the blocks were built from.
     run_task: int | None = None
-    # The latest user input among them (the current request), and whether their seqs ascend: what
-    # extending these blocks by records appended after them needs (``_extend``).
-    last_user: int | None = None
-    ascending: bool = False
 
 
 def build_view_blocks(
@@ -110,7 +105,6 @@ def build_view_blocks(
     *,
     covered_from: int = 0,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
 ) -> BlockSet:
     """Blocks of a thread whose interactions ``covered_from..covered_to`` are replaced by a summary.
 
@@ -119,110 +113,22 @@ def build_view_blocks(
     groups are never covered: they are shown from their own records. Nor is what precedes the range:
     a request that was current when the summary was made stays out of it, and must be shown once a
     newer request takes its place.
-
-    With ``memo`` (the thread's, kept across prepares), the same records give the same blocks without
-    building them again, and a block built from the same records in the same place as last time is
-    that block, so what was measured and emitted of it is reused (``services/core/view_memo.py``).
     """
     covered = range(covered_from, covered_to + 1)
-    key = (covered, own_thread)
-    if memo is not None:
-        found: BlockSet | None = memo.last_build(records, key)
-        if found is not None:
-            return found
-        grown = memo.grown_from(records, key)
-        if grown is not None:
-            extended = _extend(records, grown, covered, own_thread, memo)
-            if extended is not None:
-                memo.settle(extended.ready)
-                memo.keep_extension(records, key, extended, built=len(records) - grown[0])
-                return extended
-        memo.begin()
     run_task = run_task_seq(records, own_thread)
     shown_records = _uncovered(records, covered, own_thread) if covered_to else records
-    ready, held, pending = build_blocks(shown_records, own_thread=own_thread, memo=memo)
-    built = BlockSet(
+    ready, held, pending = build_blocks(shown_records, own_thread=own_thread)
+    return BlockSet(
         ready=[b for b in ready if not _is_covered(b, covered)],
         held=held,
         pending=pending,
         covered=[b for b in ready if _is_covered(b, covered)],
         run_task=run_task,
-        last_user=_last_user(shown_records),
-        ascending=all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False)),
     )
-    if memo is not None:
-        memo.settle(built.ready)
-        memo.keep_build(records, key, built)
-    return built
 
 
 def _last_user(records: Sequence[LedgerRecord]) -> int | None:
     return max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
-
-
-def _extend(
-    records: Sequence[LedgerRecord],
-    grown: tuple[int, BlockSet],
-    covered: range,
-    own_thread: str,
-    memo: ViewMemo,
-) -> BlockSet | None:
-    """The blocks of ``records`` from those of their first ``grown[0]`` (``grown[1]``), or ``None``
-    when the appended records change more than their own blocks and the full build must run.
-
-    A block is what its records and its place make of them, and an appended record changes the place
-    of only two kinds of earlier blocks: a new user input ends the current turn (the blocks from the
-    previous request on are no longer the current turn), and an outcome completes an open group. So
-    the blocks before the earlier of those two points are kept as they are, and the records from it
-    on are built again with the same code as a full build — which, for the same records, gives the
-    same blocks (the property test of ``tests/unit/test_view_memo.py`` prepares both ways and
-    compares the replies byte for byte). What else an appended record could move, it never does here:
-    an instruction, a thread's first question, an inherited record, or seqs out of order fall back.
-    """
-    n, before = grown
-    tail = records[n:]
-    if not before.ascending or (n and tail[0].seq <= records[n - 1].seq):
-        return None
-    if not all(a.seq < b.seq for a, b in zip(tail, tail[1:], strict=False)):
-        return None
-    last_user = before.last_user
-    start = tail[0].seq
-    for record in tail:
-        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
-            return None
-        if before.run_task is None and counts_as_turn(record.body):
-            return None  # the run's task appears: every block's place may change
-        if record.kind is RecordKind.USER_INPUT:
-            if last_user is None:
-                return None
-            start = min(start, last_user)
-            last_user = record.seq
-    if before.held:
-        start = min(start, min(b.records[0].seq for b in before.held))
-    run_task = before.run_task
-    pinned = {last_user, run_task}
-    # The records from ``start`` on, as a full build would take them (_uncovered, _split_instructions).
-    i = len(records)
-    while i and records[i - 1].seq >= start:
-        i -= 1
-    again = [r for r in records[i:] if r.kind is not RecordKind.SYSTEM and _shown(r, covered, pinned)]
-    if any(_foreign(r, own_thread) for r in again):
-        return None
-    rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread, memo))
-    fresh = [memo.intern(b) for b in sorted(rebuilt, key=_order)]
-
-    def kept(blocks: list[DraftBlock]) -> list[DraftBlock]:
-        return [b for b in blocks if b.kind is BlockKind.INSTRUCTION or b.records[0].seq < start]
-
-    return BlockSet(
-        ready=sorted([*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered))], key=_order),
-        held=held,
-        pending=pending,
-        covered=sorted([*kept(before.covered), *(b for b in fresh if _is_covered(b, covered))], key=_order),
-        run_task=run_task,
-        last_user=last_user,
-        ascending=True,
-    )
 
 
 def _never_covered(kind: RecordKind) -> bool:
@@ -275,12 +181,7 @@ def _uncovered(records: Sequence[LedgerRecord], covered: range, own_thread: str 
     finds no group and is dropped with it, as its covered group would be.
     """
     pinned = {_last_user(records), run_task_seq(records, own_thread)}
-    return [r for r in records if _shown(r, covered, pinned)]
-
-
-def _shown(record: LedgerRecord, covered: range, pinned: set[int | None]) -> bool:
-    """Whether a summary covering the ``covered`` seqs leaves ``record`` to be shown (``_uncovered``)."""
-    return record.seq not in covered or record.kind in _NEVER_COVERED or record.seq in pinned
+    return [r for r in records if r.seq not in covered or r.kind in _NEVER_COVERED or r.seq in pinned]
 
 
 def _is_covered(block: DraftBlock, covered: range) -> bool:
@@ -288,7 +189,7 @@ def _is_covered(block: DraftBlock, covered: range) -> bool:
 
 
 def build_blocks(
-    records: Sequence[LedgerRecord], *, own_thread: str = "", memo: ViewMemo | None = None
+    records: Sequence[LedgerRecord], *, own_thread: str = ""
 ) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
     """``(blocks in model order, open groups held back, pending calls)`` of a view's records.
 
@@ -299,15 +200,13 @@ def build_blocks(
     last_user = _last_user(records)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
-    blocks: list[DraftBlock] = [_instruction_block(r, memo) for r in instructions]
-    blocks += _history_blocks(history, last_user, run_task, own_thread, memo)
+    blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
+    blocks += _history_blocks(history, last_user, run_task, own_thread)
     ready, held, pending = _close_groups(blocks)
     inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
     held = [b for b in held if not _foreign(b.records[0], own_thread)]
     pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
     ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
-    if memo is not None:
-        ready = [memo.intern(b) for b in ready]
     return ready, held, pending
 
 
@@ -316,7 +215,6 @@ def _history_blocks(
     last_user: int | None,
     run_task: int | None,
     own_thread: str,
-    memo: ViewMemo | None,
 ) -> list[DraftBlock]:
     """The blocks of history records (no instructions), outcomes attached to their groups."""
     blocks: list[DraftBlock] = []
@@ -327,7 +225,7 @@ def _history_blocks(
             case ContextResetBody() | StatePatchBody() | OperationReconcileBody() | PhaseChangeBody():
                 continue  # the origin boundary and state changes are not messages; state is projected apart
             case ToolOutcomeBody():
-                _attach_outcome(record, body, groups, own_thread, memo)
+                _attach_outcome(record, body, groups, own_thread)
                 continue
             case SystemBody():
                 continue  # pinned apart, before all history (_split_instructions)
@@ -344,9 +242,9 @@ def _history_blocks(
                 assert_never(body)
         current_turn = last_user is not None and record.seq > last_user
         if record.seq == run_task and record.seq != last_user:
-            blocks.append(_run_task_block(record, memo))
+            blocks.append(_run_task_block(record))
             continue
-        block = _history_block(record, last_user, current_turn, own_thread, memo)
+        block = _history_block(record, last_user, current_turn, own_thread)
         if block.waiting:
             for call_id in _recorded_ids(block).values():
                 groups[(record.thread_id, call_id)] = block
@@ -412,7 +310,7 @@ def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRec
     return pinned, rest
 
 
-def _instruction_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
+def _instruction_block(record: LedgerRecord) -> DraftBlock:
     return DraftBlock(
         block_id=f"instruction:{record.seq}",
         kind=BlockKind.INSTRUCTION,
@@ -420,17 +318,15 @@ def _instruction_block(record: LedgerRecord, memo: ViewMemo | None = None) -> Dr
         priority=0,
         reason="agent instructions: pinned first, required",
         records=[record],
-        messages=[
-            message_of(memo, record, "system", lambda: ChatMessage(role="system", content=record.text))
-        ],
+        messages=[ChatMessage(role="system", content=record.text)],
     )
 
 
-def _user_message(record: LedgerRecord, memo: ViewMemo | None) -> ChatMessage:
-    return message_of(memo, record, "user", lambda: ChatMessage(role="user", content=record.text))
+def _user_message(record: LedgerRecord) -> ChatMessage:
+    return ChatMessage(role="user", content=record.text)
 
 
-def _run_task_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
+def _run_task_block(record: LedgerRecord) -> DraftBlock:
     # A task block, not an interaction: the compactor never covers it, so it stays verbatim.
     return DraftBlock(
         f"task:{record.seq}",
@@ -439,7 +335,7 @@ def _run_task_block(record: LedgerRecord, memo: ViewMemo | None = None) -> Draft
         0,
         "the run's task: the question that started the run, pinned verbatim, required",
         [record],
-        [_user_message(record, memo)],
+        [_user_message(record)],
     )
 
 
@@ -448,7 +344,6 @@ def _history_block(
     last_user: int | None,
     current_turn: bool,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
 ) -> DraftBlock:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
@@ -463,7 +358,7 @@ def _history_block(
                     0,
                     "the current request: the latest user input, required",
                     [record],
-                    [_user_message(record, memo)],
+                    [_user_message(record)],
                 )
             return DraftBlock(
                 f"turn:{record.seq}",
@@ -472,10 +367,10 @@ def _history_block(
                 priority,
                 f"user input {turn}",
                 [record],
-                [_user_message(record, memo)],
+                [_user_message(record)],
             )
         case AssistantMessageBody():
-            return _assistant_block(record, body, retention, priority, turn, own_thread, memo)
+            return _assistant_block(record, body, retention, priority, turn, own_thread)
         case RunStatusBody():
             text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (
                 f": {record.text}]" if record.text else "]"
@@ -487,7 +382,7 @@ def _history_block(
                 priority,
                 "how an earlier run ended (execution state)",
                 [record],
-                [message_of(memo, record, "state", lambda: ChatMessage(role="user", content=text))],
+                [ChatMessage(role="user", content=text)],
             )
         case ContextExportBody():
             return DraftBlock(
@@ -498,14 +393,8 @@ def _history_block(
                 "background the parent exported to this child, quoted as material (never instruction)",
                 [record],
                 [
-                    message_of(
-                        memo,
-                        record,
-                        "material",
-                        lambda: ChatMessage(
-                            role="user",
-                            content="[material: background from the parent agent]\n" + record.text,
-                        ),
+                    ChatMessage(
+                        role="user", content="[material: background from the parent agent]\n" + record.text
                     )
                 ],
             )
@@ -518,14 +407,7 @@ def _history_block(
                 1,
                 f"{what}, quoted as material (never instruction)",
                 [record],
-                [
-                    message_of(
-                        memo,
-                        record,
-                        "material",
-                        lambda: ChatMessage(role="user", content=record_content(body, record.text)),
-                    )
-                ],
+                [ChatMessage(role="user", content=record_content(body, record.text))],
             )
         case (
             SystemBody()
@@ -548,7 +430,6 @@ def _assistant_block(
     priority: int,
     turn: str,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
 ) -> DraftBlock:
     if not body.tool_calls:
         return DraftBlock(
@@ -558,13 +439,9 @@ def _assistant_block(
             priority,
             f"model message {turn}",
             [record],
-            [
-                message_of(
-                    memo, record, "assistant", lambda: ChatMessage(role="assistant", content=record.text)
-                )
-            ],
+            [ChatMessage(role="assistant", content=record.text)],
         )
-    message = message_of(memo, record, "calls", lambda: _calls_message(record, body, own_thread))
+    message = _calls_message(record, body, own_thread)
     calls = message.tool_calls or ()
     return DraftBlock(
         f"group:{record.seq}",
@@ -594,7 +471,6 @@ def _attach_outcome(
     body: ToolOutcomeBody,
     groups: dict[tuple[str, str], DraftBlock],
     own_thread: str = "",
-    memo: ViewMemo | None = None,
 ) -> None:
     call_id = body.call_id
     group = groups.pop((record.thread_id, call_id), None)
@@ -604,12 +480,7 @@ def _attach_outcome(
     group.records.append(record)
     group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
     group.messages.append(
-        message_of(
-            memo,
-            record,
-            "tool",
-            lambda: ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text)),
-        )
+        ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
     )
     if body.status is not ToolStatus.SUCCESS:
         group.error_calls.add(view_id)

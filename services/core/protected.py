@@ -119,16 +119,12 @@ def build_manifest(
     blocks: Sequence[ContextBlock],
     messages: Sequence[ChatMessage],
     failed: frozenset[str] = frozenset(),
-    memo: Sequence[dict[tuple[str, bool], tuple[str, int]] | None] = (),
 ) -> tuple[ProtectedBlock, ...]:
     """The manifest of every required block, in order; ``failed``: the failed tool calls' ids.
 
     Each block's units are rendered from its own messages, as the adapters render them into the body
     (``prepared_units`` reads them back from the body: the unit tests hold both to one hash), so a
     prepare hashes its few required blocks and never walks the whole request.
-
-    ``memo``, aligned with ``blocks``: per block, hashes already computed for it (by format and
-    whether it opens the request), kept with the view memo — a block is hashed once, not per prepare.
     """
     required = [n for n, b in enumerate(blocks) if b.retention is Retention.REQUIRED]
     if not required:
@@ -137,25 +133,17 @@ def build_manifest(
     out: list[ProtectedBlock] = []
     for n in required:
         block = blocks[n]
-        hashes = memo[n] if n < len(memo) else None
         # A block's units depend on its own messages and on whether it opens the request (where a
         # system message is an instruction, elsewhere a developer or ``[system]`` note).
-        key = (format, block.first_message < leading)
-        known = hashes.get(key) if hashes is not None else None
-        if known is None:
-            own = _block_units(format, messages, block, leading, failed)
-            known = (block_hash(own), len(own))
-            if hashes is not None:
-                hashes[key] = known
-        digest, count = known
+        own = _block_units(format, messages, block, leading, failed)
         out.append(
             ProtectedBlock(
                 block_id=block.block_id,
                 kind=block.kind,
                 authority=authority_of(block),
                 sources=block.sources,
-                sha256=digest,
-                units=count,
+                sha256=block_hash(own),
+                units=len(own),
             )
         )
     return tuple(out)
