@@ -40,7 +40,6 @@ from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedCo
 from services.core.compaction.policy import ratio_threshold
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.hashing import canonical_json, sha256_hex
-from services.core.protected import ChatUnitDigests
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
 from services.errors import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
@@ -127,8 +126,6 @@ class GatewayService:
         # The first and the longest pause between two tries of a batch (invariant 1).
         self._retry_first_s, self._retry_max_s = backoff_s
         self._backoff_s = self._retry_first_s
-        # Chat messages hashed already: a thread's next record hashes only its new messages.
-        self._digests = ChatUnitDigests()
         # Read by the metrics (workers/metrics.py) at scrape time.
         self.pending_bytes = 0
         self.stored_records = 0
@@ -263,7 +260,7 @@ class GatewayService:
         if cached is not None:
             prepared, owner, carried_from = cached
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, owner, encoding, self._digests)
+            record = gateway_record(prepared, owner, encoding)
             if carried_from is not None:
                 record = record.model_copy(update={"carried_from": carried_from})
         else:
@@ -327,7 +324,7 @@ class GatewayService:
                 return
             key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
             try:
-                record = await _record_of(prepared, tenant, self._digests)
+                record = await _record_of(prepared, tenant)
             except Exception:  # a bug in deriving one record must not hold the others (invariant 2)
                 self.dropped_records["underivable"] += 1
                 log.exception("could not derive the gateway record of %s; dropped", prepared.prepared_id)
@@ -387,11 +384,11 @@ class GatewayService:
             pass
 
 
-async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> GatewayRecord:
+async def _record_of(prepared: PreparedContext, tenant: str) -> GatewayRecord:
     encoding = encoding_of(prepared.budget_report.counting_method)
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
-        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding, digests)
-    return gateway_record(prepared, tenant, encoding, digests)
+        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding)
+    return gateway_record(prepared, tenant, encoding)
 
 
 def _approx_bytes(record: GatewayRecord) -> int:

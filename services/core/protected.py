@@ -18,8 +18,6 @@ same way and compares.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import assert_never
@@ -42,7 +40,6 @@ from services.core.providers.openai_responses import input_items, input_sources
 
 __all__ = [
     "INSTRUCTIONS_JOIN",
-    "ChatUnitDigests",
     "PreparedUnit",
     "RequestUnit",
     "authority_of",
@@ -161,49 +158,21 @@ def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
     )
 
 
-class ChatUnitDigests:
-    """The digests of chat messages already hashed, remembered by message object (bounded, LRU).
-
-    A thread's consecutive prepares hand out the same message objects for what did not change (the
-    view memo keeps them), so the gateway's record of the next prepare hashes only what is new: a
-    200-message record costs 2.4 ms to hash whole. An entry holds its message, so an id is
-    never mistaken for another object's while it is remembered. A lock, because a large context's
-    record is derived in a worker thread.
-    """
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._capacity = capacity
-        self._entries: OrderedDict[int, tuple[ChatMessage, str, str | None]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def of(self, message: ChatMessage) -> tuple[str, str | None]:
-        """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
-        with self._lock:
-            found = self._entries.get(id(message))
-            if found is not None and found[0] is message:
-                self._entries.move_to_end(id(message))
-                return found[1], found[2]
-        unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
-        digest = unit.digest
-        text = sha256_hex(unit.text.encode()) if unit.text is not None else None
-        with self._lock:
-            self._entries[id(message)] = (message, digest, text)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-        return digest, text
+def _chat_digests(message: ChatMessage) -> tuple[str, str | None]:
+    """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
+    unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
+    return unit.digest, sha256_hex(unit.text.encode()) if unit.text is not None else None
 
 
-def prepared_chat_digests(
-    prepared: PreparedContext, digests: ChatUnitDigests
-) -> tuple[tuple[str | None, str, str | None], ...]:
+def prepared_chat_digests(prepared: PreparedContext) -> tuple[tuple[str | None, str, str | None], ...]:
     """Per message of an ``openai.chat`` context: its block, its unit's digest and its text's digest.
 
     The same units as :func:`prepared_units` (a Chat request has one unit per message, whose value is
-    the message as sent), hashed through ``digests``.
+    the message as sent), hashed without rendering the request body.
     """
     assert prepared.format == "openai.chat"
     owners = _owners(prepared.blocks, len(prepared.messages))
-    return tuple((owners[n], *digests.of(m)) for n, m in enumerate(prepared.messages))
+    return tuple((owners[n], *_chat_digests(m)) for n, m in enumerate(prepared.messages))
 
 
 def instruction_lengths(prepared: PreparedContext) -> tuple[int, ...]:
