@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 from contracts import PreparedContext, PrepareRequest
 from contracts.windows import WindowPolicy
 
-from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
+from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
 from services.core.budget import BudgetSpec
+from services.core.groups import BlockSet
 from services.core.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 # reports and manifest, estimated per message and block.
 _CONTEXT_OVERHEAD = 4000
 _CONTEXT_PART_OVERHEAD = 400
+# What a thread's blocks add to its cached records (which they share): per block, its messages and
+# sources (tracemalloc on the append benchmark's thread: about 1.5 KB a block).
+_BLOCKS_OVERHEAD = 2000
+_BLOCK_BYTES = 1500
 # Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
 _CONTEXTS = 4
 
@@ -143,7 +148,7 @@ def assemble_reusing(
     for k in kept:
         if k.inputs == inputs:
             return k.context
-    prepared = assemble_context(snapshot, request, budget, counter, window=window)
+    prepared = _assemble_extending(cache, snapshot, request, budget, counter, window)
     if isinstance(prepared, PreparedContext):
         # Only contexts of this head and view revision stay: the thread's older ones answer no prepare.
         at = snapshot.revision, snapshot.view_revision
@@ -151,6 +156,29 @@ def assemble_reusing(
         parts = sum(len(k.context.messages) + len(k.context.blocks) for k in kept)
         cache.put(key, kept, _CONTEXT_OVERHEAD * len(kept) + _CONTEXT_PART_OVERHEAD * parts)
     return prepared
+
+
+def _assemble_extending(
+    cache: ViewCache,
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    window: WindowPolicy | None,
+) -> PreparedContext | OverBudgetView:
+    """``assemble_context``, given the blocks this thread's last assembly built: after an append only
+    the blocks the new records change are built (``build_view_blocks``), where building every block
+    again makes the step after an append grow with the thread (``--only append``). Kept per thread
+    and whether previews name the read tool (which rewrites the records the blocks are built from);
+    the build itself checks the rest: the same first records, the same coverage, the same thread."""
+    key = ("blocks", snapshot.own_thread, request.context_tools)
+    found = cache.get(key)
+    previous = found if isinstance(found, BlockSet) else None
+    assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)
+    blocks = assembly.blocks
+    if blocks is not previous:
+        cache.put(key, blocks, _BLOCKS_OVERHEAD + _BLOCK_BYTES * (len(blocks.ready) + len(blocks.covered)))
+    return assembly.context
 
 
 @dataclass(frozen=True)

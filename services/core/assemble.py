@@ -92,11 +92,13 @@ from services.core.windows.handoff import handoff_block
 
 __all__ = [
     "ASSEMBLY_REVISION",
+    "Assembly",
     "Evidence",
     "OverBudgetView",
     "SummaryView",
     "ThreadSnapshot",
     "assemble_context",
+    "assemble_view",
     "candidate_blocks",
 ]
 
@@ -307,7 +309,42 @@ def assemble_context(
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    return _assemble(snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window)
+    return assemble_view(
+        snapshot,
+        request,
+        budget,
+        counter,
+        compaction_wait_ms=compaction_wait_ms,
+        allow_drop_history=allow_drop_history,
+        window=window,
+    ).context
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """What assembly gave, and the view's blocks it was chosen from (the next build's ``previous``)."""
+
+    context: PreparedContext | OverBudgetView
+    blocks: BlockSet
+
+
+def assemble_view(
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    *,
+    compaction_wait_ms: int = 0,
+    allow_drop_history: bool = False,
+    window: WindowPolicy | None = None,
+    previous: BlockSet | None = None,
+) -> Assembly:
+    """``assemble_context``, with the blocks it built; ``previous``: the blocks an earlier assembly of
+    this thread's view built, extended rather than built again when the view only grew since
+    (``build_view_blocks``). The context is the same with or without it."""
+    return _assemble(
+        snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window, previous
+    )
 
 
 def _assemble(
@@ -318,8 +355,9 @@ def _assemble(
     compaction_wait_ms: int,
     allow_drop_history: bool,
     window: WindowPolicy | None,
-) -> PreparedContext | OverBudgetView:
-    blocks, ordered = _candidates(snapshot, request, counter)
+    previous: BlockSet | None,
+) -> Assembly:
+    blocks, ordered = _candidates(snapshot, request, counter, previous)
     if snapshot.hooked is not None:
         ordered = snapshot.hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
@@ -361,9 +399,10 @@ def _assemble(
         fit = _fit(inputs, dropped | more)
     total = fit.total + schema_tokens + REPLY_PRIMING
     if total > budget.input_budget:
-        return OverBudgetView(
+        over = OverBudgetView(
             total, budget.input_budget, tuple(_items(fit.kept, schema_tokens)), tuple(fit.reductions)
         )
+        return Assembly(over, blocks)
 
     out_blocks, messages = _emit(fit.kept)
     used = _usage(fit.kept, schema_tokens)
@@ -389,7 +428,7 @@ def _assemble(
         error_call_ids=frozenset(c for s in fit.kept for c in s.block.error_calls),
     )
     body = provider_request(request.format, bundle)
-    return PreparedContext(
+    prepared = PreparedContext(
         prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
         session_id=snapshot.session_id,
         run_id=snapshot.run_id,
@@ -462,6 +501,7 @@ def _assemble(
         ),
         protected_block_manifest=build_manifest(request.format, out_blocks, messages, bundle.error_call_ids),
     )
+    return Assembly(prepared, blocks)
 
 
 def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
@@ -496,11 +536,11 @@ def candidate_blocks(
 ) -> list[DraftBlock]:
     """The blocks a context of ``request`` is chosen from, in order, before any fitting (what a
     prepare.before hook sees)."""
-    return _candidates(snapshot, request, counter)[1]
+    return _candidates(snapshot, request, counter, None)[1]
 
 
 def _candidates(
-    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None, previous: BlockSet | None
 ) -> tuple[BlockSet, list[DraftBlock]]:
     records = snapshot.records
     if request.context_tools:
@@ -510,6 +550,7 @@ def _candidates(
         snapshot.covered_to,
         covered_from=snapshot.summary.covered_from if snapshot.summary else 0,
         own_thread=snapshot.own_thread,
+        previous=previous,
     )
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     if snapshot.handoff is not None:
@@ -542,7 +583,9 @@ def _context_tools_note() -> DraftBlock:
     )
 
 
-def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int | None) -> list[DraftBlock]:
+def _ordered(
+    ready: Sequence[DraftBlock], summary: SummaryView | None, run_task: int | None
+) -> list[DraftBlock]:
     """Instructions, the run's task, the summary, then everything else in ledger order."""
     pinned: list[DraftBlock] = []
     task: list[DraftBlock] = []
@@ -628,7 +671,8 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
 
 
 def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
-    envelope = MESSAGE_OVERHEAD * len(block.messages) + _id_tokens(block, counter)
+    # The estimate profile counts whole dumped messages, ids included.
+    envelope = MESSAGE_OVERHEAD * len(block.messages) + (block.id_tokens.get(counter.name) if counter else 0)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
         text = block.messages[0].content or ""
@@ -646,34 +690,6 @@ def _content_tokens(block: DraftBlock, records: Sequence[LedgerRecord], counter:
         return sum(estimate_tokens(m.model_dump_json(exclude_none=True)) for m in block.messages)
     enc: EncodingName = counter.name
     return sum(r.tokens.get(enc) for r in records)
-
-
-def _id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
-    """What a record's count (fixed at recording) misses of the ids sent with the block's messages.
-
-    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
-    sent tagged with its thread (``c1@tag``) but was counted untagged. The estimate profile counts
-    whole dumped messages, ids included.
-    """
-    if counter is None:
-        return 0
-    extra = 0
-    for m in block.messages:
-        if m.tool_call_id is not None:
-            extra += counter.count(m.tool_call_id)
-        raw = [cid for cid, _ in _raw_calls(block)] if m.tool_calls else []
-        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
-            if raw_id != call.id:
-                extra += counter.count(call.id) - counter.count(raw_id)
-    return extra
-
-
-def _raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
-    """``(call id as recorded, tool name)`` of a group's calls, in call order."""
-    body = block.records[0].body if block.records else None
-    if not isinstance(body, AssistantMessageBody):
-        return []
-    return [(c.call_id, c.name) for c in body.tool_calls]
 
 
 def _raw_id(view_id: str, recorded: Mapping[str, object]) -> str:
@@ -708,7 +724,7 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
         if not s.block.block_id.startswith("group:"):
             continue
         repeats: dict[int, int] = {}
-        for key, seq in _outcome_keys(s.block):
+        for key, seq in s.block.outcomes:
             source = first.setdefault(key, seq)
             if source != seq:
                 repeats[seq] = source
@@ -724,16 +740,6 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
         fit.counts.deduplicated += len(done.seqs)
         fit.counts.tokens_saved += before - s.content
     return frozenset(sources)
-
-
-def _outcome_keys(block: DraftBlock) -> tuple[tuple[tuple[str, str, str], int], ...]:
-    """What makes each output of a group identical to another (tool, status, text), with its seq."""
-    names = dict(_raw_calls(block))
-    return tuple(
-        ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
-        for r in block.records
-        if isinstance(r.body, ToolOutcomeBody)
-    )
 
 
 @dataclass(frozen=True, slots=True)

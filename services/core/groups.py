@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from contracts import (
@@ -46,57 +46,145 @@ from services.core.records import (
     RunStatusBody,
     StatePatchBody,
     SystemBody,
+    TokenCounts,
     ToolOutcomeBody,
     UserInputBody,
+    ascending_by_seq,
 )
 from services.core.render import arguments_json, record_content
+from services.core.tokens import TokenCounter, counter_for
 
 __all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class DraftBlock:
-    """A block being assembled: its messages and the records they came from."""
+    """A block of the view: its messages and the records they came from.
+
+    What assembly measures of a block on every prepare is derived here, once, at construction
+    (``replace`` derives it again): a block kept from an earlier build brings it along.
+    """
 
     block_id: str
     kind: BlockKind
     retention: Retention
     priority: int
     reason: str
-    records: list[LedgerRecord]
-    messages: list[ChatMessage]
-    waiting: dict[str, int] = field(default_factory=dict)
+    records: Sequence[LedgerRecord]
+    messages: Sequence[ChatMessage]
     # Tool call ids (as the view names them) whose outcome was not a success: a provider that marks
     # failed results (Anthropic's ``is_error``) learns it here, not from the message text.
-    error_calls: set[str] = field(default_factory=set)
+    error_calls: frozenset[str] = frozenset()
+    # The records this block was built from, in seq order.
+    sources: tuple[RecordRef, ...] = field(init=False, repr=False, compare=False)
+    # What a record's count (fixed at recording) misses of the ids sent with the block's messages.
+    id_tokens: TokenCounts = field(init=False, repr=False, compare=False)
+    # What makes each tool output of the block identical to another (tool, status, text), with its seq.
+    outcomes: tuple[tuple[tuple[str, str, str], int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass sets what it derives through object.__setattr__ (the dataclasses docs' way).
+        records, messages = tuple(self.records), tuple(self.messages)
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "messages", messages)
+        object.__setattr__(
+            self,
+            "sources",
+            tuple(
+                RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(records, key=_seq)
+            ),
+        )
+        object.__setattr__(
+            self,
+            "id_tokens",
+            TokenCounts(
+                _id_tokens(records, messages, counter_for("o200k_base")),
+                lambda: _id_tokens(records, messages, counter_for("cl100k_base")),
+            ),
+        )
+        object.__setattr__(self, "outcomes", _outcome_keys(records))
 
     @property
     def droppable(self) -> bool:
         """Whether the assembler may leave this block out to fit the budget."""
         return self.retention is not Retention.REQUIRED
 
-    @property
-    def sources(self) -> tuple[RecordRef, ...]:
-        """The records this block was built from, in seq order."""
-        return tuple(
-            RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq)
-        )
+
+def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
+    """``(call id as recorded, tool name)`` of a group's calls (its first record's), in call order."""
+    body = records[0].body if records else None
+    if not isinstance(body, AssistantMessageBody):
+        return []
+    return [(c.call_id, c.name) for c in body.tool_calls]
+
+
+def _id_tokens(
+    records: Sequence[LedgerRecord], messages: Sequence[ChatMessage], counter: TokenCounter
+) -> int:
+    """Tokens of the ids sent with ``messages`` that their records' counts miss.
+
+    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
+    sent tagged with its thread (``c1@tag``) but was counted untagged.
+    """
+    extra = 0
+    for m in messages:
+        if m.tool_call_id is not None:
+            extra += counter.count(m.tool_call_id)
+        raw = [cid for cid, _ in _raw_calls(records)] if m.tool_calls else []
+        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
+            if raw_id != call.id:
+                extra += counter.count(call.id) - counter.count(raw_id)
+    return extra
+
+
+def _outcome_keys(records: tuple[LedgerRecord, ...]) -> tuple[tuple[tuple[str, str, str], int], ...]:
+    names = dict(_raw_calls(records))
+    return tuple(
+        ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
+        for r in records
+        if isinstance(r.body, ToolOutcomeBody)
+    )
+
+
+@dataclass
+class _Group:
+    """A tool group while a build attaches its outcomes: the build's own scratch, never kept."""
+
+    head: DraftBlock
+    # Per call id as the view names it: its place in the call order, or, once answered, -1 - arrival.
+    waiting: dict[str, int]
+    records: list[LedgerRecord]
+    messages: list[ChatMessage]
+    error_calls: set[str] = field(default_factory=set)
 
 
 def _seq(record: LedgerRecord) -> int:
     return record.seq
 
 
+def _by_seq(records: tuple[LedgerRecord, ...]) -> list[LedgerRecord]:
+    return sorted(records, key=_seq)
+
+
 @dataclass(frozen=True)
 class BlockSet:
-    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary."""
+    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary;
+    and what they were built from, so a later build can extend them (``build_view_blocks``)."""
 
-    ready: list[DraftBlock]
-    held: list[DraftBlock]
-    pending: list[PendingCall]
-    covered: list[DraftBlock]
+    ready: tuple[DraftBlock, ...]
+    held: tuple[DraftBlock, ...]
+    pending: tuple[PendingCall, ...]
+    covered: tuple[DraftBlock, ...]
     # The run's task (``run_task_seq``) of the records the blocks were built from.
     run_task: int | None = None
+    # What decides every block: the records, the seqs a summary covers and whose view it is.
+    records: tuple[LedgerRecord, ...] = ()
+    coverage: range = range(0, 1)
+    own_thread: str = ""
+    # The latest user input shown (the current request), and whether the records' seqs ascend: what
+    # extending these blocks by records appended after them needs (``_extend``).
+    last_user: int | None = None
+    ascending: bool = False
 
 
 def build_view_blocks(
@@ -105,6 +193,7 @@ def build_view_blocks(
     *,
     covered_from: int = 0,
     own_thread: str = "",
+    previous: BlockSet | None = None,
 ) -> BlockSet:
     """Blocks of a thread whose interactions ``covered_from..covered_to`` are replaced by a summary.
 
@@ -113,22 +202,111 @@ def build_view_blocks(
     groups are never covered: they are shown from their own records. Nor is what precedes the range:
     a request that was current when the summary was made stays out of it, and must be shown once a
     newer request takes its place.
+
+    ``previous``: an earlier build of this thread's view. When it was built from the first records of
+    ``records`` under the same coverage, its blocks are kept and only what the appended records
+    change is built (``_extend``); otherwise everything is built. Either way the blocks are the same.
     """
     covered = range(covered_from, covered_to + 1)
-    run_task = run_task_seq(records, own_thread)
-    shown_records = _uncovered(records, covered, own_thread) if covered_to else records
+    shown = tuple(records)
+    if previous is not None and previous.coverage == covered and previous.own_thread == own_thread:
+        n = len(previous.records)
+        # Compared as tuples: the same record objects pass on identity, equal reloaded ones on value.
+        if n <= len(shown) and previous.records == shown[:n]:
+            if n == len(shown):
+                return previous
+            extended = _extend(shown, previous, covered, own_thread)
+            if extended is not None:
+                return extended
+    run_task = run_task_seq(shown, own_thread)
+    shown_records = _uncovered(shown, covered, own_thread) if covered_to else shown
     ready, held, pending = build_blocks(shown_records, own_thread=own_thread)
     return BlockSet(
-        ready=[b for b in ready if not _is_covered(b, covered)],
-        held=held,
-        pending=pending,
-        covered=[b for b in ready if _is_covered(b, covered)],
+        ready=tuple(b for b in ready if not _is_covered(b, covered)),
+        held=tuple(held),
+        pending=tuple(pending),
+        covered=tuple(b for b in ready if _is_covered(b, covered)),
         run_task=run_task,
+        records=shown,
+        coverage=covered,
+        own_thread=own_thread,
+        last_user=_last_user(shown_records),
+        ascending=ascending_by_seq(shown),
     )
 
 
 def _last_user(records: Sequence[LedgerRecord]) -> int | None:
     return max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+
+
+def _extend(
+    records: tuple[LedgerRecord, ...], before: BlockSet, covered: range, own_thread: str
+) -> BlockSet | None:
+    """The blocks of ``records`` from ``before``, built from their first records, or ``None`` when the
+    appended records change more than their own blocks and the whole build must run.
+
+    A block is what its records and its place make of them, and an appended record changes the place
+    of only two kinds of earlier blocks: a new user input ends the current turn (the blocks from the
+    previous request on are no longer the current turn), and an outcome completes an open group. So
+    the blocks before the earlier of those two points are kept as they are, and the records from it
+    on are built again with the same code as a whole build, which for the same records gives the
+    same blocks (``tests/unit/test_view_blocks.py`` holds both to one result record by record). What
+    else an appended record could move, it never does here: an instruction, a thread's first
+    question, an inherited record, or seqs out of order fall back to the whole build.
+    """
+    n = len(before.records)
+    tail = records[n:]
+    if not before.ascending or (n and tail[0].seq <= records[n - 1].seq) or not ascending_by_seq(tail):
+        return None
+    last_user = before.last_user
+    start = tail[0].seq
+    for record in tail:
+        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
+            return None
+        if before.run_task is None and counts_as_turn(record.body):
+            return None  # the run's task appears: every block's place may change
+        if record.kind is RecordKind.USER_INPUT:
+            if last_user is None:
+                return None
+            start = min(start, last_user)
+            last_user = record.seq
+    if before.held:
+        start = min(start, min(b.records[0].seq for b in before.held))
+    run_task = before.run_task
+    pinned = {last_user, run_task}
+    # The records from ``start`` on, as a whole build would take them (_uncovered, _split_instructions).
+    i = len(records)
+    while i and records[i - 1].seq >= start:
+        i -= 1
+    again = [r for r in records[i:] if r.kind is not RecordKind.SYSTEM and _shown(r, covered, pinned)]
+    if any(_foreign(r, own_thread) for r in again):
+        return None
+    rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread))
+    fresh = sorted(rebuilt, key=_order)
+
+    def kept(blocks: tuple[DraftBlock, ...]) -> list[DraftBlock]:
+        return [b for b in blocks if b.kind is BlockKind.INSTRUCTION or b.records[0].seq < start]
+
+    return BlockSet(
+        ready=tuple(
+            sorted([*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered))], key=_order)
+        ),
+        held=tuple(held),
+        pending=tuple(pending),
+        covered=tuple(
+            sorted([*kept(before.covered), *(b for b in fresh if _is_covered(b, covered))], key=_order)
+        ),
+        run_task=run_task,
+        records=records,
+        coverage=covered,
+        own_thread=own_thread,
+        last_user=last_user,
+        ascending=True,
+    )
+
+
+def _sorted(blocks: list[DraftBlock]) -> tuple[DraftBlock, ...]:
+    return tuple(sorted(blocks, key=_order))
 
 
 def _never_covered(kind: RecordKind) -> bool:
@@ -181,7 +359,12 @@ def _uncovered(records: Sequence[LedgerRecord], covered: range, own_thread: str 
     finds no group and is dropped with it, as its covered group would be.
     """
     pinned = {_last_user(records), run_task_seq(records, own_thread)}
-    return [r for r in records if r.seq not in covered or r.kind in _NEVER_COVERED or r.seq in pinned]
+    return [r for r in records if _shown(r, covered, pinned)]
+
+
+def _shown(record: LedgerRecord, covered: range, pinned: set[int | None]) -> bool:
+    """Whether a summary covering the ``covered`` seqs leaves ``record`` to be shown (``_uncovered``)."""
+    return record.seq not in covered or record.kind in _NEVER_COVERED or record.seq in pinned
 
 
 def _is_covered(block: DraftBlock, covered: range) -> bool:
@@ -200,7 +383,7 @@ def build_blocks(
     last_user = _last_user(records)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
-    blocks: list[DraftBlock] = [_instruction_block(r) for r in instructions]
+    blocks: list[DraftBlock | _Group] = [_instruction_block(r) for r in instructions]
     blocks += _history_blocks(history, last_user, run_task, own_thread)
     ready, held, pending = _close_groups(blocks)
     inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
@@ -215,10 +398,10 @@ def _history_blocks(
     last_user: int | None,
     run_task: int | None,
     own_thread: str,
-) -> list[DraftBlock]:
+) -> list[DraftBlock | _Group]:
     """The blocks of history records (no instructions), outcomes attached to their groups."""
-    blocks: list[DraftBlock] = []
-    groups: dict[tuple[str, str], DraftBlock] = {}
+    blocks: list[DraftBlock | _Group] = []
+    groups: dict[tuple[str, str], _Group] = {}
     for record in history:
         body = record.body
         match body:
@@ -245,8 +428,8 @@ def _history_blocks(
             blocks.append(_run_task_block(record))
             continue
         block = _history_block(record, last_user, current_turn, own_thread)
-        if block.waiting:
-            for call_id in _recorded_ids(block).values():
+        if isinstance(block, _Group):
+            for call_id in _recorded_ids(block.head).values():
                 groups[(record.thread_id, call_id)] = block
         blocks.append(block)
     return blocks
@@ -344,7 +527,7 @@ def _history_block(
     last_user: int | None,
     current_turn: bool,
     own_thread: str = "",
-) -> DraftBlock:
+) -> DraftBlock | _Group:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
     body = record.body
@@ -430,7 +613,7 @@ def _assistant_block(
     priority: int,
     turn: str,
     own_thread: str = "",
-) -> DraftBlock:
+) -> DraftBlock | _Group:
     if not body.tool_calls:
         return DraftBlock(
             f"turn:{record.seq}",
@@ -443,7 +626,7 @@ def _assistant_block(
         )
     message = _calls_message(record, body, own_thread)
     calls = message.tool_calls or ()
-    return DraftBlock(
+    head = DraftBlock(
         f"group:{record.seq}",
         BlockKind.INTERACTION,
         retention,
@@ -451,8 +634,8 @@ def _assistant_block(
         f"tool group {turn}: {len(calls)} call(s) with all their results, kept whole",
         [record],
         [message],
-        waiting={c.id: i for i, c in enumerate(calls)},
     )
+    return _Group(head, {c.id: i for i, c in enumerate(calls)}, [record], [message])
 
 
 def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread: str) -> ChatMessage:
@@ -469,7 +652,7 @@ def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread:
 def _attach_outcome(
     record: LedgerRecord,
     body: ToolOutcomeBody,
-    groups: dict[tuple[str, str], DraftBlock],
+    groups: dict[tuple[str, str], _Group],
     own_thread: str = "",
 ) -> None:
     call_id = body.call_id
@@ -486,33 +669,48 @@ def _attach_outcome(
         group.error_calls.add(view_id)
 
 
-def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+def _close_groups(
+    blocks: list[DraftBlock | _Group],
+) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
     ready: list[DraftBlock] = []
     held: list[DraftBlock] = []
     pending: list[PendingCall] = []
     for block in blocks:
-        if not block.waiting:
+        if isinstance(block, DraftBlock):
             ready.append(block)
             continue
+        head = block.head
         open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
         if open_calls:
-            call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
-            recorded = _recorded_ids(block)
+            call_names = {c.id: c.function.name for c in head.messages[0].tool_calls or ()}
+            recorded = _recorded_ids(head)
             pending.extend(
-                PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq)
+                PendingCall(call_id=recorded[c], name=call_names[c], seq=head.records[0].seq)
                 for c in open_calls
             )
-            block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
-            held.append(block)
+            waiting = f"waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
+            held.append(
+                replace(
+                    head,
+                    reason=f"open tool group: {waiting}",
+                    records=block.records,
+                    messages=block.messages,
+                    error_calls=frozenset(block.error_calls),
+                )
+            )
             continue
-        ready.append(_order_outcomes(block))
+        ready.append(_closed(block))
     return ready, held, pending
 
 
-def _order_outcomes(block: DraftBlock) -> DraftBlock:
-    """Tool messages in the order of the calls, whatever order the results arrived in."""
-    head, tools = block.messages[0], block.messages[1:]
+def _closed(group: _Group) -> DraftBlock:
+    """A group with all its outcomes: tool messages in the order of the calls, whatever order the
+    results arrived in."""
+    head, tools = group.messages[0], group.messages[1:]
     order = {c.id: i for i, c in enumerate(head.tool_calls or ())}
-    block.messages = [head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])]
-    block.waiting = {}
-    return block
+    return replace(
+        group.head,
+        records=group.records,
+        messages=[head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])],
+        error_calls=frozenset(group.error_calls),
+    )
