@@ -1,8 +1,9 @@
 """One cache of thread views per process, bounded by bytes.
 
 The assembler, budgeter and compactor of a process read the same hot threads through one
-``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the contexts
-last assembled of each view (``assemble_reusing``) and the immutable inherited snapshots of runs. Entries are
+``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks its
+last assembly built and the contexts last assembled of each view (``assemble_reusing``), and the
+immutable inherited snapshots of runs. Entries are
 evicted least recently used first once their estimated bytes exceed the bound, so memory follows a
 setting (``CTX_VIEW_CACHE_MB``) rather than a count of threads whatever their size.
 
@@ -40,9 +41,9 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 _CONTEXT_OVERHEAD = 4000
 _CONTEXT_PART_OVERHEAD = 400
 # What a thread's blocks add to its cached records (which they share): per block, its messages and
-# sources (tracemalloc on the append benchmark's thread: about 1.5 KB a block).
+# derived sizes (tracemalloc on the append benchmark's thread: about 4 KB a block).
 _BLOCKS_OVERHEAD = 2000
-_BLOCK_BYTES = 1500
+_BLOCK_BYTES = 4000
 # Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
 _CONTEXTS = 4
 
