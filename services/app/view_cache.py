@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 from contracts import PreparedContext, PrepareRequest
 from contracts.windows import WindowPolicy
 
-from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
+from services.core.assemble import Assembly, OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
 from services.core.budget import BudgetSpec
-from services.core.groups import BlockSet
 from services.core.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -40,9 +39,9 @@ DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
 # reports and manifest, estimated per message and block.
 _CONTEXT_OVERHEAD = 4000
 _CONTEXT_PART_OVERHEAD = 400
-# What a thread's blocks add to its cached records (which they share): per block, its messages and
-# derived sizes (tracemalloc on the append benchmark's thread: about 4 KB a block).
-_BLOCKS_OVERHEAD = 2000
+# What a thread's last assembly adds to its cached records (which its blocks share): per block, its
+# messages and derived sizes (tracemalloc on the append benchmark's thread: about 4 KB a block),
+# and its context.
 _BLOCK_BYTES = 4000
 # Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
 _CONTEXTS = 4
@@ -167,19 +166,21 @@ def _assemble_extending(
     counter: TokenCounter | None,
     window: WindowPolicy | None,
 ) -> PreparedContext | OverBudgetView:
-    """``assemble_context``, given the blocks this thread's last assembly built: after an append only
-    the blocks the new records change are built (``build_view_blocks``), where building every block
-    again makes the step after an append grow with the thread (``--only append``). Kept per thread
-    and whether previews name the read tool (which rewrites the records the blocks are built from);
-    the build itself checks the rest: the same first records, the same coverage, the same thread."""
-    key = ("blocks", snapshot.own_thread, request.context_tools)
+    """``assemble_context``, given this thread's last assembly: after an append only the blocks the new
+    records change are built (``build_view_blocks``) and only the wire blocks that changed are made
+    (``_emit``), where making them all again grows the step after an append with the thread
+    (``--only append``). Kept per thread and whether previews name the read tool (which rewrites the
+    records the blocks are built from); assembly checks the rest by value: the same first records,
+    coverage and thread for the blocks, every field for a wire block."""
+    key = ("assembly", snapshot.own_thread, request.context_tools)
     found = cache.get(key)
-    previous = found if isinstance(found, BlockSet) else None
+    previous = found if isinstance(found, Assembly) else None
     assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)
-    blocks = assembly.blocks
-    if blocks is not previous:
-        cache.put(key, blocks, _BLOCKS_OVERHEAD + _BLOCK_BYTES * (len(blocks.ready) + len(blocks.covered)))
-    return assembly.context
+    blocks, context = assembly.blocks, assembly.context
+    parts = len(context.messages) + len(context.blocks) if isinstance(context, PreparedContext) else 0
+    size = _BLOCK_BYTES * (len(blocks.ready) + len(blocks.covered)) + _CONTEXT_PART_OVERHEAD * parts
+    cache.put(key, assembly, _CONTEXT_OVERHEAD + size)
+    return context
 
 
 @dataclass(frozen=True)

@@ -322,7 +322,7 @@ def assemble_context(
 
 @dataclass(frozen=True)
 class Assembly:
-    """What assembly gave, and the view's blocks it was chosen from (the next build's ``previous``)."""
+    """What assembly gave, and the view's blocks it was chosen from (the next assembly's ``previous``)."""
 
     context: PreparedContext | OverBudgetView
     blocks: BlockSet
@@ -337,11 +337,12 @@ def assemble_view(
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
     window: WindowPolicy | None = None,
-    previous: BlockSet | None = None,
+    previous: Assembly | None = None,
 ) -> Assembly:
-    """``assemble_context``, with the blocks it built; ``previous``: the blocks an earlier assembly of
-    this thread's view built, extended rather than built again when the view only grew since
-    (``build_view_blocks``). The context is the same with or without it."""
+    """``assemble_context``, with the blocks it built; ``previous``: an earlier assembly of this
+    thread's view, whose blocks are extended rather than built again when the view only grew since
+    (``build_view_blocks``) and whose wire blocks are taken where they are equal to the new ones
+    (``_emit``). The context is the same with or without it."""
     return _assemble(
         snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window, previous
     )
@@ -355,9 +356,9 @@ def _assemble(
     compaction_wait_ms: int,
     allow_drop_history: bool,
     window: WindowPolicy | None,
-    previous: BlockSet | None,
+    previous: Assembly | None,
 ) -> Assembly:
-    blocks, ordered = _candidates(snapshot, request, counter, previous)
+    blocks, ordered = _candidates(snapshot, request, counter, previous.blocks if previous else None)
     if snapshot.hooked is not None:
         ordered = snapshot.hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
@@ -404,7 +405,8 @@ def _assemble(
         )
         return Assembly(over, blocks)
 
-    out_blocks, messages = _emit(fit.kept)
+    earlier = previous.context.blocks if previous and isinstance(previous.context, PreparedContext) else ()
+    out_blocks, messages = _emit(fit.kept, {b.block_id: b for b in earlier})
     used = _usage(fit.kept, schema_tokens)
     estimated, calibration = _calibrate(
         used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base", budget
@@ -680,6 +682,8 @@ def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView 
     if block.kind is BlockKind.SUMMARY and summary is not None:
         # Counted once when the summary was committed, like every record.
         content = summary.tokens(counter.name) if counter else estimate_tokens(summary.text)
+    elif counter is not None:
+        content = block.record_tokens.get(counter.name)
     else:
         content = _content_tokens(block, block.records, counter)
     return _Sized(block, content, envelope)
@@ -1373,7 +1377,11 @@ def _first_seq(block_id: str) -> int:
     return int(block_id.rsplit(":", 1)[1])
 
 
-def _emit(kept: Sequence[_Sized]) -> tuple[list[ContextBlock], list[ChatMessage]]:
+def _emit(
+    kept: Sequence[_Sized], earlier: Mapping[str, ContextBlock]
+) -> tuple[list[ContextBlock], list[ChatMessage]]:
+    """The wire blocks and messages of ``kept``; a wire block equal to one of ``earlier`` (the previous
+    context's, by block id) is that one: most of a view is the same blocks at the same places."""
     blocks: list[ContextBlock] = []
     messages: list[ChatMessage] = []
     for s in kept:
@@ -1385,7 +1393,10 @@ def _emit(kept: Sequence[_Sized]) -> tuple[list[ContextBlock], list[ChatMessage]
             reason += "; newest tool group: outputs cut to head + tail to fit, with where to read them back"
         if s.masked:
             reason += "; long tool outputs masked to previews (over budget)"
-        blocks.append(_wire(s, reason, len(messages)))
+        known = earlier.get(b.block_id)
+        if known is None or not _same_wire(known, s, reason, len(messages)):
+            known = _wire(s, reason, len(messages))
+        blocks.append(known)
         messages.extend(b.messages)
     return blocks, messages
 
@@ -1403,6 +1414,22 @@ def _wire(s: _Sized, reason: str, first_message: int) -> ContextBlock:
         first_message=first_message,
         message_count=len(b.messages),
         tokens=s.total,
+    )
+
+
+def _same_wire(known: ContextBlock, s: _Sized, reason: str, first_message: int) -> bool:
+    """Whether ``_wire(s, reason, first_message)`` would give ``known``: every field compared
+    (``droppable`` follows ``retention``; the block id was the lookup's key)."""
+    b = s.block
+    return (
+        known.first_message == first_message
+        and known.tokens == s.total
+        and known.message_count == len(b.messages)
+        and known.kind is b.kind
+        and known.retention is b.retention
+        and known.priority == b.priority
+        and known.reason == reason
+        and known.sources == b.sources
     )
 
 

@@ -79,6 +79,8 @@ class DraftBlock:
     sources: tuple[RecordRef, ...] = field(init=False, repr=False, compare=False)
     # What a record's count (fixed at recording) misses of the ids sent with the block's messages.
     id_tokens: TokenCounts = field(init=False, repr=False, compare=False)
+    # The tokens its records were counted at when recorded, summed.
+    record_tokens: TokenCounts = field(init=False, repr=False, compare=False)
     # What makes each tool output of the block identical to another (tool, status, text), with its seq.
     outcomes: tuple[tuple[tuple[str, str, str], int], ...] = field(init=False, repr=False, compare=False)
 
@@ -100,6 +102,13 @@ class DraftBlock:
             TokenCounts(
                 _id_tokens(records, messages, counter_for("o200k_base")),
                 lambda: _id_tokens(records, messages, counter_for("cl100k_base")),
+            ),
+        )
+        object.__setattr__(
+            self,
+            "record_tokens",
+            TokenCounts(
+                sum(r.tokens.o200k_base for r in records), lambda: sum(r.tokens.cl100k_base for r in records)
             ),
         )
         object.__setattr__(self, "outcomes", _outcome_keys(records))

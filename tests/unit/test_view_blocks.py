@@ -2,7 +2,9 @@
 
 ``build_view_blocks(records, ..., previous=...)`` keeps the blocks an append cannot move and builds
 the rest; these tests hold it to a build without ``previous`` on every bundled sample grown one record
-at a time, and show what it keeps and when it builds everything again.
+at a time, and show what it keeps and when it builds everything again. An assembly given the previous
+one takes its wire blocks where they are equal (``tests/unit/test_view_cache.py`` holds whole contexts
+through the view cache to assembly without it).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from typing import Any
 
 import pytest
 
-from contracts import Retention
+from contracts import PreparedContext, PrepareRequest, Retention
 
 from infra import SAMPLES_DIR
+from services.core.assemble import ThreadSnapshot, assemble_view
+from services.core.budget import resolve_budget
 from services.core.groups import BlockSet, build_view_blocks
+from services.core.tokens import counter_for
 from services.core.trace import read_trace
 from services.edge.replay import ReplayOptions, trace_events
 from tests.fixtures.builders import Thread, ledger_records
@@ -101,3 +106,35 @@ def test_a_previous_build_of_other_records_or_coverage_is_not_extended(change: s
     built = build_view_blocks(view, covered, own_thread=own, previous=before)
     assert built == build_view_blocks(view, covered, own_thread=own)
     assert not any(a is b for a, b in zip(before.ready[1:], built.ready[1:], strict=False))
+
+
+def test_an_assembly_after_an_append_takes_the_earlier_wire_blocks_that_did_not_change() -> None:
+    t, events = _grown_thread(6)
+    records = ledger_records([*events, t.assistant("All six files read.")])
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
+    )
+    budget, counter = resolve_budget(request), counter_for("o200k_base")
+
+    def snapshot(k: int) -> ThreadSnapshot:
+        view = records[:k]
+        return ThreadSnapshot(
+            t.session_id,
+            t.run_id,
+            t.instance_id,
+            k,
+            view[-1].seq,
+            view[-1].event_key,
+            view,
+            own_thread=t.thread_id,
+        )
+
+    before = assemble_view(snapshot(len(records) - 1), request, budget, counter)
+    after = assemble_view(snapshot(len(records)), request, budget, counter, previous=before)
+    assert isinstance(before.context, PreparedContext) and isinstance(after.context, PreparedContext)
+    assert after.context == assemble_view(snapshot(len(records)), request, budget, counter).context
+    # Every block of the earlier context is where it was: taken as it was; the new answer is new.
+    assert all(a is b for a, b in zip(before.context.blocks, after.context.blocks, strict=False))
+    assert [b.block_id for b in after.context.blocks[len(before.context.blocks) :]] == [
+        f"turn:{records[-1].seq}"
+    ]
