@@ -5,8 +5,9 @@ figure that matters is not a prepare of an unchanged view but one right after an
 of small tool groups (a call and its output, a user message every 10 groups) grows a record at a time
 from 40 to 900 records under the gpt-4o profile (no compaction: everything fits); after every record
 the thread's view is assembled with the view cache kept across steps (``assemble_reusing``, which
-answers an unchanged view with the context it assembled), as the assembler runs it, in this process
-(no servers: the figure is the assembly alone). Reported per size band:
+extends the thread's last assembly after an append and answers an unchanged view with the context
+it assembled), as the assembler runs it, in this process (no servers: the figure is the assembly
+alone). Reported per size band:
 p50 / p90 of the step after an append, and of a second prepare of the same view (nothing changed).
 
 ``make bench BENCH_ARGS="--only append"``
