@@ -23,12 +23,20 @@ from contracts.windows import WindowPolicy
 
 from services.core.assemble import Assembly, OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
 from services.core.budget import BudgetSpec
+from services.core.groups import BlockSet
 from services.core.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from services.core.records import LedgerRecord
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "assemble_reusing", "record_bytes"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "CachedRecords",
+    "ViewCache",
+    "assemble_reusing",
+    "last_blocks",
+    "record_bytes",
+]
 
 # What a cached record costs beyond its text: the object, its parsed body, payload and token counts
 # (tracemalloc on the bundled samples: 2.2 KB per record at 560 characters of text on average).
@@ -158,6 +166,17 @@ def assemble_reusing(
     return prepared
 
 
+def last_blocks(cache: ViewCache, thread_id: str) -> BlockSet | None:
+    """The blocks the thread's last assembly built of its records as recorded (previews not
+    rewritten for context tools), if the cache still holds them: a build of the same view extends them."""
+    found = cache.get(_assembly_key(thread_id, context_tools=False))
+    return found.blocks if isinstance(found, Assembly) else None
+
+
+def _assembly_key(thread_id: str, *, context_tools: bool) -> tuple[str, str, bool]:
+    return ("assembly", thread_id, context_tools)
+
+
 def _assemble_extending(
     cache: ViewCache,
     snapshot: ThreadSnapshot,
@@ -172,7 +191,7 @@ def _assemble_extending(
     (``--only append``). Kept per thread and whether previews name the read tool (which rewrites the
     records the blocks are built from); assembly checks the rest by value: the same first records,
     coverage and thread for the blocks, every field for a wire block."""
-    key = ("assembly", snapshot.own_thread, request.context_tools)
+    key = _assembly_key(snapshot.own_thread, context_tools=request.context_tools)
     found = cache.get(key)
     previous = found if isinstance(found, Assembly) else None
     assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest
-from services.app.view_cache import ViewCache, assemble_reusing
+from services.app.budgeting import measure
+from services.app.view_cache import ViewCache, assemble_reusing, last_blocks
 from services.app.views import ViewLoader
 from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
@@ -331,3 +332,28 @@ def test_a_prepare_that_waited_on_a_compaction_or_dropped_history_is_never_taken
     assert waited is not first and waited.compaction_wait_ms == 250
     assert dropping is not first
     assert _assembled(cache, _snapshot(t, records, 0), request) is first
+
+
+async def test_the_budgeter_measures_a_view_from_the_blocks_its_last_prepare_built_as_it_would_without() -> (
+    None
+):
+    store, t = MemoryStore(), Thread()
+    await _record(
+        store, [t.system("s"), t.user("q"), t.assistant("a", calls=(("c1", "bash", {"cmd": "ls"}),))]
+    )
+    loader = ViewLoader()
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
+    )
+    async with store.session() as s:
+        view = await loader.load(s, t.thread_id)
+    assert last_blocks(loader.cache, t.thread_id) is None
+    _assembled(loader.cache, view.snapshot(), request)
+    await _record(store, [t.outcome("c1", "x" * 400), t.assistant("done")], 4)
+    async with store.session() as s:
+        view = await loader.load(s, t.thread_id)
+    previous = last_blocks(loader.cache, t.thread_id)
+    assert previous is not None and [r.seq for r in previous.records] == [1, 2, 3]
+    budget, reserved = view.compaction_budget, view.state.prepare_reserved
+    extended = measure(view, view.records, budget=budget, reserved=reserved, previous=previous)
+    assert extended == measure(view, view.records, budget=budget, reserved=reserved)
