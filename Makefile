@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-under-load test-unit chromium typecheck lint chaos bench eval ladder dashboard schemas install clean
+.PHONY: run test test-under-load test-unit chromium screenshots typecheck lint chaos bench eval ladder dashboard schemas client install clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ chromium:
 		&& { apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
 		     || { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }; } \
 		|| echo "make chromium: cannot install Debian's chromium here (needs apt-get as root)"; }
+
+## Screenshots of the console's pages in docs/screenshots/: the browser tests walk a real fleet that
+## replayed a bundled sample, and their screenshots (out/console/) are copied.
+SCREENSHOTS := sessions timeline context served served-step compaction
+screenshots: $(STAMP) chromium
+	$(PY) -m pytest -q tests/browser/test_console.py tests/browser/test_served_pages.py
+	@mkdir -p docs/screenshots
+	for name in $(SCREENSHOTS); do cp out/console/$$name.png docs/screenshots/$$name.png; done
 
 ## The timing-sensitive tests (tests/under_load.py), each UNDER_LOAD_COUNT times in a row beside one
 ## busy process per core: a laptop or CI runner is a busy machine. CI runs them twice each.
@@ -84,6 +92,10 @@ dashboard: $(STAMP)
 ## A JSON Schema (draft 2020-12) per wire message + the AsyncAPI 3.0.0 document, into schemas/ (docs/wire.md).
 schemas: $(STAMP)
 	$(VENV)/bin/ctxfleet schemas schemas
+
+## The client distribution's wheel (clients/python: ctxfleet_client + contracts, nats-py and pydantic) into dist/.
+client: $(STAMP)
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation clients/python -w dist
 
 clean:
 	rm -rf $(VENV) .ctxfleet schemas

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from contracts import Event, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 from services.errors import FleetUnavailable, Overloaded
 

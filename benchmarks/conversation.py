@@ -14,7 +14,7 @@ from dataclasses import replace
 from contracts import Event, PrepareRequest
 from infra import SAMPLES_DIR
 from services.core.trace import TraceLine, read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, trace_events
 
 __all__ = ["publish_thread", "sample_events", "sample_lines"]

@@ -93,7 +93,7 @@ async def scrape_loop(port: int, started: float, out: list[Scrape], every_s: flo
 async def register_policies(nats_urls: tuple[str, ...], nats_options: dict[str, Any]) -> None:
     """One small-budget policy per budget (``budget-3000``...), as ``ctxfleet replay --budget`` does."""
     from contracts import ContextPolicy
-    from services.edge.client import FleetClient
+    from ctxfleet_client.client import FleetClient
 
     async with await FleetClient.connect(nats_urls, name="dashboard-policies", **nats_options) as client:
         for budget in BUDGETS:
@@ -111,7 +111,7 @@ async def replay_lane(
     done: list[str],
 ) -> None:
     """Replay traces one after another, each into a fresh session, until cancelled."""
-    from services.edge.client import FleetClient
+    from ctxfleet_client.client import FleetClient
     from services.edge.replay import ReplayOptions, replay_trace
     from services.core.trace import read_trace
 

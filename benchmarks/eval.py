@@ -22,7 +22,7 @@ from pydantic import JsonValue
 from contracts import CompactionPolicy, ContextPolicy
 from infra import SAMPLES_DIR
 from infra.runtime import Servers, start_fleet
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.evaluating import EvalReport, EvalTrace, evaluate, policy_name, run_through_fleet
 from services.core.evaluation import FleetContext, score_trace, with_system_prompt
 from services.core.evaluation.counting import ContextCounter

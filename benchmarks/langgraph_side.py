@@ -41,7 +41,7 @@ from nats.aio.client import Client as NatsClient
 from contracts import PreparedContext, PrepareRequest
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
-from services.edge.client import DEADLINE_HEADER, FleetClient
+from ctxfleet_client.client import DEADLINE_HEADER, FleetClient
 from services.edge.replay import percentile
 from services.settings import parse_nats_urls
 

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from contracts import PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 
 from .conversation import sample_events

@@ -28,7 +28,7 @@ import asyncpg
 from contracts import ContextPolicy
 from infra import SAMPLES_DIR
 from infra.embedded import free_port
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from infra.runtime import migrate, provision
 from services.settings import WORKER_NAMES, Settings, parse_nats_urls

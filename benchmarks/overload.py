@@ -27,7 +27,7 @@ from pathlib import Path
 from contracts import PrepareRequest
 from .fleet_process import spawn_worker, wait_ready
 from infra.runtime import migrate, provision
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import FleetUnavailable, Overloaded
 from services.edge.replay import percentile
 from services.settings import Settings, parse_nats_urls

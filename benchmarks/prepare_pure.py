@@ -35,7 +35,7 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.views import ViewLoader
 from services.core.trace import read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 from services.store.connect import create_pool
 from services.store.postgres import PgStore

@@ -27,7 +27,7 @@ from contracts import (
 )
 from contracts.windows import WindowPolicy, WindowStrategy
 from infra.runtime import Servers, start_fleet
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 from services.settings import Settings
 from tests.fixtures.builders import Thread

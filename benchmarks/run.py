@@ -65,7 +65,7 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats, EmbeddedPostgres
 from infra.runtime import Servers, start_fleet
 from contracts import ContextPolicy, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, percentile, replay_trace
 from services.settings import Settings, parse_nats_urls
 from services.core.trace import read_trace
@@ -249,7 +249,7 @@ async def bench_small_budget(
         "over_budget": 0,
         "compactions": 0,
         "compaction_failures": 0,
-        "hot_path_waits": 0,
+        "compaction_waits": 0,
         "prepared_tokens_sum": 0,
         "full_history_tokens_sum": 0,
     }

@@ -20,7 +20,7 @@ import asyncpg
 
 from contracts import SearchRequest
 from infra.runtime import Servers, start_fleet
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.edge.replay import percentile

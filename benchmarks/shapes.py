@@ -27,7 +27,7 @@ from infra import SAMPLES_DIR
 from infra.runtime import Servers, start_fleet
 from services.core.tokens import counter_for
 from services.core.trace import read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, trace_events
 from services.settings import Settings
 

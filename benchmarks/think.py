@@ -13,8 +13,8 @@ would measure a view several times larger.) ``growing_0s`` is that other figure 
 stepped back to back from 50 to 300 records, the first and last 25 steps of each mode, to show what a
 step costs as the view grows.
 
-The agent process freezes its start-up heap once the thread is built (``gc.freeze()``, as the fleet
-does after start-up and as an agent runtime embedding the client should): otherwise a full
+The agent process freezes its start-up heap once the thread is built (``gc.freeze()``, as an agent
+runtime embedding the client may): otherwise a full
 collection of this process's own heap (imports, builders) lands inside a step's parse now and then
 (34 ms seen), a cost of the runtime's process, not of the fleet.
 
@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts import PreparedContext, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 from services.settings import parse_nats_urls
 from tests.fixtures.builders import Thread

@@ -45,7 +45,7 @@ from nats.aio.msg import Msg
 from contracts import PrepareRequest
 
 from infra.embedded import EmbeddedNats
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
 
 from .concurrency import AgentSteps, Session, agent_figures, agent_steps, seed_sessions

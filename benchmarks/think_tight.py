@@ -17,7 +17,7 @@ import gc
 from pathlib import Path
 
 from contracts import PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 
 from .fleet_process import ALL_WORKERS, FleetProcess, fleet_env, prepare_servers

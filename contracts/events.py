@@ -7,6 +7,8 @@ turns raw bytes into a typed event, and it raises ``EventDecodeError`` with a st
 
 from __future__ import annotations
 
+import hashlib
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeAlias, Union
 
@@ -28,6 +30,8 @@ from .task_budgets import CallUsage, TaskBudget
 from .wire_json import JSON_INT_MAX, JSON_INT_MIN, MAX_JSON_DEPTH, JsonProblem, WireJsonError, wire_loads
 
 __all__ = [
+    "content_identity",
+    "content_sha256",
     "EVENT_KINDS",
     "JSON_INT_MAX",
     "JSON_INT_MIN",
@@ -487,3 +491,34 @@ def _json_type(value: object) -> str:
 def event_json_schema() -> dict[str, Any]:
     """JSON Schema of the event union, for runtimes in other languages."""
     return _EVENT_ADAPTER.json_schema()
+
+
+def content_identity(event: Event) -> dict[str, JsonValue]:
+    """What an event's content hash covers: its identity and its full content."""
+    identity: dict[str, JsonValue] = {
+        "event_key": event.event_key,
+        "session_id": event.session_id,
+        "run_id": event.run_id,
+        "instance_id": event.instance_id,
+        "kind": event.kind,
+        "client_ts": event.client_ts.isoformat() if event.client_ts else None,
+        "payload": event.payload.model_dump(mode="json"),
+        "policy": event.policy,
+        "principal_id": event.principal_id,
+        "agent_release": event.agent_release,
+        "parent_instance_id": event.parent_instance_id,
+    }
+    if event.task_budget is not None:
+        # Only when declared: events recorded before task budgets keep their content hash.
+        identity["task_budget"] = event.task_budget.model_dump(mode="json")
+    return identity
+
+
+def content_sha256(event: Event) -> str:
+    """The content hash the ledger records for ``event`` (``content_sha256``), which
+    ``PrepareRequest.after_event_hash`` names: the SHA-256 of its ``content_identity`` as canonical
+    JSON (sorted keys, no whitespace, UTF-8). Two bodies under one key are the same event exactly when
+    their hashes are equal, so a prepare naming its event by this hash learns at once of a key reused
+    for other content."""
+    text = json.dumps(content_identity(event), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

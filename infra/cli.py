@@ -21,9 +21,10 @@ from pydantic import BaseModel, ValidationError
 from contracts import (
     CompactReply,
     CompactRequest,
+    ContextRequest,
+    ContextShown,
     ModelProfile,
     PreparedContext,
-    PrepareRequest,
     SearchReply,
     SearchRequest,
     SessionInspection,
@@ -32,7 +33,7 @@ from contracts import (
 )
 from contracts.branches import ForkRequest, SessionForked
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
@@ -46,6 +47,7 @@ from services.core.trace import TraceFormatError, TraceLine, read_trace
 
 from . import SAMPLES_DIR
 from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
+from .cli_served import history_json, render_history, render_step, step_json, write_plot
 from .cli_progress import progress_bar
 from .cluster_cli import add_cluster_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
@@ -69,6 +71,7 @@ from .runtime import supervise_servers
 from workers.app import Fleet
 from .schemas import write_schemas
 from workers.console import console_url, local_url
+from workers.console.reading import read_served, read_served_step
 from .startup_replay import (
     SAMPLE,
     SAMPLE_BUDGET,
@@ -223,6 +226,19 @@ def _parser() -> argparse.ArgumentParser:
     find.add_argument("--limit", type=int, default=10)
     find.set_defaults(func=_cmd_search)
 
+    served = sub.add_parser(
+        "served",
+        help="show the contexts the fleet answered a thread: every step, one as the model saw it, its diff",
+    )
+    served.add_argument("thread", help="<run_id>.<instance_id>")
+    served.add_argument("--step", type=int, help="show this step as the model saw it (every block's text)")
+    served.add_argument(
+        "--diff", action="store_true", help="with --step: only what changed since the step before"
+    )
+    served.add_argument("--json", action="store_true")
+    served.add_argument("--plot", type=Path, help="write the chart of its steps to FILE.svg or FILE.png")
+    served.set_defaults(func=_cmd_served)
+
     reidx = sub.add_parser(
         "reindex", help="rebuild the search index from the ledger (a session, or everything)"
     )
@@ -266,6 +282,8 @@ def _parser() -> argparse.ArgumentParser:
             "the NATS identity (default runtime-<tenant>: the tenant's agent runtimes; 'operator' for people)"
         ),
     )
+    # Also after the command, as `ctxfleet env --tenant T` reads; SUPPRESS keeps one given before it.
+    env.add_argument("--tenant", default=argparse.SUPPRESS, help="the tenant whose runtime identity to print")
     env.set_defaults(func=_cmd_env)
 
     ev = sub.add_parser(
@@ -614,6 +632,37 @@ def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_served(args: argparse.Namespace, settings: Settings) -> int:
+    run_id, instance_id = _thread_arg(args.thread)
+    if args.diff and args.step is None:
+        raise CliError("--diff shows one step's changes: name it with --step N")
+    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
+        "database_url"
+    )
+    if not url:
+        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+
+    async def run() -> str:
+        pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
+        try:
+            store = PgStore(pool)
+            thread_id = f"{run_id}.{instance_id}"
+            if args.step is None:
+                page = await read_served(store, thread_id, None)
+                if args.plot is not None:
+                    why = write_plot(page, args.plot)
+                    if why is not None:
+                        raise CliError(why)
+                return history_json(page) if args.json else render_history(page)
+            step = await read_served_step(store, thread_id, args.step, None)
+            return step_json(step) if args.json else render_step(step, diff_only=args.diff)
+        finally:
+            await pool.close()
+
+    print(asyncio.run(run()))
+    return 0
+
+
 def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
         "database_url"
@@ -660,8 +709,9 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ctx = sub.add_parser(
         "context",
         help=(
-            "show a thread's prepared context like /context: tokens per category and block, share of the "
-            "budget, why each block is there, what was left out, what the summary covers"
+            "show what a thread's next prepare would answer, like /context, writing nothing: tokens per "
+            "category and block, share of the budget, why each block is there, what was left out, what "
+            "the summary covers"
         ),
     )
     ctx.add_argument("thread", nargs="?", help="<run_id>.<instance_id>")
@@ -671,9 +721,13 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="show this PreparedContext JSON (replay --dump-contexts) instead of preparing",
     )
     which = ctx.add_mutually_exclusive_group()
-    which.add_argument("--model-profile", help="a built-in model profile (default gpt-4o)")
+    which.add_argument(
+        "--model-profile",
+        help="a built-in model profile (default: the session's policy, as the runtime gets)",
+    )
     which.add_argument("--profile", type=Path, help="a ModelProfile JSON file")
     ctx.add_argument("--budget", type=int, help="cap the input budget (tokens)")
+    ctx.add_argument("--text", action="store_true", help="each block's text too, as the model reads it")
     ctx.add_argument("--json", action="store_true", help="the breakdown as JSON, for scripts")
     ctx.set_defaults(func=_cmd_context)
 
@@ -689,10 +743,11 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
     if args.file is not None:
         prepared = _validated(PreparedContext, args.file.read_text(encoding="utf-8"), f"{args.file}")
+        shown = breakdown(prepared, budget_source=f"the file {args.file}", texts=args.text)
     elif args.thread is None:
         raise CliError("name a thread (<run_id>.<instance_id>) or --file FILE")
     else:
-        run_id, instance_id = _thread_arg(args.thread)
+        _thread_arg(args.thread)
         if args.budget is not None and args.budget <= 0:
             raise CliError("--budget must be positive")
         profile = (
@@ -700,29 +755,22 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             if args.profile
             else None
         )
+        request = ContextRequest(model_profile=args.model_profile, profile=profile, budget_tokens=args.budget)
         nats_urls = _fleet_nats_urls(settings)
 
-        async def run() -> PreparedContext:
+        async def run() -> ContextShown:
             async with await _connect(settings, nats_urls, "ctxfleet-context") as client:
-                session_id, principal_id = await _owner_of(client, args.thread)
-                try:
-                    request = PrepareRequest(
-                        session_id=session_id,
-                        principal_id=principal_id,
-                        run_id=run_id,
-                        instance_id=instance_id,
-                        model_profile=None if profile else (args.model_profile or "gpt-4o"),
-                        profile=profile,
-                        budget_tokens=args.budget,
-                    )
-                except ValidationError as exc:
-                    raise _invalid("bad prepare", exc) from None
-                return await client.prepare(request)
+                return await client.show_context(args.thread, request)
 
-        prepared = asyncio.run(run())
-    shown = breakdown(prepared)
+        reply = asyncio.run(run())
+        shown = breakdown(
+            reply.prepared,
+            budget_source=reply.budget_source,
+            runtime_would=reply.runtime_would,
+            texts=args.text,
+        )
     if args.json:
-        print(json.dumps(shown.as_json(), indent=2))
+        print(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))
     else:
         from rich.console import Console
 
@@ -817,24 +865,40 @@ def _shown(nats_urls: tuple[str, ...]) -> str:
 
 
 def _cmd_env(args: argparse.Namespace, settings: Settings) -> int:
-    """``CTX_NATS_URL`` and the identity's credentials, as shell lines (``eval "$(ctxfleet env)"``)."""
+    """``CTX_NATS_URL``, the identity's credentials and ``CTX_TENANT``, as shell lines
+    (``eval "$(ctxfleet env)"``): all of them or, on an error, none.
+
+    The embedded fleet's identities come from its data folder, also in a shell where an earlier
+    ``eval`` set ``CTX_NATS_URL`` to that fleet; an external server's are the configured ones
+    (``CTX_NATS_USER`` / ``CTX_NATS_PASSWORD``), if any: the operator's, never generated here.
+    """
     nats_urls = _fleet_nats_urls(settings)
-    print(f"CTX_NATS_URL={shlex.quote(','.join(nats_urls))}")
-    if settings.bus.nats_url is not None:
-        return 0  # an external server: its credentials are the operator's, not ours to print
-    user = args.user or runtime_user(settings.process.tenant)
-    found = load_credentials(settings.embedded.data_dir)
-    if found is None or user not in found.nats:
-        hint = (
-            f" (add {settings.process.tenant!r} to CTX_TENANTS and restart the fleet)"
-            if args.user is None
-            else ""
-        )
-        raise CliError(f"no credentials for NATS user {user!r} in {settings.embedded.data_dir}{hint}")
-    print(f"CTX_NATS_USER={shlex.quote(user)}")
-    print(f"CTX_NATS_PASSWORD={shlex.quote(found.password(user))}")
-    print(f"CTX_TENANT={shlex.quote(settings.process.tenant)}")
+    tenant = settings.process.tenant
+    lines = [("CTX_NATS_URL", ",".join(nats_urls))]
+    # The data folder's identities, when the URLs are its fleet's and its bus is closed.
+    found = load_credentials(settings.embedded.data_dir) if _is_embedded_fleet(settings, nats_urls) else None
+    if found is not None or settings.bus.nats_url is None:
+        user = args.user or runtime_user(tenant)
+        if found is None or user not in found.nats:
+            hint = f" (add {tenant!r} to CTX_TENANTS and restart the fleet)" if args.user is None else ""
+            raise CliError(f"no credentials for NATS user {user!r} in {settings.embedded.data_dir}{hint}")
+        lines += [("CTX_NATS_USER", user), ("CTX_NATS_PASSWORD", found.password(user))]
+    elif settings.bus.nats_user is not None and settings.bus.nats_password is not None:
+        lines += [
+            ("CTX_NATS_USER", settings.bus.nats_user),
+            ("CTX_NATS_PASSWORD", settings.bus.nats_password.get_secret_value()),
+        ]
+    lines.append(("CTX_TENANT", tenant))
+    print("\n".join(f"{name}={shlex.quote(value)}" for name, value in lines))
     return 0
+
+
+def _is_embedded_fleet(settings: Settings, nats_urls: tuple[str, ...]) -> bool:
+    """Whether ``nats_urls`` are the embedded fleet's of the data folder (what ``env`` printed for it)."""
+    if settings.bus.nats_url is None:
+        return True
+    endpoints = read_endpoints(settings.embedded.data_dir)
+    return endpoints is not None and _parsed(endpoints["nats_url"]) == nats_urls
 
 
 def _add_branch_commands(sub: Any) -> None:
@@ -1091,7 +1155,7 @@ def _print_eval(report: EvalReport) -> None:
         fits = f" ({s['failed_while_required_fits']} fit)" if fleet and s["failed"] else ""
         failed = f"{s['failed']}/{s['prepares']}{fits}"
         over = str(s["over_budget"]) if fleet else "-"
-        waits = str(s["hot_path_waits"]) if fleet else "-"
+        waits = str(s["compaction_waits"]) if fleet else "-"
         cells = [f"{s['tokens_per_task']:,}", cache, failed, over, waits, comp, summary]
         return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
 

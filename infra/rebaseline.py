@@ -17,7 +17,7 @@ from nats.js.errors import NotFoundError
 
 from contracts.subjects import EVENTS_STREAM
 from services.core.baseline import Positions, Rebaseline, StreamFacts, plan_rebaseline
-from services.edge.client import connect_nats
+from ctxfleet_client.client import connect_nats
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore

@@ -13,7 +13,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from contracts import JOBS_STREAM
-from services.edge.client import connect_nats
+from ctxfleet_client.client import connect_nats
 from services.errors import FleetUnavailable, StoreUnavailable
 from services.settings import Settings
 from services.store.connect import connect as pg_connect

@@ -21,7 +21,7 @@ from pydantic import JsonValue
 from contracts import ContextPolicy
 from contracts.subjects import DEFAULT_TENANT
 from services.core.trace import TraceLine
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
 
 from . import SAMPLES_DIR

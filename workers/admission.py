@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from faststream.exceptions import SkipMessage
 
-from services.edge.client import DEADLINE_HEADER
+from ctxfleet_client.client import DEADLINE_HEADER
 from services.errors import Overloaded
 
 from .metrics import FleetMetrics

@@ -7,7 +7,6 @@ default) or one kind per process (k8s).
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +21,7 @@ from nats.errors import Error as NatsError
 
 from contracts.subjects import RECORDED
 from services.errors import InvalidConfiguration
-from services.edge.client import connect_nats
+from ctxfleet_client.client import connect_nats
 from services.core.tokens import EncodingName, counter_for
 from services.settings import Settings
 from services.store.connect import create_pool
@@ -33,13 +32,11 @@ from services.store.gateway import PgGatewayStore
 from services.store.ports import HookGrants
 
 from .backlogs import export_backlogs, watch_backlogs
-from .hot_path import HotPath
 from .responder import Responder
 from .budgeter import BudgeterWorker
 from .compose import compose
 from .console import console_app
 from .health import HealthServer
-from .heap import HeapKeeper
 from .indexer import IndexerWorker
 from .metrics import FleetMetrics
 from .recorder import RecorderWorker
@@ -51,11 +48,6 @@ log = logging.getLogger("ctxfleet")
 _STARTUP_RETRY_S = 2.0
 _POOL_CLOSE_S = 5.0
 _GAUGES_STOP_S = 2.0
-# The heap keeper: what survived 5 s is long-lived (views, caches) and is frozen out of the
-# collector's sight; a full sweep every 15 minutes reclaims cycles frozen meanwhile (its pause is in
-# ctx_gc_pause_seconds).
-_GC_FREEZE_INTERVAL_S = 5.0
-_GC_SWEEP_INTERVAL_S = 900.0
 
 
 # Subjects whose messages only say "look again"; dropping buffered ones on shutdown loses nothing.
@@ -140,8 +132,6 @@ class Fleet:
     _started: bool = False
     _draining: bool = False
     _waiting: str | None = None
-    _heap: HeapKeeper | None = None
-    _hot_path: HotPath | None = None
     # Answers the request/reply endpoints of this process (workers/responder.py).
     responder: Responder | None = None
     # Spans of prepares, compactions, rollovers and hook calls; from ``CTX_TRACES`` unless given.
@@ -185,7 +175,7 @@ class Fleet:
             tracing=self.tracing,
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
-        self.gateway, self._hot_path, self.responder = workers.gateway, workers.hot_path, workers.responder
+        self.gateway, self.responder = workers.gateway, workers.responder
         await self.broker.start()
         if self.responder is not None:
             await self.responder.start()  # the request/reply endpoints, on the broker's connection
@@ -198,14 +188,9 @@ class Fleet:
             await self.recorder.start()
         self._gauges = asyncio.create_task(watch_backlogs(self.export_backlogs, lambda: self._draining))
         self._started = True
-        _settle_heap(names)
+        for encoding in encodings_at_start(names):
+            counter_for(encoding)
         self.metrics.gc_pauses.install()
-        self._heap = HeapKeeper(
-            _GC_FREEZE_INTERVAL_S,
-            _GC_SWEEP_INTERVAL_S,
-            quiet=self._hot_path.await_quiet if self._hot_path is not None else None,
-        )
-        self._heap.start()
         log.info("workers %s started", ", ".join(names))
 
     async def _serve_operations(self, host: str, port: int) -> None:
@@ -326,9 +311,6 @@ class Fleet:
         """Set the compaction queue gauges and ``ctx_consumer_lag_*`` for the workers of this process."""
         if self._nc is None:
             return
-        if self._hot_path is not None:
-            # Up to 17 JetStream requests a round: not while a prepare is being answered.
-            await self._hot_path.yield_to_prepares()
         await export_backlogs(
             self._nc,
             self.settings.process.worker_names,
@@ -345,9 +327,6 @@ class Fleet:
         """
         self._draining = True
         self.metrics.gc_pauses.uninstall()
-        if self._heap is not None:
-            await self._heap.stop()
-            self._heap = None
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
         if self._gauges is not None:
@@ -419,24 +398,10 @@ class Fleet:
 
 
 def encodings_at_start(names: Sequence[str]) -> tuple[EncodingName, ...]:
-    """The tokenizers a process of workers ``names`` loads before it serves (see ``_settle_heap``)."""
-    return ("o200k_base", "cl100k_base") if "compactor" in names else ("o200k_base",)
+    """The tokenizers a process of workers ``names`` loads before it serves.
 
-
-def _settle_heap(names: Sequence[str]) -> None:
-    """Load what every request needs, then move the start-up heap out of the collector's sight.
-
-    The tokenizers' rank tables alone are hundreds of thousands of objects that live as long as the
-    process: left in the collected generations, every full collection walks them again — a pause of
-    tens of ms on the hot path. Frozen, a collection visits only what requests allocate.
     o200k: every record is counted with it. cl100k only with a compactor, which counts every summary
-    in both encodings: loaded at its first compaction instead, it stalled the event loop for ~140 ms
-    (+31 MB either way). Elsewhere it is counted on a reader's first need, and the heap
-    keeper freezes its table within one interval of that first load.
+    in both encodings: loaded at its first compaction instead, it stalled the event loop for ~140 ms.
+    Elsewhere it is loaded on a reader's first need.
     """
-    if gc.get_freeze_count():
-        return  # once per process: a second fleet in it (tests) finds the heap settled already
-    for encoding in encodings_at_start(names):
-        counter_for(encoding)
-    gc.collect()
-    gc.freeze()
+    return ("o200k_base", "cl100k_base") if "compactor" in names else ("o200k_base",)

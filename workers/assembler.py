@@ -1,4 +1,4 @@
-"""assembler: answers ``ctx.prepare.<tenant>.<run>.<instance>`` and ``ctx.inspect.<tenant>.<run>.<instance>``.
+"""assembler: answers ``ctx.prepare``, ``ctx.inspect`` and ``ctx.context`` (``.<tenant>.<run>.<instance>``).
 
 The tenant is the subject's: the NATS server only delivers a request there from an identity its
 permissions allow on that tenant's subjects, so no payload can claim another tenant.
@@ -20,20 +20,19 @@ import time
 from faststream.nats import NatsResponse, NatsRouter
 from opentelemetry.trace import Span
 
-from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
+from contracts import CONTEXT_SHOW, ContextRequest, ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
 from services.errors import CtxError, InvalidRequest
 from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
+from services.app.showing import show_context
 from services.app.tracing import Tracing, record_error, record_prepared, record_rollover
 from services.core.budget import BUILTIN_PROFILES
-from services.core.prepared_json import DEFAULT_REPLY_CACHE_BYTES, PreparedJson
 from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
-from .hot_path import HotPath
 from .level_clock import LevelClock
 from .gateway import gateway_router
 from .metrics import FleetMetrics, policy_label
@@ -58,16 +57,12 @@ class AssemblerWorker:
         *,
         limits: RequestLimits | None = None,
         gateway: GatewayService | None = None,
-        hot_path: HotPath | None = None,
         responder: Responder | None = None,
-        reply_cache_bytes: int = DEFAULT_REPLY_CACHE_BYTES,
         tracing: Tracing | None = None,
     ) -> None:
         self._service = service
+        self._store = store
         self._tracing = tracing or Tracing.off()
-        # Each message and block of a reply written once while the thread's view keeps it.
-        self._reply_json = PreparedJson(reply_cache_bytes)
-        self._hot_path = hot_path or HotPath()
         self._gateway = gateway
         self._board = board
         self._metrics = metrics
@@ -94,10 +89,7 @@ class AssemblerWorker:
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
-            with (
-                self._hot_path.serving(),
-                self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span,
-            ):
+            with self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span:
                 return await admitted(
                     admission,
                     message.headers,
@@ -117,6 +109,21 @@ class AssemblerWorker:
                 admission,
                 message.headers,
                 lambda _slot: self._inspect(message.body, tenant, f"{run_id}.{instance_id}"),
+            )
+
+        @responder.endpoint(
+            r,
+            f"{CONTEXT_SHOW}.{{tenant}}.{{run_id}}.{{instance_id}}",
+            queue="assembler",
+            title="context_show",
+            description="ContextRequest in, ContextShown or ErrorReply out (request/reply).",
+        )
+        async def on_context_show(message: Inbound) -> NatsResponse:
+            tenant, run_id, instance_id = message.tokens(3)
+            return await admitted(
+                admission,
+                message.headers,
+                lambda _slot: self._show(message.body, tenant, f"{run_id}.{instance_id}"),
             )
 
         # Notices are never answered, whatever reply subject they carry: only requests are, by the
@@ -206,7 +213,7 @@ class AssemblerWorker:
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
         serializing = time.perf_counter()
-        body = self._reply_json(prepared)
+        body = reply_json(prepared)
         self._reply_stage.observe(time.perf_counter() - serializing)
         return NatsResponse(body, headers={"ctx-status": "ok"})
 
@@ -224,6 +231,19 @@ class AssemblerWorker:
             reply = error_reply(exc)
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
         return NatsResponse(reply_json(inspection), headers={"ctx-status": "ok"})
+
+    async def _show(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
+        try:
+            request = parse_body(ContextRequest, body) if body else ContextRequest()
+            if self._store is None:
+                raise CtxError("assembler has no store attached")
+            shown = await show_context(
+                self._store, self._require_service(), thread_id, request, tenant=tenant
+            )
+        except Exception as exc:
+            reply = error_reply(exc)
+            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
+        return NatsResponse(reply_json(shown), headers={"ctx-status": "ok"})
 
     def _require_service(self) -> PrepareService:
         if self._service is None:

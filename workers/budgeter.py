@@ -15,7 +15,6 @@ from services.errors import CtxError, FleetUnavailable, ThreadNotFound
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
-from .hot_path import HotPath
 from .metrics import FleetMetrics
 
 __all__ = ["BudgeterWorker"]
@@ -30,14 +29,7 @@ _MIN_INTERVAL_S = 0.25
 class BudgeterWorker(CoalescingWorker):
     """Coalescing evaluator of threads."""
 
-    def __init__(
-        self,
-        service: BudgetService | None,
-        store: PgStore | None,
-        metrics: FleetMetrics,
-        *,
-        hot_path: HotPath | None = None,
-    ) -> None:
+    def __init__(self, service: BudgetService | None, store: PgStore | None, metrics: FleetMetrics) -> None:
         self._service = service
         self._store = store
         self._metrics = metrics
@@ -49,7 +41,6 @@ class BudgeterWorker(CoalescingWorker):
                 log,
                 sweep_s=_SWEEP_S,
                 min_interval_s=_MIN_INTERVAL_S,
-                before_pass=hot_path.await_quiet if hot_path is not None else None,
             )
             if ready
             else None

@@ -56,11 +56,8 @@ class CoalescingScheduler:
         max_concurrent: int = 8,
         max_pending: int = 4096,
         min_interval_s: float = 0.0,
-        before_pass: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._work = work
-        # Awaited before each pass takes a slot: how a process's prepares go first (workers/hot_path.py).
-        self._before_pass = before_pass
         self._find_stale = sweep
         self._log = log
         self._sweep_s = sweep_s
@@ -99,8 +96,6 @@ class CoalescingScheduler:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if self._before_pass is not None:
-                    await self._before_pass()
                 async with self._slots:
                     self._again.discard(thread_id)
                     started = loop.time()
@@ -167,8 +162,6 @@ class CoalescingScheduler:
     async def _sweep(self) -> None:
         while not self._stopping:
             try:
-                if self._before_pass is not None:
-                    await self._before_pass()
                 for thread_id in await self._find_stale():
                     self.schedule(thread_id)
             except Exception as exc:  # the sweep is the safety net; keep it alive through outages

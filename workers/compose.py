@@ -19,7 +19,7 @@ from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
-from services.edge.client import log_nats_error
+from ctxfleet_client.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
 from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
@@ -41,7 +41,6 @@ from .admission import RequestLimits
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
-from .hot_path import HotPath
 from .responder import Responder
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
@@ -147,8 +146,6 @@ class Workers:
     indexer: IndexerWorker | None
     recorder: RecorderWorker | None
     gateway: GatewayService | None = None
-    # The prepares in progress, which this process's background work waits for.
-    hot_path: HotPath | None = None
     # Answers the request/reply endpoints; the shutdown waits for what it has in hand.
     responder: Responder | None = None
 
@@ -188,8 +185,6 @@ def compose(
         HookMetrics(metrics.hook_calls, metrics.hook_seconds),
         tracing,
     )
-    # Shared by the workers of this process: background passes wait for the prepares in progress.
-    hot_path = HotPath()
     limits = RequestLimits(
         max_inflight=settings.limits.max_inflight_requests, max_queue_age_ms=settings.limits.max_queue_age_ms
     )
@@ -218,7 +213,6 @@ def compose(
                 gateway_store,
                 hook_grants or hooks,
                 store,
-                before_write=hot_path.yield_to_prepares,
                 max_pending_records=settings.limits.gateway_pending_records,
                 max_pending_bytes=settings.limits.gateway_pending_mb * 1024 * 1024,
             )
@@ -231,18 +225,17 @@ def compose(
             store,
             limits=limits,
             gateway=gateway,
-            hot_path=hot_path,
             responder=responder,
             tracing=tracing,
         )
         broker.include_router(assembler.router)
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics, hot_path=hot_path)
+        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics)
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
-        indexer = IndexerWorker(store, metrics, hot_path=hot_path)
+        indexer = IndexerWorker(store, metrics)
         broker.include_router(indexer.router)
     if "compactor" in names:
 
@@ -268,7 +261,7 @@ def compose(
             batch=settings.tuning.record_batch,
             refusals=refusals,
         )
-    return Workers(broker, loader, budgeter, indexer, recorder, gateway, hot_path, responder)
+    return Workers(broker, loader, budgeter, indexer, recorder, gateway, responder)
 
 
 def _document_outputs(broker: NatsBroker) -> None:

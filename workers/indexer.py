@@ -12,7 +12,6 @@ from services.app.indexing import MAX_INDEXED_BYTES, index_thread, stale_threads
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
-from .hot_path import HotPath
 from .metrics import FleetMetrics
 
 __all__ = ["IndexerWorker"]
@@ -26,13 +25,7 @@ _MIN_INTERVAL_S = 0.25
 class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
-    def __init__(
-        self,
-        store: PgStore | None,
-        metrics: FleetMetrics,
-        *,
-        hot_path: HotPath | None = None,
-    ) -> None:
+    def __init__(self, store: PgStore | None, metrics: FleetMetrics) -> None:
         self._store = store
         self._metrics = metrics
         self._scheduler = (
@@ -41,7 +34,6 @@ class IndexerWorker(CoalescingWorker):
                 self._stale,
                 log,
                 min_interval_s=_MIN_INTERVAL_S,
-                before_pass=hot_path.await_quiet if hot_path is not None else None,
             )
             if store is not None
             else None

@@ -43,7 +43,6 @@ __all__ = [
     "error_response",
     "inbound",
     "parse_body",
-    "raw_body",
     "reply_with",
 ]
 
@@ -106,11 +105,6 @@ class ReplyRule:
         if self.named_users and not reply.startswith(reply_prefixes(subject, tenant)):
             return ReplyRefusal.FOREIGN_INBOX
         return None
-
-
-async def raw_body(msg: NatsMessage) -> bytes:
-    """FastStream decoder that leaves the body as bytes, so bad input gets a typed error reply."""
-    return msg.body
 
 
 @dataclass(frozen=True, slots=True)

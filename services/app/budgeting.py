@@ -45,7 +45,11 @@ def measure(
         previous=previous,
     )
     measured, eligible = measure_view(
-        blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget
+        blocks,
+        summary.tokens(encoding) if summary else 0,
+        policy or view.policy.compaction,
+        encoding,
+        budget,
     )
     return replace(
         measured, estimated=measured.estimated + reserved, required=measured.required + reserved

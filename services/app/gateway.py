@@ -4,13 +4,11 @@ Keeping what a check needs never slows a prepare: the assembler hands its reply 
 which only puts the (already built) ``PreparedContext`` into a bounded in-process cache and queues
 it for the write-behind. One flusher per process derives each queued context's record (the manifest,
 a digest per unit, the budget figures — never content) and stores the batch under
-``(prepared_id, format)`` in one statement. It starts only once the process's prepares in progress
-are answered (``before_write``, bounded), hashes a record at a time, and skips a context it
-already stored (an unchanged view prepared again has the same id): measured, a record hashed per
-prepare in a worker thread cost 2.5 ms of a 6.5 ms round trip, the thread contending for the
-interpreter lock while the reply was being sent. A check served by the process that
-prepared finds the context in the cache; any other replica reads the record, and waits a moment
-for one still being written before it answers ``prepared_context_not_found``.
+``(prepared_id, format)`` in one statement, skipping a context it already stored (an unchanged view
+prepared again has the same id); beside it, the thread's served history (each block's manifest
+entry, and the texts of blocks this process has not stored for the thread yet). A check served by
+the process that prepared finds the context in the cache; any other replica reads the record, and
+waits a moment for one still being written before it answers ``prepared_context_not_found``.
 
 Nothing answered is dropped later. Invariants of the write-behind:
 
@@ -33,13 +31,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import islice
 
 from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedContext
 from services.core.compaction.policy import ratio_threshold
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.hashing import canonical_json, sha256_hex
+from services.core.served import ServedContext, served_of
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
 from services.errors import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
@@ -51,7 +51,7 @@ __all__ = ["GatewayService", "encoding_of"]
 log = logging.getLogger("ctxfleet.gateway")
 
 # A check on another replica may arrive before the preparing one's write-behind landed: well above
-# the flusher's delay (``before_write`` is bounded, then a batch is one statement).
+# the flusher's delay (a batch is one statement).
 _RECORD_WAIT_S = 1.0
 _RECORD_POLL_S = 0.05
 # Records stored per statement.
@@ -63,6 +63,9 @@ _CACHED_CONTEXTS = 1024
 # takes seconds), never longer than the cap, so records are stored within seconds of its return.
 _RETRY_FIRST_S = 0.1
 _RETRY_MAX_S = 5.0
+# Block texts this process knows are stored, per (thread, digest): a block kept in view for many
+# steps is sent to the store once, not at every step.
+_TEXTS_REMEMBERED = 100_000
 # While closing, the flusher retries at least this often within the shutdown's bound.
 _RETRY_CLOSING_S = 0.5
 # A record's JSON is mostly its digests: about this much per unit and per protected block, plus ids
@@ -100,14 +103,11 @@ class GatewayService:
         policies: PrepareStore | None = None,
         *,
         cache_contexts: int = _CACHED_CONTEXTS,
-        before_write: Callable[[], Awaitable[None]] | None = None,
         max_pending_records: int = 10_000,
         max_pending_bytes: int = 64 * 1024 * 1024,
         backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
     ) -> None:
         self._store = store
-        # Awaited before a record is hashed: the process's prepares in progress go first.
-        self._before_write = before_write
         self._grants = grants
         self._policies = policies
         self._cache: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
@@ -115,7 +115,8 @@ class GatewayService:
         # Remembered, their records not derived yet; derived and not stored yet (invariant 1); and
         # stored already by this process (ids are deterministic: an unchanged view has the same one).
         self._unwritten: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
-        self._pending: OrderedDict[tuple[str, str], tuple[GatewayRecord, int]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, str], _Pending] = OrderedDict()
+        self._texts_stored: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._written: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._max_pending_records = max_pending_records
         self._max_pending_bytes = max_pending_bytes
@@ -317,21 +318,17 @@ class GatewayService:
     async def _derive(self) -> None:
         """Turn every remembered context into its record (small: digests, no content)."""
         while self._unwritten:
-            # Before each record: a prepare that arrived meanwhile is answered first.
-            if self._before_write is not None and not self._closing:
-                await self._before_write()
-            if not self._unwritten:
-                return
             key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
             try:
-                record = await _record_of(prepared, tenant)
+                record, served, texts = await _record_of(prepared, tenant)
             except Exception:  # a bug in deriving one record must not hold the others (invariant 2)
                 self.dropped_records["underivable"] += 1
                 log.exception("could not derive the gateway record of %s; dropped", prepared.prepared_id)
                 continue
             record = record.model_copy(update={"carried_from": carried_from})
-            size = _approx_bytes(record)
-            self._pending[key] = (record, size)
+            fresh = {d: t for d, t in texts.items() if (served.thread_id, d) not in self._texts_stored}
+            size = _approx_bytes(record) + sum(len(t) for t in fresh.values())
+            self._pending[key] = _Pending(record, served, fresh, size)
             self.pending_bytes += size
 
     async def _store_batch(self, batch: list[tuple[str, str]]) -> None:
@@ -340,8 +337,15 @@ class GatewayService:
         A refusal of anything else is a record at fault (invariant 2): the batch is stored a record at
         a time, and only the records refused alone are dropped.
         """
+        pending = [self._pending[key] for key in batch]
+        texts = {
+            (p.served.thread_id, digest): (p.served.thread_id, digest, p.served.tenant, text)
+            for p in pending
+            for digest, text in p.texts.items()
+        }
         try:
-            await self._store.insert_prepared_many([self._pending[key][0] for key in batch])
+            await self._store.insert_prepared_many([p.record for p in pending])
+            await self._store.insert_served_many([p.served for p in pending], list(texts.values()))
         except StoreUnavailable:
             raise
         except Exception:  # whatever the store refused: isolate it below
@@ -353,6 +357,10 @@ class GatewayService:
             return
         for key in batch:
             self._done(key)
+        for text_key in texts:
+            self._texts_stored[text_key] = None
+        while len(self._texts_stored) > _TEXTS_REMEMBERED:
+            self._texts_stored.popitem(last=False)
 
     def _drop_refused(self, key: tuple[str, str]) -> None:
         self.dropped_records["rejected"] += 1
@@ -369,7 +377,7 @@ class GatewayService:
     def _forget(self, key: tuple[str, str]) -> None:
         found = self._pending.pop(key, None)
         if found is not None:
-            self.pending_bytes -= found[1]
+            self.pending_bytes -= found.size
 
     async def _back_off(self) -> None:
         delay = min(self._backoff_s, _RETRY_CLOSING_S) if self._closing else self._backoff_s
@@ -384,11 +392,29 @@ class GatewayService:
             pass
 
 
-async def _record_of(prepared: PreparedContext, tenant: str) -> GatewayRecord:
-    encoding = encoding_of(prepared.budget_report.counting_method)
+_Derived = tuple[GatewayRecord, ServedContext, dict[str, str]]
+
+
+def _derive_one(prepared: PreparedContext, tenant: str) -> _Derived:
+    record = gateway_record(prepared, tenant, encoding_of(prepared.budget_report.counting_method))
+    return (record, *served_of(prepared, tenant))
+
+
+async def _record_of(prepared: PreparedContext, tenant: str) -> _Derived:
+    """The check's record of ``prepared``, its served manifest and its blocks' texts by digest."""
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
-        return await asyncio.to_thread(gateway_record, prepared, tenant, encoding)
-    return gateway_record(prepared, tenant, encoding)
+        return await asyncio.to_thread(_derive_one, prepared, tenant)
+    return _derive_one(prepared, tenant)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A derived record waiting to be stored, with its served manifest and the texts not stored yet."""
+
+    record: GatewayRecord
+    served: ServedContext
+    texts: dict[str, str]
+    size: int
 
 
 def _approx_bytes(record: GatewayRecord) -> int:

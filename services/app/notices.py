@@ -72,8 +72,3 @@ class NoticeBoard:
         """``thread_id`` changed: wake everyone waiting on it."""
         for event in self._waiters.get(thread_id, ()):
             event.set()
-
-    @property
-    def waiting_threads(self) -> int:
-        """How many threads have waiters (for metrics)."""
-        return len(self._waiters)

@@ -68,7 +68,7 @@ from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.hooks import HOOK_BLOCK_PREFIX
-from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
 from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
@@ -673,8 +673,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
 
 
 def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
-    # The estimate profile counts whole dumped messages, ids included.
-    envelope = MESSAGE_OVERHEAD * len(block.messages) + (block.id_tokens.get(counter.name) if counter else 0)
+    envelope = MESSAGE_OVERHEAD * len(block.messages) + id_tokens(block, counter)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
         text = block.messages[0].content or ""
@@ -1434,13 +1433,13 @@ def _same_wire(known: ContextBlock, s: _Sized, reason: str, first_message: int) 
 
 
 def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
+    # A block counts whole in its category, message framing included, so that a category is the sum
+    # of the blocks a person sees in it; envelopes are what no block carries (the reply priming).
     by: dict[str, int] = {"instructions": 0, "history": 0, "materials": 0, "summaries": 0}
-    envelopes = REPLY_PRIMING
     for s in kept:
-        by[_CATEGORY[s.block.kind]] += s.content
-        envelopes += s.envelope
-    total = sum(by.values()) + envelopes + schema_tokens
-    return BudgetCategory(tool_schemas=schema_tokens, envelopes=envelopes, total=total, **by)
+        by[_CATEGORY[s.block.kind]] += s.total
+    total = sum(by.values()) + REPLY_PRIMING + schema_tokens
+    return BudgetCategory(tool_schemas=schema_tokens, envelopes=REPLY_PRIMING, total=total, **by)
 
 
 def _counting_method(counter: TokenCounter | None, budget: BudgetSpec) -> str:

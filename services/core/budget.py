@@ -2,58 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
-
 from contracts import ContextPolicy, ModelProfile, PrepareRequest
+from contracts.profiles import BUILTIN_PROFILES
 
 from services.core.calibration import Calibration
 from services.errors import UnknownModelProfile
 
 __all__ = ["BUILTIN_PROFILES", "BudgetSpec", "calibrated", "policy_budget", "resolve_budget"]
-
-# Public limits of common models. The safety margin absorbs what no local count can see
-# (provider-side framing, tokenizer drift); it is part of the profile so it is versioned with it.
-BUILTIN_PROFILES: Final[dict[str, ModelProfile]] = {
-    p.name: p
-    for p in (
-        ModelProfile(name="gpt-4o", context_window=128_000, output_reserve=16_384, safety_margin=2_048),
-        ModelProfile(name="gpt-4o-mini", context_window=128_000, output_reserve=16_384, safety_margin=2_048),
-        ModelProfile(name="gpt-4.1", context_window=1_047_576, output_reserve=32_768, safety_margin=8_192),
-        ModelProfile(name="o3", context_window=200_000, output_reserve=100_000, safety_margin=2_048),
-        ModelProfile(
-            name="gpt-4-turbo",
-            context_window=128_000,
-            output_reserve=4_096,
-            safety_margin=2_048,
-            encoding="cl100k_base",
-        ),
-        ModelProfile(
-            name="gpt-3.5-turbo",
-            context_window=16_385,
-            output_reserve=4_096,
-            safety_margin=512,
-            encoding="cl100k_base",
-        ),
-        # Anthropic ships no offline tokenizer (and it changes between model versions): counted as the
-        # local o200k count times the profile's learned calibration, with a wider margin for the
-        # framing and drift no usage report has shown yet.
-        ModelProfile(
-            name="claude-sonnet-4",
-            context_window=200_000,
-            output_reserve=16_384,
-            safety_margin=6_000,
-            encoding="estimate",
-        ),
-        ModelProfile(
-            name="claude-opus-4",
-            context_window=200_000,
-            output_reserve=16_384,
-            safety_margin=6_000,
-            encoding="estimate",
-        ),
-    )
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +49,7 @@ def calibrated(spec: BudgetSpec, calibration: Calibration) -> BudgetSpec:
 
 
 def resolve_budget(
-    request: PrepareRequest, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES
+    request: PrepareRequest, profiles: Mapping[str, ModelProfile] = BUILTIN_PROFILES
 ) -> BudgetSpec:
     """The budget of a request: its profile's, capped by ``budget_tokens`` when both are given."""
     profile = request.profile
@@ -125,7 +82,9 @@ def resolve_budget(
     )
 
 
-def policy_budget(policy: ContextPolicy, profiles: dict[str, ModelProfile] = BUILTIN_PROFILES) -> BudgetSpec:
+def policy_budget(
+    policy: ContextPolicy, profiles: Mapping[str, ModelProfile] = BUILTIN_PROFILES
+) -> BudgetSpec:
     """The budget the budgeter and compactor use for sessions under ``policy``."""
     request = PrepareRequest(
         session_id="policy",

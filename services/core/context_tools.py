@@ -3,19 +3,27 @@
 ``context_read`` reads back an externalized output (``ctx://blob/<sha256>``, the ref every preview
 names) or a recorded record (``ctx://record/<thread_id>/<seq>``, the ref of a search hit);
 ``context_search`` searches the session's archive. The fleet only describes them: the runtime's
-client answers them (``services.edge.context_tools``) through ``ctx.read`` / ``ctx.search``, so
+client answers them (``ctxfleet_client.context_tools``) through ``ctx.read`` / ``ctx.search``, so
 every answer is scope-checked like any other read-back.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pydantic import JsonValue
 
 from contracts import ToolSchema
+from contracts.context_refs import (
+    CONTEXT_READ,
+    CONTEXT_SEARCH,
+    CONTEXT_TOOL_NAMES,
+    BlobRef,
+    ContextRef,
+    RecordRef,
+    parse_ref,
+    record_ref,
+)
 
 from services.core.records import RecordKind
 from services.errors import InvalidRequest
@@ -33,13 +41,6 @@ __all__ = [
     "record_ref",
     "with_context_tools",
 ]
-
-CONTEXT_READ = "context_read"
-CONTEXT_SEARCH = "context_search"
-CONTEXT_TOOL_NAMES = frozenset({CONTEXT_READ, CONTEXT_SEARCH})
-
-_BLOB = re.compile(r"ctx://blob/([0-9a-f]{64})")
-_RECORD = re.compile(r"ctx://record/([A-Za-z0-9_-]{1,128}\.[A-Za-z0-9_-]{1,128})/([1-9][0-9]{0,18})")
 
 # The instruction the context carries with the tools: every preview's "read it back from <ref>"
 # and every evidence pointer become something the model can act on.
@@ -90,48 +91,6 @@ _SEARCH = ToolSchema(
         "additionalProperties": False,
     },
 )
-
-
-@dataclass(frozen=True, slots=True)
-class BlobRef:
-    """An externalized output, by the sha256 of its full text."""
-
-    sha256: str
-
-    @property
-    def ref(self) -> str:
-        """The wire form."""
-        return f"ctx://blob/{self.sha256}"
-
-
-@dataclass(frozen=True, slots=True)
-class RecordRef:
-    """One recorded record of the session, by its thread and seq (what a search hit points at)."""
-
-    thread_id: str
-    seq: int
-
-    @property
-    def ref(self) -> str:
-        """The wire form."""
-        return record_ref(self.thread_id, self.seq)
-
-
-ContextRef = BlobRef | RecordRef
-
-
-def record_ref(thread_id: str, seq: int) -> str:
-    """``ctx://record/<thread_id>/<seq>``: the ref of a record, as context_read takes it."""
-    return f"ctx://record/{thread_id}/{seq}"
-
-
-def parse_ref(ref: str) -> ContextRef | None:
-    """The ref ``ref`` names, or ``None`` when it is neither a blob nor a record ref."""
-    if found := _BLOB.fullmatch(ref):
-        return BlobRef(found.group(1))
-    if found := _RECORD.fullmatch(ref):
-        return RecordRef(found.group(1), int(found.group(2)))
-    return None
 
 
 def context_tool_schemas() -> tuple[ToolSchema, ...]:

@@ -54,7 +54,7 @@ from services.core.records import (
 from services.core.render import arguments_json, record_content
 from services.core.tokens import TokenCounter, counter_for
 
-__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
+__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "id_tokens", "run_task_seq"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class DraftBlock:
     # The records this block was built from, in seq order.
     sources: tuple[RecordRef, ...] = field(init=False, repr=False, compare=False)
     # What a record's count (fixed at recording) misses of the ids sent with the block's messages.
-    id_tokens: TokenCounts = field(init=False, repr=False, compare=False)
+    id_counts: TokenCounts = field(init=False, repr=False, compare=False)
     # The tokens its records were counted at when recorded, summed.
     record_tokens: TokenCounts = field(init=False, repr=False, compare=False)
     # What makes each tool output of the block identical to another (tool, status, text), with its seq.
@@ -98,10 +98,10 @@ class DraftBlock:
         )
         object.__setattr__(
             self,
-            "id_tokens",
+            "id_counts",
             TokenCounts(
-                _id_tokens(records, messages, counter_for("o200k_base")),
-                lambda: _id_tokens(records, messages, counter_for("cl100k_base")),
+                _count_ids(records, messages, counter_for("o200k_base")),
+                lambda: _count_ids(records, messages, counter_for("cl100k_base")),
             ),
         )
         object.__setattr__(
@@ -127,7 +127,7 @@ def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
     return [(c.call_id, c.name) for c in body.tool_calls]
 
 
-def _id_tokens(
+def _count_ids(
     records: Sequence[LedgerRecord], messages: Sequence[ChatMessage], counter: TokenCounter
 ) -> int:
     """Tokens of the ids sent with ``messages`` that their records' counts miss.
@@ -723,3 +723,12 @@ def _closed(group: _Group) -> DraftBlock:
         messages=[head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])],
         error_calls=frozenset(group.error_calls),
     )
+
+
+def id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """What a record's count (fixed at recording) misses of the ids sent with the block's messages,
+    as the block counted it when built (``DraftBlock.id_counts``). The estimate profile counts whole
+    dumped messages, ids included. The assembly and the compaction measure both count it, so that a
+    view measures what its context counts.
+    """
+    return block.id_counts.get(counter.name) if counter is not None else 0

@@ -51,6 +51,7 @@ from contracts import (
     UserInputEvent,
     decode_event,
 )
+from contracts.events import content_identity
 from contracts.ids import EVENT_KEY_PATTERN
 from contracts.subjects import msg_id_of, parse_stored_subject
 
@@ -1020,31 +1021,8 @@ def content_sha256_of(event: Event) -> str:
     canonical JSON of its identity and content. Two bodies under one key are the same event exactly when
     their hashes are equal (invariant 4), so a prepare naming its event by this hash learns at once of
     a key reused for other content."""
-    return sha256_hex(canonical_json(_identity_and_content(event)))
-
-
-def _identity_and_content(event: Event) -> dict[str, JsonValue]:
-    identity = _identity(event)
-    if event.task_budget is not None:
-        # Only when declared: events recorded before task budgets keep their content hash.
-        identity["task_budget"] = event.task_budget.model_dump(mode="json")
-    return identity
-
-
-def _identity(event: Event) -> dict[str, JsonValue]:
-    return {
-        "event_key": event.event_key,
-        "session_id": event.session_id,
-        "run_id": event.run_id,
-        "instance_id": event.instance_id,
-        "kind": event.kind,
-        "client_ts": event.client_ts.isoformat() if event.client_ts else None,
-        "payload": event.payload.model_dump(mode="json"),
-        "policy": event.policy,
-        "principal_id": event.principal_id,
-        "agent_release": event.agent_release,
-        "parent_instance_id": event.parent_instance_id,
-    }
+    # The bytes ``contracts.content_sha256`` hashes, written faster (a test holds the two equal).
+    return sha256_hex(canonical_json(content_identity(event)))
 
 
 def _text_of(event: Event) -> str:

@@ -1,3 +1,3 @@
-"""What talks to the outside: the fleet's client, trace replay, the HTTP summarizer."""
+"""What drives a fleet through the client (trace replay, evaluation) and the HTTP summarizer."""
 
 __all__: list[str] = []

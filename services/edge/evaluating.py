@@ -14,7 +14,7 @@ from pydantic import JsonValue
 
 from contracts import AssistantMessageEvent, BlockKind, ContextPolicy, PreparedContext, PrepareRequest
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError
 from services.core.render import MESSAGE_OVERHEAD
 from services.core.evaluation import (

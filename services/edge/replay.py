@@ -34,7 +34,7 @@ from contracts import (
     UserInputPayload,
 )
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError, PermissionDenied
 from services.core.records import RecordKind
 from services.core.render import (
@@ -249,7 +249,7 @@ async def replay_trace(
         "over_budget": sum(1 for p in ok_prepares if p.get("over_budget")),
         "compactions": compactions,
         "compaction_failures": failures,
-        "hot_path_waits": sum(1 for p in ok_prepares if _int(p.get("compaction_wait_ms", 0)) > 0),
+        "compaction_waits": sum(1 for p in ok_prepares if _int(p.get("compaction_wait_ms", 0)) > 0),
         "reductions": sum(_int(p.get("reductions", 0)) for p in ok_prepares),
     }
     return report

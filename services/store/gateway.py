@@ -9,21 +9,62 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import asyncpg
 
 from contracts import FinalCheck, GatewayAddition
 from contracts.hooks import AdditionCategory, HookSet
 from services.core.gateway_check import GatewayRecord
+from services.core.served import ServedContext
 from services.store._errors import translate_pg_errors
+from services.store.listing import ServedStep
 
-__all__ = ["MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
+__all__ = ["SERVED_STEPS_KEPT", "MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
+
+# A thread's newest served contexts kept: a person debugging looks at the last few hundred steps.
+SERVED_STEPS_KEPT = 500
 
 _INSERT_PREPARED_MANY = """
 INSERT INTO ctx.prepared_contexts (prepared_id, format, tenant, thread_id, record)
 SELECT p, f, t, th, r::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(p, f, t, th, r)
 ON CONFLICT (prepared_id, format) DO NOTHING
+"""
+# Steps are numbered per thread in the order the contexts are stored (a batch in its own order).
+_INSERT_SERVED_MANY = """
+WITH u AS (
+    SELECT p, f, t, th, m::jsonb AS m, ord
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+        WITH ORDINALITY AS u(p, f, t, th, m, ord)
+), fresh AS (
+    SELECT u.* FROM u
+    WHERE NOT EXISTS (SELECT 1 FROM ctx.served_contexts s WHERE s.prepared_id = u.p AND s.format = u.f)
+)
+INSERT INTO ctx.served_contexts (prepared_id, format, tenant, thread_id, step, manifest)
+SELECT p, f, t, th,
+       coalesce((SELECT max(step) FROM ctx.served_contexts s WHERE s.thread_id = fresh.th), 0)
+           + row_number() OVER (PARTITION BY th ORDER BY ord),
+       m
+FROM fresh
+ON CONFLICT (prepared_id, format) DO NOTHING
+"""
+# Replicas storing steps of one thread at once take turns, so no two number the same step (sorted:
+# two batches lock their threads in one order and never wait on each other in a cycle).
+_LOCK_SERVED_THREADS = """
+SELECT pg_advisory_xact_lock(hashtextextended('ctx.served:' || t, 0))
+FROM unnest($1::text[]) AS t ORDER BY t
+"""
+_INSERT_SERVED_TEXTS = """
+INSERT INTO ctx.served_texts (thread_id, digest, tenant, text)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[])
+ON CONFLICT (thread_id, digest) DO NOTHING
+"""
+_PRUNE_SERVED = """
+DELETE FROM ctx.served_contexts s
+USING (SELECT thread_id, max(step) AS last FROM ctx.served_contexts WHERE thread_id = ANY($1::text[])
+       GROUP BY thread_id) m
+WHERE s.thread_id = m.thread_id AND s.step <= m.last - $2
 """
 _SELECT_PREPARED = "SELECT record FROM ctx.prepared_contexts WHERE prepared_id = $1 AND format = $2"
 _INSERT_CHECK = """
@@ -80,6 +121,34 @@ class PgGatewayStore:
                     [r.thread_id for r in records],
                     [r.model_dump_json() for r in records],
                 )
+
+    async def insert_served_many(
+        self, served: Sequence[ServedContext], texts: Sequence[tuple[str, str, str, str]]
+    ) -> None:
+        """Keep each served manifest (once per id and format) and the block texts not stored yet.
+
+        ``texts``: ``(thread_id, digest, tenant, text)``. A thread's steps beyond the newest
+        ``SERVED_STEPS_KEPT`` are deleted in the same transaction.
+        """
+        if not served and not texts:
+            return
+        with translate_pg_errors():
+            async with self._pool.acquire() as conn, conn.transaction():
+                if texts:
+                    columns = (list(column) for column in zip(*texts, strict=True))
+                    await conn.execute(_INSERT_SERVED_TEXTS, *columns)
+                if served:
+                    threads = sorted({s.thread_id for s in served})
+                    await conn.execute(_LOCK_SERVED_THREADS, threads)
+                    await conn.execute(
+                        _INSERT_SERVED_MANY,
+                        [s.prepared_id for s in served],
+                        [s.format for s in served],
+                        [s.tenant for s in served],
+                        [s.thread_id for s in served],
+                        [s.model_dump_json() for s in served],
+                    )
+                    await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
         """The record of a prepared context in one format, if it was written."""
@@ -150,6 +219,10 @@ class MemoryGatewayStore:
 
     prepared: dict[tuple[str, str], GatewayRecord] = field(default_factory=dict)
     checks: dict[tuple[str, int], StoredCheck] = field(default_factory=dict)
+    # Per thread, its served steps in order; block texts by (thread, digest). ``MemoryStore`` reads
+    # them as PostgreSQL's listing reads the gateway's tables of the same database.
+    served: dict[str, list[ServedStep]] = field(default_factory=dict)
+    served_texts: dict[tuple[str, str], str] = field(default_factory=dict)
 
     async def insert_prepared(self, record: GatewayRecord) -> None:
         self.prepared.setdefault((record.prepared_id, record.format), record)
@@ -157,6 +230,18 @@ class MemoryGatewayStore:
     async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
         for record in records:
             await self.insert_prepared(record)
+
+    async def insert_served_many(
+        self, served: Sequence[ServedContext], texts: Sequence[tuple[str, str, str, str]]
+    ) -> None:
+        for thread_id, digest, _, text in texts:
+            self.served_texts.setdefault((thread_id, digest), text)
+        for s in served:
+            steps = self.served.setdefault(s.thread_id, [])
+            if all((o.served.prepared_id, o.served.format) != (s.prepared_id, s.format) for o in steps):
+                step = steps[-1].step + 1 if steps else 1
+                steps.append(ServedStep(step, datetime.now(timezone.utc), s))
+                del steps[:-SERVED_STEPS_KEPT]
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
         return self.prepared.get((prepared_id, format))

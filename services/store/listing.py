@@ -1,4 +1,5 @@
-"""What the operator console lists: sessions across tenants, a thread's compactions and tool calls.
+"""What the operator console lists: sessions across tenants, a thread's compactions, tool calls and
+served contexts.
 
 Only SQL and the rows it returns; each function takes the connection first. The memory store returns
 the same rows (``memory.MemoryStore``), checked by the store contract.
@@ -6,18 +7,24 @@ the same rows (``memory.MemoryStore``), checked by the store contract.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from contracts import SummaryHook
+from services.core.served import ServedContext
 
 from services.store.ledger import Conn
 from services.store.views import parse_summary_hooks
 
 __all__ = [
     "CompactionEntry",
+    "ServedStep",
     "SessionListing",
     "ToolCallEntry",
     "select_compactions",
+    "select_served",
+    "select_served_texts",
     "select_sessions",
     "select_tool_calls",
 ]
@@ -51,6 +58,18 @@ class CompactionEntry:
     target_reached: bool
     # The hooks that narrowed or patched it.
     hooks: tuple[SummaryHook, ...] = ()
+    summary_id: str = ""
+    # The summary's text as the model reads it in place of the records it covers.
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServedStep:
+    """One context the fleet answered a thread: its step, when, and its manifest."""
+
+    step: int
+    served_at: datetime
+    served: ServedContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +96,14 @@ LIMIT $2
 """
 _COMPACTIONS = """
 SELECT view_revision, covered_from, covered_to, tokens_before, tokens_after, summarizer, trigger_reasons,
-       target_reached, hooks::text AS hooks
+       target_reached, hooks::text AS hooks, summary_id::text AS summary_id, text
 FROM ctx.summaries WHERE thread_id = $1 ORDER BY view_revision
 """
+_SERVED = """
+SELECT step, served_at, manifest::text AS manifest FROM ctx.served_contexts WHERE thread_id = $1
+ORDER BY step, format
+"""
+_SERVED_TEXTS = "SELECT digest, text FROM ctx.served_texts WHERE thread_id = $1 AND digest = ANY($2::text[])"
 _TOOL_CALLS = """
 SELECT call_id, name, call_seq, outcome_seq, status FROM ctx.tool_calls WHERE thread_id = $1
 ORDER BY call_seq, call_id
@@ -116,9 +140,24 @@ async def select_compactions(conn: Conn, thread_id: str) -> list[CompactionEntry
             trigger_reasons=tuple(r["trigger_reasons"]),
             target_reached=r["target_reached"],
             hooks=parse_summary_hooks(r["hooks"]),
+            summary_id=r["summary_id"],
+            text=r["text"],
         )
         for r in await conn.fetch(_COMPACTIONS, thread_id)
     ]
+
+
+async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:
+    """The contexts answered for the thread that are still kept, oldest step first."""
+    return [
+        ServedStep(r["step"], r["served_at"], ServedContext.model_validate_json(r["manifest"]))
+        for r in await conn.fetch(_SERVED, thread_id)
+    ]
+
+
+async def select_served_texts(conn: Conn, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
+    """The texts of the thread's served blocks with these digests."""
+    return {r["digest"]: r["text"] for r in await conn.fetch(_SERVED_TEXTS, thread_id, list(digests))}
 
 
 async def select_tool_calls(conn: Conn, thread_id: str) -> list[ToolCallEntry]:

@@ -29,6 +29,7 @@ from services.core.calibration import Calibration
 
 from services.core.compaction.policy import Throttle
 from services.core.gateway_check import GatewayRecord
+from services.core.served import ServedContext
 from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
@@ -38,7 +39,7 @@ from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
-from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
+from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
 from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
 from services.store.thread_at_head import ThreadAtHead
@@ -348,6 +349,14 @@ class ListingStore(Protocol):
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]: ...
 
+    async def thread_served(self, thread_id: str) -> list[ServedStep]:
+        """The contexts the fleet answered the thread (still kept), oldest step first."""
+        ...
+
+    async def served_texts(self, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
+        """The texts of the thread's served blocks with these digests."""
+        ...
+
 
 class IndexStore(Protocol):
     """The search index's positions and chunks."""
@@ -369,6 +378,12 @@ class GatewayStore(Protocol):
 
     async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
         """Keep each of ``records`` in one statement; ids already stored are left as they are."""
+        ...
+
+    async def insert_served_many(
+        self, served: Sequence[ServedContext], texts: Sequence[tuple[str, str, str, str]]
+    ) -> None:
+        """Keep served manifests (once per id and format) and ``(thread, digest, tenant, text)``s."""
         ...
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None: ...

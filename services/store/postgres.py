@@ -430,6 +430,14 @@ class PgStore:
         async with self._conn() as conn:
             return await listing.select_compactions(conn, thread_id)
 
+    async def thread_served(self, thread_id: str) -> list[listing.ServedStep]:
+        async with self._conn() as conn:
+            return await listing.select_served(conn, thread_id)
+
+    async def served_texts(self, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
+        async with self._conn() as conn:
+            return await listing.select_served_texts(conn, thread_id, digests)
+
     async def thread_tool_calls(self, thread_id: str) -> list[listing.ToolCallEntry]:
         async with self._conn() as conn:
             return await listing.select_tool_calls(conn, thread_id)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from playwright.async_api import Browser, async_playwright
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Headless and quiet: no GPU, no sandbox (root in CI), nothing fetched behind the test's back.
@@ -56,3 +58,14 @@ def chromium() -> Path:
                 pytest.fail(reason)
             pytest.skip(reason)
     return CHROMIUM
+
+
+@pytest.fixture
+async def browser(chromium: Path) -> AsyncIterator[Browser]:
+    """Headless chromium driven by Playwright."""
+    async with async_playwright() as pw:
+        launched = await pw.chromium.launch(executable_path=str(chromium), args=list(CHROMIUM_ARGS))
+        try:
+            yield launched
+        finally:
+            await launched.close()

@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 
 from contracts import Event, PrepareRequest
 from contracts.subjects import EVENTS_STREAM, events_subject
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.builders import Thread
 

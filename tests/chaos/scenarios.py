@@ -33,7 +33,7 @@ from typing import assert_never
 
 from contracts import PrepareRequest
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, PARTITIONED
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from infra.nats_cluster import NatsCluster
 from services.errors import CtxError
 from tests.fixtures.audit import ThreadAudit, audit_thread

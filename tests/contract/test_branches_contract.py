@@ -19,8 +19,8 @@ from services.core.compaction.policy import Counters
 from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.core.tokens import ENCODINGS, counter_for
 from services.core.trace import _parse
+from contracts import ErrorCode
 from services.errors import (
-    ErrorCode,
     ForkInsideToolGroup,
     NotExportable,
     SeqOutOfRange,

@@ -75,7 +75,7 @@ async def test_a_threads_compactions_are_listed_with_tokens_before_and_after(sto
     assert await store.thread_compactions(t.thread_id) == []
     async with store.session() as s:
         await s.ensure_view(t.thread_id)
-        await s.commit_summary(0, _summary(t.thread_id, 2))
+        summary_id = await s.commit_summary(0, _summary(t.thread_id, 2))
     assert await store.thread_compactions(t.thread_id) == [
         CompactionEntry(
             view_revision=1,
@@ -86,5 +86,7 @@ async def test_a_threads_compactions_are_listed_with_tokens_before_and_after(sto
             summarizer="contract",
             trigger_reasons=("context_ratio",),
             target_reached=True,
+            summary_id=str(summary_id),
+            text=_summary(t.thread_id, 2).text,
         )
     ]

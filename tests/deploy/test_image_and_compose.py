@@ -152,6 +152,7 @@ def test_the_wheel_the_image_installs_carries_every_file_the_workers_read(tmp_pa
         ),
         *(f"infra/samples/{p.name}" for p in (ROOT / "infra" / "samples").glob("*.jsonl")),
         "contracts/py.typed",
+        "ctxfleet_client/py.typed",
         "services/py.typed",
         "workers/py.typed",
         "infra/nats_accounts.py",

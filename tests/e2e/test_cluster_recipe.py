@@ -25,7 +25,7 @@ import pytest
 
 from contracts.subjects import EVENTS_STREAM
 from infra import SAMPLES_DIR
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.processes import ALL_WORKERS, ROOT, WorkerProcess
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]

@@ -26,7 +26,7 @@ from infra import SAMPLES_DIR
 from infra.datafolder import holders_of
 from infra.embedded import free_port
 from infra.credentials import load_credentials
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 

@@ -20,7 +20,7 @@ from contracts import ContextPolicy, PrepareRequest
 from infra import SAMPLES_DIR
 from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import FleetUnavailable, PermissionDenied
 from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import Settings
@@ -174,6 +174,23 @@ def test_ctxfleet_env_prints_the_lines_a_client_in_another_language_needs(server
         lines = dict(line.split("=", 1) for line in out.splitlines())
         assert set(lines) == {"CTX_NATS_URL", "CTX_NATS_USER", "CTX_NATS_PASSWORD", "CTX_TENANT"}
         assert lines["CTX_NATS_USER"] == "runtime-default" and lines["CTX_TENANT"] == "default"
+        # A second terminal built by `eval "$(ctxfleet env)"` gets every line again, the tenant named
+        # after the command as the CLI prints it; a tenant without an identity gets none of them.
+        again = subprocess.run(
+            [sys.executable, "-m", "infra.cli", "env", "--tenant", "default"],
+            env=env | lines,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert again == out
+        unknown = subprocess.run(
+            [sys.executable, "-m", "infra.cli", "env", "--tenant", "nobody"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert (unknown.returncode, unknown.stdout) == (2, ""), unknown.stderr
 
         async def register() -> int:
             async with await FleetClient.connect(

@@ -30,7 +30,7 @@ from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, recorded_subject
 from infra.asyncapi import CHANNELS, Channel
 from infra.credentials import load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.settings import Settings
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings

@@ -24,7 +24,7 @@ from contracts import (
 from contracts.branches import ExportRequest, ForkRequest
 from infra import SAMPLES_DIR
 from services.core.trace import _parse, read_trace
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from services.errors import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
 from tests.fixtures.builders import Thread

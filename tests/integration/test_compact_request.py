@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from contracts import CompactRequest, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CompactionFailed, NothingToCompact, PermissionDenied, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.integration.test_tenants import TwoTenants, two_tenants  # noqa: F401  (the closed bus)

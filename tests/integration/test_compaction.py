@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from contracts import CompactionJob, CompactionPolicy, ContextPolicy, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.app.compacting import CompactionService
 from services.core.compaction.model import Segment, StructuredSummary, SummarizerFailed
 from services.core.compaction.structured import summarize_records

@@ -10,7 +10,7 @@ import pytest
 
 from contracts import PrepareRequest, ToolStatus
 from services.core.context_tools import CONTEXT_READ, CONTEXT_SEARCH
-from services.edge.client import ContextTools, FleetClient
+from ctxfleet_client import ContextTools, FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 

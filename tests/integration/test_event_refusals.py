@@ -9,7 +9,7 @@ import time
 import asyncpg
 import pytest
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import EventRejected
 from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.fleet import eventually

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.subscription import Subscription
 
 from contracts.subjects import RECORDED
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.fleet import eventually
 from workers.app import Fleet

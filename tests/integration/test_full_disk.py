@@ -30,7 +30,7 @@ from contracts import ContextPolicy, PrepareRequest
 from infra.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from infra.runtime import Servers, migrate, start_fleet
 from infra.supervise import supervise
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import FleetUnavailable, NotYetRecorded, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings, reset_streams

@@ -15,7 +15,7 @@ import workers.compose
 from contracts import GatewayAddition, PreparedContext, PrepareRequest, Purpose
 from contracts.hooks import AdditionCategory, HookBinding, HookPoint, HookSet
 from services.app.gateway import GatewayService
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
 from tests.fixtures.builders import Thread
 

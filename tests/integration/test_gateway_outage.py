@@ -17,7 +17,7 @@ from contracts import PreparedContext, PrepareRequest
 from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
 from services.app.gateway import GatewayService
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings

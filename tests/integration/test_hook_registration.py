@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from contracts.hooks import HookBinding, HookPoint, HookSet
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import InvalidRequest
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]

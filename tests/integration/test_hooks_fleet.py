@@ -12,11 +12,11 @@ import pytest
 from contracts import CompactRequest, GatewayAddition, PrepareRequest, Purpose
 from contracts.hook_protocol import HookAddition, HookBlockEdit, HookCall, HookPatch, HookRange, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
+from contracts import ErrorCode
 from services.errors import (
     CompactionFailed,
     ContextBudgetExceeded,
-    ErrorCode,
     HookChangeRefused,
     HookTimeout,
 )

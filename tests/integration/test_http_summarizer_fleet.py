@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from contracts import CompactionPolicy, ContextPolicy, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

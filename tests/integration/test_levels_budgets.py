@@ -7,7 +7,7 @@ import pytest
 from contracts import ContextPolicy
 from contracts.task_budgets import CallUsage, TaskBudget
 from contracts.windows import WaterLevel, WindowPolicy, WindowStrategy
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import TaskBudgetExhausted
 from tests.fixtures.builders import Thread, prepare_request as _request
 

@@ -10,7 +10,7 @@ import pytest
 from contracts import ReadRequest
 from services.core.context_tools import CONTEXT_READ
 from services.core.tokens import counter_for
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread, prepare_request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from contracts import ContextPolicy, SearchRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.fleet import eventually
 from tests.unit.test_metric_names import exposition_violations

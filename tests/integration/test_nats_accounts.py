@@ -19,7 +19,7 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats
 from infra.nats_accounts import authorization_conf, grants
 from infra.runtime import provision
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import WORKER_NAMES
 from services.core.trace import read_trace

@@ -14,7 +14,7 @@ from contracts import JOBS_STREAM
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM
 from infra.nats_cluster import NatsCluster
 from infra.runtime import provision
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.settings import Settings
 from tests.fixtures.fleet import eventually
 

@@ -13,7 +13,7 @@ import pytest
 
 from contracts import PrepareRequest
 from infra.embedded import EmbeddedNats
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError, FleetUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings, reset_streams

@@ -23,7 +23,7 @@ import pytest
 import services.app.recording as recording
 from contracts import DeadLetter
 from contracts.subjects import DEAD_STREAM, dead_subject, partition_of
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import DuplicateEvent, StoreUnavailable
 from services.core.hashing import verify_chain
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits

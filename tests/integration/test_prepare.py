@@ -9,7 +9,7 @@ import pytest
 
 from contracts import ToolSchema
 from contracts.subjects import prepare_subject
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import (
     ContextBudgetExceeded,
     InvalidRequest,

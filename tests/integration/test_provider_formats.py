@@ -11,7 +11,7 @@ from openai.types.responses import FunctionToolParam, ResponseInputParam
 from pydantic import TypeAdapter
 
 from contracts import ToolSchema
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.sdk import conforms
 

@@ -11,7 +11,7 @@ from nats.js.api import SubjectTransform
 
 from contracts.subjects import EVENTS_STREAM, partition_of
 from infra.provision import ProvisionError, check_server, provision_streams
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually
 

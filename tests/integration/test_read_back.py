@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from contracts import PrepareRequest, ReadRequest, SearchRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError, InvalidRequest
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually
 

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from contracts import PrepareRequest
-from services.edge.client import FleetClient, msg_id_of
+from ctxfleet_client.client import FleetClient, msg_id_of
 from services.core.hashing import verify_chain
 from services.store.ledger import RecordsRepo
 from tests.fixtures.builders import Thread

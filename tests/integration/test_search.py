@@ -20,7 +20,7 @@ from contracts import (
     StatePatchPayload,
     ToolCatalog,
 )
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ContentNotFound, IntegrityError, ThreadNotFound
 from services.app.indexing import INDEX_VERSION, reindex
 from services.store.postgres import PgStore

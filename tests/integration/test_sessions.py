@@ -13,7 +13,7 @@ from contracts import (
     PrepareRequest,
     ReadRequest,
 )
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
 from services.app.views import ViewLoader
 from services.store.postgres import PgSession

@@ -19,7 +19,7 @@ from contracts import (
     ToolSchema,
     ToolSpec,
 )
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import EventRejected
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import (
     EventRejected,
     InvalidRequest,

@@ -14,7 +14,7 @@ import pytest
 from contracts import ContextPolicy, OperationStatusRequest, PrepareRequest, ReadRequest, SearchRequest
 from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError, StoreUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings

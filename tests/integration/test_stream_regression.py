@@ -19,7 +19,7 @@ from contracts.subjects import EVENTS_STREAM
 from infra.cli import main as cli_main
 from infra.provision import provision_streams
 from infra.rebaseline import rebaseline
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually, make_settings
 from workers.app import Fleet

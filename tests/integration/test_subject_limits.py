@@ -13,7 +13,7 @@ import pytest
 
 from contracts.branches import ExportRequest
 from contracts.subjects import MAX_SUBJECT_LENGTH, MAX_TOKEN_LENGTH, check_subject, tenant_subject
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import InvalidRequest
 from tests.fixtures.builders import Thread
 

@@ -35,7 +35,7 @@ from infra import SAMPLES_DIR
 from infra.embedded import EmbeddedNats
 from infra.nats_accounts import authorization_conf, embedded_grants
 from infra.runtime import provision
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ContentNotFound, EventRejected, ThreadNotFound
 from services.edge.replay import ReplayOptions, replay_trace
 from services.core.trace import read_trace

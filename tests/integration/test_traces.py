@@ -22,7 +22,7 @@ from contracts.hook_protocol import HookReply
 from contracts.hooks import HookBinding, HookPoint, HookSet
 from contracts.windows import WindowPolicy, WindowStrategy
 from services.app.tracing import Tracing, start_tracing
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import ContextBudgetExceeded
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import HookService, eventually, make_settings

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.embedded import free_port
 from infra.schemas import write_schemas
 from services.settings import Settings
 
@@ -50,12 +51,14 @@ async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_
     await start_fleet(max_event_bytes=MAX_EVENT_BYTES)
     schemas = tmp_path / "schemas"
     write_schemas(schemas, Settings(nats_url=streams))
+    # CTX_NATS_URL as it names a cluster, one node of it down: the runtime connects to the live one.
+    cluster = f"{streams},nats://127.0.0.1:{free_port()}"
     node = await asyncio.create_subprocess_exec(
         "node",
         str(node_packages / "roundtrip.mjs"),
         str(schemas),
         cwd=node_packages,
-        env={**os.environ, "CTX_NATS_URL": streams, "ROUNDTRIP_MAX_EVENT_BYTES": str(MAX_EVENT_BYTES)},
+        env={**os.environ, "CTX_NATS_URL": cluster, "ROUNDTRIP_MAX_EVENT_BYTES": str(MAX_EVENT_BYTES)},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -19,7 +19,7 @@ import pytest
 
 from infra.embedded import EmbeddedNats, free_port
 from contracts import PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import Overloaded
 from services.settings import WORKER_NAMES
 from tests.fixtures.builders import Thread

@@ -102,7 +102,8 @@ function expectNoNulls(body, where) {
 
 // An identity may read replies only on its own inboxes: _INBOX.<user>.
 const nc = await connect({
-  servers: env.CTX_NATS_URL,
+  // One URL, or a cluster's comma-separated: nats.js takes a string as one server, so split it.
+  servers: env.CTX_NATS_URL.split(",").map((url) => url.trim()),
   ...(env.CTX_NATS_USER
     ? { user: env.CTX_NATS_USER, pass: env.CTX_NATS_PASSWORD, inboxPrefix: `_INBOX.${env.CTX_NATS_USER}` }
     : {}),

@@ -29,7 +29,7 @@ from contracts import (
     ToolSpec,
 )
 from contracts.windows import WindowPolicy, WindowStrategy
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import CtxError
 from tests.fixtures.audit import audit_thread
 from tests.fixtures.builders import Thread

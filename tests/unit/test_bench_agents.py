@@ -15,7 +15,7 @@ import pytest
 from benchmarks.concurrency import AgentSteps, Session, agent_figures, agent_steps
 from benchmarks.conversation import sample_events
 from contracts import Event, PrepareRequest
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ from nats.js.errors import NoStreamResponseError
 
 from infra import runtime
 from infra.runtime import Servers, fleet_prerequisites
-from services.edge.client import FleetClient, log_nats_error
+from ctxfleet_client.client import FleetClient, log_nats_error
 from services.errors import FleetUnavailable
 from services.settings import Settings
 from tests.fixtures.builders import Thread

@@ -1,4 +1,5 @@
-"""Composition: a process builds exactly the workers its settings name, around one shared view cache."""
+"""Composition: a process builds exactly the workers its settings name, around one shared view cache,
+and loads the tokenizers they need before it serves."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 import workers.compose as compose_module
 from services.settings import Settings
+from workers.app import encodings_at_start
 from workers.compose import compose
 from workers.metrics import FleetMetrics
 
@@ -49,3 +51,10 @@ def test_a_process_builds_only_the_workers_its_settings_name(monkeypatch: pytest
     assert built.broker.subscribers, "the assembler's notice subscribers are on the broker"
     alone, _ = _compose(monkeypatch, "indexer")
     assert alone.indexer is not None and alone.recorder is None and alone.budgeter is None
+
+
+def test_a_process_with_a_compactor_loads_both_tokenizers_before_it_serves() -> None:
+    # The compactor counts every summary in both encodings: left to its first compaction, loading
+    # cl100k stalled the event loop for ~140 ms. Without one, cl100k waits for a reader that needs it.
+    assert encodings_at_start(["recorder", "assembler", "compactor"]) == ("o200k_base", "cl100k_base")
+    assert encodings_at_start(["recorder", "assembler", "budgeter", "indexer"]) == ("o200k_base",)

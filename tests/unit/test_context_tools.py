@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contracts import (
+    BlockKind,
     PreparedContext,
     PrepareRequest,
     Purpose,
@@ -35,8 +36,8 @@ from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
 from services.core.request_count import count_prepared
 from services.core.tokens import counter_for
-from services.edge.client import ContextTools
-from services.edge.context_tools import tool_calls_of
+from ctxfleet_client import ContextTools
+from ctxfleet_client.context_tools import tool_calls_of
 from services.errors import ContentNotFound, FleetUnavailable, InvalidRequest
 from tests.fixtures.builders import Thread, ledger_records
 
@@ -112,8 +113,8 @@ def test_the_note_follows_the_instructions_and_says_how_to_read_previews() -> No
         and "ctx://blob/" in (note.content or "")
     )
     assert prepared.blocks[1].tokens == COUNTER.count(note.content or "") + MESSAGE_OVERHEAD
-    # Counted as instructions (the message framing goes to envelopes).
-    instructions = prepared.blocks[0].tokens + prepared.blocks[1].tokens - 2 * MESSAGE_OVERHEAD
+    # Counted as instructions, whole, like every instruction block.
+    instructions = sum(b.tokens for b in prepared.blocks if b.kind is BlockKind.INSTRUCTION)
     assert prepared.budget_report.used.instructions == instructions
 
 

@@ -1,12 +1,12 @@
-"""The tree drawn in ``services/errors.py``'s docstring is the class hierarchy: every error class once,
+"""The tree drawn in ``contracts/exceptions.py``'s docstring is the class hierarchy: every error class once,
 under its real parent, so the drawing cannot drift from the code."""
 
 from __future__ import annotations
 
 import re
 
-import services.errors as errors_module
-from services.errors import CtxError
+import contracts.exceptions as errors_module
+from contracts.exceptions import CtxError
 
 # One drawn class per line: the root at the margin, or the tree's glyphs ending in a branch, then the
 # class name, four columns a level; a line without a branch continues the comment above it.

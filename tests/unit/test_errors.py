@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-import services.errors as errors_module
+import contracts.exceptions as errors_module
 from contracts import ErrorCode, ErrorReply
 from services.errors import (
     CtxError,
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _all_error_classes() -> list[type[CtxError]]:
     # Every module that could define one, imported: a subclass exists only once its module is loaded.
-    for path in sorted((ROOT / "services").rglob("*.py")):
+    for path in sorted([*(ROOT / "services").rglob("*.py"), *(ROOT / "ctxfleet_client").rglob("*.py")]):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         importlib.import_module(module)
     out: list[type[CtxError]] = []
@@ -35,12 +35,12 @@ def _all_error_classes() -> list[type[CtxError]]:
     return out
 
 
-def test_errors_every_class_lives_in_services_errors_with_a_distinct_code_that_exists_on_the_wire() -> None:
+def test_errors_every_class_lives_in_one_tree_with_a_distinct_code_that_exists_on_the_wire() -> None:
     classes = [c for c in _all_error_classes() if c is not CtxError]
     elsewhere = sorted(
         f"{c.__module__}.{c.__qualname__}" for c in classes if c.__module__ != errors_module.__name__
     )
-    assert elsewhere == [], "typed errors live in services/errors.py"
+    assert elsewhere == [], "typed errors live in contracts/exceptions.py"
     # A refinement that keeps its parent's code (ForeignSession is a ScopeViolation) defines none of its own.
     codes = [c.code for c in classes if "code" in vars(c)]
     assert len(codes) == len(set(codes)), "two error classes share a code"

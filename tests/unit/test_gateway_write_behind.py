@@ -1,4 +1,4 @@
-"""The gateway's write-behind: records stored in batches, once per prepared id, after the prepares;
+"""The gateway's write-behind: records stored in batches, once per prepared id;
 kept through a store outage, bounded, and flushed on close."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from services.core.gateway_check import GatewayRecord, gateway_record
 from services.errors import Overloaded, StoreRejected, StoreUnavailable
 from services.store.gateway import MemoryGatewayStore, MemoryHookGrants
 from tests.fixtures.builders import Thread, assembled
-from workers.hot_path import HotPath
 from workers.metrics import FleetMetrics
 
 pytestmark = pytest.mark.anyio
@@ -75,20 +74,6 @@ async def test_write_behind_stores_a_context_prepared_again_only_once() -> None:
     service.remember(prepared, "default")
     await service.flush()
     assert store.statements == [1]
-
-
-async def test_write_behind_waits_for_the_prepares_in_progress() -> None:
-    store = _CountingStore()
-    hot = HotPath(max_defer_s=5.0)
-    service = GatewayService(store, MemoryHookGrants(), before_write=hot.yield_to_prepares)
-    prepared = _prepared("while serving")
-    with hot.serving():
-        service.remember(prepared, "default")
-        await asyncio.sleep(0.05)
-        assert store.statements == []
-    await asyncio.wait_for(service.flush(), timeout=1.0)
-    assert store.statements == [1]
-    assert service.pending_records == 0 and not service.dropped_records
 
 
 async def test_write_behind_keeps_the_carried_check_with_the_record() -> None:

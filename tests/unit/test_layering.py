@@ -1,4 +1,5 @@
-"""The architecture as a test: contracts ← services ← workers ← infra, and curated public names."""
+"""The architecture as a test: contracts ← ctxfleet_client ← services ← workers ← infra, and curated public
+names. The client distribution ships contracts and ctxfleet_client alone, so they import nothing above."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYERS = {"contracts": 0, "services": 1, "workers": 2, "infra": 3}
-PACKAGES = ("contracts", "services", "workers", "infra")
+LAYERS = {"contracts": 0, "ctxfleet_client": 1, "services": 2, "workers": 3, "infra": 4}
+PACKAGES = ("contracts", "ctxfleet_client", "services", "workers", "infra")
 
 
 def _imports(path: Path) -> set[str]:
@@ -42,6 +43,17 @@ def test_layering_contracts_import_only_stdlib_and_pydantic() -> None:
 
     stdlib = set(sys.stdlib_module_names)
     for path in sorted((ROOT / "contracts").rglob("*.py")):
+        foreign = {n for n in _imports(path) if n not in stdlib and n not in allowed}
+        assert foreign == set(), f"{path.name} imports {foreign}"
+
+
+def test_layering_the_client_imports_only_contracts_nats_and_pydantic() -> None:
+    # Its distribution depends on nats-py and pydantic only; OpenTelemetry is used when the runtime has it.
+    allowed = {"contracts", "ctxfleet_client", "nats", "pydantic", "opentelemetry", "__future__"}
+    import sys
+
+    stdlib = set(sys.stdlib_module_names)
+    for path in sorted((ROOT / "ctxfleet_client").rglob("*.py")):
         foreign = {n for n in _imports(path) if n not in stdlib and n not in allowed}
         assert foreign == set(), f"{path.name} imports {foreign}"
 
@@ -84,6 +96,7 @@ def test_every_module_all_lists_exactly_its_public_definitions(module_name: str)
 # The pure core: no I/O, no clock, no randomness — only contracts, the core itself and the shared errors.
 CORE_FORBIDDEN = {
     "asyncpg",
+    "ctxfleet_client",
     "nats",
     "faststream",
     "urllib",
@@ -151,7 +164,7 @@ def test_services_top_level_holds_only_the_layers_and_the_shared_modules() -> No
     }
 
 
-# Within services: core ← store ← app, and edge (the client and what drives a fleet through it) beside app.
+# Within services: core ← store ← app, and edge (what drives a fleet through the client) beside app.
 _MAY_USE = {
     "core": {"core"},
     "store": {"core", "store"},

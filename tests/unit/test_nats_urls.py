@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
 from infra.asyncapi import asyncapi_document
 from infra.cli import main
-from services.edge.client import FleetClient
+from ctxfleet_client.client import FleetClient
 from services.errors import InvalidConfiguration
 from services.settings import Settings, load_settings, nats_connection, parse_nats_urls
 from workers.compose import create_broker
@@ -125,12 +126,40 @@ async def test_the_client_refuses_malformed_urls_before_connecting() -> None:
     )
 
 
-def test_ctxfleet_env_prints_every_url_of_the_configured_cluster(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture
+def external_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A shell where CTX_NATS_URL names an external cluster, with no fleet in the data folder."""
     monkeypatch.setenv("CTX_NATS_URL", CLUSTER.replace(",", " , "))
+    monkeypatch.setenv("CTX_DATA_DIR", str(tmp_path))
+    for name in ("CTX_NATS_USER", "CTX_NATS_PASSWORD", "CTX_TENANT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_ctxfleet_env_prints_every_url_of_the_configured_cluster(
+    external_cluster: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["env"]) == 0
-    assert capsys.readouterr().out == f"CTX_NATS_URL={CLUSTER}\n"
+    assert capsys.readouterr().out == f"CTX_NATS_URL={CLUSTER}\nCTX_TENANT=default\n"
+
+
+def test_ctxfleet_env_prints_the_configured_identity_again_in_a_shell_that_has_it(
+    external_cluster: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTX_NATS_USER", "runtime-acme")
+    monkeypatch.setenv("CTX_NATS_PASSWORD", "pa ss")
+    monkeypatch.setenv("CTX_TENANT", "acme")
+    assert main(["env"]) == 0
+    assert capsys.readouterr().out == (
+        f"CTX_NATS_URL={CLUSTER}\nCTX_NATS_USER=runtime-acme\nCTX_NATS_PASSWORD='pa ss'\nCTX_TENANT=acme\n"
+    )
+
+
+@pytest.mark.parametrize("argv", [["env", "--tenant", "acme"], ["--tenant", "acme", "env"]])
+def test_ctxfleet_env_takes_the_tenant_after_the_command_as_before_it(
+    argv: list[str], external_cluster: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "CTX_TENANT=acme"
 
 
 def test_the_asyncapi_document_names_every_server_of_the_cluster_without_credentials() -> None:

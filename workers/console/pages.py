@@ -1,4 +1,5 @@
-"""The console's routes: sessions → runs → threads, a thread's timeline, its prepared context, search.
+"""The console's routes: sessions → runs → threads, a thread's timeline, its prepared context, search,
+the contexts it was served (a chart, each step as the model saw it and its diff), its compactions.
 
 GET only, HTML rendered on the server from the package's Jinja2 templates with autoescaping on:
 record content is whatever an agent or a tool wrote, so it is never markup here. The store comes
@@ -20,13 +21,26 @@ from starlette.routing import Route
 from contracts.ids import is_identifier
 from services.errors import CtxError, StoreUnavailable, ThreadNotFound
 
-from .reading import ConsoleStore, prepare_context, read_search, read_session, read_sessions, read_thread
+from .reading import (
+    ConsoleStore,
+    prepare_context,
+    read_compaction,
+    read_search,
+    read_served,
+    read_served_step,
+    read_session,
+    read_sessions,
+    read_thread,
+)
 
 __all__ = ["StoreSource", "console_app", "console_url", "local_url"]
 
 # The store of the running process, or ``None`` while it starts (or after it stopped).
 StoreSource = Callable[[], ConsoleStore | None]
 _Page = Callable[[Request, ConsoleStore], Awaitable[Response]]
+
+# A block's text on the context page is cut here, its full length stated: a tool output can be megabytes.
+_TEXT_CHARS = 4_000
 
 _templates = jinja2.Environment(
     loader=jinja2.PackageLoader("workers.console", "templates"),
@@ -131,7 +145,24 @@ async def _thread(request: Request, store: ConsoleStore) -> Response:
 
 async def _context(request: Request, store: ConsoleStore) -> Response:
     page = await prepare_context(store, _thread_id(request), _tenant(request))
-    return _render(request, "context.html", page=page, prepared=page.prepared)
+    return _render(request, "context.html", page=page, prepared=page.prepared, text_chars=_TEXT_CHARS)
+
+
+async def _served(request: Request, store: ConsoleStore) -> Response:
+    page = await read_served(store, _thread_id(request), _tenant(request))
+    return _render(request, "served.html", page=page)
+
+
+async def _served_step(request: Request, store: ConsoleStore) -> Response:
+    step = int(request.path_params["step"])
+    page = await read_served_step(store, _thread_id(request), step, _tenant(request))
+    return _render(request, "served_step.html", page=page, served=page.step.served)
+
+
+async def _compaction(request: Request, store: ConsoleStore) -> Response:
+    revision = int(request.path_params["view_revision"])
+    page = await read_compaction(store, _thread_id(request), revision, _tenant(request))
+    return _render(request, "compaction.html", page=page, c=page.compaction)
 
 
 def console_app(source: StoreSource, *, remote: bool = False) -> Starlette:
@@ -142,6 +173,9 @@ def console_app(source: StoreSource, *, remote: bool = False) -> Starlette:
         ("/sessions/{session_id}/search", _search),
         ("/threads/{thread_id}", _thread),
         ("/threads/{thread_id}/context", _context),
+        ("/threads/{thread_id}/served", _served),
+        ("/threads/{thread_id}/served/{step:int}", _served_step),
+        ("/threads/{thread_id}/compactions/{view_revision:int}", _compaction),
     ]
     return Starlette(routes=[Route(path, _guarded(source, page, remote=remote)) for path, page in pages])
 

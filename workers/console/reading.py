@@ -1,8 +1,7 @@
 """What each console page shows, read through the app services and the store ports the process has.
 
-Nothing here writes a record or a view: a prepared context is prepared the way the assembler would,
-at the session's policy budget, but with no compaction queue and no wait, so looking at a thread
-never asks the compactor for work.
+Nothing here writes a record or a view: a context is shown the way ``ctxfleet context`` shows it
+(``services/app/showing.py``), so looking at a thread never asks the compactor for work.
 """
 
 from __future__ import annotations
@@ -11,32 +10,44 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contracts import (
+    ContextRequest,
     InspectRequest,
     PreparedContext,
-    PrepareRequest,
     SearchReply,
     SearchRequest,
     SessionInspection,
     ThreadInspection,
 )
-from contracts.ids import split_thread_id
 from contracts.subjects import DEFAULT_TENANT
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.searching import search
+from services.app.showing import show_context
+from services.core.block_text import BlockText, block_texts
 from services.app.sessions import inspect_session
+from services.core.compaction.policy import ratio_threshold
+from services.core.served import BlockChange, ServedDiff, diff_served
 from services.core.state import Fact
-from services.errors import InvalidPolicy, ThreadNotFound
-from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
+from services.errors import ThreadNotFound
+from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.ports import ListingStore, PrepareStore, QueryStore
 
+from .chart import CATEGORIES, ChartLine, ChartMark, ChartStep, timeline_svg
+
 __all__ = [
+    "CompactionPage",
     "ConsoleStore",
     "ContextPage",
+    "ServedPage",
+    "ServedRow",
+    "StepPage",
     "ThreadPage",
     "TimelineRecord",
     "prepare_context",
+    "read_compaction",
     "read_search",
+    "read_served",
+    "read_served_step",
     "read_session",
     "read_sessions",
     "read_thread",
@@ -84,7 +95,12 @@ class ContextPage:
     tenant: str
     thread_id: str
     policy: str
+    budget_source: str
+    # What the runtime's prepare would do first that showing the context did not (compact, roll over).
+    runtime_would: tuple[str, ...]
     prepared: PreparedContext
+    # Each block's text as the model reads it, in block order.
+    texts: tuple[BlockText, ...]
     # What no block carries: the tool schemas and the per-request priming, so the bars add up to ``used``.
     overhead: int
 
@@ -153,38 +169,190 @@ async def read_thread(store: ConsoleStore, thread_id: str, tenant: str | None) -
 
 
 async def prepare_context(store: ConsoleStore, thread_id: str, tenant: str | None) -> ContextPage:
-    """The thread's context as the assembler would prepare it now, at its session's policy budget."""
+    """The thread's context as its next prepare would answer it, at its session's policy budget:
+    the one ``ctxfleet context`` shows (``services/app/showing.py``)."""
     tenant = tenant or await _tenant_of(store, thread_id)
-    run_id, instance_id = split_thread_id(thread_id)
-    async with store.session() as s:
-        head = await s.select_head(thread_id)
-        if head is None:
-            raise ThreadNotFound(thread_id)
-        scope = await s.scope_of(thread_id)
-        if scope.tenant != tenant:
-            raise ThreadNotFound(thread_id)
-        pinned = await s.session_policy(head.session_id) or (DEFAULT_TENANT, "default", 1)
-        found = await s.get_policy(pinned[0], pinned[1], pinned[2])
-    if found is None:
-        raise InvalidPolicy(f"policy {pinned[1]}@{pinned[2]} of session {head.session_id} is not registered")
-    revision, policy = found
-    request = PrepareRequest(
-        session_id=head.session_id,
-        principal_id=scope.principal_id,
-        run_id=run_id,
-        instance_id=instance_id,
-        model_profile=policy.model_profile,
-        profile=policy.profile,
-        budget_tokens=policy.budget_tokens,
-        wait_ms=0,
-    )
     service = PrepareService(store, NoticeBoard(), compaction_wait_ms=0)
-    prepared = await service.prepare(request, tenant=tenant)
+    shown = await show_context(store, service, thread_id, ContextRequest(), tenant=tenant)
+    prepared = shown.prepared
     used = prepared.budget_report.used.total
     return ContextPage(
         tenant=tenant,
         thread_id=thread_id,
-        policy=f"{policy.name}@{revision}",
+        policy=shown.policy,
+        budget_source=shown.budget_source,
+        runtime_would=shown.runtime_would,
         prepared=prepared,
+        texts=tuple(block_texts(prepared)),
         overhead=used - sum(b.tokens for b in prepared.blocks),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ServedRow:
+    """A served step as the history lists it: the step and what changed since the one before."""
+
+    served: ServedStep
+    diff: ServedDiff
+
+
+@dataclass(frozen=True, slots=True)
+class ServedPage:
+    """A thread's served history: every step kept, its diff counts, and the chart of them all."""
+
+    tenant: str
+    thread_id: str
+    rows: tuple[ServedRow, ...]
+    chart: str
+    compactions: tuple[CompactionEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPage:
+    """One served context as the model saw it, and its diff against the step before."""
+
+    tenant: str
+    thread_id: str
+    step: ServedStep
+    previous: ServedStep | None
+    next_step: int | None
+    diff: ServedDiff
+    # Block texts by digest: this step's blocks and the previous step's changed or removed ones.
+    texts: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPage:
+    """A compaction: the last step served before it, the first after, what left, what replaced it."""
+
+    tenant: str
+    thread_id: str
+    compaction: CompactionEntry
+    before: ServedStep | None
+    after: ServedStep | None
+    # The blocks of ``before`` that ``after`` no longer shows.
+    left: tuple[BlockChange, ...]
+    texts: dict[str, str]
+
+
+async def _owned(store: ConsoleStore, thread_id: str, tenant: str | None) -> str:
+    """The thread's tenant; ``ThreadNotFound`` when ``tenant`` is named and is not it."""
+    owner = await _tenant_of(store, thread_id)
+    if tenant is not None and tenant != owner:
+        raise ThreadNotFound(thread_id)
+    return owner
+
+
+async def _steps(store: ConsoleStore, thread_id: str, tenant: str) -> list[ServedStep]:
+    return [s for s in await store.thread_served(thread_id) if s.served.tenant == tenant]
+
+
+async def _lines(store: ConsoleStore, tenant: str, steps: list[ServedStep]) -> list[ChartLine]:
+    """The newest step's budget, and its policy's compaction trigger and water levels, in tokens."""
+    if not steps:
+        return []
+    last = steps[-1].served
+    lines = [ChartLine("budget", last.input_budget, "#111827")]
+    name, _, revision = last.policy.rpartition("@")
+    found = None
+    if name and revision.isdigit():
+        async with store.session() as s:
+            found = await s.get_policy(tenant, name, int(revision)) or await s.get_policy(
+                DEFAULT_TENANT, name, int(revision)
+            )
+    if found is not None:
+        policy = found[1]
+        budget = last.input_budget
+        ratio = policy.compaction.triggers.context_ratio
+        if ratio is not None:
+            lines.append(ChartLine("trigger", ratio_threshold(ratio, budget), "#b45309", dashed=True))
+        levels = policy.window.levels
+        for level, share, colour in (
+            ("yellow", levels.yellow, "#ca8a04"),
+            ("orange", levels.orange, "#ea580c"),
+            ("red", levels.red, "#dc2626"),
+        ):
+            lines.append(ChartLine(level, ratio_threshold(share, budget), colour, dashed=True))
+    return lines
+
+
+def _marks(steps: list[ServedStep]) -> list[ChartMark]:
+    marks: list[ChartMark] = []
+    for before, after in zip(steps, steps[1:], strict=False):
+        if after.served.window != before.served.window:
+            marks.append(ChartMark(after.step, f"rollover w{after.served.window}", "rollover"))
+        elif after.served.view_revision != before.served.view_revision:
+            marks.append(ChartMark(after.step, f"compaction {after.served.view_revision}", "compaction"))
+    return marks
+
+
+def _tokens(step: ServedStep) -> dict[str, int]:
+    used = step.served.used
+    return {name: int(getattr(used, name)) for name, _ in CATEGORIES}
+
+
+async def read_served(store: ConsoleStore, thread_id: str, tenant: str | None) -> ServedPage:
+    """The contexts the fleet answered the thread, each with its diff, and the chart of them."""
+    tenant = await _owned(store, thread_id, tenant)
+    steps = await _steps(store, thread_id, tenant)
+    rows = tuple(
+        ServedRow(s, diff_served(steps[n - 1].served if n else None, s.served)) for n, s in enumerate(steps)
+    )
+    chart = timeline_svg(
+        [ChartStep(s.step, _tokens(s)) for s in steps], await _lines(store, tenant, steps), _marks(steps)
+    )
+    return ServedPage(
+        tenant=tenant,
+        thread_id=thread_id,
+        rows=rows,
+        chart=chart,
+        compactions=tuple(await store.thread_compactions(thread_id)),
+    )
+
+
+async def read_served_step(store: ConsoleStore, thread_id: str, step: int, tenant: str | None) -> StepPage:
+    """Step ``step`` as the model saw it (``ThreadNotFound`` when it is not kept)."""
+    tenant = await _owned(store, thread_id, tenant)
+    steps = await _steps(store, thread_id, tenant)
+    at = next((n for n, s in enumerate(steps) if s.step == step), None)
+    if at is None:
+        raise ThreadNotFound(f"{thread_id} step {step}")
+    current = steps[at]
+    previous = steps[at - 1] if at else None
+    diff = diff_served(None if previous is None else previous.served, current.served)
+    digests = {b.digest for b in current.served.blocks} | {
+        c.before.digest if c.before is not None else c.block.digest for c in diff.changes
+    }
+    return StepPage(
+        tenant=tenant,
+        thread_id=thread_id,
+        step=current,
+        previous=previous,
+        next_step=steps[at + 1].step if at + 1 < len(steps) else None,
+        diff=diff,
+        texts=await store.served_texts(thread_id, sorted(digests)),
+    )
+
+
+async def read_compaction(
+    store: ConsoleStore, thread_id: str, view_revision: int, tenant: str | None
+) -> CompactionPage:
+    """The compaction that made view ``view_revision``, with the steps served around it."""
+    tenant = await _owned(store, thread_id, tenant)
+    compaction = next(
+        (c for c in await store.thread_compactions(thread_id) if c.view_revision == view_revision), None
+    )
+    if compaction is None:
+        raise ThreadNotFound(f"{thread_id} compaction {view_revision}")
+    steps = await _steps(store, thread_id, tenant)
+    before = next((s for s in reversed(steps) if s.served.view_revision < view_revision), None)
+    after = next((s for s in steps if s.served.view_revision >= view_revision), None)
+    left: tuple[BlockChange, ...] = ()
+    texts: dict[str, str] = {}
+    if before is not None and after is not None:
+        left = tuple(c for c in diff_served(before.served, after.served).changes if c.change == "removed")
+        digests = {c.block.digest for c in left} | {
+            b.digest for b in after.served.blocks if b.kind == "summary"
+        }
+        texts = await store.served_texts(thread_id, sorted(digests))
+    return CompactionPage(tenant, thread_id, compaction, before, after, left, texts)

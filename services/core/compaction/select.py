@@ -40,8 +40,13 @@ class CoverChoice:
 
 
 def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
-    """What a block costs in the view, envelopes included."""
-    return sum(r.tokens.get(encoding) for r in block.records) + MESSAGE_OVERHEAD * len(block.messages)
+    """What a block costs in the view, envelopes included: what the assembly counts for it whole,
+    from the counts the block derived when it was built."""
+    return (
+        block.record_tokens.get(encoding)
+        + MESSAGE_OVERHEAD * len(block.messages)
+        + block.id_counts.get(encoding)
+    )
 
 
 def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
@@ -58,7 +63,11 @@ def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
 
 
 def measure_view(
-    blocks: BlockSet, summary_tokens: int, policy: CompactionPolicy, encoding: EncodingName, budget: int
+    blocks: BlockSet,
+    summary_tokens: int,
+    policy: CompactionPolicy,
+    encoding: EncodingName,
+    budget: int,
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
     """The view's size, its required part, and what could be compacted now."""
     shown = sum(block_tokens(b, encoding) for b in blocks.ready)

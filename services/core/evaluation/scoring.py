@@ -97,7 +97,7 @@ class SystemScore:
     compactions: int | None = None
     summary_tokens_end: int | None = None
     tasks: int = 0
-    hot_path_waits: int = 0
+    compaction_waits: int = 0
     waited_ms: int = 0
     misses: list[dict[str, JsonValue]] = field(default_factory=list)
 
@@ -118,7 +118,7 @@ class SystemScore:
         self.later_tokens += other.later_tokens
         self.steps += other.steps
         self.tasks += other.tasks
-        self.hot_path_waits += other.hot_path_waits
+        self.compaction_waits += other.compaction_waits
         self.waited_ms += other.waited_ms
         for kind, tally in other.probes.items():
             self.probes[kind].passed += tally.passed
@@ -136,7 +136,7 @@ class SystemScore:
             "prepares": self.prepares,
             "failed": self.failed,
             "failed_while_required_fits": self.failed_required_fits,
-            "hot_path_waits": self.hot_path_waits,
+            "compaction_waits": self.compaction_waits,
             "waited_ms": self.waited_ms,
             "over_budget": self.over_budget,
             "scored_contexts": self.scored,
@@ -234,7 +234,7 @@ def score_trace(
             tokens = counter.context(outcome.messages, outcome.tools)
             contexts[CTXFLEET] = (outcome.messages, outcome.tools, tokens, tokens > budget)
             scores[CTXFLEET].summary_tokens_end = outcome.summary_tokens
-            scores[CTXFLEET].hot_path_waits += int(outcome.compaction_wait_ms > 0)
+            scores[CTXFLEET].compaction_waits += int(outcome.compaction_wait_ms > 0)
             scores[CTXFLEET].waited_ms += outcome.compaction_wait_ms
         else:
             contexts[CTXFLEET] = None

@@ -1,4 +1,4 @@
-"""The Python client of the fleet, as agent runtimes and the CLI use it.
+"""The fleet's client: publish events, prepare contexts, read back, search, compact, export and fork.
 
 ``append`` publishes an event to JetStream with ``Nats-Msg-Id`` = thread + event key, so a retried
 publish is dropped by the server within its window and by the recorder after it. ``prepare``
@@ -32,7 +32,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
-from opentelemetry import propagate
 from nats.errors import (
     ConnectionClosedError,
     ConnectionDrainingError,
@@ -80,6 +79,9 @@ from contracts import (
     ThreadInspection,
     decode_event,
     session_inspect_subject,
+    context_show_subject,
+    ContextRequest,
+    ContextShown,
 )
 from contracts.branches import (
     SESSION_FORK,
@@ -104,10 +106,8 @@ from contracts.subjects import (
     tenant_subject,
 )
 
-# The executor of the model's context tools ships with the client (it needs only read and search).
-from services.edge.context_tools import ContextTools
-from services.core.ledger import content_sha256_of
-from services.errors import (
+from contracts.events import content_sha256
+from contracts.exceptions import (
     CtxError,
     FleetUnavailable,
     InvalidConfiguration,
@@ -116,13 +116,13 @@ from services.errors import (
     PermissionDenied,
     error_from_reply,
 )
-from services.settings import nats_connection, redact_url
+
+from .connection import FleetAddress, nats_connection, redact_url
 
 __all__ = [
     "DEADLINE_HEADER",
     "STATUS_HEADER",
     "AppendAck",
-    "ContextTools",
     "FleetClient",
     "StepReply",
     "connect_nats",
@@ -132,6 +132,14 @@ __all__ = [
 ]
 
 _log = logging.getLogger("ctxfleet.nats")
+
+# OpenTelemetry is the runtime's choice, not a dependency of the client: its context is propagated
+# when the runtime has it installed.
+_inject_trace_context: Callable[[dict[str, str]], None] | None
+try:
+    from opentelemetry.propagate import inject as _inject_trace_context
+except ImportError:
+    _inject_trace_context = None
 
 # The request header with the caller's deadline (epoch ms); assemblers drop a request past it.
 DEADLINE_HEADER = "ctx-deadline-ms"
@@ -182,7 +190,7 @@ async def connect_nats(
     never leave a worker alive but permanently disconnected. ``max_reconnect_attempts`` (per
     server, -1: no limit) and ``reconnect_wait_s`` (between attempts) apply after the first connect.
     ``servers`` is one URL, a cluster's comma-separated, or a sequence of them; credentials in any of
-    them are used for every server (``services.settings.nats_connection``).
+    them are used for every server (``ctxfleet_client.connection.nats_connection``).
     """
     try:
         urls, options = nats_connection(servers, options)
@@ -265,7 +273,7 @@ class FleetClient:
         Raises:
             FleetUnavailable: the first connection failed (at once: a wrong URL or password is not
                 retried, only a connection that was up and dropped).
-            InvalidConfiguration: ``servers`` are not nats:// URLs (``services.settings.parse_nats_urls``).
+            InvalidConfiguration: ``servers`` are not nats:// URLs (``connection.parse_nats_urls``).
         """
         denials = _Denials(options.pop("error_cb", None))
         try:
@@ -282,6 +290,28 @@ class FleetClient:
             **options,
         )
         return cls(nc, denials, tenant=tenant)
+
+    @classmethod
+    async def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, name: str = "ctxfleet-client", **options: Any
+    ) -> FleetClient:
+        """Connect as the lines ``ctxfleet env`` printed say (``eval "$(ctxfleet env)"``).
+
+        Reads ``CTX_NATS_URL`` (one URL, or a cluster's comma-separated), ``CTX_NATS_USER``,
+        ``CTX_NATS_PASSWORD`` and ``CTX_TENANT`` from ``environ`` (default ``os.environ``);
+        ``options`` are passed to :meth:`connect`.
+
+        Raises:
+            InvalidConfiguration: a variable is missing or malformed.
+            FleetUnavailable: the first connection failed.
+        """
+        try:
+            address = FleetAddress.from_env(environ)
+        except ValueError as exc:
+            raise InvalidConfiguration([str(exc)]) from None
+        return await cls.connect(
+            address.servers, name=name, tenant=address.tenant, **(address.options() | options)
+        )
 
     async def __aenter__(self) -> FleetClient:
         return self
@@ -315,7 +345,7 @@ class FleetClient:
             event = decode_event(data, max_bytes=len(data))
         except EventDecodeError:
             return None
-        sha = content_sha256_of(event)
+        sha = content_sha256(event)
         key = (event.thread_id, event.event_key)
         self._published[key] = sha
         self._published.move_to_end(key)
@@ -436,6 +466,14 @@ class FleetClient:
         request = InspectRequest(limit=limit).model_dump_json().encode()
         body = await self._request(_subject(inspect_subject, self.tenant, thread_id), request, timeout)
         return ThreadInspection.model_validate_json(body)
+
+    async def show_context(
+        self, thread_id: str, request: ContextRequest | None = None, *, timeout: float = 30.0
+    ) -> ContextShown:
+        """What the thread's next prepare would answer, prepared by nothing (an operator's look)."""
+        body = (request or ContextRequest()).model_dump_json().encode()
+        reply = await self._request(_subject(context_show_subject, self.tenant, thread_id), body, timeout)
+        return ContextShown.model_validate_json(reply)
 
     async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
         """An operator's view of a session: runs, threads, snapshots."""
@@ -560,8 +598,9 @@ class FleetClient:
         self._ensure_connected(f"cannot request {subject}")
         deadline = int(time.time() * 1000 + timeout * 1000)
         headers = {DEADLINE_HEADER: str(deadline)}
-        # The runtime's current span, if it traces with OpenTelemetry: the fleet's spans continue it.
-        propagate.inject(headers)
+        if _inject_trace_context is not None:
+            # The runtime's current span, if it traces with OpenTelemetry: the fleet's spans continue it.
+            _inject_trace_context(headers)
         try:
             reply = await self._denials.guard(
                 subject, self._nc.request(subject, data, timeout=timeout, headers=headers)

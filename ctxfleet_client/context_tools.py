@@ -35,7 +35,7 @@ from contracts import (
     ToolStatus,
 )
 
-from services.core.context_tools import (
+from contracts.context_refs import (
     CONTEXT_READ,
     CONTEXT_SEARCH,
     CONTEXT_TOOL_NAMES,
@@ -44,7 +44,7 @@ from services.core.context_tools import (
     parse_ref,
     record_ref,
 )
-from services.errors import CtxError, InvalidRequest
+from contracts.exceptions import CtxError, InvalidRequest
 
 __all__ = [
     "DEFAULT_LINES",
