@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.evaluation import ContextCounter
+from services.core.evaluation import (
+    CTXFLEET,
+    ContextCounter,
+    FleetContext,
+    FleetOutcome,
+    history_of,
+    prepare_points,
+    score_trace,
+)
 from services.core.evaluation.cost import (
     BUILTIN_PRICES,
     Bill,
@@ -18,6 +26,8 @@ from services.core.evaluation.cost import (
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 from services.errors import InvalidConfiguration
+
+from .test_eval_synthetic import TraceBuilder
 
 # Round prices per million tokens, so each expected dollar figure reads off the token counts.
 OPENAI = Price(provider="openai", input=1.0, cached_input=0.1, output=4.0)
@@ -153,3 +163,31 @@ def test_price_table_refuses_a_bad_table_with_one_problem_per_field():
     assert any("gpt-4.1.input" in str(p) for p in problems)
     assert any("new-model.provider" in str(p) for p in problems)
     assert any(str(p).startswith("prices.x:") for p in problems)
+
+
+def _whole_history(t: TraceBuilder, breakpoints: bool) -> list[FleetOutcome]:
+    out: list[FleetOutcome] = []
+    for i in prepare_points(t.lines):
+        messages = tuple(history_of(t.lines[:i]).messages())
+        out.append(FleetContext(messages, breakpoints=(1, len(messages)) if breakpoints else ()))
+    return out
+
+
+def test_score_trace_prices_every_system_and_the_whole_history_costs_what_full_costs() -> None:
+    t = TraceBuilder().system("You are an agent. " * 200).user("Fix calc.py.")
+    for i in range(6):
+        t.bash(f"c{i}", f"cat calc_{i}.py", f"line of calc {i}\n" * 60)
+    t.say("done")
+    prices = {p: BUILTIN_PRICES[p] for p in ("gpt-4.1", "claude-sonnet-4")}
+    counter = ContextCounter(counter_for("o200k_base"))
+    marked = score_trace("t", t.lines, 100_000, _whole_history(t, True), counter, prices=prices)
+    fleet, full = marked.systems[CTXFLEET], marked.systems["full"]
+    assert fleet.costs == full.costs and set(fleet.costs) == set(prices)
+    anthropic = fleet.costs["claude-sonnet-4"]
+    assert anthropic.cached_tokens > 0 and anthropic.written_tokens > 0
+    assert anthropic.calls == len(prepare_points(t.lines)) and anthropic.output_tokens > 0
+    # Without breakpoints Anthropic caches nothing; OpenAI's automatic cache does not need them.
+    unmarked = score_trace("t", t.lines, 100_000, _whole_history(t, False), counter, prices=prices)
+    assert unmarked.systems[CTXFLEET].costs["claude-sonnet-4"].cached_tokens == 0
+    assert unmarked.systems[CTXFLEET].costs["gpt-4.1"] == fleet.costs["gpt-4.1"]
+    assert unmarked.systems[CTXFLEET].costs["claude-sonnet-4"].usd > anthropic.usd
