@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from services.core.evaluation import (
@@ -139,7 +141,10 @@ def _line(n: int, ts: str | None = None) -> TraceLine:
 
 
 def test_call_times_follow_the_trace_timestamps():
-    lines = [_line(1, "2024-01-01T00:00:00Z"), _line(2), _line(3, "2024-01-01T00:07:30+00:00"), _line(4)]
+    start = datetime(2024, 1, 1, 9, 0)
+    # A stamp without a zone reads as UTC beside one with it.
+    later = (start + timedelta(minutes=7, seconds=30)).replace(tzinfo=UTC)
+    lines = [_line(1, start.isoformat()), _line(2), _line(3, later.isoformat()), _line(4)]
     assert call_times(lines, [1, 3]) == [0.0, 450.0]
 
 
