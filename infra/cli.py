@@ -1099,7 +1099,10 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
 
 def _eval_prices(path: Path | None, profiles: Sequence[str]) -> dict[str, Price]:
     """The prices of ``profiles``: the built-in table, with ``path``'s entries over it."""
-    overrides = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    try:
+        overrides = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    except ValueError as exc:
+        raise InvalidConfiguration([f"{path}: not JSON: {exc}"]) from None
     if not isinstance(overrides, dict):
         raise InvalidConfiguration([f"{path}: expected a JSON object of profile -> price fields"])
     table = price_table(overrides)

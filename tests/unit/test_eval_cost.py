@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -196,3 +197,17 @@ def test_score_trace_prices_every_system_and_the_whole_history_costs_what_full_c
     assert unmarked.systems[CTXFLEET].costs["claude-sonnet-4"].cached_tokens == 0
     assert unmarked.systems[CTXFLEET].costs["gpt-4.1"] == fleet.costs["gpt-4.1"]
     assert unmarked.systems[CTXFLEET].costs["claude-sonnet-4"].usd > anthropic.usd
+
+
+def test_eval_command_refuses_a_bad_price_file_before_it_starts_a_fleet(tmp_path, capsys):
+    from infra.cli import main
+
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"gpt-4.1": {"cached_input": "cheap"}}), encoding="utf-8")
+    assert main(["eval", "--prices", str(prices)]) == 2
+    assert "invalid_configuration" in capsys.readouterr().err
+    prices.write_text("{not json", encoding="utf-8")
+    assert main(["eval", "--prices", str(prices)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    assert main(["eval", "--price", "o3"]) == 2
+    assert "no price for o3" in capsys.readouterr().err
