@@ -97,7 +97,7 @@ def price_table(overrides: Mapping[str, JsonValue] | None = None) -> dict[str, P
     A profile the table knows takes the given fields over its own; a new profile needs them all.
 
     Raises:
-        InvalidConfiguration: one problem per bad profile.
+        InvalidConfiguration: one problem per bad field or entry.
     """
     table = dict(BUILTIN_PRICES)
     problems: list[str] = []

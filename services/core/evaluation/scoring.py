@@ -222,10 +222,10 @@ def score_trace(
     """Score ``fleet``'s outcomes (one per ``prepare_points(lines)``) and the baselines at ``budget``;
     price every system's calls with each of ``prices`` (model profile → price)."""
     points = prepare_points(lines)
-    times = call_times(lines, points)
-    calls: dict[str, list[Call]] = {s: [] for s in SYSTEMS}
     if len(fleet) != len(points):
         raise ValueError(f"{name}: {len(fleet)} fleet outcomes for {len(points)} prepares")
+    times = call_times(lines, points)
+    calls: dict[str, list[Call]] = {s: [] for s in SYSTEMS}
     scores = {s: SystemScore(s, steps=len(points), tasks=1) for s in SYSTEMS}
     scores[CTXFLEET].compactions = compactions
     previous: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...]]] = {}
