@@ -61,9 +61,10 @@ _EXCEPTION = re.compile(
 # How far from the end a traceback's exception line may sit and still be what ended the run:
 # the harness's own lines are dropped before, and a script may print a line on its way out.
 _TAIL_LINES = 3
-# A test runner's failing test, most telling first: pytest, unittest/Django, Go, Rust, Jest.
+# A test runner's failing test: pytest, unittest/Django, Go, Rust, Jest.
 _FAILING_TEST = re.compile(
-    r"^(?:FAILED\s+\S+::\S+.*|(?:FAIL|ERROR): \w+ \(\S+\).*|--- FAIL: \S+.*|test \S+ \.\.\. FAILED|●\s+\S.*)$"
+    r"^(?:FAILED\s+\S+::\S+.*|(?:FAIL|ERROR): \w+ \(\S+\).*|--- FAIL: \S+.*|"
+    r"test \S+ \.\.\. FAILED|●\s+.+ › .+)$"
 )
 # A runner's closing tally of a failed run.
 _RUNNER_TALLY = re.compile(
@@ -150,8 +151,8 @@ def _runs_something(command: str) -> bool:
             words = words[1:]
             if words and words[0].replace(".", "").isdigit():  # `timeout 60 …`
                 words = words[1:]
-        if not words:
-            continue
+        if not words or len(words) > 1 and words[1][:1] in "=(:.[":
+            continue  # a line of code (`node = …`) in a heredoc, a `-c` script or an editor's edit
         program = words[0].rsplit("/", 1)[-1]
         if program in _RUNNERS or _PYTHON.match(program) or words[0].startswith("./"):
             return True

@@ -127,6 +127,12 @@ def test_failure_of_viewing_a_file_that_ends_in_a_traceback_is_none() -> None:
     )
 
 
+def test_failure_of_an_edit_whose_code_names_a_runner_is_none() -> None:
+    # SWE-agent's `edit` carries the new code in its command; `node = …` is code, not node.js.
+    edit = _Call("edit", {"command": "edit 1:3\nnode = parse(text)\ngo = True\nend_of_edit"})
+    assert failure_of(edit, ToolStatus.SUCCESS, _TRACEBACK) is None
+
+
 def test_failure_of_a_run_names_the_exception_that_ended_it() -> None:
     got = failure_of(_bash("cd /app && python app.py 2>&1 | head -40"), ToolStatus.SUCCESS, _TRACEBACK)
     assert got == Failure(ToolStatus.ERROR, "ValueError: bad config key 'port'", "output")
@@ -173,6 +179,12 @@ def test_failure_of_a_run_names_the_exception_that_ended_it() -> None:
             "make 2>&1 | head",
             "cc -c parse.c\nparse.c:12:5: error: use of undeclared identifier 'n'\n1 error generated.",
             "parse.c:12:5: error: use of undeclared identifier 'n'",
+        ),
+        (
+            "npx jest 2>&1 | tail -20",
+            "FAIL src/dates.test.js\n  ● dates › parses iso\n\n    expect(received).toBe(expected)\n"
+            "Tests:       1 failed, 3 passed, 4 total",
+            "● dates › parses iso",
         ),
         (
             "npm test || true",
