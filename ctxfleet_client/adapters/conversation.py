@@ -115,25 +115,30 @@ class FleetConversation:
         )
         return await self.fleet.prepare(request)
 
+    async def resume(self) -> None:
+        """Continue after the thread's last recorded turn (asks the fleet once per process).
+
+        The fleet answers what its recorder committed, which a process still publishing to the
+        thread may be ahead of: one conversation is served by one process at a time.
+        """
+        if self._resumed:
+            return
+        self._resumed = True
+        try:
+            # A prepare, not an inspection: a runtime's identity may prepare, only operators inspect.
+            last_key = (await self.prepare()).source_watermark.last_event_key
+        except ThreadNotFound:
+            return
+        found = _KEY.match(last_key or "")
+        if found is not None:
+            self._recorded = int(found.group(1)) + 1
+            self._last_key = last_key
+
     async def _publish(self, position: int, turn: Turn) -> None:
         key = f"m{position}"
         await self.fleet.append(self._event(key, turn))
         self._recorded = position + 1
         self._last_key = key
-
-    async def resume(self) -> None:
-        """Continue after the thread's last recorded turn (asks the fleet once per process)."""
-        if self._resumed:
-            return
-        self._resumed = True
-        try:
-            head = await self.fleet.inspect(self.thread_id, limit=1)
-        except ThreadNotFound:
-            return
-        found = _KEY.match(head.last_event_key or "")
-        if found is not None:
-            self._recorded = int(found.group(1)) + 1
-            self._last_key = head.last_event_key
 
     def _event(self, key: str, turn: Turn) -> Event:
         thread = (self.session_id, self.run_id, self.instance_id)

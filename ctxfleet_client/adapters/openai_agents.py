@@ -21,6 +21,8 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from agents.run_config import CallModelData, ModelInputData
+
 from contracts import (
     AssistantMessagePayload,
     ContextResetPayload,
@@ -34,7 +36,6 @@ from .conversation import FleetConversation, Turn, call_arguments
 
 if TYPE_CHECKING:
     from agents import TResponseInputItem
-    from agents.run_config import CallModelData, ModelInputData
 
 __all__ = ["FleetSession", "to_turns"]
 
@@ -76,8 +77,6 @@ class FleetSession:
 
     async def model_input(self, data: CallModelData[Any]) -> ModelInputData:
         """A ``call_model_input_filter``: the prepared context before every model call of a run."""
-        from agents.run_config import ModelInputData
-
         return ModelInputData(input=await self.get_items(), instructions=data.model_data.instructions)
 
 
