@@ -120,3 +120,22 @@ async def test_agents_sdk_session_in_a_new_process_continues_after_the_recorded_
     assert _chat(received)[-1] == {"role": "user", "content": FOLLOW_UP}
     then = ("user_input", "assistant_message")
     await script.assert_ledger_holds(client, first_process.thread_id, system=False, then=then)
+
+
+async def test_agents_sdk_cleared_session_starts_the_context_over_and_the_ledger_keeps_the_past(
+    fleet, client: FleetClient
+) -> None:
+    conversation = script.conversation(client)
+    session = FleetSession(conversation)
+    await session.add_items([{"role": "user", "content": script.TASK}])
+    await session.clear_session()
+    await session.add_items([{"role": "user", "content": FOLLOW_UP}])
+
+    assert await session.get_items() == [{"type": "message", "role": "user", "content": FOLLOW_UP}]
+    assert await session.pop_item() is None
+    records = (await client.inspect(conversation.thread_id, limit=10)).records
+    assert sorted((r.event_key, r.kind) for r in records) == [
+        ("m0", "user_input"),
+        ("m1", "context_reset"),
+        ("m2", "user_input"),
+    ]
