@@ -33,7 +33,7 @@ from contracts import (
     UserInputPayload,
 )
 from contracts.prepare import ProviderOverflow
-from services.errors import CtxError, InvalidRequest
+from services.errors import CtxError, InvalidRequest, ProviderContextExceeded
 
 from .shapes import (
     Answer,
@@ -230,7 +230,11 @@ class _Proxy:
             await upstream.aread()
             await upstream.aclose()
             again = await self._after_error(step, upstream, retried)
-            return await self._stream(again, retried=True) if again else _passed(step, upstream, upstream.content)
+            return (
+                await self._stream(again, retried=True)
+                if again
+                else _passed(step, upstream, upstream.content)
+            )
 
         async def relay() -> AsyncIterator[bytes]:
             answer = StreamAnswer(step.family)
@@ -255,19 +259,23 @@ class _Proxy:
         if overflow is None or retried:
             return None
         log.info("provider refused view %d as too long; preparing a smaller one", step.prepared.view_revision)
-        prepared = await self._prepare(
-            step.family,
-            step.conversation,
-            step.thread,
-            step.conversation.items[-1].event_key,
-            ProviderOverflow(
-                kind="context_length_exceeded",
-                provider_limit=overflow.limit,
-                provider_count=overflow.count,
-                our_estimate=max(1, step.prepared.budget_report.estimated_input),
-                view_revision=step.prepared.view_revision,
-            ),
-        )
+        try:
+            prepared = await self._prepare(
+                step.family,
+                step.conversation,
+                step.thread,
+                step.conversation.items[-1].event_key,
+                ProviderOverflow(
+                    kind="context_length_exceeded",
+                    provider_limit=overflow.limit,
+                    provider_count=overflow.count,
+                    our_estimate=max(1, step.prepared.budget_report.estimated_input),
+                    view_revision=step.prepared.view_revision,
+                ),
+            )
+        except ProviderContextExceeded:
+            # The fleet already shrank this view once for the provider: the refusal stands, unchanged.
+            return None
         return _Step(step.family, step.body, step.conversation, step.thread, step.headers, prepared)
 
     async def _record(self, step: _Step, answer: Answer) -> None:

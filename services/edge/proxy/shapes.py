@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 Payload: TypeAlias = SystemPayload | UserInputPayload | AssistantMessagePayload | ToolOutcomePayload
-JsonObject: TypeAlias = dict[str, Any]
+_Json: TypeAlias = dict[str, Any]
 
 _OBJECT = TypeAdapter(dict[str, Any])
 _ID = re.compile(ID_PATTERN)
@@ -162,7 +162,7 @@ def read_request(family: Family, body: object) -> Conversation:
         raise InvalidRequest(f"the request does not follow the {family.value} shape: {exc!r}") from None
 
 
-def _conversation(family: Family, obj: JsonObject, model: str) -> Conversation:
+def _conversation(family: Family, obj: _Json, model: str) -> Conversation:
     match family:
         case Family.CHAT:
             items = _chat_items(_list(obj, "messages"))
@@ -225,7 +225,7 @@ def profile_of(model: str) -> str | None:
     return max(matches, key=len, default=None)
 
 
-def upstream_body(family: Family, body: JsonObject, prepared: PreparedContext) -> JsonObject:
+def upstream_body(family: Family, body: _Json, prepared: PreparedContext) -> _Json:
     """The caller's request with the fleet's context in place of its history; all else unchanged."""
     match family:
         case Family.CHAT:
@@ -314,9 +314,9 @@ class StreamAnswer:
     def __init__(self, family: Family) -> None:
         self.family = family
         self.text: list[str] = []
-        self.calls: dict[int, JsonObject] = {}
-        self.usage: JsonObject = {}
-        self.completed: JsonObject | None = None
+        self.calls: dict[int, _Json] = {}
+        self.usage: _Json = {}
+        self.completed: _Json | None = None
 
     def feed(self, event: str, data: str) -> bool:
         """Take one event; True when it ends the stream (the answer is then complete)."""
@@ -344,7 +344,7 @@ class StreamAnswer:
             case Family.MESSAGES:
                 return self._feed_messages(event, chunk)
 
-    def _feed_messages(self, event: str, chunk: JsonObject) -> bool:
+    def _feed_messages(self, event: str, chunk: _Json) -> bool:
         if event == "message_start":
             self.usage = dict(chunk["message"].get("usage") or {})
         elif event == "content_block_start":
@@ -385,7 +385,7 @@ def _int(pattern: re.Pattern[str], text: str) -> int | None:
     return int(found[1]) if found else None
 
 
-def _list(obj: JsonObject, name: str) -> list[Any]:
+def _list(obj: _Json, name: str) -> list[Any]:
     value = obj.get(name)
     if not isinstance(value, list) or not value:
         raise InvalidRequest(f"the request's {name} must be a non-empty list", field=name)
@@ -420,7 +420,7 @@ def _args(arguments: object) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
-def _assistant(content: object, calls: Iterable[JsonObject]) -> AssistantMessagePayload:
+def _assistant(content: object, calls: Iterable[_Json]) -> AssistantMessagePayload:
     return AssistantMessagePayload(
         text=_text_of(content, "assistant"),
         tool_calls=tuple(
@@ -443,7 +443,7 @@ def _anthropic_assistant(content: object) -> AssistantMessagePayload:
     )
 
 
-def _blocks(content: object) -> Iterator[JsonObject]:
+def _blocks(content: object) -> Iterator[_Json]:
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
         raise InvalidRequest("a message's content must be text or a list of blocks", field="messages")
     yield from content
