@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from typing import Any
 
 import httpx2
@@ -33,16 +32,13 @@ def add_proxy_command(sub: Any) -> None:
     proxy.add_argument("--port", type=int, default=8787, help="listen port (default 8787)")
     proxy.add_argument(
         "--openai-url",
-        default=os.environ.get("CTX_PROXY_OPENAI_URL", ProxyConfig.openai_url),
-        help=(
-            "upstream of /v1/chat/completions and /v1/responses "
-            "(default $CTX_PROXY_OPENAI_URL, else %(default)s)"
-        ),
+        default=ProxyConfig.openai_url,
+        help="upstream of /v1/chat/completions and /v1/responses (default %(default)s)",
     )
     proxy.add_argument(
         "--anthropic-url",
-        default=os.environ.get("CTX_PROXY_ANTHROPIC_URL", ProxyConfig.anthropic_url),
-        help="upstream of /v1/messages (default $CTX_PROXY_ANTHROPIC_URL, else %(default)s)",
+        default=ProxyConfig.anthropic_url,
+        help="upstream of /v1/messages (default %(default)s)",
     )
     proxy.add_argument(
         "--budget-tokens",
