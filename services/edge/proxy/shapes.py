@@ -18,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from contracts import (
     AssistantMessagePayload,
@@ -63,7 +63,6 @@ __all__ = [
 Payload: TypeAlias = SystemPayload | UserInputPayload | AssistantMessagePayload | ToolOutcomePayload
 _Json: TypeAlias = dict[str, Any]
 
-_OBJECT = TypeAdapter(dict[str, Any])
 _ID = re.compile(ID_PATTERN)
 
 
@@ -88,20 +87,20 @@ class Family(StrEnum):
 
 @dataclass(frozen=True)
 class Item:
-    """One event to record: where it sits in the conversation, and what it says."""
+    """One event to record: where it sits in the conversation, what it says, and its key.
+
+    The key is ``px/<label>/<hash>``: position and content, so a resent message is the same event.
+    """
 
     label: str
     payload: Payload
+    event_key: str = field(init=False)
 
-    @property
-    def event_key(self) -> str:
-        """``px/<label>/<hash>``: position and content, so a resent message is the same event."""
-        content = json.dumps(
-            [type(self.payload).__name__, self.payload.model_dump(mode="json")],
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return f"px/{self.label}/{hashlib.sha256(content.encode()).hexdigest()[:16]}"
+    def __post_init__(self) -> None:
+        # The payload's JSON in field order: the same payload always writes the same bytes.
+        content = f"{type(self.payload).__name__}\n{self.payload.model_dump_json()}".encode()
+        key = f"px/{self.label}/{hashlib.sha256(content).hexdigest()[:16]}"
+        object.__setattr__(self, "event_key", key)
 
 
 @dataclass(frozen=True)
@@ -148,10 +147,9 @@ def read_request(family: Family, body: object) -> Conversation:
     Raises:
         InvalidRequest: not a JSON object of this API, or content the proxy cannot record.
     """
-    try:
-        obj = _OBJECT.validate_python(body)
-    except ValidationError:
-        raise InvalidRequest("the request body must be a JSON object", field="body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object", field="body")
+    obj: _Json = body
     model = obj.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("the request names no model", field="model")
@@ -257,7 +255,9 @@ def read_answer(family: Family, body: object) -> Answer:
         InvalidRequest: a body that is not a response of this API.
     """
     try:
-        obj = _OBJECT.validate_python(body)
+        if not isinstance(body, dict):
+            raise TypeError(f"a response body must be a JSON object, not {type(body).__name__}")
+        obj: _Json = body
         match family:
             case Family.CHAT:
                 message = obj["choices"][0]["message"]
