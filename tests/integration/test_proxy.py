@@ -332,6 +332,8 @@ async def test_proxy_retried_request_records_nothing_twice(stack: Stack, db: asy
     first = await oa.chat.completions.create(model="gpt-4o", messages=messages)
     again = await oa.chat.completions.create(model="gpt-4o", messages=messages)
     assert first.choices[0].message.content == again.choices[0].message.content == "Looking."
+    # The retry asks the same question: the answer recorded for the first is not shown to the model.
+    assert stack.upstream.received[1].body["messages"] == stack.upstream.received[0].body["messages"]
     messages.append({"role": "assistant", "content": "Looking."})
     messages.append({"role": "user", "content": "Go on."})
     stack.upstream.script(Said(text="Done."))

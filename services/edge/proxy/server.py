@@ -211,7 +211,9 @@ class _Proxy:
         return self.http.build_request(
             "POST",
             self._url(step.family),
-            json=upstream_body(step.family, step.body, step.prepared),
+            json=upstream_body(
+                step.family, step.body, step.prepared, answer_position=step.conversation.answer_position
+            ),
             headers=step.headers,
             timeout=self.config.timeout_s,
         )

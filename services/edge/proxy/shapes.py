@@ -38,7 +38,7 @@ from contracts.profiles import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 from services.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
     from contracts import PreparedContext
     from contracts.prepare import RequestFormat
@@ -223,11 +223,18 @@ def profile_of(model: str) -> str | None:
     return max(matches, key=len, default=None)
 
 
-def upstream_body(family: Family, body: _Json, prepared: PreparedContext) -> _Json:
-    """The caller's request with the fleet's context in place of its history; all else unchanged."""
+def upstream_body(family: Family, body: _Json, prepared: PreparedContext, *, answer_position: int) -> _Json:
+    """The caller's request with the fleet's context in place of its history; all else unchanged.
+
+    A retried request whose answer the fleet already recorded gets a context ending in that answer;
+    it is left out (invariant 2 places it at ``answer_position``), so the model is asked the same
+    question again rather than shown its own reply.
+    """
+    answered = _answered_at(prepared, answer_position)
     match family:
         case Family.CHAT:
-            out = {**body, "messages": prepared.openai_messages()}
+            messages = prepared.openai_messages()
+            out = {**body, "messages": _drop_answer(messages, answered, _is_chat_answer)}
             if body.get("stream") is True and "stream_options" not in body:
                 # Usage is what calibrates the fleet's counts; a streamed chat reports it only if asked.
                 out["stream_options"] = {"include_usage": True}
@@ -235,17 +242,40 @@ def upstream_body(family: Family, body: _Json, prepared: PreparedContext) -> _Js
         case Family.RESPONSES:
             request = prepared.request or {}
             out = {k: v for k, v in body.items() if k != "instructions"}
-            out["input"] = request.get("input", [])
+            out["input"] = _drop_answer(_listed(request.get("input")), answered, _is_responses_answer)
             if "instructions" in request:
                 out["instructions"] = request["instructions"]
             return out
         case Family.MESSAGES:
             request = prepared.request or {}
             out = {k: v for k, v in body.items() if k != "system"}
-            out["messages"] = request.get("messages", [])
+            out["messages"] = _drop_answer(_listed(request.get("messages")), answered, _is_chat_answer)
             if "system" in request:
                 out["system"] = request["system"]
             return out
+
+
+def _answered_at(prepared: PreparedContext, position: int) -> bool:
+    last = prepared.source_watermark.last_event_key or ""
+    return last.startswith(f"px/{position}.")
+
+
+def _listed(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _is_chat_answer(message: object) -> bool:
+    return isinstance(message, dict) and message.get("role") == "assistant"
+
+
+def _is_responses_answer(item: object) -> bool:
+    return isinstance(item, dict) and (item.get("type") == "function_call" or item.get("role") == "assistant")
+
+
+def _drop_answer(messages: list[Any], answered: bool, is_answer: Callable[[object], bool]) -> list[Any]:
+    while answered and messages and is_answer(messages[-1]):
+        messages = messages[:-1]
+    return messages
 
 
 def read_answer(family: Family, body: object) -> Answer:
