@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, assert_never
 
@@ -130,10 +130,12 @@ class _Step:
 
 
 class _Proxy:
-    def __init__(self, client: FleetClient, http: httpx2.AsyncClient, config: ProxyConfig, memory: _Memory):
+    def __init__(
+        self, client: FleetClient, http: httpx2.AsyncClient, config: ProxyConfig, memory: _Memory
+    ) -> None:
         self.client, self.http, self.config, self.memory = client, http, config, memory
 
-    def endpoint(self, family: Family) -> Any:
+    def endpoint(self, family: Family) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             try:
                 return await self.handle(family, request)
@@ -283,7 +285,14 @@ class _Proxy:
     async def _record(self, step: _Step, answer: Answer) -> None:
         item = Item(f"{step.conversation.answer_position}.0", answer.payload)
         thread_id = f"{step.thread.run_id}.{step.thread.instance_id}"
-        await self.client.append(_event(step.thread, item))
+        try:
+            await self.client.append(_event(step.thread, item))
+        except CtxError as exc:
+            # The caller still gets its answer: its next request carries it, and it is published then.
+            log.warning(
+                "answer of %s not recorded (%s); it is published with the next request", thread_id, exc.code
+            )
+            return
         self.memory.keys(thread_id).add(item.event_key)
         if answer.input_tokens is not None:
             self.memory.usage[thread_id] = ReportedUsage(
