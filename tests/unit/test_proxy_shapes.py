@@ -20,8 +20,8 @@ ASK = {"role": "user", "content": "Fix the parser."}
 
 
 def test_profile_of_a_dated_model_is_the_longest_profile_it_starts_with() -> None:
-    assert profile_of("gpt-4o-2024-08-06") == "gpt-4o"
-    assert profile_of("gpt-4o-mini-2024-07-18") == "gpt-4o-mini"
+    assert profile_of("gpt-4o-audio-preview") == "gpt-4o"
+    assert profile_of("gpt-4o-mini-tts") == "gpt-4o-mini"
     assert profile_of("claude-sonnet-4-20250514") == "claude-sonnet-4"
     assert profile_of("gpt-4oo") is None and profile_of("llama-3") is None
 
