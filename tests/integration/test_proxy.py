@@ -275,6 +275,9 @@ async def test_proxy_anthropic_conversation_keeps_pairs_and_cache_breakpoints_wi
         assert any("cache_control" in b for b in blocks)
     expected = _anthropic_said(SYSTEM, messages)
     assert await _ledger(db, f"{thread}.main", len(expected)) == expected
+    # The usage each answer reported came back with the next prepare and calibrated the profile.
+    reports = await db.fetchval("SELECT reports FROM ctx.calibrations WHERE profile = 'claude-sonnet-4'")
+    assert reports is not None and reports >= 1
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
