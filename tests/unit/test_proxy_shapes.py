@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from services.edge.proxy import Family, find_thread, profile_of
-from services.edge.proxy.shapes import Overflow, read_overflow, read_request
+from services.edge.proxy.answers import Overflow, read_overflow
+from services.edge.proxy.reading import read_request
 from services.errors import InvalidRequest
 
 

@@ -35,20 +35,9 @@ from contracts import (
 from contracts.prepare import ProviderOverflow
 from services.errors import CtxError, InvalidRequest, ProviderContextExceeded
 
-from .shapes import (
-    Answer,
-    Conversation,
-    Family,
-    Item,
-    StreamAnswer,
-    ThreadRef,
-    find_thread,
-    profile_of,
-    read_answer,
-    read_overflow,
-    read_request,
-    upstream_body,
-)
+from .answers import Answer, StreamAnswer, read_answer, read_overflow
+from .reading import read_request
+from .shapes import Conversation, Family, Item, ThreadRef, find_thread, profile_of, upstream_body
 
 if TYPE_CHECKING:
     from starlette.requests import Request
