@@ -42,6 +42,9 @@ Figures (printed, and written to out/bench.json):
 - rollover: see benchmarks/rollover.py (rollover-policy threads at 8k: the prepare that rolls the
   window over vs an ordinary prepare, p50/p99 as the client sees it, the server's rollover_ms, and
   handoff tokens).
+- proxy: see benchmarks/proxy.py (the latency ``ctxfleet proxy`` adds to a Chat Completions call beside a
+  direct one, p50/p99 with and without streaming and to the first token; tokens sent upstream at 16k
+  against the unmanaged conversation on the bundled samples).
 Servers: embedded wheels in temp folders, or CTX_NATS_URL / CTX_DATABASE_URL when set.
 """
 
@@ -81,6 +84,7 @@ from .ingest import bench_ingest
 from .ops import bench_ops
 from .overload import bench_overload
 from .prepare_pure import bench_pure
+from .proxy import bench_proxy
 from .recovery import bench_recovery
 from .rollover import bench_rollover
 from .search import bench_index_lag, bench_search_session
@@ -576,6 +580,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
             "append",
             "think_paired",
             "index_pass",
+            "proxy",
         ):
             if args.only and name not in args.only:
                 continue
@@ -633,6 +638,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
                 results["state"] = await bench_state(servers, settings)
             elif name == "rollover":
                 results["rollover"] = await bench_rollover(servers, settings)
+            elif name == "proxy":
+                results["proxy"] = await bench_proxy(servers, settings)
             elif name == "ops":
                 results["ops"] = await bench_ops(nats_url, db, tmp)
             elif name == "recovery":
@@ -753,6 +760,7 @@ def main() -> None:
             "append",
             "think_paired",
             "index_pass",
+            "proxy",
         ],
     )
     parser.add_argument("--sessions", type=int, default=50, help="concurrency: sessions (one thread each)")

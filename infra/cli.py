@@ -51,6 +51,7 @@ from .cli_context import PLAIN_WIDTH, breakdown, render, summary_hook_text
 from .cli_served import history_json, render_history, render_step, step_json, write_plot
 from .cli_progress import progress_bar
 from .cluster_cli import add_cluster_command
+from .proxy_cli import add_proxy_command
 from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
@@ -330,6 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_cmd_eval)
     _add_branch_commands(sub)
     add_cluster_command(sub)
+    add_proxy_command(sub)
     return p
 
 

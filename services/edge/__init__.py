@@ -1,3 +1,4 @@
-"""What drives a fleet through the client (trace replay, evaluation) and the HTTP summarizer."""
+"""What drives a fleet through the client (trace replay, evaluation, the provider proxy) and the HTTP
+summarizer."""
 
 __all__: list[str] = []
