@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 
-
 def read_back_with_tool(ref: str) -> str:
     """Where to read the rest when the model has the context tools: the call that reads ``ref``."""
     return f"read it back with {CONTEXT_READ}(ref={ref})"
