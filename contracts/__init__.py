@@ -43,7 +43,10 @@ from .branches import ExportPage, ExportRequest, ForkRequest, SessionForked
 from .hooks import HookSet, HooksRegistered
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
 from .inspect import (
+    CONTEXT_SHOW,
     SESSION_INSPECT,
+    ContextRequest,
+    ContextShown,
     InspectedDeadLetter,
     InspectedRecord,
     InspectedRun,
@@ -51,6 +54,7 @@ from .inspect import (
     InspectRequest,
     SessionInspection,
     ThreadInspection,
+    context_show_subject,
     session_inspect_subject,
 )
 from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
@@ -191,6 +195,10 @@ __all__ = [
     "EventKey",
     "EvidenceRef",
     "InspectRequest",
+    "CONTEXT_SHOW",
+    "ContextRequest",
+    "ContextShown",
+    "context_show_subject",
     "InspectedDeadLetter",
     "InspectedRecord",
     "InspectedRun",

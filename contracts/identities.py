@@ -25,7 +25,7 @@ from functools import lru_cache
 from .branches import SESSION_EXPORT, SESSION_FORK
 from .gateway import GATEWAY_CHECK
 from .hooks import HOOKS_REGISTER
-from .inspect import SESSION_INSPECT
+from .inspect import CONTEXT_SHOW, SESSION_INSPECT
 from .manage import COMPACT
 from .read import POLICY_REGISTER, READ
 from .search import SEARCH
@@ -54,8 +54,9 @@ _PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, HOOKS_REGISTER, OP
 # The gateway's final check is a runtime's, like the prepare it follows.
 _PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)
 # Looking into a thread's ledger or a session's runs (and principals) is an operator's job.
-# Exporting a session writes out every record of it: an operator's, like inspecting.
-_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT)
+# Exporting a session writes out every record of it: an operator's, like inspecting; so is showing a
+# thread's context as its next prepare would answer it.
+_OPERATOR_ONLY = (INSPECT, SESSION_INSPECT, SESSION_EXPORT, CONTEXT_SHOW)
 # Every request subject the fleet answers, any tenant (manual compaction, in the compactor, aside).
 REQUESTS = (
     *(f"{s}.>" for s in (*_PER_TENANT_TREE, *_OPERATOR_ONLY)),

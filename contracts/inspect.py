@@ -8,10 +8,14 @@ from pydantic import Field
 
 from ._base import SchemaVersion, WireModel
 from .subjects import check_tenant, check_token
-from .prepare import SummaryHook
+from .ids import split_thread_id
+from .prepare import ModelProfile, PreparedContext, SummaryHook
 
 __all__ = [
+    "CONTEXT_SHOW",
     "SESSION_INSPECT",
+    "ContextRequest",
+    "ContextShown",
     "InspectRequest",
     "InspectedDeadLetter",
     "InspectedRecord",
@@ -19,6 +23,7 @@ __all__ = [
     "InspectedThread",
     "SessionInspection",
     "ThreadInspection",
+    "context_show_subject",
     "session_inspect_subject",
 ]
 
@@ -28,6 +33,41 @@ SESSION_INSPECT = "ctx.session.inspect"
 def session_inspect_subject(tenant: str, session_id: str) -> str:
     """Where an operator asks for the runs, threads and snapshots of a session of ``tenant``."""
     return f"{SESSION_INSPECT}.{check_tenant(tenant)}.{check_token(session_id, 'session id')}"
+
+
+CONTEXT_SHOW = "ctx.context"
+
+
+def context_show_subject(tenant: str, thread_id: str) -> str:
+    """Where an operator asks what the runtime's next prepare of ``thread_id`` would answer."""
+    split_thread_id(thread_id)
+    return f"{CONTEXT_SHOW}.{check_tenant(tenant)}.{thread_id}"
+
+
+class ContextRequest(WireModel):
+    """Ask what a thread's next prepare would answer, without preparing it: the session's policy
+    budget unless a ``model_profile``, a ``profile`` or a ``budget_tokens`` cap is named."""
+
+    schema_version: SchemaVersion = 1
+    model_profile: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    profile: ModelProfile | None = None
+    budget_tokens: Annotated[int, Field(gt=0)] | None = None
+
+
+class ContextShown(WireModel):
+    """The context a thread's next prepare would answer, the budget it was counted at and where that
+    budget came from, and what that prepare would do first that showing it did not (compact, roll
+    the window over): nothing was written to show it."""
+
+    schema_version: SchemaVersion = 1
+    type: Literal["context_shown"] = "context_shown"
+    prepared: PreparedContext
+    # The session's pinned policy, ``name@revision``.
+    policy: str
+    # Where the budget came from, in words: the session's policy, or what the request named.
+    budget_source: str
+    # What the runtime's prepare would do that this one only says: ask for a compaction and wait, roll over.
+    runtime_would: tuple[str, ...] = ()
 
 
 class InspectRequest(WireModel):

@@ -361,7 +361,12 @@ class PendingCall(WireModel):
 
 
 class BudgetCategory(WireModel):
-    """Tokens by what they are for; ``total`` is their sum."""
+    """Tokens by what they are for; ``total`` is their sum.
+
+    Each block counts whole (its messages' framing included) in the category of its kind, so a
+    category is the sum of its blocks' ``tokens``; ``envelopes`` is what no block carries, the
+    priming of the reply.
+    """
 
     instructions: int = 0
     tool_schemas: int = 0

@@ -79,6 +79,9 @@ from contracts import (
     ThreadInspection,
     decode_event,
     session_inspect_subject,
+    context_show_subject,
+    ContextRequest,
+    ContextShown,
 )
 from contracts.branches import (
     SESSION_FORK,
@@ -463,6 +466,14 @@ class FleetClient:
         request = InspectRequest(limit=limit).model_dump_json().encode()
         body = await self._request(_subject(inspect_subject, self.tenant, thread_id), request, timeout)
         return ThreadInspection.model_validate_json(body)
+
+    async def show_context(
+        self, thread_id: str, request: ContextRequest | None = None, *, timeout: float = 30.0
+    ) -> ContextShown:
+        """What the thread's next prepare would answer, prepared by nothing (an operator's look)."""
+        body = (request or ContextRequest()).model_dump_json().encode()
+        reply = await self._request(_subject(context_show_subject, self.tenant, thread_id), body, timeout)
+        return ContextShown.model_validate_json(reply)
 
     async def inspect_session(self, session_id: str, *, timeout: float = 10.0) -> SessionInspection:
         """An operator's view of a session: runs, threads, snapshots."""

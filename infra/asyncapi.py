@@ -23,6 +23,9 @@ from contracts import (
     READ,
     SEARCH,
     SESSION_INSPECT,
+    CONTEXT_SHOW,
+    ContextRequest,
+    ContextShown,
     TOOLS_REGISTER,
     CatalogRegistered,
     Event,
@@ -187,6 +190,14 @@ CHANNELS: tuple[Channel, ...] = (
         WireMessage.of(InspectRequest),
         ThreadInspection,
         "An operator's look at one thread: head, hash-chain check, latest records, refusals.",
+    ),
+    _request(
+        "context_show",
+        f"{CONTEXT_SHOW}.{{tenant}}.{_THREAD}",
+        WireMessage.of(ContextRequest),
+        ContextShown,
+        "An operator's look at what the thread's next prepare would answer, and where its budget "
+        "came from; nothing is written (a compaction or rollover it would start is only named).",
     ),
     _request(
         "session_inspect",

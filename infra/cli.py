@@ -21,9 +21,10 @@ from pydantic import BaseModel, ValidationError
 from contracts import (
     CompactReply,
     CompactRequest,
+    ContextRequest,
+    ContextShown,
     ModelProfile,
     PreparedContext,
-    PrepareRequest,
     SearchReply,
     SearchRequest,
     SessionInspection,
@@ -708,8 +709,9 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     ctx = sub.add_parser(
         "context",
         help=(
-            "show a thread's prepared context like /context: tokens per category and block, share of the "
-            "budget, why each block is there, what was left out, what the summary covers"
+            "show what a thread's next prepare would answer, like /context, writing nothing: tokens per "
+            "category and block, share of the budget, why each block is there, what was left out, what "
+            "the summary covers"
         ),
     )
     ctx.add_argument("thread", nargs="?", help="<run_id>.<instance_id>")
@@ -719,9 +721,13 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="show this PreparedContext JSON (replay --dump-contexts) instead of preparing",
     )
     which = ctx.add_mutually_exclusive_group()
-    which.add_argument("--model-profile", help="a built-in model profile (default gpt-4o)")
+    which.add_argument(
+        "--model-profile",
+        help="a built-in model profile (default: the session's policy, as the runtime gets)",
+    )
     which.add_argument("--profile", type=Path, help="a ModelProfile JSON file")
     ctx.add_argument("--budget", type=int, help="cap the input budget (tokens)")
+    ctx.add_argument("--text", action="store_true", help="each block's text too, as the model reads it")
     ctx.add_argument("--json", action="store_true", help="the breakdown as JSON, for scripts")
     ctx.set_defaults(func=_cmd_context)
 
@@ -737,10 +743,11 @@ def _manage_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
     if args.file is not None:
         prepared = _validated(PreparedContext, args.file.read_text(encoding="utf-8"), f"{args.file}")
+        shown = breakdown(prepared, budget_source=f"the file {args.file}", texts=args.text)
     elif args.thread is None:
         raise CliError("name a thread (<run_id>.<instance_id>) or --file FILE")
     else:
-        run_id, instance_id = _thread_arg(args.thread)
+        _thread_arg(args.thread)
         if args.budget is not None and args.budget <= 0:
             raise CliError("--budget must be positive")
         profile = (
@@ -748,29 +755,22 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             if args.profile
             else None
         )
+        request = ContextRequest(model_profile=args.model_profile, profile=profile, budget_tokens=args.budget)
         nats_urls = _fleet_nats_urls(settings)
 
-        async def run() -> PreparedContext:
+        async def run() -> ContextShown:
             async with await _connect(settings, nats_urls, "ctxfleet-context") as client:
-                session_id, principal_id = await _owner_of(client, args.thread)
-                try:
-                    request = PrepareRequest(
-                        session_id=session_id,
-                        principal_id=principal_id,
-                        run_id=run_id,
-                        instance_id=instance_id,
-                        model_profile=None if profile else (args.model_profile or "gpt-4o"),
-                        profile=profile,
-                        budget_tokens=args.budget,
-                    )
-                except ValidationError as exc:
-                    raise _invalid("bad prepare", exc) from None
-                return await client.prepare(request)
+                return await client.show_context(args.thread, request)
 
-        prepared = asyncio.run(run())
-    shown = breakdown(prepared)
+        reply = asyncio.run(run())
+        shown = breakdown(
+            reply.prepared,
+            budget_source=reply.budget_source,
+            runtime_would=reply.runtime_would,
+            texts=args.text,
+        )
     if args.json:
-        print(json.dumps(shown.as_json(), indent=2))
+        print(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))
     else:
         from rich.console import Console
 

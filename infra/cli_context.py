@@ -2,7 +2,8 @@
 
 :func:`breakdown` is pure (a ``PreparedContext`` in, figures out): per category and per block the
 tokens and their share of the input budget, why each block is there, what was left out and why, and
-what the summary covers and which hooks shaped it, and the context hooks that ran with their notes.
+what the summary covers and which hooks shaped it, the context hooks that ran with their notes,
+and (``--text``) each block's text as the model reads it.
 :func:`render` draws it in a terminal; ``as_json`` is the ``--json`` form.
 """
 
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contracts import BlockKind, PreparedContext, RecordRef, SummaryHook
+from services.core.block_text import BlockText, block_texts
 
 __all__ = [
     "BlockLine",
@@ -128,7 +130,10 @@ class SummaryLine:
     view_revision: int
     covered_from: int
     covered_to: int
-    sources: int
+    # The records it covers (``covered_from``–``covered_to``), and those it cites, which may include
+    # a record shown in full beside it (the run's task).
+    records: int
+    cited: int
     hooks: tuple[SummaryHookLine, ...] = ()
 
 
@@ -155,14 +160,29 @@ class ContextBreakdown:
     reductions: tuple[str, ...]
     pending_calls: tuple[str, ...]
     hooks: tuple[HookLine, ...] = ()
+    # Where the budget came from (the session's policy, or what was asked), and what the runtime's
+    # prepare would do first that showing the context did not.
+    budget_source: str = ""
+    runtime_would: tuple[str, ...] = ()
+    # Each block's text as the model reads it (``--text``).
+    texts: tuple[BlockText, ...] = ()
 
     def as_json(self) -> dict[str, object]:
         """The breakdown as plain JSON values (``--json``)."""
         return asdict(self)
 
 
-def breakdown(prepared: PreparedContext) -> ContextBreakdown:
-    """The figures of ``prepared``; shares are of its input budget, in percent to one decimal."""
+def breakdown(
+    prepared: PreparedContext,
+    *,
+    budget_source: str = "",
+    runtime_would: tuple[str, ...] = (),
+    texts: bool = False,
+) -> ContextBreakdown:
+    """The figures of ``prepared``; shares are of its input budget, in percent to one decimal.
+
+    ``texts``: with each block's text too.
+    """
     report = prepared.budget_report
     budget = report.input_budget
 
@@ -199,6 +219,7 @@ def breakdown(prepared: PreparedContext) -> ContextBreakdown:
             s.view_revision,
             s.covered_from,
             s.covered_to,
+            s.covered_to - s.covered_from + 1,
             len(s.sources),
             tuple(
                 SummaryHookLine(h.source, h.point, h.subject, h.release, h.hook_set_revision, h.change)
@@ -228,6 +249,9 @@ def breakdown(prepared: PreparedContext) -> ContextBreakdown:
         reductions=prepared.reductions,
         pending_calls=tuple(f"{p.name} ({p.call_id}, #{p.seq})" for p in prepared.pending_calls),
         hooks=tuple(HookLine(h.source, h.point or "-", h.outcome, h.note) for h in prepared.hooks),
+        budget_source=budget_source,
+        runtime_would=runtime_would,
+        texts=tuple(block_texts(prepared)) if texts else (),
     )
 
 
@@ -261,6 +285,10 @@ def render(b: ContextBreakdown, console: Console) -> None:
             f"view r{b.view_revision} · {b.messages} messages",
         )
     )
+    if b.budget_source:
+        console.print(f"budget from {b.budget_source}; nothing was written to show it", highlight=False)
+    for would in b.runtime_would:
+        console.print(f"the runtime's prepare would {would}", highlight=False)
     console.print(_bar(b))
     legend = Table.grid(padding=(0, 2))
     for _ in range(3):
@@ -312,7 +340,7 @@ def render(b: ContextBreakdown, console: Console) -> None:
         s = b.summary
         console.print(
             f"summary {s.summary_id} (view r{s.view_revision}) covers records "
-            f"#{s.covered_from}–#{s.covered_to}, from {s.sources} source records",
+            f"#{s.covered_from}–#{s.covered_to} ({s.records} records), citing {s.cited} records",
             highlight=False,
         )
         for shaped in s.hooks:
@@ -331,6 +359,11 @@ def render(b: ContextBreakdown, console: Console) -> None:
         console.print(f"reductions: {', '.join(b.reductions)}", highlight=False)
     if b.pending_calls:
         console.print(f"pending calls (held back whole): {', '.join(b.pending_calls)}", highlight=False)
+    for t in b.texts:
+        cites = f", cites #{', #'.join(map(str, t.sources))}" if t.kind == "summary" and t.sources else ""
+        console.rule(f"{t.block_id} · {t.kind} · {t.tokens:,} tokens{cites}", align="left")
+        # As written: a record's text is never markup, and a person reads it whole here.
+        console.print(Text(t.text), highlight=False)
 
 
 def _bar(b: ContextBreakdown) -> Text:

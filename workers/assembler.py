@@ -1,4 +1,4 @@
-"""assembler: answers ``ctx.prepare.<tenant>.<run>.<instance>`` and ``ctx.inspect.<tenant>.<run>.<instance>``.
+"""assembler: answers ``ctx.prepare``, ``ctx.inspect`` and ``ctx.context`` (``.<tenant>.<run>.<instance>``).
 
 The tenant is the subject's: the NATS server only delivers a request there from an identity its
 permissions allow on that tenant's subjects, so no payload can claim another tenant.
@@ -20,13 +20,14 @@ import time
 from faststream.nats import NatsResponse, NatsRouter
 from opentelemetry.trace import Span
 
-from contracts import ErrorCode, InspectRequest, PrepareRequest, reply_json
+from contracts import CONTEXT_SHOW, ContextRequest, ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
 from services.errors import CtxError, InvalidRequest
 from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
+from services.app.showing import show_context
 from services.app.tracing import Tracing, record_error, record_prepared, record_rollover
 from services.core.budget import BUILTIN_PROFILES
 from services.store.postgres import PgStore
@@ -60,6 +61,7 @@ class AssemblerWorker:
         tracing: Tracing | None = None,
     ) -> None:
         self._service = service
+        self._store = store
         self._tracing = tracing or Tracing.off()
         self._gateway = gateway
         self._board = board
@@ -107,6 +109,21 @@ class AssemblerWorker:
                 admission,
                 message.headers,
                 lambda _slot: self._inspect(message.body, tenant, f"{run_id}.{instance_id}"),
+            )
+
+        @responder.endpoint(
+            r,
+            f"{CONTEXT_SHOW}.{{tenant}}.{{run_id}}.{{instance_id}}",
+            queue="assembler",
+            title="context_show",
+            description="ContextRequest in, ContextShown or ErrorReply out (request/reply).",
+        )
+        async def on_context_show(message: Inbound) -> NatsResponse:
+            tenant, run_id, instance_id = message.tokens(3)
+            return await admitted(
+                admission,
+                message.headers,
+                lambda _slot: self._show(message.body, tenant, f"{run_id}.{instance_id}"),
             )
 
         # Notices are never answered, whatever reply subject they carry: only requests are, by the
@@ -214,6 +231,19 @@ class AssemblerWorker:
             reply = error_reply(exc)
             return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
         return NatsResponse(reply_json(inspection), headers={"ctx-status": "ok"})
+
+    async def _show(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
+        try:
+            request = parse_body(ContextRequest, body) if body else ContextRequest()
+            if self._store is None:
+                raise CtxError("assembler has no store attached")
+            shown = await show_context(
+                self._store, self._require_service(), thread_id, request, tenant=tenant
+            )
+        except Exception as exc:
+            reply = error_reply(exc)
+            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
+        return NatsResponse(reply_json(shown), headers={"ctx-status": "ok"})
 
     def _require_service(self) -> PrepareService:
         if self._service is None:

@@ -45,7 +45,12 @@ def measure(
         memo=memo,
     )
     measured, eligible = measure_view(
-        blocks, summary.tokens(encoding) if summary else 0, policy or view.policy.compaction, encoding, budget
+        blocks,
+        summary.tokens(encoding) if summary else 0,
+        policy or view.policy.compaction,
+        encoding,
+        budget,
+        memo,
     )
     return replace(
         measured, estimated=measured.estimated + reserved, required=measured.required + reserved

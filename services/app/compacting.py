@@ -32,7 +32,7 @@ from services.core.compaction.policy import (
 )
 from services.core.compaction.rollup import fit_summary
 from services.app.budgeting import measure as measure_of
-from services.core.compaction.select import choose_cover, split_segments, summary_cap
+from services.core.compaction.select import block_tokens, choose_cover, split_segments, summary_cap
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
 from services.app.compact_hooks import after_compaction, before_compaction
@@ -43,7 +43,7 @@ from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
 from services.store.ports import CompactionStore
 from services.store.views import NewSummary
-from services.core.tokens import EncodingName, counter_for
+from services.core.tokens import counter_for
 from services.app.views import ThreadView, ViewLoader, count_totals
 from services.app.tracing import Tracing, record_compaction, record_error
 
@@ -261,7 +261,7 @@ class CompactionService:
         )
         text = render_summary(fitted, revision=new_revision, pinned=pinned)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
-        covered_tokens = sum(_tokens(b, encoding) for b in covered_blocks)
+        covered_tokens = sum(block_tokens(b, encoding) for b in covered_blocks)
         new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
         after = (
             measure.estimated
@@ -463,10 +463,6 @@ def _pinned(records: Sequence[LedgerRecord], thread_id: str) -> tuple[int, ...]:
     """Records every context shows verbatim beside the summary: the run's task."""
     task = run_task_seq(records, thread_id)
     return (task,) if task is not None else ()
-
-
-def _tokens(block: DraftBlock, encoding: EncodingName) -> int:
-    return sum(r.tokens.get(encoding) for r in block.records) + MESSAGE_OVERHEAD * len(block.messages)
 
 
 def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> Throttle:

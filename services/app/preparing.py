@@ -178,6 +178,22 @@ class PrepareService:
         # The loader's: what a prepare learns, the budgeter and compactor of this process see at once.
         self._calibrations = self._loader.calibrations
 
+    async def preview(
+        self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT
+    ) -> tuple[PreparedContext, tuple[str, ...]]:
+        """What ``prepare`` would answer now, without writing anything, and what it would do that this
+        only says.
+
+        The same steps as ``prepare``, except those that write: a compaction the context needs is not
+        asked for (the context is the one served while none has landed: without the oldest history
+        awaiting it), a window that would close stays open, and usage teaches no calibration.
+        """
+        if request.after_overflow is not None:
+            raise InvalidRequest("a preview does not recalibrate: after_overflow is for a prepare")
+        would: list[str] = []
+        prepared = await self._answer(request, tenant, NO_PAUSE, would)
+        return prepared, tuple(would)
+
     async def prepare(
         self, request: PrepareRequest, *, tenant: str = DEFAULT_TENANT, pause: Pause = NO_PAUSE
     ) -> PreparedContext:
@@ -190,6 +206,12 @@ class PrepareService:
             pause: Released while the request only waits (for its event or a compaction), so the
                 caller's compute slot serves other requests meanwhile.
         """
+        return await self._answer(request, tenant, pause, None)
+
+    async def _answer(
+        self, request: PrepareRequest, tenant: str, pause: Pause, would: list[str] | None
+    ) -> PreparedContext:
+        """``prepare``, or with ``would`` its read-only ``preview``, which notes there what it skipped."""
         thread_id = thread_id_of(request.run_id, request.instance_id)
         base = resolve_budget(request, BUILTIN_PROFILES)
         # Read with the event it names, once the ledger holds it; otherwise in ``_prepare``.
@@ -201,12 +223,13 @@ class PrepareService:
         # Only after the wait: a session's hook set is known once its first event is recorded, and a
         # prepare that raced its session's first event would otherwise run without the release's hooks.
         if self._hooks is None:
-            return await self._prepare(request, base, tenant, pause, None, view)
+            return await self._prepare(request, base, tenant, pause, None, view, would)
         hook_set = await self._hooks.hooks_of(tenant, request.session_id)
         if hook_set is None:
-            return await self._prepare(request, base, tenant, pause, None, view)
+            return await self._prepare(request, base, tenant, pause, None, view, would)
         hooked = PrepareHooks()
-        prepared = await self._prepare(request, base, tenant, pause, (self._hooks, hook_set, hooked), view)
+        hooks = (self._hooks, hook_set, hooked)
+        prepared = await self._prepare(request, base, tenant, pause, hooks, view, would)
         return await after_prepare(self._hooks, hook_set, tenant, request, prepared, hooked.touches)
 
     async def _prepare(
@@ -216,7 +239,8 @@ class PrepareService:
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
-        view: ThreadView | None = None,
+        view: ThreadView | None,
+        would: list[str] | None,
     ) -> PreparedContext:
         thread_id = thread_id_of(request.run_id, request.instance_id)
         counter = _counter(base)
@@ -227,7 +251,7 @@ class PrepareService:
         kill_point("prepare.before_reply")
         started = time.perf_counter()
         task = _task_budget(view, request, base, counter)
-        prepared = await self._prepare_view(view, request, base, counter, tenant, pause, hooks)
+        prepared = await self._prepare_view(view, request, base, counter, tenant, pause, hooks, would)
         self._on_stage("assemble", time.perf_counter() - started)
         return prepared if task is None else prepared.model_copy(update={"task_budget": task})
 
@@ -240,6 +264,7 @@ class PrepareService:
         tenant: str,
         pause: Pause,
         hooks: tuple[HookRegistry, HookSet, PrepareHooks] | None,
+        would: list[str] | None,
     ) -> PreparedContext:
         snapshot = view.snapshot()
         if request.evidence:
@@ -266,7 +291,7 @@ class PrepareService:
         else:
             rollover = view.policy.window.strategy is WindowStrategy.ROLLOVER
             progress = PrepareProgress(await self._calibration(tenant, base), rollover_window=rollover)
-        return await self._loop(progress, view, snapshot, request, base, counter, tenant, pause)
+        return await self._loop(progress, view, snapshot, request, base, counter, tenant, pause, would)
 
     async def _loop(
         self,
@@ -278,9 +303,10 @@ class PrepareService:
         counter: TokenCounter | None,
         tenant: str,
         pause: Pause,
+        would: list[str] | None,
     ) -> PreparedContext:
         """The prepare, step by step as ``next_step`` says (services/core/prepare_step.py): the one
-        place that assembles."""
+        place that assembles. With ``would`` (a preview) every step that writes is noted there instead."""
         budget = calibrated(base, progress.calibration)
         measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
         wait: _CompactionWait | None = None
@@ -315,11 +341,25 @@ class PrepareService:
                                 progress, decision=self._windows.decide(view, snapshot, outcome, budget)
                             )
                         progress = replace(progress, outcome=outcome)
+                    case RollOver(trigger) if would is not None:
+                        would.append(
+                            f"close this window ({trigger.value}) and answer from the next one; shown: "
+                            "this window's context, as far as it fits"
+                        )
+                        progress = replace(progress, rolled=True)
                     case RollOver(trigger):
                         view, snapshot, report = await self._windows.roll_over(
                             view, snapshot, trigger, measured_at
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
+                    case AwaitCompaction(_, reasons) if would is not None:
+                        # Past a rollover the prepare answers from the next window, which needs none.
+                        if not progress.rolled:
+                            would.append(
+                                f"ask for a {', '.join(reasons)} compaction and wait for it; shown: the "
+                                "context it answers when none lands in time, without the oldest history"
+                            )
+                        progress = replace(progress, outcome=None, waited=CompactionWait(0, landed=False))
                     case AwaitCompaction(reserved, reasons):
                         if wait is None:
                             started = time.monotonic()
@@ -331,12 +371,17 @@ class PrepareService:
                         snapshot = _carried(view, snapshot)
                         waited = CompactionWait(int((time.monotonic() - wait.started) * 1000), landed)
                         progress = replace(progress, outcome=None, waited=waited)
+                    case RequestCompaction(_, reasons) if would is not None:
+                        would.append(f"ask for a {', '.join(reasons)} compaction, without waiting for it")
+                        progress = replace(progress, requested=True)
                     case RequestCompaction(reserved, reasons):
                         # It fits under the raised count already; the compaction makes room for the
                         # next steps, so it runs without this reply waiting on it (and without the
                         # budgeter's triggers deciding).
                         await self._request_job(view, budget, reserved, reasons)
                         progress = replace(progress, requested=True)
+                    case Learn() if would is not None:
+                        progress = replace(progress, learned=progress.calibration)
                     case Learn(prepared):
                         learned = await self._learn(
                             tenant, base, progress.calibration, snapshot, request, prepared

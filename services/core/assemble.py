@@ -70,7 +70,7 @@ from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.hooks import HOOK_BLOCK_PREFIX
-from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens, raw_calls
 from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
@@ -672,7 +672,7 @@ def _size(
 
 
 def _measure(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
-    envelope = MESSAGE_OVERHEAD * len(block.messages) + _id_tokens(block, counter)
+    envelope = MESSAGE_OVERHEAD * len(block.messages) + id_tokens(block, counter)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
         text = block.messages[0].content or ""
@@ -690,34 +690,6 @@ def _content_tokens(block: DraftBlock, records: Sequence[LedgerRecord], counter:
         return sum(estimate_tokens(m.model_dump_json(exclude_none=True)) for m in block.messages)
     enc: EncodingName = counter.name
     return sum(r.tokens.get(enc) for r in records)
-
-
-def _id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
-    """What a record's count (fixed at recording) misses of the ids sent with the block's messages.
-
-    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
-    sent tagged with its thread (``c1@tag``) but was counted untagged. The estimate profile counts
-    whole dumped messages, ids included.
-    """
-    if counter is None:
-        return 0
-    extra = 0
-    for m in block.messages:
-        if m.tool_call_id is not None:
-            extra += counter.count(m.tool_call_id)
-        raw = [cid for cid, _ in _raw_calls(block)] if m.tool_calls else []
-        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
-            if raw_id != call.id:
-                extra += counter.count(call.id) - counter.count(raw_id)
-    return extra
-
-
-def _raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
-    """``(call id as recorded, tool name)`` of a group's calls, in call order."""
-    body = block.records[0].body if block.records else None
-    if not isinstance(body, AssistantMessageBody):
-        return []
-    return [(c.call_id, c.name) for c in body.tool_calls]
 
 
 def _raw_id(view_id: str, recorded: Mapping[str, object]) -> str:
@@ -805,7 +777,7 @@ def _variant(memo: ViewMemo | None, block: DraftBlock, decided: object, make: Ca
 
 def _outcome_keys(block: DraftBlock) -> tuple[tuple[tuple[str, str, str], int], ...]:
     """What makes each output of a group identical to another (tool, status, text), with its seq."""
-    names = dict(_raw_calls(block))
+    names = dict(raw_calls(block))
     return tuple(
         ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
         for r in block.records
@@ -1526,13 +1498,13 @@ def _sources(block: DraftBlock, memo: ViewMemo | None) -> tuple[RecordRef, ...]:
 
 
 def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
+    # A block counts whole in its category, message framing included, so that a category is the sum
+    # of the blocks a person sees in it; envelopes are what no block carries (the reply priming).
     by: dict[str, int] = {"instructions": 0, "history": 0, "materials": 0, "summaries": 0}
-    envelopes = REPLY_PRIMING
     for s in kept:
-        by[_CATEGORY[s.block.kind]] += s.content
-        envelopes += s.envelope
-    total = sum(by.values()) + envelopes + schema_tokens
-    return BudgetCategory(tool_schemas=schema_tokens, envelopes=envelopes, total=total, **by)
+        by[_CATEGORY[s.block.kind]] += s.total
+    total = sum(by.values()) + REPLY_PRIMING + schema_tokens
+    return BudgetCategory(tool_schemas=schema_tokens, envelopes=REPLY_PRIMING, total=total, **by)
 
 
 def _counting_method(counter: TokenCounter | None, budget: BudgetSpec) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import TYPE_CHECKING, assert_never
 
 from contracts import (
     BlockKind,
@@ -52,7 +52,18 @@ from services.core.records import (
 from services.core.render import arguments_json, record_content
 from services.core.view_memo import ViewMemo, message_of
 
-__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "run_task_seq"]
+if TYPE_CHECKING:
+    from services.core.tokens import TokenCounter
+
+__all__ = [
+    "BlockSet",
+    "DraftBlock",
+    "build_blocks",
+    "build_view_blocks",
+    "id_tokens",
+    "raw_calls",
+    "run_task_seq",
+]
 
 
 @dataclass
@@ -645,3 +656,32 @@ def _order_outcomes(block: DraftBlock) -> DraftBlock:
     block.messages = [head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])]
     block.waiting = {}
     return block
+
+
+def id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """What a record's count (fixed at recording) misses of the ids sent with the block's messages.
+
+    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
+    sent tagged with its thread (``c1@tag``) but was counted untagged. The estimate profile counts
+    whole dumped messages, ids included. The assembly and the compaction measure both count it, so
+    that a view measures what its context counts.
+    """
+    if counter is None:
+        return 0
+    extra = 0
+    for m in block.messages:
+        if m.tool_call_id is not None:
+            extra += counter.count(m.tool_call_id)
+        raw = [cid for cid, _ in raw_calls(block)] if m.tool_calls else []
+        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
+            if raw_id != call.id:
+                extra += counter.count(call.id) - counter.count(raw_id)
+    return extra
+
+
+def raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
+    """``(call id as recorded, tool name)`` of a group's calls, in call order."""
+    body = block.records[0].body if block.records else None
+    if not isinstance(body, AssistantMessageBody):
+        return []
+    return [(c.call_id, c.name) for c in body.tool_calls]

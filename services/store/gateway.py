@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import asyncpg
 
@@ -17,6 +18,7 @@ from contracts.hooks import AdditionCategory, HookSet
 from services.core.gateway_check import GatewayRecord
 from services.core.served import ServedContext
 from services.store._errors import translate_pg_errors
+from services.store.listing import ServedStep
 
 __all__ = ["SERVED_STEPS_KEPT", "MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
 
@@ -217,8 +219,9 @@ class MemoryGatewayStore:
 
     prepared: dict[tuple[str, str], GatewayRecord] = field(default_factory=dict)
     checks: dict[tuple[str, int], StoredCheck] = field(default_factory=dict)
-    # Per thread, its served contexts in step order; block texts by (thread, digest).
-    served: dict[str, list[ServedContext]] = field(default_factory=dict)
+    # Per thread, its served steps in order; block texts by (thread, digest). ``MemoryStore`` reads
+    # them as PostgreSQL's listing reads the gateway's tables of the same database.
+    served: dict[str, list[ServedStep]] = field(default_factory=dict)
     served_texts: dict[tuple[str, str], str] = field(default_factory=dict)
 
     async def insert_prepared(self, record: GatewayRecord) -> None:
@@ -235,8 +238,9 @@ class MemoryGatewayStore:
             self.served_texts.setdefault((thread_id, digest), text)
         for s in served:
             steps = self.served.setdefault(s.thread_id, [])
-            if all((o.prepared_id, o.format) != (s.prepared_id, s.format) for o in steps):
-                steps.append(s)
+            if all((o.served.prepared_id, o.served.format) != (s.prepared_id, s.format) for o in steps):
+                step = steps[-1].step + 1 if steps else 1
+                steps.append(ServedStep(step, datetime.now(timezone.utc), s))
                 del steps[:-SERVED_STEPS_KEPT]
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:

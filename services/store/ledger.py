@@ -41,6 +41,7 @@ __all__ = [
     "RecordsRepo",
     "StoredHead",
     "TailRecord",
+    "blob_preview",
     "head_of_row",
     "ledger_record_of_row",
 ]
@@ -149,6 +150,11 @@ SELECT seq, session_seq, kind, event_key, tokens_o200k, content_sha256, record_h
                                           THEN payload->'tool_calls' ELSE '[]'::json END)
                  WITH ORDINALITY AS e(c, n)),
            ''), $3) AS preview,
+       -- Content stored only as a blob (a long output kept whole) previews from the blob's head; in
+       -- bytes, four per character at most, decoded in Python where a cut character is dropped.
+       CASE WHEN text IS NULL AND view_text IS NULL THEN
+           (SELECT substring(b.content FROM 1 FOR $3 * 4) FROM ctx.blobs b WHERE b.sha256 = blob_sha256)
+       END AS blob_head,
        ARRAY(SELECT e.c->>'name'
              FROM json_array_elements(CASE WHEN json_typeof(payload->'tool_calls') = 'array'
                                            THEN payload->'tool_calls' ELSE '[]'::json END)
@@ -242,6 +248,12 @@ class StoredHead:
     last_event_key: str | None
     user_turns: int = 0
     model_steps: int = 0
+
+
+def blob_preview(head: bytes | None, chars: int) -> str:
+    """The preview of content stored only as a blob, from its first bytes (a character they cut is
+    dropped: the preview is a glimpse, the blob stays whole)."""
+    return "" if head is None else head.decode("utf-8", "ignore")[:chars]
 
 
 def ledger_record_of_row(values: Sequence[object]) -> LedgerRecord:
@@ -390,7 +402,7 @@ class RecordsRepo:
                 r["content_sha256"],
                 r["record_hash"],
                 r["blob_sha256"],
-                r["preview"],
+                r["preview"] or blob_preview(r["blob_head"], preview_chars),
                 tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
                 r["status"],
             )

@@ -55,8 +55,16 @@ from services.core.state import Fact, StateView
 from services.errors import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.gateway import MemoryGatewayStore
 from services.store.hooks import PinnedHooks
-from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord, _ledger_record
+from services.store.ledger import (
+    EventOutcome,
+    EvidenceRow,
+    StoredHead,
+    TailRecord,
+    _ledger_record,
+    blob_preview,
+)
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker, IndexStep
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
@@ -173,8 +181,11 @@ class MemoryStore:
         *,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        gateway: MemoryGatewayStore | None = None,
     ) -> None:
         self.tables = _Tables()
+        # The gateway's tables of this same database (its served history is listed from here).
+        self.gateway = gateway if gateway is not None else MemoryGatewayStore()
         self.open_sessions = 0
         self._now = now
         # The fleet's clock for ``recorded_at`` (PostgreSQL's ``now()``): search ranges and runtime.
@@ -303,12 +314,11 @@ class MemoryStore:
         ]
 
     async def thread_served(self, thread_id: str) -> list[ServedStep]:
-        """None: the served history is the gateway's (``MemoryGatewayStore.served``), not the ledger's."""
-        return []
+        return list(self.gateway.served.get(thread_id, ()))
 
     async def served_texts(self, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
-        """None kept here (see :meth:`thread_served`)."""
-        return {}
+        texts = self.gateway.served_texts
+        return {d: texts[(thread_id, d)] for d in digests if (thread_id, d) in texts}
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
         """The thread's tool calls in call order, each with its outcome once recorded."""
@@ -1251,11 +1261,16 @@ class MemorySession:
                 r["content_sha256"],
                 r["record_hash"],
                 r["blob_sha256"],
-                _preview(r)[:preview_chars],
+                _preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
                 *self._tools_and_status(thread_id, r),
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
+
+    def _blob_preview(self, row: _Row, chars: int) -> str:
+        if row["text"] is not None or row["view_text"] is not None or not row["blob_sha256"]:
+            return ""
+        return blob_preview(self._t.blobs[row["blob_sha256"]][: chars * 4], chars)
 
     def _tools_and_status(self, thread_id: str, row: _Row) -> tuple[tuple[str, ...], str | None]:
         """As the PostgreSQL store's tail: the calls' names, or the answered tool and the outcome's status."""

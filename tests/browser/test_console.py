@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, Page
 
 from contracts import (
     ContextPolicy,
@@ -29,7 +29,6 @@ from infra.embedded import free_port
 from services.core.trace import read_trace
 from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
-from tests.browser.conftest import CHROMIUM_ARGS
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from workers.app import Fleet
@@ -44,16 +43,6 @@ VIEWPORT = {"width": 1280, "height": 900}
 BUDGET = 6_000
 # Record content is untrusted: this must show as text, never run or render as markup.
 HOSTILE = "<b>bold?</b><script>window.__pwned = 1</script> & <img src=x onerror=window.__pwned=2>"
-
-
-@pytest.fixture
-async def browser(chromium: Path) -> AsyncIterator[Browser]:
-    async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=str(chromium), args=list(CHROMIUM_ARGS))
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 def _png_size(path: Path) -> tuple[int, int]:

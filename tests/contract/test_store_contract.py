@@ -341,6 +341,23 @@ async def test_a_message_of_tool_calls_only_is_previewed_by_the_names_of_its_cal
     assert question.preview == "Fix app.py"
 
 
+async def test_an_output_kept_whole_as_a_blob_is_previewed_from_the_blob(store: Store) -> None:
+    # Over the masking threshold, under the cut: stored only as a blob, with no view text.
+    output = "é collected 12 items / " * 50
+    t = Thread()
+    await _write(
+        store,
+        [
+            t.assistant(calls=(("c1", "bash", {"cmd": "pytest"}),), key="a1"),
+            t.outcome("c1", output, key="o1"),
+        ],
+    )
+    async with store.session() as s:
+        (kept,) = await s.select_tail(t.thread_id, limit=1, preview_chars=41)
+    assert kept.blob_sha256 is not None
+    assert kept.preview == output[:41]
+
+
 async def test_a_tail_names_the_tools_of_each_call_and_outcome_with_the_outcomes_status(store: Store) -> None:
     t = Thread()
     await _write(

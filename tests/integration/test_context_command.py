@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import urllib.request
+
+import asyncpg
 import pytest
 
 from contracts import CompactRequest, PrepareRequest
@@ -13,8 +17,10 @@ from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
 from contracts.hooks import HookPoint
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
+from infra.embedded import free_port
 from tests.fixtures.builders import Thread
-from tests.fixtures.fleet import HookService
+from tests.fixtures.fleet import HookService, eventually
+from workers.app import Fleet
 from tests.integration.test_hooks_fleet import _hook, _release, _working_thread, end_early
 
 pytestmark = [pytest.mark.pg, pytest.mark.nats]
@@ -93,6 +99,81 @@ async def test_context_command_draws_the_budget_bar_blocks_and_summary_coverage_
     assert "█" in out and "tokens used" in out
     assert "why it is there" in out
     assert "summary " in out and "covers records #" in out
+
+
+async def _settled(db: asyncpg.Connection, thread_id: str) -> bool:
+    """The budgeter evaluated the thread's head and asked for nothing: the view moves only if asked to."""
+    row = await db.fetchrow(
+        "SELECT v.evaluated_revision, v.pending_fingerprint, h.revision FROM ctx.thread_views v "
+        "JOIN ctx.thread_heads h USING (thread_id) WHERE thread_id = $1",
+        thread_id,
+    )
+    return (
+        row is not None
+        and row["evaluated_revision"] == row["revision"]
+        and row["pending_fingerprint"] is None
+    )
+
+
+async def _ledger_and_view(db: asyncpg.Connection, thread_id: str) -> tuple[object, ...]:
+    """Everything a prepare could write for a thread: head, view (and a pending job), summaries, windows."""
+    head = await db.fetchrow("SELECT * FROM ctx.thread_heads WHERE thread_id = $1", thread_id)
+    view = await db.fetchrow("SELECT * FROM ctx.thread_views WHERE thread_id = $1", thread_id)
+    summaries = await db.fetchval("SELECT count(*) FROM ctx.summaries WHERE thread_id = $1", thread_id)
+    windows = await db.fetchval("SELECT count(*) FROM ctx.windows WHERE thread_id = $1", thread_id)
+    return dict(head or {}), dict(view or {}), summaries, windows
+
+
+@pytest.mark.anyio
+async def test_context_command_at_a_tight_budget_writes_nothing_and_says_the_compaction_the_runtime_would_ask(
+    fleet, client: FleetClient, db: asyncpg.Connection, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = await _thread(client, 6)
+    await eventually(lambda: _settled(db, t.thread_id), what="the budgeter to evaluate the thread")
+    before = await _ledger_and_view(db, t.thread_id)
+    # Tight: the runtime's prepare at this budget waits for a hard_budget compaction (proved below).
+    tight = "1500"
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--budget", tight, "--json"], capsys)
+
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert shown["input_budget"] == 1500 and shown["used"] <= 1500
+    assert shown["budget_source"].startswith("the session's policy default@")
+    assert shown["budget_source"].endswith("capped at 1500 tokens as asked")
+    assert any("hard_budget compaction" in w for w in shown["runtime_would"])
+    assert any(o["reason"].startswith("history awaiting compaction") for o in shown["omitted"])
+    assert await _ledger_and_view(db, t.thread_id) == before
+    code, out, _ = await _in_thread(["context", t.thread_id, "--budget", tight], capsys)
+    assert code == 0 and "the runtime's prepare would ask for a hard_budget compaction" in out
+    assert await _ledger_and_view(db, t.thread_id) == before
+    # The runtime's own prepare at that budget does compact: the figures above could have moved.
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=1500
+    )
+    assert (await client.prepare(request)).view_revision > before[1]["view_revision"]  # type: ignore[index]
+
+
+@pytest.mark.anyio
+async def test_context_command_text_shows_each_blocks_messages_and_the_summary_with_its_sources(
+    fleet, client: FleetClient, cli_env: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    t = await _thread(client, 6)
+    assert (await _in_thread(["compact", t.thread_id], capsys))[0] == 0
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--text", "--json"], capsys)
+
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    texts = {x["block_id"]: x for x in shown["texts"]}
+    assert list(texts) == [b["block_id"] for b in shown["blocks"]]
+    assert "You fix bugs in a Python repository." in texts["instruction:1"]["text"]
+    summary = next(x for x in shown["texts"] if x["kind"] == "summary")
+    assert summary["text"].startswith("[user]\n[context summary r1: records ")
+    assert "(seq " in summary["text"] and summary["sources"]
+    assert len(summary["sources"]) == shown["summary"]["cited"]
+    code, out, _ = await _in_thread(["context", t.thread_id, "--text"], capsys)
+    assert code == 0 and "You fix bugs in a Python repository." in out and "[context summary r1" in out
 
 
 @pytest.mark.anyio
@@ -206,3 +287,43 @@ async def test_context_command_shows_the_hooks_that_ran_and_the_hook_that_narrow
     assert code == 0 and "checked against policy v7" in out and "shaped by hook scope@1" in out
     code, out, _ = await _in_thread(["inspect", t.thread_id], capsys)
     assert code == 0 and "summary shaped by hook scope@1 at context.compact.before" in out
+
+
+@pytest.mark.anyio
+async def test_compact_context_the_console_and_the_budget_report_count_one_moment_alike(
+    start_fleet: Callable[..., Awaitable[Fleet]],
+    client: FleetClient,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fleet = await start_fleet(http_port=free_port())
+    t = await _thread(client, 8)
+
+    code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert code == 0
+    before = json.loads(out)
+    code, out, _ = await _in_thread(["compact", t.thread_id, "--json"], capsys)
+    assert code == 0
+    compacted = json.loads(out)
+    code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert code == 0
+    after = json.loads(out)
+    url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
+    page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    shown = (await client.show_context(t.thread_id)).prepared.budget_report
+
+    assert (compacted["tokens_before"], compacted["tokens_after"]) == (before["used"], after["used"])
+    assert shown.used.total == after["used"] and shown.input_budget == after["input_budget"]
+    assert f'<strong id="used-tokens" data-tokens="{after["used"]}">' in page
+    for context in (before, after):
+        assert sum(c["tokens"] for c in context["categories"]) == context["used"]
+        by_block: dict[str, int] = {}
+        for b in context["blocks"]:
+            by_block[b["category"]] = by_block.get(b["category"], 0) + b["tokens"]
+        assert {c["name"]: c["tokens"] for c in context["categories"] if c["name"] in by_block} == by_block
+    summary = after["summary"]
+    assert summary["records"] == summary["covered_to"] - summary["covered_from"] + 1
+    assert (summary["covered_from"], summary["covered_to"]) == (
+        compacted["covered_from"],
+        compacted["covered_to"],
+    )

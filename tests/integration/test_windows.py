@@ -25,6 +25,7 @@ from contracts.windows import RolloverTrigger, WindowPolicy, WindowStrategy
 from ctxfleet_client.client import FleetClient
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
+from tests.fixtures.fleet import eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -55,6 +56,10 @@ async def _prepare(client: FleetClient, t: Thread, after: str) -> PreparedContex
             tools=(ToolSchema(name="move_item"),),
         )
     )
+
+
+async def _recorded(db: asyncpg.Connection, event_key: str) -> bool:
+    return bool(await db.fetchval("SELECT count(*) FROM ctx.records WHERE event_key = $1", event_key))
 
 
 async def _move(client: FleetClient, t: Thread, n: int, location: str) -> str:
@@ -90,6 +95,18 @@ async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not
         )
         await client.append(t.outcome(f"c{n}", "row clear " * 30))
     last = await _move(client, t, 2, "dock_B")
+    await eventually(
+        lambda: _recorded(db, last), what="the last event recorded (showing the context names none)"
+    )
+
+    # Shown, the context says the rollover its prepare would make, and makes none.
+    shown = await client.show_context(t.thread_id)
+    assert shown.runtime_would == (
+        "close this window (hard_limit) and answer from the next one; shown: this window's context, as "
+        "far as it fits",
+    )
+    assert shown.prepared.window == 1 and shown.budget_source == "the session's policy roll@1"
+    assert await db.fetchval("SELECT count(*) FROM ctx.windows WHERE thread_id = $1", t.thread_id) == 0
 
     rolled = await _prepare(client, t, last)
 

@@ -41,25 +41,42 @@ def test_breakdown_lists_each_block_with_its_reason_and_share_and_each_omission_
     assert len(shown.omitted) == 3
 
 
-def test_breakdown_shows_the_summary_coverage_when_the_context_has_a_summary() -> None:
+def test_breakdown_counts_the_records_a_summary_covers_apart_from_those_it_cites() -> None:
+    # It cites the run's task (record 2), shown in full beside it: 7 records covered, 4 cited.
     prepared = _golden("coding_turn_with_trimmed_result").model_copy(
         update={
             "summary": SummaryRef(
-                summary_id="s1", view_revision=2, covered_from=3, covered_to=9, sources=(3, 5, 9)
+                summary_id="s1", view_revision=2, covered_from=3, covered_to=9, sources=(2, 3, 5, 9)
             )
         }
     )
     shown = breakdown(prepared)
     assert shown.summary is not None
-    assert (shown.summary.covered_from, shown.summary.covered_to, shown.summary.sources) == (3, 9, 3)
     assert shown.as_json()["summary"] == {
         "summary_id": "s1",
         "view_revision": 2,
         "covered_from": 3,
         "covered_to": 9,
-        "sources": 3,
+        "records": 7,
+        "cited": 4,
         "hooks": (),
     }
+    out = io.StringIO()
+    render(shown, Console(file=out, width=160, color_system=None))
+    assert "covers records #3–#9 (7 records), citing 4 records" in out.getvalue()
+
+
+def test_breakdown_with_texts_shows_each_block_as_the_model_reads_its_messages() -> None:
+    prepared = _golden("coding_turn_with_trimmed_result")
+    shown = breakdown(prepared, texts=True)
+    assert [t.block_id for t in shown.texts] == [b.block_id for b in prepared.blocks]
+    for block, text in zip(prepared.blocks, shown.texts, strict=True):
+        for m in prepared.messages[block.first_message : block.first_message + block.message_count]:
+            assert f"[{m.role}" in text.text and (m.content or "") in text.text
+    out = io.StringIO()
+    render(shown, Console(file=out, width=160, color_system=None))
+    assert prepared.messages[-1].content and prepared.messages[-1].content.splitlines()[0] in out.getvalue()
+    assert breakdown(prepared).texts == ()
 
 
 def test_render_draws_the_bar_every_block_and_what_was_left_out() -> None:

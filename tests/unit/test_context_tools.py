@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from contracts import (
+    BlockKind,
     PreparedContext,
     PrepareRequest,
     Purpose,
@@ -112,8 +113,8 @@ def test_the_note_follows_the_instructions_and_says_how_to_read_previews() -> No
         and "ctx://blob/" in (note.content or "")
     )
     assert prepared.blocks[1].tokens == COUNTER.count(note.content or "") + MESSAGE_OVERHEAD
-    # Counted as instructions (the message framing goes to envelopes).
-    instructions = prepared.blocks[0].tokens + prepared.blocks[1].tokens - 2 * MESSAGE_OVERHEAD
+    # Counted as instructions, whole, like every instruction block.
+    instructions = sum(b.tokens for b in prepared.blocks if b.kind is BlockKind.INSTRUCTION)
     assert prepared.budget_report.used.instructions == instructions
 
 

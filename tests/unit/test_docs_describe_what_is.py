@@ -94,6 +94,7 @@ CODE = (
     "benchmarks",
     "tests",
     "k8s",
+    "clients/typescript",
     ".ci",
     "Makefile",
     "pyproject.toml",
@@ -108,6 +109,7 @@ ALLOWED_PATHS = {
     "k8s/crds": "CRD schemas vendored from their projects (k8s/crds/SOURCES.md)",
     "tests/schemas": "the AsyncAPI specification, vendored with its licence",
     "tests/node/package-lock.json": "npm's generated lock file",
+    "clients/typescript/package-lock.json": "npm's generated lock file",
     "tests/unit/test_docs_describe_what_is.py": "this check's own examples of what it finds",
 }
 # Single values that are data in a test's input, per file.

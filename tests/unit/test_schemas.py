@@ -52,6 +52,8 @@ MESSAGES = {
     "InspectRequest",
     "ThreadInspection",
     "SessionInspection",
+    "ContextRequest",
+    "ContextShown",
     "SearchRequest",
     "SearchReply",
     "ReadRequest",
@@ -345,11 +347,12 @@ def test_every_request_channel_declares_its_reply_and_the_error_reply(written: d
     assert replies["operation_status"] == {"Receipt", "ErrorReply"}
     assert replies["session_fork"] == {"SessionForked", "ErrorReply"}
     assert replies["compact"] == {"CompactReply", "ErrorReply"}
+    assert replies["context_show"] == {"ContextShown", "ErrorReply"}
     assert replies["gateway_check"] == {"FinalCheck", "ErrorReply"}
     assert replies["hooks_register"] == {"HooksRegistered", "ErrorReply"}
     # A hook answers the fleet with its HookReply alone: a hook's error is a timeout or a bad answer.
     assert replies.pop("hooks") == {"HookReply"}
-    assert len(replies) == 13 and all("ErrorReply" in r for r in replies.values())
+    assert len(replies) == 14 and all("ErrorReply" in r for r in replies.values())
 
 
 def test_asyncapi_payload_schemas_resolve_inside_the_document(written: dict[str, Any]) -> None:

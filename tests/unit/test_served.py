@@ -120,7 +120,7 @@ async def test_write_behind_keeps_served_steps_in_order_and_each_block_text_once
         await service.flush()
     steps = store.served[t.thread_id]
     assert len(steps) == 2
-    digests = {b.digest for s in steps for b in s.blocks}
+    digests = {b.digest for s in steps for b in s.served.blocks}
     assert {d for (thread, d) in store.served_texts if thread == t.thread_id} == digests
 
 

@@ -358,6 +358,26 @@ async def test_a_prepare_whose_compaction_job_is_refused_is_answered_at_once_wit
         assert (await s.load_view(t.thread_id)).pending_fingerprint is None
 
 
+async def test_a_preview_of_an_over_budget_view_asks_for_no_compaction_and_says_the_prepare_would() -> None:
+    store, board, t = MemoryStore(), NoticeBoard(), Thread()
+    await _history(store, t, budget=100_000)
+    queue = _Queue()
+    # No wait: the prepare below only has to ask (nothing compacts here).
+    service = PrepareService(store, board, queue=queue, compaction_wait_ms=0)
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=900
+    )
+
+    prepared, would = await service.preview(request)
+
+    assert queue.jobs == [] and len(would) == 1 and would[0].startswith("ask for a hard_budget compaction")
+    assert prepared.budget_report.used.total <= 900 and prepared.budget_report.reductions.dropped_history > 0
+    async with store.session() as s:
+        assert (await s.load_view(t.thread_id)).pending_fingerprint is None
+    await service.prepare(request)  # what the preview did not do
+    assert len(queue.jobs) == 1
+
+
 async def test_a_compaction_commits_a_summary_and_moves_the_view_and_its_baseline() -> None:
     store, t = MemoryStore(), Thread()
     await _history(store, t)

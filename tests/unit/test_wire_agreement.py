@@ -34,6 +34,7 @@ from contracts import (
     CompactRequest,
     ContextPolicy,
     FinalCheckRequest,
+    ContextRequest,
     InspectRequest,
     OperationStatusRequest,
     PrepareRequest,
@@ -87,6 +88,7 @@ FLEET: dict[str, Callable[[bytes], object]] = {
         for m in (
             PrepareRequest,
             InspectRequest,
+            ContextRequest,
             ReadRequest,
             SearchRequest,
             ContextPolicy,
@@ -303,6 +305,7 @@ REQUESTS: dict[str, list[dict[str, Any]]] = {
         {"session_id": "s1", "run_id": "r1", "instance_id": "main", "model_profile": "gpt-4o"},
     ],
     "InspectRequest": [{"schema_version": 1, "limit": 20}],
+    "ContextRequest": [{}, {"model_profile": "gpt-4o", "budget_tokens": 4000}],
     "ReadRequest": [{**_WHO, "ref": "ctx://record/r1.main/2", "line": 3, "lines": 10}],
     "SearchRequest": [
         {

@@ -39,6 +39,9 @@ __all__ = ["StoreSource", "console_app", "console_url", "local_url"]
 StoreSource = Callable[[], ConsoleStore | None]
 _Page = Callable[[Request, ConsoleStore], Awaitable[Response]]
 
+# A block's text on the context page is cut here, its full length stated: a tool output can be megabytes.
+_TEXT_CHARS = 4_000
+
 _templates = jinja2.Environment(
     loader=jinja2.PackageLoader("workers.console", "templates"),
     autoescape=True,
@@ -142,7 +145,7 @@ async def _thread(request: Request, store: ConsoleStore) -> Response:
 
 async def _context(request: Request, store: ConsoleStore) -> Response:
     page = await prepare_context(store, _thread_id(request), _tenant(request))
-    return _render(request, "context.html", page=page, prepared=page.prepared)
+    return _render(request, "context.html", page=page, prepared=page.prepared, text_chars=_TEXT_CHARS)
 
 
 async def _served(request: Request, store: ConsoleStore) -> Response:

@@ -1,8 +1,7 @@
 """What each console page shows, read through the app services and the store ports the process has.
 
-Nothing here writes a record or a view: a prepared context is prepared the way the assembler would,
-at the session's policy budget, but with no compaction queue and no wait, so looking at a thread
-never asks the compactor for work.
+Nothing here writes a record or a view: a context is shown the way ``ctxfleet context`` shows it
+(``services/app/showing.py``), so looking at a thread never asks the compactor for work.
 """
 
 from __future__ import annotations
@@ -11,24 +10,25 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contracts import (
+    ContextRequest,
     InspectRequest,
     PreparedContext,
-    PrepareRequest,
     SearchReply,
     SearchRequest,
     SessionInspection,
     ThreadInspection,
 )
-from contracts.ids import split_thread_id
 from contracts.subjects import DEFAULT_TENANT
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.searching import search
+from services.app.showing import show_context
+from services.core.block_text import BlockText, block_texts
 from services.app.sessions import inspect_session
 from services.core.compaction.policy import ratio_threshold
 from services.core.served import BlockChange, ServedDiff, diff_served
 from services.core.state import Fact
-from services.errors import InvalidPolicy, ThreadNotFound
+from services.errors import ThreadNotFound
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.ports import ListingStore, PrepareStore, QueryStore
 
@@ -95,7 +95,12 @@ class ContextPage:
     tenant: str
     thread_id: str
     policy: str
+    budget_source: str
+    # What the runtime's prepare would do first that showing the context did not (compact, roll over).
+    runtime_would: tuple[str, ...]
     prepared: PreparedContext
+    # Each block's text as the model reads it, in block order.
+    texts: tuple[BlockText, ...]
     # What no block carries: the tool schemas and the per-request priming, so the bars add up to ``used``.
     overhead: int
 
@@ -164,39 +169,21 @@ async def read_thread(store: ConsoleStore, thread_id: str, tenant: str | None) -
 
 
 async def prepare_context(store: ConsoleStore, thread_id: str, tenant: str | None) -> ContextPage:
-    """The thread's context as the assembler would prepare it now, at its session's policy budget."""
+    """The thread's context as its next prepare would answer it, at its session's policy budget:
+    the one ``ctxfleet context`` shows (``services/app/showing.py``)."""
     tenant = tenant or await _tenant_of(store, thread_id)
-    run_id, instance_id = split_thread_id(thread_id)
-    async with store.session() as s:
-        head = await s.select_head(thread_id)
-        if head is None:
-            raise ThreadNotFound(thread_id)
-        scope = await s.scope_of(thread_id)
-        if scope.tenant != tenant:
-            raise ThreadNotFound(thread_id)
-        pinned = await s.session_policy(head.session_id) or (DEFAULT_TENANT, "default", 1)
-        found = await s.get_policy(pinned[0], pinned[1], pinned[2])
-    if found is None:
-        raise InvalidPolicy(f"policy {pinned[1]}@{pinned[2]} of session {head.session_id} is not registered")
-    revision, policy = found
-    request = PrepareRequest(
-        session_id=head.session_id,
-        principal_id=scope.principal_id,
-        run_id=run_id,
-        instance_id=instance_id,
-        model_profile=policy.model_profile,
-        profile=policy.profile,
-        budget_tokens=policy.budget_tokens,
-        wait_ms=0,
-    )
     service = PrepareService(store, NoticeBoard(), compaction_wait_ms=0)
-    prepared = await service.prepare(request, tenant=tenant)
+    shown = await show_context(store, service, thread_id, ContextRequest(), tenant=tenant)
+    prepared = shown.prepared
     used = prepared.budget_report.used.total
     return ContextPage(
         tenant=tenant,
         thread_id=thread_id,
-        policy=f"{policy.name}@{revision}",
+        policy=shown.policy,
+        budget_source=shown.budget_source,
+        runtime_would=shown.runtime_would,
         prepared=prepared,
+        texts=tuple(block_texts(prepared)),
         overhead=used - sum(b.tokens for b in prepared.blocks),
     )
 
