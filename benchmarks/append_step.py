@@ -4,9 +4,10 @@ Nearly every prepare follows a new record (the runtime publishes, then prepares 
 figure that matters is not a prepare of an unchanged view but one right after an append. One thread
 of small tool groups (a call and its output, a user message every 10 groups) grows a record at a time
 from 40 to 900 records under the gpt-4o profile (no compaction: everything fits); after every record
-the thread's view is assembled with its view memo and the view cache kept across steps
-(``assemble_reusing``), as the assembler runs it, in this process (no servers: the figure is the
-assembly alone). Reported per size band:
+the thread's view is assembled with the view cache kept across steps (``assemble_reusing``, which
+extends the thread's last assembly after an append and answers an unchanged view with the context
+it assembled), as the assembler runs it, in this process (no servers: the figure is the assembly
+alone). Reported per size band:
 p50 / p90 of the step after an append, and of a second prepare of the same view (nothing changed).
 
 ``make bench BENCH_ARGS="--only append"``
@@ -22,7 +23,6 @@ from services.core.assemble import ThreadSnapshot
 from services.core.budget import resolve_budget
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
-from services.core.view_memo import ViewMemo
 from tests.fixtures.builders import Thread, ledger_records
 
 __all__ = ["bench_append"]
@@ -56,7 +56,7 @@ def bench_append() -> dict[str, object]:
         session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, model_profile="gpt-4o"
     )
     budget, counter = resolve_budget(request), counter_for("o200k_base")
-    memo, cache = ViewMemo(t.thread_id), ViewCache()
+    cache = ViewCache()
 
     def assemble(k: int) -> float:
         view = records[:k]
@@ -69,7 +69,6 @@ def bench_append() -> dict[str, object]:
             view[-1].event_key,
             list(view),
             own_thread=t.thread_id,
-            memo=memo,
         )
         started = time.perf_counter()
         assemble_reusing(cache, snapshot, request, budget, counter)
@@ -90,4 +89,4 @@ def bench_append() -> dict[str, object]:
         }
         for low, high in BANDS
         if appended[(low, high)]
-    } | {"extended_builds": memo.extended, "records": len(records)}
+    } | {"records": len(records)}

@@ -20,7 +20,7 @@ both alike. Figures per size: p50/p99 of each, and the ratio ctxfleet / LangGrap
 A third timing in the same rounds is the floor under ctxfleet's figure (``benchmarks/echo_floor.py``):
 the same request to a process that answers at once with that size's prepared context, bytes for bytes,
 and the client's same parse. ``fleet_share`` is ctxfleet's p50 above that floor: what the fleet's
-own work (the thread's one statement, the memo, the reply) costs.
+own work (the thread's one statement, the view cache, the reply) costs.
 
 ``make bench BENCH_ARGS="--only langgraph"`` (needs the ``bench`` extra, which ``make bench`` installs).
 """

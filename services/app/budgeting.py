@@ -9,10 +9,11 @@ from contracts.windows import WindowStrategy
 
 from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
 from services.core.compaction.select import measure_view
-from services.core.groups import DraftBlock, build_view_blocks
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.records import LedgerRecord
 from services.app.scheduling import PENDING_STALE_S, JobQueue, request_job
 from services.store.ports import BudgetStore
+from services.app.view_cache import last_blocks
 from services.app.views import ThreadView, ViewLoader
 
 __all__ = ["BudgetService", "Evaluation", "measure", "pass_over"]
@@ -25,24 +26,23 @@ def measure(
     *,
     budget: int,
     reserved: int,
+    previous: BlockSet | None = None,
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
     """How ``records`` of the view measure against ``budget``, with ``reserved`` tokens (the tool
     schemas a prepare sends beside the view) counted as required; and the blocks eligible to compact.
 
     The one measure of a view: the budgeter's decision, the compactor's cover and its throttle must
-    agree, or a retry check would see a change that is not one.
+    agree, or a retry check would see a change that is not one. ``previous``: a build of the view's
+    blocks to extend (``build_view_blocks``); the measure is the same without it.
     """
     encoding = view.encoding
-    # The view's own records: build through its memo, so what the budgeter builds after a batch is
-    # what the thread's next prepare reuses (nothing here changes a block).
-    memo = view.memo if records is view.records else None
     summary = view.state.summary
     blocks = build_view_blocks(
         records,
         view.state.covered_to,
         covered_from=summary.body.covered_from if summary else 0,
         own_thread=view.head.thread_id,
-        memo=memo,
+        previous=previous,
     )
     measured, eligible = measure_view(
         blocks,
@@ -50,7 +50,6 @@ def measure(
         policy or view.policy.compaction,
         encoding,
         budget,
-        memo,
     )
     return replace(
         measured, estimated=measured.estimated + reserved, required=measured.required + reserved
@@ -82,7 +81,12 @@ class BudgetService:
             view = await self._loader.load(store, thread_id)
             policy = view.policy.compaction
             measured, _ = measure(
-                view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved
+                view,
+                view.records,
+                budget=view.compaction_budget,
+                reserved=view.state.prepare_reserved,
+                # What the thread's last prepare built: the budgeter follows it by a batch or so.
+                previous=last_blocks(self._loader.cache, thread_id),
             )
             pending = (
                 view.state.pending_fingerprint is not None

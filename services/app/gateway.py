@@ -39,7 +39,6 @@ from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedCo
 from services.core.compaction.policy import ratio_threshold
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.hashing import canonical_json, sha256_hex
-from services.core.protected import ChatUnitDigests
 from services.core.served import ServedContext, served_of
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
@@ -128,8 +127,6 @@ class GatewayService:
         # The first and the longest pause between two tries of a batch (invariant 1).
         self._retry_first_s, self._retry_max_s = backoff_s
         self._backoff_s = self._retry_first_s
-        # Chat messages hashed already: a thread's next record hashes only its new messages.
-        self._digests = ChatUnitDigests()
         # Read by the metrics (workers/metrics.py) at scrape time.
         self.pending_bytes = 0
         self.stored_records = 0
@@ -264,7 +261,7 @@ class GatewayService:
         if cached is not None:
             prepared, owner, carried_from = cached
             encoding = encoding_of(prepared.budget_report.counting_method)
-            record = gateway_record(prepared, owner, encoding, self._digests)
+            record = gateway_record(prepared, owner, encoding)
             if carried_from is not None:
                 record = record.model_copy(update={"carried_from": carried_from})
         else:
@@ -323,7 +320,7 @@ class GatewayService:
         while self._unwritten:
             key, (prepared, tenant, carried_from) = self._unwritten.popitem(last=False)
             try:
-                record, served, texts = await _record_of(prepared, tenant, self._digests)
+                record, served, texts = await _record_of(prepared, tenant)
             except Exception:  # a bug in deriving one record must not hold the others (invariant 2)
                 self.dropped_records["underivable"] += 1
                 log.exception("could not derive the gateway record of %s; dropped", prepared.prepared_id)
@@ -398,16 +395,16 @@ class GatewayService:
 _Derived = tuple[GatewayRecord, ServedContext, dict[str, str]]
 
 
-def _derive_one(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> _Derived:
-    record = gateway_record(prepared, tenant, encoding_of(prepared.budget_report.counting_method), digests)
+def _derive_one(prepared: PreparedContext, tenant: str) -> _Derived:
+    record = gateway_record(prepared, tenant, encoding_of(prepared.budget_report.counting_method))
     return (record, *served_of(prepared, tenant))
 
 
-async def _record_of(prepared: PreparedContext, tenant: str, digests: ChatUnitDigests) -> _Derived:
+async def _record_of(prepared: PreparedContext, tenant: str) -> _Derived:
     """The check's record of ``prepared``, its served manifest and its blocks' texts by digest."""
     if len(prepared.messages) > _THREAD_HASH_MESSAGES:
-        return await asyncio.to_thread(_derive_one, prepared, tenant, digests)
-    return _derive_one(prepared, tenant, digests)
+        return await asyncio.to_thread(_derive_one, prepared, tenant)
+    return _derive_one(prepared, tenant)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,9 @@
 """One cache of thread views per process, bounded by bytes.
 
 The assembler, budgeter and compactor of a process read the same hot threads through one
-``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks the
-last prepare built of them (``ViewMemo``), the contexts last assembled of each view
-(``assemble_reusing``) and the immutable inherited snapshots of runs. Entries are
+``ViewLoader``; this is what it keeps: each thread's records up to the head last read, the blocks its
+last assembly built and the contexts last assembled of each view (``assemble_reusing``), and the
+immutable inherited snapshots of runs. Entries are
 evicted least recently used first once their estimated bytes exceed the bound, so memory follows a
 setting (``CTX_VIEW_CACHE_MB``) rather than a count of threads whatever their size.
 
@@ -21,25 +21,36 @@ from typing import TYPE_CHECKING
 from contracts import PreparedContext, PrepareRequest
 from contracts.windows import WindowPolicy
 
-from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
+from services.core.assemble import Assembly, OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
 from services.core.budget import BudgetSpec
+from services.core.groups import BlockSet
 from services.core.tokens import TokenCounter
-from services.core.view_memo import ViewMemo
 
 if TYPE_CHECKING:
     from services.core.records import LedgerRecord
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CachedRecords", "ViewCache", "assemble_reusing", "record_bytes"]
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "CachedRecords",
+    "ViewCache",
+    "assemble_reusing",
+    "last_blocks",
+    "record_bytes",
+]
 
 # What a cached record costs beyond its text: the object, its parsed body, payload and token counts
 # (tracemalloc on the bundled samples: 2.2 KB per record at 560 characters of text on average).
 _RECORD_OVERHEAD = 1000
-# The default bound: a 5,000-record thread of the bundled samples takes about 20 MB with its memo.
+# The default bound: a 5,000-record thread of the bundled samples takes about 11 MB (2.2 KB a record).
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-# A kept context shares its messages and blocks with the memo: what it adds is its tuples, reports and
-# manifest, estimated per message and block.
+# A kept context shares its messages' text with the records: what it adds is its messages, blocks,
+# reports and manifest, estimated per message and block.
 _CONTEXT_OVERHEAD = 4000
 _CONTEXT_PART_OVERHEAD = 400
+# What a thread's last assembly adds to its cached records (which its blocks share): per block, its
+# messages and derived sizes (tracemalloc on the append benchmark's thread: about 4 KB a block),
+# and its context.
+_BLOCK_BYTES = 4000
 # Contexts kept per thread: a runtime may alternate a few requests (purposes, formats) on one view.
 _CONTEXTS = 4
 
@@ -51,22 +62,16 @@ def record_bytes(records: Sequence[LedgerRecord]) -> int:
 
 @dataclass
 class CachedRecords:
-    """A thread's records up to ``last_seq``, and the blocks the last prepare built of them."""
+    """A thread's records up to ``last_seq``."""
 
     last_seq: int
     records: list[LedgerRecord]
-    memo: ViewMemo
     record_bytes: int = 0
     # Exports resolved to their parent records, by seq: resolving reads the parent again.
     resolved: dict[int, LedgerRecord] = field(default_factory=dict)
     # Where in ``records`` the exports still to resolve are, found as records arrive: a load then
     # visits those, not every record of the thread (1.6 ms of a 5,000-record prepare).
     exports: tuple[int, ...] = ()
-
-    @property
-    def bytes(self) -> int:
-        """Estimated bytes of the entry: its records and its memo."""
-        return self.record_bytes + self.memo.estimate_bytes()
 
 
 class ViewCache:
@@ -144,14 +149,14 @@ def assemble_reusing(
             allow_drop_history=allow_drop_history,
             window=window,
         )
-    inputs = (replace(snapshot, records=(), memo=None), request, budget, counter, window)
+    inputs = (replace(snapshot, records=()), request, budget, counter, window)
     key = ("contexts", snapshot.own_thread)
     found = cache.get(key)
     kept: tuple[_Kept, ...] = found if isinstance(found, tuple) else ()
     for k in kept:
         if k.inputs == inputs:
             return k.context
-    prepared = assemble_context(snapshot, request, budget, counter, window=window)
+    prepared = _assemble_extending(cache, snapshot, request, budget, counter, window)
     if isinstance(prepared, PreparedContext):
         # Only contexts of this head and view revision stay: the thread's older ones answer no prepare.
         at = snapshot.revision, snapshot.view_revision
@@ -159,6 +164,42 @@ def assemble_reusing(
         parts = sum(len(k.context.messages) + len(k.context.blocks) for k in kept)
         cache.put(key, kept, _CONTEXT_OVERHEAD * len(kept) + _CONTEXT_PART_OVERHEAD * parts)
     return prepared
+
+
+def last_blocks(cache: ViewCache, thread_id: str) -> BlockSet | None:
+    """The blocks the thread's last assembly built of its records as recorded (previews not
+    rewritten for context tools), if the cache still holds them: a build of the same view extends them."""
+    found = cache.get(_assembly_key(thread_id, context_tools=False))
+    return found.blocks if isinstance(found, Assembly) else None
+
+
+def _assembly_key(thread_id: str, *, context_tools: bool) -> tuple[str, str, bool]:
+    return ("assembly", thread_id, context_tools)
+
+
+def _assemble_extending(
+    cache: ViewCache,
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    window: WindowPolicy | None,
+) -> PreparedContext | OverBudgetView:
+    """``assemble_context``, given this thread's last assembly: after an append only the blocks the new
+    records change are built (``build_view_blocks``) and only the wire blocks that changed are made
+    (``_emit``), where making them all again grows the step after an append with the thread
+    (``--only append``). Kept per thread and whether previews name the read tool (which rewrites the
+    records the blocks are built from); assembly checks the rest by value: the same first records,
+    coverage and thread for the blocks, every field for a wire block."""
+    key = _assembly_key(snapshot.own_thread, context_tools=request.context_tools)
+    found = cache.get(key)
+    previous = found if isinstance(found, Assembly) else None
+    assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)
+    blocks, context = assembly.blocks, assembly.context
+    parts = len(context.messages) + len(context.blocks) if isinstance(context, PreparedContext) else 0
+    size = _BLOCK_BYTES * (len(blocks.ready) + len(blocks.covered)) + _CONTEXT_PART_OVERHEAD * parts
+    cache.put(key, assembly, _CONTEXT_OVERHEAD + size)
+    return context
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """Loading a thread's view: head, records (cached, read incrementally), summary, state and policy.
 
 The ledger is append-only, so a cached prefix of records never goes stale and each load reads only
-what is new. Records, the blocks the last prepare built of them and inherited snapshots live in one
-cache per process bounded by bytes (``services/app/view_cache.py``). Policies are immutable per
-revision and cached forever.
+what is new. Records and inherited snapshots live in one cache per process bounded by bytes
+(``services/app/view_cache.py``). Policies are immutable per revision and cached forever.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from contracts import ContextPolicy, ToolCatalog
 
@@ -36,7 +35,6 @@ from services.store.views import Candidate, ThreadScope, ViewState
 from services.store.windows import OpenWindow
 from services.core.windows.next_window import next_window_snapshot
 from services.core.tokens import EncodingName, counter_for
-from services.core.view_memo import ViewMemo
 
 __all__ = ["Skeleton", "ThreadView", "ViewLoader", "count_totals", "resolve_export", "skeleton_of"]
 
@@ -91,9 +89,6 @@ class ThreadView:
     facts: StateView | None = None
     catalog: ToolCatalog | None = None
     skeleton: Skeleton | None = None
-    # The blocks the thread's last prepare built (shared through the view cache); only a snapshot of
-    # the whole view uses it, so a partial one never displaces it.
-    memo: ViewMemo | None = field(default=None, compare=False, repr=False)
     # The thread's current window from 2 on (None: window 1): the view starts after it opened.
     window: OpenWindow | None = None
 
@@ -133,7 +128,6 @@ class ThreadView:
             own_thread=own_thread,
             facts=tuple(self.facts.facts.values()) if self.facts else (),
             reads=_declared_reads(self.catalog),
-            memo=self.memo if upto is None else None,
         )
         if self.window is None:
             return snapshot
@@ -311,7 +305,6 @@ class ViewLoader:
             facts,
             catalog,
             skeleton,
-            entry.memo,
             at_head.window,
         )
 
@@ -407,7 +400,7 @@ class ViewLoader:
         self, conn: ViewReads, records: list[LedgerRecord], entry: CachedRecords
     ) -> list[LedgerRecord]:
         """A child's exported background, resolved to the parent records it references (once per entry:
-        the parent records are immutable, and the same objects keep the thread's memo valid)."""
+        the parent records are immutable)."""
         if not entry.exports:
             return records
         out = list(records)
@@ -491,7 +484,7 @@ class ViewLoader:
         async with lock:
             key = ("records", thread_id)
             found = self.cache.get(key)
-            cached = found if isinstance(found, CachedRecords) else CachedRecords(0, [], ViewMemo(thread_id))
+            cached = found if isinstance(found, CachedRecords) else CachedRecords(0, [])
             if cached.last_seq < head.last_seq:
                 after, read = fetched
                 if read is not None and after == cached.last_seq:
@@ -502,14 +495,12 @@ class ViewLoader:
                 cached = CachedRecords(
                     head.last_seq,
                     cached.records + new,
-                    cached.memo,
                     cached.record_bytes + record_bytes(new),
                     cached.resolved,
                     cached.exports
                     + tuple(start + n for n, record in enumerate(new) if _unresolved_export(record)),
                 )
-            # Put again on every load: the memo grew with the last prepare, and the bound counts it.
-            self._evicted(self.cache.put(key, cached, cached.bytes))
+            self._evicted(self.cache.put(key, cached, cached.record_bytes))
             if cached.last_seq == head.last_seq:
                 return cached, cached.records
             # A later head may already be cached by a concurrent load: serve exactly this head.

@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
-from typing import Protocol, TypeVar, assert_never
+from typing import assert_never
 
 from pydantic import JsonValue
 
@@ -48,7 +47,6 @@ from contracts import (
     PreparedContext,
     PrepareRequest,
     Purpose,
-    RecordRef,
     Retention,
     SourceWatermark,
     SummaryHook,
@@ -70,7 +68,7 @@ from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.hooks import HOOK_BLOCK_PREFIX
-from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens, raw_calls
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
 from services.core.hooks import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
@@ -91,15 +89,16 @@ from services.core.render import (
 )
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 from services.core.windows.handoff import handoff_block
-from services.core.view_memo import ViewMemo
 
 __all__ = [
     "ASSEMBLY_REVISION",
+    "Assembly",
     "Evidence",
     "OverBudgetView",
     "SummaryView",
     "ThreadSnapshot",
     "assemble_context",
+    "assemble_view",
     "candidate_blocks",
 ]
 
@@ -190,9 +189,6 @@ class ThreadSnapshot:
     additions: tuple[GatewayAddition, ...] = ()
     # What the release's prepare.before hooks added and deselected (checked already).
     hooked: PrepareHookChange | None = None
-    # The thread's blocks as the last prepare built them (kept by the view cache): only what changed
-    # since is built again. Without one, everything is built from scratch — the same reply.
-    memo: ViewMemo | None = field(default=None, compare=False, repr=False)
     # The window the view belongs to, and the handoff that opened it (services/core/windows).
     window: int = 1
     handoff: WindowHandoff | None = None
@@ -287,7 +283,6 @@ class _Inputs:
     chunk: int
     # Previews name the tool that reads them back (``PrepareRequest.context_tools``).
     context_tools: bool = False
-    memo: ViewMemo | None = None
     # The view tokens that keep the context GREEN: optional material goes and older outputs are masked
     # to get under it (its water level), never the newest group, the summary or any history.
     green_room: int | None = None
@@ -314,7 +309,43 @@ def assemble_context(
     required block, never the newest complete tool group) until the context fits; each dropped
     block is listed in ``omitted``. For use once waiting for a compaction has run out.
     """
-    return _assemble(snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window)
+    return assemble_view(
+        snapshot,
+        request,
+        budget,
+        counter,
+        compaction_wait_ms=compaction_wait_ms,
+        allow_drop_history=allow_drop_history,
+        window=window,
+    ).context
+
+
+@dataclass(frozen=True)
+class Assembly:
+    """What assembly gave, and the view's blocks it was chosen from (the next assembly's ``previous``)."""
+
+    context: PreparedContext | OverBudgetView
+    blocks: BlockSet
+
+
+def assemble_view(
+    snapshot: ThreadSnapshot,
+    request: PrepareRequest,
+    budget: BudgetSpec,
+    counter: TokenCounter | None,
+    *,
+    compaction_wait_ms: int = 0,
+    allow_drop_history: bool = False,
+    window: WindowPolicy | None = None,
+    previous: Assembly | None = None,
+) -> Assembly:
+    """``assemble_context``, with the blocks it built; ``previous``: an earlier assembly of this
+    thread's view, whose blocks are extended rather than built again when the view only grew since
+    (``build_view_blocks``) and whose wire blocks are taken where they are equal to the new ones
+    (``_emit``). The context is the same with or without it."""
+    return _assemble(
+        snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window, previous
+    )
 
 
 def _assemble(
@@ -325,15 +356,16 @@ def _assemble(
     compaction_wait_ms: int,
     allow_drop_history: bool,
     window: WindowPolicy | None,
-) -> PreparedContext | OverBudgetView:
-    memo, blocks, ordered = _candidates(snapshot, request, counter)
+    previous: Assembly | None,
+) -> Assembly:
+    blocks, ordered = _candidates(snapshot, request, counter, previous.blocks if previous else None)
     if snapshot.hooked is not None:
         ordered = snapshot.hooked.apply(ordered)
     # Action tools only for an action; reading what the view left out helps a completion check too.
     tools: tuple[ToolSchema, ...] = request.tools if request.purpose is Purpose.ACTION else ()
     if request.context_tools and request.purpose is not Purpose.COMPACTION:
         tools = with_context_tools(tools)
-        ordered.insert(_after_instructions(ordered), memo.intern_fixed(_context_tools_note()))
+        ordered.insert(_after_instructions(ordered), _context_tools_note())
     schema_tokens = _tool_tokens(tools, counter)
     room = budget.input_budget - schema_tokens - REPLY_PRIMING
     inputs = _Inputs(
@@ -344,7 +376,6 @@ def _assemble(
         room,
         max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
         request.context_tools,
-        memo,
         _green_view_room(budget.input_budget, window, schema_tokens),
     )
 
@@ -369,29 +400,29 @@ def _assemble(
         fit = _fit(inputs, dropped | more)
     total = fit.total + schema_tokens + REPLY_PRIMING
     if total > budget.input_budget:
-        return OverBudgetView(
+        over = OverBudgetView(
             total, budget.input_budget, tuple(_items(fit.kept, schema_tokens)), tuple(fit.reductions)
         )
+        return Assembly(over, blocks)
 
-    out_blocks, messages = _emit(fit.kept, memo)
+    earlier = previous.context.blocks if previous and isinstance(previous.context, PreparedContext) else ()
+    out_blocks, messages = _emit(fit.kept, {b.block_id: b for b in earlier})
     used = _usage(fit.kept, schema_tokens)
     estimated, calibration = _calibrate(
         used.total, snapshot, request, fit.kept, counter.name if counter else "o200k_base", budget
     )
-    omitted = [_omitted(s, "optional material dropped: over the input budget", memo) for s in fit.dropped]
+    omitted = [_omitted(s, "optional material dropped: over the input budget") for s in fit.dropped]
     omitted += [
         _omitted(
             s,
             "history awaiting compaction: dropped to fit because no compaction landed in time "
             f"({s.block.reason})",
-            memo,
         )
         for s in fit.history_dropped
     ]
-    omitted += [_omitted(_size(b, counter), b.reason, memo) for b in blocks.held]
+    omitted += [_omitted(_size(b, counter), b.reason) for b in blocks.held]
     omitted.sort(key=lambda o: (_first_seq(o.block_id), o.block_id))
     summary = snapshot.summary
-    derived = [memo.derived(s.block) for s in fit.kept]
     bundle = ContextBundle(
         messages=tuple(messages),
         tools=tuple(tools),
@@ -399,7 +430,7 @@ def _assemble(
         error_call_ids=frozenset(c for s in fit.kept for c in s.block.error_calls),
     )
     body = provider_request(request.format, bundle)
-    return PreparedContext(
+    prepared = PreparedContext(
         prepared_id=_prepared_id(snapshot, request, budget, drop_history=bool(fit.history_dropped)),
         session_id=snapshot.session_id,
         run_id=snapshot.run_id,
@@ -463,7 +494,6 @@ def _assemble(
                     own_thread=snapshot.own_thread,
                     encoding=counter.name if counter else "o200k_base",
                     last=window.forecast.recent_steps,
-                    ascending=memo.ascending(snapshot.records),
                 ),
                 request.forecast,
                 trimmed=fit.level_trimmed,
@@ -471,14 +501,9 @@ def _assemble(
             if window is not None
             else None
         ),
-        protected_block_manifest=build_manifest(
-            request.format,
-            out_blocks,
-            messages,
-            bundle.error_call_ids,
-            [d.hashes if d else None for d in derived],
-        ),
+        protected_block_manifest=build_manifest(request.format, out_blocks, messages, bundle.error_call_ids),
     )
+    return Assembly(prepared, blocks)
 
 
 def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
@@ -513,28 +538,21 @@ def candidate_blocks(
 ) -> list[DraftBlock]:
     """The blocks a context of ``request`` is chosen from, in order, before any fitting (what a
     prepare.before hook sees)."""
-    return _candidates(snapshot, request, counter)[2]
+    return _candidates(snapshot, request, counter, None)[1]
 
 
 def _candidates(
-    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None
-) -> tuple[ViewMemo, BlockSet, list[DraftBlock]]:
+    snapshot: ThreadSnapshot, request: PrepareRequest, counter: TokenCounter | None, previous: BlockSet | None
+) -> tuple[BlockSet, list[DraftBlock]]:
     records = snapshot.records
-    memo = snapshot.memo
-    if memo is None or memo.own_thread != snapshot.own_thread:
-        memo = ViewMemo(snapshot.own_thread)
     if request.context_tools:
-        records = memo.each(
-            records,
-            ("naming_read_tool", counter.name if counter else None),
-            lambda r: _naming_read_tool(r, counter),
-        )
+        records = [_naming_read_tool(r, counter) for r in records]
     blocks = build_view_blocks(
         records,
         snapshot.covered_to,
         covered_from=snapshot.summary.covered_from if snapshot.summary else 0,
         own_thread=snapshot.own_thread,
-        memo=memo,
+        previous=previous,
     )
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     if snapshot.handoff is not None:
@@ -544,8 +562,7 @@ def _candidates(
     state_block = _state_block(snapshot, request)
     if state_block is not None:
         ordered.append(state_block)
-    ordered = [b if b.records else memo.intern_fixed(b) for b in ordered]
-    return memo, blocks, _for_purpose(ordered, request.purpose)
+    return blocks, _for_purpose(ordered, request.purpose)
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
@@ -568,7 +585,9 @@ def _context_tools_note() -> DraftBlock:
     )
 
 
-def _ordered(ready: list[DraftBlock], summary: SummaryView | None, run_task: int | None) -> list[DraftBlock]:
+def _ordered(
+    ready: Sequence[DraftBlock], summary: SummaryView | None, run_task: int | None
+) -> list[DraftBlock]:
     """Instructions, the run's task, the summary, then everything else in ledger order."""
     pinned: list[DraftBlock] = []
     task: list[DraftBlock] = []
@@ -611,7 +630,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     fit = _Fit(kept=[])
     gap_at: int | None = None
     for b in inputs.ordered:
-        sized = _size(b, inputs.counter, inputs.summary, inputs.memo)
+        sized = _size(b, inputs.counter, inputs.summary)
         if b.block_id in drop_history:
             gap_at = len(fit.kept) if gap_at is None else gap_at
             fit.history_dropped.append(sized)
@@ -623,7 +642,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     gap = _gap_note(fit.history_dropped, fit.kept) if gap_at is not None and note else None
     if gap is not None and gap_at is not None:
         fit.kept.insert(gap_at, _size(gap, inputs.counter))
-    sources = _dedup(fit, inputs.counter, inputs.memo)
+    sources = _dedup(fit, inputs.counter)
     newest = _newest_group(fit.kept)
     required = [s for s in fit.kept if not s.block.droppable]
     pinned = sum(s.total for s in required) + (newest.total if newest else 0)
@@ -653,25 +672,7 @@ def _fit(inputs: _Inputs, drop_history: frozenset[str], *, note: bool = True) ->
     return fit
 
 
-def _size(
-    block: DraftBlock,
-    counter: TokenCounter | None,
-    summary: SummaryView | None = None,
-    memo: ViewMemo | None = None,
-) -> _Sized:
-    derived = memo.derived(block) if memo is not None else None
-    if derived is None:
-        return _measure(block, counter, summary)
-    encoding = counter.name if counter else None
-    known = derived.sizes.get(encoding)
-    if known is None:
-        sized = _measure(block, counter, summary)
-        derived.sizes[encoding] = (sized.content, sized.envelope)
-        return sized
-    return _Sized(block, known[0], known[1])
-
-
-def _measure(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
+def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView | None = None) -> _Sized:
     envelope = MESSAGE_OVERHEAD * len(block.messages) + id_tokens(block, counter)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
@@ -680,6 +681,8 @@ def _measure(block: DraftBlock, counter: TokenCounter | None, summary: SummaryVi
     if block.kind is BlockKind.SUMMARY and summary is not None:
         # Counted once when the summary was committed, like every record.
         content = summary.tokens(counter.name) if counter else estimate_tokens(summary.text)
+    elif counter is not None:
+        content = block.record_tokens.get(counter.name)
     else:
         content = _content_tokens(block, block.records, counter)
     return _Sized(block, content, envelope)
@@ -711,7 +714,7 @@ def _with_records(s: _Sized, records: list[LedgerRecord], counter: TokenCounter 
     return before - s.content
 
 
-def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None) -> frozenset[int]:
+def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
     """Later byte-identical tool outputs (same tool, status and text) as references;
     returns the sources' seqs.
 
@@ -720,27 +723,17 @@ def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None
     """
     first: dict[tuple[str, str, str], int] = {}
     sources: set[int] = set()
-    encoding = counter.name if counter else None
     for s in fit.kept:
         if not s.block.block_id.startswith("group:"):
             continue
-        derived = memo.derived(s.block) if memo is not None else None
-        keys = derived.outcome_keys if derived is not None else None
-        if keys is None:
-            keys = _outcome_keys(s.block)
-            if derived is not None:
-                derived.outcome_keys = keys
-        repeats: list[tuple[int, int]] = []
-        for key, seq in keys:
+        repeats: dict[int, int] = {}
+        for key, seq in s.block.outcomes:
             source = first.setdefault(key, seq)
             if source != seq:
-                repeats.append((seq, source))
+                repeats[seq] = source
         if not repeats:
             continue
-        # Which outputs repeat which decides the whole result: the same block repeating the same
-        # sources is deduplicated the same way as last time.
-        decided = (encoding, tuple(repeats))
-        done = _variant(memo, s.block, decided, partial(_deduped, s, dict(repeats), counter))
+        done = _deduped(s, repeats, counter)
         if not done.seqs:
             continue
         before = s.content
@@ -750,39 +743,6 @@ def _dedup(fit: _Fit, counter: TokenCounter | None, memo: ViewMemo | None = None
         fit.counts.deduplicated += len(done.seqs)
         fit.counts.tokens_saved += before - s.content
     return frozenset(sources)
-
-
-class _Variant(Protocol):
-    @property
-    def block(self) -> DraftBlock: ...
-
-
-_V = TypeVar("_V", bound=_Variant)
-
-
-def _variant(memo: ViewMemo | None, block: DraftBlock, decided: object, make: Callable[[], _V]) -> _V:
-    """What ``make()`` gives for ``block``, kept with the block's variants under ``decided`` when the
-    block is memoized: a reduction decided the same way of the same block is that variant again, and
-    the block it made is measured and emitted once too (``ViewMemo.adopt``)."""
-    derived = memo.derived(block) if memo is not None else None
-    done: _V | None = derived.variants.get(decided) if derived is not None else None
-    if done is None:
-        done = make()
-        if derived is not None and memo is not None:
-            derived.variants[decided] = done
-            if done.block is not block:
-                memo.adopt(done.block)
-    return done
-
-
-def _outcome_keys(block: DraftBlock) -> tuple[tuple[tuple[str, str, str], int], ...]:
-    """What makes each output of a group identical to another (tool, status, text), with its seq."""
-    names = dict(raw_calls(block))
-    return tuple(
-        ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
-        for r in block.records
-        if isinstance(r.body, ToolOutcomeBody)
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -847,7 +807,7 @@ def _to_skeleton(s: _Sized, inputs: _Inputs) -> bool:
 def _smallest(inputs: _Inputs) -> list[_Sized]:
     """What must be sent, at its smallest: required blocks, the summary skeleton,
     the newest group cut to the minimum."""
-    sized = [_size(b, inputs.counter, inputs.summary, inputs.memo) for b in inputs.ordered]
+    sized = [_size(b, inputs.counter, inputs.summary) for b in inputs.ordered]
     out: list[_Sized] = []
     for s in sized:
         if s.block.droppable:
@@ -1110,13 +1070,13 @@ def _reduce_to(
         fit.counts.dropped_material += 1
         fit.counts.tokens_saved += s.total
     groups = [s for s in fit.kept if s.block.block_id.startswith("group:")]
-    for boundary in _mask_boundaries(groups, inputs.chunk, inputs.counter, inputs.memo):
+    for boundary in _mask_boundaries(groups, inputs.chunk, inputs.counter):
         if total <= target:
             return
         for s in groups[:boundary]:
             if s.masked or s is newest:
                 continue
-            saved = _mask(s, inputs.counter, sources, inputs.memo)
+            saved = _mask(s, inputs.counter, sources)
             if saved > 0:
                 total -= saved
                 fit.reductions.append(f"masked:{s.block.block_id}")
@@ -1124,63 +1084,35 @@ def _reduce_to(
                 fit.counts.tokens_saved += saved
 
 
-def _mask_boundaries(
-    groups: Sequence[_Sized], chunk: int, counter: TokenCounter | None, memo: ViewMemo | None = None
-) -> list[int]:
+def _mask_boundaries(groups: Sequence[_Sized], chunk: int, counter: TokenCounter | None) -> list[int]:
     """How many of the oldest groups to mask, least first: chunk edges, then all but the newest two."""
     last = len(groups) - _KEEP_UNMASKED_GROUPS
     edges: list[int] = []
     saved = 0
     for k, s in enumerate(groups[: max(0, last)], start=1):
-        saved += _mask_saving(s.block, counter, memo)
+        saved += _mask_saving(s.block, counter)
         if saved >= chunk * (len(edges) + 1):
             edges.append(k)
     return [*edges, last] if last > 0 else []
 
 
-def _mask_saving(block: DraftBlock, counter: TokenCounter | None, memo: ViewMemo | None) -> int:
-    """What showing ``block``'s long outputs as previews would save, measured once per block (memo)."""
-
-    def measured() -> _Saving:
-        return _Saving(
-            sum(
-                _record_tokens(r, counter)
-                - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
-                for r in block.records
-                if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
-            ),
-            block,
-        )
-
-    return _variant(memo, block, ("mask_saving", counter.name if counter else None), measured).tokens
+def _mask_saving(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """What showing ``block``'s long outputs as previews would save."""
+    return sum(
+        _record_tokens(r, counter)
+        - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
+        for r in block.records
+        if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class _Saving:
-    """A measure kept with a block's variants (``block``: the block itself, as every variant names one)."""
-
-    tokens: int
-    block: DraftBlock
-
-
-def _mask(
-    s: _Sized, counter: TokenCounter | None, sources: frozenset[int], memo: ViewMemo | None = None
-) -> int:
+def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> int:
     """Show a group's long tool outputs as their previews; returns the tokens saved.
 
     An output another one refers to as identical is kept whole. A failed output keeps its telling
     line (error class and message, failing test, exit status): the last error stays visible.
-
-    With ``memo``, a block masked the same way before (the same outputs kept whole, the same encoding)
-    is that masked block again: masking, re-rendering and recounting every group of a view over its
-    budget on every prepare is 25 % of a prepare of a compacted 5,000-record thread.
     """
-    decided = (
-        "mask",
-        counter.name if counter else None,
-        tuple(r.seq for r in s.block.records if r.seq in sources),
-    )
-    done = _variant(memo, s.block, decided, lambda: _masked(s, counter, sources))
+    done = _masked(s, counter, sources)
     if done.block is s.block:
         return 0
     before = s.content
@@ -1445,8 +1377,10 @@ def _first_seq(block_id: str) -> int:
 
 
 def _emit(
-    kept: Sequence[_Sized], memo: ViewMemo | None = None
+    kept: Sequence[_Sized], earlier: Mapping[str, ContextBlock]
 ) -> tuple[list[ContextBlock], list[ChatMessage]]:
+    """The wire blocks and messages of ``kept``; a wire block equal to one of ``earlier`` (the previous
+    context's, by block id) is that one: most of a view is the same blocks at the same places."""
     blocks: list[ContextBlock] = []
     messages: list[ChatMessage] = []
     for s in kept:
@@ -1458,20 +1392,15 @@ def _emit(
             reason += "; newest tool group: outputs cut to head + tail to fit, with where to read them back"
         if s.masked:
             reason += "; long tool outputs masked to previews (over budget)"
-        derived = memo.derived(b) if memo is not None else None
-        if derived is not None:
-            # Unchanged since the last prepare, at the same place: the same wire block.
-            key = (len(messages), s.total, reason)
-            if derived.wire is None or derived.wire_key != key:
-                derived.wire_key, derived.wire = key, _wire(s, reason, len(messages), memo)
-            blocks.append(derived.wire)
-        else:
-            blocks.append(_wire(s, reason, len(messages), None))
+        known = earlier.get(b.block_id)
+        if known is None or not _same_wire(known, s, reason, len(messages)):
+            known = _wire(s, reason, len(messages))
+        blocks.append(known)
         messages.extend(b.messages)
     return blocks, messages
 
 
-def _wire(s: _Sized, reason: str, first_message: int, memo: ViewMemo | None) -> ContextBlock:
+def _wire(s: _Sized, reason: str, first_message: int) -> ContextBlock:
     b = s.block
     return ContextBlock(
         block_id=b.block_id,
@@ -1480,21 +1409,27 @@ def _wire(s: _Sized, reason: str, first_message: int, memo: ViewMemo | None) -> 
         priority=b.priority,
         droppable=b.droppable,
         reason=reason,
-        sources=_sources(b, memo),
+        sources=b.sources,
         first_message=first_message,
         message_count=len(b.messages),
         tokens=s.total,
     )
 
 
-def _sources(block: DraftBlock, memo: ViewMemo | None) -> tuple[RecordRef, ...]:
-    """A block's source references; built once per memoized block."""
-    derived = memo.derived(block) if memo is not None else None
-    if derived is None:
-        return block.sources
-    if derived.refs is None:
-        derived.refs = block.sources
-    return derived.refs
+def _same_wire(known: ContextBlock, s: _Sized, reason: str, first_message: int) -> bool:
+    """Whether ``_wire(s, reason, first_message)`` would give ``known``: every field compared
+    (``droppable`` follows ``retention``; the block id was the lookup's key)."""
+    b = s.block
+    return (
+        known.first_message == first_message
+        and known.tokens == s.total
+        and known.message_count == len(b.messages)
+        and known.kind is b.kind
+        and known.retention is b.retention
+        and known.priority == b.priority
+        and known.reason == reason
+        and known.sources == b.sources
+    )
 
 
 def _usage(kept: Sequence[_Sized], schema_tokens: int) -> BudgetCategory:
@@ -1540,12 +1475,12 @@ def _calibrate(
     return usage.input_tokens + usage.output_tokens + scaled(after, factor), "provider_usage+local"
 
 
-def _omitted(s: _Sized, reason: str, memo: ViewMemo | None = None) -> OmittedBlock:
+def _omitted(s: _Sized, reason: str) -> OmittedBlock:
     return OmittedBlock(
         block_id=s.block.block_id,
         kind=s.block.kind,
         reason=reason,
-        sources=_sources(s.block, memo),
+        sources=s.block.sources,
         tokens=s.total,
     )
 

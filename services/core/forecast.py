@@ -38,7 +38,6 @@ def step_growths(
     own_thread: str = "",
     encoding: EncodingName = "o200k_base",
     last: int | None = None,
-    ascending: bool | None = None,
 ) -> tuple[int, ...]:
     """Tokens each closed step of ``own_thread`` added, oldest first (all records when it is ``""``);
     with ``last``, only the newest ``last`` of them.
@@ -46,12 +45,8 @@ def step_growths(
     Records another thread wrote (inherited history, a parent's export) are no step of this one. Read
     from the newest record back, so a forecast of the last few steps costs what those steps hold, not
     the thread: walking every record of a 5,000-record thread takes 7 ms of each prepare.
-    ``ascending``: whether the records are known to ascend by seq (a view memo remembers it); checked
-    here when not given.
     """
-    if ascending is None:
-        ascending = ascending_by_seq(records)
-    ordered = records if ascending else sorted(records, key=lambda r: r.seq)
+    ordered = records if ascending_by_seq(records) else sorted(records, key=lambda r: r.seq)
     newest_first: list[int] = []
     after = 0  # tokens recorded after the position reached, up to the next step
     closed = False  # a newer step was seen: the step reached now is closed

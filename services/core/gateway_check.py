@@ -30,7 +30,6 @@ from contracts import GatewayAddition, PreparedContext, ProtectedBlock, RequestF
 from contracts.hooks import AdditionCategory
 from services.core.hashing import canonical_json, sha256_hex
 from services.core.protected import (
-    ChatUnitDigests,
     RequestUnit,
     block_hash,
     instruction_lengths,
@@ -121,19 +120,14 @@ class Verdict:
     additions: tuple[GatewayAddition, ...]
 
 
-def gateway_record(
-    prepared: PreparedContext, tenant: str, encoding: str | None, digests: ChatUnitDigests | None = None
-) -> GatewayRecord:
-    """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized).
-
-    ``digests``: the process's memo of chat messages hashed already; the record is the same without it.
-    """
+def gateway_record(prepared: PreparedContext, tenant: str, encoding: str | None) -> GatewayRecord:
+    """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized)."""
     protected = {m.block_id for m in prepared.protected_block_manifest}
     units: tuple[StoredUnit, ...]
-    if digests is not None and prepared.format == "openai.chat":
+    if prepared.format == "openai.chat":
         units = tuple(
             StoredUnit(block_id=block, digest=digest, text_digest=text if block in protected else None)
-            for block, digest, text in prepared_chat_digests(prepared, digests)
+            for block, digest, text in prepared_chat_digests(prepared)
         )
     else:
         units = tuple(

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, assert_never
+from dataclasses import dataclass, field, replace
+from typing import assert_never
 
 from contracts import (
     BlockKind,
@@ -46,70 +46,151 @@ from services.core.records import (
     RunStatusBody,
     StatePatchBody,
     SystemBody,
+    TokenCounts,
     ToolOutcomeBody,
     UserInputBody,
+    ascending_by_seq,
 )
 from services.core.render import arguments_json, record_content
-from services.core.view_memo import ViewMemo, message_of
+from services.core.tokens import TokenCounter, counter_for
 
-if TYPE_CHECKING:
-    from services.core.tokens import TokenCounter
-
-__all__ = [
-    "BlockSet",
-    "DraftBlock",
-    "build_blocks",
-    "build_view_blocks",
-    "id_tokens",
-    "raw_calls",
-    "run_task_seq",
-]
+__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "id_tokens", "run_task_seq"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class DraftBlock:
-    """A block being assembled: its messages and the records they came from."""
+    """A block of the view: its messages and the records they came from.
+
+    What assembly measures of a block on every prepare is derived here, once, at construction
+    (``replace`` derives it again): a block kept from an earlier build brings it along.
+    """
 
     block_id: str
     kind: BlockKind
     retention: Retention
     priority: int
     reason: str
-    records: list[LedgerRecord]
-    messages: list[ChatMessage]
-    waiting: dict[str, int] = field(default_factory=dict)
+    records: Sequence[LedgerRecord]
+    messages: Sequence[ChatMessage]
     # Tool call ids (as the view names them) whose outcome was not a success: a provider that marks
     # failed results (Anthropic's ``is_error``) learns it here, not from the message text.
-    error_calls: set[str] = field(default_factory=set)
+    error_calls: frozenset[str] = frozenset()
+    # The records this block was built from, in seq order.
+    sources: tuple[RecordRef, ...] = field(init=False, repr=False, compare=False)
+    # What a record's count (fixed at recording) misses of the ids sent with the block's messages.
+    id_counts: TokenCounts = field(init=False, repr=False, compare=False)
+    # The tokens its records were counted at when recorded, summed.
+    record_tokens: TokenCounts = field(init=False, repr=False, compare=False)
+    # What makes each tool output of the block identical to another (tool, status, text), with its seq.
+    outcomes: tuple[tuple[tuple[str, str, str], int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass sets what it derives through object.__setattr__ (the dataclasses docs' way).
+        records, messages = tuple(self.records), tuple(self.messages)
+        object.__setattr__(self, "records", records)
+        object.__setattr__(self, "messages", messages)
+        object.__setattr__(
+            self,
+            "sources",
+            tuple(
+                RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(records, key=_seq)
+            ),
+        )
+        object.__setattr__(
+            self,
+            "id_counts",
+            TokenCounts(
+                _count_ids(records, messages, counter_for("o200k_base")),
+                lambda: _count_ids(records, messages, counter_for("cl100k_base")),
+            ),
+        )
+        object.__setattr__(
+            self,
+            "record_tokens",
+            TokenCounts(
+                sum(r.tokens.o200k_base for r in records), lambda: sum(r.tokens.cl100k_base for r in records)
+            ),
+        )
+        object.__setattr__(self, "outcomes", _outcome_keys(records))
 
     @property
     def droppable(self) -> bool:
         """Whether the assembler may leave this block out to fit the budget."""
         return self.retention is not Retention.REQUIRED
 
-    @property
-    def sources(self) -> tuple[RecordRef, ...]:
-        """The records this block was built from, in seq order."""
-        return tuple(
-            RecordRef(seq=r.seq, event_key=r.event_key, kind=r.kind) for r in sorted(self.records, key=_seq)
-        )
+
+def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
+    """``(call id as recorded, tool name)`` of a group's calls (its first record's), in call order."""
+    body = records[0].body if records else None
+    if not isinstance(body, AssistantMessageBody):
+        return []
+    return [(c.call_id, c.name) for c in body.tool_calls]
+
+
+def _count_ids(
+    records: Sequence[LedgerRecord], messages: Sequence[ChatMessage], counter: TokenCounter
+) -> int:
+    """Tokens of the ids sent with ``messages`` that their records' counts miss.
+
+    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
+    sent tagged with its thread (``c1@tag``) but was counted untagged.
+    """
+    extra = 0
+    for m in messages:
+        if m.tool_call_id is not None:
+            extra += counter.count(m.tool_call_id)
+        raw = [cid for cid, _ in _raw_calls(records)] if m.tool_calls else []
+        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
+            if raw_id != call.id:
+                extra += counter.count(call.id) - counter.count(raw_id)
+    return extra
+
+
+def _outcome_keys(records: tuple[LedgerRecord, ...]) -> tuple[tuple[tuple[str, str, str], int], ...]:
+    names = dict(_raw_calls(records))
+    return tuple(
+        ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
+        for r in records
+        if isinstance(r.body, ToolOutcomeBody)
+    )
+
+
+@dataclass
+class _Group:
+    """A tool group while a build attaches its outcomes: the build's own scratch, never kept."""
+
+    head: DraftBlock
+    # Per call id as the view names it: its place in the call order, or, once answered, -1 - arrival.
+    waiting: dict[str, int]
+    records: list[LedgerRecord]
+    messages: list[ChatMessage]
+    error_calls: set[str] = field(default_factory=set)
 
 
 def _seq(record: LedgerRecord) -> int:
     return record.seq
 
 
+def _by_seq(records: tuple[LedgerRecord, ...]) -> list[LedgerRecord]:
+    return sorted(records, key=_seq)
+
+
 @dataclass(frozen=True)
 class BlockSet:
-    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary."""
+    """A thread's records as blocks: what the view shows, holds back, and has covered by a summary;
+    and what they were built from, so a later build can extend them (``build_view_blocks``)."""
 
-    ready: list[DraftBlock]
-    held: list[DraftBlock]
-    pending: list[PendingCall]
-    covered: list[DraftBlock]
+    ready: tuple[DraftBlock, ...]
+    held: tuple[DraftBlock, ...]
+    pending: tuple[PendingCall, ...]
+    covered: tuple[DraftBlock, ...]
     # The run's task (``run_task_seq``) of the records the blocks were built from.
     run_task: int | None = None
-    # The latest user input among them (the current request), and whether their seqs ascend: what
+    # What decides every block: the records, the seqs a summary covers and whose view it is.
+    records: tuple[LedgerRecord, ...] = ()
+    coverage: range = range(0, 1)
+    own_thread: str = ""
+    # The latest user input shown (the current request), and whether the records' seqs ascend: what
     # extending these blocks by records appended after them needs (``_extend``).
     last_user: int | None = None
     ascending: bool = False
@@ -121,7 +202,7 @@ def build_view_blocks(
     *,
     covered_from: int = 0,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
+    previous: BlockSet | None = None,
 ) -> BlockSet:
     """Blocks of a thread whose interactions ``covered_from..covered_to`` are replaced by a summary.
 
@@ -131,40 +212,36 @@ def build_view_blocks(
     a request that was current when the summary was made stays out of it, and must be shown once a
     newer request takes its place.
 
-    With ``memo`` (the thread's, kept across prepares), the same records give the same blocks without
-    building them again, and a block built from the same records in the same place as last time is
-    that block, so what was measured and emitted of it is reused (``services/core/view_memo.py``).
+    ``previous``: an earlier build of this thread's view. When it was built from the first records of
+    ``records`` under the same coverage, its blocks are kept and only what the appended records
+    change is built (``_extend``); otherwise everything is built. Either way the blocks are the same.
     """
     covered = range(covered_from, covered_to + 1)
-    key = (covered, own_thread)
-    if memo is not None:
-        found: BlockSet | None = memo.last_build(records, key)
-        if found is not None:
-            return found
-        grown = memo.grown_from(records, key)
-        if grown is not None:
-            extended = _extend(records, grown, covered, own_thread, memo)
+    shown = tuple(records)
+    if previous is not None and previous.coverage == covered and previous.own_thread == own_thread:
+        n = len(previous.records)
+        # Compared as tuples: the same record objects pass on identity, equal reloaded ones on value.
+        if n <= len(shown) and previous.records == shown[:n]:
+            if n == len(shown):
+                return previous
+            extended = _extend(shown, previous, covered, own_thread)
             if extended is not None:
-                memo.settle(extended.ready)
-                memo.keep_extension(records, key, extended, built=len(records) - grown[0])
                 return extended
-        memo.begin()
-    run_task = run_task_seq(records, own_thread)
-    shown_records = _uncovered(records, covered, own_thread) if covered_to else records
-    ready, held, pending = build_blocks(shown_records, own_thread=own_thread, memo=memo)
-    built = BlockSet(
-        ready=[b for b in ready if not _is_covered(b, covered)],
-        held=held,
-        pending=pending,
-        covered=[b for b in ready if _is_covered(b, covered)],
+    run_task = run_task_seq(shown, own_thread)
+    shown_records = _uncovered(shown, covered, own_thread) if covered_to else shown
+    ready, held, pending = build_blocks(shown_records, own_thread=own_thread)
+    return BlockSet(
+        ready=tuple(b for b in ready if not _is_covered(b, covered)),
+        held=tuple(held),
+        pending=tuple(pending),
+        covered=tuple(b for b in ready if _is_covered(b, covered)),
         run_task=run_task,
+        records=shown,
+        coverage=covered,
+        own_thread=own_thread,
         last_user=_last_user(shown_records),
-        ascending=all(a.seq < b.seq for a, b in zip(records, records[1:], strict=False)),
+        ascending=ascending_by_seq(shown),
     )
-    if memo is not None:
-        memo.settle(built.ready)
-        memo.keep_build(records, key, built)
-    return built
 
 
 def _last_user(records: Sequence[LedgerRecord]) -> int | None:
@@ -172,29 +249,23 @@ def _last_user(records: Sequence[LedgerRecord]) -> int | None:
 
 
 def _extend(
-    records: Sequence[LedgerRecord],
-    grown: tuple[int, BlockSet],
-    covered: range,
-    own_thread: str,
-    memo: ViewMemo,
+    records: tuple[LedgerRecord, ...], before: BlockSet, covered: range, own_thread: str
 ) -> BlockSet | None:
-    """The blocks of ``records`` from those of their first ``grown[0]`` (``grown[1]``), or ``None``
-    when the appended records change more than their own blocks and the full build must run.
+    """The blocks of ``records`` from ``before``, built from their first records, or ``None`` when the
+    appended records change more than their own blocks and the whole build must run.
 
     A block is what its records and its place make of them, and an appended record changes the place
     of only two kinds of earlier blocks: a new user input ends the current turn (the blocks from the
     previous request on are no longer the current turn), and an outcome completes an open group. So
     the blocks before the earlier of those two points are kept as they are, and the records from it
-    on are built again with the same code as a full build — which, for the same records, gives the
-    same blocks (the property test of ``tests/unit/test_view_memo.py`` prepares both ways and
-    compares the replies byte for byte). What else an appended record could move, it never does here:
-    an instruction, a thread's first question, an inherited record, or seqs out of order fall back.
+    on are built again with the same code as a whole build, which for the same records gives the
+    same blocks (``tests/unit/test_view_blocks.py`` holds both to one result record by record). What
+    else an appended record could move, it never does here: an instruction, a thread's first
+    question, an inherited record, or seqs out of order fall back to the whole build.
     """
-    n, before = grown
+    n = len(before.records)
     tail = records[n:]
-    if not before.ascending or (n and tail[0].seq <= records[n - 1].seq):
-        return None
-    if not all(a.seq < b.seq for a, b in zip(tail, tail[1:], strict=False)):
+    if not before.ascending or (n and tail[0].seq <= records[n - 1].seq) or not ascending_by_seq(tail):
         return None
     last_user = before.last_user
     start = tail[0].seq
@@ -212,28 +283,39 @@ def _extend(
         start = min(start, min(b.records[0].seq for b in before.held))
     run_task = before.run_task
     pinned = {last_user, run_task}
-    # The records from ``start`` on, as a full build would take them (_uncovered, _split_instructions).
+    # The records from ``start`` on, as a whole build would take them (_uncovered, _split_instructions).
     i = len(records)
     while i and records[i - 1].seq >= start:
         i -= 1
     again = [r for r in records[i:] if r.kind is not RecordKind.SYSTEM and _shown(r, covered, pinned)]
     if any(_foreign(r, own_thread) for r in again):
         return None
-    rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread, memo))
-    fresh = [memo.intern(b) for b in sorted(rebuilt, key=_order)]
+    rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread))
+    fresh = sorted(rebuilt, key=_order)
 
-    def kept(blocks: list[DraftBlock]) -> list[DraftBlock]:
+    def kept(blocks: tuple[DraftBlock, ...]) -> list[DraftBlock]:
         return [b for b in blocks if b.kind is BlockKind.INSTRUCTION or b.records[0].seq < start]
 
     return BlockSet(
-        ready=sorted([*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered))], key=_order),
-        held=held,
-        pending=pending,
-        covered=sorted([*kept(before.covered), *(b for b in fresh if _is_covered(b, covered))], key=_order),
+        ready=tuple(
+            sorted([*kept(before.ready), *(b for b in fresh if not _is_covered(b, covered))], key=_order)
+        ),
+        held=tuple(held),
+        pending=tuple(pending),
+        covered=tuple(
+            sorted([*kept(before.covered), *(b for b in fresh if _is_covered(b, covered))], key=_order)
+        ),
         run_task=run_task,
+        records=records,
+        coverage=covered,
+        own_thread=own_thread,
         last_user=last_user,
         ascending=True,
     )
+
+
+def _sorted(blocks: list[DraftBlock]) -> tuple[DraftBlock, ...]:
+    return tuple(sorted(blocks, key=_order))
 
 
 def _never_covered(kind: RecordKind) -> bool:
@@ -299,7 +381,7 @@ def _is_covered(block: DraftBlock, covered: range) -> bool:
 
 
 def build_blocks(
-    records: Sequence[LedgerRecord], *, own_thread: str = "", memo: ViewMemo | None = None
+    records: Sequence[LedgerRecord], *, own_thread: str = ""
 ) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
     """``(blocks in model order, open groups held back, pending calls)`` of a view's records.
 
@@ -310,15 +392,13 @@ def build_blocks(
     last_user = _last_user(records)
     run_task = run_task_seq(records, own_thread)
     instructions, history = _split_instructions(records)
-    blocks: list[DraftBlock] = [_instruction_block(r, memo) for r in instructions]
-    blocks += _history_blocks(history, last_user, run_task, own_thread, memo)
+    blocks: list[DraftBlock | _Group] = [_instruction_block(r) for r in instructions]
+    blocks += _history_blocks(history, last_user, run_task, own_thread)
     ready, held, pending = _close_groups(blocks)
     inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
     held = [b for b in held if not _foreign(b.records[0], own_thread)]
     pending = [p for p in pending if not any(p.seq == b.records[0].seq for b in inherited_open)]
     ready = sorted([*ready, *(_unknown_result_block(b) for b in inherited_open)], key=_order)
-    if memo is not None:
-        ready = [memo.intern(b) for b in ready]
     return ready, held, pending
 
 
@@ -327,18 +407,17 @@ def _history_blocks(
     last_user: int | None,
     run_task: int | None,
     own_thread: str,
-    memo: ViewMemo | None,
-) -> list[DraftBlock]:
+) -> list[DraftBlock | _Group]:
     """The blocks of history records (no instructions), outcomes attached to their groups."""
-    blocks: list[DraftBlock] = []
-    groups: dict[tuple[str, str], DraftBlock] = {}
+    blocks: list[DraftBlock | _Group] = []
+    groups: dict[tuple[str, str], _Group] = {}
     for record in history:
         body = record.body
         match body:
             case ContextResetBody() | StatePatchBody() | OperationReconcileBody() | PhaseChangeBody():
                 continue  # the origin boundary and state changes are not messages; state is projected apart
             case ToolOutcomeBody():
-                _attach_outcome(record, body, groups, own_thread, memo)
+                _attach_outcome(record, body, groups, own_thread)
                 continue
             case SystemBody():
                 continue  # pinned apart, before all history (_split_instructions)
@@ -355,11 +434,11 @@ def _history_blocks(
                 assert_never(body)
         current_turn = last_user is not None and record.seq > last_user
         if record.seq == run_task and record.seq != last_user:
-            blocks.append(_run_task_block(record, memo))
+            blocks.append(_run_task_block(record))
             continue
-        block = _history_block(record, last_user, current_turn, own_thread, memo)
-        if block.waiting:
-            for call_id in _recorded_ids(block).values():
+        block = _history_block(record, last_user, current_turn, own_thread)
+        if isinstance(block, _Group):
+            for call_id in _recorded_ids(block.head).values():
                 groups[(record.thread_id, call_id)] = block
         blocks.append(block)
     return blocks
@@ -423,7 +502,7 @@ def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRec
     return pinned, rest
 
 
-def _instruction_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
+def _instruction_block(record: LedgerRecord) -> DraftBlock:
     return DraftBlock(
         block_id=f"instruction:{record.seq}",
         kind=BlockKind.INSTRUCTION,
@@ -431,17 +510,15 @@ def _instruction_block(record: LedgerRecord, memo: ViewMemo | None = None) -> Dr
         priority=0,
         reason="agent instructions: pinned first, required",
         records=[record],
-        messages=[
-            message_of(memo, record, "system", lambda: ChatMessage(role="system", content=record.text))
-        ],
+        messages=[ChatMessage(role="system", content=record.text)],
     )
 
 
-def _user_message(record: LedgerRecord, memo: ViewMemo | None) -> ChatMessage:
-    return message_of(memo, record, "user", lambda: ChatMessage(role="user", content=record.text))
+def _user_message(record: LedgerRecord) -> ChatMessage:
+    return ChatMessage(role="user", content=record.text)
 
 
-def _run_task_block(record: LedgerRecord, memo: ViewMemo | None = None) -> DraftBlock:
+def _run_task_block(record: LedgerRecord) -> DraftBlock:
     # A task block, not an interaction: the compactor never covers it, so it stays verbatim.
     return DraftBlock(
         f"task:{record.seq}",
@@ -450,7 +527,7 @@ def _run_task_block(record: LedgerRecord, memo: ViewMemo | None = None) -> Draft
         0,
         "the run's task: the question that started the run, pinned verbatim, required",
         [record],
-        [_user_message(record, memo)],
+        [_user_message(record)],
     )
 
 
@@ -459,8 +536,7 @@ def _history_block(
     last_user: int | None,
     current_turn: bool,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
-) -> DraftBlock:
+) -> DraftBlock | _Group:
     retention, priority = (Retention.ACTIVE, 1) if current_turn else (Retention.COMPRESSIBLE, 2)
     turn = "in the current turn" if current_turn else "from an earlier turn"
     body = record.body
@@ -474,7 +550,7 @@ def _history_block(
                     0,
                     "the current request: the latest user input, required",
                     [record],
-                    [_user_message(record, memo)],
+                    [_user_message(record)],
                 )
             return DraftBlock(
                 f"turn:{record.seq}",
@@ -483,10 +559,10 @@ def _history_block(
                 priority,
                 f"user input {turn}",
                 [record],
-                [_user_message(record, memo)],
+                [_user_message(record)],
             )
         case AssistantMessageBody():
-            return _assistant_block(record, body, retention, priority, turn, own_thread, memo)
+            return _assistant_block(record, body, retention, priority, turn, own_thread)
         case RunStatusBody():
             text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (
                 f": {record.text}]" if record.text else "]"
@@ -498,7 +574,7 @@ def _history_block(
                 priority,
                 "how an earlier run ended (execution state)",
                 [record],
-                [message_of(memo, record, "state", lambda: ChatMessage(role="user", content=text))],
+                [ChatMessage(role="user", content=text)],
             )
         case ContextExportBody():
             return DraftBlock(
@@ -509,14 +585,8 @@ def _history_block(
                 "background the parent exported to this child, quoted as material (never instruction)",
                 [record],
                 [
-                    message_of(
-                        memo,
-                        record,
-                        "material",
-                        lambda: ChatMessage(
-                            role="user",
-                            content="[material: background from the parent agent]\n" + record.text,
-                        ),
+                    ChatMessage(
+                        role="user", content="[material: background from the parent agent]\n" + record.text
                     )
                 ],
             )
@@ -529,14 +599,7 @@ def _history_block(
                 1,
                 f"{what}, quoted as material (never instruction)",
                 [record],
-                [
-                    message_of(
-                        memo,
-                        record,
-                        "material",
-                        lambda: ChatMessage(role="user", content=record_content(body, record.text)),
-                    )
-                ],
+                [ChatMessage(role="user", content=record_content(body, record.text))],
             )
         case (
             SystemBody()
@@ -559,8 +622,7 @@ def _assistant_block(
     priority: int,
     turn: str,
     own_thread: str = "",
-    memo: ViewMemo | None = None,
-) -> DraftBlock:
+) -> DraftBlock | _Group:
     if not body.tool_calls:
         return DraftBlock(
             f"turn:{record.seq}",
@@ -569,15 +631,11 @@ def _assistant_block(
             priority,
             f"model message {turn}",
             [record],
-            [
-                message_of(
-                    memo, record, "assistant", lambda: ChatMessage(role="assistant", content=record.text)
-                )
-            ],
+            [ChatMessage(role="assistant", content=record.text)],
         )
-    message = message_of(memo, record, "calls", lambda: _calls_message(record, body, own_thread))
+    message = _calls_message(record, body, own_thread)
     calls = message.tool_calls or ()
-    return DraftBlock(
+    head = DraftBlock(
         f"group:{record.seq}",
         BlockKind.INTERACTION,
         retention,
@@ -585,8 +643,8 @@ def _assistant_block(
         f"tool group {turn}: {len(calls)} call(s) with all their results, kept whole",
         [record],
         [message],
-        waiting={c.id: i for i, c in enumerate(calls)},
     )
+    return _Group(head, {c.id: i for i, c in enumerate(calls)}, [record], [message])
 
 
 def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread: str) -> ChatMessage:
@@ -603,9 +661,8 @@ def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread:
 def _attach_outcome(
     record: LedgerRecord,
     body: ToolOutcomeBody,
-    groups: dict[tuple[str, str], DraftBlock],
+    groups: dict[tuple[str, str], _Group],
     own_thread: str = "",
-    memo: ViewMemo | None = None,
 ) -> None:
     call_id = body.call_id
     group = groups.pop((record.thread_id, call_id), None)
@@ -615,73 +672,63 @@ def _attach_outcome(
     group.records.append(record)
     group.waiting[view_id] = -1 - len(group.records)  # mark as answered, remember arrival
     group.messages.append(
-        message_of(
-            memo,
-            record,
-            "tool",
-            lambda: ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text)),
-        )
+        ChatMessage(role="tool", tool_call_id=view_id, content=record_content(body, record.text))
     )
     if body.status is not ToolStatus.SUCCESS:
         group.error_calls.add(view_id)
 
 
-def _close_groups(blocks: list[DraftBlock]) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
+def _close_groups(
+    blocks: list[DraftBlock | _Group],
+) -> tuple[list[DraftBlock], list[DraftBlock], list[PendingCall]]:
     ready: list[DraftBlock] = []
     held: list[DraftBlock] = []
     pending: list[PendingCall] = []
     for block in blocks:
-        if not block.waiting:
+        if isinstance(block, DraftBlock):
             ready.append(block)
             continue
+        head = block.head
         open_calls = [cid for cid, slot in block.waiting.items() if slot >= 0]
         if open_calls:
-            call_names = {c.id: c.function.name for c in block.messages[0].tool_calls or ()}
-            recorded = _recorded_ids(block)
+            call_names = {c.id: c.function.name for c in head.messages[0].tool_calls or ()}
+            recorded = _recorded_ids(head)
             pending.extend(
-                PendingCall(call_id=recorded[c], name=call_names[c], seq=block.records[0].seq)
+                PendingCall(call_id=recorded[c], name=call_names[c], seq=head.records[0].seq)
                 for c in open_calls
             )
-            block.reason = f"open tool group: waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
-            held.append(block)
+            waiting = f"waiting for {len(open_calls)} of {len(block.waiting)} result(s)"
+            held.append(
+                replace(
+                    head,
+                    reason=f"open tool group: {waiting}",
+                    records=block.records,
+                    messages=block.messages,
+                    error_calls=frozenset(block.error_calls),
+                )
+            )
             continue
-        ready.append(_order_outcomes(block))
+        ready.append(_closed(block))
     return ready, held, pending
 
 
-def _order_outcomes(block: DraftBlock) -> DraftBlock:
-    """Tool messages in the order of the calls, whatever order the results arrived in."""
-    head, tools = block.messages[0], block.messages[1:]
+def _closed(group: _Group) -> DraftBlock:
+    """A group with all its outcomes: tool messages in the order of the calls, whatever order the
+    results arrived in."""
+    head, tools = group.messages[0], group.messages[1:]
     order = {c.id: i for i, c in enumerate(head.tool_calls or ())}
-    block.messages = [head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])]
-    block.waiting = {}
-    return block
+    return replace(
+        group.head,
+        records=group.records,
+        messages=[head, *sorted(tools, key=lambda m: order[m.tool_call_id or ""])],
+        error_calls=frozenset(group.error_calls),
+    )
 
 
 def id_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
-    """What a record's count (fixed at recording) misses of the ids sent with the block's messages.
-
-    A tool message's ``tool_call_id`` is not part of its record's count; an inherited call's id is
-    sent tagged with its thread (``c1@tag``) but was counted untagged. The estimate profile counts
-    whole dumped messages, ids included. The assembly and the compaction measure both count it, so
-    that a view measures what its context counts.
+    """What a record's count (fixed at recording) misses of the ids sent with the block's messages,
+    as the block counted it when built (``DraftBlock.id_counts``). The estimate profile counts whole
+    dumped messages, ids included. The assembly and the compaction measure both count it, so that a
+    view measures what its context counts.
     """
-    if counter is None:
-        return 0
-    extra = 0
-    for m in block.messages:
-        if m.tool_call_id is not None:
-            extra += counter.count(m.tool_call_id)
-        raw = [cid for cid, _ in raw_calls(block)] if m.tool_calls else []
-        for call, raw_id in zip(m.tool_calls or (), raw, strict=False):
-            if raw_id != call.id:
-                extra += counter.count(call.id) - counter.count(raw_id)
-    return extra
-
-
-def raw_calls(block: DraftBlock) -> list[tuple[str, str]]:
-    """``(call id as recorded, tool name)`` of a group's calls, in call order."""
-    body = block.records[0].body if block.records else None
-    if not isinstance(body, AssistantMessageBody):
-        return []
-    return [(c.call_id, c.name) for c in body.tool_calls]
+    return block.id_counts.get(counter.name) if counter is not None else 0

@@ -18,8 +18,6 @@ same way and compares.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import assert_never
@@ -42,7 +40,6 @@ from services.core.providers.openai_responses import input_items, input_sources
 
 __all__ = [
     "INSTRUCTIONS_JOIN",
-    "ChatUnitDigests",
     "PreparedUnit",
     "RequestUnit",
     "authority_of",
@@ -119,16 +116,12 @@ def build_manifest(
     blocks: Sequence[ContextBlock],
     messages: Sequence[ChatMessage],
     failed: frozenset[str] = frozenset(),
-    memo: Sequence[dict[tuple[str, bool], tuple[str, int]] | None] = (),
 ) -> tuple[ProtectedBlock, ...]:
     """The manifest of every required block, in order; ``failed``: the failed tool calls' ids.
 
     Each block's units are rendered from its own messages, as the adapters render them into the body
     (``prepared_units`` reads them back from the body: the unit tests hold both to one hash), so a
     prepare hashes its few required blocks and never walks the whole request.
-
-    ``memo``, aligned with ``blocks``: per block, hashes already computed for it (by format and
-    whether it opens the request), kept with the view memo — a block is hashed once, not per prepare.
     """
     required = [n for n, b in enumerate(blocks) if b.retention is Retention.REQUIRED]
     if not required:
@@ -137,25 +130,17 @@ def build_manifest(
     out: list[ProtectedBlock] = []
     for n in required:
         block = blocks[n]
-        hashes = memo[n] if n < len(memo) else None
         # A block's units depend on its own messages and on whether it opens the request (where a
         # system message is an instruction, elsewhere a developer or ``[system]`` note).
-        key = (format, block.first_message < leading)
-        known = hashes.get(key) if hashes is not None else None
-        if known is None:
-            own = _block_units(format, messages, block, leading, failed)
-            known = (block_hash(own), len(own))
-            if hashes is not None:
-                hashes[key] = known
-        digest, count = known
+        own = _block_units(format, messages, block, leading, failed)
         out.append(
             ProtectedBlock(
                 block_id=block.block_id,
                 kind=block.kind,
                 authority=authority_of(block),
                 sources=block.sources,
-                sha256=digest,
-                units=count,
+                sha256=block_hash(own),
+                units=len(own),
             )
         )
     return tuple(out)
@@ -173,49 +158,21 @@ def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
     )
 
 
-class ChatUnitDigests:
-    """The digests of chat messages already hashed, remembered by message object (bounded, LRU).
-
-    A thread's consecutive prepares hand out the same message objects for what did not change (the
-    view memo keeps them), so the gateway's record of the next prepare hashes only what is new: a
-    200-message record costs 2.4 ms to hash whole. An entry holds its message, so an id is
-    never mistaken for another object's while it is remembered. A lock, because a large context's
-    record is derived in a worker thread.
-    """
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._capacity = capacity
-        self._entries: OrderedDict[int, tuple[ChatMessage, str, str | None]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def of(self, message: ChatMessage) -> tuple[str, str | None]:
-        """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
-        with self._lock:
-            found = self._entries.get(id(message))
-            if found is not None and found[0] is message:
-                self._entries.move_to_end(id(message))
-                return found[1], found[2]
-        unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
-        digest = unit.digest
-        text = sha256_hex(unit.text.encode()) if unit.text is not None else None
-        with self._lock:
-            self._entries[id(message)] = (message, digest, text)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-        return digest, text
+def _chat_digests(message: ChatMessage) -> tuple[str, str | None]:
+    """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
+    unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
+    return unit.digest, sha256_hex(unit.text.encode()) if unit.text is not None else None
 
 
-def prepared_chat_digests(
-    prepared: PreparedContext, digests: ChatUnitDigests
-) -> tuple[tuple[str | None, str, str | None], ...]:
+def prepared_chat_digests(prepared: PreparedContext) -> tuple[tuple[str | None, str, str | None], ...]:
     """Per message of an ``openai.chat`` context: its block, its unit's digest and its text's digest.
 
     The same units as :func:`prepared_units` (a Chat request has one unit per message, whose value is
-    the message as sent), hashed through ``digests``.
+    the message as sent), hashed without rendering the request body.
     """
     assert prepared.format == "openai.chat"
     owners = _owners(prepared.blocks, len(prepared.messages))
-    return tuple((owners[n], *digests.of(m)) for n, m in enumerate(prepared.messages))
+    return tuple((owners[n], *_chat_digests(m)) for n, m in enumerate(prepared.messages))
 
 
 def instruction_lengths(prepared: PreparedContext) -> tuple[int, ...]:

@@ -15,7 +15,6 @@ from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.protected import (
-    ChatUnitDigests,
     block_hash,
     build_manifest,
     prepared_units,
@@ -350,22 +349,9 @@ def test_block_hashes_from_its_own_messages_equal_those_read_back_from_the_body(
     assert len(manifest) == len(prepared.blocks) > 5
 
 
-@pytest.mark.parametrize("format", FORMATS)
-def test_record_is_the_same_with_the_process_digest_memo_as_without(format: RequestFormat) -> None:
-    prepared = _prepared(format)
-    digests = ChatUnitDigests()
-    fresh = gateway_record(prepared, "default", "o200k_base")
-    assert gateway_record(prepared, "default", "o200k_base", digests) == fresh
-    # Again, from the memo: the same record.
-    assert gateway_record(prepared, "default", "o200k_base", digests) == fresh
-
-
-def test_digest_memo_hashes_a_message_object_once_and_stays_within_its_capacity() -> None:
+def test_record_of_a_chat_context_holds_the_digests_of_the_units_of_its_body() -> None:
     prepared = _prepared("openai.chat")
-    digests = ChatUnitDigests(capacity=3)
-    first = [digests.of(m) for m in prepared.messages]
-    assert [digests.of(m) for m in prepared.messages] == first
-    assert len(digests._entries) == 3
-    # An equal message that is another object is hashed again, to the same digests.
-    copies = [m.model_copy() for m in prepared.messages]
-    assert [digests.of(m) for m in copies] == first
+    record = gateway_record(prepared, "default", "o200k_base")
+    assert [(u.block_id, u.digest) for u in record.units] == [
+        (u.block_id, u.unit.digest) for u in prepared_units(prepared)
+    ]

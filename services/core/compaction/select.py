@@ -14,10 +14,9 @@ from fractions import Fraction
 
 from contracts import BlockKind, CompactionPolicy
 
-from services.core.groups import BlockSet, DraftBlock, id_tokens
+from services.core.groups import BlockSet, DraftBlock
 from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING
-from services.core.tokens import EncodingName, counter_for
-from services.core.view_memo import ViewMemo
+from services.core.tokens import EncodingName
 from services.core.compaction.policy import ViewMeasure, ratio_threshold
 
 __all__ = [
@@ -40,21 +39,14 @@ class CoverChoice:
     tokens: int
 
 
-def block_tokens(block: DraftBlock, encoding: EncodingName, memo: ViewMemo | None = None) -> int:
-    """What a block costs in the view, envelopes included: what the assembly counts for it whole.
-
-    ``memo``: the view's, whose blocks keep the assembly's own count of them; a block it measured is
-    not counted again, and one measured here is kept for the next prepare.
-    """
-    derived = memo.derived(block) if memo is not None else None
-    known = derived.sizes.get(encoding) if derived is not None else None
-    if known is not None:
-        return known[0] + known[1]
-    content = sum(r.tokens.get(encoding) for r in block.records)
-    envelope = MESSAGE_OVERHEAD * len(block.messages) + id_tokens(block, counter_for(encoding))
-    if derived is not None:
-        derived.sizes[encoding] = (content, envelope)
-    return content + envelope
+def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
+    """What a block costs in the view, envelopes included: what the assembly counts for it whole,
+    from the counts the block derived when it was built."""
+    return (
+        block.record_tokens.get(encoding)
+        + MESSAGE_OVERHEAD * len(block.messages)
+        + block.id_counts.get(encoding)
+    )
 
 
 def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
@@ -76,15 +68,13 @@ def measure_view(
     policy: CompactionPolicy,
     encoding: EncodingName,
     budget: int,
-    memo: ViewMemo | None = None,
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
-    """The view's size, its required part, and what could be compacted now (``memo``: the view's)."""
-    sizes = {id(b): block_tokens(b, encoding, memo) for b in blocks.ready}
-    shown = sum(sizes.values())
-    required = sum(sizes[id(b)] for b in blocks.ready if not b.droppable)
+    """The view's size, its required part, and what could be compacted now."""
+    shown = sum(block_tokens(b, encoding) for b in blocks.ready)
+    required = sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
     summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
-    compressible = sum(sizes[id(b)] for b in eligible)
+    compressible = sum(block_tokens(b, encoding) for b in eligible)
     return ViewMeasure(
         estimated=shown + summary + REPLY_PRIMING,
         required=required + REPLY_PRIMING,

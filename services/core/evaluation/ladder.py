@@ -24,7 +24,7 @@ the window strategy) plugs in beside these without the scorer changing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol, assert_never
 
@@ -34,7 +34,6 @@ from services.core.assemble import Evidence, OverBudgetView, ThreadSnapshot, ass
 from services.core.budget import BudgetSpec
 from services.core.state import StateView
 from services.core.tokens import TokenCounter
-from services.core.view_memo import ViewMemo
 from services.errors import CtxError
 
 __all__ = [
@@ -145,14 +144,12 @@ CORE_RUNGS: dict[RungName, RungConfig] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class CoreRung:
     """A rung that is a configuration of the fleet's assembler."""
 
     rung: RungName
     config: RungConfig
-    # Each rung keeps its own memo: rungs see different views of one thread, and a memo serves one.
-    _memo: ViewMemo | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -181,8 +178,6 @@ class CoreRung:
 
     def _snapshot(self, point: LadderPoint) -> ThreadSnapshot:
         snapshot = point.snapshot
-        if self._memo is None or self._memo.own_thread != snapshot.own_thread:
-            self._memo = ViewMemo(snapshot.own_thread)
         config = self.config
         if not config.summary:
             snapshot = replace(snapshot, summary=None, covered_to=0, view_revision=0)
@@ -198,7 +193,7 @@ class CoreRung:
                 assert_never(config.state)
         if config.archive:
             snapshot = replace(snapshot, evidence=point.archive)
-        return replace(snapshot, memo=self._memo)
+        return snapshot
 
 
 def _refused(exc: CtxError) -> LadderContext:
@@ -206,5 +201,5 @@ def _refused(exc: CtxError) -> LadderContext:
 
 
 def core_rungs(names: tuple[RungName, ...] = tuple(RungName)) -> list[Rung]:
-    """Fresh rungs (their memos empty) for one thread, in ladder order."""
+    """The rungs for one thread, in ladder order."""
     return [CoreRung(name, CORE_RUNGS[name]) for name in names]

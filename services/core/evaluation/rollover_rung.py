@@ -20,7 +20,6 @@ from contracts.windows import RolloverTrigger, WindowHandoff, WindowPolicy
 
 from services.core.assemble import OverBudgetView, ThreadSnapshot, assemble_context
 from services.core.state import StateView
-from services.core.view_memo import ViewMemo
 from services.core.windows.decision import WindowAction, WindowSignals, decide_window
 from services.core.windows.next_window import next_window_snapshot, roll_over
 from services.core.windows.signals import low_value_share, open_calls, window_records
@@ -44,7 +43,6 @@ class RolloverRung:
     window: int = 1
     opened_after: int = 0
     handoff: WindowHandoff | None = None
-    _memo: ViewMemo | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -66,9 +64,6 @@ class RolloverRung:
                 trigger=trigger,
             )
             self.window, self.opened_after, self.handoff = handoff.new_window, handoff.last_event_seq, handoff
-            # A new window: its memo starts empty, as the fleet's view does after a window change.
-            self._memo = ViewMemo(snapshot.own_thread)
-            snapshot = replace(snapshot, memo=self._memo)
         try:
             prepared = assemble_context(
                 snapshot, point.request, point.budget, point.counter, allow_drop_history=True
@@ -86,11 +81,8 @@ class RolloverRung:
         return LadderContext(None, f"{exc.code.value}: {exc.message}", window=self.window)
 
     def _snapshot(self, point: LadderPoint) -> ThreadSnapshot:
-        snapshot = point.snapshot
-        if self._memo is None or self._memo.own_thread != snapshot.own_thread:
-            self._memo = ViewMemo(snapshot.own_thread)
         # The rollover strategy never summarizes: the window, the handoff and the state replace it.
-        snapshot = replace(snapshot, summary=None, covered_to=0, view_revision=0, memo=self._memo)
+        snapshot = replace(point.snapshot, summary=None, covered_to=0, view_revision=0)
         return next_window_snapshot(snapshot, self.handoff) if self.handoff is not None else snapshot
 
     def _due(self, point: LadderPoint, snapshot: ThreadSnapshot) -> RolloverTrigger | None:

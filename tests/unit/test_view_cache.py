@@ -1,9 +1,9 @@
-"""The view memo and the shared view cache: reusing what the last prepare built never changes a reply.
+"""The view cache: what it keeps, what it evicts, and that a context it reuses is the one assembly gives.
 
 Property: for random record sequences grown one step at a time (tool groups with repeated and failed
 outputs, open groups closed later, answers, questions, material) and compaction swaps, under budgets
-that make every reduction run, a prepare with the thread's memo and the view cache kept across steps
-is byte-identical to one built from scratch.
+that make every reduction run, a prepare through the view cache kept across steps is byte-identical
+to one assembled without it.
 """
 
 from __future__ import annotations
@@ -16,18 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts import PreparedContext, PrepareRequest
-from services.app.view_cache import ViewCache, assemble_reusing
+from services.app.budgeting import measure
+from services.app.view_cache import ViewCache, assemble_reusing, last_blocks
 from services.app.views import ViewLoader
 from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
-from services.core import assemble, protected
 from services.core.budget import resolve_budget
-from services.core.groups import BlockSet, DraftBlock, build_view_blocks
-from services.core.trace import read_trace
-from services.edge.replay import ReplayOptions, trace_events
-from infra import SAMPLES_DIR
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
-from services.core.view_memo import ViewMemo
 from services.errors import CtxError
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming, ledger_records
@@ -75,7 +70,7 @@ def _events(t: Thread, steps: list[tuple[str, int, bool]]) -> list[Any]:
     return events
 
 
-def _snapshot(t: Thread, records: list[LedgerRecord], memo: ViewMemo | None, covered: int) -> ThreadSnapshot:
+def _snapshot(t: Thread, records: list[LedgerRecord], covered: int) -> ThreadSnapshot:
     summary = None
     if covered:
         text = f"[summary of records 1–{covered}] the agent inspected files and ran tests."
@@ -101,7 +96,6 @@ def _snapshot(t: Thread, records: list[LedgerRecord], memo: ViewMemo | None, cov
         covered_to=covered,
         summary=summary,
         own_thread=t.thread_id,
-        memo=memo,
     )
 
 
@@ -129,12 +123,12 @@ def _reply(
     context_tools=st.booleans(),
     purpose=st.sampled_from(["action", "completion"]),
 )
-def test_memoized_prepares_equal_prepares_from_scratch_as_a_thread_grows_and_compacts(
+def test_contexts_the_view_cache_reuses_equal_contexts_assembled_anew_as_a_thread_grows_and_compacts(
     steps: list[tuple[str, int, bool]], budget: int, compact_every: int, context_tools: bool, purpose: str
 ) -> None:
     t = Thread()
     records = ledger_records(_events(t, steps))
-    memo, cache = ViewMemo(t.thread_id), ViewCache()
+    cache = ViewCache()
     request = PrepareRequest(
         session_id=t.session_id,
         run_id=t.run_id,
@@ -148,13 +142,13 @@ def test_memoized_prepares_equal_prepares_from_scratch_as_a_thread_grows_and_com
     for k in range(2, len(records) + 1):
         coverages = [covered]
         if compact_every and k % (compact_every + 3) == 0:
-            # A summary swap on the same records: the covered prefix moves under a warm memo.
+            # A summary swap on the same records: the covered prefix moves under a warm cache.
             covered = records[k // 2].seq
             coverages.append(covered)
         for c in coverages:
-            fresh = _reply(_snapshot(t, records[:k], None, c), request, drop=drop)
-            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop, cache=cache) == fresh
-            assert _reply(_snapshot(t, records[:k], memo, c), request, drop=drop, cache=cache) == fresh
+            fresh = _reply(_snapshot(t, records[:k], c), request, drop=drop)
+            assert _reply(_snapshot(t, records[:k], c), request, drop=drop, cache=cache) == fresh
+            assert _reply(_snapshot(t, records[:k], c), request, drop=drop, cache=cache) == fresh
 
 
 def _one_call_thread(*, then: int = 0) -> tuple[Thread, list[LedgerRecord], PrepareRequest]:
@@ -171,38 +165,6 @@ def _one_call_thread(*, then: int = 0) -> tuple[Thread, list[LedgerRecord], Prep
         session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
     )
     return t, records, request
-
-
-def test_memoized_prepare_sees_a_record_appended_after_it() -> None:
-    t, records, request = _one_call_thread()
-    memo = ViewMemo(t.thread_id)
-    first = assemble_context(
-        _snapshot(t, records[:3], memo, 0), request, resolve_budget(request), counter_for("o200k_base")
-    )
-    second = assemble_context(
-        _snapshot(t, records, memo, 0), request, resolve_budget(request), counter_for("o200k_base")
-    )
-    assert [p.pending_calls for p in (first, second)] == [(first.pending_calls[0],), ()]
-    assert [m.role for m in second.messages] == ["system", "user", "assistant", "tool"]
-
-
-def test_memo_rebuilds_for_equal_records_that_are_other_objects_and_replies_the_same() -> None:
-    t = Thread()
-    events = [t.system("s"), t.user("q")]
-    records = ledger_records(events)
-    memo = ViewMemo(t.thread_id)
-    request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
-    )
-    budget = resolve_budget(request)
-    assemble_context(_snapshot(t, records, memo, 0), request, budget, counter_for("o200k_base"))
-    # Equal records, other objects (a reload after eviction): rebuilt, and the same reply.
-    reread = [replace(r) for r in records]
-    again = assemble_context(_snapshot(t, reread, memo, 0), request, budget, counter_for("o200k_base"))
-    assert all(b.sources[0].seq == r.seq for b, r in zip(again.blocks, reread, strict=True))
-    assert again == assemble_context(
-        _snapshot(t, records, None, 0), request, budget, counter_for("o200k_base")
-    )
 
 
 def test_view_cache_evicts_least_recently_used_entries_by_bytes() -> None:
@@ -249,7 +211,6 @@ async def test_view_loader_never_serves_a_stale_cached_view_when_the_head_moves(
         after = await loader.load(s, t.thread_id)
     assert [r.seq for r in before.records] == [1, 2]
     assert [r.seq for r in after.records] == [1, 2, 3, 4]
-    assert after.memo is before.memo  # the same thread's memo, extended rather than rebuilt
 
 
 async def test_view_loader_under_a_tiny_bound_evicts_and_still_serves_every_view_whole() -> None:
@@ -289,139 +250,6 @@ def test_view_cache_counts_are_exported_as_metrics() -> None:
         assert line in text
 
 
-def _shape(blocks: BlockSet) -> tuple[object, ...]:
-    """Everything a block set says, with records by identity (extension must keep the same objects)."""
-
-    def block(b: DraftBlock) -> tuple[object, ...]:
-        return (
-            b.block_id,
-            b.kind,
-            b.retention,
-            b.priority,
-            b.reason,
-            tuple(map(id, b.records)),
-            tuple(b.messages),
-            tuple(b.waiting.items()),
-            tuple(sorted(b.error_calls)),
-        )
-
-    return (
-        tuple(map(block, blocks.ready)),
-        tuple(map(block, blocks.held)),
-        tuple(blocks.pending),
-        tuple(map(block, blocks.covered)),
-        blocks.run_task,
-        blocks.last_user,
-    )
-
-
-@pytest.mark.parametrize("trace", sorted(p.name for p in SAMPLES_DIR.glob("*.jsonl")))
-@pytest.mark.parametrize("covered", [0, 9])
-def test_blocks_extended_record_by_record_equal_blocks_built_from_scratch(trace: str, covered: int) -> None:
-    # Every sample trace grown one record at a time: each build extends the last one (a new record
-    # never rebuilds the blocks before the current request or an open group), and what it gives is
-    # what a build from scratch gives, block for block, records by identity.
-    records = ledger_records(trace_events(read_trace(SAMPLES_DIR / trace), ReplayOptions(session_id="s")))
-    own = records[0].thread_id
-    memo = ViewMemo(own)
-    for k in range(1, len(records) + 1):
-        view = records[:k]
-        extended = build_view_blocks(view, covered, own_thread=own, memo=memo)
-        assert _shape(extended) == _shape(build_view_blocks(view, covered, own_thread=own))
-    assert memo.extended > len(records) // 2
-
-
-def test_a_summary_block_is_built_measured_and_hashed_once_while_its_summary_stands(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    t, records, request = _one_call_thread(then=6)
-    hashed: list[int] = []
-    real = protected.block_hash
-
-    def counted(units: Any) -> str:
-        hashed.append(len(units))
-        return real(units)
-
-    monkeypatch.setattr(protected, "block_hash", counted)
-    memo = ViewMemo(t.thread_id)
-
-    def prepare(covered: int) -> tuple[int, Any]:
-        hashed.clear()
-        reply = assemble_context(
-            _snapshot(t, records, memo, covered), request, resolve_budget(request), counter_for("o200k_base")
-        )
-        return len(hashed), next(b for b in reply.blocks if b.kind == "summary")
-
-    first_hashes, first = prepare(4)
-    assert first_hashes >= 1  # the summary block is required: hashed for the manifest
-    again_hashes, again = prepare(4)
-    assert again_hashes == 0 and again is first  # the same block, its wire form and hash reused
-    moved_hashes, moved = prepare(6)
-    assert moved_hashes >= 1 and moved.block_id == first.block_id and moved != first
-
-
-class _Counted:
-    """A record stand-in that counts how often its seq is read."""
-
-    reads = 0
-
-    def __init__(self, seq: int) -> None:
-        self._seq = seq
-
-    @property
-    def seq(self) -> int:
-        _Counted.reads += 1
-        return self._seq
-
-
-def test_memo_knows_a_view_ascends_by_walking_only_what_was_added_since_it_last_checked() -> None:
-    memo = ViewMemo("t")
-    first: list[Any] = [_Counted(s) for s in (1, 2, 5, 9)]
-    assert memo.ascending(first)
-    _Counted.reads = 0
-    assert memo.ascending(first) and _Counted.reads == 0  # the same records: nothing walked
-    grown = [*first, _Counted(10), _Counted(12)]
-    assert memo.ascending(grown) and _Counted.reads == 4  # the pairs (9, 10) and (10, 12) only
-    assert not memo.ascending([*grown, _Counted(11)])  # a tail out of order
-    assert not memo.ascending([*grown, _Counted(11), _Counted(13)])  # still out of order, grown
-    assert not memo.ascending([_Counted(3), *first])  # another list: walked whole
-    assert memo.ascending([_Counted(0), *first])
-
-
-def test_a_view_over_its_budget_masks_each_group_once_not_on_every_prepare(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    t = Thread()
-    events: list[Any] = [t.system("You fix bugs."), t.user("Fix the failing import.")]
-    for n in range(8):  # outputs long enough to mask, each its own (nothing to deduplicate)
-        events.append(t.assistant(f"step {n}", calls=((f"c{n}", "bash", {"cmd": f"cat f{n}.log"}),)))
-        events.append(t.outcome(f"c{n}", f"line {n} of a long log file with numbers 1234567890\n" * 120))
-    records = ledger_records(events)
-    request = PrepareRequest(
-        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=6_000
-    )
-    masked: list[str] = []
-    real = assemble._masked
-
-    def counted(s: Any, *args: Any) -> Any:
-        masked.append(s.block.block_id)
-        return real(s, *args)
-
-    monkeypatch.setattr(assemble, "_masked", counted)
-    memo = ViewMemo(t.thread_id)
-
-    def prepare() -> PreparedContext:
-        return assemble_context(
-            _snapshot(t, records, memo, 0), request, resolve_budget(request), counter_for("o200k_base")
-        )
-
-    first = prepare()
-    assert first.budget_report.reductions.masked > 0 and masked
-    masked.clear()
-    again = prepare()
-    assert masked == [] and again == first  # the same masked groups, taken as they were
-
-
 def _assembled(
     cache: ViewCache, snapshot: ThreadSnapshot, request: PrepareRequest, **options: Any
 ) -> PreparedContext:
@@ -434,12 +262,12 @@ def _assembled(
 def test_a_prepare_of_an_unchanged_view_is_answered_with_the_context_assembled_last() -> None:
     t, records, request = _one_call_thread(then=3)
     cache = ViewCache()
-    first = _assembled(cache, _snapshot(t, records, None, 0), request)
+    first = _assembled(cache, _snapshot(t, records, 0), request)
     # The same records in a new list, the request parsed anew from its bytes: what a prepare brings.
     parsed = PrepareRequest.model_validate_json(request.model_dump_json())
-    again = _assembled(cache, _snapshot(t, records, None, 0), parsed)
+    again = _assembled(cache, _snapshot(t, records, 0), parsed)
     assert again is first
-    assert again == _assembled(ViewCache(), _snapshot(t, records, None, 0), request)
+    assert again == _assembled(ViewCache(), _snapshot(t, records, 0), request)
 
 
 def _with(request: PrepareRequest, **update: Any) -> PrepareRequest:
@@ -454,8 +282,8 @@ def _with(request: PrepareRequest, **update: Any) -> PrepareRequest:
 def test_a_prepare_whose_view_or_inputs_changed_is_assembled_again(change: str) -> None:
     t, records, request = _one_call_thread(then=3)
     cache = ViewCache()
-    first = _assembled(cache, _snapshot(t, records[:-1], None, 0), request)
-    snapshot = _snapshot(t, records[:-1], None, 0)
+    first = _assembled(cache, _snapshot(t, records[:-1], 0), request)
+    snapshot = _snapshot(t, records[:-1], 0)
     if change == "budget":
         request = _with(request, budget_tokens=8_000)
     elif change == "format":
@@ -465,9 +293,9 @@ def test_a_prepare_whose_view_or_inputs_changed_is_assembled_again(change: str) 
     elif change == "context_tools":
         request = _with(request, context_tools=True)
     elif change == "summary":  # a new view revision
-        snapshot = _snapshot(t, records[:-1], None, records[2].seq)
+        snapshot = _snapshot(t, records[:-1], records[2].seq)
     elif change == "record_appended":
-        snapshot = _snapshot(t, records, None, 0)
+        snapshot = _snapshot(t, records, 0)
     elif change == "head_revision":
         snapshot = replace(snapshot, revision=snapshot.revision + 1)
     elif change == "thread":
@@ -481,15 +309,15 @@ def test_the_view_cache_keeps_a_few_contexts_of_one_view_and_forgets_them_when_t
     t, records, request = _one_call_thread(then=3)
     cache = ViewCache()
     requests = [request.model_copy(update={"budget_tokens": 9_000 + n}) for n in range(5)]
-    first = [_assembled(cache, _snapshot(t, records[:-1], None, 0), r) for r in requests]
+    first = [_assembled(cache, _snapshot(t, records[:-1], 0), r) for r in requests]
     # Four are kept: the first of five was let go.
     newest_first = list(zip(requests, first, strict=True))[::-1]
-    assert [_assembled(cache, _snapshot(t, records[:-1], None, 0), r) is p for r, p in newest_first] == [
+    assert [_assembled(cache, _snapshot(t, records[:-1], 0), r) is p for r, p in newest_first] == [
         *[True] * 4,
         False,
     ]
     kept = cache.bytes
-    grown = _assembled(cache, _snapshot(t, records, None, 0), requests[-1])
+    grown = _assembled(cache, _snapshot(t, records, 0), requests[-1])
     assert grown is not first[-1]
     # A context of the grown view: the ones of the view before are gone, and so are their bytes.
     assert cache.bytes < kept
@@ -498,9 +326,34 @@ def test_the_view_cache_keeps_a_few_contexts_of_one_view_and_forgets_them_when_t
 def test_a_prepare_that_waited_on_a_compaction_or_dropped_history_is_never_taken_from_the_cache() -> None:
     t, records, request = _one_call_thread(then=3)
     cache = ViewCache()
-    first = _assembled(cache, _snapshot(t, records, None, 0), request)
-    waited = _assembled(cache, _snapshot(t, records, None, 0), request, compaction_wait_ms=250)
-    dropping = _assembled(cache, _snapshot(t, records, None, 0), request, allow_drop_history=True)
+    first = _assembled(cache, _snapshot(t, records, 0), request)
+    waited = _assembled(cache, _snapshot(t, records, 0), request, compaction_wait_ms=250)
+    dropping = _assembled(cache, _snapshot(t, records, 0), request, allow_drop_history=True)
     assert waited is not first and waited.compaction_wait_ms == 250
     assert dropping is not first
-    assert _assembled(cache, _snapshot(t, records, None, 0), request) is first
+    assert _assembled(cache, _snapshot(t, records, 0), request) is first
+
+
+async def test_the_budgeter_measures_a_view_from_the_blocks_its_last_prepare_built_as_it_would_without() -> (
+    None
+):
+    store, t = MemoryStore(), Thread()
+    await _record(
+        store, [t.system("s"), t.user("q"), t.assistant("a", calls=(("c1", "bash", {"cmd": "ls"}),))]
+    )
+    loader = ViewLoader()
+    request = PrepareRequest(
+        session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
+    )
+    async with store.session() as s:
+        view = await loader.load(s, t.thread_id)
+    assert last_blocks(loader.cache, t.thread_id) is None
+    _assembled(loader.cache, view.snapshot(), request)
+    await _record(store, [t.outcome("c1", "x" * 400), t.assistant("done")], 4)
+    async with store.session() as s:
+        view = await loader.load(s, t.thread_id)
+    previous = last_blocks(loader.cache, t.thread_id)
+    assert previous is not None and [r.seq for r in previous.records] == [1, 2, 3]
+    budget, reserved = view.compaction_budget, view.state.prepare_reserved
+    extended = measure(view, view.records, budget=budget, reserved=reserved, previous=previous)
+    assert extended == measure(view, view.records, budget=budget, reserved=reserved)
