@@ -39,6 +39,7 @@ from services.store.postgres import PgStore
 from services.errors import CtxError, InvalidConfiguration
 from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
+from services.core.evaluation.cost import DEFAULT_PRICED, Price, price_table
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
 from services.settings import Settings, default_data_dir, load_settings, parse_nats_urls, redact_url
@@ -295,6 +296,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--system-prompt", type=Path, help="put this file's text before each trace's system text")
     ev.add_argument("--json", type=Path, dest="json_out", help="write every figure here")
+    ev.add_argument(
+        "--price",
+        nargs="+",
+        action="extend",
+        metavar="PROFILE",
+        help=f"price every call as this model profile (default {' '.join(DEFAULT_PRICED)})",
+    )
+    ev.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="a JSON object of profile -> price fields over the built-in table",
+    )
     ev.add_argument(
         "--fleet",
         choices=["in-process", "running"],
@@ -1049,6 +1063,7 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     for path in paths:
         lines = read_trace(path)
         traces.append(EvalTrace(path.name, tuple(with_system_prompt(lines, prompt) if prompt else lines)))
+    prices = _eval_prices(args.prices, tuple(dict.fromkeys(args.price or DEFAULT_PRICED)))
     # Its sessions are a tenant's of their own: on a shared fleet, never among a person's sessions.
     settings = settings.replace(tenant=args.tenant or EVAL_TENANT)
     if args.fleet == "running":
@@ -1057,9 +1072,9 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
-        report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets))
+        report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets, prices))
     else:
-        report = _eval_in_process(settings, traces, budgets)
+        report = _eval_in_process(settings, traces, budgets, prices)
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
     if args.json_out:
@@ -1082,7 +1097,26 @@ def _cmd_ladder(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_in_process(settings: Settings, traces: Sequence[EvalTrace], budgets: Sequence[int]) -> EvalReport:
+def _eval_prices(path: Path | None, profiles: Sequence[str]) -> dict[str, Price]:
+    """The prices of ``profiles``: the built-in table, with ``path``'s entries over it."""
+    try:
+        overrides = json.loads(path.read_text(encoding="utf-8")) if path is not None else {}
+    except ValueError as exc:
+        raise InvalidConfiguration([f"{path}: not JSON: {exc}"]) from None
+    if not isinstance(overrides, dict):
+        raise InvalidConfiguration([f"{path}: expected a JSON object of profile -> price fields"])
+    table = price_table(overrides)
+    unknown = [p for p in profiles if p not in table]
+    if unknown:
+        raise CliError(
+            f"no price for {', '.join(unknown)} (priced: {', '.join(table)}); add it with --prices FILE"
+        )
+    return {p: table[p] for p in profiles}
+
+
+def _eval_in_process(
+    settings: Settings, traces: Sequence[EvalTrace], budgets: Sequence[int], prices: dict[str, Price]
+) -> EvalReport:
     """Workers in this process, on servers of their own: a fleet that serves here is left alone.
 
     The servers are embedded ones in a temporary folder, removed afterwards, unless ``CTX_NATS_URL``
@@ -1094,23 +1128,31 @@ def _eval_in_process(settings: Settings, traces: Sequence[EvalTrace], budgets: S
             settings = settings.replace(nats_url=None, database_url=None, data_dir=Path(folder), nats_port=0)
         servers = start_servers(settings)
         try:
-            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets))
+            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets, prices))
         finally:
             servers.stop()
 
 
 async def _eval_on_own_fleet(
-    settings: Settings, servers: Servers, traces: Sequence[EvalTrace], budgets: Sequence[int]
+    settings: Settings,
+    servers: Servers,
+    traces: Sequence[EvalTrace],
+    budgets: Sequence[int],
+    prices: dict[str, Price],
 ) -> EvalReport:
     fleet = await start_fleet(settings, servers)
     try:
-        return await _eval_on(settings, servers.nats_urls, traces, budgets)
+        return await _eval_on(settings, servers.nats_urls, traces, budgets, prices)
     finally:
         await _drain(fleet, settings.process.shutdown_timeout_s)
 
 
 async def _eval_on(
-    settings: Settings, nats_urls: tuple[str, ...], traces: Sequence[EvalTrace], budgets: Sequence[int]
+    settings: Settings,
+    nats_urls: tuple[str, ...],
+    traces: Sequence[EvalTrace],
+    budgets: Sequence[int],
+    prices: dict[str, Price],
 ) -> EvalReport:
     def progress(score: TraceScore) -> None:
         fleet = score.systems["ctxfleet"]
@@ -1123,7 +1165,12 @@ async def _eval_on(
 
     async with await _connect(settings, nats_urls, "ctxfleet-eval") as client:
         return await evaluate(
-            client, traces, budgets, session_prefix=f"eval-{uuid.uuid4().hex[:10]}", on_done=progress
+            client,
+            traces,
+            budgets,
+            session_prefix=f"eval-{uuid.uuid4().hex[:10]}",
+            on_done=progress,
+            prices=prices,
         )
 
 
@@ -1135,6 +1182,12 @@ _EVAL_PROBES = (
     ("last_outcome", "outcome"),
     ("constraints", "constr."),
 )
+
+
+def _money(bill: dict[str, Any]) -> tuple[str, str]:
+    """A bill's cost per task and cache hit share, as the tables show them."""
+    hit = "-" if bill["cache_hit_share"] is None else f"{100 * bill['cache_hit_share']:.0f}%"
+    return f"{bill['usd_per_task']:.4f}", hit
 
 
 def _print_eval(report: EvalReport) -> None:
@@ -1157,7 +1210,10 @@ def _print_eval(report: EvalReport) -> None:
         over = str(s["over_budget"]) if fleet else "-"
         waits = str(s["compaction_waits"]) if fleet else "-"
         cells = [f"{s['tokens_per_task']:,}", cache, failed, over, waits, comp, summary]
-        return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells]
+        money = [cell for p in priced for cell in _money(s["cost"][p])]
+        return [str(s["scored_contexts"]), *(rate(s, k) for k, _ in _EVAL_PROBES), *cells, *money]
+
+    priced = list(report.prices)
 
     heads = [
         "scored",
@@ -1169,6 +1225,7 @@ def _print_eval(report: EvalReport) -> None:
         "waits",
         "compact/100",
         "summary",
+        *(head for p in priced for head in (f"$/task {p}", "hit")),
     ]
     console = Console(width=200)
     per_trace = Table(
@@ -1190,6 +1247,18 @@ def _print_eval(report: EvalReport) -> None:
             total.add_row(str(budget), name, *row(system.as_json()))
         total.add_section()
     console.print(total)
+    for budget, systems in aggregate.items():
+        for p in priced:
+            usd = {
+                name: system.costs[p].usd / system.tasks for name, system in systems.items() if system.tasks
+            }
+            base = usd.get("masking") or 0.0
+            ratios = ", ".join(
+                f"{name} ${v:.4f}" + (f" ({v / base:.2f}x)" if base else "") for name, v in usd.items()
+            )
+            console.print(
+                f"cost per task at {budget} as {p} (x masking): {ratios}", markup=False, highlight=False
+            )
     for budget, systems in aggregate.items():
         for miss in systems["ctxfleet"].misses:
             console.print(

@@ -52,7 +52,6 @@ from contracts import (
     SummaryHook,
     SummaryRef,
     ToolSchema,
-    ToolStatus,
 )
 from contracts.prepare import ReductionCounts
 from contracts.windows import WindowHandoff, WindowPolicy, WindowStrategy
@@ -60,6 +59,7 @@ from contracts.windows import WindowHandoff, WindowPolicy, WindowStrategy
 from services.core.budget import BudgetSpec
 from services.core.calibration import scaled
 from services.core.compaction.files import files_of_call
+from services.core.failures import Failure, failure_of
 from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
 from services.core.forecast import step_growths
 from services.core.levels import green_room, window_report
@@ -83,7 +83,6 @@ from services.core.render import (
     read_back_ref,
     read_back_with_tool,
     record_content,
-    telling_line,
     tool_wire_text,
     trim_to_fit,
 )
@@ -895,7 +894,7 @@ def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
         if counter is None:
             # The estimate counts the dumped message: escapes make it cost more than the raw text.
             body = body * estimate_tokens(r.text) // max(1, _record_tokens(r, None) - frame)
-        text = _trim_output(r, counter, max(0, body), _read_back(r, inputs))
+        text = _trim_output(r, s.block.records, counter, max(0, body), _read_back(r, inputs))
         tokens = _counts_as(counter, record_content(r.body, text))
         if _output_tokens(r, text, counter) >= _record_tokens(r, counter):
             records.append(r)
@@ -987,10 +986,17 @@ def _count_text(counter: TokenCounter | None, text: str) -> int:
     return counter.count(text) if counter else estimate_tokens(text)
 
 
-def _trim_output(r: LedgerRecord, counter: TokenCounter | None, max_tokens: int, read_back: str) -> str:
+def _trim_output(
+    r: LedgerRecord,
+    records: Sequence[LedgerRecord],
+    counter: TokenCounter | None,
+    max_tokens: int,
+    read_back: str,
+) -> str:
     """Head + tail of an output; a failed one keeps its telling line even when it sits in the middle."""
     text = trim_to_fit(r.text, counter, max_tokens=max_tokens, read_back=read_back)
-    line = telling_line(r.text) if _failed(r) else None
+    failure = _failure(r, records)
+    line = failure.line if failure is not None and failure.line else None
     if line is None or line in text:
         return text
     suffix = f"\n[telling line: {line}]"
@@ -1004,8 +1010,22 @@ def _outcome(r: LedgerRecord) -> ToolOutcomeBody:
     return r.body
 
 
-def _failed(r: LedgerRecord) -> bool:
-    return isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS
+def _failure(r: LedgerRecord, records: Sequence[LedgerRecord]) -> Failure | None:
+    """How the outcome ``r`` failed, its call looked up among ``records`` (its group's or the view's)."""
+    if not isinstance(r.body, ToolOutcomeBody):
+        return None
+    call_id = r.body.call_id
+    call = next(
+        (
+            c
+            for a in records
+            if isinstance(a.body, AssistantMessageBody) and a.thread_id == r.thread_id
+            for c in a.body.tool_calls
+            if c.call_id == call_id
+        ),
+        None,
+    )
+    return failure_of(call, r.body.status, r.text)
 
 
 def _naming_read_tool(r: LedgerRecord, counter: TokenCounter | None) -> LedgerRecord:
@@ -1140,9 +1160,10 @@ def _masked(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) ->
             records.append(record)
             continue
         text, tokens = record.mask_text, record.mask_tokens
-        if _failed(record):
-            line = telling_line(record.text)
-            if line is not None and line not in text:
+        failure = _failure(record, s.block.records)
+        if failure is not None:
+            line = failure.line
+            if line and line not in text:
                 text = f"{text}\n[telling line: {line}]"
                 tokens = _counts_as(counter, record_content(record.body, text))
         records.append(replace(record, text=text, tokens=tokens))
@@ -1202,13 +1223,18 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
         lines.append(
             "- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else "")
         )
-    failed = [(key, r) for key, r in last.items() if r.seq in lost and _failed(r)]
-    for (name, args), r in sorted(failed, key=lambda kv: kv[1].seq)[-_GAP_FAILURES:]:
+    everything = [r for s in [*dropped, *kept] for r in s.block.records]
+    failed = [
+        (key, r, failure)
+        for key, r in last.items()
+        if r.seq in lost and (failure := _failure(r, everything)) is not None
+    ]
+    for (name, args), r, failure in sorted(failed, key=lambda kv: kv[1].seq)[-_GAP_FAILURES:]:
         # Without an error line, the first line tells what the call was doing (as a preview would).
-        line = telling_line(r.text) or next(
+        line = failure.line or next(
             (x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)"
         )
-        lines.append(f"- last {name} {args} failed (seq {r.seq}, {_outcome(r).status}): {line}")
+        lines.append(f"- last {name} {args} failed (seq {r.seq}, {failure.status}): {line}")
     return DraftBlock(
         block_id=f"history-gap:{records[0].seq}",
         kind=BlockKind.STATE,

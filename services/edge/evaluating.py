@@ -7,7 +7,7 @@ budget, preparing before every assistant message as ``services.edge.replay`` doe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import JsonValue
@@ -16,6 +16,8 @@ from contracts import AssistantMessageEvent, BlockKind, ContextPolicy, PreparedC
 
 from ctxfleet_client.client import FleetClient
 from services.errors import CtxError
+from services.core.evaluation.cost import Price
+from services.core.providers.anthropic_messages import cache_breakpoints
 from services.core.render import MESSAGE_OVERHEAD
 from services.core.evaluation import (
     SYSTEMS,
@@ -70,6 +72,7 @@ class EvalReport:
     budgets: tuple[int, ...]
     traces: list[TraceScore] = field(default_factory=list)
     system_prompt_tokens: int | None = None
+    prices: dict[str, Price] = field(default_factory=dict)
 
     def aggregate(self) -> dict[int, dict[str, SystemScore]]:
         """Per budget, each system's figures summed over the traces."""
@@ -90,6 +93,7 @@ class EvalReport:
                 "o200k_base, OpenAI chat framing: content, role, tool call id/name/arguments, "
                 "tool_call_id, tools"
             ),
+            "prices": {name: p.model_dump(mode="json") for name, p in self.prices.items()},
             "aggregate": {
                 str(b): {name: s.as_json() for name, s in systems.items()}
                 for b, systems in self.aggregate().items()
@@ -116,6 +120,7 @@ def fleet_context(prepared: PreparedContext) -> FleetContext:
         summary,
         prepared.budget_report.used.total,
         prepared.compaction_wait_ms,
+        cache_breakpoints(prepared.messages, prepared.blocks),
     )
 
 
@@ -169,10 +174,11 @@ async def evaluate(
     *,
     session_prefix: str,
     on_done: Callable[[TraceScore], None] | None = None,
+    prices: Mapping[str, Price] | None = None,
 ) -> EvalReport:
-    """Replay every trace at every budget and score it beside the baselines."""
+    """Replay every trace at every budget and score it beside the baselines, priced with ``prices``."""
     counter = ContextCounter(counter_for("o200k_base"))
-    report = EvalReport(tuple(budgets))
+    report = EvalReport(tuple(budgets), prices=dict(prices or {}))
     for budget in budgets:
         await client.register_policy(
             ContextPolicy(name=policy_name(budget), model_profile=None, budget_tokens=budget)
@@ -183,7 +189,13 @@ async def evaluate(
                 client, trace.lines, session_id=f"{session_prefix}-t{t_index}-b{budget}", budget=budget
             )
             score = score_trace(
-                trace.name, trace.lines, budget, run.outcomes, counter, compactions=run.compactions
+                trace.name,
+                trace.lines,
+                budget,
+                run.outcomes,
+                counter,
+                compactions=run.compactions,
+                prices=report.prices,
             )
             report.traces.append(score)
             if on_done is not None:

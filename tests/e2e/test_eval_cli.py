@@ -112,6 +112,15 @@ def test_eval_scores_every_trace_beside_the_three_baselines_and_prints_the_table
     assert "all traces, per budget" in evaluation["stdout"] and "masking" in evaluation["stdout"]
 
 
+def test_eval_prices_every_system_per_task_with_each_default_profile(evaluation: dict[str, Any]) -> None:
+    assert list(evaluation["prices"]) == ["gpt-4.1", "claude-sonnet-4"]
+    for name, system in evaluation["aggregate"][str(BUDGET)].items():
+        for profile in evaluation["prices"]:
+            bill = system["cost"][profile]
+            assert bill["usd_per_task"] > 0 and 0 < bill["cache_hit_share"] < 1, (name, profile, bill)
+    assert f"cost per task at {BUDGET} as claude-sonnet-4" in evaluation["stdout"]
+
+
 def test_no_prepare_fails_while_the_required_content_fits(evaluation: dict[str, Any]) -> None:
     assert _fleet(evaluation)["failed_while_required_fits"] == 0
 

@@ -332,6 +332,30 @@ def test_a_masked_failed_output_keeps_its_telling_line() -> None:
     assert "[telling line: ValueError: bad config key 'port']" in failed
 
 
+@pytest.mark.parametrize(
+    ("command", "kept"), [("python app.py 2>&1 | head -200", True), ("cat app.log", False)]
+)
+def test_a_masked_output_keeps_its_telling_line_when_only_the_output_shows_the_failure(
+    command: str, kept: bool
+) -> None:
+    t = Thread()
+    # Exit status 0 (the pipe's); the traceback that ends it is the failure unless it is a file shown.
+    traceback = "Traceback (most recent call last):\n" + '  File "app.py", line 9, in <module>\n' * 80
+    events = [
+        t.system("Sys."),
+        t.user("fix it"),
+        t.assistant(calls=(("f", "bash", {"cmd": command}),)),
+        t.outcome("f", traceback + "ValueError: bad config key 'port'"),
+    ]
+    events += _coding_thread(t, 3)[2:]
+    records = ledger_records(events)
+    full = _prepare(t, records)
+    prepared = _prepare(t, records, budget=full.budget_report.used.total - 100)
+    shown = next(m.content or "" for m in prepared.messages if m.tool_call_id == "f")
+    assert "output masked to save context" in shown
+    assert ("[telling line: ValueError: bad config key 'port']" in shown) is kept
+
+
 def test_masking_in_chunks_keeps_consecutive_contexts_extending_each_other() -> None:
     t = Thread()
     events = _coding_thread(t, 50, output="line {n} of the log\n" * 60)

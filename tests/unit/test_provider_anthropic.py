@@ -20,6 +20,8 @@ from services.core.providers.anthropic_messages import (
     MAX_BREAKPOINTS,
     SYSTEM_PREFIX,
     anthropic_request,
+    cache_breakpoints,
+    content_sources,
 )
 from services.core.providers.bundle import ContextBundle
 from services.core.records import LedgerRecord, ToolOutcomeBody
@@ -481,3 +483,32 @@ def test_shape_rules_opening_assistant_late_system_merges_odd_arguments_and_ids(
     ]
     # No blocks, so no head: only the tools and system breakpoints.
     assert len(_breakpoints(request)) == 2
+
+
+def _marked_sources(request: dict[str, Any], messages: tuple[ChatMessage, ...]) -> set[int]:
+    """The canonical message each system or message breakpoint ends."""
+    blocks = [*request.get("system", []), *(b for _, _, b in _content(request))]
+    sources = content_sources(messages)
+    return {sources[n] for n, b in enumerate(blocks) if "cache_control" in b}
+
+
+@pytest.mark.parametrize("case", sorted(p.stem for p in PREPARE_GOLDEN.glob("*.json")))
+def test_cache_breakpoints_name_the_messages_the_request_marks(case: str) -> None:
+    bundle, prepared = _golden(case)
+    expected = _marked_sources(anthropic_request(bundle), prepared.messages)
+    assert {n - 1 for n in cache_breakpoints(prepared.messages, prepared.blocks)} == expected
+
+
+def test_cache_breakpoints_end_the_summary_when_the_head_has_one() -> None:
+    t = Thread()
+    events: list[Any] = [t.system("Rules."), t.user("Fix the failing test in app.py")]
+    for n in range(4):
+        events += [
+            t.assistant(calls=((f"c{n}", "bash", {"cmd": f"cat f{n}"}),)),
+            t.outcome(f"c{n}", f"out {n}"),
+        ]
+    records = ledger_records(events)
+    prepared = _prepare(t, records, summary=_summary(records, 6, "Read f0 and f1: both fine."), tools=[BASH])
+    request = anthropic_request(_bundle(prepared, records))
+    marks = cache_breakpoints(prepared.messages, prepared.blocks)
+    assert {n - 1 for n in marks} == _marked_sources(request, prepared.messages) and len(marks) == 3

@@ -198,3 +198,27 @@ def test_handoff_carries_the_files_modified_and_the_newest_failure_across_window
     )
     assert two.files_modified == ("src/parse.py", "src/lex.py")
     assert two.last_failure == one.last_failure  # carried: no failure in the second window
+
+
+def test_handoff_carries_a_failure_only_the_output_shows_and_not_a_viewed_one() -> None:
+    t = Thread()
+    window = ledger_records(
+        [
+            t.user("make app.py start", key="u1"),
+            t.assistant(calls=(("c1", "bash", {"command": "python app.py 2>&1 | tail"}),), key="a1"),
+            t.outcome("c1", "Traceback (most recent call last):\nKeyError: 'port'", key="r1"),
+            t.assistant(calls=(("c2", "bash", {"command": "cat old.log"}),), key="a2"),
+            t.outcome("c2", "Traceback (most recent call last):\nValueError: old", key="r2"),
+        ]
+    )
+    handoff = build_handoff(
+        previous_window=1,
+        last_event_seq=5,
+        window=window,
+        trigger=RolloverTrigger.HARD_LIMIT,
+        thread_id=t.thread_id,
+        run_id=t.run_id,
+        state=StateView(),
+        rules=RULES,
+    )
+    assert handoff.last_failure is not None and handoff.last_failure.endswith("error: KeyError: 'port'")

@@ -5,7 +5,8 @@ every one keeps the seqs it came from. What it extracts: goal and current
 request, the user's constraints (whole sentences), decisions and the current hypothesis the model
 stated, progress per tool group, files modified with what changed and files read with the range
 shown and a hash of what it showed, each distinct command with its run count, last status and
-last failure, tool failures with their real status (cleared once the same call succeeds later),
+last failure, tool failures with their real status or, when only the output shows one, as errors
+(``services.core.failures``; cleared once the same call succeeds later),
 the state-changing calls of non-file tools with their arguments verbatim (actions.py says which),
 approaches that failed, unresolved questions, next steps, and references to externalized results.
 Sentences that carry no information ("Let me check…") are not decisions, and wrapper lines of an
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import assert_never
@@ -44,6 +44,7 @@ from services.core.records import (
 )
 from services.core.compaction.actions import action_args, is_action, primary_id
 from services.core.compaction.files import files_of_call
+from services.core.failures import failure_of, shell_command
 from services.core.compaction.model import (
     ActionTaken,
     CommandRun,
@@ -189,20 +190,6 @@ def _status(status: ToolStatus) -> Status:
             assert_never(status)
 
 
-def _shell_command(args: Mapping[str, JsonValue]) -> str:
-    """The command line of a shell-style call ("" for an editor call, which names a file)."""
-    if any(isinstance(args.get(k), str) for k in _PATH_KEYS):
-        return ""
-    for key in ("command", "cmd", "script"):
-        value = args.get(key)
-        if isinstance(value, str) and value.strip():
-            return value
-        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-            items = [str(v) for v in value]
-            return items[2] if len(items) >= 3 and items[1] in {"-c", "-lc"} else shlex.join(items)
-    return ""
-
-
 def _path_arg(args: Mapping[str, JsonValue]) -> str:
     return next((v for k in _PATH_KEYS if isinstance(v := args.get(k), str) and v), "")
 
@@ -217,7 +204,7 @@ def _args_brief(args: Mapping[str, JsonValue]) -> str:
 
 def call_key(name: str, args: Mapping[str, JsonValue]) -> str:
     """What makes two calls "the same tool/command": a later success of the key clears its failures."""
-    shell = _shell_command(args)
+    shell = shell_command(args)
     if shell:
         return _clip(shell, 200)
     path = _path_arg(args)
@@ -233,7 +220,7 @@ def _quote(text: str, limit: int = 50) -> str:
 
 def _change_of(name: str, args: Mapping[str, JsonValue]) -> str:
     """What an edit changed, from its arguments: editor command and target, or the shell command."""
-    shell = _shell_command(args)
+    shell = shell_command(args)
     if shell:
         return "`" + _clip(shell, 120) + "`"
     verb = next((v for k in ("command", "action", "mode", "op") if isinstance(v := args.get(k), str)), name)
@@ -258,7 +245,7 @@ def _range_of(args: Mapping[str, JsonValue]) -> str:
     if isinstance(view, list) and len(view) == 2 and all(isinstance(v, int) for v in view):
         start, end = view
         return f"L{start}-{'end' if end == -1 else end}"
-    shell = _shell_command(args)
+    shell = shell_command(args)
     if found := _SED_RANGE.search(shell):
         return f"L{found.group(1)}-{'end' if found.group(2) == '$' else found.group(2)}"
     if found := _HEAD.search(shell):
@@ -329,13 +316,15 @@ class _Ledger:
 
     def outcome(self, record: LedgerRecord, body: ToolOutcomeBody) -> SourcedText:
         """Record one tool outcome; returns its progress line."""
-        call_id, status = body.call_id, _status(body.status)
+        call_id = body.call_id
         self.answered.add(call_id)
         origin, call = self.calls.get(call_id, (None, None))
         name, args = (call.name, call.args) if call is not None else ("?", {})
         sources = (origin.seq, record.seq) if origin else (record.seq,)
         key = call_key(name, args) if call is not None else f"{name} {call_id}"
-        shell = _shell_command(args)
+        shell = shell_command(args)
+        failed = failure_of(call, body.status, record.text)
+        status = _status(failed.status) if failed is not None else "success"
         if status == "success":
             self.failures = [
                 f.model_copy(update={"cleared_at": record.seq})
@@ -347,7 +336,13 @@ class _Ledger:
                 self.views.setdefault(path, []).append(
                     FileView(lines=_range_of(args), sha=_sha(record.text), sources=sources)
                 )
-        detail = error_line(record.text, shell) if status != "success" else ""
+        detail = (
+            ""
+            if failed is None
+            else failed.line
+            if failed.shown_by == "output"
+            else error_line(record.text, shell)
+        )
         self._command(key, name, status, detail, sources)
         if call is not None and is_action(name, args):
             self.actions.append(

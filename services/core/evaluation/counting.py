@@ -23,6 +23,7 @@ __all__ = [
     "count_context",
     "count_message",
     "count_tools",
+    "message_key",
 ]
 
 MESSAGE_FRAMING = 3
@@ -80,7 +81,7 @@ class ContextCounter:
 
     def message(self, message: Mapping[str, JsonValue]) -> int:
         """Tokens of one message."""
-        key = _key(message)
+        key = message_key(message)
         found = self._memo.get(key)
         if found is None:
             found = self._memo[key] = count_message(message, self.counter)
@@ -97,7 +98,8 @@ class ContextCounter:
         return count_tools(tools, self.counter) + self.messages(messages) + REPLY_PRIMING
 
 
-def _key(message: Mapping[str, JsonValue]) -> tuple[object, ...]:
+def message_key(message: Mapping[str, JsonValue]) -> tuple[object, ...]:
+    """What makes two messages the same message to a count or a cache, hashable."""
     # Cheaper than serializing: the content strings come from the trace, and str caches its hash.
     calls = message.get("tool_calls")
     shape: list[object] = []

@@ -2,9 +2,10 @@
 
 The probes are computed here from the recorded events, independently of the fleet's summarizer,
 so they can judge it: the run's task verbatim; every file written and every file read (named by
-``services.core.compaction.files``); the telling line of the last failed call while no later call of
-the same tool/command has succeeded; the first informative line of the last tool outcome; and the
-user's constraints (sentences with must/never/always/do not/only…). A probe is present when its
+``services.core.compaction.files``); the telling line of the last failed call (by status or by what
+its output shows: ``services.core.failures``) while no later call of the same tool/command has
+succeeded; the first informative line of the last tool outcome; and the user's constraints
+(sentences with must/never/always/do not/only…). A probe is present when its
 text occurs in the context's message contents and tool-call arguments, whitespace normalized.
 """
 
@@ -20,7 +21,10 @@ from typing import assert_never
 
 from pydantic import JsonValue
 
+from contracts import ToolStatus
+
 from services.core.compaction.files import FileAccess, files_of_call
+from services.core.failures import failure_of
 from services.core.records import RecordKind
 from services.core.trace import TraceCall, TraceLine
 
@@ -149,7 +153,7 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
     read: dict[str, int] = {}
     constraints: dict[str, int] = {}
     task: TraceLine | None = None
-    last_failure: tuple[TraceLine, str] | None = None
+    last_failure: tuple[TraceLine, str, str] | None = None
     last_outcome: TraceLine | None = None
     for line in lines:
         kind = RecordKind(line.kind)
@@ -168,9 +172,16 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
                         read.setdefault(path, line.line)
             case RecordKind.TOOL_OUTCOME:
                 last_outcome = line
-                key = _call_key(calls.get(line.call_id or ""))
-                if line.status != "success":
-                    last_failure = (line, key)
+                called = calls.get(line.call_id or "")
+                key = _call_key(called)
+                if failure := failure_of(called, ToolStatus(line.status), line.text):
+                    # A failure only the output shows is told by the line that shows it.
+                    telling = (
+                        failure.line[:MAX_PROBE_CHARS]
+                        if failure.shown_by == "output"
+                        else telling_line(line.text)
+                    )
+                    last_failure = (line, key, telling)
                 elif last_failure is not None and last_failure[1] == key:
                     last_failure = None
             case (
@@ -191,8 +202,8 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
         probes.append(Probe(ProbeKind.TASK, task.text, task.line))
     probes += [Probe(ProbeKind.FILES_WRITTEN, p, n) for p, n in written.items()]
     probes += [Probe(ProbeKind.FILES_READ, p, n) for p, n in read.items()]
-    if last_failure is not None and (telling := telling_line(last_failure[0].text)):
-        probes.append(Probe(ProbeKind.LAST_ERROR, telling, last_failure[0].line))
+    if last_failure is not None and last_failure[2]:
+        probes.append(Probe(ProbeKind.LAST_ERROR, last_failure[2], last_failure[0].line))
     if last_outcome is not None:
         if head := head_line(last_outcome.text, _command_of(calls.get(last_outcome.call_id or ""))):
             probes.append(Probe(ProbeKind.LAST_OUTCOME, head, last_outcome.line))

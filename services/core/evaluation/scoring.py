@@ -6,7 +6,7 @@ every system sends everything). Every prepare counts for tokens, failures and ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import JsonValue
@@ -16,6 +16,7 @@ from services.core.trace import TraceLine
 
 from services.core.evaluation.baselines import BASELINES, baseline_context
 from services.core.evaluation.chat import ChatMsg, History, history_of
+from services.core.evaluation.cost import Bill, Call, Price, bill_calls, call_of, call_times
 from services.core.evaluation.counting import REPLY_PRIMING, ContextCounter
 from services.core.evaluation.probes import PROBE_KINDS, Probe, haystack_of, is_present, probes_at
 
@@ -51,6 +52,8 @@ class FleetContext:
     reported_tokens: int = 0
     # How long the prepare waited on the hot path for a compaction to land (0: it did not).
     compaction_wait_ms: int = 0
+    # Where its Anthropic request caches, as counts of leading messages.
+    breakpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,8 @@ class SystemScore:
     compaction_waits: int = 0
     waited_ms: int = 0
     misses: list[dict[str, JsonValue]] = field(default_factory=list)
+    # Per priced model profile, what its calls cost with that provider's prompt cache.
+    costs: dict[str, Bill] = field(default_factory=dict)
 
     @property
     def cache_reuse(self) -> float | None:
@@ -128,6 +133,8 @@ class SystemScore:
         if other.summary_tokens_end is not None:
             self.summary_tokens_end = max(self.summary_tokens_end or 0, other.summary_tokens_end)
         self.misses += other.misses[: max(0, MAX_MISSES - len(self.misses))]
+        for profile, bill in other.costs.items():
+            self.costs.setdefault(profile, Bill()).merge(bill)
 
     def as_json(self) -> dict[str, JsonValue]:
         """The figures as JSON (rates rounded to 4 places)."""
@@ -143,6 +150,7 @@ class SystemScore:
             "tokens": self.tokens,
             "tokens_per_task": round(self.tokens / self.tasks) if self.tasks else None,
             "cache_reuse": _round(self.cache_reuse),
+            "cost": {profile: bill.as_json(self.tasks) for profile, bill in self.costs.items()},
             "probes": {
                 k: {"passed": t.passed, "total": t.total, "rate": _round(t.rate)}
                 for k, t in self.probes.items()
@@ -209,11 +217,15 @@ def score_trace(
     counter: ContextCounter,
     *,
     compactions: int | None = None,
+    prices: Mapping[str, Price] | None = None,
 ) -> TraceScore:
-    """Score ``fleet``'s outcomes (one per ``prepare_points(lines)``) and the baselines at ``budget``."""
+    """Score ``fleet``'s outcomes (one per ``prepare_points(lines)``) and the baselines at ``budget``;
+    price every system's calls with each of ``prices`` (model profile → price)."""
     points = prepare_points(lines)
     if len(fleet) != len(points):
         raise ValueError(f"{name}: {len(fleet)} fleet outcomes for {len(points)} prepares")
+    times = call_times(lines, points)
+    calls: dict[str, list[Call]] = {s: [] for s in SYSTEMS}
     scores = {s: SystemScore(s, steps=len(points), tasks=1) for s in SYSTEMS}
     scores[CTXFLEET].compactions = compactions
     previous: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...]]] = {}
@@ -230,7 +242,9 @@ def score_trace(
             "full_tokens": full_tokens,
         }
         contexts: dict[str, tuple[tuple[ChatMsg, ...], tuple[ChatMsg, ...], int, bool] | None] = {}
+        breakpoints: dict[str, tuple[int, ...]] = {}
         if isinstance(outcome, FleetContext):
+            breakpoints[CTXFLEET] = outcome.breakpoints
             tokens = counter.context(outcome.messages, outcome.tools)
             contexts[CTXFLEET] = (outcome.messages, outcome.tools, tokens, tokens > budget)
             scores[CTXFLEET].summary_tokens_end = outcome.summary_tokens
@@ -242,6 +256,9 @@ def score_trace(
         for kind in BASELINES:
             b = baseline_context(kind, history, budget, counter)
             contexts[kind.value] = (b.messages, (), b.tokens, b.failed)
+            # What a careful runtime marks: the end of the system text and the end of the messages.
+            breakpoints[kind.value] = (len(history.system), len(b.messages))
+        reply = counter.messages(history_of(lines[index : index + 1]).messages())
         for system, ctx in contexts.items():
             score = scores[system]
             score.prepares += 1
@@ -254,6 +271,16 @@ def score_trace(
             messages, tools, tokens, over = ctx
             score.tokens += tokens
             score.over_budget += int(over)
+            calls[system].append(
+                call_of(
+                    messages,
+                    tools,
+                    counter,
+                    at_s=times[ordinal - 1],
+                    output_tokens=reply,
+                    breakpoints=breakpoints[system],
+                )
+            )
             if system in previous:
                 prev_messages, prev_tools = previous[system]
                 shared = common_prefix(prev_messages, messages)
@@ -267,6 +294,8 @@ def score_trace(
                 s: _probe(scores[s], probes, contexts[s], (name, ordinal, lines[index].line)) for s in SYSTEMS
             }
             detail.append(row)
+    for system, score in scores.items():
+        score.costs = {profile: bill_calls(calls[system], p) for profile, p in (prices or {}).items()}
     return TraceScore(name, budget, len(points), scores, detail)
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "MAX_BREAKPOINTS",
     "SYSTEM_PREFIX",
     "anthropic_request",
+    "cache_breakpoints",
     "content_sources",
     "message_blocks",
 ]
@@ -120,6 +121,16 @@ def _check_no_tool_blocks(items: Sequence[_Item]) -> None:
             missing="tools",
             called=called,
         )
+
+
+def cache_breakpoints(messages: Sequence[ChatMessage], blocks: Sequence[ContextBlock]) -> tuple[int, ...]:
+    """Where ``anthropic_request`` puts its message breakpoints, as counts of leading canonical
+    messages: the leading system messages, the head's end and the history's end (the tools' own
+    breakpoint lies before every message)."""
+    system = 0
+    while system < len(messages) and messages[system].role == "system":
+        system += 1
+    return tuple(sorted({n for n in (system, _head_end(blocks), _history_end(blocks)) if n > 0}))
 
 
 def message_blocks(

@@ -14,11 +14,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from contracts import BlockKind, ChatMessage, PathRule, Retention, ToolStatus
+from contracts import BlockKind, ChatMessage, PathRule, Retention
 from contracts.windows import RolloverTrigger, WindowHandoff
 
 from services.core.compaction.files import files_of_call
 from services.core.compaction.structured import error_line
+from services.core.failures import failure_of
 from services.core.groups import DraftBlock
 from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
 from services.core.state import Fact, StateView, state_hash
@@ -111,20 +112,20 @@ def _files_modified(window: Sequence[LedgerRecord], earlier: Sequence[str]) -> t
 def _last_failure(window: Sequence[LedgerRecord], earlier: str | None) -> str | None:
     """The newest failed outcome of the task so far. Never cleared by a later success: a shell
     agent calls one tool for everything, so a success says nothing about what the failure was."""
-    names = {
-        c.call_id: c.name
-        for r in window
-        if isinstance(r.body, AssistantMessageBody)
-        for c in r.body.tool_calls
+    calls = {
+        c.call_id: c for r in window if isinstance(r.body, AssistantMessageBody) for c in r.body.tool_calls
     }
-    failure = earlier
+    last = earlier
     for r in window:
-        if isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS:
-            name = names.get(r.body.call_id, "a tool")
-            failure = (
-                f"{name} (call {r.body.call_id}, record {r.seq}) {r.body.status.value}: {error_line(r.text)}"
-            )
-    return failure
+        if not isinstance(r.body, ToolOutcomeBody):
+            continue
+        call = calls.get(r.body.call_id)
+        failure = failure_of(call, r.body.status, r.text)
+        if failure is not None:
+            line = failure.line if failure.shown_by == "output" else error_line(r.text)
+            name = call.name if call is not None else "a tool"
+            last = f"{name} (call {r.body.call_id}, record {r.seq}) {failure.status.value}: {line}"
+    return last
 
 
 def render_handoff(handoff: WindowHandoff) -> str:
