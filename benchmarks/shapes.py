@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from contracts import AssistantMessageEvent, PreparedContext, PrepareRequest, RequestFormat
+from contracts import AssistantMessageEvent, PreparedContext, PrepareRequest, RequestFormat, ToolSchema
 from infra import SAMPLES_DIR
 from infra.runtime import Servers, start_fleet
 from services.core.tokens import counter_for
@@ -113,7 +113,16 @@ async def bench_shapes(
                 options = ReplayOptions(session_id=f"shapes-{uuid.uuid4().hex[:10]}")
                 last_key: dict[str, str] = {}
                 previous: dict[str, tuple[int, dict[str, Any]]] = {}
-                for event in trace_events(read_trace(path), options):
+                events = trace_events(read_trace(path), options)
+                # The tools the trace calls: an Anthropic body with tool blocks must declare them.
+                called = {
+                    c.name
+                    for e in events
+                    if isinstance(e, AssistantMessageEvent)
+                    for c in e.payload.tool_calls
+                }
+                tools = tuple(ToolSchema(name=name) for name in sorted(called))
+                for event in events:
                     thread = event.thread_id
                     if isinstance(event, AssistantMessageEvent) and thread in last_key:
                         for fmt in FORMATS:
@@ -126,6 +135,7 @@ async def bench_shapes(
                                     budget_tokens=16_000,
                                     after_event_key=last_key[thread],
                                     format=fmt,
+                                    tools=tools,
                                     wait_ms=30_000,
                                 )
                             )

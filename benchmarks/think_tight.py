@@ -16,7 +16,7 @@ import asyncio
 import gc
 from pathlib import Path
 
-from contracts import PrepareRequest
+from contracts import PrepareRequest, ToolSchema
 from ctxfleet_client.client import FleetClient
 from tests.fixtures.builders import Thread
 
@@ -32,8 +32,14 @@ PAUSES: tuple[tuple[float, int], ...] = ((0.0, 100), (1.5, 60))
 
 async def _tight_thread(client: FleetClient) -> tuple[Thread, PrepareRequest]:
     t, gpt = await _build_thread(client, _POLICY_LINE * (SYSTEM_TOKENS // 16))
+    # The thread's calls are bash calls: an Anthropic body with tool blocks must declare the tool.
     request = gpt.model_copy(
-        update={"model_profile": None, "budget_tokens": BUDGET, "format": "anthropic.messages"}
+        update={
+            "model_profile": None,
+            "budget_tokens": BUDGET,
+            "format": "anthropic.messages",
+            "tools": (ToolSchema(name="bash"),),
+        }
     )
     await client.prepare(request)  # warmed in this shape too
     return t, request

@@ -23,7 +23,7 @@ __all__ = [
     "Timestamp",
     "TimestampOutOfRange",
     "WireModel",
-    "any_of_schema",
+    "forbidden_shapes",
     "is_none",
     "none_omitted",
     "reply_json",
@@ -60,19 +60,23 @@ def reply_json(reply: BaseModel) -> bytes:
     return reply.model_dump_json(exclude_none=True).encode()
 
 
-def any_of_schema(*branches: dict[str, Any], forbid: dict[str, Any] | None = None) -> _SchemaRule:
+def forbidden_shapes(*shapes: dict[str, Any]) -> _SchemaRule:
     """A ``json_schema_extra`` that states a model validator's rule in the schema, for other languages.
 
-    Each branch is an object schema (``properties``, ``required``); the model is valid when it matches
-    one of them and does not match ``forbid``. A property typed in a branch but absent from the body
-    still matches (that is what ``properties`` means), so "absent or a string" is ``{"type": "string"}``
-    and "present, not null" needs ``required`` as well.
+    Each shape is an object schema (``properties``, ``required``) of a body the model refuses. A
+    property typed in a shape but absent from the body still matches (that is what ``properties``
+    means), so "absent or null" is ``{"type": "null"}`` and "present, not null" needs ``required``.
+
+    The rule is written ``if <shape> then false else …``: validators apply it, and code generators
+    (json-schema-to-typescript, datamodel-code-generator, Modelina) leave it out of the type, where a
+    top-level ``anyOf`` would turn one request into a union of anonymous one-property types.
     """
 
     def add(schema: dict[str, Any]) -> None:
-        schema["anyOf"] = [{"type": "object", **branch} for branch in branches]
-        if forbid is not None:
-            schema["not"] = {"type": "object", **forbid}
+        rule: dict[str, Any] = {}
+        for shape in reversed(shapes):
+            rule = {"if": {"type": "object", **shape}, "then": False, **({"else": rule} if rule else {})}
+        schema.update(rule)
 
     return add
 

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import SchemaVersion, WireModel, any_of_schema
+from ._base import SchemaVersion, WireModel, forbidden_shapes
 from .ids import Identifier
 from .prepare import ModelProfile
 from .windows import WindowPolicy
@@ -33,10 +33,15 @@ class CompactionTriggers(WireModel):
 
     # ``_at_least_one`` in the schema; an absent context_ratio is its default, so it counts as on.
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            {"properties": {"context_ratio": {"type": "number"}}},
-            {"properties": {"user_turns": {"type": "integer"}}, "required": ["user_turns"]},
-            {"properties": {"model_steps": {"type": "integer"}}, "required": ["model_steps"]},
+        json_schema_extra=forbidden_shapes(
+            {
+                "properties": {
+                    "context_ratio": {"type": "null"},
+                    "user_turns": {"type": "null"},
+                    "model_steps": {"type": "null"},
+                },
+                "required": ["context_ratio"],
+            },
         )
     )
 
@@ -92,11 +97,16 @@ class ContextPolicy(WireModel):
     # ``_one_budget_source`` in the schema. An absent model_profile is "gpt-4o", so a profile needs
     # ``"model_profile": null`` beside it.
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            {"properties": {"model_profile": {"type": "string"}}},
-            {"properties": {"profile": {"type": "object"}}, "required": ["profile"]},
-            {"properties": {"budget_tokens": {"type": "integer"}}, "required": ["budget_tokens"]},
-            forbid={
+        json_schema_extra=forbidden_shapes(
+            {
+                "properties": {
+                    "model_profile": {"type": "null"},
+                    "profile": {"type": "null"},
+                    "budget_tokens": {"type": "null"},
+                },
+                "required": ["model_profile"],
+            },
+            {
                 "properties": {"model_profile": {"type": "string"}, "profile": {"type": "object"}},
                 "required": ["profile"],
             },

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from ._base import SchemaVersion, WireModel, any_of_schema, is_none, none_omitted
+from ._base import SchemaVersion, WireModel, forbidden_shapes, is_none, none_omitted
 from .forecasts import Forecast, ForecastDeclaration
 from .ids import EventKeyStr, Identifier
 from .task_budgets import TaskBudget, TaskBudgetReport
@@ -141,9 +141,11 @@ class EvidenceRef(WireModel):
 
     # ``_lines_are_ordered`` in the schema, but for the order itself (JSON Schema cannot compare fields).
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            {"properties": {"end_line": {"type": "null"}}},
-            {"properties": {"start_line": {"type": "integer"}}, "required": ["start_line"]},
+        json_schema_extra=forbidden_shapes(
+            {
+                "properties": {"end_line": {"type": "integer"}, "start_line": {"type": "null"}},
+                "required": ["end_line"],
+            },
         )
     )
 
@@ -166,11 +168,15 @@ class PrepareRequest(WireModel):
 
     # The rule of ``_names_a_budget``, in the schema: a budget source, and not both kinds of profile.
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            {"properties": {"model_profile": {"type": "string"}}, "required": ["model_profile"]},
-            {"properties": {"profile": {"type": "object"}}, "required": ["profile"]},
-            {"properties": {"budget_tokens": {"type": "integer"}}, "required": ["budget_tokens"]},
-            forbid={
+        json_schema_extra=forbidden_shapes(
+            {
+                "properties": {
+                    "model_profile": {"type": "null"},
+                    "profile": {"type": "null"},
+                    "budget_tokens": {"type": "null"},
+                }
+            },
+            {
                 "properties": {"model_profile": {"type": "string"}, "profile": {"type": "object"}},
                 "required": ["model_profile", "profile"],
             },

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import SchemaVersion, WireModel, any_of_schema
+from ._base import SchemaVersion, WireModel, forbidden_shapes
 from .ids import Identifier
 
 __all__ = ["READ", "POLICY_REGISTER", "PolicyRegistered", "ReadReply", "ReadRequest"]
@@ -35,12 +35,9 @@ class ReadRequest(WireModel):
 
     # ``_one_range`` in the schema: both of line and lines, or neither.
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            {
-                "properties": {"line": {"type": "integer"}, "lines": {"type": "integer"}},
-                "required": ["line", "lines"],
-            },
-            {"properties": {"line": {"type": "null"}, "lines": {"type": "null"}}},
+        json_schema_extra=forbidden_shapes(
+            {"properties": {"line": {"type": "integer"}, "lines": {"type": "null"}}, "required": ["line"]},
+            {"properties": {"line": {"type": "null"}, "lines": {"type": "integer"}}, "required": ["lines"]},
         )
     )
 

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ._base import WireModel, any_of_schema
+from ._base import WireModel, forbidden_shapes
 
 __all__ = ["TASK_BUDGET_DIMENSIONS", "BudgetLedger", "CallUsage", "TaskBudget", "TaskBudgetReport"]
 
@@ -62,14 +62,8 @@ class TaskBudget(WireModel):
 
     # ``_limits_something`` in the schema: one of the limits present and not null.
     model_config = ConfigDict(
-        json_schema_extra=any_of_schema(
-            *(
-                {
-                    "properties": {name: {"type": "number" if name == "cost" else "integer"}},
-                    "required": [name],
-                }
-                for name in TASK_BUDGET_DIMENSIONS
-            )
+        json_schema_extra=forbidden_shapes(
+            {"properties": {name: {"type": "null"} for name in TASK_BUDGET_DIMENSIONS}},
         )
     )
 

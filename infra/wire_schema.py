@@ -11,7 +11,11 @@ Pydantic's output is close to what other languages need, but not quite:
 3. A standalone file needs ``$schema`` (the dialect) and ``$id`` (a stable name to ``$ref`` it by).
 4. The AsyncAPI document shares one ``components/schemas``: there the definitions are generated
    together, with references into it.
-5. What the fleet sends (replies, dead letters, notices) never carries ``null``
+5. A ``$ref`` beside ``"default": null`` (a free-form ``JsonValue``) loses the default: generators
+   would take null's type for the value's and type any JSON value as an object.
+6. A field has no title: pydantic's (the field's name, capitalized) would name a type in generators,
+   and take the name of the type the field holds.
+7. What the fleet sends (replies, dead letters, notices) never carries ``null``
    (``contracts.reply_json``): there a field that can be ``None`` is typed without ``null`` and is
    simply optional. What it receives may carry ``null`` (the Python client sends it), so requests
    and events keep it.
@@ -77,16 +81,30 @@ def strict_schema(schema: Any, *, asyncapi: bool = False) -> Any:
             out[key] = strict_schema(value, asyncapi=asyncapi)
         elif key in _MANY:
             out[key] = [strict_schema(v, asyncapi=asyncapi) for v in value]
+        elif key == "properties":
+            out[key] = {name: _untitled(strict_schema(v, asyncapi=asyncapi)) for name, v in value.items()}
         elif key in _MAPS:
             out[key] = {name: strict_schema(v, asyncapi=asyncapi) for name, v in value.items()}
         else:
             out[key] = value
+    if "$ref" in out and "default" in out and out["default"] is None:
+        # A free-form value (``JsonValue``) whose default is null: generators read the default's
+        # type, and json-schema-to-typescript would type any JSON value as an object.
+        del out["default"]
     if out.get("type") == "integer":
         if "minimum" not in out and "exclusiveMinimum" not in out:
             out["minimum"] = JSON_INT_MIN
         if "maximum" not in out and "exclusiveMaximum" not in out:
             out["maximum"] = JSON_INT_MAX
     return out
+
+
+def _untitled(schema: Any) -> Any:
+    # Pydantic titles every field after its name ("Model Profile"); generators name a type after a
+    # title, so the field's title would take the name of the type it holds (ModelProfile1).
+    if isinstance(schema, dict):
+        schema.pop("title", None)
+    return schema
 
 
 def message_schema(message: WireMessage) -> dict[str, Any]:

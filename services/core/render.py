@@ -38,7 +38,7 @@ from services.core.records import (
     parse_body,
 )
 from services.core import json_text
-from services.core.context_tools import CONTEXT_READ
+from services.core.context_tools import read_back_with_tool
 from services.core.tokens import EncodingName, TokenCounter
 
 __all__ = [
@@ -252,11 +252,6 @@ def read_back_ref(text: str) -> str | None:
     """The ``ctx://blob/…`` reference a (trimmed or masked) text names, if any."""
     found = _BLOB_REF.search(text)
     return found.group(0) if found else None
-
-
-def read_back_with_tool(ref: str) -> str:
-    """Where to read the rest when the model has the context tools: the call that reads ``ref``."""
-    return f"read it back with {CONTEXT_READ}(ref={ref})"
 
 
 def name_read_tool(text: str) -> str:

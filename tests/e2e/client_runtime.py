@@ -29,6 +29,7 @@ from ctxfleet_client import (
     ToolCall,
     ToolOutcomeEvent,
     ToolOutcomePayload,
+    ToolSchema,
     ToolStatus,
     UserInputEvent,
     UserInputPayload,
@@ -82,6 +83,9 @@ async def main(trace: Path, query: str) -> dict[str, object]:
     seen: dict[str, object] = {"prepares": 0, "errors": [], "formats": {}, "answers": {}}
     async with await FleetClient.from_env() as fleet:
         events = trace_events(trace)
+        # The tools the trace calls: an Anthropic body with tool blocks must declare them.
+        names = {c.name for e in events if isinstance(e, AssistantMessageEvent) for c in e.payload.tool_calls}
+        declared = tuple(ToolSchema(name=name) for name in sorted(names))
         for position, event in enumerate(events):
             following = events[position + 1] if position + 1 < len(events) else None
             if not isinstance(following, AssistantMessageEvent):
@@ -89,7 +93,12 @@ async def main(trace: Path, query: str) -> dict[str, object]:
                 continue
             fmt = FORMATS[int(str(seen["prepares"])) % len(FORMATS)]
             request = PrepareRequest(
-                session_id=SESSION, run_id=RUN, instance_id=INSTANCE, budget_tokens=4_000, format=fmt
+                session_id=SESSION,
+                run_id=RUN,
+                instance_id=INSTANCE,
+                budget_tokens=4_000,
+                format=fmt,
+                tools=declared,
             )
             try:
                 step = await fleet.append_and_prepare(event, request)

@@ -18,6 +18,7 @@ import pytest
 from infra.embedded import free_port
 from infra.schemas import write_schemas
 from services.settings import Settings
+from tests.fixtures.node import installed_node_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
@@ -25,33 +26,10 @@ StartFleet = Callable[..., Awaitable[Any]]
 TRACE = ROOT / "infra" / "samples" / "swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
 
 
-def _missing(reason: str) -> None:
-    # CI has Node.js 20 and npm: there a missing one is a broken machine, not a reason to skip.
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def ts_package() -> Path:
     """clients/typescript with its locked packages installed (npm ci) and built (tsc --strict)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        _missing("Node.js 20 and npm are not installed: the TypeScript client cannot be built")
-    stamp = PACKAGE / "node_modules" / ".package-lock.json"
-    lock = PACKAGE / "package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        # --ignore-scripts: nothing the packages ship runs at install.
-        npm = [
-            "npm",
-            "ci",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-            "--cache",
-            str(PACKAGE / ".npm-cache"),
-        ]
-        installed = subprocess.run(npm, cwd=PACKAGE, capture_output=True, text=True, timeout=300)
-        assert installed.returncode == 0, f"npm ci in clients/typescript failed:\n{installed.stderr}"
+    installed_node_packages(PACKAGE)
     built = subprocess.run(
         ["node", "node_modules/typescript/bin/tsc", "-p", "."],
         cwd=PACKAGE,
@@ -64,8 +42,9 @@ def ts_package() -> Path:
 
 
 def test_typescript_types_hold_requests_to_the_schemas_rules(ts_package: Path) -> None:
-    """test/wire-types.ts: a prepare without a budget, half a line range, a payload of another kind and an
-    unknown field do not compile (each line is marked @ts-expect-error, so one that compiled fails)."""
+    """test/wire-types.ts: a profile that is not a model profile, a prepare without a session, a payload
+    of another kind and an unknown field do not compile (each line is marked @ts-expect-error, so one
+    that compiled fails)."""
     checked = subprocess.run(
         ["node", "node_modules/typescript/bin/tsc", "-p", "tsconfig.test.json"],
         cwd=ts_package,

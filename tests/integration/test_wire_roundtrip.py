@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from infra.embedded import free_port
 from infra.schemas import write_schemas
 from services.settings import Settings
+from tests.fixtures.node import installed_node_packages
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -25,24 +24,7 @@ MAX_EVENT_BYTES = 65_536
 @pytest.fixture(scope="session")
 def node_packages() -> Path:
     """tests/node with its locked packages installed (npm ci; the registry is reachable at install time)."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js 20 and npm are not installed (tests/unit/test_schemas*.py check the contract)")
-    stamp = NODE_DIR / "node_modules" / ".package-lock.json"
-    lock = NODE_DIR / "package-lock.json"
-    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
-        # --ignore-scripts: nothing the packages ship runs at install (one of them would phone home).
-        npm = [
-            "npm",
-            "ci",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-            "--cache",
-            str(NODE_DIR / ".npm-cache"),
-        ]
-        installed = subprocess.run(npm, cwd=NODE_DIR, capture_output=True, text=True, timeout=300)
-        assert installed.returncode == 0, f"npm ci in tests/node failed:\n{installed.stderr}"
-    return NODE_DIR
+    return installed_node_packages(NODE_DIR)
 
 
 async def test_a_node_runtime_publishes_prepares_and_validates_every_reply_with_the_generated_schemas(

@@ -159,6 +159,10 @@ def test_every_preview_names_context_read_with_its_ref() -> None:
     previews = [m.content or "" for m in masked.messages if "output masked" in (m.content or "")]
     assert previews and all(f"read it back with {CONTEXT_READ}(ref=ctx://blob/" in c for c in previews)
     assert count_prepared(masked, COUNTER) <= masked.budget_report.used.total
+    # The instruction beside the tools says it in the previews' own words.
+    note = next(m.content or "" for m in full.messages if (m.content or "").startswith("[context tools]"))
+    assert f'"read it back with {CONTEXT_READ}(ref=ctx://blob/<sha256>)"' in note
+    assert "read it back from" not in note
     # Off, the same thread reads exactly as before.
     plain = _prepare(t, records)
     assert all(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from contracts import GatewayAddition, PreparedContext, PrepareRequest, RequestFormat, Retention
+from contracts import GatewayAddition, PreparedContext, PrepareRequest, RequestFormat, Retention, ToolSchema
 from contracts.hooks import AdditionCategory
 from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
@@ -56,6 +56,8 @@ def _prepared(format: RequestFormat) -> PreparedContext:
         instance_id=t.instance_id,
         budget_tokens=50_000,
         format=format,
+        # The call's tool: an Anthropic body with tool blocks must declare it.
+        tools=(ToolSchema(name="read_file"),),
     )
     return assemble_context(snapshot, request, resolve_budget(request), counter_for("o200k_base"))
 
@@ -63,7 +65,10 @@ def _prepared(format: RequestFormat) -> PreparedContext:
 def _body(prepared: PreparedContext) -> dict[str, Any]:
     if prepared.request is not None:
         return copy.deepcopy(prepared.request)
-    return {"messages": prepared.openai_messages(), "tools": []}
+    return {
+        "messages": prepared.openai_messages(),
+        "tools": [t.model_dump(mode="json") for t in prepared.tools],
+    }
 
 
 def _record(format: RequestFormat) -> tuple[GatewayRecord, dict[str, Any]]:

@@ -26,6 +26,7 @@ from services.core.providers.anthropic_messages import (
 from services.core.providers.bundle import ContextBundle
 from services.core.records import LedgerRecord, ToolOutcomeBody
 from services.core.tokens import counter_for
+from services.errors import InvalidRequest
 from tests.fixtures.sdk import conforms
 from tests.fixtures.builders import Thread, ledger_records
 
@@ -339,6 +340,19 @@ def test_parallel_results_are_one_user_message_in_call_order_with_the_user_text_
         ("text", None, None),
     ]
     assert results[2]["content"] == "/w" and results[3]["text"] == "now?"
+
+
+def test_a_body_with_tool_blocks_and_no_tools_is_an_invalid_request_naming_the_called_tools() -> None:
+    t = Thread()
+    events = [t.system("Sys."), t.user("q"), t.assistant(calls=(("a", "ls", {}),)), t.outcome("a", "x")]
+    records = ledger_records(events)
+    with pytest.raises(InvalidRequest) as refused:
+        _prepare(t, records)
+    assert refused.value.details == {"format": "anthropic.messages", "missing": "tools", "called": ["ls"]}
+    # With the tools, or in another format, or with no tool blocks, the same thread prepares.
+    assert _prepare(t, records, tools=[BASH]).request is not None
+    assert _prepare(t, records, format="openai.responses").request is not None
+    assert _prepare(t, ledger_records(events[:2])).request is not None
 
 
 def test_breakpoints_end_tools_system_and_the_summary() -> None:

@@ -287,7 +287,7 @@ def test_a_prepare_whose_view_or_inputs_changed_is_assembled_again(change: str) 
     if change == "budget":
         request = _with(request, budget_tokens=8_000)
     elif change == "format":
-        request = _with(request, format="anthropic.messages")
+        request = _with(request, format="openai.responses")
     elif change == "purpose":
         request = _with(request, purpose="completion")
     elif change == "context_tools":

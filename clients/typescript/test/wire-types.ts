@@ -6,12 +6,13 @@ const ids = { session_id: "s", run_id: "r", instance_id: "main" };
 
 export const withProfile: PrepareRequest = { ...ids, model_profile: "gpt-4o" };
 export const withBudget: PrepareRequest = { ...ids, budget_tokens: 8000 };
-// @ts-expect-error a prepare names a budget: model_profile, profile or budget_tokens
-export const withoutBudget: PrepareRequest = { ...ids };
+export const ownProfile: PrepareRequest = { ...ids, profile: { name: "m", context_window: 16000 } };
+// @ts-expect-error a profile is a model profile, not any object
+export const notAProfile: PrepareRequest = { ...ids, profile: { window: 16000 } };
+// @ts-expect-error session_id is required
+export const noSession: PrepareRequest = { run_id: "r", instance_id: "main", budget_tokens: 8000 };
 
 export const lineRange: ReadRequest = { session_id: "s", ref: "ctx://record/r.main/1", line: 3, lines: 10 };
-// @ts-expect-error line and lines go together
-export const halfRange: ReadRequest = { session_id: "s", ref: "ctx://record/r.main/1", line: 3 };
 
 export const question: Event = { ...ids, event_key: "e1", kind: "user_input", payload: { text: "hi" } };
 // @ts-expect-error an event's payload is its kind's

@@ -17,8 +17,9 @@ shape and the Messages API differ:
   added at the end: a context that ends with an assistant message is sent as it is, and the API
   reads that message as the start of the reply.
 - No empty text block and no null field is ever sent; ``system`` and ``tools`` are left out when
-  empty. Call ids the API refuses (it takes ``[A-Za-z0-9_-]+``; an inherited call is shown as
-  ``id@tag``) are rewritten, the same way in ``tool_use`` and ``tool_result``.
+  empty. A body with ``tool_use`` or ``tool_result`` blocks and no tools, which the API refuses, is
+  ``InvalidRequest`` instead. Call ids the API refuses (it takes ``[A-Za-z0-9_-]+``; an inherited
+  call is shown as ``id@tag``) are rewritten, the same way in ``tool_use`` and ``tool_result``.
 - Cache breakpoints (``cache_control: ephemeral``), at the boundaries that stay put from one prepare
   to the next: the last tool, the last system block, and the end of the head — the last
   content block produced by the head's last TASK or SUMMARY block, where the head is every block
@@ -43,6 +44,7 @@ from pydantic import JsonValue
 
 from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
 from services.core.providers.bundle import ContextBundle
+from services.errors import InvalidRequest
 
 __all__ = [
     "CONTINUES_TEXT",
@@ -90,6 +92,8 @@ def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     if latest is not None and latest != anchor:
         _mark(items[latest].block)
     tools: list[JsonValue] = [_tool(t) for t in bundle.tools]
+    if not tools:
+        _check_no_tool_blocks(items)
     if tools:
         _mark(tools[-1])
     if system:
@@ -102,6 +106,21 @@ def anthropic_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     if tools:
         body["tools"] = tools
     return body
+
+
+def _check_no_tool_blocks(items: Sequence[_Item]) -> None:
+    # The Messages API refuses a request with tool_use or tool_result blocks and no tools, so the body
+    # would fail at the provider anyway: say so at prepare time, naming the fix.
+    calls = sorted({str(i.block["name"]) for i in items if i.block["type"] == "tool_use"})
+    if calls or any(i.block["type"] == "tool_result" for i in items):
+        called: list[JsonValue] = [*calls]
+        raise InvalidRequest(
+            "an anthropic.messages body with tool_use or tool_result blocks needs tools, or the Messages "
+            "API refuses it: pass the tools the calls used in PrepareRequest.tools (or context_tools)",
+            format="anthropic.messages",
+            missing="tools",
+            called=called,
+        )
 
 
 def cache_breakpoints(messages: Sequence[ChatMessage], blocks: Sequence[ContextBlock]) -> tuple[int, ...]:

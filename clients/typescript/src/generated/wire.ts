@@ -6,32 +6,6 @@
 export type AdditionCategory = "material" | "guidance";
 export type JsonValue = unknown;
 /**
- * Limits on what one run may spend; at least one is set.
- */
-export type TaskBudget = TaskBudget1 & TaskBudget2;
-export type TaskBudget1 =
-  | {
-      input_tokens: number;
-    }
-  | {
-      output_tokens: number;
-    }
-  | {
-      total_tokens: number;
-    }
-  | {
-      model_calls: number;
-    }
-  | {
-      tool_calls: number;
-    }
-  | {
-      runtime_seconds: number;
-    }
-  | {
-      cost: number;
-    };
-/**
  * Whose word a block carries to the model: derived from its kind and source records.
  */
 export type Authority =
@@ -49,40 +23,9 @@ export type ChildStatus = "completed" | "failed" | "cancelled";
  */
 export type ChildStatus1 = "completed" | "failed" | "cancelled";
 /**
- * OR-combined triggers, each firing at ``>=``; ``None`` turns a trigger off.
- */
-export type CompactionTriggers = CompactionTriggers1 & CompactionTriggers2;
-export type CompactionTriggers1 =
-  | {
-      context_ratio?: number;
-    }
-  | {
-      user_turns: number;
-    }
-  | {
-      model_steps: number;
-    };
-/**
  * How hard the assembler holds on to a block.
  */
 export type Retention = "required" | "active" | "compressible" | "on_demand";
-/**
- * A named policy: the budget the budgeter and compactor use, and the compaction rules.
- *
- * The budget is the model profile's (or a built-in profile's by name), capped by
- * ``budget_tokens`` when set. Prepares still check their own request's budget.
- */
-export type ContextPolicy = ContextPolicy1 & ContextPolicy2;
-export type ContextPolicy1 =
-  | {
-      model_profile?: string;
-    }
-  | {
-      profile: {};
-    }
-  | {
-      budget_tokens: number;
-    };
 /**
  * What a thread does when its window fills.
  */
@@ -181,17 +124,6 @@ export type Event =
  */
 export type ToolStatus = "success" | "error" | "timeout" | "unknown";
 /**
- * A record (typically a search hit) the runtime wants in this context, as quoted evidence.
- */
-export type EvidenceRef = EvidenceRef1 & EvidenceRef2;
-export type EvidenceRef1 =
-  | {
-      end_line?: null;
-    }
-  | {
-      start_line: number;
-    };
-/**
  * What a hook's timeout, error or refused change does to the stage it runs in.
  */
 export type HookFailurePolicy = "skip" | "fail";
@@ -207,42 +139,9 @@ export type HookDecision = "continue" | "patch" | "reject";
 export type HookFailurePolicy1 = "skip" | "fail";
 export type HookDecision1 = "continue" | "patch" | "reject";
 /**
- * Ask for the prepared context of thread ``(run_id, instance_id)``.
- *
- * Budget: name a built-in ``model_profile``, or pass a ``profile``, or a bare ``budget_tokens``
- * (which also caps a profile's budget). Read-your-writes: ``after_event_key`` is the last event
- * this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
- * ``wait_ms`` — never a silently stale context — or ``event_rejected`` as soon as the fleet knows the
- * event will never be recorded (refused, or its key recorded with another ``after_event_hash``).
- */
-export type PrepareRequest = PrepareRequest1 & PrepareRequest2;
-export type PrepareRequest1 =
-  | {
-      model_profile: string;
-    }
-  | {
-      profile: {};
-    }
-  | {
-      budget_tokens: number;
-    };
-/**
  * Why the runtime is calling its model.
  */
 export type Purpose1 = "action" | "compaction" | "completion";
-/**
- * A byte range (``offset``/``length``) or a line range (``line``/``lines``) of ``ctx://blob/<sha256>``.
- */
-export type ReadRequest = ReadRequest1 & ReadRequest2;
-export type ReadRequest1 =
-  | {
-      line: number;
-      lines: number;
-    }
-  | {
-      line?: null;
-      lines?: null;
-    };
 /**
  * The real status of a tool call, as the tool runtime observed it.
  */
@@ -304,7 +203,10 @@ export interface CallUsage {
   input_tokens: number;
   output_tokens: number;
 }
-export interface TaskBudget2 {
+/**
+ * Limits on what one run may spend; at least one is set.
+ */
+export interface TaskBudget {
   cost?: number | null;
   hard?: boolean;
   input_tokens?: number | null;
@@ -526,7 +428,10 @@ export interface CompactionPolicy {
   target_context_ratio?: number;
   triggers?: CompactionTriggers;
 }
-export interface CompactionTriggers2 {
+/**
+ * OR-combined triggers, each firing at ``>=``; ``None`` turns a trigger off.
+ */
+export interface CompactionTriggers {
   context_ratio?: number | null;
   model_steps?: number | null;
   user_turns?: number | null;
@@ -593,7 +498,13 @@ export interface SourceRef {
   seq: number;
   thread_id: string;
 }
-export interface ContextPolicy2 {
+/**
+ * A named policy: the budget the budgeter and compactor use, and the compaction rules.
+ *
+ * The budget is the model profile's (or a built-in profile's by name), capped by
+ * ``budget_tokens`` when set. Prepares still check their own request's budget.
+ */
+export interface ContextPolicy {
   budget_tokens?: number | null;
   compaction?: CompactionPolicy;
   model_profile?: string | null;
@@ -1070,16 +981,12 @@ export interface StatePatchPayload {
  * One operation of a patch. ``value`` null with ``unknown`` true records UNKNOWN, never a guess.
  */
 export interface PatchOp {
-  expected?: {
-    [k: string]: unknown | undefined;
-  };
+  expected?: JsonValue;
   op: "set" | "clear" | "append" | "remove" | "increment" | "replace_if";
   path: string;
   stale?: boolean;
   unknown?: boolean;
-  value?: {
-    [k: string]: unknown | undefined;
-  };
+  value?: JsonValue;
 }
 /**
  * Envelope of an ``operation_reconcile`` event.
@@ -1145,7 +1052,10 @@ export interface PhaseChangePayload {
   phase: string;
   source?: "runtime" | "model_proposal";
 }
-export interface EvidenceRef2 {
+/**
+ * A record (typically a search hit) the runtime wants in this context, as quoted evidence.
+ */
+export interface EvidenceRef {
   end_line?: number | null;
   seq: number;
   start_line?: number | null;
@@ -1463,7 +1373,16 @@ export interface PolicyRegistered {
   schema_version?: 1;
   type?: "policy_registered";
 }
-export interface PrepareRequest2 {
+/**
+ * Ask for the prepared context of thread ``(run_id, instance_id)``.
+ *
+ * Budget: name a built-in ``model_profile``, or pass a ``profile``, or a bare ``budget_tokens``
+ * (which also caps a profile's budget). Read-your-writes: ``after_event_key`` is the last event
+ * this runtime published; the reply reflects it, or is a ``not_yet_recorded`` error after
+ * ``wait_ms`` — never a silently stale context — or ``event_rejected`` as soon as the fleet knows the
+ * event will never be recorded (refused, or its key recorded with another ``after_event_hash``).
+ */
+export interface PrepareRequest {
   after_event_hash?: string | null;
   after_event_key?: string | null;
   after_overflow?: ProviderOverflow | null;
@@ -1531,7 +1450,10 @@ export interface ReadReply {
   total_lines: number;
   type?: "read";
 }
-export interface ReadRequest2 {
+/**
+ * A byte range (``offset``/``length``) or a line range (``line``/``lines``) of ``ctx://blob/<sha256>``.
+ */
+export interface ReadRequest {
   length?: number;
   line?: number | null;
   lines?: number | null;
