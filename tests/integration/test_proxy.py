@@ -19,7 +19,7 @@ from ctxfleet_client.client import FleetClient
 from services.core.tokens import counter_for
 from services.edge.proxy import ProxyConfig, build_app
 from tests.fixtures.fleet import eventually
-from tests.fixtures.scripted_upstream import Refusal, Said, ScriptedUpstream, serve
+from tests.fixtures.scripted_upstream import Received, Refusal, Said, ScriptedUpstream, serve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
@@ -225,6 +225,27 @@ def _anthropic_said(system: str, messages: list[dict[str, Any]]) -> list[tuple[A
     return said
 
 
+def _anthropic_fits(received: Received) -> None:
+    """The caller's key, within the budget, every tool_use with its result, and a cache breakpoint."""
+    body = received.body
+    # The caller's own credential, however this SDK version sends it.
+    assert KEY in (received.headers.get("x-api-key"), received.headers.get("authorization", "")[7:])
+    texts = [b["text"] for b in body["system"]]
+    texts += [
+        b.get("text") or b.get("content") or json.dumps(b.get("input"))
+        for m in body["messages"]
+        for b in m["content"]
+    ]
+    assert sum(O200K.count(t if isinstance(t, str) else json.dumps(t)) for t in texts) <= BUDGET
+    use_ids = [b["id"] for m in body["messages"] for b in m["content"] if b["type"] == "tool_use"]
+    result_ids = [
+        b["tool_use_id"] for m in body["messages"] for b in m["content"] if b["type"] == "tool_result"
+    ]
+    assert sorted(use_ids) == sorted(result_ids)
+    blocks = body["system"] + [b for m in body["messages"] for b in m["content"]]
+    assert any("cache_control" in b for b in blocks)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 async def test_proxy_anthropic_conversation_keeps_pairs_and_cache_breakpoints_within_the_budget(
     stack: Stack, db: asyncpg.Connection, stream: bool
@@ -256,23 +277,7 @@ async def test_proxy_anthropic_conversation_keeps_pairs_and_cache_breakpoints_wi
             messages.append({"role": "user", "content": results})
 
     for received in stack.upstream.received:
-        body = received.body
-        # The caller's own credential, however this SDK version sends it.
-        assert KEY in (received.headers.get("x-api-key"), received.headers.get("authorization", "")[7:])
-        texts = [b["text"] for b in body["system"]]
-        texts += [
-            b.get("text") or b.get("content") or json.dumps(b.get("input"))
-            for m in body["messages"]
-            for b in m["content"]
-        ]
-        assert sum(O200K.count(t if isinstance(t, str) else json.dumps(t)) for t in texts) <= BUDGET
-        use_ids = [b["id"] for m in body["messages"] for b in m["content"] if b["type"] == "tool_use"]
-        result_ids = [
-            b["tool_use_id"] for m in body["messages"] for b in m["content"] if b["type"] == "tool_result"
-        ]
-        assert sorted(use_ids) == sorted(result_ids)
-        blocks = body["system"] + [b for m in body["messages"] for b in m["content"]]
-        assert any("cache_control" in b for b in blocks)
+        _anthropic_fits(received)
     expected = _anthropic_said(SYSTEM, messages)
     assert await _ledger(db, f"{thread}.main", len(expected)) == expected
     # The usage each answer reported came back with the next prepare and calibrated the profile.
