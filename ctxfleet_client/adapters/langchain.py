@@ -41,6 +41,7 @@ from contracts import (
     ToolStatus,
     UserInputPayload,
 )
+from contracts.task_budgets import CallUsage
 from contracts.exceptions import InvalidRequest
 
 from .conversation import FleetConversation, Turn, call_arguments
@@ -83,7 +84,13 @@ def to_turn(message: BaseMessage) -> Turn:
             calls = tuple(
                 ToolCall(call_id=c["id"] or "", name=c["name"], args=c["args"]) for c in message.tool_calls
             )
-            return AssistantMessagePayload(text=message.text, tool_calls=calls)
+            usage = message.usage_metadata
+            reported = (
+                CallUsage(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
+                if usage
+                else None
+            )
+            return AssistantMessagePayload(text=message.text, tool_calls=calls, usage=reported)
         case ToolMessage():
             status = ToolStatus.ERROR if message.status == "error" else ToolStatus.SUCCESS
             return ToolOutcomePayload(call_id=message.tool_call_id, status=status, text=message.text)
