@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import pytest
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -24,7 +25,7 @@ FOLLOW_UP = "And where is it read?"
 
 
 class ScriptedChatModel(GenericFakeChatModel):
-    """Answers from a script and keeps every input it was called with."""
+    """Answers from a script, with the usage a provider reports, and keeps every input it was called with."""
 
     received: list[list[BaseMessage]] = Field(default_factory=list)
 
@@ -33,7 +34,12 @@ class ScriptedChatModel(GenericFakeChatModel):
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
         self.received.append(list(messages))
-        return super()._generate(messages, *args, **kwargs)
+        result = super()._generate(messages, *args, **kwargs)
+        sent = script.provider_input(convert_to_openai_messages(messages))
+        reply = result.generations[0].message
+        assert isinstance(reply, AIMessage)
+        reply.usage_metadata = {"input_tokens": sent, "output_tokens": 20, "total_tokens": sent + 20}
+        return result
 
 
 @tool
@@ -54,8 +60,9 @@ def _script() -> list[AIMessage]:
 
 
 async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_keeps_everything(
-    fleet, client: FleetClient
+    fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
+    reports = await script.calibration_reports(db)
     model = ScriptedChatModel(messages=iter(_script()))
     conversation = script.conversation(client)
     saver = InMemorySaver()
@@ -78,6 +85,8 @@ async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_kee
     messages = state["messages"]
     assert len(messages) == 2 + 2 * script.FILES and messages[-1].content == script.ANSWER
     await script.assert_ledger_holds(client, conversation.thread_id)
+    # The usage each reply reported came back with the next prepare and calibrated the profile.
+    assert await script.calibration_reports(db) > reports
 
 
 async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
