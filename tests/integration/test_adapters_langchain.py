@@ -117,3 +117,38 @@ async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
     assert convert_to_openai_messages(received)[-1] == {"role": "user", "content": FOLLOW_UP}
     then = ("user_input", "assistant_message")
     await script.assert_ledger_holds(client, first_process.thread_id, then=then)
+
+
+async def test_langchain_middleware_records_each_graph_thread_in_its_own_fleet_thread(
+    fleet, client: FleetClient
+) -> None:
+    conversations: dict[str, FleetConversation] = {}
+
+    def conversation_of(graph_thread: str) -> FleetConversation:
+        conversations[graph_thread] = script.conversation(client)
+        return conversations[graph_thread]
+
+    follow_up = AIMessage(content="billing/retry.py reads it.")
+    model = ScriptedChatModel(messages=iter([*_script(), *_script(), follow_up]))
+    agent = create_agent(
+        model,
+        [read_file],
+        system_prompt=script.SYSTEM,
+        middleware=[FleetContextMiddleware(conversation_of)],
+        checkpointer=InMemorySaver(),
+    )
+    task = {"messages": [{"role": "user", "content": script.TASK}]}
+    await agent.ainvoke(task, {"configurable": {"thread_id": "first"}})
+    await agent.ainvoke(task, {"configurable": {"thread_id": "second"}})
+    # The first graph thread goes on after its own turns, not after the second's.
+    await agent.ainvoke(
+        {"messages": [{"role": "user", "content": FOLLOW_UP}]}, {"configurable": {"thread_id": "first"}}
+    )
+
+    assert sorted(conversations) == ["first", "second"]
+    for received in model.received:
+        script.assert_compacted_context(convert_to_openai_messages(received))
+    assert convert_to_openai_messages(model.received[-1])[-1] == {"role": "user", "content": FOLLOW_UP}
+    then = ("user_input", "assistant_message")
+    await script.assert_ledger_holds(client, conversations["first"].thread_id, then=then)
+    await script.assert_ledger_holds(client, conversations["second"].thread_id)
