@@ -53,7 +53,7 @@ from contracts.exceptions import InvalidRequest
 
 from .conversation import FleetConversation, Turn, call_arguments
 
-__all__ = ["ConversationOf", "FleetContextMiddleware", "from_prepared", "to_turn"]
+__all__ = ["ConversationOf", "FleetContextMiddleware", "from_prepared", "to_turn", "tool_schema"]
 
 # The fleet conversation of a graph thread, from the thread's ``configurable.thread_id``.
 ConversationOf: TypeAlias = Callable[[str], FleetConversation]
@@ -94,7 +94,7 @@ class FleetContextMiddleware(AgentMiddleware[Any, Any, Any]):
         history = [to_turn(m) for m in (*system, *request.state["messages"])]
         conversation = self.conversation(request.runtime)
         await conversation.record(history)
-        prepared = await conversation.prepare([_tool_schema(t) for t in request.tools])
+        prepared = await conversation.prepare([tool_schema(t) for t in request.tools])
         system_message, messages = from_prepared(prepared)
         response = await handler(request.override(system_message=system_message, messages=messages))
         await conversation.record([*history, *(to_turn(m) for m in response.result)])
@@ -148,7 +148,7 @@ def _message(message: ChatMessage) -> AnyMessage:
             return SystemMessage(content=message.content or "")
 
 
-def _tool_schema(tool: BaseTool | dict[str, Any]) -> ToolSchema:
+def tool_schema(tool: BaseTool | dict[str, Any]) -> ToolSchema:
     """A tool as the budget counts it: its name, description and JSON Schema parameters."""
     function = convert_to_openai_tool(tool)["function"]
     return ToolSchema(
