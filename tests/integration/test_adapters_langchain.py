@@ -48,7 +48,7 @@ def read_file(path: str) -> str:
     return script.read_file(path)
 
 
-def _script() -> list[AIMessage]:
+def scripted_replies() -> list[AIMessage]:
     reads = [
         AIMessage(
             content="",
@@ -63,7 +63,7 @@ async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_kee
     fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
     reports = await script.calibration_reports(db)
-    model = ScriptedChatModel(messages=iter(_script()))
+    model = ScriptedChatModel(messages=iter(scripted_replies()))
     conversation = script.conversation(client)
     saver = InMemorySaver()
     agent = create_agent(
@@ -100,7 +100,7 @@ async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
             model, [read_file], system_prompt=script.SYSTEM, middleware=middleware, checkpointer=saver
         )
 
-    first = ScriptedChatModel(messages=iter(_script()))
+    first = ScriptedChatModel(messages=iter(scripted_replies()))
     await agent_of(first, first_process).ainvoke(
         {"messages": [{"role": "user", "content": script.TASK}]}, GRAPH_THREAD
     )
@@ -129,7 +129,7 @@ async def test_langchain_middleware_records_each_graph_thread_in_its_own_fleet_t
         return conversations[graph_thread]
 
     follow_up = AIMessage(content="billing/retry.py reads it.")
-    model = ScriptedChatModel(messages=iter([*_script(), *_script(), follow_up]))
+    model = ScriptedChatModel(messages=iter([*scripted_replies(), *scripted_replies(), follow_up]))
     agent = create_agent(
         model,
         [read_file],

@@ -13,7 +13,7 @@ from langgraph.prebuilt import create_react_agent
 from ctxfleet_client import FleetClient
 from ctxfleet_client.adapters.langgraph import FleetPreModelHook
 from tests.fixtures import agent_script as script
-from tests.integration.test_adapters_langchain import ScriptedChatModel, _script, read_file
+from tests.integration.test_adapters_langchain import ScriptedChatModel, read_file, scripted_replies
 
 pytestmark = [
     pytest.mark.anyio,
@@ -29,7 +29,7 @@ GRAPH_THREAD: Any = {"configurable": {"thread_id": "billing"}}
 async def test_prebuilt_agent_model_sees_compacted_contexts_while_the_state_keeps_everything(
     fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
-    model = ScriptedChatModel(messages=iter(_script()))
+    model = ScriptedChatModel(messages=iter(scripted_replies()))
     conversation = script.conversation(client)
     hook = FleetPreModelHook(conversation, [read_file])
     agent = create_react_agent(model, [read_file], pre_model_hook=hook.prepare, checkpointer=InMemorySaver())
