@@ -6,6 +6,9 @@ its prepared context back. The event key of a turn is its position in the conver
 JetStream or the recorder drops, so nothing is recorded twice. The conversation is append-only from
 the fleet's side: a framework that rewrote an earlier message would publish another body under a
 recorded key, and the fleet refuses that (``event_rejected``) rather than record a second history.
+
+A model reply recorded with the provider's ``usage`` is reported on the next prepare
+(``ReportedUsage``), where it calibrates the profile's counts, as the proxy reports its answers'.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from contracts import (
     Event,
     PreparedContext,
     PrepareRequest,
+    ReportedUsage,
     SystemEvent,
     SystemPayload,
     ToolOutcomeEvent,
@@ -78,6 +82,10 @@ class FleetConversation:
         self._recorded = 0
         self._last_key: str | None = None
         self._resumed = False
+        # The view revision of this process's last prepare, until a reply to it is recorded; then
+        # that reply's usage, until the next prepare reports it.
+        self._answering: int | None = None
+        self._usage: ReportedUsage | None = None
 
     @property
     def thread_id(self) -> str:
@@ -112,8 +120,11 @@ class FleetConversation:
             tools=tuple(tools),
             format=format,
             after_event_key=self._last_key,
+            usage=self._usage,
         )
-        return await self.fleet.prepare(request)
+        prepared = await self.fleet.prepare(request)
+        self._usage, self._answering = None, prepared.view_revision
+        return prepared
 
     async def resume(self) -> None:
         """Continue after the thread's last recorded turn (asks the fleet once per process).
@@ -129,6 +140,9 @@ class FleetConversation:
             last_key = (await self.prepare()).source_watermark.last_event_key
         except ThreadNotFound:
             return
+        finally:
+            # The republished replies answered contexts of an earlier process: their usage says nothing.
+            self._answering = None
         found = _KEY.match(last_key or "")
         if found is not None:
             self._recorded = int(found.group(1)) + 1
@@ -139,6 +153,15 @@ class FleetConversation:
         await self.fleet.append(self._event(key, turn))
         self._recorded = position + 1
         self._last_key = key
+        if isinstance(turn, AssistantMessagePayload):
+            if turn.usage is not None and self._answering is not None:
+                self._usage = ReportedUsage(
+                    response_event_key=key,
+                    input_tokens=turn.usage.input_tokens,
+                    output_tokens=turn.usage.output_tokens,
+                    view_revision=self._answering,
+                )
+            self._answering = None
 
     def _event(self, key: str, turn: Turn) -> Event:
         thread = (self.session_id, self.run_id, self.instance_id)

@@ -4,7 +4,7 @@
 
     session = FleetSession(FleetConversation(fleet, session_id=s, run_id=r, budget_tokens=8_000))
     config = RunConfig(call_model_input_filter=session.model_input)  # every call, not only the first
-    result = await Runner.run(agent, task, session=session, run_config=config)
+    result = await Runner.run(agent, task, session=session, run_config=config, hooks=session.hooks)
 
 ``add_items`` records the items the SDK saves, in order: an assistant message and the function
 calls of the same response are one turn, as the fleet records a model reply. ``get_items`` answers
@@ -13,6 +13,8 @@ from is already compacted. The SDK reads a session once per run and keeps the ru
 memory; ``model_input`` prepares the context again before each model call of the run, from what
 the SDK saved after each turn. The ledger is append-only: ``pop_item`` removes nothing (it answers
 ``None``), and ``clear_session`` records a context reset, after which the context starts over.
+The SDK saves items without the usage of the response that produced them: ``hooks`` (the run's
+``RunHooks``) keeps each response's usage, which is recorded with its items and calibrates the fleet.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from agents import Agent, ModelResponse, RunContextWrapper, RunHooks
 from agents.run_config import CallModelData, ModelInputData
 
 from contracts import (
@@ -31,13 +34,14 @@ from contracts import (
     ToolOutcomePayload,
     UserInputPayload,
 )
+from contracts.task_budgets import CallUsage
 
 from .conversation import FleetConversation, Turn, call_arguments
 
 if TYPE_CHECKING:
     from agents import TResponseInputItem
 
-__all__ = ["FleetSession", "to_turns"]
+__all__ = ["FleetSession", "ResponseUsage", "to_turns"]
 
 
 class FleetSession:
@@ -49,6 +53,7 @@ class FleetSession:
         """Serve one conversation; the SDK's ``session_id`` is the fleet's thread id."""
         self.conversation = conversation
         self.session_id = conversation.thread_id
+        self.hooks = ResponseUsage()
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The prepared context's items (the latest ``limit`` of them when given)."""
@@ -64,8 +69,15 @@ class FleetSession:
         return items[-limit:] if limit else items
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Record the items, in order."""
-        await self.conversation.extend(to_turns(items))
+        """Record the items, in order; a response's turn with the usage ``hooks`` kept for it."""
+        turns = to_turns(items)
+        replies = [i for i, t in enumerate(turns) if isinstance(t, AssistantMessagePayload)]
+        usage = self.hooks.take()
+        if replies and usage is not None:
+            reply = turns[replies[-1]]
+            assert isinstance(reply, AssistantMessagePayload)
+            turns[replies[-1]] = reply.model_copy(update={"usage": usage})
+        await self.conversation.extend(turns)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Nothing: a recorded event is never removed from the ledger."""
@@ -78,6 +90,30 @@ class FleetSession:
     async def model_input(self, data: CallModelData[Any]) -> ModelInputData:
         """A ``call_model_input_filter``: the prepared context before every model call of a run."""
         return ModelInputData(input=await self.get_items(), instructions=data.model_data.instructions)
+
+
+class ResponseUsage(RunHooks[Any]):
+    """Run hooks that keep the usage of the model's last response until its items are saved."""
+
+    def __init__(self) -> None:
+        """Nothing reported yet."""
+        self.usage: CallUsage | None = None
+
+    async def on_llm_end(
+        self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse
+    ) -> None:
+        """Keep the response's usage (a response reported without input tokens keeps none)."""
+        usage = response.usage
+        self.usage = (
+            CallUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+            if usage.input_tokens
+            else None
+        )
+
+    def take(self) -> CallUsage | None:
+        """The kept usage, once."""
+        usage, self.usage = self.usage, None
+        return usage
 
 
 def to_turns(items: Iterable[TResponseInputItem]) -> list[Turn]:

@@ -43,6 +43,7 @@ from contracts import (
     ToolStatus,
     UserInputPayload,
 )
+from contracts.task_budgets import CallUsage
 
 from .conversation import FleetConversation, Turn, call_arguments, tool_names
 
@@ -88,7 +89,14 @@ def to_turns(message: ModelMessage) -> list[Turn]:
             for p in message.parts
             if isinstance(p, ToolCallPart)
         )
-        return [AssistantMessagePayload(text=text, tool_calls=calls)]
+        usage = message.usage
+        # A response the provider reported no usage for carries zeros.
+        reported = (
+            CallUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
+            if usage.input_tokens
+            else None
+        )
+        return [AssistantMessagePayload(text=text, tool_calls=calls, usage=reported)]
     return [t for p in message.parts if (t := _request_turn(p)) is not None]
 
 

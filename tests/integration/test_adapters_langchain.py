@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 import pytest
 from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -24,7 +25,7 @@ FOLLOW_UP = "And where is it read?"
 
 
 class ScriptedChatModel(GenericFakeChatModel):
-    """Answers from a script and keeps every input it was called with."""
+    """Answers from a script, with the usage a provider reports, and keeps every input it was called with."""
 
     received: list[list[BaseMessage]] = Field(default_factory=list)
 
@@ -33,7 +34,12 @@ class ScriptedChatModel(GenericFakeChatModel):
 
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Any:
         self.received.append(list(messages))
-        return super()._generate(messages, *args, **kwargs)
+        result = super()._generate(messages, *args, **kwargs)
+        sent = script.provider_input(convert_to_openai_messages(messages))
+        reply = result.generations[0].message
+        assert isinstance(reply, AIMessage)
+        reply.usage_metadata = {"input_tokens": sent, "output_tokens": 20, "total_tokens": sent + 20}
+        return result
 
 
 @tool
@@ -42,7 +48,7 @@ def read_file(path: str) -> str:
     return script.read_file(path)
 
 
-def _script() -> list[AIMessage]:
+def scripted_replies() -> list[AIMessage]:
     reads = [
         AIMessage(
             content="",
@@ -54,9 +60,10 @@ def _script() -> list[AIMessage]:
 
 
 async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_keeps_everything(
-    fleet, client: FleetClient
+    fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
-    model = ScriptedChatModel(messages=iter(_script()))
+    reports = await script.calibration_reports(db)
+    model = ScriptedChatModel(messages=iter(scripted_replies()))
     conversation = script.conversation(client)
     saver = InMemorySaver()
     agent = create_agent(
@@ -78,6 +85,8 @@ async def test_langchain_agent_model_sees_compacted_contexts_while_the_state_kee
     messages = state["messages"]
     assert len(messages) == 2 + 2 * script.FILES and messages[-1].content == script.ANSWER
     await script.assert_ledger_holds(client, conversation.thread_id)
+    # The usage each reply reported came back with the next prepare and calibrated the profile.
+    assert await script.calibration_reports(db) > reports
 
 
 async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
@@ -91,7 +100,7 @@ async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
             model, [read_file], system_prompt=script.SYSTEM, middleware=middleware, checkpointer=saver
         )
 
-    first = ScriptedChatModel(messages=iter(_script()))
+    first = ScriptedChatModel(messages=iter(scripted_replies()))
     await agent_of(first, first_process).ainvoke(
         {"messages": [{"role": "user", "content": script.TASK}]}, GRAPH_THREAD
     )
@@ -108,3 +117,38 @@ async def test_langchain_graph_resumed_in_another_process_records_nothing_twice(
     assert convert_to_openai_messages(received)[-1] == {"role": "user", "content": FOLLOW_UP}
     then = ("user_input", "assistant_message")
     await script.assert_ledger_holds(client, first_process.thread_id, then=then)
+
+
+async def test_langchain_middleware_records_each_graph_thread_in_its_own_fleet_thread(
+    fleet, client: FleetClient
+) -> None:
+    conversations: dict[str, FleetConversation] = {}
+
+    def conversation_of(graph_thread: str) -> FleetConversation:
+        conversations[graph_thread] = script.conversation(client)
+        return conversations[graph_thread]
+
+    follow_up = AIMessage(content="billing/retry.py reads it.")
+    model = ScriptedChatModel(messages=iter([*scripted_replies(), *scripted_replies(), follow_up]))
+    agent = create_agent(
+        model,
+        [read_file],
+        system_prompt=script.SYSTEM,
+        middleware=[FleetContextMiddleware(conversation_of)],
+        checkpointer=InMemorySaver(),
+    )
+    task = {"messages": [{"role": "user", "content": script.TASK}]}
+    await agent.ainvoke(task, {"configurable": {"thread_id": "first"}})
+    await agent.ainvoke(task, {"configurable": {"thread_id": "second"}})
+    # The first graph thread goes on after its own turns, not after the second's.
+    await agent.ainvoke(
+        {"messages": [{"role": "user", "content": FOLLOW_UP}]}, {"configurable": {"thread_id": "first"}}
+    )
+
+    assert sorted(conversations) == ["first", "second"]
+    for received in model.received:
+        script.assert_compacted_context(convert_to_openai_messages(received))
+    assert convert_to_openai_messages(model.received[-1])[-1] == {"role": "user", "content": FOLLOW_UP}
+    then = ("user_input", "assistant_message")
+    await script.assert_ledger_holds(client, conversations["first"].thread_id, then=then)
+    await script.assert_ledger_holds(client, conversations["second"].thread_id)

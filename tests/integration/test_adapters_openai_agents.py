@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 import pytest
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
 from agents.models.interface import Model
@@ -41,7 +42,9 @@ class ScriptedModel(Model):
             output = ResponseOutputMessage(
                 id="msg_answer", type="message", role="assistant", status="completed", content=[text]
             )
-        return ModelResponse(output=[output], usage=Usage(), response_id=None)
+        sent = script.provider_input(_chat(self.received[-1]))
+        usage = Usage(requests=1, input_tokens=sent, output_tokens=20, total_tokens=sent + 20)
+        return ModelResponse(output=[output], usage=usage, response_id=None)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("the script answers whole responses")
@@ -77,15 +80,16 @@ def read_file(path: str) -> str:
 
 
 async def test_agents_sdk_runner_sees_compacted_contexts_and_the_ledger_keeps_everything(
-    fleet, client: FleetClient
+    fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
     model = ScriptedModel()
     conversation = script.conversation(client)
     session = FleetSession(conversation)
     agent = Agent(name="billing", instructions=script.SYSTEM, model=model, tools=[read_file])
     config = RunConfig(tracing_disabled=True, call_model_input_filter=session.model_input)
+    reports = await script.calibration_reports(db)
 
-    result = await Runner.run(agent, script.TASK, session=session, run_config=config)
+    result = await Runner.run(agent, script.TASK, session=session, run_config=config, hooks=session.hooks)
 
     assert result.final_output == script.ANSWER and len(model.received) == script.FILES + 1
     for items in model.received:
@@ -94,6 +98,8 @@ async def test_agents_sdk_runner_sees_compacted_contexts_and_the_ledger_keeps_ev
         script.tokens(_chat(model.received[-1])) < script.unmanaged_tokens(script.FILES) - script.BUDGET // 2
     )
     await script.assert_ledger_holds(client, conversation.thread_id, system=False)
+    # The usage each response reported came back with the next prepare and calibrated the profile.
+    assert await script.calibration_reports(db) > reports
 
 
 async def test_agents_sdk_session_in_a_new_process_continues_after_the_recorded_items(

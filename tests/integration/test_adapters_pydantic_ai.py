@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
@@ -18,6 +19,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from ctxfleet_client import FleetClient
 from ctxfleet_client.adapters.pydantic_ai import FleetHistory
@@ -56,17 +58,20 @@ def _chat(messages: list[ModelMessage]) -> list[dict[str, Any]]:
 
 
 async def test_pydantic_ai_agent_model_sees_compacted_contexts_and_the_ledger_keeps_everything(
-    fleet, client: FleetClient
+    fleet, client: FleetClient, db: asyncpg.Connection
 ) -> None:
     received: list[list[ModelMessage]] = []
+    reports = await script.calibration_reports(db)
 
     def scripted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         received.append(messages)
         step = len(received) - 1
+        usage = RequestUsage(input_tokens=script.provider_input(_chat(messages)), output_tokens=20)
         if step < script.FILES:
             args = json.dumps({"path": script.path_of(step)})
-            return ModelResponse(parts=[ToolCallPart("read_file", args, tool_call_id=script.call_id(step))])
-        return ModelResponse(parts=[TextPart(script.ANSWER)])
+            call = ToolCallPart("read_file", args, tool_call_id=script.call_id(step))
+            return ModelResponse(parts=[call], usage=usage)
+        return ModelResponse(parts=[TextPart(script.ANSWER)], usage=usage)
 
     conversation = script.conversation(client)
     history = FleetHistory(conversation)
@@ -87,6 +92,8 @@ async def test_pydantic_ai_agent_model_sees_compacted_contexts_and_the_ledger_ke
         script.assert_compacted_context(_chat(messages))
     assert script.tokens(_chat(received[-1])) < script.unmanaged_tokens(script.FILES) - script.BUDGET // 2
     await script.assert_ledger_holds(client, conversation.thread_id)
+    # The usage each reply reported came back with the next prepare and calibrated the profile.
+    assert await script.calibration_reports(db) > reports
     # The run's history handed to another process records nothing twice: same keys, same bodies.
     again = script.conversation(client, like=conversation)
     await FleetHistory(again).record(result.all_messages())

@@ -59,9 +59,11 @@ def test_layering_the_client_imports_only_contracts_nats_and_pydantic() -> None:
         assert foreign == set(), f"{path.name} imports {foreign}"
 
 
-# Each framework adapter is an extra of the client distribution: it imports its framework, no other.
+# Each framework adapter is an extra of the client distribution: it imports its framework, no other
+# (LangGraph comes with LangChain, which is built on it).
 ADAPTER_FRAMEWORKS = {
-    "langchain": {"langchain", "langchain_core"},
+    "langchain": {"langchain", "langchain_core", "langgraph"},
+    "langgraph": {"langchain_core", "langgraph"},
     "openai_agents": {"agents"},
     "pydantic_ai": {"pydantic_ai"},
 }
