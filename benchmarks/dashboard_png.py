@@ -29,7 +29,6 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -428,12 +427,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
     budgets = "/".join(str(b) if b else "default" for b in BUDGETS)
-    where = str(args.traces)
+    # The picture lives in docs/: it says what was replayed, never where or when (git says when).
+    where = args.traces.name
     title = (
         f"ctxfleet dashboard, from a real replay: {args.sessions} concurrent sessions "
-        f"replaying {len(traces)} "
-        f"sample traces ({where}) under {budgets} token budgets for {args.seconds:g} s — "
-        f"{datetime.now(UTC):%Y-%m-%d}"
+        f"replaying {len(traces)} sample traces ({where}/) under {budgets} token budgets "
+        f"for {args.seconds:g} s"
     )
     command = f".venv/bin/python -m benchmarks.dashboard_png --out {args.out} --seconds {args.seconds:g}"
     footnote = (
