@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -25,8 +26,9 @@ from contracts import (
     ToolSpec,
 )
 from contracts.windows import WindowPolicy, WindowStrategy
-from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
-from contracts.hooks import HookPoint
+from contracts.hook_protocol import HookAddition, HookAnnotation, HookPatch, HookReply
+from contracts.hooks import AdditionCategory, HookPoint
+from services.core.hooks import HOOK_BLOCK_PREFIX
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
 from infra.embedded import free_port
@@ -299,6 +301,40 @@ async def test_context_command_shows_the_hooks_that_ran_and_the_hook_that_narrow
     assert code == 0 and "checked against policy v7" in out and "shaped by hook scope@1" in out
     code, out, _ = await _in_thread(["inspect", t.thread_id], capsys)
     assert code == 0 and "summary shaped by hook scope@1 at context.compact.before" in out
+
+
+@pytest.mark.anyio
+async def test_the_console_shows_the_blocks_a_prepare_hook_added_as_the_context_command_does(
+    start_fleet: Callable[..., Awaitable[Fleet]],
+    client: FleetClient,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+    hook_service: HookService,
+) -> None:
+    fleet = await start_fleet(http_port=free_port())
+    runbook = HookAddition(
+        category=AdditionCategory.MATERIAL, title="runbook", text="restart the worker first"
+    )
+    adds = await _hook(
+        hook_service,
+        "runbook",
+        HookPoint.PREPARE_BEFORE,
+        HookReply(decision="patch", patch=HookPatch(add=(runbook,))),
+        grants=(AdditionCategory.MATERIAL,),
+    )
+    t = await _working_thread(client, await _release(client, adds))
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
+    page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    blocks = [b["block_id"] for b in shown["blocks"]]
+    assert any(b.startswith(HOOK_BLOCK_PREFIX) for b in blocks), blocks
+    assert re.findall(r"text of (\S+) \(", page) == blocks
+    assert f'<strong id="used-tokens" data-tokens="{shown["used"]}">' in page
+    assert "restart the worker first" in page
 
 
 # A catalog whose paths the state patches and the moves' effects write: the state facts a context shows.
