@@ -27,6 +27,7 @@ from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
 from services.app.gateway import GatewayService
+from services.app.preparing import PrepareService
 from services.app.tracing import Tracing, start_tracing
 from services.store.gateway import PgGatewayStore
 from services.store.ports import HookGrants
@@ -120,6 +121,8 @@ class Fleet:
     # Where the gateway's final check reads hook grants: the registered hook sets unless this is set.
     hook_grants: HookGrants | None = None
     gateway: GatewayService | None = None
+    # What the console shows contexts with: the assembler's own prepares (workers/compose.py).
+    showing: PrepareService | None = None
     http_port: int | None = None
     # What JetStream and PostgreSQL refused this process's writes lately (readiness says it).
     refusals: Refusals = field(default_factory=Refusals)
@@ -175,7 +178,7 @@ class Fleet:
             tracing=self.tracing,
         )
         self.broker, self.budgeter, self.indexer = workers.broker, workers.budgeter, workers.indexer
-        self.gateway, self.responder = workers.gateway, workers.responder
+        self.gateway, self.responder, self.showing = workers.gateway, workers.responder, workers.showing
         await self.broker.start()
         if self.responder is not None:
             await self.responder.start()  # the request/reply endpoints, on the broker's connection
@@ -197,6 +200,7 @@ class Fleet:
         # The console reads through this process's pool, once there is one (``None``: a "starting" page).
         console = console_app(
             lambda: None if self.pool is None else PgStore(self.pool),
+            lambda: self.showing,
             remote=self.settings.process.console_remote,
         )
         self._http = HealthServer(self.metrics.registry, self.readiness, self.liveness, console)
@@ -329,6 +333,7 @@ class Fleet:
         self.metrics.gc_pauses.uninstall()
         recorder, budgeter, nc, broker, pool = self.recorder, self.budgeter, self._nc, self.broker, self.pool
         self.recorder = self.budgeter = self._nc = self.broker = self.pool = None
+        self.showing = None
         if self._gauges is not None:
             self._gauges.cancel()
             # Bounded: see watch_backlogs; it ends on the flag within one round if the cancel is lost.

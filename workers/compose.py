@@ -148,6 +148,9 @@ class Workers:
     gateway: GatewayService | None = None
     # Answers the request/reply endpoints; the shutdown waits for what it has in hand.
     responder: Responder | None = None
+    # What shows a thread's context (the console): the assembler's, so that it calls the same prepare
+    # hooks and counts with the same calibration as ``ctxfleet context``.
+    showing: PrepareService | None = None
 
 
 def compose(
@@ -196,10 +199,12 @@ def compose(
         replies=reply_rule(settings, nats_urls),
         refused=metrics.replies_refused,
     )
+    # A process without an assembler shows contexts as one would: its loader, its hooks, no queue.
+    showing = PrepareService(store, NoticeBoard(), loader=loader, compaction_wait_ms=0, hooks=hooks)
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
-        service = PrepareService(
+        showing = service = PrepareService(
             store,
             board,
             loader=loader,
@@ -261,7 +266,7 @@ def compose(
             batch=settings.tuning.record_batch,
             refusals=refusals,
         )
-    return Workers(broker, loader, budgeter, indexer, recorder, gateway, responder)
+    return Workers(broker, loader, budgeter, indexer, recorder, gateway, responder, showing)
 
 
 def _document_outputs(broker: NatsBroker) -> None:

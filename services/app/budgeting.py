@@ -8,6 +8,7 @@ from contracts import CompactionPolicy
 from contracts.windows import WindowStrategy
 
 from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
+from services.core.assemble import standing_blocks
 from services.core.compaction.select import measure_view
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.records import LedgerRecord
@@ -36,12 +37,14 @@ def measure(
     blocks to extend (``build_view_blocks``); the measure is the same without it.
     """
     encoding = view.encoding
-    summary = view.state.summary
+    # What the assembler is given: past a rollover, the window's handoff replaces what it closed.
+    snapshot = view.snapshot()
+    summary = snapshot.summary
     blocks = build_view_blocks(
         records,
-        view.state.covered_to,
-        covered_from=summary.body.covered_from if summary else 0,
-        own_thread=view.head.thread_id,
+        snapshot.covered_to,
+        covered_from=snapshot.covered_from,
+        own_thread=snapshot.own_thread,
         previous=previous,
     )
     measured, eligible = measure_view(
@@ -50,6 +53,7 @@ def measure(
         policy or view.policy.compaction,
         encoding,
         budget,
+        standing_blocks(snapshot),
     )
     return replace(
         measured, estimated=measured.estimated + reserved, required=measured.required + reserved

@@ -99,6 +99,7 @@ __all__ = [
     "assemble_context",
     "assemble_view",
     "candidate_blocks",
+    "standing_blocks",
 ]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
@@ -191,6 +192,13 @@ class ThreadSnapshot:
     # The window the view belongs to, and the handoff that opened it (services/core/windows).
     window: int = 1
     handoff: WindowHandoff | None = None
+
+    @property
+    def covered_from(self) -> int:
+        """Where the history the view leaves out starts: the summary's first record, or in a window
+        from 2 on the thread's first, since the handoff stands for everything the closed windows held
+        (a summary of this window alone must not bring them back)."""
+        return self.summary.covered_from if self.summary is not None and self.handoff is None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +557,7 @@ def _candidates(
     blocks = build_view_blocks(
         records,
         snapshot.covered_to,
-        covered_from=snapshot.summary.covered_from if snapshot.summary else 0,
+        covered_from=snapshot.covered_from,
         own_thread=snapshot.own_thread,
         previous=previous,
     )
@@ -558,10 +566,19 @@ def _candidates(
         ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
-    state_block = _state_block(snapshot, request)
+    state_block = _state_block(snapshot, request.tools)
     if state_block is not None:
         ordered.append(state_block)
     return blocks, _for_purpose(ordered, request.purpose)
+
+
+def standing_blocks(snapshot: ThreadSnapshot) -> list[DraftBlock]:
+    """The blocks every context of the view shows beside its ledger's and its summary: the window's
+    handoff and the state facts (all of them, as a request whose tools declare no reads is shown).
+    What the compaction measure counts besides the history, so that it counts what a context does."""
+    state_block = _state_block(snapshot, ())
+    handoff = [handoff_block(snapshot.handoff)] if snapshot.handoff is not None else []
+    return [*handoff, *([state_block] if state_block is not None else [])]
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
@@ -1347,14 +1364,14 @@ def _addition_block(addition: GatewayAddition, index: int) -> DraftBlock:
     )
 
 
-def _state_block(snapshot: ThreadSnapshot, request: PrepareRequest) -> DraftBlock | None:
+def _state_block(snapshot: ThreadSnapshot, tools: Sequence[ToolSchema]) -> DraftBlock | None:
     """Current facts with status and source: the slice the requested tools declare they read, or all.
 
     Placed last: it changes with every patch, and volatile parts go last.
     """
     if not snapshot.facts:
         return None
-    patterns = [pattern_regex(p) for t in request.tools for p in snapshot.reads.get(t.name, ())]
+    patterns = [pattern_regex(p) for t in tools for p in snapshot.reads.get(t.name, ())]
     # A window's handoff names the state it needs: those paths are shown whatever the tools read.
     needed = frozenset(snapshot.handoff.required_state_paths) if snapshot.handoff else frozenset()
     facts = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -12,9 +13,22 @@ import urllib.request
 import asyncpg
 import pytest
 
-from contracts import CompactRequest, PrepareRequest
-from contracts.hook_protocol import HookAnnotation, HookPatch, HookReply
-from contracts.hooks import HookPoint
+from contracts import (
+    CompactRequest,
+    ContextPolicy,
+    PatchOp,
+    PathRule,
+    PrepareRequest,
+    StatePatchEvent,
+    StatePatchPayload,
+    ToolCatalog,
+    ToolEffect,
+    ToolSpec,
+)
+from contracts.windows import WindowPolicy, WindowStrategy
+from contracts.hook_protocol import HookAddition, HookAnnotation, HookPatch, HookReply
+from contracts.hooks import AdditionCategory, HookPoint
+from services.core.hooks import HOOK_BLOCK_PREFIX
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
 from infra.embedded import free_port
@@ -290,20 +304,156 @@ async def test_context_command_shows_the_hooks_that_ran_and_the_hook_that_narrow
 
 
 @pytest.mark.anyio
+async def test_the_console_shows_the_blocks_a_prepare_hook_added_as_the_context_command_does(
+    start_fleet: Callable[..., Awaitable[Fleet]],
+    client: FleetClient,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+    hook_service: HookService,
+) -> None:
+    fleet = await start_fleet(http_port=free_port())
+    runbook = HookAddition(
+        category=AdditionCategory.MATERIAL, title="runbook", text="restart the worker first"
+    )
+    adds = await _hook(
+        hook_service,
+        "runbook",
+        HookPoint.PREPARE_BEFORE,
+        HookReply(decision="patch", patch=HookPatch(add=(runbook,))),
+        grants=(AdditionCategory.MATERIAL,),
+    )
+    t = await _working_thread(client, await _release(client, adds))
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
+    page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    blocks = [b["block_id"] for b in shown["blocks"]]
+    assert any(b.startswith(HOOK_BLOCK_PREFIX) for b in blocks), blocks
+    assert re.findall(r"text of (\S+) \(", page) == blocks
+    assert f'<strong id="used-tokens" data-tokens="{shown["used"]}">' in page
+    assert "restart the worker first" in page
+
+
+# A catalog whose paths the state patches and the moves' effects write: the state facts a context shows.
+YARD = ToolCatalog(
+    release="yard@1",
+    paths=(
+        PathRule(pattern="item:{id}.location", kind="business_fact"),
+        PathRule(pattern="task.goal", kind="goal"),
+    ),
+    tools=(
+        ToolSpec(
+            name="move_item",
+            reads=("item:{id}.location",),
+            effects=(ToolEffect(path="item:{args.item_id}.location", value="{result.location}"),),
+        ),
+        ToolSpec(name="count_stock"),
+    ),
+)
+
+
+async def _yard_thread(client: FleetClient, policy: str | None) -> Thread:
+    await client.register_catalog(YARD)
+    t = Thread()
+    await client.append(
+        t.system("You run the yard.").model_copy(update={"agent_release": "yard@1", "policy": policy})
+    )
+    await client.append(t.user("Where does item 7 end up?", key="task"))
+    goal = PatchOp(op="set", path="task.goal", value="find where item 7 ends up")
+    await client.append(
+        StatePatchEvent(
+            payload=StatePatchPayload(source="orchestrator", ops=(goal,)),
+            event_key="goal",
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+        )
+    )
+    await _yard_groups(client, t, 0, "dock_A")
+    return t
+
+
+async def _yard_groups(client: FleetClient, t: Thread, first: int, location: str) -> str:
+    """A move and six counting groups of ~150 tokens each; the key of the last event."""
+    await client.append(
+        t.assistant(f"moving item 7 to {location}", calls=((f"m{first}", "move_item", {"item_id": 7}),))
+    )
+    await client.append(t.outcome(f"m{first}", f'{{"location": "{location}"}}'))
+    for n in range(first, first + 6):
+        await client.append(
+            t.assistant(
+                "counting the yard " + "row by row, slowly " * 12, calls=((f"c{n}", "count_stock", {}),)
+            )
+        )
+        await client.append(t.outcome(f"c{n}", f"row {n} clear " * 30, key=f"count{n}"))
+    return f"count{first + 5}"
+
+
+async def _with_state(client: FleetClient) -> Thread:
+    """A thread whose context shows state facts: a patch's and a tool effect's."""
+    t = await _yard_thread(client, None)
+    await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            model_profile="gpt-4o",
+            after_event_key="count5",
+        )
+    )
+    return t
+
+
+async def _past_a_rollover(client: FleetClient) -> Thread:
+    """A thread served from its second window: a handoff and state facts, then history of its own."""
+    await client.register_policy(
+        ContextPolicy(
+            name="roll",
+            model_profile=None,
+            budget_tokens=1_500,
+            window=WindowPolicy(strategy=WindowStrategy.ROLLOVER),
+        )
+    )
+    t = await _yard_thread(client, "roll")
+    last = await _yard_groups(client, t, 6, "dock_B")
+    ask = PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        budget_tokens=1_500,
+        after_event_key=last,
+    )
+    assert (await client.prepare(ask)).window == 2
+    await _yard_groups(client, t, 12, "dock_C")
+    return t
+
+
+async def _plain(client: FleetClient) -> Thread:
+    return await _thread(client, 8)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "make_thread", [_plain, _with_state, _past_a_rollover], ids=["plain", "state", "rollover"]
+)
 async def test_compact_context_the_console_and_the_budget_report_count_one_moment_alike(
     start_fleet: Callable[..., Awaitable[Fleet]],
     client: FleetClient,
     cli_env: None,
     capsys: pytest.CaptureFixture[str],
+    make_thread: Callable[[FleetClient], Awaitable[Thread]],
 ) -> None:
     fleet = await start_fleet(http_port=free_port())
-    t = await _thread(client, 8)
+    t = await make_thread(client)
 
     code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
     assert code == 0
     before = json.loads(out)
-    code, out, _ = await _in_thread(["compact", t.thread_id, "--json"], capsys)
-    assert code == 0
+    code, out, err = await _in_thread(["compact", t.thread_id, "--json"], capsys)
+    assert code == 0, err
     compacted = json.loads(out)
     code, out, _ = await _in_thread(["context", t.thread_id, "--json"], capsys)
     assert code == 0
@@ -327,3 +477,7 @@ async def test_compact_context_the_console_and_the_budget_report_count_one_momen
         compacted["covered_from"],
         compacted["covered_to"],
     )
+    if make_thread is not _plain:  # the blocks the measure did not count once
+        assert any(b["block_id"].startswith("state:") for b in after["blocks"]), after["blocks"]
+    if make_thread is _past_a_rollover:
+        assert any(b["block_id"].startswith("handoff:") for b in after["blocks"]), after["blocks"]

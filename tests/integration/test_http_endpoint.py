@@ -54,7 +54,7 @@ async def _serving(**kwargs: object) -> tuple[HealthServer, int]:
         registry,
         kwargs.get("readiness", _checks(nats=None)),  # type: ignore[arg-type]
         kwargs.get("liveness", _checks(nats=None)),  # type: ignore[arg-type]
-        console_app(lambda: None, remote=bool(kwargs.get("remote", False))),
+        console_app(lambda: None, lambda: None, remote=bool(kwargs.get("remote", False))),
     )
     return server, await server.start(str(kwargs.get("host", "127.0.0.1")), 0)
 

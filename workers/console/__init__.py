@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .pages import StoreSource, console_app, console_url, local_url
+from .pages import ShowingSource, StoreSource, console_app, console_url, local_url
 
-__all__ = ["StoreSource", "console_app", "console_url", "local_url"]
+__all__ = ["ShowingSource", "StoreSource", "console_app", "console_url", "local_url"]

@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from contracts.ids import is_identifier
+from services.app.preparing import PrepareService
 from services.errors import CtxError, StoreUnavailable, ThreadNotFound
 
 from .reading import (
@@ -33,10 +34,12 @@ from .reading import (
     read_thread,
 )
 
-__all__ = ["StoreSource", "console_app", "console_url", "local_url"]
+__all__ = ["ShowingSource", "StoreSource", "console_app", "console_url", "local_url"]
 
 # The store of the running process, or ``None`` while it starts (or after it stopped).
 StoreSource = Callable[[], ConsoleStore | None]
+# The process's prepares (its hooks, its calibration), or ``None`` while it starts.
+ShowingSource = Callable[[], PrepareService | None]
 _Page = Callable[[Request, ConsoleStore], Awaitable[Response]]
 
 # A block's text on the context page is cut here, its full length stated: a tool output can be megabytes.
@@ -143,9 +146,17 @@ async def _thread(request: Request, store: ConsoleStore) -> Response:
     return _render(request, "thread.html", page=page, thread=page.inspection)
 
 
-async def _context(request: Request, store: ConsoleStore) -> Response:
-    page = await prepare_context(store, _thread_id(request), _tenant(request))
-    return _render(request, "context.html", page=page, prepared=page.prepared, text_chars=_TEXT_CHARS)
+def _context(showing: ShowingSource) -> _Page:
+    async def page(request: Request, store: ConsoleStore) -> Response:
+        service = showing()
+        if service is None:
+            return _render(
+                request, "error.html", 503, code="starting", message="the fleet is not connected yet"
+            )
+        shown = await prepare_context(store, service, _thread_id(request), _tenant(request))
+        return _render(request, "context.html", page=shown, prepared=shown.prepared, text_chars=_TEXT_CHARS)
+
+    return page
 
 
 async def _served(request: Request, store: ConsoleStore) -> Response:
@@ -165,14 +176,16 @@ async def _compaction(request: Request, store: ConsoleStore) -> Response:
     return _render(request, "compaction.html", page=page, c=page.compaction)
 
 
-def console_app(source: StoreSource, *, remote: bool = False) -> Starlette:
-    """The console as an ASGI app, to mount under ``/console``; ``remote``: answer other machines too."""
+def console_app(source: StoreSource, showing: ShowingSource, *, remote: bool = False) -> Starlette:
+    """The console as an ASGI app, to mount under ``/console``; ``remote``: answer other machines too.
+
+    ``showing``: the prepares a context page is shown by, the ones ``ctxfleet context`` is."""
     pages: list[tuple[str, _Page]] = [
         ("/", _sessions),
         ("/sessions/{session_id}", _session),
         ("/sessions/{session_id}/search", _search),
         ("/threads/{thread_id}", _thread),
-        ("/threads/{thread_id}/context", _context),
+        ("/threads/{thread_id}/context", _context(showing)),
         ("/threads/{thread_id}/served", _served),
         ("/threads/{thread_id}/served/{step:int}", _served_step),
         ("/threads/{thread_id}/compactions/{view_revision:int}", _compaction),

@@ -168,11 +168,13 @@ async def read_thread(store: ConsoleStore, thread_id: str, tenant: str | None) -
     )
 
 
-async def prepare_context(store: ConsoleStore, thread_id: str, tenant: str | None) -> ContextPage:
+async def prepare_context(
+    store: ConsoleStore, service: PrepareService, thread_id: str, tenant: str | None
+) -> ContextPage:
     """The thread's context as its next prepare would answer it, at its session's policy budget:
-    the one ``ctxfleet context`` shows (``services/app/showing.py``)."""
+    the one ``ctxfleet context`` shows (``services/app/showing.py``), by the process's own
+    ``service`` — its prepare hooks called, its calibration applied."""
     tenant = tenant or await _tenant_of(store, thread_id)
-    service = PrepareService(store, NoticeBoard(), compaction_wait_ms=0)
     shown = await show_context(store, service, thread_id, ContextRequest(), tenant=tenant)
     prepared = shown.prepared
     used = prepared.budget_report.used.total

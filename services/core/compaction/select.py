@@ -16,7 +16,7 @@ from contracts import BlockKind, CompactionPolicy
 
 from services.core.groups import BlockSet, DraftBlock
 from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING
-from services.core.tokens import EncodingName
+from services.core.tokens import EncodingName, counter_for
 from services.core.compaction.policy import ViewMeasure, ratio_threshold
 
 __all__ = [
@@ -41,12 +41,13 @@ class CoverChoice:
 
 def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
     """What a block costs in the view, envelopes included: what the assembly counts for it whole,
-    from the counts the block derived when it was built."""
-    return (
-        block.record_tokens.get(encoding)
-        + MESSAGE_OVERHEAD * len(block.messages)
-        + block.id_counts.get(encoding)
-    )
+    from the counts the block derived when it was built; a block written for the view (a handoff,
+    the state facts) from its text, as the assembly counts it."""
+    if block.records:
+        content = block.record_tokens.get(encoding)
+    else:
+        content = sum(counter_for(encoding).count(m.content or "") for m in block.messages)
+    return content + MESSAGE_OVERHEAD * len(block.messages) + block.id_counts.get(encoding)
 
 
 def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
@@ -68,10 +69,15 @@ def measure_view(
     policy: CompactionPolicy,
     encoding: EncodingName,
     budget: int,
+    standing: Sequence[DraftBlock] = (),
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
-    """The view's size, its required part, and what could be compacted now."""
-    shown = sum(block_tokens(b, encoding) for b in blocks.ready)
-    required = sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
+    """The view's size, its required part, and what could be compacted now.
+
+    ``standing``: the blocks a context shows beside the history and the summary (a window's
+    handoff, the state facts), required and never compacted."""
+    fixed = sum(block_tokens(b, encoding) for b in standing)
+    shown = fixed + sum(block_tokens(b, encoding) for b in blocks.ready)
+    required = fixed + sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
     summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
     compressible = sum(block_tokens(b, encoding) for b in eligible)
