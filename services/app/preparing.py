@@ -63,6 +63,7 @@ from services.core.calibration import (
 )
 from services.errors import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
+from services.core.history_depth import depths_of, first_depth
 from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
@@ -114,6 +115,13 @@ def _carried(view: ThreadView, snapshot: ThreadSnapshot) -> ThreadSnapshot:
     if not (snapshot.evidence or snapshot.additions or snapshot.hooked):
         return fresh
     return replace(fresh, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked)
+
+
+def _depths(progress: PrepareProgress, snapshot: ThreadSnapshot, budget: BudgetSpec) -> PrepareProgress:
+    """``progress`` starting at the least compressed depth of ``snapshot`` that may fit ``budget``."""
+    depths = depths_of(snapshot)
+    first = first_depth(depths, budget.input_budget, budget.encoding)
+    return replace(progress, depth=first, depths=len(depths))
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
@@ -308,6 +316,7 @@ class PrepareService:
         """The prepare, step by step as ``next_step`` says (services/core/prepare_step.py): the one
         place that assembles. With ``would`` (a preview) every step that writes is noted there instead."""
         budget = calibrated(base, progress.calibration)
+        progress = _depths(progress, snapshot, budget)
         measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
         wait: _CompactionWait | None = None
         with ExitStack() as registered:
@@ -317,10 +326,11 @@ class PrepareService:
                     case Assemble():
                         if step.measure_window:
                             measured_at = time.monotonic()
+                        shown = depths_of(snapshot)[step.depth]
                         try:
                             outcome = assemble_reusing(
                                 self._loader.cache,
-                                snapshot,
+                                shown,
                                 request,
                                 budget,
                                 counter,
@@ -340,7 +350,7 @@ class PrepareService:
                             progress = replace(
                                 progress, decision=self._windows.decide(view, snapshot, outcome, budget)
                             )
-                        progress = replace(progress, outcome=outcome)
+                        progress = replace(progress, depth=step.depth, outcome=outcome)
                     case RollOver(trigger) if would is not None:
                         would.append(
                             f"close this window ({trigger.value}) and answer from the next one; shown: "
@@ -352,6 +362,7 @@ class PrepareService:
                             view, snapshot, trigger, measured_at
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
+                        progress = _depths(progress, snapshot, budget)
                     case AwaitCompaction(_, reasons) if would is not None:
                         # Past a rollover the prepare answers from the next window, which needs none.
                         if not progress.rolled:
@@ -370,7 +381,9 @@ class PrepareService:
                         )
                         snapshot = _carried(view, snapshot)
                         waited = CompactionWait(int((time.monotonic() - wait.started) * 1000), landed)
-                        progress = replace(progress, outcome=None, waited=waited)
+                        progress = replace(
+                            progress, depths=len(depths_of(snapshot)), outcome=None, waited=waited
+                        )
                     case RequestCompaction(_, reasons) if would is not None:
                         would.append(f"ask for a {', '.join(reasons)} compaction, without waiting for it")
                         progress = replace(progress, requested=True)

@@ -1,0 +1,49 @@
+"""How deep into its summaries a prepare shows a thread's history. Pure.
+
+A committed summary is a view of the ledger, not a deletion: the records it covers stay, and a
+prepare whose budget holds them shows them. A thread's depths, least compressed first, are its
+records in full and then its view's committed summary. A prepare starts at the least compressed
+depth whose history, every output at its preview, fits its own budget, and goes one deeper only when
+assembly says the view does not fit there — so a summary a small budget needed never lowers what a
+larger budget sees (docs/design.md, "Every budget sees the least compressed history that fits it").
+"Depth", not "level": a water level is a context's share of its budget (``services/core/levels.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from services.core.assemble import ThreadSnapshot
+from services.core.records import LedgerRecord
+
+__all__ = ["depths_of", "first_depth", "smallest_history"]
+
+
+def depths_of(snapshot: ThreadSnapshot) -> tuple[ThreadSnapshot, ...]:
+    """``snapshot`` at each depth, least compressed first; the last is the view as committed.
+
+    A later window starts from its handoff, not from the records a summary covers: it has one depth.
+    """
+    if snapshot.summary is None or snapshot.handoff is not None:
+        return (snapshot,)
+    return (replace(snapshot, summary=None, covered_to=0), snapshot)
+
+
+def smallest_history(records: Sequence[LedgerRecord], encoding: str) -> int:
+    """Tokens of ``records`` with every output shortened to its preview: no reduction but
+    compaction makes their history smaller."""
+    total = 0
+    for r in records:
+        counts = r.mask_tokens if r.mask_tokens is not None else r.tokens
+        total += counts.cl100k_base if encoding == "cl100k_base" else counts.o200k_base
+    return total
+
+
+def first_depth(depths: Sequence[ThreadSnapshot], input_budget: int, encoding: str) -> int:
+    """The least compressed of ``depths`` whose history at its smallest fits ``input_budget``; the
+    last (the view as committed) when none of the others does."""
+    for n, depth in enumerate(depths[:-1]):
+        if smallest_history(depth.records, encoding) <= input_budget:
+            return n
+    return len(depths) - 1

@@ -1,0 +1,78 @@
+"""Which depth of a thread's history a prepare starts from: records in full while they may fit."""
+
+from __future__ import annotations
+
+from services.core.assemble import SummaryView, ThreadSnapshot
+from services.core.history_depth import depths_of, first_depth, smallest_history
+from services.core.records import LedgerRecord
+from tests.fixtures.builders import Thread, ledger_records
+
+
+def _records() -> list[LedgerRecord]:
+    t = Thread()
+    events = [t.system("Be brief."), t.user("question 0: " + "why " * 50)]
+    for i in range(6):
+        events.append(t.assistant(f"answer {i}: " + "the tokenizer joins tokens " * 40))
+        events.append(t.user(f"question {i + 1}"))
+    return ledger_records(events)
+
+
+def _snapshot(records: list[LedgerRecord], *, covered_to: int = 0) -> ThreadSnapshot:
+    t = Thread()
+    summary = None
+    if covered_to:
+        summary = SummaryView("s1", 1, 3, covered_to, "[context summary]", 5, 5, ())
+    return ThreadSnapshot(
+        t.session_id,
+        t.run_id,
+        t.instance_id,
+        len(records),
+        records[-1].seq,
+        records[-1].event_key,
+        records,
+        view_revision=1 if covered_to else 0,
+        covered_to=covered_to,
+        summary=summary,
+    )
+
+
+def test_a_view_without_a_summary_has_one_depth() -> None:
+    snapshot = _snapshot(_records())
+    assert depths_of(snapshot) == (snapshot,)
+    assert first_depth(depths_of(snapshot), 10, "o200k_base") == 0
+
+
+def test_a_summarized_view_shows_its_records_in_full_first_and_its_summary_one_deeper() -> None:
+    records = _records()
+    snapshot = _snapshot(records, covered_to=10)
+    full, summarized = depths_of(snapshot)
+    assert summarized == snapshot
+    assert (full.summary, full.covered_to, full.records) == (None, 0, snapshot.records)
+    assert full.view_revision == snapshot.view_revision  # the same view, shown less compressed
+
+
+def test_a_budget_that_holds_the_records_starts_from_them_and_a_smaller_one_from_the_summary() -> None:
+    records = _records()
+    depths = depths_of(_snapshot(records, covered_to=10))
+    whole = smallest_history(records, "o200k_base")
+    assert first_depth(depths, whole, "o200k_base") == 0
+    assert first_depth(depths, whole - 1, "o200k_base") == 1
+
+
+def test_the_smallest_history_counts_each_output_at_its_preview() -> None:
+    t = Thread()
+    records = ledger_records(
+        [
+            t.system("s"),
+            t.user("q"),
+            t.assistant("a", calls=(("c1", "bash", {"cmd": "cat big.log"}),)),
+            t.outcome("c1", "line of a long log\n" * 2_000),
+        ]
+    )
+    output = records[-1]
+    assert output.mask_tokens is not None and output.mask_tokens.o200k_base < output.tokens.o200k_base
+    rest = sum(r.tokens.o200k_base for r in records[:-1])
+    assert smallest_history(records, "o200k_base") == rest + output.mask_tokens.o200k_base
+    assert smallest_history(records, "cl100k_base") == sum(
+        (r.mask_tokens or r.tokens).cl100k_base for r in records
+    )
