@@ -117,10 +117,13 @@ def _carried(view: ThreadView, snapshot: ThreadSnapshot) -> ThreadSnapshot:
     return replace(fresh, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked)
 
 
-def _depths(progress: PrepareProgress, snapshot: ThreadSnapshot, budget: BudgetSpec) -> PrepareProgress:
-    """``progress`` starting at the least compressed depth of ``snapshot`` that may fit ``budget``."""
+def _depths(
+    progress: PrepareProgress, view: ThreadView, snapshot: ThreadSnapshot, budget: BudgetSpec
+) -> PrepareProgress:
+    """``progress`` starting at the least compressed depth of ``snapshot`` that may fit ``budget``: the
+    summary stays for every budget no larger than the one the thread compacts ahead of."""
     depths = depths_of(snapshot)
-    first = first_depth(depths, budget.input_budget, budget.encoding)
+    first = first_depth(depths, budget.input_budget, budget.encoding, made_for=view.compaction_budget)
     return replace(progress, depth=first, depths=len(depths))
 
 
@@ -316,7 +319,7 @@ class PrepareService:
         """The prepare, step by step as ``next_step`` says (services/core/prepare_step.py): the one
         place that assembles. With ``would`` (a preview) every step that writes is noted there instead."""
         budget = calibrated(base, progress.calibration)
-        progress = _depths(progress, snapshot, budget)
+        progress = _depths(progress, view, snapshot, budget)
         measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
         wait: _CompactionWait | None = None
         with ExitStack() as registered:
@@ -362,7 +365,7 @@ class PrepareService:
                             view, snapshot, trigger, measured_at
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
-                        progress = _depths(progress, snapshot, budget)
+                        progress = _depths(progress, view, snapshot, budget)
                     case AwaitCompaction(_, reasons) if would is not None:
                         # Past a rollover the prepare answers from the next window, which needs none.
                         if not progress.rolled:

@@ -2,11 +2,12 @@
 
 A committed summary is a view of the ledger, not a deletion: the records it covers stay, and a
 prepare whose budget holds them shows them. A thread's depths, least compressed first, are its
-records in full and then its view's committed summary. A prepare starts at the least compressed
-depth whose history, every output at its preview, fits its own budget, and goes one deeper only when
-assembly says the view does not fit there — so a summary a small budget needed never lowers what a
-larger budget sees (docs/design.md, "Every budget sees the least compressed history that fits it").
-"Depth", not "level": a water level is a context's share of its budget (``services/core/levels.py``).
+records in full and then its view's committed summary. A prepare whose budget is larger than the
+one the summary was made for starts at the least compressed depth whose history, every output at
+its preview, fits its own budget, and goes one deeper only when assembly says the view does not fit
+there — so a summary a small budget needed never lowers what a larger budget sees (docs/design.md,
+"Every budget sees the least compressed history that fits it"). "Depth", not "level": a water level
+is a context's share of its budget (``services/core/levels.py``).
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def smallest_history(records: Sequence[LedgerRecord], encoding: str) -> int:
     return total
 
 
-def first_depth(depths: Sequence[ThreadSnapshot], input_budget: int, encoding: str) -> int:
-    """The least compressed of ``depths`` whose history at its smallest fits ``input_budget``; the
-    last (the view as committed) when none of the others does."""
+def first_depth(depths: Sequence[ThreadSnapshot], input_budget: int, encoding: str, *, made_for: int) -> int:
+    """Where a prepare of ``input_budget`` starts: the view as committed (the last of ``depths``) when
+    its summary was made for this budget or a larger one (``made_for``: the budget the thread compacts
+    ahead of), else the least compressed depth whose history at its smallest fits ``input_budget``."""
+    if input_budget <= made_for:
+        return len(depths) - 1
     for n, depth in enumerate(depths[:-1]):
         if smallest_history(depth.records, encoding) <= input_budget:
             return n

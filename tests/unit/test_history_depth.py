@@ -39,7 +39,7 @@ def _snapshot(records: list[LedgerRecord], *, covered_to: int = 0) -> ThreadSnap
 def test_a_view_without_a_summary_has_one_depth() -> None:
     snapshot = _snapshot(_records())
     assert depths_of(snapshot) == (snapshot,)
-    assert first_depth(depths_of(snapshot), 10, "o200k_base") == 0
+    assert first_depth(depths_of(snapshot), 10_000, "o200k_base", made_for=4_000) == 0
 
 
 def test_a_summarized_view_shows_its_records_in_full_first_and_its_summary_one_deeper() -> None:
@@ -51,12 +51,21 @@ def test_a_summarized_view_shows_its_records_in_full_first_and_its_summary_one_d
     assert full.view_revision == snapshot.view_revision  # the same view, shown less compressed
 
 
-def test_a_budget_that_holds_the_records_starts_from_them_and_a_smaller_one_from_the_summary() -> None:
+def test_a_budget_larger_than_the_summarys_starts_from_the_records_while_they_may_fit() -> None:
     records = _records()
     depths = depths_of(_snapshot(records, covered_to=10))
     whole = smallest_history(records, "o200k_base")
-    assert first_depth(depths, whole, "o200k_base") == 0
-    assert first_depth(depths, whole - 1, "o200k_base") == 1
+    assert first_depth(depths, whole, "o200k_base", made_for=whole - 100) == 0
+    assert first_depth(depths, whole - 1, "o200k_base", made_for=whole - 100) == 1
+
+
+def test_a_budget_no_larger_than_the_one_the_summary_was_made_for_starts_from_the_summary() -> None:
+    records = _records()
+    depths = depths_of(_snapshot(records, covered_to=10))
+    whole = smallest_history(records, "o200k_base")
+    # The thread compacts ahead of this budget: its records would only be compacted again.
+    assert first_depth(depths, whole, "o200k_base", made_for=whole) == 1
+    assert first_depth(depths, 10 * whole, "o200k_base", made_for=10 * whole) == 1
 
 
 def test_the_smallest_history_counts_each_output_at_its_preview() -> None:
