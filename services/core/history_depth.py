@@ -2,7 +2,8 @@
 
 A committed summary is a view of the ledger, not a deletion: the records it covers stay, and a
 prepare whose budget holds them shows them. A thread's depths, least compressed first, are its
-records in full and then its view's committed summary. A prepare whose budget is larger than the
+records in full, each earlier summary of the chain its committed one extends (each covers a longer
+prefix of the ledger), and the committed summary. A prepare whose budget is larger than the
 one the summary was made for starts at the least compressed depth whose history, every output at
 its preview, fits its own budget, and goes one deeper only when assembly says the view does not fit
 there — so a summary a small budget needed never lowers what a larger budget sees (docs/design.md,
@@ -15,26 +16,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from services.core.assemble import ThreadSnapshot
+from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.records import LedgerRecord
 
 __all__ = ["depths_of", "first_depth", "smallest_history"]
 
 
-def depths_of(snapshot: ThreadSnapshot) -> tuple[ThreadSnapshot, ...]:
-    """``snapshot`` at each depth, least compressed first; the last is the view as committed.
+def depths_of(snapshot: ThreadSnapshot, earlier: Sequence[SummaryView] = ()) -> tuple[ThreadSnapshot, ...]:
+    """``snapshot`` at each depth, least compressed first: its records in full, then each of the
+    ``earlier`` summaries its committed one extends (oldest first), then the view as committed.
 
     A later window starts from its handoff, not from the records a summary covers: it has one depth.
     """
     if snapshot.summary is None or snapshot.handoff is not None:
         return (snapshot,)
-    return (replace(snapshot, summary=None, covered_to=0), snapshot)
+    shallower = tuple(replace(snapshot, summary=s, covered_to=s.covered_to) for s in earlier)
+    return (replace(snapshot, summary=None, covered_to=0), *shallower, snapshot)
 
 
-def smallest_history(records: Sequence[LedgerRecord], encoding: str) -> int:
-    """Tokens of ``records`` with every output shortened to its preview: no reduction but
-    compaction makes their history smaller."""
+def smallest_history(
+    records: Sequence[LedgerRecord], encoding: str, summary: SummaryView | None = None
+) -> int:
+    """Tokens of ``records`` shown beside ``summary`` (those it does not cover, and the summary's
+    text), every output shortened to its preview: no reduction but compaction makes them smaller."""
     total = 0
+    if summary is not None:
+        total = summary.tokens(encoding)
+        records = [r for r in records if not summary.covered_from <= r.seq <= summary.covered_to]
     for r in records:
         counts = r.mask_tokens if r.mask_tokens is not None else r.tokens
         total += counts.cl100k_base if encoding == "cl100k_base" else counts.o200k_base
@@ -48,6 +56,6 @@ def first_depth(depths: Sequence[ThreadSnapshot], input_budget: int, encoding: s
     if input_budget <= made_for:
         return len(depths) - 1
     for n, depth in enumerate(depths[:-1]):
-        if smallest_history(depth.records, encoding) <= input_budget:
+        if smallest_history(depth.records, encoding, depth.summary) <= input_budget:
             return n
     return len(depths) - 1

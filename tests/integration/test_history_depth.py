@@ -12,7 +12,8 @@ from tests.fixtures.builders import Thread, prepare_request as _request
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 
 SMALL, LARGE = 4_000, 16_000
-STEPS = 14  # about 450 tokens a step: the thread outgrows the small budget, never the large one
+STEPS = 14  # about 330 tokens a step: the thread outgrows the small budget, never the large one
+OUTGROWN = 60  # ... and here the large one too
 
 
 async def _step(client: FleetClient, t: Thread, i: int) -> str:
@@ -52,3 +53,25 @@ async def test_small_and_large_prepares_interleaved_on_one_thread_each_see_what_
         assert _shown(large) == _shown(await _prepare(client, large_alone, LARGE, key))
         assert _shown(small) == _shown(await _prepare(client, small_alone, SMALL, key))
     assert summarized > 0  # the thread did outgrow the small budget
+
+
+async def test_a_large_budget_on_a_thread_that_outgrew_it_shows_the_earliest_summary_that_fits(
+    fleet, client: FleetClient
+) -> None:
+    both, large_alone = Thread(), Thread()
+    for i in range(OUTGROWN):
+        key = await _step(client, both, i)
+        await _step(client, large_alone, i)
+        small = await _prepare(client, both, SMALL, key)
+        large = await _prepare(client, both, LARGE, key)
+        alone = await _prepare(client, large_alone, LARGE, key)
+        assert large.budget_report.used.total <= LARGE and large.omitted == ()
+        if alone.summary is None:
+            assert _shown(large) == _shown(alone)
+            continue
+        # Past the large budget, the small budget's compactions left a chain of summaries, each
+        # covering a longer prefix: the large budget shows the earliest whose rest fits it. Its own
+        # compaction alone aims lower (the policy's target ratio), so it sees more here than alone.
+        assert small.summary is not None and large.summary is not None
+        assert large.summary.covered_to < small.summary.covered_to
+        assert large.budget_report.used.total >= alone.budget_report.used.total

@@ -17,11 +17,15 @@ def _records() -> list[LedgerRecord]:
     return ledger_records(events)
 
 
+def _summary(covered_to: int, tokens: int = 5) -> SummaryView:
+    return SummaryView(f"s{covered_to}", 1, 3, covered_to, "[context summary]", tokens, tokens, ())
+
+
 def _snapshot(records: list[LedgerRecord], *, covered_to: int = 0) -> ThreadSnapshot:
     t = Thread()
     summary = None
     if covered_to:
-        summary = SummaryView("s1", 1, 3, covered_to, "[context summary]", 5, 5, ())
+        summary = _summary(covered_to)
     return ThreadSnapshot(
         t.session_id,
         t.run_id,
@@ -85,3 +89,30 @@ def test_the_smallest_history_counts_each_output_at_its_preview() -> None:
     assert smallest_history(records, "cl100k_base") == sum(
         (r.mask_tokens or r.tokens).cl100k_base for r in records
     )
+
+
+def test_the_summaries_a_committed_one_extends_are_depths_between_the_records_and_it() -> None:
+    records = _records()
+    snapshot = _snapshot(records, covered_to=10)
+    earlier = (_summary(4), _summary(7))
+    full, first, second, committed = depths_of(snapshot, earlier)
+    assert full.summary is None and committed == snapshot
+    assert (first.summary, first.covered_to, second.summary, second.covered_to) == (
+        earlier[0],
+        4,
+        earlier[1],
+        7,
+    )
+    # Each deeper depth shows fewer of the records beside its summary.
+    sizes = [smallest_history(d.records, "o200k_base", d.summary) for d in (full, first, second, committed)]
+    assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4
+    # A budget between two depths starts at the shallower of those that fit.
+    assert first_depth((full, first, second, committed), sizes[1], "o200k_base", made_for=100) == 1
+    assert first_depth((full, first, second, committed), sizes[2], "o200k_base", made_for=100) == 2
+
+
+def test_a_depth_counts_the_records_its_summary_does_not_cover_and_the_summary() -> None:
+    records = _records()
+    summary = _summary(7, tokens=40)
+    shown = [r for r in records if not 3 <= r.seq <= 7]
+    assert smallest_history(records, "o200k_base", summary) == 40 + smallest_history(shown, "o200k_base")
