@@ -90,7 +90,9 @@ class BudgetService:
                 budget=view.compaction_budget,
                 reserved=view.state.prepare_reserved,
                 # What the thread's last prepare built: the budgeter follows it by a batch or so.
-                previous=last_blocks(self._loader.cache, thread_id),
+                previous=last_blocks(
+                    self._loader.cache, thread_id, summarized=view.state.summary is not None
+                ),
             )
             pending = (
                 view.state.pending_fingerprint is not None

@@ -34,7 +34,7 @@ from contracts.prepare import ProviderOverflow
 from contracts.task_budgets import TaskBudgetReport
 from contracts.windows import WindowStrategy
 
-from services.core.assemble import Evidence, ThreadSnapshot
+from services.core.assemble import Evidence, SummaryView, ThreadSnapshot
 from services.errors import (
     ContextBudgetExceeded,
     FleetUnavailable,
@@ -63,6 +63,7 @@ from services.core.calibration import (
 )
 from services.errors import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
+from services.core.history_depth import depths_of, first_depth
 from services.killpoints import kill_point
 from services.app.gateway import GatewayService
 from services.app.hooks import HookRegistry
@@ -114,6 +115,20 @@ def _carried(view: ThreadView, snapshot: ThreadSnapshot) -> ThreadSnapshot:
     if not (snapshot.evidence or snapshot.additions or snapshot.hooked):
         return fresh
     return replace(fresh, evidence=snapshot.evidence, additions=snapshot.additions, hooked=snapshot.hooked)
+
+
+def _depths(
+    progress: PrepareProgress,
+    view: ThreadView,
+    snapshot: ThreadSnapshot,
+    budget: BudgetSpec,
+    earlier: tuple[SummaryView, ...] = (),
+) -> PrepareProgress:
+    """``progress`` starting at the least compressed depth of ``snapshot`` that may fit ``budget``: the
+    summary stays for every budget no larger than the one the thread compacts ahead of."""
+    depths = depths_of(snapshot, earlier)
+    first = first_depth(depths, budget.input_budget, budget.encoding, made_for=view.compaction_budget)
+    return replace(progress, depth=first, depths=len(depths))
 
 
 def _counter(budget: BudgetSpec) -> TokenCounter | None:
@@ -308,6 +323,8 @@ class PrepareService:
         """The prepare, step by step as ``next_step`` says (services/core/prepare_step.py): the one
         place that assembles. With ``would`` (a preview) every step that writes is noted there instead."""
         budget = calibrated(base, progress.calibration)
+        earlier = await self._earlier(view, budget)
+        progress = _depths(progress, view, snapshot, budget, earlier)
         measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
         wait: _CompactionWait | None = None
         with ExitStack() as registered:
@@ -317,10 +334,11 @@ class PrepareService:
                     case Assemble():
                         if step.measure_window:
                             measured_at = time.monotonic()
+                        shown = depths_of(snapshot, earlier)[step.depth]
                         try:
                             outcome = assemble_reusing(
                                 self._loader.cache,
-                                snapshot,
+                                shown,
                                 request,
                                 budget,
                                 counter,
@@ -340,7 +358,7 @@ class PrepareService:
                             progress = replace(
                                 progress, decision=self._windows.decide(view, snapshot, outcome, budget)
                             )
-                        progress = replace(progress, outcome=outcome)
+                        progress = replace(progress, depth=step.depth, outcome=outcome)
                     case RollOver(trigger) if would is not None:
                         would.append(
                             f"close this window ({trigger.value}) and answer from the next one; shown: "
@@ -352,6 +370,8 @@ class PrepareService:
                             view, snapshot, trigger, measured_at
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
+                        earlier = ()
+                        progress = _depths(progress, view, snapshot, budget)
                     case AwaitCompaction(_, reasons) if would is not None:
                         # Past a rollover the prepare answers from the next window, which needs none.
                         if not progress.rolled:
@@ -370,7 +390,10 @@ class PrepareService:
                         )
                         snapshot = _carried(view, snapshot)
                         waited = CompactionWait(int((time.monotonic() - wait.started) * 1000), landed)
-                        progress = replace(progress, outcome=None, waited=waited)
+                        earlier = ()  # what waited is assembled at the deepest depth of the new view
+                        progress = replace(
+                            progress, depths=len(depths_of(snapshot)), outcome=None, waited=waited
+                        )
                     case RequestCompaction(_, reasons) if would is not None:
                         would.append(f"ask for a {', '.join(reasons)} compaction, without waiting for it")
                         progress = replace(progress, requested=True)
@@ -396,6 +419,18 @@ class PrepareService:
                         raise over.error()
                     case _:
                         assert_never(step)
+
+    async def _earlier(self, view: ThreadView, budget: BudgetSpec) -> tuple[SummaryView, ...]:
+        """The earlier summaries of the view's chain, for a budget larger than the one its committed
+        summary was made for (a smaller one never shows them)."""
+        row = view.state.summary
+        if row is None or budget.input_budget <= view.compaction_budget:
+            return ()
+        held = self._loader.held_earlier(row.summary_id)
+        if held is not None:
+            return held
+        async with self._store.session() as store:
+            return await self._loader.earlier_summaries(store, view)
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
         """The profile's calibration (only profiles without an offline tokenizer have one from usage;

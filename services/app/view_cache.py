@@ -166,15 +166,18 @@ def assemble_reusing(
     return prepared
 
 
-def last_blocks(cache: ViewCache, thread_id: str) -> BlockSet | None:
+def last_blocks(cache: ViewCache, thread_id: str, *, summarized: bool) -> BlockSet | None:
     """The blocks the thread's last assembly built of its records as recorded (previews not
-    rewritten for context tools), if the cache still holds them: a build of the same view extends them."""
-    found = cache.get(_assembly_key(thread_id, context_tools=False))
+    rewritten for context tools), with or without its committed summary, if the cache still holds
+    them: a build of the same view extends them."""
+    found = cache.get(_assembly_key(thread_id, context_tools=False, summarized=summarized))
     return found.blocks if isinstance(found, Assembly) else None
 
 
-def _assembly_key(thread_id: str, *, context_tools: bool) -> tuple[str, str, bool]:
-    return ("assembly", thread_id, context_tools)
+def _assembly_key(thread_id: str, *, context_tools: bool, summarized: bool) -> tuple[str, str, bool, bool]:
+    # Prepares of different budgets may show one thread at both depths (services/core/history_depth.py):
+    # each depth extends its own last build.
+    return ("assembly", thread_id, context_tools, summarized)
 
 
 def _assemble_extending(
@@ -191,7 +194,9 @@ def _assemble_extending(
     (``--only append``). Kept per thread and whether previews name the read tool (which rewrites the
     records the blocks are built from); assembly checks the rest by value: the same first records,
     coverage and thread for the blocks, every field for a wire block."""
-    key = _assembly_key(snapshot.own_thread, context_tools=request.context_tools)
+    key = _assembly_key(
+        snapshot.own_thread, context_tools=request.context_tools, summarized=snapshot.summary is not None
+    )
     found = cache.get(key)
     previous = found if isinstance(found, Assembly) else None
     assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)

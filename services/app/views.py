@@ -200,6 +200,39 @@ class ViewLoader:
         # the provider will accept; prepares share this cache (one per process).
         self.calibrations = CalibrationCache()
 
+    def held_earlier(self, summary_id: str) -> tuple[SummaryView, ...] | None:
+        """The summaries ``summary_id`` extends, if this process read them already."""
+        found = self.cache.get(("earlier", summary_id))
+        return found if isinstance(found, tuple) else None
+
+    async def earlier_summaries(self, conn: ViewReads, view: ThreadView) -> tuple[SummaryView, ...]:
+        """The summaries the view's committed one extends, oldest first: each covers a shorter prefix
+        of the ledger (services/core/history_depth.py). Immutable, so read once per summary."""
+        row = view.state.summary
+        if row is None:
+            return ()
+        found = self.held_earlier(row.summary_id)
+        if found is not None:
+            return found
+        key = ("earlier", row.summary_id)
+        chain = await conn.summary_chain(row.summary_id)
+        earlier = tuple(
+            SummaryView(
+                summary_id=r.summary_id,
+                view_revision=revision,
+                covered_from=r.body.covered_from,
+                covered_to=r.body.covered_to,
+                text=r.text,
+                tokens_o200k=r.tokens_o200k,
+                tokens_cl100k=r.tokens_cl100k,
+                sources=r.sources,
+                hooks=r.hooks,
+            )
+            for revision, r in reversed(chain)
+        )
+        self._evicted(self.cache.put(key, earlier, 1_000 + sum(3 * len(e.text) for e in earlier)))
+        return earlier
+
     async def load(
         self,
         conn: ViewReads,

@@ -3,7 +3,9 @@
 The assembler's shell (``services/app/preparing.py``) runs one loop: it asks ``next_step`` what to
 do, does it — assembles the view, rolls the window over, waits for a compaction, learns from the
 runtime's usage report — records what came of it in the ``PrepareProgress`` and asks again, until
-the step is ``Done`` (or ``Refuse``). Assembly happens only where a step says ``Assemble``.
+the step is ``Done`` (or ``Refuse``). Assembly happens only where a step says ``Assemble``, at the
+depth it names: a view over budget at one depth is assembled one deeper (its committed summary)
+before the prepare asks for a compaction.
 
 The order, from the first step: a rollover window is measured by its assembly and closed when the
 decision says so (the next window is assembled instead); a context that does not fit asks for the
@@ -53,8 +55,10 @@ class Assemble:
     """Assemble the current view under the current budget.
 
     ``measure_window``: the assembly also measures the window, which is then decided from it.
+    ``depth``: how deep into its summaries the history is shown (``services/core/history_depth.py``).
     """
 
+    depth: int = 0
     compaction_wait_ms: int = 0
     allow_drop_history: bool = False
     measure_window: bool = False
@@ -137,6 +141,10 @@ class PrepareProgress:
     decision: WindowDecision | None = None
     rolled: bool = False
     report: RolloverReport | None = None
+    # How deep into its summaries the last assembly showed the history, and how deep the view goes:
+    # over budget at one depth, the prepare goes one deeper before it asks for a compaction.
+    depth: int = 0
+    depths: int = 1
     # The last assembly's outcome; None before it and after the view or budget changed.
     outcome: PreparedContext | OverBudgetView | None = None
     # What usage taught the calibration (learned once per prepare).
@@ -150,7 +158,7 @@ class PrepareProgress:
 def next_step(p: PrepareProgress) -> PrepareStep:
     """What the prepare does next."""
     if p.rollover_window and p.decision is None:
-        return Assemble(measure_window=True)
+        return Assemble(p.depth, measure_window=True)
     decision = p.decision
     if decision is not None and decision.action is WindowAction.ROLLOVER and not p.rolled:
         if decision.trigger is not None:
@@ -159,9 +167,14 @@ def next_step(p: PrepareProgress) -> PrepareStep:
     match p.outcome:
         case None:
             if p.waited is None:
-                return Assemble()
-            return Assemble(compaction_wait_ms=p.waited.waited_ms, allow_drop_history=not p.waited.landed)
+                return Assemble(p.depth)
+            # What waited for a compaction did not fit at any shallower depth.
+            return Assemble(
+                p.depths - 1, compaction_wait_ms=p.waited.waited_ms, allow_drop_history=not p.waited.landed
+            )
         case OverBudgetView() as over:
+            if p.waited is None and p.depth + 1 < p.depths:
+                return Assemble(p.depth + 1)
             if p.waited is not None and not p.waited.landed:
                 return Refuse(over)
             return AwaitCompaction(over.reserved_tokens, reasons)

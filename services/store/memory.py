@@ -936,6 +936,23 @@ class MemorySession:
             for r in rows
         ]
 
+    async def summary_chain(self, summary_id: str) -> list[tuple[int, SummaryRow]]:
+        chain: list[tuple[int, SummaryRow]] = []
+        parent = self._t.summaries[summary_id]["parent_summary_id"]
+        while parent is not None:
+            s = self._t.summaries[parent]
+            row = SummaryRow(
+                s["summary_id"],
+                StructuredSummary.model_validate_json(s["body"]),
+                s["text"],
+                s["tokens_o200k"],
+                s["tokens_cl100k"],
+                parse_summary_hooks(s.get("hooks")),
+            )
+            chain.append((s["view_revision"], row))
+            parent = s["parent_summary_id"]
+        return chain
+
     async def load_view(self, thread_id: str) -> ViewState:
         v = self._t.views.get(thread_id)
         if v is None:

@@ -41,7 +41,7 @@ from services.store.hooks import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
-from services.store.views import Candidate, NewSummary, ThreadScope, ViewState
+from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState
 from services.store.thread_at_head import ThreadAtHead
 from services.store.windows import OpenWindow
 
@@ -154,6 +154,11 @@ class ViewReads(Protocol):
         ...
 
     async def load_view(self, thread_id: str) -> ViewState: ...
+
+    async def summary_chain(self, summary_id: str) -> list[tuple[int, SummaryRow]]:
+        """The summaries ``summary_id`` extends, each with the view revision it was committed at,
+        its parent first."""
+        ...
 
     async def current_window(self, thread_id: str) -> OpenWindow | None: ...
 

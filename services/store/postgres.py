@@ -59,6 +59,7 @@ from services.store.views import (
     NewSummary,
     PoliciesRepo,
     ScopeRepo,
+    SummaryRow,
     SummaryRows,
     ThreadScope,
     ViewsRepo,
@@ -244,6 +245,10 @@ class PgSession:
     @_translated
     async def load_view(self, thread_id: str) -> ViewState:
         return await ViewsRepo.load(self._conn, thread_id, self._summaries)
+
+    @_translated
+    async def summary_chain(self, summary_id: str) -> list[tuple[int, SummaryRow]]:
+        return await ViewsRepo.summary_chain(self._conn, summary_id)
 
     @_translated
     async def current_window(self, thread_id: str) -> OpenWindow | None:

@@ -196,6 +196,18 @@ WHERE h.revision > COALESCE(v.evaluated_revision, 0)
 ORDER BY h.updated_at LIMIT $1
 """
 _SUMMARY_COUNT = "SELECT count(*) FROM ctx.summaries WHERE thread_id = $1"
+# The summaries a summary extends, parent first and oldest last (adopted ones of other threads too).
+_SUMMARY_CHAIN = """
+WITH RECURSIVE chain AS (
+    SELECT parent_summary_id AS summary_id, 1 AS hop FROM ctx.summaries WHERE summary_id = $1::uuid
+    UNION ALL
+    SELECT s.parent_summary_id, c.hop + 1 FROM ctx.summaries s JOIN chain c ON s.summary_id = c.summary_id
+)
+SELECT s.summary_id, s.view_revision, s.body::text AS body, s.text, s.tokens_o200k, s.tokens_cl100k,
+       s.hooks::text AS hooks
+FROM chain c JOIN ctx.summaries s ON s.summary_id = c.summary_id
+ORDER BY c.hop
+"""
 _NOTE_PREPARE_BUDGET = """
 UPDATE ctx.thread_views SET prepare_budget = $2, prepare_reserved = $3
 WHERE thread_id = $1 AND (prepare_budget IS DISTINCT FROM $2 OR prepare_reserved <> $3)
@@ -439,6 +451,26 @@ class ViewsRepo:
         held = summaries.held(thread_id) if summaries is not None else None
         r = await conn.fetchrow(_SELECT_VIEW, thread_id, held_summary_id(held))
         return ViewState() if r is None else view_state_of_row(thread_id, r, held, summaries)
+
+    @staticmethod
+    async def summary_chain(conn: Conn, summary_id: str) -> list[tuple[int, SummaryRow]]:
+        """The summaries ``summary_id`` extends, each with the view revision it was committed at,
+        its parent first."""
+        rows = await conn.fetch(_SUMMARY_CHAIN, summary_id)
+        return [
+            (
+                r["view_revision"],
+                SummaryRow(
+                    summary_id=str(r["summary_id"]),
+                    body=StructuredSummary.model_validate_json(r["body"]),
+                    text=r["text"],
+                    tokens_o200k=r["tokens_o200k"],
+                    tokens_cl100k=r["tokens_cl100k"],
+                    hooks=parse_summary_hooks(r["hooks"]),
+                ),
+            )
+            for r in rows
+        ]
 
     @staticmethod
     async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved: int) -> None:

@@ -7,6 +7,8 @@ the memory store would prove nothing about production.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any
 
 import pytest
@@ -267,6 +269,24 @@ async def test_a_summary_commits_once_per_view_revision_under_a_derived_id(store
         )
         assert (state.covered_to, state.baseline, state.baseline_watermark) == (2, Counters(1, 1), 2)
         assert await s.summary_count(t.thread_id) == 1
+
+
+async def test_a_summarys_chain_is_the_summaries_it_extends_parent_first_with_their_revisions(
+    store: Store,
+) -> None:
+    t = Thread()
+    await _write(store, [t.user(f"u{n}", key=f"k{n}") for n in range(1, 5)])
+    async with store.session() as s:
+        await s.ensure_view(t.thread_id)
+        first = await s.commit_summary(0, _summary(t.thread_id, 2))
+        second = await s.commit_summary(1, replace(_summary(t.thread_id, 3), parent_summary_id=first))
+        third = await s.commit_summary(2, replace(_summary(t.thread_id, 4), parent_summary_id=second))
+        chain = await s.summary_chain(third)
+        assert [(revision, row.summary_id, row.body.covered_to) for revision, row in chain] == [
+            (2, second, 3),
+            (1, first, 2),
+        ]
+        assert await s.summary_chain(first) == []
 
 
 async def test_policies_are_revisioned_per_tenant_beside_the_shared_built_ins(store: Store) -> None:

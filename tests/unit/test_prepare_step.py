@@ -121,3 +121,15 @@ def test_after_a_provider_overflow_the_context_asks_for_a_compaction_without_wai
     assert next_step(fits) == RequestCompaction(tools, PROVIDER_OVERFLOW)
     assert next_step(replace(fits, requested=True)) == Done(prepared)
     assert next_step(replace(p, outcome=_OVER)) == AwaitCompaction(42, PROVIDER_OVERFLOW)
+
+
+def test_a_view_over_budget_at_one_depth_is_assembled_one_deeper_before_asking_for_compaction() -> None:
+    p = PrepareProgress(Calibration(), depth=0, depths=2)
+    assert next_step(p) == Assemble(0)
+    assert next_step(replace(p, outcome=_OVER)) == Assemble(1)
+    deepest = replace(p, depth=1, outcome=_OVER)
+    assert next_step(deepest) == AwaitCompaction(42, HARD_BUDGET)
+    # What waited for a compaction is assembled at the view's deepest: nothing shallower fitted.
+    landed = replace(deepest, outcome=None, waited=CompactionWait(120, landed=True))
+    assert next_step(landed) == Assemble(1, compaction_wait_ms=120)
+    assert next_step(replace(landed, outcome=_OVER)) == AwaitCompaction(42, HARD_BUDGET)

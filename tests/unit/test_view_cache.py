@@ -347,12 +347,12 @@ async def test_the_budgeter_measures_a_view_from_the_blocks_its_last_prepare_bui
     )
     async with store.session() as s:
         view = await loader.load(s, t.thread_id)
-    assert last_blocks(loader.cache, t.thread_id) is None
+    assert last_blocks(loader.cache, t.thread_id, summarized=False) is None
     _assembled(loader.cache, view.snapshot(), request)
     await _record(store, [t.outcome("c1", "x" * 400), t.assistant("done")], 4)
     async with store.session() as s:
         view = await loader.load(s, t.thread_id)
-    previous = last_blocks(loader.cache, t.thread_id)
+    previous = last_blocks(loader.cache, t.thread_id, summarized=False)
     assert previous is not None and [r.seq for r in previous.records] == [1, 2, 3]
     budget, reserved = view.compaction_budget, view.state.prepare_reserved
     extended = measure(view, view.records, budget=budget, reserved=reserved, previous=previous)
