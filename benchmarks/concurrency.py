@@ -36,7 +36,7 @@ import psutil
 from contracts import Event, PrepareRequest
 from ctxfleet_client.client import FleetClient
 from services.edge.replay import percentile
-from services.errors import FleetUnavailable, Overloaded
+from contracts.exceptions import FleetUnavailable, Overloaded
 
 from .conversation import publish_thread, sample_events
 from .fleet_process import ALL_WORKERS, CpuMeter, FleetProcess, MachineCpu, fleet_env, prepare_servers

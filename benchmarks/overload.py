@@ -28,7 +28,7 @@ from contracts import PrepareRequest
 from .fleet_process import spawn_worker, wait_ready
 from infra.runtime import migrate, provision
 from ctxfleet_client.client import FleetClient
-from services.errors import FleetUnavailable, Overloaded
+from contracts.exceptions import FleetUnavailable, Overloaded
 from services.edge.replay import percentile
 from services.settings import Settings, parse_nats_urls
 from tests.fixtures.builders import Thread

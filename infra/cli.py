@@ -36,7 +36,7 @@ from contracts.branches import ForkRequest, SessionForked
 from ctxfleet_client.client import FleetClient
 from services.app.indexing import reindex
 from services.store.postgres import PgStore
-from services.errors import CtxError, InvalidConfiguration
+from contracts.exceptions import CtxError, InvalidConfiguration
 from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
 from services.core.evaluation import TraceScore, with_system_prompt
 from services.core.evaluation.cost import DEFAULT_PRICED, Price, price_table

@@ -51,7 +51,7 @@ from services.core.ledger import Incoming, RecordingLimits
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
 from services.edge.replay import ReplayOptions, trace_events
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 from services.store.memory import MemoryStore
 
 __all__ = ["LadderReport", "LadderTrace", "RungFactory", "ladder_rungs", "ladder_trace", "run_ladder"]

@@ -14,7 +14,7 @@ from nats.js.errors import NotFoundError
 
 from contracts import JOBS_STREAM
 from ctxfleet_client.client import connect_nats
-from services.errors import FleetUnavailable, StoreUnavailable
+from contracts.exceptions import FleetUnavailable, StoreUnavailable
 from services.settings import Settings
 from services.store.connect import connect as pg_connect
 from services.store.migrate import apply_migrations, pending_migrations

@@ -39,7 +39,7 @@ from contracts.subjects import DEFAULT_TENANT, check_tenant
 
 from ctxfleet_client.connection import nats_connection, parse_nats_urls, redact_url, url_credentials
 
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 
 __all__ = [
     "ENV_PREFIX",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from faststream.exceptions import SkipMessage
 
 from ctxfleet_client.client import DEADLINE_HEADER
-from services.errors import Overloaded
+from contracts.exceptions import Overloaded
 
 from .metrics import FleetMetrics
 

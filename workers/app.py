@@ -20,7 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from contracts.subjects import RECORDED
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 from ctxfleet_client.client import connect_nats
 from services.core.tokens import EncodingName, counter_for
 from services.settings import Settings

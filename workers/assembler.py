@@ -23,7 +23,7 @@ from opentelemetry.trace import Span
 from contracts import CONTEXT_SHOW, ContextRequest, ErrorCode, InspectRequest, PrepareRequest, reply_json
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
-from services.errors import CtxError, InvalidRequest
+from contracts.exceptions import CtxError, InvalidRequest
 from services.app.gateway import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from services.app.budgeting import BudgetService, pass_over
-from services.errors import CtxError, FleetUnavailable, ThreadNotFound
+from contracts.exceptions import CtxError, FleetUnavailable, ThreadNotFound
 from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices

@@ -17,7 +17,7 @@ from faststream.nats import JStream, NatsMessage, NatsRouter, PullSub
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
 from services.app.compacting import CompactionService
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 
 from .metrics import FleetMetrics
 

@@ -12,7 +12,7 @@ from faststream.nats import NatsResponse, NatsRouter
 
 from contracts import GATEWAY_CHECK, FinalCheck, FinalCheckRequest, reply_json
 from services.app.gateway import GatewayService
-from services.errors import CtxError, InvalidRequest
+from contracts.exceptions import CtxError, InvalidRequest
 
 from .admission import Admission
 from .metrics import FleetMetrics

@@ -16,7 +16,7 @@ from contracts.wire_json import WireJsonError, validate_wire
 
 from services.app.hooks import HookOutcome
 from services.app.tracing import Tracing
-from services.errors import HookFailed, HookTimeout
+from contracts.exceptions import HookFailed, HookTimeout
 
 __all__ = ["HookMetrics", "NatsHookRunner"]
 

@@ -6,7 +6,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
 from contracts import COMPACTION_JOBS, JOBS_STREAM, CompactionJob
-from services.errors import FleetUnavailable
+from contracts.exceptions import FleetUnavailable
 
 from .metrics import FleetMetrics
 from .refusals import Refusals, describe_publish_failure

@@ -15,7 +15,7 @@ from faststream.nats import NatsResponse, NatsRouter
 
 from contracts import COMPACT, CompactReply, CompactRequest, compacted_subject
 from services.app.manual_compaction import ManualCompaction
-from services.errors import CtxError, InvalidRequest
+from contracts.exceptions import CtxError, InvalidRequest
 
 from .compactor import Notify
 from .metrics import FleetMetrics

@@ -29,7 +29,7 @@ from contracts import (
 from services.core.budget import policy_budget
 from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered, hook_subject_tenant
 from services.app.catalogs import register_catalog
-from services.errors import CtxError, InvalidPolicy, InvalidRequest
+from contracts.exceptions import CtxError, InvalidPolicy, InvalidRequest
 from services.app.reading import read_range
 from services.app.receipts import operation_status
 from services.app.searching import search

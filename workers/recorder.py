@@ -48,7 +48,7 @@ from contracts.subjects import (
     recorded_subject,
 )
 from contracts import DeadLetter, ErrorCode, reply_json
-from services.errors import CtxError, FleetUnavailable, StoreUnavailable
+from contracts.exceptions import CtxError, FleetUnavailable, StoreUnavailable
 from services.core.ledger import Incoming, RecordingLimits
 from services.app.recording import BatchResult, RecordingService
 from services.store.postgres import PgStore

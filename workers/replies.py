@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from contracts import ErrorCode, ErrorReply, reply_json
 from contracts.identities import INBOX, reply_prefixes
 from contracts.wire_json import WireJsonError, validate_wire
-from services.errors import (
+from contracts.exceptions import (
     CtxError,
     FleetUnavailable,
     InvalidRequest,

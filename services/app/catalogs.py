@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contracts import ToolCatalog
 
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 from services.core.state import pattern_regex
 from services.store.ports import QueryStore
 

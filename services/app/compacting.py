@@ -37,7 +37,7 @@ from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
 from services.app.compact_hooks import after_compaction, before_compaction
 from services.app.hooks import HookRegistry
-from services.errors import CtxError, RevisionConflict
+from contracts.exceptions import CtxError, RevisionConflict
 from services.core.groups import DraftBlock, run_task_seq
 from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD

@@ -24,7 +24,7 @@ from typing import assert_never
 from contracts.branches import ExportPage, ExportRequest
 
 from services.core.records import RecordKind
-from services.errors import NotExportable, ThreadNotFound
+from contracts.exceptions import NotExportable, ThreadNotFound
 from services.store.branches import HistoryRow
 from services.store.ports import BranchSession, BranchStore
 

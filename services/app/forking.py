@@ -22,7 +22,7 @@ from __future__ import annotations
 from contracts.branches import ForkRequest, SessionForked
 
 from services.core.records import RecordKind
-from services.errors import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
+from contracts.exceptions import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
 from services.store.branches import ForkOrigin, HistoryRow, NewFork
 from services.store.ports import BranchSession, BranchStore
 

@@ -16,7 +16,7 @@ import time
 
 from services.app.notices import NoticeBoard, Pause, wait_for_notice
 from services.app.views import ThreadView, ViewLoader
-from services.errors import EventKeyConflict, EventRejected, NotYetRecorded
+from contracts.exceptions import EventKeyConflict, EventRejected, NotYetRecorded
 from services.store.ports import PrepareStore
 
 __all__ = ["RECHECK_S", "view_after"]

@@ -42,7 +42,7 @@ from services.core.hashing import canonical_json, sha256_hex
 from services.core.served import ServedContext, served_of
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
-from services.errors import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
+from contracts.exceptions import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
 from services.store.gateway import StoredCheck
 from services.store.ports import GatewayStore, HookGrants, PrepareStore
 

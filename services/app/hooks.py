@@ -17,7 +17,7 @@ from contracts import Purpose
 from contracts.hook_protocol import HookCall, HookDecision, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 
-from services.errors import CtxError, HookChangeRefused, HookFailed, HookRejected, HookTimeout
+from contracts.exceptions import CtxError, HookChangeRefused, HookFailed, HookRejected, HookTimeout
 from services.app.tracing import Tracing, record_outcome
 from services.core.hooks import HOOK_REFUSED
 from services.store.hooks import PinnedHooks

@@ -14,7 +14,7 @@ from contracts import CompactionJob, CompactReply, CompactRequest, thread_id_of
 from services.app.compacting import CompactionService, JobOutcome
 from services.app.views import ThreadView, ViewLoader
 from services.core.compaction.policy import job_fingerprint
-from services.errors import CompactionFailed, NothingToCompact
+from contracts.exceptions import CompactionFailed, NothingToCompact
 from services.store.ports import CompactionStore
 
 __all__ = ["MANUAL_REASON", "ManualCompaction", "manual_job"]

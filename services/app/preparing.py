@@ -35,7 +35,7 @@ from contracts.task_budgets import TaskBudgetReport
 from contracts.windows import WindowStrategy
 
 from services.core.assemble import Evidence, SummaryView, ThreadSnapshot
-from services.errors import (
+from contracts.exceptions import (
     ContextBudgetExceeded,
     FleetUnavailable,
     InvalidRequest,
@@ -61,7 +61,7 @@ from services.core.calibration import (
     raise_on_overflow,
     request_tokens_before,
 )
-from services.errors import ContentNotFound, ThreadNotFound
+from contracts.exceptions import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.core.history_depth import depths_of, first_depth
 from services.killpoints import kill_point

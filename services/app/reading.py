@@ -7,7 +7,7 @@ from typing import assert_never
 from contracts import ReadReply, ReadRequest
 
 from services.core.context_tools import BlobRef, RecordRef, parse_ref
-from services.errors import ContentNotFound, IntegrityError
+from contracts.exceptions import ContentNotFound, IntegrityError
 from services.core.hashing import sha256_hex
 from services.store.ports import QueryStore
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contracts import OperationStatusRequest, Receipt
 
-from services.errors import ContentNotFound
+from contracts.exceptions import ContentNotFound
 from services.store.ports import QueryStore
 
 __all__ = ["operation_status"]

@@ -36,7 +36,13 @@ from contracts import (
 )
 from contracts.subjects import thread_from_partitioned_subject
 
-from services.errors import CtxError, DuplicateEvent, PositionRegressed, RevisionConflict, UnstorableEvent
+from contracts.exceptions import (
+    CtxError,
+    DuplicateEvent,
+    PositionRegressed,
+    RevisionConflict,
+    UnstorableEvent,
+)
 from services.core.hashing import sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
@@ -53,7 +59,7 @@ from services.core.ledger import (
     run_steps,
     texts_to_count,
 )
-from services.errors import StoreRejected
+from contracts.exceptions import StoreRejected
 from services.app.stages import RecordStages, ignore_stage
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing

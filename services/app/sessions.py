@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contracts import SessionInspection
 
-from services.errors import ThreadNotFound
+from contracts.exceptions import ThreadNotFound
 from services.store.ports import QueryStore
 
 __all__ = ["inspect_session"]

@@ -12,7 +12,7 @@ from contracts import ContextRequest, ContextShown, PrepareRequest
 from contracts.ids import split_thread_id
 from contracts.subjects import DEFAULT_TENANT
 from services.app.preparing import PrepareService
-from services.errors import InvalidPolicy, ThreadNotFound
+from contracts.exceptions import InvalidPolicy, ThreadNotFound
 from services.store.ports import PrepareStore
 
 __all__ = ["show_context"]

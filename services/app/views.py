@@ -23,7 +23,7 @@ from services.core.compaction.model import StructuredSummary
 from services.core.compaction.rollup import skeleton
 from services.core.compaction.policy import Counters
 from services.core.counting import turns_and_steps
-from services.errors import ThreadNotFound
+from contracts.exceptions import ThreadNotFound
 from services.core.groups import run_task_seq
 from services.core.records import ContextExportBody, LedgerRecord
 from services.core.render import TokenCounts

@@ -33,7 +33,7 @@ from services.core.windows.signals import (
     recovery_boundary,
     window_records,
 )
-from services.errors import ContextBudgetExceeded, RevisionConflict
+from contracts.exceptions import ContextBudgetExceeded, RevisionConflict
 from services.store.ports import PrepareStore
 from services.app.views import ThreadView, ViewLoader
 

@@ -66,7 +66,7 @@ from services.core.levels import green_room, window_report
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
-from services.errors import BlockSize, ContextBudgetExceeded, OverBudget
+from contracts.exceptions import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.hooks import HOOK_BLOCK_PREFIX
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
 from services.core.hooks import PrepareHookChange

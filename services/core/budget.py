@@ -8,7 +8,7 @@ from contracts import ContextPolicy, ModelProfile, PrepareRequest
 from contracts.profiles import BUILTIN_PROFILES
 
 from services.core.calibration import Calibration
-from services.errors import UnknownModelProfile
+from contracts.exceptions import UnknownModelProfile
 
 __all__ = ["BUILTIN_PROFILES", "BudgetSpec", "calibrated", "policy_budget", "resolve_budget"]
 

@@ -26,7 +26,7 @@ from contracts.context_refs import (
 )
 
 from services.core.records import RecordKind
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 __all__ = [
     "CONTEXT_READ",

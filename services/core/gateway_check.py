@@ -37,7 +37,7 @@ from services.core.protected import (
     prepared_units,
     request_units,
 )
-from services.errors import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
+from contracts.exceptions import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
 
 __all__ = [
     "CheckInputs",

@@ -55,7 +55,7 @@ from contracts.events import content_identity
 from contracts.ids import EVENT_KEY_PATTERN
 from contracts.subjects import msg_id_of, parse_stored_subject
 
-from services.errors import (
+from contracts.exceptions import (
     MsgIdMismatch,
     DuplicateCallId,
     DuplicateToolOutcome,

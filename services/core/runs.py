@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from contracts import ContextExportEvent, ContextResetEvent, Event, RunStatusEvent, thread_id_of
 from contracts.task_budgets import TaskBudget
 
-from services.errors import (
+from contracts.exceptions import (
     GrantViolation,
     InvalidEvent,
     ReleaseMismatch,

@@ -25,7 +25,7 @@ from pydantic import JsonValue
 
 from contracts import PatchOp, PathRule, StatePatchPayload, ToolCatalog, ToolSpec
 
-from services.errors import (
+from contracts.exceptions import (
     AuthorityViolation,
     InvalidEvent,
     InvariantViolation,

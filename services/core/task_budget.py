@@ -20,7 +20,7 @@ from contracts.task_budgets import TASK_BUDGET_DIMENSIONS, BudgetLedger, TaskBud
 
 from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind
 from services.core.tokens import EncodingName
-from services.errors import TaskBudgetExhausted
+from contracts.exceptions import TaskBudgetExhausted
 
 __all__ = ["DIMENSIONS", "ensure_within", "ledger_of", "task_budget_report"]
 

@@ -15,7 +15,7 @@ from pydantic import JsonValue
 from contracts import AssistantMessageEvent, BlockKind, ContextPolicy, PreparedContext, PrepareRequest
 
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from services.core.evaluation.cost import Price
 from services.core.providers.anthropic_messages import cache_breakpoints
 from services.core.render import MESSAGE_OVERHEAD

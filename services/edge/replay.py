@@ -35,7 +35,7 @@ from contracts import (
 )
 
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError, PermissionDenied
+from contracts.exceptions import CtxError, PermissionDenied
 from services.core.records import RecordKind
 from services.core.render import (
     MESSAGE_OVERHEAD,

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from services.errors import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
+from contracts.exceptions import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
 from services.settings import redact_url
 
 __all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "translate_pg_errors"]

@@ -42,7 +42,7 @@ import asyncpg
 import orjson
 
 from services.core.ledger import BatchPlan, NewCall, NewOutcome, writes_only_its_threads
-from services.errors import RevisionConflict
+from contracts.exceptions import RevisionConflict
 from services.store.ledger import Conn
 
 __all__ = [

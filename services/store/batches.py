@@ -11,7 +11,7 @@ from pydantic import JsonValue
 
 from contracts import ToolCatalog
 
-from services.errors import RevisionConflict
+from contracts.exceptions import RevisionConflict
 from services.core.ledger import (
     BatchPlan,
     CallState,

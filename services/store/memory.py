@@ -36,7 +36,7 @@ from services.core.calibration import Calibration
 
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters, Throttle
-from services.errors import DuplicateEvent, RevisionConflict
+from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import ChainLink, sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
@@ -52,7 +52,7 @@ from services.core.ledger import (
 from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
-from services.errors import StoreRejected
+from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.gateway import MemoryGatewayStore

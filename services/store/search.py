@@ -8,7 +8,7 @@ from typing import Any
 
 from contracts import SearchHit, SearchRequest
 
-from services.errors import StoreRejected
+from contracts.exceptions import StoreRejected
 from services.store._errors import translate_pg_errors
 from services.store.ledger import Conn
 

@@ -18,7 +18,7 @@ from contracts.task_budgets import TaskBudget
 from services.core.compaction.merge import summary_sources
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters, Throttle
-from services.errors import RevisionConflict
+from contracts.exceptions import RevisionConflict
 from services.killpoints import kill_point
 from services.store.ledger import Conn
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from contracts.windows import WindowHandoff
 
-from services.errors import RevisionConflict
+from contracts.exceptions import RevisionConflict
 from services.killpoints import kill_point
 from services.store.ledger import Conn
 

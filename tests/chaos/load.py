@@ -21,7 +21,7 @@ from nats.errors import Error as NatsError
 from contracts import Event, PrepareRequest
 from contracts.subjects import EVENTS_STREAM, events_subject
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from tests.fixtures.builders import Thread
 
 __all__ = ["Poison", "Runtime", "connect_client", "plan_events", "poison_inputs"]

@@ -35,7 +35,7 @@ from contracts import PrepareRequest
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, PARTITIONED
 from ctxfleet_client.client import FleetClient
 from infra.nats_cluster import NatsCluster
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from tests.fixtures.audit import ThreadAudit, audit_thread
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually, reset_streams

@@ -20,7 +20,7 @@ from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.core.tokens import ENCODINGS, counter_for
 from services.core.trace import _parse
 from contracts import ErrorCode
-from services.errors import (
+from contracts.exceptions import (
     ForkInsideToolGroup,
     NotExportable,
     SeqOutOfRange,

@@ -19,11 +19,11 @@ from contracts.windows import RolloverTrigger, WindowHandoff
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters
 from contracts import ErrorCode
-from services.errors import DuplicateEvent, RevisionConflict
+from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import verify_chain
 from services.core.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
 from services.app.recording import _touched
-from services.errors import StoreRejected
+from contracts.exceptions import StoreRejected
 from services.store.views import NewSummary, ViewState, summary_id_of
 from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming

@@ -21,7 +21,7 @@ from infra import SAMPLES_DIR
 from infra.credentials import CREDENTIALS_FILE, as_identity, load_credentials
 from infra.runtime import Servers, start_fleet, start_servers
 from ctxfleet_client.client import FleetClient
-from services.errors import FleetUnavailable, PermissionDenied
+from contracts.exceptions import FleetUnavailable, PermissionDenied
 from services.edge.replay import ReplayOptions, replay_trace
 from services.settings import Settings
 from services.core.trace import read_trace

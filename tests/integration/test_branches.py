@@ -26,7 +26,7 @@ from infra import SAMPLES_DIR
 from services.core.trace import _parse, read_trace
 from ctxfleet_client.client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
-from services.errors import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
+from contracts.exceptions import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from tests.integration.test_nats_accounts import SecuredNats, secured_nats  # noqa: F401  (the fixture)

@@ -9,7 +9,7 @@ import pytest
 from contracts import PrepareRequest
 from services.core.calibration import request_tokens_before
 from ctxfleet_client.client import FleetClient
-from services.errors import ProviderContextExceeded
+from contracts.exceptions import ProviderContextExceeded
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 

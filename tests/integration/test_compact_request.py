@@ -8,7 +8,7 @@ import pytest
 
 from contracts import CompactRequest, PrepareRequest
 from ctxfleet_client.client import FleetClient
-from services.errors import CompactionFailed, NothingToCompact, PermissionDenied, ThreadNotFound
+from contracts.exceptions import CompactionFailed, NothingToCompact, PermissionDenied, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.integration.test_tenants import TwoTenants, two_tenants  # noqa: F401  (the closed bus)
 

@@ -15,7 +15,7 @@ from ctxfleet_client.client import FleetClient
 from services.app.compacting import CompactionService
 from services.core.compaction.model import Segment, StructuredSummary, SummarizerFailed
 from services.core.compaction.structured import summarize_records
-from services.errors import ContextBudgetExceeded, ThreadNotFound
+from contracts.exceptions import ContextBudgetExceeded, ThreadNotFound
 from services.app.scheduling import request_job
 from services.app.views import ViewLoader
 from services.store.postgres import PgSession, PgStore

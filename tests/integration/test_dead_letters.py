@@ -12,7 +12,7 @@ import pytest
 from contracts import DeadLetter, PrepareRequest
 from contracts.subjects import DEAD_STREAM, EVENTS_STREAM, events_subject, msg_id_of
 from ctxfleet_client.client import FleetClient
-from services.errors import EventRejected
+from contracts.exceptions import EventRejected
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from ctxfleet_client.client import FleetClient
-from services.errors import EventRejected
+from contracts.exceptions import EventRejected
 from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.fleet import eventually
 

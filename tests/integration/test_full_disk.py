@@ -31,7 +31,7 @@ from infra.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from infra.runtime import Servers, migrate, start_fleet
 from infra.supervise import supervise
 from ctxfleet_client.client import FleetClient
-from services.errors import FleetUnavailable, NotYetRecorded, ThreadNotFound
+from contracts.exceptions import FleetUnavailable, NotYetRecorded, ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings, reset_streams
 from workers.app import Fleet

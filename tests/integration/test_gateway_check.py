@@ -16,7 +16,7 @@ from contracts import GatewayAddition, PreparedContext, PrepareRequest, Purpose
 from contracts.hooks import AdditionCategory, HookBinding, HookPoint, HookSet
 from services.app.gateway import GatewayService
 from ctxfleet_client.client import FleetClient
-from services.errors import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
+from contracts.exceptions import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
 from tests.fixtures.builders import Thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]

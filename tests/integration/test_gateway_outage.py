@@ -18,7 +18,7 @@ from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
 from services.app.gateway import GatewayService
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings
 from tests.fixtures.servers import kill_postgres

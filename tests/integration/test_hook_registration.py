@@ -9,7 +9,7 @@ import pytest
 
 from contracts.hooks import HookBinding, HookPoint, HookSet
 from ctxfleet_client.client import FleetClient
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
 

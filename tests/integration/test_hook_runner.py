@@ -14,7 +14,7 @@ from contracts.hook_protocol import HookAddition, HookCall, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint
 from services.app.hooks import HookRegistry
 from services.core.hooks import check_prepare_before
-from services.errors import HookTimeout
+from contracts.exceptions import HookTimeout
 from services.store.memory import MemoryStore
 from workers.hook_runner import NatsHookRunner
 

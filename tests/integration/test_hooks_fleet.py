@@ -14,7 +14,7 @@ from contracts.hook_protocol import HookAddition, HookBlockEdit, HookCall, HookP
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 from ctxfleet_client.client import FleetClient
 from contracts import ErrorCode
-from services.errors import (
+from contracts.exceptions import (
     CompactionFailed,
     ContextBudgetExceeded,
     HookChangeRefused,

@@ -10,7 +10,7 @@ import pytest
 
 from contracts import CompactionPolicy, ContextPolicy, PrepareRequest
 from ctxfleet_client.client import FleetClient
-from services.errors import ThreadNotFound
+from contracts.exceptions import ThreadNotFound
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from tests.fixtures.scripted_openai import ScriptedOpenAI, scripted_openai  # noqa: F401

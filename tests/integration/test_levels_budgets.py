@@ -8,7 +8,7 @@ from contracts import ContextPolicy
 from contracts.task_budgets import CallUsage, TaskBudget
 from contracts.windows import WaterLevel, WindowPolicy, WindowStrategy
 from ctxfleet_client.client import FleetClient
-from services.errors import TaskBudgetExhausted
+from contracts.exceptions import TaskBudgetExhausted
 from tests.fixtures.builders import Thread, prepare_request as _request
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]

@@ -152,7 +152,7 @@ async def test_a_runtime_cannot_bypass_partitioning_or_pose_as_the_assembler(
 
 
 async def test_a_wrong_password_fails_at_connect_without_echoing_it(secured_nats: SecuredNats) -> None:
-    from services.errors import FleetUnavailable
+    from contracts.exceptions import FleetUnavailable
 
     with pytest.raises(FleetUnavailable) as caught:
         await FleetClient.connect(

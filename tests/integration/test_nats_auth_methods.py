@@ -16,7 +16,7 @@ import pytest
 from infra.embedded import EmbeddedNats
 from infra.provision import ProvisionResult
 from infra.runtime import provision
-from services.errors import FleetUnavailable
+from contracts.exceptions import FleetUnavailable
 from services.settings import load_settings
 from tests.fixtures.nats_jwt import mint_jwt_setup
 from workers.app import Fleet

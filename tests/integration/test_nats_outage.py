@@ -14,7 +14,7 @@ import pytest
 from contracts import PrepareRequest
 from infra.embedded import EmbeddedNats
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError, FleetUnavailable
+from contracts.exceptions import CtxError, FleetUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings, reset_streams
 from workers.app import Fleet

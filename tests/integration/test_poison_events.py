@@ -24,7 +24,7 @@ import services.app.recording as recording
 from contracts import DeadLetter
 from contracts.subjects import DEAD_STREAM, dead_subject, partition_of
 from ctxfleet_client.client import FleetClient
-from services.errors import DuplicateEvent, StoreUnavailable
+from contracts.exceptions import DuplicateEvent, StoreUnavailable
 from services.core.hashing import verify_chain
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits
 from services.core.ledger import plan_steps as real_plan_steps

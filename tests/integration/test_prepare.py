@@ -10,7 +10,7 @@ import pytest
 from contracts import ToolSchema
 from contracts.subjects import prepare_subject
 from ctxfleet_client.client import FleetClient
-from services.errors import (
+from contracts.exceptions import (
     ContextBudgetExceeded,
     InvalidRequest,
     NotYetRecorded,

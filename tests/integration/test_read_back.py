@@ -10,7 +10,7 @@ import pytest
 
 from contracts import PrepareRequest, ReadRequest, SearchRequest
 from ctxfleet_client.client import FleetClient
-from services.errors import ContentNotFound, IntegrityError, InvalidRequest
+from contracts.exceptions import ContentNotFound, IntegrityError, InvalidRequest
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 

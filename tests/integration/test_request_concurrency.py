@@ -12,7 +12,7 @@ import pytest
 from contracts import PreparedContext, PrepareRequest
 from contracts.subjects import prepare_subject
 from ctxfleet_client.client import DEADLINE_HEADER, FleetClient
-from services.errors import ContentNotFound, NotYetRecorded, Overloaded
+from contracts.exceptions import ContentNotFound, NotYetRecorded, Overloaded
 from tests.fixtures.builders import Thread, prepare_request as _request
 from tests.fixtures.fleet import eventually
 

@@ -21,7 +21,7 @@ from contracts import (
     ToolCatalog,
 )
 from ctxfleet_client.client import FleetClient
-from services.errors import ContentNotFound, IntegrityError, ThreadNotFound
+from contracts.exceptions import ContentNotFound, IntegrityError, ThreadNotFound
 from services.app.indexing import INDEX_VERSION, reindex
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread

@@ -14,7 +14,7 @@ from contracts import (
     ReadRequest,
 )
 from ctxfleet_client.client import FleetClient
-from services.errors import ContentNotFound, EventRejected, ThreadNotFound
+from contracts.exceptions import ContentNotFound, EventRejected, ThreadNotFound
 from services.app.views import ViewLoader
 from services.store.postgres import PgSession
 from tests.fixtures.builders import Thread

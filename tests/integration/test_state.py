@@ -20,7 +20,7 @@ from contracts import (
     ToolSpec,
 )
 from ctxfleet_client.client import FleetClient
-from services.errors import EventRejected
+from contracts.exceptions import EventRejected
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually

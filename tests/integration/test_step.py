@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ctxfleet_client.client import FleetClient
-from services.errors import (
+from contracts.exceptions import (
     EventRejected,
     InvalidRequest,
     NotYetRecorded,

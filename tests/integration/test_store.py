@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from services.errors import RevisionConflict, StoreUnavailable
+from contracts.exceptions import RevisionConflict, StoreUnavailable
 from services.core.ledger import RecordingLimits, decode_batch, plan_batch
 from services.store._errors import translate_pg_errors
 from services.store.batch_write import Position, one_statement

@@ -15,7 +15,7 @@ from contracts import ContextPolicy, OperationStatusRequest, PrepareRequest, Rea
 from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError, StoreUnavailable
+from contracts.exceptions import CtxError, StoreUnavailable
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually, make_settings
 from workers.app import Fleet

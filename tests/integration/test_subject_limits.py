@@ -14,7 +14,7 @@ import pytest
 from contracts.branches import ExportRequest
 from contracts.subjects import MAX_SUBJECT_LENGTH, MAX_TOKEN_LENGTH, check_subject, tenant_subject
 from ctxfleet_client.client import FleetClient
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 from tests.fixtures.builders import Thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.nats]

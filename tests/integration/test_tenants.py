@@ -36,7 +36,7 @@ from infra.embedded import EmbeddedNats
 from infra.nats_accounts import authorization_conf, embedded_grants
 from infra.runtime import provision
 from ctxfleet_client.client import FleetClient
-from services.errors import ContentNotFound, EventRejected, ThreadNotFound
+from contracts.exceptions import ContentNotFound, EventRejected, ThreadNotFound
 from services.edge.replay import ReplayOptions, replay_trace
 from services.core.trace import read_trace
 from tests.fixtures.builders import Thread

@@ -23,7 +23,7 @@ from contracts.hooks import HookBinding, HookPoint, HookSet
 from contracts.windows import WindowPolicy, WindowStrategy
 from services.app.tracing import Tracing, start_tracing
 from ctxfleet_client.client import FleetClient
-from services.errors import ContextBudgetExceeded
+from contracts.exceptions import ContextBudgetExceeded
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import HookService, eventually, make_settings
 from tests.integration.test_compaction import _groups, _policy, _request, _start, _summaries

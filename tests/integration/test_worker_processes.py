@@ -20,7 +20,7 @@ import pytest
 from infra.embedded import EmbeddedNats, free_port
 from contracts import PrepareRequest
 from ctxfleet_client.client import FleetClient
-from services.errors import Overloaded
+from contracts.exceptions import Overloaded
 from services.settings import WORKER_NAMES
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually

@@ -30,7 +30,7 @@ from contracts import (
 )
 from contracts.windows import WindowPolicy, WindowStrategy
 from ctxfleet_client.client import FleetClient
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from tests.fixtures.audit import audit_thread
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import TEST_PARTITIONS, eventually

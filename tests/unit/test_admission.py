@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from ctxfleet_client.client import DEADLINE_HEADER
-from services.errors import Overloaded
+from contracts.exceptions import Overloaded
 from workers.admission import Admission, DeadlinePassed, RequestLimits, deadline_of
 from workers.metrics import FleetMetrics
 

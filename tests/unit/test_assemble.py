@@ -11,7 +11,7 @@ import pytest
 from contracts import PreparedContext, PrepareRequest, decode_event
 from services.core.assemble import ThreadSnapshot, assemble_context
 from services.core.budget import BudgetSpec, resolve_budget
-from services.errors import ContextBudgetExceeded, UnknownModelProfile
+from contracts.exceptions import ContextBudgetExceeded, UnknownModelProfile
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from contracts import PreparedContext, PrepareRequest, UserInputEvent, UserInputPayload
 from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
-from services.errors import ContextBudgetExceeded
+from contracts.exceptions import ContextBudgetExceeded
 from services.core.groups import build_view_blocks
 from services.core.records import LedgerRecord
 from services.core.render import telling_line, trim_tool_text

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.errors import CtxError, InvalidPolicy, StoreUnavailable
+from contracts.exceptions import CtxError, InvalidPolicy, StoreUnavailable
 from services.store.memory import MemoryStore
 from tests.contract.test_store_contract import _write
 from tests.fixtures.builders import Thread

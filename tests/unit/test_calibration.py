@@ -24,7 +24,7 @@ from services.core.calibration import (
 )
 from services.core.ledger import RecordingLimits
 from services.core.tokens import counter_for
-from services.errors import CtxError, InvalidRequest, ProviderContextExceeded, error_from_reply
+from contracts.exceptions import CtxError, InvalidRequest, ProviderContextExceeded, error_from_reply
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming, ledger_records
 

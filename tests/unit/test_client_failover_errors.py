@@ -13,7 +13,7 @@ from nats.js.errors import NoStreamResponseError
 from infra import runtime
 from infra.runtime import Servers, fleet_prerequisites
 from ctxfleet_client.client import FleetClient, log_nats_error
-from services.errors import FleetUnavailable
+from contracts.exceptions import FleetUnavailable
 from services.settings import Settings
 from tests.fixtures.builders import Thread
 

@@ -31,7 +31,7 @@ from services.core.hooks import (
     check_prepare_before,
 )
 from services.core.ledger import RecordingLimits
-from services.errors import HookRejected, HookTimeout
+from contracts.exceptions import HookRejected, HookTimeout
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming, prepare_request
 

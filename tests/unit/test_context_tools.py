@@ -38,7 +38,7 @@ from services.core.request_count import count_prepared
 from services.core.tokens import counter_for
 from ctxfleet_client import ContextTools
 from ctxfleet_client.context_tools import tool_calls_of
-from services.errors import ContentNotFound, FleetUnavailable, InvalidRequest
+from contracts.exceptions import ContentNotFound, FleetUnavailable, InvalidRequest
 from tests.fixtures.builders import Thread, ledger_records
 
 COUNTER = counter_for("o200k_base")

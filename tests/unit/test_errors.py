@@ -7,7 +7,7 @@ from pathlib import Path
 
 import contracts.exceptions as errors_module
 from contracts import ErrorCode, ErrorReply
-from services.errors import (
+from contracts.exceptions import (
     CtxError,
     ForeignSession,
     NotYetRecorded,

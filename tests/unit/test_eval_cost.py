@@ -28,7 +28,7 @@ from services.core.evaluation.cost import (
 )
 from services.core.tokens import counter_for
 from services.core.trace import TraceLine
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 
 from .test_eval_synthetic import TraceBuilder
 

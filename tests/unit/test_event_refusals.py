@@ -15,7 +15,7 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.core.ledger import Incoming, RecordingLimits, content_sha256_of
-from services.errors import EventRejected
+from contracts.exceptions import EventRejected
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.ledger_checks import counting_checks, waiting_for

@@ -21,7 +21,7 @@ from services.core.protected import (
     request_units,
 )
 from services.core.tokens import counter_for
-from services.errors import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
+from contracts.exceptions import AdditionRefused, ContextBudgetExceeded, ProtectedBlockAltered
 from tests.fixtures.builders import Thread, ledger_records
 
 FORMATS: tuple[RequestFormat, ...] = ("openai.chat", "openai.responses", "anthropic.messages")

@@ -118,7 +118,7 @@ CORE_FORBIDDEN = {
     "os",
     "uuid4",
 }
-CORE_MAY_IMPORT = {"contracts", "services.core", "services.errors"}
+CORE_MAY_IMPORT = {"contracts", "services.core"}
 
 
 def _core_imports(path: Path) -> tuple[set[str], set[str]]:
@@ -168,7 +168,6 @@ def test_services_top_level_holds_only_the_layers_and_the_shared_modules() -> No
         "store",
         "app",
         "edge",
-        "errors",
         "settings",
         "killpoints",
         "tokenizer_data",

@@ -13,7 +13,7 @@ import pytest
 from infra.asyncapi import asyncapi_document
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 from services.settings import Settings, load_settings, nats_connection, parse_nats_urls
 from workers.compose import create_broker
 

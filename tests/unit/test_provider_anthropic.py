@@ -26,7 +26,7 @@ from services.core.providers.anthropic_messages import (
 from services.core.providers.bundle import ContextBundle
 from services.core.records import LedgerRecord, ToolOutcomeBody
 from services.core.tokens import counter_for
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 from tests.fixtures.sdk import conforms
 from tests.fixtures.builders import Thread, ledger_records
 

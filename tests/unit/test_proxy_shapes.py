@@ -9,7 +9,7 @@ import pytest
 from services.edge.proxy import Family, find_thread, profile_of
 from services.edge.proxy.answers import Overflow, read_overflow
 from services.edge.proxy.reading import read_request
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 
 def _chat(*messages: dict[str, Any]) -> dict[str, Any]:

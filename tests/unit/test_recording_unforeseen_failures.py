@@ -18,7 +18,7 @@ import pytest
 from contracts import DeadLetter, ErrorCode
 from services.app.recording import RecordingService
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits
-from services.errors import DuplicateEvent, RevisionConflict, StoreUnavailable
+from contracts.exceptions import DuplicateEvent, RevisionConflict, StoreUnavailable
 from services.store.batch_write import LedgerWritten
 from services.store.memory import MemorySession, MemoryStore
 from tests.fixtures.builders import Thread, incoming

@@ -9,7 +9,7 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeout
 
 from contracts import ErrorCode, SearchRequest, reply_json
-from services.errors import (
+from contracts.exceptions import (
     EventRejected,
     InvalidRequest,
     RevisionConflict,

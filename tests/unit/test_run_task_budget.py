@@ -17,7 +17,7 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.core.ledger import RecordingLimits
-from services.errors import TaskBudgetExhausted
+from contracts.exceptions import TaskBudgetExhausted
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import LetterSink, Thread, incoming, prepare_request
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 from services.settings import GROUP_OF, SECRET_FIELDS, Settings, load_settings, parse_partitions, redact_url
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from services.app.compacting import CompactionService
 from services.app.manual_compaction import ManualCompaction
 from services.core.compaction.model import Segment, StructuredSummary
 from services.core.compaction.structured import summarize_records
-from services.errors import (
+from contracts.exceptions import (
     EventRejected,
     FleetUnavailable,
     NotYetRecorded,
@@ -34,7 +34,7 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
 from services.app.scheduling import request_job
-from services.errors import StoreRejected
+from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten
 from services.store.memory import MemorySession, MemoryStore
 from services.app.views import ViewLoader

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contracts import PatchOp, PathRule, ToolEffect, ToolSpec
-from services.errors import AuthorityViolation, InvariantViolation, StaleStateVersion, UnregisteredPath
+from contracts.exceptions import AuthorityViolation, InvariantViolation, StaleStateVersion, UnregisteredPath
 from services.core.state import StateView, effects_of, plan_patch, render_facts, state_hash
 
 RULES = (

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from contracts import ErrorCode
-from services.errors import CtxError, DuplicateEvent, RevisionConflict, StoreUnavailable
+from contracts.exceptions import CtxError, DuplicateEvent, RevisionConflict, StoreUnavailable
 from services.store._errors import StoreRejected, translate_pg_errors
 
 

@@ -11,7 +11,7 @@ from contracts import ErrorCode
 from contracts.task_budgets import BudgetLedger, TaskBudget
 from services.core.records import LedgerRecord, RecordKind, TokenCounts
 from services.core.task_budget import ensure_within, ledger_of, task_budget_report
-from services.errors import TaskBudgetExhausted
+from contracts.exceptions import TaskBudgetExhausted
 
 
 _T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)

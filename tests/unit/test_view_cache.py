@@ -23,7 +23,7 @@ from services.core.assemble import OverBudgetView, SummaryView, ThreadSnapshot, 
 from services.core.budget import resolve_budget
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 from services.store.memory import MemoryStore
 from tests.fixtures.builders import Thread, incoming, ledger_records
 

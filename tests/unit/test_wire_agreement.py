@@ -49,7 +49,7 @@ from contracts.hooks import HookSet
 from contracts.wire_json import JSON_INT_MAX, WireJsonError, validate_wire
 from infra.asyncapi import CHANNELS
 from infra.wire_schema import WireMessage, message_schema
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 from workers.replies import parse_body
 
 ROOT = Path(__file__).resolve().parents[2]

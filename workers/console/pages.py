@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from contracts.ids import is_identifier
 from services.app.preparing import PrepareService
-from services.errors import CtxError, StoreUnavailable, ThreadNotFound
+from contracts.exceptions import CtxError, StoreUnavailable, ThreadNotFound
 
 from .reading import (
     ConsoleStore,

@@ -28,7 +28,7 @@ from services.app.sessions import inspect_session
 from services.core.compaction.policy import ratio_threshold
 from services.core.served import BlockChange, ServedDiff, diff_served
 from services.core.state import Fact
-from services.errors import ThreadNotFound
+from contracts.exceptions import ThreadNotFound
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.ports import ListingStore, PrepareStore, QueryStore
 

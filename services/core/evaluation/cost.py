@@ -33,7 +33,7 @@ from typing import Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from services.errors import InvalidConfiguration
+from contracts.exceptions import InvalidConfiguration
 from services.core.trace import TraceLine
 
 from services.core.evaluation.counting import REPLY_PRIMING, ContextCounter, count_tools, message_key

@@ -34,7 +34,7 @@ from services.core.assemble import Evidence, OverBudgetView, ThreadSnapshot, ass
 from services.core.budget import BudgetSpec
 from services.core.state import StateView
 from services.core.tokens import TokenCounter
-from services.errors import CtxError
+from contracts.exceptions import CtxError
 
 __all__ = [
     "CORE_RUNGS",

@@ -23,7 +23,7 @@ from services.core.state import StateView
 from services.core.windows.decision import WindowAction, WindowSignals, decide_window
 from services.core.windows.next_window import next_window_snapshot, roll_over
 from services.core.windows.signals import low_value_share, open_calls, window_records
-from services.errors import ContextBudgetExceeded, CtxError
+from contracts.exceptions import ContextBudgetExceeded, CtxError
 
 from services.core.evaluation.ladder import LadderContext, LadderPoint
 from services.core.evaluation.pollution import current_marker, text_of

@@ -44,7 +44,7 @@ from pydantic import JsonValue
 
 from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
 from services.core.providers.bundle import ContextBundle
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 __all__ = [
     "CONTINUES_TEXT",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from contracts import AssistantMessagePayload
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 from .reading import anthropic_assistant, chat_assistant, responses_items
 from .shapes import Family, Json

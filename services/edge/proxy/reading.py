@@ -15,7 +15,7 @@ from contracts import (
     ToolStatus,
     UserInputPayload,
 )
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 from .shapes import Conversation, Family, Item, Json, Payload
 

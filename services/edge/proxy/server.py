@@ -33,7 +33,7 @@ from contracts import (
     UserInputPayload,
 )
 from contracts.prepare import ProviderOverflow
-from services.errors import CtxError, InvalidRequest, ProviderContextExceeded
+from contracts.exceptions import CtxError, InvalidRequest, ProviderContextExceeded
 
 from .answers import Answer, StreamAnswer, read_answer, read_overflow
 from .reading import read_request

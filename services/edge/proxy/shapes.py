@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from contracts import AssistantMessagePayload, SystemPayload, ToolOutcomePayload, ToolSchema, UserInputPayload
 from contracts.ids import ID_PATTERN
 from contracts.profiles import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, PROFILE_NAMES
-from services.errors import InvalidRequest
+from contracts.exceptions import InvalidRequest
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
