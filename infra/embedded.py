@@ -277,11 +277,6 @@ class EmbeddedNats:
         """The folder whose files only one server may ever have open."""
         return self.data_dir
 
-    @property
-    def store_limit(self) -> int:
-        """The JetStream store limit the running server was given (bytes)."""
-        return self._store_limit
-
     def identity(self) -> ProcessIdentity | None:
         """PID and start time of the running server."""
         return ProcessIdentity.of(self.process.pid) if self.is_running() and self.process else None

@@ -12,6 +12,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -146,343 +147,286 @@ class FleetMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        r = self.registry
-        self.events_recorded = Counter(
-            "ctx_events_recorded_total", "Events appended to the ledger", registry=r
-        )
-        self.hook_calls = Counter(
+        counter = partial(Counter, registry=self.registry)
+        gauge = partial(Gauge, registry=self.registry)
+        histogram = partial(Histogram, registry=self.registry)
+        self.events_recorded = counter("ctx_events_recorded_total", "Events appended to the ledger")
+        self.hook_calls = counter(
             "ctx_hook_calls_total",
             "Context hook calls, by point and outcome (ok, patched, rejected, refused, timeout, error)",
             ["point", "outcome"],
-            registry=r,
         )
-        self.hook_seconds = Histogram(
+        self.hook_seconds = histogram(
             "ctx_hook_seconds",
             "Context hook call latency, by point",
             ["point"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         self.gc_pauses = GcPauses(
-            Histogram(
+            histogram(
                 "ctx_gc_pause_seconds",
                 "Pauses of the garbage collector in this process, by generation (2: a full collection)",
                 ["generation"],
                 buckets=_GC_BUCKETS,
-                registry=r,
             )
         )
-        self.events_duplicate = Counter(
+        self.events_duplicate = counter(
             "ctx_events_duplicate_total",
             "Redelivered or re-published events recognised as already recorded",
-            registry=r,
         )
-        self.events_rejected = Counter(
-            "ctx_events_rejected_total", "Events dead-lettered, by error code", ["code"], registry=r
+        self.events_rejected = counter(
+            "ctx_events_rejected_total", "Events dead-lettered, by error code", ["code"]
         )
-        self.events_unstorable = Counter(
+        self.events_unstorable = counter(
             "ctx_recorder_events_unstorable_total",
             "Events that passed every check yet failed alone every attempt to record them, dead-lettered "
             "unstorable_event so their partition moves on, by the step that failed (a bug or a value the "
             "recorder did not foresee: see the recorder's log for the traceback)",
             ["stage"],
-            registry=r,
         )
-        self.record_batch_seconds = Histogram(
+        self.record_batch_seconds = histogram(
             "ctx_record_batch_seconds",
             "Time to apply one fetched batch",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.record_stage_seconds = Histogram(
+        self.record_stage_seconds = histogram(
             "ctx_record_stage_seconds",
             "Time of each stage of a batch's attempt: read (the ledger's state its plan needs), plan, "
             "write (dead letters and the commit)",
             ["stage"],
             buckets=_STAGE_BUCKETS,
-            registry=r,
         )
-        self.record_batch_events = Histogram(
+        self.record_batch_events = histogram(
             "ctx_record_batch_events",
             "Events per fetched batch",
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
-            registry=r,
         )
-        self.record_retries = Counter(
+        self.record_retries = counter(
             "ctx_record_retries_total",
             "Batches retried after a retryable failure, by error code",
             ["code"],
-            registry=r,
         )
-        self.recorder_position = Gauge(
-            "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"], registry=r
+        self.recorder_position = gauge(
+            "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"]
         )
-        self.stream_truncations = Counter(
+        self.stream_truncations = counter(
             "ctx_recorder_stream_truncations_total",
             "Times the events stream came back shorter than the committed positions "
             "(a broker killed before it flushed what it acked) "
             "and the positions past its end were lowered to it",
-            registry=r,
         )
-        self.recorder_halted = Gauge(
+        self.recorder_halted = gauge(
             "ctx_recorder_halted",
             "1 while the recorder records nothing because the events stream went backwards or was "
             "re-created (see /readyz)",
-            registry=r,
         )
-        self.prepare_seconds = Histogram(
+        self.prepare_seconds = histogram(
             "ctx_prepare_seconds",
             "Prepare latency by purpose",
             ["purpose", "policy"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.prepare_stage_seconds = Histogram(
+        self.prepare_stage_seconds = histogram(
             "ctx_prepare_stage_seconds",
             "Time of each stage of a prepare: wait (for the event it names), load (its view from the "
             "ledger), assemble, reply (serialized)",
             ["stage"],
             buckets=_STAGE_BUCKETS,
-            registry=r,
         )
-        self.prepare_input_tokens = Histogram(
+        self.prepare_input_tokens = histogram(
             "ctx_prepare_input_tokens",
             "Input tokens of a prepared context as held against its budget, by how they were counted: "
             "local (counted here) or provider_usage+local (the provider's usage of the last response "
             "plus what came after it)",
             ["purpose", "policy", "calibration"],
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.prepare_budget_tokens = Histogram(
+        self.prepare_budget_tokens = histogram(
             "ctx_prepare_budget_tokens",
             "Input budget per prepare",
             ["purpose", "policy"],
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.prepare_reductions = Counter(
+        self.prepare_reductions = counter(
             "ctx_prepare_reductions_total",
             "Deterministic reductions applied on the hot path, by kind",
             ["kind"],
-            registry=r,
         )
-        self.window_level_prepares = Counter(
+        self.window_level_prepares = counter(
             "ctx_window_level_prepares_total",
             "Prepared contexts by the water level of their window",
             ["level"],
-            registry=r,
         )
-        self.window_level_seconds = Counter(
+        self.window_level_seconds = counter(
             "ctx_window_level_seconds_total",
             "Seconds threads' windows stood at each water level, between one prepare and the next",
             ["level"],
-            registry=r,
         )
-        self.prepare_compaction_waits = Counter(
+        self.prepare_compaction_waits = counter(
             "ctx_prepare_compaction_waits_total",
             "Prepares that waited for a compaction to land",
             ["outcome"],
-            registry=r,
         )
-        self.prepare_compaction_wait_seconds = Histogram(
+        self.prepare_compaction_wait_seconds = histogram(
             "ctx_prepare_compaction_wait_seconds",
             "Time prepares waited for a compaction",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
         # Window rollovers: why each window closed, how large its handoff was, and how
         # long the prepare spent closing it before assembling the next window.
-        self.window_rollovers = Counter(
-            "ctx_window_rollovers_total", "Windows closed by a rollover, by trigger", ["trigger"], registry=r
+        self.window_rollovers = counter(
+            "ctx_window_rollovers_total", "Windows closed by a rollover, by trigger", ["trigger"]
         )
-        self.window_handoff_tokens = Histogram(
+        self.window_handoff_tokens = histogram(
             "ctx_window_handoff_tokens",
             "Tokens of the handoff a rollover committed (o200k)",
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.window_rollover_seconds = Histogram(
+        self.window_rollover_seconds = histogram(
             "ctx_window_rollover_seconds",
             "Time a prepare spent deciding, building and committing a rollover",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.budget_overflows = Counter(
-            "ctx_budget_overflows_total", "Prepares refused as over budget, by reason", ["reason"], registry=r
+        self.budget_overflows = counter(
+            "ctx_budget_overflows_total", "Prepares refused as over budget, by reason", ["reason"]
         )
         # Explicit context-length refusals a runtime reported: recovered (recalibrated, compaction forced,
         # a smaller context answered) or refused as the second on the same view.
-        self.provider_overflows = Counter(
+        self.provider_overflows = counter(
             "ctx_provider_overflows_total",
             "Provider context-length overflows reported by runtimes, by profile and outcome",
             ["profile", "outcome"],
-            registry=r,
         )
-        self.trigger_hits = Counter(
+        self.trigger_hits = counter(
             "ctx_compaction_trigger_hits_total",
             "Policy triggers that fired on evaluation, by condition",
             ["condition", "policy"],
-            registry=r,
         )
-        self.jobs = Counter(
+        self.jobs = counter(
             "ctx_compaction_jobs_total",
             "Budgeter outcomes: enqueued, deduplicated (already pending), deferred, throttled, "
             "not_queued (JetStream refused the job; retried)",
             ["outcome", "reason"],
-            registry=r,
         )
-        self.compactions = Counter(
+        self.compactions = counter(
             "ctx_compactions_total",
             "Compaction jobs by result (committed, failed, deferred, dropped, stale) and stage",
             ["result", "stage"],
-            registry=r,
         )
-        self.gateway_checks = Counter(
+        self.gateway_checks = counter(
             "ctx_gateway_checks_total",
             "Final checks (ctx.gateway.check) by outcome: ok, context_reprepare_required, or the error code",
             ["outcome"],
-            registry=r,
         )
-        self.manual_compactions = Counter(
+        self.manual_compactions = counter(
             "ctx_manual_compactions_total",
             "Manual compactions (ctx.compact) by outcome: committed, or the error code of the reply",
             ["outcome"],
-            registry=r,
         )
-        self.compaction_before_tokens = Histogram(
+        self.compaction_before_tokens = histogram(
             "ctx_compaction_before_tokens",
             "View tokens before a committed compaction",
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.compaction_after_tokens = Histogram(
+        self.compaction_after_tokens = histogram(
             "ctx_compaction_after_tokens",
             "View tokens after a committed compaction",
             buckets=_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.compaction_target = Counter(
+        self.compaction_target = counter(
             "ctx_compaction_target_total",
             "Committed compactions by whether they reached the target ratio",
             ["reached"],
-            registry=r,
         )
-        self.compaction_seconds = Histogram(
-            "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS, registry=r
+        self.compaction_seconds = histogram(
+            "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS
         )
-        self.summarizer_calls = Counter(
-            "ctx_summarizer_calls_total", "Summarizer calls", ["summarizer"], registry=r
-        )
-        self.summarizer_tokens = Counter(
+        self.summarizer_calls = counter("ctx_summarizer_calls_total", "Summarizer calls", ["summarizer"])
+        self.summarizer_tokens = counter(
             "ctx_summarizer_tokens_total",
             "Tokens summarizers reported using, by direction",
             ["summarizer", "direction"],
-            registry=r,
         )
-        self.summarizer_seconds = Histogram(
+        self.summarizer_seconds = histogram(
             "ctx_summarizer_seconds",
             "Time spent in summarizer calls per job",
             ["summarizer"],
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.revision_conflicts = Counter(
+        self.revision_conflicts = counter(
             "ctx_revision_conflicts_total",
             "Optimistic revision checks that lost, by where",
             ["where"],
-            registry=r,
         )
-        self.read_backs = Counter(
-            "ctx_read_backs_total", "ctx.read requests, by outcome", ["outcome"], registry=r
-        )
-        self.searches = Counter(
-            "ctx_searches_total", "ctx.search requests, by outcome", ["outcome"], registry=r
-        )
-        self.search_seconds = Histogram(
-            "ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS, registry=r
-        )
-        self.budgeter_failures = Counter(
+        self.read_backs = counter("ctx_read_backs_total", "ctx.read requests, by outcome", ["outcome"])
+        self.searches = counter("ctx_searches_total", "ctx.search requests, by outcome", ["outcome"])
+        self.search_seconds = histogram("ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS)
+        self.budgeter_failures = counter(
             "ctx_budgeter_failures_total",
             "Evaluations that failed for what the thread holds (by code): passed over until it moves",
             ["code"],
-            registry=r,
         )
-        self.indexed_records = Counter(
-            "ctx_indexed_records_total", "Records added to the search index", registry=r
-        )
-        self.index_records_cut = Counter(
+        self.indexed_records = counter("ctx_indexed_records_total", "Records added to the search index")
+        self.index_records_cut = counter(
             "ctx_index_records_cut_total",
             "Records whose searchable text was indexed up to its first MiB only",
-            registry=r,
         )
-        self.index_records_skipped = Counter(
+        self.index_records_skipped = counter(
             "ctx_index_records_skipped_total",
             "Records the store refused to index (by SQLSTATE), passed once and never retried",
             ["sqlstate"],
-            registry=r,
         )
-        self.queue_jobs = Gauge(
-            "ctx_compaction_queue_jobs", "Jobs waiting on the compaction queue", registry=r
-        )
-        self.queue_oldest_age = Gauge(
-            "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job", registry=r
+        self.queue_jobs = gauge("ctx_compaction_queue_jobs", "Jobs waiting on the compaction queue")
+        self.queue_oldest_age = gauge(
+            "ctx_compaction_queue_oldest_age_seconds", "Age of the oldest waiting compaction job"
         )
         # Work a worker has not finished, one metric per unit: a sum across units would mean nothing.
-        self.consumer_lag_events = Gauge(
+        self.consumer_lag_events = gauge(
             "ctx_consumer_lag_events",
             "Events not yet recorded, per recorder partition (consumer p<N>)",
             ["worker", "consumer"],
-            registry=r,
         )
-        self.consumer_lag_jobs = Gauge(
+        self.consumer_lag_jobs = gauge(
             "ctx_consumer_lag_jobs",
             "Compaction jobs pending or unacknowledged on the compactors' durable consumer",
             ["worker", "consumer"],
-            registry=r,
         )
-        self.consumer_lag_threads = Gauge(
+        self.consumer_lag_threads = gauge(
             "ctx_consumer_lag_threads",
             "Threads waiting for the budgeter or the indexer",
             ["worker"],
-            registry=r,
         )
-        self.prepare_errors = Counter(
-            "ctx_prepare_errors_total", "Prepares answered with an error, by code", ["code"], registry=r
+        self.prepare_errors = counter(
+            "ctx_prepare_errors_total", "Prepares answered with an error, by code", ["code"]
         )
-        self.requests_rejected = Counter(
+        self.requests_rejected = counter(
             "ctx_requests_rejected_total",
             "Requests refused by admission: queue_full/queue_age answered overloaded, "
             "deadline dropped unanswered",
             ["reason"],
-            registry=r,
         )
-        self.replies_refused = Counter(
+        self.replies_refused = counter(
             "ctx_replies_refused_total",
             "Requests dropped unanswered because their reply subject is not the requester's inbox, by "
             "endpoint and reason (not_an_inbox, foreign_inbox)",
             ["endpoint", "reason"],
-            registry=r,
         )
-        self.inflight_requests = Gauge("ctx_inflight_requests", "Requests holding a compute slot", registry=r)
-        self.queued_requests = Gauge("ctx_queued_requests", "Requests queued for a compute slot", registry=r)
-        self.waiting_requests = Gauge(
+        self.inflight_requests = gauge("ctx_inflight_requests", "Requests holding a compute slot")
+        self.queued_requests = gauge("ctx_queued_requests", "Requests queued for a compute slot")
+        self.waiting_requests = gauge(
             "ctx_waiting_requests",
             "Admitted requests waiting for an event or a compaction (holding no slot)",
-            registry=r,
         )
-        self.request_queue_seconds = Histogram(
+        self.request_queue_seconds = histogram(
             "ctx_request_queue_seconds",
             "Time admitted requests queued for a compute slot",
             buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.prepare_budget_ratio = Histogram(
+        self.prepare_budget_ratio = histogram(
             "ctx_prepare_budget_ratio",
             "Share of the input budget a prepared context uses",
             ["purpose"],
             buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0),
-            registry=r,
         )
 
     def watch_view_cache(self, cache: ViewCache) -> None:

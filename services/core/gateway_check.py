@@ -245,12 +245,6 @@ def _match_protected(
     return matched
 
 
-def _optional(record: GatewayRecord) -> Counter[str]:
-    """The digests of the prepared units outside protected blocks (optional blocks, framing)."""
-    protected = {m.block_id for m in record.manifest}
-    return Counter(u.digest for u in record.units if u.block_id not in protected)
-
-
 def _find_run(digests: Sequence[str], wanted: Sequence[str], start: int) -> int | None:
     if not wanted:
         return start
