@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import shlex
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -629,18 +630,11 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
-        "database_url"
-    )
-    if not url:
-        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    url = _database_url(settings)
 
     async def run(advance: Callable[[int, int], None]) -> int:
-        pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
-        try:
-            return await reindex(PgStore(pool), args.session, on_thread=advance)
-        finally:
-            await pool.close()
+        async with _store(url, settings) as store:
+            return await reindex(store, args.session, on_thread=advance)
 
     with progress_bar("reindexing threads", quiet=args.quiet) as advance:
         records = asyncio.run(run(advance))
@@ -652,16 +646,10 @@ def _cmd_served(args: argparse.Namespace, settings: Settings) -> int:
     run_id, instance_id = _thread_arg(args.thread)
     if args.diff and args.step is None:
         raise CliError("--diff shows one step's changes: name it with --step N")
-    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
-        "database_url"
-    )
-    if not url:
-        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    url = _database_url(settings)
 
     async def run() -> str:
-        pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
-        try:
-            store = PgStore(pool)
+        async with _store(url, settings) as store:
             thread_id = f"{run_id}.{instance_id}"
             if args.step is None:
                 page = await read_served(store, thread_id, None)
@@ -672,19 +660,31 @@ def _cmd_served(args: argparse.Namespace, settings: Settings) -> int:
                 return history_json(page) if args.json else render_history(page)
             step = await read_served_step(store, thread_id, args.step, None)
             return step_json(step) if args.json else render_step(step, diff_only=args.diff)
-        finally:
-            await pool.close()
 
     print(asyncio.run(run()))
     return 0
 
 
-def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+def _database_url(settings: Settings) -> str:
     url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
         "database_url"
     )
     if not url:
         raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    return url
+
+
+@contextlib.asynccontextmanager
+async def _store(url: str, settings: Settings) -> AsyncIterator[PgStore]:
+    pool = await create_pool(url, min_size=1, max_size=2, **settings.store.database_options())
+    try:
+        yield PgStore(pool)
+    finally:
+        await pool.close()
+
+
+def _cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    url = _database_url(settings)
     applied = asyncio.run(migrate(url, settings))
     print(f"applied: {', '.join(applied) or 'nothing (up to date)'}")
     return 0
@@ -699,11 +699,7 @@ def _cmd_provision(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_rebaseline(args: argparse.Namespace, settings: Settings) -> int:
-    url = settings.store.database_dsn or (read_endpoints(settings.embedded.data_dir) or {}).get(
-        "database_url"
-    )
-    if not url:
-        raise CliError("set CTX_DATABASE_URL (or run 'make run' in this checkout first)")
+    url = _database_url(settings)
     try:
         report = asyncio.run(
             rebaseline(_fleet_nats_urls(settings), url, as_identity(settings, "provisioner"), apply=args.yes)
