@@ -3,8 +3,9 @@
 Imports nothing of ours; runtimes in other languages use the JSON Schemas generated from here.
 """
 
+from . import errors, inspect, jobs, manage, notices, policy, read, search, state
 from ._base import reply_json
-from .errors import DeadLetter, ErrorCode, ErrorReply
+from .errors import *  # noqa: F403
 from .events import (
     EVENT_KINDS,
     AssistantMessageEvent,
@@ -42,25 +43,11 @@ from .events import (
 from .branches import ExportPage, ExportRequest, ForkRequest, SessionForked
 from .hooks import HookSet, HooksRegistered
 from .ids import EventKey, InstanceId, RunId, SessionId, ThreadId, split_thread_id, thread_id_of
-from .inspect import (
-    CONTEXT_SHOW,
-    SESSION_INSPECT,
-    ContextRequest,
-    ContextShown,
-    InspectedDeadLetter,
-    InspectedRecord,
-    InspectedRun,
-    InspectedThread,
-    InspectRequest,
-    SessionInspection,
-    ThreadInspection,
-    context_show_subject,
-    session_inspect_subject,
-)
-from .read import POLICY_REGISTER, READ, PolicyRegistered, ReadReply, ReadRequest
-from .notices import CompactedNotice, RecordedNotice
-from .search import SEARCH, SearchHit, SearchReply, SearchRequest
-from .manage import COMPACT, CompactReply, CompactRequest, compact_subject
+from .inspect import *  # noqa: F403
+from .read import *  # noqa: F403
+from .notices import *  # noqa: F403
+from .search import *  # noqa: F403
+from .manage import *  # noqa: F403
 from .gateway import (
     GATEWAY_CHECK,
     FinalCheck,
@@ -68,24 +55,9 @@ from .gateway import (
     GatewayAddition,
     gateway_check_subject,
 )
-from .jobs import COMPACTION_JOBS, JOBS_STREAM, CompactionJob, compacted_subject
-from .state import (
-    OPERATION_STATUS,
-    OperationReconcilePayload,
-    OperationStatusRequest,
-    Receipt,
-    TOOLS_REGISTER,
-    CatalogRegistered,
-    PatchOp,
-    PathRule,
-    StateKind,
-    StatePatchPayload,
-    ToolCatalog,
-    ToolEffect,
-    ToolSpec,
-    WriteSource,
-)
-from .policy import DEFAULT_POLICY_NAME, CompactionPolicy, CompactionTriggers, ContextPolicy
+from .jobs import *  # noqa: F403
+from .state import *  # noqa: F403
+from .policy import *  # noqa: F403
 from .prepare import (
     Authority,
     BlockKind,
@@ -124,36 +96,6 @@ __all__ = [
     "SessionForked",
     "content_sha256",
     "reply_json",
-    "CompactedNotice",
-    "RecordedNotice",
-    "SEARCH",
-    "SearchHit",
-    "SearchReply",
-    "SearchRequest",
-    "OPERATION_STATUS",
-    "OperationReconcilePayload",
-    "OperationStatusRequest",
-    "Receipt",
-    "TOOLS_REGISTER",
-    "CatalogRegistered",
-    "PatchOp",
-    "PathRule",
-    "StateKind",
-    "StatePatchPayload",
-    "ToolCatalog",
-    "ToolEffect",
-    "ToolSpec",
-    "WriteSource",
-    "COMPACTION_JOBS",
-    "DEFAULT_POLICY_NAME",
-    "JOBS_STREAM",
-    "POLICY_REGISTER",
-    "READ",
-    "PolicyRegistered",
-    "ReadReply",
-    "ReadRequest",
-    "CompactionJob",
-    "COMPACT",
     "GATEWAY_CHECK",
     "FinalCheck",
     "FinalCheckRequest",
@@ -161,14 +103,7 @@ __all__ = [
     "gateway_check_subject",
     "Authority",
     "ProtectedBlock",
-    "CompactReply",
-    "CompactRequest",
-    "compact_subject",
-    "compacted_subject",
     "EVENT_KINDS",
-    "CompactionPolicy",
-    "CompactionTriggers",
-    "ContextPolicy",
     "AssistantMessageEvent",
     "AssistantMessagePayload",
     "BlockKind",
@@ -187,22 +122,10 @@ __all__ = [
     "ContextExportPayload",
     "ContextResetEvent",
     "ContextResetPayload",
-    "DeadLetter",
-    "ErrorCode",
-    "ErrorReply",
     "Event",
     "EventDecodeError",
     "EventKey",
     "EvidenceRef",
-    "InspectRequest",
-    "CONTEXT_SHOW",
-    "ContextRequest",
-    "ContextShown",
-    "context_show_subject",
-    "InspectedDeadLetter",
-    "InspectedRecord",
-    "InspectedRun",
-    "InspectedThread",
     "InstanceId",
     "ModelProfile",
     "OmittedBlock",
@@ -224,17 +147,13 @@ __all__ = [
     "PhaseChangePayload",
     "SourceRef",
     "StatePatchEvent",
-    "SESSION_INSPECT",
     "SessionId",
-    "SessionInspection",
-    "session_inspect_subject",
     "SourceWatermark",
     "SummaryHook",
     "SummaryRef",
     "SystemEvent",
     "SystemPayload",
     "ThreadId",
-    "ThreadInspection",
     "ToolCall",
     "ToolOutcomeEvent",
     "ToolOutcomePayload",
@@ -247,3 +166,13 @@ __all__ = [
     "split_thread_id",
     "thread_id_of",
 ]
+# Each of these modules is exported whole.
+__all__ += errors.__all__
+__all__ += inspect.__all__
+__all__ += read.__all__
+__all__ += notices.__all__
+__all__ += search.__all__
+__all__ += manage.__all__
+__all__ += jobs.__all__
+__all__ += state.__all__
+__all__ += policy.__all__
