@@ -65,7 +65,6 @@ __all__ = [
     "UserInputEvent",
     "UserInputPayload",
     "decode_event",
-    "event_json_schema",
 ]
 
 
@@ -486,11 +485,6 @@ def _json_type(value: object) -> str:
     if isinstance(value, int | float):
         return "number"
     return "array" if isinstance(value, list) else "object"
-
-
-def event_json_schema() -> dict[str, Any]:
-    """JSON Schema of the event union, for runtimes in other languages."""
-    return _EVENT_ADAPTER.json_schema()
 
 
 def content_identity(event: Event) -> dict[str, JsonValue]:

@@ -47,7 +47,6 @@ __all__ = [
     "events_subject",
     "inspect_subject",
     "msg_id_of",
-    "partition_consumer",
     "partition_filter",
     "partition_of",
     "partition_transform",
@@ -182,11 +181,6 @@ def partition_filter(partition: int) -> str:
     are still read, as the default tenant's.
     """
     return f"{PARTITIONED}.{partition}.>"
-
-
-def partition_consumer(worker: str, partition: int) -> str:
-    """The durable consumer name of ``worker`` on ``partition`` (e.g. ``recorder-p3``)."""
-    return f"{worker}-p{partition}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,6 @@ __all__ = [
     "read_back_with_tool",
     "record_content",
     "telling_line",
-    "tool_schema_text",
     "tool_wire_text",
     "trim_to_fit",
     "trim_tool_text",
@@ -224,16 +223,6 @@ def count_rendered(counter: TokenCounter, content: str, calls: Sequence[Rendered
         n += counter.count(call.name) + counter.count(call.arguments) + counter.count(call.call_id)
         n += TOOL_CALL_OVERHEAD
     return n
-
-
-def tool_schema_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:
-    """The text a tool schema costs, in a stable serialization."""
-    return json.dumps(
-        {"name": name, "description": description, "parameters": parameters},
-        ensure_ascii=False,
-        sort_keys=True,
-        separators=(",", ":"),
-    )
 
 
 def tool_wire_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:

@@ -64,7 +64,6 @@ __all__ = [
     "render_facts",
     "state_hash",
     "tool_spec",
-    "with_payload",
 ]
 
 _Verdict = Literal["commit", "proposal", "deny"]
@@ -491,8 +490,3 @@ def tool_spec(catalog: ToolCatalog | None, name: str) -> ToolSpec | None:
     if catalog is None:
         return None
     return next((t for t in catalog.tools if t.name == name), None)
-
-
-def with_payload(payload: StatePatchPayload) -> tuple[Sequence[PatchOp], str, Mapping[str, int]]:
-    """The parts of a patch event ``plan_patch`` needs."""
-    return payload.ops, payload.source, payload.based_on_version
