@@ -53,7 +53,6 @@ __all__ = [
     "prepare_subject",
     "recorded_subject",
     "parse_stored_subject",
-    "session_from_partitioned_subject",
     "tenant_subject",
     "thread_from_partitioned_subject",
 ]
@@ -213,9 +212,3 @@ def thread_from_partitioned_subject(subject: str) -> str | None:
     """The thread id carried by a stored subject."""
     stored = parse_stored_subject(subject)
     return stored.thread_id if stored else None
-
-
-def session_from_partitioned_subject(subject: str) -> str | None:
-    """The session token of a stored subject."""
-    stored = parse_stored_subject(subject)
-    return stored.session_id if stored else None

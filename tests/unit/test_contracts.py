@@ -29,7 +29,6 @@ from contracts.subjects import (
     tenant_subject,
     partition_of,
     partition_transform,
-    session_from_partitioned_subject,
     thread_from_partitioned_subject,
 )
 
@@ -177,7 +176,6 @@ def test_partition_helpers_agree_with_each_other() -> None:
     # Stored before subjects carried a tenant: still read, as the default tenant's.
     assert parse_stored_subject("ctx.p.3.s1.run-1.main") == StoredSubject("default", "s1", "run-1.main")
     assert thread_from_partitioned_subject("ctx.p.3.acme.s1.run-1.main") == "run-1.main"
-    assert session_from_partitioned_subject("ctx.p.3.acme.s1.run-1.main") == "s1"
     assert thread_from_partitioned_subject("ctx.events.acme.s1.run-1.main") is None
     assert parse_stored_subject("ctx.p.3.s1.main") is None
     spread = {partition_of(f"session-{i}", partitions=16) for i in range(200)}
