@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol, assert_never
 
 from contracts import Purpose
 from contracts.hook_protocol import HookCall, HookDecision, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
 
-from contracts.exceptions import CtxError, HookChangeRefused, HookFailed, HookRejected, HookTimeout
+from contracts.exceptions import CtxError, HookChangeRefused, HookRejected, HookTimeout
 from services.app.tracing import Tracing, record_outcome
 from services.core.hooks import HOOK_REFUSED
 from services.store.hooks import PinnedHooks
@@ -29,7 +29,6 @@ __all__ = [
     "HookRegistry",
     "HookResult",
     "HookRunner",
-    "ScriptedHookRunner",
 ]
 
 HookOutcome = str  # ok, patched, rejected, refused, timeout, error (the metric's label values)
@@ -50,28 +49,6 @@ class HookObserver(Protocol):
 class _Unobserved:
     def observe(self, point: HookPoint, outcome: HookOutcome, seconds: float) -> None:
         return None
-
-
-_Script = HookReply | CtxError | Callable[[HookCall], Awaitable[HookReply]]
-
-
-@dataclass
-class ScriptedHookRunner:
-    """The in-memory twin: answers each subject from its script and remembers every call."""
-
-    scripts: dict[str, _Script] = field(default_factory=dict)
-    calls: list[tuple[str, HookCall]] = field(default_factory=list)
-
-    async def call(self, binding: HookBinding, call: HookCall) -> HookReply:
-        self.calls.append((binding.subject, call))
-        script = self.scripts.get(binding.subject)
-        if script is None:
-            raise HookFailed(binding.source, binding.point.value, "no responder")
-        if isinstance(script, HookReply):
-            return script
-        if isinstance(script, CtxError):
-            raise script
-        return await script(call)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ from contracts.hook_protocol import (
 )
 from contracts.prepare import HookTouch
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
-from services.app.hooks import HookRegistry, ScriptedHookRunner
+from services.app.hooks import HookRegistry
+from tests.fixtures.hook_runner import ScriptedHookRunner
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
