@@ -25,7 +25,7 @@ from infra.runtime import Servers, start_fleet
 from ctxfleet_client.client import FleetClient
 from services.edge.evaluating import EvalReport, EvalTrace, evaluate, policy_name, run_through_fleet
 from services.core.evaluation import FleetContext, score_trace, with_system_prompt
-from services.core.evaluation.counting import ContextCounter
+from services.core.evaluation.fair_count import ContextCounter
 from services.core.evaluation.synthetic import synthetic_trace
 from services.settings import Settings
 from services.core.tokens import counter_for

@@ -26,7 +26,7 @@ to the broker the two cost the same: the recorder's write outlasts the ack's way
 Figures per pause, for each mode and for both pooled (``all_steps``: the same publish → reply, twice
 the steps for its p99): p50 / p99 / max of the step, and the fleet's CPU over the run.
 ``stages_mean_ms`` splits the fleet's part further, from its own ``ctx_record_stage_seconds`` and
-``ctx_prepare_stage_seconds`` (services/app/stages.py): the mean of each stage over the pause's
+``ctx_prepare_stage_seconds`` (services/app/step_timing.py): the mean of each stage over the pause's
 steps of both modes — the recorder's read, plan and write; the prepare's wait for its event (which
 spans the recorder's stages, and in ``one_call`` the publish too), load, assembly and reply. Means,
 not percentiles: they say where a pause's time goes, the step figures say how it is spread.

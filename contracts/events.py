@@ -30,6 +30,7 @@ from .task_budgets import CallUsage, TaskBudget
 from .wire_json import JSON_INT_MAX, JSON_INT_MIN, MAX_JSON_DEPTH, JsonProblem, WireJsonError, wire_loads
 
 __all__ = [
+    "EventKind",
     "content_identity",
     "content_sha256",
     "EVENT_KINDS",
@@ -66,6 +67,23 @@ __all__ = [
     "UserInputPayload",
     "decode_event",
 ]
+
+
+class EventKind(StrEnum):
+    """The kinds of event the wire carries: each event model's ``kind``, and each ledger record's."""
+
+    SYSTEM = "system"
+    USER_INPUT = "user_input"
+    ASSISTANT_MESSAGE = "assistant_message"
+    TOOL_OUTCOME = "tool_outcome"
+    RESOURCE_ACTIVATED = "resource_activated"
+    CHILD_RESULT = "child_result"
+    RUN_STATUS = "run_status"
+    CONTEXT_EXPORT = "context_export"
+    CONTEXT_RESET = "context_reset"
+    STATE_PATCH = "state_patch"
+    OPERATION_RECONCILE = "operation_reconcile"
+    PHASE_CHANGE = "phase_change"
 
 
 class ToolStatus(StrEnum):

@@ -234,7 +234,7 @@ async def _run_jobs(compactor: CompactionService, jobs: _Jobs) -> None:
 async def _view_for(store: MemoryStore, loader: ViewLoader, thread_id: str) -> ThreadView:
     """The view a prepare is answered from: as the budgeter's compactions left it (the rungs fit the
     rest by dropping history, each as its configuration says)."""
-    async with store.session() as s:
+    async with store.connection() as s:
         return await loader.load(s, thread_id)
 
 
@@ -247,7 +247,7 @@ async def _archive(store: MemoryStore, snapshot: ThreadSnapshot) -> tuple[Eviden
         )
         hits.extend(found or ())
     chosen = archived_hits(hits, snapshot)
-    async with store.session() as s:
+    async with store.connection() as s:
         rows = await s.select_evidence(snapshot.session_id, [(h.thread_id, h.seq) for h in chosen])
     out: list[Evidence] = []
     for hit in chosen:

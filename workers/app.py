@@ -26,10 +26,10 @@ from services.core.tokens import EncodingName, counter_for
 from services.settings import Settings
 from services.store.connect import create_pool
 from services.store.postgres import PgStore
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from services.app.preparing import PrepareService
 from services.app.tracing import Tracing, start_tracing
-from services.store.gateway import PgGatewayStore
+from services.store.final_checks import PgGatewayStore
 from services.store.ports import HookGrants
 
 from .backlogs import export_backlogs, watch_backlogs

@@ -24,7 +24,7 @@ from contracts import CONTEXT_SHOW, ContextRequest, ErrorCode, InspectRequest, P
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
 from contracts.exceptions import CtxError, InvalidRequest
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.showing import show_context
@@ -34,7 +34,7 @@ from services.store.postgres import PgStore
 
 from .admission import Admission, RequestLimits, Slot
 from .level_clock import LevelClock
-from .gateway import gateway_router
+from .final_check import gateway_router
 from .metrics import FleetMetrics, policy_label
 from .queries import queries_router
 from .replies import Inbound, admitted, error_reply, inbound, parse_body

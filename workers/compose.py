@@ -25,8 +25,8 @@ from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
-from services.app.gateway import GatewayService
-from services.app.hooks import HookRegistry
+from services.app.final_checks import GatewayService
+from services.app.hook_registry import HookRegistry
 from services.app.tracing import Tracing
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner

@@ -14,7 +14,7 @@ from contracts.hook_protocol import HookCall, HookReply
 from contracts.hooks import HookBinding, HookPoint
 from contracts.wire_json import WireJsonError, validate_wire
 
-from services.app.hooks import HookOutcome
+from services.app.hook_registry import HookOutcome
 from services.app.tracing import Tracing
 from contracts.exceptions import HookFailed, HookTimeout
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.app.gateway import GatewayService
-from services.app.stages import PREPARE_STAGES, RECORD_STAGES, PrepareStages, RecordStages
+from services.app.final_checks import GatewayService
+from services.app.step_timing import PREPARE_STAGES, RECORD_STAGES, PrepareStages, RecordStages
 from services.app.view_cache import ViewCache
 
 __all__ = ["FleetMetrics", "GcPauses", "policy_label"]

@@ -81,7 +81,7 @@ class BudgetService:
 
     async def evaluate(self, thread_id: str) -> Evaluation:
         """Evaluate one thread at its current head; at most one job results, whatever the hits."""
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             view = await self._loader.load(store, thread_id)
             policy = view.policy.compaction
             measured, _ = measure(
@@ -132,7 +132,7 @@ async def pass_over(store: BudgetStore, thread_id: str) -> None:
     """Mark ``thread_id`` evaluated at its head without evaluating it: an evaluation that failed for
     what the thread holds would fail again, and the budgeter's sweep would find it every round.
     The thread's next records make it due again."""
-    async with store.session() as session:
+    async with store.connection() as session:
         head = await session.select_head(thread_id)
         if head is None:
             return

@@ -16,11 +16,11 @@ from contracts import Purpose, SummaryHook
 from contracts.hook_protocol import HookCall, HookPatch, HookRange
 from contracts.hooks import HookPoint
 
-from services.app.hooks import HookRegistry
+from services.app.hook_registry import HookRegistry
 from services.core.compaction.model import StructuredSummary
 from services.core.groups import DraftBlock
 from services.core.compaction.validate import CandidateInvalid
-from services.core.hooks import (
+from services.core.hook_patches import (
     check_compact_after,
     check_compact_before,
     summary_after_hook,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from contracts import CompactionJob, SummaryHook
 
-from services.core.counting import counts_as_turn
+from services.core.turns import counts_as_turn
 from services.core.compaction.merge import merge_summaries, render_summary
 from services.core.compaction.model import (
     Segment,
@@ -36,7 +36,7 @@ from services.core.compaction.select import block_tokens, choose_cover, split_se
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
 from services.app.compact_hooks import after_compaction, before_compaction
-from services.app.hooks import HookRegistry
+from services.app.hook_registry import HookRegistry
 from contracts.exceptions import CtxError, RevisionConflict
 from services.core.groups import DraftBlock, run_task_seq
 from services.core.records import LedgerRecord
@@ -115,7 +115,7 @@ class CompactionService:
             return outcome
 
     async def _run(self, job: CompactionJob) -> JobOutcome:
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             view = await self._loader.load(store, job.thread_id)
             if view.state.view_revision != job.view_revision:
                 await store.clear_pending(job.thread_id, job.job_id)
@@ -123,7 +123,7 @@ class CompactionService:
         # No connection is held while the summarizer runs (a network call that may take seconds): the
         # commit compare-and-sets the view revision, so nothing read above can go stale unnoticed.
         outcome, summary = await self._build(view, job)
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             if summary is None:
                 failed = outcome.status == "failed"
                 await store.record_attempt(

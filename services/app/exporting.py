@@ -18,15 +18,16 @@ What a page holds, and why:
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 from typing import assert_never
 
 from contracts.branches import ExportPage, ExportRequest
 
-from services.core.records import RecordKind
 from contracts.exceptions import NotExportable, ThreadNotFound
 from services.store.branches import HistoryRow
-from services.store.ports import BranchSession, BranchStore
+from services.store.ports import BranchConnection, BranchStore
 
 __all__ = ["export_page", "history_segments", "trace_line"]
 
@@ -41,7 +42,7 @@ _MAX_CHAR_COST = 6
 
 async def export_page(store: BranchStore, tenant: str, session_id: str, request: ExportRequest) -> ExportPage:
     """The page of the export of ``session_id`` (of ``tenant``) that ``request`` asks for."""
-    async with store.session() as s:
+    async with store.connection() as s:
         session = await s.select_fork_parent(tenant, session_id)
         if session is None:
             raise ThreadNotFound(f"session {session_id}")
@@ -49,7 +50,7 @@ async def export_page(store: BranchStore, tenant: str, session_id: str, request:
         return await _page(s, session_id, segments, request)
 
 
-async def history_segments(s: BranchSession, session_id: str, last_seq: int) -> list[tuple[str, int, int]]:
+async def history_segments(s: BranchConnection, session_id: str, last_seq: int) -> list[tuple[str, int, int]]:
     """``(session, after, through)`` ranges of own records that make up the history, oldest first."""
     segments: list[tuple[str, int, int]] = []
     current, through = session_id, last_seq
@@ -70,16 +71,16 @@ def trace_line(session_id: str, row: HistoryRow) -> str | None:
         line["ts"] = row.client_ts
     line["text"] = row.text
     try:
-        kind = RecordKind(row.kind)
+        kind = EventKind(row.kind)
     except ValueError:
         raise NotExportable(session_id, row.seq, f"a {row.kind} record") from None
     match kind:
-        case RecordKind.SYSTEM:
+        case EventKind.SYSTEM:
             pass
-        case RecordKind.USER_INPUT:
+        case EventKind.USER_INPUT:
             if p.get("intent", "question") != "question":
                 raise NotExportable(session_id, row.seq, f"a user_input with intent {p.get('intent')}")
-        case RecordKind.ASSISTANT_MESSAGE:
+        case EventKind.ASSISTANT_MESSAGE:
             if p.get("purpose", "action") != "action":
                 raise NotExportable(
                     session_id, row.seq, f"an assistant_message of purpose {p.get('purpose')}"
@@ -95,21 +96,21 @@ def trace_line(session_id: str, row: HistoryRow) -> str | None:
             ]
             if p.get("usage") is not None:
                 line["usage"] = p["usage"]
-        case RecordKind.TOOL_OUTCOME:
+        case EventKind.TOOL_OUTCOME:
             if p.get("external_ref"):
                 raise NotExportable(session_id, row.seq, "a tool_outcome with an external_ref")
             line["call_id"] = p.get("call_id")
             line["status"] = p.get("status", "success")
-        case RecordKind.RUN_STATUS:
+        case EventKind.RUN_STATUS:
             return None
         case (
-            RecordKind.RESOURCE_ACTIVATED
-            | RecordKind.CHILD_RESULT
-            | RecordKind.CONTEXT_EXPORT
-            | RecordKind.CONTEXT_RESET
-            | RecordKind.STATE_PATCH
-            | RecordKind.OPERATION_RECONCILE
-            | RecordKind.PHASE_CHANGE
+            EventKind.RESOURCE_ACTIVATED
+            | EventKind.CHILD_RESULT
+            | EventKind.CONTEXT_EXPORT
+            | EventKind.CONTEXT_RESET
+            | EventKind.STATE_PATCH
+            | EventKind.OPERATION_RECONCILE
+            | EventKind.PHASE_CHANGE
         ):
             raise NotExportable(session_id, row.seq, f"a {row.kind} record")
         case _:
@@ -123,7 +124,7 @@ def _cost(piece: str) -> int:
 
 
 async def _page(
-    s: BranchSession, session_id: str, segments: list[tuple[str, int, int]], request: ExportRequest
+    s: BranchConnection, session_id: str, segments: list[tuple[str, int, int]], request: ExportRequest
 ) -> ExportPage:
     budget = request.max_bytes - _ENVELOPE
     parts: list[str] = []

@@ -19,12 +19,13 @@ Nothing here writes to the parent: the fork is a new sessions row (pins copied, 
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from contracts.branches import ForkRequest, SessionForked
 
-from services.core.records import RecordKind
 from contracts.exceptions import ForkInsideToolGroup, SeqOutOfRange, SessionExists, ThreadNotFound
 from services.store.branches import ForkOrigin, HistoryRow, NewFork
-from services.store.ports import BranchSession, BranchStore
+from services.store.ports import BranchConnection, BranchStore
 
 __all__ = ["fork_session", "open_calls", "resolve_origin"]
 
@@ -34,7 +35,7 @@ _PAGE = 512
 
 async def fork_session(store: BranchStore, tenant: str, request: ForkRequest) -> SessionForked:
     """Create (or find again) the fork ``request`` describes."""
-    async with store.session() as s:
+    async with store.connection() as s:
         parent = await s.select_fork_parent(tenant, request.session_id)
         if parent is None or (
             parent.principal_id is not None and parent.principal_id != request.principal_id
@@ -58,7 +59,7 @@ async def fork_session(store: BranchStore, tenant: str, request: ForkRequest) ->
         return _reply(request.new_session_id, ForkOrigin(source, request.at_seq, inherited), created=True)
 
 
-async def resolve_origin(s: BranchSession, session_id: str, at_seq: int) -> tuple[str, ForkOrigin | None]:
+async def resolve_origin(s: BranchConnection, session_id: str, at_seq: int) -> tuple[str, ForkOrigin | None]:
     """The session that owns the records up to ``at_seq`` and that session's own fork origin.
 
     A fork of a fork at or below the parent's branch point is a fork of the grandparent: the
@@ -78,10 +79,10 @@ def open_calls(rows: list[HistoryRow]) -> list[str]:
     pending: dict[str, None] = {}
     for row in rows:
         match row.kind:
-            case RecordKind.ASSISTANT_MESSAGE.value:
+            case EventKind.ASSISTANT_MESSAGE.value:
                 for call in _calls(row.payload):
                     pending[call] = None
-            case RecordKind.TOOL_OUTCOME.value:
+            case EventKind.TOOL_OUTCOME.value:
                 pending.pop(str(row.payload.get("call_id", "")), None)
             case _:
                 pass
@@ -96,7 +97,7 @@ def _calls(payload: dict[str, object]) -> list[str]:
 
 
 async def _check_tool_groups(
-    s: BranchSession, source: str, origin: ForkOrigin | None, request: ForkRequest
+    s: BranchConnection, source: str, origin: ForkOrigin | None, request: ForkRequest
 ) -> None:
     session, through = source, request.at_seq
     while True:
@@ -114,7 +115,7 @@ async def _check_tool_groups(
         origin = await s.select_fork(session)
 
 
-async def _all_rows(s: BranchSession, session_id: str, *, after: int, through: int) -> list[HistoryRow]:
+async def _all_rows(s: BranchConnection, session_id: str, *, after: int, through: int) -> list[HistoryRow]:
     rows: list[HistoryRow] = []
     while True:
         page = await s.select_history(session_id, after=after, through=through, limit=_PAGE)

@@ -52,7 +52,7 @@ async def view_after(
     with board.waiting(thread_id) as woken:
         while True:
             woken.clear()
-            async with store.session() as session:
+            async with store.connection() as session:
                 view, outcome = await loader.load_naming(
                     session,
                     thread_id,

@@ -17,12 +17,13 @@ No record holds a thread back (a deterministic failure is never retried):
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import assert_never
 
-from services.core.records import RecordKind
 from services.store.ports import IndexStore
 from services.store.search import SkippedRecord
 
@@ -107,29 +108,29 @@ def _head(text: str, limit: int) -> str | None:
 
 
 def _searchable(kind: str, text: str, payload: str) -> str:
-    return f"{text}\n{payload}" if _payload_is_searchable(RecordKind(kind)) else text
+    return f"{text}\n{payload}" if _payload_is_searchable(EventKind(kind)) else text
 
 
-def _payload_is_searchable(kind: RecordKind) -> bool:
+def _payload_is_searchable(kind: EventKind) -> bool:
     """Whether a record's payload holds words to find: tool calls (names and arguments), patches, resources
     and child results live there; messages and outcomes are all in the text."""
     match kind:
         case (
-            RecordKind.ASSISTANT_MESSAGE
-            | RecordKind.STATE_PATCH
-            | RecordKind.RESOURCE_ACTIVATED
-            | RecordKind.CHILD_RESULT
+            EventKind.ASSISTANT_MESSAGE
+            | EventKind.STATE_PATCH
+            | EventKind.RESOURCE_ACTIVATED
+            | EventKind.CHILD_RESULT
         ):
             return True
         case (
-            RecordKind.SYSTEM
-            | RecordKind.USER_INPUT
-            | RecordKind.TOOL_OUTCOME
-            | RecordKind.RUN_STATUS
-            | RecordKind.CONTEXT_EXPORT
-            | RecordKind.CONTEXT_RESET
-            | RecordKind.OPERATION_RECONCILE
-            | RecordKind.PHASE_CHANGE
+            EventKind.SYSTEM
+            | EventKind.USER_INPUT
+            | EventKind.TOOL_OUTCOME
+            | EventKind.RUN_STATUS
+            | EventKind.CONTEXT_EXPORT
+            | EventKind.CONTEXT_RESET
+            | EventKind.OPERATION_RECONCILE
+            | EventKind.PHASE_CHANGE
         ):
             return False
         case _:

@@ -61,7 +61,7 @@ class ManualCompaction:
         )
 
     async def _view(self, request: CompactRequest, tenant: str) -> ThreadView:
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             return await self._loader.load(
                 store,
                 thread_id_of(request.run_id, request.instance_id),

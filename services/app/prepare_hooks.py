@@ -1,7 +1,7 @@
 """The prepare's hook points: context.prepare.before (add, deselect, reject) and .after (annotate).
 
 Hooks run in registration order; each sees the candidates as the previous ones left them. Only what
-a hook's point allows is taken (services.core.hooks), and every hook that ran is named in the
+a hook's point allows is taken (services.core.hook_patches), and every hook that ran is named in the
 prepared context, with its outcome.
 """
 
@@ -15,10 +15,10 @@ from contracts.hook_protocol import HookBlock, HookCall, HookPatch
 from contracts.hooks import HookBinding, HookPoint, HookSet
 from contracts.prepare import HookTouch
 
-from services.app.hooks import HookRegistry
+from services.app.hook_registry import HookRegistry
 from services.core.assemble import ThreadSnapshot, candidate_blocks
 from services.core.groups import DraftBlock
-from services.core.hooks import (
+from services.core.hook_patches import (
     PrepareHookChange,
     addition_blocks,
     check_prepare_after,

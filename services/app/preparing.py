@@ -65,8 +65,8 @@ from contracts.exceptions import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.core.history_depth import depths_of, first_depth
 from services.killpoints import kill_point
-from services.app.gateway import GatewayService
-from services.app.hooks import HookRegistry
+from services.app.final_checks import GatewayService
+from services.app.hook_registry import HookRegistry
 from services.app.prepare_hooks import PrepareHooks, after_prepare, before_prepare
 from services.app.freshness import RECHECK_S, view_after
 from services.app.notices import NO_PAUSE, NoticeBoard, Pause, wait_for_notice
@@ -79,7 +79,7 @@ from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_
 from services.app.view_cache import assemble_reusing
 from services.app.views import ThreadView, ViewLoader
 from services.app.windows import WindowKeeper
-from services.app.stages import PrepareStages, ignore_stage
+from services.app.step_timing import PrepareStages, ignore_stage
 from services.core.windows.next_window import window_of
 
 __all__ = ["PrepareService"]
@@ -179,7 +179,7 @@ class PrepareService:
         on_stage: PrepareStages = ignore_stage,
     ) -> None:
         self._store = store
-        # Told the wait, load and assemble seconds of each prepare as they end (services/app/stages.py).
+        # Told the wait, load and assemble seconds of each prepare as they end (services/app/step_timing.py).
         self._on_stage = on_stage
         self._board = board
         self._loader = loader or ViewLoader()
@@ -429,7 +429,7 @@ class PrepareService:
         held = self._loader.held_earlier(row.summary_id)
         if held is not None:
             return held
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             return await self._loader.earlier_summaries(store, view)
 
     async def _calibration(self, tenant: str, budget: BudgetSpec) -> Calibration:
@@ -438,7 +438,7 @@ class PrepareService:
         cached = self._calibrations.fresh(tenant, budget.profile)
         if cached is not None:
             return cached
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             return await self._calibrations.get(store, tenant, budget.profile)
 
     async def _learn(
@@ -458,7 +458,7 @@ class PrepareService:
         local = request_tokens_before(prepared, response) if response is not None else None
         if local is None:
             return calibration
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             learned = await store.update_calibration(
                 tenant, budget.profile, lambda c: learn_from_usage(c, usage.input_tokens, local)
             )
@@ -486,7 +486,7 @@ class PrepareService:
                 f"after_overflow names view {overflow.view_revision}; thread {thread_id} is at view "
                 f"{snapshot.view_revision}"
             )
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             async with store.transaction():
                 if not await store.note_overflow(thread_id, base.profile, overflow):
                     current = await store.read_calibration(tenant, base.profile)
@@ -511,7 +511,7 @@ class PrepareService:
     async def _evidence(self, request: PrepareRequest) -> tuple[Evidence, ...]:
         """The requested records of this session only, re-read and cut to their line ranges."""
         refs = [(e.thread_id, e.seq) for e in request.evidence]
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             rows = await store.select_evidence(request.session_id, refs)
         out: list[Evidence] = []
         for ref in request.evidence:
@@ -536,7 +536,7 @@ class PrepareService:
     async def _view(
         self, tenant: str, thread_id: str, session_id: str, principal_id: str | None
     ) -> ThreadView:
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             return await self._loader.load(
                 store,
                 thread_id,
@@ -600,7 +600,7 @@ class PrepareService:
         if self._queue is None:
             return None
         try:
-            async with self._store.session() as store:
+            async with self._store.connection() as store:
                 return await request_job(
                     store,
                     self._queue,
@@ -621,7 +621,7 @@ class PrepareService:
         self, thread_id: str, request: InspectRequest, *, tenant: str = DEFAULT_TENANT
     ) -> ThreadInspection:
         """A thread's head, verified chain and latest records (``ThreadNotFound`` if not ``tenant``'s)."""
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             head = await store.select_head(thread_id)
             if head is None or (await store.scope_of(thread_id)).tenant != tenant:
                 raise ThreadNotFound(thread_id)

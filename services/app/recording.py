@@ -60,7 +60,7 @@ from services.core.ledger import (
     texts_to_count,
 )
 from contracts.exceptions import StoreRejected
-from services.app.stages import RecordStages, ignore_stage
+from services.app.step_timing import RecordStages, ignore_stage
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing
 
@@ -135,7 +135,7 @@ class RecordingService:
         on_stage: RecordStages = ignore_stage,
     ) -> None:
         self._store = store
-        # Told each attempt's read, plan and write seconds as they end (services/app/stages.py).
+        # Told each attempt's read, plan and write seconds as they end (services/app/step_timing.py).
         self._on_stage = on_stage
         self._sink = sink
         self._limits = limits
@@ -244,7 +244,7 @@ class RecordingService:
         committed: int | None,
     ) -> BatchResult:
         started = time.perf_counter()
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             with _content_failures("read"):
                 # The partition's position comes with the batch's reads: one round trip, not two.
                 reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
@@ -337,7 +337,7 @@ class RecordingService:
         store's (retried by the worker, nothing moved), never the event's.
         """
         rejection = _unstorable(incoming, failure, self._limits.max_event_bytes)
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             if await store.max_tracking_seq(self._consumer, partition) >= incoming.stream_seq:
                 return BatchResult({}, 0, (), 0, 1, attempts)
             await self._sink.publish(

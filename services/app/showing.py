@@ -28,7 +28,7 @@ async def show_context(
         InvalidPolicy: the session's pinned policy is not registered.
     """
     run_id, instance_id = split_thread_id(thread_id)
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(thread_id)
         if head is None or (scope := await s.scope_of(thread_id)).tenant != tenant:
             raise ThreadNotFound(thread_id)

@@ -22,7 +22,7 @@ from services.core.compaction.merge import render_summary
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.rollup import skeleton
 from services.core.compaction.policy import Counters
-from services.core.counting import turns_and_steps
+from services.core.turns import turns_and_steps
 from contracts.exceptions import ThreadNotFound
 from services.core.groups import run_task_seq
 from services.core.records import ContextExportBody, LedgerRecord

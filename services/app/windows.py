@@ -103,7 +103,7 @@ class WindowKeeper:
         that one opened). ``started``: when the prepare began measuring the window (monotonic)."""
         handoff = self._handoff(view, snapshot, trigger)
         tokens = counter_for("o200k_base").count(render_handoff(handoff))
-        async with self._store.session() as store:
+        async with self._store.connection() as store:
             try:
                 await store.commit_window(view.state.view_revision, handoff, tokens)
                 report: RolloverReport | None = RolloverReport(

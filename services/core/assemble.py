@@ -27,6 +27,8 @@ counted in the report:
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -62,16 +64,16 @@ from services.core.compaction.files import files_of_call
 from services.core.failures import Failure, failure_of
 from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
 from services.core.forecast import step_growths
-from services.core.levels import green_room, window_report
+from services.core.water_levels import green_room, window_report
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from contracts.exceptions import BlockSize, ContextBudgetExceeded, OverBudget
-from services.core.hooks import HOOK_BLOCK_PREFIX
+from services.core.hook_patches import HOOK_BLOCK_PREFIX
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
-from services.core.hooks import PrepareHookChange
+from services.core.hook_patches import PrepareHookChange
 from services.core.hashing import canonical_json
-from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ToolOutcomeBody, call_json
+from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody, call_json
 from services.core.state import Fact, pattern_regex, render_facts
 from services.core.render import (
     MESSAGE_OVERHEAD,
@@ -833,7 +835,7 @@ def _smallest(inputs: _Inputs) -> list[_Sized]:
         out.append(s)
     newest = _newest_group(sized)
     if newest is not None:
-        outputs = [r for r in newest.block.records if r.kind is RecordKind.TOOL_OUTCOME]
+        outputs = [r for r in newest.block.records if r.kind is EventKind.TOOL_OUTCOME]
         floor = sum(min(_record_tokens(r, inputs.counter), _MIN_OUTPUT_TOKENS) for r in outputs)
         smallest = replace(newest)
         _cut_calls(smallest, 0, inputs)  # every long argument at its shortest
@@ -845,7 +847,7 @@ def _calls_tokens(block: DraftBlock, counter: TokenCounter | None) -> int:
     """Tokens of a group's assistant message (its text and calls), without the outputs."""
     if counter is None:
         return estimate_tokens(block.messages[0].model_dump_json(exclude_none=True))
-    return sum(r.tokens.get(counter.name) for r in block.records if r.kind is not RecordKind.TOOL_OUTCOME)
+    return sum(r.tokens.get(counter.name) for r in block.records if r.kind is not EventKind.TOOL_OUTCOME)
 
 
 def _record_tokens(r: LedgerRecord, counter: TokenCounter | None) -> int:
@@ -889,7 +891,7 @@ def _trim_group(s: _Sized, room: int, inputs: _Inputs) -> int:
 def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
     counter = inputs.counter
     outputs = sorted(
-        (r for r in s.block.records if r.kind is RecordKind.TOOL_OUTCOME),
+        (r for r in s.block.records if r.kind is EventKind.TOOL_OUTCOME),
         key=lambda r: (_record_tokens(r, counter), r.seq),
     )
     floor = sum(min(_record_tokens(r, counter), _MIN_OUTPUT_TOKENS) for r in outputs)
@@ -903,7 +905,7 @@ def _cut_outputs(s: _Sized, room: int, inputs: _Inputs) -> int:
     records: list[LedgerRecord] = []
     cut = 0
     for r in s.block.records:
-        if r.kind is not RecordKind.TOOL_OUTCOME or allowed[r.seq] >= _record_tokens(r, counter):
+        if r.kind is not EventKind.TOOL_OUTCOME or allowed[r.seq] >= _record_tokens(r, counter):
             records.append(r)
             continue
         frame = _output_tokens(r, "", counter)
@@ -1049,7 +1051,7 @@ def _naming_read_tool(r: LedgerRecord, counter: TokenCounter | None) -> LedgerRe
     """``r`` with its stored previews (head + tail, mask) naming the tool that reads the rest, recounted.
 
     Only the recorder's previews of tool outputs and of long user inputs name a blob this way."""
-    if r.kind not in (RecordKind.TOOL_OUTCOME, RecordKind.USER_INPUT):
+    if r.kind not in (EventKind.TOOL_OUTCOME, EventKind.USER_INPUT):
         return r
     text = name_read_tool(r.text)
     mask_text = None if r.mask_text is None else name_read_tool(r.mask_text)
@@ -1139,7 +1141,7 @@ def _mask_saving(block: DraftBlock, counter: TokenCounter | None) -> int:
         _record_tokens(r, counter)
         - (r.mask_tokens.get(counter.name) if counter else estimate_tokens(r.mask_text))
         for r in block.records
-        if r.kind is RecordKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
+        if r.kind is EventKind.TOOL_OUTCOME and r.mask_text is not None and r.mask_tokens is not None
     )
 
 
@@ -1169,7 +1171,7 @@ def _masked(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) ->
     records = []
     for record in s.block.records:
         if (
-            record.kind is not RecordKind.TOOL_OUTCOME
+            record.kind is not EventKind.TOOL_OUTCOME
             or record.mask_text is None
             or record.mask_tokens is None
             or record.seq in sources

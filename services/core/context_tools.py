@@ -9,6 +9,8 @@ every answer is scope-checked like any other read-back.
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from collections.abc import Sequence
 
 from pydantic import JsonValue
@@ -25,7 +27,6 @@ from contracts.context_refs import (
     record_ref,
 )
 
-from services.core.records import RecordKind
 from contracts.exceptions import InvalidRequest
 
 __all__ = [
@@ -93,7 +94,7 @@ _SEARCH = ToolSchema(
         "type": "object",
         "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": 500},
-            "kind": {"type": "string", "enum": [k.value for k in RecordKind]},
+            "kind": {"type": "string", "enum": [k.value for k in EventKind]},
         },
         "required": ["query"],
         "additionalProperties": False,

@@ -12,12 +12,14 @@ percentile by nearest rank (no interpolation: the same records give the same int
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import math
 from collections.abc import Sequence
 
 from contracts.forecasts import Forecast, ForecastDeclaration, ForecastPolicy
 
-from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind, ascending_by_seq
+from services.core.records import AssistantMessageBody, LedgerRecord, ascending_by_seq
 from services.core.tokens import EncodingName
 
 __all__ = ["forecast_need", "nearest_rank", "step_growths"]
@@ -26,7 +28,7 @@ __all__ = ["forecast_need", "nearest_rank", "step_growths"]
 def _is_step(record: LedgerRecord) -> bool:
     body = record.body
     return (
-        record.kind is RecordKind.ASSISTANT_MESSAGE
+        record.kind is EventKind.ASSISTANT_MESSAGE
         and isinstance(body, AssistantMessageBody)
         and body.purpose == "action"
     )

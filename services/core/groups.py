@@ -16,6 +16,8 @@ Invariants, one function each:
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -32,7 +34,7 @@ from contracts import (
     ToolStatus,
 )
 
-from services.core.counting import counts_as_turn
+from services.core.turns import counts_as_turn
 from services.core.records import (
     AssistantMessageBody,
     ChildResultBody,
@@ -41,7 +43,6 @@ from services.core.records import (
     LedgerRecord,
     OperationReconcileBody,
     PhaseChangeBody,
-    RecordKind,
     ResourceBody,
     RunStatusBody,
     StatePatchBody,
@@ -245,7 +246,7 @@ def build_view_blocks(
 
 
 def _last_user(records: Sequence[LedgerRecord]) -> int | None:
-    return max((r.seq for r in records if r.kind is RecordKind.USER_INPUT), default=None)
+    return max((r.seq for r in records if r.kind is EventKind.USER_INPUT), default=None)
 
 
 def _extend(
@@ -270,11 +271,11 @@ def _extend(
     last_user = before.last_user
     start = tail[0].seq
     for record in tail:
-        if record.kind is RecordKind.SYSTEM or _foreign(record, own_thread):
+        if record.kind is EventKind.SYSTEM or _foreign(record, own_thread):
             return None
         if before.run_task is None and counts_as_turn(record.body):
             return None  # the run's task appears: every block's place may change
-        if record.kind is RecordKind.USER_INPUT:
+        if record.kind is EventKind.USER_INPUT:
             if last_user is None:
                 return None
             start = min(start, last_user)
@@ -287,7 +288,7 @@ def _extend(
     i = len(records)
     while i and records[i - 1].seq >= start:
         i -= 1
-    again = [r for r in records[i:] if r.kind is not RecordKind.SYSTEM and _shown(r, covered, pinned)]
+    again = [r for r in records[i:] if r.kind is not EventKind.SYSTEM and _shown(r, covered, pinned)]
     if any(_foreign(r, own_thread) for r in again):
         return None
     rebuilt, held, pending = _close_groups(_history_blocks(again, last_user, run_task, own_thread))
@@ -318,25 +319,25 @@ def _sorted(blocks: list[DraftBlock]) -> tuple[DraftBlock, ...]:
     return tuple(sorted(blocks, key=_order))
 
 
-def _never_covered(kind: RecordKind) -> bool:
+def _never_covered(kind: EventKind) -> bool:
     """Instructions and material are shown from their own records whatever a summary covers."""
     match kind:
         case (
-            RecordKind.SYSTEM
-            | RecordKind.RESOURCE_ACTIVATED
-            | RecordKind.CHILD_RESULT
-            | RecordKind.CONTEXT_EXPORT
+            EventKind.SYSTEM
+            | EventKind.RESOURCE_ACTIVATED
+            | EventKind.CHILD_RESULT
+            | EventKind.CONTEXT_EXPORT
         ):
             return True
         case (
-            RecordKind.USER_INPUT
-            | RecordKind.ASSISTANT_MESSAGE
-            | RecordKind.TOOL_OUTCOME
-            | RecordKind.RUN_STATUS
-            | RecordKind.CONTEXT_RESET
-            | RecordKind.STATE_PATCH
-            | RecordKind.OPERATION_RECONCILE
-            | RecordKind.PHASE_CHANGE
+            EventKind.USER_INPUT
+            | EventKind.ASSISTANT_MESSAGE
+            | EventKind.TOOL_OUTCOME
+            | EventKind.RUN_STATUS
+            | EventKind.CONTEXT_RESET
+            | EventKind.STATE_PATCH
+            | EventKind.OPERATION_RECONCILE
+            | EventKind.PHASE_CHANGE
         ):
             return False
         case _:
@@ -344,7 +345,7 @@ def _never_covered(kind: RecordKind) -> bool:
 
 
 # Looked up per record on every prepare: a set, decided once by the exhaustive rule above.
-_NEVER_COVERED = frozenset(k for k in RecordKind if _never_covered(k))
+_NEVER_COVERED = frozenset(k for k in EventKind if _never_covered(k))
 
 
 def run_task_seq(records: Sequence[LedgerRecord], own_thread: str = "") -> int | None:
@@ -497,8 +498,8 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
 
 
 def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
-    pinned = [r for r in records if r.kind is RecordKind.SYSTEM]
-    rest = [r for r in records if r.kind is not RecordKind.SYSTEM]
+    pinned = [r for r in records if r.kind is EventKind.SYSTEM]
+    rest = [r for r in records if r.kind is not EventKind.SYSTEM]
     return pinned, rest
 
 

@@ -8,7 +8,7 @@ one the summary was made for starts at the least compressed depth whose history,
 its preview, fits its own budget, and goes one deeper only when assembly says the view does not fit
 there — so a summary a small budget needed never lowers what a larger budget sees (docs/design.md,
 "Every budget sees the least compressed history that fits it"). "Depth", not "level": a water level
-is a context's share of its budget (``services/core/levels.py``).
+is a context's share of its budget (``services/core/water_levels.py``).
 """
 
 from __future__ import annotations

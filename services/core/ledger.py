@@ -20,6 +20,8 @@ decides every write and every rejection. The invariants it enforces, one check e
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import base64
 import re
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -73,7 +75,7 @@ from services.core import json_text
 from services.core.hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from services.core.runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from services.core.state import StateView, StateWrite, effects_of, plan_patch, tool_spec
-from services.core.counting import is_model_step, is_new_question
+from services.core.turns import is_model_step, is_new_question
 from services.core.render import (
     RenderedCall,
     TokenCounts,
@@ -83,7 +85,7 @@ from services.core.render import (
     telling_line,
     trim_tool_text,
 )
-from services.core.records import AssistantMessageBody, RecordKind, parse_body
+from services.core.records import AssistantMessageBody, parse_body
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
@@ -1191,7 +1193,7 @@ def deferred_tokens(
         return TokenCounts(o200k_base=o200k_base, cl100k_base=cl100k_base)
 
     def count() -> int:
-        body = parse_body(RecordKind(kind), payload)
+        body = parse_body(EventKind(kind), payload)
         calls = (
             [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
             if isinstance(body, AssistantMessageBody)

@@ -1,9 +1,10 @@
 """The read-side record: what the assembler needs of one ledger record, typed per kind.
 
-A record's kind is a :class:`RecordKind` and its payload a typed body (one frozen dataclass per
-kind, mirroring the wire payloads of ``contracts/events.py``). The body is parsed once, when the
-record is built from its row; the view loader caches records per thread, so no prepare parses
-again. Parsing is plain code over the stored JSON, not pydantic: the recorder validated it already.
+A record's kind is the wire's :class:`~contracts.EventKind` and its payload a typed body (one
+frozen dataclass per kind, mirroring the wire payloads of ``contracts/events.py``). The body is
+parsed once, when the record is built from its row; the view loader caches records per thread, so
+no prepare parses again. Parsing is plain code over the stored JSON, not pydantic: the recorder
+validated it already.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Literal, TypeAlias, assert_never
 
 from pydantic import JsonValue
@@ -24,6 +24,7 @@ from contracts import (
     ContextExportEvent,
     ContextResetEvent,
     Event,
+    EventKind,
     OperationReconcileEvent,
     PhaseChangeEvent,
     ResourceActivatedEvent,
@@ -48,7 +49,6 @@ __all__ = [
     "PhaseChangeBody",
     "Purpose",
     "RecordBody",
-    "RecordKind",
     "ResourceBody",
     "RunEnd",
     "RunStatusBody",
@@ -64,23 +64,6 @@ __all__ = [
     "kind_of",
     "parse_body",
 ]
-
-
-class RecordKind(StrEnum):
-    """The kinds of the wire union (``contracts.Event``), one member each; ``kind_of`` keeps them in step."""
-
-    SYSTEM = "system"
-    USER_INPUT = "user_input"
-    ASSISTANT_MESSAGE = "assistant_message"
-    TOOL_OUTCOME = "tool_outcome"
-    RESOURCE_ACTIVATED = "resource_activated"
-    CHILD_RESULT = "child_result"
-    RUN_STATUS = "run_status"
-    CONTEXT_EXPORT = "context_export"
-    CONTEXT_RESET = "context_reset"
-    STATE_PATCH = "state_patch"
-    OPERATION_RECONCILE = "operation_reconcile"
-    PHASE_CHANGE = "phase_change"
 
 
 UserIntent: TypeAlias = Literal["question", "supplement"]
@@ -281,48 +264,48 @@ def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
     return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
-def kind_of(event: Event) -> RecordKind:
+def kind_of(event: Event) -> EventKind:
     """The record kind of a wire event: a new wire kind fails the type check here until it has one."""
     match event:
         case SystemEvent():
-            return RecordKind.SYSTEM
+            return EventKind.SYSTEM
         case UserInputEvent():
-            return RecordKind.USER_INPUT
+            return EventKind.USER_INPUT
         case AssistantMessageEvent():
-            return RecordKind.ASSISTANT_MESSAGE
+            return EventKind.ASSISTANT_MESSAGE
         case ToolOutcomeEvent():
-            return RecordKind.TOOL_OUTCOME
+            return EventKind.TOOL_OUTCOME
         case ResourceActivatedEvent():
-            return RecordKind.RESOURCE_ACTIVATED
+            return EventKind.RESOURCE_ACTIVATED
         case ChildResultEvent():
-            return RecordKind.CHILD_RESULT
+            return EventKind.CHILD_RESULT
         case RunStatusEvent():
-            return RecordKind.RUN_STATUS
+            return EventKind.RUN_STATUS
         case ContextExportEvent():
-            return RecordKind.CONTEXT_EXPORT
+            return EventKind.CONTEXT_EXPORT
         case ContextResetEvent():
-            return RecordKind.CONTEXT_RESET
+            return EventKind.CONTEXT_RESET
         case StatePatchEvent():
-            return RecordKind.STATE_PATCH
+            return EventKind.STATE_PATCH
         case OperationReconcileEvent():
-            return RecordKind.OPERATION_RECONCILE
+            return EventKind.OPERATION_RECONCILE
         case PhaseChangeEvent():
-            return RecordKind.PHASE_CHANGE
+            return EventKind.PHASE_CHANGE
         case _:
             assert_never(event)
 
 
-def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
+def parse_body(kind: EventKind, p: Mapping[str, JsonValue]) -> RecordBody:
     """The typed body of a stored payload (the recorder's ``model_dump(mode="json")`` without ``text``).
 
     Defaults are the wire models' own, so a payload that omits a defaulted field reads as it was sent.
     """
     match kind:
-        case RecordKind.SYSTEM:
+        case EventKind.SYSTEM:
             return SystemBody()
-        case RecordKind.USER_INPUT:
+        case EventKind.USER_INPUT:
             return UserInputBody("supplement" if p.get("intent") == "supplement" else "question")
-        case RecordKind.ASSISTANT_MESSAGE:
+        case EventKind.ASSISTANT_MESSAGE:
             calls = p.get("tool_calls") or []
             usage = p.get("usage")
             return AssistantMessageBody(
@@ -330,13 +313,13 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 "completion" if p.get("purpose") == "completion" else "action",
                 _usage(usage) if isinstance(usage, dict) else None,
             )
-        case RecordKind.TOOL_OUTCOME:
+        case EventKind.TOOL_OUTCOME:
             return ToolOutcomeBody(
                 _str(p, "call_id"), ToolStatus(_str(p, "status", "success")), _opt(p, "external_ref")
             )
-        case RecordKind.RESOURCE_ACTIVATED:
+        case EventKind.RESOURCE_ACTIVATED:
             return ResourceBody(_str(p, "resource_id"), _opt(p, "revision"), _opt(p, "uri"), _opt(p, "title"))
-        case RecordKind.CHILD_RESULT:
+        case EventKind.CHILD_RESULT:
             return ChildResultBody(
                 _str(p, "child_instance_id"),
                 ChildStatus(_str(p, "status", "completed")),
@@ -345,11 +328,11 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 _strs(p, "artifact_refs"),
                 _strs(p, "unresolved"),
             )
-        case RecordKind.RUN_STATUS:
+        case EventKind.RUN_STATUS:
             status = p.get("status")
             end: RunEnd = status if status in ("failed", "cancelled", "interrupted") else "completed"  # type: ignore[assignment]
             return RunStatusBody(end, _str(p, "reason"))
-        case RecordKind.CONTEXT_EXPORT:
+        case EventKind.CONTEXT_EXPORT:
             refs = p.get("refs")
             pairs = tuple(
                 (str(r["thread_id"]), int(str(r["seq"])))
@@ -357,9 +340,9 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 if isinstance(r, dict)
             )
             return ContextExportBody(pairs, _str(p, "note"), p.get("_resolved") is True)
-        case RecordKind.CONTEXT_RESET:
+        case EventKind.CONTEXT_RESET:
             return ContextResetBody(_str(p, "reason"))
-        case RecordKind.STATE_PATCH:
+        case EventKind.STATE_PATCH:
             ops = p.get("ops")
             versions = p.get("based_on_version")
             return StatePatchBody(
@@ -368,14 +351,14 @@ def parse_body(kind: RecordKind, p: Mapping[str, JsonValue]) -> RecordBody:
                 {str(k): int(str(v)) for k, v in versions.items()} if isinstance(versions, dict) else {},
                 _strs(p, "evidence"),
             )
-        case RecordKind.OPERATION_RECONCILE:
+        case EventKind.OPERATION_RECONCILE:
             return OperationReconcileBody(
                 _str(p, "operation_id"),
                 "failed" if p.get("status") == "failed" else "success",
                 _opt(p, "external_ref"),
                 _str(p, "evidence"),
             )
-        case RecordKind.PHASE_CHANGE:
+        case EventKind.PHASE_CHANGE:
             steps = p.get("expected_steps")
             return PhaseChangeBody(
                 _str(p, "phase"),
@@ -438,7 +421,7 @@ class LedgerRecord:
 
     seq: int
     event_key: str
-    kind: RecordKind
+    kind: EventKind
     payload: Mapping[str, JsonValue]
     text: str
     tokens: TokenCounts
@@ -454,6 +437,6 @@ class LedgerRecord:
 
     def __post_init__(self) -> None:
         # Frozen: the derived fields are set once, here. A kind given as its string value is accepted.
-        kind = RecordKind(self.kind)
+        kind = EventKind(self.kind)
         object.__setattr__(self, "kind", kind)
         object.__setattr__(self, "body", parse_body(kind, self.payload))

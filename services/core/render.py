@@ -8,6 +8,8 @@ appear with instruction authority.
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -27,7 +29,6 @@ from services.core.records import (
     OperationReconcileBody,
     PhaseChangeBody,
     RecordBody,
-    RecordKind,
     ResourceBody,
     RunStatusBody,
     StatePatchBody,
@@ -107,7 +108,7 @@ def content_of(kind: str, payload: Mapping[str, JsonValue], text: str) -> str:
     The recorder counts tokens with this before the record exists; both sides render through
     :func:`record_content`, so what was counted is what is shown.
     """
-    return record_content(parse_body(RecordKind(kind), payload), text)
+    return record_content(parse_body(EventKind(kind), payload), text)
 
 
 def record_content(body: RecordBody, text: str) -> str:

@@ -15,6 +15,8 @@ Rules (docs/design.md, "State"), one function each:
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,7 +42,6 @@ from services.core.records import (
     ContextResetBody,
     OperationReconcileBody,
     PhaseChangeBody,
-    RecordKind,
     ResourceBody,
     RunStatusBody,
     StatePatchBody,
@@ -415,7 +416,7 @@ def rebuild_state(
     calls: dict[str, tuple[str, Mapping[str, JsonValue]]] = {}
     rules = catalog.paths if catalog else ()
     for seq, key, kind, payload, text, observed in records:
-        body = parse_body(RecordKind(kind), payload)
+        body = parse_body(EventKind(kind), payload)
         match body:
             case AssistantMessageBody():
                 calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)

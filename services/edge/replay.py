@@ -7,6 +7,8 @@ the fleet prepared with what an agent sending its whole history would have sent.
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +38,6 @@ from contracts import (
 
 from ctxfleet_client.client import FleetClient
 from contracts.exceptions import CtxError, PermissionDenied
-from services.core.records import RecordKind
 from services.core.render import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
@@ -137,33 +138,33 @@ def _parse_ts(ts: str | None) -> datetime | None:
 
 def _event(line: TraceLine, common: dict[str, object]) -> Event:
     try:
-        kind = RecordKind(line.kind)
+        kind = EventKind(line.kind)
     except ValueError:
         raise ValueError(f"line {line.line}: unknown kind {line.kind!r}") from None
     match kind:
-        case RecordKind.SYSTEM:
+        case EventKind.SYSTEM:
             return SystemEvent(payload=SystemPayload(text=line.text), **common)
-        case RecordKind.USER_INPUT:
+        case EventKind.USER_INPUT:
             return UserInputEvent(payload=UserInputPayload(text=line.text), **common)
-        case RecordKind.ASSISTANT_MESSAGE:
+        case EventKind.ASSISTANT_MESSAGE:
             calls = tuple(ToolCall(call_id=c.call_id, name=c.name, args=c.args) for c in line.tool_calls)
             return AssistantMessageEvent(
                 payload=AssistantMessagePayload(text=line.text, tool_calls=calls, usage=line.usage), **common
             )
-        case RecordKind.TOOL_OUTCOME:
+        case EventKind.TOOL_OUTCOME:
             payload = ToolOutcomePayload(
                 call_id=line.call_id or "", status=ToolStatus(line.status), text=line.text
             )
             return ToolOutcomeEvent(payload=payload, **common)
         case (
-            RecordKind.RESOURCE_ACTIVATED
-            | RecordKind.CHILD_RESULT
-            | RecordKind.RUN_STATUS
-            | RecordKind.CONTEXT_EXPORT
-            | RecordKind.CONTEXT_RESET
-            | RecordKind.STATE_PATCH
-            | RecordKind.OPERATION_RECONCILE
-            | RecordKind.PHASE_CHANGE
+            EventKind.RESOURCE_ACTIVATED
+            | EventKind.CHILD_RESULT
+            | EventKind.RUN_STATUS
+            | EventKind.CONTEXT_EXPORT
+            | EventKind.CONTEXT_RESET
+            | EventKind.STATE_PATCH
+            | EventKind.OPERATION_RECONCILE
+            | EventKind.PHASE_CHANGE
         ):
             # The trace format (docs/trace-format.md) carries a conversation only; a new kind is
             # decided here: add it to the format, or list it among these.

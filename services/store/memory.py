@@ -55,8 +55,8 @@ from services.core.state import Fact, StateView
 from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
-from services.store.gateway import MemoryGatewayStore
-from services.store.hooks import PinnedHooks
+from services.store.final_checks import MemoryGatewayStore
+from services.store.hook_sets import PinnedHooks
 from services.store.ledger import (
     EventOutcome,
     EvidenceRow,
@@ -91,7 +91,7 @@ if TYPE_CHECKING:
         RecordingStore,
     )
 
-__all__ = ["MemorySession", "MemoryStore"]
+__all__ = ["MemoryConnection", "MemoryStore"]
 
 _Row = dict[str, Any]
 
@@ -196,11 +196,11 @@ class MemoryStore:
         )
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[MemorySession]:
+    async def connection(self) -> AsyncIterator[MemoryConnection]:
         """A session on the shared tables (counted in ``open_sessions``, as a pool counts connections)."""
         self.open_sessions += 1
         try:
-            yield MemorySession(self, self._now)
+            yield MemoryConnection(self, self._now)
         finally:
             self.open_sessions -= 1
 
@@ -331,7 +331,7 @@ class MemoryStore:
         ]
 
 
-class MemorySession:
+class MemoryConnection:
     """The ports of ``ports.py`` over a ``MemoryStore``'s tables."""
 
     def __init__(self, store: MemoryStore, now: Callable[[], float]) -> None:

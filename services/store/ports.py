@@ -34,10 +34,10 @@ from services.core.hashing import ChainLink
 from services.core.ledger import BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
-from services.store.gateway import StoredCheck
+from services.store.final_checks import StoredCheck
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
-from services.store.hooks import PinnedHooks
+from services.store.hook_sets import PinnedHooks
 from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
@@ -48,11 +48,11 @@ from services.store.windows import OpenWindow
 __all__ = [
     "GatewayStore",
     "HookGrants",
-    "BranchSession",
+    "BranchConnection",
     "BranchStore",
-    "BudgetSession",
+    "BudgetConnection",
     "BudgetStore",
-    "CompactionSession",
+    "CompactionConnection",
     "CompactionStore",
     "FullRecord",
     "HookStore",
@@ -60,10 +60,10 @@ __all__ = [
     "ListingStore",
     "LedgerWritten",
     "Position",
-    "PrepareSession",
+    "PrepareConnection",
     "PrepareStore",
     "QueryStore",
-    "RecordingSession",
+    "RecordingConnection",
     "RecordingStore",
     "Transactional",
     "ViewReads",
@@ -82,7 +82,7 @@ class Transactional(Protocol):
         ...
 
 
-class RecordingSession(Transactional, Protocol):
+class RecordingConnection(Transactional, Protocol):
     """What the recorder reads and writes per batch."""
 
     async def max_tracking_seq(self, consumer: str, partition: int) -> int: ...
@@ -215,7 +215,7 @@ class ViewWrites(Protocol):
         ...
 
 
-class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
+class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
     """What a prepare and an inspection read."""
 
     async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None: ...
@@ -260,15 +260,15 @@ class PrepareSession(Transactional, ViewReads, ViewWrites, Protocol):
         ...
 
 
-class BudgetSession(ViewReads, ViewWrites, Protocol):
+class BudgetConnection(ViewReads, ViewWrites, Protocol):
     """What the budgeter reads and writes."""
 
 
-class CompactionSession(ViewReads, ViewWrites, Protocol):
+class CompactionConnection(ViewReads, ViewWrites, Protocol):
     """What the compactor reads and writes."""
 
 
-class BranchSession(Transactional, Protocol):
+class BranchConnection(Transactional, Protocol):
     """What forking and exporting a session read and write."""
 
     async def select_fork(self, session_id: str) -> ForkOrigin | None: ...
@@ -287,25 +287,25 @@ class BranchSession(Transactional, Protocol):
 
 
 class BranchStore(Protocol):
-    def session(self) -> AbstractAsyncContextManager[BranchSession]: ...
+    def connection(self) -> AbstractAsyncContextManager[BranchConnection]: ...
 
 
 class RecordingStore(Protocol):
-    def session(self) -> AbstractAsyncContextManager[RecordingSession]:
+    def connection(self) -> AbstractAsyncContextManager[RecordingConnection]:
         """One connection's worth of work (acquiring it may raise StoreUnavailable)."""
         ...
 
 
 class PrepareStore(Protocol):
-    def session(self) -> AbstractAsyncContextManager[PrepareSession]: ...
+    def connection(self) -> AbstractAsyncContextManager[PrepareConnection]: ...
 
 
 class BudgetStore(Protocol):
-    def session(self) -> AbstractAsyncContextManager[BudgetSession]: ...
+    def connection(self) -> AbstractAsyncContextManager[BudgetConnection]: ...
 
 
 class CompactionStore(Protocol):
-    def session(self) -> AbstractAsyncContextManager[CompactionSession]: ...
+    def connection(self) -> AbstractAsyncContextManager[CompactionConnection]: ...
 
 
 class QueryStore(Protocol):

@@ -36,7 +36,7 @@ from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store import batches, branches, listing, queries
 from services.store.batch_write import LedgerWritten, Position
-from services.store import hooks as hooks_sql
+from services.store import hook_sets as hooks_sql
 from services.store import search as search_sql
 from services.store._errors import translate_pg_errors
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
         RecordingStore,
     )
 
-__all__ = ["LockedPositions", "PgSession", "PgStore"]
+__all__ = ["LockedPositions", "PgConnection", "PgStore"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -96,7 +96,7 @@ def _translated(
     return run
 
 
-class PgSession:
+class PgConnection:
     """One borrowed connection, for a service's unit of work."""
 
     def __init__(self, conn: Conn, summaries: SummaryRows | None = None) -> None:
@@ -411,11 +411,11 @@ class PgStore:
         self._summaries = SummaryRows(summary_cache_bytes)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[PgSession]:
+    async def connection(self) -> AsyncIterator[PgConnection]:
         """A connection for a unit of work; a refused acquire is StoreUnavailable too."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
-                yield PgSession(conn, self._summaries)
+                yield PgConnection(conn, self._summaries)
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:

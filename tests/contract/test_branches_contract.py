@@ -41,7 +41,7 @@ _stream = iter(range(1, 1_000_000))
 
 
 async def _write(store: Store, events: list[Any], tenant: str = DEFAULT_TENANT) -> None:
-    async with store.session() as s:
+    async with store.connection() as s:
         decoded = decode_batch(incoming(events, start_seq=next(_stream), tenant=tenant), LIMITS)
         plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
         assert not plan.rejections, plan.rejections
@@ -70,7 +70,7 @@ def _fork(a: Thread, at: int, new: str, **extra: Any) -> ForkRequest:
 
 
 async def _view(store: Store, thread_id: str) -> list[tuple[int, str, str]]:
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await ViewLoader().load(s, thread_id)
     return [(r.seq, r.thread_id, r.kind) for r in view.records]
 
@@ -92,7 +92,7 @@ async def test_a_fork_sees_its_parents_records_up_to_the_point_then_its_own_numb
     ]
     # The parent is as it was: same records, same head, same session seq.
     assert await _view(store, a.thread_id) == before
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(a.thread_id)
         parent = await s.select_fork_parent(DEFAULT_TENANT, a.session_id)
     assert head is not None and head.last_seq == 5 and parent is not None and parent.last_seq == 5
@@ -140,7 +140,7 @@ async def test_a_principals_session_forks_only_for_that_principal_and_the_fork_s
         await fork_session(store, DEFAULT_TENANT, _fork(a, 1, "pf-bob", principal_id="bob"))
     forked = await fork_session(store, DEFAULT_TENANT, _fork(a, 1, "pf-alice", principal_id="alice"))
     mallory = Thread(session_id=forked.session_id, principal_id="mallory")
-    async with store.session() as s:
+    async with store.connection() as s:
         decoded = decode_batch(incoming([mallory.user("hi", key="m")], start_seq=next(_stream)), LIMITS)
         plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
     assert [r.code for r in plan.rejections] == [ErrorCode.SCOPE_VIOLATION]
@@ -261,7 +261,7 @@ async def test_a_fork_adopts_its_parents_summary_of_history_it_holds_and_never_o
     store: Store,
 ) -> None:
     a = await _parent(store)
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(a.thread_id)
         summary_id = await s.commit_summary(0, _summary(a.thread_id, 4))
         parent_view = await s.load_view(a.thread_id)
@@ -273,7 +273,7 @@ async def test_a_fork_adopts_its_parents_summary_of_history_it_holds_and_never_o
     )
     for t in (at_point, before_point):
         await _write(store, [t.user("and then?", key="q")])
-    async with store.session() as s:
+    async with store.connection() as s:
         adopted = await ViewLoader().load(s, at_point.thread_id)
         not_adopted = await ViewLoader().load(s, before_point.thread_id)
         assert await s.load_view(a.thread_id) == parent_view  # adopting wrote the fork's view only
@@ -284,13 +284,13 @@ async def test_a_fork_adopts_its_parents_summary_of_history_it_holds_and_never_o
 
 async def test_a_fork_does_not_adopt_a_summary_whose_counted_steps_go_past_its_point(store: Store) -> None:
     a = await _parent(store)
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(a.thread_id)
         # Committed when the parent stood at seq 5: its baseline counts the step at 5 as compacted.
         await s.commit_summary(0, _summary(a.thread_id, 4, watermark=5))
     f = Thread(session_id=(await fork_session(store, DEFAULT_TENANT, _fork(a, 4, "late-f"))).session_id)
     await _write(store, [f.assistant("plan B", key="f1")])  # the fork's seq 5
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await ViewLoader().load(s, f.thread_id)
     assert view.state.summary is None and view.totals.model_steps == 2
 

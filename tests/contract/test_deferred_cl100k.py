@@ -86,7 +86,7 @@ async def test_a_record_read_back_counts_cl100k_on_first_use_as_recording_both_d
     by_thread: dict[str, list[Event]] = {}
     for e in events:
         by_thread.setdefault(e.thread_id, []).append(e)
-    async with store.session() as s:
+    async with store.connection() as s:
         decoded = decode_batch(incoming(events), LIMITS)
         plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, counters)
         async with s.transaction():

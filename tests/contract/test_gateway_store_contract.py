@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from services.core.gateway_check import GatewayRecord, gateway_record
-from services.store.gateway import MemoryGatewayStore, PgGatewayStore
+from services.store.final_checks import MemoryGatewayStore, PgGatewayStore
 from tests.fixtures.builders import Thread, assembled
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ async def test_a_runs_task_budget_is_read_back_with_its_scope_by_every_thread_of
     await _write(store, [first, t.user("Fix app.py", key="u1"), child.user("look", key="c1")])
     await _write(store, [plain.system("Be brief.", key="p1")], start_seq=4)
 
-    async with store.session() as s:
+    async with store.connection() as s:
         assert (await s.scope_of(t.thread_id)).task_budget == budget
         assert (await s.scope_of(child.thread_id)).task_budget == budget
         assert (await s.scope_of(plain.thread_id)).task_budget is None

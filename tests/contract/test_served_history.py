@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from services.core.served import ServedContext, served_of
-from services.store.gateway import PgGatewayStore
+from services.store.final_checks import PgGatewayStore
 from services.store.memory import MemoryStore
 from services.store.postgres import PgStore
 from tests.fixtures.builders import Thread, assembled

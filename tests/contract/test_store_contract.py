@@ -44,7 +44,7 @@ async def _plan(s: Any, events: list[Any], start_seq: int = 1, *, known_keys: bo
 
 
 async def _write(store: Store, events: list[Any], start_seq: int = 1) -> None:
-    async with store.session() as s:
+    async with store.connection() as s:
         plan = await _plan(s, events, start_seq)
         async with s.transaction():
             await s.write_plan(plan, recorded_by="contract", keep_raw=1024)
@@ -60,7 +60,7 @@ async def test_written_records_read_back_alike(store: Store) -> None:
             t.assistant("looking", calls=(("c1", "bash", {"cmd": "cat app.py"}),), key="a1"),
         ],
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(t.thread_id)
         assert head is not None and (head.revision, head.last_seq, head.last_event_key) == (1, 3, "a1")
         records = await s.select_records(t.thread_id, gt=1, lte=3)
@@ -101,7 +101,7 @@ async def test_written_records_read_back_alike(store: Store) -> None:
 async def test_a_plan_on_a_moved_head_is_a_revision_conflict_and_writes_nothing(store: Store) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1")])
-    async with store.session() as s:
+    async with store.connection() as s:
         a = await _plan(s, [t.user("two", key="k2")], 2)
         b = await _plan(s, [t.user("three", key="k3")], 3)
         async with s.transaction():
@@ -117,7 +117,7 @@ async def test_a_plan_on_a_moved_head_is_a_revision_conflict_and_writes_nothing(
 async def test_a_key_recorded_meanwhile_is_a_duplicate_event_and_writes_nothing(store: Store) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1")])
-    async with store.session() as s:
+    async with store.connection() as s:
         stale = await _plan(s, [t.user("one", key="k1")], 2, known_keys=False)
         with pytest.raises(DuplicateEvent):
             async with s.transaction():
@@ -128,19 +128,19 @@ async def test_a_key_recorded_meanwhile_is_a_duplicate_event_and_writes_nothing(
 async def test_a_transaction_whose_block_raises_leaves_nothing(store: Store) -> None:
     t = Thread()
     with pytest.raises(ZeroDivisionError):
-        async with store.session() as s:
+        async with store.connection() as s:
             plan = await _plan(s, [t.user("one", key="k1")])
             async with s.transaction():
                 await s.write_plan(plan, recorded_by="a", keep_raw=1024)
                 await s.insert_tracking("contract", 0, 7)
                 raise ZeroDivisionError
-    async with store.session() as s:
+    async with store.connection() as s:
         assert await s.select_head(t.thread_id) is None
         assert await s.max_tracking_seq("contract", 0) == 0
 
 
 async def test_tracking_never_moves_backwards(store: Store) -> None:
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.insert_tracking("contract", 3, 10)
         await s.insert_tracking("contract", 3, 4)
         assert (await s.max_tracking_seq("contract", 3), await s.max_tracking_seq("contract", 4)) == (10, 0)
@@ -157,7 +157,7 @@ async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: 
         "no",
         {"why": "test"},
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.insert_dead_letter(rejection, keep_raw=16)
         await s.insert_dead_letter(rejection, keep_raw=16)  # redelivered
         assert await s.count_dead_letters(t.thread_id) == 1
@@ -186,7 +186,7 @@ async def test_a_dead_letter_of_an_event_on_another_threads_subject_is_found_und
         named_thread=body_thread.thread_id,
     )
     refused, unknown = (None, None, ("thread_mismatch", "wrong subject")), (None, None, None)
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.insert_dead_letter(rejection, keep_raw=16)
         for thread in (subject_thread, body_thread):
             assert await s.find_event_outcome(DEFAULT_TENANT, thread.thread_id, "misfiled") == refused
@@ -200,7 +200,7 @@ async def test_a_dead_letter_of_an_event_on_another_threads_subject_is_found_und
 async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(store: Store) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1")])
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         assert await s.set_pending(t.thread_id, "job-a", stale_after_s=300)
         assert not await s.set_pending(t.thread_id, "job-b", stale_after_s=300)
@@ -224,7 +224,7 @@ async def test_the_pending_job_slot_is_held_once_until_its_holder_clears_it(stor
 
 
 async def test_a_view_of_an_unrecorded_thread_is_refused(store: Store) -> None:
-    async with store.session() as s:
+    async with store.connection() as s:
         with pytest.raises(StoreRejected):
             await s.ensure_view("r-none.main")
 
@@ -256,7 +256,7 @@ def _summary(thread_id: str, covered_to: int) -> NewSummary:
 async def test_a_summary_commits_once_per_view_revision_under_a_derived_id(store: Store) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         summary_id = await s.commit_summary(0, _summary(t.thread_id, 2))
         assert summary_id == summary_id_of(t.thread_id, 1, 1, 2)
@@ -276,7 +276,7 @@ async def test_a_summarys_chain_is_the_summaries_it_extends_parent_first_with_th
 ) -> None:
     t = Thread()
     await _write(store, [t.user(f"u{n}", key=f"k{n}") for n in range(1, 5)])
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         first = await s.commit_summary(0, _summary(t.thread_id, 2))
         second = await s.commit_summary(1, replace(_summary(t.thread_id, 3), parent_summary_id=first))
@@ -293,7 +293,7 @@ async def test_policies_are_revisioned_per_tenant_beside_the_shared_built_ins(st
     policy = ContextPolicy(name=f"p-{Thread().run_id}", model_profile=None, budget_tokens=4_000)
     assert await store.register_policy("acme", policy) == 1
     assert await store.register_policy("acme", policy) == 2
-    async with store.session() as s:
+    async with store.connection() as s:
         found = await s.get_policy("acme", policy.name)
         assert found is not None and found[0] == 2 and found[1].budget_tokens == 4_000
         assert await s.get_policy("globex", policy.name) is None
@@ -307,7 +307,7 @@ async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) ->
     )
     b = a.next_run()
     await _write(store, [b.user("three", key="k3")], 4)
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(a.thread_id)
         summary_id = await s.commit_summary(0, _summary(a.thread_id, 2))
         scope = await s.scope_of(b.thread_id)
@@ -333,11 +333,11 @@ async def test_a_new_run_may_adopt_an_earlier_runs_summary_once(store: Store) ->
 async def test_a_context_reset_moves_the_session_fence_and_empties_its_views(store: Store) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         await s.commit_summary(0, _summary(t.thread_id, 2))
     await _write(store, [t.reset(key="r1"), t.user("three", key="k3")], 3)
-    async with store.session() as s:
+    async with store.connection() as s:
         scope = await s.scope_of(t.thread_id)
         state = await s.load_view(t.thread_id)
     assert scope.reset_seq == 3
@@ -355,7 +355,7 @@ async def test_a_message_of_tool_calls_only_is_previewed_by_the_names_of_its_cal
             ),
         ],
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         calls_only, question = await s.select_tail(t.thread_id, limit=2, preview_chars=160)
     assert calls_only.preview == "calls: bash, read_file"
     assert question.preview == "Fix app.py"
@@ -372,7 +372,7 @@ async def test_an_output_kept_whole_as_a_blob_is_previewed_from_the_blob(store: 
             t.outcome("c1", output, key="o1"),
         ],
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         (kept,) = await s.select_tail(t.thread_id, limit=1, preview_chars=41)
     assert kept.blob_sha256 is not None
     assert kept.preview == output[:41]
@@ -391,7 +391,7 @@ async def test_a_tail_names_the_tools_of_each_call_and_outcome_with_the_outcomes
             t.outcome("c2", "no such file", status="error", key="o2"),
         ],
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         tail = await s.select_tail(t.thread_id, limit=4, preview_chars=40)
     assert [(r.event_key, r.tools, r.status) for r in tail] == [
         ("o2", ("read_file",), "error"),
@@ -422,7 +422,7 @@ def _handoff(
 async def test_commit_window_opens_window_2_and_refuses_a_stale_view_revision_alike(store: Store) -> None:
     t = Thread()
     await _write(store, [t.system("Be brief.", key="sys"), t.user("Fix app.py", key="u1")])
-    async with store.session() as s:
+    async with store.connection() as s:
         assert await s.current_window(t.thread_id) is None
         assert await s.commit_window(0, _handoff(t.thread_id, 2), 40) == 1
         opened = await s.current_window(t.thread_id)
@@ -450,7 +450,7 @@ async def test_the_records_read_with_the_head_are_the_records_read_alone(store: 
             t.user("and the tests", key="u2"),
         ],
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         for after in (0, 2, 4, 5):
             at_head = await s.thread_at_head(t.thread_id, records_after=after)
             assert at_head is not None and at_head.records is not None

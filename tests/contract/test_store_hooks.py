@@ -32,7 +32,7 @@ async def test_a_committed_summary_keeps_the_hooks_that_shaped_it_in_order(
 ) -> None:
     t = Thread()
     await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         await s.commit_summary(0, dataclasses.replace(_summary(t.thread_id, 2), hooks=hooks))
         state = await s.load_view(t.thread_id)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def _write(s: Store, events: list[Any], *, tenant: str = "default", start_seq: int = 1) -> None:
-    async with s.session() as session:
+    async with s.connection() as session:
         decoded = decode_batch(incoming(events, start_seq=start_seq, tenant=tenant), LIMITS)
         plan = plan_batch(decoded, await session.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
         async with session.transaction():
@@ -73,7 +73,7 @@ async def test_a_threads_compactions_are_listed_with_tokens_before_and_after(sto
     t = Thread()
     await _write(store, [t.user("one", key="k1"), t.user("two", key="k2")])
     assert await store.thread_compactions(t.thread_id) == []
-    async with store.session() as s:
+    async with store.connection() as s:
         await s.ensure_view(t.thread_id)
         summary_id = await s.commit_summary(0, _summary(t.thread_id, 2))
     assert await store.thread_compactions(t.thread_id) == [

@@ -89,7 +89,7 @@ async def _record(store: Any, events: list[Any], start_seq: int) -> None:
 async def _observe(store: Any, thread_ids: list[str], session_ids: list[str]) -> dict[str, Any]:
     loader = ViewLoader()
     seen: dict[str, Any] = {}
-    async with store.session() as s:
+    async with store.connection() as s:
         for tid in thread_ids:
             head = await s.select_head(tid)
             assert head is not None, tid

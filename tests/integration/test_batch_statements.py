@@ -134,11 +134,11 @@ async def test_a_view_load_after_a_new_record_costs_one_statement(
     pool = await create_pool(database_url, min_size=1, max_size=1, init=_logging(statements))
     try:
         store = PgStore(pool)
-        async with store.session() as s:
+        async with store.connection() as s:
             await loader.load(s, t.thread_id)  # warm: the session's pinned policy, the records so far
         await _statements_of(service, statements, [t.user("and this", key="u3")], seq=next(seqs))
         statements.queries.clear()
-        async with store.session() as s:
+        async with store.connection() as s:
             view = await loader.load(s, t.thread_id)
         assert [r.event_key for r in view.records][-1] == "u3"
         assert len(statements.queries) == 1, "\n".join(statements.queries)

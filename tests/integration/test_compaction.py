@@ -18,7 +18,7 @@ from services.core.compaction.structured import summarize_records
 from contracts.exceptions import ContextBudgetExceeded, ThreadNotFound
 from services.app.scheduling import request_job
 from services.app.views import ViewLoader
-from services.store.postgres import PgSession, PgStore
+from services.store.postgres import PgConnection, PgStore
 from services.store.views import _SELECT_VIEW
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
@@ -149,11 +149,11 @@ async def _job(
 ) -> CompactionJob:
     queue = _Queue()
     async with pool.acquire() as conn:
-        view = await ViewLoader().load(PgSession(conn), thread_id)
+        view = await ViewLoader().load(PgConnection(conn), thread_id)
         await conn.execute(
             "UPDATE ctx.thread_views SET pending_fingerprint = NULL WHERE thread_id = $1", thread_id
         )
-        job = await request_job(PgSession(conn), queue, view, reasons)
+        job = await request_job(PgConnection(conn), queue, view, reasons)
     assert job is not None
     return job
 
@@ -401,8 +401,10 @@ async def test_an_urgent_compaction_keeps_the_newest_tool_group_in_view(
     pool = quiet_fleet.pool
     queue = _Queue()
     async with pool.acquire() as conn:
-        view = await ViewLoader().load(PgSession(conn), t.thread_id)
-        job = await request_job(PgSession(conn), queue, view, ("hard_budget",), urgent=True, input_budget=900)
+        view = await ViewLoader().load(PgConnection(conn), t.thread_id)
+        job = await request_job(
+            PgConnection(conn), queue, view, ("hard_budget",), urgent=True, input_budget=900
+        )
     assert job is not None
     outcome = await CompactionService(PgStore(pool), ViewLoader()).run(job)
     assert outcome.status == "committed", outcome
@@ -451,14 +453,14 @@ async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_v
         await CompactionService(PgStore(pool), ViewLoader()).run(await _job(pool, t.thread_id))
     ).status == ("committed")
     store = PgStore(pool)
-    async with store.session() as s:
+    async with store.connection() as s:
         first = (await s.load_view(t.thread_id)).summary
-    async with store.session() as s:
+    async with store.connection() as s:
         again = (await s.load_view(t.thread_id)).summary
-    async with PgStore(pool).session() as other:
+    async with PgStore(pool).connection() as other:
         fresh = (await other.load_view(t.thread_id)).summary
     assert first is not None and again is first  # held by this store: its body was not read again
-    async with store.session() as s:
+    async with store.connection() as s:
         at_head = await s.thread_at_head(t.thread_id)
         assert at_head is not None and at_head.state.summary is first
         apart = await s.load_view(t.thread_id)
@@ -471,7 +473,7 @@ async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_v
     assert fresh is not None and fresh is not first and fresh == first
     held = await db.fetchrow("SELECT summary_id FROM ctx.thread_views WHERE thread_id = $1", t.thread_id)
     # What the store asks when it holds the view's summary: everything but its body and text.
-    async with store.session() as s:
+    async with store.connection() as s:
         row = await s._conn.fetchrow(_SELECT_VIEW, t.thread_id, held["summary_id"])
     assert row["summary_held"] and row["summary_body"] is None and row["summary_text"] is None
 
@@ -485,7 +487,7 @@ async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_v
     assert (await CompactionService(store, ViewLoader()).run(await _job(pool, t.thread_id))).status == (
         "committed"
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         newer = (await s.load_view(t.thread_id)).summary
     assert newer is not None and newer.summary_id != first.summary_id
     assert newer.body.model_dump() != first.body.model_dump()

@@ -28,7 +28,7 @@ from contracts import (
 from contracts.windows import WindowPolicy, WindowStrategy
 from contracts.hook_protocol import HookAddition, HookAnnotation, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookPoint
-from services.core.hooks import HOOK_BLOCK_PREFIX
+from services.core.hook_patches import HOOK_BLOCK_PREFIX
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
 from infra.embedded import free_port

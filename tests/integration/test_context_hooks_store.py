@@ -8,7 +8,7 @@ import asyncpg
 import pytest
 
 from contracts.hooks import HookBinding, HookPoint, HookSet
-from services.store.hooks import insert_hooks, select_session_hooks
+from services.store.hook_sets import insert_hooks, select_session_hooks
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import workers.compose
 
 from contracts import GatewayAddition, PreparedContext, PrepareRequest, Purpose
 from contracts.hooks import AdditionCategory, HookBinding, HookPoint, HookSet
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from ctxfleet_client.client import FleetClient
 from contracts.exceptions import AdditionRefused, PreparedContextNotFound, ProtectedBlockAltered
 from tests.fixtures.builders import Thread

@@ -16,7 +16,7 @@ import workers.compose
 from contracts import PreparedContext, PrepareRequest
 from infra.embedded import EmbeddedPostgres
 from infra.runtime import migrate
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from ctxfleet_client.client import FleetClient
 from contracts.exceptions import CtxError
 from tests.fixtures.builders import Thread

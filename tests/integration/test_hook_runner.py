@@ -12,8 +12,8 @@ from contracts import Purpose
 from contracts._base import reply_json
 from contracts.hook_protocol import HookAddition, HookCall, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint
-from services.app.hooks import HookRegistry
-from services.core.hooks import check_prepare_before
+from services.app.hook_registry import HookRegistry
+from services.core.hook_patches import check_prepare_before
 from contracts.exceptions import HookTimeout
 from services.store.memory import MemoryStore
 from workers.hook_runner import NatsHookRunner

@@ -322,12 +322,12 @@ class _FailingPgWrites(PgStore):
         self.error = error
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Any]:
-        async with super().session() as inner:
-            yield _FailingPgSession(inner, self)
+    async def connection(self) -> AsyncIterator[Any]:
+        async with super().connection() as inner:
+            yield _FailingPgConnection(inner, self)
 
 
-class _FailingPgSession:
+class _FailingPgConnection:
     def __init__(self, inner: Any, owner: _FailingPgWrites) -> None:
         self._inner = inner
         self._owner = owner

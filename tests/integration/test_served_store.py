@@ -11,7 +11,7 @@ import pytest
 
 from services.core.served import ServedContext, served_of
 from services.store import listing
-from services.store.gateway import SERVED_STEPS_KEPT, PgGatewayStore
+from services.store.final_checks import SERVED_STEPS_KEPT, PgGatewayStore
 from tests.fixtures.builders import Thread, assembled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg]

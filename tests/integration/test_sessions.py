@@ -16,7 +16,7 @@ from contracts import (
 from ctxfleet_client.client import FleetClient
 from contracts.exceptions import ContentNotFound, EventRejected, ThreadNotFound
 from services.app.views import ViewLoader
-from services.store.postgres import PgSession
+from services.store.postgres import PgConnection
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 
@@ -315,7 +315,7 @@ async def test_a_b_c_then_resume_a_and_compact_then_d_counts_everything_once(
     await client.append(d.user("D?", key="q"))
     await _prepare(client, d, "q")
     async with fleet.pool.acquire() as conn:
-        view = await ViewLoader().load(PgSession(conn), d.thread_id)
+        view = await ViewLoader().load(PgConnection(conn), d.thread_id)
     c_summary = await db.fetchval("SELECT summary_id FROM ctx.thread_views WHERE thread_id=$1", c.thread_id)
     assert view.state.summary is not None and view.state.summary.summary_id == str(
         c_summary

@@ -222,7 +222,7 @@ async def test_a_view_load_reads_the_facts_with_the_head_and_not_again_for_the_s
         _patch(t, "a", "orchestrator", [PatchOp(op="set", path="item:1.location", value="a")], {"item:1": 0})
     )
     await _prepare(client, t, "a")
-    async with PgStore(fleet.pool).session() as store:
+    async with PgStore(fleet.pool).connection() as store:
         at_head = await store.thread_at_head(t.thread_id)
         assert at_head is not None and at_head.facts_read
         assert at_head.facts == (await store.read_states([t.thread_id]))[t.thread_id]

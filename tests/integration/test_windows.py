@@ -126,7 +126,7 @@ async def test_rollover_thread_past_red_is_served_from_window_2_with_handoff_not
     )
     assert [(r["id"], r["window_no"]) for r in handoffs] == [(rolled.handoff_id, 2)]
     # A view load reads head, scope, state and the open window in one statement: the same as apart.
-    async with PgStore(fleet.pool).session() as store:
+    async with PgStore(fleet.pool).connection() as store:
         at_head = await store.thread_at_head(t.thread_id)
         assert at_head is not None
         assert at_head.window == await store.current_window(t.thread_id) and at_head.window is not None

@@ -18,7 +18,7 @@ from contracts.exceptions import ContextBudgetExceeded
 from services.core.groups import build_view_blocks
 from services.core.records import LedgerRecord
 from services.core.render import telling_line, trim_tool_text
-from services.core.request_count import count_prepared
+from services.core.request_tokens import count_prepared
 from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records
 

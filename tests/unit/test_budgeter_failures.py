@@ -30,7 +30,7 @@ class _Failing:
 
 
 async def _evaluated(store: MemoryStore, t: Thread) -> tuple[int, int]:
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(t.thread_id)
         view = await s.load_view(t.thread_id)
     assert head is not None

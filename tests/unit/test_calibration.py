@@ -155,7 +155,7 @@ async def test_a_usage_report_calibrates_the_profile_for_this_and_later_prepares
     service = PrepareService(store, NoticeBoard())
     first = await service.prepare(_request(t, model_profile="claude-sonnet-4"))
     assert first.budget_report.calibration_factor == 1.0
-    async with store.session() as s:
+    async with store.connection() as s:
         response = next(
             r.seq for r in await s.select_records(t.thread_id, gt=0, lte=99) if r.event_key == "a5"
         )

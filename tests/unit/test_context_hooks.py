@@ -20,12 +20,12 @@ from contracts.hook_protocol import (
 )
 from contracts.prepare import HookTouch
 from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, HookPoint, HookSet
-from services.app.hooks import HookRegistry
+from services.app.hook_registry import HookRegistry
 from tests.fixtures.hook_runner import ScriptedHookRunner
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.recording import RecordingService
-from services.core.hooks import (
+from services.core.hook_patches import (
     check_compact_after,
     check_compact_before,
     check_prepare_after,
@@ -223,7 +223,7 @@ async def test_a_compact_after_patch_dropping_a_file_write_fails_validation_and_
     assert runner.calls and runner.calls[0][1].point is HookPoint.COMPACT_AFTER
     assert (outcome.status, outcome.stage) == ("failed", "validate")
     assert "redact@1" in (outcome.detail or "")
-    async with store.session() as s:
+    async with store.connection() as s:
         assert (await s.load_view(t.thread_id)).view_revision == 0
 
 
@@ -259,7 +259,7 @@ async def _compaction_with(
         async def publish(self, job: object) -> None:
             return None
 
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await ViewLoader().load(s, t.thread_id)
         job = await request_job(s, _Q(), view, ("context_ratio",))  # type: ignore[arg-type]
     assert job is not None
@@ -275,7 +275,7 @@ async def test_a_compact_before_hook_that_ends_the_range_earlier_gets_a_summary_
     unhooked, first, store, t = await _compaction_with(binding, HookReply())
     candidate = first.calls[0][1].range
     assert unhooked.status == "committed" and first.calls[0][1].point is HookPoint.COMPACT_BEFORE
-    async with store.session() as s:
+    async with store.connection() as s:
         whole = (await s.load_view(t.thread_id)).summary
     assert whole is not None and whole.body.covered_to == candidate.to_seq
     end = candidate.from_seq + 3
@@ -286,7 +286,7 @@ async def test_a_compact_before_hook_that_ends_the_range_earlier_gets_a_summary_
         ),
     )
     assert outcome.status == "committed"
-    async with store.session() as s:
+    async with store.connection() as s:
         summary = (await s.load_view(t.thread_id)).summary
     assert summary is not None and candidate.from_seq <= summary.body.covered_to <= end < candidate.to_seq
     assert whole.hooks == ()  # the hook ran but changed nothing: it did not shape the summary
@@ -316,7 +316,7 @@ async def test_a_compact_after_patch_that_validates_is_committed_and_recorded_wi
 
     outcome, _, store, t = await _compaction_with(binding, patch)
     assert outcome.status == "committed"
-    async with store.session() as s:
+    async with store.connection() as s:
         summary = (await s.load_view(t.thread_id)).summary
     assert summary is not None
     assert [n.text for n in summary.body.next_steps] == ["Run the tests before the next write"]
@@ -341,5 +341,5 @@ async def test_a_compact_before_hook_may_not_move_the_start_of_the_range() -> No
     )
     assert (outcome.status, outcome.stage) == ("failed", "hook")
     assert "hook_change_refused" in outcome.detail
-    async with store.session() as s:
+    async with store.connection() as s:
         assert (await s.load_view(t.thread_id)).view_revision == 0

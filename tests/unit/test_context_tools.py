@@ -34,7 +34,7 @@ from services.core.context_tools import (
 )
 from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
-from services.core.request_count import count_prepared
+from services.core.request_tokens import count_prepared
 from services.core.tokens import counter_for
 from ctxfleet_client import ContextTools
 from ctxfleet_client.context_tools import tool_calls_of

@@ -133,7 +133,7 @@ async def _recorded(events: list[Event], batch: int) -> list[tuple[str, int, str
     for i in range(0, len(msgs), batch):
         await service.record_batch(0, msgs[i : i + batch])
     out = []
-    async with store.session() as s:
+    async with store.connection() as s:
         for thread_id in dict.fromkeys(e.thread_id for e in events):
             head = await s.select_head(thread_id)
             assert head is not None

@@ -18,7 +18,7 @@ from services.core.evaluation import (
     with_system_prompt,
 )
 from services.core.evaluation.chat import ChatMsg
-from services.core.evaluation.counting import (
+from services.core.evaluation.fair_count import (
     MESSAGE_FRAMING,
     REPLY_PRIMING,
     TOOL_CALL_FRAMING,

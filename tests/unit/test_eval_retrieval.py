@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from datetime import datetime, timezone
 
 from contracts import SearchHit
 from services.core.assemble import ThreadSnapshot
 from services.core.evaluation.retrieval import archived_hits, step_queries
-from services.core.records import LedgerRecord, RecordKind, TokenCounts
+from services.core.records import LedgerRecord, TokenCounts
 
 _AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
-def _rec(seq: int, kind: RecordKind, text: str, *, args: dict[str, object] | None = None) -> LedgerRecord:
+def _rec(seq: int, kind: EventKind, text: str, *, args: dict[str, object] | None = None) -> LedgerRecord:
     payload: dict[str, object] = {}
-    if kind is RecordKind.ASSISTANT_MESSAGE:
+    if kind is EventKind.ASSISTANT_MESSAGE:
         payload = {"tool_calls": [{"call_id": f"c{seq}", "name": "t", "args": args or {}}]}
     return LedgerRecord(
         seq=seq,
@@ -46,9 +48,9 @@ def _hit(seq: int, rank: float, *, superseded: bool = False, line: int = 1) -> S
 
 def test_step_queries_take_identifiers_of_the_newest_records_then_of_the_last_call() -> None:
     records = [
-        _rec(1, RecordKind.USER_INPUT, "fix src/old_module.py please"),
-        _rec(2, RecordKind.ASSISTANT_MESSAGE, "", args={"cmd": "pytest tests/test_io.py"}),
-        _rec(3, RecordKind.TOOL_OUTCOME, "FAILED tests/test_io.py::test_read - E1234 error in io_utils"),
+        _rec(1, EventKind.USER_INPUT, "fix src/old_module.py please"),
+        _rec(2, EventKind.ASSISTANT_MESSAGE, "", args={"cmd": "pytest tests/test_io.py"}),
+        _rec(3, EventKind.TOOL_OUTCOME, "FAILED tests/test_io.py::test_read - E1234 error in io_utils"),
     ]
 
     # The outcome is the step: its identifiers first (then the call's, here the same file); words
@@ -56,11 +58,11 @@ def test_step_queries_take_identifiers_of_the_newest_records_then_of_the_last_ca
     # nothing from before the call is the step.
     assert step_queries(records) == ("tests/test_io.py", "test_read", "E1234")
     assert step_queries(records, limit=4) == ("tests/test_io.py", "test_read", "E1234", "io_utils")
-    assert step_queries([_rec(1, RecordKind.USER_INPUT, "just words here")]) == ()
+    assert step_queries([_rec(1, EventKind.USER_INPUT, "just words here")]) == ()
 
 
 def test_archived_hits_keep_covered_not_superseded_records_once_each_best_first() -> None:
-    records = [_rec(s, RecordKind.TOOL_OUTCOME, "x") for s in range(1, 7)]
+    records = [_rec(s, EventKind.TOOL_OUTCOME, "x") for s in range(1, 7)]
     snapshot = ThreadSnapshot("s", "r", "a", 6, 6, "k6", records, covered_to=4)
     hits = [
         _hit(5, 9.0),  # still in the view's history: not archive

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import pytest
 from pydantic import ValidationError
 
 from contracts.forecasts import ForecastDeclaration, ForecastPolicy
 from contracts.windows import WaterLevel, WaterLevels, WindowPolicy
 from services.core.forecast import forecast_need, nearest_rank, step_growths
-from services.core.levels import green_room, window_report
-from services.core.records import LedgerRecord, RecordKind, TokenCounts
+from services.core.water_levels import green_room, window_report
+from services.core.records import LedgerRecord, TokenCounts
 
 
 def _rec(
-    seq: int, kind: RecordKind, tokens: int, *, purpose: str = "action", thread: str = ""
+    seq: int, kind: EventKind, tokens: int, *, purpose: str = "action", thread: str = ""
 ) -> LedgerRecord:
     payload: dict[str, object] = {"text": "x"}
-    if kind is RecordKind.ASSISTANT_MESSAGE:
+    if kind is EventKind.ASSISTANT_MESSAGE:
         payload = {"text": "x", "tool_calls": [], "purpose": purpose}
-    if kind is RecordKind.TOOL_OUTCOME:
+    if kind is EventKind.TOOL_OUTCOME:
         payload = {"call_id": "c", "status": "success", "text": "x"}
     return LedgerRecord(
         seq=seq,
@@ -31,7 +33,7 @@ def _rec(
     )
 
 
-A, T, U = RecordKind.ASSISTANT_MESSAGE, RecordKind.TOOL_OUTCOME, RecordKind.USER_INPUT
+A, T, U = EventKind.ASSISTANT_MESSAGE, EventKind.TOOL_OUTCOME, EventKind.USER_INPUT
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from contracts import PreparedContext
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from services.core.gateway_check import GatewayRecord, gateway_record
 from contracts.exceptions import Overloaded, StoreRejected, StoreUnavailable
-from services.store.gateway import MemoryGatewayStore, MemoryHookGrants
+from services.store.final_checks import MemoryGatewayStore, MemoryHookGrants
 from tests.fixtures.builders import Thread, assembled
 from workers.metrics import FleetMetrics
 

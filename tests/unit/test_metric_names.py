@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from services.app.view_cache import ViewCache
-from services.store.gateway import MemoryGatewayStore, MemoryHookGrants
+from services.store.final_checks import MemoryGatewayStore, MemoryHookGrants
 from workers.metrics import FleetMetrics, policy_label
 
 # Units a value is measured in: the name's last word, and nowhere else in it.

@@ -20,7 +20,7 @@ from services.app.recording import RecordingService
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits
 from contracts.exceptions import DuplicateEvent, RevisionConflict, StoreUnavailable
 from services.store.batch_write import LedgerWritten
-from services.store.memory import MemorySession, MemoryStore
+from services.store.memory import MemoryConnection, MemoryStore
 from tests.fixtures.builders import Thread, incoming
 
 pytestmark = pytest.mark.anyio
@@ -50,13 +50,13 @@ class _FailingWrites:
         self.failed = 0
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[_FailingSession]:
-        async with self.store.session() as inner:
-            yield _FailingSession(inner, self)
+    async def connection(self) -> AsyncIterator[_FailingConnection]:
+        async with self.store.connection() as inner:
+            yield _FailingConnection(inner, self)
 
 
-class _FailingSession:
-    def __init__(self, inner: MemorySession, owner: _FailingWrites) -> None:
+class _FailingConnection:
+    def __init__(self, inner: MemoryConnection, owner: _FailingWrites) -> None:
         self._inner = inner
         self._owner = owner
 
@@ -78,7 +78,7 @@ def _service(store: Any, sink: _Sink) -> RecordingService:
 
 
 async def _keys(store: MemoryStore, thread_id: str) -> list[str]:
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(thread_id)
         records = await s.select_records(thread_id, gt=0, lte=head.last_seq if head else 0)
     assert [r.seq for r in records] == list(range(1, len(records) + 1))
@@ -86,12 +86,12 @@ async def _keys(store: MemoryStore, thread_id: str) -> list[str]:
 
 
 async def _position(store: MemoryStore) -> int:
-    async with store.session() as s:
+    async with store.connection() as s:
         return await s.max_tracking_seq("recorder", 0)
 
 
 async def _dead_letters(store: MemoryStore, thread_id: str) -> int:
-    async with store.session() as s:
+    async with store.connection() as s:
         return await s.count_dead_letters(thread_id)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from typing import get_args
 
 from contracts import EVENT_KINDS, ChildStatus, Event, ToolCall, ToolStatus, UserInputEvent, UserInputPayload
-from services.core.counting import turns_and_steps
+from services.core.turns import turns_and_steps
 from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, plan_batch
 from services.core.records import (
     AssistantMessageBody,
@@ -14,7 +16,6 @@ from services.core.records import (
     ContextExportBody,
     ContextResetBody,
     LedgerRecord,
-    RecordKind,
     ResourceBody,
     RunStatusBody,
     SystemBody,
@@ -34,7 +35,7 @@ from tests.fixtures.builders import Thread, incoming, ledger_records
 def test_record_kinds_are_exactly_the_wire_kinds() -> None:
     union = get_args(get_args(Event)[0])
     assert [m.model_fields["kind"].default for m in union] == list(EVENT_KINDS)
-    assert [k.value for k in RecordKind] == list(EVENT_KINDS)
+    assert [k.value for k in EventKind] == list(EVENT_KINDS)
 
 
 def test_every_recorded_kind_reads_back_as_its_typed_body() -> None:
@@ -152,6 +153,6 @@ def test_a_call_is_stored_back_as_the_recorder_stores_it() -> None:
         mode="json"
     )
     stored = {"tool_calls": [call.model_dump(mode="json")]}
-    parsed = parse_body(RecordKind.ASSISTANT_MESSAGE, stored)
+    parsed = parse_body(EventKind.ASSISTANT_MESSAGE, stored)
     assert isinstance(parsed, AssistantMessageBody)
     assert [call_json(c) for c in parsed.tool_calls] == stored["tool_calls"]

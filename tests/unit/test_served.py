@@ -8,9 +8,9 @@ import re
 import pytest
 
 from contracts import SummaryRef
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from services.core.served import ServedBlock, ServedContext, diff_served, served_of
-from services.store.gateway import MemoryGatewayStore, MemoryHookGrants
+from services.store.final_checks import MemoryGatewayStore, MemoryHookGrants
 from tests.fixtures.builders import Thread, assembled
 from workers.console.chart import ChartLine, ChartMark, ChartStep, timeline_svg
 

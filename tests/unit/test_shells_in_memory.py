@@ -36,7 +36,7 @@ from services.app.recording import RecordingService
 from services.app.scheduling import request_job
 from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten
-from services.store.memory import MemorySession, MemoryStore
+from services.store.memory import MemoryConnection, MemoryStore
 from services.app.views import ViewLoader
 from tests.fixtures.builders import Thread, incoming
 from tests.fixtures.ledger_checks import counting_checks, waiting_for
@@ -65,7 +65,7 @@ def _recorder(store: MemoryStore, sink: _Sink | None = None) -> RecordingService
 
 
 async def _keys(store: MemoryStore, thread_id: str) -> list[str]:
-    async with store.session() as s:
+    async with store.connection() as s:
         head = await s.select_head(thread_id)
         records = await s.select_records(thread_id, gt=0, lte=head.last_seq if head else 0)
     return [r.event_key for r in records]
@@ -89,7 +89,7 @@ async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_on
     assert await _keys(store, t.thread_id) == ["k1", "k2", "k4"]
     (letter,) = sink.letters.values()
     assert (letter.code.value, letter.event_key, letter.stream_seq) == ("orphan_tool_outcome", "k3", 4)
-    async with store.session() as s:
+    async with store.connection() as s:
         assert await s.count_dead_letters(t.thread_id) == 1
         assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "k3") == (
             "orphan_tool_outcome",
@@ -116,7 +116,7 @@ async def test_a_batch_redelivered_with_new_events_after_it_applies_only_the_new
     assert (result.recorded, result.duplicates, result.skipped, result.rejections) == (1, 0, 2, ())
     assert await _keys(store, t.thread_id) == ["k1", "k3"]
     assert len(sink.letters) == 1
-    async with store.session() as s:
+    async with store.connection() as s:
         assert await s.max_tracking_seq("recorder", 0) == 3
         assert await s.count_dead_letters(t.thread_id) == 1
 
@@ -142,7 +142,7 @@ async def test_a_store_behind_its_recorder_refuses_the_batch_and_a_re_read_recor
     )
     assert refused.value.retryable
     assert await _keys(recovered, t.thread_id) == ["k1", "k2"]
-    async with recovered.session() as s:
+    async with recovered.connection() as s:
         position = await s.max_tracking_seq("recorder", 0)
     assert position == 2
     # Read again from the position the store holds: the lost event, then the new one.
@@ -168,14 +168,14 @@ async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_
 ) -> None:
     store, sink = MemoryStore(), _Sink()
     t = Thread()
-    real = MemorySession.write_plan
+    real = MemoryConnection.write_plan
 
-    async def refusing(self: MemorySession, plan: BatchPlan, **kw: Any) -> LedgerWritten:
+    async def refusing(self: MemoryConnection, plan: BatchPlan, **kw: Any) -> LedgerWritten:
         if any(r.event_key == "k2" for r in plan.records):
             raise StoreRejected("DataError", "22000", "invalid input for query argument $9")
         return await real(self, plan, **kw)
 
-    monkeypatch.setattr(MemorySession, "write_plan", refusing)
+    monkeypatch.setattr(MemoryConnection, "write_plan", refusing)
     result = await _recorder(store, sink).record_batch(
         0, incoming([t.user("q1", key="k1"), t.user("q2", key="k2"), t.user("q3", key="k3")])
     )
@@ -185,7 +185,7 @@ async def test_an_event_the_store_refuses_is_set_aside_and_the_rest_recorded_in_
     assert (rejection.code.value, rejection.event_key) == ("unstorable_event", "k2")
     assert rejection.details == {"stage": "write", "error": "DataError", "sqlstate": "22000"}
     assert [letter.event_key for letter in sink.letters.values()] == ["k2"]
-    async with store.session() as s:
+    async with store.connection() as s:
         assert await s.max_tracking_seq("recorder", 0) == 3
 
 
@@ -194,15 +194,15 @@ async def test_a_store_outage_dead_letters_nothing_and_a_retry_records_everythin
 ) -> None:
     store, sink = MemoryStore(), _Sink()
     t = Thread()
-    real = MemorySession.write_plan
+    real = MemoryConnection.write_plan
     failures = iter([StoreUnavailable("ConnectionDoesNotExistError: connection was closed")])
 
-    async def flaky(self: MemorySession, plan: BatchPlan, **kw: Any) -> None:
+    async def flaky(self: MemoryConnection, plan: BatchPlan, **kw: Any) -> None:
         if (failure := next(failures, None)) is not None:
             raise failure
         await real(self, plan, **kw)
 
-    monkeypatch.setattr(MemorySession, "write_plan", flaky)
+    monkeypatch.setattr(MemoryConnection, "write_plan", flaky)
     batch = incoming([t.user("q1", key="k1"), t.user("q2", key="k2")])
     with pytest.raises(StoreUnavailable):
         await _recorder(store, sink).record_batch(0, batch)
@@ -317,7 +317,7 @@ async def _history(store: MemoryStore, t: Thread, budget: int = 2_000, groups: i
 
 
 async def _job(store: MemoryStore, thread_id: str) -> CompactionJob:
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await ViewLoader().load(s, thread_id)
         job = await request_job(s, _Queue(), view, ("context_ratio",))
     assert job is not None
@@ -353,7 +353,7 @@ async def test_a_prepare_whose_compaction_job_is_refused_is_answered_at_once_wit
     assert asyncio.get_running_loop().time() - started < 1.0 and queue.tries == 1
     assert prepared.budget_report.used.total <= 900
     assert prepared.budget_report.reductions.dropped_history > 0 and prepared.summary is None
-    async with store.session() as s:
+    async with store.connection() as s:
         # The refused job is not left pending: the next prepare or the budgeter asks again.
         assert (await s.load_view(t.thread_id)).pending_fingerprint is None
 
@@ -372,7 +372,7 @@ async def test_a_preview_of_an_over_budget_view_asks_for_no_compaction_and_says_
 
     assert queue.jobs == [] and len(would) == 1 and would[0].startswith("ask for a hard_budget compaction")
     assert prepared.budget_report.used.total <= 900 and prepared.budget_report.reductions.dropped_history > 0
-    async with store.session() as s:
+    async with store.connection() as s:
         assert (await s.load_view(t.thread_id)).pending_fingerprint is None
     await service.prepare(request)  # what the preview did not do
     assert len(queue.jobs) == 1
@@ -387,7 +387,7 @@ async def test_a_compaction_commits_a_summary_and_moves_the_view_and_its_baselin
 
     assert (outcome.status, outcome.view_revision) == ("committed", 1)
     assert outcome.tokens_after < outcome.tokens_before
-    async with store.session() as s:
+    async with store.connection() as s:
         state = await s.load_view(t.thread_id)
         assert await s.summary_count(t.thread_id) == 1
     assert state.view_revision == 1 and state.summary is not None and state.covered_to > 0
@@ -428,7 +428,7 @@ class _Racing:
 
 async def _job_unclaimed(store: MemoryStore, thread_id: str) -> CompactionJob:
     # The rival holds a copy of the same job: the pending slot is already claimed by the racer.
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await ViewLoader().load(s, thread_id)
     return CompactionJob(
         job_id="rival",
@@ -453,7 +453,7 @@ async def test_a_compaction_losing_the_revision_race_is_dropped_and_leaves_the_w
     )
 
     assert (outcome.status, outcome.stage) == ("dropped", "commit")
-    async with store.session() as s:
+    async with store.connection() as s:
         state = await s.load_view(t.thread_id)
         assert await s.summary_count(t.thread_id) == 1
     assert state.view_revision == 1 and state.pending_fingerprint is None
@@ -467,7 +467,7 @@ async def test_summary_ids_are_derived_from_the_thread_revision_and_range() -> N
         await CompactionService(store, ViewLoader()).run(await _job(store, t.thread_id))
     ids = []
     for store in (first, second):
-        async with store.session() as s:
+        async with store.connection() as s:
             summary = (await s.load_view(t.thread_id)).summary
         assert summary is not None
         ids.append(summary.summary_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -9,7 +11,7 @@ from pydantic import ValidationError
 
 from contracts import ErrorCode
 from contracts.task_budgets import BudgetLedger, TaskBudget
-from services.core.records import LedgerRecord, RecordKind, TokenCounts
+from services.core.records import LedgerRecord, TokenCounts
 from services.core.task_budget import ensure_within, ledger_of, task_budget_report
 from contracts.exceptions import TaskBudgetExhausted
 
@@ -19,7 +21,7 @@ _T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 def _rec(
     seq: int,
-    kind: RecordKind,
+    kind: EventKind,
     tokens: int,
     *,
     calls: int = 0,
@@ -28,7 +30,7 @@ def _rec(
     at_s: float | None = None,
 ) -> LedgerRecord:
     payload: dict[str, object] = {"text": "x"}
-    if kind is RecordKind.ASSISTANT_MESSAGE:
+    if kind is EventKind.ASSISTANT_MESSAGE:
         payload = {
             "text": "x",
             "tool_calls": [{"call_id": f"c{seq}-{n}", "name": "t", "args": {}} for n in range(calls)],
@@ -47,7 +49,7 @@ def _rec(
     )
 
 
-A, T, U = RecordKind.ASSISTANT_MESSAGE, RecordKind.TOOL_OUTCOME, RecordKind.USER_INPUT
+A, T, U = EventKind.ASSISTANT_MESSAGE, EventKind.TOOL_OUTCOME, EventKind.USER_INPUT
 
 
 @pytest.mark.parametrize(

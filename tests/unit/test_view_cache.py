@@ -204,10 +204,10 @@ async def test_view_loader_never_serves_a_stale_cached_view_when_the_head_moves(
     store, t = MemoryStore(), Thread()
     await _record(store, [t.system("s"), t.user("q")])
     loader = ViewLoader()
-    async with store.session() as s:
+    async with store.connection() as s:
         before = await loader.load(s, t.thread_id)
     await _record(store, [t.assistant("a", calls=(("c1", "bash", {"cmd": "ls"}),)), t.outcome("c1", "x")], 3)
-    async with store.session() as s:
+    async with store.connection() as s:
         after = await loader.load(s, t.thread_id)
     assert [r.seq for r in before.records] == [1, 2]
     assert [r.seq for r in after.records] == [1, 2, 3, 4]
@@ -221,7 +221,7 @@ async def test_view_loader_under_a_tiny_bound_evicts_and_still_serves_every_view
     loader = ViewLoader(cache=ViewCache(max_bytes=6_000))
     for _ in range(2):
         for t in threads:
-            async with store.session() as s:
+            async with store.connection() as s:
                 view = await loader.load(s, t.thread_id)
             assert [r.seq for r in view.records] == [1, 2, 3]
     assert loader.cache.evictions > 0 and 0 < loader.cache.bytes <= 6_000
@@ -345,12 +345,12 @@ async def test_the_budgeter_measures_a_view_from_the_blocks_its_last_prepare_bui
     request = PrepareRequest(
         session_id=t.session_id, run_id=t.run_id, instance_id=t.instance_id, budget_tokens=9_000
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await loader.load(s, t.thread_id)
     assert last_blocks(loader.cache, t.thread_id, summarized=False) is None
     _assembled(loader.cache, view.snapshot(), request)
     await _record(store, [t.outcome("c1", "x" * 400), t.assistant("done")], 4)
-    async with store.session() as s:
+    async with store.connection() as s:
         view = await loader.load(s, t.thread_id)
     previous = last_blocks(loader.cache, t.thread_id, summarized=False)
     assert previous is not None and [r.seq for r in previous.records] == [1, 2, 3]

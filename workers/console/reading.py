@@ -126,7 +126,7 @@ async def read_search(store: ConsoleStore, tenant: str, session_id: str, query: 
 
 async def _tenant_of(store: ConsoleStore, thread_id: str) -> str:
     # An operator follows a thread id from anywhere (a log line, a search hit): its own tenant decides.
-    async with store.session() as s:
+    async with store.connection() as s:
         if await s.select_head(thread_id) is None:
             raise ThreadNotFound(thread_id)
         return (await s.scope_of(thread_id)).tenant
@@ -156,7 +156,7 @@ async def read_thread(store: ConsoleStore, thread_id: str, tenant: str | None) -
         )
         for r in inspection.records
     )
-    async with store.session() as s:
+    async with store.connection() as s:
         state = (await s.read_states([thread_id])).get(thread_id)
     facts = tuple(sorted(state.facts.values(), key=lambda f: (f.path, f.seq))) if state else ()
     return ThreadPage(
@@ -258,7 +258,7 @@ async def _lines(store: ConsoleStore, tenant: str, steps: list[ServedStep]) -> l
     name, _, revision = last.policy.rpartition("@")
     found = None
     if name and revision.isdigit():
-        async with store.session() as s:
+        async with store.connection() as s:
             found = await s.get_policy(tenant, name, int(revision)) or await s.get_policy(
                 DEFAULT_TENANT, name, int(revision)
             )

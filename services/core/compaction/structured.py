@@ -25,7 +25,7 @@ from pydantic import JsonValue
 
 from contracts import ToolStatus
 
-from services.core.counting import counts_as_turn
+from services.core.turns import counts_as_turn
 from services.core.records import (
     AssistantMessageBody,
     CallBody,

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import assert_never
 
 from services.core.evaluation.chat import ChatMsg, History, Unit
-from services.core.evaluation.counting import ContextCounter
+from services.core.evaluation.fair_count import ContextCounter
 
 __all__ = [
     "BASELINES",

@@ -7,6 +7,8 @@ result or a result without its call, which providers reject.
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -14,7 +16,6 @@ from typing import assert_never
 
 from pydantic import JsonValue
 
-from services.core.records import RecordKind
 from services.core.render import arguments_json
 from services.core.trace import TraceLine
 
@@ -64,19 +65,19 @@ def history_of(lines: Sequence[TraceLine]) -> History:
         open_group, results = None, 0
 
     for line in lines:
-        kind = RecordKind(line.kind)
+        kind = EventKind(line.kind)
         match kind:
-            case RecordKind.SYSTEM:
+            case EventKind.SYSTEM:
                 close()
                 system.append({"role": "system", "content": line.text})
-            case RecordKind.USER_INPUT:
+            case EventKind.USER_INPUT:
                 close()
                 message: ChatMsg = {"role": "user", "content": line.text}
                 if task or units:
                     units.append(Unit((message,)))
                 else:
                     task.append(message)
-            case RecordKind.ASSISTANT_MESSAGE:
+            case EventKind.ASSISTANT_MESSAGE:
                 close()
                 assistant: ChatMsg = {"role": "assistant", "content": line.text}
                 if line.tool_calls:
@@ -89,7 +90,7 @@ def history_of(lines: Sequence[TraceLine]) -> History:
                         for c in line.tool_calls
                     ]
                 open_group = [assistant]
-            case RecordKind.TOOL_OUTCOME:
+            case EventKind.TOOL_OUTCOME:
                 if open_group is None:  # a result without its call: shown as its own unit
                     open_group = []
                 open_group.append(
@@ -97,14 +98,14 @@ def history_of(lines: Sequence[TraceLine]) -> History:
                 )
                 results += 1
             case (
-                RecordKind.RESOURCE_ACTIVATED
-                | RecordKind.CHILD_RESULT
-                | RecordKind.RUN_STATUS
-                | RecordKind.CONTEXT_EXPORT
-                | RecordKind.CONTEXT_RESET
-                | RecordKind.STATE_PATCH
-                | RecordKind.OPERATION_RECONCILE
-                | RecordKind.PHASE_CHANGE
+                EventKind.RESOURCE_ACTIVATED
+                | EventKind.CHILD_RESULT
+                | EventKind.RUN_STATUS
+                | EventKind.CONTEXT_EXPORT
+                | EventKind.CONTEXT_RESET
+                | EventKind.STATE_PATCH
+                | EventKind.OPERATION_RECONCILE
+                | EventKind.PHASE_CHANGE
             ):
                 continue  # not in the trace format (services/core/trace.py reads conversations only)
             case _:
@@ -117,7 +118,7 @@ def with_system_prompt(lines: Sequence[TraceLine], prompt: str) -> list[TraceLin
     """``lines`` with ``prompt`` put before the trace's system text (a system line is added if none)."""
     out = list(lines)
     for i, line in enumerate(out):
-        if line.kind == RecordKind.SYSTEM:
+        if line.kind == EventKind.SYSTEM:
             out[i] = replace(line, text=f"{prompt.rstrip()}\n\n{line.text}" if line.text else prompt)
             return out
     first = out[0] if out else None

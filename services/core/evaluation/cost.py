@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from contracts.exceptions import InvalidConfiguration
 from services.core.trace import TraceLine
 
-from services.core.evaluation.counting import REPLY_PRIMING, ContextCounter, count_tools, message_key
+from services.core.evaluation.fair_count import REPLY_PRIMING, ContextCounter, count_tools, message_key
 
 __all__ = [
     "BUILTIN_PRICES",

@@ -19,7 +19,7 @@ from contracts import ToolCatalog
 from services.core.trace import TraceLine
 
 from services.core.evaluation.chat import history_of
-from services.core.evaluation.counting import ContextCounter
+from services.core.evaluation.fair_count import ContextCounter
 from services.core.evaluation.ladder import LadderContext
 from services.core.evaluation.pollution import current_shown, stale_survives, state_probes_at, text_of
 from services.core.evaluation.probes import haystack_of, is_present, probes_at

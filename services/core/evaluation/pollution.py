@@ -19,6 +19,8 @@ asks whether the current value of every path is in the context at all.
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +30,6 @@ from pydantic import JsonValue
 from contracts import ToolCatalog
 
 from services.core.evaluation.probes import message_texts
-from services.core.records import RecordKind
 from services.core.state import effects_of, tool_spec
 from services.core.trace import TraceCall, TraceLine
 
@@ -60,9 +61,9 @@ def state_probes_at(lines: Sequence[TraceLine], catalog: ToolCatalog | None) -> 
     calls: dict[str, TraceCall] = {}
     history: dict[str, list[JsonValue]] = {}
     for line in lines:
-        if line.kind == RecordKind.ASSISTANT_MESSAGE:
+        if line.kind == EventKind.ASSISTANT_MESSAGE:
             calls.update((c.call_id, c) for c in line.tool_calls)
-        elif line.kind == RecordKind.TOOL_OUTCOME and line.status == "success":
+        elif line.kind == EventKind.TOOL_OUTCOME and line.status == "success":
             call = calls.get(line.call_id or "")
             spec = tool_spec(catalog, call.name) if call else None
             if call is None or spec is None:

@@ -11,6 +11,8 @@ text occurs in the context's message contents and tool-call arguments, whitespac
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import functools
 import json
 import re
@@ -25,7 +27,6 @@ from contracts import ToolStatus
 
 from services.core.compaction.files import FileAccess, files_of_call
 from services.core.failures import failure_of
-from services.core.records import RecordKind
 from services.core.trace import TraceCall, TraceLine
 
 __all__ = [
@@ -156,13 +157,13 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
     last_failure: tuple[TraceLine, str, str] | None = None
     last_outcome: TraceLine | None = None
     for line in lines:
-        kind = RecordKind(line.kind)
+        kind = EventKind(line.kind)
         match kind:
-            case RecordKind.USER_INPUT:
+            case EventKind.USER_INPUT:
                 task = task or line
                 for sentence in constraints_of(line.text):
                     constraints.setdefault(sentence, line.line)
-            case RecordKind.ASSISTANT_MESSAGE:
+            case EventKind.ASSISTANT_MESSAGE:
                 for call in line.tool_calls:
                     calls[call.call_id] = call
                     access = _files_of(call.name, json.dumps(call.args, sort_keys=True))
@@ -170,7 +171,7 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
                         written.setdefault(path, line.line)
                     for path in access.read:
                         read.setdefault(path, line.line)
-            case RecordKind.TOOL_OUTCOME:
+            case EventKind.TOOL_OUTCOME:
                 last_outcome = line
                 called = calls.get(line.call_id or "")
                 key = _call_key(called)
@@ -185,15 +186,15 @@ def probes_at(lines: Sequence[TraceLine]) -> list[Probe]:
                 elif last_failure is not None and last_failure[1] == key:
                     last_failure = None
             case (
-                RecordKind.SYSTEM
-                | RecordKind.RESOURCE_ACTIVATED
-                | RecordKind.CHILD_RESULT
-                | RecordKind.RUN_STATUS
-                | RecordKind.CONTEXT_EXPORT
-                | RecordKind.CONTEXT_RESET
-                | RecordKind.STATE_PATCH
-                | RecordKind.OPERATION_RECONCILE
-                | RecordKind.PHASE_CHANGE
+                EventKind.SYSTEM
+                | EventKind.RESOURCE_ACTIVATED
+                | EventKind.CHILD_RESULT
+                | EventKind.RUN_STATUS
+                | EventKind.CONTEXT_EXPORT
+                | EventKind.CONTEXT_RESET
+                | EventKind.STATE_PATCH
+                | EventKind.OPERATION_RECONCILE
+                | EventKind.PHASE_CHANGE
             ):
                 pass  # instructions are not probed; the rest is not in the trace format
             case _:

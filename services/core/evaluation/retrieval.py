@@ -18,6 +18,8 @@ Rules:
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 import json
 import re
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from contracts import SearchHit
 
 from services.core.assemble import ThreadSnapshot
-from services.core.records import AssistantMessageBody, LedgerRecord, RecordKind
+from services.core.records import AssistantMessageBody, LedgerRecord
 
 __all__ = ["ARCHIVE_HITS", "STEP_QUERIES", "archived_hits", "step_queries"]
 
@@ -40,7 +42,7 @@ _MARK = re.compile(r"[\d_./]")
 def step_queries(records: Sequence[LedgerRecord], *, limit: int = STEP_QUERIES) -> tuple[str, ...]:
     """The identifiers of the current step, newest record first, at most ``limit`` (rules 1–2)."""
     ordered = sorted(records, key=lambda r: r.seq)
-    last_call = max((i for i, r in enumerate(ordered) if r.kind is RecordKind.ASSISTANT_MESSAGE), default=-1)
+    last_call = max((i for i, r in enumerate(ordered) if r.kind is EventKind.ASSISTANT_MESSAGE), default=-1)
     step = ordered[last_call + 1 :] if last_call + 1 < len(ordered) else []
     texts = [r.text for r in reversed(step)]
     if last_call >= 0:

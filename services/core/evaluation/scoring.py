@@ -6,18 +6,19 @@ every system sends everything). Every prepare counts for tokens, failures and ca
 
 from __future__ import annotations
 
+from contracts import EventKind
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import JsonValue
 
-from services.core.records import RecordKind
 from services.core.trace import TraceLine
 
 from services.core.evaluation.baselines import BASELINES, baseline_context
 from services.core.evaluation.chat import ChatMsg, History, history_of
 from services.core.evaluation.cost import Bill, Call, Price, bill_calls, call_of, call_times
-from services.core.evaluation.counting import REPLY_PRIMING, ContextCounter
+from services.core.evaluation.fair_count import REPLY_PRIMING, ContextCounter
 from services.core.evaluation.probes import PROBE_KINDS, Probe, haystack_of, is_present, probes_at
 
 __all__ = [
@@ -193,7 +194,7 @@ def prepare_points(lines: Sequence[TraceLine]) -> list[int]:
     started: set[str | None] = set()
     points = []
     for i, line in enumerate(lines):
-        if line.kind == RecordKind.ASSISTANT_MESSAGE and line.run in started:
+        if line.kind == EventKind.ASSISTANT_MESSAGE and line.run in started:
             points.append(i)
         started.add(line.run)
     return points

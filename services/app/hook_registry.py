@@ -19,8 +19,8 @@ from contracts.hooks import AdditionCategory, HookBinding, HookFailurePolicy, Ho
 
 from contracts.exceptions import CtxError, HookChangeRefused, HookRejected, HookTimeout
 from services.app.tracing import Tracing, record_outcome
-from services.core.hooks import HOOK_REFUSED
-from services.store.hooks import PinnedHooks
+from services.core.hook_patches import HOOK_REFUSED
+from services.store.hook_sets import PinnedHooks
 from services.store.ports import HookStore
 
 __all__ = [

@@ -43,7 +43,7 @@ from services.core.served import ServedContext, served_of
 from services.core.tokens import ENCODINGS, estimate_tokens
 from services.core.tokens import counter_for as _counter_for
 from contracts.exceptions import InvalidRequest, Overloaded, PreparedContextNotFound, StoreUnavailable
-from services.store.gateway import StoredCheck
+from services.store.final_checks import StoredCheck
 from services.store.ports import GatewayStore, HookGrants, PrepareStore
 
 __all__ = ["GatewayService", "encoding_of"]
@@ -284,7 +284,7 @@ class GatewayService:
         name, _, revision = record.policy.rpartition("@")
         if self._policies is None or not name or not revision.isdigit():
             return None
-        async with self._policies.session() as session:
+        async with self._policies.connection() as session:
             found = await session.get_policy(tenant, name, int(revision))
         ratio = found[1].compaction.triggers.context_ratio if found is not None else None
         return None if ratio is None else ratio_threshold(ratio, record.input_budget)

@@ -11,7 +11,7 @@ from faststream.nats import NatsResponse, NatsRouter
 
 
 from contracts import GATEWAY_CHECK, FinalCheck, FinalCheckRequest, reply_json
-from services.app.gateway import GatewayService
+from services.app.final_checks import GatewayService
 from contracts.exceptions import CtxError, InvalidRequest
 
 from .admission import Admission
