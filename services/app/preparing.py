@@ -344,7 +344,7 @@ class PrepareService:
                                 counter,
                                 compaction_wait_ms=step.compaction_wait_ms,
                                 allow_drop_history=step.allow_drop_history,
-                                window=view.policy.window,
+                                window_policy=view.policy.window,
                             )
                         except ContextBudgetExceeded as refused:
                             if not step.measure_window:

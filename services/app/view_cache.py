@@ -132,7 +132,7 @@ def assemble_reusing(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
-    window: WindowPolicy | None = None,
+    window_policy: WindowPolicy | None = None,
 ) -> PreparedContext | OverBudgetView:
     """``assemble_context``, answered from ``cache`` for a prepare that neither waited nor drops
     history when the thread's view did not change since: assembly is a pure function of its inputs,
@@ -147,16 +147,16 @@ def assemble_reusing(
             counter,
             compaction_wait_ms=compaction_wait_ms,
             allow_drop_history=allow_drop_history,
-            window=window,
+            window_policy=window_policy,
         )
-    inputs = (replace(snapshot, records=()), request, budget, counter, window)
+    inputs = (replace(snapshot, records=()), request, budget, counter, window_policy)
     key = ("contexts", snapshot.own_thread)
     found = cache.get(key)
     kept: tuple[_Kept, ...] = found if isinstance(found, tuple) else ()
     for k in kept:
         if k.inputs == inputs:
             return k.context
-    prepared = _assemble_extending(cache, snapshot, request, budget, counter, window)
+    prepared = _assemble_extending(cache, snapshot, request, budget, counter, window_policy)
     if isinstance(prepared, PreparedContext):
         # Only contexts of this head and view revision stay: the thread's older ones answer no prepare.
         at = snapshot.revision, snapshot.view_revision
@@ -186,7 +186,7 @@ def _assemble_extending(
     request: PrepareRequest,
     budget: BudgetSpec,
     counter: TokenCounter | None,
-    window: WindowPolicy | None,
+    window_policy: WindowPolicy | None,
 ) -> PreparedContext | OverBudgetView:
     """``assemble_context``, given this thread's last assembly: after an append only the blocks the new
     records change are built (``build_view_blocks``) and only the wire blocks that changed are made
@@ -199,7 +199,9 @@ def _assemble_extending(
     )
     found = cache.get(key)
     previous = found if isinstance(found, Assembly) else None
-    assembly = assemble_view(snapshot, request, budget, counter, window=window, previous=previous)
+    assembly = assemble_view(
+        snapshot, request, budget, counter, window_policy=window_policy, previous=previous
+    )
     blocks, context = assembly.blocks, assembly.context
     parts = len(context.messages) + len(context.blocks) if isinstance(context, PreparedContext) else 0
     size = _BLOCK_BYTES * (len(blocks.ready) + len(blocks.covered)) + _CONTEXT_PART_OVERHEAD * parts

@@ -305,14 +305,15 @@ def assemble_context(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
-    window: WindowPolicy | None = None,
+    window_policy: WindowPolicy | None = None,
 ) -> PreparedContext | OverBudgetView:
     """The prepared context, or ``OverBudgetView`` when history must be compacted first; ``counter`` is
     ``None`` when the profile asks for the bytes/4 estimate. ``ContextBudgetExceeded`` when required
     content at its smallest does not fit: no compaction can help.
 
-    ``window``: report the context's water level and forecast (``PreparedContext.window_report``), and at
-    YELLOW or above trim low-value optional material back toward the yellow line.
+    ``window_policy``: report the context's water level and forecast
+    (``PreparedContext.window_report``), and at YELLOW or above trim low-value optional material back
+    toward the yellow line.
 
     ``allow_drop_history``: instead of answering ``OverBudgetView``, drop the oldest history (never a
     required block, never the newest complete tool group) until the context fits; each dropped
@@ -325,7 +326,7 @@ def assemble_context(
         counter,
         compaction_wait_ms=compaction_wait_ms,
         allow_drop_history=allow_drop_history,
-        window=window,
+        window_policy=window_policy,
     ).context
 
 
@@ -345,7 +346,7 @@ def assemble_view(
     *,
     compaction_wait_ms: int = 0,
     allow_drop_history: bool = False,
-    window: WindowPolicy | None = None,
+    window_policy: WindowPolicy | None = None,
     previous: Assembly | None = None,
 ) -> Assembly:
     """``assemble_context``, with the blocks it built; ``previous``: an earlier assembly of this
@@ -353,7 +354,7 @@ def assemble_view(
     (``build_view_blocks``) and whose wire blocks are taken where they are equal to the new ones
     (``_emit``). The context is the same with or without it."""
     return _assemble(
-        snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window, previous
+        snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window_policy, previous
     )
 
 
@@ -364,7 +365,7 @@ def _assemble(
     counter: TokenCounter | None,
     compaction_wait_ms: int,
     allow_drop_history: bool,
-    window: WindowPolicy | None,
+    window_policy: WindowPolicy | None,
     previous: Assembly | None,
 ) -> Assembly:
     blocks, ordered = _candidates(snapshot, request, counter, previous.blocks if previous else None)
@@ -385,7 +386,7 @@ def _assemble(
         room,
         max(1, budget.input_budget // _MASK_CHUNK_DIVISOR),
         request.context_tools,
-        _green_view_room(budget.input_budget, window, schema_tokens),
+        _green_view_room(budget.input_budget, window_policy, schema_tokens),
     )
 
     fit = _fit(inputs, frozenset())
@@ -497,17 +498,17 @@ def _assemble(
             window_report(
                 used.total,
                 budget.input_budget,
-                window,
+                window_policy,
                 step_growths(
                     snapshot.records,
                     own_thread=snapshot.own_thread,
                     encoding=counter.name if counter else "o200k_base",
-                    last=window.forecast.recent_steps,
+                    last=window_policy.forecast.recent_steps,
                 ),
                 request.forecast,
                 trimmed=fit.level_trimmed,
             )
-            if window is not None
+            if window_policy is not None
             else None
         ),
         protected_block_manifest=build_manifest(request.format, out_blocks, messages, bundle.error_call_ids),
@@ -524,22 +525,22 @@ def _after_task(ordered: Sequence[DraftBlock], run_task: int | None) -> int:
     return at
 
 
-def _green_view_room(input_budget: int, window: WindowPolicy | None, schema_tokens: int) -> int | None:
+def _green_view_room(input_budget: int, window_policy: WindowPolicy | None, schema_tokens: int) -> int | None:
     """The view tokens that keep the context GREEN, when its level trims it.
 
     Only a ``rollover`` window trims at YELLOW: it ends at the red line, so what it leaves out early
     is room the next steps get. A ``summary`` window is compacted from ``context_ratio`` on instead,
     and trimming it earlier would only churn its prompt-cache prefix.
     """
-    if window is None:
+    if window_policy is None:
         return None
-    match window.strategy:
+    match window_policy.strategy:
         case WindowStrategy.ROLLOVER:
-            return green_room(input_budget, window) - schema_tokens
+            return green_room(input_budget, window_policy) - schema_tokens
         case WindowStrategy.SUMMARY:
             return None
         case _:
-            assert_never(window.strategy)
+            assert_never(window_policy.strategy)
 
 
 def candidate_blocks(

@@ -30,7 +30,9 @@ def _prepare(
     snapshot = ThreadSnapshot(
         t.session_id, t.run_id, t.instance_id, len(records), records[-1].seq, records[-1].event_key, records
     )
-    return assemble_context(snapshot, req, resolve_budget(req), counter_for("o200k_base"), window=window)
+    return assemble_context(
+        snapshot, req, resolve_budget(req), counter_for("o200k_base"), window_policy=window
+    )
 
 
 def _with_material(t: Thread) -> list[LedgerRecord]:
