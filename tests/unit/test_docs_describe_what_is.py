@@ -33,7 +33,7 @@ FORBIDDEN = {
     "a date": re.compile(
         rf"\b(?:{_MONTHS}|{_MONTHS_SHORT}) (?:\d{{1,2}}|\d{{4}})\b|\b\d{{4}}-\d{{2}}-\d{{2}}\b"
     ),
-    # "D14.21", or a whole chapter as "design D3".
+    # "D", a chapter number, a dot and a section number; or a chapter named "design D" and its number.
     "a design-decision id": re.compile(r"\bD\d{1,2}\.\d{1,2}\b|\bdesign D\d{1,2}\b(?!\.\d)"),
 }
 
