@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -23,20 +22,12 @@ from infra.embedded import free_port
 from services.core.trace import read_trace
 from ctxfleet_client import FleetClient
 from services.edge.replay import ReplayOptions, replay_trace
+from tests.browser.console_sample import BUDGET, HOSTILE, SAMPLE, SHOTS, VIEWPORT
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from workers.app import Fleet
 
 pytestmark = [pytest.mark.anyio, pytest.mark.pg, pytest.mark.nats]
-
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "infra/samples/swe-agent__marshmallow-1867_function_calling_replace_from_source.jsonl"
-SHOTS = ROOT / "out" / "console"
-VIEWPORT = {"width": 1280, "height": 900}
-# Small enough that the sample's history is compacted, large enough for its system prompt and task.
-BUDGET = 6_000
-# Record content is untrusted: a block's text must show as text, never run or render as markup.
-HOSTILE = "<b>bold?</b><script>window.__pwned = 1</script> & <img src=x onerror=window.__pwned=2>"
 
 
 async def _shot(page: Page, name: str) -> None:
