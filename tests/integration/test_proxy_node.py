@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.fixtures.node import installed_node_packages
+from tests.fixtures.node import compiled
 from tests.fixtures.scripted_upstream import Received
 from tests.integration.test_proxy import (
     BUDGET,
@@ -43,16 +42,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "clients" / "typescript"
 @pytest.fixture(scope="session")
 def conversations_script() -> Path:
     """The script, compiled by ``tsc --strict`` against the SDKs' own types."""
-    installed_node_packages(PACKAGE)
-    built = subprocess.run(
-        ["node", "node_modules/typescript/bin/tsc", "-p", "tsconfig.proxy.json"],
-        cwd=PACKAGE,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, f"tsc --strict failed:\n{built.stdout}{built.stderr}"
-    return PACKAGE / ".proxy-test" / "proxy-conversations.js"
+    return compiled(PACKAGE, "tsconfig.proxy.json") / ".proxy-test" / "proxy-conversations.js"
 
 
 def _responses_said(items: list[dict[str, Any]]) -> list[tuple[Any, ...]]:

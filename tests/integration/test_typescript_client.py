@@ -18,7 +18,7 @@ import pytest
 from infra.embedded import free_port
 from infra.schemas import write_schemas
 from services.settings import Settings
-from tests.fixtures.node import installed_node_packages
+from tests.fixtures.node import compiled
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
@@ -29,16 +29,7 @@ TRACE = ROOT / "infra" / "samples" / "swe-agent__marshmallow-1867_function_calli
 @pytest.fixture(scope="session")
 def ts_package() -> Path:
     """clients/typescript with its locked packages installed (npm ci) and built (tsc --strict)."""
-    installed_node_packages(PACKAGE)
-    built = subprocess.run(
-        ["node", "node_modules/typescript/bin/tsc", "-p", "."],
-        cwd=PACKAGE,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, f"tsc --strict failed:\n{built.stdout}{built.stderr}"
-    return PACKAGE
+    return compiled(PACKAGE)
 
 
 def test_typescript_types_hold_requests_to_the_schemas_rules(ts_package: Path) -> None:
