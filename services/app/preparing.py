@@ -63,7 +63,7 @@ from services.core.calibration import (
 )
 from contracts.exceptions import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
-from services.core.history_depth import depths_of, first_depth
+from services.core.history_depth import depths_of
 from services.killpoints import kill_point
 from services.app.final_checks import GatewayService
 from services.app.hook_registry import HookRegistry
@@ -76,7 +76,7 @@ from services.core.state import StateView, rebuild_state, state_hash
 from services.core.task_budget import ensure_within, ledger_of, task_budget_report
 from services.store.ports import PrepareStore
 from services.core.tokens import ENCODINGS, EncodingName, TokenCounter, counter_for
-from services.app.view_cache import assemble_reusing
+from services.app.view_cache import ViewCache, assemble_reusing, first_depth_reusing
 from services.app.views import ThreadView, ViewLoader
 from services.app.windows import WindowKeeper
 from services.app.step_timing import PrepareStages, ignore_stage
@@ -122,12 +122,13 @@ def _depths(
     view: ThreadView,
     snapshot: ThreadSnapshot,
     budget: BudgetSpec,
+    cache: ViewCache,
     earlier: tuple[SummaryView, ...] = (),
 ) -> PrepareProgress:
     """``progress`` starting at the least compressed depth of ``snapshot`` that may fit ``budget``: the
     summary stays for every budget no larger than the one the thread compacts ahead of."""
     depths = depths_of(snapshot, earlier)
-    first = first_depth(depths, budget.input_budget, budget.encoding, made_for=view.compaction_budget)
+    first = first_depth_reusing(cache, snapshot, depths, budget, view.compaction_budget)
     return replace(progress, depth=first, depths=len(depths))
 
 
@@ -324,7 +325,7 @@ class PrepareService:
         place that assembles. With ``would`` (a preview) every step that writes is noted there instead."""
         budget = calibrated(base, progress.calibration)
         earlier = await self._earlier(view, budget)
-        progress = _depths(progress, view, snapshot, budget, earlier)
+        progress = _depths(progress, view, snapshot, budget, self._loader.cache, earlier)
         measured_at = time.monotonic()  # when the window's measurement began: what a rollover took
         wait: _CompactionWait | None = None
         with ExitStack() as registered:
@@ -371,7 +372,7 @@ class PrepareService:
                         )
                         progress = replace(progress, rolled=True, report=report, outcome=None)
                         earlier = ()
-                        progress = _depths(progress, view, snapshot, budget)
+                        progress = _depths(progress, view, snapshot, budget, self._loader.cache)
                     case AwaitCompaction(_, reasons) if would is not None:
                         # Past a rollover the prepare answers from the next window, which needs none.
                         if not progress.rolled:

@@ -24,6 +24,7 @@ from contracts.windows import WindowPolicy
 from services.core.assemble import Assembly, OverBudgetView, ThreadSnapshot, assemble_context, assemble_view
 from services.core.budget import BudgetSpec
 from services.core.groups import BlockSet
+from services.core.history_depth import first_depth
 from services.core.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "CachedRecords",
     "ViewCache",
     "assemble_reusing",
+    "first_depth_reusing",
     "last_blocks",
     "record_bytes",
 ]
@@ -164,6 +166,39 @@ def assemble_reusing(
         parts = sum(len(k.context.messages) + len(k.context.blocks) for k in kept)
         cache.put(key, kept, _CONTEXT_OVERHEAD * len(kept) + _CONTEXT_PART_OVERHEAD * parts)
     return prepared
+
+
+def first_depth_reusing(
+    cache: ViewCache,
+    snapshot: ThreadSnapshot,
+    depths: Sequence[ThreadSnapshot],
+    budget: BudgetSpec,
+    made_for: int,
+) -> int:
+    """``first_depth``, answered from ``cache`` while the thread's head and view revision stand: the
+    depths hold the records of that head and the summaries of that view. Counting every record at
+    each depth is the step that grows with the thread (``--only pure``, compacted 5,000 records at
+    gpt-4o: 15 ms in-process without this)."""
+    if budget.input_budget <= made_for:
+        return len(depths) - 1
+    inputs = (
+        snapshot.revision,
+        snapshot.view_revision,
+        len(depths),
+        budget.input_budget,
+        budget.encoding,
+        made_for,
+    )
+    key = ("depth", snapshot.own_thread)
+    found = cache.get(key)
+    kept: tuple[tuple[tuple[object, ...], int], ...] = found if isinstance(found, tuple) else ()
+    for k, first in kept:
+        if k == inputs:
+            return first
+    first = first_depth(depths, budget.input_budget, budget.encoding, made_for=made_for)
+    kept = ((inputs, first), *(k for k in kept if k[0][:2] == inputs[:2]))[:_CONTEXTS]
+    cache.put(key, kept, 200 * len(kept))
+    return first
 
 
 def last_blocks(cache: ViewCache, thread_id: str, *, summarized: bool) -> BlockSet | None:

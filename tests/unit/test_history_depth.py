@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from services.app.view_cache import ViewCache, first_depth_reusing
 from services.core.assemble import SummaryView, ThreadSnapshot
+from services.core.budget import BudgetSpec
 from services.core.history_depth import depths_of, first_depth, smallest_history
 from services.core.records import LedgerRecord
 from tests.fixtures.builders import Thread, ledger_records
@@ -116,3 +120,36 @@ def test_a_depth_counts_the_records_its_summary_does_not_cover_and_the_summary()
     summary = _summary(7, tokens=40)
     shown = [r for r in records if not 3 <= r.seq <= 7]
     assert smallest_history(records, "o200k_base", summary) == 40 + smallest_history(shown, "o200k_base")
+
+
+def _budget(tokens: int) -> BudgetSpec:
+    return BudgetSpec(
+        profile=f"budget:{tokens}",
+        context_window=None,
+        input_limit=tokens,
+        output_reserve=0,
+        safety_margin=0,
+        input_budget=tokens,
+        encoding="o200k_base",
+    )
+
+
+def test_the_first_depth_is_kept_for_a_head_and_view_and_found_again_after_either_moves() -> None:
+    records = _records()
+    snapshot = _snapshot(records, covered_to=10)
+    depths = depths_of(snapshot)
+    cache = ViewCache()
+    fits = smallest_history(records, "o200k_base")
+    for tokens in (fits, fits - 1):
+        expected = first_depth(depths, tokens, "o200k_base", made_for=100)
+        assert first_depth_reusing(cache, snapshot, depths, _budget(tokens), 100) == expected
+        assert first_depth_reusing(cache, snapshot, depths, _budget(tokens), 100) == expected
+    # A snapshot of another head names other records: its depth is counted again, not reused.
+    shorter = replace(
+        _snapshot(records[:3], covered_to=2), run_id=snapshot.run_id, instance_id=snapshot.instance_id
+    )
+    assert shorter.own_thread == snapshot.own_thread and shorter.revision != snapshot.revision
+    short_depths = depths_of(shorter)
+    assert first_depth_reusing(cache, shorter, short_depths, _budget(fits - 1), 100) == first_depth(
+        short_depths, fits - 1, "o200k_base", made_for=100
+    )
