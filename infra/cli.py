@@ -780,6 +780,7 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             budget_source=reply.budget_source,
             runtime_would=reply.runtime_would,
             texts=args.text,
+            history=reply.history_tokens,
         )
     if args.json:
         print(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))

@@ -44,7 +44,7 @@ from services.core.records import LedgerRecord
 from services.core.render import MESSAGE_OVERHEAD
 from services.store.ports import CompactionStore
 from services.store.views import NewSummary
-from services.core.tokens import EncodingName, counter_for
+from services.core.tokens import counter_for
 from services.app.views import ThreadView, ViewLoader, count_totals
 from services.app.tracing import Tracing, record_compaction, record_error
 
@@ -286,12 +286,18 @@ class CompactionService:
         after = post.estimated
         if after >= measure.estimated:
             covered_tokens = sum(sizes[b.block_id] for b in covered_blocks)
+            replaced = covered_tokens + summary_tokens + (MESSAGE_OVERHEAD if parent else 0)
             return replace(
                 cost.outcome(summarizer.name),
                 status="failed",
                 stage="reduction",
                 detail=_no_reduction(
-                    measure, after, len(covered_blocks), covered_tokens, written, cap, encoding
+                    measure,
+                    after,
+                    len(covered_blocks),
+                    replaced,
+                    written.tokens(encoding) + MESSAGE_OVERHEAD,
+                    cap,
                 ),
                 tokens_before=measure.estimated,
                 tokens_after=after,
@@ -474,30 +480,32 @@ async def _summarize(
 
 
 def _no_reduction(
-    measure: ViewMeasure,
-    after: int,
-    blocks: int,
-    covered: int,
-    written: SummaryView,
-    cap: int,
-    encoding: EncodingName,
+    measure: ViewMeasure, after: int, blocks: int, replaced: int, summary: int, cap: int
 ) -> str:
-    """Why a summary was not committed although it was written, and what a person can do about it."""
-    what = (
-        f"no real reduction ({measure.estimated} → {after} tokens): the summary "
-        f"({written.tokens(encoding)} tokens) is not smaller than the {blocks} block(s) it would "
-        f"replace ({covered} tokens) and the summary before it"
-    )
+    """Why a summary that was written is not committed, and what a person can do about it.
+
+    ``replaced``: the tokens of the ``blocks`` it would cover and of the summary before it; ``summary``:
+    its own, framing included.
+    """
+    back = after - (measure.estimated - replaced + summary)
+    why = [
+        f"the summary ({summary} tokens) replaces {blocks} block(s) and the summary before it ({replaced})"
+    ]
+    if back > 0:
+        # A later output identical to one covered is no longer a reference: the view shows it whole.
+        why.append(f"{back} tokens of repeated tool outputs it leaves in view would be shown whole again")
+    what = f"no real reduction ({measure.estimated} → {after} tokens): {'; '.join(why)}"
     if measure.required >= measure.budget:
         return (
-            f"{what}; the required content alone ({measure.required} tokens: instructions, the run's "
+            f"{what}. The required content alone ({measure.required} tokens: instructions, the run's "
             f"task and current request, state, tool schemas) exceeds the {measure.budget}-token budget, "
             "so no summary can make it fit: raise the policy's budget_tokens or its model profile's "
             "window, or shorten the instructions"
         )
     return (
-        f"{what}, the most a summary may take at this budget being {cap} tokens; the view keeps its "
-        "history until more of it can go: lower the policy's keep_recent_groups to let more go now"
+        f"{what}. The view keeps its history (a summary may take up to {cap} tokens at this budget) "
+        "and the budgeter tries again once the thread has grown; to let more go now, lower the "
+        "policy's keep_recent_groups"
     )
 
 

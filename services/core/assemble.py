@@ -98,6 +98,7 @@ __all__ = [
     "OverBudgetView",
     "SummaryView",
     "ThreadSnapshot",
+    "added_tokens",
     "assemble_context",
     "assemble_view",
     "block_size",
@@ -587,6 +588,17 @@ def shown_blocks(snapshot: ThreadSnapshot, blocks: BlockSet) -> list[DraftBlock]
         ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
     state_block = _state_block(snapshot, ())
     return [*ordered, *([state_block] if state_block is not None else [])]
+
+
+# The blocks a request brings beside its thread's view: this prepare's, not the thread's history.
+_REQUEST_BLOCKS = ("evidence:", "addition:", HOOK_BLOCK_PREFIX, "instruction:context_tools")
+
+
+def added_tokens(prepared: PreparedContext) -> int:
+    """Tokens ``prepared`` shows beside its thread's history: what its request and hooks brought
+    (evidence, hook material, additions carried from a gateway check, the context-tools note). A
+    context that left nothing out uses the thread's measure (``view_sizes``) plus these."""
+    return sum(b.tokens for b in prepared.blocks if b.block_id.startswith(_REQUEST_BLOCKS))
 
 
 def block_size(block: DraftBlock, counter: TokenCounter | None) -> int:
