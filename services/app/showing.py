@@ -14,6 +14,7 @@ from contracts.subjects import DEFAULT_TENANT
 from services.app.budgeting import measure
 from services.app.preparing import PrepareService
 from services.app.views import ViewLoader
+from services.core.history_depth import in_full
 from contracts.exceptions import InvalidPolicy, ThreadNotFound
 from services.store.ports import PrepareStore
 
@@ -54,9 +55,14 @@ async def show_context(
     prepared, would = await service.preview(request, tenant=tenant)
     async with store.connection() as s:
         view = await ViewLoader().load(s, thread_id, tenant=tenant)
-    # Measured as a manual compaction measures it, so that ``ctxfleet compact`` reports this as its before.
+    # Measured as a manual compaction measures the view, with no summary in place of any record: what
+    # ``ctxfleet compact`` reports as its before on a thread no summary stands in yet.
     history, _, _ = measure(
-        view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved
+        view,
+        view.records,
+        budget=view.compaction_budget,
+        reserved=view.state.prepare_reserved,
+        snapshot=in_full(view.snapshot()),
     )
     return ContextShown(
         prepared=prepared,
