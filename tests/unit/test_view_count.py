@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from contracts import PreparedContext, PrepareRequest
+import pytest
+
+from contracts import ContextPolicy, PreparedContext, PrepareRequest
+from contracts.subjects import DEFAULT_TENANT
+from infra import SAMPLES_DIR
+from services.app.budgeting import measure
+from services.app.views import ViewLoader
+from services.core.trace import read_trace
+from services.edge.replay import ReplayOptions, trace_events
+from services.store.memory import MemoryStore
+from tests.fixtures.builders import incoming
+from tests.unit.test_shells_in_memory import _recorder
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context, shown_blocks, view_sizes
 from services.core.budget import resolve_budget
 from services.core.compaction.select import measure_view
@@ -89,3 +100,36 @@ def test_the_measure_of_a_summarized_view_is_what_its_context_uses() -> None:
     assert deduplicated == 1
     assert _measured(snapshot) == used
     assert _measured(replace(snapshot, summary=None, covered_to=0)) != used
+
+
+# Bundled traces whose agents ran a command twice and read the same output again.
+REPEATING = (
+    "mini-swe-agent-deepseek__deepseek_chat_dev__sqlfluff__sqlfluff-2419.jsonl",
+    "swe-agent__gpt4_pydicom__pydicom-1458.jsonl",
+)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("sample", REPEATING)
+async def test_the_budgeters_measure_of_a_recorded_sample_is_what_its_whole_context_uses(sample: str) -> None:
+    store = MemoryStore()
+    policy = ContextPolicy(name="roomy", model_profile=None, budget_tokens=1_000_000)
+    await store.register_policy(DEFAULT_TENANT, policy)
+    options = ReplayOptions(session_id="s1", model_profile=None, policy=policy.name)
+    events = trace_events(read_trace(SAMPLES_DIR / sample), options)
+    await _recorder(store).record_batch(0, incoming(events))
+    async with store.connection() as s:
+        view = await ViewLoader().load(s, events[-1].thread_id)
+    snapshot = view.snapshot()
+    request = PrepareRequest(
+        session_id=snapshot.session_id,
+        run_id=snapshot.run_id,
+        instance_id=snapshot.instance_id,
+        budget_tokens=1_000_000,
+    )
+
+    measured, _, _ = measure(view, view.records, budget=1_000_000, reserved=0)
+    prepared = assemble_context(snapshot, request, resolve_budget(request), counter_for(view.encoding))
+
+    assert isinstance(prepared, PreparedContext) and prepared.budget_report.reductions.deduplicated > 0
+    assert measured.estimated == prepared.budget_report.used.total
