@@ -298,6 +298,7 @@ class CompactionService:
                     replaced,
                     written.tokens(encoding) + MESSAGE_OVERHEAD,
                     cap,
+                    chained=parent is not None,
                 ),
                 tokens_before=measure.estimated,
                 tokens_after=after,
@@ -480,17 +481,16 @@ async def _summarize(
 
 
 def _no_reduction(
-    measure: ViewMeasure, after: int, blocks: int, replaced: int, summary: int, cap: int
+    measure: ViewMeasure, after: int, blocks: int, replaced: int, summary: int, cap: int, *, chained: bool
 ) -> str:
     """Why a summary that was written is not committed, and what a person can do about it.
 
-    ``replaced``: the tokens of the ``blocks`` it would cover and of the summary before it; ``summary``:
-    its own, framing included.
+    ``replaced``: the tokens of the ``blocks`` it would cover and of the summary before it, if any
+    (``chained``); ``summary``: its own, framing included.
     """
     back = after - (measure.estimated - replaced + summary)
-    why = [
-        f"the summary ({summary} tokens) replaces {blocks} block(s) and the summary before it ({replaced})"
-    ]
+    before = " and the summary before it" if chained else ""
+    why = [f"the summary ({summary} tokens) would replace {blocks} block(s){before} ({replaced} tokens)"]
     if back > 0:
         # A later output identical to one covered is no longer a reference: the view shows it whole.
         why.append(f"{back} tokens of repeated tool outputs it leaves in view would be shown whole again")
