@@ -1,4 +1,6 @@
-"""The one count of a view: what the compaction measure counts is what a context of the view uses. Pure."""
+"""The one count of a view: what the compaction measure counts is what a context of the view uses.
+
+Pure, and a bundled sample recorded in memory by the recorder's service."""
 
 from __future__ import annotations
 
@@ -6,25 +8,23 @@ from dataclasses import replace
 
 import pytest
 
-from contracts import ContextPolicy, PreparedContext, PrepareRequest
+from contracts import CompactionPolicy, ContextPolicy, PreparedContext, PrepareRequest
 from contracts.subjects import DEFAULT_TENANT
 from infra import SAMPLES_DIR
 from services.app.budgeting import measure
 from services.app.views import ViewLoader
-from services.core.trace import read_trace
-from services.edge.replay import ReplayOptions, trace_events
-from services.store.memory import MemoryStore
-from tests.fixtures.builders import incoming
-from tests.unit.test_shells_in_memory import _recorder
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context, shown_blocks, view_sizes
 from services.core.budget import resolve_budget
 from services.core.compaction.select import measure_view
-from contracts import CompactionPolicy
 from services.core.groups import build_view_blocks
 from services.core.render import REPLY_PRIMING
 from services.core.state import Fact
 from services.core.tokens import counter_for
-from tests.fixtures.builders import Thread, ledger_records
+from services.core.trace import read_trace
+from services.edge.replay import ReplayOptions, trace_events
+from services.store.memory import MemoryStore
+from tests.fixtures.builders import Thread, incoming, ledger_records
+from tests.unit.test_shells_in_memory import _recorder
 
 # Long enough to be shown as a reference when repeated, and to be a real part of the view.
 LOG = "FAILED tests/test_app.py::test_import - ModuleNotFoundError: No module named 'app.utils'\n" * 12
