@@ -68,6 +68,13 @@ class ContextShown(WireModel):
     budget_source: str
     # What the runtime's prepare would do that this one only says: ask for a compaction and wait, roll over.
     runtime_would: tuple[str, ...] = ()
+    # The thread's whole history, counted as ``ctxfleet compact`` counts a view: every record as a
+    # context shows it with nothing left out and no summary in its place (a repeated tool output
+    # counted once, as the reference every context shows in its place; past a rollover, the window's
+    # handoff and what followed it), its state, and the tool schemas its prepares reserve room for.
+    # What this context's request and hooks brought beside it (evidence, hook material) is not the
+    # thread's: a context that left nothing out and shows no summary uses this plus those blocks' tokens.
+    history_tokens: Annotated[int, Field(ge=0)] = 0
 
 
 class InspectRequest(WireModel):

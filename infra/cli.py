@@ -780,6 +780,7 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             budget_source=reply.budget_source,
             runtime_would=reply.runtime_would,
             texts=args.text,
+            history=reply.history_tokens,
         )
     if args.json:
         print(json.dumps(shown.as_json(), indent=2, ensure_ascii=False))
@@ -1005,7 +1006,8 @@ def _print_summary(trace: Path, report: ReplayReport) -> None:
     print(
         f"replayed {trace.name} (session {t['session_id']}): {t['events']} events recorded, "
         f"{t['prepares']} prepares served ({t['errors']} errors), {per_prepare:.0f} tokens per prepare "
-        f"(whole history would average {int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
+        f"(an agent sending every event whole, each copy, would average "
+        f"{int(t['full_history_tokens_sum']) / prepares:.0f}), "  # type: ignore[arg-type]
         f"prepare latency p50 {t['latency_ms_p50']} ms, p99 {t['latency_ms_p99']} ms; "
         f"{'?' if t['compactions'] is None else t['compactions']} compactions, "
         f"{t['over_budget']} over budget",

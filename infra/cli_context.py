@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contracts import BlockKind, PreparedContext, RecordRef, SummaryHook
+from services.core.assemble import added_tokens
 from services.core.block_text import BlockText, block_texts
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "category_of",
     "render",
     "summary_hook_text",
+    "whole_history_text",
 ]
 
 Category = Literal["instructions", "tool_schemas", "history", "materials", "summaries", "envelopes"]
@@ -166,6 +168,10 @@ class ContextBreakdown:
     runtime_would: tuple[str, ...] = ()
     # Each block's text as the model reads it (``--text``).
     texts: tuple[BlockText, ...] = ()
+    # The thread's whole history as ``ctxfleet compact`` counts it (``ContextShown.history_tokens``;
+    # ``None`` for a context read from a file), and what this context's request and hooks added beside it.
+    history: int | None = None
+    added: int = 0
 
     def as_json(self) -> dict[str, object]:
         """The breakdown as plain JSON values (``--json``)."""
@@ -178,10 +184,12 @@ def breakdown(
     budget_source: str = "",
     runtime_would: tuple[str, ...] = (),
     texts: bool = False,
+    history: int | None = None,
 ) -> ContextBreakdown:
     """The figures of ``prepared``; shares are of its input budget, in percent to one decimal.
 
-    ``texts``: with each block's text too.
+    ``texts``: with each block's text too; ``history``: the thread's whole history, as the fleet
+    measured it beside the context (``ContextShown.history_tokens``).
     """
     report = prepared.budget_report
     budget = report.input_budget
@@ -252,6 +260,17 @@ def breakdown(
         budget_source=budget_source,
         runtime_would=runtime_would,
         texts=tuple(block_texts(prepared)) if texts else (),
+        history=history,
+        added=added_tokens(prepared),
+    )
+
+
+def whole_history_text(history: int, added: int, used: int) -> str:
+    """The thread's whole history against the context prepared from it, on one line (``ctxfleet context``
+    and the console's context page)."""
+    beside = f", {added:,} of them added by this prepare's hooks and evidence" if added else ""
+    return (
+        f"whole history {history:,} tokens (a repeated tool output counted once) → {used:,} prepared{beside}"
     )
 
 
@@ -287,6 +306,8 @@ def render(b: ContextBreakdown, console: Console) -> None:
     )
     if b.budget_source:
         console.print(f"budget from {b.budget_source}; nothing was written to show it", highlight=False)
+    if b.history is not None:
+        console.print(whole_history_text(b.history, b.added, b.used), highlight=False)
     for would in b.runtime_would:
         console.print(f"the runtime's prepare would {would}", highlight=False)
     console.print(_bar(b))

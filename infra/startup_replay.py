@@ -59,7 +59,7 @@ class StartupReplay:
     failed: int
     latency_ms_p50: float
     compactions: int
-    history_tokens: int  # the whole history when the last context was prepared
+    history_tokens: int  # the whole history (``ContextShown.history_tokens``) after the replay
     context_tokens: int | None  # that context (None: no prepare succeeded)
 
 
@@ -93,7 +93,8 @@ async def replay_until_compacted(
     report = await replay_under_budget(client, lines, options, budget)
     threads = list(dict.fromkeys(e.thread_id for e in trace_events(lines, options)))
     served = [p for p in report.prepares if "error" not in p]
-    history = _number(report.prepares[-1]["full_history_tokens"]) if report.prepares else 0
+    # The whole history as ``ctxfleet context``, the console and ``ctxfleet compact`` count it.
+    history = (await client.show_context(threads[-1])).history_tokens if threads else 0
     compactions = await _compactions(client, threads)
     deadline = time.monotonic() + wait_s
     while compactions == 0 and history > budget and time.monotonic() < deadline:

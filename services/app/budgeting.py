@@ -8,10 +8,11 @@ from contracts import CompactionPolicy
 from contracts.windows import WindowStrategy
 
 from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
-from services.core.assemble import standing_blocks
+from services.core.assemble import ThreadSnapshot, shown_blocks, view_sizes
 from services.core.compaction.select import measure_view
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.records import LedgerRecord
+from services.core.tokens import counter_for
 from services.app.scheduling import PENDING_STALE_S, JobQueue, request_job
 from services.store.ports import BudgetStore
 from services.app.view_cache import last_blocks
@@ -28,18 +29,19 @@ def measure(
     budget: int,
     reserved: int,
     previous: BlockSet | None = None,
-) -> tuple[ViewMeasure, list[DraftBlock]]:
+    snapshot: ThreadSnapshot | None = None,
+) -> tuple[ViewMeasure, list[DraftBlock], dict[str, int]]:
     """How ``records`` of the view measure against ``budget``, with ``reserved`` tokens (the tool
-    schemas a prepare sends beside the view) counted as required; and the blocks eligible to compact.
+    schemas a prepare sends beside the view) counted as required; the blocks eligible to compact,
+    and every shown block's tokens (``view_sizes``).
 
     The one measure of a view: the budgeter's decision, the compactor's cover and its throttle must
     agree, or a retry check would see a change that is not one. ``previous``: a build of the view's
-    blocks to extend (``build_view_blocks``); the measure is the same without it.
+    blocks to extend (``build_view_blocks``); the measure is the same without it. ``snapshot``: the
+    view as a summary about to be committed would leave it (default: as it is).
     """
-    encoding = view.encoding
     # What the assembler is given: past a rollover, the window's handoff replaces what it closed.
-    snapshot = view.snapshot()
-    summary = snapshot.summary
+    snapshot = snapshot or view.snapshot()
     blocks = build_view_blocks(
         records,
         snapshot.covered_to,
@@ -47,17 +49,14 @@ def measure(
         own_thread=snapshot.own_thread,
         previous=previous,
     )
-    measured, eligible = measure_view(
-        blocks,
-        summary.tokens(encoding) if summary else 0,
-        policy or view.policy.compaction,
-        encoding,
-        budget,
-        standing_blocks(snapshot),
+    shown = shown_blocks(snapshot, blocks)
+    sizes = view_sizes(shown, counter_for(view.encoding), snapshot.summary)
+    measured, eligible = measure_view(shown, sizes, blocks, policy or view.policy.compaction, budget)
+    return (
+        replace(measured, estimated=measured.estimated + reserved, required=measured.required + reserved),
+        eligible,
+        sizes,
     )
-    return replace(
-        measured, estimated=measured.estimated + reserved, required=measured.required + reserved
-    ), eligible
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ class BudgetService:
         async with self._store.connection() as store:
             view = await self._loader.load(store, thread_id)
             policy = view.policy.compaction
-            measured, _ = measure(
+            measured, _, _ = measure(
                 view,
                 view.records,
                 budget=view.compaction_budget,

@@ -32,7 +32,8 @@ from services.core.compaction.policy import (
 )
 from services.core.compaction.rollup import fit_summary
 from services.app.budgeting import measure as measure_of
-from services.core.compaction.select import block_tokens, choose_cover, split_segments, summary_cap
+from services.core.assemble import SummaryView
+from services.core.compaction.select import choose_cover, split_segments, summary_cap
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
 from services.app.compact_hooks import after_compaction, before_compaction
@@ -163,7 +164,7 @@ class CompactionService:
             else policy.model_copy(update={"keep_recent_groups": min(1, policy.keep_recent_groups) or 1})
         )
         # The tool schemas the asking prepare sends count against the same budget as the view.
-        measure, eligible = measure_of(
+        measure, eligible, sizes = measure_of(
             view, records, keep, budget=job.input_budget, reserved=job.reserved_tokens
         )
         cap = summary_cap(policy, job.input_budget, measure.required)
@@ -172,7 +173,7 @@ class CompactionService:
             eligible,
             measure,
             policy,
-            encoding,
+            sizes,
             ratio_hit=ratio_hit,
             summary_allowance=cap,
             current_summary=summary_tokens + (MESSAGE_OVERHEAD if parent else 0),
@@ -198,7 +199,7 @@ class CompactionService:
             if not scope.blocks:
                 return JobOutcome("deferred", "hook", "narrowed_to_nothing", measure.estimated), None
             chosen, cap, shaped_by = list(scope.blocks), scope.target_tokens, scope.hooks
-        segments = split_segments(chosen, max(1, job.input_budget // 2), encoding)[
+        segments = split_segments(chosen, max(1, job.input_budget // 2), counter)[
             : policy.max_compaction_calls
         ]
         covered_blocks = [b for seg in segments for b in seg]
@@ -261,28 +262,48 @@ class CompactionService:
         )
         text = render_summary(fitted, revision=new_revision, pinned=pinned)
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
-        covered_tokens = sum(block_tokens(b, encoding) for b in covered_blocks)
-        new_summary_tokens = o200k if encoding == "o200k_base" else cl100k
-        after = (
-            measure.estimated
-            - covered_tokens
-            - summary_tokens
-            - (MESSAGE_OVERHEAD if parent else 0)
-            + new_summary_tokens
-            + MESSAGE_OVERHEAD
+        covered_to = max(r.seq for r in covered_records)
+        # Measured anew, not by subtraction: an output shown as a reference to one the summary now
+        # covers is shown whole again.
+        written = SummaryView(
+            summary_id="",
+            view_revision=new_revision,
+            covered_from=fitted.covered_from,
+            covered_to=covered_to,
+            text=text,
+            tokens_o200k=o200k,
+            tokens_cl100k=cl100k,
+            sources=(),
         )
+        post, _, _ = measure_of(
+            view,
+            records,
+            keep,
+            budget=job.input_budget,
+            reserved=job.reserved_tokens,
+            snapshot=replace(view.snapshot(), summary=written, covered_to=covered_to),
+        )
+        after = post.estimated
         if after >= measure.estimated:
-            detail = f"no real reduction ({measure.estimated} → {after})"
+            covered_tokens = sum(sizes[b.block_id] for b in covered_blocks)
+            replaced = covered_tokens + summary_tokens + (MESSAGE_OVERHEAD if parent else 0)
             return replace(
                 cost.outcome(summarizer.name),
                 status="failed",
                 stage="reduction",
-                detail=detail,
+                detail=_no_reduction(
+                    measure,
+                    after,
+                    len(covered_blocks),
+                    replaced,
+                    written.tokens(encoding) + MESSAGE_OVERHEAD,
+                    cap,
+                    chained=parent is not None,
+                ),
                 tokens_before=measure.estimated,
                 tokens_after=after,
                 calls=calls,
             ), None
-        covered_to = max(r.seq for r in covered_records)
         outcome = replace(cost.outcome(summarizer.name), calls=calls)
         return self._commit_plan(
             view,
@@ -293,7 +314,7 @@ class CompactionService:
             (o200k, cl100k),
             covered_to,
             after,
-            max(0, measure.compressible - covered_tokens),
+            post.compressible,
             outcome,
             records,
             hooks=shaped_by,
@@ -459,6 +480,35 @@ async def _summarize(
     return merged, calls
 
 
+def _no_reduction(
+    measure: ViewMeasure, after: int, blocks: int, replaced: int, summary: int, cap: int, *, chained: bool
+) -> str:
+    """Why a summary that was written is not committed, and what a person can do about it.
+
+    ``replaced``: the tokens of the ``blocks`` it would cover and of the summary before it, if any
+    (``chained``); ``summary``: its own, framing included.
+    """
+    back = after - (measure.estimated - replaced + summary)
+    before = " and the summary before it" if chained else ""
+    why = [f"the summary ({summary} tokens) would replace {blocks} block(s){before} ({replaced} tokens)"]
+    if back > 0:
+        # A later output identical to one covered is no longer a reference: the view shows it whole.
+        why.append(f"{back} tokens of repeated tool outputs it leaves in view would be shown whole again")
+    what = f"no real reduction ({measure.estimated} → {after} tokens): {'; '.join(why)}"
+    if measure.required >= measure.budget:
+        return (
+            f"{what}. The required content alone ({measure.required} tokens: instructions, the run's "
+            f"task and current request, state, tool schemas) exceeds the {measure.budget}-token budget, "
+            "so no summary can make it fit: raise the policy's budget_tokens or its model profile's "
+            "window, or shorten the instructions"
+        )
+    return (
+        f"{what}. The view keeps its history (a summary may take up to {cap} tokens at this budget) "
+        "and the budgeter tries again once the thread has grown; to let more go now, lower the "
+        "policy's keep_recent_groups"
+    )
+
+
 def _pinned(records: Sequence[LedgerRecord], thread_id: str) -> tuple[int, ...]:
     """Records every context shows verbatim beside the summary: the run's task."""
     task = run_task_seq(records, thread_id)
@@ -469,7 +519,7 @@ def _throttle_of(view: ThreadView, job: CompactionJob, outcome: JobOutcome) -> T
     """After an attempt that did not commit, wait for growth before the next one."""
     records = [r for r in view.records if r.seq <= job.watermark]
     # Measured as the budgeter measures, or its retry check would see a change that is not one.
-    measure, _ = measure_of(view, records, budget=job.input_budget, reserved=job.reserved_tokens)
+    measure, _, _ = measure_of(view, records, budget=job.input_budget, reserved=job.reserved_tokens)
     totals = count_totals(records)
     hits = trigger_hits(measure, totals, view.baseline, view.policy.compaction)
     return throttle_from(f"{outcome.status}:{outcome.stage}", measure, totals, hits)

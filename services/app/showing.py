@@ -11,7 +11,10 @@ from __future__ import annotations
 from contracts import ContextRequest, ContextShown, PrepareRequest
 from contracts.ids import split_thread_id
 from contracts.subjects import DEFAULT_TENANT
+from services.app.budgeting import measure
 from services.app.preparing import PrepareService
+from services.app.views import ViewLoader
+from services.core.history_depth import in_full
 from contracts.exceptions import InvalidPolicy, ThreadNotFound
 from services.store.ports import PrepareStore
 
@@ -50,11 +53,23 @@ async def show_context(
         wait_ms=0,
     )
     prepared, would = await service.preview(request, tenant=tenant)
+    async with store.connection() as s:
+        view = await ViewLoader().load(s, thread_id, tenant=tenant)
+    # Measured as a manual compaction measures the view, with no summary in place of any record: what
+    # ``ctxfleet compact`` reports as its before on a thread no summary stands in yet.
+    history, _, _ = measure(
+        view,
+        view.records,
+        budget=view.compaction_budget,
+        reserved=view.state.prepare_reserved,
+        snapshot=in_full(view.snapshot()),
+    )
     return ContextShown(
         prepared=prepared,
         policy=name,
         budget_source=_budget_source(asked, name),
         runtime_would=would,
+        history_tokens=history.estimated,
     )
 
 

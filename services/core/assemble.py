@@ -98,10 +98,13 @@ __all__ = [
     "OverBudgetView",
     "SummaryView",
     "ThreadSnapshot",
+    "added_tokens",
     "assemble_context",
     "assemble_view",
+    "block_size",
     "candidate_blocks",
-    "standing_blocks",
+    "shown_blocks",
+    "view_sizes",
 ]
 
 # Bump whenever the selection or rendering rules change: replies are versioned by it.
@@ -575,13 +578,50 @@ def _candidates(
     return blocks, _for_purpose(ordered, request.purpose)
 
 
-def standing_blocks(snapshot: ThreadSnapshot) -> list[DraftBlock]:
-    """The blocks every context of the view shows beside its ledger's and its summary: the window's
-    handoff and the state facts (all of them, as a request whose tools declare no reads is shown).
-    What the compaction measure counts besides the history, so that it counts what a context does."""
+def shown_blocks(snapshot: ThreadSnapshot, blocks: BlockSet) -> list[DraftBlock]:
+    """The blocks a context of the view shows with nothing left out, in context order: its ledger's
+    and its summary, the window's handoff and the state facts (all of them, as a request whose tools
+    declare no reads is shown). What the compaction measure counts; what a request brings beside
+    them (evidence, hook material, carried additions) is that request's, not the thread's."""
+    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
+    if snapshot.handoff is not None:
+        ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
     state_block = _state_block(snapshot, ())
-    handoff = [handoff_block(snapshot.handoff)] if snapshot.handoff is not None else []
-    return [*handoff, *([state_block] if state_block is not None else [])]
+    return [*ordered, *([state_block] if state_block is not None else [])]
+
+
+# The blocks a request brings beside its thread's view: this prepare's, not the thread's history.
+_REQUEST_BLOCKS = ("evidence:", "addition:", HOOK_BLOCK_PREFIX, "instruction:context_tools")
+
+
+def added_tokens(prepared: PreparedContext) -> int:
+    """Tokens ``prepared`` shows beside its thread's history: what its request and hooks brought
+    (evidence, hook material, additions carried from a gateway check, the context-tools note). A
+    context that left nothing out uses the thread's measure (``view_sizes``) plus these."""
+    return sum(b.tokens for b in prepared.blocks if b.block_id.startswith(_REQUEST_BLOCKS))
+
+
+def block_size(block: DraftBlock, counter: TokenCounter | None) -> int:
+    """What ``block`` costs whole, as every context counts it (text, role framing, ids), every tool
+    output in full: what a summarizer reads of it."""
+    return _size(block, counter).total
+
+
+def view_sizes(
+    blocks: Sequence[DraftBlock], counter: TokenCounter | None, summary: SummaryView | None = None
+) -> dict[str, int]:
+    """Each of ``blocks`` (in context order) as a context counts it whole, by block id: text, role
+    framing and ids, and a tool output byte-identical to an earlier one already the one-line
+    reference every context shows in its place.
+
+    The one count of a view with nothing left out: the compaction measure is made of it, so what
+    ``ctxfleet compact`` reports, what ``ctxfleet context`` and the console call the whole history
+    and what a context that fits uses are the same number. Deduplicated, because no context ever
+    sends the second copy: the reference is not a reduction under pressure but how a view is shown.
+    """
+    fit = _Fit(kept=[_size(b, counter, summary) for b in blocks])
+    _dedup(fit, counter)
+    return {s.block.block_id: s.total for s in fit.kept}
 
 
 def _after_instructions(ordered: Sequence[DraftBlock]) -> int:

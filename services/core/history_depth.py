@@ -19,7 +19,7 @@ from dataclasses import replace
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.records import LedgerRecord
 
-__all__ = ["depths_of", "first_depth", "smallest_history"]
+__all__ = ["depths_of", "first_depth", "in_full", "smallest_history"]
 
 
 def depths_of(snapshot: ThreadSnapshot, earlier: Sequence[SummaryView] = ()) -> tuple[ThreadSnapshot, ...]:
@@ -31,7 +31,14 @@ def depths_of(snapshot: ThreadSnapshot, earlier: Sequence[SummaryView] = ()) -> 
     if snapshot.summary is None or snapshot.handoff is not None:
         return (snapshot,)
     shallower = tuple(replace(snapshot, summary=s, covered_to=s.covered_to) for s in earlier)
-    return (replace(snapshot, summary=None, covered_to=0), *shallower, snapshot)
+    return (in_full(snapshot), *shallower, snapshot)
+
+
+def in_full(snapshot: ThreadSnapshot) -> ThreadSnapshot:
+    """``snapshot`` with no summary in place of any record: its whole history. A later window's is its
+    handoff and every record since (what the closed windows held stays closed)."""
+    covered_to = snapshot.handoff.last_event_seq if snapshot.handoff is not None else 0
+    return replace(snapshot, summary=None, covered_to=covered_to)
 
 
 def smallest_history(

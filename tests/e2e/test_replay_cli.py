@@ -153,6 +153,9 @@ def test_up_replays_the_sample_until_it_compacts_and_ends_with_a_context_line_th
         )
         assert shown.returncode == 0, shown.stderr
         assert f"Context {closing['thread']}" in shown.stdout and "summary" in shown.stdout
+        # The startup's whole history is the one the context command states.
+        history = re.search(r": context ([\d,]+) → [\d,]+ tokens \(whole history", "".join(printed))
+        assert history is not None and f"whole history {history[1]} tokens" in shown.stdout, shown.stdout
         with urllib.request.urlopen(closing["console"], timeout=10) as page:
             assert closing["thread"] in page.read().decode()
         with urllib.request.urlopen(closing["metrics"], timeout=10) as metrics:

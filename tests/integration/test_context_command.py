@@ -16,6 +16,7 @@ import pytest
 from contracts import (
     CompactRequest,
     ContextPolicy,
+    EvidenceRef,
     PatchOp,
     PathRule,
     PrepareRequest,
@@ -28,11 +29,12 @@ from contracts import (
 from contracts.windows import WindowPolicy, WindowStrategy
 from contracts.hook_protocol import HookAddition, HookAnnotation, HookPatch, HookReply
 from contracts.hooks import AdditionCategory, HookPoint
+from services.core.assemble import added_tokens
 from services.core.hook_patches import HOOK_BLOCK_PREFIX
 from infra.cli import main
 from ctxfleet_client.client import FleetClient
 from infra.embedded import free_port
-from tests.fixtures.builders import Thread
+from tests.fixtures.builders import Thread, prepare_request
 from tests.fixtures.fleet import HookService, eventually
 from workers.app import Fleet
 from tests.integration.test_hooks_fleet import _hook, _release, _working_thread, end_early
@@ -337,6 +339,62 @@ async def test_the_console_shows_the_blocks_a_prepare_hook_added_as_the_context_
     assert "restart the worker first" in page
 
 
+@pytest.mark.anyio
+async def test_every_surface_counts_hook_material_and_evidence_beside_the_whole_history(
+    start_fleet: Callable[..., Awaitable[Fleet]],
+    client: FleetClient,
+    cli_env: None,
+    capsys: pytest.CaptureFixture[str],
+    hook_service: HookService,
+) -> None:
+    fleet = await start_fleet(http_port=free_port())
+    runbook = HookAddition(
+        category=AdditionCategory.MATERIAL, title="runbook", text="restart the worker first " * 20
+    )
+    adds = await _hook(
+        hook_service,
+        "runbook",
+        HookPoint.PREPARE_BEFORE,
+        HookReply(decision="patch", patch=HookPatch(add=(runbook,))),
+        grants=(AdditionCategory.MATERIAL,),
+    )
+    t = await _working_thread(client, await _release(client, adds))
+    for n in range(3):  # the same failing test, run again and again: its output repeats
+        await client.append(t.assistant(f"try {n}", calls=((f"p{n}", "bash", {"cmd": "pytest -x"}),)))
+        await client.append(t.outcome(f"p{n}", "E   ImportError: cannot import name 'x'\n" * 20, key=f"p{n}"))
+    await client.prepare(prepare_request(t, after_event_key="p2"))
+
+    code, out, err = await _in_thread(["context", t.thread_id, "--json"], capsys)
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
+    page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+    quoting = PrepareRequest(
+        session_id=t.session_id,
+        run_id=t.run_id,
+        instance_id=t.instance_id,
+        model_profile="gpt-4o",
+        evidence=(EvidenceRef(thread_id=t.thread_id, seq=4),),
+    )
+    prepared = await client.prepare(quoting)
+    code, out, err = await _in_thread(["compact", t.thread_id, "--json"], capsys)
+    assert code == 0, err
+    compacted = json.loads(out)
+
+    hook_tokens = sum(b["tokens"] for b in shown["blocks"] if b["block_id"].startswith(HOOK_BLOCK_PREFIX))
+    assert shown["added"] == hook_tokens > 0
+    # The only reduction is the one every context makes: the repeated outputs shown as references.
+    assert shown["reductions"] and all(r.startswith("deduplicated:") for r in shown["reductions"])
+    assert shown["history"] == compacted["tokens_before"] == shown["used"] - shown["added"]
+    assert f'data-history-tokens="{shown["history"]}" data-added-tokens="{shown["added"]}"' in page
+    assert f'<strong id="used-tokens" data-tokens="{shown["used"]}">' in page
+    # The runtime's prepare quoting a record: the hook's block and the evidence beside the same history.
+    assert any(b.block_id.startswith("evidence:") for b in prepared.blocks)
+    assert added_tokens(prepared) > shown["added"]
+    assert prepared.reductions and all(r.startswith("deduplicated:") for r in prepared.reductions)
+    assert prepared.budget_report.used.total == compacted["tokens_before"] + added_tokens(prepared)
+
+
 # A catalog whose paths the state patches and the moves' effects write: the state facts a context shows.
 YARD = ToolCatalog(
     release="yard@1",
@@ -427,7 +485,12 @@ async def _past_a_rollover(client: FleetClient) -> Thread:
         after_event_key=last,
     )
     assert (await client.prepare(ask)).window == 2
-    await _yard_groups(client, t, 12, "dock_C")
+    last = await _yard_groups(client, t, 12, "dock_C")
+
+    async def recorded() -> bool:  # a prepare would roll the window over again: ask the head instead
+        return (await client.inspect(t.thread_id, limit=1)).last_event_key == last
+
+    await eventually(recorded, what="the window's own history to be recorded")
     return t
 
 
@@ -435,9 +498,36 @@ async def _plain(client: FleetClient) -> Thread:
     return await _thread(client, 8)
 
 
+async def _repeating(client: FleetClient) -> Thread:
+    """A thread that reads a file, then runs the same failing test, again and again: every context shows
+    the test's output once, the later runs as references to the first one it still shows."""
+    t = Thread()
+    await client.append(t.system("You fix bugs in a Python repository."))
+    await client.append(t.user("Make the test suite pass", key="task"))
+    for i in range(4):
+        await client.append(t.assistant(f"read {i}", calls=((f"f{i}", "cat", {"p": f"f{i}.py"}),)))
+        await client.append(t.outcome(f"f{i}", f"contents of f{i}.py " * 80))
+        await client.append(t.assistant(f"try {i}", calls=((f"c{i}", "bash", {"cmd": "pytest -x"}),)))
+        await client.append(t.outcome(f"c{i}", "E   ModuleNotFoundError: No module named 'app'\n" * 6))
+    await client.append(t.assistant("reading app", calls=(("r", "cat", {"p": "app.py"}),)))
+    await client.append(t.outcome("r", "import utils", key="last"))
+    await client.prepare(
+        PrepareRequest(
+            session_id=t.session_id,
+            run_id=t.run_id,
+            instance_id=t.instance_id,
+            model_profile="gpt-4o",
+            after_event_key="last",
+        )
+    )
+    return t
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    "make_thread", [_plain, _with_state, _past_a_rollover], ids=["plain", "state", "rollover"]
+    "make_thread",
+    [_plain, _with_state, _past_a_rollover, _repeating],
+    ids=["plain", "state", "rollover", "repeated_output"],
 )
 async def test_compact_context_the_console_and_the_budget_report_count_one_moment_alike(
     start_fleet: Callable[..., Awaitable[Fleet]],
@@ -460,11 +550,21 @@ async def test_compact_context_the_console_and_the_budget_report_count_one_momen
     after = json.loads(out)
     url = f"http://127.0.0.1:{fleet.http_port}/console/threads/{t.thread_id}/context"
     page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
-    shown = (await client.show_context(t.thread_id)).prepared.budget_report
 
     assert (compacted["tokens_before"], compacted["tokens_after"]) == (before["used"], after["used"])
+    # Nothing left out, nothing added and no summary yet: the whole history is what the context uses.
+    # A summary stands for part of it afterwards, and the whole history stays what it was.
+    assert (before["history"], after["history"]) == (before["used"], before["used"])
+    assert (before["added"], after["added"]) == (0, 0) and after["used"] < after["history"]
+    shown_reply = await client.show_context(t.thread_id)
+    shown = shown_reply.prepared.budget_report
     assert shown.used.total == after["used"] and shown.input_budget == after["input_budget"]
+    assert shown_reply.history_tokens == after["history"]
     assert f'<strong id="used-tokens" data-tokens="{after["used"]}">' in page
+    assert f'data-history-tokens="{after["history"]}" data-added-tokens="0"' in page
+    code, out, _ = await _in_thread(["context", t.thread_id], capsys)
+    assert code == 0 and f"whole history {after['history']:,} tokens" in out
+    assert f"→ {after['used']:,} prepared" in out
     for context in (before, after):
         assert sum(c["tokens"] for c in context["categories"]) == context["used"]
         by_block: dict[str, int] = {}
@@ -477,7 +577,9 @@ async def test_compact_context_the_console_and_the_budget_report_count_one_momen
         compacted["covered_from"],
         compacted["covered_to"],
     )
-    if make_thread is not _plain:  # the blocks the measure did not count once
+    if make_thread in (_with_state, _past_a_rollover):  # the blocks the measure did not count once
         assert any(b["block_id"].startswith("state:") for b in after["blocks"]), after["blocks"]
     if make_thread is _past_a_rollover:
         assert any(b["block_id"].startswith("handoff:") for b in after["blocks"]), after["blocks"]
+    if make_thread is _repeating:  # counted once by every surface, as the context shows it
+        assert before["reductions"] and all(r.startswith("deduplicated:") for r in before["reductions"])

@@ -14,7 +14,9 @@ from services.core.compaction.model import (
     StructuredSummary,
     SummarizerFailed,
 )
-from services.core.compaction.select import choose_cover, eligible_blocks, measure_view, split_segments
+from services.core.compaction.select import choose_cover, eligible_blocks, split_segments
+from services.core.tokens import counter_for
+from tests.unit.test_compaction_select import measured
 from services.core.compaction.structured import StructuredSummarizer, summarize_records
 from services.core.compaction.validate import CandidateInvalid, validate_candidate
 from services.core.groups import build_view_blocks
@@ -114,9 +116,9 @@ def test_cover_stops_once_the_target_is_reachable_and_takes_everything_for_turn_
     records = ledger_records(events)
     blocks = build_view_blocks(records)
     policy = CompactionPolicy(keep_recent_groups=1)
-    measure, eligible = measure_view(blocks, 0, policy, "o200k_base", budget=4_000)
-    by_ratio = choose_cover(eligible, measure, policy, "o200k_base", ratio_hit=True)
-    by_turns = choose_cover(eligible, measure, policy, "o200k_base", ratio_hit=False)
+    measure, eligible, sizes = measured(blocks, policy, 4_000)
+    by_ratio = choose_cover(eligible, measure, policy, sizes, ratio_hit=True)
+    by_turns = choose_cover(eligible, measure, policy, sizes, ratio_hit=False)
     assert by_ratio is not None and by_turns is not None
     assert len(by_turns.blocks) == len(eligible) == 7
     assert 0 < len(by_ratio.blocks) < 7
@@ -211,7 +213,7 @@ def test_split_segments_packs_whole_blocks_in_order() -> None:
     for n in range(6):
         events += [t.assistant(calls=((f"c{n}", "ls", {}),)), t.outcome(f"c{n}", "word " * 100)]
     blocks = build_view_blocks(ledger_records(events)).ready[1:]
-    segments = split_segments(blocks, 250, "o200k_base")
+    segments = split_segments(blocks, 250, counter_for("o200k_base"))
     assert [b.block_id for seg in segments for b in seg] == [b.block_id for b in blocks]
     assert all(len(seg) >= 1 for seg in segments) and len(segments) >= 3
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from contracts import CompactionPolicy
 from services.core.compaction.policy import ViewMeasure
-from services.core.compaction.select import (
-    block_tokens,
-    choose_cover,
-    eligible_blocks,
-    measure_view,
-    summary_cap,
-)
-from services.core.groups import build_view_blocks
+from services.core.assemble import view_sizes
+from services.core.compaction.select import choose_cover, eligible_blocks, measure_view, summary_cap
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records
 
 
@@ -30,7 +26,8 @@ def _events(t: Thread, groups: int, words: int = 50) -> list:  # type: ignore[ty
     events = [t.system("rules"), t.user("fix it", key="task")]
     for i in range(groups):
         events.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"cat f{i}.py"}),)))
-        events.append(t.outcome(f"c{i}", "x " * words))
+        # Each output its own: a repeated one would be counted as the reference that stands for it.
+        events.append(t.outcome(f"c{i}", f"file {i}: " + "x " * words))
     return events
 
 
@@ -38,20 +35,28 @@ def _history(groups: int, words: int = 50) -> list:  # type: ignore[type-arg]
     return ledger_records(_events(Thread(), groups, words))
 
 
+def measured(
+    blocks: BlockSet, policy: CompactionPolicy, budget: int
+) -> tuple[ViewMeasure, list[DraftBlock], dict[str, int]]:
+    """The measure of a view of ``blocks`` alone (no summary, no state), as the budgeter takes it."""
+    sizes = view_sizes(blocks.ready, counter_for("o200k_base"))
+    return (*measure_view(blocks.ready, sizes, blocks, policy, budget), sizes)
+
+
 def test_cover_counts_the_summary_it_replaces_once_and_the_new_one_at_its_cap() -> None:
     policy = CompactionPolicy(keep_recent_groups=1)
     blocks = build_view_blocks(_history(10))
-    measure, eligible = measure_view(blocks, 0, policy, "o200k_base", 2_000)
-    each = block_tokens(eligible[0], "o200k_base")
+    measure, eligible, sizes = measured(blocks, policy, 2_000)
+    each = sizes[eligible[0].block_id]
     with_parent = ViewMeasure(measure.estimated + 300, measure.required, measure.compressible, measure.budget)
     small = choose_cover(
-        eligible, with_parent, policy, "o200k_base", ratio_hit=True, summary_allowance=50, current_summary=300
+        eligible, with_parent, policy, sizes, ratio_hit=True, summary_allowance=50, current_summary=300
     )
     large = choose_cover(
         eligible,
         with_parent,
         policy,
-        "o200k_base",
+        sizes,
         ratio_hit=True,
         summary_allowance=500,
         current_summary=300,
@@ -66,7 +71,7 @@ def test_cover_counts_the_summary_it_replaces_once_and_the_new_one_at_its_cap() 
     def left(k: int, allowance: int) -> int:
         return with_parent.estimated - 300 - k * each + allowance
 
-    assert [block_tokens(b, "o200k_base") for b in eligible] == [each] * len(eligible)
+    assert [sizes[b.block_id] for b in eligible] == [each] * len(eligible)
     assert len(small.blocks) == 1 and left(0, 50) <= target  # already under it: the least a cover takes
     assert left(len(large.blocks), 500) <= target < left(len(large.blocks) - 1, 500)
     assert each > 0

@@ -23,6 +23,7 @@ from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
 from services.app.searching import search
 from services.app.showing import show_context
+from services.core.assemble import added_tokens
 from services.core.block_text import BlockText, block_texts
 from services.app.sessions import inspect_session
 from services.core.compaction.policy import ratio_threshold
@@ -103,6 +104,10 @@ class ContextPage:
     texts: tuple[BlockText, ...]
     # What no block carries: the tool schemas and the per-request priming, so the bars add up to ``used``.
     overhead: int
+    # The thread's whole history as ``ctxfleet compact`` counts it, and what this context's request and
+    # hooks added beside it (``ContextShown.history_tokens``, ``added_tokens``).
+    history: int = 0
+    added: int = 0
 
 
 async def read_sessions(store: ListingStore, tenant: str | None) -> list[SessionListing]:
@@ -187,6 +192,8 @@ async def prepare_context(
         prepared=prepared,
         texts=tuple(block_texts(prepared)),
         overhead=used - sum(b.tokens for b in prepared.blocks),
+        history=shown.history_tokens,
+        added=added_tokens(prepared),
     )
 
 

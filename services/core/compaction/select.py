@@ -8,20 +8,20 @@ Coverage is a prefix by first seq, so a view shows "summary, then every later in
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from contracts import BlockKind, CompactionPolicy
 
+from services.core.assemble import block_size
 from services.core.groups import BlockSet, DraftBlock
-from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING
-from services.core.tokens import EncodingName, counter_for
+from services.core.render import REPLY_PRIMING
+from services.core.tokens import TokenCounter
 from services.core.compaction.policy import ViewMeasure, ratio_threshold
 
 __all__ = [
     "CoverChoice",
-    "block_tokens",
     "choose_cover",
     "eligible_blocks",
     "measure_view",
@@ -39,17 +39,6 @@ class CoverChoice:
     tokens: int
 
 
-def block_tokens(block: DraftBlock, encoding: EncodingName) -> int:
-    """What a block costs in the view, envelopes included: what the assembly counts for it whole,
-    from the counts the block derived when it was built; a block written for the view (a handoff,
-    the state facts) from its text, as the assembly counts it."""
-    if block.records:
-        content = block.record_tokens.get(encoding)
-    else:
-        content = sum(counter_for(encoding).count(m.content or "") for m in block.messages)
-    return content + MESSAGE_OVERHEAD * len(block.messages) + block.id_counts.get(encoding)
-
-
 def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
     """Shown interaction blocks that may be covered, oldest first."""
     interactions = [b for b in blocks.ready if b.kind is BlockKind.INTERACTION]
@@ -64,27 +53,23 @@ def eligible_blocks(blocks: BlockSet, keep_recent: int) -> list[DraftBlock]:
 
 
 def measure_view(
+    shown: Sequence[DraftBlock],
+    sizes: Mapping[str, int],
     blocks: BlockSet,
-    summary_tokens: int,
     policy: CompactionPolicy,
-    encoding: EncodingName,
     budget: int,
-    standing: Sequence[DraftBlock] = (),
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
     """The view's size, its required part, and what could be compacted now.
 
-    ``standing``: the blocks a context shows beside the history and the summary (a window's
-    handoff, the state facts), required and never compacted."""
-    fixed = sum(block_tokens(b, encoding) for b in standing)
-    shown = fixed + sum(block_tokens(b, encoding) for b in blocks.ready)
-    required = fixed + sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
-    summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
+    ``shown``: every block a context of the view shows (``services.core.assemble.shown_blocks``),
+    ``sizes`` their tokens (``view_sizes``); ``blocks``: the view's ledger blocks, whose complete
+    groups may be covered. The summary is not required: a smaller one may replace it."""
+    required = sum(sizes[b.block_id] for b in shown if not b.droppable and b.kind is not BlockKind.SUMMARY)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
-    compressible = sum(block_tokens(b, encoding) for b in eligible)
     return ViewMeasure(
-        estimated=shown + summary + REPLY_PRIMING,
+        estimated=sum(sizes[b.block_id] for b in shown) + REPLY_PRIMING,
         required=required + REPLY_PRIMING,
-        compressible=compressible,
+        compressible=sum(sizes[b.block_id] for b in eligible),
         budget=budget,
     ), eligible
 
@@ -102,7 +87,7 @@ def choose_cover(
     eligible: Sequence[DraftBlock],
     measure: ViewMeasure,
     policy: CompactionPolicy,
-    encoding: EncodingName,
+    sizes: Mapping[str, int],
     *,
     ratio_hit: bool,
     summary_allowance: int | None = None,
@@ -123,28 +108,28 @@ def choose_cover(
         if ratio_hit and chosen and measure.estimated - current_summary - covered + allowance <= target:
             break
         chosen.append(block)
-        covered += block_tokens(block, encoding)
+        covered += sizes[block.block_id]
     covered_to = max(r.seq for b in chosen for r in b.records)
     # Coverage is by first seq: every eligible block that starts inside the range is covered too.
     for block in eligible[len(chosen) :]:
         if block.records[0].seq > covered_to:
             break
         chosen.append(block)
-        covered += block_tokens(block, encoding)
+        covered += sizes[block.block_id]
         covered_to = max(covered_to, *(r.seq for r in block.records))
     return CoverChoice(blocks=tuple(chosen), covered_to=covered_to, tokens=covered)
 
 
 def split_segments(
-    blocks: Sequence[DraftBlock], max_tokens: int, encoding: EncodingName
+    blocks: Sequence[DraftBlock], max_tokens: int, counter: TokenCounter
 ) -> list[list[DraftBlock]]:
-    """Whole blocks packed in order into segments of at most ``max_tokens``
-    (a lone bigger block gets its own)."""
+    """Whole blocks packed in order into segments of at most ``max_tokens`` of what the summarizer
+    reads, every output in full (a lone bigger block gets its own)."""
     segments: list[list[DraftBlock]] = []
     current: list[DraftBlock] = []
     size = 0
     for block in blocks:
-        t = block_tokens(block, encoding)
+        t = block_size(block, counter)
         if current and size + t > max_tokens:
             segments.append(current)
             current, size = [], 0

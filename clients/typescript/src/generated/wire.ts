@@ -598,6 +598,7 @@ export interface ContextResetPayload {
  */
 export interface ContextShown {
   budget_source: string;
+  history_tokens?: number;
   policy: string;
   prepared: PreparedContext;
   runtime_would?: string[];
