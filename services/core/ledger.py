@@ -20,7 +20,10 @@ decides every write and every rejection. The invariants it enforces, one check e
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+)
 
 import base64
 import re
@@ -85,7 +88,7 @@ from services.core.render import (
     telling_line,
     trim_tool_text,
 )
-from services.core.records import AssistantMessageBody, parse_body
+from services.core.records import parse_body
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
@@ -1196,7 +1199,7 @@ def deferred_tokens(
         body = parse_body(EventKind(kind), payload)
         calls = (
             [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
-            if isinstance(body, AssistantMessageBody)
+            if isinstance(body, AssistantMessagePayload)
             else []
         )
         return count_rendered(counter_for("cl100k_base"), content_of(kind, payload, text), calls)
