@@ -92,7 +92,9 @@ from services.core.records import parse_body
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
+    "BatchKeys",
     "BatchPlan",
+    "batch_keys",
     "Blob",
     "CallState",
     "Decoded",
@@ -208,6 +210,68 @@ class CallState:
     outcome_seq: int | None
     name: str = ""
     args: Mapping[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKeys:
+    """What a batch names, for the store to read into its ``LedgerReads``; each in first-seen order."""
+
+    thread_ids: Sequence[str]
+    keys: Sequence[tuple[str, str]]
+    calls: Sequence[tuple[str, str]]
+    session_ids: Sequence[str] = ()
+    run_ids: Sequence[str] = ()
+    # Parent threads the batch's first events name: read for their metadata only.
+    extra_threads: Sequence[str] = ()
+    release_names: Sequence[tuple[str, str]] = ()
+    operation_ids: Sequence[tuple[str, str]] = ()
+    tenants: Sequence[str] = ()
+
+
+def batch_keys(decoded: Sequence[Decoded | Rejection]) -> BatchKeys:
+    """The threads, keys, calls, sessions, runs, releases and operations the decoded events name."""
+    sessions: dict[str, None] = {}
+    tenants: dict[str, None] = {}
+    releases: dict[tuple[str, str], None] = {}
+    operations: dict[tuple[str, str], None] = {}
+    runs: dict[str, None] = {}
+    parents: dict[str, None] = {}
+    threads: dict[str, None] = {}
+    keys: dict[tuple[str, str], None] = {}
+    calls: dict[tuple[str, str], None] = {}
+    for item in decoded:
+        if isinstance(item, Rejection):
+            continue
+        thread = item.subject_thread
+        threads[thread] = None
+        sessions[item.event.session_id] = None
+        tenants[item.tenant] = None
+        runs[item.event.run_id] = None
+        if item.event.agent_release:
+            releases[(item.tenant, item.event.agent_release)] = None
+        if isinstance(item.event, OperationReconcileEvent):
+            operations[(item.event.session_id, item.event.payload.operation_id)] = None
+        if item.event.parent_instance_id is not None:
+            parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
+        keys[(thread, item.event.event_key)] = None
+        if isinstance(item.event, ToolOutcomeEvent):
+            calls[(thread, item.event.payload.call_id)] = None
+        elif isinstance(item.event, AssistantMessageEvent):
+            for call in item.event.payload.tool_calls:
+                calls[(thread, call.call_id)] = None
+                if call.operation_id is not None:
+                    operations[(item.event.session_id, call.operation_id)] = None
+    return BatchKeys(
+        list(threads),
+        list(keys),
+        list(calls),
+        list(sessions),
+        list(runs),
+        list(parents),
+        list(releases),
+        list(operations),
+        list(tenants),
+    )
 
 
 @dataclass(frozen=True, slots=True)

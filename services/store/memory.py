@@ -40,6 +40,7 @@ from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import ChainLink, sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
+    BatchKeys,
     BatchPlan,
     CallState,
     HeadWrite,
@@ -361,19 +362,7 @@ class MemoryConnection:
         key = (consumer, partition)
         self._t.tracking[key] = max(self._t.tracking.get(key, 0), stream_seq)
 
-    async def read_for_batch(
-        self,
-        thread_ids: Sequence[str],
-        keys: Sequence[tuple[str, str]],
-        calls: Sequence[tuple[str, str]],
-        session_ids: Sequence[str] = (),
-        run_ids: Sequence[str] = (),
-        extra_threads: Sequence[str] = (),
-        release_names: Sequence[tuple[str, str]] = (),
-        operation_ids: Sequence[tuple[str, str]] = (),
-        tenants: Sequence[str] = (),
-        tracking: tuple[str, int] | None = None,
-    ) -> LedgerReads:
+    async def read_for_batch(self, wanted: BatchKeys, tracking: tuple[str, int] | None = None) -> LedgerReads:
         t = self._t
         heads = {
             h["thread_id"]: ThreadHead(
@@ -384,32 +373,34 @@ class MemoryConnection:
                 h["last_hash"],
                 h["last_event_key"],
             )
-            for tid in thread_ids
+            for tid in wanted.thread_ids
             if (h := t.heads.get(tid)) is not None
         }
-        wanted = set(keys)
+        asked = set(wanted.keys)
         known = {
             (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
             for r in t.records.values()
-            if (r["thread_id"], r["event_key"]) in wanted
+            if (r["thread_id"], r["event_key"]) in asked
         }
         states = {
             key: CallState(key[1], c["call_seq"], c["outcome_seq"], c["name"], dict(c["args"]))
-            for key in calls
+            for key in wanted.calls
             if (c := t.calls.get(key)) is not None
         }
-        sessions = [s for sid in session_ids if (s := t.sessions.get(sid)) is not None]
-        tenant_set = {*tenants, ""}
+        sessions = [s for sid in wanted.session_ids if (s := t.sessions.get(sid)) is not None]
+        tenant_set = {*wanted.tenants, ""}
         runs: dict[str, RunState] = {}
         active: dict[str, str] = {}
         for r in t.runs.values():
-            if r["run_id"] in run_ids or (r["session_id"] in session_ids and r["status"] == "active"):
+            if r["run_id"] in wanted.run_ids or (
+                r["session_id"] in wanted.session_ids and r["status"] == "active"
+            ):
                 runs[r["run_id"]] = RunState(r["run_id"], r["session_id"], r["status"], r["main_thread_id"])
                 if r["status"] == "active":
                     active[r["session_id"]] = r["run_id"]
         metas = {
             tid: ThreadMeta(tid, h["session_id"], h["role"], h["parent_thread_id"], h["last_seq"])
-            for tid in {*thread_ids, *extra_threads}
+            for tid in {*wanted.thread_ids, *wanted.extra_threads}
             if (h := t.heads.get(tid)) is not None
         }
         catalogs: dict[str, tuple[int, ToolCatalog]] = {}
@@ -419,9 +410,9 @@ class MemoryConnection:
                 catalogs[s["session_id"]] = (s["catalog_revision"], pinned)
         latest: dict[tuple[str, str], tuple[int, ToolCatalog]] = {}
         for (tenant, release, revision), catalog in t.catalogs.items():
-            if (tenant, release) in release_names and revision > latest.get((tenant, release), (0, catalog))[
-                0
-            ]:
+            if (tenant, release) in wanted.release_names and revision > latest.get(
+                (tenant, release), (0, catalog)
+            )[0]:
                 latest[(tenant, release)] = (revision, catalog)
         return LedgerReads(
             heads=heads,
@@ -434,10 +425,10 @@ class MemoryConnection:
             threads=metas,
             principals={s["session_id"]: s["principal_id"] for s in sessions},
             releases={s["session_id"]: s["agent_release"] for s in sessions},
-            states=await self.read_states(thread_ids),
+            states=await self.read_states(wanted.thread_ids),
             catalogs=catalogs,
             latest_catalogs=latest,
-            operations=frozenset(o for o in operation_ids if o in t.receipts),
+            operations=frozenset(o for o in wanted.operation_ids if o in t.receipts),
             tracked=t.tracking.get(tracking, 0) if tracking is not None else 0,
         )
 
