@@ -34,8 +34,7 @@ from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
 from services.core.calibration import Calibration
 
-from services.core.compaction.model import StructuredSummary
-from services.core.compaction.policy import Counters, Throttle
+from services.core.compaction.policy import Throttle
 from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import ChainLink, sha256_hex
 from services.killpoints import kill_point
@@ -65,17 +64,26 @@ from services.store.ledger import (
     TailRecord,
     _ledger_record,
     blob_preview,
+    evidence_of_row,
+    head_of_row,
 )
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker, IndexStep
-from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
+from services.store.listing import (
+    CompactionEntry,
+    ServedStep,
+    SessionListing,
+    ToolCallEntry,
+    compaction_of_row,
+)
 from services.store.views import (
     Candidate,
     NewSummary,
     SummaryRow,
     ThreadScope,
+    summary_of_row,
+    view_of_row,
     ViewState,
-    parse_summary_hooks,
     summary_hooks_json,
     summary_id_of,
 )
@@ -297,22 +305,7 @@ class MemoryStore:
             (s for s in self.tables.summaries.values() if s["thread_id"] == thread_id),
             key=lambda s: int(s["view_revision"]),
         )
-        return [
-            CompactionEntry(
-                view_revision=s["view_revision"],
-                covered_from=s["covered_from"],
-                covered_to=s["covered_to"],
-                tokens_before=s["tokens_before"],
-                tokens_after=s["tokens_after"],
-                summarizer=s["summarizer"],
-                trigger_reasons=tuple(s["trigger_reasons"]),
-                target_reached=s["target_reached"],
-                hooks=parse_summary_hooks(s["hooks"]),
-                summary_id=str(s["summary_id"]),
-                text=s["text"],
-            )
-            for s in mine
-        ]
+        return [compaction_of_row(s) for s in mine]
 
     async def thread_served(self, thread_id: str) -> list[ServedStep]:
         return list(self.gateway.served.get(thread_id, ()))
@@ -777,20 +770,7 @@ class MemoryConnection:
 
     async def select_head(self, thread_id: str) -> StoredHead | None:
         h = self._t.heads.get(thread_id)
-        if h is None:
-            return None
-        return StoredHead(
-            h["thread_id"],
-            h["session_id"],
-            h["run_id"],
-            h["instance_id"],
-            h["revision"],
-            h["last_seq"],
-            h["last_hash"],
-            h["last_event_key"],
-            h["user_turns"],
-            h["model_steps"],
-        )
+        return None if h is None else head_of_row(h)
 
     async def thread_at_head(
         self,
@@ -932,14 +912,7 @@ class MemoryConnection:
         parent = self._t.summaries[summary_id]["parent_summary_id"]
         while parent is not None:
             s = self._t.summaries[parent]
-            row = SummaryRow(
-                s["summary_id"],
-                StructuredSummary.model_validate_json(s["body"]),
-                s["text"],
-                s["tokens_o200k"],
-                s["tokens_cl100k"],
-                parse_summary_hooks(s.get("hooks")),
-            )
+            row = summary_of_row(s)
             chain.append((s["view_revision"], row))
             parent = s["parent_summary_id"]
         return chain
@@ -951,32 +924,9 @@ class MemoryConnection:
         summary = None
         if v["summary_id"] is not None:
             s = self._t.summaries[v["summary_id"]]
-            summary = SummaryRow(
-                s["summary_id"],
-                StructuredSummary.model_validate_json(s["body"]),
-                s["text"],
-                s["tokens_o200k"],
-                s["tokens_cl100k"],
-                parse_summary_hooks(s.get("hooks")),
-            )
+            summary = summary_of_row(s)
         since = v["pending_since"]
-        return ViewState(
-            view_revision=v["view_revision"],
-            summary=summary,
-            covered_to=v["covered_to"],
-            baseline=Counters(v["baseline_user_turns"], v["baseline_model_steps"]),
-            baseline_watermark=v["baseline_watermark"],
-            evaluated_revision=v["evaluated_revision"],
-            pending_fingerprint=v["pending_fingerprint"],
-            pending_age_s=None if since is None else self._now() - since,
-            throttle=Throttle.from_json(json.loads(v["throttle"])) if v["throttle"] else None,
-            deferred_reason=v["deferred_reason"],
-            attempts=v["attempts"],
-            failures=v["failures"],
-            last_failure=v["last_failure"],
-            prepare_budget=v["prepare_budget"],
-            prepare_reserved=v["prepare_reserved"],
-        )
+        return view_of_row({**v, "pending_age_s": None if since is None else self._now() - since}, summary)
 
     async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:
         found = [
@@ -1232,15 +1182,7 @@ class MemoryConnection:
             r = self._t.records.get(ref)
             if r is not None and r["session_id"] == session_id:
                 blob = self._t.blobs.get(r["blob_sha256"]) if r["text"] is None and r["blob_sha256"] else None
-                out[ref] = EvidenceRow(
-                    r["event_key"],
-                    r["kind"],
-                    r["content_sha256"],
-                    r["record_hash"],
-                    r["text"],
-                    r["blob_sha256"],
-                    blob,
-                )
+                out[ref] = evidence_of_row({**r, "blob": blob})
         return out
 
     def _thread_rows(self, thread_id: str) -> list[_Row]:
