@@ -54,7 +54,7 @@ from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
-from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork, history_of_row
 from services.store.final_checks import MemoryGatewayStore
 from services.store.hook_sets import PinnedHooks
 from services.store.ledger import (
@@ -893,16 +893,10 @@ class MemoryConnection:
             ),
             key=lambda r: r["session_seq"],
         )[:limit]
+        blobs = self._t.blobs
         return [
-            HistoryRow(
-                r["session_seq"],
-                r["thread_id"],
-                r["run_id"],
-                r["kind"],
-                json.loads(r["payload"]),
-                (r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8"))
-                or "",
-                r["client_ts"].isoformat() if r["client_ts"] else None,
+            history_of_row(
+                {**r, "text": blobs[r["blob_sha256"]].decode() if r["text"] is None else r["text"]}
             )
             for r in rows
         ]
