@@ -421,19 +421,17 @@ def rebuild_state(
             case AssistantMessagePayload():
                 calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)
             case StatePatchPayload():
-                # The ops are applied as the contract reads them, exactly as the recorder did.
-                patch = StatePatchPayload.model_validate(payload)
                 state.apply(
                     plan_patch(
                         state,
-                        patch.ops,
-                        source=patch.source,
-                        based_on=patch.based_on_version,
+                        body.ops,
+                        source=body.source,
+                        based_on=body.based_on_version,
                         rules=rules,
                         event_key=key,
                         seq=seq,
                         observed_at=observed,
-                        evidence=patch.evidence,
+                        evidence=body.evidence,
                     )
                 )
             case ToolOutcomePayload():
