@@ -170,10 +170,6 @@ def _seq(record: LedgerRecord) -> int:
     return record.seq
 
 
-def _by_seq(records: tuple[LedgerRecord, ...]) -> list[LedgerRecord]:
-    return sorted(records, key=_seq)
-
-
 @dataclass(frozen=True)
 class BlockSet:
     """A thread's records as blocks: what the view shows, holds back, and has covered by a summary;
