@@ -84,6 +84,7 @@ from services.core.render import (
     TokenCounts,
     arguments_json,
     content_of,
+    record_content,
     count_rendered,
     telling_line,
     trim_tool_text,
@@ -1135,9 +1136,7 @@ def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
         if (
             isinstance(event, ToolOutcomeEvent) and event.payload.status is not ToolStatus.SUCCESS
         ) or isinstance(event, ResourceActivatedEvent):
-            texts.append(
-                content_of(event.kind, event.payload.model_dump(mode="json", exclude={"text"}), text)
-            )
+            texts.append(record_content(event.payload, text))
         for call in _calls_of(event):
             texts += (call.name, call.arguments, call.call_id)
     return texts
@@ -1201,12 +1200,12 @@ def _build_record(
         blob_sha = sha256_hex(raw_text)
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
-    content = content_of(event.kind, payload, view_text if view_text is not None else text)
+    content = record_content(event.payload, view_text if view_text is not None else text)
     calls = _calls_of(event)
     tokens = _counted(counters, content, calls)
     mask_tokens = None
     if mask_text is not None:
-        mask_tokens = _counted(counters, content_of(event.kind, payload, mask_text), [])
+        mask_tokens = _counted(counters, record_content(event.payload, mask_text), [])
     record = NewRecord(
         thread_id=cursor.thread_id,
         seq=seq,
