@@ -20,7 +20,6 @@ from contracts import (
     ChildResultPayload,
     ContextExportPayload,
     ContextResetPayload,
-    Event,
     EventKind,
     OperationReconcilePayload,
     PhaseChangePayload,
@@ -39,7 +38,6 @@ __all__ = [
     "RecordBody",
     "TokenCounts",
     "ascending_by_seq",
-    "kind_of",
     "parse_body",
 ]
 
@@ -141,11 +139,6 @@ _BODIES: dict[EventKind, type[RecordBody]] = {
 def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
     """Whether ``records`` come in strictly ascending seq order."""
     return all(a.seq < b.seq for a, b in itertools.pairwise(records))
-
-
-def kind_of(event: Event) -> EventKind:
-    """The record kind of a wire event."""
-    return EventKind(event.kind)
 
 
 def parse_body(kind: EventKind, p: Mapping[str, JsonValue], text: str = "") -> RecordBody:

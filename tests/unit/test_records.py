@@ -18,7 +18,6 @@ from services.core.ledger import LedgerReads, RecordingLimits, decode_batch, pla
 from services.core.records import (
     LedgerRecord,
     TokenCounts,
-    kind_of,
     parse_body,
 )
 from services.core.render import content_of, omitted_marker, record_content, trim_tool_text
@@ -46,13 +45,13 @@ def test_every_recorded_kind_reads_back_as_its_typed_body() -> None:
         t.run_status("failed", reason="crashed"),
     ]
     records = ledger_records(events)
-    assert [kind_of(e) for e in events] == [r.kind for r in records]
+    assert [EventKind(e.kind) for e in events] == [r.kind for r in records]
     # An export is published into a child's thread, which needs its parent recorded: built as stored.
     export = t.child_thread().export([("r-x.main", 2)], note="background")
     stored = LedgerRecord(
         1,
         "k",
-        kind_of(export),
+        EventKind(export.kind),
         export.payload.model_dump(mode="json", exclude={"text"}),
         "background",
         TokenCounts(1, 1),
@@ -103,7 +102,7 @@ def test_a_replaced_record_reads_its_new_payload() -> None:
     record = LedgerRecord(
         1,
         "k",
-        kind_of(export),
+        EventKind(export.kind),
         export.payload.model_dump(mode="json", exclude={"text"}),
         "",
         TokenCounts(1, 1),
