@@ -28,7 +28,6 @@ from contracts import (
 )
 from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
-from contracts.task_budgets import TaskBudget
 from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
@@ -81,6 +80,7 @@ from services.store.views import (
     NewSummary,
     SummaryRow,
     ThreadScope,
+    scope_of_row,
     summary_of_row,
     view_of_row,
     ViewState,
@@ -802,18 +802,9 @@ class MemoryConnection:
         h = self._t.heads.get(thread_id)
         if h is None or (s := self._t.sessions.get(h["session_id"])) is None:
             return ThreadScope()
-        run = self._t.runs.get(h["run_id"])
-        return ThreadScope(
-            h["role"],
-            h["parent_thread_id"],
-            s["tenant"],
-            s["principal_id"],
-            s["reset_seq"],
-            run["snapshot_through"] if run else 0,
-            run["status"] if run else None,
-            # Round-tripped like the jsonb column.
-            TaskBudget.model_validate_json(run["task_budget"]) if run and run.get("task_budget") else None,
-        )
+        run = self._t.runs.get(h["run_id"]) or {"snapshot_through": 0, "status": None, "task_budget": None}
+        # The columns SCOPE_COLUMNS reads: the head's role and parent, the session's, the run's.
+        return scope_of_row({**s, **h, **run, "run_status": run["status"]})
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
         rows = sorted(

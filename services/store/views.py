@@ -110,7 +110,7 @@ class ScopeRepo:
         return ThreadScope() if r is None else scope_of_row(r)
 
 
-def scope_of_row(r: asyncpg.Record) -> ThreadScope:
+def scope_of_row(r: Row) -> ThreadScope:
     """A scope from a row with ``SCOPE_COLUMNS``."""
     return ThreadScope(
         r["role"],
