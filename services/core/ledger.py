@@ -1097,24 +1097,22 @@ def content_sha256_of(event: Event) -> str:
 
 def _text_of(event: Event) -> str:
     match event:
-        case SystemEvent() | UserInputEvent() | AssistantMessageEvent() | ToolOutcomeEvent():
+        case (
+            SystemEvent()
+            | UserInputEvent()
+            | AssistantMessageEvent()
+            | ToolOutcomeEvent()
+            | ResourceActivatedEvent()
+        ):
             return event.payload.text
-        case ResourceActivatedEvent():
-            return event.payload.text
-        case ChildResultEvent():
-            return ""
-        case RunStatusEvent():
+        case RunStatusEvent() | ContextResetEvent():
             return event.payload.reason
-        case ContextExportEvent():
+        case ContextExportEvent() | PhaseChangeEvent():
             return event.payload.note
-        case ContextResetEvent():
-            return event.payload.reason
-        case StatePatchEvent():
-            return ""
         case OperationReconcileEvent():
             return event.payload.evidence
-        case PhaseChangeEvent():
-            return event.payload.note
+        case ChildResultEvent() | StatePatchEvent():
+            return ""
         case _:
             assert_never(event)
 
