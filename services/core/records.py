@@ -141,15 +141,17 @@ def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
     return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
+_FIELDS = {kind: frozenset(model.model_fields) for kind, model in _BODIES.items()}
+
+
 def parse_body(kind: EventKind, p: Mapping[str, JsonValue], text: str = "") -> RecordBody:
     """The wire payload of a stored one (the recorder's ``model_dump(mode="json")``, its ``text``
     stored apart and given here). Keys the payload model does not know (``_resolved``) are not read."""
-    model = _BODIES[kind]
-    fields = model.model_fields
-    data = {k: v for k, v in p.items() if k in fields}
+    fields = _FIELDS[kind]
+    data = dict(p) if p.keys() <= fields else {k: v for k, v in p.items() if k in fields}
     if "text" in fields:
         data["text"] = text
-    return model.model_validate(data)
+    return _BODIES[kind].model_validate(data)
 
 
 @dataclass(frozen=True, slots=True)
