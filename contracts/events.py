@@ -374,20 +374,7 @@ Event: TypeAlias = Annotated[
     Field(discriminator="kind"),
 ]
 
-EVENT_KINDS: tuple[str, ...] = (
-    "system",
-    "user_input",
-    "assistant_message",
-    "tool_outcome",
-    "resource_activated",
-    "child_result",
-    "run_status",
-    "context_export",
-    "context_reset",
-    "state_patch",
-    "operation_reconcile",
-    "phase_change",
-)
+EVENT_KINDS: tuple[str, ...] = tuple(k.value for k in EventKind)
 
 _EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

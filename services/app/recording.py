@@ -28,10 +28,7 @@ from functools import partial
 from typing import Literal, Protocol, TypeAlias
 
 from contracts import (
-    AssistantMessageEvent,
     DeadLetter,
-    OperationReconcileEvent,
-    ToolOutcomeEvent,
     decode_event,
 )
 from contracts.subjects import thread_from_partitioned_subject
@@ -47,6 +44,7 @@ from services.core.hashing import sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
     BatchPlan,
+    batch_keys,
     Decoded,
     Incoming,
     LedgerReads,
@@ -247,7 +245,7 @@ class RecordingService:
         async with self._store.connection() as store:
             with _content_failures("read"):
                 # The partition's position comes with the batch's reads: one round trip, not two.
-                reads = await store.read_for_batch(*_touched(decoded), tracking=(self._consumer, partition))
+                reads = await store.read_for_batch(batch_keys(decoded), tracking=(self._consumer, partition))
             read = time.perf_counter()
             self._on_stage("read", read - started)
             applied = reads.tracked
@@ -477,63 +475,6 @@ def _merge(parts: Sequence[BatchResult]) -> BatchResult:
 
 def _before_commit() -> None:
     kill_point("record.before_commit")
-
-
-def _touched(
-    decoded: Sequence[Decoded | Rejection],
-) -> tuple[
-    list[str],
-    list[tuple[str, str]],
-    list[tuple[str, str]],
-    list[str],
-    list[str],
-    list[str],
-    list[tuple[str, str]],
-    list[tuple[str, str]],
-    list[str],
-]:
-    sessions: dict[str, None] = {}
-    tenants: dict[str, None] = {}
-    releases: dict[tuple[str, str], None] = {}
-    operations: dict[tuple[str, str], None] = {}
-    runs: dict[str, None] = {}
-    parents: dict[str, None] = {}
-    threads: dict[str, None] = {}
-    keys: dict[tuple[str, str], None] = {}
-    calls: dict[tuple[str, str], None] = {}
-    for item in decoded:
-        if isinstance(item, Rejection):
-            continue
-        thread = item.subject_thread
-        threads[thread] = None
-        sessions[item.event.session_id] = None
-        tenants[item.tenant] = None
-        runs[item.event.run_id] = None
-        if item.event.agent_release:
-            releases[(item.tenant, item.event.agent_release)] = None
-        if isinstance(item.event, OperationReconcileEvent):
-            operations[(item.event.session_id, item.event.payload.operation_id)] = None
-        if item.event.parent_instance_id is not None:
-            parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
-        keys[(thread, item.event.event_key)] = None
-        if isinstance(item.event, ToolOutcomeEvent):
-            calls[(thread, item.event.payload.call_id)] = None
-        elif isinstance(item.event, AssistantMessageEvent):
-            for call in item.event.payload.tool_calls:
-                calls[(thread, call.call_id)] = None
-                if call.operation_id is not None:
-                    operations[(item.event.session_id, call.operation_id)] = None
-    return (
-        list(threads),
-        list(keys),
-        list(calls),
-        list(sessions),
-        list(runs),
-        list(parents),
-        list(releases),
-        list(operations),
-        list(tenants),
-    )
 
 
 def _dead_msg_id(rejection: Rejection) -> str:

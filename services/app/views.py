@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-from contracts import ContextPolicy, ToolCatalog
+from contracts import ContextExportPayload, ContextPolicy, EventKind, ToolCatalog
 
 from services.core.assemble import SummaryView, ThreadSnapshot
 from services.core.budget import BudgetSpec, calibrated, policy_budget
@@ -25,7 +25,7 @@ from services.core.compaction.policy import Counters
 from services.core.turns import turns_and_steps
 from contracts.exceptions import ThreadNotFound
 from services.core.groups import run_task_seq
-from services.core.records import ContextExportBody, LedgerRecord
+from services.core.records import LedgerRecord
 from services.core.render import TokenCounts
 from services.core.state import StateView
 from services.store.ledger import EventOutcome, StoredHead
@@ -442,10 +442,12 @@ class ViewLoader:
                 break  # this load serves an older head than the entry holds
             record = out[position]
             body = record.body
-            assert isinstance(body, ContextExportBody), "exports are found as records arrive"
+            assert isinstance(body, ContextExportPayload), "exports are found as records arrive"
             resolved = entry.resolved.get(record.seq)
             if resolved is None or resolved.event_key != record.event_key:
-                resolved = resolve_export(record, await conn.select_refs(body.refs))
+                resolved = resolve_export(
+                    record, await conn.select_refs([(r.thread_id, r.seq) for r in body.refs])
+                )
                 entry.resolved[record.seq] = resolved
             out[position] = resolved
         return out
@@ -551,5 +553,4 @@ def _facts_bytes(facts: StateView | None) -> int:
 
 
 def _unresolved_export(record: LedgerRecord) -> bool:
-    body = record.body
-    return isinstance(body, ContextExportBody) and not body.resolved
+    return record.kind is EventKind.CONTEXT_EXPORT and record.payload.get("_resolved") is not True

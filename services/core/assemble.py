@@ -27,7 +27,11 @@ counted in the report:
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+    ToolOutcomePayload,
+)
 
 import json
 import uuid
@@ -73,7 +77,7 @@ from services.core.hook_patches import HOOK_BLOCK_PREFIX
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
 from services.core.hook_patches import PrepareHookChange
 from services.core.hashing import canonical_json
-from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody, call_json
+from services.core.records import LedgerRecord
 from services.core.state import Fact, pattern_regex, render_facts
 from services.core.render import (
     MESSAGE_OVERHEAD,
@@ -820,7 +824,7 @@ def _deduped(s: _Sized, repeats: Mapping[int, int], counter: TokenCounter | None
     for r in s.block.records:
         body = r.body
         source = repeats.get(r.seq)
-        if source is None or not isinstance(body, ToolOutcomeBody):
+        if source is None or not isinstance(body, ToolOutcomePayload):
             records.append(r)
             continue
         text = f"[identical to the output at seq {source}]"
@@ -978,7 +982,7 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
     head = s.block.records[0]
     body = head.body
     over = _calls_tokens(s.block, counter) - room
-    if over <= 0 or not isinstance(body, AssistantMessageBody):
+    if over <= 0 or not isinstance(body, AssistantMessagePayload):
         return False
     read_back = _read_back(head, inputs)
     calls = list(body.tool_calls)
@@ -1004,7 +1008,7 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
             read_back=read_back,
         )
         over -= tokens - _count_text(counter, cut)
-        calls[i] = replace(calls[i], args={**calls[i].args, key: cut})
+        calls[i] = calls[i].model_copy(update={"args": {**calls[i].args, key: cut}})
     text = head.text
     if over > 0 and text_tokens > _MIN_ARG_TOKENS:
         # Then the model's own words before the calls: its reasoning, head and tail.
@@ -1026,7 +1030,7 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
         for c in calls
     )
     # The payload is what the body is read from: the cut calls go there.
-    stored: list[JsonValue] = [call_json(c) for c in calls]
+    stored: list[JsonValue] = [c.model_dump(mode="json") for c in calls]
     payload: dict[str, JsonValue] = {**head.payload, "tool_calls": stored}
     record = replace(head, text=text, payload=payload, tokens=TokenCounts(o200k_base=n, cl100k_base=n))
     records = [record, *s.block.records[1:]]
@@ -1064,22 +1068,22 @@ def _trim_output(
     return trim_to_fit(r.text, counter, max_tokens=max(0, max_tokens - cost), read_back=read_back) + suffix
 
 
-def _outcome(r: LedgerRecord) -> ToolOutcomeBody:
+def _outcome(r: LedgerRecord) -> ToolOutcomePayload:
     # Only tool outcomes are ever cut, masked or deduplicated.
-    assert isinstance(r.body, ToolOutcomeBody), f"record {r.seq} is a {r.kind}, not a tool outcome"
+    assert isinstance(r.body, ToolOutcomePayload), f"record {r.seq} is a {r.kind}, not a tool outcome"
     return r.body
 
 
 def _failure(r: LedgerRecord, records: Sequence[LedgerRecord]) -> Failure | None:
     """How the outcome ``r`` failed, its call looked up among ``records`` (its group's or the view's)."""
-    if not isinstance(r.body, ToolOutcomeBody):
+    if not isinstance(r.body, ToolOutcomePayload):
         return None
     call_id = r.body.call_id
     call = next(
         (
             c
             for a in records
-            if isinstance(a.body, AssistantMessageBody) and a.thread_id == r.thread_id
+            if isinstance(a.body, AssistantMessagePayload) and a.thread_id == r.thread_id
             for c in a.body.tool_calls
             if c.call_id == call_id
         ),
@@ -1235,7 +1239,9 @@ def _masked(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) ->
 def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessage]:
     # Tool messages carry the view id (tagged when inherited); outcome records the raw call id.
     texts = {
-        r.body.call_id: record_content(r.body, r.text) for r in records if isinstance(r.body, ToolOutcomeBody)
+        r.body.call_id: record_content(r.body, r.text)
+        for r in records
+        if isinstance(r.body, ToolOutcomePayload)
     }
     return [
         m.model_copy(update={"content": texts[_raw_id(m.tool_call_id or "", texts)]})
@@ -1257,13 +1263,13 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
     last: dict[tuple[str, str], LedgerRecord] = {}
     for r in sorted((r for s in [*dropped, *kept] for r in s.block.records), key=lambda r: r.seq):
         body = r.body
-        if isinstance(body, AssistantMessageBody):
+        if isinstance(body, AssistantMessagePayload):
             for c in body.tool_calls:
                 calls[(r.thread_id, c.call_id)] = (
                     c.name,
                     json.dumps(c.args, ensure_ascii=False, separators=(",", ":")),
                 )
-        elif isinstance(body, ToolOutcomeBody):
+        elif isinstance(body, ToolOutcomePayload):
             key = calls.get((r.thread_id, body.call_id))
             if key is not None:
                 last[key] = r
@@ -1314,7 +1320,7 @@ def _files_touched(groups: Sequence[_Sized]) -> tuple[list[str], list[str]]:
     modified: dict[str, None] = {}
     for s in groups:
         body = s.block.records[0].body
-        for c in body.tool_calls if isinstance(body, AssistantMessageBody) else ():
+        for c in body.tool_calls if isinstance(body, AssistantMessagePayload) else ():
             access = files_of_call(c.name, c.args)
             modified.update(dict.fromkeys(access.modified))
             read.update(dict.fromkeys(p for p in access.read if p not in modified))

@@ -12,14 +12,17 @@ percentile by nearest rank (no interpolation: the same records give the same int
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+)
 
 import math
 from collections.abc import Sequence
 
 from contracts.forecasts import Forecast, ForecastDeclaration, ForecastPolicy
 
-from services.core.records import AssistantMessageBody, LedgerRecord, ascending_by_seq
+from services.core.records import LedgerRecord, ascending_by_seq
 from services.core.tokens import EncodingName
 
 __all__ = ["forecast_need", "nearest_rank", "step_growths"]
@@ -29,7 +32,7 @@ def _is_step(record: LedgerRecord) -> bool:
     body = record.body
     return (
         record.kind is EventKind.ASSISTANT_MESSAGE
-        and isinstance(body, AssistantMessageBody)
+        and isinstance(body, AssistantMessagePayload)
         and body.purpose == "action"
     )
 

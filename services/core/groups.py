@@ -16,7 +16,21 @@ Invariants, one function each:
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
+    EventKind,
+    OperationReconcilePayload,
+    PhaseChangePayload,
+    ResourceActivatedPayload,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolOutcomePayload,
+    UserInputPayload,
+)
 
 import hashlib
 from collections.abc import Sequence
@@ -35,23 +49,7 @@ from contracts import (
 )
 
 from services.core.turns import counts_as_turn
-from services.core.records import (
-    AssistantMessageBody,
-    ChildResultBody,
-    ContextExportBody,
-    ContextResetBody,
-    LedgerRecord,
-    OperationReconcileBody,
-    PhaseChangeBody,
-    ResourceBody,
-    RunStatusBody,
-    StatePatchBody,
-    SystemBody,
-    TokenCounts,
-    ToolOutcomeBody,
-    UserInputBody,
-    ascending_by_seq,
-)
+from services.core.records import LedgerRecord, TokenCounts, ascending_by_seq
 from services.core.render import arguments_json, record_content
 from services.core.tokens import TokenCounter, counter_for
 
@@ -123,7 +121,7 @@ class DraftBlock:
 def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
     """``(call id as recorded, tool name)`` of a group's calls (its first record's), in call order."""
     body = records[0].body if records else None
-    if not isinstance(body, AssistantMessageBody):
+    if not isinstance(body, AssistantMessagePayload):
         return []
     return [(c.call_id, c.name) for c in body.tool_calls]
 
@@ -152,7 +150,7 @@ def _outcome_keys(records: tuple[LedgerRecord, ...]) -> tuple[tuple[tuple[str, s
     return tuple(
         ((names.get(r.body.call_id, ""), r.body.status.value, r.text), r.seq)
         for r in records
-        if isinstance(r.body, ToolOutcomeBody)
+        if isinstance(r.body, ToolOutcomePayload)
     )
 
 
@@ -170,10 +168,6 @@ class _Group:
 
 def _seq(record: LedgerRecord) -> int:
     return record.seq
-
-
-def _by_seq(records: tuple[LedgerRecord, ...]) -> list[LedgerRecord]:
-    return sorted(records, key=_seq)
 
 
 @dataclass(frozen=True)
@@ -415,20 +409,25 @@ def _history_blocks(
     for record in history:
         body = record.body
         match body:
-            case ContextResetBody() | StatePatchBody() | OperationReconcileBody() | PhaseChangeBody():
+            case (
+                ContextResetPayload()
+                | StatePatchPayload()
+                | OperationReconcilePayload()
+                | PhaseChangePayload()
+            ):
                 continue  # the origin boundary and state changes are not messages; state is projected apart
-            case ToolOutcomeBody():
+            case ToolOutcomePayload():
                 _attach_outcome(record, body, groups, own_thread)
                 continue
-            case SystemBody():
+            case SystemPayload():
                 continue  # pinned apart, before all history (_split_instructions)
             case (
-                UserInputBody()
-                | AssistantMessageBody()
-                | RunStatusBody()
-                | ContextExportBody()
-                | ResourceBody()
-                | ChildResultBody()
+                UserInputPayload()
+                | AssistantMessagePayload()
+                | RunStatusPayload()
+                | ContextExportPayload()
+                | ResourceActivatedPayload()
+                | ChildResultPayload()
             ):
                 pass
             case _:
@@ -469,7 +468,7 @@ def _recorded_ids(block: DraftBlock) -> dict[str, str]:
     Read from the record, never parsed back from the shown id: a recorded id may contain "@".
     """
     body = block.records[0].body
-    assert isinstance(body, AssistantMessageBody)
+    assert isinstance(body, AssistantMessagePayload)
     shown = block.messages[0].tool_calls or ()
     return {c.id: r.call_id for c, r in zip(shown, body.tool_calls, strict=True)}
 
@@ -542,7 +541,7 @@ def _history_block(
     turn = "in the current turn" if current_turn else "from an earlier turn"
     body = record.body
     match body:
-        case UserInputBody():
+        case UserInputPayload():
             if record.seq == last_user:
                 return DraftBlock(
                     f"task:{record.seq}",
@@ -562,9 +561,9 @@ def _history_block(
                 [record],
                 [_user_message(record)],
             )
-        case AssistantMessageBody():
+        case AssistantMessagePayload():
             return _assistant_block(record, body, retention, priority, turn, own_thread)
-        case RunStatusBody():
+        case RunStatusPayload():
             text = f"[state: run {record.thread_id.split('.')[0]} ended {body.status}" + (
                 f": {record.text}]" if record.text else "]"
             )
@@ -577,7 +576,7 @@ def _history_block(
                 [record],
                 [ChatMessage(role="user", content=text)],
             )
-        case ContextExportBody():
+        case ContextExportPayload():
             return DraftBlock(
                 f"material:{record.seq}",
                 BlockKind.MATERIAL,
@@ -591,8 +590,10 @@ def _history_block(
                     )
                 ],
             )
-        case ResourceBody() | ChildResultBody():
-            what = "activated resource" if isinstance(body, ResourceBody) else "child agent result"
+        case ResourceActivatedPayload() | ChildResultPayload():
+            what = (
+                "activated resource" if isinstance(body, ResourceActivatedPayload) else "child agent result"
+            )
             return DraftBlock(
                 f"material:{record.seq}",
                 BlockKind.MATERIAL,
@@ -603,12 +604,12 @@ def _history_block(
                 [ChatMessage(role="user", content=record_content(body, record.text))],
             )
         case (
-            SystemBody()
-            | ToolOutcomeBody()
-            | ContextResetBody()
-            | StatePatchBody()
-            | OperationReconcileBody()
-            | PhaseChangeBody()
+            SystemPayload()
+            | ToolOutcomePayload()
+            | ContextResetPayload()
+            | StatePatchPayload()
+            | OperationReconcilePayload()
+            | PhaseChangePayload()
         ):
             # build_blocks handles these before any history block is built.
             raise AssertionError(f"record {record.seq} ({record.kind}) is not a history block")
@@ -618,7 +619,7 @@ def _history_block(
 
 def _assistant_block(
     record: LedgerRecord,
-    body: AssistantMessageBody,
+    body: AssistantMessagePayload,
     retention: Retention,
     priority: int,
     turn: str,
@@ -648,7 +649,7 @@ def _assistant_block(
     return _Group(head, {c.id: i for i, c in enumerate(calls)}, [record], [message])
 
 
-def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread: str) -> ChatMessage:
+def _calls_message(record: LedgerRecord, body: AssistantMessagePayload, own_thread: str) -> ChatMessage:
     calls = tuple(
         ChatToolCall(
             id=_view_call_id(record, c.call_id, own_thread),
@@ -661,7 +662,7 @@ def _calls_message(record: LedgerRecord, body: AssistantMessageBody, own_thread:
 
 def _attach_outcome(
     record: LedgerRecord,
-    body: ToolOutcomeBody,
+    body: ToolOutcomePayload,
     groups: dict[tuple[str, str], _Group],
     own_thread: str = "",
 ) -> None:

@@ -20,7 +20,10 @@ decides every write and every rejection. The invariants it enforces, one check e
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+)
 
 import base64
 import re
@@ -81,15 +84,18 @@ from services.core.render import (
     TokenCounts,
     arguments_json,
     content_of,
+    record_content,
     count_rendered,
     telling_line,
     trim_tool_text,
 )
-from services.core.records import AssistantMessageBody, parse_body
+from services.core.records import parse_body
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
+    "BatchKeys",
     "BatchPlan",
+    "batch_keys",
     "Blob",
     "CallState",
     "Decoded",
@@ -205,6 +211,68 @@ class CallState:
     outcome_seq: int | None
     name: str = ""
     args: Mapping[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKeys:
+    """What a batch names, for the store to read into its ``LedgerReads``; each in first-seen order."""
+
+    thread_ids: Sequence[str]
+    keys: Sequence[tuple[str, str]]
+    calls: Sequence[tuple[str, str]]
+    session_ids: Sequence[str] = ()
+    run_ids: Sequence[str] = ()
+    # Parent threads the batch's first events name: read for their metadata only.
+    extra_threads: Sequence[str] = ()
+    release_names: Sequence[tuple[str, str]] = ()
+    operation_ids: Sequence[tuple[str, str]] = ()
+    tenants: Sequence[str] = ()
+
+
+def batch_keys(decoded: Sequence[Decoded | Rejection]) -> BatchKeys:
+    """The threads, keys, calls, sessions, runs, releases and operations the decoded events name."""
+    sessions: dict[str, None] = {}
+    tenants: dict[str, None] = {}
+    releases: dict[tuple[str, str], None] = {}
+    operations: dict[tuple[str, str], None] = {}
+    runs: dict[str, None] = {}
+    parents: dict[str, None] = {}
+    threads: dict[str, None] = {}
+    keys: dict[tuple[str, str], None] = {}
+    calls: dict[tuple[str, str], None] = {}
+    for item in decoded:
+        if isinstance(item, Rejection):
+            continue
+        thread = item.subject_thread
+        threads[thread] = None
+        sessions[item.event.session_id] = None
+        tenants[item.tenant] = None
+        runs[item.event.run_id] = None
+        if item.event.agent_release:
+            releases[(item.tenant, item.event.agent_release)] = None
+        if isinstance(item.event, OperationReconcileEvent):
+            operations[(item.event.session_id, item.event.payload.operation_id)] = None
+        if item.event.parent_instance_id is not None:
+            parents[f"{item.event.run_id}.{item.event.parent_instance_id}"] = None
+        keys[(thread, item.event.event_key)] = None
+        if isinstance(item.event, ToolOutcomeEvent):
+            calls[(thread, item.event.payload.call_id)] = None
+        elif isinstance(item.event, AssistantMessageEvent):
+            for call in item.event.payload.tool_calls:
+                calls[(thread, call.call_id)] = None
+                if call.operation_id is not None:
+                    operations[(item.event.session_id, call.operation_id)] = None
+    return BatchKeys(
+        list(threads),
+        list(keys),
+        list(calls),
+        list(sessions),
+        list(runs),
+        list(parents),
+        list(releases),
+        list(operations),
+        list(tenants),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1029,24 +1097,22 @@ def content_sha256_of(event: Event) -> str:
 
 def _text_of(event: Event) -> str:
     match event:
-        case SystemEvent() | UserInputEvent() | AssistantMessageEvent() | ToolOutcomeEvent():
+        case (
+            SystemEvent()
+            | UserInputEvent()
+            | AssistantMessageEvent()
+            | ToolOutcomeEvent()
+            | ResourceActivatedEvent()
+        ):
             return event.payload.text
-        case ResourceActivatedEvent():
-            return event.payload.text
-        case ChildResultEvent():
-            return ""
-        case RunStatusEvent():
+        case RunStatusEvent() | ContextResetEvent():
             return event.payload.reason
-        case ContextExportEvent():
+        case ContextExportEvent() | PhaseChangeEvent():
             return event.payload.note
-        case ContextResetEvent():
-            return event.payload.reason
-        case StatePatchEvent():
-            return ""
         case OperationReconcileEvent():
             return event.payload.evidence
-        case PhaseChangeEvent():
-            return event.payload.note
+        case ChildResultEvent() | StatePatchEvent():
+            return ""
         case _:
             assert_never(event)
 
@@ -1068,9 +1134,7 @@ def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
         if (
             isinstance(event, ToolOutcomeEvent) and event.payload.status is not ToolStatus.SUCCESS
         ) or isinstance(event, ResourceActivatedEvent):
-            texts.append(
-                content_of(event.kind, event.payload.model_dump(mode="json", exclude={"text"}), text)
-            )
+            texts.append(record_content(event.payload, text))
         for call in _calls_of(event):
             texts += (call.name, call.arguments, call.call_id)
     return texts
@@ -1134,12 +1198,12 @@ def _build_record(
         blob_sha = sha256_hex(raw_text)
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
-    content = content_of(event.kind, payload, view_text if view_text is not None else text)
+    content = record_content(event.payload, view_text if view_text is not None else text)
     calls = _calls_of(event)
     tokens = _counted(counters, content, calls)
     mask_tokens = None
     if mask_text is not None:
-        mask_tokens = _counted(counters, content_of(event.kind, payload, mask_text), [])
+        mask_tokens = _counted(counters, record_content(event.payload, mask_text), [])
     record = NewRecord(
         thread_id=cursor.thread_id,
         seq=seq,
@@ -1196,7 +1260,7 @@ def deferred_tokens(
         body = parse_body(EventKind(kind), payload)
         calls = (
             [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
-            if isinstance(body, AssistantMessageBody)
+            if isinstance(body, AssistantMessagePayload)
             else []
         )
         return count_rendered(counter_for("cl100k_base"), content_of(kind, payload, text), calls)

@@ -1,10 +1,8 @@
 """The read-side record: what the assembler needs of one ledger record, typed per kind.
 
-A record's kind is the wire's :class:`~contracts.EventKind` and its payload a typed body (one
-frozen dataclass per kind, mirroring the wire payloads of ``contracts/events.py``). The body is
-parsed once, when the record is built from its row; the view loader caches records per thread, so
-no prepare parses again. Parsing is plain code over the stored JSON, not pydantic: the recorder
-validated it already.
+A record's kind is the wire's :class:`~contracts.EventKind` and its body the wire's payload model
+of that kind (``contracts/events.py``), with the record's text. The body is parsed once, when the
+record is built from its row; the view loader caches records per thread, so no prepare parses again.
 """
 
 from __future__ import annotations
@@ -13,62 +11,35 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, TypeAlias, assert_never
+from typing import TypeAlias
 
 from pydantic import JsonValue
 
 from contracts import (
-    AssistantMessageEvent,
-    ChildResultEvent,
-    ChildStatus,
-    ContextExportEvent,
-    ContextResetEvent,
-    Event,
+    AssistantMessagePayload,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
     EventKind,
-    OperationReconcileEvent,
-    PhaseChangeEvent,
-    ResourceActivatedEvent,
-    RunStatusEvent,
-    StatePatchEvent,
-    SystemEvent,
-    ToolOutcomeEvent,
-    ToolStatus,
-    UserInputEvent,
+    OperationReconcilePayload,
+    PhaseChangePayload,
+    ResourceActivatedPayload,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolOutcomePayload,
+    UserInputPayload,
 )
 
 from services.core.tokens import EncodingName
 
 __all__ = [
-    "AssistantMessageBody",
-    "CallBody",
-    "ChildResultBody",
-    "ContextExportBody",
-    "ContextResetBody",
     "LedgerRecord",
-    "OperationReconcileBody",
-    "PhaseChangeBody",
-    "Purpose",
     "RecordBody",
-    "ResourceBody",
-    "RunEnd",
-    "RunStatusBody",
-    "StatePatchBody",
-    "SystemBody",
     "TokenCounts",
-    "ToolOutcomeBody",
-    "UsageBody",
-    "UserInputBody",
-    "UserIntent",
     "ascending_by_seq",
-    "call_json",
-    "kind_of",
     "parse_body",
 ]
-
-
-UserIntent: TypeAlias = Literal["question", "supplement"]
-Purpose: TypeAlias = Literal["action", "completion"]
-RunEnd: TypeAlias = Literal["completed", "failed", "cancelled", "interrupted"]
 
 
 class TokenCounts:
@@ -134,129 +105,35 @@ class TokenCounts:
         return (TokenCounts, (self.o200k_base, self.cl100k_base))
 
 
-# The bodies leave out ``text``: the recorder stores it apart (possibly as a blob) and the record
-# carries it as ``LedgerRecord.text``.
-
-
-@dataclass(frozen=True, slots=True)
-class SystemBody:
-    """Instructions: everything is in the record's text."""
-
-
-@dataclass(frozen=True, slots=True)
-class UserInputBody:
-    intent: UserIntent = "question"
-
-
-@dataclass(frozen=True, slots=True)
-class CallBody:
-    """One tool call of an assistant message, as recorded."""
-
-    call_id: str
-    name: str
-    args: Mapping[str, JsonValue]
-    operation_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UsageBody:
-    """What the provider reported for the call that produced a response (``CallUsage``)."""
-
-    input_tokens: int
-    output_tokens: int
-    cost: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AssistantMessageBody:
-    tool_calls: tuple[CallBody, ...] = ()
-    purpose: Purpose = "action"
-    usage: UsageBody | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ToolOutcomeBody:
-    call_id: str
-    status: ToolStatus = ToolStatus.SUCCESS
-    external_ref: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceBody:
-    resource_id: str
-    revision: str | None = None
-    uri: str | None = None
-    title: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChildResultBody:
-    child_instance_id: str
-    status: ChildStatus = ChildStatus.COMPLETED
-    conclusion: str = ""
-    evidence_refs: tuple[str, ...] = ()
-    artifact_refs: tuple[str, ...] = ()
-    unresolved: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RunStatusBody:
-    status: RunEnd
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ContextExportBody:
-    # ``(thread_id, thread seq)`` of each exported parent record.
-    refs: tuple[tuple[str, int], ...]
-    note: str = ""
-    # Set on the in-memory copy whose text already quotes the referenced records.
-    resolved: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ContextResetBody:
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StatePatchBody:
-    # Ops stay JSON: the state projection (services/core/state.py) validates them against the contract.
-    source: str
-    ops: tuple[Mapping[str, JsonValue], ...]
-    based_on_version: Mapping[str, int]
-    evidence: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class OperationReconcileBody:
-    operation_id: str
-    status: Literal["success", "failed"]
-    external_ref: str | None = None
-    evidence: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseChangeBody:
-    phase: str
-    expected_steps: int | None = None
-    source: Literal["runtime", "model_proposal"] = "runtime"
-
-
 RecordBody: TypeAlias = (
-    SystemBody
-    | UserInputBody
-    | AssistantMessageBody
-    | ToolOutcomeBody
-    | ResourceBody
-    | ChildResultBody
-    | RunStatusBody
-    | ContextExportBody
-    | ContextResetBody
-    | StatePatchBody
-    | OperationReconcileBody
-    | PhaseChangeBody
+    SystemPayload
+    | UserInputPayload
+    | AssistantMessagePayload
+    | ToolOutcomePayload
+    | ResourceActivatedPayload
+    | ChildResultPayload
+    | RunStatusPayload
+    | ContextExportPayload
+    | ContextResetPayload
+    | StatePatchPayload
+    | OperationReconcilePayload
+    | PhaseChangePayload
 )
+
+_BODIES: dict[EventKind, type[RecordBody]] = {
+    EventKind.SYSTEM: SystemPayload,
+    EventKind.USER_INPUT: UserInputPayload,
+    EventKind.ASSISTANT_MESSAGE: AssistantMessagePayload,
+    EventKind.TOOL_OUTCOME: ToolOutcomePayload,
+    EventKind.RESOURCE_ACTIVATED: ResourceActivatedPayload,
+    EventKind.CHILD_RESULT: ChildResultPayload,
+    EventKind.RUN_STATUS: RunStatusPayload,
+    EventKind.CONTEXT_EXPORT: ContextExportPayload,
+    EventKind.CONTEXT_RESET: ContextResetPayload,
+    EventKind.STATE_PATCH: StatePatchPayload,
+    EventKind.OPERATION_RECONCILE: OperationReconcilePayload,
+    EventKind.PHASE_CHANGE: PhaseChangePayload,
+}
 
 
 def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
@@ -264,151 +141,17 @@ def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
     return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 
-def kind_of(event: Event) -> EventKind:
-    """The record kind of a wire event: a new wire kind fails the type check here until it has one."""
-    match event:
-        case SystemEvent():
-            return EventKind.SYSTEM
-        case UserInputEvent():
-            return EventKind.USER_INPUT
-        case AssistantMessageEvent():
-            return EventKind.ASSISTANT_MESSAGE
-        case ToolOutcomeEvent():
-            return EventKind.TOOL_OUTCOME
-        case ResourceActivatedEvent():
-            return EventKind.RESOURCE_ACTIVATED
-        case ChildResultEvent():
-            return EventKind.CHILD_RESULT
-        case RunStatusEvent():
-            return EventKind.RUN_STATUS
-        case ContextExportEvent():
-            return EventKind.CONTEXT_EXPORT
-        case ContextResetEvent():
-            return EventKind.CONTEXT_RESET
-        case StatePatchEvent():
-            return EventKind.STATE_PATCH
-        case OperationReconcileEvent():
-            return EventKind.OPERATION_RECONCILE
-        case PhaseChangeEvent():
-            return EventKind.PHASE_CHANGE
-        case _:
-            assert_never(event)
+_FIELDS = {kind: frozenset(model.model_fields) for kind, model in _BODIES.items()}
 
 
-def parse_body(kind: EventKind, p: Mapping[str, JsonValue]) -> RecordBody:
-    """The typed body of a stored payload (the recorder's ``model_dump(mode="json")`` without ``text``).
-
-    Defaults are the wire models' own, so a payload that omits a defaulted field reads as it was sent.
-    """
-    match kind:
-        case EventKind.SYSTEM:
-            return SystemBody()
-        case EventKind.USER_INPUT:
-            return UserInputBody("supplement" if p.get("intent") == "supplement" else "question")
-        case EventKind.ASSISTANT_MESSAGE:
-            calls = p.get("tool_calls") or []
-            usage = p.get("usage")
-            return AssistantMessageBody(
-                tuple(_call(c) for c in calls if isinstance(c, dict)) if isinstance(calls, list) else (),
-                "completion" if p.get("purpose") == "completion" else "action",
-                _usage(usage) if isinstance(usage, dict) else None,
-            )
-        case EventKind.TOOL_OUTCOME:
-            return ToolOutcomeBody(
-                _str(p, "call_id"), ToolStatus(_str(p, "status", "success")), _opt(p, "external_ref")
-            )
-        case EventKind.RESOURCE_ACTIVATED:
-            return ResourceBody(_str(p, "resource_id"), _opt(p, "revision"), _opt(p, "uri"), _opt(p, "title"))
-        case EventKind.CHILD_RESULT:
-            return ChildResultBody(
-                _str(p, "child_instance_id"),
-                ChildStatus(_str(p, "status", "completed")),
-                _str(p, "conclusion"),
-                _strs(p, "evidence_refs"),
-                _strs(p, "artifact_refs"),
-                _strs(p, "unresolved"),
-            )
-        case EventKind.RUN_STATUS:
-            status = p.get("status")
-            end: RunEnd = status if status in ("failed", "cancelled", "interrupted") else "completed"  # type: ignore[assignment]
-            return RunStatusBody(end, _str(p, "reason"))
-        case EventKind.CONTEXT_EXPORT:
-            refs = p.get("refs")
-            pairs = tuple(
-                (str(r["thread_id"]), int(str(r["seq"])))
-                for r in (refs if isinstance(refs, list) else [])
-                if isinstance(r, dict)
-            )
-            return ContextExportBody(pairs, _str(p, "note"), p.get("_resolved") is True)
-        case EventKind.CONTEXT_RESET:
-            return ContextResetBody(_str(p, "reason"))
-        case EventKind.STATE_PATCH:
-            ops = p.get("ops")
-            versions = p.get("based_on_version")
-            return StatePatchBody(
-                _str(p, "source"),
-                tuple(o for o in ops if isinstance(o, dict)) if isinstance(ops, list) else (),
-                {str(k): int(str(v)) for k, v in versions.items()} if isinstance(versions, dict) else {},
-                _strs(p, "evidence"),
-            )
-        case EventKind.OPERATION_RECONCILE:
-            return OperationReconcileBody(
-                _str(p, "operation_id"),
-                "failed" if p.get("status") == "failed" else "success",
-                _opt(p, "external_ref"),
-                _str(p, "evidence"),
-            )
-        case EventKind.PHASE_CHANGE:
-            steps = p.get("expected_steps")
-            return PhaseChangeBody(
-                _str(p, "phase"),
-                steps if isinstance(steps, int) else None,
-                "model_proposal" if p.get("source") == "model_proposal" else "runtime",
-            )
-        case _:
-            assert_never(kind)
-
-
-def _call(c: Mapping[str, JsonValue]) -> CallBody:
-    args = c.get("args")
-    return CallBody(
-        _str(c, "call_id"), _str(c, "name"), args if isinstance(args, dict) else {}, _opt(c, "operation_id")
-    )
-
-
-def _usage(u: Mapping[str, JsonValue]) -> UsageBody:
-    cost = u.get("cost")
-    return UsageBody(
-        _int(u, "input_tokens"),
-        _int(u, "output_tokens"),
-        float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
-    )
-
-
-def _int(p: Mapping[str, JsonValue], key: str) -> int:
-    value = p.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def call_json(c: CallBody) -> dict[str, JsonValue]:
-    """A call as the recorder stores it (``ToolCall.model_dump(mode="json")``):
-    what ``parse_body`` reads back."""
-    return {"call_id": c.call_id, "name": c.name, "args": dict(c.args), "operation_id": c.operation_id}
-
-
-def _str(p: Mapping[str, JsonValue], key: str, default: str = "") -> str:
-    value = p.get(key)
-    return value if isinstance(value, str) else default
-
-
-def _opt(p: Mapping[str, JsonValue], key: str) -> str | None:
-    value = p.get(key)
-    return value if isinstance(value, str) else None
-
-
-def _strs(p: Mapping[str, JsonValue], key: str) -> tuple[str, ...]:
-    value = p.get(key)
-    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+def parse_body(kind: EventKind, p: Mapping[str, JsonValue], text: str = "") -> RecordBody:
+    """The wire payload of a stored one (the recorder's ``model_dump(mode="json")``, its ``text``
+    stored apart and given here). Keys the payload model does not know (``_resolved``) are not read."""
+    fields = _FIELDS[kind]
+    data = dict(p) if p.keys() <= fields else {k: v for k, v in p.items() if k in fields}
+    if "text" in fields:
+        data["text"] = text
+    return _BODIES[kind].model_validate(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,4 +182,4 @@ class LedgerRecord:
         # Frozen: the derived fields are set once, here. A kind given as its string value is accepted.
         kind = EventKind(self.kind)
         object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "body", parse_body(kind, self.payload))
+        object.__setattr__(self, "body", parse_body(kind, self.payload, self.text))

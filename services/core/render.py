@@ -8,7 +8,21 @@ appear with instruction authority.
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
+    EventKind,
+    OperationReconcilePayload,
+    PhaseChangePayload,
+    ResourceActivatedPayload,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolOutcomePayload,
+    UserInputPayload,
+)
 
 import json
 import re
@@ -21,23 +35,7 @@ from pydantic import JsonValue
 
 from contracts import ToolStatus
 
-from services.core.records import (
-    AssistantMessageBody,
-    ChildResultBody,
-    ContextExportBody,
-    ContextResetBody,
-    OperationReconcileBody,
-    PhaseChangeBody,
-    RecordBody,
-    ResourceBody,
-    RunStatusBody,
-    StatePatchBody,
-    SystemBody,
-    TokenCounts,
-    ToolOutcomeBody,
-    UserInputBody,
-    parse_body,
-)
+from services.core.records import RecordBody, TokenCounts, parse_body
 from services.core import json_text
 from services.core.context_tools import read_back_with_tool
 from services.core.tokens import EncodingName, TokenCounter
@@ -114,9 +112,9 @@ def content_of(kind: str, payload: Mapping[str, JsonValue], text: str) -> str:
 def record_content(body: RecordBody, text: str) -> str:
     """The message content of a record, given its typed body and its (possibly trimmed) text."""
     match body:
-        case ToolOutcomeBody():
+        case ToolOutcomePayload():
             return text if body.status is ToolStatus.SUCCESS else f"[tool status: {body.status}]\n{text}"
-        case ResourceBody():
+        case ResourceActivatedPayload():
             head = f"[material: resource {body.resource_id}"
             if body.revision:
                 head += f" revision {body.revision}"
@@ -126,25 +124,25 @@ def record_content(body: RecordBody, text: str) -> str:
             if body.title:
                 head += f" {body.title}"
             return f"{head}\n{text}"
-        case ChildResultBody():
+        case ChildResultPayload():
             return _child_result_text(body)
         case (
-            SystemBody()
-            | UserInputBody()
-            | AssistantMessageBody()
-            | RunStatusBody()
-            | ContextExportBody()
-            | ContextResetBody()
-            | StatePatchBody()
-            | OperationReconcileBody()
-            | PhaseChangeBody()
+            SystemPayload()
+            | UserInputPayload()
+            | AssistantMessagePayload()
+            | RunStatusPayload()
+            | ContextExportPayload()
+            | ContextResetPayload()
+            | StatePatchPayload()
+            | OperationReconcilePayload()
+            | PhaseChangePayload()
         ):
             return text
         case _:
             assert_never(body)
 
 
-def _child_result_text(body: ChildResultBody) -> str:
+def _child_result_text(body: ChildResultPayload) -> str:
     lines = [
         f"[material: result of child agent {body.child_instance_id}, status {body.status}]",
         f"Conclusion: {body.conclusion}",

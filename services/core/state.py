@@ -15,7 +15,21 @@ Rules (docs/design.md, "State"), one function each:
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
+    EventKind,
+    OperationReconcilePayload,
+    PhaseChangePayload,
+    ResourceActivatedPayload,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolOutcomePayload,
+    UserInputPayload,
+)
 
 import json
 import re
@@ -25,7 +39,7 @@ from typing import Literal, assert_never
 
 from pydantic import JsonValue
 
-from contracts import PatchOp, PathRule, StatePatchPayload, ToolCatalog, ToolSpec
+from contracts import PatchOp, PathRule, ToolCatalog, ToolSpec
 
 from contracts.exceptions import (
     AuthorityViolation,
@@ -35,21 +49,7 @@ from contracts.exceptions import (
     UnregisteredPath,
 )
 from services.core.hashing import canonical_json, sha256_hex
-from services.core.records import (
-    AssistantMessageBody,
-    ChildResultBody,
-    ContextExportBody,
-    ContextResetBody,
-    OperationReconcileBody,
-    PhaseChangeBody,
-    ResourceBody,
-    RunStatusBody,
-    StatePatchBody,
-    SystemBody,
-    ToolOutcomeBody,
-    UserInputBody,
-    parse_body,
-)
+from services.core.records import parse_body
 
 __all__ = [
     "AUTHORITY",
@@ -418,25 +418,23 @@ def rebuild_state(
     for seq, key, kind, payload, text, observed in records:
         body = parse_body(EventKind(kind), payload)
         match body:
-            case AssistantMessageBody():
+            case AssistantMessagePayload():
                 calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)
-            case StatePatchBody():
-                # The ops are applied as the contract reads them, exactly as the recorder did.
-                patch = StatePatchPayload.model_validate(payload)
+            case StatePatchPayload():
                 state.apply(
                     plan_patch(
                         state,
-                        patch.ops,
-                        source=patch.source,
-                        based_on=patch.based_on_version,
+                        body.ops,
+                        source=body.source,
+                        based_on=body.based_on_version,
                         rules=rules,
                         event_key=key,
                         seq=seq,
                         observed_at=observed,
-                        evidence=patch.evidence,
+                        evidence=body.evidence,
                     )
                 )
-            case ToolOutcomeBody():
+            case ToolOutcomePayload():
                 if catalog is None:
                     continue
                 name, args = calls.get(body.call_id, ("", {}))
@@ -459,15 +457,15 @@ def rebuild_state(
                     except InvalidEvent:
                         pass
             case (
-                SystemBody()
-                | UserInputBody()
-                | ResourceBody()
-                | ChildResultBody()
-                | RunStatusBody()
-                | ContextExportBody()
-                | ContextResetBody()
-                | OperationReconcileBody()
-                | PhaseChangeBody()
+                SystemPayload()
+                | UserInputPayload()
+                | ResourceActivatedPayload()
+                | ChildResultPayload()
+                | RunStatusPayload()
+                | ContextExportPayload()
+                | ContextResetPayload()
+                | OperationReconcilePayload()
+                | PhaseChangePayload()
             ):
                 pass  # the recorder writes facts for patches and tool effects only (ledger._state_write)
             case _:

@@ -13,14 +13,17 @@ Invariants:
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+)
 
 from collections.abc import Sequence
 from datetime import datetime
 
 from contracts.task_budgets import TASK_BUDGET_DIMENSIONS, BudgetLedger, TaskBudget, TaskBudgetReport
 
-from services.core.records import AssistantMessageBody, LedgerRecord
+from services.core.records import LedgerRecord
 from services.core.tokens import EncodingName
 from contracts.exceptions import TaskBudgetExhausted
 
@@ -47,7 +50,7 @@ def ledger_of(
         if mine and record.recorded_at is not None:
             times.append(record.recorded_at)
         body = record.body
-        if mine and record.kind is EventKind.ASSISTANT_MESSAGE and isinstance(body, AssistantMessageBody):
+        if mine and record.kind is EventKind.ASSISTANT_MESSAGE and isinstance(body, AssistantMessagePayload):
             calls += 1
             tools += len(body.tool_calls)
             usage = body.usage

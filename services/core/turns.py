@@ -8,36 +8,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.core.records import (
-    LedgerRecord,
-    Purpose,
-    RecordBody,
-    UserInputBody,
-    AssistantMessageBody,
-    UserIntent,
-)
+from contracts import AssistantMessagePayload, UserInputPayload
+from services.core.records import LedgerRecord, RecordBody
 
 __all__ = ["counts_as_step", "counts_as_turn", "is_model_step", "is_new_question", "turns_and_steps"]
 
 
-def is_new_question(intent: UserIntent) -> bool:
+def is_new_question(intent: str) -> bool:
     """A user input counts as a turn once, when it asks a new question; a supplement never does."""
     return intent == "question"
 
 
-def is_model_step(purpose: Purpose) -> bool:
+def is_model_step(purpose: str) -> bool:
     """A stored model response counts as a step when it acts; a completion check's answer never does."""
     return purpose == "action"
 
 
 def counts_as_turn(body: RecordBody) -> bool:
     """Whether a record is a user turn (a new question)."""
-    return isinstance(body, UserInputBody) and is_new_question(body.intent)
+    return isinstance(body, UserInputPayload) and is_new_question(body.intent)
 
 
 def counts_as_step(body: RecordBody) -> bool:
     """Whether a record is a model step (an action response)."""
-    return isinstance(body, AssistantMessageBody) and is_model_step(body.purpose)
+    return isinstance(body, AssistantMessagePayload) and is_model_step(body.purpose)
 
 
 def turns_and_steps(records: Iterable[LedgerRecord]) -> tuple[int, int]:

@@ -31,7 +31,11 @@ from typing import Literal
 
 from pydantic import JsonValue, ValidationError
 
-from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
+from contracts import (
+    AssistantMessagePayload,
+    ToolOutcomePayload,
+)
+from services.core.records import LedgerRecord
 from services.core.render import arguments_json, record_content
 from services.core.compaction.model import (
     Segment,
@@ -210,10 +214,10 @@ def _render_request_text(segment: Segment) -> str:
 def _render_record(record: LedgerRecord) -> str:
     head = f"[seq {record.seq}] {record.kind}"
     body = record.body
-    if isinstance(body, ToolOutcomeBody):
+    if isinstance(body, ToolOutcomePayload):
         head += f" call_id={body.call_id} status={body.status}"
     lines = [head, record_content(body, record.text)]
-    if isinstance(body, AssistantMessageBody):
+    if isinstance(body, AssistantMessagePayload):
         lines += [f"call {call.call_id} {call.name}({arguments_json(call.args)})" for call in body.tool_calls]
     return "\n".join(line for line in lines if line)
 

@@ -13,6 +13,7 @@ from contracts import ToolCatalog
 
 from contracts.exceptions import RevisionConflict
 from services.core.ledger import (
+    BatchKeys,
     BatchPlan,
     CallState,
     KnownKey,
@@ -183,40 +184,30 @@ def _json_or_none(text: str | None) -> JsonValue:
 
 
 async def read_for_batch(
-    conn: Conn,
-    thread_ids: Sequence[str],
-    keys: Sequence[tuple[str, str]],
-    calls: Sequence[tuple[str, str]],
-    session_ids: Sequence[str] = (),
-    run_ids: Sequence[str] = (),
-    extra_threads: Sequence[str] = (),
-    release_names: Sequence[tuple[str, str]] = (),
-    operation_ids: Sequence[tuple[str, str]] = (),
-    tenants: Sequence[str] = (),
-    tracking: tuple[str, int] | None = None,
+    conn: Conn, wanted: BatchKeys, tracking: tuple[str, int] | None = None
 ) -> LedgerReads:
     """Everything :func:`services.core.ledger.plan_batch` needs to know of the ledger, in one round trip;
     with ``tracking`` (consumer, partition), that consumer's position too."""
     row = await conn.fetchrow(
         _READ_BATCH,
-        list({*thread_ids, *extra_threads}),
-        [k[0] for k in keys],
-        [k[1] for k in keys],
-        [c[0] for c in calls],
-        [c[1] for c in calls],
-        list(session_ids),
-        list(tenants),
-        list(run_ids),
-        list(thread_ids),
-        [o[0] for o in operation_ids],
-        [o[1] for o in operation_ids],
-        [k[0] for k in release_names],
-        [k[1] for k in release_names],
+        list({*wanted.thread_ids, *wanted.extra_threads}),
+        [k[0] for k in wanted.keys],
+        [k[1] for k in wanted.keys],
+        [c[0] for c in wanted.calls],
+        [c[1] for c in wanted.calls],
+        list(wanted.session_ids),
+        list(wanted.tenants),
+        list(wanted.run_ids),
+        list(wanted.thread_ids),
+        [o[0] for o in wanted.operation_ids],
+        [o[1] for o in wanted.operation_ids],
+        [k[0] for k in wanted.release_names],
+        [k[1] for k in wanted.release_names],
         tracking[0] if tracking is not None else None,
         tracking[1] if tracking is not None else None,
     )
     assert row is not None  # an aggregate-only SELECT always returns its one row
-    asked = set(thread_ids)
+    asked = set(wanted.thread_ids)
     heads: dict[str, ThreadHead] = {}
     metas: dict[str, ThreadMeta] = {}
     for thread_id, session_id, revision, last_seq, last_hash, last_key, role, parent in json.loads(

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from services.store.ledger import Conn
+from services.store.ledger import Conn, Row
 
 __all__ = [
     "ForkOrigin",
     "ForkParent",
     "HistoryRow",
+    "history_of_row",
     "NewFork",
     "insert_fork",
     "last_reset",
@@ -128,15 +129,17 @@ async def select_history(
     conn: Conn, session_id: str, *, after: int, through: int, limit: int
 ) -> list[HistoryRow]:
     """The session's own main-thread records with ``after < seq <= through``, in order, full text."""
-    return [
-        HistoryRow(
-            r["session_seq"],
-            r["thread_id"],
-            r["run_id"],
-            r["kind"],
-            json.loads(r["payload"]),
-            r["text"] or "",
-            r["client_ts"].isoformat() if r["client_ts"] else None,
-        )
-        for r in await conn.fetch(_SELECT_HISTORY, session_id, after, through, limit)
-    ]
+    return [history_of_row(r) for r in await conn.fetch(_SELECT_HISTORY, session_id, after, through, limit)]
+
+
+def history_of_row(r: Row) -> HistoryRow:
+    """A main-thread record from a row with its full text (inline, or its blob's)."""
+    return HistoryRow(
+        r["session_seq"],
+        r["thread_id"],
+        r["run_id"],
+        r["kind"],
+        json.loads(r["payload"]),
+        r["text"] or "",
+        r["client_ts"].isoformat() if r["client_ts"] else None,
+    )

@@ -12,7 +12,7 @@ Every method that takes part in a caller's transaction takes the connection firs
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 # A plain connection or one borrowed from a pool: repositories accept either.
 Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
+# A row as asyncpg reads it, or as the in-memory store holds it: read by column name alike.
+Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -39,9 +41,11 @@ __all__ = [
     "HeadsRepo",
     "LedgerRecord",
     "RecordsRepo",
+    "Row",
     "StoredHead",
     "TailRecord",
     "blob_preview",
+    "evidence_of_row",
     "head_of_row",
     "ledger_record_of_row",
 ]
@@ -285,7 +289,20 @@ def _ledger_record(r: asyncpg.Record) -> LedgerRecord:
     )
 
 
-def head_of_row(r: asyncpg.Record) -> StoredHead:
+def evidence_of_row(r: Row) -> EvidenceRow:
+    """A record's evidence from a row of its text, or its blob's bytes."""
+    return EvidenceRow(
+        r["event_key"],
+        r["kind"],
+        r["content_sha256"],
+        r["record_hash"],
+        r["text"],
+        r["blob_sha256"],
+        None if r["blob"] is None else bytes(r["blob"]),
+    )
+
+
+def head_of_row(r: Row) -> StoredHead:
     """A head from a row with ``HEAD_COLUMNS``."""
     return StoredHead(
         r["thread_id"],
@@ -416,18 +433,7 @@ class RecordsRepo:
         """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
         inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
         rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
-        return {
-            (r["thread_id"], r["seq"]): EvidenceRow(
-                r["event_key"],
-                r["kind"],
-                r["content_sha256"],
-                r["record_hash"],
-                r["text"],
-                r["blob_sha256"],
-                None if r["blob"] is None else bytes(r["blob"]),
-            )
-            for r in rows
-        }
+        return {(r["thread_id"], r["seq"]): evidence_of_row(r) for r in rows}
 
     @staticmethod
     async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:

@@ -14,10 +14,11 @@ from datetime import datetime
 from contracts import SummaryHook
 from services.core.served import ServedContext
 
-from services.store.ledger import Conn
+from services.store.ledger import Conn, Row
 from services.store.views import parse_summary_hooks
 
 __all__ = [
+    "compaction_of_row",
     "CompactionEntry",
     "ServedStep",
     "SessionListing",
@@ -129,22 +130,24 @@ async def select_sessions(conn: Conn, tenant: str | None, limit: int) -> list[Se
 
 async def select_compactions(conn: Conn, thread_id: str) -> list[CompactionEntry]:
     """Every summary committed for the thread, oldest view first."""
-    return [
-        CompactionEntry(
-            view_revision=r["view_revision"],
-            covered_from=r["covered_from"],
-            covered_to=r["covered_to"],
-            tokens_before=r["tokens_before"],
-            tokens_after=r["tokens_after"],
-            summarizer=r["summarizer"],
-            trigger_reasons=tuple(r["trigger_reasons"]),
-            target_reached=r["target_reached"],
-            hooks=parse_summary_hooks(r["hooks"]),
-            summary_id=r["summary_id"],
-            text=r["text"],
-        )
-        for r in await conn.fetch(_COMPACTIONS, thread_id)
-    ]
+    return [compaction_of_row(r) for r in await conn.fetch(_COMPACTIONS, thread_id)]
+
+
+def compaction_of_row(r: Row) -> CompactionEntry:
+    """A compaction from a ``ctx.summaries`` row."""
+    return CompactionEntry(
+        view_revision=r["view_revision"],
+        covered_from=r["covered_from"],
+        covered_to=r["covered_to"],
+        tokens_before=r["tokens_before"],
+        tokens_after=r["tokens_after"],
+        summarizer=r["summarizer"],
+        trigger_reasons=tuple(r["trigger_reasons"]),
+        target_reached=r["target_reached"],
+        hooks=parse_summary_hooks(r["hooks"]),
+        summary_id=str(r["summary_id"]),
+        text=r["text"],
+    )
 
 
 async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:

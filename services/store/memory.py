@@ -28,18 +28,17 @@ from contracts import (
 )
 from contracts.hooks import HookSet
 from contracts.prepare import ProviderOverflow
-from contracts.task_budgets import TaskBudget
 from contracts.windows import WindowHandoff
 from contracts.subjects import DEFAULT_TENANT, parse_stored_subject
 
 from services.core.calibration import Calibration
 
-from services.core.compaction.model import StructuredSummary
-from services.core.compaction.policy import Counters, Throttle
+from services.core.compaction.policy import Throttle
 from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import ChainLink, sha256_hex
 from services.killpoints import kill_point
 from services.core.ledger import (
+    BatchKeys,
     BatchPlan,
     CallState,
     HeadWrite,
@@ -54,7 +53,7 @@ from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from contracts.exceptions import StoreRejected
 from services.store.batch_write import LedgerWritten, Position
-from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
+from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork, history_of_row
 from services.store.final_checks import MemoryGatewayStore
 from services.store.hook_sets import PinnedHooks
 from services.store.ledger import (
@@ -64,17 +63,27 @@ from services.store.ledger import (
     TailRecord,
     _ledger_record,
     blob_preview,
+    evidence_of_row,
+    head_of_row,
 )
 from services.store.memory_search import MemoryIndex
 from services.store.search import Chunker, IndexStep
-from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
+from services.store.listing import (
+    CompactionEntry,
+    ServedStep,
+    SessionListing,
+    ToolCallEntry,
+    compaction_of_row,
+)
 from services.store.views import (
     Candidate,
     NewSummary,
     SummaryRow,
     ThreadScope,
+    scope_of_row,
+    summary_of_row,
+    view_of_row,
     ViewState,
-    parse_summary_hooks,
     summary_hooks_json,
     summary_id_of,
 )
@@ -296,22 +305,7 @@ class MemoryStore:
             (s for s in self.tables.summaries.values() if s["thread_id"] == thread_id),
             key=lambda s: int(s["view_revision"]),
         )
-        return [
-            CompactionEntry(
-                view_revision=s["view_revision"],
-                covered_from=s["covered_from"],
-                covered_to=s["covered_to"],
-                tokens_before=s["tokens_before"],
-                tokens_after=s["tokens_after"],
-                summarizer=s["summarizer"],
-                trigger_reasons=tuple(s["trigger_reasons"]),
-                target_reached=s["target_reached"],
-                hooks=parse_summary_hooks(s["hooks"]),
-                summary_id=str(s["summary_id"]),
-                text=s["text"],
-            )
-            for s in mine
-        ]
+        return [compaction_of_row(s) for s in mine]
 
     async def thread_served(self, thread_id: str) -> list[ServedStep]:
         return list(self.gateway.served.get(thread_id, ()))
@@ -361,19 +355,7 @@ class MemoryConnection:
         key = (consumer, partition)
         self._t.tracking[key] = max(self._t.tracking.get(key, 0), stream_seq)
 
-    async def read_for_batch(
-        self,
-        thread_ids: Sequence[str],
-        keys: Sequence[tuple[str, str]],
-        calls: Sequence[tuple[str, str]],
-        session_ids: Sequence[str] = (),
-        run_ids: Sequence[str] = (),
-        extra_threads: Sequence[str] = (),
-        release_names: Sequence[tuple[str, str]] = (),
-        operation_ids: Sequence[tuple[str, str]] = (),
-        tenants: Sequence[str] = (),
-        tracking: tuple[str, int] | None = None,
-    ) -> LedgerReads:
+    async def read_for_batch(self, wanted: BatchKeys, tracking: tuple[str, int] | None = None) -> LedgerReads:
         t = self._t
         heads = {
             h["thread_id"]: ThreadHead(
@@ -384,32 +366,34 @@ class MemoryConnection:
                 h["last_hash"],
                 h["last_event_key"],
             )
-            for tid in thread_ids
+            for tid in wanted.thread_ids
             if (h := t.heads.get(tid)) is not None
         }
-        wanted = set(keys)
+        asked = set(wanted.keys)
         known = {
             (r["thread_id"], r["event_key"]): KnownKey(r["seq"], r["content_sha256"])
             for r in t.records.values()
-            if (r["thread_id"], r["event_key"]) in wanted
+            if (r["thread_id"], r["event_key"]) in asked
         }
         states = {
             key: CallState(key[1], c["call_seq"], c["outcome_seq"], c["name"], dict(c["args"]))
-            for key in calls
+            for key in wanted.calls
             if (c := t.calls.get(key)) is not None
         }
-        sessions = [s for sid in session_ids if (s := t.sessions.get(sid)) is not None]
-        tenant_set = {*tenants, ""}
+        sessions = [s for sid in wanted.session_ids if (s := t.sessions.get(sid)) is not None]
+        tenant_set = {*wanted.tenants, ""}
         runs: dict[str, RunState] = {}
         active: dict[str, str] = {}
         for r in t.runs.values():
-            if r["run_id"] in run_ids or (r["session_id"] in session_ids and r["status"] == "active"):
+            if r["run_id"] in wanted.run_ids or (
+                r["session_id"] in wanted.session_ids and r["status"] == "active"
+            ):
                 runs[r["run_id"]] = RunState(r["run_id"], r["session_id"], r["status"], r["main_thread_id"])
                 if r["status"] == "active":
                     active[r["session_id"]] = r["run_id"]
         metas = {
             tid: ThreadMeta(tid, h["session_id"], h["role"], h["parent_thread_id"], h["last_seq"])
-            for tid in {*thread_ids, *extra_threads}
+            for tid in {*wanted.thread_ids, *wanted.extra_threads}
             if (h := t.heads.get(tid)) is not None
         }
         catalogs: dict[str, tuple[int, ToolCatalog]] = {}
@@ -419,9 +403,9 @@ class MemoryConnection:
                 catalogs[s["session_id"]] = (s["catalog_revision"], pinned)
         latest: dict[tuple[str, str], tuple[int, ToolCatalog]] = {}
         for (tenant, release, revision), catalog in t.catalogs.items():
-            if (tenant, release) in release_names and revision > latest.get((tenant, release), (0, catalog))[
-                0
-            ]:
+            if (tenant, release) in wanted.release_names and revision > latest.get(
+                (tenant, release), (0, catalog)
+            )[0]:
                 latest[(tenant, release)] = (revision, catalog)
         return LedgerReads(
             heads=heads,
@@ -434,10 +418,10 @@ class MemoryConnection:
             threads=metas,
             principals={s["session_id"]: s["principal_id"] for s in sessions},
             releases={s["session_id"]: s["agent_release"] for s in sessions},
-            states=await self.read_states(thread_ids),
+            states=await self.read_states(wanted.thread_ids),
             catalogs=catalogs,
             latest_catalogs=latest,
-            operations=frozenset(o for o in operation_ids if o in t.receipts),
+            operations=frozenset(o for o in wanted.operation_ids if o in t.receipts),
             tracked=t.tracking.get(tracking, 0) if tracking is not None else 0,
         )
 
@@ -786,20 +770,7 @@ class MemoryConnection:
 
     async def select_head(self, thread_id: str) -> StoredHead | None:
         h = self._t.heads.get(thread_id)
-        if h is None:
-            return None
-        return StoredHead(
-            h["thread_id"],
-            h["session_id"],
-            h["run_id"],
-            h["instance_id"],
-            h["revision"],
-            h["last_seq"],
-            h["last_hash"],
-            h["last_event_key"],
-            h["user_turns"],
-            h["model_steps"],
-        )
+        return None if h is None else head_of_row(h)
 
     async def thread_at_head(
         self,
@@ -831,18 +802,9 @@ class MemoryConnection:
         h = self._t.heads.get(thread_id)
         if h is None or (s := self._t.sessions.get(h["session_id"])) is None:
             return ThreadScope()
-        run = self._t.runs.get(h["run_id"])
-        return ThreadScope(
-            h["role"],
-            h["parent_thread_id"],
-            s["tenant"],
-            s["principal_id"],
-            s["reset_seq"],
-            run["snapshot_through"] if run else 0,
-            run["status"] if run else None,
-            # Round-tripped like the jsonb column.
-            TaskBudget.model_validate_json(run["task_budget"]) if run and run.get("task_budget") else None,
-        )
+        run = self._t.runs.get(h["run_id"]) or {"snapshot_through": 0, "status": None, "task_budget": None}
+        # The columns SCOPE_COLUMNS reads: the head's role and parent, the session's, the run's.
+        return scope_of_row({**s, **h, **run, "run_status": run["status"]})
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
         rows = sorted(
@@ -922,16 +884,10 @@ class MemoryConnection:
             ),
             key=lambda r: r["session_seq"],
         )[:limit]
+        blobs = self._t.blobs
         return [
-            HistoryRow(
-                r["session_seq"],
-                r["thread_id"],
-                r["run_id"],
-                r["kind"],
-                json.loads(r["payload"]),
-                (r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8"))
-                or "",
-                r["client_ts"].isoformat() if r["client_ts"] else None,
+            history_of_row(
+                {**r, "text": blobs[r["blob_sha256"]].decode() if r["text"] is None else r["text"]}
             )
             for r in rows
         ]
@@ -941,14 +897,7 @@ class MemoryConnection:
         parent = self._t.summaries[summary_id]["parent_summary_id"]
         while parent is not None:
             s = self._t.summaries[parent]
-            row = SummaryRow(
-                s["summary_id"],
-                StructuredSummary.model_validate_json(s["body"]),
-                s["text"],
-                s["tokens_o200k"],
-                s["tokens_cl100k"],
-                parse_summary_hooks(s.get("hooks")),
-            )
+            row = summary_of_row(s)
             chain.append((s["view_revision"], row))
             parent = s["parent_summary_id"]
         return chain
@@ -960,32 +909,9 @@ class MemoryConnection:
         summary = None
         if v["summary_id"] is not None:
             s = self._t.summaries[v["summary_id"]]
-            summary = SummaryRow(
-                s["summary_id"],
-                StructuredSummary.model_validate_json(s["body"]),
-                s["text"],
-                s["tokens_o200k"],
-                s["tokens_cl100k"],
-                parse_summary_hooks(s.get("hooks")),
-            )
+            summary = summary_of_row(s)
         since = v["pending_since"]
-        return ViewState(
-            view_revision=v["view_revision"],
-            summary=summary,
-            covered_to=v["covered_to"],
-            baseline=Counters(v["baseline_user_turns"], v["baseline_model_steps"]),
-            baseline_watermark=v["baseline_watermark"],
-            evaluated_revision=v["evaluated_revision"],
-            pending_fingerprint=v["pending_fingerprint"],
-            pending_age_s=None if since is None else self._now() - since,
-            throttle=Throttle.from_json(json.loads(v["throttle"])) if v["throttle"] else None,
-            deferred_reason=v["deferred_reason"],
-            attempts=v["attempts"],
-            failures=v["failures"],
-            last_failure=v["last_failure"],
-            prepare_budget=v["prepare_budget"],
-            prepare_reserved=v["prepare_reserved"],
-        )
+        return view_of_row({**v, "pending_age_s": None if since is None else self._now() - since}, summary)
 
     async def candidates(self, session_id: str, thread_id: str, through: int) -> list[Candidate]:
         found = [
@@ -1241,15 +1167,7 @@ class MemoryConnection:
             r = self._t.records.get(ref)
             if r is not None and r["session_id"] == session_id:
                 blob = self._t.blobs.get(r["blob_sha256"]) if r["text"] is None and r["blob_sha256"] else None
-                out[ref] = EvidenceRow(
-                    r["event_key"],
-                    r["kind"],
-                    r["content_sha256"],
-                    r["record_hash"],
-                    r["text"],
-                    r["blob_sha256"],
-                    blob,
-                )
+                out[ref] = evidence_of_row({**r, "blob": blob})
         return out
 
     def _thread_rows(self, thread_id: str) -> list[_Row]:

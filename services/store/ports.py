@@ -31,7 +31,7 @@ from services.core.compaction.policy import Throttle
 from services.core.gateway_check import GatewayRecord
 from services.core.served import ServedContext
 from services.core.hashing import ChainLink
-from services.core.ledger import BatchPlan, LedgerReads, Rejection
+from services.core.ledger import BatchKeys, BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store.final_checks import StoredCheck
@@ -90,17 +90,7 @@ class RecordingConnection(Transactional, Protocol):
     async def insert_tracking(self, consumer: str, partition: int, stream_seq: int) -> None: ...
 
     async def read_for_batch(
-        self,
-        thread_ids: Sequence[str],
-        keys: Sequence[tuple[str, str]],
-        calls: Sequence[tuple[str, str]],
-        session_ids: Sequence[str] = (),
-        run_ids: Sequence[str] = (),
-        extra_threads: Sequence[str] = (),
-        release_names: Sequence[tuple[str, str]] = (),
-        operation_ids: Sequence[tuple[str, str]] = (),
-        tenants: Sequence[str] = (),
-        tracking: tuple[str, int] | None = None,
+        self, wanted: BatchKeys, tracking: tuple[str, int] | None = None
     ) -> LedgerReads: ...
 
     async def write_plan(

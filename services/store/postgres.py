@@ -31,7 +31,7 @@ from services.core.baseline import PositionReset, Positions
 from services.core.calibration import Calibration
 from services.core.compaction.policy import Throttle
 from services.core.hashing import ChainLink
-from services.core.ledger import BatchPlan, LedgerReads, Rejection
+from services.core.ledger import BatchKeys, BatchPlan, LedgerReads, Rejection
 from services.core.records import LedgerRecord
 from services.core.state import StateView
 from services.store import batches, branches, listing, queries
@@ -121,32 +121,8 @@ class PgConnection:
         await TrackingRepo.insert_tracking(self._conn, consumer, partition, stream_seq)
 
     @_translated
-    async def read_for_batch(
-        self,
-        thread_ids: Sequence[str],
-        keys: Sequence[tuple[str, str]],
-        calls: Sequence[tuple[str, str]],
-        session_ids: Sequence[str] = (),
-        run_ids: Sequence[str] = (),
-        extra_threads: Sequence[str] = (),
-        release_names: Sequence[tuple[str, str]] = (),
-        operation_ids: Sequence[tuple[str, str]] = (),
-        tenants: Sequence[str] = (),
-        tracking: tuple[str, int] | None = None,
-    ) -> LedgerReads:
-        return await batches.read_for_batch(
-            self._conn,
-            thread_ids,
-            keys,
-            calls,
-            session_ids,
-            run_ids,
-            extra_threads,
-            release_names,
-            operation_ids,
-            tenants,
-            tracking,
-        )
+    async def read_for_batch(self, wanted: BatchKeys, tracking: tuple[str, int] | None = None) -> LedgerReads:
+        return await batches.read_for_batch(self._conn, wanted, tracking)
 
     @_translated
     async def write_plan(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contracts import InspectedRun, InspectedThread, Receipt, SessionInspection, ToolCatalog
 
-from services.store.ledger import Conn, EvidenceRow
+from services.store.ledger import Conn, EvidenceRow, evidence_of_row
 
 __all__ = [
     "insert_catalog",
@@ -111,17 +111,7 @@ async def select_session_record(
 ) -> EvidenceRow | None:
     """One record of the session (text inline, or its blob's bytes), if the principal may see the session."""
     r = await conn.fetchrow(_SESSION_RECORD, session_id, thread_id, seq, tenant, principal_id)
-    if r is None:
-        return None
-    return EvidenceRow(
-        r["event_key"],
-        r["kind"],
-        r["content_sha256"],
-        r["record_hash"],
-        r["text"],
-        r["blob_sha256"],
-        None if r["blob"] is None else bytes(r["blob"]),
-    )
+    return None if r is None else evidence_of_row(r)
 
 
 async def select_session_blob(

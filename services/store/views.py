@@ -20,7 +20,7 @@ from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters, Throttle
 from contracts.exceptions import RevisionConflict
 from services.killpoints import kill_point
-from services.store.ledger import Conn
+from services.store.ledger import Conn, Row
 
 __all__ = [
     "Candidate",
@@ -40,6 +40,8 @@ __all__ = [
     "scope_of_row",
     "summary_hooks_json",
     "summary_id_of",
+    "summary_of_row",
+    "view_of_row",
     "view_state_of_row",
 ]
 
@@ -108,7 +110,7 @@ class ScopeRepo:
         return ThreadScope() if r is None else scope_of_row(r)
 
 
-def scope_of_row(r: asyncpg.Record) -> ThreadScope:
+def scope_of_row(r: Row) -> ThreadScope:
     """A scope from a row with ``SCOPE_COLUMNS``."""
     return ThreadScope(
         r["role"],
@@ -235,6 +237,18 @@ class SummaryRow:
     def tokens(self, encoding: str) -> int:
         """Tokens of the rendered summary in ``encoding``."""
         return self.tokens_cl100k if encoding == "cl100k_base" else self.tokens_o200k
+
+
+def summary_of_row(r: Row) -> SummaryRow:
+    """A summary from a ``ctx.summaries`` row."""
+    return SummaryRow(
+        str(r["summary_id"]),
+        StructuredSummary.model_validate_json(r["body"]),
+        r["text"],
+        r["tokens_o200k"],
+        r["tokens_cl100k"],
+        parse_summary_hooks(r.get("hooks")),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,6 +383,11 @@ def view_state_of_row(
         if summaries is not None:
             # The parsed body costs a few times its JSON; the text once more.
             summaries.keep(thread_id, summary, 4 * len(body) + len(summary.text))
+    return view_of_row(r, summary)
+
+
+def view_of_row(r: Row, summary: SummaryRow | None) -> ViewState:
+    """A view state from a ``ctx.thread_views`` row (with ``pending_age_s``) and the summary it shows."""
     throttle: dict[str, Any] | None = json.loads(r["throttle"]) if r["throttle"] else None
     return ViewState(
         view_revision=r["view_revision"],
@@ -460,14 +479,7 @@ class ViewsRepo:
         return [
             (
                 r["view_revision"],
-                SummaryRow(
-                    summary_id=str(r["summary_id"]),
-                    body=StructuredSummary.model_validate_json(r["body"]),
-                    text=r["text"],
-                    tokens_o200k=r["tokens_o200k"],
-                    tokens_cl100k=r["tokens_cl100k"],
-                    hooks=parse_summary_hooks(r["hooks"]),
-                ),
+                summary_of_row(r),
             )
             for r in rows
         ]

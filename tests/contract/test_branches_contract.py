@@ -12,7 +12,7 @@ from contracts.branches import ExportRequest, ForkRequest
 from contracts.subjects import DEFAULT_TENANT
 from services.app.exporting import export_page
 from services.app.forking import fork_session
-from services.app.recording import _touched
+from services.core.ledger import batch_keys
 from services.app.views import ViewLoader
 from services.core.compaction.model import StructuredSummary
 from services.core.compaction.policy import Counters
@@ -43,7 +43,7 @@ _stream = iter(range(1, 1_000_000))
 async def _write(store: Store, events: list[Any], tenant: str = DEFAULT_TENANT) -> None:
     async with store.connection() as s:
         decoded = decode_batch(incoming(events, start_seq=next(_stream), tenant=tenant), LIMITS)
-        plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
+        plan = plan_batch(decoded, await s.read_for_batch(batch_keys(decoded)), LIMITS, COUNTERS)
         assert not plan.rejections, plan.rejections
         async with s.transaction():
             await s.write_plan(plan, recorded_by="contract", keep_raw=1024)
@@ -142,7 +142,7 @@ async def test_a_principals_session_forks_only_for_that_principal_and_the_fork_s
     mallory = Thread(session_id=forked.session_id, principal_id="mallory")
     async with store.connection() as s:
         decoded = decode_batch(incoming([mallory.user("hi", key="m")], start_seq=next(_stream)), LIMITS)
-        plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
+        plan = plan_batch(decoded, await s.read_for_batch(batch_keys(decoded)), LIMITS, COUNTERS)
     assert [r.code for r in plan.rejections] == [ErrorCode.SCOPE_VIOLATION]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from contracts import Event
-from services.app.recording import _touched
+from services.core.ledger import batch_keys
 from services.core.ledger import (
     RecordingLimits,
     _calls_of,  # the recorder's own rendering of an event's calls
@@ -88,7 +88,7 @@ async def test_a_record_read_back_counts_cl100k_on_first_use_as_recording_both_d
         by_thread.setdefault(e.thread_id, []).append(e)
     async with store.connection() as s:
         decoded = decode_batch(incoming(events), LIMITS)
-        plan = plan_batch(decoded, await s.read_for_batch(*_touched(decoded)), LIMITS, counters)
+        plan = plan_batch(decoded, await s.read_for_batch(batch_keys(decoded)), LIMITS, counters)
         async with s.transaction():
             await s.write_plan(plan, recorded_by="lazy", keep_raw=1024)
         read = [r for t in by_thread for r in await s.select_records(t, gt=0, lte=10_000)]

@@ -22,7 +22,7 @@ from contracts import ErrorCode
 from contracts.exceptions import DuplicateEvent, RevisionConflict
 from services.core.hashing import verify_chain
 from services.core.ledger import Incoming, RecordingLimits, Rejection, decode_batch, plan_batch
-from services.app.recording import _touched
+from services.core.ledger import batch_keys
 from contracts.exceptions import StoreRejected
 from services.store.views import NewSummary, ViewState, summary_id_of
 from services.core.tokens import ENCODINGS, counter_for
@@ -37,10 +37,10 @@ Store = Any  # MemoryStore | PgStore: the same ports
 
 async def _plan(s: Any, events: list[Any], start_seq: int = 1, *, known_keys: bool = True) -> Any:
     decoded = decode_batch(incoming(events, start_seq=start_seq), LIMITS)
-    touched = list(_touched(decoded))
+    touched = batch_keys(decoded)
     if not known_keys:  # planned as if the keys were never read: a writer that raced another
-        touched[1] = []
-    return plan_batch(decoded, await s.read_for_batch(*touched), LIMITS, COUNTERS)
+        touched = replace(touched, keys=[])
+    return plan_batch(decoded, await s.read_for_batch(touched), LIMITS, COUNTERS)
 
 
 async def _write(store: Store, events: list[Any], start_seq: int = 1) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from services.core.ledger import decode_batch, plan_batch
-from services.app.recording import _touched
+from services.core.ledger import batch_keys
 from services.store.listing import CompactionEntry, SessionListing, ToolCallEntry
 from tests.contract.test_store_contract import COUNTERS, LIMITS, Store, _summary
 from tests.fixtures.builders import Thread, incoming
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 async def _write(s: Store, events: list[Any], *, tenant: str = "default", start_seq: int = 1) -> None:
     async with s.connection() as session:
         decoded = decode_batch(incoming(events, start_seq=start_seq, tenant=tenant), LIMITS)
-        plan = plan_batch(decoded, await session.read_for_batch(*_touched(decoded)), LIMITS, COUNTERS)
+        plan = plan_batch(decoded, await session.read_for_batch(batch_keys(decoded)), LIMITS, COUNTERS)
         async with session.transaction():
             await session.write_plan(plan, recorded_by="contract", keep_raw=1024)
 

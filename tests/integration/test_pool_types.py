@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import pytest
 
+from services.core.ledger import BatchKeys
 from services.store.batches import read_for_batch
 from services.store.connect import create_pool
 from services.store.thread_at_head import read_thread_at_head
@@ -32,9 +33,8 @@ def _logging(seen: list[str]) -> Callable[[asyncpg.Connection], Awaitable[None]]
 async def _hot_statements(conn: asyncpg.Connection) -> None:
     """A view load (the records come back as an array of anonymous rows) and a batch's reads."""
     await read_thread_at_head(conn, "run.main", None, facts_of_revision=None, records_after=0)
-    await read_for_batch(
-        conn, ["run.main"], [("run.main", "k")], [("run.main", "c")], ["s"], ["run"], tracking=("x", 0)
-    )
+    wanted = BatchKeys(["run.main"], [("run.main", "k")], [("run.main", "c")], ["s"], ["run"])
+    await read_for_batch(conn, wanted, tracking=("x", 0))
 
 
 async def test_a_new_connection_of_the_pool_runs_the_hot_statements_without_asking_for_types(

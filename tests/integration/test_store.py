@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from contracts.exceptions import RevisionConflict, StoreUnavailable
-from services.core.ledger import RecordingLimits, decode_batch, plan_batch
+from services.core.ledger import BatchKeys, RecordingLimits, decode_batch, plan_batch
 from services.store._errors import translate_pg_errors
 from services.store.batch_write import Position, one_statement
 from services.store.batches import read_for_batch, write_plan
@@ -24,7 +24,9 @@ async def _plan_from_db(db: asyncpg.Connection, events: list) -> object:  # type
     decoded = decode_batch(incoming(events), LIMITS)
     t = events[0]
     calls = [(t.thread_id, e.payload.call_id) for e in events if e.kind == "tool_outcome"]
-    reads = await read_for_batch(db, [t.thread_id], [(t.thread_id, e.event_key) for e in events], calls)
+    reads = await read_for_batch(
+        db, BatchKeys([t.thread_id], [(t.thread_id, e.event_key) for e in events], calls)
+    )
     return plan_batch(decoded, reads, LIMITS, COUNTERS)
 
 

@@ -15,7 +15,7 @@ _AT = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
 def _rec(seq: int, kind: EventKind, text: str, *, args: dict[str, object] | None = None) -> LedgerRecord:
-    payload: dict[str, object] = {}
+    payload: dict[str, object] = {"call_id": f"c{seq}"} if kind is EventKind.TOOL_OUTCOME else {}
     if kind is EventKind.ASSISTANT_MESSAGE:
         payload = {"tool_calls": [{"call_id": f"c{seq}", "name": "t", "args": args or {}}]}
     return LedgerRecord(

@@ -5,8 +5,7 @@ from __future__ import annotations
 import typing
 
 from contracts import Event, EventKind
-from services.core.records import kind_of
-from tests.fixtures.builders import Thread
+from tests.fixtures.builders import Thread, ledger_records
 
 
 def _wire_kinds() -> set[str]:
@@ -20,5 +19,5 @@ def test_every_kind_the_wire_carries_is_an_event_kind_and_every_event_kind_is_ca
 
 def test_a_records_kind_is_its_events_kind() -> None:
     t = Thread()
-    for event in (t.system("Be careful."), t.user("Fix the bug."), t.assistant("Looking.")):
-        assert kind_of(event) == EventKind(event.kind)
+    events = [t.system("Be careful."), t.user("Fix the bug."), t.assistant("Looking.")]
+    assert [r.kind for r in ledger_records(events)] == [EventKind(e.kind) for e in events]

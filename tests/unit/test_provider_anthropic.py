@@ -11,7 +11,14 @@ import anthropic.types as at
 import pytest
 from pydantic import TypeAdapter
 
-from contracts import ChatMessage, PreparedContext, PrepareRequest, ToolSchema, decode_event
+from contracts import (
+    ChatMessage,
+    PrepareRequest,
+    PreparedContext,
+    ToolOutcomePayload,
+    ToolSchema,
+    decode_event,
+)
 from contracts.prepare import ChatFunction, ChatToolCall
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
@@ -24,7 +31,7 @@ from services.core.providers.anthropic_messages import (
     content_sources,
 )
 from services.core.providers.bundle import ContextBundle
-from services.core.records import LedgerRecord, ToolOutcomeBody
+from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
 from contracts.exceptions import InvalidRequest
 from tests.fixtures.sdk import conforms
@@ -112,7 +119,7 @@ def _failed(records: list[LedgerRecord]) -> frozenset[str]:
     return frozenset(
         r.body.call_id
         for r in records
-        if isinstance(r.body, ToolOutcomeBody) and r.body.status.value != "success"
+        if isinstance(r.body, ToolOutcomePayload) and r.body.status.value != "success"
     )
 
 

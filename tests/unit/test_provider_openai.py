@@ -13,12 +13,20 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from openai.types.responses import FunctionToolParam, ResponseInputParam
 from pydantic import TypeAdapter, ValidationError
 
-from contracts import ChatMessage, PreparedContext, PrepareRequest, ToolSchema, ToolStatus, decode_event
+from contracts import (
+    ChatMessage,
+    PrepareRequest,
+    PreparedContext,
+    ToolOutcomePayload,
+    ToolSchema,
+    ToolStatus,
+    decode_event,
+)
 from services.core.assemble import SummaryView, ThreadSnapshot, assemble_context
 from services.core.budget import resolve_budget
 from services.core.providers.bundle import ContextBundle
 from services.core.providers.openai_responses import responses_request
-from services.core.records import LedgerRecord, ToolOutcomeBody
+from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
 from tests.fixtures.sdk import conforms
 from tests.fixtures.builders import Thread, ledger_records
@@ -67,7 +75,7 @@ def _bundle(prepared: PreparedContext, records: list[LedgerRecord]) -> ContextBu
     failed = {
         r.body.call_id
         for r in records
-        if isinstance(r.body, ToolOutcomeBody) and r.body.status is not ToolStatus.SUCCESS
+        if isinstance(r.body, ToolOutcomePayload) and r.body.status is not ToolStatus.SUCCESS
     }
     return ContextBundle(
         messages=prepared.messages,

@@ -29,7 +29,7 @@ def _rec(
     usage: dict[str, object] | None = None,
     at_s: float | None = None,
 ) -> LedgerRecord:
-    payload: dict[str, object] = {"text": "x"}
+    payload: dict[str, object] = {"text": "x", "call_id": f"c{seq}"} if kind is EventKind.TOOL_OUTCOME else {}
     if kind is EventKind.ASSISTANT_MESSAGE:
         payload = {
             "text": "x",

@@ -23,25 +23,25 @@ from typing import assert_never
 
 from pydantic import JsonValue
 
-from contracts import ToolStatus
+from contracts import (
+    AssistantMessagePayload,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
+    OperationReconcilePayload,
+    PhaseChangePayload,
+    ResourceActivatedPayload,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolCall,
+    ToolOutcomePayload,
+    ToolStatus,
+    UserInputPayload,
+)
 
 from services.core.turns import counts_as_turn
-from services.core.records import (
-    AssistantMessageBody,
-    CallBody,
-    ChildResultBody,
-    ContextExportBody,
-    ContextResetBody,
-    LedgerRecord,
-    OperationReconcileBody,
-    PhaseChangeBody,
-    ResourceBody,
-    RunStatusBody,
-    StatePatchBody,
-    SystemBody,
-    ToolOutcomeBody,
-    UserInputBody,
-)
+from services.core.records import LedgerRecord
 from services.core.compaction.actions import action_args, is_action, primary_id
 from services.core.compaction.files import files_of_call
 from services.core.failures import failure_of, shell_command
@@ -289,7 +289,7 @@ def _is_decision(sentence: str) -> bool:
 class _Ledger:
     """The summary being built, as mutable collections in first-seen order."""
 
-    calls: dict[str, tuple[LedgerRecord, CallBody]] = field(default_factory=dict)
+    calls: dict[str, tuple[LedgerRecord, ToolCall]] = field(default_factory=dict)
     read: dict[str, list[int]] = field(default_factory=dict)
     views: dict[str, list[FileView]] = field(default_factory=dict)
     modified: dict[str, list[int]] = field(default_factory=dict)
@@ -302,7 +302,7 @@ class _Ledger:
     pending_failure: tuple[str, ToolFailure] | None = None
     last_change: SourcedText | None = None
 
-    def call(self, record: LedgerRecord, call: CallBody) -> None:
+    def call(self, record: LedgerRecord, call: ToolCall) -> None:
         name, args = call.name, call.args
         self.calls[call.call_id] = (record, call)
         access = files_of_call(name, args)
@@ -314,7 +314,7 @@ class _Ledger:
             self.changes.setdefault(path, []).append(change)
             self.last_change = SourcedText(text=f"{path}: {change.text}", sources=change.sources)
 
-    def outcome(self, record: LedgerRecord, body: ToolOutcomeBody) -> SourcedText:
+    def outcome(self, record: LedgerRecord, body: ToolOutcomePayload) -> SourcedText:
         """Record one tool outcome; returns its progress line."""
         call_id = body.call_id
         self.answered.add(call_id)
@@ -432,7 +432,7 @@ def summarize_records(
     for record in records:
         body = record.body
         match body:
-            case UserInputBody():
+            case UserInputPayload():
                 item = SourcedText(text=_clip(record.text, 600) or "(empty)", sources=(record.seq,))
                 if counts_as_turn(body):
                     goal = goal or item
@@ -443,7 +443,7 @@ def summarize_records(
                     for s in _sentences(record.text)
                     if s.endswith("?")
                 ]
-            case AssistantMessageBody():
+            case AssistantMessagePayload():
                 # The last message that says something: a bare tool call states no intent.
                 last_assistant = record if record.text.strip() else last_assistant
                 ledger.reaction(record)
@@ -461,10 +461,10 @@ def summarize_records(
                     progress.append(
                         SourcedText(text=_clip("replied: " + record.text, 200), sources=(record.seq,))
                     )
-            case ToolOutcomeBody():
+            case ToolOutcomePayload():
                 progress.append(ledger.outcome(record, body))
                 references += [r for r in _BLOB_REF.findall(record.text) if r not in references]
-            case ResourceBody() | ChildResultBody():
+            case ResourceActivatedPayload() | ChildResultPayload():
                 progress.append(
                     SourcedText(
                         text=_clip(f"{record.kind}: {record.text or record.payload}", 300),
@@ -472,13 +472,13 @@ def summarize_records(
                     )
                 )
             case (
-                SystemBody()
-                | RunStatusBody()
-                | ContextExportBody()
-                | ContextResetBody()
-                | StatePatchBody()
-                | OperationReconcileBody()
-                | PhaseChangeBody()
+                SystemPayload()
+                | RunStatusPayload()
+                | ContextExportPayload()
+                | ContextResetPayload()
+                | StatePatchPayload()
+                | OperationReconcilePayload()
+                | PhaseChangePayload()
             ):
                 pass  # instructions, execution state and exported background are not progress
             case _:

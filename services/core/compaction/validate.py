@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from contracts import ToolStatus
+from contracts import (
+    AssistantMessagePayload,
+    ToolOutcomePayload,
+    ToolStatus,
+)
 
-from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
+from services.core.records import LedgerRecord
 from services.core.compaction.actions import is_action
 from services.core.compaction.files import files_of_call
 from services.core.compaction.model import StructuredSummary, cited_seqs
@@ -91,7 +95,7 @@ def _check_actions(summary: StructuredSummary, covered: Sequence[LedgerRecord]) 
     for record in covered:
         body = record.body
         if (
-            not isinstance(body, AssistantMessageBody)
+            not isinstance(body, AssistantMessagePayload)
             or record.seq in cited
             or fold is not None
             and fold.first <= record.seq <= fold.last
@@ -108,7 +112,7 @@ def _check_files(summary: StructuredSummary, covered: Sequence[LedgerRecord]) ->
     missing: list[str] = []
     for record in covered:
         body = record.body
-        if not isinstance(body, AssistantMessageBody):
+        if not isinstance(body, AssistantMessagePayload):
             continue
         for call in body.tool_calls:
             for path in files_of_call(call.name, call.args).modified:
@@ -122,7 +126,7 @@ def _check_failures(summary: StructuredSummary, covered: Sequence[LedgerRecord])
     missing = [
         f"{o.call_id} ({o.status})"
         for o in (r.body for r in covered)
-        if isinstance(o, ToolOutcomeBody)
+        if isinstance(o, ToolOutcomePayload)
         and o.status is not ToolStatus.SUCCESS
         and (o.call_id, o.status.value) not in listed
     ]

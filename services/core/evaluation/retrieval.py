@@ -18,7 +18,10 @@ Rules:
 
 from __future__ import annotations
 
-from contracts import EventKind
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+)
 
 import json
 import re
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 from contracts import SearchHit
 
 from services.core.assemble import ThreadSnapshot
-from services.core.records import AssistantMessageBody, LedgerRecord
+from services.core.records import LedgerRecord
 
 __all__ = ["ARCHIVE_HITS", "STEP_QUERIES", "archived_hits", "step_queries"]
 
@@ -47,7 +50,7 @@ def step_queries(records: Sequence[LedgerRecord], *, limit: int = STEP_QUERIES) 
     texts = [r.text for r in reversed(step)]
     if last_call >= 0:
         body = ordered[last_call].body
-        if isinstance(body, AssistantMessageBody):
+        if isinstance(body, AssistantMessagePayload):
             texts.extend(json.dumps(c.args, sort_keys=True) for c in body.tool_calls)
     out: list[str] = []
     for text in texts:

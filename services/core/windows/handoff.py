@@ -14,14 +14,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from contracts import BlockKind, ChatMessage, PathRule, Retention
+from contracts import (
+    AssistantMessagePayload,
+    BlockKind,
+    ChatMessage,
+    PathRule,
+    Retention,
+    ToolOutcomePayload,
+)
 from contracts.windows import RolloverTrigger, WindowHandoff
 
 from services.core.compaction.files import files_of_call
 from services.core.compaction.structured import error_line
 from services.core.failures import failure_of
 from services.core.groups import DraftBlock
-from services.core.records import AssistantMessageBody, LedgerRecord, ToolOutcomeBody
+from services.core.records import LedgerRecord
 from services.core.state import Fact, StateView, state_hash
 from services.core.windows.signals import operations_of, path_kind
 
@@ -100,7 +107,7 @@ def build_handoff(
 def _files_modified(window: Sequence[LedgerRecord], earlier: Sequence[str]) -> tuple[str, ...]:
     order = list(earlier)
     for r in window:
-        if isinstance(r.body, AssistantMessageBody):
+        if isinstance(r.body, AssistantMessagePayload):
             for call in r.body.tool_calls:
                 for path in files_of_call(call.name, call.args).modified:
                     if path in order:
@@ -113,11 +120,11 @@ def _last_failure(window: Sequence[LedgerRecord], earlier: str | None) -> str | 
     """The newest failed outcome of the task so far. Never cleared by a later success: a shell
     agent calls one tool for everything, so a success says nothing about what the failure was."""
     calls = {
-        c.call_id: c for r in window if isinstance(r.body, AssistantMessageBody) for c in r.body.tool_calls
+        c.call_id: c for r in window if isinstance(r.body, AssistantMessagePayload) for c in r.body.tool_calls
     }
     last = earlier
     for r in window:
-        if not isinstance(r.body, ToolOutcomeBody):
+        if not isinstance(r.body, ToolOutcomePayload):
             continue
         call = calls.get(r.body.call_id)
         failure = failure_of(call, r.body.status, r.text)

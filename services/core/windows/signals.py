@@ -9,15 +9,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts import PathRule, ToolStatus
-
-from services.core.records import (
-    AssistantMessageBody,
-    LedgerRecord,
-    OperationReconcileBody,
-    PhaseChangeBody,
-    ToolOutcomeBody,
+from contracts import (
+    AssistantMessagePayload,
+    OperationReconcilePayload,
+    PathRule,
+    PhaseChangePayload,
+    ToolOutcomePayload,
+    ToolStatus,
 )
+
+from services.core.records import LedgerRecord
 from services.core.state import StateView, pattern_regex
 
 __all__ = [
@@ -42,11 +43,11 @@ def window_records(records: Sequence[LedgerRecord], opened_after: int, own_threa
 
 def open_calls(records: Sequence[LedgerRecord]) -> tuple[str, ...]:
     """Call ids of ``records`` still waiting for their result, in call order."""
-    answered = {r.body.call_id for r in records if isinstance(r.body, ToolOutcomeBody)}
+    answered = {r.body.call_id for r in records if isinstance(r.body, ToolOutcomePayload)}
     return tuple(
         c.call_id
         for r in records
-        if isinstance(r.body, AssistantMessageBody)
+        if isinstance(r.body, AssistantMessagePayload)
         for c in r.body.tool_calls
         if c.call_id not in answered
     )
@@ -65,13 +66,13 @@ def operations_of(records: Sequence[LedgerRecord], *, recent: int = 10) -> Opera
     reconciled) are carried as active; the newest ``recent`` operation ids are the recent receipts."""
     status: dict[str, ToolStatus] = {}
     for r in records:
-        if isinstance(r.body, ToolOutcomeBody):
+        if isinstance(r.body, ToolOutcomePayload):
             status[r.body.call_id] = r.body.status
-    reconciled = {r.body.operation_id for r in records if isinstance(r.body, OperationReconcileBody)}
+    reconciled = {r.body.operation_id for r in records if isinstance(r.body, OperationReconcilePayload)}
     ordered: list[tuple[str, str]] = [
         (c.operation_id, c.call_id)
         for r in records
-        if isinstance(r.body, AssistantMessageBody)
+        if isinstance(r.body, AssistantMessagePayload)
         for c in r.body.tool_calls
         if c.operation_id is not None
     ]
@@ -86,12 +87,14 @@ def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base
     total = sum(_tokens(r, encoding) for r in records)
     if total == 0:
         return 0.0
-    outcomes = [r for r in records if isinstance(r.body, ToolOutcomeBody)]
-    recent_calls = {r.body.call_id for r in outcomes[-_RECENT_GROUPS:] if isinstance(r.body, ToolOutcomeBody)}
+    outcomes = [r for r in records if isinstance(r.body, ToolOutcomePayload)]
+    recent_calls = {
+        r.body.call_id for r in outcomes[-_RECENT_GROUPS:] if isinstance(r.body, ToolOutcomePayload)
+    }
     old = sum(
         _tokens(r, encoding)
         for r in outcomes
-        if isinstance(r.body, ToolOutcomeBody) and r.body.call_id not in recent_calls
+        if isinstance(r.body, ToolOutcomePayload) and r.body.call_id not in recent_calls
     )
     return old / total
 
@@ -108,9 +111,9 @@ def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
     worked = False
     for r in records:
         body = r.body
-        if isinstance(body, AssistantMessageBody) and r.seq > opened_after:
+        if isinstance(body, AssistantMessagePayload) and r.seq > opened_after:
             worked = True
-        if not isinstance(body, PhaseChangeBody) or body.source != "runtime":
+        if not isinstance(body, PhaseChangePayload) or body.source != "runtime":
             continue
         if r.seq > opened_after and worked and body.phase != phase:
             return True
