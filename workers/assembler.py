@@ -36,6 +36,7 @@ from .admission import Admission, RequestLimits, Slot
 from .level_clock import LevelClock
 from .final_check import gateway_router
 from .metrics import FleetMetrics, policy_label
+from .prepares_first import PreparesFirst
 from .queries import queries_router
 from .replies import Inbound, admitted, error_reply, inbound, parse_body
 from .responder import Responder
@@ -59,8 +60,11 @@ class AssemblerWorker:
         gateway: GatewayService | None = None,
         responder: Responder | None = None,
         tracing: Tracing | None = None,
+        prepares: PreparesFirst | None = None,
     ) -> None:
         self._service = service
+        # Counts this process's prepares in progress, which its background passes wait for.
+        self._prepares = prepares or PreparesFirst()
         self._store = store
         self._tracing = tracing or Tracing.off()
         self._gateway = gateway
@@ -89,7 +93,10 @@ class AssemblerWorker:
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
-            with self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span:
+            with (
+                self._prepares.serving(),
+                self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span,
+            ):
                 return await admitted(
                     admission,
                     message.headers,
