@@ -223,6 +223,7 @@ def compose(
                 store,
                 max_pending_records=settings.limits.gateway_pending_records,
                 max_pending_bytes=settings.limits.gateway_pending_mb * 1024 * 1024,
+                before_derive=prepares.before_pass,
             )
             metrics.watch_gateway(gateway)
             service.gateway = gateway

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -106,8 +106,12 @@ class GatewayService:
         max_pending_records: int = 10_000,
         max_pending_bytes: int = 64 * 1024 * 1024,
         backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
+        before_derive: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        # Awaited before the write-behind derives what was remembered: the process's prepares go first
+        # (workers/prepares_first.py).
+        self._before_derive = before_derive
         self._grants = grants
         self._policies = policies
         self._cache: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
@@ -292,6 +296,8 @@ class GatewayService:
     async def _write_behind(self) -> None:
         failing: str | None = None
         while self._unwritten or self._pending:
+            if self._unwritten and self._before_derive is not None:
+                await self._before_derive()
             await self._derive()
             batch = list(islice(self._pending, _WRITE_BATCH))
             if not batch:
@@ -330,6 +336,9 @@ class GatewayService:
             size = _approx_bytes(record) + sum(len(t) for t in fresh.values())
             self._pending[key] = _Pending(record, served, fresh, size)
             self.pending_bytes += size
+            # One context per loop turn (a few ms of hashing each): a request read meanwhile is served
+            # between two, not after the whole queue.
+            await asyncio.sleep(0)
 
     async def _store_batch(self, batch: list[tuple[str, str]]) -> None:
         """Store ``batch`` of the pending records; raises ``StoreUnavailable`` with what is left pending.

@@ -7,6 +7,9 @@ import logging
 
 import pytest
 
+from services.app.final_checks import GatewayService
+from services.store.final_checks import MemoryGatewayStore, MemoryHookGrants
+from tests.fixtures.builders import Thread, assembled
 from workers.coalescing import CoalescingScheduler
 from workers.prepares_first import PreparesFirst
 
@@ -62,3 +65,18 @@ async def test_a_prepare_counts_as_in_progress_until_one_loop_turn_after_its_han
     assert prepares.in_progress == 1  # its reply's write is scheduled before a pass may start
     await asyncio.sleep(0)
     assert prepares.in_progress == 0
+
+
+async def test_the_gateway_write_behind_stores_nothing_until_the_prepare_in_progress_is_answered() -> None:
+    prepares = PreparesFirst(max_wait_s=30)
+    store = MemoryGatewayStore()
+    gateway = GatewayService(store, MemoryHookGrants(), before_derive=prepares.before_pass)
+    t = Thread()
+    prepared = assembled(t, [t.system("You are careful."), t.user("a question")], budget_tokens=20_000)
+    with prepares.serving():
+        gateway.remember(prepared, "default")  # as the assembler does, before its reply is sent
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert gateway.pending_records == 1 and not store.prepared
+    await gateway.flush()
+    assert list(store.prepared) == [(prepared.prepared_id, prepared.format)]
