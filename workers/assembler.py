@@ -173,9 +173,14 @@ class AssemblerWorker:
                     f"{run_id}.{instance_id}"
                 )
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
+            answered = time.perf_counter()
+            answer = reply_json(prepared)
+            self._reply_stage.observe(time.perf_counter() - answered)
             if self._gateway is not None:
                 # Refused (overloaded) when its record could not be kept: no answer the check then lacks.
-                self._gateway.remember(prepared, tenant, carried_from=request.carry_additions_from)
+                self._gateway.remember(
+                    prepared, tenant, carried_from=request.carry_additions_from, sent=answer
+                )
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
@@ -199,7 +204,7 @@ class AssemblerWorker:
                 profile=_profile_label(report.profile), outcome="recompacted"
             ).inc()
         m, policy = self._metrics, policy_label(prepared.policy)
-        m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
+        m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(answered - started)
         m.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
         m.prepare_input_tokens.labels(purpose=purpose, policy=policy, calibration=report.calibration).observe(
             report.estimated_input
@@ -219,10 +224,7 @@ class AssemblerWorker:
             m.window_rollovers.labels(trigger=prepared.rollover.trigger.value).inc()
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
-        serializing = time.perf_counter()
-        body = reply_json(prepared)
-        self._reply_stage.observe(time.perf_counter() - serializing)
-        return NatsResponse(body, headers={"ctx-status": "ok"})
+        return NatsResponse(answer, headers={"ctx-status": "ok"})
 
     def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
         self._metrics.window_level_prepares.labels(level=level.value).inc()
