@@ -2,8 +2,8 @@
 
 Keeping what a check needs never slows a prepare: the assembler hands its reply to :meth:`remember`,
 which only puts the (already built) reply's JSON into a bounded in-process cache and queues the
-``PreparedContext`` for the write-behind. One flusher per process derives each queued context's record (the manifest,
-a digest per unit, the budget figures — never content) and stores the batch under
+``PreparedContext`` for the write-behind. One flusher per process derives each queued context's
+record (the manifest, a digest per unit, the budget figures — never content) and stores the batch under
 ``(prepared_id, format)`` in one statement, skipping a context it already stored (an unchanged view
 prepared again has the same id); beside it, the thread's served history (each block's manifest
 entry, and the texts of blocks this process has not stored for the thread yet). A check served by
