@@ -7,6 +7,7 @@ default) or one kind per process (k8s).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -193,6 +194,7 @@ class Fleet:
         self._started = True
         for encoding in encodings_at_start(names):
             counter_for(encoding)
+        _freeze_start_up_heap()
         self.metrics.gc_pauses.install()
         log.info("workers %s started", ", ".join(names))
 
@@ -400,6 +402,20 @@ class Fleet:
         if self._http is not None:
             await self._http.close()
             self._http = None
+
+
+def _freeze_start_up_heap() -> None:
+    """Move what start-up allocated (modules, classes, schemas: ~100k objects that live as long as the
+    process) out of the collector's generations, once per process.
+
+    The collector stays on for everything requests allocate. Left in its oldest generation, those
+    objects were walked again by every full collection: 100+ ms with the event loop stopped, the tail
+    of the 50-agent steps (docs/measurements.md).
+    """
+    if gc.get_freeze_count():
+        return  # a second fleet in this process (tests) finds it done
+    gc.collect()
+    gc.freeze()
 
 
 def encodings_at_start(names: Sequence[str]) -> tuple[EncodingName, ...]:

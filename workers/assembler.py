@@ -36,6 +36,7 @@ from .admission import Admission, RequestLimits, Slot
 from .level_clock import LevelClock
 from .final_check import gateway_router
 from .metrics import FleetMetrics, policy_label
+from .prepares_first import PreparesFirst
 from .queries import queries_router
 from .replies import Inbound, admitted, error_reply, inbound, parse_body
 from .responder import Responder
@@ -59,8 +60,11 @@ class AssemblerWorker:
         gateway: GatewayService | None = None,
         responder: Responder | None = None,
         tracing: Tracing | None = None,
+        prepares: PreparesFirst | None = None,
     ) -> None:
         self._service = service
+        # Counts this process's prepares in progress, which its background passes wait for.
+        self._prepares = prepares or PreparesFirst()
         self._store = store
         self._tracing = tracing or Tracing.off()
         self._gateway = gateway
@@ -89,7 +93,10 @@ class AssemblerWorker:
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
-            with self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span:
+            with (
+                self._prepares.serving(),
+                self._tracing.prepare(message.headers, f"{run_id}.{instance_id}", tenant) as span,
+            ):
                 return await admitted(
                     admission,
                     message.headers,
@@ -166,9 +173,14 @@ class AssemblerWorker:
                     f"{run_id}.{instance_id}"
                 )
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
+            answered = time.perf_counter()
+            answer = reply_json(prepared)
+            self._reply_stage.observe(time.perf_counter() - answered)
             if self._gateway is not None:
                 # Refused (overloaded) when its record could not be kept: no answer the check then lacks.
-                self._gateway.remember(prepared, tenant, carried_from=request.carry_additions_from)
+                self._gateway.remember(
+                    prepared, tenant, carried_from=request.carry_additions_from, sent=answer
+                )
         except Exception as exc:
             reply = error_reply(exc)
             self._metrics.prepare_errors.labels(code=reply.code.value).inc()
@@ -192,7 +204,7 @@ class AssemblerWorker:
                 profile=_profile_label(report.profile), outcome="recompacted"
             ).inc()
         m, policy = self._metrics, policy_label(prepared.policy)
-        m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(time.perf_counter() - started)
+        m.prepare_seconds.labels(purpose=purpose, policy=policy).observe(answered - started)
         m.prepare_budget_ratio.labels(purpose=purpose).observe(report.used.total / report.input_budget)
         m.prepare_input_tokens.labels(purpose=purpose, policy=policy, calibration=report.calibration).observe(
             report.estimated_input
@@ -212,10 +224,7 @@ class AssemblerWorker:
             m.window_rollovers.labels(trigger=prepared.rollover.trigger.value).inc()
             m.window_handoff_tokens.observe(prepared.rollover.handoff_tokens)
             m.window_rollover_seconds.observe(prepared.rollover.rollover_ms / 1000)
-        serializing = time.perf_counter()
-        body = reply_json(prepared)
-        self._reply_stage.observe(time.perf_counter() - serializing)
-        return NatsResponse(body, headers={"ctx-status": "ok"})
+        return NatsResponse(answer, headers={"ctx-status": "ok"})
 
     def _observe_level(self, thread_id: str, level: WaterLevel) -> None:
         self._metrics.window_level_prepares.labels(level=level.value).inc()

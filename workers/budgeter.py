@@ -16,6 +16,7 @@ from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
+from .prepares_first import PreparesFirst
 
 __all__ = ["BudgeterWorker"]
 
@@ -29,7 +30,14 @@ _MIN_INTERVAL_S = 0.25
 class BudgeterWorker(CoalescingWorker):
     """Coalescing evaluator of threads."""
 
-    def __init__(self, service: BudgetService | None, store: PgStore | None, metrics: FleetMetrics) -> None:
+    def __init__(
+        self,
+        service: BudgetService | None,
+        store: PgStore | None,
+        metrics: FleetMetrics,
+        *,
+        prepares: PreparesFirst | None = None,
+    ) -> None:
         self._service = service
         self._store = store
         self._metrics = metrics
@@ -41,6 +49,7 @@ class BudgeterWorker(CoalescingWorker):
                 log,
                 sweep_s=_SWEEP_S,
                 min_interval_s=_MIN_INTERVAL_S,
+                before_pass=prepares.before_pass if prepares is not None else None,
             )
             if ready
             else None

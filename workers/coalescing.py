@@ -56,8 +56,11 @@ class CoalescingScheduler:
         max_concurrent: int = 8,
         max_pending: int = 4096,
         min_interval_s: float = 0.0,
+        before_pass: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._work = work
+        # Awaited before each pass takes a slot: prepares go first (workers/prepares_first.py).
+        self._before_pass = before_pass
         self._find_stale = sweep
         self._log = log
         self._sweep_s = sweep_s
@@ -96,6 +99,8 @@ class CoalescingScheduler:
         loop = asyncio.get_running_loop()
         try:
             while True:
+                if self._before_pass is not None:
+                    await self._before_pass()
                 async with self._slots:
                     self._again.discard(thread_id)
                     started = loop.time()

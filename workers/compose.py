@@ -41,6 +41,7 @@ from .admission import RequestLimits
 from .assembler import AssemblerWorker
 from .budgeter import BudgeterWorker
 from .compactor import CompactorWorker
+from .prepares_first import PreparesFirst
 from .responder import Responder
 from .indexer import IndexerWorker
 from .jobs import CountedJobQueue, JetStreamJobQueue
@@ -201,6 +202,8 @@ def compose(
     )
     # A process without an assembler shows contexts as one would: its loader, its hooks, no queue.
     showing = PrepareService(store, NoticeBoard(), loader=loader, compaction_wait_ms=0, hooks=hooks)
+    # The prepares in progress in this process, which its budgeter's and indexer's passes wait for.
+    prepares = PreparesFirst()
     if "assembler" in names:
         board = NoticeBoard()
         counted = CountedJobQueue(queue, metrics)
@@ -220,6 +223,7 @@ def compose(
                 store,
                 max_pending_records=settings.limits.gateway_pending_records,
                 max_pending_bytes=settings.limits.gateway_pending_mb * 1024 * 1024,
+                before_derive=prepares.before_pass,
             )
             metrics.watch_gateway(gateway)
             service.gateway = gateway
@@ -232,15 +236,16 @@ def compose(
             gateway=gateway,
             responder=responder,
             tracing=tracing,
+            prepares=prepares,
         )
         broker.include_router(assembler.router)
     budgeter = None
     if "budgeter" in names:
-        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics)
+        budgeter = BudgeterWorker(BudgetService(store, loader, queue), store, metrics, prepares=prepares)
         broker.include_router(budgeter.router)
     indexer = None
     if "indexer" in names:
-        indexer = IndexerWorker(store, metrics)
+        indexer = IndexerWorker(store, metrics, prepares=prepares)
         broker.include_router(indexer.router)
     if "compactor" in names:
 

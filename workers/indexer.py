@@ -13,6 +13,7 @@ from services.store.postgres import PgStore
 
 from .coalescing import CoalescingScheduler, CoalescingWorker, recorded_notices
 from .metrics import FleetMetrics
+from .prepares_first import PreparesFirst
 
 __all__ = ["IndexerWorker"]
 
@@ -25,7 +26,9 @@ _MIN_INTERVAL_S = 0.25
 class IndexerWorker(CoalescingWorker):
     """Coalescing indexer of threads."""
 
-    def __init__(self, store: PgStore | None, metrics: FleetMetrics) -> None:
+    def __init__(
+        self, store: PgStore | None, metrics: FleetMetrics, *, prepares: PreparesFirst | None = None
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._scheduler = (
@@ -34,6 +37,7 @@ class IndexerWorker(CoalescingWorker):
                 self._stale,
                 log,
                 min_interval_s=_MIN_INTERVAL_S,
+                before_pass=prepares.before_pass if prepares is not None else None,
             )
             if store is not None
             else None

@@ -1,9 +1,9 @@
 """The gateway's final check as a use case: know each prepared context by id, check what is sent.
 
 Keeping what a check needs never slows a prepare: the assembler hands its reply to :meth:`remember`,
-which only puts the (already built) ``PreparedContext`` into a bounded in-process cache and queues
-it for the write-behind. One flusher per process derives each queued context's record (the manifest,
-a digest per unit, the budget figures — never content) and stores the batch under
+which only puts the (already built) reply's JSON into a bounded in-process cache and queues the
+``PreparedContext`` for the write-behind. One flusher per process derives each queued context's
+record (the manifest, a digest per unit, the budget figures — never content) and stores the batch under
 ``(prepared_id, format)`` in one statement, skipping a context it already stored (an unchanged view
 prepared again has the same id); beside it, the thread's served history (each block's manifest
 entry, and the texts of blocks this process has not stored for the thread yet). A check served by
@@ -31,11 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from itertools import islice
 
-from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedContext
+from contracts import FinalCheck, FinalCheckRequest, GatewayAddition, PreparedContext, reply_json
 from services.core.compaction.policy import ratio_threshold
 from services.core.gateway_check import CheckInputs, GatewayRecord, gateway_record, verify_final
 from services.core.hashing import canonical_json, sha256_hex
@@ -106,11 +106,17 @@ class GatewayService:
         max_pending_records: int = 10_000,
         max_pending_bytes: int = 64 * 1024 * 1024,
         backoff_s: tuple[float, float] = (_RETRY_FIRST_S, _RETRY_MAX_S),
+        before_derive: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        # Awaited before the write-behind derives what was remembered: the process's prepares go first
+        # (workers/prepares_first.py).
+        self._before_derive = before_derive
         self._grants = grants
         self._policies = policies
-        self._cache: OrderedDict[tuple[str, str], tuple[PreparedContext, str, str | None]] = OrderedDict()
+        # As sent (its JSON): one object where the model is ~500 for 50 messages, each walked again by every
+        # full collection of the garbage collector while it is kept (docs/measurements.md).
+        self._cache: OrderedDict[tuple[str, str], tuple[bytes, str, str | None]] = OrderedDict()
         self._cache_contexts = cache_contexts
         # Remembered, their records not derived yet; derived and not stored yet (invariant 1); and
         # stored already by this process (ids are deterministic: an unchanged view has the same one).
@@ -139,8 +145,19 @@ class GatewayService:
         """Contexts answered whose records are not stored yet."""
         return len(self._unwritten) + len(self._pending)
 
-    def remember(self, prepared: PreparedContext, tenant: str, *, carried_from: str | None = None) -> None:
+    def remember(
+        self,
+        prepared: PreparedContext,
+        tenant: str,
+        *,
+        carried_from: str | None = None,
+        sent: bytes | None = None,
+    ) -> None:
         """Keep ``prepared`` for its final check: O(1) here, the record is written behind.
+
+        Args:
+            sent: ``prepared`` as the reply carries it (``reply_json``), kept for a check served here;
+                dumped here when not given.
 
         Raises:
             Overloaded: the records pending are at their bound (invariant 3); ``prepared`` must not
@@ -160,7 +177,7 @@ class GatewayService:
             self._unwritten[key] = (prepared, tenant, carried_from)
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.get_running_loop().create_task(self._write_behind())
-        self._cache[key] = (prepared, tenant, carried_from)
+        self._cache[key] = (reply_json(prepared) if sent is None else sent, tenant, carried_from)
         self._cache.move_to_end(key)
         while len(self._cache) > self._cache_contexts:
             self._cache.popitem(last=False)
@@ -259,7 +276,8 @@ class GatewayService:
         cached = self._cache.get((request.prepared_id, request.format))
         record: GatewayRecord | None
         if cached is not None:
-            prepared, owner, carried_from = cached
+            sent, owner, carried_from = cached
+            prepared = PreparedContext.model_validate_json(sent)
             encoding = encoding_of(prepared.budget_report.counting_method)
             record = gateway_record(prepared, owner, encoding)
             if carried_from is not None:
@@ -292,6 +310,8 @@ class GatewayService:
     async def _write_behind(self) -> None:
         failing: str | None = None
         while self._unwritten or self._pending:
+            if self._unwritten and self._before_derive is not None:
+                await self._before_derive()
             await self._derive()
             batch = list(islice(self._pending, _WRITE_BATCH))
             if not batch:
@@ -330,6 +350,9 @@ class GatewayService:
             size = _approx_bytes(record) + sum(len(t) for t in fresh.values())
             self._pending[key] = _Pending(record, served, fresh, size)
             self.pending_bytes += size
+            # One context per loop turn (a few ms of hashing each): a request read meanwhile is served
+            # between two, not after the whole queue.
+            await asyncio.sleep(0)
 
     async def _store_batch(self, batch: list[tuple[str, str]]) -> None:
         """Store ``batch`` of the pending records; raises ``StoreUnavailable`` with what is left pending.
