@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from contracts import CompactionPolicy
 from contracts.windows import WindowStrategy
@@ -47,17 +47,15 @@ def measure(
         own_thread=snapshot.own_thread,
         previous=previous,
     )
-    measured, eligible = measure_view(
+    return measure_view(
         blocks,
         summary.tokens(encoding) if summary else 0,
         policy or view.policy.compaction,
         encoding,
         budget,
         standing_blocks(snapshot),
+        reserved,
     )
-    return replace(
-        measured, estimated=measured.estimated + reserved, required=measured.required + reserved
-    ), eligible
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING
 from services.core.tokens import EncodingName, counter_for
 from services.core.compaction.policy import ViewMeasure, ratio_threshold
 
+# Blocks a context shows before its summary, which a compaction leaves as they are.
+_HEAD_KINDS = frozenset({BlockKind.INSTRUCTION, BlockKind.TASK})
+
 __all__ = [
     "CoverChoice",
     "block_tokens",
@@ -70,22 +73,29 @@ def measure_view(
     encoding: EncodingName,
     budget: int,
     standing: Sequence[DraftBlock] = (),
+    reserved: int = 0,
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
     """The view's size, its required part, and what could be compacted now.
 
     ``standing``: the blocks a context shows beside the history and the summary (a window's
-    handoff, the state facts), required and never compacted."""
-    fixed = sum(block_tokens(b, encoding) for b in standing)
+    handoff, the state facts), required and never compacted. ``reserved``: what a prepare sends
+    beside the view (the tool schemas), counted as required and at the head of every context."""
+    fixed = reserved + sum(block_tokens(b, encoding) for b in standing)
     shown = fixed + sum(block_tokens(b, encoding) for b in blocks.ready)
     required = fixed + sum(block_tokens(b, encoding) for b in blocks.ready if not b.droppable)
+    stable = reserved + sum(block_tokens(b, encoding) for b in blocks.ready if b.kind in _HEAD_KINDS)
     summary = summary_tokens + (MESSAGE_OVERHEAD if summary_tokens else 0)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
     compressible = sum(block_tokens(b, encoding) for b in eligible)
+    # The summary replacing them is taken at its cap: summaries grow towards it.
+    successor = summary_cap(policy, budget, required + REPLY_PRIMING) + MESSAGE_OVERHEAD
     return ViewMeasure(
         estimated=shown + summary + REPLY_PRIMING,
         required=required + REPLY_PRIMING,
         compressible=compressible,
         budget=budget,
+        stable=stable,
+        reducible=compressible + summary - successor if compressible else 0,
     ), eligible
 
 
