@@ -28,6 +28,7 @@ from typing import Any, Literal
 from contracts import CompactionPolicy
 
 __all__ = [
+    "CACHE_MISS_PREMIUM",
     "Counters",
     "Decision",
     "Throttle",
