@@ -204,6 +204,6 @@ def test_cache_trigger_never_fires_for_a_compaction_that_removes_nothing() -> No
     assert not cache_pays(_cached(20_000, -500), 10_000)
 
 
-def test_cache_trigger_is_off_with_the_ratio_trigger() -> None:
+def test_cache_trigger_is_off_when_the_ratio_trigger_is_off() -> None:
     turns_only = _policy(context_ratio=None, user_turns=50)
     assert trigger_hits(_cached(20_000, 10_000), Counters(0, 1_000), ZERO, turns_only) == ()
