@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from contracts import CompactionPolicy
 from contracts.windows import WindowStrategy
@@ -51,12 +51,10 @@ def measure(
     )
     shown = shown_blocks(snapshot, blocks)
     sizes = view_sizes(shown, counter_for(view.encoding), snapshot.summary)
-    measured, eligible = measure_view(shown, sizes, blocks, policy or view.policy.compaction, budget)
-    return (
-        replace(measured, estimated=measured.estimated + reserved, required=measured.required + reserved),
-        eligible,
-        sizes,
+    measured, eligible = measure_view(
+        shown, sizes, blocks, policy or view.policy.compaction, budget, reserved=reserved
     )
+    return measured, eligible, sizes
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,9 @@ class CompactionService:
             view, records, keep, budget=job.input_budget, reserved=job.reserved_tokens
         )
         cap = summary_cap(policy, job.input_budget, measure.required)
-        ratio_hit = "context_ratio" in job.reasons or job.urgent
+        # A compaction that pays for the cache it invalidates covers all it can: the smaller the
+        # context it leaves, the longer until the next one.
+        ratio_hit = job.urgent or ("context_ratio" in job.reasons and "cache" not in job.reasons)
         choice = choose_cover(
             eligible,
             measure,

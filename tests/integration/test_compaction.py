@@ -491,3 +491,23 @@ async def test_a_store_reads_a_committed_summary_once_and_a_newer_one_when_the_v
         newer = (await s.load_view(t.thread_id)).summary
     assert newer is not None and newer.summary_id != first.summary_id
     assert newer.body.model_dump() != first.body.model_dump()
+
+
+async def test_a_compaction_the_cache_trigger_started_covers_all_a_ratio_compaction_leaves_above_target(
+    quiet_fleet, client: FleetClient, db: asyncpg.Connection
+) -> None:
+    # 8 groups of ~400 tokens under a 10k budget: the ratio's 5k target is met after one group.
+    policy = await _policy(client, "cover", 10_000)
+    pool = quiet_fleet.pool
+    covered = {}
+    for reasons in (("context_ratio",), ("context_ratio", "cache")):
+        t, _ = await _thread_with_history(client, db, policy, groups=8)
+        outcome = await CompactionService(PgStore(pool), ViewLoader()).run(
+            await _job(pool, t.thread_id, reasons)
+        )
+        assert outcome.status == "committed"
+        covered[reasons] = await db.fetchval(
+            "SELECT covered_to FROM ctx.thread_views WHERE thread_id=$1", t.thread_id
+        )
+    # The ratio's compaction stops at its target; the cache's covers every group it may.
+    assert covered[("context_ratio",)] < covered[("context_ratio", "cache")]

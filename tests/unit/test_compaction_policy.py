@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import ValidationError
 
 from contracts import CompactionPolicy, CompactionTriggers, ContextPolicy
 from services.core.compaction.policy import (
+    CACHE_MISS_PREMIUM,
     Counters,
     Throttle,
     ViewMeasure,
+    cache_pays,
     decide,
     job_fingerprint,
     throttle_from,
@@ -165,3 +169,41 @@ def test_counting_supplements_completions_and_retries_never_add() -> None:
     )
     records = ledger_records([*events, events[0]])  # the repeated question is a duplicate, not a record
     assert count_totals(records) == Counters(user_turns=1, model_steps=1)
+
+
+def _cached(estimated: int, reducible: int, stable: int = 1_000) -> ViewMeasure:
+    # Far below the 80% ratio trigger, so only the cache trigger can fire.
+    return ViewMeasure(estimated, 5_000, reducible, BUDGET, stable=stable, reducible=reducible)
+
+
+def test_cache_trigger_fires_once_the_reads_of_what_it_removes_outweigh_the_rewrite() -> None:
+    # 10,000 tokens a compaction would take off every call; it rewrites 20,000 − 10,000 − 1,000.
+    measure = _cached(20_000, 10_000)
+    premium_reads = 2 * CACHE_MISS_PREMIUM * 9_000
+    steps = math.ceil(premium_reads / 10_000)
+    assert not cache_pays(measure, steps - 1)
+    assert cache_pays(measure, steps)
+    assert trigger_hits(measure, Counters(0, steps), ZERO, RATIO_ONLY) == ("cache",)
+
+
+def test_cache_trigger_counts_only_the_steps_since_the_last_compaction() -> None:
+    measure = _cached(20_000, 10_000)
+    many = 10 * CACHE_MISS_PREMIUM
+    assert trigger_hits(measure, Counters(0, many), ZERO, RATIO_ONLY) == ("cache",)
+    assert trigger_hits(measure, Counters(0, many), Counters(0, many), RATIO_ONLY) == ()
+
+
+def test_cache_trigger_waits_longer_the_more_a_compaction_rewrites() -> None:
+    small_rewrite, large_rewrite = _cached(12_000, 10_000), _cached(40_000, 10_000)
+    steps = next(n for n in range(1, 1_000) if cache_pays(small_rewrite, n))
+    assert not cache_pays(large_rewrite, steps)
+
+
+def test_cache_trigger_never_fires_for_a_compaction_that_removes_nothing() -> None:
+    assert not cache_pays(_cached(20_000, 0), 10_000)
+    assert not cache_pays(_cached(20_000, -500), 10_000)
+
+
+def test_cache_trigger_is_off_when_the_ratio_trigger_is_off() -> None:
+    turns_only = _policy(context_ratio=None, user_turns=50)
+    assert trigger_hits(_cached(20_000, 10_000), Counters(0, 1_000), ZERO, turns_only) == ()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from contracts import CompactionPolicy
+from dataclasses import replace
+
+from contracts import BlockKind, CompactionPolicy
 from services.core.compaction.policy import ViewMeasure
 from services.core.assemble import view_sizes
 from services.core.compaction.select import choose_cover, eligible_blocks, measure_view, summary_cap
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
+from services.core.render import MESSAGE_OVERHEAD
 from services.core.tokens import counter_for
 from tests.fixtures.builders import Thread, ledger_records
 
@@ -89,3 +92,26 @@ def test_the_newest_tool_group_is_never_eligible_even_with_nothing_kept_or_a_tur
     # Coverage is a prefix: a text turn after the newest group cannot pull that group into it.
     assert newest.block_id not in [b.block_id for b in eligible]
     assert all(max(r.seq for r in b.records) < newest.records[0].seq for b in eligible)
+
+
+def test_measure_counts_the_head_a_compaction_keeps_and_what_it_would_take_off_each_call() -> None:
+    policy = CompactionPolicy(keep_recent_groups=1)
+    blocks = build_view_blocks(_history(10))
+    # A summary of 300 tokens in front of the history: it goes with the covered blocks.
+    summary = replace(blocks.ready[-1], block_id="summary", kind=BlockKind.SUMMARY)
+    shown = [summary, *blocks.ready]
+    sizes = {**view_sizes(blocks.ready, counter_for("o200k_base")), "summary": 300 + MESSAGE_OVERHEAD}
+    measure, eligible = measure_view(shown, sizes, blocks, policy, 8_000, reserved=40)
+    head = [b for b in blocks.ready if b.kind in (BlockKind.INSTRUCTION, BlockKind.TASK)]
+    assert len(head) == 2
+    assert measure.stable == 40 + sum(sizes[b.block_id] for b in head)
+    # The covered history and the current summary go; a summary at its cap takes their place.
+    successor = summary_cap(policy, 8_000, measure.required) + MESSAGE_OVERHEAD
+    assert measure.reducible == measure.compressible + 300 + MESSAGE_OVERHEAD - successor
+    assert measure.compressible == sum(sizes[b.block_id] for b in eligible)
+
+
+def test_measure_has_nothing_reducible_when_nothing_is_compressible() -> None:
+    blocks = build_view_blocks(_history(1))
+    measure, eligible, _ = measured(blocks, CompactionPolicy(), 8_000)
+    assert eligible == [] and measure.reducible == 0

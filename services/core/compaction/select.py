@@ -16,9 +16,12 @@ from contracts import BlockKind, CompactionPolicy
 
 from services.core.assemble import block_size
 from services.core.groups import BlockSet, DraftBlock
-from services.core.render import REPLY_PRIMING
+from services.core.render import MESSAGE_OVERHEAD, REPLY_PRIMING
 from services.core.tokens import TokenCounter
 from services.core.compaction.policy import ViewMeasure, ratio_threshold
+
+# Blocks a context shows before its summary, which a compaction leaves as they are.
+_HEAD_KINDS = frozenset({BlockKind.INSTRUCTION, BlockKind.TASK})
 
 __all__ = [
     "CoverChoice",
@@ -58,19 +61,31 @@ def measure_view(
     blocks: BlockSet,
     policy: CompactionPolicy,
     budget: int,
+    reserved: int = 0,
 ) -> tuple[ViewMeasure, list[DraftBlock]]:
     """The view's size, its required part, and what could be compacted now.
 
     ``shown``: every block a context of the view shows (``services.core.assemble.shown_blocks``),
     ``sizes`` their tokens (``view_sizes``); ``blocks``: the view's ledger blocks, whose complete
-    groups may be covered. The summary is not required: a smaller one may replace it."""
-    required = sum(sizes[b.block_id] for b in shown if not b.droppable and b.kind is not BlockKind.SUMMARY)
+    groups may be covered. The summary is not required: a smaller one may replace it.
+    ``reserved``: what a prepare sends beside the view (the tool schemas), counted as required and
+    at the head of every context."""
+    required = reserved + sum(
+        sizes[b.block_id] for b in shown if not b.droppable and b.kind is not BlockKind.SUMMARY
+    )
+    stable = reserved + sum(sizes[b.block_id] for b in shown if b.kind in _HEAD_KINDS)
+    summary = sum(sizes[b.block_id] for b in shown if b.kind is BlockKind.SUMMARY)
     eligible = eligible_blocks(blocks, policy.keep_recent_groups)
+    compressible = sum(sizes[b.block_id] for b in eligible)
+    # The summary replacing them is taken at its cap: summaries grow towards it.
+    successor = summary_cap(policy, budget, required + REPLY_PRIMING) + MESSAGE_OVERHEAD
     return ViewMeasure(
-        estimated=sum(sizes[b.block_id] for b in shown) + REPLY_PRIMING,
+        estimated=reserved + sum(sizes[b.block_id] for b in shown) + REPLY_PRIMING,
         required=required + REPLY_PRIMING,
-        compressible=sum(sizes[b.block_id] for b in eligible),
+        compressible=compressible,
         budget=budget,
+        stable=stable,
+        reducible=compressible + summary - successor if compressible else 0,
     ), eligible
 
 
