@@ -79,7 +79,7 @@ eval: $(STAMP)
 	$(VENV)/bin/ctxfleet eval --budget 4000 8000 16000 32000 --json out/eval.json
 	$(VENV)/bin/ctxfleet eval --budget 8000 16000 32000 --system-prompt infra/samples/system-prompt-large.txt --json out/eval-large-prompt.json
 
-## The ablation ladder (rungs A-G of seed 004 §48, docs/eval.md) on the samples and the synthetic traces: 8k with the
+## The ablation ladder (rungs A-G, docs/eval.md) on the samples and the synthetic traces: 8k with the
 ## 4.7k-token system prompt, then 32k. In this process, no fleet needed; about 15 minutes each on 2 shared cores.
 ladder: $(STAMP)
 	$(VENV)/bin/ctxfleet eval --ladder --budget 8000 --system-prompt infra/samples/system-prompt-large.txt --json out/ladder-8k.json

@@ -1,8 +1,8 @@
 """Branches of a session: forking it at a seq (``ctx.session.fork``) and exporting it as a trace
 (``ctx.session.export``).
 
-A fork is a new session whose history is its parent's up to ``at_seq``, by reference (seed 003 §10,
-invariant 11: nothing the fork records, compacts or projects changes the parent). An export is the
+A fork is a new session whose history is its parent's up to ``at_seq``, by reference (invariant
+11: nothing the fork records, compacts or projects changes the parent). An export is the
 session's history in the trace format ``ctxfleet replay`` reads (docs/trace-format.md), sent in pages
 because a reply has a size limit.
 """

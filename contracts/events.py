@@ -212,7 +212,7 @@ class ContextResetPayload(WireModel):
 
 
 class PhaseChangePayload(WireModel):
-    """The task moved to another phase (seed 004 §34–35), with the steps the phase is expected to take.
+    """The task moved to another phase, with the steps the phase is expected to take.
 
     A proposal the fleet weighs, never an instruction: from the runtime it may close the window at a
     safe boundary; from the model it is recorded and decides nothing (the model proposes, the runtime

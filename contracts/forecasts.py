@@ -21,7 +21,7 @@ _Tokens = Annotated[int, Field(ge=0, le=10_000_000)]
 
 
 class ForecastPolicy(WireModel):
-    """How a forecast is computed (seed 004 §30); part of ``WindowPolicy``."""
+    """How a forecast is computed; part of ``WindowPolicy``."""
 
     # The closed steps the growth percentile is taken over (the newest ones).
     recent_steps: Annotated[int, Field(ge=1, le=256)] = 8

@@ -1,4 +1,4 @@
-"""What the fleet sends a context hook and what the hook may answer (seed 000 §9, §10).
+"""What the fleet sends a context hook and what the hook may answer.
 
 The fleet sends a ``HookCall`` as a NATS request to the binding's subject and waits up to its
 timeout for a ``HookReply``. A hook answers ``continue`` (no change), ``patch`` (the changes its

@@ -1,9 +1,9 @@
-"""Context hooks: extensions a platform binds to the stages of context preparation (seed 000 §9).
+"""Context hooks: extensions a platform binds to the stages of context preparation.
 
 A hook set is registered per agent release, like a tool catalog; every registration is a new
 revision, and a session uses the revision current when its first event was recorded. A binding
 names the hook point, the NATS subject its service answers, how long the fleet waits, what a
-failure does, and which categories of content the hook may add (the host's grant, seed 000 §5.4).
+failure does, and which categories of content the hook may add (the host's grant).
 The version of every hook that touched a context or a summary is recorded with it.
 """
 
@@ -42,7 +42,7 @@ HOOK_SUBJECT_PATTERN = r"^hooks(\.[A-Za-z0-9_-]{1,64}){2,15}$"
 
 
 class HookPoint(StrEnum):
-    """Where in the pipeline a hook runs (seed 000 §4, §9)."""
+    """Where in the pipeline a hook runs."""
 
     # Sees candidate blocks; may add authorized material, deselect optional blocks, or reject.
     PREPARE_BEFORE = "context.prepare.before"
@@ -87,7 +87,7 @@ class HookBinding(WireModel):
     timeout_ms: Annotated[int, Field(ge=1, le=30_000)] = 500
     failure: HookFailurePolicy = HookFailurePolicy.SKIP
     # The purposes the hook runs for. The compaction points run for compaction only, and the prepare
-    # points never do: a summarizer's context is not an action's (seed 000 §9, "purpose 过滤").
+    # points never do: a summarizer's context is not an action's ("purpose 过滤").
     purposes: tuple[Purpose, ...] | None = None
     grants: tuple[AdditionCategory, ...] = ()
 

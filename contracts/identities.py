@@ -49,7 +49,7 @@ __all__ = [
 INBOX = "_INBOX"
 OPERATOR = "operator"
 # Request subjects whose last token is the tenant, and those with the tenant then a thread or session.
-# A runtime may fork its tenant's sessions (an agent exploring from an earlier point, seed 003 §10).
+# A runtime may fork its tenant's sessions (an agent exploring from an earlier point).
 _PER_TENANT = (READ, SEARCH, POLICY_REGISTER, TOOLS_REGISTER, HOOKS_REGISTER, OPERATION_STATUS, SESSION_FORK)
 # The gateway's final check is a runtime's, like the prepare it follows.
 _PER_TENANT_TREE = (PREPARE, GATEWAY_CHECK)

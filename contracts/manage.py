@@ -1,4 +1,4 @@
-"""Managing a thread's context by hand: a manual compaction (``/compact``, seed 003 §12).
+"""Managing a thread's context by hand: a manual compaction (``/compact``).
 
 ``ctx.compact.<tenant>.<run>.<instance>`` (request/reply) takes a :class:`CompactRequest` and answers a
 :class:`CompactReply` or an ``ErrorReply``: ``thread_not_found`` (also for another tenant's thread),

@@ -91,7 +91,7 @@ class ContextPolicy(WireModel):
     profile: ModelProfile | None = None
     budget_tokens: Annotated[int, Field(gt=0)] | None = None
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
-    # How the thread's context runs in windows (seed 004 §22–36): summary (one window) or rollover.
+    # How the thread's context runs in windows: summary (one window) or rollover.
     window: WindowPolicy = Field(default_factory=WindowPolicy)
 
     # ``_one_budget_source`` in the schema. An absent model_profile is "gpt-4o", so a profile needs

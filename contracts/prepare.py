@@ -210,7 +210,7 @@ class PrepareRequest(WireModel):
     context_tools: bool = False
     # What the runtime plans for its next steps; part of the reply's forecast (``window_report.forecast``).
     forecast: ForecastDeclaration | None = None
-    # The run's task budget (seed 004 §26): repeated on each prepare of the run; the reply reports
+    # The run's task budget: repeated on each prepare of the run; the reply reports
     # what is left, and a spent hard budget is refused with ``task_budget_exhausted``.
     task_budget: TaskBudget | None = None
     # A gateway check (``ctx.gateway.check``) answered ``context_reprepare_required``: include the
@@ -431,7 +431,7 @@ class BudgetReport(WireModel):
 
 
 class WindowReport(WireModel):
-    """Where a prepared context stands in its window (seed 004 §31)."""
+    """Where a prepared context stands in its window."""
 
     level: WaterLevel
     # The context's tokens (``budget_report.used.total``) against the prepare's input budget.
@@ -454,7 +454,7 @@ class SourceWatermark(WireModel):
 
 
 class SummaryHook(WireModel):
-    """A context hook that shaped a committed summary, as recorded with it (seed 000 §9, §10).
+    """A context hook that shaped a committed summary, as recorded with it.
 
     ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
     ``context.compact.after``: it patched the summary's text fields (validated again before commit).
@@ -519,7 +519,7 @@ class PreparedContext(WireModel):
     compaction_wait_ms: int = 0
     policy: str = ""
     format: RequestFormat = "openai.chat"
-    # The window this context belongs to (seed 004 §22–24): 1 until the thread first rolls over;
+    # The window this context belongs to: 1 until the thread first rolls over;
     # from window 2 on, the handoff it was rebuilt from.
     window: Annotated[int, Field(ge=1)] = 1
     handoff_id: str | None = None
@@ -529,7 +529,7 @@ class PreparedContext(WireModel):
     hooks: tuple[HookTouch, ...] = ()
     # The provider's own request body (messages, system, tools …) for a format other than openai.chat.
     request: dict[str, JsonValue] | None = None
-    # Water level, safe remaining tokens and forecast (seed 004 §29–31); absent in replies from before.
+    # Water level, safe remaining tokens and forecast; absent in replies from before.
     # Left out when None even by a plain dump, so a context assembled without a window policy is
     # byte-identical to one from before windows (stored replies, golden files).
     window_report: WindowReport | None = Field(default=None, exclude_if=is_none)

@@ -1,4 +1,4 @@
-"""Task budgets (seed 004 §26–27): what a whole task may spend, and the ledger of what it has spent.
+"""Task budgets: what a whole task may spend, and the ledger of what it has spent.
 
 A runtime declares a run's ``TaskBudget`` once, on the run's first event (the envelope's
 ``task_budget``; the fleet keeps it with the run), or in a prepare request

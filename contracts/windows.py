@@ -4,7 +4,7 @@ Seed 004 §22–36: the window is not memory and can be dropped at any time; the
 from state. A policy chooses the strategy — ``summary`` keeps one window and summarizes its
 history (what the fleet always did), ``rollover`` closes a full window at a safe boundary with a
 ``WindowHandoff`` and serves the next one from state. The four water levels are shares of the
-input budget (seed 004 §31).
+input budget.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _Share = Annotated[float, Field(gt=0.0, lt=1.0)]
 
 
 class WaterLevel(StrEnum):
-    """How full the window is (seed 004 §31)."""
+    """How full the window is."""
 
     # Normal running.
     GREEN = "green"
@@ -83,7 +83,7 @@ class WaterLevels(WireModel):
 
 
 class RolloverTrigger(StrEnum):
-    """Why a window closes (seed 004 §32's five triggers)."""
+    """Why a window closes (five triggers)."""
 
     # The window reached its red line.
     HARD_LIMIT = "hard_limit"
@@ -104,12 +104,12 @@ class WindowPolicy(WireModel):
     levels: WaterLevels = Field(default_factory=WaterLevels)
     # Low-value share of a window (old tool outputs) above which it closes early, from YELLOW on.
     max_low_value_share: _Share = 0.70
-    # How the forecast of the coming steps is computed (seed 004 §30): reported, and a rollover trigger.
+    # How the forecast of the coming steps is computed: reported, and a rollover trigger.
     forecast: ForecastPolicy = Field(default_factory=ForecastPolicy)
 
 
 class WindowHandoff(WireModel):
-    """What a closing window hands the next one (seed 004 §24): ids and paths, not history.
+    """What a closing window hands the next one: ids and paths, not history.
 
     Values are not copied: the next window reads them from the state projection, so a fact that
     changes after the rollover is never shown at its handoff-time value.

@@ -324,7 +324,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--ladder",
         action="store_true",
-        help="run the ablation ladder (rungs A-G of seed 004 §48) in this process instead (no fleet needed)",
+        help="run the ablation ladder (rungs A-G) in this process instead (no fleet needed)",
     )
     ev.add_argument(
         "--write-synthetic", type=Path, metavar="DIR", help="write the synthetic traces into DIR and exit"

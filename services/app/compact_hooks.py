@@ -1,4 +1,4 @@
-"""The compactor's context hooks (seed 000 §9, §10).
+"""The compactor's context hooks.
 
 compact.before sees the candidate range and the summary's target; it may narrow the range to an
 earlier end (a summary covers a contiguous prefix of what is not yet covered, so the start is not

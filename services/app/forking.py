@@ -1,5 +1,5 @@
 """Forking a session at a seq (``ctx.session.fork``): a new session whose history is the parent's up to
-that seq, by reference (seed 003 §10).
+that seq, by reference.
 
 Checks, in order:
 

@@ -1,4 +1,4 @@
-"""A manual compaction (``/compact``, seed 003 §12): the compactor's job, run now and answered.
+"""A manual compaction (``/compact``): the compactor's job, run now and answered.
 
 The job is the budgeter's kind, for the view as it is, under the session's policy — only no trigger
 decides: whatever the policy lets go is covered. It goes through :class:`CompactionService`, so a

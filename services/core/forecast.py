@@ -1,4 +1,4 @@
-"""Forecast of the coming steps' need (seed 004 §30). Pure and deterministic.
+"""Forecast of the coming steps' need. Pure and deterministic.
 
 A *step* is one model call of the thread: an ``action`` assistant message. A step's growth is
 what it added to the thread before the next step began — the message itself, its tool outcomes and

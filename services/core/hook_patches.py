@@ -1,4 +1,4 @@
-"""What a context hook's answer may change, checked before anything of it is used (seed 000 §9). Pure.
+"""What a context hook's answer may change, checked before anything of it is used. Pure.
 
 A hook's patch is taken whole or not at all: one refused change drops the patch (the stage goes
 on as if the hook had answered ``continue``, or fails, by the binding's policy). Taking the rest

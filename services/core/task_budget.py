@@ -1,4 +1,4 @@
-"""The budget ledger of a run and its task budget's verdict (seed 004 §26–27). Pure.
+"""The budget ledger of a run and its task budget's verdict. Pure.
 
 Invariants:
 1. The ledger derives from recorded records only: replaying the same records gives the same ledger,

@@ -1,4 +1,4 @@
-"""Water levels of a prepared context (seed 004 §31). Pure.
+"""Water levels of a prepared context. Pure.
 
 The level is the context's own size (``budget_report.used.total``, tool schemas included) as a
 share of the prepare's input budget, at the policy's thresholds (``WaterLevels.level_of``: each level

@@ -1,5 +1,5 @@
 """Export and fork through NATS and PostgreSQL: a session exported and replayed is the same
-session again; a fork branches by reference and leaves its parent byte-identical (seed 003 inv. 11)."""
+session again; a fork branches by reference and leaves its parent byte-identical."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pollution probe (seed 004 §46) and the state probe, and the synthetic state-heavy traces."""
+"""The pollution probe and the state probe, and the synthetic state-heavy traces."""
 
 from __future__ import annotations
 

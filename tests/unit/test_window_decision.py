@@ -1,4 +1,4 @@
-"""The window decision of seed 004 §36, table-tested: each row one situation, the action and trigger."""
+"""The window decision, table-tested: each row one situation, the action and trigger."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The handoff a closing window commits and the next window's context, pure (seed 004 §22–24)."""
+"""The handoff a closing window commits and the next window's context, pure."""
 
 from __future__ import annotations
 

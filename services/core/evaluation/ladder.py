@@ -1,4 +1,4 @@
-"""The ablation ladder of seed 004 §48: the same point of one thread, assembled by each rung's core config.
+"""The ablation ladder: the same point of one thread, assembled by each rung's core config.
 
 Every rung answers from the same ``LadderPoint`` — the thread's records, the summary the fleet's
 compaction committed, the facts its state projection holds — and
@@ -55,7 +55,7 @@ _UNBOUNDED = 1 << 40
 
 
 class RungName(StrEnum):
-    """The rungs the fleet can run from a trace (seed 004 §48; E, H–J need more than a trace)."""
+    """The rungs the fleet can run from a trace (E, H–J need more than a trace)."""
 
     FULL = "A-full"
     WINDOW = "B-window"

@@ -1,4 +1,4 @@
-"""The pollution probe of seed 004 §46 and the state probe, computed from the trace itself. Pure.
+"""The pollution probe and the state probe, computed from the trace itself. Pure.
 
 Ground truth comes from the trace and the release catalog only: each successful outcome of a tool
 with declared effects sets its paths (``services.core.state.effects_of`` fills the templates), in

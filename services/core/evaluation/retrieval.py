@@ -1,4 +1,4 @@
-"""Rung G's retrieval (seed 004 §48: F + archive retrieval): what to search for, and which hits count.
+"""Rung G's retrieval (F + archive retrieval): what to search for, and which hits count.
 
 Pure. The replay (``infra/laddering.py``) runs the fleet's search with these queries and reads the
 chosen hits back as evidence, exactly as a runtime would through ``ctx.search`` and

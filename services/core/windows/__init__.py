@@ -1,3 +1,3 @@
-"""Windows: the rollover decision, the handoff and the next window's context (seed 004 §22–36)."""
+"""Windows: the rollover decision, the handoff and the next window's context."""
 
 __all__: list[str] = []

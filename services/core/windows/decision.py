@@ -1,4 +1,4 @@
-"""Whether a window goes on, trims, prepares its handoff or rolls over (seed 004 §31–36). Pure.
+"""Whether a window goes on, trims, prepares its handoff or rolls over. Pure.
 
 The model or runtime may propose a forecast or a phase change; this function decides, from numbers
 the fleet measured. Rules, in order (the first that applies wins):

@@ -1,4 +1,4 @@
-"""The WindowHandoff a closing window commits, and how the next window reads it (seed 004 §24). Pure.
+"""The WindowHandoff a closing window commits, and how the next window reads it. Pure.
 
 Invariants:
 1. The handoff names state paths, evidence and operations; it copies no value. The next window

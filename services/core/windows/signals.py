@@ -82,7 +82,7 @@ def operations_of(records: Sequence[LedgerRecord], *, recent: int = 10) -> Opera
 
 
 def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base") -> float:
-    """Share of the window's tokens held by tool outputs older than its newest groups (seed 004 §32
+    """Share of the window's tokens held by tool outputs older than its newest groups (closing
     trigger 4): bulk the next step no longer works with, which a clean window leaves in the ledger."""
     total = sum(_tokens(r, encoding) for r in records)
     if total == 0:
@@ -101,7 +101,7 @@ def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base
 
 def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
     """Whether the runtime moved the task to another phase inside the window that opened after
-    ``opened_after``, once the window had done some work in the phase before (seed 004 §34).
+    ``opened_after``, once the window had done some work in the phase before.
 
     ``records`` are the thread's own, from its start: the phase in force when the window opened is
     the last one declared before. A model's proposal is recorded and decides nothing (§35); a change
@@ -122,7 +122,7 @@ def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
 
 
 def recovery_boundary(state: StateView, rules: Sequence[PathRule], window: Sequence[LedgerRecord]) -> bool:
-    """Whether a plan completed inside the window (seed 004 §32 trigger 5): a stable checkpoint, after
+    """Whether a plan completed inside the window (closing trigger 5): a stable checkpoint, after
     which the next stage may start in a clean window. ``window`` is the window's own records."""
     keys = {r.event_key for r in window}
     return any(

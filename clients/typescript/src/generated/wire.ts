@@ -35,11 +35,11 @@ export type WindowStrategy = "summary" | "rollover";
  */
 export type Purpose = "action" | "compaction" | "completion";
 /**
- * Why a window closes (seed 004 §32's five triggers).
+ * Why a window closes (five triggers).
  */
 export type RolloverTrigger = "hard_limit" | "forecast" | "phase_boundary" | "semantic_density" | "recovery_boundary";
 /**
- * How full the window is (seed 004 §31).
+ * How full the window is.
  */
 export type WaterLevel = "green" | "yellow" | "orange" | "red";
 /**
@@ -128,7 +128,7 @@ export type ToolStatus = "success" | "error" | "timeout" | "unknown";
  */
 export type HookFailurePolicy = "skip" | "fail";
 /**
- * Where in the pipeline a hook runs (seed 000 §4, §9).
+ * Where in the pipeline a hook runs.
  */
 export type HookPoint =
   "context.prepare.before" | "context.prepare.after" | "context.compact.before" | "context.compact.after";
@@ -535,7 +535,7 @@ export interface WindowPolicy {
   strategy?: WindowStrategy;
 }
 /**
- * How a forecast is computed (seed 004 §30); part of ``WindowPolicy``.
+ * How a forecast is computed; part of ``WindowPolicy``.
  */
 export interface ForecastPolicy {
   default_step_tokens?: number;
@@ -711,7 +711,7 @@ export interface SummaryRef {
   view_revision: number;
 }
 /**
- * A context hook that shaped a committed summary, as recorded with it (seed 000 §9, §10).
+ * A context hook that shaped a committed summary, as recorded with it.
  *
  * ``context.compact.before``: it ended the covered range earlier or lowered the summary's target;
  * ``context.compact.after``: it patched the summary's text fields (validated again before commit).
@@ -739,7 +739,7 @@ export interface TaskBudgetReport {
   spent: BudgetLedger;
 }
 /**
- * Where a prepared context stands in its window (seed 004 §31).
+ * Where a prepared context stands in its window.
  */
 export interface WindowReport {
   forecast: Forecast;
@@ -1041,7 +1041,7 @@ export interface PhaseChangeEvent {
   task_budget?: TaskBudget | null;
 }
 /**
- * The task moved to another phase (seed 004 §34–35), with the steps the phase is expected to take.
+ * The task moved to another phase, with the steps the phase is expected to take.
  *
  * A proposal the fleet weighs, never an instruction: from the runtime it may close the window at a
  * safe boundary; from the model it is recorded and decides nothing (the model proposes, the runtime
