@@ -22,7 +22,8 @@ from typing import Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict
 
-from contracts import BudgetCategory, ChatMessage, ContextBlock, PreparedContext, RequestFormat, SummaryRef
+from contracts import BudgetCategory, PreparedContext, RequestFormat, SummaryRef
+from services.core.block_text import block_text
 from services.core.hashing import sha256_hex
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "ServedBlock",
     "ServedContext",
     "ServedDiff",
-    "block_text",
     "change_symbol",
     "diff_served",
     "served_of",
@@ -82,28 +82,12 @@ class ServedContext(BaseModel):
     omitted: int
 
 
-def _message_text(message: ChatMessage) -> str:
-    head = message.role if message.tool_call_id is None else f"{message.role} [{message.tool_call_id}]"
-    lines = [head]
-    if message.content:
-        lines.append(message.content)
-    for call in message.tool_calls or ():
-        lines.append(f"→ {call.function.name}({call.function.arguments}) [{call.id}]")
-    return "\n".join(lines)
-
-
-def block_text(prepared: PreparedContext, block: ContextBlock) -> str:
-    """The messages ``block`` put in front of the model, as text: role, content, tool calls."""
-    messages = prepared.messages[block.first_message : block.first_message + block.message_count]
-    return "\n\n".join(_message_text(m) for m in messages)
-
-
 def served_of(prepared: PreparedContext, tenant: str) -> tuple[ServedContext, dict[str, str]]:
     """The manifest of ``prepared`` and its blocks' texts by digest."""
     texts: dict[str, str] = {}
     blocks: list[ServedBlock] = []
     for b in prepared.blocks:
-        text = block_text(prepared, b)
+        text = block_text(prepared, b).text
         digest = sha256_hex(text.encode())
         texts[digest] = text
         blocks.append(
