@@ -49,15 +49,7 @@ async def _thread(client: FleetClient, groups: int) -> Thread:
     for i in range(groups):
         await client.append(t.assistant(f"step {i}", calls=((f"c{i}", "bash", {"cmd": f"cat f{i}.py"}),)))
         await client.append(t.outcome(f"c{i}", f"contents of f{i}.py " * 80, key=f"out{i}"))
-    await client.prepare(
-        PrepareRequest(
-            session_id=t.session_id,
-            run_id=t.run_id,
-            instance_id=t.instance_id,
-            model_profile="gpt-4o",
-            after_event_key=f"out{groups - 1}",
-        )
-    )
+    await client.prepare(prepare_request(t, after_event_key=f"out{groups - 1}"))
     return t
 
 
@@ -453,15 +445,7 @@ async def _yard_groups(client: FleetClient, t: Thread, first: int, location: str
 async def _with_state(client: FleetClient) -> Thread:
     """A thread whose context shows state facts: a patch's and a tool effect's."""
     t = await _yard_thread(client, None)
-    await client.prepare(
-        PrepareRequest(
-            session_id=t.session_id,
-            run_id=t.run_id,
-            instance_id=t.instance_id,
-            model_profile="gpt-4o",
-            after_event_key="count5",
-        )
-    )
+    await client.prepare(prepare_request(t, after_event_key="count5"))
     return t
 
 
@@ -511,15 +495,7 @@ async def _repeating(client: FleetClient) -> Thread:
         await client.append(t.outcome(f"c{i}", "E   ModuleNotFoundError: No module named 'app'\n" * 6))
     await client.append(t.assistant("reading app", calls=(("r", "cat", {"p": "app.py"}),)))
     await client.append(t.outcome("r", "import utils", key="last"))
-    await client.prepare(
-        PrepareRequest(
-            session_id=t.session_id,
-            run_id=t.run_id,
-            instance_id=t.instance_id,
-            model_profile="gpt-4o",
-            after_event_key="last",
-        )
-    )
+    await client.prepare(prepare_request(t, after_event_key="last"))
     return t
 
 
