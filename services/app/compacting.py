@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
-from contracts import CompactionJob, SummaryHook
+from contracts import CompactionJob, CompactionPolicy, SummaryHook
 
 from services.core.turns import counts_as_turn
-from services.core.compaction.merge import merge_summaries, render_summary
+from services.core.compaction.merge import merge_summaries
+from services.core.compaction.region import Region, next_region, rolled_up
 from services.core.compaction.model import (
     Segment,
     SegmentTooLong,
@@ -30,7 +32,6 @@ from services.core.compaction.policy import (
     throttle_from,
     trigger_hits,
 )
-from services.core.compaction.rollup import fit_summary
 from services.app.budgeting import measure as measure_of
 from services.core.assemble import SummaryView
 from services.core.compaction.select import choose_cover, split_segments, summary_cap
@@ -208,9 +209,15 @@ class CompactionService:
         current_request = next((r for r in reversed(records) if counts_as_turn(r.body)), None)
         summarizer = self._summarizer(current_request)
         cost = _Cost()
+        alone: list[StructuredSummary] = []
         try:
             merged, calls = await _summarize(
-                summarizer, segments, parent.body if parent else None, policy.max_compaction_calls, cost
+                summarizer,
+                segments,
+                parent.body if parent else None,
+                policy.max_compaction_calls,
+                cost,
+                own=alone,
             )
         except SummarizerFailed as exc:
             return replace(
@@ -220,15 +227,14 @@ class CompactionService:
                 detail=str(exc),
                 tokens_before=measure.estimated,
             ), None
+        own = alone[0]
         if current_request is not None:
             # The task comes from its own record, whatever the summarizer made of it.
-            merged = merged.model_copy(
-                update={
-                    "current_request": SourcedText(
-                        text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,)
-                    )
-                }
+            request = SourcedText(
+                text=current_request.text[:1200] or "(empty)", sources=(current_request.seq,)
             )
+            merged = merged.model_copy(update={"current_request": request})
+            own = own.model_copy(update={"current_request": request})
         covered_records = sorted((r for b in covered_blocks for r in b.records), key=lambda r: r.seq)
 
         def validate(candidate: StructuredSummary) -> None:
@@ -256,36 +262,28 @@ class CompactionService:
                 tokens_before=measure.estimated,
                 calls=calls,
             ), None
-        # Validated whole, then rolled up to its share: a long thread's summary converges instead of
-        # growing with every compaction (what must survive is kept verbatim by the roll-up).
+        # Validated whole. The new part is appended after the summary the context shows, which stays
+        # as it is for the prompt cache, while the region fits its share; past it, one roll-up
+        # rewrites the region to its share: a long thread's summary converges instead of growing with
+        # every compaction (what must survive is kept verbatim by the roll-up). A summary a hook
+        # patched is rewritten whole: the part alone would not show the patch.
         pinned = _pinned(records, job.thread_id)
-        fitted = fit_summary(
-            merged, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned
-        )
-        text = render_summary(fitted, revision=new_revision, pinned=pinned)
-        o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         covered_to = max(r.seq for r in covered_records)
-        # Measured anew, not by subtraction: an output shown as a reference to one the summary now
-        # covers is shown whole again.
-        written = SummaryView(
-            summary_id="",
-            view_revision=new_revision,
-            covered_from=fitted.covered_from,
-            covered_to=covered_to,
-            text=text,
-            tokens_o200k=o200k,
-            tokens_cl100k=cl100k,
-            sources=(),
+        fit = partial(next_region, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
+        appendable = parent is not None and not any(h.point == "context.compact.after" for h in shaped_by)
+        region = fit(
+            merged,
+            previous=(parent.text, view.state.view_revision, parent.body) if parent and appendable else None,
+            own=own,
         )
-        post, _, _ = measure_of(
-            view,
-            records,
-            keep,
-            budget=job.input_budget,
-            reserved=job.reserved_tokens,
-            snapshot=replace(view.snapshot(), summary=written, covered_to=covered_to),
-        )
-        after = post.estimated
+        after, post = self._measured(view, records, keep, job, region, covered_to)
+        if after >= measure.estimated and region.appended:
+            # The appended region is larger than a rolled-up one: the roll-up may still reduce.
+            region = fit(merged)
+            after, post = self._measured(view, records, keep, job, region, covered_to)
+        fitted, text = region.body, region.text
+        o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
+        written_tokens = o200k if encoding == "o200k_base" else cl100k
         if after >= measure.estimated:
             covered_tokens = sum(sizes[b.block_id] for b in covered_blocks)
             replaced = covered_tokens + summary_tokens + (MESSAGE_OVERHEAD if parent else 0)
@@ -298,7 +296,7 @@ class CompactionService:
                     after,
                     len(covered_blocks),
                     replaced,
-                    written.tokens(encoding) + MESSAGE_OVERHEAD,
+                    written_tokens + MESSAGE_OVERHEAD,
                     cap,
                     chained=parent is not None,
                 ),
@@ -322,6 +320,38 @@ class CompactionService:
             hooks=shaped_by,
         )
 
+    def _measured(
+        self,
+        view: ThreadView,
+        records: list[LedgerRecord],
+        keep: CompactionPolicy,
+        job: CompactionJob,
+        region: Region,
+        covered_to: int,
+    ) -> tuple[int, ViewMeasure]:
+        """The view's estimate with ``region`` committed. Measured anew, not by subtraction: an output
+        shown as a reference to one the summary now covers is shown whole again."""
+        counts = counter_for("o200k_base").count(region.text), counter_for("cl100k_base").count(region.text)
+        written = SummaryView(
+            summary_id="",
+            view_revision=view.state.view_revision + 1,
+            covered_from=region.body.covered_from,
+            covered_to=covered_to,
+            text=region.text,
+            tokens_o200k=counts[0],
+            tokens_cl100k=counts[1],
+            sources=(),
+        )
+        post, _, _ = measure_of(
+            view,
+            records,
+            keep,
+            budget=job.input_budget,
+            reserved=job.reserved_tokens,
+            snapshot=replace(view.snapshot(), summary=written, covered_to=covered_to),
+        )
+        return post.estimated, post
+
     def _rolled_up(
         self,
         view: ThreadView,
@@ -334,8 +364,8 @@ class CompactionService:
         """Nothing new to cover, but the summary is over its share of this budget: roll it up alone."""
         counter = counter_for(view.encoding)
         pinned = _pinned(view.records, job.thread_id)
-        fitted = fit_summary(body, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
-        text = render_summary(fitted, revision=new_revision, pinned=pinned)
+        region = rolled_up(body, max_tokens=cap, count=counter.count, revision=new_revision, pinned=pinned)
+        fitted, text = region.body, region.text
         o200k, cl100k = counter_for("o200k_base").count(text), counter_for("cl100k_base").count(text)
         parent = view.state.summary
         assert parent is not None
@@ -448,8 +478,12 @@ async def _summarize(
     parent: StructuredSummary | None,
     max_calls: int,
     cost: _Cost | None = None,
+    own: list[StructuredSummary] | None = None,
 ) -> tuple[StructuredSummary, int]:
-    """Summarize segments in order, halving any a provider rejects as too long; never skip one."""
+    """Summarize segments in order, halving any a provider rejects as too long; never skip one.
+
+    The summary of ``parent`` and the segments, and the calls; ``own`` (when given) ends as the
+    summary of the segments alone (the part a compaction may append to the committed summary)."""
     queue: list[Sequence[DraftBlock]] = list(segments)
     merged = parent
     job_from = min((r.seq for seg in segments for b in seg for r in b.records), default=None)
@@ -478,6 +512,8 @@ async def _summarize(
         if cost is not None:
             cost.add(summarizer, time.perf_counter() - started)
         merged = merge_summaries(merged, part, keep_failures_from=job_from)
+        if own is not None:
+            own[:] = [merge_summaries(own[0] if own else None, part, keep_failures_from=job_from)]
     assert merged is not None
     return merged, calls
 

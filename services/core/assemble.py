@@ -65,6 +65,7 @@ from contracts.windows import WindowHandoff, WindowPolicy, WindowStrategy
 from services.core.budget import BudgetSpec
 from services.core.calibration import scaled
 from services.core.compaction.files import files_of_call
+from services.core.compaction.region import summary_parts
 from services.core.failures import Failure, failure_of
 from services.core.context_tools import CONTEXT_TOOLS_NOTE, record_ref, with_context_tools
 from services.core.forecast import step_growths
@@ -679,7 +680,9 @@ def _ordered(
             f"{summary.covered_from}–{summary.covered_to}"
         ),
         records=[],
-        messages=[ChatMessage(role="user", content=summary.text)],
+        # One message per part of the region: the parts earlier contexts showed stay the same messages,
+        # which a provider's prompt cache matches whole.
+        messages=[ChatMessage(role="user", content=part) for part in summary_parts(summary.text)],
     )
     return [*pinned, *older, *task, block, *rest]
 

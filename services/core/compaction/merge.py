@@ -363,14 +363,21 @@ def _texts(title: str, items: Sequence[SourcedText]) -> list[str]:
     return [f"{title}:", *(f"- {i.text} ({_cite(i.sources)})" for i in items)] if items else []
 
 
-def render_summary(summary: StructuredSummary, *, revision: int, pinned: Collection[int] = ()) -> str:
+def render_summary(
+    summary: StructuredSummary, *, revision: int, pinned: Collection[int] = (), continues: int | None = None
+) -> str:
     """The summary as the model reads it: labelled as derived history, every line with its sources.
 
     ``pinned``: seqs of records every context shows verbatim beside the summary (the run's task).
+    ``continues``: the revision of the summary part this one follows in the context (it covers only
+    what that part did not, and says so in its header); ``None`` for a summary standing alone.
     """
+    continued = "" if continues is None else f", continuing r{continues}"
+    newer = "" if continues is None else "; where it and the part above differ, this part is newer"
     lines = [
-        f"[context summary r{revision}: records {summary.covered_from}–{summary.covered_to} condensed, "
-        "derived from the ledger where the originals stay readable; (seq N) cites the source records]"
+        f"[context summary r{revision}{continued}: records {summary.covered_from}–{summary.covered_to} "
+        f"condensed{newer}, derived from the ledger where the originals stay readable; (seq N) cites "
+        "the source records]"
     ]
     request = summary.current_request
     shown_in_full = set(pinned) | set(request.sources if request is not None else ())

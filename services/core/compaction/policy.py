@@ -10,7 +10,10 @@ Rules (docs/design.md, "Budget and compaction triggers"), one function each:
    since the last one, reach what re-sending the rewritten suffix costs beyond a cached read.
 3. Several triggers hitting together, or the same state evaluated again, make one job: the job is
    named by a fingerprint of the state, and a thread with a pending job gets no other (``decide``).
-4. Nothing compressible → deferred, recorded, not retried on the same state (``decide``).
+4. Nothing compressible → deferred, recorded, not retried on the same state (``decide``). So is a
+   compaction that cannot pay for itself (``futile``): only the ratio trigger fires, the view fits
+   its budget, and covering everything compressible would still leave it at the ratio — the next
+   compaction would follow at once, each rewriting the cached context to save little.
 5. While throttled (after a deferral, a failure, or a commit that left the trigger hitting), retry
    only after compressible content grew by ``retry_growth_ratio × InputBudget``, an enabled counter
    grew by another period, a trigger that was not hitting started to, or the budget or the
@@ -35,6 +38,7 @@ __all__ = [
     "ViewMeasure",
     "cache_pays",
     "decide",
+    "futile",
     "job_fingerprint",
     "ratio_threshold",
     "retry_allowed",
@@ -191,7 +195,27 @@ def decide(
         return Decision("throttled", hits, f"waiting for growth since: {throttle.reason}")
     if measure.compressible <= 0:
         return Decision("defer", hits, "nothing_compressible")
+    if futile(measure, hits, policy):
+        return Decision("defer", hits, "cannot_get_under_ratio")
     return Decision("enqueue", hits)
+
+
+def futile(measure: ViewMeasure, hits: tuple[str, ...], policy: CompactionPolicy) -> bool:
+    """Whether the only trigger is the ratio and no compaction can take the view under it.
+
+    When the required content alone is near the ratio, every compaction saves a little and leaves
+    the trigger hitting, and each one costs the prompt cache the context after its stable head.
+    It waits instead: for the cache trigger (what it saves then pays for the rewrite), a counter
+    trigger, or the view outgrowing its budget (which a prepare compacts at once, urgently).
+    A measure that does not say what a compaction takes off (``reducible`` 0) is not judged here:
+    the compactor's own reduction check stands for it.
+    """
+    ratio = policy.triggers.context_ratio
+    if hits != ("context_ratio",) or ratio is None or measure.estimated > measure.budget:
+        return False
+    if measure.reducible <= 0:
+        return False
+    return measure.estimated - measure.reducible >= ratio_threshold(ratio, measure.budget)
 
 
 def throttle_from(reason: str, measure: ViewMeasure, totals: Counters, hits: tuple[str, ...]) -> Throttle:
