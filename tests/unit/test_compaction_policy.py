@@ -15,6 +15,7 @@ from services.core.compaction.policy import (
     ViewMeasure,
     cache_pays,
     decide,
+    futile,
     job_fingerprint,
     throttle_from,
     trigger_hits,
@@ -207,3 +208,24 @@ def test_cache_trigger_never_fires_for_a_compaction_that_removes_nothing() -> No
 def test_cache_trigger_is_off_when_the_ratio_trigger_is_off() -> None:
     turns_only = _policy(context_ratio=None, user_turns=50)
     assert trigger_hits(_cached(20_000, 10_000), Counters(0, 1_000), ZERO, turns_only) == ()
+
+
+def test_a_ratio_hit_no_compaction_can_get_under_waits_until_the_cache_pays_or_the_view_is_over() -> None:
+    # Required content is 78% of the budget: covering all 3,000 compressible tokens leaves 81%.
+    near = ViewMeasure(estimated=84_000, required=78_000, compressible=3_000, budget=BUDGET, reducible=3_000)
+    assert futile(near, ("context_ratio",), RATIO_ONLY)
+    deferred = decide(near, ZERO, ZERO, RATIO_ONLY, throttle=None, pending=False)
+    assert (deferred.action, deferred.reason) == ("defer", "cannot_get_under_ratio")
+    # Recorded as a throttle: the same state is not tried again.
+    throttle = throttle_from(deferred.reason, near, ZERO, deferred.hits)
+    assert decide(near, ZERO, ZERO, RATIO_ONLY, throttle=throttle, pending=False).action == "throttled"
+    # A compaction that can take the view under the ratio goes ahead.
+    under = ViewMeasure(
+        estimated=84_000, required=60_000, compressible=20_000, budget=BUDGET, reducible=20_000
+    )
+    assert decide(under, ZERO, ZERO, RATIO_ONLY, throttle=None, pending=False).action == "enqueue"
+    # So does one the cache trigger pays for, one a counter asks for, and one over the budget.
+    assert not futile(near, ("context_ratio", "cache"), RATIO_ONLY)
+    assert not futile(near, ("context_ratio", "model_steps"), RATIO_ONLY)
+    over = ViewMeasure(estimated=101_000, required=95_000, compressible=3_000, budget=BUDGET, reducible=3_000)
+    assert decide(over, ZERO, ZERO, RATIO_ONLY, throttle=None, pending=False).action == "enqueue"
