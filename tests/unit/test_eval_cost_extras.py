@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.evaluation.cost import Bill, Call, Price, bill_calls, bill_summarizer, floor_ratio, with_pauses
+from services.core.evaluation.cost import (
+    Bill,
+    Call,
+    Price,
+    bill_calls,
+    bill_summarizer,
+    floor_ratio,
+    with_pauses,
+)
 
 PRICE = Price(provider="openai", input=1.0, cached_input=0.1, output=4.0)
 
@@ -25,7 +33,12 @@ def test_merged_bills_add_their_summarizer_calls() -> None:
     bill_summarizer(b, 200, 20, PRICE)
     a.merge(b)
     assert (a.summarizer_calls, a.summarizer_input_tokens, a.summarizer_output_tokens) == (2, 300, 30)
-    assert a.as_json(1)["summarizer"] == {"calls": 2, "input_tokens": 300, "output_tokens": 30, "usd": 0.00042}
+    assert a.as_json(1)["summarizer"] == {
+        "calls": 2,
+        "input_tokens": 300,
+        "output_tokens": 30,
+        "usd": 0.00042,
+    }
 
 
 def test_the_floor_is_the_replies_alone_against_the_baseline() -> None:
