@@ -20,6 +20,7 @@ from pydantic import JsonValue
 from contracts import (
     AssistantMessageEvent,
     BlockKind,
+    CompactionPolicy,
     CompactRequest,
     ContextPolicy,
     PreparedContext,
@@ -29,6 +30,7 @@ from contracts import (
 from ctxfleet_client.client import FleetClient
 from contracts.exceptions import CtxError
 from services.core.compaction.policy import PROVIDER_CACHE_TTL_S, ViewMeasure, cache_cold
+from services.core.compaction.select import summary_cap
 from services.core.evaluation.cost import Price, call_times, floor_ratio, with_pauses
 from services.edge.http_summarizer import SUMMARY_INSTRUCTION, summary_schema
 from services.core.providers.anthropic_messages import cache_breakpoints
@@ -192,7 +194,7 @@ async def run_through_fleet(
     times = with_pauses(call_times(lines, prepare_points(lines)), pauses.every, pauses.pause_s)
     outcomes: list[FleetOutcome] = []
     last_key: dict[str, str] = {}
-    served: dict[str, tuple[float, FleetOutcome]] = {}
+    served: dict[str, tuple[float, PreparedContext | None]] = {}
     idle_compactions = 0
     for event in trace_events(lines, options):
         thread = event.thread_id
@@ -208,11 +210,13 @@ async def run_through_fleet(
                 after_event_key=last_key[thread],
                 wait_ms=wait_ms,
             )
+            prepared: PreparedContext | None = None
             try:
-                outcomes.append(fleet_context(await client.prepare(request)))
+                prepared = await client.prepare(request)
+                outcomes.append(fleet_context(prepared))
             except CtxError as exc:
                 outcomes.append(FleetFailure(exc.code.value, _with_items(exc)))
-            served[thread] = (at_s, outcomes[-1])
+            served[thread] = (at_s, prepared)
         await client.append(event)
         last_key[thread] = event.event_key
     compactions = 0
@@ -221,16 +225,23 @@ async def run_through_fleet(
     return FleetRun(tuple(outcomes), compactions, idle_compactions)
 
 
-def _gone_cold(last: tuple[float, FleetOutcome], at_s: float, ttl_s: float) -> bool:
+def _gone_cold(last: tuple[float, PreparedContext | None], at_s: float, ttl_s: float) -> bool:
     """The budgeter's idle rule over what the replay knows of a thread: the time its last context
-    was served, and that context's history and summary as what a compaction could reduce (the
-    fleet's compaction finds out what of it is really eligible)."""
-    served_at, outcome = last
-    if not isinstance(outcome, FleetContext):
+    was served, and what that context shows of history and summary less the summary that would
+    replace them (the budgeter's ``reducible``, counting the recent groups a compaction keeps)."""
+    served_at, prepared = last
+    if prepared is None:
         return False
-    history = outcome.reported_tokens
+    used, budget = prepared.budget_report.used, prepared.budget_report.input_budget
+    required = used.total - used.history - used.summaries - used.materials
+    successor = summary_cap(CompactionPolicy(), budget, required) + MESSAGE_OVERHEAD
+    history = used.history
     measure = ViewMeasure(
-        estimated=history, required=0, compressible=history, budget=history, reducible=history
+        estimated=used.total,
+        required=required,
+        compressible=history,
+        budget=budget,
+        reducible=history + used.summaries - successor,
     )
     return cache_cold(measure, at_s - served_at, ttl_s)
 

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from services.core.evaluation import (
+    FleetContext,
+    FleetFailure,
+    FleetOutcome,
+    SummarizerCall,
+    summarizer_calls,
+)
 from services.core.evaluation.cost import (
     Bill,
     Call,
@@ -51,3 +58,27 @@ def test_the_floor_is_the_replies_alone_against_the_baseline() -> None:
 def test_pauses_delay_every_nth_call_and_all_after_it() -> None:
     assert with_pauses([0, 20, 40, 60, 80], 2, 400) == [0, 420, 440, 860, 880]
     assert with_pauses([0, 20], 0, 400) == [0, 20]
+
+
+def _shown(summary_id: str | None, covered_to: int, summary: int, *records: tuple[int, int]) -> FleetContext:
+    return FleetContext(
+        (), summary_tokens=summary, summary_id=summary_id, covered_to=covered_to, record_tokens=records
+    )
+
+
+def test_each_new_summary_is_one_summarizer_call_over_what_it_newly_covers() -> None:
+    fleet: list[FleetOutcome] = [
+        _shown(None, 0, 0, (1, 100), (2, 300)),
+        _shown(None, 0, 0, (2, 250), (3, 400)),
+        _shown("s1", 2, 50, (3, 400)),
+        _shown("s1", 2, 50, (3, 400), (4, 80)),
+        FleetFailure("budget_exceeded", "no room"),
+        _shown("s2", 4, 70),
+    ]
+    calls = summarizer_calls(fleet, prompt_tokens=1_000)
+    # s1: instructions + records 1 and 2 (2 at the most a context showed it); s2: + s1 + records 3, 4.
+    assert calls == [SummarizerCall(3, 1_000 + 100 + 300, 50), SummarizerCall(6, 1_000 + 50 + 400 + 80, 70)]
+
+
+def test_a_thread_never_summarized_makes_no_summarizer_call() -> None:
+    assert summarizer_calls([_shown(None, 0, 0, (1, 100))], prompt_tokens=1_000) == []
