@@ -62,6 +62,7 @@ __all__ = [
     "fleet_context",
     "policy_name",
     "run_through_fleet",
+    "summarizer_prompt_tokens",
 ]
 
 
