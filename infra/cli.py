@@ -40,7 +40,7 @@ from services.store.postgres import PgStore
 from contracts.exceptions import CtxError, InvalidConfiguration
 from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
 from services.core.evaluation import NO_PAUSES, Pauses, TraceScore, with_system_prompt
-from services.core.evaluation.cost import DEFAULT_PRICED, Price, floor_ratio, price_table
+from services.core.evaluation.cost import DEFAULT_PRICED, Price, cached_floor_ratio, floor_ratio, price_table
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
 from services.settings import Settings, default_data_dir, load_settings, parse_nats_urls, redact_url
@@ -1304,7 +1304,8 @@ def _print_eval(report: EvalReport) -> None:
             )
             fleet = systems["ctxfleet"].costs[p]
             floor = floor_ratio(fleet, systems["masking"].costs[p], report.prices[p])
-            extra = f"; floor {floor:.2f}x" if floor is not None else ""
+            cached = cached_floor_ratio(fleet, systems["masking"].costs[p], report.prices[p])
+            extra = f"; floor {floor:.2f}x (all it sends cached: {cached:.2f}x)" if floor and cached else ""
             if fleet.summarizer_calls and systems["ctxfleet"].tasks:
                 extra += f"; summarizer ${fleet.summarizer_usd / systems['ctxfleet'].tasks:.4f} of ctxfleet's"
             console.print(

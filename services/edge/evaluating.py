@@ -31,7 +31,7 @@ from ctxfleet_client.client import FleetClient
 from contracts.exceptions import CtxError
 from services.core.compaction.policy import PROVIDER_CACHE_TTL_S, ViewMeasure, cache_cold
 from services.core.compaction.select import summary_cap
-from services.core.evaluation.cost import Price, call_times, floor_ratio, with_pauses
+from services.core.evaluation.cost import Price, cached_floor_ratio, call_times, floor_ratio, with_pauses
 from services.edge.http_summarizer import SUMMARY_INSTRUCTION, summary_schema
 from services.core.providers.anthropic_messages import cache_breakpoints
 from services.core.render import MESSAGE_OVERHEAD
@@ -122,6 +122,15 @@ class EvalReport:
             "floor": {
                 str(b): {
                     p: _round(floor_ratio(systems[CTXFLEET].costs[p], systems["masking"].costs[p], price))
+                    for p, price in self.prices.items()
+                }
+                for b, systems in self.aggregate().items()
+            },
+            "floor_all_cached": {
+                str(b): {
+                    p: _round(
+                        cached_floor_ratio(systems[CTXFLEET].costs[p], systems["masking"].costs[p], price)
+                    )
                     for p, price in self.prices.items()
                 }
                 for b, systems in self.aggregate().items()

@@ -17,6 +17,7 @@ from services.core.evaluation.cost import (
     Price,
     bill_calls,
     bill_summarizer,
+    cached_floor_ratio,
     floor_ratio,
     with_pauses,
 )
@@ -53,6 +54,13 @@ def test_the_floor_is_the_replies_alone_against_the_baseline() -> None:
     masking = Bill(calls=1, input_tokens=40_000, output_tokens=1_000, usd=0.016)
     assert floor_ratio(fleet, masking, PRICE) == pytest.approx(0.004 / 0.016)
     assert floor_ratio(fleet, Bill(), PRICE) is None
+
+
+def test_the_cached_floor_reads_every_token_sent_from_the_cache_and_drops_the_summarizer() -> None:
+    fleet = Bill(calls=1, input_tokens=10_000, output_tokens=1_000, usd=0.006)
+    bill_summarizer(fleet, 3_000, 500, PRICE)
+    masking = Bill(calls=1, input_tokens=40_000, output_tokens=1_000, usd=0.016)
+    assert cached_floor_ratio(fleet, masking, PRICE) == pytest.approx((0.004 + 10_000 * 0.1 / 1e6) / 0.016)
 
 
 def test_pauses_delay_every_nth_call_and_all_after_it() -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "bill_calls",
     "bill_summarizer",
     "call_of",
+    "cached_floor_ratio",
     "call_times",
     "floor_ratio",
     "price_table",
@@ -242,6 +243,14 @@ def floor_ratio(bill: Bill, baseline: Bill, price: Price) -> float | None:
     replies alone, as if every token it sent were free (the replies are the trace's, the same for
     every system). ``None`` when the baseline cost nothing."""
     return bill.output_tokens * price.output / _PER / baseline.usd if baseline.usd else None
+
+
+def cached_floor_ratio(bill: Bill, baseline: Bill, price: Price) -> float | None:
+    """The lowest cost ratio to ``baseline`` a system billed ``bill`` could reach sending the same
+    tokens: its replies, every input token a cache read, and no summarizer call."""
+    if not baseline.usd:
+        return None
+    return (bill.output_tokens * price.output + bill.input_tokens * price.cached_input) / _PER / baseline.usd
 
 
 def _openai(root: _Node, call: Call, price: Price) -> tuple[int, int]:
