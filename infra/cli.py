@@ -39,8 +39,8 @@ from services.app.indexing import reindex
 from services.store.postgres import PgStore
 from contracts.exceptions import CtxError, InvalidConfiguration
 from services.edge.evaluating import EVAL_TENANT, EvalReport, EvalTrace, evaluate
-from services.core.evaluation import TraceScore, with_system_prompt
-from services.core.evaluation.cost import DEFAULT_PRICED, Price, price_table
+from services.core.evaluation import NO_PAUSES, Pauses, TraceScore, with_system_prompt
+from services.core.evaluation.cost import DEFAULT_PRICED, Price, cached_floor_ratio, floor_ratio, price_table
 from services.core.tokens import counter_for
 from services.edge.replay import ReplayOptions, ReplayReport, replay_trace, trace_events
 from services.settings import Settings, default_data_dir, load_settings, parse_nats_urls, redact_url
@@ -310,6 +310,19 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="a JSON object of profile -> price fields over the built-in table",
+    )
+    ev.add_argument(
+        "--pause",
+        type=_pause_arg,
+        default=NO_PAUSES,
+        metavar="N[:SECONDS]",
+        help="price the calls with a pause before every Nth (default 360 s: past a 5-minute cache TTL)",
+    )
+    ev.add_argument(
+        "--no-idle-compaction",
+        dest="idle_compaction",
+        action="store_false",
+        help="do not compact a thread whose cache went cold while it idled (to compare)",
     )
     ev.add_argument(
         "--fleet",
@@ -1072,9 +1085,19 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
             flush=True,
         )
-        report = asyncio.run(_eval_on(settings, _fleet_nats_urls(settings), traces, budgets, prices))
+        report = asyncio.run(
+            _eval_on(
+                settings,
+                _fleet_nats_urls(settings),
+                traces,
+                budgets,
+                prices,
+                args.pause,
+                args.idle_compaction,
+            )
+        )
     else:
-        report = _eval_in_process(settings, traces, budgets, prices)
+        report = _eval_in_process(settings, traces, budgets, prices, args.pause, args.idle_compaction)
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
     if args.json_out:
@@ -1114,8 +1137,25 @@ def _eval_prices(path: Path | None, profiles: Sequence[str]) -> dict[str, Price]
     return {p: table[p] for p in profiles}
 
 
+def _pause_arg(value: str) -> Pauses:
+    """``N`` or ``N:SECONDS``: a pause before every Nth call (360 s unless given)."""
+    every, _, seconds = value.partition(":")
+    try:
+        pauses = Pauses(int(every), float(seconds or 360))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N:SECONDS, got {value!r}") from None
+    if pauses.every <= 0 or pauses.pause_s <= 0:
+        raise argparse.ArgumentTypeError("N and SECONDS must be positive")
+    return pauses
+
+
 def _eval_in_process(
-    settings: Settings, traces: Sequence[EvalTrace], budgets: Sequence[int], prices: dict[str, Price]
+    settings: Settings,
+    traces: Sequence[EvalTrace],
+    budgets: Sequence[int],
+    prices: dict[str, Price],
+    pauses: Pauses,
+    idle: bool,
 ) -> EvalReport:
     """Workers in this process, on servers of their own: a fleet that serves here is left alone.
 
@@ -1128,7 +1168,7 @@ def _eval_in_process(
             settings = settings.replace(nats_url=None, database_url=None, data_dir=Path(folder), nats_port=0)
         servers = start_servers(settings)
         try:
-            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets, prices))
+            return asyncio.run(_eval_on_own_fleet(settings, servers, traces, budgets, prices, pauses, idle))
         finally:
             servers.stop()
 
@@ -1139,10 +1179,12 @@ async def _eval_on_own_fleet(
     traces: Sequence[EvalTrace],
     budgets: Sequence[int],
     prices: dict[str, Price],
+    pauses: Pauses,
+    idle: bool,
 ) -> EvalReport:
     fleet = await start_fleet(settings, servers)
     try:
-        return await _eval_on(settings, servers.nats_urls, traces, budgets, prices)
+        return await _eval_on(settings, servers.nats_urls, traces, budgets, prices, pauses, idle)
     finally:
         await _drain(fleet, settings.process.shutdown_timeout_s)
 
@@ -1153,6 +1195,8 @@ async def _eval_on(
     traces: Sequence[EvalTrace],
     budgets: Sequence[int],
     prices: dict[str, Price],
+    pauses: Pauses = NO_PAUSES,
+    idle: bool = True,
 ) -> EvalReport:
     def progress(score: TraceScore) -> None:
         fleet = score.systems["ctxfleet"]
@@ -1171,6 +1215,8 @@ async def _eval_on(
             session_prefix=f"eval-{uuid.uuid4().hex[:10]}",
             on_done=progress,
             prices=prices,
+            pauses=pauses,
+            idle_compaction=idle,
         )
 
 
@@ -1256,8 +1302,16 @@ def _print_eval(report: EvalReport) -> None:
             ratios = ", ".join(
                 f"{name} ${v:.4f}" + (f" ({v / base:.2f}x)" if base else "") for name, v in usd.items()
             )
+            fleet = systems["ctxfleet"].costs[p]
+            floor = floor_ratio(fleet, systems["masking"].costs[p], report.prices[p])
+            cached = cached_floor_ratio(fleet, systems["masking"].costs[p], report.prices[p])
+            extra = f"; floor {floor:.2f}x (all it sends cached: {cached:.2f}x)" if floor and cached else ""
+            if fleet.summarizer_calls and systems["ctxfleet"].tasks:
+                extra += f"; summarizer ${fleet.summarizer_usd / systems['ctxfleet'].tasks:.4f} of ctxfleet's"
             console.print(
-                f"cost per task at {budget} as {p} (x masking): {ratios}", markup=False, highlight=False
+                f"cost per task at {budget} as {p} (x masking): {ratios}{extra}",
+                markup=False,
+                highlight=False,
             )
     for budget, systems in aggregate.items():
         for miss in systems["ctxfleet"].misses:

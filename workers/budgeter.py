@@ -4,13 +4,19 @@ Fed by recorder notices (``ctx.recorded.<thread>``, queue group ``budgeter``) an
 sweep of threads recorded past their last evaluation, so a lost notice or a restart only delays
 an evaluation. Evaluations of one thread are coalesced: a notice during an evaluation schedules
 exactly one more, at most one per 0.25 s while the thread keeps moving.
+
+The same sweep finds the threads that have idled nearly their provider's cache TTL (``IdleWatch``):
+each is evaluated once more, by the idle rule, so the step after its pause gets the smaller view.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
-from services.app.budgeting import BudgetService, pass_over
+from services.app.budgeting import BudgetService, Evaluation, pass_over
+from services.app.scheduling import IdleWatch, cache_ttl_for
 from contracts.exceptions import CtxError, FleetUnavailable, ThreadNotFound
 from services.store.postgres import PgStore
 
@@ -37,10 +43,12 @@ class BudgeterWorker(CoalescingWorker):
         metrics: FleetMetrics,
         *,
         prepares: PreparesFirst | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._service = service
         self._store = store
         self._metrics = metrics
+        self._idle = IdleWatch(clock)
         ready = service is not None and store is not None
         self._scheduler = (
             CoalescingScheduler(
@@ -60,8 +68,13 @@ class BudgeterWorker(CoalescingWorker):
 
     async def _evaluate(self, thread_id: str) -> None:
         assert self._service is not None
+        spell = self._idle.take(thread_id)
         try:
-            result = await self._service.evaluate(thread_id)
+            if spell is not None:
+                result = await self._service.evaluate_idle(spell)
+            else:
+                result = await self._service.evaluate(thread_id)
+                self._idle.moved(thread_id, cache_ttl_for(result.profile))
         except ThreadNotFound:
             return  # a notice for a thread whose only events were rejected
         except FleetUnavailable:
@@ -77,6 +90,9 @@ class BudgeterWorker(CoalescingWorker):
             self._metrics.budgeter_failures.labels(code=exc.code.value).inc()
             log.warning("evaluating %s: %s; passed over until its next records", thread_id, exc)
             return
+        self._count(result)
+
+    def _count(self, result: Evaluation) -> None:
         d = result.decision
         for hit in d.hits:
             self._metrics.trigger_hits.labels(condition=hit, policy=result.policy_name).inc()
@@ -90,4 +106,5 @@ class BudgeterWorker(CoalescingWorker):
 
     async def _stale(self) -> list[str]:
         assert self._store is not None
-        return await self._store.stale_views(200)
+        # An idle thread is due by the clock, not by its records: the store cannot name it.
+        return [*await self._store.stale_views(200), *self._idle.due()]

@@ -7,13 +7,20 @@ from dataclasses import dataclass
 from contracts import CompactionPolicy
 from contracts.windows import WindowStrategy
 
-from services.core.compaction.policy import Decision, ViewMeasure, decide, throttle_from, trigger_hits
+from services.core.compaction.policy import (
+    Decision,
+    ViewMeasure,
+    cache_cold,
+    decide,
+    throttle_from,
+    trigger_hits,
+)
 from services.core.assemble import ThreadSnapshot, shown_blocks, view_sizes
 from services.core.compaction.select import measure_view
 from services.core.groups import BlockSet, DraftBlock, build_view_blocks
 from services.core.records import LedgerRecord
 from services.core.tokens import counter_for
-from services.app.scheduling import PENDING_STALE_S, JobQueue, request_job
+from services.app.scheduling import PENDING_STALE_S, IdleSpell, JobQueue, request_job
 from services.store.ports import BudgetStore
 from services.app.view_cache import last_blocks
 from services.app.views import ThreadView, ViewLoader
@@ -66,6 +73,8 @@ class Evaluation:
     budget: int
     enqueued: bool
     policy_name: str
+    # The budget profile the thread is served under: whose prompt cache its calls use.
+    profile: str = ""
 
 
 class BudgetService:
@@ -122,6 +131,35 @@ class BudgetService:
             measured.budget,
             enqueued,
             view.policy_name,
+            view.budget.profile,
+        )
+
+    async def evaluate_idle(self, spell: IdleSpell) -> Evaluation:
+        """Compact a thread that idled into a cold cache (``cache_cold``), covering all eligible.
+
+        Its next step re-sends the whole context uncached anyway, so the compaction costs no cache
+        read; the budgeter's other rules do not hold it back (a pending job already does the work).
+        """
+        async with self._store.connection() as store:
+            view = await self._loader.load(store, spell.thread_id)
+            measured, _, _ = measure(
+                view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved
+            )
+            pending = (
+                view.state.pending_fingerprint is not None
+                and (view.state.pending_age_s or 0) < PENDING_STALE_S
+            )
+            rollover = view.policy.window.strategy is WindowStrategy.ROLLOVER
+            decision = Decision("none")
+            enqueued = False
+            if not rollover and cache_cold(measured, spell.idle_s, spell.ttl_s):
+                if pending:
+                    decision = Decision("pending", ("idle",), "a job for this thread is already queued")
+                else:
+                    decision = Decision("enqueue", ("idle",))
+                    enqueued = await request_job(store, self._queue, view, ("idle",)) is not None
+        return Evaluation(
+            decision, measured.estimated, measured.budget, enqueued, view.policy_name, view.budget.profile
         )
 
 

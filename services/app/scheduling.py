@@ -1,18 +1,25 @@
-"""Putting compaction jobs on the queue: one pending job per thread, named by the state it covers."""
+"""Putting compaction jobs on the queue: one pending job per thread, named by the state it covers;
+and which threads have idled long enough for their provider's prompt cache to go cold."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from contracts import CompactionJob
 
-from services.core.compaction.policy import job_fingerprint
+from services.core.compaction.policy import IDLE_MARGIN_S, PROVIDER_CACHE_TTL_S, job_fingerprint
 from services.store.ports import ViewWrites
 from services.app.views import ThreadView
 
 __all__ = [
+    "IdleSpell",
+    "IdleWatch",
     "JobQueue",
     "PENDING_STALE_S",
+    "cache_ttl_for",
     "request_job",
 ]
 
@@ -77,3 +84,66 @@ async def request_job(
         await store.clear_pending(view.head.thread_id, fingerprint)
         raise
     return job
+
+
+def cache_ttl_for(profile: str) -> float:
+    """The prompt-cache TTL of the provider a budget profile serves (``claude-*``: Anthropic's)."""
+    provider = "anthropic" if profile.startswith("claude") else "openai"
+    return PROVIDER_CACHE_TTL_S[provider]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSpell:
+    """How long a thread has idled, and the cache TTL of the provider it was last served for."""
+
+    thread_id: str
+    idle_s: float
+    ttl_s: float
+
+
+class IdleWatch:
+    """The threads a process saw move, and when: those idle nearly a cache TTL are due a look.
+
+    A thread moves when records land; the prepare for the next model call follows them within a
+    step, so the time of its last records stands for the time its last context was served (the
+    provider cache's clock). A thread is due once per idle spell: ``take`` forgets it until it moves
+    again. In memory and per process: a restart forgets the spells under way, which only costs the
+    cheaper view those threads would have had after their pause.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        margin_s: float = IDLE_MARGIN_S,
+        max_threads: int = 100_000,
+    ) -> None:
+        self._clock = clock
+        self._margin_s = margin_s
+        self._max_threads = max_threads
+        self._moved: dict[str, tuple[float, float]] = {}
+
+    def moved(self, thread_id: str, ttl_s: float) -> None:
+        """``thread_id`` has just moved, served by a provider whose cache keeps a prefix ``ttl_s``."""
+        self._moved.pop(thread_id, None)
+        if len(self._moved) >= self._max_threads:
+            # The one idle longest goes first: a bounded watch, at the cost of that thread's spell.
+            self._moved.pop(next(iter(self._moved)))
+        self._moved[thread_id] = (self._clock(), ttl_s)
+
+    def due(self) -> list[str]:
+        """The threads idle for their TTL less the margin: the ones to look at now."""
+        now = self._clock()
+        return [t for t, (at, ttl) in self._moved.items() if now - at >= ttl - self._margin_s]
+
+    def take(self, thread_id: str) -> IdleSpell | None:
+        """The spell of a due thread, which is forgotten until it moves again; ``None`` if not due."""
+        moved = self._moved.get(thread_id)
+        if moved is None:
+            return None
+        at, ttl = moved
+        idle = self._clock() - at
+        if idle < ttl - self._margin_s:
+            return None
+        del self._moved[thread_id]
+        return IdleSpell(thread_id, idle, ttl)

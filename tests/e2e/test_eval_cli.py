@@ -121,6 +121,18 @@ def test_eval_prices_every_system_per_task_with_each_default_profile(evaluation:
     assert f"cost per task at {BUDGET} as claude-sonnet-4" in evaluation["stdout"]
 
 
+def test_eval_adds_the_summarizers_calls_to_ctxfleets_cost_and_prints_the_floor(
+    evaluation: dict[str, Any],
+) -> None:
+    fleet = _fleet(evaluation)
+    for profile in evaluation["prices"]:
+        summarizer = fleet["cost"][profile]["summarizer"]
+        assert 0 < summarizer["calls"] <= fleet["compactions"]
+        assert 0 < summarizer["usd"] < fleet["cost"][profile]["usd"]
+        assert 0 < evaluation["floor"][str(BUDGET)][profile] < 1
+    assert "floor " in evaluation["stdout"] and "summarizer $" in evaluation["stdout"]
+
+
 def test_no_prepare_fails_while_the_required_content_fits(evaluation: dict[str, Any]) -> None:
     assert _fleet(evaluation)["failed_while_required_fits"] == 0
 

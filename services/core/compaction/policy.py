@@ -14,7 +14,10 @@ Rules (docs/design.md, "Budget and compaction triggers"), one function each:
    compaction that cannot pay for itself (``futile``): only the ratio trigger fires, the view fits
    its budget, and covering everything compressible would still leave it at the ratio — the next
    compaction would follow at once, each rewriting the cached context to save little.
-5. While throttled (after a deferral, a failure, or a commit that left the trigger hitting), retry
+5. A thread whose provider cache is cold, or is about to be, is compacted while it idles
+   (``cache_cold``): its next step re-sends its whole prefix whatever the view holds, so a smaller
+   view then costs no cache it would have read.
+6. While throttled (after a deferral, a failure, or a commit that left the trigger hitting), retry
    only after compressible content grew by ``retry_growth_ratio × InputBudget``, an enabled counter
    grew by another period, a trigger that was not hitting started to, or the budget or the
    required content really changed (``retry_allowed``).
@@ -32,10 +35,13 @@ from contracts import CompactionPolicy
 
 __all__ = [
     "CACHE_MISS_PREMIUM",
+    "IDLE_MARGIN_S",
+    "PROVIDER_CACHE_TTL_S",
     "Counters",
     "Decision",
     "Throttle",
     "ViewMeasure",
+    "cache_cold",
     "cache_pays",
     "decide",
     "futile",
@@ -152,6 +158,36 @@ def cache_pays(measure: ViewMeasure, steps: int) -> bool:
     if measure.reducible <= 0 or steps <= 0:
         return False
     return steps * measure.reducible >= 2 * CACHE_MISS_PREMIUM * max(rewritten, 0)
+
+
+# How long each provider keeps a prompt prefix nobody sends: OpenAI's automatic cache and Anthropic's
+# default breakpoints both 5 minutes (Anthropic's 1-hour TTL is an opt-in a caller states).
+PROVIDER_CACHE_TTL_S: dict[str, float] = {"openai": 300.0, "anthropic": 300.0}
+
+# How long before the cache goes cold an idle thread is compacted: room for a compaction to commit
+# before a next step that comes at the end of the TTL (the eval's think time is 20 s a step).
+IDLE_MARGIN_S = 60.0
+
+
+def cache_cold(
+    measure: ViewMeasure,
+    idle_s: float,
+    ttl_s: float,
+    *,
+    compacted_while_idle: bool = False,
+    margin_s: float = IDLE_MARGIN_S,
+) -> bool:
+    """Whether to compact a thread that has been idle ``idle_s`` since its last context was served.
+
+    Past ``ttl_s − margin_s`` the provider has dropped the thread's cached prefix, or will have by
+    the time a next step comes, so that step pays every token of its context at the uncached price
+    however the view looks: a compaction then, covering all that is reducible, costs no cache read
+    and makes that step and every later one smaller. Once per idle spell: a compaction committed
+    since the last context was served (``compacted_while_idle``) has already taken what there was.
+    """
+    if compacted_while_idle or measure.reducible <= 0:
+        return False
+    return idle_s >= max(ttl_s - margin_s, 0.0)
 
 
 def retry_allowed(

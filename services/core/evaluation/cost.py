@@ -21,6 +21,8 @@ The rules simulated, after each provider's published prompt-caching documentatio
    between two calls reads more here than it would there.
 3. Input after the cached and written tokens, and the reply priming, is billed at ``input``; the
    reply at ``output``.
+4. A summarizer call (``bill_summarizer``) is billed at ``input`` for what it is sent and ``output``
+   for the summary: its prompt is new every time, so no cache is simulated for it.
 """
 
 from __future__ import annotations
@@ -47,9 +49,13 @@ __all__ = [
     "Price",
     "Provider",
     "bill_calls",
+    "bill_summarizer",
     "call_of",
+    "cached_floor_ratio",
     "call_times",
+    "floor_ratio",
     "price_table",
+    "with_pauses",
 ]
 
 Provider = Literal["openai", "anthropic"]
@@ -141,6 +147,11 @@ class Bill:
     written_tokens: int = 0
     output_tokens: int = 0
     usd: float = 0.0
+    # The fleet's own summarizer calls, included in ``usd``.
+    summarizer_calls: int = 0
+    summarizer_input_tokens: int = 0
+    summarizer_output_tokens: int = 0
+    summarizer_usd: float = 0.0
 
     @property
     def hit_share(self) -> float | None:
@@ -155,6 +166,10 @@ class Bill:
         self.written_tokens += other.written_tokens
         self.output_tokens += other.output_tokens
         self.usd += other.usd
+        self.summarizer_calls += other.summarizer_calls
+        self.summarizer_input_tokens += other.summarizer_input_tokens
+        self.summarizer_output_tokens += other.summarizer_output_tokens
+        self.summarizer_usd += other.summarizer_usd
 
     def as_json(self, tasks: int) -> dict[str, JsonValue]:
         """The bill as JSON, with its cost per task over ``tasks``."""
@@ -167,6 +182,12 @@ class Bill:
             "cached_tokens": self.cached_tokens,
             "written_tokens": self.written_tokens,
             "output_tokens": self.output_tokens,
+            "summarizer": {
+                "calls": self.summarizer_calls,
+                "input_tokens": self.summarizer_input_tokens,
+                "output_tokens": self.summarizer_output_tokens,
+                "usd": round(self.summarizer_usd, 6),
+            },
         }
 
 
@@ -205,6 +226,31 @@ def bill_calls(calls: Sequence[Call], price: Price) -> Bill:
             + call.output_tokens * price.output
         ) / _PER
     return bill
+
+
+def bill_summarizer(bill: Bill, input_tokens: int, output_tokens: int, price: Price) -> None:
+    """Add one summarizer call, sent ``input_tokens`` and answering ``output_tokens``, to ``bill``."""
+    usd = (input_tokens * price.input + output_tokens * price.output) / _PER
+    bill.summarizer_calls += 1
+    bill.summarizer_input_tokens += input_tokens
+    bill.summarizer_output_tokens += output_tokens
+    bill.summarizer_usd += usd
+    bill.usd += usd
+
+
+def floor_ratio(bill: Bill, baseline: Bill, price: Price) -> float | None:
+    """The lowest cost ratio to ``baseline`` a system billed ``bill`` at ``price`` could reach: its
+    replies alone, as if every token it sent were free (the replies are the trace's, the same for
+    every system). ``None`` when the baseline cost nothing."""
+    return bill.output_tokens * price.output / _PER / baseline.usd if baseline.usd else None
+
+
+def cached_floor_ratio(bill: Bill, baseline: Bill, price: Price) -> float | None:
+    """The lowest cost ratio to ``baseline`` a system billed ``bill`` could reach sending the same
+    tokens: its replies, every input token a cache read, and no summarizer call."""
+    if not baseline.usd:
+        return None
+    return (bill.output_tokens * price.output + bill.input_tokens * price.cached_input) / _PER / baseline.usd
 
 
 def _openai(root: _Node, call: Call, price: Price) -> tuple[int, int]:
@@ -300,6 +346,14 @@ def call_times(
         else:
             times.append(times[-1] + step_s if times else 0.0)
     return times
+
+
+def with_pauses(times: Sequence[float], every: int, pause_s: float) -> list[float]:
+    """``times`` with a pause of ``pause_s`` before every ``every``-th call (a person away from a run):
+    each pause delays that call and every later one. ``every`` 0 pauses nowhere."""
+    if every <= 0 or pause_s <= 0:
+        return list(times)
+    return [at + pause_s * ((ordinal + 1) // every) for ordinal, at in enumerate(times)]
 
 
 def _stamp(ts: str | None) -> datetime | None:

@@ -17,7 +17,16 @@ from services.core.trace import TraceLine
 
 from services.core.evaluation.baselines import BASELINES, baseline_context
 from services.core.evaluation.chat import ChatMsg, History, history_of
-from services.core.evaluation.cost import Bill, Call, Price, bill_calls, call_of, call_times
+from services.core.evaluation.cost import (
+    Bill,
+    Call,
+    Price,
+    bill_calls,
+    bill_summarizer,
+    call_of,
+    call_times,
+    with_pauses,
+)
 from services.core.evaluation.fair_count import REPLY_PRIMING, ContextCounter
 from services.core.evaluation.probes import PROBE_KINDS, Probe, haystack_of, is_present, probes_at
 
@@ -27,7 +36,10 @@ __all__ = [
     "FleetFailure",
     "FleetOutcome",
     "MAX_MISSES",
+    "NO_PAUSES",
+    "Pauses",
     "ProbeTally",
+    "SummarizerCall",
     "SYSTEMS",
     "SystemScore",
     "TraceScore",
@@ -35,6 +47,7 @@ __all__ = [
     "prepare_points",
     "probe_gate",
     "score_trace",
+    "summarizer_calls",
 ]
 
 CTXFLEET = "ctxfleet"
@@ -55,6 +68,11 @@ class FleetContext:
     compaction_wait_ms: int = 0
     # Where its Anthropic request caches, as counts of leading messages.
     breakpoints: tuple[int, ...] = ()
+    # The committed summary it shows (``None``: none) and the last record seq that summary covers.
+    summary_id: str | None = None
+    covered_to: int = 0
+    # The tokens each record it shows or omits stands for (seq, tokens): what a summarizer reads of it.
+    record_tokens: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +84,58 @@ class FleetFailure:
 
 
 FleetOutcome = FleetContext | FleetFailure
+
+
+@dataclass(frozen=True, slots=True)
+class Pauses:
+    """A pause of ``pause_s`` before every ``every``-th call of a trace (0: none)."""
+
+    every: int = 0
+    pause_s: float = 0.0
+
+
+NO_PAUSES = Pauses()
+
+
+@dataclass(frozen=True, slots=True)
+class SummarizerCall:
+    """What an LLM summarizer would be sent and answer for one summary the fleet committed."""
+
+    prepare: int
+    input_tokens: int
+    output_tokens: int
+
+
+def summarizer_calls(fleet: Sequence[FleetOutcome], prompt_tokens: int) -> list[SummarizerCall]:
+    """One call per new summary the prepared contexts show, in the order they first show it.
+
+    Its input is the summarizer's instructions (``prompt_tokens``), the parent summary and every
+    record the new summary covers beyond its parent, at the most tokens a context showed (or
+    omitted) that record at; its output is the new summary. A summary replaced before any prepare
+    showed it is not seen, so this is a lower bound when compactions outnumber the calls.
+    """
+    record_tokens: dict[int, int] = {}
+    calls: list[SummarizerCall] = []
+    summary_id: str | None = None
+    covered_to = 0
+    summary_tokens = 0
+    for ordinal, outcome in enumerate(fleet, start=1):
+        if not isinstance(outcome, FleetContext):
+            continue
+        for seq, tokens in outcome.record_tokens:
+            record_tokens[seq] = max(tokens, record_tokens.get(seq, 0))
+        if outcome.summary_id is None or outcome.summary_id == summary_id:
+            continue
+        covered = sum(t for seq, t in record_tokens.items() if covered_to < seq <= outcome.covered_to)
+        calls.append(
+            SummarizerCall(ordinal, prompt_tokens + summary_tokens + covered, outcome.summary_tokens)
+        )
+        summary_id, covered_to, summary_tokens = (
+            outcome.summary_id,
+            outcome.covered_to,
+            outcome.summary_tokens,
+        )
+    return calls
 
 
 @dataclass(slots=True)
@@ -99,6 +169,8 @@ class SystemScore:
     )
     steps: int = 0
     compactions: int | None = None
+    # Of them, compactions asked for while the thread idled with its cache gone cold.
+    idle_compactions: int | None = None
     summary_tokens_end: int | None = None
     tasks: int = 0
     compaction_waits: int = 0
@@ -131,6 +203,8 @@ class SystemScore:
             self.probes[kind].total += tally.total
         if other.compactions is not None:
             self.compactions = (self.compactions or 0) + other.compactions
+        if other.idle_compactions is not None:
+            self.idle_compactions = (self.idle_compactions or 0) + other.idle_compactions
         if other.summary_tokens_end is not None:
             self.summary_tokens_end = max(self.summary_tokens_end or 0, other.summary_tokens_end)
         self.misses += other.misses[: max(0, MAX_MISSES - len(self.misses))]
@@ -158,6 +232,7 @@ class SystemScore:
             },
             "steps": self.steps,
             "compactions": self.compactions,
+            "idle_compactions": self.idle_compactions,
             "compactions_per_100_steps": (
                 round(100 * self.compactions / self.steps, 2)
                 if self.compactions is not None and self.steps
@@ -219,13 +294,17 @@ def score_trace(
     *,
     compactions: int | None = None,
     prices: Mapping[str, Price] | None = None,
+    pauses: Pauses = NO_PAUSES,
+    summarizer_prompt_tokens: int = 0,
 ) -> TraceScore:
     """Score ``fleet``'s outcomes (one per ``prepare_points(lines)``) and the baselines at ``budget``;
-    price every system's calls with each of ``prices`` (model profile → price)."""
+    price every system's calls with each of ``prices`` (model profile → price), the calls spaced by
+    the trace's time and ``pauses``, and ctxfleet's with its summarizer's calls
+    (``summarizer_calls``, instructions of ``summarizer_prompt_tokens``)."""
     points = prepare_points(lines)
     if len(fleet) != len(points):
         raise ValueError(f"{name}: {len(fleet)} fleet outcomes for {len(points)} prepares")
-    times = call_times(lines, points)
+    times = with_pauses(call_times(lines, points), pauses.every, pauses.pause_s)
     calls: dict[str, list[Call]] = {s: [] for s in SYSTEMS}
     scores = {s: SystemScore(s, steps=len(points), tasks=1) for s in SYSTEMS}
     scores[CTXFLEET].compactions = compactions
@@ -297,6 +376,10 @@ def score_trace(
             detail.append(row)
     for system, score in scores.items():
         score.costs = {profile: bill_calls(calls[system], p) for profile, p in (prices or {}).items()}
+    summarizing = summarizer_calls(fleet, summarizer_prompt_tokens)
+    for profile, p in (prices or {}).items():
+        for call in summarizing:
+            bill_summarizer(scores[CTXFLEET].costs[profile], call.input_tokens, call.output_tokens, p)
     return TraceScore(name, budget, len(points), scores, detail)
 
 
