@@ -53,7 +53,15 @@ from services.core.records import LedgerRecord, TokenCounts, ascending_by_seq
 from services.core.render import arguments_json, record_content
 from services.core.tokens import TokenCounter, counter_for
 
-__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "id_tokens", "run_task_seq"]
+__all__ = [
+    "BlockSet",
+    "DraftBlock",
+    "build_blocks",
+    "build_view_blocks",
+    "id_tokens",
+    "run_task_seq",
+    "user_block",
+]
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,15 @@ class DraftBlock:
     def droppable(self) -> bool:
         """Whether the assembler may leave this block out to fit the budget."""
         return self.retention is not Retention.REQUIRED
+
+
+def user_block(
+    block_id: str, kind: BlockKind, retention: Retention, priority: int, reason: str, text: str
+) -> DraftBlock:
+    """A block of one user message that no record carries (a note the runtime writes itself)."""
+    return DraftBlock(
+        block_id, kind, retention, priority, reason, [], [ChatMessage(role="user", content=text)]
+    )
 
 
 def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
