@@ -774,9 +774,8 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
             continue
         repeats: dict[int, int] = {}
         for key, seq in s.block.outcomes:
-            source = first.setdefault(key, seq)
-            if source != seq:
-                repeats[seq] = source
+            if first.setdefault(key, seq) != seq:
+                repeats[seq] = first[key]
         records: list[LedgerRecord] = []
         seqs: list[int] = []
         for r in s.block.records:
