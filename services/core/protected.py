@@ -46,7 +46,6 @@ __all__ = [
     "block_hash",
     "build_manifest",
     "instruction_lengths",
-    "prepared_chat_digests",
     "prepared_units",
     "request_units",
 ]
@@ -156,23 +155,6 @@ def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
     return tuple(
         PreparedUnit(owners[s] if s >= 0 else None, unit) for s, unit in zip(sources, units, strict=True)
     )
-
-
-def _chat_digests(message: ChatMessage) -> tuple[str, str | None]:
-    """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
-    unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
-    return unit.digest, sha256_hex(unit.text.encode()) if unit.text is not None else None
-
-
-def prepared_chat_digests(prepared: PreparedContext) -> tuple[tuple[str | None, str, str | None], ...]:
-    """Per message of an ``openai.chat`` context: its block, its unit's digest and its text's digest.
-
-    The same units as :func:`prepared_units` (a Chat request has one unit per message, whose value is
-    the message as sent), hashed without rendering the request body.
-    """
-    assert prepared.format == "openai.chat"
-    owners = _owners(prepared.blocks, len(prepared.messages))
-    return tuple((owners[n], *_chat_digests(m)) for n, m in enumerate(prepared.messages))
 
 
 def instruction_lengths(prepared: PreparedContext) -> tuple[int, ...]:

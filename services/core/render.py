@@ -8,6 +8,15 @@ appear with instruction authority.
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from typing import assert_never
+
+from pydantic import JsonValue
+
 from contracts import (
     AssistantMessagePayload,
     ChildResultPayload,
@@ -21,30 +30,19 @@ from contracts import (
     StatePatchPayload,
     SystemPayload,
     ToolOutcomePayload,
+    ToolStatus,
     UserInputPayload,
 )
-
-import json
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
-from typing import assert_never
-
-from pydantic import JsonValue
-
-from contracts import ToolStatus
 
 from services.core.records import RecordBody, TokenCounts, parse_body
 from services.core import json_text
 from services.core.context_tools import read_back_with_tool
-from services.core.tokens import EncodingName, TokenCounter
+from services.core.tokens import EncodingName, TokenCounter, estimate_tokens
 
 __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_PRIMING",
     "TOOL_CALL_OVERHEAD",
-    "TOOL_SCHEMA_OVERHEAD",
     "RenderedCall",
     "TokenCounts",
     "arguments_json",
@@ -63,12 +61,11 @@ __all__ = [
 ]
 
 # Chat-format overheads in tokens, after OpenAI's published counting recipe: every message costs
-# ~3 tokens plus its role, the reply is primed with 3, and each tool call or tool schema carries
-# wrapper fields. They are constants so that the same history always costs the same.
+# ~3 tokens plus its role, the reply is primed with 3, and each tool call carries wrapper fields.
+# They are constants so that the same history always costs the same.
 MESSAGE_OVERHEAD = 4
 REPLY_PRIMING = 3
 TOOL_CALL_OVERHEAD = 3
-TOOL_SCHEMA_OVERHEAD = 8
 
 _BLOB_REF = re.compile(r"ctx://blob/[0-9a-f]{64}")
 # How every stored preview names its blob (the recorder's head + tail and mask markers).
@@ -285,9 +282,7 @@ def trim_to_fit(text: str, counter: TokenCounter | None, *, max_tokens: int, rea
 
 
 def _count(counter: TokenCounter | None, text: str) -> int:
-    if counter is not None:
-        return counter.count(text)
-    return (len(text.encode("utf-8")) + 3) // 4
+    return counter.count(text) if counter is not None else estimate_tokens(text)
 
 
 def _head_tail(counter: TokenCounter | None, text: str, head_n: int, tail_n: int) -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
+from contracts import ChatMessage, ContextBlock, ToolSchema
 
 __all__ = ["ContextBundle"]
 
@@ -25,10 +25,3 @@ class ContextBundle:
     blocks: tuple[ContextBlock, ...]
     # ``tool_call_id``s of tool messages whose outcome was not a success.
     error_call_ids: frozenset[str] = frozenset()
-
-    def kind_of(self, index: int) -> BlockKind | None:
-        """The kind of the block that produced message ``index``."""
-        for block in self.blocks:
-            if block.first_message <= index < block.first_message + block.message_count:
-                return block.kind
-        return None
