@@ -268,7 +268,6 @@ class _Counts:
     tokens_saved: int = 0
 
     def report(self) -> ReductionCounts:
-        """The wire form: the same fields, frozen."""
         return ReductionCounts(**asdict(self))
 
 
@@ -1223,16 +1222,10 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
         f"{records[0].seq}–{records[-1].seq} left out to fit the budget; they are still in the ledger]"
     ]
     read, modified = _files_touched([s for s in dropped if s.block.block_id.startswith("group:")])
-    if modified:
-        lines.append(
-            "- files modified there: "
-            + ", ".join(modified[:_GAP_FILES])
-            + (" …" if len(modified) > _GAP_FILES else "")
-        )
-    if read:
-        lines.append(
-            "- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else "")
-        )
+    for how, paths in (("modified", modified), ("read", read)):
+        if paths:
+            more = " …" if len(paths) > _GAP_FILES else ""
+            lines.append(f"- files {how} there: " + ", ".join(paths[:_GAP_FILES]) + more)
     everything = [r for s in [*dropped, *kept] for r in s.block.records]
     failed = [
         (key, r, failure)
@@ -1285,7 +1278,6 @@ def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
 
 
 def _for_purpose(blocks: list[DraftBlock], purpose: Purpose) -> list[DraftBlock]:
-    """The blocks a purpose's context is made of."""
     match purpose:
         case Purpose.ACTION | Purpose.COMPACTION:
             return blocks

@@ -63,7 +63,6 @@ class PrepareHookChange:
 
 
 def hook_blocks(ordered: Sequence[DraftBlock], tokens: Mapping[str, int]) -> tuple[HookBlock, ...]:
-    """The candidate blocks as a hook sees them."""
     return tuple(
         HookBlock(
             block_id=b.block_id,

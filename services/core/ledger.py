@@ -131,8 +131,6 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """One message as fetched from the events stream."""
-
     subject: str
     data: bytes
     stream_seq: int
@@ -196,8 +194,6 @@ class ThreadHead:
 
 @dataclass(frozen=True, slots=True)
 class KnownKey:
-    """An event key already in the ledger."""
-
     seq: int
     content_sha256: str
 
@@ -311,8 +307,6 @@ class Blob:
 
 @dataclass(frozen=True, slots=True)
 class NewRecord:
-    """One row to append to the ledger."""
-
     thread_id: str
     seq: int
     session_id: str
@@ -719,7 +713,6 @@ class _Chains:
         return seq
 
     def heads(self) -> tuple[HeadWrite, ...]:
-        """The new head of every thread the batch recorded into."""
         return tuple(
             HeadWrite(
                 thread_id=c.thread_id,

@@ -75,7 +75,6 @@ class RequestUnit:
 
     @property
     def digest(self) -> str:
-        """sha256 of the unit's canonical JSON."""
         return sha256_hex(canonical_json(self.value))
 
 
@@ -146,7 +145,6 @@ def build_manifest(
 
 
 def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
-    """Every unit of the prepared request, each with its block."""
     owners = _owners(prepared.blocks, len(prepared.messages))
     body = _body(prepared)
     units = request_units(prepared.format, body, instruction_lengths(prepared))

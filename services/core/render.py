@@ -85,8 +85,6 @@ _KEPT_PREFIX = "[telling line: "
 
 @dataclass(frozen=True, slots=True)
 class RenderedCall:
-    """A tool call as the model sees it."""
-
     call_id: str
     name: str
     arguments: str
@@ -213,7 +211,6 @@ def count_record(
 
 
 def count_rendered(counter: TokenCounter, content: str, calls: Sequence[RenderedCall]) -> int:
-    """:func:`count_record` in one encoding."""
     n = counter.count(content)
     for call in calls:
         n += counter.count(call.name) + counter.count(call.arguments) + counter.count(call.call_id)

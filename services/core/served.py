@@ -83,7 +83,6 @@ class ServedContext(BaseModel):
 
 
 def served_of(prepared: PreparedContext, tenant: str) -> tuple[ServedContext, dict[str, str]]:
-    """The manifest of ``prepared`` and its blocks' texts by digest."""
     texts: dict[str, str] = {}
     blocks: list[ServedBlock] = []
     for b in prepared.blocks:
@@ -149,7 +148,6 @@ class ServedDiff:
     stable_prefix_blocks: int
 
     def counts(self) -> Mapping[str, int]:
-        """How many blocks were added, removed and changed."""
         found = {"added": 0, "removed": 0, "changed": 0}
         for c in self.changes:
             found[c.change] += 1

@@ -448,7 +448,6 @@ def state_hash(state: StateView) -> str:
 
 
 def tool_spec(catalog: ToolCatalog | None, name: str) -> ToolSpec | None:
-    """The declared spec of a tool in a release catalog."""
     if catalog is None:
         return None
     return next((t for t in catalog.tools if t.name == name), None)
