@@ -36,10 +36,10 @@ from contracts import (
 )
 from services.core.hashing import canonical_json, sha256_hex
 from services.core.providers.anthropic_messages import content_sources, message_blocks
-from services.core.providers.openai_responses import input_items, input_sources
+from services.core.providers.bundle import leading_system
+from services.core.providers.openai_responses import INSTRUCTIONS_JOIN, input_items, input_sources
 
 __all__ = [
-    "INSTRUCTIONS_JOIN",
     "PreparedUnit",
     "RequestUnit",
     "authority_of",
@@ -50,8 +50,6 @@ __all__ = [
     "request_units",
 ]
 
-# How ``openai.responses`` joins the leading system messages into ``instructions``.
-INSTRUCTIONS_JOIN = "\n\n"
 # The record kinds whose words a block carries, from strongest to weakest claim on the block.
 _BY_RECORD = (
     ("tool_outcome", Authority.TOOL_OUTPUT),
@@ -124,7 +122,7 @@ def build_manifest(
     required = [n for n, b in enumerate(blocks) if b.retention is Retention.REQUIRED]
     if not required:
         return ()
-    leading = _leading_count(messages)
+    leading = leading_system(messages)
     out: list[ProtectedBlock] = []
     for n in required:
         block = blocks[n]
@@ -159,7 +157,7 @@ def instruction_lengths(prepared: PreparedContext) -> tuple[int, ...]:
     """The lengths of the texts ``instructions`` joins (``openai.responses``; empty otherwise)."""
     if prepared.format != "openai.responses":
         return ()
-    leading = _leading_count(prepared.messages)
+    leading = leading_system(prepared.messages)
     return tuple(len(m.content or "") for m in prepared.messages[:leading])
 
 
@@ -239,13 +237,6 @@ def _block_units(
             return system + [_anthropic_unit(role, b, leading=False) for role, b in rest]
         case _:
             assert_never(format)
-
-
-def _leading_count(messages: Sequence[ChatMessage]) -> int:
-    n = 0
-    while n < len(messages) and messages[n].role == "system":
-        n += 1
-    return n
 
 
 def _chat_units(messages: Sequence[ChatMessage], first: int, count: int, leading: int) -> list[RequestUnit]:

@@ -8,11 +8,12 @@ where the stable prefix ends (cache breakpoints) — and finds it here, so it ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts import ChatMessage, ContextBlock, ToolSchema
 
-__all__ = ["ContextBundle"]
+__all__ = ["ContextBundle", "leading_system"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,3 +26,11 @@ class ContextBundle:
     blocks: tuple[ContextBlock, ...]
     # ``tool_call_id``s of tool messages whose outcome was not a success.
     error_call_ids: frozenset[str] = frozenset()
+
+
+def leading_system(messages: Sequence[ChatMessage]) -> int:
+    """How many system messages open ``messages``: the instruction position of every provider shape."""
+    for index, message in enumerate(messages):
+        if message.role != "system":
+            return index
+    return len(messages)

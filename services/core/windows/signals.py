@@ -87,16 +87,9 @@ def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base
     total = sum(_tokens(r, encoding) for r in records)
     if total == 0:
         return 0.0
-    outcomes = [r for r in records if isinstance(r.body, ToolOutcomePayload)]
-    recent_calls = {
-        r.body.call_id for r in outcomes[-_RECENT_GROUPS:] if isinstance(r.body, ToolOutcomePayload)
-    }
-    old = sum(
-        _tokens(r, encoding)
-        for r in outcomes
-        if isinstance(r.body, ToolOutcomePayload) and r.body.call_id not in recent_calls
-    )
-    return old / total
+    outcomes = [(r, r.body.call_id) for r in records if isinstance(r.body, ToolOutcomePayload)]
+    recent_calls = {call for _, call in outcomes[-_RECENT_GROUPS:]}
+    return sum(_tokens(r, encoding) for r, call in outcomes if call not in recent_calls) / total
 
 
 def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
