@@ -78,7 +78,7 @@ from services.core import json_text
 from services.core.hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from services.core.runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
 from services.core.state import StateView, StateWrite, record_write
-from services.core.turns import is_model_step, is_new_question
+from services.core.turns import counts_as_step, counts_as_turn
 from services.core.render import (
     RenderedCall,
     TokenCounts,
@@ -699,8 +699,8 @@ class _Chains:
         """Append the event's record to its thread; its seq."""
         event = item.event
         self.cursors[cursor.thread_id] = cursor
-        cursor.user_turns += _counts_as_turn(event)
-        cursor.model_steps += _counts_as_step(event)
+        cursor.user_turns += counts_as_turn(event.payload)
+        cursor.model_steps += counts_as_step(event.payload)
         seq = cursor.seq + 1
         ordinal = self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
         record, blob_list = _build_record(item, cursor, seq, ordinal, content_sha, limits, counters)
@@ -950,16 +950,6 @@ _RECEIPT_STATUS = {"success": "success", "error": "failed", "timeout": "timeout"
 
 def _copy_state(view: StateView | None) -> StateView:
     return StateView(dict(view.facts), dict(view.versions)) if view is not None else StateView()
-
-
-def _counts_as_turn(event: Event) -> int:
-    """A user turn counts once per accepted new question."""
-    return int(isinstance(event, UserInputEvent) and is_new_question(event.payload.intent))
-
-
-def _counts_as_step(event: Event) -> int:
-    """A model step counts once per stored action response; completion checks never count."""
-    return int(isinstance(event, AssistantMessageEvent) and is_model_step(event.payload.purpose))
 
 
 def _check_policy(event: Event, tenant: str, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:
