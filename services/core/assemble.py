@@ -82,16 +82,17 @@ from services.core.state import Fact, pattern_regex, render_facts
 from services.core.render import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
-    TOOL_CALL_OVERHEAD,
+    RenderedCall,
     arguments_json,
+    count_rendered,
     TokenCounts,
     name_read_tool,
     read_back_ref,
     read_back_with_tool,
     record_content,
-    tool_wire_text,
     trim_to_fit,
 )
+from services.core.request_tokens import tools_wire
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 from services.core.windows.handoff import handoff_block
 
@@ -978,12 +979,8 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
         )
         for n, c in enumerate(message.tool_calls or ())
     ]
-    n = _count_text(counter, text) + sum(
-        _count_text(counter, c.name)
-        + _count_text(counter, arguments_json(c.args))
-        + _count_text(counter, c.call_id)
-        + TOOL_CALL_OVERHEAD
-        for c in calls
+    n = count_rendered(
+        counter, text, [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in calls]
     )
     # The payload is what the body is read from: the cut calls go there.
     stored: list[JsonValue] = [c.model_dump(mode="json") for c in calls]
@@ -1366,11 +1363,8 @@ def _state_block(snapshot: ThreadSnapshot, tools: Sequence[ToolSchema]) -> Draft
 
 def _tool_tokens(tools: Sequence[ToolSchema], counter: TokenCounter | None) -> int:
     """The tools array as the provider is sent it, entry by entry."""
-    total = 0
-    for tool in tools:
-        text = tool_wire_text(tool.name, tool.description, tool.parameters)
-        total += _count_text(counter, text) + _TOOL_ENTRY_OVERHEAD
-    return total
+    entries = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) for entry in tools_wire(tools))
+    return sum(_count_text(counter, text) + _TOOL_ENTRY_OVERHEAD for text in entries)
 
 
 def _items(blocks: Sequence[_Sized], schema_tokens: int) -> list[BlockSize]:
@@ -1503,21 +1497,20 @@ def _prepared_id(
     snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec, *, drop_history: bool = False
 ) -> str:
     # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
-    # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
-    # the history-dropping fallback unless it changed the reply.
     # The format only changes the shape, never the context: one id whatever the provider.
     # A reply after a provider overflow differs only by its calibrated budget, which is in the id.
-    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow"} | (
-        set() if request.evidence else {"evidence"}
-    )
-    if not request.context_tools:
-        excluded.add("context_tools")  # ids minted before context tools existed stay the same
-    # And before forecasts; a task budget is reported after assembly and changes no context.
-    excluded.add("task_budget")
-    if request.forecast is None:
-        excluded.add("forecast")
-    if request.carry_additions_from is None:
-        excluded.add("carry_additions_from")  # likewise for ids minted before gateway checks
+    # A task budget is reported after assembly and changes no context.
+    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow", "task_budget"}
+    # What a request leaves empty is left out, so ids minted before it existed (evidence, context
+    # tools, forecasts, gateway checks) stay the same; so is the history-dropping fallback unless it
+    # changed the reply.
+    unset = {
+        "evidence": not request.evidence,
+        "context_tools": not request.context_tools,
+        "forecast": request.forecast is None,
+        "carry_additions_from": request.carry_additions_from is None,
+    }
+    excluded |= {name for name, empty in unset.items() if empty}
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

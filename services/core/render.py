@@ -8,7 +8,6 @@ appear with instruction authority.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +54,6 @@ __all__ = [
     "read_back_with_tool",
     "record_content",
     "telling_line",
-    "tool_wire_text",
     "trim_to_fit",
     "trim_tool_text",
 ]
@@ -210,24 +208,13 @@ def count_record(
     )
 
 
-def count_rendered(counter: TokenCounter, content: str, calls: Sequence[RenderedCall]) -> int:
-    n = counter.count(content)
+def count_rendered(counter: TokenCounter | None, content: str, calls: Sequence[RenderedCall]) -> int:
+    """:func:`count_record` in one encoding (``None``: the bytes/4 estimate)."""
+    n = _count(counter, content)
     for call in calls:
-        n += counter.count(call.name) + counter.count(call.arguments) + counter.count(call.call_id)
+        n += _count(counter, call.name) + _count(counter, call.arguments) + _count(counter, call.call_id)
         n += TOOL_CALL_OVERHEAD
     return n
-
-
-def tool_wire_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:
-    """One entry of the ``tools`` array as the provider is sent it (OpenAI function shape)."""
-    return json.dumps(
-        {
-            "type": "function",
-            "function": {"name": name, "description": description, "parameters": parameters},
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
 
 
 def read_back_ref(text: str) -> str | None:

@@ -16,6 +16,7 @@ closed set of reasons (:data:`ChangeReason`). Invariants of :func:`diff_served`:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, assert_never
@@ -148,10 +149,7 @@ class ServedDiff:
     stable_prefix_blocks: int
 
     def counts(self) -> Mapping[str, int]:
-        found = {"added": 0, "removed": 0, "changed": 0}
-        for c in self.changes:
-            found[c.change] += 1
-        return found
+        return {"added": 0, "removed": 0, "changed": 0} | Counter(c.change for c in self.changes)
 
 
 def _stable_prefix(before: Sequence[ServedBlock], after: Sequence[ServedBlock]) -> tuple[int, int]:

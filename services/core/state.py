@@ -230,28 +230,8 @@ def _supersede(
     older = observed_at is not None and current.observed_at is not None and observed_at < current.observed_at
     if older and _RANK[source] == _RANK[current.source] and current.value != value and not unknown:
         # Same rank, arriving late with an older observation: neither wins silently.
-        return Fact(
-            path,
-            current.value,
-            "conflicted",
-            current.source,
-            current.event_key,
-            current.seq,
-            current.observed_at,
-            supersedes=event_key,
-            superseded_value=value,
-        )
-    return Fact(
-        path,
-        value,
-        status,
-        source,
-        event_key,
-        seq,
-        observed_at,
-        supersedes=current.event_key,
-        superseded_value=current.value,
-    )
+        return replace(current, status="conflicted", supersedes=event_key, superseded_value=value)
+    return Fact(path, value, status, source, event_key, seq, observed_at, current.event_key, current.value)
 
 
 def plan_patch(
