@@ -776,6 +776,8 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
         for key, seq in s.block.outcomes:
             if first.setdefault(key, seq) != seq:
                 repeats[seq] = first[key]
+        if not repeats:
+            continue
         records: list[LedgerRecord] = []
         seqs: list[int] = []
         for r in s.block.records:
