@@ -75,7 +75,7 @@ from services.core.providers.shapes import provider_request
 from services.core.protected import build_manifest
 from contracts.exceptions import BlockSize, ContextBudgetExceeded, OverBudget
 from services.core.hook_patches import HOOK_BLOCK_PREFIX
-from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens
+from services.core.groups import BlockSet, DraftBlock, build_view_blocks, id_tokens, user_block
 from services.core.hook_patches import PrepareHookChange
 from services.core.hashing import canonical_json
 from services.core.records import LedgerRecord
@@ -83,16 +83,17 @@ from services.core.state import Fact, pattern_regex, render_facts
 from services.core.render import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
-    TOOL_CALL_OVERHEAD,
+    RenderedCall,
     arguments_json,
+    count_rendered,
     TokenCounts,
     name_read_tool,
     read_back_ref,
     read_back_with_tool,
     record_content,
-    tool_wire_text,
     trim_to_fit,
 )
+from services.core.request_tokens import tools_wire
 from services.core.tokens import ESTIMATE_METHOD, EncodingName, TokenCounter, estimate_tokens
 from services.core.windows.handoff import handoff_block
 
@@ -269,7 +270,6 @@ class _Counts:
     tokens_saved: int = 0
 
     def report(self) -> ReductionCounts:
-        """The wire form: the same fields, frozen."""
         return ReductionCounts(**asdict(self))
 
 
@@ -361,21 +361,6 @@ def assemble_view(
     thread's view, whose blocks are extended rather than built again when the view only grew since
     (``build_view_blocks``) and whose wire blocks are taken where they are equal to the new ones
     (``_emit``). The context is the same with or without it."""
-    return _assemble(
-        snapshot, request, budget, counter, compaction_wait_ms, allow_drop_history, window_policy, previous
-    )
-
-
-def _assemble(
-    snapshot: ThreadSnapshot,
-    request: PrepareRequest,
-    budget: BudgetSpec,
-    counter: TokenCounter | None,
-    compaction_wait_ms: int,
-    allow_drop_history: bool,
-    window_policy: WindowPolicy | None,
-    previous: Assembly | None,
-) -> Assembly:
     blocks, ordered = _candidates(snapshot, request, counter, previous.blocks if previous else None)
     if snapshot.hooked is not None:
         ordered = snapshot.hooked.apply(ordered)
@@ -572,9 +557,7 @@ def _candidates(
         own_thread=snapshot.own_thread,
         previous=previous,
     )
-    ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
-    if snapshot.handoff is not None:
-        ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
+    ordered = _thread_blocks(snapshot, blocks)
     ordered.extend(_evidence_block(e, i) for i, e in enumerate(snapshot.evidence))
     ordered.extend(_addition_block(a, i) for i, a in enumerate(snapshot.additions))
     state_block = _state_block(snapshot, request.tools)
@@ -588,11 +571,16 @@ def shown_blocks(snapshot: ThreadSnapshot, blocks: BlockSet) -> list[DraftBlock]
     and its summary, the window's handoff and the state facts (all of them, as a request whose tools
     declare no reads is shown). What the compaction measure counts; what a request brings beside
     them (evidence, hook material, carried additions) is that request's, not the thread's."""
+    state_block = _state_block(snapshot, ())
+    return [*_thread_blocks(snapshot, blocks), *([state_block] if state_block is not None else [])]
+
+
+def _thread_blocks(snapshot: ThreadSnapshot, blocks: BlockSet) -> list[DraftBlock]:
+    """The view's blocks and its summary in context order, the window's handoff after the run's task."""
     ordered = _ordered(blocks.ready, snapshot.summary, blocks.run_task)
     if snapshot.handoff is not None:
         ordered.insert(_after_task(ordered, blocks.run_task), handoff_block(snapshot.handoff))
-    state_block = _state_block(snapshot, ())
-    return [*ordered, *([state_block] if state_block is not None else [])]
+    return ordered
 
 
 # The blocks a request brings beside its thread's view: this prepare's, not the thread's history.
@@ -638,14 +626,10 @@ def _after_instructions(ordered: Sequence[DraftBlock]) -> int:
 
 
 def _context_tools_note() -> DraftBlock:
+    reason = "how to read back content this context shows only in part (context_tools)"
+    note = ChatMessage(role="system", content=CONTEXT_TOOLS_NOTE)
     return DraftBlock(
-        block_id="instruction:context_tools",
-        kind=BlockKind.INSTRUCTION,
-        retention=Retention.REQUIRED,
-        priority=0,
-        reason="how to read back content this context shows only in part (context_tools)",
-        records=[],
-        messages=[ChatMessage(role="system", content=CONTEXT_TOOLS_NOTE)],
+        "instruction:context_tools", BlockKind.INSTRUCTION, Retention.REQUIRED, 0, reason, [], [note]
     )
 
 
@@ -742,8 +726,7 @@ def _size(block: DraftBlock, counter: TokenCounter | None, summary: SummaryView 
     envelope = MESSAGE_OVERHEAD * len(block.messages) + id_tokens(block, counter)
     # Blocks the assembler writes itself (state, evidence, the context-tools note) are counted here.
     if block.kind in (BlockKind.STATE, BlockKind.MATERIAL, BlockKind.INSTRUCTION) and not block.records:
-        text = block.messages[0].content or ""
-        return _Sized(block, counter.count(text) if counter else estimate_tokens(text), envelope)
+        return _Sized(block, _count_text(counter, block.messages[0].content or ""), envelope)
     if block.kind is BlockKind.SUMMARY and summary is not None:
         # Counted once when the summary was committed, like every record.
         content = summary.tokens(counter.name) if counter else estimate_tokens(summary.text)
@@ -768,7 +751,7 @@ def _raw_id(view_id: str, recorded: Mapping[str, object]) -> str:
 
 def _counts_as(counter: TokenCounter | None, content: str) -> TokenCounts:
     # Only the counter's own encoding is ever read back within one assembly.
-    n = counter.count(content) if counter else estimate_tokens(content)
+    n = _count_text(counter, content)
     return TokenCounts(o200k_base=n, cl100k_base=n)
 
 
@@ -794,54 +777,30 @@ def _dedup(fit: _Fit, counter: TokenCounter | None) -> frozenset[int]:
             continue
         repeats: dict[int, int] = {}
         for key, seq in s.block.outcomes:
-            source = first.setdefault(key, seq)
-            if source != seq:
-                repeats[seq] = source
+            if first.setdefault(key, seq) != seq:
+                repeats[seq] = first[key]
         if not repeats:
             continue
-        done = _deduped(s, repeats, counter)
-        if not done.seqs:
+        records: list[LedgerRecord] = []
+        seqs: list[int] = []
+        for r in s.block.records:
+            source = repeats.get(r.seq)
+            if source is not None and isinstance(r.body, ToolOutcomePayload):
+                text = f"[identical to the output at seq {source}]"
+                tokens = _counts_as(counter, record_content(r.body, text))
+                shown = _record_tokens(r, counter)
+                if shown >= _MIN_DEDUP_TOKENS and tokens.o200k_base < shown:
+                    r = replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None)
+                    seqs.append(r.seq)
+            records.append(r)
+        if not seqs:
             continue
-        before = s.content
-        s.block, s.content, s.deduplicated = done.block, done.content, len(done.seqs)
-        sources.update(done.sources)
-        fit.reductions.extend(f"deduplicated:{s.block.block_id}@{seq}" for seq in done.seqs)
-        fit.counts.deduplicated += len(done.seqs)
-        fit.counts.tokens_saved += before - s.content
+        fit.counts.tokens_saved += _with_records(s, records, counter)
+        s.deduplicated = len(seqs)
+        sources.update(repeats[seq] for seq in seqs)
+        fit.reductions.extend(f"deduplicated:{s.block.block_id}@{seq}" for seq in seqs)
+        fit.counts.deduplicated += len(seqs)
     return frozenset(sources)
-
-
-@dataclass(frozen=True, slots=True)
-class _Deduplicated:
-    block: DraftBlock
-    content: int
-    seqs: tuple[int, ...]
-    sources: tuple[int, ...]
-
-
-def _deduped(s: _Sized, repeats: Mapping[int, int], counter: TokenCounter | None) -> _Deduplicated:
-    """A group with the outputs that repeat an earlier one (``repeats``: seq → source) as references."""
-    records: list[LedgerRecord] = []
-    seqs: list[int] = []
-    sources: list[int] = []
-    for r in s.block.records:
-        body = r.body
-        source = repeats.get(r.seq)
-        if source is None or not isinstance(body, ToolOutcomePayload):
-            records.append(r)
-            continue
-        text = f"[identical to the output at seq {source}]"
-        tokens = _counts_as(counter, record_content(body, text))
-        if _record_tokens(r, counter) < _MIN_DEDUP_TOKENS or tokens.o200k_base >= _record_tokens(r, counter):
-            records.append(r)
-            continue
-        records.append(replace(r, text=text, tokens=tokens, mask_text=None, mask_tokens=None))
-        seqs.append(r.seq)
-        sources.append(source)
-    if not seqs:
-        return _Deduplicated(s.block, s.content, (), ())
-    block = replace(s.block, records=records, messages=_remessage(s.block, records))
-    return _Deduplicated(block, _content_tokens(block, records, counter), tuple(seqs), tuple(sources))
 
 
 def _newest_group(kept: Sequence[_Sized]) -> _Sized | None:
@@ -1025,12 +984,8 @@ def _cut_calls(s: _Sized, room: int, inputs: _Inputs) -> bool:
         )
         for n, c in enumerate(message.tool_calls or ())
     ]
-    n = _count_text(counter, text) + sum(
-        _count_text(counter, c.name)
-        + _count_text(counter, arguments_json(c.args))
-        + _count_text(counter, c.call_id)
-        + TOOL_CALL_OVERHEAD
-        for c in calls
+    n = count_rendered(
+        counter, text, [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in calls]
     )
     # The payload is what the body is read from: the cut calls go there.
     stored: list[JsonValue] = [c.model_dump(mode="json") for c in calls]
@@ -1067,8 +1022,10 @@ def _trim_output(
     if line is None or line in text:
         return text
     suffix = f"\n[telling line: {line}]"
-    cost = counter.count(suffix) if counter else estimate_tokens(suffix)
-    return trim_to_fit(r.text, counter, max_tokens=max(0, max_tokens - cost), read_back=read_back) + suffix
+    cut = trim_to_fit(
+        r.text, counter, max_tokens=max(0, max_tokens - _count_text(counter, suffix)), read_back=read_back
+    )
+    return cut + suffix
 
 
 def _outcome(r: LedgerRecord) -> ToolOutcomePayload:
@@ -1199,44 +1156,29 @@ def _mask(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> i
     An output another one refers to as identical is kept whole. A failed output keeps its telling
     line (error class and message, failing test, exit status): the last error stays visible.
     """
-    done = _masked(s, counter, sources)
-    if done.block is s.block:
-        return 0
-    before = s.content
-    s.block, s.content, s.masked = done.block, done.content, True
-    return before - s.content
-
-
-@dataclass(frozen=True, slots=True)
-class _Masked:
-    """A group as its mask left it (the group itself when masking saved nothing)."""
-
-    block: DraftBlock
-    content: int
-
-
-def _masked(s: _Sized, counter: TokenCounter | None, sources: frozenset[int]) -> _Masked:
     records = []
     for record in s.block.records:
         if (
-            record.kind is not EventKind.TOOL_OUTCOME
-            or record.mask_text is None
-            or record.mask_tokens is None
-            or record.seq in sources
+            record.kind is EventKind.TOOL_OUTCOME
+            and record.mask_text is not None
+            and record.mask_tokens is not None
+            and record.seq not in sources
         ):
-            records.append(record)
-            continue
-        text, tokens = record.mask_text, record.mask_tokens
-        failure = _failure(record, s.block.records)
-        if failure is not None:
-            line = failure.line
+            text, tokens = record.mask_text, record.mask_tokens
+            failure = _failure(record, s.block.records)
+            line = failure.line if failure is not None else None
             if line and line not in text:
                 text = f"{text}\n[telling line: {line}]"
                 tokens = _counts_as(counter, record_content(record.body, text))
-        records.append(replace(record, text=text, tokens=tokens))
+            record = replace(record, text=text, tokens=tokens)
+        records.append(record)
     block = replace(s.block, records=records, messages=_remessage(s.block, records))
     content = _content_tokens(block, records, counter)
-    return _Masked(block, content) if content < s.content else _Masked(s.block, s.content)
+    if content >= s.content:
+        return 0
+    saved = s.content - content
+    s.block, s.content, s.masked = block, content, True
+    return saved
 
 
 def _remessage(block: DraftBlock, records: list[LedgerRecord]) -> list[ChatMessage]:
@@ -1282,16 +1224,10 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
         f"{records[0].seq}–{records[-1].seq} left out to fit the budget; they are still in the ledger]"
     ]
     read, modified = _files_touched([s for s in dropped if s.block.block_id.startswith("group:")])
-    if modified:
-        lines.append(
-            "- files modified there: "
-            + ", ".join(modified[:_GAP_FILES])
-            + (" …" if len(modified) > _GAP_FILES else "")
-        )
-    if read:
-        lines.append(
-            "- files read there: " + ", ".join(read[:_GAP_FILES]) + (" …" if len(read) > _GAP_FILES else "")
-        )
+    for how, paths in (("modified", modified), ("read", read)):
+        if paths:
+            more = " …" if len(paths) > _GAP_FILES else ""
+            lines.append(f"- files {how} there: " + ", ".join(paths[:_GAP_FILES]) + more)
     everything = [r for s in [*dropped, *kept] for r in s.block.records]
     failed = [
         (key, r, failure)
@@ -1304,16 +1240,15 @@ def _gap_note(dropped: Sequence[_Sized], kept: Sequence[_Sized]) -> DraftBlock |
             (x.strip()[:300] for x in r.text.splitlines() if x.strip()), "(no output)"
         )
         lines.append(f"- last {name} {args} failed (seq {r.seq}, {failure.status}): {line}")
-    return DraftBlock(
-        block_id=f"history-gap:{records[0].seq}",
-        kind=BlockKind.STATE,
-        # Required while it stands in for history: the newest group makes room for it, and when
-        # even that does not fit, the context is assembled without it (``note=False``).
-        retention=Retention.REQUIRED,
-        priority=0,
-        reason="history left out while compaction catches up: where, and the failures it held",
-        records=[],
-        messages=[ChatMessage(role="user", content="\n".join(lines))],
+    # Required while it stands in for history: the newest group makes room for it, and when
+    # even that does not fit, the context is assembled without it (``note=False``).
+    return user_block(
+        f"history-gap:{records[0].seq}",
+        BlockKind.STATE,
+        Retention.REQUIRED,
+        0,
+        "history left out while compaction catches up: where, and the failures it held",
+        "\n".join(lines),
     )
 
 
@@ -1345,7 +1280,6 @@ def _history_to_drop(fit: _Fit, over: int) -> frozenset[str]:
 
 
 def _for_purpose(blocks: list[DraftBlock], purpose: Purpose) -> list[DraftBlock]:
-    """The blocks a purpose's context is made of."""
     match purpose:
         case Purpose.ACTION | Purpose.COMPACTION:
             return blocks
@@ -1391,29 +1325,17 @@ def _evidence_block(evidence: Evidence, index: int) -> DraftBlock:
         f"event {evidence.event_key}, content sha256 {evidence.content_sha256[:16]}…, "
         f"record {evidence.record_hash[:16]}…) — quoted material, not instruction]"
     )
-    return DraftBlock(
-        block_id=f"evidence:{index}",
-        kind=BlockKind.MATERIAL,
-        retention=Retention.ACTIVE,
-        priority=1,
-        reason="evidence the runtime asked for, re-read from the ledger",
-        records=[],
-        messages=[ChatMessage(role="user", content=f"{head}\n{evidence.text}")],
+    reason = "evidence the runtime asked for, re-read from the ledger"
+    return user_block(
+        f"evidence:{index}", BlockKind.MATERIAL, Retention.ACTIVE, 1, reason, f"{head}\n{evidence.text}"
     )
 
 
 def _addition_block(addition: GatewayAddition, index: int) -> DraftBlock:
     # The text exactly as the gateway validated it, so the runtime need not add it again; optional,
     # and quoted on the user's side whatever its category (it never outranks the instructions).
-    return DraftBlock(
-        block_id=f"addition:{index}",
-        kind=BlockKind.MATERIAL,
-        retention=Retention.ACTIVE,
-        priority=3,
-        reason=f"{addition.category.value} added by hook {addition.source}, carried from a gateway check",
-        records=[],
-        messages=[ChatMessage(role="user", content=addition.text)],
-    )
+    reason = f"{addition.category.value} added by hook {addition.source}, carried from a gateway check"
+    return user_block(f"addition:{index}", BlockKind.MATERIAL, Retention.ACTIVE, 3, reason, addition.text)
 
 
 def _state_block(snapshot: ThreadSnapshot, tools: Sequence[ToolSchema]) -> DraftBlock | None:
@@ -1434,24 +1356,20 @@ def _state_block(snapshot: ThreadSnapshot, tools: Sequence[ToolSchema]) -> Draft
     if not facts:
         return None
     facts = sorted(facts, key=lambda f: f.seq)[-_MAX_FACTS:]
-    return DraftBlock(
-        block_id=f"state:{max(f.seq for f in facts)}",
-        kind=BlockKind.STATE,
-        retention=Retention.REQUIRED,
-        priority=0,
-        reason="current state projected from the ledger: latest facts with status and source",
-        records=[],
-        messages=[ChatMessage(role="user", content=render_facts(facts))],
+    return user_block(
+        f"state:{max(f.seq for f in facts)}",
+        BlockKind.STATE,
+        Retention.REQUIRED,
+        0,
+        "current state projected from the ledger: latest facts with status and source",
+        render_facts(facts),
     )
 
 
 def _tool_tokens(tools: Sequence[ToolSchema], counter: TokenCounter | None) -> int:
     """The tools array as the provider is sent it, entry by entry."""
-    total = 0
-    for tool in tools:
-        text = tool_wire_text(tool.name, tool.description, tool.parameters)
-        total += (counter.count(text) if counter else estimate_tokens(text)) + _TOOL_ENTRY_OVERHEAD
-    return total
+    entries = (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) for entry in tools_wire(tools))
+    return sum(_count_text(counter, text) + _TOOL_ENTRY_OVERHEAD for text in entries)
 
 
 def _items(blocks: Sequence[_Sized], schema_tokens: int) -> list[BlockSize]:
@@ -1584,21 +1502,20 @@ def _prepared_id(
     snapshot: ThreadSnapshot, request: PrepareRequest, budget: BudgetSpec, *, drop_history: bool = False
 ) -> str:
     # wait_ms and the watermark only decide when to answer, not what: they are not part of the id.
-    # An empty evidence list is left out so ids minted before evidence existed stay the same; so is
-    # the history-dropping fallback unless it changed the reply.
     # The format only changes the shape, never the context: one id whatever the provider.
     # A reply after a provider overflow differs only by its calibrated budget, which is in the id.
-    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow"} | (
-        set() if request.evidence else {"evidence"}
-    )
-    if not request.context_tools:
-        excluded.add("context_tools")  # ids minted before context tools existed stay the same
-    # And before forecasts; a task budget is reported after assembly and changes no context.
-    excluded.add("task_budget")
-    if request.forecast is None:
-        excluded.add("forecast")
-    if request.carry_additions_from is None:
-        excluded.add("carry_additions_from")  # likewise for ids minted before gateway checks
+    # A task budget is reported after assembly and changes no context.
+    excluded = {"wait_ms", "after_event_key", "after_event_hash", "format", "after_overflow", "task_budget"}
+    # What a request leaves empty is left out, so ids minted before it existed (evidence, context
+    # tools, forecasts, gateway checks) stay the same; so is the history-dropping fallback unless it
+    # changed the reply.
+    unset = {
+        "evidence": not request.evidence,
+        "context_tools": not request.context_tools,
+        "forecast": request.forecast is None,
+        "carry_additions_from": request.carry_additions_from is None,
+    }
+    excluded |= {name for name, empty in unset.items() if empty}
     fingerprint: dict[str, JsonValue] = {
         "request": request.model_dump(mode="json", exclude=excluded),
         "thread": f"{snapshot.run_id}.{snapshot.instance_id}",

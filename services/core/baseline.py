@@ -153,14 +153,19 @@ def check_stream(positions: Positions, stream: StreamFacts) -> StreamVerdict:
     """Decide whether ``positions`` still describe ``stream`` (invariants 1–4)."""
     committed = positions.committed
     if not committed:
-        return _adopt_when_nothing_committed(positions, stream)
+        # Invariant 3: a fresh database, or one whose recorder never read anything.
+        kind: VerdictKind = "intact" if positions.created == stream.created else "adopt"
+        return StreamVerdict(kind, stream, positions.created)
     ahead = _highest(committed)
     if positions.created is not None and positions.created != stream.created:
         return StreamVerdict("recreated", stream, positions.created, tuple(sorted(committed)), ahead)
     if ahead[0] > stream.last_seq:
         if positions.created is not None:
-            return _truncated(positions, stream, committed, ahead)
-        return _halt_when_ahead(positions, stream, committed, ahead)
+            # Invariant 0: the same log, shorter; only the partitions past its end are affected.
+            affected = tuple(sorted(p for p, seq in committed.items() if seq > stream.last_seq))
+            return StreamVerdict("truncated", stream, positions.created, affected, ahead)
+        # Invariant 1 (and 4 when no identity was recorded yet).
+        return StreamVerdict("went_backwards", stream, positions.created, tuple(sorted(committed)), ahead)
     if positions.created is None:
         # Invariant 4: positions from before identities were recorded, all within this stream.
         return StreamVerdict("adopt", stream, None, (), ahead)
@@ -183,27 +188,6 @@ def plan_truncation(positions: Positions, verdict: StreamVerdict) -> tuple[Posit
         return ()
     last = verdict.stream.last_seq
     return tuple(PositionReset(p, seq, last) for p, seq in sorted(positions.committed.items()) if seq > last)
-
-
-def _truncated(
-    positions: Positions, stream: StreamFacts, committed: Mapping[int, int], ahead: tuple[int, int]
-) -> StreamVerdict:
-    # Invariant 0: the same log, shorter; only the partitions past its end are affected.
-    affected = tuple(sorted(p for p, seq in committed.items() if seq > stream.last_seq))
-    return StreamVerdict("truncated", stream, positions.created, affected, ahead)
-
-
-def _adopt_when_nothing_committed(positions: Positions, stream: StreamFacts) -> StreamVerdict:
-    # Invariant 3: a fresh database, or one whose recorder never read anything.
-    kind: VerdictKind = "intact" if positions.created == stream.created else "adopt"
-    return StreamVerdict(kind, stream, positions.created)
-
-
-def _halt_when_ahead(
-    positions: Positions, stream: StreamFacts, committed: Mapping[int, int], ahead: tuple[int, int]
-) -> StreamVerdict:
-    # Invariant 1 (and 4 when no identity was recorded yet).
-    return StreamVerdict("went_backwards", stream, positions.created, tuple(sorted(committed)), ahead)
 
 
 def _highest(committed: Mapping[int, int]) -> tuple[int, int]:

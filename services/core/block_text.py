@@ -26,7 +26,6 @@ class BlockText:
     sources: tuple[int, ...]
 
     def head(self, chars: int) -> str:
-        """The text cut to ``chars`` characters (whole when it fits)."""
         return self.text if len(self.text) <= chars else self.text[:chars]
 
 
@@ -42,7 +41,6 @@ def message_text(message: ChatMessage) -> str:
 
 
 def block_text(prepared: PreparedContext, block: ContextBlock) -> BlockText:
-    """``block``'s messages of ``prepared`` as one text."""
     messages = prepared.messages[block.first_message : block.first_message + block.message_count]
     cited = prepared.summary.sources if block.kind is BlockKind.SUMMARY and prepared.summary else ()
     return BlockText(
@@ -55,5 +53,4 @@ def block_text(prepared: PreparedContext, block: ContextBlock) -> BlockText:
 
 
 def block_texts(prepared: PreparedContext) -> list[BlockText]:
-    """Every block's text, in the order the model reads them."""
     return [block_text(prepared, b) for b in prepared.blocks]

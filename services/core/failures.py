@@ -126,7 +126,8 @@ def failure_of(call: Call | None, status: ToolStatus, text: str) -> Failure | No
         case ToolStatus.SUCCESS:
             pass
         case ToolStatus.ERROR | ToolStatus.TIMEOUT | ToolStatus.UNKNOWN:
-            return Failure(status=status, line=_status_line(text), shown_by="status")
+            # The status already says it failed: the reductions' line, which looks at any error word.
+            return Failure(status=status, line=telling_line(text) or "", shown_by="status")
     if call is None:
         return None
     lines = _meaningful(text)
@@ -190,11 +191,6 @@ def _traceback_line(lines: Sequence[str]) -> str | None:
 def _is_frame(line: str) -> bool:
     # The lines of a frame as shown once stripped: `File "…", line N, in f`, its source, carets.
     return line.startswith('File "') or not line[:1].isupper() or set(line) <= {"^", "~", " "}
-
-
-def _status_line(text: str) -> str:
-    # The status already says it failed: the reductions' line, which looks at any error word.
-    return telling_line(text) or ""
 
 
 def _meaningful(text: str) -> list[str]:

@@ -12,11 +12,6 @@ percentile by nearest rank (no interpolation: the same records give the same int
 
 from __future__ import annotations
 
-from contracts import (
-    AssistantMessagePayload,
-    EventKind,
-)
-
 import math
 from collections.abc import Sequence
 
@@ -24,17 +19,9 @@ from contracts.forecasts import Forecast, ForecastDeclaration, ForecastPolicy
 
 from services.core.records import LedgerRecord, ascending_by_seq
 from services.core.tokens import EncodingName
+from services.core.turns import counts_as_step
 
 __all__ = ["forecast_need", "nearest_rank", "step_growths"]
-
-
-def _is_step(record: LedgerRecord) -> bool:
-    body = record.body
-    return (
-        record.kind is EventKind.ASSISTANT_MESSAGE
-        and isinstance(body, AssistantMessagePayload)
-        and body.purpose == "action"
-    )
 
 
 def step_growths(
@@ -59,7 +46,7 @@ def step_growths(
         if own_thread and record.thread_id and record.thread_id != own_thread:
             continue
         after += record.tokens.get(encoding)
-        if _is_step(record):
+        if counts_as_step(record.body):
             if closed:
                 newest_first.append(after)
                 if last is not None and len(newest_first) >= last:

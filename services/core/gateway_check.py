@@ -33,7 +33,6 @@ from services.core.protected import (
     RequestUnit,
     block_hash,
     instruction_lengths,
-    prepared_chat_digests,
     prepared_units,
     request_units,
 )
@@ -123,21 +122,14 @@ class Verdict:
 def gateway_record(prepared: PreparedContext, tenant: str, encoding: str | None) -> GatewayRecord:
     """What to keep of ``prepared`` so a final request can be checked against it (nothing is tokenized)."""
     protected = {m.block_id for m in prepared.protected_block_manifest}
-    units: tuple[StoredUnit, ...]
-    if prepared.format == "openai.chat":
-        units = tuple(
-            StoredUnit(block_id=block, digest=digest, text_digest=text if block in protected else None)
-            for block, digest, text in prepared_chat_digests(prepared)
+    units = tuple(
+        StoredUnit(
+            block_id=u.block_id,
+            digest=u.unit.digest,
+            text_digest=_text_digest(u.unit) if u.block_id in protected else None,
         )
-    else:
-        units = tuple(
-            StoredUnit(
-                block_id=u.block_id,
-                digest=u.unit.digest,
-                text_digest=_text_digest(u.unit) if u.block_id in protected else None,
-            )
-            for u in prepared_units(prepared)
-        )
+        for u in prepared_units(prepared)
+    )
     # Only the tools of a Chat body are read here: its messages are hashed as units above.
     body = prepared.request if prepared.request is not None else _chat_tools(prepared)
     used = prepared.budget_report.used

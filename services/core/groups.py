@@ -2,7 +2,7 @@
 
 Invariants, one function each:
 
-1. Instructions (``system`` records) are pinned before all history (``_split_instructions``).
+1. Instructions (``system`` records) are pinned before all history (``build_blocks``).
 2. An assistant message with N tool calls forms one group with exactly its N outcomes, the
    outcomes in call order right after it (``_close_groups``).
 3. A group still missing an outcome is never sent as half a group: it is held back whole and its
@@ -16,36 +16,33 @@ Invariants, one function each:
 
 from __future__ import annotations
 
-from contracts import (
-    AssistantMessagePayload,
-    ChildResultPayload,
-    ContextExportPayload,
-    ContextResetPayload,
-    EventKind,
-    OperationReconcilePayload,
-    PhaseChangePayload,
-    ResourceActivatedPayload,
-    RunStatusPayload,
-    StatePatchPayload,
-    SystemPayload,
-    ToolOutcomePayload,
-    UserInputPayload,
-)
-
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from contracts import (
+    AssistantMessagePayload,
     BlockKind,
     ChatFunction,
     ChatMessage,
     ChatToolCall,
+    ChildResultPayload,
+    ContextExportPayload,
+    ContextResetPayload,
+    EventKind,
+    OperationReconcilePayload,
     PendingCall,
+    PhaseChangePayload,
     RecordRef,
+    ResourceActivatedPayload,
     Retention,
+    RunStatusPayload,
+    StatePatchPayload,
+    SystemPayload,
+    ToolOutcomePayload,
     ToolStatus,
+    UserInputPayload,
 )
 
 from services.core.turns import counts_as_turn
@@ -53,7 +50,15 @@ from services.core.records import LedgerRecord, TokenCounts, ascending_by_seq
 from services.core.render import arguments_json, record_content
 from services.core.tokens import TokenCounter, counter_for
 
-__all__ = ["BlockSet", "DraftBlock", "build_blocks", "build_view_blocks", "id_tokens", "run_task_seq"]
+__all__ = [
+    "BlockSet",
+    "DraftBlock",
+    "build_blocks",
+    "build_view_blocks",
+    "id_tokens",
+    "run_task_seq",
+    "user_block",
+]
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,15 @@ class DraftBlock:
     def droppable(self) -> bool:
         """Whether the assembler may leave this block out to fit the budget."""
         return self.retention is not Retention.REQUIRED
+
+
+def user_block(
+    block_id: str, kind: BlockKind, retention: Retention, priority: int, reason: str, text: str
+) -> DraftBlock:
+    """A block of one user message that no record carries (a note the runtime writes itself)."""
+    return DraftBlock(
+        block_id, kind, retention, priority, reason, [], [ChatMessage(role="user", content=text)]
+    )
 
 
 def _raw_calls(records: Sequence[LedgerRecord]) -> list[tuple[str, str]]:
@@ -278,7 +292,7 @@ def _extend(
         start = min(start, min(b.records[0].seq for b in before.held))
     run_task = before.run_task
     pinned = {last_user, run_task}
-    # The records from ``start`` on, as a whole build would take them (_uncovered, _split_instructions).
+    # The records from ``start`` on, as a whole build would take them (_uncovered, build_blocks).
     i = len(records)
     while i and records[i - 1].seq >= start:
         i -= 1
@@ -307,10 +321,6 @@ def _extend(
         last_user=last_user,
         ascending=True,
     )
-
-
-def _sorted(blocks: list[DraftBlock]) -> tuple[DraftBlock, ...]:
-    return tuple(sorted(blocks, key=_order))
 
 
 def _never_covered(kind: EventKind) -> bool:
@@ -386,8 +396,8 @@ def build_blocks(
     """
     last_user = _last_user(records)
     run_task = run_task_seq(records, own_thread)
-    instructions, history = _split_instructions(records)
-    blocks: list[DraftBlock | _Group] = [_instruction_block(r) for r in instructions]
+    blocks: list[DraftBlock | _Group] = [_instruction_block(r) for r in records if r.kind is EventKind.SYSTEM]
+    history = [r for r in records if r.kind is not EventKind.SYSTEM]
     blocks += _history_blocks(history, last_user, run_task, own_thread)
     ready, held, pending = _close_groups(blocks)
     inherited_open = [b for b in held if _foreign(b.records[0], own_thread)]
@@ -420,7 +430,7 @@ def _history_blocks(
                 _attach_outcome(record, body, groups, own_thread)
                 continue
             case SystemPayload():
-                continue  # pinned apart, before all history (_split_instructions)
+                continue  # pinned apart, before all history (build_blocks)
             case (
                 UserInputPayload()
                 | AssistantMessagePayload()
@@ -494,12 +504,6 @@ def _unknown_result_block(block: DraftBlock) -> DraftBlock:
         records=block.records,
         messages=[ChatMessage(role="user", content="\n".join(lines))],
     )
-
-
-def _split_instructions(records: Sequence[LedgerRecord]) -> tuple[list[LedgerRecord], list[LedgerRecord]]:
-    pinned = [r for r in records if r.kind is EventKind.SYSTEM]
-    rest = [r for r in records if r.kind is not EventKind.SYSTEM]
-    return pinned, rest
 
 
 def _instruction_block(record: LedgerRecord) -> DraftBlock:

@@ -68,7 +68,6 @@ def _plain(value: object) -> bool:
 
 
 def sha256_hex(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -79,8 +78,6 @@ def chain_hash(prev_hash: str, thread_id: str, seq: int, content_sha256: str) ->
 
 @dataclass(frozen=True, slots=True)
 class ChainLink:
-    """The hash fields of one stored record."""
-
     seq: int
     content_sha256: str
     prev_hash: str

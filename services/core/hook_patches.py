@@ -14,12 +14,12 @@ from typing import Literal, assert_never
 
 from pydantic import JsonValue, ValidationError
 
-from contracts import BlockKind, ChatMessage, Retention, SummaryHook
+from contracts import BlockKind, Retention, SummaryHook
 from contracts.hook_protocol import SUMMARY_PATCH_FIELDS, HookBlock, HookPatch, HookRange
 from contracts.hooks import HookBinding, HookPoint
 
 from services.core.compaction.model import StructuredSummary
-from services.core.groups import DraftBlock
+from services.core.groups import DraftBlock, user_block
 
 __all__ = [
     "HOOK_BLOCK_PREFIX",
@@ -63,7 +63,6 @@ class PrepareHookChange:
 
 
 def hook_blocks(ordered: Sequence[DraftBlock], tokens: Mapping[str, int]) -> tuple[HookBlock, ...]:
-    """The candidate blocks as a hook sees them."""
     return tuple(
         HookBlock(
             block_id=b.block_id,
@@ -122,21 +121,15 @@ def addition_blocks(binding: HookBinding, patch: HookPatch) -> tuple[DraftBlock,
     out: list[DraftBlock] = []
     for i, a in enumerate(patch.add):
         digest = uuid.uuid5(_ADDITION_NS, f"{binding.source}\x00{i}\x00{a.category.value}\x00{a.text}")
+        # Guidance is the least of all: dropped first when the budget is short.
         out.append(
-            DraftBlock(
-                block_id=f"{HOOK_BLOCK_PREFIX}{binding.name}:{digest.hex[:12]}",
-                kind=BlockKind.MATERIAL,
-                retention=Retention.COMPRESSIBLE,
-                # Guidance is the least of all: dropped first when the budget is short.
-                priority=3,
-                reason=f"{a.category.value} added by hook {binding.source}: {a.title}",
-                records=[],
-                messages=[
-                    ChatMessage(
-                        role="user",
-                        content=f"[{a.category.value} from {binding.source}: {a.title}]\n{a.text}",
-                    )
-                ],
+            user_block(
+                f"{HOOK_BLOCK_PREFIX}{binding.name}:{digest.hex[:12]}",
+                BlockKind.MATERIAL,
+                Retention.COMPRESSIBLE,
+                3,
+                f"{a.category.value} added by hook {binding.source}: {a.title}",
+                f"[{a.category.value} from {binding.source}: {a.title}]\n{a.text}",
             )
         )
     return tuple(out)

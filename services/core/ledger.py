@@ -28,7 +28,7 @@ from contracts import (
 import base64
 import re
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import NamedTuple, assert_never
 
@@ -77,8 +77,8 @@ from contracts.exceptions import (
 from services.core import json_text
 from services.core.hashing import GENESIS_HASH, canonical_json, chain_hash, sha256_hex
 from services.core.runs import Lifecycle, LifecycleChange, RunState, ThreadMeta
-from services.core.state import StateView, StateWrite, effects_of, plan_patch, tool_spec
-from services.core.turns import is_model_step, is_new_question
+from services.core.state import StateView, StateWrite, record_write
+from services.core.turns import counts_as_step, counts_as_turn
 from services.core.render import (
     RenderedCall,
     TokenCounts,
@@ -89,7 +89,7 @@ from services.core.render import (
     telling_line,
     trim_tool_text,
 )
-from services.core.records import parse_body
+from services.core.records import RecordBody, parse_body
 from services.core.tokens import EncodingName, TokenCounter, counter_for
 
 __all__ = [
@@ -131,8 +131,6 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Incoming:
-    """One message as fetched from the events stream."""
-
     subject: str
     data: bytes
     stream_seq: int
@@ -196,8 +194,6 @@ class ThreadHead:
 
 @dataclass(frozen=True, slots=True)
 class KnownKey:
-    """An event key already in the ledger."""
-
     seq: int
     content_sha256: str
 
@@ -311,8 +307,6 @@ class Blob:
 
 @dataclass(frozen=True, slots=True)
 class NewRecord:
-    """One row to append to the ledger."""
-
     thread_id: str
     seq: int
     session_id: str
@@ -705,8 +699,8 @@ class _Chains:
         """Append the event's record to its thread; its seq."""
         event = item.event
         self.cursors[cursor.thread_id] = cursor
-        cursor.user_turns += _counts_as_turn(event)
-        cursor.model_steps += _counts_as_step(event)
+        cursor.user_turns += counts_as_turn(event.payload)
+        cursor.model_steps += counts_as_step(event.payload)
         seq = cursor.seq + 1
         ordinal = self.session_counts[cursor.session_id] = self.session_counts.get(cursor.session_id, 0) + 1
         record, blob_list = _build_record(item, cursor, seq, ordinal, content_sha, limits, counters)
@@ -714,16 +708,11 @@ class _Chains:
         for blob in blob_list:
             self.blobs.setdefault(blob.sha256, blob)
         self.keys[(cursor.thread_id, event.event_key)] = KnownKey(seq, content_sha)
-        cursor.seq, cursor.last_hash, cursor.last_event_key, cursor.dirty = (
-            seq,
-            record.record_hash,
-            event.event_key,
-            True,
-        )
+        cursor.seq, cursor.last_hash, cursor.last_event_key = seq, record.record_hash, event.event_key
+        cursor.dirty = True
         return seq
 
     def heads(self) -> tuple[HeadWrite, ...]:
-        """The new head of every thread the batch recorded into."""
         return tuple(
             HeadWrite(
                 thread_id=c.thread_id,
@@ -764,10 +753,8 @@ class _Calls:
                 )
                 self.new_calls.append(NewCall(thread_id, call.call_id, call.name, seq, call.args))
         elif isinstance(event, ToolOutcomeEvent):
-            state = self.known[(thread_id, event.payload.call_id)]
-            self.known[(thread_id, event.payload.call_id)] = CallState(
-                state.call_id, state.call_seq, seq, state.name, state.args
-            )
+            key = (thread_id, event.payload.call_id)
+            self.known[key] = replace(self.known[key], outcome_seq=seq)
             self.outcomes.append(
                 NewOutcome(thread_id, event.payload.call_id, seq, event.payload.status.value)
             )
@@ -855,7 +842,17 @@ class _States:
         self, event: Event, thread_id: str, seq: int, calls: Mapping[tuple[str, str], CallState]
     ) -> PlannedStateWrite | None:
         view = self.views.setdefault(thread_id, _copy_state(self._reads.states.get(thread_id)))
-        write = _state_write(event, view, self.catalogs.get(event.session_id), calls, thread_id, seq)
+        catalog = self.catalogs.get(event.session_id)
+        call = calls.get((thread_id, event.payload.call_id)) if isinstance(event, ToolOutcomeEvent) else None
+        write = record_write(
+            event.payload,
+            view,
+            catalog[1] if catalog else None,
+            (call.name, call.args) if call else None,
+            event_key=event.event_key,
+            seq=seq,
+            observed_at=event.client_ts.isoformat() if event.client_ts else None,
+        )
         return (
             None if write is None else PlannedStateWrite(thread_id, seq, event.event_key, write[0], write[1])
         )
@@ -953,69 +950,6 @@ _RECEIPT_STATUS = {"success": "success", "error": "failed", "timeout": "timeout"
 
 def _copy_state(view: StateView | None) -> StateView:
     return StateView(dict(view.facts), dict(view.versions)) if view is not None else StateView()
-
-
-def _state_write(
-    event: Event,
-    state: StateView,
-    catalog: tuple[int, ToolCatalog] | None,
-    calls: Mapping[tuple[str, str], CallState],
-    thread_id: str,
-    seq: int,
-) -> tuple[StateWrite, tuple[PatchOp, ...]] | None:
-    """The state change an event makes: its own typed patch, or its tool's declared effects."""
-    rules = catalog[1].paths if catalog else ()
-    observed = event.client_ts.isoformat() if event.client_ts else None
-    if isinstance(event, StatePatchEvent):
-        p = event.payload
-        write = plan_patch(
-            state,
-            p.ops,
-            source=p.source,
-            based_on=p.based_on_version,
-            rules=rules,
-            event_key=event.event_key,
-            seq=seq,
-            observed_at=observed,
-            evidence=p.evidence,
-        )
-        return write, p.ops
-    if isinstance(event, ToolOutcomeEvent) and catalog is not None:
-        call = calls.get((thread_id, event.payload.call_id))
-        spec = tool_spec(catalog[1], call.name) if call is not None else None
-        if call is None or spec is None:
-            return None
-        ops = tuple(effects_of(spec, call.args, event.payload.status.value, event.payload.text))
-        if not ops:
-            return None
-        try:
-            write = plan_patch(
-                state,
-                ops,
-                source="tool_effect",
-                based_on={},
-                rules=rules,
-                event_key=event.event_key,
-                seq=seq,
-                observed_at=observed,
-                evidence=(f"call:{event.payload.call_id}", event.event_key),
-            )
-        except InvalidEvent:
-            # A catalog whose effect writes outside its own rules changes no state; the outcome
-            # itself is still recorded — it happened.
-            return None
-        return write, ops
-    return None
-
-
-def _counts_as_turn(event: Event) -> int:
-    """A user turn counts once per accepted new question."""
-    return int(isinstance(event, UserInputEvent) and is_new_question(event.payload.intent))
-
-
-def _counts_as_step(event: Event) -> int:
-    """A model step counts once per stored action response; completion checks never count."""
-    return int(isinstance(event, AssistantMessageEvent) and is_model_step(event.payload.purpose))
 
 
 def _check_policy(event: Event, tenant: str, reads: LedgerReads, chosen: Mapping[str, str]) -> str | None:
@@ -1135,14 +1069,14 @@ def texts_to_count(decoded: Sequence[Decoded | Rejection]) -> list[str]:
             isinstance(event, ToolOutcomeEvent) and event.payload.status is not ToolStatus.SUCCESS
         ) or isinstance(event, ResourceActivatedEvent):
             texts.append(record_content(event.payload, text))
-        for call in _calls_of(event):
+        for call in _rendered_calls(event.payload):
             texts += (call.name, call.arguments, call.call_id)
     return texts
 
 
-def _calls_of(event: Event) -> list[RenderedCall]:
-    if isinstance(event, AssistantMessageEvent):
-        return [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in event.payload.tool_calls]
+def _rendered_calls(body: RecordBody) -> list[RenderedCall]:
+    if isinstance(body, AssistantMessagePayload):
+        return [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
     return []
 
 
@@ -1162,33 +1096,23 @@ def _build_record(
     blobs: list[Blob] = []
     blob_sha: str | None = None
     view_text: str | None = None
+    cut: tuple[int, str] | None = None  # the most tokens shown, and what is cut
+    keep: str | None = None
     if isinstance(event, ToolOutcomeEvent) and text:
-        text_sha = sha256_hex(raw_text)
+        cut = limits.tool_result_max_tokens, "output"
         # A failed output keeps its telling line even when it sits in the part the cut leaves out.
         keep = telling_line(text) if event.payload.status is not ToolStatus.SUCCESS else None
-        trimmed = trim_tool_text(
-            text,
-            counters["o200k_base"],
-            max_tokens=limits.tool_result_max_tokens,
-            blob_ref=blob_ref(text_sha),
-            keep=keep,
-        )
-        if trimmed is not None:
-            view_text = trimmed[0]
-            blob_sha = text_sha
     # A token is at least one byte: a text of fewer bytes than the limit is never counted to find out.
-    if isinstance(event, UserInputEvent) and len(raw_text) > limits.user_input_max_tokens:
+    elif isinstance(event, UserInputEvent) and len(raw_text) > limits.user_input_max_tokens:
+        cut = limits.user_input_max_tokens, "input"
+    if cut is not None:
         text_sha = sha256_hex(raw_text)
+        ref = blob_ref(text_sha)
         trimmed = trim_tool_text(
-            text,
-            counters["o200k_base"],
-            max_tokens=limits.user_input_max_tokens,
-            blob_ref=blob_ref(text_sha),
-            what="input",
+            text, counters["o200k_base"], max_tokens=cut[0], blob_ref=ref, keep=keep, what=cut[1]
         )
         if trimmed is not None:
-            view_text = trimmed[0]
-            blob_sha = text_sha
+            view_text, blob_sha = trimmed[0], text_sha
     mask_text: str | None = None
     if isinstance(event, ToolOutcomeEvent) and len(text) > limits.mask_min_chars:
         # Old outputs can later be shown as this preview; the full text must then be readable back.
@@ -1199,7 +1123,7 @@ def _build_record(
     if blob_sha is not None:
         blobs.append(Blob(blob_sha, raw_text))
     content = record_content(event.payload, view_text if view_text is not None else text)
-    calls = _calls_of(event)
+    calls = _rendered_calls(event.payload)
     tokens = _counted(counters, content, calls)
     mask_tokens = None
     if mask_text is not None:
@@ -1257,12 +1181,7 @@ def deferred_tokens(
         return TokenCounts(o200k_base=o200k_base, cl100k_base=cl100k_base)
 
     def count() -> int:
-        body = parse_body(EventKind(kind), payload)
-        calls = (
-            [RenderedCall(c.call_id, c.name, arguments_json(c.args)) for c in body.tool_calls]
-            if isinstance(body, AssistantMessagePayload)
-            else []
-        )
+        calls = _rendered_calls(parse_body(EventKind(kind), payload))
         return count_rendered(counter_for("cl100k_base"), content_of(kind, payload, text), calls)
 
     return TokenCounts(o200k_base=o200k_base, cl100k_base=count)

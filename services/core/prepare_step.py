@@ -104,8 +104,6 @@ class Recount:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The reply."""
-
     prepared: PreparedContext
 
 
@@ -129,8 +127,6 @@ class CompactionWait:
 
 @dataclass(frozen=True, slots=True)
 class PrepareProgress:
-    """What one prepare knows so far."""
-
     # The calibration the budget is counted with now.
     calibration: Calibration
     # The view's window rolls over: this prepare decides, from its first assembly, whether it closes.
@@ -156,7 +152,6 @@ class PrepareProgress:
 
 
 def next_step(p: PrepareProgress) -> PrepareStep:
-    """What the prepare does next."""
     if p.rollover_window and p.decision is None:
         return Assemble(p.depth, measure_window=True)
     decision = p.decision

@@ -36,23 +36,20 @@ from contracts import (
 )
 from services.core.hashing import canonical_json, sha256_hex
 from services.core.providers.anthropic_messages import content_sources, message_blocks
-from services.core.providers.openai_responses import input_items, input_sources
+from services.core.providers.bundle import leading_system
+from services.core.providers.openai_responses import INSTRUCTIONS_JOIN, input_items, input_sources
 
 __all__ = [
-    "INSTRUCTIONS_JOIN",
     "PreparedUnit",
     "RequestUnit",
     "authority_of",
     "block_hash",
     "build_manifest",
     "instruction_lengths",
-    "prepared_chat_digests",
     "prepared_units",
     "request_units",
 ]
 
-# How ``openai.responses`` joins the leading system messages into ``instructions``.
-INSTRUCTIONS_JOIN = "\n\n"
 # The record kinds whose words a block carries, from strongest to weakest claim on the block.
 _BY_RECORD = (
     ("tool_outcome", Authority.TOOL_OUTPUT),
@@ -76,7 +73,6 @@ class RequestUnit:
 
     @property
     def digest(self) -> str:
-        """sha256 of the unit's canonical JSON."""
         return sha256_hex(canonical_json(self.value))
 
 
@@ -126,7 +122,7 @@ def build_manifest(
     required = [n for n, b in enumerate(blocks) if b.retention is Retention.REQUIRED]
     if not required:
         return ()
-    leading = _leading_count(messages)
+    leading = leading_system(messages)
     out: list[ProtectedBlock] = []
     for n in required:
         block = blocks[n]
@@ -147,7 +143,6 @@ def build_manifest(
 
 
 def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
-    """Every unit of the prepared request, each with its block."""
     owners = _owners(prepared.blocks, len(prepared.messages))
     body = _body(prepared)
     units = request_units(prepared.format, body, instruction_lengths(prepared))
@@ -158,28 +153,11 @@ def prepared_units(prepared: PreparedContext) -> tuple[PreparedUnit, ...]:
     )
 
 
-def _chat_digests(message: ChatMessage) -> tuple[str, str | None]:
-    """sha256 of ``message``'s unit (its canonical JSON) and of the unit's text, if it is text only."""
-    unit = _chat_unit(message.model_dump(mode="json", exclude_none=True), False)
-    return unit.digest, sha256_hex(unit.text.encode()) if unit.text is not None else None
-
-
-def prepared_chat_digests(prepared: PreparedContext) -> tuple[tuple[str | None, str, str | None], ...]:
-    """Per message of an ``openai.chat`` context: its block, its unit's digest and its text's digest.
-
-    The same units as :func:`prepared_units` (a Chat request has one unit per message, whose value is
-    the message as sent), hashed without rendering the request body.
-    """
-    assert prepared.format == "openai.chat"
-    owners = _owners(prepared.blocks, len(prepared.messages))
-    return tuple((owners[n], *_chat_digests(m)) for n, m in enumerate(prepared.messages))
-
-
 def instruction_lengths(prepared: PreparedContext) -> tuple[int, ...]:
     """The lengths of the texts ``instructions`` joins (``openai.responses``; empty otherwise)."""
     if prepared.format != "openai.responses":
         return ()
-    leading = _leading_count(prepared.messages)
+    leading = leading_system(prepared.messages)
     return tuple(len(m.content or "") for m in prepared.messages[:leading])
 
 
@@ -259,13 +237,6 @@ def _block_units(
             return system + [_anthropic_unit(role, b, leading=False) for role, b in rest]
         case _:
             assert_never(format)
-
-
-def _leading_count(messages: Sequence[ChatMessage]) -> int:
-    n = 0
-    while n < len(messages) and messages[n].role == "system":
-        n += 1
-    return n
 
 
 def _chat_units(messages: Sequence[ChatMessage], first: int, count: int, leading: int) -> list[RequestUnit]:

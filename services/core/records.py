@@ -81,7 +81,6 @@ class TokenCounts:
         return self._cl100k
 
     def get(self, encoding: EncodingName) -> int:
-        """Tokens in ``encoding``."""
         return self.o200k_base if encoding == "o200k_base" else self.cl100k_base
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -137,7 +136,6 @@ _BODIES: dict[EventKind, type[RecordBody]] = {
 
 
 def ascending_by_seq(records: Iterable[LedgerRecord]) -> bool:
-    """Whether ``records`` come in strictly ascending seq order."""
     return all(a.seq < b.seq for a, b in itertools.pairwise(records))
 
 

@@ -8,6 +8,14 @@ appear with instruction authority.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from typing import assert_never
+
+from pydantic import JsonValue
+
 from contracts import (
     AssistantMessagePayload,
     ChildResultPayload,
@@ -21,30 +29,19 @@ from contracts import (
     StatePatchPayload,
     SystemPayload,
     ToolOutcomePayload,
+    ToolStatus,
     UserInputPayload,
 )
-
-import json
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-
-from typing import assert_never
-
-from pydantic import JsonValue
-
-from contracts import ToolStatus
 
 from services.core.records import RecordBody, TokenCounts, parse_body
 from services.core import json_text
 from services.core.context_tools import read_back_with_tool
-from services.core.tokens import EncodingName, TokenCounter
+from services.core.tokens import EncodingName, TokenCounter, estimate_tokens
 
 __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_PRIMING",
     "TOOL_CALL_OVERHEAD",
-    "TOOL_SCHEMA_OVERHEAD",
     "RenderedCall",
     "TokenCounts",
     "arguments_json",
@@ -57,18 +54,16 @@ __all__ = [
     "read_back_with_tool",
     "record_content",
     "telling_line",
-    "tool_wire_text",
     "trim_to_fit",
     "trim_tool_text",
 ]
 
 # Chat-format overheads in tokens, after OpenAI's published counting recipe: every message costs
-# ~3 tokens plus its role, the reply is primed with 3, and each tool call or tool schema carries
-# wrapper fields. They are constants so that the same history always costs the same.
+# ~3 tokens plus its role, the reply is primed with 3, and each tool call carries wrapper fields.
+# They are constants so that the same history always costs the same.
 MESSAGE_OVERHEAD = 4
 REPLY_PRIMING = 3
 TOOL_CALL_OVERHEAD = 3
-TOOL_SCHEMA_OVERHEAD = 8
 
 _BLOB_REF = re.compile(r"ctx://blob/[0-9a-f]{64}")
 # How every stored preview names its blob (the recorder's head + tail and mask markers).
@@ -88,8 +83,6 @@ _KEPT_PREFIX = "[telling line: "
 
 @dataclass(frozen=True, slots=True)
 class RenderedCall:
-    """A tool call as the model sees it."""
-
     call_id: str
     name: str
     arguments: str
@@ -215,25 +208,13 @@ def count_record(
     )
 
 
-def count_rendered(counter: TokenCounter, content: str, calls: Sequence[RenderedCall]) -> int:
-    """:func:`count_record` in one encoding."""
-    n = counter.count(content)
+def count_rendered(counter: TokenCounter | None, content: str, calls: Sequence[RenderedCall]) -> int:
+    """:func:`count_record` in one encoding (``None``: the bytes/4 estimate)."""
+    n = _count(counter, content)
     for call in calls:
-        n += counter.count(call.name) + counter.count(call.arguments) + counter.count(call.call_id)
+        n += _count(counter, call.name) + _count(counter, call.arguments) + _count(counter, call.call_id)
         n += TOOL_CALL_OVERHEAD
     return n
-
-
-def tool_wire_text(name: str, description: str, parameters: Mapping[str, JsonValue]) -> str:
-    """One entry of the ``tools`` array as the provider is sent it (OpenAI function shape)."""
-    return json.dumps(
-        {
-            "type": "function",
-            "function": {"name": name, "description": description, "parameters": parameters},
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
 
 
 def read_back_ref(text: str) -> str | None:
@@ -285,9 +266,7 @@ def trim_to_fit(text: str, counter: TokenCounter | None, *, max_tokens: int, rea
 
 
 def _count(counter: TokenCounter | None, text: str) -> int:
-    if counter is not None:
-        return counter.count(text)
-    return (len(text.encode("utf-8")) + 3) // 4
+    return counter.count(text) if counter is not None else estimate_tokens(text)
 
 
 def _head_tail(counter: TokenCounter | None, text: str, head_n: int, tail_n: int) -> tuple[str, str]:

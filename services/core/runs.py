@@ -37,8 +37,6 @@ __all__ = ["Lifecycle", "LifecycleChange", "RunState", "ThreadMeta"]
 
 @dataclass(frozen=True, slots=True)
 class RunState:
-    """A run as stored."""
-
     run_id: str
     session_id: str
     status: str
@@ -89,7 +87,6 @@ class Lifecycle:
         principals: Mapping[str, str | None],
         releases: Mapping[str, str | None] | None = None,
     ) -> Lifecycle:
-        """Start from the store's view of the batch's sessions, runs and threads."""
         return cls(dict(runs), dict(active), dict(threads), dict(principals), dict(releases or {}))
 
     def check(self, event: Event, thread_id: str, *, session_known: bool) -> LifecycleChange:
@@ -101,14 +98,9 @@ class Lifecycle:
             change = self._check_new_thread(event, thread_id)
         else:
             change = self._check_resume(event, meta)
-        role = change.new_thread.role if change.new_thread else (meta.role if meta else "main")
-        self._check_kind(event, role)
-        parent = (
-            change.new_thread.parent_thread_id
-            if change.new_thread
-            else (meta.parent_thread_id if meta else None)
-        )
-        self._check_export(event, parent)
+        thread = change.new_thread or meta
+        self._check_kind(event, thread.role if thread else "main")
+        self._check_export(event, thread.parent_thread_id if thread else None)
         status = (
             (event.run_id, event.payload.status) if isinstance(event, RunStatusEvent) else change.run_status
         )

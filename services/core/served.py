@@ -16,6 +16,7 @@ closed set of reasons (:data:`ChangeReason`). Invariants of :func:`diff_served`:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, assert_never
@@ -83,7 +84,6 @@ class ServedContext(BaseModel):
 
 
 def served_of(prepared: PreparedContext, tenant: str) -> tuple[ServedContext, dict[str, str]]:
-    """The manifest of ``prepared`` and its blocks' texts by digest."""
     texts: dict[str, str] = {}
     blocks: list[ServedBlock] = []
     for b in prepared.blocks:
@@ -149,11 +149,7 @@ class ServedDiff:
     stable_prefix_blocks: int
 
     def counts(self) -> Mapping[str, int]:
-        """How many blocks were added, removed and changed."""
-        found = {"added": 0, "removed": 0, "changed": 0}
-        for c in self.changes:
-            found[c.change] += 1
-        return found
+        return {"added": 0, "removed": 0, "changed": 0} | Counter(c.change for c in self.changes)
 
 
 def _stable_prefix(before: Sequence[ServedBlock], after: Sequence[ServedBlock]) -> tuple[int, int]:

@@ -15,31 +15,24 @@ Rules (docs/design.md, "State"), one function each:
 
 from __future__ import annotations
 
-from contracts import (
-    AssistantMessagePayload,
-    ChildResultPayload,
-    ContextExportPayload,
-    ContextResetPayload,
-    EventKind,
-    OperationReconcilePayload,
-    PhaseChangePayload,
-    ResourceActivatedPayload,
-    RunStatusPayload,
-    StatePatchPayload,
-    SystemPayload,
-    ToolOutcomePayload,
-    UserInputPayload,
-)
-
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, assert_never
+from typing import Literal
 
 from pydantic import JsonValue
 
-from contracts import PatchOp, PathRule, ToolCatalog, ToolSpec
+from contracts import (
+    AssistantMessagePayload,
+    EventKind,
+    PatchOp,
+    PathRule,
+    StatePatchPayload,
+    ToolCatalog,
+    ToolOutcomePayload,
+    ToolSpec,
+)
 
 from contracts.exceptions import (
     AuthorityViolation,
@@ -49,7 +42,7 @@ from contracts.exceptions import (
     UnregisteredPath,
 )
 from services.core.hashing import canonical_json, sha256_hex
-from services.core.records import parse_body
+from services.core.records import RecordBody, parse_body
 
 __all__ = [
     "AUTHORITY",
@@ -62,6 +55,7 @@ __all__ = [
     "pattern_regex",
     "plan_patch",
     "rebuild_state",
+    "record_write",
     "render_facts",
     "state_hash",
     "tool_spec",
@@ -70,52 +64,22 @@ __all__ = [
 _Verdict = Literal["commit", "proposal", "deny"]
 # The authority matrix (docs/design.md, "Who may write what"). "Confirmation" (a user on a business fact)
 # commits; "Proposal" is recorded, not applied.
-AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
-    "tool_fact": {
-        "tool_effect": "commit",
-        "user": "deny",
-        "model_proposal": "deny",
-        "orchestrator": "commit",
-    },
-    "goal": {"tool_effect": "deny", "user": "commit", "model_proposal": "proposal", "orchestrator": "commit"},
-    "preference": {
-        "tool_effect": "deny",
-        "user": "commit",
-        "model_proposal": "proposal",
-        "orchestrator": "commit",
-    },
-    "business_fact": {
-        "tool_effect": "commit",
-        "user": "commit",
-        "model_proposal": "deny",
-        "orchestrator": "commit",
-    },
-    "plan": {
-        "tool_effect": "proposal",
-        "user": "commit",
-        "model_proposal": "commit",
-        "orchestrator": "commit",
-    },
-    "open_question": {
-        "tool_effect": "proposal",
-        "user": "commit",
-        "model_proposal": "commit",
-        "orchestrator": "commit",
-    },
-    "audit": {"tool_effect": "deny", "user": "deny", "model_proposal": "deny", "orchestrator": "commit"},
+_SOURCES = ("tool_effect", "user", "model_proposal", "orchestrator")
+_MATRIX: Mapping[str, tuple[_Verdict, _Verdict, _Verdict, _Verdict]] = {
+    "tool_fact": ("commit", "deny", "deny", "commit"),
+    "goal": ("deny", "commit", "proposal", "commit"),
+    "preference": ("deny", "commit", "proposal", "commit"),
+    "business_fact": ("commit", "commit", "deny", "commit"),
+    "plan": ("proposal", "commit", "commit", "commit"),
+    "open_question": ("proposal", "commit", "commit", "commit"),
+    "audit": ("deny", "deny", "deny", "commit"),
     # Constraints keep the user's own words; a model may suggest one, never impose it.
-    "constraint": {
-        "tool_effect": "deny",
-        "user": "commit",
-        "model_proposal": "proposal",
-        "orchestrator": "commit",
-    },
-    "decision": {
-        "tool_effect": "proposal",
-        "user": "commit",
-        "model_proposal": "commit",
-        "orchestrator": "commit",
-    },
+    "constraint": ("deny", "commit", "proposal", "commit"),
+    "decision": ("proposal", "commit", "commit", "commit"),
+}
+# Per path kind, per source (the columns of ``_MATRIX``, in ``_SOURCES`` order).
+AUTHORITY: Mapping[str, Mapping[str, _Verdict]] = {
+    kind: dict(zip(_SOURCES, row, strict=True)) for kind, row in _MATRIX.items()
 }
 # The plan lifecycle: where a plan's status may go from where it is.
 PLAN_TRANSITIONS: Mapping[str | None, frozenset[str]] = {
@@ -179,10 +143,6 @@ def aggregate_of(path: str) -> str:
 
 def pattern_regex(pattern: str) -> re.Pattern[str]:
     """A registered pattern (``item:{id}.location``) as a regex over concrete paths."""
-    return _pattern_regex(pattern)
-
-
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
     parts = re.split(r"(\{[A-Za-z0-9_]+\})", pattern)
     return re.compile(
         "^" + "".join("[A-Za-z0-9_\\-]+" if p.startswith("{") else re.escape(p) for p in parts) + "$"
@@ -191,7 +151,7 @@ def _pattern_regex(pattern: str) -> re.Pattern[str]:
 
 def _rule_for(path: str, rules: Sequence[PathRule]) -> PathRule:
     for rule in rules:
-        if _pattern_regex(rule.pattern).match(path):
+        if pattern_regex(rule.pattern).match(path):
             return rule
     raise UnregisteredPath(path)
 
@@ -270,28 +230,8 @@ def _supersede(
     older = observed_at is not None and current.observed_at is not None and observed_at < current.observed_at
     if older and _RANK[source] == _RANK[current.source] and current.value != value and not unknown:
         # Same rank, arriving late with an older observation: neither wins silently.
-        return Fact(
-            path,
-            current.value,
-            "conflicted",
-            current.source,
-            current.event_key,
-            current.seq,
-            current.observed_at,
-            supersedes=event_key,
-            superseded_value=value,
-        )
-    return Fact(
-        path,
-        value,
-        status,
-        source,
-        event_key,
-        seq,
-        observed_at,
-        supersedes=current.event_key,
-        superseded_value=current.value,
-    )
+        return replace(current, status="conflicted", supersedes=event_key, superseded_value=value)
+    return Fact(path, value, status, source, event_key, seq, observed_at, current.event_key, current.value)
 
 
 def plan_patch(
@@ -403,73 +343,76 @@ def render_facts(facts: Iterable[Fact]) -> str:
     return "\n".join(lines)
 
 
+def record_write(
+    body: RecordBody,
+    state: StateView,
+    catalog: ToolCatalog | None,
+    call: tuple[str, Mapping[str, JsonValue]] | None,
+    *,
+    event_key: str,
+    seq: int,
+    observed_at: str | None,
+) -> tuple[StateWrite, tuple[PatchOp, ...]] | None:
+    """The state change a record makes: its own typed patch, or the declared effects of the tool whose
+    call (``call``: its name and arguments) it answers. A patch the rules refuse raises InvalidEvent."""
+    rules = catalog.paths if catalog else ()
+    if isinstance(body, StatePatchPayload):
+        write = plan_patch(
+            state,
+            body.ops,
+            source=body.source,
+            based_on=body.based_on_version,
+            rules=rules,
+            event_key=event_key,
+            seq=seq,
+            observed_at=observed_at,
+            evidence=body.evidence,
+        )
+        return write, body.ops
+    if not isinstance(body, ToolOutcomePayload) or call is None:
+        return None
+    spec = tool_spec(catalog, call[0])
+    ops = tuple(effects_of(spec, call[1], body.status.value, body.text)) if spec else ()
+    if not ops:
+        return None
+    try:
+        write = plan_patch(
+            state,
+            ops,
+            source="tool_effect",
+            based_on={},
+            rules=rules,
+            event_key=event_key,
+            seq=seq,
+            observed_at=observed_at,
+            evidence=(f"call:{body.call_id}", event_key),
+        )
+    except InvalidEvent:
+        # A catalog whose effect writes outside its own rules changes no state; the outcome
+        # itself is still recorded — it happened.
+        return None
+    return write, ops
+
+
 def rebuild_state(
     records: Iterable[tuple[int, str, str, Mapping[str, JsonValue], str, str | None]],
     catalog: ToolCatalog | None,
 ) -> StateView:
     """Replay a thread's records (seq, event key, kind, payload, full text, client time) into its state.
 
-    The recorder wrote the same facts through the same functions, so a stored projection that differs
-    from this replay was changed outside the write path.
+    The recorder wrote the same facts through the same function (``record_write``), so a stored
+    projection that differs from this replay was changed outside the write path.
     """
     state = StateView()
     calls: dict[str, tuple[str, Mapping[str, JsonValue]]] = {}
-    rules = catalog.paths if catalog else ()
     for seq, key, kind, payload, text, observed in records:
-        body = parse_body(EventKind(kind), payload)
-        match body:
-            case AssistantMessagePayload():
-                calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)
-            case StatePatchPayload():
-                state.apply(
-                    plan_patch(
-                        state,
-                        body.ops,
-                        source=body.source,
-                        based_on=body.based_on_version,
-                        rules=rules,
-                        event_key=key,
-                        seq=seq,
-                        observed_at=observed,
-                        evidence=body.evidence,
-                    )
-                )
-            case ToolOutcomePayload():
-                if catalog is None:
-                    continue
-                name, args = calls.get(body.call_id, ("", {}))
-                spec = tool_spec(catalog, name)
-                ops = effects_of(spec, args, body.status.value, text) if spec else []
-                if ops:
-                    try:
-                        state.apply(
-                            plan_patch(
-                                state,
-                                ops,
-                                source="tool_effect",
-                                based_on={},
-                                rules=rules,
-                                event_key=key,
-                                seq=seq,
-                                observed_at=observed,
-                            )
-                        )
-                    except InvalidEvent:
-                        pass
-            case (
-                SystemPayload()
-                | UserInputPayload()
-                | ResourceActivatedPayload()
-                | ChildResultPayload()
-                | RunStatusPayload()
-                | ContextExportPayload()
-                | ContextResetPayload()
-                | OperationReconcilePayload()
-                | PhaseChangePayload()
-            ):
-                pass  # the recorder writes facts for patches and tool effects only (ledger._state_write)
-            case _:
-                assert_never(body)
+        body = parse_body(EventKind(kind), payload, text)
+        if isinstance(body, AssistantMessagePayload):
+            calls.update((c.call_id, (c.name, c.args)) for c in body.tool_calls)
+        call = calls.get(body.call_id) if isinstance(body, ToolOutcomePayload) else None
+        write = record_write(body, state, catalog, call, event_key=key, seq=seq, observed_at=observed)
+        if write is not None:
+            state.apply(write[0])
     return state
 
 
@@ -485,7 +428,6 @@ def state_hash(state: StateView) -> str:
 
 
 def tool_spec(catalog: ToolCatalog | None, name: str) -> ToolSpec | None:
-    """The declared spec of a tool in a release catalog."""
     if catalog is None:
         return None
     return next((t for t in catalog.tools if t.name == name), None)

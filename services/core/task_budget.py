@@ -27,9 +27,7 @@ from services.core.records import LedgerRecord
 from services.core.tokens import EncodingName
 from contracts.exceptions import TaskBudgetExhausted
 
-__all__ = ["DIMENSIONS", "ensure_within", "ledger_of", "task_budget_report"]
-
-DIMENSIONS = TASK_BUDGET_DIMENSIONS
+__all__ = ["ensure_within", "ledger_of", "task_budget_report"]
 
 
 def ledger_of(
@@ -90,7 +88,7 @@ def task_budget_report(budget: TaskBudget, spent: BudgetLedger) -> TaskBudgetRep
     limits: dict[str, int | float] = {}
     remaining: dict[str, int | float] = {}
     exhausted: list[str] = []
-    for name in DIMENSIONS:
+    for name in TASK_BUDGET_DIMENSIONS:
         limit: int | float | None = getattr(budget, name)
         if limit is None:
             continue

@@ -149,7 +149,6 @@ class TokenCounter:
         self._last: tuple[str, int, list[int] | None] = ("", 0, None)
 
     def count(self, text: str) -> int:
-        """Tokens in ``text``."""
         if not text:
             return 0
         last_text, last_n, _ = self._last
@@ -207,7 +206,6 @@ class CountAhead:
 
     @property
     def chars(self) -> int:
-        """How much there is to count."""
         return sum(map(len, self._joined)) + sum(map(len, self._alone))
 
     def encode(self) -> None:

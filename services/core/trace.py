@@ -27,8 +27,6 @@ class TraceFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceCall:
-    """A tool call in a trace."""
-
     call_id: str
     name: str
     args: dict[str, JsonValue]
@@ -36,8 +34,6 @@ class TraceCall:
 
 @dataclass(frozen=True, slots=True)
 class TraceLine:
-    """One trace event."""
-
     line: int
     kind: str
     text: str
@@ -52,7 +48,6 @@ class TraceLine:
 
 
 def read_trace(path: Path) -> list[TraceLine]:
-    """Every event of a trace file, validated."""
     with path.open(encoding="utf-8") as fh:
         return list(_parse(str(path), fh))
 

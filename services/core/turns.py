@@ -25,12 +25,10 @@ def is_model_step(purpose: str) -> bool:
 
 
 def counts_as_turn(body: RecordBody) -> bool:
-    """Whether a record is a user turn (a new question)."""
     return isinstance(body, UserInputPayload) and is_new_question(body.intent)
 
 
 def counts_as_step(body: RecordBody) -> bool:
-    """Whether a record is a model step (an action response)."""
     return isinstance(body, AssistantMessagePayload) and is_model_step(body.purpose)
 
 

@@ -15,7 +15,7 @@ from contracts import Event
 from services.core.ledger import batch_keys
 from services.core.ledger import (
     RecordingLimits,
-    _calls_of,  # the recorder's own rendering of an event's calls
+    _rendered_calls,  # the recorder's own rendering of an event's calls
     decode_batch,
     plan_batch,
 )
@@ -52,7 +52,7 @@ def _eager(events: list[Event]) -> dict[str, tuple[int, int]]:
         event = by_key[r.event_key]
         payload = event.payload.model_dump(mode="json", exclude={"text"})
         shown = r.view_text if r.view_text is not None else getattr(event.payload, "text", "") or ""
-        both = count_record(counters, content_of(event.kind, payload, shown), _calls_of(event))
+        both = count_record(counters, content_of(event.kind, payload, shown), _rendered_calls(event.payload))
         out[r.event_key] = (both.o200k_base, both.cl100k_base)
     return out
 

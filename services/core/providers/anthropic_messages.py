@@ -43,7 +43,7 @@ from typing import Literal, assert_never
 from pydantic import JsonValue
 
 from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
-from services.core.providers.bundle import ContextBundle
+from services.core.providers.bundle import ContextBundle, leading_system
 from contracts.exceptions import InvalidRequest
 
 __all__ = [
@@ -127,10 +127,8 @@ def cache_breakpoints(messages: Sequence[ChatMessage], blocks: Sequence[ContextB
     """Where ``anthropic_request`` puts its message breakpoints, as counts of leading canonical
     messages: the leading system messages, the head's end and the history's end (the tools' own
     breakpoint lies before every message)."""
-    system = 0
-    while system < len(messages) and messages[system].role == "system":
-        system += 1
-    return tuple(sorted({n for n in (system, _head_end(blocks), _history_end(blocks)) if n > 0}))
+    ends = (leading_system(messages), _head_end(blocks), _history_end(blocks))
+    return tuple(sorted({n for n in ends if n > 0}))
 
 
 def message_blocks(
@@ -150,12 +148,8 @@ def content_sources(messages: Sequence[ChatMessage]) -> list[int]:
 
 def _body_items(messages: Sequence[ChatMessage], failed: frozenset[str]) -> tuple[list[int], list[_Item]]:
     """The leading system messages that become ``system`` blocks, and the content blocks after them."""
-    start = 0
-    system: list[int] = []
-    while start < len(messages) and messages[start].role == "system":
-        if messages[start].content:
-            system.append(start)
-        start += 1
+    start = leading_system(messages)
+    system = [i for i in range(start) if messages[i].content]
     items = _items(messages, start, failed)
     if items and items[0].role == "assistant":
         items.insert(0, _Item("user", {"type": "text", "text": CONTINUES_TEXT}, -1))

@@ -8,11 +8,12 @@ where the stable prefix ends (cache breakpoints) — and finds it here, so it ne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from contracts import BlockKind, ChatMessage, ContextBlock, ToolSchema
+from contracts import ChatMessage, ContextBlock, ToolSchema
 
-__all__ = ["ContextBundle"]
+__all__ = ["ContextBundle", "leading_system"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +27,10 @@ class ContextBundle:
     # ``tool_call_id``s of tool messages whose outcome was not a success.
     error_call_ids: frozenset[str] = frozenset()
 
-    def kind_of(self, index: int) -> BlockKind | None:
-        """The kind of the block that produced message ``index``."""
-        for block in self.blocks:
-            if block.first_message <= index < block.first_message + block.message_count:
-                return block.kind
-        return None
+
+def leading_system(messages: Sequence[ChatMessage]) -> int:
+    """How many system messages open ``messages``: the instruction position of every provider shape."""
+    for index, message in enumerate(messages):
+        if message.role != "system":
+            return index
+    return len(messages)

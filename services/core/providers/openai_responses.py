@@ -20,51 +20,40 @@ from pydantic import JsonValue
 
 from contracts import ChatMessage, ToolSchema
 
-from .bundle import ContextBundle
+from .bundle import ContextBundle, leading_system
 
-__all__ = ["input_items", "input_sources", "responses_request"]
+__all__ = ["INSTRUCTIONS_JOIN", "input_items", "input_sources", "responses_request"]
 
 # Two newlines keep separately recorded instructions separate paragraphs, as Chat shows them.
-_INSTRUCTIONS_JOIN = "\n\n"
+INSTRUCTIONS_JOIN = "\n\n"
 
 
 def responses_request(bundle: ContextBundle) -> dict[str, JsonValue]:
     """``{"instructions"?, "input", "tools"}`` for ``POST /v1/responses``."""
-    leading = _leading_system(bundle.messages)
+    leading = leading_system(bundle.messages)
     body: dict[str, JsonValue] = {}
     if leading:
-        body["instructions"] = _INSTRUCTIONS_JOIN.join(m.content or "" for m in bundle.messages[:leading])
+        body["instructions"] = INSTRUCTIONS_JOIN.join(m.content or "" for m in bundle.messages[:leading])
     items: list[JsonValue] = []
     for message in bundle.messages[leading:]:
-        items.extend(_input_items(message))
+        items.extend(input_items(message))
     body["input"] = items
     body["tools"] = [_tool(t) for t in bundle.tools]
     return body
 
 
-def input_items(message: ChatMessage) -> list[JsonValue]:
-    """The ``input`` items of one message past the leading system ones."""
-    return _input_items(message)
-
-
 def input_sources(messages: tuple[ChatMessage, ...]) -> tuple[int, list[int]]:
     """How many leading system messages ``instructions`` joins, and the canonical message each
     ``input`` item comes from, in order."""
-    leading = _leading_system(messages)
+    leading = leading_system(messages)
     sources: list[int] = []
     for index in range(leading, len(messages)):
-        sources.extend(index for _ in _input_items(messages[index]))
+        sources.extend(index for _ in input_items(messages[index]))
     return leading, sources
 
 
-def _leading_system(messages: tuple[ChatMessage, ...]) -> int:
-    for index, message in enumerate(messages):
-        if message.role != "system":
-            return index
-    return len(messages)
-
-
-def _input_items(message: ChatMessage) -> list[JsonValue]:
+def input_items(message: ChatMessage) -> list[JsonValue]:
+    """The ``input`` items of one message past the leading system ones."""
     match message.role:
         case "system":
             return [_message("developer", message.content or "")]

@@ -32,8 +32,6 @@ _PRESSURE = (WaterLevel.YELLOW, WaterLevel.ORANGE, WaterLevel.RED)
 
 
 class WindowAction(StrEnum):
-    """What the fleet does with the current window."""
-
     CONTINUE = "continue"
     TRIM = "trim"
     PREPARE_ROLLOVER = "prepare_rollover"

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from contracts import (
     AssistantMessagePayload,
     BlockKind,
-    ChatMessage,
     PathRule,
     Retention,
     ToolOutcomePayload,
@@ -27,7 +26,7 @@ from contracts.windows import RolloverTrigger, WindowHandoff
 from services.core.compaction.files import files_of_call
 from services.core.compaction.structured import error_line
 from services.core.failures import failure_of
-from services.core.groups import DraftBlock
+from services.core.groups import DraftBlock, user_block
 from services.core.records import LedgerRecord
 from services.core.state import Fact, StateView, state_hash
 from services.core.windows.signals import operations_of, path_kind
@@ -165,15 +164,9 @@ def render_handoff(handoff: WindowHandoff) -> str:
 
 def handoff_block(handoff: WindowHandoff) -> DraftBlock:
     """The handoff as a required block: stable for the whole window, so it sits in the cached prefix."""
-    return DraftBlock(
-        block_id=f"handoff:{handoff.new_window}",
-        kind=BlockKind.STATE,
-        retention=Retention.REQUIRED,
-        priority=0,
-        reason=f"window handoff {handoff.handoff_id} ({handoff.trigger.value}): what the closed window left",
-        records=[],
-        messages=[ChatMessage(role="user", content=render_handoff(handoff))],
-    )
+    reason = f"window handoff {handoff.handoff_id} ({handoff.trigger.value}): what the closed window left"
+    text = render_handoff(handoff)
+    return user_block(f"handoff:{handoff.new_window}", BlockKind.STATE, Retention.REQUIRED, 0, reason, text)
 
 
 def _paths(facts: Sequence[Fact]) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from contracts import (
 
 from services.core.records import LedgerRecord
 from services.core.state import StateView, pattern_regex
+from services.core.tokens import EncodingName
 
 __all__ = [
     "Operations",
@@ -81,22 +82,15 @@ def operations_of(records: Sequence[LedgerRecord], *, recent: int = 10) -> Opera
     return Operations(active, tuple(op for op, _ in ordered)[-recent:])
 
 
-def low_value_share(records: Sequence[LedgerRecord], encoding: str = "o200k_base") -> float:
+def low_value_share(records: Sequence[LedgerRecord], encoding: EncodingName = "o200k_base") -> float:
     """Share of the window's tokens held by tool outputs older than its newest groups (closing
     trigger 4): bulk the next step no longer works with, which a clean window leaves in the ledger."""
-    total = sum(_tokens(r, encoding) for r in records)
+    total = sum(r.tokens.get(encoding) for r in records)
     if total == 0:
         return 0.0
-    outcomes = [r for r in records if isinstance(r.body, ToolOutcomePayload)]
-    recent_calls = {
-        r.body.call_id for r in outcomes[-_RECENT_GROUPS:] if isinstance(r.body, ToolOutcomePayload)
-    }
-    old = sum(
-        _tokens(r, encoding)
-        for r in outcomes
-        if isinstance(r.body, ToolOutcomePayload) and r.body.call_id not in recent_calls
-    )
-    return old / total
+    outcomes = [(r, r.body.call_id) for r in records if isinstance(r.body, ToolOutcomePayload)]
+    recent_calls = {call for _, call in outcomes[-_RECENT_GROUPS:]}
+    return sum(r.tokens.get(encoding) for r, call in outcomes if call not in recent_calls) / total
 
 
 def phase_boundary(records: Sequence[LedgerRecord], opened_after: int) -> bool:
@@ -137,7 +131,3 @@ def path_kind(path: str, rules: Sequence[PathRule]) -> str:
         if pattern_regex(rule.pattern).fullmatch(path):
             return rule.kind
     return "business_fact"
-
-
-def _tokens(record: LedgerRecord, encoding: str) -> int:
-    return record.tokens.cl100k_base if encoding == "cl100k_base" else record.tokens.o200k_base
