@@ -72,7 +72,6 @@ def reply_rule(settings: Settings, nats_urls: tuple[str, ...]) -> ReplyRule:
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
-    """The recorder limits a settings object describes."""
     return RecordingLimits(
         max_event_bytes=settings.limits.max_event_bytes,
         tool_result_max_tokens=settings.limits.tool_result_max_tokens,

@@ -172,7 +172,6 @@ def error_reply(exc: Exception) -> ErrorReply:
 
 
 def error_response(exc: Exception) -> NatsResponse:
-    """The NATS reply of a failure."""
     return NatsResponse(reply_json(error_reply(exc)), headers={"ctx-status": "error"})
 
 

@@ -87,7 +87,6 @@ class Responder:
 
     @property
     def in_hand(self) -> int:
-        """Requests taken and not answered yet."""
         return len(self._tasks)
 
     def endpoint(
