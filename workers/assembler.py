@@ -34,7 +34,7 @@ from contracts import (
 )
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
-from contracts.exceptions import CtxError, InvalidRequest
+from contracts.exceptions import CtxError
 from services.app.final_checks import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -49,7 +49,7 @@ from .final_check import gateway_router
 from .metrics import FleetMetrics, policy_label
 from .prepares_first import PreparesFirst
 from .queries import queries_router
-from .replies import Inbound, admitted, error_reply, inbound, parse_body, reply_with
+from .replies import Inbound, admitted, error_reply, inbound, parse_body, reply_with, require_subject_thread
 from .responder import Responder
 
 __all__ = ["AssemblerWorker"]
@@ -179,11 +179,7 @@ class AssemblerWorker:
         try:
             request = parse_body(PrepareRequest, body)
             purpose = request.purpose.value
-            if (request.run_id, request.instance_id) != (run_id, instance_id):
-                raise InvalidRequest(
-                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
-                    f"{run_id}.{instance_id}"
-                )
+            require_subject_thread(request.run_id, request.instance_id, f"{run_id}.{instance_id}")
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
             answered = time.perf_counter()
             answer = reply_json(prepared)
