@@ -203,7 +203,6 @@ class Admission:
         self.publish_gauges()
 
     def give_back(self) -> None:
-        """Hand the slot to the first one queued, or free it."""
         while self._queue:
             turn = self._queue.popleft()
             if not turn.done():

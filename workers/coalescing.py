@@ -193,6 +193,5 @@ class CoalescingWorker:
             self._scheduler.start()
 
     async def stop(self) -> None:
-        """Stop sweeping; let running work finish."""
         if self._scheduler is not None:
             await self._scheduler.stop()
