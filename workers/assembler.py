@@ -100,7 +100,6 @@ class AssemblerWorker:
             f"{PREPARE}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             title="prepare",
-            description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
@@ -115,17 +114,10 @@ class AssemblerWorker:
                 )
 
         def thread_query(
-            subject: str,
-            title: str,
-            description: str,
-            answer: Callable[[bytes, str, str], Awaitable[BaseModel]],
+            subject: str, title: str, answer: Callable[[bytes, str, str], Awaitable[BaseModel]]
         ) -> None:
             @responder.endpoint(
-                r,
-                f"{subject}.{{tenant}}.{{run_id}}.{{instance_id}}",
-                queue="assembler",
-                title=title,
-                description=description,
+                r, f"{subject}.{{tenant}}.{{run_id}}.{{instance_id}}", queue="assembler", title=title
             )
             async def on_request(message: Inbound) -> NatsResponse:
                 tenant, run_id, instance_id = message.tokens(3)
@@ -135,18 +127,8 @@ class AssemblerWorker:
                     lambda _slot: reply_with(lambda: answer(message.body, tenant, f"{run_id}.{instance_id}")),
                 )
 
-        thread_query(
-            INSPECT,
-            "inspect",
-            "InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
-            self._inspect,
-        )
-        thread_query(
-            CONTEXT_SHOW,
-            "context_show",
-            "ContextRequest in, ContextShown or ErrorReply out (request/reply).",
-            self._show,
-        )
+        thread_query(INSPECT, "inspect", self._inspect)
+        thread_query(CONTEXT_SHOW, "context_show", self._show)
 
         # Notices are never answered, whatever reply subject they carry: only requests are, by the
         # responder, and only to the requester's inbox (workers/responder.py, invariant 5).

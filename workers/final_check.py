@@ -34,11 +34,6 @@ def gateway_router(
         f"{GATEWAY_CHECK}.{{tenant}}.{{run_id}}.{{instance_id}}",
         queue="assembler",
         title="gateway_check",
-        description=(
-            "FinalCheckRequest in, FinalCheck or ErrorReply out: the request about to be sent, held to "
-            "its prepared context (context_protected_block_altered, context_addition_refused, "
-            "context_budget_exceeded, prepared_context_not_found)."
-        ),
     )
     async def on_check(message: Inbound) -> NatsResponse:
         tenant, run_id, instance_id = message.tokens(3)

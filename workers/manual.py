@@ -40,10 +40,6 @@ def manual_router(
         queue="compactor",
         max_tasks=1,
         title="compact",
-        description=(
-            "CompactRequest in, CompactReply or ErrorReply out: a manual compaction of the thread "
-            "(thread_not_found, nothing_to_compact, compaction_failed)."
-        ),
     )
     async def on_compact(message: Inbound) -> NatsResponse:
         tenant, run_id, instance_id = message.tokens(3)

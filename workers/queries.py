@@ -70,13 +70,12 @@ def queries_router(
     def serve(
         subject: str,
         title: str,
-        description: str,
         answer: _Answer,
         *,
         outcomes: Counter | None = None,
         seconds: Histogram | None = None,
     ) -> None:
-        @responder.endpoint(router, subject, queue="assembler", title=title, description=description)
+        @responder.endpoint(router, subject, queue="assembler", title=title)
         async def on_request(message: Inbound) -> NatsResponse:
             tokens = message.tokens(subject.count("{"))
             with seconds.time() if seconds is not None else nullcontext():
@@ -92,14 +91,12 @@ def queries_router(
     serve(
         f"{READ}.{{tenant}}",
         "read",
-        "ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
         lambda s, body, t: read_range(s, parse_body(ReadRequest, body), tenant=t[0]),
         outcomes=metrics.read_backs,
     )
     serve(
         f"{SEARCH}.{{tenant}}",
         "search",
-        "SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.",
         lambda s, body, t: search(s, parse_body(SearchRequest, body), tenant=t[0]),
         outcomes=metrics.searches,
         seconds=metrics.search_seconds,
@@ -107,43 +104,24 @@ def queries_router(
     serve(
         f"{OPERATION_STATUS}.{{tenant}}",
         "operation.status",
-        "OperationStatusRequest in, Receipt or ErrorReply out.",
         lambda s, body, t: operation_status(s, parse_body(OperationStatusRequest, body), tenant=t[0]),
     )
     serve(
         f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}",
         "session.inspect",
-        "A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
         lambda s, _body, t: inspect_session(s, t[0], t[1]),
     )
-    serve(
-        f"{POLICY_REGISTER}.{{tenant}}",
-        "policy.register",
-        "ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
-        _register_policy,
-    )
-    serve(
-        f"{TOOLS_REGISTER}.{{tenant}}",
-        "tools.register",
-        "ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release.",
-        _register_tools,
-    )
-    serve(
-        f"{HOOKS_REGISTER}.{{tenant}}",
-        "hooks.register",
-        "HookSet in, HooksRegistered or ErrorReply out: a new hook set revision of a release.",
-        _register_hooks,
-    )
+    serve(f"{POLICY_REGISTER}.{{tenant}}", "policy.register", _register_policy)
+    serve(f"{TOOLS_REGISTER}.{{tenant}}", "tools.register", _register_tools)
+    serve(f"{HOOKS_REGISTER}.{{tenant}}", "hooks.register", _register_hooks)
     serve(
         f"{SESSION_FORK}.{{tenant}}",
         "session.fork",
-        "ForkRequest in, SessionForked or ErrorReply out: a session branched at a seq.",
         lambda s, body, t: fork_session(s, t[0], parse_body(ForkRequest, body)),
     )
     serve(
         f"{SESSION_EXPORT}.{{tenant}}.{{session_id}}",
         "session.export",
-        "ExportRequest in, ExportPage or ErrorReply out: a page of the session as a trace.",
         lambda s, body, t: export_page(
             s, t[0], t[1], parse_body(ExportRequest, body) if body else ExportRequest()
         ),
