@@ -132,22 +132,10 @@ class AssemblerWorker:
 
         # Notices are never answered, whatever reply subject they carry: only requests are, by the
         # responder, and only to the requester's inbox (workers/responder.py, invariant 5).
-        notices = (
-            (RECORDED, "recorded", "Recorder notices: a thread's ledger moved (wakes waiting prepares)."),
-            (
-                "ctx.compacted",
-                "compacted",
-                "Compactor notices: a thread's view has a new summary (wakes prepares waiting on it).",
-            ),
-        )
-        for subject, title, description in notices:
+        for subject, title in ((RECORDED, "recorded"), ("ctx.compacted", "compacted")):
 
             @r.subscriber(
-                f"{subject}.{{run_id}}.{{instance_id}}",
-                decoder=inbound,
-                no_reply=True,
-                title=title,
-                description=description,
+                f"{subject}.{{run_id}}.{{instance_id}}", decoder=inbound, no_reply=True, title=title
             )
             async def on_notice(message: Inbound) -> None:
                 run_id, instance_id = message.tokens(2)
