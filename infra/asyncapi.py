@@ -149,7 +149,6 @@ class Channel:
 
     @property
     def message_name(self) -> str:
-        """The component name of what travels on the channel."""
         return self.message.name if self.message else _EMPTY
 
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -23,16 +23,13 @@ from contracts import (
     CompactReply,
     CompactRequest,
     ContextRequest,
-    ContextShown,
     ModelProfile,
     PreparedContext,
-    SearchReply,
     SearchRequest,
-    SessionInspection,
     ThreadInspection,
     split_thread_id,
 )
-from contracts.branches import ForkRequest, SessionForked
+from contracts.branches import ForkRequest
 
 from ctxfleet_client.client import FleetClient
 from services.app.indexing import reindex
@@ -514,9 +511,7 @@ def _cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         report = asyncio.run(
             _replay_lines(settings, nats_urls, lines, options, policy_budget=args.budget, on_event=advance)
         )
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report.as_json(), indent=2) + "\n")
+    _write_json(args.report, report.as_json())
     _print_summary(args.file, report)
     threads = sorted({e.thread_id for e in trace_events(lines, options)})
     print(f"threads: {', '.join(threads) or 'none'}")
@@ -573,12 +568,9 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         return _inspect_session(settings, nats_urls, args.session, as_json=args.json)
     if not args.thread:
         raise CliError("name a thread (<run_id>.<instance_id>) or --session SESSION")
-
-    async def run() -> ThreadInspection:
-        async with await _connect(settings, nats_urls, "ctxfleet-inspect") as client:
-            return await client.inspect(args.thread, limit=args.limit)
-
-    inspection = asyncio.run(run())
+    inspection = _ask(
+        settings, "ctxfleet-inspect", lambda client: client.inspect(args.thread, limit=args.limit), nats_urls
+    )
     if args.json:
         print(inspection.model_dump_json(indent=2))
     else:
@@ -589,11 +581,7 @@ def _cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
 def _inspect_session(
     settings: Settings, nats_urls: tuple[str, ...], session_id: str, *, as_json: bool
 ) -> int:
-    async def fetch() -> SessionInspection:
-        async with await _connect(settings, nats_urls, "ctxfleet-inspect") as client:
-            return await client.inspect_session(session_id)
-
-    s = asyncio.run(fetch())
+    s = _ask(settings, "ctxfleet-inspect", lambda client: client.inspect_session(session_id), nats_urls)
     if as_json:
         print(s.model_dump_json(indent=2))
         return 0
@@ -626,16 +614,8 @@ def _cmd_search(args: argparse.Namespace, settings: Settings) -> int:
             limit=args.limit,
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"]))
-        raise CliError(f"bad search: {first['msg']}" + (f" ({where})" if where else "")) from exc
-    nats_urls = _fleet_nats_urls(settings)
-
-    async def run() -> SearchReply:
-        async with await _connect(settings, nats_urls, "ctxfleet-search") as client:
-            return await client.search(request)
-
-    for hit in asyncio.run(run()).hits:
+        raise _invalid("bad search", exc) from exc
+    for hit in _ask(settings, "ctxfleet-search", lambda client: client.search(request)).hits:
         mark = " [superseded]" if hit.superseded else ""
         snippet = " ".join(hit.snippet.split())  # one line per hit
         print(f"{hit.thread_id}#{hit.seq} {hit.kind} lines {hit.start_line}-{hit.end_line}{mark}: {snippet}")
@@ -781,13 +761,7 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
             else None
         )
         request = ContextRequest(model_profile=args.model_profile, profile=profile, budget_tokens=args.budget)
-        nats_urls = _fleet_nats_urls(settings)
-
-        async def run() -> ContextShown:
-            async with await _connect(settings, nats_urls, "ctxfleet-context") as client:
-                return await client.show_context(args.thread, request)
-
-        reply = asyncio.run(run())
+        reply = _ask(settings, "ctxfleet-context", lambda client: client.show_context(args.thread, request))
         shown = breakdown(
             reply.prepared,
             budget_source=reply.budget_source,
@@ -806,17 +780,15 @@ def _cmd_context(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_compact(args: argparse.Namespace, settings: Settings) -> int:
     run_id, instance_id = _thread_arg(args.thread)
-    nats_urls = _fleet_nats_urls(settings)
 
-    async def run() -> CompactReply:
-        async with await _connect(settings, nats_urls, "ctxfleet-compact") as client:
-            session_id, principal_id = await _owner_of(client, args.thread)
-            request = CompactRequest(
-                run_id=run_id, instance_id=instance_id, session_id=session_id, principal_id=principal_id
-            )
-            return await client.compact(request)
+    async def compact(client: FleetClient) -> CompactReply:
+        session_id, principal_id = await _owner_of(client, args.thread)
+        request = CompactRequest(
+            run_id=run_id, instance_id=instance_id, session_id=session_id, principal_id=principal_id
+        )
+        return await client.compact(request)
 
-    r = asyncio.run(run())
+    r = _ask(settings, "ctxfleet-compact", compact)
     if args.json:
         print(r.model_dump_json(indent=2))
         return 0
@@ -843,6 +815,7 @@ def _thread_arg(thread: str) -> tuple[str, str]:
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 def _validated(model: type[_M], text: str, where: str) -> _M:
@@ -856,6 +829,22 @@ def _invalid(what: str, exc: ValidationError) -> CliError:
     first = exc.errors()[0]
     loc = ".".join(map(str, first["loc"]))
     return CliError(f"{what}: {first['msg']}" + (f" ({loc})" if loc else ""))
+
+
+def _ask(
+    settings: Settings,
+    name: str,
+    ask: Callable[[FleetClient], Awaitable[_T]],
+    nats_urls: tuple[str, ...] | None = None,
+) -> _T:
+    """``ask``'s answer from the running fleet, through a client of its own named ``name``."""
+    urls = _fleet_nats_urls(settings) if nats_urls is None else nats_urls
+
+    async def run() -> _T:
+        async with await _connect(settings, urls, name) as client:
+            return await ask(client)
+
+    return asyncio.run(run())
 
 
 async def _connect(settings: Settings, nats_urls: tuple[str, ...], name: str) -> FleetClient:
@@ -981,13 +970,7 @@ def _cmd_fork(args: argparse.Namespace, settings: Settings) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise CliError(f"bad fork: {'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
-    nats_urls = _fleet_nats_urls(settings)
-
-    async def run() -> SessionForked:
-        async with await _connect(settings, nats_urls, "ctxfleet-fork") as client:
-            return await client.fork_session(request)
-
-    forked = asyncio.run(run())
+    forked = _ask(settings, "ctxfleet-fork", lambda client: client.fork_session(request))
     if args.json:
         print(forked.model_dump_json(indent=2))
         return 0
@@ -1067,9 +1050,7 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
     paths = list(args.traces) or sorted(SAMPLES_DIR.glob("*.jsonl"))
     if not paths:
         raise CliError("no traces to evaluate")
-    budgets = tuple(dict.fromkeys(args.budget or _EVAL_BUDGETS))
-    if any(b <= 0 for b in budgets):
-        raise CliError("budgets must be positive")
+    budgets = _budgets(args.budget, _EVAL_BUDGETS)
     prompt = args.system_prompt.read_text(encoding="utf-8") if args.system_prompt else None
     prompt_tokens = counter_for("o200k_base").count(prompt) if prompt is not None else None
     traces = []
@@ -1100,24 +1081,31 @@ def _cmd_eval(args: argparse.Namespace, settings: Settings) -> int:
         report = _eval_in_process(settings, traces, budgets, prices, args.pause, args.idle_compaction)
     report.system_prompt_tokens = prompt_tokens
     _print_eval(report)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")
+    _write_json(args.json_out, report.as_json())
     return 0
 
 
 def _cmd_ladder(args: argparse.Namespace) -> int:
-    budgets = tuple(dict.fromkeys(args.budget or _LADDER_BUDGETS))
-    if any(b <= 0 for b in budgets):
-        raise CliError("budgets must be positive")
+    budgets = _budgets(args.budget, _LADDER_BUDGETS)
     prompt = args.system_prompt.read_text(encoding="utf-8") if args.system_prompt else None
     report = run_ladder_command(ladder_traces(args.traces, prompt), budgets)
     report.system_prompt_tokens = counter_for("o200k_base").count(prompt) if prompt is not None else None
     print_ladder(report)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report.as_json(), indent=2) + "\n", encoding="utf-8")
+    _write_json(args.json_out, report.as_json())
     return 0
+
+
+def _write_json(path: Path | None, data: object) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _budgets(given: Sequence[int] | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    budgets = tuple(dict.fromkeys(given or default))
+    if any(b <= 0 for b in budgets):
+        raise CliError("budgets must be positive")
+    return budgets
 
 
 def _eval_prices(path: Path | None, profiles: Sequence[str]) -> dict[str, Price]:

@@ -174,7 +174,6 @@ class ContextBreakdown:
     added: int = 0
 
     def as_json(self) -> dict[str, object]:
-        """The breakdown as plain JSON values (``--json``)."""
         return asdict(self)
 
 

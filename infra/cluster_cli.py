@@ -30,7 +30,6 @@ _WATCH_S = 0.5
 
 
 def add_cluster_command(sub: Any) -> None:
-    """Register ``ctxfleet cluster``."""
     cluster = sub.add_parser(
         "cluster", help="run an N-node JetStream cluster on loopback (and a PostgreSQL) until Ctrl-C"
     )

@@ -134,7 +134,6 @@ class ServerRecord:
 
     @property
     def identity(self) -> ProcessIdentity:
-        """The process, by PID and start time."""
         return ProcessIdentity(self.pid, self.create_time)
 
 
@@ -159,7 +158,6 @@ def read_server_records(data_dir: Path) -> dict[str, ServerRecord]:
 
 
 def forget_server_records(data_dir: Path) -> None:
-    """Forget the servers (after stopping them cleanly)."""
     (data_dir / SERVERS_FILE).unlink(missing_ok=True)
 
 

@@ -95,7 +95,6 @@ class ProcessIdentity:
         return proc
 
     def is_running(self) -> bool:
-        """Whether this very process still runs."""
         return self.process() is not None
 
 
@@ -167,7 +166,6 @@ def _size(n: int) -> str:
 
 
 def free_port() -> int:
-    """A free TCP port on loopback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -264,7 +262,6 @@ class EmbeddedNats:
 
     @property
     def url(self) -> str:
-        """Where clients connect."""
         return f"nats://127.0.0.1:{self.port}"
 
     @property
@@ -278,7 +275,6 @@ class EmbeddedNats:
         return self.data_dir
 
     def identity(self) -> ProcessIdentity | None:
-        """PID and start time of the running server."""
         return ProcessIdentity.of(self.process.pid) if self.is_running() and self.process else None
 
     def is_running(self) -> bool:
@@ -286,7 +282,6 @@ class EmbeddedNats:
         return self.process is not None and self.process.poll() is None
 
     def exit_status(self) -> str:
-        """How the server ended, for the operator."""
         return describe_exit(self.process.returncode if self.process is not None else None)
 
     def restart(self, timeout: float = 15.0) -> str:
@@ -540,7 +535,6 @@ class EmbeddedPostgres:
         return f"postgresql://postgres:{quote(self.password, safe='')}@" + uri[len(anonymous) :]
 
     def identity(self) -> ProcessIdentity | None:
-        """PID and start time of the running postmaster."""
         info = self._postmaster()
         return ProcessIdentity.of(info.pid) if info is not None and self.is_running() else None
 
@@ -736,7 +730,6 @@ def read_endpoints(data_dir: Path) -> dict[str, str] | None:
 
 
 def remove_endpoints(data_dir: Path) -> None:
-    """Forget the endpoints (on a clean stop)."""
     (data_dir / _ENDPOINTS).unlink(missing_ok=True)
 
 

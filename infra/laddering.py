@@ -201,7 +201,6 @@ async def run_ladder(
     rungs: RungFactory | None = None,
     on_done: Callable[[LadderTraceScore], None] | None = None,
 ) -> LadderReport:
-    """The ladder on every trace at every budget."""
     names = tuple(r.name for r in (rungs() if rungs is not None else ladder_rungs(None)))
     report = LadderReport(tuple(budgets), names)
     for t_index, trace in enumerate(traces):

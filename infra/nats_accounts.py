@@ -101,7 +101,6 @@ _QUEUE_GAUGES = (f"$JS.API.STREAM.INFO.{JOBS_STREAM}", f"$JS.API.STREAM.MSG.GET.
 
 
 def worker_permissions() -> dict[str, SubjectPermissions]:
-    """The grants of every fleet user, by user name."""
     return {
         # Reads its partitions through ephemeral ack-less consumers it creates and deletes itself.
         "recorder": SubjectPermissions(

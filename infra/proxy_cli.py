@@ -18,7 +18,6 @@ __all__ = ["add_proxy_command"]
 
 
 def add_proxy_command(sub: Any) -> None:
-    """Register ``ctxfleet proxy``."""
     proxy = sub.add_parser(
         "proxy",
         help="serve the OpenAI and Anthropic APIs, each request's context prepared by the fleet",

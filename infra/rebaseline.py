@@ -43,7 +43,6 @@ class RebaselineReport:
 
     @property
     def stream(self) -> StreamFacts:
-        """The events stream as JetStream described it."""
         return self.plan.verdict.stream
 
 

@@ -253,7 +253,6 @@ async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
 async def migrate(
     database_url: str, settings: Settings | None = None, directory: Path = MIGRATIONS_DIR
 ) -> list[str]:
-    """Apply pending migrations."""
     options = settings.store.database_options() if settings is not None else {}
     conn = await pg_connect(database_url, **options)
     try:

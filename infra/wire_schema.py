@@ -62,7 +62,6 @@ class WireMessage:
 
 
 def schema_id(name: str) -> str:
-    """The ``$id`` of a message's schema."""
     return f"{_ID_PREFIX}{name}"
 
 

@@ -203,7 +203,6 @@ class Admission:
         self.publish_gauges()
 
     def give_back(self) -> None:
-        """Hand the slot to the first one queued, or free it."""
         while self._queue:
             turn = self._queue.popleft()
             if not turn.done():
@@ -219,7 +218,6 @@ class Admission:
         return Overloaded(int(min(_MAX_RETRY_MS, max(_MIN_RETRY_MS, estimate))), reason, limit)
 
     def publish_gauges(self) -> None:
-        """Export slots in use, queue length and waiters."""
         m = self._metrics
         m.inflight_requests.set(self.limits.max_inflight - self._free)
         m.queued_requests.set(len(self._queue))

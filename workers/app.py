@@ -78,7 +78,6 @@ async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | 
                 await subscription.unsubscribe()
             else:
                 await subscription.drain()  # type: ignore[no-untyped-call]
-                await _handled(subscriber)
         except NatsError as exc:
             log.debug("drain: %s", exc)
         setattr(subscriber, "subscription", None)  # noqa: B010  # typed as object: nothing left to unsubscribe
@@ -86,24 +85,6 @@ async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | 
     await asyncio.gather(
         *(drain(s) for s in broker.subscribers), *([responder.drain()] if responder is not None else [])
     )
-
-
-async def _handled(subscriber: object, poll_s: float = 0.01) -> None:
-    """Until a concurrent subscriber has answered everything it took (the caller bounds the wait).
-
-    A drained subscription only says its messages reached the callback; a ``max_workers``
-    subscriber's callback merely queues them in memory for its workers, and stopping the broker
-    cancels those — requests that were delivered here and never answered. Idle means: every worker
-    slot free and nothing queued.
-    """
-    limiter, workers, queued = (
-        getattr(subscriber, name, None) for name in ("limiter", "max_workers", "receive_stream")
-    )
-    if limiter is None or not isinstance(workers, int):
-        return
-    # Polled: FastStream's workers signal nothing when they go idle.
-    while limiter.value < workers or (queued is not None and queued.statistics().current_buffer_used > 0):  # noqa: ASYNC110
-        await asyncio.sleep(poll_s)
 
 
 @dataclass
@@ -230,11 +211,6 @@ class Fleet:
                     log.warning("startup: waiting: %s", exc)
                 self._waiting = str(exc)
                 await asyncio.sleep(_STARTUP_RETRY_S)
-
-    @property
-    def draining(self) -> bool:
-        """Whether ``stop`` has begun."""
-        return self._draining
 
     async def liveness(self) -> dict[str, str | None]:
         """Whether a restart would help: only when the NATS connection is gone for good."""

@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from faststream.nats import NatsResponse, NatsRouter
 from opentelemetry.trace import Span
+from pydantic import BaseModel
 
-from contracts import CONTEXT_SHOW, ContextRequest, ErrorCode, InspectRequest, PrepareRequest, reply_json
+from contracts import (
+    CONTEXT_SHOW,
+    ContextRequest,
+    ContextShown,
+    ErrorCode,
+    InspectRequest,
+    PrepareRequest,
+    ThreadInspection,
+    reply_json,
+)
 from contracts.subjects import INSPECT, PREPARE, RECORDED
 from contracts.windows import WaterLevel
-from contracts.exceptions import CtxError, InvalidRequest
+from contracts.exceptions import CtxError
 from services.app.final_checks import GatewayService
 from services.app.notices import NoticeBoard
 from services.app.preparing import PrepareService
@@ -38,7 +49,7 @@ from .final_check import gateway_router
 from .metrics import FleetMetrics, policy_label
 from .prepares_first import PreparesFirst
 from .queries import queries_router
-from .replies import Inbound, admitted, error_reply, inbound, parse_body
+from .replies import Inbound, admitted, error_reply, inbound, parse_body, reply_with, require_subject_thread
 from .responder import Responder
 
 __all__ = ["AssemblerWorker"]
@@ -89,7 +100,6 @@ class AssemblerWorker:
             f"{PREPARE}.{{tenant}}.{{run_id}}.{{instance_id}}",
             queue="assembler",
             title="prepare",
-            description="PrepareRequest in, PreparedContext or ErrorReply out (request/reply).",
         )
         async def on_prepare(message: Inbound) -> NatsResponse:
             tenant, run_id, instance_id = message.tokens(3)
@@ -103,61 +113,33 @@ class AssemblerWorker:
                     lambda slot: self._prepare(message.body, tenant, run_id, instance_id, slot, span),
                 )
 
-        @responder.endpoint(
-            r,
-            f"{INSPECT}.{{tenant}}.{{run_id}}.{{instance_id}}",
-            queue="assembler",
-            title="inspect",
-            description="InspectRequest in, ThreadInspection or ErrorReply out (request/reply).",
-        )
-        async def on_inspect(message: Inbound) -> NatsResponse:
-            tenant, run_id, instance_id = message.tokens(3)
-            return await admitted(
-                admission,
-                message.headers,
-                lambda _slot: self._inspect(message.body, tenant, f"{run_id}.{instance_id}"),
+        def thread_query(
+            subject: str, title: str, answer: Callable[[bytes, str, str], Awaitable[BaseModel]]
+        ) -> None:
+            @responder.endpoint(
+                r, f"{subject}.{{tenant}}.{{run_id}}.{{instance_id}}", queue="assembler", title=title
             )
+            async def on_request(message: Inbound) -> NatsResponse:
+                tenant, run_id, instance_id = message.tokens(3)
+                return await admitted(
+                    admission,
+                    message.headers,
+                    lambda _slot: reply_with(lambda: answer(message.body, tenant, f"{run_id}.{instance_id}")),
+                )
 
-        @responder.endpoint(
-            r,
-            f"{CONTEXT_SHOW}.{{tenant}}.{{run_id}}.{{instance_id}}",
-            queue="assembler",
-            title="context_show",
-            description="ContextRequest in, ContextShown or ErrorReply out (request/reply).",
-        )
-        async def on_context_show(message: Inbound) -> NatsResponse:
-            tenant, run_id, instance_id = message.tokens(3)
-            return await admitted(
-                admission,
-                message.headers,
-                lambda _slot: self._show(message.body, tenant, f"{run_id}.{instance_id}"),
-            )
+        thread_query(INSPECT, "inspect", self._inspect)
+        thread_query(CONTEXT_SHOW, "context_show", self._show)
 
         # Notices are never answered, whatever reply subject they carry: only requests are, by the
         # responder, and only to the requester's inbox (workers/responder.py, invariant 5).
-        @r.subscriber(
-            f"{RECORDED}.{{run_id}}.{{instance_id}}",
-            decoder=inbound,
-            no_reply=True,
-            title="recorded",
-            description="Recorder notices: a thread's ledger moved (wakes waiting prepares).",
-        )
-        async def on_recorded(message: Inbound) -> None:
-            run_id, instance_id = message.tokens(2)
-            self._board.notify(f"{run_id}.{instance_id}")
+        for subject, title in ((RECORDED, "recorded"), ("ctx.compacted", "compacted")):
 
-        @r.subscriber(
-            "ctx.compacted.{run_id}.{instance_id}",
-            decoder=inbound,
-            no_reply=True,
-            title="compacted",
-            description=(
-                "Compactor notices: a thread's view has a new summary (wakes prepares waiting on it)."
-            ),
-        )
-        async def on_compacted(message: Inbound) -> None:
-            run_id, instance_id = message.tokens(2)
-            self._board.notify(f"{run_id}.{instance_id}")
+            @r.subscriber(
+                f"{subject}.{{run_id}}.{{instance_id}}", decoder=inbound, no_reply=True, title=title
+            )
+            async def on_notice(message: Inbound) -> None:
+                run_id, instance_id = message.tokens(2)
+                self._board.notify(f"{run_id}.{instance_id}")
 
     async def _prepare(
         self, body: bytes, tenant: str, run_id: str, instance_id: str, slot: Slot, span: Span
@@ -167,11 +149,7 @@ class AssemblerWorker:
         try:
             request = parse_body(PrepareRequest, body)
             purpose = request.purpose.value
-            if (request.run_id, request.instance_id) != (run_id, instance_id):
-                raise InvalidRequest(
-                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
-                    f"{run_id}.{instance_id}"
-                )
+            require_subject_thread(request.run_id, request.instance_id, f"{run_id}.{instance_id}")
             prepared = await self._require_service().prepare(request, tenant=tenant, pause=slot)
             answered = time.perf_counter()
             answer = reply_json(prepared)
@@ -232,27 +210,15 @@ class AssemblerWorker:
         if lasted is not None:
             self._metrics.window_level_seconds.labels(level=lasted[0].value).inc(lasted[1])
 
-    async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
-        try:
-            request = parse_body(InspectRequest, body) if body else InspectRequest()
-            inspection = await self._require_service().inspect(thread_id, request, tenant=tenant)
-        except Exception as exc:
-            reply = error_reply(exc)
-            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
-        return NatsResponse(reply_json(inspection), headers={"ctx-status": "ok"})
+    async def _inspect(self, body: bytes, tenant: str, thread_id: str) -> ThreadInspection:
+        request = parse_body(InspectRequest, body) if body else InspectRequest()
+        return await self._require_service().inspect(thread_id, request, tenant=tenant)
 
-    async def _show(self, body: bytes, tenant: str, thread_id: str) -> NatsResponse:
-        try:
-            request = parse_body(ContextRequest, body) if body else ContextRequest()
-            if self._store is None:
-                raise CtxError("assembler has no store attached")
-            shown = await show_context(
-                self._store, self._require_service(), thread_id, request, tenant=tenant
-            )
-        except Exception as exc:
-            reply = error_reply(exc)
-            return NatsResponse(reply_json(reply), headers={"ctx-status": "error"})
-        return NatsResponse(reply_json(shown), headers={"ctx-status": "ok"})
+    async def _show(self, body: bytes, tenant: str, thread_id: str) -> ContextShown:
+        request = parse_body(ContextRequest, body) if body else ContextRequest()
+        if self._store is None:
+            raise CtxError("assembler has no store attached")
+        return await show_context(self._store, self._require_service(), thread_id, request, tenant=tenant)
 
     def _require_service(self) -> PrepareService:
         if self._service is None:

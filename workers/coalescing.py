@@ -140,7 +140,6 @@ class CoalescingScheduler:
         return len(self._running) + len(self._again - self._running.keys())
 
     def start(self) -> None:
-        """Start the catch-up sweep."""
         self._sweeper = asyncio.create_task(self._sweep())
 
     async def stop(self, grace_s: float = 2.0) -> None:
@@ -190,11 +189,9 @@ class CoalescingWorker:
         return self._scheduler.backlog if self._scheduler is not None else 0
 
     async def start(self) -> None:
-        """Start the catch-up sweep."""
         if self._scheduler is not None:
             self._scheduler.start()
 
     async def stop(self) -> None:
-        """Stop sweeping; let running work finish."""
         if self._scheduler is not None:
             await self._scheduler.stop()

@@ -14,8 +14,6 @@ from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey, NatsSecurity, NatsToken, NatsUserPassword
 from nats.aio.client import Client as NatsClient
 
-from contracts import DeadLetter
-from contracts.subjects import DEAD
 from services.app.budgeting import BudgetService
 from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
@@ -72,7 +70,6 @@ def reply_rule(settings: Settings, nats_urls: tuple[str, ...]) -> ReplyRule:
 
 
 def recording_limits(settings: Settings) -> RecordingLimits:
-    """The recorder limits a settings object describes."""
     return RecordingLimits(
         max_event_bytes=settings.limits.max_event_bytes,
         tool_result_max_tokens=settings.limits.tool_result_max_tokens,
@@ -274,16 +271,6 @@ def compose(
     return Workers(broker, loader, budgeter, indexer, recorder, gateway, responder, showing)
 
 
-def _document_outputs(broker: NatsBroker) -> None:
-    # Declared so the AsyncAPI document lists what the recorder publishes.
-    broker.publisher(
-        f"{DEAD}.events.{{thread}}",
-        title="dead letters",
-        description="Rejected events with reason and raw payload (stream CTX_DEAD).",
-        schema=DeadLetter,
-    )
-
-
 def create_docs_app() -> FastStream:
     """The FastStream app as AsyncAPI sees it (nothing connects)."""
     broker = NatsBroker("nats://localhost:4222")
@@ -293,5 +280,4 @@ def create_docs_app() -> FastStream:
     broker.include_router(CompactorWorker(None, metrics).router)
     broker.include_router(manual_router(None, Responder(None, 1)))
     broker.include_router(IndexerWorker(None, metrics).router)
-    _document_outputs(broker)
     return FastStream(broker)

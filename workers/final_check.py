@@ -12,11 +12,11 @@ from faststream.nats import NatsResponse, NatsRouter
 
 from contracts import GATEWAY_CHECK, FinalCheck, FinalCheckRequest, reply_json
 from services.app.final_checks import GatewayService
-from contracts.exceptions import CtxError, InvalidRequest
+from contracts.exceptions import CtxError
 
 from .admission import Admission
 from .metrics import FleetMetrics
-from .replies import Inbound, admitted, error_reply, parse_body
+from .replies import Inbound, admitted, error_reply, parse_body, require_subject_thread
 from .responder import Responder
 
 __all__ = ["gateway_router"]
@@ -34,11 +34,6 @@ def gateway_router(
         f"{GATEWAY_CHECK}.{{tenant}}.{{run_id}}.{{instance_id}}",
         queue="assembler",
         title="gateway_check",
-        description=(
-            "FinalCheckRequest in, FinalCheck or ErrorReply out: the request about to be sent, held to "
-            "its prepared context (context_protected_block_altered, context_addition_refused, "
-            "context_budget_exceeded, prepared_context_not_found)."
-        ),
     )
     async def on_check(message: Inbound) -> NatsResponse:
         tenant, run_id, instance_id = message.tokens(3)
@@ -63,8 +58,5 @@ async def _check(service: GatewayService | None, body: bytes, tenant: str, threa
     if service is None:
         raise CtxError("this process has no store attached")
     request = parse_body(FinalCheckRequest, body)
-    if f"{request.run_id}.{request.instance_id}" != thread_id:
-        raise InvalidRequest(
-            f"check for thread {request.run_id}.{request.instance_id} sent on the subject of {thread_id}"
-        )
+    require_subject_thread(request.run_id, request.instance_id, thread_id, "check")
     return await service.check(request, tenant=tenant, thread_id=thread_id)

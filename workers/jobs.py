@@ -54,7 +54,6 @@ class CountedJobQueue:
         self._metrics = metrics
 
     async def publish(self, job: CompactionJob) -> None:
-        """Enqueue one job and count it."""
         await self._inner.publish(job)
         for reason in job.reasons:
             self._metrics.trigger_hits.labels(condition=reason, policy=job.policy_name).inc()

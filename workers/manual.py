@@ -15,11 +15,11 @@ from faststream.nats import NatsResponse, NatsRouter
 
 from contracts import COMPACT, CompactReply, CompactRequest, compacted_subject
 from services.app.manual_compaction import ManualCompaction
-from contracts.exceptions import CtxError, InvalidRequest
+from contracts.exceptions import CtxError
 
 from .compactor import Notify
 from .metrics import FleetMetrics
-from .replies import Inbound, parse_body, reply_with
+from .replies import Inbound, parse_body, reply_with, require_subject_thread
 from .responder import Responder
 
 __all__ = ["manual_router"]
@@ -40,10 +40,6 @@ def manual_router(
         queue="compactor",
         max_tasks=1,
         title="compact",
-        description=(
-            "CompactRequest in, CompactReply or ErrorReply out: a manual compaction of the thread "
-            "(thread_not_found, nothing_to_compact, compaction_failed)."
-        ),
     )
     async def on_compact(message: Inbound) -> NatsResponse:
         tenant, run_id, instance_id = message.tokens(3)
@@ -53,11 +49,7 @@ def manual_router(
             if service is None:
                 raise CtxError("this process has no store attached")
             request = parse_body(CompactRequest, body)
-            if (request.run_id, request.instance_id) != (run_id, instance_id):
-                raise InvalidRequest(
-                    f"request for thread {request.run_id}.{request.instance_id} sent on the subject of "
-                    f"{run_id}.{instance_id}"
-                )
+            require_subject_thread(request.run_id, request.instance_id, f"{run_id}.{instance_id}")
             try:
                 reply = await service.compact(request, tenant=tenant)
             except CtxError as exc:

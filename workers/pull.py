@@ -78,7 +78,6 @@ class ContinuousPull:
         self._failure: str | None = None
 
     async def start(self) -> None:
-        """Subscribe the inbox and open the first request."""
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
         await self._request()
 

@@ -1,14 +1,19 @@
-"""Request/reply endpoints beside prepare: read-back, receipts, sessions, policy and catalog registration.
+"""Request/reply endpoints beside prepare: read-back, receipts, sessions, branches, policy and catalog
+registration.
 
 Served by the assembler process (queue group ``assembler``); each validates its raw body and
 answers its typed reply or a typed error. They share the process's compute slots with prepare.
+Every endpoint's subject starts with the asking tenant (``{tenant}``): the server's permissions vouch
+for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 
 from faststream.nats import NatsResponse, NatsRouter
+from prometheus_client import Counter, Histogram
 from pydantic import BaseModel
 
 from contracts import (
@@ -26,23 +31,28 @@ from contracts import (
     SearchRequest,
     ToolCatalog,
 )
-from services.core.budget import policy_budget
+from contracts.branches import SESSION_EXPORT, SESSION_FORK, ExportRequest, ForkRequest
+from contracts.exceptions import CtxError, InvalidPolicy, InvalidRequest
 from contracts.hooks import HOOKS_REGISTER, HookSet, HooksRegistered, hook_subject_tenant
 from services.app.catalogs import register_catalog
-from contracts.exceptions import CtxError, InvalidPolicy, InvalidRequest
+from services.app.exporting import export_page
+from services.app.forking import fork_session
 from services.app.reading import read_range
 from services.app.receipts import operation_status
 from services.app.searching import search
 from services.app.sessions import inspect_session
+from services.core.budget import policy_budget
 from services.store.postgres import PgStore
 
 from .admission import Admission
-from .branches import branches_router
 from .metrics import FleetMetrics
 from .replies import Inbound, admitted, parse_body, reply_with
 from .responder import Responder
 
 __all__ = ["queries_router"]
+
+# What answers a request: the store, the raw body, and the subject's tokens from ``{tenant}`` on.
+_Answer = Callable[[PgStore, bytes, list[str]], Awaitable[BaseModel]]
 
 
 def queries_router(
@@ -52,137 +62,95 @@ def queries_router(
     process's responder."""
     router = NatsRouter()
 
-    async def serve(message: Inbound, run: Callable[[], Awaitable[BaseModel]]) -> NatsResponse:
-        return await admitted(admission, message.headers, lambda _slot: reply_with(run))
-
     def store() -> PgStore:
         if attached is None:
             raise CtxError("this process has no store attached")
         return attached
 
-    # Every endpoint's subject ends in the asking tenant (``{tenant}``):
-    # the server's permissions vouch for it.
-    @responder.endpoint(
-        router,
+    def serve(
+        subject: str,
+        title: str,
+        answer: _Answer,
+        *,
+        outcomes: Counter | None = None,
+        seconds: Histogram | None = None,
+    ) -> None:
+        @responder.endpoint(router, subject, queue="assembler", title=title)
+        async def on_request(message: Inbound) -> NatsResponse:
+            tokens = message.tokens(subject.count("{"))
+            with seconds.time() if seconds is not None else nullcontext():
+                response = await admitted(
+                    admission,
+                    message.headers,
+                    lambda _slot: reply_with(lambda: answer(store(), message.body, tokens)),
+                )
+            if outcomes is not None:
+                outcomes.labels(outcome=response.headers.get("ctx-status", "error")).inc()
+            return response
+
+    serve(
         f"{READ}.{{tenant}}",
-        queue="assembler",
-        title="read",
-        description="ReadRequest in, ReadReply or ErrorReply out: a verified range of stored content.",
+        "read",
+        lambda s, body, t: read_range(s, parse_body(ReadRequest, body), tenant=t[0]),
+        outcomes=metrics.read_backs,
     )
-    async def on_read(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-        response = await serve(
-            message, lambda: read_range(store(), parse_body(ReadRequest, message.body), tenant=tenant)
-        )
-        metrics.read_backs.labels(outcome=response.headers.get("ctx-status", "error")).inc()
-        return response
-
-    @responder.endpoint(
-        router,
+    serve(
         f"{SEARCH}.{{tenant}}",
-        queue="assembler",
-        title="search",
-        description="SearchRequest in, SearchReply or ErrorReply out: hits within the asking session.",
+        "search",
+        lambda s, body, t: search(s, parse_body(SearchRequest, body), tenant=t[0]),
+        outcomes=metrics.searches,
+        seconds=metrics.search_seconds,
     )
-    async def on_search(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-        with metrics.search_seconds.time():
-            response = await serve(
-                message, lambda: search(store(), parse_body(SearchRequest, message.body), tenant=tenant)
-            )
-        metrics.searches.labels(outcome=response.headers.get("ctx-status", "error")).inc()
-        return response
-
-    @responder.endpoint(
-        router,
+    serve(
         f"{OPERATION_STATUS}.{{tenant}}",
-        queue="assembler",
-        title="operation.status",
-        description="OperationStatusRequest in, Receipt or ErrorReply out.",
+        "operation.status",
+        lambda s, body, t: operation_status(s, parse_body(OperationStatusRequest, body), tenant=t[0]),
     )
-    async def on_operation(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-        return await serve(
-            message,
-            lambda: operation_status(
-                store(), parse_body(OperationStatusRequest, message.body), tenant=tenant
-            ),
-        )
-
-    @responder.endpoint(
-        router,
+    serve(
         f"{SESSION_INSPECT}.{{tenant}}.{{session_id}}",
-        queue="assembler",
-        title="session.inspect",
-        description="A session's runs, threads and snapshot boundaries (SessionInspection or ErrorReply).",
+        "session.inspect",
+        lambda s, _body, t: inspect_session(s, t[0], t[1]),
     )
-    async def on_session(message: Inbound) -> NatsResponse:
-        tenant, session_id = message.tokens(2)
-        return await serve(message, lambda: inspect_session(store(), tenant, session_id))
-
-    @responder.endpoint(
-        router,
-        f"{POLICY_REGISTER}.{{tenant}}",
-        queue="assembler",
-        title="policy.register",
-        description="ContextPolicy in, PolicyRegistered or ErrorReply out: a new policy revision.",
+    serve(f"{POLICY_REGISTER}.{{tenant}}", "policy.register", _register_policy)
+    serve(f"{TOOLS_REGISTER}.{{tenant}}", "tools.register", _register_tools)
+    serve(f"{HOOKS_REGISTER}.{{tenant}}", "hooks.register", _register_hooks)
+    serve(
+        f"{SESSION_FORK}.{{tenant}}",
+        "session.fork",
+        lambda s, body, t: fork_session(s, t[0], parse_body(ForkRequest, body)),
     )
-    async def on_policy(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-
-        async def register() -> PolicyRegistered:
-            try:
-                policy = parse_body(ContextPolicy, message.body)
-            except InvalidRequest as exc:
-                raise InvalidPolicy(exc.message) from None
-            policy_budget(policy)
-            return PolicyRegistered(name=policy.name, revision=await store().register_policy(tenant, policy))
-
-        return await serve(message, register)
-
-    @responder.endpoint(
-        router,
-        f"{TOOLS_REGISTER}.{{tenant}}",
-        queue="assembler",
-        title="tools.register",
-        description=(
-            "ToolCatalog in, CatalogRegistered or ErrorReply out: a new catalog revision of a release."
+    serve(
+        f"{SESSION_EXPORT}.{{tenant}}.{{session_id}}",
+        "session.export",
+        lambda s, body, t: export_page(
+            s, t[0], t[1], parse_body(ExportRequest, body) if body else ExportRequest()
         ),
     )
-    async def on_tools(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-
-        async def register() -> CatalogRegistered:
-            catalog = parse_body(ToolCatalog, message.body)
-            return CatalogRegistered(
-                release=catalog.release, revision=await register_catalog(store(), tenant, catalog)
-            )
-
-        return await serve(message, register)
-
-    @responder.endpoint(
-        router,
-        f"{HOOKS_REGISTER}.{{tenant}}",
-        queue="assembler",
-        title="hooks.register",
-        description="HookSet in, HooksRegistered or ErrorReply out: a new hook set revision of a release.",
-    )
-    async def on_hooks(message: Inbound) -> NatsResponse:
-        (tenant,) = message.tokens(1)
-
-        async def register() -> HooksRegistered:
-            hooks = parse_body(HookSet, message.body)
-            foreign = sorted({h.subject for h in hooks.hooks if hook_subject_tenant(h.subject) != tenant})
-            if foreign:
-                raise InvalidRequest(
-                    f"hook subjects must be under hooks.{tenant}. (the registering tenant's): "
-                    + ", ".join(foreign)
-                )
-            return HooksRegistered(
-                release=hooks.release, revision=await store().register_hooks(tenant, hooks)
-            )
-
-        return await serve(message, register)
-
-    router.include_router(branches_router(store, admission, responder))
     return router
+
+
+async def _register_policy(store: PgStore, body: bytes, tokens: list[str]) -> PolicyRegistered:
+    try:
+        policy = parse_body(ContextPolicy, body)
+    except InvalidRequest as exc:
+        raise InvalidPolicy(exc.message) from None
+    policy_budget(policy)
+    return PolicyRegistered(name=policy.name, revision=await store.register_policy(tokens[0], policy))
+
+
+async def _register_tools(store: PgStore, body: bytes, tokens: list[str]) -> CatalogRegistered:
+    catalog = parse_body(ToolCatalog, body)
+    return CatalogRegistered(
+        release=catalog.release, revision=await register_catalog(store, tokens[0], catalog)
+    )
+
+
+async def _register_hooks(store: PgStore, body: bytes, tokens: list[str]) -> HooksRegistered:
+    tenant = tokens[0]
+    hooks = parse_body(HookSet, body)
+    foreign = sorted({h.subject for h in hooks.hooks if hook_subject_tenant(h.subject) != tenant})
+    if foreign:
+        raise InvalidRequest(
+            f"hook subjects must be under hooks.{tenant}. (the registering tenant's): " + ", ".join(foreign)
+        )
+    return HooksRegistered(release=hooks.release, revision=await store.register_hooks(tenant, hooks))

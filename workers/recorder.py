@@ -144,7 +144,6 @@ class RecorderWorker:
 
     @property
     def partitions(self) -> tuple[int, ...]:
-        """The partitions this recorder owns."""
         return self._partitions
 
     @property
@@ -173,7 +172,6 @@ class RecorderWorker:
         return out
 
     async def start(self) -> None:
-        """Start reading every owned partition."""
         for p in self._partitions:
             self._tasks[p] = asyncio.create_task(self._run(p), name=f"recorder-p{p}")
 

@@ -44,6 +44,7 @@ __all__ = [
     "inbound",
     "parse_body",
     "reply_with",
+    "require_subject_thread",
 ]
 
 log = logging.getLogger("ctxfleet.requests")
@@ -150,6 +151,12 @@ def parse_body(model: type[_M], body: bytes) -> _M:
         raise InvalidRequest(f"invalid {model.__name__}: {loc}: {first['msg']}") from None
 
 
+def require_subject_thread(run_id: str, instance_id: str, thread_id: str, what: str = "request") -> None:
+    """Refuse a body naming another thread than its subject: permissions vouch for the subject only."""
+    if f"{run_id}.{instance_id}" != thread_id:
+        raise InvalidRequest(f"{what} for thread {run_id}.{instance_id} sent on the subject of {thread_id}")
+
+
 def error_reply(exc: Exception) -> ErrorReply:
     """The wire error of any failure; an unexpected one is logged and reported as internal.
 
@@ -172,7 +179,6 @@ def error_reply(exc: Exception) -> ErrorReply:
 
 
 def error_response(exc: Exception) -> NatsResponse:
-    """The NATS reply of a failure."""
     return NatsResponse(reply_json(error_reply(exc)), headers={"ctx-status": "error"})
 
 

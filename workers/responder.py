@@ -87,7 +87,6 @@ class Responder:
 
     @property
     def in_hand(self) -> int:
-        """Requests taken and not answered yet."""
         return len(self._tasks)
 
     def endpoint(
@@ -97,7 +96,6 @@ class Responder:
         *,
         queue: str,
         title: str,
-        description: str,
         max_tasks: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Declare ``subject`` on ``router``; the decorated handler answers each request (invariant 2).
@@ -114,9 +112,7 @@ class Responder:
                 self._served.append(_Served(_wildcards(subject), queue, served))
                 return handler
 
-            @router.subscriber(
-                subject, queue=queue, decoder=inbound, no_reply=True, title=title, description=description
-            )
+            @router.subscriber(subject, queue=queue, decoder=inbound, no_reply=True, title=title)
             async def consume(message: Inbound) -> None:
                 await served.take(message)
 

@@ -71,7 +71,6 @@ class StreamGuard:
 
     @property
     def halt_reason(self) -> str | None:
-        """Why nothing is being recorded, or ``None``."""
         return self._verdict.reason if self._verdict is not None else None
 
     async def check(self, *, since: float | None = None) -> StreamVerdict:

@@ -37,7 +37,7 @@ async def clients(nats_url: str) -> AsyncIterator[tuple[NatsClient, NatsClient]]
 
 
 def _echo_tokens(responder: Responder, router: NatsRouter, prefix: str, queue: str = "q") -> None:
-    @responder.endpoint(router, f"{prefix}.{{tenant}}.{{thread}}", queue=queue, title="t", description="d")
+    @responder.endpoint(router, f"{prefix}.{{tenant}}.{{thread}}", queue=queue, title="t")
     async def echo(message: Inbound) -> NatsResponse:
         tenant, thread = message.tokens(2)
         return NatsResponse(
@@ -71,7 +71,7 @@ async def test_two_responders_in_one_queue_group_share_the_requests(
     for name, nc in (("a", serving), ("b", other)):
         responder = Responder(lambda nc=nc: nc, 4)
 
-        @responder.endpoint(NatsRouter(), f"{prefix}.{{x}}", queue="shared", title="t", description="d")
+        @responder.endpoint(NatsRouter(), f"{prefix}.{{x}}", queue="shared", title="t")
         async def count(message: Inbound, name: str = name) -> NatsResponse:
             counts[name] += 1
             return NatsResponse(b"ok", headers={"ctx-status": "ok"})
@@ -96,7 +96,7 @@ async def test_a_drain_answers_every_request_delivered_and_takes_no_more(
     prefix = f"t{uuid.uuid4().hex[:8]}"
     responder, release, taken = Responder(lambda: serving, 8), asyncio.Event(), asyncio.Event()
 
-    @responder.endpoint(NatsRouter(), f"{prefix}.{{n}}", queue="q", title="t", description="d")
+    @responder.endpoint(NatsRouter(), f"{prefix}.{{n}}", queue="q", title="t")
     async def slow(message: Inbound) -> NatsResponse:
         if responder.in_hand == 3:
             taken.set()

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from contracts.ids import is_identifier
 from services.app.preparing import PrepareService
+from services.app.sessions import inspect_session
 from contracts.exceptions import CtxError, StoreUnavailable, ThreadNotFound
 
 from .reading import (
@@ -29,7 +30,6 @@ from .reading import (
     read_search,
     read_served,
     read_served_step,
-    read_session,
     read_sessions,
     read_thread,
 )
@@ -115,7 +115,7 @@ def _session_id(request: Request) -> str:
 
 async def _session(request: Request, store: ConsoleStore) -> Response:
     session_id = _session_id(request)
-    session = await read_session(store, _session_tenant(request), session_id)
+    session = await inspect_session(store, _session_tenant(request), session_id)
     return _render(request, "session.html", session=session, session_tenant=_session_tenant(request))
 
 

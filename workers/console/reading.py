@@ -15,7 +15,6 @@ from contracts import (
     PreparedContext,
     SearchReply,
     SearchRequest,
-    SessionInspection,
     ThreadInspection,
 )
 from contracts.subjects import DEFAULT_TENANT
@@ -49,7 +48,6 @@ __all__ = [
     "read_search",
     "read_served",
     "read_served_step",
-    "read_session",
     "read_sessions",
     "read_thread",
 ]
@@ -111,13 +109,7 @@ class ContextPage:
 
 
 async def read_sessions(store: ListingStore, tenant: str | None) -> list[SessionListing]:
-    """The newest sessions, of ``tenant`` or of every tenant."""
     return await store.list_sessions(tenant, _SESSIONS_SHOWN)
-
-
-async def read_session(store: ConsoleStore, tenant: str, session_id: str) -> SessionInspection:
-    """A session's runs and threads (``ThreadNotFound`` when ``tenant`` has no such session)."""
-    return await inspect_session(store, tenant, session_id)
 
 
 async def read_search(store: ConsoleStore, tenant: str, session_id: str, query: str) -> SearchReply:
