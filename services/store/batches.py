@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -256,10 +257,13 @@ async def read_for_batch(
 
 def states_from_json(facts: str | None, versions: str | None) -> dict[str, StateView]:
     """Threads' states from ``json_agg`` of ``FACTS_JSON`` and of ``VERSIONS_JSON`` rows (``NULL``: none)."""
+    return _states(json.loads(facts or "[]"), json.loads(versions or "[]"))
+
+
+def _states(facts: Iterable[Any], versions: Iterable[Any]) -> dict[str, StateView]:
+    """Threads' states from rows in ``FACTS_JSON``'s and ``VERSIONS_JSON``'s column order."""
     views: dict[str, StateView] = {}
-    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in json.loads(
-        facts or "[]"
-    ):
+    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in facts:
         views.setdefault(thread_id, StateView()).facts[path] = Fact(
             path,
             _json_or_none(value),
@@ -272,7 +276,7 @@ def states_from_json(facts: str | None, versions: str | None) -> dict[str, State
             _json_or_none(old),
             tuple(evidence or ()),
         )
-    for thread_id, aggregate, version in json.loads(versions or "[]"):
+    for thread_id, aggregate, version in versions:
         views.setdefault(thread_id, StateView()).versions[aggregate] = version
     return views
 
@@ -285,28 +289,8 @@ async def read_session_catalog(conn: Conn, session_id: str) -> ToolCatalog | Non
 
 async def read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
     """Current facts and aggregate versions of threads."""
-    return await _read_states(conn, thread_ids)
-
-
-async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
-    views: dict[str, StateView] = {}
-    for r in await conn.fetch(_SELECT_FACTS, list(thread_ids)):
-        view = views.setdefault(r["thread_id"], StateView())
-        view.facts[r["path"]] = Fact(
-            r["path"],
-            json.loads(r["value"]) if r["value"] is not None else None,
-            r["status"],
-            r["source"],
-            r["event_key"],
-            r["seq"],
-            r["observed_at"],
-            r["supersedes"],
-            json.loads(r["superseded_value"]) if r["superseded_value"] is not None else None,
-            tuple(r["evidence"] or ()),
-        )
-    for r in await conn.fetch(_SELECT_VERSIONS, list(thread_ids)):
-        views.setdefault(r["thread_id"], StateView()).versions[r["aggregate"]] = r["version"]
-    return views
+    ids = list(thread_ids)
+    return _states(await conn.fetch(_SELECT_FACTS, ids), await conn.fetch(_SELECT_VERSIONS, ids))
 
 
 async def write_plan(

@@ -93,8 +93,7 @@ from services.store.windows import OpenWindow
 if TYPE_CHECKING:
     from services.store.ports import (
         BranchStore,
-        BudgetStore,
-        CompactionStore,
+        ViewStore,
         ListingStore,
         PrepareStore,
         RecordingStore,
@@ -1272,8 +1271,8 @@ if TYPE_CHECKING:
     # Checked by mypy: the memory store implements every port it claims to.
     def _implements(
         store: MemoryStore,
-    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, BranchStore, ListingStore]:
-        return store, store, store, store, store, store
+    ) -> tuple[RecordingStore, PrepareStore, ViewStore, BranchStore, ListingStore]:
+        return store, store, store, store, store
 
 
 def _preview(row: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from contracts import (
     ContextPolicy,
@@ -50,9 +50,7 @@ __all__ = [
     "HookGrants",
     "BranchConnection",
     "BranchStore",
-    "BudgetConnection",
     "BudgetStore",
-    "CompactionConnection",
     "CompactionStore",
     "FullRecord",
     "HookStore",
@@ -66,7 +64,9 @@ __all__ = [
     "RecordingConnection",
     "RecordingStore",
     "Transactional",
+    "ViewConnection",
     "ViewReads",
+    "ViewStore",
     "ViewWrites",
 ]
 
@@ -250,12 +250,8 @@ class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
         ...
 
 
-class BudgetConnection(ViewReads, ViewWrites, Protocol):
-    """What the budgeter reads and writes."""
-
-
-class CompactionConnection(ViewReads, ViewWrites, Protocol):
-    """What the compactor reads and writes."""
+class ViewConnection(ViewReads, ViewWrites, Protocol):
+    """What the budgeter and the compactor read and write."""
 
 
 class BranchConnection(Transactional, Protocol):
@@ -290,12 +286,13 @@ class PrepareStore(Protocol):
     def connection(self) -> AbstractAsyncContextManager[PrepareConnection]: ...
 
 
-class BudgetStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[BudgetConnection]: ...
+class ViewStore(Protocol):
+    def connection(self) -> AbstractAsyncContextManager[ViewConnection]: ...
 
 
-class CompactionStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[CompactionConnection]: ...
+# The budgeter's and the compactor's store: both keep threads' views.
+BudgetStore: TypeAlias = ViewStore
+CompactionStore: TypeAlias = ViewStore
 
 
 class QueryStore(Protocol):

@@ -42,8 +42,7 @@ from services.store.views import (
 if TYPE_CHECKING:
     from services.store.ports import (
         BranchStore,
-        BudgetStore,
-        CompactionStore,
+        ViewStore,
         IndexStore,
         ListingStore,
         PrepareStore,
@@ -294,14 +293,5 @@ if TYPE_CHECKING:
     # Checked by mypy: the PostgreSQL store implements every port.
     def _implements(
         store: PgStore,
-    ) -> tuple[
-        RecordingStore,
-        PrepareStore,
-        BudgetStore,
-        CompactionStore,
-        QueryStore,
-        IndexStore,
-        BranchStore,
-        ListingStore,
-    ]:
-        return store, store, store, store, store, store, store, store
+    ) -> tuple[RecordingStore, PrepareStore, ViewStore, QueryStore, IndexStore, BranchStore, ListingStore]:
+        return store, store, store, store, store, store, store
