@@ -26,7 +26,7 @@ from services.core.state import Fact, StateView, aggregate_of
 
 from services.store.batch_write import LedgerWritten, Position, one_statement, settles_receipts, write_ledger
 from services.store.ledger import Conn
-from services.store.tracking import DeadLettersRepo
+from services.store.tracking import insert_dead_letter
 
 __all__ = [
     "FACTS_JSON",
@@ -360,7 +360,7 @@ async def _write_all(
         )
     await _write_runs(conn, plan, bases)
     for rejection in plan.rejections:
-        await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
+        await insert_dead_letter(conn, rejection, keep_raw=keep_raw)
     await _write_state(conn, plan)
     return written
 

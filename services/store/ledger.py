@@ -38,9 +38,7 @@ __all__ = [
     "Conn",
     "EventOutcome",
     "EvidenceRow",
-    "HeadsRepo",
     "LedgerRecord",
-    "RecordsRepo",
     "Row",
     "StoredHead",
     "TailRecord",
@@ -318,125 +316,117 @@ def head_of_row(r: Row) -> StoredHead:
     )
 
 
-class HeadsRepo:
-    """Thread heads."""
-
-    @staticmethod
-    async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
-        """The head of a thread, or ``None`` if nothing was recorded for it."""
-        r = await conn.fetchrow(_SELECT_HEAD, thread_id)
-        return None if r is None else head_of_row(r)
-
-    @staticmethod
-    async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:
-        """Calls of the thread still waiting for an outcome."""
-        return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
+async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
+    """The head of a thread, or ``None`` if nothing was recorded for it."""
+    r = await conn.fetchrow(_SELECT_HEAD, thread_id)
+    return None if r is None else head_of_row(r)
 
 
-class RecordsRepo:
-    """Ledger records."""
+async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:
+    """Calls of the thread still waiting for an outcome."""
+    return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
 
-    @staticmethod
-    async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
-        """Records of a thread with ``gt < seq <= lte``, in order; ``seq`` is their session seq."""
-        return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
 
-    @staticmethod
-    async def select_inherited(
-        conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str
-    ) -> list[LedgerRecord]:
-        """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
-        return [
-            _ledger_record(r)
-            for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)
-        ]
+async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+    """Records of a thread with ``gt < seq <= lte``, in order; ``seq`` is their session seq."""
+    return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
 
-    @staticmethod
-    async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
-        """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
-        if not refs:
-            return []
-        return [
-            _ledger_record(r)
-            for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
-        ]
 
-    @staticmethod
-    async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
-        """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
-        seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
-        return None if seq is None else int(seq)
+async def select_inherited(
+    conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str
+) -> list[LedgerRecord]:
+    """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
+    return [
+        _ledger_record(r)
+        for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)
+    ]
 
-    @staticmethod
-    async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        """Where an event key was recorded in a thread of ``tenant``, with its content hash; else its
-        newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
-        row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
-        assert row is not None  # a SELECT of scalar subqueries always returns its one row
-        if row["recorded"] is not None:
-            seq, content_sha256 = json.loads(row["recorded"])
-            return EventOutcome(int(seq), str(content_sha256), None)
-        if row["dead"] is None:
-            return EventOutcome(None, None, None)
-        code, reason = json.loads(row["dead"])
-        return EventOutcome(None, None, (str(code), str(reason)))
 
-    @staticmethod
-    async def select_full(
-        conn: Conn, thread_id: str
-    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
-        """Every record of a thread with its full text, for replaying its state."""
-        return [
-            (
-                r["seq"],
-                r["event_key"],
-                r["kind"],
-                json.loads(r["payload"]),
-                r["text"] or "",
-                r["client_ts"].isoformat() if r["client_ts"] else None,
-            )
-            for r in await conn.fetch(_SELECT_FULL, thread_id)
-        ]
+async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
+    """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
+    if not refs:
+        return []
+    return [
+        _ledger_record(r)
+        for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
+    ]
 
-    @staticmethod
-    async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
-        """The hash chain of a thread, in order."""
-        return [
-            ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
-            for r in await conn.fetch(_SELECT_LINKS, thread_id)
-        ]
 
-    @staticmethod
-    async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
-        """The last ``limit`` records of a thread, newest first, with a short preview."""
-        return [
-            TailRecord(
-                r["seq"],
-                r["session_seq"],
-                r["kind"],
-                r["event_key"],
-                r["tokens_o200k"],
-                r["content_sha256"],
-                r["record_hash"],
-                r["blob_sha256"],
-                r["preview"] or blob_preview(r["blob_head"], preview_chars),
-                tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
-                r["status"],
-            )
-            for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
-        ]
+async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
+    """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
+    seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
+    return None if seq is None else int(seq)
 
-    @staticmethod
-    async def select_evidence(
-        conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], EvidenceRow]:
-        """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
-        inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
-        rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
-        return {(r["thread_id"], r["seq"]): evidence_of_row(r) for r in rows}
 
-    @staticmethod
-    async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:
-        """``(record count, o200k tokens)`` of a thread."""
-        r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
-        return (0, 0) if r is None else (int(r["n"]), int(r["tokens"]))
+async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
+    """Where an event key was recorded in a thread of ``tenant``, with its content hash; else its
+    newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
+    row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
+    assert row is not None  # a SELECT of scalar subqueries always returns its one row
+    if row["recorded"] is not None:
+        seq, content_sha256 = json.loads(row["recorded"])
+        return EventOutcome(int(seq), str(content_sha256), None)
+    if row["dead"] is None:
+        return EventOutcome(None, None, None)
+    code, reason = json.loads(row["dead"])
+    return EventOutcome(None, None, (str(code), str(reason)))
+
+
+async def select_full(
+    conn: Conn, thread_id: str
+) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+    """Every record of a thread with its full text, for replaying its state."""
+    return [
+        (
+            r["seq"],
+            r["event_key"],
+            r["kind"],
+            json.loads(r["payload"]),
+            r["text"] or "",
+            r["client_ts"].isoformat() if r["client_ts"] else None,
+        )
+        for r in await conn.fetch(_SELECT_FULL, thread_id)
+    ]
+
+
+async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
+    """The hash chain of a thread, in order."""
+    return [
+        ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
+        for r in await conn.fetch(_SELECT_LINKS, thread_id)
+    ]
+
+
+async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+    """The last ``limit`` records of a thread, newest first, with a short preview."""
+    return [
+        TailRecord(
+            r["seq"],
+            r["session_seq"],
+            r["kind"],
+            r["event_key"],
+            r["tokens_o200k"],
+            r["content_sha256"],
+            r["record_hash"],
+            r["blob_sha256"],
+            r["preview"] or blob_preview(r["blob_head"], preview_chars),
+            tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
+            r["status"],
+        )
+        for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
+    ]
+
+
+async def select_evidence(
+    conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], EvidenceRow]:
+    """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
+    inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
+    rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
+    return {(r["thread_id"], r["seq"]): evidence_of_row(r) for r in rows}
+
+
+async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:
+    """``(record count, o200k tokens)`` of a thread."""
+    r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
+    return (0, 0) if r is None else (int(r["n"]), int(r["tokens"]))

@@ -16,28 +16,16 @@ import asyncpg
 
 from services.core.baseline import PositionReset, Positions
 from services.core.ledger import BatchPlan
-from services.store import batches, branches, listing, queries
-from services.store.batch_write import LedgerWritten, Position
+from services.store import batches, branches, calibration, ledger, listing, queries, tracking, windows
 from services.store import hook_sets as hooks_sql
 from services.store import search as search_sql
+from services.store import views as views_sql
 from services.store._errors import translate_pg_errors
-from services.store.calibration import CalibrationsRepo
-from services.store.ledger import (
-    Conn,
-    HeadsRepo,
-    RecordsRepo,
-)
-from services.store.tracking import DeadLettersRepo, TrackingRepo
+from services.store.batch_write import LedgerWritten, Position
+from services.store.ledger import Conn
 from services.store.thread_at_head import ThreadAtHead, read_thread_at_head
-from services.store.windows import WindowsRepo
-from services.store.views import (
-    DEFAULT_SUMMARY_CACHE_BYTES,
-    PoliciesRepo,
-    ScopeRepo,
-    SummaryRows,
-    ViewsRepo,
-    ViewState,
-)
+from services.store.tracking import TrackingRepo
+from services.store.views import DEFAULT_SUMMARY_CACHE_BYTES, SummaryRows, ViewState
 
 if TYPE_CHECKING:
     from services.store.ports import (
@@ -54,7 +42,6 @@ __all__ = ["LockedPositions", "PgConnection", "PgStore"]
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-_S = TypeVar("_S")
 
 
 def _on_conn(
@@ -99,7 +86,7 @@ class PgConnection:
     max_tracking_seq = _on_conn(TrackingRepo.max_tracking_seq)
     insert_tracking = _on_conn(TrackingRepo.insert_tracking)
     read_for_batch = _on_conn(batches.read_for_batch)
-    insert_dead_letter = _on_conn(DeadLettersRepo.insert)
+    insert_dead_letter = _on_conn(tracking.insert_dead_letter)
 
     async def write_plan(
         self,
@@ -122,28 +109,28 @@ class PgConnection:
             )
 
     # Views.
-    select_head = _on_conn(HeadsRepo.select_head)
-    scope_of = _on_conn(ScopeRepo.of_thread)
-    select_records = _on_conn(RecordsRepo.select_records)
-    select_inherited = _on_conn(RecordsRepo.select_inherited)
-    select_refs = _on_conn(RecordsRepo.select_refs)
-    summary_chain = _on_conn(ViewsRepo.summary_chain)
-    current_window = _on_conn(WindowsRepo.current)
-    windows_closed_after = _on_conn(WindowsRepo.closed_after)
-    commit_window = _on_conn(WindowsRepo.commit)
-    candidates = _on_conn(ViewsRepo.candidates)
-    adopt = _on_conn(ViewsRepo.adopt)
-    session_policy = _on_conn(PoliciesRepo.of_session)
-    get_policy = _on_conn(PoliciesRepo.get)
+    select_head = _on_conn(ledger.select_head)
+    scope_of = _on_conn(views_sql.scope_of)
+    select_records = _on_conn(ledger.select_records)
+    select_inherited = _on_conn(ledger.select_inherited)
+    select_refs = _on_conn(ledger.select_refs)
+    summary_chain = _on_conn(views_sql.summary_chain)
+    current_window = _on_conn(windows.current_window)
+    windows_closed_after = _on_conn(windows.windows_closed_after)
+    commit_window = _on_conn(windows.commit_window)
+    candidates = _on_conn(views_sql.candidates)
+    adopt = _on_conn(views_sql.adopt)
+    session_policy = _on_conn(views_sql.session_policy)
+    get_policy = _on_conn(views_sql.get_policy)
     read_states = _on_conn(batches.read_states)
     read_session_catalog = _on_conn(batches.read_session_catalog)
-    ensure_view = _on_conn(ViewsRepo.ensure)
-    note_prepare_budget = _on_conn(ViewsRepo.note_prepare_budget)
-    set_pending = _on_conn(ViewsRepo.set_pending)
-    clear_pending = _on_conn(ViewsRepo.clear_pending)
-    mark_evaluated = _on_conn(ViewsRepo.mark_evaluated)
-    record_attempt = _on_conn(ViewsRepo.record_attempt)
-    commit_summary = _on_conn(ViewsRepo.commit)
+    ensure_view = _on_conn(views_sql.ensure_view)
+    note_prepare_budget = _on_conn(views_sql.note_prepare_budget)
+    set_pending = _on_conn(views_sql.set_pending)
+    clear_pending = _on_conn(views_sql.clear_pending)
+    mark_evaluated = _on_conn(views_sql.mark_evaluated)
+    record_attempt = _on_conn(views_sql.record_attempt)
+    commit_summary = _on_conn(views_sql.commit_summary)
 
     async def thread_at_head(
         self,
@@ -165,7 +152,7 @@ class PgConnection:
 
     async def load_view(self, thread_id: str) -> ViewState:
         with translate_pg_errors():
-            return await ViewsRepo.load(self._conn, thread_id, self._summaries)
+            return await views_sql.load_view(self._conn, thread_id, self._summaries)
 
     # Branches (forks and exports).
     select_fork = _on_conn(branches.select_fork)
@@ -175,21 +162,21 @@ class PgConnection:
     select_history = _on_conn(branches.select_history)
 
     # Prepares and inspections.
-    find_event = _on_conn(RecordsRepo.find_event)
-    find_dead_letter = _on_conn(DeadLettersRepo.find)
-    find_event_outcome = _on_conn(RecordsRepo.find_event_outcome)
-    select_evidence = _on_conn(RecordsRepo.select_evidence)
-    totals = _on_conn(RecordsRepo.totals)
-    select_links = _on_conn(RecordsRepo.select_links)
-    select_tail = _on_conn(RecordsRepo.select_tail)
-    select_full = _on_conn(RecordsRepo.select_full)
-    open_call_ids = _on_conn(HeadsRepo.open_call_ids)
-    count_dead_letters = _on_conn(DeadLettersRepo.count)
-    recent_dead_letters = _on_conn(DeadLettersRepo.recent)
-    summary_count = _on_conn(ViewsRepo.summary_count)
-    read_calibration = _on_conn(CalibrationsRepo.get)
-    update_calibration = _on_conn(CalibrationsRepo.update)
-    note_overflow = _on_conn(CalibrationsRepo.note_overflow)
+    find_event = _on_conn(ledger.find_event)
+    find_dead_letter = _on_conn(tracking.find_dead_letter)
+    find_event_outcome = _on_conn(ledger.find_event_outcome)
+    select_evidence = _on_conn(ledger.select_evidence)
+    totals = _on_conn(ledger.totals)
+    select_links = _on_conn(ledger.select_links)
+    select_tail = _on_conn(ledger.select_tail)
+    select_full = _on_conn(ledger.select_full)
+    open_call_ids = _on_conn(ledger.open_call_ids)
+    count_dead_letters = _on_conn(tracking.count_dead_letters)
+    recent_dead_letters = _on_conn(tracking.recent_dead_letters)
+    summary_count = _on_conn(views_sql.summary_count)
+    read_calibration = _on_conn(calibration.read_calibration)
+    update_calibration = _on_conn(calibration.update_calibration)
+    note_overflow = _on_conn(calibration.note_overflow)
 
 
 class PgStore:
@@ -218,7 +205,7 @@ class PgStore:
     session_blob = _pooled(queries.select_session_blob)
     session_record = _pooled(queries.select_session_record)
     register_catalog = _pooled(queries.insert_catalog)
-    register_policy = _pooled(PoliciesRepo.register)
+    register_policy = _pooled(views_sql.register_policy)
     search = _pooled(search_sql.search_session)
     list_sessions = _pooled(listing.select_sessions)
     thread_compactions = _pooled(listing.select_compactions)
@@ -231,7 +218,7 @@ class PgStore:
     stale_index_threads = _pooled(search_sql.stale_index_threads)
     reset_index = _pooled(search_sql.reset_index)
     # Threads recorded past what the budgeter evaluated (its catch-up after missed notices).
-    stale_views = _pooled(ViewsRepo.stale_threads)
+    stale_views = _pooled(views_sql.stale_threads)
     # The last stream sequence a consumer applied on a partition, 0 if none.
     position = _pooled(TrackingRepo.max_tracking_seq)
     adopt_stream = _pooled(TrackingRepo.adopt_stream)
