@@ -24,7 +24,15 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
-from services.store.batch_write import LedgerWritten, Position, one_statement, settles_receipts, write_ledger
+from services.store.batch_write import (
+    FINISHED_RECEIPT,
+    LedgerWritten,
+    Position,
+    one_statement,
+    settles_receipts,
+    unnest_args,
+    write_ledger,
+)
 from services.store.ledger import Conn
 from services.store.tracking import insert_dead_letter
 
@@ -370,28 +378,12 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
     if plan.receipts_requested:
-        rs = plan.receipts_requested
+        receipt = ("session_id", "operation_id", "thread_id", "call_id", "tool", "request_sha256")
         await conn.execute(
-            _INSERT_RECEIPTS,
-            [r.session_id for r in rs],
-            [r.operation_id for r in rs],
-            [r.thread_id for r in rs],
-            [r.call_id for r in rs],
-            [r.tool for r in rs],
-            [r.request_sha256 for r in rs],
-            [r.requested_event for r in rs],
+            _INSERT_RECEIPTS, *unnest_args(plan.receipts_requested, *receipt, "requested_event")
         )
     if plan.receipts_finished and not settles_receipts(plan):  # else the ledger statement did
-        ds = plan.receipts_finished
-        await conn.execute(
-            _FINISH_RECEIPTS,
-            [d.thread_id for d in ds],
-            [d.call_id for d in ds],
-            [d.status for d in ds],
-            [d.finished_event for d in ds],
-            [d.response_sha256 for d in ds],
-            [d.external_ref for d in ds],
-        )
+        await conn.execute(_FINISH_RECEIPTS, *unnest_args(plan.receipts_finished, *FINISHED_RECEIPT))
     for c in plan.receipts_reconciled:
         await conn.execute(
             _RECONCILE_RECEIPT, c.session_id, c.operation_id, c.status, c.external_ref, c.reconciled_event

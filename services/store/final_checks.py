@@ -18,6 +18,7 @@ from contracts.hooks import AdditionCategory, HookSet
 from services.core.gateway_check import GatewayRecord
 from services.core.served import ServedContext
 from services.store._errors import translate_pg_errors
+from services.store.batch_write import unnest_args
 from services.store.listing import ServedStep
 
 __all__ = ["SERVED_STEPS_KEPT", "MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
@@ -66,6 +67,8 @@ USING (SELECT thread_id, max(step) AS last FROM ctx.served_contexts WHERE thread
        GROUP BY thread_id) m
 WHERE s.thread_id = m.thread_id AND s.step <= m.last - $2
 """
+# The columns a prepared context and a served one are keyed and filed by, before its JSON.
+_KEYS = ("prepared_id", "format", "tenant", "thread_id")
 _SELECT_PREPARED = "SELECT record FROM ctx.prepared_contexts WHERE prepared_id = $1 AND format = $2"
 _INSERT_CHECK = """
 INSERT INTO ctx.gateway_checks
@@ -115,10 +118,7 @@ class PgGatewayStore:
             async with self._pool.acquire() as conn:
                 await conn.execute(
                     _INSERT_PREPARED_MANY,
-                    [r.prepared_id for r in records],
-                    [r.format for r in records],
-                    [r.tenant for r in records],
-                    [r.thread_id for r in records],
+                    *unnest_args(records, *_KEYS),
                     [r.model_dump_json() for r in records],
                 )
 
@@ -142,10 +142,7 @@ class PgGatewayStore:
                     await conn.execute(_LOCK_SERVED_THREADS, threads)
                     await conn.execute(
                         _INSERT_SERVED_MANY,
-                        [s.prepared_id for s in served],
-                        [s.format for s in served],
-                        [s.tenant for s in served],
-                        [s.thread_id for s in served],
+                        *unnest_args(served, *_KEYS),
                         [s.model_dump_json() for s in served],
                     )
                     await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)

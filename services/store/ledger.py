@@ -32,20 +32,32 @@ Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyn
 Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
 
 __all__ = [
-    "HEAD_COLUMNS",
-    "RECORD_BLOB_JOIN",
-    "RECORD_ROW",
     "Conn",
     "EventOutcome",
     "EvidenceRow",
+    "HEAD_COLUMNS",
     "LedgerRecord",
+    "RECORD_BLOB_JOIN",
+    "RECORD_ROW",
     "Row",
     "StoredHead",
     "TailRecord",
     "blob_preview",
     "evidence_of_row",
+    "find_event",
+    "find_event_outcome",
     "head_of_row",
     "ledger_record_of_row",
+    "open_call_ids",
+    "select_evidence",
+    "select_full",
+    "select_head",
+    "select_inherited",
+    "select_links",
+    "select_records",
+    "select_refs",
+    "select_tail",
+    "totals",
 ]
 
 # What head_of_row reads, of ``ctx.thread_heads h`` (also read with a view: thread_at_head.py).

@@ -22,6 +22,10 @@ from services.store.ledger import Conn
 
 __all__ = [
     "TrackingRepo",
+    "count_dead_letters",
+    "find_dead_letter",
+    "insert_dead_letter",
+    "recent_dead_letters",
 ]
 
 
