@@ -45,6 +45,7 @@ __all__ = [
     "blob_preview",
     "evidence_of_row",
     "find_event",
+    "event_outcome_of",
     "find_event_outcome",
     "head_of_row",
     "ledger_record_of_row",
@@ -375,12 +376,17 @@ async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key:
     newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
     row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
     assert row is not None  # a SELECT of scalar subqueries always returns its one row
-    if row["recorded"] is not None:
-        seq, content_sha256 = json.loads(row["recorded"])
+    return event_outcome_of(row["recorded"], row["dead"])
+
+
+def event_outcome_of(recorded: str | None, dead: str | None) -> EventOutcome:
+    """An outcome from the JSON arrays ``[seq, content_sha256]`` and ``[code, reason]`` (or ``NULL``s)."""
+    if recorded is not None:
+        seq, content_sha256 = json.loads(recorded)
         return EventOutcome(int(seq), str(content_sha256), None)
-    if row["dead"] is None:
+    if dead is None:
         return EventOutcome(None, None, None)
-    code, reason = json.loads(row["dead"])
+    code, reason = json.loads(dead)
     return EventOutcome(None, None, (str(code), str(reason)))
 
 

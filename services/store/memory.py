@@ -52,6 +52,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from contracts.exceptions import StoreRejected
+from services.store._errors import race_conflict
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork, history_of_row
 from services.store.final_checks import MemoryGatewayStore
@@ -102,19 +103,6 @@ if TYPE_CHECKING:
 __all__ = ["MemoryConnection", "MemoryStore"]
 
 _Row = dict[str, Any]
-
-
-def _conflict(thread_id: str, constraint: str) -> RevisionConflict:
-    """What ``translate_pg_errors`` makes of a racing unique violation."""
-    conflict = RevisionConflict(thread_id, -1, None)
-    conflict.details["constraint"] = constraint
-    conflict.message = f"{conflict.message} (unique constraint {constraint})"
-    conflict.args = (conflict.message,)
-    return conflict
-
-
-def _refused(error: str, sqlstate: str, cause: str) -> StoreRejected:
-    return StoreRejected(error, sqlstate, cause)
 
 
 @dataclass
@@ -459,7 +447,9 @@ class MemoryConnection:
                     (r for (tn, nm, r) in t.policies if nm == policy and tn in (tenant, "")), default=None
                 )
                 if revision is None:
-                    raise _refused("NotNullViolationError", "23502", 'null value in column "policy_revision"')
+                    raise StoreRejected(
+                        "NotNullViolationError", "23502", 'null value in column "policy_revision"'
+                    )
                 session = t.sessions[session_id] = {
                     "session_id": session_id,
                     "tenant": tenant,
@@ -553,15 +543,15 @@ class MemoryConnection:
     def _insert_record(self, r: Any, session_seq: int, recorded_by: str) -> None:
         t = self._t
         if (r.thread_id, r.seq) in t.records:
-            raise _conflict("?", "records_pkey")
+            raise race_conflict("?", "records_pkey")
         if any(x["thread_id"] == r.thread_id and x["event_key"] == r.event_key for x in t.records.values()):
             raise DuplicateEvent(f"Key (thread_id, event_key)=({r.thread_id}, {r.event_key}) already exists.")
         if any(
             x["session_id"] == r.session_id and x["session_seq"] == session_seq for x in t.records.values()
         ):
-            raise _conflict("?", "records_session_seq")
+            raise race_conflict("?", "records_session_seq")
         if (r.text is None) == (r.blob_sha256 is None):
-            raise _refused(
+            raise StoreRejected(
                 "CheckViolationError", "23514", 'new row violates check constraint "records_text_xor_blob"'
             )
         mask = r.mask_tokens
@@ -608,7 +598,7 @@ class MemoryConnection:
                 o["session_id"] == run["session_id"] and o["status"] == "active" and o["run_id"] != run_id
                 for o in t.runs.values()
             ):
-                raise _conflict("?", "runs_one_active")
+                raise race_conflict("?", "runs_one_active")
             run["status"] = status
 
         for run_id, status in plan.run_statuses.items():
@@ -618,11 +608,11 @@ class MemoryConnection:
             first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
             final = plan.run_statuses.get(run.run_id, "active")
             if run.run_id in t.runs:
-                raise _conflict("?", "runs_pkey")
+                raise race_conflict("?", "runs_pkey")
             if final == "active" and any(
                 o["session_id"] == run.session_id and o["status"] == "active" for o in t.runs.values()
             ):
-                raise _conflict("?", "runs_one_active")
+                raise race_conflict("?", "runs_one_active")
             t.runs[run.run_id] = {
                 "run_id": run.run_id,
                 "session_id": run.session_id,
@@ -671,7 +661,7 @@ class MemoryConnection:
             if (session_id, operation_id) in t.receipts or any(
                 r["thread_id"] == thread_id and r["call_id"] == call_id for r in t.receipts.values()
             ):
-                raise _refused(
+                raise StoreRejected(
                     "UniqueViolationError",
                     "23505",
                     'duplicate key value violates unique constraint "receipts_pkey"',
@@ -978,7 +968,7 @@ class MemoryConnection:
 
     async def ensure_view(self, thread_id: str) -> None:
         if thread_id not in self._t.heads:
-            raise _refused(
+            raise StoreRejected(
                 "ForeignKeyViolationError",
                 "23503",
                 'insert or update on table "thread_views" violates foreign key',
@@ -1050,7 +1040,7 @@ class MemoryConnection:
             handoff.thread_id,
             handoff.new_window,
         ) in self._t.windows or handoff.handoff_id in self._t.handoffs:
-            raise _refused(
+            raise StoreRejected(
                 "UniqueViolationError",
                 "23505",
                 'duplicate key value violates unique constraint "windows_pkey"',
@@ -1088,7 +1078,7 @@ class MemoryConnection:
             s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision
             for s in self._t.summaries.values()
         ):
-            raise _refused(
+            raise StoreRejected(
                 "UniqueViolationError",
                 "23505",
                 'duplicate key value violates unique constraint "summaries_revision"',
