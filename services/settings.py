@@ -123,11 +123,15 @@ def parse_tenants(spec: str) -> tuple[str, ...]:
     return tenants
 
 
-class _FlatEnv(PydanticBaseSettingsSource):
-    """``CTX_<NAME>`` for every setting of every group, as the flat ``{name: text}`` the groups take."""
+class _Source(PydanticBaseSettingsSource):
+    """A source that reads every value at once (``__call__``), not field by field."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
+
+
+class _FlatEnv(_Source):
+    """``CTX_<NAME>`` for every setting of every group, as the flat ``{name: text}`` the groups take."""
 
     def __call__(self) -> dict[str, Any]:
         # Case-insensitive, as pydantic-settings reads variables.
@@ -135,12 +139,8 @@ class _FlatEnv(PydanticBaseSettingsSource):
         return {name: env[var] for name in GROUP_OF if (var := f"{ENV_PREFIX}{name.upper()}") in env}
 
 
-class _SecretFiles(PydanticBaseSettingsSource):
-    """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content
-    (one trailing newline dropped)."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+class _SecretFiles(_Source):
+    """``CTX_<SECRET>_FILE=/path``: the secret is the file's content (one trailing newline dropped)."""
 
     def __call__(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
