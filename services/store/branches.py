@@ -113,7 +113,6 @@ async def select_fork_parent(conn: Conn, tenant: str, session_id: str) -> ForkPa
 
 
 async def insert_fork(conn: Conn, fork: NewFork) -> bool:
-    """Create the fork; False if its session id is already used."""
     created = await conn.fetchval(
         _INSERT_FORK, fork.session_id, fork.parent_session_id, fork.at_seq, fork.inherited_reset
     )

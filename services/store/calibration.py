@@ -49,7 +49,6 @@ async def update_calibration(
 
 
 async def note_overflow(conn: Conn, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
-    """Remember an overflow on the view it names; False when that view already had one."""
     inserted = await conn.fetchval(
         _NOTE_OVERFLOW,
         thread_id,

@@ -111,7 +111,6 @@ class PgGatewayStore:
         await self.insert_prepared_many((record,))
 
     async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
-        """Keep each of ``records`` in one statement; an id and format stored already is left as it is."""
         if not records:
             return
         with translate_pg_errors():
@@ -148,14 +147,12 @@ class PgGatewayStore:
                     await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
-        """The record of a prepared context in one format, if it was written."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 raw = await conn.fetchval(_SELECT_PREPARED, prepared_id, format)
         return None if raw is None else GatewayRecord.model_validate_json(raw)
 
     async def insert_check(self, stored: StoredCheck) -> StoredCheck:
-        """Record a verdict once per attempt; answers the one recorded first."""
         c = stored.check
         additions = json.dumps([a.model_dump(mode="json") for a in stored.additions])
         with translate_pg_errors():
@@ -180,14 +177,12 @@ class PgGatewayStore:
         return _check_of(row)
 
     async def select_check(self, prepared_id: str, attempt: int) -> StoredCheck | None:
-        """The verdict recorded for one attempt."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(_SELECT_CHECK, prepared_id, attempt)
         return None if row is None else _check_of(row)
 
     async def has_reprepare(self, prepared_id: str) -> bool:
-        """Whether a check of this context already answered ``context_reprepare_required``."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 return bool(await conn.fetchval(_HAS_REPREPARE, prepared_id))
@@ -267,7 +262,6 @@ class MemoryHookGrants:
     sessions: dict[tuple[str, str], HookSet] = field(default_factory=dict)
 
     def use(self, tenant: str, session_id: str, hooks: HookSet) -> None:
-        """Let ``session_id`` of ``tenant`` run under ``hooks``."""
         self.sessions[(tenant, session_id)] = hooks
 
     async def granted(self, tenant: str, session_id: str) -> Mapping[str, frozenset[AdditionCategory]]:

@@ -140,7 +140,6 @@ def compaction_of_row(r: Row) -> CompactionEntry:
 
 
 async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:
-    """The contexts answered for the thread that are still kept, oldest step first."""
     return [
         ServedStep(r["step"], r["served_at"], ServedContext.model_validate_json(r["manifest"]))
         for r in await conn.fetch(_SERVED, thread_id)
@@ -148,7 +147,6 @@ async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:
 
 
 async def select_served_texts(conn: Conn, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
-    """The texts of the thread's served blocks with these digests."""
     return {r["digest"]: r["text"] for r in await conn.fetch(_SERVED_TEXTS, thread_id, list(digests))}
 
 

@@ -201,7 +201,6 @@ class MemoryStore:
             self.open_sessions -= 1
 
     async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
-        """As ``PgStore.search``: ``None`` unless ``tenant`` has the session and its principal may see it."""
         t = self.tables
         session = t.sessions.get(request.session_id)
         if session is None or session["tenant"] != tenant:
@@ -212,7 +211,6 @@ class MemoryStore:
         return t.search.search(request, run_of=runs, superseded=frozenset(t.retired))
 
     async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
-        """As ``PgStore.index_next``: up to ``batch`` records after the thread's position, at once."""
         t = self.tables
         rows = [r for (tid, _), r in t.records.items() if tid == thread_id]
         return t.search.index_next(thread_id, rows, t.blobs, batch=batch, version=version, chunker=chunker)
@@ -229,7 +227,6 @@ class MemoryStore:
         return threads
 
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
-        """Store ``hooks`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
         t = self.tables
         revision = (
             max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
@@ -250,7 +247,6 @@ class MemoryStore:
         return True, max(pinned, key=lambda p: p.revision) if pinned else None
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
-        """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
         revision = (
             max(
                 (r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0
@@ -261,7 +257,6 @@ class MemoryStore:
         return revision
 
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
-        """Store ``catalog`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
         revision = 1 + max(
             (r for (t, rel, r) in self.tables.catalogs if t == tenant and rel == catalog.release), default=0
         )
@@ -269,7 +264,6 @@ class MemoryStore:
         return revision
 
     async def list_sessions(self, tenant: str | None, limit: int) -> list[SessionListing]:
-        """The newest ``limit`` sessions of ``tenant`` (every tenant's when ``None``), as ``PgStore``."""
         t = self.tables
         newest = [s for s in reversed(t.sessions.values()) if tenant is None or s["tenant"] == tenant]
         return [
@@ -287,7 +281,6 @@ class MemoryStore:
         ]
 
     async def thread_compactions(self, thread_id: str) -> list[CompactionEntry]:
-        """Every summary committed for the thread, oldest view first."""
         mine = sorted(
             (s for s in self.tables.summaries.values() if s["thread_id"] == thread_id),
             key=lambda s: int(s["view_revision"]),
@@ -302,7 +295,6 @@ class MemoryStore:
         return {d: texts[(thread_id, d)] for d in digests if (thread_id, d) in texts}
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
-        """The thread's tool calls in call order, each with its outcome once recorded."""
         mine = sorted(
             ((cid, c) for (tid, cid), c in self.tables.calls.items() if tid == thread_id),
             key=lambda item: (int(item[1]["call_seq"]), item[0]),

@@ -217,9 +217,7 @@ class PgStore:
     index_next = _pooled(search_sql.index_next)
     stale_index_threads = _pooled(search_sql.stale_index_threads)
     reset_index = _pooled(search_sql.reset_index)
-    # Threads recorded past what the budgeter evaluated (its catch-up after missed notices).
     stale_views = _pooled(views_sql.stale_threads)
-    # The last stream sequence a consumer applied on a partition, 0 if none.
     position = _pooled(TrackingRepo.max_tracking_seq)
     adopt_stream = _pooled(TrackingRepo.adopt_stream)
 

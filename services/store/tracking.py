@@ -127,7 +127,6 @@ async def find_dead_letter(conn: Conn, tenant: str, thread_id: str, event_key: s
 
 
 async def count_dead_letters(conn: Conn, thread_id: str) -> int:
-    """Rejections recorded for a thread."""
     return int(await conn.fetchval(_COUNT_DEAD, thread_id))
 
 

@@ -115,7 +115,6 @@ class Candidate:
 
 
 async def scope_of(conn: Conn, thread_id: str) -> ThreadScope:
-    """The scope of a recorded thread."""
     r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
     return ThreadScope() if r is None else scope_of_row(r)
 
@@ -245,7 +244,6 @@ class SummaryRow:
         object.__setattr__(self, "sources", tuple(summary_sources(self.body)))
 
     def tokens(self, encoding: str) -> int:
-        """Tokens of the rendered summary in ``encoding``."""
         return self.tokens_cl100k if encoding == "cl100k_base" else self.tokens_o200k
 
 
@@ -342,7 +340,6 @@ class SummaryRows:
         self._bytes = 0
 
     def held(self, thread_id: str) -> SummaryRow | None:
-        """The summary held for the thread, if any."""
         found = self._rows.get(thread_id)
         if found is None:
             return None
@@ -471,8 +468,6 @@ async def load_view(conn: Conn, thread_id: str, summaries: SummaryRows | None = 
 
 
 async def summary_chain(conn: Conn, summary_id: str) -> list[tuple[int, SummaryRow]]:
-    """The summaries ``summary_id`` extends, each with the view revision it was committed at,
-    its parent first."""
     rows = await conn.fetch(_SUMMARY_CHAIN, summary_id)
     return [
         (
@@ -489,7 +484,6 @@ async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved:
 
 
 async def ensure_view(conn: Conn, thread_id: str) -> None:
-    """Create the thread's view row if missing."""
     await conn.execute(_ENSURE_VIEW, thread_id)
 
 
@@ -611,5 +605,4 @@ async def stale_threads(conn: Conn, limit: int) -> list[str]:
 
 
 async def summary_count(conn: Conn, thread_id: str) -> int:
-    """Summaries committed for a thread."""
     return int(await conn.fetchval(_SUMMARY_COUNT, thread_id))
