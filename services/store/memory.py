@@ -141,6 +141,11 @@ class _Tables:
         return self.clock
 
 
+def _next_revision(table: Mapping[tuple[str, str, int], object], tenants: tuple[str, ...], name: str) -> int:
+    """The revision after the newest of ``name`` of ``tenants`` in a table keyed ``(tenant, name, rev)``."""
+    return 1 + max((r for (t, n, r) in table if t in tenants and n == name), default=0)
+
+
 def _as_timestamptz(ts: datetime | None) -> datetime | None:
     """What a ``timestamptz`` column gives back: the instant in UTC (asyncpg, like ``astimezone``,
     takes a naive time as local)."""
@@ -227,11 +232,8 @@ class MemoryStore:
         return threads
 
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
-        t = self.tables
-        revision = (
-            max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
-        )
-        t.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(t.sessions))
+        revision = _next_revision(self.tables.hooks, (tenant,), hooks.release)
+        self.tables.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(self.tables.sessions))
         return revision
 
     async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
@@ -247,19 +249,13 @@ class MemoryStore:
         return True, max(pinned, key=lambda p: p.revision) if pinned else None
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
-        revision = (
-            max(
-                (r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0
-            )
-            + 1
-        )
+        # Numbered across the tenant's own policies and the shared built-ins (tenant ''), as PgStore does.
+        revision = _next_revision(self.tables.policies, (tenant, ""), policy.name)
         self.tables.policies[(tenant, policy.name, revision)] = policy
         return revision
 
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
-        revision = 1 + max(
-            (r for (t, rel, r) in self.tables.catalogs if t == tenant and rel == catalog.release), default=0
-        )
+        revision = _next_revision(self.tables.catalogs, (tenant,), catalog.release)
         self.tables.catalogs[(tenant, catalog.release, revision)] = catalog
         return revision
 
