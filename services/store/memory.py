@@ -1190,11 +1190,7 @@ class MemoryConnection:
         if row["kind"] == "tool_outcome":
             call = self._t.calls.get((thread_id, str(payload.get("call_id"))))
             return ((call["name"],) if call else ()), payload.get("status")
-        calls = payload.get("tool_calls")
-        names = (
-            tuple(c.get("name", "") for c in calls if isinstance(c, dict)) if isinstance(calls, list) else ()
-        )
-        return names, None
+        return tuple(_call_names(payload)), None
 
     async def select_full(
         self, thread_id: str
@@ -1258,6 +1254,10 @@ def _preview(row: dict[str, Any]) -> str:
     text = row["view_text"] if row["view_text"] is not None else row["text"] or ""
     if text:
         return text
-    calls = json.loads(row["payload"]).get("tool_calls")
-    names = [c.get("name", "") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    names = _call_names(json.loads(row["payload"]))
     return "calls: " + ", ".join(names) if names else ""
+
+
+def _call_names(payload: dict[str, Any]) -> list[str]:
+    calls = payload.get("tool_calls")
+    return [c.get("name", "") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
