@@ -44,7 +44,6 @@ __all__ = [
     "TailRecord",
     "blob_preview",
     "evidence_of_row",
-    "find_event",
     "event_outcome_of",
     "find_event_outcome",
     "head_of_row",
@@ -129,12 +128,6 @@ _SELECT_BY_REF = (
 ORDER BY r.session_seq
 """
 )
-
-
-_FIND_EVENT = """
-SELECT r.seq FROM ctx.records r JOIN ctx.sessions s ON s.session_id = r.session_id
-WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3
-"""
 
 
 # Recorded (with its content hash), or else its newest dead letter — filed under the thread, or naming
@@ -363,12 +356,6 @@ async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[Ledge
         _ledger_record(r)
         for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
     ]
-
-
-async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
-    """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
-    seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
-    return None if seq is None else int(seq)
 
 
 async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:

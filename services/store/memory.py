@@ -1112,29 +1112,20 @@ class MemoryConnection:
 
     # Prepares and inspections.
 
-    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None:
+    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
         for r in self._t.records.values():
             if r["thread_id"] == thread_id and r["event_key"] == event_key:
                 session = self._t.sessions.get(r["session_id"])
                 if session is not None and session["tenant"] == tenant:
-                    return int(r["seq"])
-        return None
-
-    async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
+                    return EventOutcome(int(r["seq"]), r["content_sha256"], None)
         for d in reversed(self._t.dead_letters):
             if (
                 thread_id in (d["thread_id"], d["named_thread_id"])
                 and d["event_key"] == event_key
                 and d["tenant"] == tenant
             ):
-                return d["code"], d["reason"]
-        return None
-
-    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        seq = await self.find_event(tenant, thread_id, event_key)
-        if seq is not None:
-            return EventOutcome(seq, self._t.records[(thread_id, seq)]["content_sha256"], None)
-        return EventOutcome(None, None, await self.find_dead_letter(tenant, thread_id, event_key))
+                return EventOutcome(None, None, (d["code"], d["reason"]))
+        return EventOutcome(None, None, None)
 
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]

@@ -208,15 +208,9 @@ class ViewWrites(Protocol):
 class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
     """What a prepare and an inspection read."""
 
-    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None: ...
-
-    async def find_dead_letter(
-        self, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[str, str] | None: ...
-
     async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        """``find_event`` with the record's content hash, and when it finds nothing,
-        ``find_dead_letter``: in one round trip."""
+        """Where the event was recorded in a thread of ``tenant`` (with the record's content hash), or
+        else its newest dead letter's code and reason: in one round trip."""
         ...
 
     async def select_evidence(

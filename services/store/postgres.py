@@ -162,8 +162,6 @@ class PgConnection:
     select_history = _on_conn(branches.select_history)
 
     # Prepares and inspections.
-    find_event = _on_conn(ledger.find_event)
-    find_dead_letter = _on_conn(tracking.find_dead_letter)
     find_event_outcome = _on_conn(ledger.find_event_outcome)
     select_evidence = _on_conn(ledger.select_evidence)
     totals = _on_conn(ledger.totals)

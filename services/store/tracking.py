@@ -23,7 +23,6 @@ from services.store.ledger import Conn
 __all__ = [
     "TrackingRepo",
     "count_dead_letters",
-    "find_dead_letter",
     "insert_dead_letter",
     "recent_dead_letters",
 ]
@@ -84,13 +83,6 @@ WHERE consumer = $1 AND partition = $2 AND last_stream_seq = $4
 
 
 # Filed under the thread, or naming it from another thread's subject (``named_thread_id``).
-_FIND_DEAD = """
-SELECT code, reason FROM ctx.dead_letters
-WHERE (thread_id = $1 OR named_thread_id = $1) AND event_key = $2 AND tenant = $3
-ORDER BY id DESC LIMIT 1
-"""
-
-
 _COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
 _RECENT_DEAD = """
 SELECT stream_seq, event_key, code, reason FROM ctx.dead_letters
@@ -118,12 +110,6 @@ async def insert_dead_letter(conn: Conn, rejection: Rejection, *, keep_raw: int)
         stored.tenant if (stored := parse_stored_subject(rejection.incoming.subject)) else DEFAULT_TENANT,
         rejection.named_thread,
     )
-
-
-async def find_dead_letter(conn: Conn, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
-    """``(code, reason)`` of the latest rejection of this event published by ``tenant``, if any."""
-    row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key, tenant)
-    return None if row is None else (row["code"], row["reason"])
 
 
 async def count_dead_letters(conn: Conn, thread_id: str) -> int:
