@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -309,7 +310,7 @@ class ProcessSettings(_Group):
     """What this process runs, who it is, and how it is operated."""
 
     # The tenant the CLI and a client built from these settings speak for.
-    tenant: str = DEFAULT_TENANT
+    tenant: Annotated[str, AfterValidator(check_tenant)] = DEFAULT_TENANT
     workers: str = ",".join(WORKER_NAMES)
     recorder_partitions: str = "all"
     pod_name: str = Field(default_factory=socket.gethostname)
@@ -334,11 +335,6 @@ class ProcessSettings(_Group):
         if unknown or not names:
             raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
         return ",".join(names)
-
-    @field_validator("tenant")
-    @classmethod
-    def _tenant(cls, value: str) -> str:
-        return check_tenant(value)
 
     @property
     def worker_names(self) -> tuple[str, ...]:
