@@ -793,18 +793,21 @@ class MemoryConnection:
     async def select_inherited(
         self, session_id: str, *, after: int, through: int, exclude_thread: str
     ) -> list[LedgerRecord]:
-        rows = sorted(
+        rows = self._main_rows(session_id, after, through)
+        return [self._record(r) for r in rows if r["thread_id"] != exclude_thread]
+
+    def _main_rows(self, session_id: str, after: int, through: int) -> list[_Row]:
+        """The session's main-thread records with ``after < session_seq <= through``, in order."""
+        return sorted(
             (
                 r
                 for r in self._t.records.values()
                 if r["session_id"] == session_id
                 and after < r["session_seq"] <= through
-                and r["thread_id"] != exclude_thread
                 and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
             ),
             key=lambda r: r["session_seq"],
         )
-        return [self._record(r) for r in rows]
 
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
         rows = sorted(
@@ -851,22 +854,12 @@ class MemoryConnection:
     async def select_history(
         self, session_id: str, *, after: int, through: int, limit: int
     ) -> list[HistoryRow]:
-        rows = sorted(
-            (
-                r
-                for r in self._t.records.values()
-                if r["session_id"] == session_id
-                and after < r["session_seq"] <= through
-                and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
-            ),
-            key=lambda r: r["session_seq"],
-        )[:limit]
         blobs = self._t.blobs
         return [
             history_of_row(
                 {**r, "text": blobs[r["blob_sha256"]].decode() if r["text"] is None else r["text"]}
             )
-            for r in rows
+            for r in self._main_rows(session_id, after, through)[:limit]
         ]
 
     async def summary_chain(self, summary_id: str) -> list[tuple[int, SummaryRow]]:
