@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol, TypeAlias
+from typing import Protocol, TypeAlias, TypeVar
 
 from contracts import (
     ContextPolicy,
@@ -63,6 +63,7 @@ __all__ = [
     "QueryStore",
     "RecordingConnection",
     "RecordingStore",
+    "Sessions",
     "Transactional",
     "ViewConnection",
     "ViewReads",
@@ -266,25 +267,22 @@ class BranchConnection(Transactional, Protocol):
     ) -> list[HistoryRow]: ...
 
 
-class BranchStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[BranchConnection]: ...
+_Connection = TypeVar("_Connection", covariant=True)
 
 
-class RecordingStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[RecordingConnection]:
+class Sessions(Protocol[_Connection]):
+    """A store that opens sessions of one port."""
+
+    def connection(self) -> AbstractAsyncContextManager[_Connection]:
         """One connection's worth of work (acquiring it may raise StoreUnavailable)."""
         ...
 
 
-class PrepareStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[PrepareConnection]: ...
-
-
-class ViewStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[ViewConnection]: ...
-
-
+BranchStore: TypeAlias = Sessions[BranchConnection]
+RecordingStore: TypeAlias = Sessions[RecordingConnection]
+PrepareStore: TypeAlias = Sessions[PrepareConnection]
 # The budgeter's and the compactor's store: both keep threads' views.
+ViewStore: TypeAlias = Sessions[ViewConnection]
 BudgetStore: TypeAlias = ViewStore
 CompactionStore: TypeAlias = ViewStore
 
