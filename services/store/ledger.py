@@ -35,6 +35,7 @@ __all__ = [
     "Conn",
     "EventOutcome",
     "EvidenceRow",
+    "FullRecord",
     "HEAD_COLUMNS",
     "LedgerRecord",
     "RECORD_BLOB_JOIN",
@@ -59,6 +60,9 @@ __all__ = [
     "select_tail",
     "totals",
 ]
+
+# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
+FullRecord: TypeAlias = tuple[int, str, str, dict[str, object], str, str | None]
 
 # What head_of_row reads, of ``ctx.thread_heads h`` (also read with a view: thread_at_head.py).
 HEAD_COLUMNS = """h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
@@ -377,9 +381,7 @@ def event_outcome_of(recorded: str | None, dead: str | None) -> EventOutcome:
     return EventOutcome(None, None, (str(code), str(reason)))
 
 
-async def select_full(
-    conn: Conn, thread_id: str
-) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
+async def select_full(conn: Conn, thread_id: str) -> list[FullRecord]:
     """Every record of a thread with its full text, for replaying its state."""
     return [
         (

@@ -60,6 +60,7 @@ from services.store.hook_sets import PinnedHooks
 from services.store.ledger import (
     EventOutcome,
     EvidenceRow,
+    FullRecord,
     StoredHead,
     TailRecord,
     _ledger_record,
@@ -1176,10 +1177,8 @@ class MemoryConnection:
             return ((call["name"],) if call else ()), payload.get("status")
         return tuple(_call_names(payload)), None
 
-    async def select_full(
-        self, thread_id: str
-    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
-        out: list[tuple[int, str, str, dict[str, object], str, str | None]] = []
+    async def select_full(self, thread_id: str) -> list[FullRecord]:
+        out: list[FullRecord] = []
         for r in self._thread_rows(thread_id):
             text = r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8")
             ts = r["client_ts"].isoformat() if r["client_ts"] else None

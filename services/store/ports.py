@@ -38,7 +38,7 @@ from services.store.final_checks import StoredCheck
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hook_sets import PinnedHooks
-from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
+from services.store.ledger import EventOutcome, EvidenceRow, FullRecord, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState
@@ -70,9 +70,6 @@ __all__ = [
     "ViewStore",
     "ViewWrites",
 ]
-
-# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
-FullRecord = tuple[int, str, str, dict[str, object], str, str | None]
 
 
 class Transactional(Protocol):
