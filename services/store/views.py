@@ -337,7 +337,8 @@ class SummaryRows:
     def __init__(self, max_bytes: int = DEFAULT_SUMMARY_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._rows: OrderedDict[str, tuple[SummaryRow, int]] = OrderedDict()
-        self._bytes = 0
+        # What the held summaries cost, as their sizes were given.
+        self.bytes = 0
 
     def held(self, thread_id: str) -> SummaryRow | None:
         found = self._rows.get(thread_id)
@@ -350,19 +351,14 @@ class SummaryRows:
         """Hold ``row`` as the thread's summary (``size``: about what it costs in memory)."""
         previous = self._rows.pop(thread_id, None)
         if previous is not None:
-            self._bytes -= previous[1]
+            self.bytes -= previous[1]
         if size > self.max_bytes:
             return
         self._rows[thread_id] = (row, size)
-        self._bytes += size
-        while self._bytes > self.max_bytes:
+        self.bytes += size
+        while self.bytes > self.max_bytes:
             _, (_, dropped) = self._rows.popitem(last=False)
-            self._bytes -= dropped
-
-    @property
-    def bytes(self) -> int:
-        """What the held summaries cost, as their sizes were given."""
-        return self._bytes
+            self.bytes -= dropped
 
 
 def held_summary_id(held: SummaryRow | None) -> uuid.UUID | None:
