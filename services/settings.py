@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -123,11 +124,15 @@ def parse_tenants(spec: str) -> tuple[str, ...]:
     return tenants
 
 
-class _FlatEnv(PydanticBaseSettingsSource):
-    """``CTX_<NAME>`` for every setting of every group, as the flat ``{name: text}`` the groups take."""
+class _Source(PydanticBaseSettingsSource):
+    """A source that reads every value at once (``__call__``), not field by field."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
+
+
+class _FlatEnv(_Source):
+    """``CTX_<NAME>`` for every setting of every group, as the flat ``{name: text}`` the groups take."""
 
     def __call__(self) -> dict[str, Any]:
         # Case-insensitive, as pydantic-settings reads variables.
@@ -135,12 +140,8 @@ class _FlatEnv(PydanticBaseSettingsSource):
         return {name: env[var] for name in GROUP_OF if (var := f"{ENV_PREFIX}{name.upper()}") in env}
 
 
-class _SecretFiles(PydanticBaseSettingsSource):
-    """``CTX_<SECRET>_FILE=/path``: the secret's value is the file's content
-    (one trailing newline dropped)."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
+class _SecretFiles(_Source):
+    """``CTX_<SECRET>_FILE=/path``: the secret is the file's content (one trailing newline dropped)."""
 
     def __call__(self) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -309,7 +310,7 @@ class ProcessSettings(_Group):
     """What this process runs, who it is, and how it is operated."""
 
     # The tenant the CLI and a client built from these settings speak for.
-    tenant: str = DEFAULT_TENANT
+    tenant: Annotated[str, AfterValidator(check_tenant)] = DEFAULT_TENANT
     workers: str = ",".join(WORKER_NAMES)
     recorder_partitions: str = "all"
     pod_name: str = Field(default_factory=socket.gethostname)
@@ -334,11 +335,6 @@ class ProcessSettings(_Group):
         if unknown or not names:
             raise ValueError(f"unknown workers {unknown}; this build runs: {', '.join(sorted(WORKER_NAMES))}")
         return ",".join(names)
-
-    @field_validator("tenant")
-    @classmethod
-    def _tenant(cls, value: str) -> str:
-        return check_tenant(value)
 
     @property
     def worker_names(self) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import asyncpg
 from contracts.exceptions import DuplicateEvent, RevisionConflict, StoreRejected, StoreUnavailable
 from services.settings import redact_url
 
-__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "translate_pg_errors"]
+__all__ = ["CONNECTION_ERRORS", "CONTENT_SQLSTATE_CLASSES", "race_conflict", "translate_pg_errors"]
 
 # Every asyncpg failure that means "the database is not reachable right now"; retrying later helps.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -56,6 +56,15 @@ _RACE_CONSTRAINTS = frozenset(
 )
 
 
+def race_conflict(thread_id: str, constraint: str) -> RevisionConflict:
+    """What another writer's row under a racing unique constraint means: retry on fresh reads."""
+    conflict = RevisionConflict(thread_id, -1, None)
+    conflict.details["constraint"] = constraint
+    conflict.message = f"{conflict.message} (unique constraint {constraint})"
+    conflict.args = (conflict.message,)
+    return conflict
+
+
 def _store_fault(exc: asyncpg.PostgresError) -> StoreUnavailable:
     """A failure of the store that no value caused (a missing table, a full disk, a permission): it
     would fail for any input alike, so the caller retries later instead of blaming the input."""
@@ -81,11 +90,7 @@ def translate_pg_errors(thread_id: str = "?", *, connecting_to: str | None = Non
         if constraint == "records_event_key":
             raise DuplicateEvent(str(getattr(exc, "detail", "") or "?")) from exc
         if constraint in _RACE_CONSTRAINTS:
-            conflict = RevisionConflict(thread_id, -1, None)
-            conflict.details["constraint"] = constraint
-            conflict.message = f"{conflict.message} (unique constraint {constraint})"
-            conflict.args = (conflict.message,)
-            raise conflict from exc
+            raise race_conflict(thread_id, constraint) from exc
         raise StoreRejected(type(exc).__name__, str(exc.sqlstate), str(exc)) from exc
     except _DRIVER_ERRORS as exc:
         if connecting_to is not None:

@@ -46,6 +46,8 @@ from contracts.exceptions import RevisionConflict
 from services.store.ledger import Conn
 
 __all__ = [
+    "FINISHED_RECEIPT",
+    "unnest_args",
     "LedgerWritten",
     "Position",
     "one_statement",
@@ -228,13 +230,13 @@ async def write_ledger(
     moved = [h for h in plan.heads if h.expected_revision is not None]
     written: list[str] = []
     if fresh:
-        statement.add(_NEW_HEADS, *_fields(fresh, *_HEAD_FIELDS, "user_turns", "model_steps"))
+        statement.add(_NEW_HEADS, *unnest_args(fresh, *_HEAD_FIELDS, "user_turns", "model_steps"))
         written.append("SELECT thread_id FROM hn")
     if moved:
         statement.add(
             _MOVED_HEADS,
-            *_fields(moved, "thread_id", "revision", "last_seq", "last_hash", "last_event_key"),
-            *_fields(moved, "expected_revision", "user_turns", "model_steps"),
+            *unnest_args(moved, "thread_id", "revision", "last_seq", "last_hash", "last_event_key"),
+            *unnest_args(moved, "expected_revision", "user_turns", "model_steps"),
         )
         written.append("SELECT thread_id FROM hm")
     statement.ctes.append(
@@ -255,20 +257,9 @@ async def write_ledger(
             [o.status if o is not None else None for _, o in calls],
         )
     if outcomes:
-        statement.add(
-            _OUTCOMES,
-            [o.thread_id for o in outcomes],
-            [o.call_id for o in outcomes],
-            [o.outcome_seq for o in outcomes],
-            [o.status for o in outcomes],
-        )
+        statement.add(_OUTCOMES, *unnest_args(outcomes, "thread_id", "call_id", "outcome_seq", "status"))
     if plan.receipts_finished and settles_receipts(plan):
-        ds = plan.receipts_finished
-        statement.add(
-            _RECEIPTS,
-            *_fields(ds, "thread_id", "call_id", "status", "finished_event", "response_sha256"),
-            [d.external_ref for d in ds],
-        )
+        statement.add(_RECEIPTS, *unnest_args(plan.receipts_finished, *FINISHED_RECEIPT))
     if position is not None:
         statement.add(_POSITION, position.consumer, position.partition, position.stream_seq)
     bumped = "(SELECT json_object_agg(session_id, last_seq) FROM s)::text" if plan.session_counts else "NULL"
@@ -305,7 +296,11 @@ def _conflict(exc: asyncpg.PostgresError, plan: BatchPlan, outcomes: Sequence[Ne
     return exc
 
 
-def _fields(rows: Sequence[object], *names: str) -> list[list[object]]:
+# A finished receipt's columns, as both statements that settle receipts take them.
+FINISHED_RECEIPT = ("thread_id", "call_id", "status", "finished_event", "response_sha256", "external_ref")
+
+
+def unnest_args(rows: Sequence[object], *names: str) -> list[list[object]]:
     """One array argument per attribute name, for an ``unnest``."""
     return [[getattr(row, name) for row in rows] for name in names]
 

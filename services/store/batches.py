@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from pydantic import JsonValue
 
@@ -23,9 +24,17 @@ from services.core.ledger import (
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView, aggregate_of
 
-from services.store.batch_write import LedgerWritten, Position, one_statement, settles_receipts, write_ledger
+from services.store.batch_write import (
+    FINISHED_RECEIPT,
+    LedgerWritten,
+    Position,
+    one_statement,
+    settles_receipts,
+    unnest_args,
+    write_ledger,
+)
 from services.store.ledger import Conn
-from services.store.tracking import DeadLettersRepo
+from services.store.tracking import insert_dead_letter
 
 __all__ = [
     "FACTS_JSON",
@@ -256,10 +265,13 @@ async def read_for_batch(
 
 def states_from_json(facts: str | None, versions: str | None) -> dict[str, StateView]:
     """Threads' states from ``json_agg`` of ``FACTS_JSON`` and of ``VERSIONS_JSON`` rows (``NULL``: none)."""
+    return _states(json.loads(facts or "[]"), json.loads(versions or "[]"))
+
+
+def _states(facts: Iterable[Any], versions: Iterable[Any]) -> dict[str, StateView]:
+    """Threads' states from rows in ``FACTS_JSON``'s and ``VERSIONS_JSON``'s column order."""
     views: dict[str, StateView] = {}
-    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in json.loads(
-        facts or "[]"
-    ):
+    for thread_id, path, value, status, source, key, seq, observed, supersedes, old, evidence in facts:
         views.setdefault(thread_id, StateView()).facts[path] = Fact(
             path,
             _json_or_none(value),
@@ -272,7 +284,7 @@ def states_from_json(facts: str | None, versions: str | None) -> dict[str, State
             _json_or_none(old),
             tuple(evidence or ()),
         )
-    for thread_id, aggregate, version in json.loads(versions or "[]"):
+    for thread_id, aggregate, version in versions:
         views.setdefault(thread_id, StateView()).versions[aggregate] = version
     return views
 
@@ -285,28 +297,8 @@ async def read_session_catalog(conn: Conn, session_id: str) -> ToolCatalog | Non
 
 async def read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
     """Current facts and aggregate versions of threads."""
-    return await _read_states(conn, thread_ids)
-
-
-async def _read_states(conn: Conn, thread_ids: Sequence[str]) -> dict[str, StateView]:
-    views: dict[str, StateView] = {}
-    for r in await conn.fetch(_SELECT_FACTS, list(thread_ids)):
-        view = views.setdefault(r["thread_id"], StateView())
-        view.facts[r["path"]] = Fact(
-            r["path"],
-            json.loads(r["value"]) if r["value"] is not None else None,
-            r["status"],
-            r["source"],
-            r["event_key"],
-            r["seq"],
-            r["observed_at"],
-            r["supersedes"],
-            json.loads(r["superseded_value"]) if r["superseded_value"] is not None else None,
-            tuple(r["evidence"] or ()),
-        )
-    for r in await conn.fetch(_SELECT_VERSIONS, list(thread_ids)):
-        views.setdefault(r["thread_id"], StateView()).versions[r["aggregate"]] = r["version"]
-    return views
+    ids = list(thread_ids)
+    return _states(await conn.fetch(_SELECT_FACTS, ids), await conn.fetch(_SELECT_VERSIONS, ids))
 
 
 async def write_plan(
@@ -376,7 +368,7 @@ async def _write_all(
         )
     await _write_runs(conn, plan, bases)
     for rejection in plan.rejections:
-        await DeadLettersRepo.insert(conn, rejection, keep_raw=keep_raw)
+        await insert_dead_letter(conn, rejection, keep_raw=keep_raw)
     await _write_state(conn, plan)
     return written
 
@@ -386,28 +378,12 @@ async def _write_state(conn: Conn, plan: BatchPlan) -> None:
     for session_id, revision in sorted(plan.session_catalogs.items()):
         await conn.execute(_SET_CATALOG, session_id, revision)
     if plan.receipts_requested:
-        rs = plan.receipts_requested
+        receipt = ("session_id", "operation_id", "thread_id", "call_id", "tool", "request_sha256")
         await conn.execute(
-            _INSERT_RECEIPTS,
-            [r.session_id for r in rs],
-            [r.operation_id for r in rs],
-            [r.thread_id for r in rs],
-            [r.call_id for r in rs],
-            [r.tool for r in rs],
-            [r.request_sha256 for r in rs],
-            [r.requested_event for r in rs],
+            _INSERT_RECEIPTS, *unnest_args(plan.receipts_requested, *receipt, "requested_event")
         )
     if plan.receipts_finished and not settles_receipts(plan):  # else the ledger statement did
-        ds = plan.receipts_finished
-        await conn.execute(
-            _FINISH_RECEIPTS,
-            [d.thread_id for d in ds],
-            [d.call_id for d in ds],
-            [d.status for d in ds],
-            [d.finished_event for d in ds],
-            [d.response_sha256 for d in ds],
-            [d.external_ref for d in ds],
-        )
+        await conn.execute(_FINISH_RECEIPTS, *unnest_args(plan.receipts_finished, *FINISHED_RECEIPT))
     for c in plan.receipts_reconciled:
         await conn.execute(
             _RECONCILE_RECEIPT, c.session_id, c.operation_id, c.status, c.external_ref, c.reconciled_event

@@ -103,17 +103,16 @@ LIMIT $4
 async def select_fork(conn: Conn, session_id: str) -> ForkOrigin | None:
     """The fork origin of ``session_id``, if it is a fork."""
     r = await conn.fetchrow(_SELECT_FORK, session_id)
-    return None if r is None else ForkOrigin(r["parent_session_id"], r["at_seq"], r["inherited_reset"])
+    return None if r is None else ForkOrigin(*r)
 
 
 async def select_fork_parent(conn: Conn, tenant: str, session_id: str) -> ForkParent | None:
     """The session of ``tenant`` named ``session_id``; ``None`` if missing or another tenant's."""
     r = await conn.fetchrow(_SELECT_PARENT, session_id, tenant)
-    return None if r is None else ForkParent(r["session_id"], r["last_seq"], r["principal_id"])
+    return None if r is None else ForkParent(*r)
 
 
 async def insert_fork(conn: Conn, fork: NewFork) -> bool:
-    """Create the fork; False if its session id is already used."""
     created = await conn.fetchval(
         _INSERT_FORK, fork.session_id, fork.parent_session_id, fork.at_seq, fork.inherited_reset
     )

@@ -9,7 +9,7 @@ from contracts.prepare import ProviderOverflow
 from services.core.calibration import Calibration
 from services.store.ledger import Conn
 
-__all__ = ["CalibrationsRepo"]
+__all__ = ["note_overflow", "read_calibration", "update_calibration"]
 
 _SELECT = "SELECT factor, reports FROM ctx.calibrations WHERE tenant = $1 AND profile = $2"
 _ENSURE = """
@@ -29,38 +29,33 @@ RETURNING 1
 """
 
 
-class CalibrationsRepo:
-    """``ctx.calibrations`` and ``ctx.provider_overflows``."""
+async def read_calibration(conn: Conn, tenant: str, profile: str) -> Calibration:
+    """The profile's calibration (factor 1.0 on no reports yet)."""
+    row = await conn.fetchrow(_SELECT, tenant, profile)
+    return Calibration() if row is None else Calibration(float(row["factor"]), int(row["reports"]))
 
-    @staticmethod
-    async def get(conn: Conn, tenant: str, profile: str) -> Calibration:
-        """The profile's calibration (factor 1.0 on no reports yet)."""
-        row = await conn.fetchrow(_SELECT, tenant, profile)
-        return Calibration() if row is None else Calibration(float(row["factor"]), int(row["reports"]))
 
-    @staticmethod
-    async def update(
-        conn: Conn, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
-    ) -> Calibration:
-        """Apply ``rule`` to the stored calibration under a row lock: concurrent reports never lose one."""
-        async with conn.transaction():
-            await conn.execute(_ENSURE, tenant, profile)
-            row = await conn.fetchrow(_LOCK, tenant, profile)
-            assert row is not None
-            new = rule(Calibration(float(row["factor"]), int(row["reports"])))
-            await conn.execute(_UPDATE, tenant, profile, new.factor, new.reports)
-        return new
+async def update_calibration(
+    conn: Conn, tenant: str, profile: str, rule: Callable[[Calibration], Calibration]
+) -> Calibration:
+    """Apply ``rule`` to the stored calibration under a row lock: concurrent reports never lose one."""
+    async with conn.transaction():
+        await conn.execute(_ENSURE, tenant, profile)
+        row = await conn.fetchrow(_LOCK, tenant, profile)
+        assert row is not None
+        new = rule(Calibration(float(row["factor"]), int(row["reports"])))
+        await conn.execute(_UPDATE, tenant, profile, new.factor, new.reports)
+    return new
 
-    @staticmethod
-    async def note_overflow(conn: Conn, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
-        """Remember an overflow on the view it names; False when that view already had one."""
-        inserted = await conn.fetchval(
-            _NOTE_OVERFLOW,
-            thread_id,
-            overflow.view_revision,
-            profile,
-            overflow.provider_limit,
-            overflow.provider_count,
-            overflow.our_estimate,
-        )
-        return inserted is not None
+
+async def note_overflow(conn: Conn, thread_id: str, profile: str, overflow: ProviderOverflow) -> bool:
+    inserted = await conn.fetchval(
+        _NOTE_OVERFLOW,
+        thread_id,
+        overflow.view_revision,
+        profile,
+        overflow.provider_limit,
+        overflow.provider_count,
+        overflow.our_estimate,
+    )
+    return inserted is not None

@@ -18,6 +18,7 @@ from contracts.hooks import AdditionCategory, HookSet
 from services.core.gateway_check import GatewayRecord
 from services.core.served import ServedContext
 from services.store._errors import translate_pg_errors
+from services.store.batch_write import unnest_args
 from services.store.listing import ServedStep
 
 __all__ = ["SERVED_STEPS_KEPT", "MemoryGatewayStore", "MemoryHookGrants", "PgGatewayStore", "StoredCheck"]
@@ -66,6 +67,8 @@ USING (SELECT thread_id, max(step) AS last FROM ctx.served_contexts WHERE thread
        GROUP BY thread_id) m
 WHERE s.thread_id = m.thread_id AND s.step <= m.last - $2
 """
+# The columns a prepared context and a served one are keyed and filed by, before its JSON.
+_KEYS = ("prepared_id", "format", "tenant", "thread_id")
 _SELECT_PREPARED = "SELECT record FROM ctx.prepared_contexts WHERE prepared_id = $1 AND format = $2"
 _INSERT_CHECK = """
 INSERT INTO ctx.gateway_checks
@@ -108,17 +111,13 @@ class PgGatewayStore:
         await self.insert_prepared_many((record,))
 
     async def insert_prepared_many(self, records: Sequence[GatewayRecord]) -> None:
-        """Keep each of ``records`` in one statement; an id and format stored already is left as it is."""
         if not records:
             return
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 await conn.execute(
                     _INSERT_PREPARED_MANY,
-                    [r.prepared_id for r in records],
-                    [r.format for r in records],
-                    [r.tenant for r in records],
-                    [r.thread_id for r in records],
+                    *unnest_args(records, *_KEYS),
                     [r.model_dump_json() for r in records],
                 )
 
@@ -142,23 +141,18 @@ class PgGatewayStore:
                     await conn.execute(_LOCK_SERVED_THREADS, threads)
                     await conn.execute(
                         _INSERT_SERVED_MANY,
-                        [s.prepared_id for s in served],
-                        [s.format for s in served],
-                        [s.tenant for s in served],
-                        [s.thread_id for s in served],
+                        *unnest_args(served, *_KEYS),
                         [s.model_dump_json() for s in served],
                     )
                     await conn.execute(_PRUNE_SERVED, threads, SERVED_STEPS_KEPT)
 
     async def select_prepared(self, prepared_id: str, format: str) -> GatewayRecord | None:
-        """The record of a prepared context in one format, if it was written."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 raw = await conn.fetchval(_SELECT_PREPARED, prepared_id, format)
         return None if raw is None else GatewayRecord.model_validate_json(raw)
 
     async def insert_check(self, stored: StoredCheck) -> StoredCheck:
-        """Record a verdict once per attempt; answers the one recorded first."""
         c = stored.check
         additions = json.dumps([a.model_dump(mode="json") for a in stored.additions])
         with translate_pg_errors():
@@ -183,14 +177,12 @@ class PgGatewayStore:
         return _check_of(row)
 
     async def select_check(self, prepared_id: str, attempt: int) -> StoredCheck | None:
-        """The verdict recorded for one attempt."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 row = await conn.fetchrow(_SELECT_CHECK, prepared_id, attempt)
         return None if row is None else _check_of(row)
 
     async def has_reprepare(self, prepared_id: str) -> bool:
-        """Whether a check of this context already answered ``context_reprepare_required``."""
         with translate_pg_errors():
             async with self._pool.acquire() as conn:
                 return bool(await conn.fetchval(_HAS_REPREPARE, prepared_id))
@@ -270,7 +262,6 @@ class MemoryHookGrants:
     sessions: dict[tuple[str, str], HookSet] = field(default_factory=dict)
 
     def use(self, tenant: str, session_id: str, hooks: HookSet) -> None:
-        """Let ``session_id`` of ``tenant`` run under ``hooks``."""
         self.sessions[(tenant, session_id)] = hooks
 
     async def granted(self, tenant: str, session_id: str) -> Mapping[str, frozenset[AdditionCategory]]:

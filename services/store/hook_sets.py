@@ -40,12 +40,10 @@ WHERE s.session_id = $1 AND s.tenant = $2
 
 
 async def insert_hooks(conn: Conn, tenant: str, hooks: HookSet) -> int:
-    """Store ``hooks`` as the next revision of its release in ``tenant``; returns the revision."""
     return int(await conn.fetchval(_INSERT, tenant, hooks.release, hooks.model_dump_json()))
 
 
 async def select_session_hooks(conn: Conn, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
-    """Whether ``tenant`` has the session recorded, and the hook set revision it pinned."""
     row = await conn.fetchrow(_SESSION_HOOKS, session_id, tenant)
     if row is None:
         return False, None

@@ -32,23 +32,37 @@ Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyn
 Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
 
 __all__ = [
-    "HEAD_COLUMNS",
-    "RECORD_BLOB_JOIN",
-    "RECORD_ROW",
     "Conn",
     "EventOutcome",
     "EvidenceRow",
-    "HeadsRepo",
+    "FullRecord",
+    "HEAD_COLUMNS",
     "LedgerRecord",
-    "RecordsRepo",
+    "RECORD_BLOB_JOIN",
+    "RECORD_ROW",
     "Row",
     "StoredHead",
     "TailRecord",
     "blob_preview",
     "evidence_of_row",
+    "event_outcome_of",
+    "find_event_outcome",
     "head_of_row",
     "ledger_record_of_row",
+    "open_call_ids",
+    "select_evidence",
+    "select_full",
+    "select_head",
+    "select_inherited",
+    "select_links",
+    "select_records",
+    "select_refs",
+    "select_tail",
+    "totals",
 ]
+
+# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
+FullRecord: TypeAlias = tuple[int, str, str, dict[str, object], str, str | None]
 
 # What head_of_row reads, of ``ctx.thread_heads h`` (also read with a view: thread_at_head.py).
 HEAD_COLUMNS = """h.thread_id, h.session_id, h.run_id, h.instance_id, h.revision, h.last_seq, h.last_hash,
@@ -118,12 +132,6 @@ _SELECT_BY_REF = (
 ORDER BY r.session_seq
 """
 )
-
-
-_FIND_EVENT = """
-SELECT r.seq FROM ctx.records r JOIN ctx.sessions s ON s.session_id = r.session_id
-WHERE r.thread_id = $1 AND r.event_key = $2 AND s.tenant = $3
-"""
 
 
 # Recorded (with its content hash), or else its newest dead letter — filed under the thread, or naming
@@ -318,125 +326,114 @@ def head_of_row(r: Row) -> StoredHead:
     )
 
 
-class HeadsRepo:
-    """Thread heads."""
-
-    @staticmethod
-    async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
-        """The head of a thread, or ``None`` if nothing was recorded for it."""
-        r = await conn.fetchrow(_SELECT_HEAD, thread_id)
-        return None if r is None else head_of_row(r)
-
-    @staticmethod
-    async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:
-        """Calls of the thread still waiting for an outcome."""
-        return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
+async def select_head(conn: Conn, thread_id: str) -> StoredHead | None:
+    """The head of a thread, or ``None`` if nothing was recorded for it."""
+    r = await conn.fetchrow(_SELECT_HEAD, thread_id)
+    return None if r is None else head_of_row(r)
 
 
-class RecordsRepo:
-    """Ledger records."""
+async def open_call_ids(conn: Conn, thread_id: str) -> list[str]:
+    """Calls of the thread still waiting for an outcome."""
+    return [r["call_id"] for r in await conn.fetch(_OPEN_CALLS, thread_id)]
 
-    @staticmethod
-    async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
-        """Records of a thread with ``gt < seq <= lte``, in order; ``seq`` is their session seq."""
-        return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
 
-    @staticmethod
-    async def select_inherited(
-        conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str
-    ) -> list[LedgerRecord]:
-        """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
-        return [
-            _ledger_record(r)
-            for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)
-        ]
+async def select_records(conn: Conn, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
+    """Records of a thread with ``gt < seq <= lte``, in order; ``seq`` is their session seq."""
+    return [_ledger_record(r) for r in await conn.fetch(_SELECT_RECORDS, thread_id, gt, lte)]
 
-    @staticmethod
-    async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
-        """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
-        if not refs:
-            return []
-        return [
-            _ledger_record(r)
-            for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
-        ]
 
-    @staticmethod
-    async def find_event(conn: Conn, tenant: str, thread_id: str, event_key: str) -> int | None:
-        """The seq at which an event key was recorded in a thread of ``tenant``, if it was."""
-        seq = await conn.fetchval(_FIND_EVENT, thread_id, event_key, tenant)
-        return None if seq is None else int(seq)
+async def select_inherited(
+    conn: Conn, session_id: str, *, after: int, through: int, exclude_thread: str
+) -> list[LedgerRecord]:
+    """Records of the session's main threads with ``after < session_seq <= through`` (a snapshot)."""
+    return [
+        _ledger_record(r)
+        for r in await conn.fetch(_SELECT_INHERITED, session_id, after, through, exclude_thread)
+    ]
 
-    @staticmethod
-    async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        """Where an event key was recorded in a thread of ``tenant``, with its content hash; else its
-        newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
-        row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
-        assert row is not None  # a SELECT of scalar subqueries always returns its one row
-        if row["recorded"] is not None:
-            seq, content_sha256 = json.loads(row["recorded"])
-            return EventOutcome(int(seq), str(content_sha256), None)
-        if row["dead"] is None:
-            return EventOutcome(None, None, None)
-        code, reason = json.loads(row["dead"])
-        return EventOutcome(None, None, (str(code), str(reason)))
 
-    @staticmethod
-    async def select_full(
-        conn: Conn, thread_id: str
-    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
-        """Every record of a thread with its full text, for replaying its state."""
-        return [
-            (
-                r["seq"],
-                r["event_key"],
-                r["kind"],
-                json.loads(r["payload"]),
-                r["text"] or "",
-                r["client_ts"].isoformat() if r["client_ts"] else None,
-            )
-            for r in await conn.fetch(_SELECT_FULL, thread_id)
-        ]
+async def select_refs(conn: Conn, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
+    """The records named by ``(thread_id, thread seq)`` pairs, in session order."""
+    if not refs:
+        return []
+    return [
+        _ledger_record(r)
+        for r in await conn.fetch(_SELECT_BY_REF, [t for t, _ in refs], [q for _, q in refs])
+    ]
 
-    @staticmethod
-    async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
-        """The hash chain of a thread, in order."""
-        return [
-            ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
-            for r in await conn.fetch(_SELECT_LINKS, thread_id)
-        ]
 
-    @staticmethod
-    async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
-        """The last ``limit`` records of a thread, newest first, with a short preview."""
-        return [
-            TailRecord(
-                r["seq"],
-                r["session_seq"],
-                r["kind"],
-                r["event_key"],
-                r["tokens_o200k"],
-                r["content_sha256"],
-                r["record_hash"],
-                r["blob_sha256"],
-                r["preview"] or blob_preview(r["blob_head"], preview_chars),
-                tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
-                r["status"],
-            )
-            for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
-        ]
+async def find_event_outcome(conn: Conn, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
+    """Where an event key was recorded in a thread of ``tenant``, with its content hash; else its
+    newest dead letter's code and reason, if it was rejected (all ``None``: not seen yet)."""
+    row = await conn.fetchrow(_FIND_EVENT_OUTCOME, thread_id, event_key, tenant)
+    assert row is not None  # a SELECT of scalar subqueries always returns its one row
+    return event_outcome_of(row["recorded"], row["dead"])
 
-    @staticmethod
-    async def select_evidence(
-        conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]
-    ) -> dict[tuple[str, int], EvidenceRow]:
-        """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
-        inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
-        rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
-        return {(r["thread_id"], r["seq"]): evidence_of_row(r) for r in rows}
 
-    @staticmethod
-    async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:
-        """``(record count, o200k tokens)`` of a thread."""
-        r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
-        return (0, 0) if r is None else (int(r["n"]), int(r["tokens"]))
+def event_outcome_of(recorded: str | None, dead: str | None) -> EventOutcome:
+    """An outcome from the JSON arrays ``[seq, content_sha256]`` and ``[code, reason]`` (or ``NULL``s)."""
+    if recorded is not None:
+        seq, content_sha256 = json.loads(recorded)
+        return EventOutcome(int(seq), str(content_sha256), None)
+    if dead is None:
+        return EventOutcome(None, None, None)
+    code, reason = json.loads(dead)
+    return EventOutcome(None, None, (str(code), str(reason)))
+
+
+async def select_full(conn: Conn, thread_id: str) -> list[FullRecord]:
+    """Every record of a thread with its full text, for replaying its state."""
+    return [
+        (
+            r["seq"],
+            r["event_key"],
+            r["kind"],
+            json.loads(r["payload"]),
+            r["text"] or "",
+            r["client_ts"].isoformat() if r["client_ts"] else None,
+        )
+        for r in await conn.fetch(_SELECT_FULL, thread_id)
+    ]
+
+
+async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
+    """The hash chain of a thread, in order."""
+    return [
+        ChainLink(r["seq"], r["content_sha256"], r["prev_hash"], r["record_hash"])
+        for r in await conn.fetch(_SELECT_LINKS, thread_id)
+    ]
+
+
+async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+    """The last ``limit`` records of a thread, newest first, with a short preview."""
+    return [
+        TailRecord(
+            r["seq"],
+            r["session_seq"],
+            r["kind"],
+            r["event_key"],
+            r["tokens_o200k"],
+            r["content_sha256"],
+            r["record_hash"],
+            r["blob_sha256"],
+            r["preview"] or blob_preview(r["blob_head"], preview_chars),
+            tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
+            r["status"],
+        )
+        for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
+    ]
+
+
+async def select_evidence(
+    conn: Conn, session_id: str, refs: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], EvidenceRow]:
+    """The records named by ``(thread_id, thread seq)`` that belong to ``session_id``, with their
+    inline text or their blob's bytes (unverified: the caller checks them against ``blob_sha256``)."""
+    rows = await conn.fetch(_SELECT_EVIDENCE, session_id, [t for t, _ in refs], [q for _, q in refs])
+    return {(r["thread_id"], r["seq"]): evidence_of_row(r) for r in rows}
+
+
+async def totals(conn: Conn, thread_id: str) -> tuple[int, int]:
+    """``(record count, o200k tokens)`` of a thread."""
+    r = await conn.fetchrow(_THREAD_TOTALS, thread_id)
+    return (0, 0) if r is None else (int(r["n"]), int(r["tokens"]))

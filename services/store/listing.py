@@ -84,10 +84,11 @@ class ToolCallEntry:
     status: str | None
 
 
+# Each query's columns are in its row type's field order (rows are read positionally).
 # Newest first: an operator opens the console to look at what just happened.
 _SESSIONS = """
-SELECT s.tenant, s.session_id, s.principal_id, s.agent_release, s.policy_name, s.policy_revision,
-       s.last_seq,
+SELECT s.tenant, s.session_id, s.principal_id, s.agent_release,
+       s.policy_name || '@' || s.policy_revision AS policy, s.last_seq,
        (SELECT count(*) FROM ctx.runs r WHERE r.session_id = s.session_id) AS runs,
        (SELECT count(*) FROM ctx.thread_heads h WHERE h.session_id = s.session_id) AS threads
 FROM ctx.sessions s
@@ -113,19 +114,7 @@ ORDER BY call_seq, call_id
 
 async def select_sessions(conn: Conn, tenant: str | None, limit: int) -> list[SessionListing]:
     """The newest ``limit`` sessions of ``tenant`` (of every tenant when ``None``)."""
-    return [
-        SessionListing(
-            tenant=r["tenant"],
-            session_id=r["session_id"],
-            principal_id=r["principal_id"],
-            agent_release=r["agent_release"],
-            policy=f"{r['policy_name']}@{r['policy_revision']}",
-            last_seq=r["last_seq"],
-            runs=r["runs"],
-            threads=r["threads"],
-        )
-        for r in await conn.fetch(_SESSIONS, tenant, limit)
-    ]
+    return [SessionListing(*r) for r in await conn.fetch(_SESSIONS, tenant, limit)]
 
 
 async def select_compactions(conn: Conn, thread_id: str) -> list[CompactionEntry]:
@@ -151,7 +140,6 @@ def compaction_of_row(r: Row) -> CompactionEntry:
 
 
 async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:
-    """The contexts answered for the thread that are still kept, oldest step first."""
     return [
         ServedStep(r["step"], r["served_at"], ServedContext.model_validate_json(r["manifest"]))
         for r in await conn.fetch(_SERVED, thread_id)
@@ -159,13 +147,9 @@ async def select_served(conn: Conn, thread_id: str) -> list[ServedStep]:
 
 
 async def select_served_texts(conn: Conn, thread_id: str, digests: Sequence[str]) -> dict[str, str]:
-    """The texts of the thread's served blocks with these digests."""
     return {r["digest"]: r["text"] for r in await conn.fetch(_SERVED_TEXTS, thread_id, list(digests))}
 
 
 async def select_tool_calls(conn: Conn, thread_id: str) -> list[ToolCallEntry]:
     """The thread's tool calls in call order, each with its outcome's seq and status once recorded."""
-    return [
-        ToolCallEntry(r["call_id"], r["name"], r["call_seq"], r["outcome_seq"], r["status"])
-        for r in await conn.fetch(_TOOL_CALLS, thread_id)
-    ]
+    return [ToolCallEntry(*r) for r in await conn.fetch(_TOOL_CALLS, thread_id)]

@@ -52,6 +52,7 @@ from services.core.records import LedgerRecord
 from services.core.runs import RunState, ThreadMeta
 from services.core.state import Fact, StateView
 from contracts.exceptions import StoreRejected
+from services.store._errors import race_conflict
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork, history_of_row
 from services.store.final_checks import MemoryGatewayStore
@@ -59,6 +60,7 @@ from services.store.hook_sets import PinnedHooks
 from services.store.ledger import (
     EventOutcome,
     EvidenceRow,
+    FullRecord,
     StoredHead,
     TailRecord,
     _ledger_record,
@@ -93,8 +95,7 @@ from services.store.windows import OpenWindow
 if TYPE_CHECKING:
     from services.store.ports import (
         BranchStore,
-        BudgetStore,
-        CompactionStore,
+        ViewStore,
         ListingStore,
         PrepareStore,
         RecordingStore,
@@ -103,19 +104,6 @@ if TYPE_CHECKING:
 __all__ = ["MemoryConnection", "MemoryStore"]
 
 _Row = dict[str, Any]
-
-
-def _conflict(thread_id: str, constraint: str) -> RevisionConflict:
-    """What ``translate_pg_errors`` makes of a racing unique violation."""
-    conflict = RevisionConflict(thread_id, -1, None)
-    conflict.details["constraint"] = constraint
-    conflict.message = f"{conflict.message} (unique constraint {constraint})"
-    conflict.args = (conflict.message,)
-    return conflict
-
-
-def _refused(error: str, sqlstate: str, cause: str) -> StoreRejected:
-    return StoreRejected(error, sqlstate, cause)
 
 
 @dataclass
@@ -152,6 +140,11 @@ class _Tables:
     def tick(self) -> int:
         self.clock += 1
         return self.clock
+
+
+def _next_revision(table: Mapping[tuple[str, str, int], object], tenants: tuple[str, ...], name: str) -> int:
+    """The revision after the newest of ``name`` of ``tenants`` in a table keyed ``(tenant, name, rev)``."""
+    return 1 + max((r for (t, n, r) in table if t in tenants and n == name), default=0)
 
 
 def _as_timestamptz(ts: datetime | None) -> datetime | None:
@@ -214,7 +207,6 @@ class MemoryStore:
             self.open_sessions -= 1
 
     async def search(self, tenant: str, request: SearchRequest) -> tuple[SearchHit, ...] | None:
-        """As ``PgStore.search``: ``None`` unless ``tenant`` has the session and its principal may see it."""
         t = self.tables
         session = t.sessions.get(request.session_id)
         if session is None or session["tenant"] != tenant:
@@ -225,7 +217,6 @@ class MemoryStore:
         return t.search.search(request, run_of=runs, superseded=frozenset(t.retired))
 
     async def index_next(self, thread_id: str, *, batch: int, version: int, chunker: Chunker) -> IndexStep:
-        """As ``PgStore.index_next``: up to ``batch`` records after the thread's position, at once."""
         t = self.tables
         rows = [r for (tid, _), r in t.records.items() if tid == thread_id]
         return t.search.index_next(thread_id, rows, t.blobs, batch=batch, version=version, chunker=chunker)
@@ -242,12 +233,8 @@ class MemoryStore:
         return threads
 
     async def register_hooks(self, tenant: str, hooks: HookSet) -> int:
-        """Store ``hooks`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
-        t = self.tables
-        revision = (
-            max((r for (tn, rel, r) in t.hooks if tn == tenant and rel == hooks.release), default=0) + 1
-        )
-        t.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(t.sessions))
+        revision = _next_revision(self.tables.hooks, (tenant,), hooks.release)
+        self.tables.hooks[(tenant, hooks.release, revision)] = (hooks, frozenset(self.tables.sessions))
         return revision
 
     async def session_hooks(self, tenant: str, session_id: str) -> tuple[bool, PinnedHooks | None]:
@@ -263,26 +250,17 @@ class MemoryStore:
         return True, max(pinned, key=lambda p: p.revision) if pinned else None
 
     async def register_policy(self, tenant: str, policy: ContextPolicy) -> int:
-        """Store ``policy`` as the next revision of its name in ``tenant`` (as ``PgStore`` does)."""
-        revision = (
-            max(
-                (r for (t, n, r) in self.tables.policies if t in (tenant, "") and n == policy.name), default=0
-            )
-            + 1
-        )
+        # Numbered across the tenant's own policies and the shared built-ins (tenant ''), as PgStore does.
+        revision = _next_revision(self.tables.policies, (tenant, ""), policy.name)
         self.tables.policies[(tenant, policy.name, revision)] = policy
         return revision
 
     async def register_catalog(self, tenant: str, catalog: ToolCatalog) -> int:
-        """Store ``catalog`` as the next revision of its release in ``tenant`` (as ``PgStore`` does)."""
-        revision = 1 + max(
-            (r for (t, rel, r) in self.tables.catalogs if t == tenant and rel == catalog.release), default=0
-        )
+        revision = _next_revision(self.tables.catalogs, (tenant,), catalog.release)
         self.tables.catalogs[(tenant, catalog.release, revision)] = catalog
         return revision
 
     async def list_sessions(self, tenant: str | None, limit: int) -> list[SessionListing]:
-        """The newest ``limit`` sessions of ``tenant`` (every tenant's when ``None``), as ``PgStore``."""
         t = self.tables
         newest = [s for s in reversed(t.sessions.values()) if tenant is None or s["tenant"] == tenant]
         return [
@@ -300,7 +278,6 @@ class MemoryStore:
         ]
 
     async def thread_compactions(self, thread_id: str) -> list[CompactionEntry]:
-        """Every summary committed for the thread, oldest view first."""
         mine = sorted(
             (s for s in self.tables.summaries.values() if s["thread_id"] == thread_id),
             key=lambda s: int(s["view_revision"]),
@@ -315,7 +292,6 @@ class MemoryStore:
         return {d: texts[(thread_id, d)] for d in digests if (thread_id, d) in texts}
 
     async def thread_tool_calls(self, thread_id: str) -> list[ToolCallEntry]:
-        """The thread's tool calls in call order, each with its outcome once recorded."""
         mine = sorted(
             ((cid, c) for (tid, cid), c in self.tables.calls.items() if tid == thread_id),
             key=lambda item: (int(item[1]["call_seq"]), item[0]),
@@ -460,7 +436,9 @@ class MemoryConnection:
                     (r for (tn, nm, r) in t.policies if nm == policy and tn in (tenant, "")), default=None
                 )
                 if revision is None:
-                    raise _refused("NotNullViolationError", "23502", 'null value in column "policy_revision"')
+                    raise StoreRejected(
+                        "NotNullViolationError", "23502", 'null value in column "policy_revision"'
+                    )
                 session = t.sessions[session_id] = {
                     "session_id": session_id,
                     "tenant": tenant,
@@ -554,15 +532,15 @@ class MemoryConnection:
     def _insert_record(self, r: Any, session_seq: int, recorded_by: str) -> None:
         t = self._t
         if (r.thread_id, r.seq) in t.records:
-            raise _conflict("?", "records_pkey")
+            raise race_conflict("?", "records_pkey")
         if any(x["thread_id"] == r.thread_id and x["event_key"] == r.event_key for x in t.records.values()):
             raise DuplicateEvent(f"Key (thread_id, event_key)=({r.thread_id}, {r.event_key}) already exists.")
         if any(
             x["session_id"] == r.session_id and x["session_seq"] == session_seq for x in t.records.values()
         ):
-            raise _conflict("?", "records_session_seq")
+            raise race_conflict("?", "records_session_seq")
         if (r.text is None) == (r.blob_sha256 is None):
-            raise _refused(
+            raise StoreRejected(
                 "CheckViolationError", "23514", 'new row violates check constraint "records_text_xor_blob"'
             )
         mask = r.mask_tokens
@@ -609,7 +587,7 @@ class MemoryConnection:
                 o["session_id"] == run["session_id"] and o["status"] == "active" and o["run_id"] != run_id
                 for o in t.runs.values()
             ):
-                raise _conflict("?", "runs_one_active")
+                raise race_conflict("?", "runs_one_active")
             run["status"] = status
 
         for run_id, status in plan.run_statuses.items():
@@ -619,11 +597,11 @@ class MemoryConnection:
             first = min(r.seq for r in plan.records if r.thread_id == run.main_thread_id)
             final = plan.run_statuses.get(run.run_id, "active")
             if run.run_id in t.runs:
-                raise _conflict("?", "runs_pkey")
+                raise race_conflict("?", "runs_pkey")
             if final == "active" and any(
                 o["session_id"] == run.session_id and o["status"] == "active" for o in t.runs.values()
             ):
-                raise _conflict("?", "runs_one_active")
+                raise race_conflict("?", "runs_one_active")
             t.runs[run.run_id] = {
                 "run_id": run.run_id,
                 "session_id": run.session_id,
@@ -672,7 +650,7 @@ class MemoryConnection:
             if (session_id, operation_id) in t.receipts or any(
                 r["thread_id"] == thread_id and r["call_id"] == call_id for r in t.receipts.values()
             ):
-                raise _refused(
+                raise StoreRejected(
                     "UniqueViolationError",
                     "23505",
                     'duplicate key value violates unique constraint "receipts_pkey"',
@@ -816,18 +794,21 @@ class MemoryConnection:
     async def select_inherited(
         self, session_id: str, *, after: int, through: int, exclude_thread: str
     ) -> list[LedgerRecord]:
-        rows = sorted(
+        rows = self._main_rows(session_id, after, through)
+        return [self._record(r) for r in rows if r["thread_id"] != exclude_thread]
+
+    def _main_rows(self, session_id: str, after: int, through: int) -> list[_Row]:
+        """The session's main-thread records with ``after < session_seq <= through``, in order."""
+        return sorted(
             (
                 r
                 for r in self._t.records.values()
                 if r["session_id"] == session_id
                 and after < r["session_seq"] <= through
-                and r["thread_id"] != exclude_thread
                 and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
             ),
             key=lambda r: r["session_seq"],
         )
-        return [self._record(r) for r in rows]
 
     async def select_refs(self, refs: Sequence[tuple[str, int]]) -> list[LedgerRecord]:
         rows = sorted(
@@ -874,22 +855,12 @@ class MemoryConnection:
     async def select_history(
         self, session_id: str, *, after: int, through: int, limit: int
     ) -> list[HistoryRow]:
-        rows = sorted(
-            (
-                r
-                for r in self._t.records.values()
-                if r["session_id"] == session_id
-                and after < r["session_seq"] <= through
-                and self._t.heads.get(r["thread_id"], {}).get("role") == "main"
-            ),
-            key=lambda r: r["session_seq"],
-        )[:limit]
         blobs = self._t.blobs
         return [
             history_of_row(
                 {**r, "text": blobs[r["blob_sha256"]].decode() if r["text"] is None else r["text"]}
             )
-            for r in rows
+            for r in self._main_rows(session_id, after, through)[:limit]
         ]
 
     async def summary_chain(self, summary_id: str) -> list[tuple[int, SummaryRow]]:
@@ -979,7 +950,7 @@ class MemoryConnection:
 
     async def ensure_view(self, thread_id: str) -> None:
         if thread_id not in self._t.heads:
-            raise _refused(
+            raise StoreRejected(
                 "ForeignKeyViolationError",
                 "23503",
                 'insert or update on table "thread_views" violates foreign key',
@@ -1051,7 +1022,7 @@ class MemoryConnection:
             handoff.thread_id,
             handoff.new_window,
         ) in self._t.windows or handoff.handoff_id in self._t.handoffs:
-            raise _refused(
+            raise StoreRejected(
                 "UniqueViolationError",
                 "23505",
                 'duplicate key value violates unique constraint "windows_pkey"',
@@ -1089,7 +1060,7 @@ class MemoryConnection:
             s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision
             for s in self._t.summaries.values()
         ):
-            raise _refused(
+            raise StoreRejected(
                 "UniqueViolationError",
                 "23505",
                 'duplicate key value violates unique constraint "summaries_revision"',
@@ -1135,29 +1106,20 @@ class MemoryConnection:
 
     # Prepares and inspections.
 
-    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None:
+    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
         for r in self._t.records.values():
             if r["thread_id"] == thread_id and r["event_key"] == event_key:
                 session = self._t.sessions.get(r["session_id"])
                 if session is not None and session["tenant"] == tenant:
-                    return int(r["seq"])
-        return None
-
-    async def find_dead_letter(self, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
+                    return EventOutcome(int(r["seq"]), r["content_sha256"], None)
         for d in reversed(self._t.dead_letters):
             if (
                 thread_id in (d["thread_id"], d["named_thread_id"])
                 and d["event_key"] == event_key
                 and d["tenant"] == tenant
             ):
-                return d["code"], d["reason"]
-        return None
-
-    async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        seq = await self.find_event(tenant, thread_id, event_key)
-        if seq is not None:
-            return EventOutcome(seq, self._t.records[(thread_id, seq)]["content_sha256"], None)
-        return EventOutcome(None, None, await self.find_dead_letter(tenant, thread_id, event_key))
+                return EventOutcome(None, None, (d["code"], d["reason"]))
+        return EventOutcome(None, None, None)
 
     async def select_evidence(
         self, session_id: str, refs: Sequence[tuple[str, int]]
@@ -1213,16 +1175,10 @@ class MemoryConnection:
         if row["kind"] == "tool_outcome":
             call = self._t.calls.get((thread_id, str(payload.get("call_id"))))
             return ((call["name"],) if call else ()), payload.get("status")
-        calls = payload.get("tool_calls")
-        names = (
-            tuple(c.get("name", "") for c in calls if isinstance(c, dict)) if isinstance(calls, list) else ()
-        )
-        return names, None
+        return tuple(_call_names(payload)), None
 
-    async def select_full(
-        self, thread_id: str
-    ) -> list[tuple[int, str, str, dict[str, object], str, str | None]]:
-        out: list[tuple[int, str, str, dict[str, object], str, str | None]] = []
+    async def select_full(self, thread_id: str) -> list[FullRecord]:
+        out: list[FullRecord] = []
         for r in self._thread_rows(thread_id):
             text = r["text"] if r["text"] is not None else self._t.blobs[r["blob_sha256"]].decode("utf-8")
             ts = r["client_ts"].isoformat() if r["client_ts"] else None
@@ -1272,8 +1228,8 @@ if TYPE_CHECKING:
     # Checked by mypy: the memory store implements every port it claims to.
     def _implements(
         store: MemoryStore,
-    ) -> tuple[RecordingStore, PrepareStore, BudgetStore, CompactionStore, BranchStore, ListingStore]:
-        return store, store, store, store, store, store
+    ) -> tuple[RecordingStore, PrepareStore, ViewStore, BranchStore, ListingStore]:
+        return store, store, store, store, store
 
 
 def _preview(row: dict[str, Any]) -> str:
@@ -1281,6 +1237,10 @@ def _preview(row: dict[str, Any]) -> str:
     text = row["view_text"] if row["view_text"] is not None else row["text"] or ""
     if text:
         return text
-    calls = json.loads(row["payload"]).get("tool_calls")
-    names = [c.get("name", "") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    names = _call_names(json.loads(row["payload"]))
     return "calls: " + ", ".join(names) if names else ""
+
+
+def _call_names(payload: dict[str, Any]) -> list[str]:
+    calls = payload.get("tool_calls")
+    return [c.get("name", "") for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []

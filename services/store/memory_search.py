@@ -122,7 +122,6 @@ class MemoryIndex:
         return stale[:limit]
 
     def drop_threads(self, threads: Sequence[str]) -> None:
-        """Forget the chunks and positions of ``threads``."""
         gone = set(threads)
         for key in [k for k in self.chunks if k[0] in gone]:
             del self.chunks[key]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Protocol, TypeAlias, TypeVar
 
 from contracts import (
     ContextPolicy,
@@ -38,7 +38,7 @@ from services.store.final_checks import StoredCheck
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hook_sets import PinnedHooks
-from services.store.ledger import EventOutcome, EvidenceRow, StoredHead, TailRecord
+from services.store.ledger import EventOutcome, EvidenceRow, FullRecord, StoredHead, TailRecord
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState
@@ -50,9 +50,7 @@ __all__ = [
     "HookGrants",
     "BranchConnection",
     "BranchStore",
-    "BudgetConnection",
     "BudgetStore",
-    "CompactionConnection",
     "CompactionStore",
     "FullRecord",
     "HookStore",
@@ -65,13 +63,13 @@ __all__ = [
     "QueryStore",
     "RecordingConnection",
     "RecordingStore",
+    "Sessions",
     "Transactional",
+    "ViewConnection",
     "ViewReads",
+    "ViewStore",
     "ViewWrites",
 ]
-
-# ``(seq, event_key, kind, payload, full text, client_ts)`` of a record, for replaying a thread's state.
-FullRecord = tuple[int, str, str, dict[str, object], str, str | None]
 
 
 class Transactional(Protocol):
@@ -208,15 +206,9 @@ class ViewWrites(Protocol):
 class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
     """What a prepare and an inspection read."""
 
-    async def find_event(self, tenant: str, thread_id: str, event_key: str) -> int | None: ...
-
-    async def find_dead_letter(
-        self, tenant: str, thread_id: str, event_key: str
-    ) -> tuple[str, str] | None: ...
-
     async def find_event_outcome(self, tenant: str, thread_id: str, event_key: str) -> EventOutcome:
-        """``find_event`` with the record's content hash, and when it finds nothing,
-        ``find_dead_letter``: in one round trip."""
+        """Where the event was recorded in a thread of ``tenant`` (with the record's content hash), or
+        else its newest dead letter's code and reason: in one round trip."""
         ...
 
     async def select_evidence(
@@ -250,12 +242,8 @@ class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
         ...
 
 
-class BudgetConnection(ViewReads, ViewWrites, Protocol):
-    """What the budgeter reads and writes."""
-
-
-class CompactionConnection(ViewReads, ViewWrites, Protocol):
-    """What the compactor reads and writes."""
+class ViewConnection(ViewReads, ViewWrites, Protocol):
+    """What the budgeter and the compactor read and write."""
 
 
 class BranchConnection(Transactional, Protocol):
@@ -276,26 +264,24 @@ class BranchConnection(Transactional, Protocol):
     ) -> list[HistoryRow]: ...
 
 
-class BranchStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[BranchConnection]: ...
+_Connection = TypeVar("_Connection", covariant=True)
 
 
-class RecordingStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[RecordingConnection]:
+class Sessions(Protocol[_Connection]):
+    """A store that opens sessions of one port."""
+
+    def connection(self) -> AbstractAsyncContextManager[_Connection]:
         """One connection's worth of work (acquiring it may raise StoreUnavailable)."""
         ...
 
 
-class PrepareStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[PrepareConnection]: ...
-
-
-class BudgetStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[BudgetConnection]: ...
-
-
-class CompactionStore(Protocol):
-    def connection(self) -> AbstractAsyncContextManager[CompactionConnection]: ...
+BranchStore: TypeAlias = Sessions[BranchConnection]
+RecordingStore: TypeAlias = Sessions[RecordingConnection]
+PrepareStore: TypeAlias = Sessions[PrepareConnection]
+# The budgeter's and the compactor's store: both keep threads' views.
+ViewStore: TypeAlias = Sessions[ViewConnection]
+BudgetStore: TypeAlias = ViewStore
+CompactionStore: TypeAlias = ViewStore
 
 
 class QueryStore(Protocol):

@@ -16,16 +16,17 @@ __all__ = [
     "select_session_record",
 ]
 
+# Columns named as the inspection's fields, so a row fills its model by name.
 _SESSION = """
-SELECT session_id, principal_id, policy_name, policy_revision, last_seq, reset_seq FROM ctx.sessions
-WHERE session_id = $1 AND tenant = $2
+SELECT session_id, principal_id, policy_name || '@' || policy_revision AS policy, last_seq, reset_seq
+FROM ctx.sessions WHERE session_id = $1 AND tenant = $2
 """
 _RUNS = (
     "SELECT run_id, status, main_thread_id, snapshot_through FROM ctx.runs WHERE session_id = $1 "
     "ORDER BY snapshot_through, created_at"
 )
 _THREADS = """
-SELECT h.thread_id, h.run_id, h.role, h.parent_thread_id, h.last_seq,
+SELECT h.thread_id, h.run_id, h.role, h.parent_thread_id, h.last_seq AS records,
        COALESCE(v.view_revision, 0) AS view_revision,
        (SELECT count(*) FROM ctx.summaries s WHERE s.thread_id = h.thread_id) AS summaries
 FROM ctx.thread_heads h LEFT JOIN ctx.thread_views v USING (thread_id)
@@ -66,36 +67,13 @@ async def select_session(conn: Conn, tenant: str, session_id: str) -> SessionIns
     session = await conn.fetchrow(_SESSION, session_id, tenant)
     if session is None:
         return None
-    runs = await conn.fetch(_RUNS, session_id)
+    run_rows = await conn.fetch(_RUNS, session_id)
     by_run: dict[str, list[InspectedThread]] = {}
-    for t in await conn.fetch(_THREADS, session_id):
-        by_run.setdefault(t["run_id"], []).append(
-            InspectedThread(
-                thread_id=t["thread_id"],
-                role=t["role"],
-                parent_thread_id=t["parent_thread_id"],
-                records=t["last_seq"],
-                view_revision=t["view_revision"],
-                summaries=t["summaries"],
-            )
-        )
-    return SessionInspection(
-        session_id=session_id,
-        principal_id=session["principal_id"],
-        policy=f"{session['policy_name']}@{session['policy_revision']}",
-        last_seq=session["last_seq"],
-        reset_seq=session["reset_seq"],
-        runs=tuple(
-            InspectedRun(
-                run_id=r["run_id"],
-                status=r["status"],
-                main_thread_id=r["main_thread_id"],
-                snapshot_through=r["snapshot_through"],
-                threads=tuple(by_run.get(r["run_id"], ())),
-            )
-            for r in runs
-        ),
-    )
+    for row in await conn.fetch(_THREADS, session_id):
+        thread = dict(row)
+        by_run.setdefault(thread.pop("run_id"), []).append(InspectedThread(**thread))
+    runs = tuple(InspectedRun(**dict(r), threads=tuple(by_run.get(r["run_id"], ()))) for r in run_rows)
+    return SessionInspection(**dict(session), runs=runs)
 
 
 async def select_receipt(

@@ -241,10 +241,7 @@ async def _store_chunks(
 async def _insert_chunks(
     conn: Conn, thread_id: str, chunks: Sequence[ChunkRow], last_seq: int, version: int
 ) -> None:
-    cols: list[list[object]] = [[] for _ in range(12)]
-    for values in chunks:
-        for col, value in zip(cols, values, strict=True):
-            col.append(value)
+    cols = [list(col) for col in zip(*chunks, strict=True)] if chunks else [[] for _ in range(12)]
     with translate_pg_errors(thread_id):
         if conn.is_in_transaction():
             # A savepoint: a refused statement leaves the reindex's transaction usable for the next.

@@ -14,7 +14,6 @@ same statement (``event_key``): recorded in this thread (with its content hash),
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from services.core.state import StateView
@@ -27,6 +26,7 @@ from services.store.ledger import (
     RECORD_ROW,
     Conn,
     StoredHead,
+    event_outcome_of,
     head_of_row,
     ledger_record_of_row,
 )
@@ -134,17 +134,7 @@ async def read_thread_at_head(
     records: list[LedgerRecord] | None = None
     if records_after is not None:
         records = [ledger_record_of_row(row) for row in r["records"] or ()]
-    named = None if event_key is None else _outcome(r["named_recorded"], r["named_dead"])
+    named = None if event_key is None else event_outcome_of(r["named_recorded"], r["named_dead"])
     return ThreadAtHead(
         head_of_row(r), scope_of_row(r), state, window, facts, bool(r["facts_read"]), records, named
     )
-
-
-def _outcome(recorded: str | None, dead: str | None) -> EventOutcome:
-    if recorded is not None:
-        seq, content_sha256 = json.loads(recorded)
-        return EventOutcome(int(seq), str(content_sha256), None)
-    if dead is None:
-        return EventOutcome(None, None, None)
-    code, reason = json.loads(dead)
-    return EventOutcome(None, None, (str(code), str(reason)))

@@ -21,8 +21,10 @@ from services.core.ledger import (
 from services.store.ledger import Conn
 
 __all__ = [
-    "DeadLettersRepo",
     "TrackingRepo",
+    "count_dead_letters",
+    "insert_dead_letter",
+    "recent_dead_letters",
 ]
 
 
@@ -81,13 +83,6 @@ WHERE consumer = $1 AND partition = $2 AND last_stream_seq = $4
 
 
 # Filed under the thread, or naming it from another thread's subject (``named_thread_id``).
-_FIND_DEAD = """
-SELECT code, reason FROM ctx.dead_letters
-WHERE (thread_id = $1 OR named_thread_id = $1) AND event_key = $2 AND tenant = $3
-ORDER BY id DESC LIMIT 1
-"""
-
-
 _COUNT_DEAD = "SELECT count(*) FROM ctx.dead_letters WHERE thread_id = $1"
 _RECENT_DEAD = """
 SELECT stream_seq, event_key, code, reason FROM ctx.dead_letters
@@ -95,51 +90,40 @@ WHERE thread_id = $1 ORDER BY id DESC LIMIT $2
 """
 
 
-class DeadLettersRepo:
-    """Rejected events, kept so a prepare can say why its watermark event will never arrive."""
+async def insert_dead_letter(conn: Conn, rejection: Rejection, *, keep_raw: int) -> None:
+    """Store one rejection; a redelivered one is stored once."""
+    raw = rejection.incoming.data
+    _, truncated = encode_raw(raw, keep_raw)
+    await conn.execute(
+        _INSERT_DEAD,
+        rejection.thread_id,
+        rejection.event_key,
+        rejection.code.value,
+        rejection.reason,
+        json.dumps(rejection.details),
+        rejection.incoming.subject,
+        rejection.incoming.stream_seq,
+        sha256_hex(raw),
+        len(raw),
+        raw[:keep_raw],
+        truncated,
+        stored.tenant if (stored := parse_stored_subject(rejection.incoming.subject)) else DEFAULT_TENANT,
+        rejection.named_thread,
+    )
 
-    @staticmethod
-    async def insert(conn: Conn, rejection: Rejection, *, keep_raw: int) -> None:
-        """Store one rejection; a redelivered one is stored once."""
-        raw = rejection.incoming.data
-        _, truncated = encode_raw(raw, keep_raw)
-        await conn.execute(
-            _INSERT_DEAD,
-            rejection.thread_id,
-            rejection.event_key,
-            rejection.code.value,
-            rejection.reason,
-            json.dumps(rejection.details),
-            rejection.incoming.subject,
-            rejection.incoming.stream_seq,
-            sha256_hex(raw),
-            len(raw),
-            raw[:keep_raw],
-            truncated,
-            stored.tenant if (stored := parse_stored_subject(rejection.incoming.subject)) else DEFAULT_TENANT,
-            rejection.named_thread,
+
+async def count_dead_letters(conn: Conn, thread_id: str) -> int:
+    return int(await conn.fetchval(_COUNT_DEAD, thread_id))
+
+
+async def recent_dead_letters(conn: Conn, thread_id: str, limit: int) -> list[InspectedDeadLetter]:
+    """A thread's newest rejections, newest first."""
+    return [
+        InspectedDeadLetter(
+            stream_seq=r["stream_seq"], event_key=r["event_key"], code=r["code"], reason=r["reason"]
         )
-
-    @staticmethod
-    async def find(conn: Conn, tenant: str, thread_id: str, event_key: str) -> tuple[str, str] | None:
-        """``(code, reason)`` of the latest rejection of this event published by ``tenant``, if any."""
-        row = await conn.fetchrow(_FIND_DEAD, thread_id, event_key, tenant)
-        return None if row is None else (row["code"], row["reason"])
-
-    @staticmethod
-    async def count(conn: Conn, thread_id: str) -> int:
-        """Rejections recorded for a thread."""
-        return int(await conn.fetchval(_COUNT_DEAD, thread_id))
-
-    @staticmethod
-    async def recent(conn: Conn, thread_id: str, limit: int) -> list[InspectedDeadLetter]:
-        """A thread's newest rejections, newest first."""
-        return [
-            InspectedDeadLetter(
-                stream_seq=r["stream_seq"], event_key=r["event_key"], code=r["code"], reason=r["reason"]
-            )
-            for r in await conn.fetch(_RECENT_DEAD, thread_id, limit)
-        ]
+        for r in await conn.fetch(_RECENT_DEAD, thread_id, limit)
+    ]
 
 
 class TrackingRepo:

@@ -26,18 +26,32 @@ __all__ = [
     "Candidate",
     "DEFAULT_SUMMARY_CACHE_BYTES",
     "NewSummary",
-    "PoliciesRepo",
     "SCOPE_COLUMNS",
-    "ScopeRepo",
     "SummaryRow",
     "SummaryRows",
     "ThreadScope",
     "VIEW_COLUMNS",
     "ViewState",
-    "ViewsRepo",
+    "adopt",
+    "candidates",
+    "clear_pending",
+    "commit_summary",
+    "ensure_view",
+    "get_policy",
     "held_summary_id",
+    "load_view",
+    "mark_evaluated",
+    "note_prepare_budget",
     "parse_summary_hooks",
+    "record_attempt",
+    "register_policy",
+    "scope_of",
     "scope_of_row",
+    "session_policy",
+    "set_pending",
+    "stale_threads",
+    "summary_chain",
+    "summary_count",
     "summary_hooks_json",
     "summary_id_of",
     "summary_of_row",
@@ -100,14 +114,9 @@ class Candidate:
     baseline_watermark: int
 
 
-class ScopeRepo:
-    """Thread scope reads."""
-
-    @staticmethod
-    async def of_thread(conn: Conn, thread_id: str) -> ThreadScope:
-        """The scope of a recorded thread."""
-        r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
-        return ThreadScope() if r is None else scope_of_row(r)
+async def scope_of(conn: Conn, thread_id: str) -> ThreadScope:
+    r = await conn.fetchrow(_THREAD_SCOPE, thread_id)
+    return ThreadScope() if r is None else scope_of_row(r)
 
 
 def scope_of_row(r: Row) -> ThreadScope:
@@ -235,7 +244,6 @@ class SummaryRow:
         object.__setattr__(self, "sources", tuple(summary_sources(self.body)))
 
     def tokens(self, encoding: str) -> int:
-        """Tokens of the rendered summary in ``encoding``."""
         return self.tokens_cl100k if encoding == "cl100k_base" else self.tokens_o200k
 
 
@@ -329,10 +337,10 @@ class SummaryRows:
     def __init__(self, max_bytes: int = DEFAULT_SUMMARY_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self._rows: OrderedDict[str, tuple[SummaryRow, int]] = OrderedDict()
-        self._bytes = 0
+        # What the held summaries cost, as their sizes were given.
+        self.bytes = 0
 
     def held(self, thread_id: str) -> SummaryRow | None:
-        """The summary held for the thread, if any."""
         found = self._rows.get(thread_id)
         if found is None:
             return None
@@ -343,19 +351,14 @@ class SummaryRows:
         """Hold ``row`` as the thread's summary (``size``: about what it costs in memory)."""
         previous = self._rows.pop(thread_id, None)
         if previous is not None:
-            self._bytes -= previous[1]
+            self.bytes -= previous[1]
         if size > self.max_bytes:
             return
         self._rows[thread_id] = (row, size)
-        self._bytes += size
-        while self._bytes > self.max_bytes:
+        self.bytes += size
+        while self.bytes > self.max_bytes:
             _, (_, dropped) = self._rows.popitem(last=False)
-            self._bytes -= dropped
-
-    @property
-    def bytes(self) -> int:
-        """What the held summaries cost, as their sizes were given."""
-        return self._bytes
+            self.bytes -= dropped
 
 
 def held_summary_id(held: SummaryRow | None) -> uuid.UUID | None:
@@ -408,37 +411,29 @@ def view_of_row(r: Row, summary: SummaryRow | None) -> ViewState:
     )
 
 
-class PoliciesRepo:
-    """Named, immutable policy revisions."""
+async def register_policy(conn: Conn, tenant: str, policy: ContextPolicy) -> int:
+    """Store ``policy`` as the next revision of its name in ``tenant``; returns the revision."""
+    return int(await conn.fetchval(_INSERT_POLICY, tenant, policy.name, policy.model_dump_json()))
 
-    @staticmethod
-    async def register(conn: Conn, tenant: str, policy: ContextPolicy) -> int:
-        """Store ``policy`` as the next revision of its name in ``tenant``; returns the revision."""
-        return int(await conn.fetchval(_INSERT_POLICY, tenant, policy.name, policy.model_dump_json()))
 
-    @staticmethod
-    async def get(
-        conn: Conn, tenant: str, name: str, revision: int | None = None
-    ) -> tuple[int, ContextPolicy] | None:
-        """A revision of a policy ``tenant`` may use (the latest when ``revision`` is None)."""
-        row = await (
-            conn.fetchrow(_LATEST_POLICY, tenant, name)
-            if revision is None
-            else conn.fetchrow(_SELECT_POLICY, tenant, name, revision)
-        )
-        if row is None:
-            return None
-        return int(row["revision"]), ContextPolicy.model_validate_json(row["body"])
+async def get_policy(
+    conn: Conn, tenant: str, name: str, revision: int | None = None
+) -> tuple[int, ContextPolicy] | None:
+    """A revision of a policy ``tenant`` may use (the latest when ``revision`` is None)."""
+    row = await (
+        conn.fetchrow(_LATEST_POLICY, tenant, name)
+        if revision is None
+        else conn.fetchrow(_SELECT_POLICY, tenant, name, revision)
+    )
+    if row is None:
+        return None
+    return int(row["revision"]), ContextPolicy.model_validate_json(row["body"])
 
-    @staticmethod
-    async def of_session(conn: Conn, session_id: str) -> tuple[str, str, int] | None:
-        """The tenant of a session, and the policy name and revision it pinned."""
-        row = await conn.fetchrow(_SESSION_POLICY, session_id)
-        return (
-            None
-            if row is None
-            else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
-        )
+
+async def session_policy(conn: Conn, session_id: str) -> tuple[str, str, int] | None:
+    """The tenant of a session, and the policy name and revision it pinned."""
+    row = await conn.fetchrow(_SESSION_POLICY, session_id)
+    return None if row is None else (str(row["tenant"]), str(row["policy_name"]), int(row["policy_revision"]))
 
 
 # Summary ids are derived, not drawn: a re-run of the same commit names the same summary.
@@ -460,158 +455,150 @@ def _throttle_json(throttle: Throttle | None) -> str | None:
     return None if throttle is None else json.dumps(throttle.to_json())
 
 
-class ViewsRepo:
-    """Thread views: which summary a thread shows, counter baselines, pending jobs, throttling."""
+async def load_view(conn: Conn, thread_id: str, summaries: SummaryRows | None = None) -> ViewState:
+    """The compaction state of a thread (an empty state if it never had one); the summary's body
+    is read only when ``summaries`` does not hold the one the view shows."""
+    held = summaries.held(thread_id) if summaries is not None else None
+    r = await conn.fetchrow(_SELECT_VIEW, thread_id, held_summary_id(held))
+    return ViewState() if r is None else view_state_of_row(thread_id, r, held, summaries)
 
-    @staticmethod
-    async def load(conn: Conn, thread_id: str, summaries: SummaryRows | None = None) -> ViewState:
-        """The compaction state of a thread (an empty state if it never had one); the summary's body
-        is read only when ``summaries`` does not hold the one the view shows."""
-        held = summaries.held(thread_id) if summaries is not None else None
-        r = await conn.fetchrow(_SELECT_VIEW, thread_id, held_summary_id(held))
-        return ViewState() if r is None else view_state_of_row(thread_id, r, held, summaries)
 
-    @staticmethod
-    async def summary_chain(conn: Conn, summary_id: str) -> list[tuple[int, SummaryRow]]:
-        """The summaries ``summary_id`` extends, each with the view revision it was committed at,
-        its parent first."""
-        rows = await conn.fetch(_SUMMARY_CHAIN, summary_id)
-        return [
-            (
-                r["view_revision"],
-                summary_of_row(r),
-            )
-            for r in rows
-        ]
-
-    @staticmethod
-    async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved: int) -> None:
-        """Remember the budget a prepare had to wait under (a no-op write when it is unchanged)."""
-        await conn.execute(_NOTE_PREPARE_BUDGET, thread_id, budget, reserved)
-
-    @staticmethod
-    async def ensure(conn: Conn, thread_id: str) -> None:
-        """Create the thread's view row if missing."""
-        await conn.execute(_ENSURE_VIEW, thread_id)
-
-    @staticmethod
-    async def set_pending(conn: Conn, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
-        """Claim the thread's one pending-job slot; False if another job holds it."""
-        return await conn.fetchval(_SET_PENDING, thread_id, fingerprint, stale_after_s) is not None
-
-    @staticmethod
-    async def clear_pending(conn: Conn, thread_id: str, fingerprint: str) -> None:
-        """Release the slot if ``fingerprint`` still holds it."""
-        await conn.execute(_CLEAR_PENDING, thread_id, fingerprint)
-
-    @staticmethod
-    async def mark_evaluated(conn: Conn, thread_id: str, head_revision: int) -> None:
-        """The budgeter has looked at the thread up to ``head_revision``."""
-        await conn.execute(_MARK_EVALUATED, thread_id, head_revision)
-
-    @staticmethod
-    async def record_attempt(
-        conn: Conn,
-        thread_id: str,
-        *,
-        throttle: Throttle | None,
-        reason: str | None,
-        failed: bool,
-        fingerprint: str | None,
-        counts_as_attempt: bool = True,
-    ) -> None:
-        """Remember an attempt that did not commit (deferred or failed); never moves the baseline."""
-        await conn.execute(
-            _SET_THROTTLE,
-            thread_id,
-            _throttle_json(throttle),
-            reason,
-            int(counts_as_attempt),
-            int(failed),
-            reason if failed else None,
-            fingerprint or "",
+async def summary_chain(conn: Conn, summary_id: str) -> list[tuple[int, SummaryRow]]:
+    rows = await conn.fetch(_SUMMARY_CHAIN, summary_id)
+    return [
+        (
+            r["view_revision"],
+            summary_of_row(r),
         )
+        for r in rows
+    ]
 
-    @staticmethod
-    async def commit(conn: Conn, expected_revision: int, s: NewSummary) -> str:
-        """Insert the summary and point the view at it, if the view is still at ``expected_revision``."""
-        new_revision = expected_revision + 1
-        summary_id = summary_id_of(s.thread_id, new_revision, s.body.covered_from, s.covered_to)
-        async with conn.transaction():
-            # A thread no budgeter pass has evaluated yet (a manual compaction right after its events:
-            # passes wait for a quiet moment) has no view row to compare and set, as with a window.
-            await conn.execute(_ENSURE_VIEW, s.thread_id)
-            got = await conn.fetchval(
-                _COMMIT_VIEW,
-                s.thread_id,
-                expected_revision,
-                new_revision,
-                None,
-                s.covered_to,
-                s.baseline.user_turns,
-                s.baseline.model_steps,
-                s.source_watermark,
-                _throttle_json(s.throttle),
-            )
-            if got is None:
-                actual = await conn.fetchval(_VIEW_REVISION, s.thread_id)
-                raise RevisionConflict(s.thread_id, expected_revision, actual)
-            await conn.execute(
-                _INSERT_SUMMARY,
-                uuid.UUID(summary_id),
-                s.thread_id,
-                new_revision,
-                uuid.UUID(s.parent_summary_id) if s.parent_summary_id else None,
-                s.body.covered_from,
-                s.covered_to,
-                s.source_watermark,
-                s.policy_name,
-                s.policy_revision,
-                s.body.model_dump_json(),
-                s.text,
-                s.tokens_o200k,
-                s.tokens_cl100k,
-                s.summarizer,
-                s.calls,
-                list(s.trigger_reasons),
-                s.tokens_before,
-                s.tokens_after,
-                s.target_reached,
-                s.job_id,
-                summary_hooks_json(s.hooks),
-            )
-            await conn.execute(_POINT_VIEW, s.thread_id, uuid.UUID(summary_id))
-            kill_point("compact.before_commit")
-        kill_point("compact.after_commit")
-        return summary_id
 
-    @staticmethod
-    async def candidates(conn: Conn, session_id: str, thread_id: str, through: int) -> list[Candidate]:
-        """Other main threads' current summaries that lie within ``through``, newest coverage first."""
-        return [
-            Candidate(r["thread_id"], str(r["summary_id"]), r["covered_to"], r["baseline_watermark"])
-            for r in await conn.fetch(_CANDIDATES, session_id, thread_id, through)
-        ]
+async def note_prepare_budget(conn: Conn, thread_id: str, budget: int, reserved: int) -> None:
+    """Remember the budget a prepare had to wait under (a no-op write when it is unchanged)."""
+    await conn.execute(_NOTE_PREPARE_BUDGET, thread_id, budget, reserved)
 
-    @staticmethod
-    async def adopt(conn: Conn, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
-        """Point a thread's fresh view at an inherited summary (and its baseline); False if it moved on."""
+
+async def ensure_view(conn: Conn, thread_id: str) -> None:
+    await conn.execute(_ENSURE_VIEW, thread_id)
+
+
+async def set_pending(conn: Conn, thread_id: str, fingerprint: str, *, stale_after_s: float) -> bool:
+    """Claim the thread's one pending-job slot; False if another job holds it."""
+    return await conn.fetchval(_SET_PENDING, thread_id, fingerprint, stale_after_s) is not None
+
+
+async def clear_pending(conn: Conn, thread_id: str, fingerprint: str) -> None:
+    """Release the slot if ``fingerprint`` still holds it."""
+    await conn.execute(_CLEAR_PENDING, thread_id, fingerprint)
+
+
+async def mark_evaluated(conn: Conn, thread_id: str, head_revision: int) -> None:
+    """The budgeter has looked at the thread up to ``head_revision``."""
+    await conn.execute(_MARK_EVALUATED, thread_id, head_revision)
+
+
+async def record_attempt(
+    conn: Conn,
+    thread_id: str,
+    *,
+    throttle: Throttle | None,
+    reason: str | None,
+    failed: bool,
+    fingerprint: str | None,
+    counts_as_attempt: bool = True,
+) -> None:
+    """Remember an attempt that did not commit (deferred or failed); never moves the baseline."""
+    await conn.execute(
+        _SET_THROTTLE,
+        thread_id,
+        _throttle_json(throttle),
+        reason,
+        int(counts_as_attempt),
+        int(failed),
+        reason if failed else None,
+        fingerprint or "",
+    )
+
+
+async def commit_summary(conn: Conn, expected_revision: int, s: NewSummary) -> str:
+    """Insert the summary and point the view at it, if the view is still at ``expected_revision``."""
+    new_revision = expected_revision + 1
+    summary_id = summary_id_of(s.thread_id, new_revision, s.body.covered_from, s.covered_to)
+    async with conn.transaction():
+        # A thread no budgeter pass has evaluated yet (a manual compaction right after its events:
+        # passes wait for a quiet moment) has no view row to compare and set, as with a window.
+        await conn.execute(_ENSURE_VIEW, s.thread_id)
         got = await conn.fetchval(
-            _ADOPT,
-            thread_id,
-            uuid.UUID(candidate.summary_id),
-            candidate.covered_to,
-            candidate.baseline_watermark,
+            _COMMIT_VIEW,
+            s.thread_id,
             expected_revision,
+            new_revision,
+            None,
+            s.covered_to,
+            s.baseline.user_turns,
+            s.baseline.model_steps,
+            s.source_watermark,
+            _throttle_json(s.throttle),
         )
-        return got is not None
+        if got is None:
+            actual = await conn.fetchval(_VIEW_REVISION, s.thread_id)
+            raise RevisionConflict(s.thread_id, expected_revision, actual)
+        await conn.execute(
+            _INSERT_SUMMARY,
+            uuid.UUID(summary_id),
+            s.thread_id,
+            new_revision,
+            uuid.UUID(s.parent_summary_id) if s.parent_summary_id else None,
+            s.body.covered_from,
+            s.covered_to,
+            s.source_watermark,
+            s.policy_name,
+            s.policy_revision,
+            s.body.model_dump_json(),
+            s.text,
+            s.tokens_o200k,
+            s.tokens_cl100k,
+            s.summarizer,
+            s.calls,
+            list(s.trigger_reasons),
+            s.tokens_before,
+            s.tokens_after,
+            s.target_reached,
+            s.job_id,
+            summary_hooks_json(s.hooks),
+        )
+        await conn.execute(_POINT_VIEW, s.thread_id, uuid.UUID(summary_id))
+        kill_point("compact.before_commit")
+    kill_point("compact.after_commit")
+    return summary_id
 
-    @staticmethod
-    async def stale_threads(conn: Conn, limit: int) -> list[str]:
-        """Threads recorded past what the budgeter evaluated (catch-up after missed notices)."""
-        return [r["thread_id"] for r in await conn.fetch(_STALE_THREADS, limit)]
 
-    @staticmethod
-    async def summary_count(conn: Conn, thread_id: str) -> int:
-        """Summaries committed for a thread."""
-        return int(await conn.fetchval(_SUMMARY_COUNT, thread_id))
+async def candidates(conn: Conn, session_id: str, thread_id: str, through: int) -> list[Candidate]:
+    """Other main threads' current summaries that lie within ``through``, newest coverage first."""
+    return [
+        Candidate(r["thread_id"], str(r["summary_id"]), r["covered_to"], r["baseline_watermark"])
+        for r in await conn.fetch(_CANDIDATES, session_id, thread_id, through)
+    ]
+
+
+async def adopt(conn: Conn, thread_id: str, expected_revision: int, candidate: Candidate) -> bool:
+    """Point a thread's fresh view at an inherited summary (and its baseline); False if it moved on."""
+    got = await conn.fetchval(
+        _ADOPT,
+        thread_id,
+        uuid.UUID(candidate.summary_id),
+        candidate.covered_to,
+        candidate.baseline_watermark,
+        expected_revision,
+    )
+    return got is not None
+
+
+async def stale_threads(conn: Conn, limit: int) -> list[str]:
+    """Threads recorded past what the budgeter evaluated (catch-up after missed notices)."""
+    return [r["thread_id"] for r in await conn.fetch(_STALE_THREADS, limit)]
+
+
+async def summary_count(conn: Conn, thread_id: str) -> int:
+    return int(await conn.fetchval(_SUMMARY_COUNT, thread_id))

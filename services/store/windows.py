@@ -11,7 +11,7 @@ from contracts.exceptions import RevisionConflict
 from services.killpoints import kill_point
 from services.store.ledger import Conn
 
-__all__ = ["OpenWindow", "WindowsRepo", "open_window_of"]
+__all__ = ["OpenWindow", "commit_window", "current_window", "open_window_of", "windows_closed_after"]
 
 _CURRENT = """
 SELECT w.window_no, w.opened_after, h.body::text AS body
@@ -50,45 +50,41 @@ def open_window_of(window_no: int, opened_after: int, body: str) -> OpenWindow:
     return OpenWindow(window_no, opened_after, WindowHandoff.model_validate_json(body))
 
 
-class WindowsRepo:
-    """Windows and handoffs."""
+async def current_window(conn: Conn, thread_id: str) -> OpenWindow | None:
+    """The thread's newest window, or None while it is in window 1."""
+    row = await conn.fetchrow(_CURRENT, thread_id)
+    return None if row is None else open_window_of(row["window_no"], row["opened_after"], row["body"])
 
-    @staticmethod
-    async def current(conn: Conn, thread_id: str) -> OpenWindow | None:
-        """The thread's newest window, or None while it is in window 1."""
-        row = await conn.fetchrow(_CURRENT, thread_id)
-        return None if row is None else open_window_of(row["window_no"], row["opened_after"], row["body"])
 
-    @staticmethod
-    async def closed_after(conn: Conn, thread_id: str) -> list[int]:
-        """The session seq each window closed after, oldest first (a record's window follows)."""
-        return [r["opened_after"] for r in await conn.fetch(_CLOSED_AFTER, thread_id)]
+async def windows_closed_after(conn: Conn, thread_id: str) -> list[int]:
+    """The session seq each window closed after, oldest first (a record's window follows)."""
+    return [r["opened_after"] for r in await conn.fetch(_CLOSED_AFTER, thread_id)]
 
-    @staticmethod
-    async def commit(conn: Conn, expected_view_revision: int, handoff: WindowHandoff, tokens: int) -> int:
-        """Close the window with its handoff and open the next one, if the view is still at
-        ``expected_view_revision``; the new view revision (``RevisionConflict`` otherwise)."""
-        async with conn.transaction():
-            await conn.execute(_ENSURE_VIEW, handoff.thread_id)
-            revision = await conn.fetchval(_BUMP_VIEW, handoff.thread_id, expected_view_revision)
-            if revision is None:
-                actual = await conn.fetchval(_VIEW_REVISION, handoff.thread_id)
-                raise RevisionConflict(handoff.thread_id, expected_view_revision, actual)
-            handoff_id = uuid.UUID(handoff.handoff_id)
-            await conn.execute(
-                _INSERT_HANDOFF,
-                handoff_id,
-                handoff.thread_id,
-                handoff.previous_window,
-                handoff.new_window,
-                handoff.trigger.value,
-                handoff.model_dump_json(),
-                tokens,
-            )
-            # K9: the handoff is written, the window not yet switched — a crash here must leave neither.
-            kill_point("rollover.before_commit")
-            await conn.execute(
-                _INSERT_WINDOW, handoff.thread_id, handoff.new_window, handoff.last_event_seq, handoff_id
-            )
-        kill_point("rollover.after_commit")
-        return int(revision)
+
+async def commit_window(conn: Conn, expected_view_revision: int, handoff: WindowHandoff, tokens: int) -> int:
+    """Close the window with its handoff and open the next one, if the view is still at
+    ``expected_view_revision``; the new view revision (``RevisionConflict`` otherwise)."""
+    async with conn.transaction():
+        await conn.execute(_ENSURE_VIEW, handoff.thread_id)
+        revision = await conn.fetchval(_BUMP_VIEW, handoff.thread_id, expected_view_revision)
+        if revision is None:
+            actual = await conn.fetchval(_VIEW_REVISION, handoff.thread_id)
+            raise RevisionConflict(handoff.thread_id, expected_view_revision, actual)
+        handoff_id = uuid.UUID(handoff.handoff_id)
+        await conn.execute(
+            _INSERT_HANDOFF,
+            handoff_id,
+            handoff.thread_id,
+            handoff.previous_window,
+            handoff.new_window,
+            handoff.trigger.value,
+            handoff.model_dump_json(),
+            tokens,
+        )
+        # K9: the handoff is written, the window not yet switched — a crash here must leave neither.
+        kill_point("rollover.before_commit")
+        await conn.execute(
+            _INSERT_WINDOW, handoff.thread_id, handoff.new_window, handoff.last_event_seq, handoff_id
+        )
+    kill_point("rollover.after_commit")
+    return int(revision)

@@ -69,8 +69,8 @@ async def test_written_records_read_back_alike(store: Store) -> None:
             (3, 3, "a1", "assistant_message", records[1].text),
         ]
         assert records[0].tokens.o200k_base > 0
-        assert await s.find_event(DEFAULT_TENANT, t.thread_id, "u1") == 2
-        assert await s.find_event("another-tenant", t.thread_id, "u1") is None
+        assert (await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "u1")).seq == 2
+        assert (await s.find_event_outcome("another-tenant", t.thread_id, "u1")).seq is None
         recorded_sha = (await s.select_links(t.thread_id))[1].content_sha256
         assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "u1") == (2, recorded_sha, None)
         assert await s.find_event_outcome("another-tenant", t.thread_id, "u1") == (None, None, None)
@@ -111,7 +111,7 @@ async def test_a_plan_on_a_moved_head_is_a_revision_conflict_and_writes_nothing(
                 await s.write_plan(b, recorded_by="b", keep_raw=1024)
         head = await s.select_head(t.thread_id)
         assert head is not None and (head.revision, head.last_event_key) == (2, "k2")
-        assert await s.find_event(DEFAULT_TENANT, t.thread_id, "k3") is None
+        assert (await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "k3")).seq is None
 
 
 async def test_a_key_recorded_meanwhile_is_a_duplicate_event_and_writes_nothing(store: Store) -> None:
@@ -161,8 +161,11 @@ async def test_a_dead_letter_is_stored_once_and_found_only_by_its_tenant(store: 
         await s.insert_dead_letter(rejection, keep_raw=16)
         await s.insert_dead_letter(rejection, keep_raw=16)  # redelivered
         assert await s.count_dead_letters(t.thread_id) == 1
-        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "bad") == ("invalid_event", "no")
-        assert await s.find_dead_letter("another-tenant", t.thread_id, "bad") is None
+        assert (await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "bad")).rejected == (
+            "invalid_event",
+            "no",
+        )
+        assert (await s.find_event_outcome("another-tenant", t.thread_id, "bad")).rejected is None
         assert await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "bad") == (
             None,
             None,

@@ -110,7 +110,7 @@ async def _observe(store: Any, thread_ids: list[str], session_ids: list[str]) ->
                 "open": await s.open_call_ids(tid),
                 "totals": await s.totals(tid),
                 "dead": await s.count_dead_letters(tid),
-                "orphan": await s.find_dead_letter(DEFAULT_TENANT, tid, "o-orphan"),
+                "orphan": (await s.find_event_outcome(DEFAULT_TENANT, tid, "o-orphan")).rejected,
             }
         for sid in session_ids:
             seen[sid] = (await s.session_policy(sid), await s.read_session_catalog(sid))

@@ -29,7 +29,7 @@ from services.core.hashing import verify_chain
 from services.core.ledger import BatchPlan, Incoming, RecordingLimits
 from services.core.ledger import plan_steps as real_plan_steps
 from services.app.recording import RecordingService
-from services.store.ledger import RecordsRepo
+from services.store import ledger as store_records
 from services.store.batch_write import LedgerWritten
 from services.store.batches import write_plan as real_write_plan
 import services.store.batches as store_ledger
@@ -190,7 +190,7 @@ async def test_record_batch_sets_aside_the_one_event_the_store_refuses_and_recor
 
     assert await _keys(db, t.thread_id) == ["t1", "t2", "t4", "t5"]
     assert await _keys(db, n.thread_id) == ["n1", "n2", "n3"]
-    links = await RecordsRepo.select_links(db, t.thread_id)
+    links = await store_records.select_links(db, t.thread_id)
     assert [link.seq for link in links] == [1, 2, 3, 4] and verify_chain(t.thread_id, links) is None
     assert (result.recorded, [r.code.value for r in result.rejections]) == (7, ["unstorable_event"])
     row = await db.fetchrow("SELECT code, event_key, stream_seq, reason, details FROM ctx.dead_letters")

@@ -8,7 +8,7 @@ import pytest
 from contracts import PrepareRequest
 from ctxfleet_client.client import FleetClient, msg_id_of
 from services.core.hashing import verify_chain
-from services.store.ledger import RecordsRepo
+from services.store import ledger as store_records
 from tests.fixtures.builders import Thread
 from tests.fixtures.fleet import eventually
 from workers.app import Fleet
@@ -86,7 +86,7 @@ async def test_records_keep_publish_order_with_consecutive_seqs_and_a_verified_c
             "SELECT seq, event_key FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id
         )
         assert [r["event_key"] for r in rows] == [f"k{i}" for i in range(20)]
-        assert verify_chain(t.thread_id, await RecordsRepo.select_links(db, t.thread_id)) is None
+        assert verify_chain(t.thread_id, await store_records.select_links(db, t.thread_id)) is None
     session_seqs = [
         r["session_seq"] for r in await db.fetch("SELECT session_seq FROM ctx.records ORDER BY session_seq")
     ]

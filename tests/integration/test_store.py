@@ -10,7 +10,7 @@ from services.core.ledger import BatchKeys, RecordingLimits, decode_batch, plan_
 from services.store._errors import translate_pg_errors
 from services.store.batch_write import Position, one_statement
 from services.store.batches import read_for_batch, write_plan
-from services.store.ledger import HeadsRepo
+from services.store import ledger as store_heads
 from services.core.tokens import ENCODINGS, counter_for
 from tests.fixtures.builders import Thread, incoming
 
@@ -52,7 +52,7 @@ async def test_write_plan_with_a_stale_revision_raises_revision_conflict_and_wri
         async with db.transaction():
             await write_plan(db, b, recorded_by="b", keep_raw=1024)  # type: ignore[arg-type]
     assert err.value.details == {"thread_id": t.thread_id, "expected": 1, "actual": 2}
-    head = await HeadsRepo.select_head(db, t.thread_id)
+    head = await store_heads.select_head(db, t.thread_id)
     assert head is not None and (head.revision, head.last_seq) == (2, 2)
     rows = await db.fetch("SELECT recorded_by FROM ctx.records WHERE thread_id=$1 ORDER BY seq", t.thread_id)
     assert [r["recorded_by"] for r in rows] == ["a", "a"]
@@ -169,7 +169,7 @@ async def test_an_outcome_whose_call_another_writer_closed_fails_the_whole_write
         await write_plan(  # type: ignore[arg-type]
             db, late, recorded_by="b", keep_raw=1024, position=Position("closed", 0, 7)
         )
-    head = await HeadsRepo.select_head(db, t.thread_id)
+    head = await store_heads.select_head(db, t.thread_id)
     assert head is not None and head.last_seq == 2  # the head's move went with the statement
     assert (
         await db.fetchval("SELECT last_seq FROM ctx.sessions WHERE session_id = $1", t.session_id) == before
@@ -192,7 +192,7 @@ async def test_a_plan_of_more_than_one_statement_is_written_whole_or_not_at_all(
 
     with pytest.raises(RuntimeError):
         await write_plan(db, plan, recorded_by="a", keep_raw=1024, before_commit=crash)  # type: ignore[arg-type]
-    assert await HeadsRepo.select_head(db, t.thread_id) is None
+    assert await store_heads.select_head(db, t.thread_id) is None
     assert await db.fetchval("SELECT count(*) FROM ctx.runs WHERE run_id = $1", t.run_id) == 0
     await write_plan(db, plan, recorded_by="a", keep_raw=1024)  # type: ignore[arg-type]
     assert await db.fetchval("SELECT count(*) FROM ctx.records WHERE thread_id = $1", t.thread_id) == 2

@@ -91,7 +91,7 @@ async def test_a_batch_with_an_invalid_event_and_a_duplicate_records_the_rest_on
     assert (letter.code.value, letter.event_key, letter.stream_seq) == ("orphan_tool_outcome", "k3", 4)
     async with store.connection() as s:
         assert await s.count_dead_letters(t.thread_id) == 1
-        assert await s.find_dead_letter(DEFAULT_TENANT, t.thread_id, "k3") == (
+        assert (await s.find_event_outcome(DEFAULT_TENANT, t.thread_id, "k3")).rejected == (
             "orphan_tool_outcome",
             letter.reason,
         )
