@@ -250,7 +250,7 @@ class GatewayService:
             addition_sources=tuple(a.source for a in verdict.additions),
         )
         stored = await self._store.insert_check(
-            StoredCheck(tenant, thread_id, request.format, check, _distinct(verdict.additions))
+            StoredCheck(tenant, thread_id, request.format, check, tuple(dict.fromkeys(verdict.additions)))
         )
         return stored.check
 
@@ -442,11 +442,3 @@ class _Pending:
 
 def _approx_bytes(record: GatewayRecord) -> int:
     return _RECORD_BYTES + _UNIT_BYTES * len(record.units) + _BLOCK_BYTES * len(record.manifest)
-
-
-def _distinct(additions: tuple[GatewayAddition, ...]) -> tuple[GatewayAddition, ...]:
-    seen: list[GatewayAddition] = []
-    for a in additions:
-        if a not in seen:
-            seen.append(a)
-    return tuple(seen)
