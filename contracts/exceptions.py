@@ -571,11 +571,10 @@ class UnknownModelProfile(InvalidRequest):
     """A model profile name the fleet does not know."""
 
     code = ErrorCode.UNKNOWN_MODEL_PROFILE
+    says = "unknown model profile {name!r}; known: {listed}"
 
     def __init__(self, name: str, known: tuple[str, ...]) -> None:
-        super().__init__(
-            f"unknown model profile {name!r}; known: {', '.join(known)}", name=name, known=list(known)
-        )
+        self._say(("listed",), name=name, known=list(known), listed=", ".join(known))
 
 
 class ThreadNotFound(InvalidRequest):
@@ -787,13 +786,11 @@ class HookChangeRefused(CtxError):
     """A hook (policy fail) asked for a change its point never allows: the stage fails."""
 
     code = ErrorCode.HOOK_CHANGE_REFUSED
+    says = "hook {source} at {point}: change refused: {listed}"
 
     def __init__(self, source: str, point: str, problems: Sequence[str]) -> None:
-        super().__init__(
-            f"hook {source} at {point}: change refused: {'; '.join(problems)}",
-            source=source,
-            point=point,
-            problems=list(problems),
+        self._say(
+            ("listed",), source=source, point=point, problems=list(problems), listed="; ".join(problems)
         )
 
 

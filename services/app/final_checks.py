@@ -32,6 +32,7 @@ import asyncio
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 
@@ -409,10 +410,8 @@ class GatewayService:
         if self._closing:
             await asyncio.sleep(delay)
             return
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=delay)
-        except TimeoutError:
-            pass
 
 
 _Derived = tuple[GatewayRecord, ServedContext, dict[str, str]]

@@ -151,10 +151,8 @@ async def run_through_fleet(
                 outcomes.append(FleetFailure(exc.code.value, _with_items(exc)))
         await client.append(event)
         last_key[thread] = event.event_key
-    compactions = 0
-    for thread_id in sorted(last_key):
-        compactions += (await client.inspect(thread_id, limit=1)).summaries
-    return FleetRun(tuple(outcomes), compactions)
+    compactions = [(await client.inspect(thread_id, limit=1)).summaries for thread_id in sorted(last_key)]
+    return FleetRun(tuple(outcomes), sum(compactions))
 
 
 def _with_items(exc: CtxError) -> str:
