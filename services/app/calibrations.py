@@ -26,12 +26,7 @@ class CalibrationReads(Protocol):
 class CalibrationCache:
     """Calibrations by (tenant, profile), each used for ``ttl_s`` after it was read or learned."""
 
-    def __init__(
-        self,
-        *,
-        ttl_s: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, *, ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
         self._entries: dict[tuple[str, str], tuple[float, Calibration]] = {}
@@ -48,14 +43,10 @@ class CalibrationCache:
         """The calibration, read through ``reads`` when the cached one is stale."""
         found = self.fresh(tenant, profile)
         if found is None:
-            found = await self._read(reads, tenant, profile)
+            found = await reads.read_calibration(tenant, profile)
+            self.put(tenant, profile, found)
         return found
 
     def put(self, tenant: str, profile: str, calibration: Calibration) -> None:
         """What this process just learned."""
         self._entries[(tenant, profile)] = (self._clock(), calibration)
-
-    async def _read(self, reads: CalibrationReads, tenant: str, profile: str) -> Calibration:
-        calibration = await reads.read_calibration(tenant, profile)
-        self._entries[(tenant, profile)] = (self._clock(), calibration)
-        return calibration

@@ -32,6 +32,7 @@ import asyncio
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 
@@ -250,7 +251,7 @@ class GatewayService:
             addition_sources=tuple(a.source for a in verdict.additions),
         )
         stored = await self._store.insert_check(
-            StoredCheck(tenant, thread_id, request.format, check, _distinct(verdict.additions))
+            StoredCheck(tenant, thread_id, request.format, check, tuple(dict.fromkeys(verdict.additions)))
         )
         return stored.check
 
@@ -409,10 +410,8 @@ class GatewayService:
         if self._closing:
             await asyncio.sleep(delay)
             return
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), timeout=delay)
-        except TimeoutError:
-            pass
 
 
 _Derived = tuple[GatewayRecord, ServedContext, dict[str, str]]
@@ -442,11 +441,3 @@ class _Pending:
 
 def _approx_bytes(record: GatewayRecord) -> int:
     return _RECORD_BYTES + _UNIT_BYTES * len(record.units) + _BLOCK_BYTES * len(record.manifest)
-
-
-def _distinct(additions: tuple[GatewayAddition, ...]) -> tuple[GatewayAddition, ...]:
-    seen: list[GatewayAddition] = []
-    for a in additions:
-        if a not in seen:
-            seen.append(a)
-    return tuple(seen)

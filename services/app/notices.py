@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from typing import Protocol
 
 __all__ = ["NO_PAUSE", "NoticeBoard", "Pause", "wait_for_notice"]
@@ -42,10 +42,8 @@ async def wait_for_notice(woken: asyncio.Event, timeout: float, pause: Pause) ->
     their ``wait_ms`` would otherwise fill the process's slots and starve everyone else.
     """
     async with pause.released():
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(woken.wait(), timeout=timeout)
-        except TimeoutError:
-            pass
 
 
 class NoticeBoard:

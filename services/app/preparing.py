@@ -36,10 +36,12 @@ from contracts.windows import WindowStrategy
 
 from services.core.assemble import Evidence, SummaryView, ThreadSnapshot
 from contracts.exceptions import (
+    ContentNotFound,
     ContextBudgetExceeded,
     FleetUnavailable,
     InvalidRequest,
     ProviderContextExceeded,
+    ThreadNotFound,
 )
 from services.core.prepare_step import (
     Assemble,
@@ -61,7 +63,6 @@ from services.core.calibration import (
     raise_on_overflow,
     request_tokens_before,
 )
-from contracts.exceptions import ContentNotFound, ThreadNotFound
 from services.core.hashing import verify_chain
 from services.core.history_depth import depths_of
 from services.killpoints import kill_point
@@ -86,8 +87,6 @@ __all__ = ["PrepareService"]
 
 log = logging.getLogger("ctxfleet.assembler")
 
-# Notices are hints; a waiter re-checks the ledger at least this often even if one is lost.
-_RECHECK_S = RECHECK_S
 # A queue that refuses jobs (a full JetStream store) refuses every prepare's: one warning per interval.
 _UNQUEUED_WARN_EVERY_S = 30.0
 
@@ -572,7 +571,7 @@ class PrepareService:
             if isinstance(ours, _NotQueued):
                 break  # no compaction is coming: answer now, without the oldest history
             wait.woken.clear()
-            await wait_for_notice(wait.woken, min(remaining, _RECHECK_S), pause)
+            await wait_for_notice(wait.woken, min(remaining, RECHECK_S), pause)
             current = await self._view(view.scope.tenant, thread_id, request.session_id, request.principal_id)
             if current.state.view_revision != revision:
                 return current, True

@@ -27,10 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal, Protocol, TypeAlias
 
-from contracts import (
-    DeadLetter,
-    decode_event,
-)
+from contracts import DeadLetter, decode_event
 from contracts.subjects import thread_from_partitioned_subject
 
 from contracts.exceptions import (
@@ -38,6 +35,7 @@ from contracts.exceptions import (
     DuplicateEvent,
     PositionRegressed,
     RevisionConflict,
+    StoreRejected,
     UnstorableEvent,
 )
 from services.core.hashing import sha256_hex
@@ -57,7 +55,6 @@ from services.core.ledger import (
     run_steps,
     texts_to_count,
 )
-from contracts.exceptions import StoreRejected
 from services.app.step_timing import RecordStages, ignore_stage
 from services.store.ports import Position, RecordingStore
 from services.core.tokens import CountAhead, EncodingName, TokenCounter, counter_for, knowing

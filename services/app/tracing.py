@@ -27,9 +27,10 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import propagate, trace
+from opentelemetry.util.types import AttributeValue
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ _TOOL_TYPE = "gen_ai.tool.type"
 _ERROR_TYPE = "error.type"
 # Tracing off: one shared, reusable context yielding the API's non-recording span.
 _NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
+# Prepare and hook spans: ``record_error`` / ``record_outcome`` set their status, not an exception.
+_QUIET = {"record_exception": False, "set_status_on_exception": False}
 
 
 @dataclass(frozen=True)
@@ -96,68 +99,57 @@ class Tracing:
         if self.provider is not None:
             self.provider.shutdown()
 
+    def _span(
+        self, name: str, kind: SpanKind, attributes: dict[str, AttributeValue], **options: Any
+    ) -> AbstractContextManager[Span]:
+        if not self.enabled:
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(name, kind=kind, attributes=attributes, **options)
+
     def prepare(
         self, headers: Mapping[str, str], thread_id: str, tenant: str
     ) -> AbstractContextManager[Span]:
         """The span of one prepare request, continuing the requester's trace (``traceparent``)."""
-        if not self.enabled:
-            return _NO_SPAN
-        return self.tracer.start_as_current_span(
-            "ctx.prepare",
-            context=propagate.extract(headers),
-            kind=SpanKind.SERVER,
-            attributes={
-                _OPERATION: "search_memory",
-                _CONVERSATION: thread_id,
-                "ctx.thread.id": thread_id,
-                "ctx.tenant": tenant,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
+        attributes: dict[str, AttributeValue] = {
+            _OPERATION: "search_memory",
+            _CONVERSATION: thread_id,
+            "ctx.thread.id": thread_id,
+            "ctx.tenant": tenant,
+        }
+        return self._span(
+            "ctx.prepare", SpanKind.SERVER, attributes, context=propagate.extract(headers), **_QUIET
         )
 
     def compaction(self, job: CompactionJob) -> AbstractContextManager[Span]:
         """The span of one compaction job, from taking it to its final outcome."""
-        if not self.enabled:
-            return _NO_SPAN
-        return self.tracer.start_as_current_span(
-            "ctx.compaction",
-            kind=SpanKind.CONSUMER,
-            attributes={
-                _OPERATION: "update_memory",
-                _CONVERSATION: job.thread_id,
-                "ctx.thread.id": job.thread_id,
-                "ctx.session.id": job.session_id,
-                "ctx.compaction.job_id": job.job_id,
-                "ctx.compaction.reasons": list(job.reasons),
-                "ctx.compaction.urgent": job.urgent,
-                "ctx.compaction.watermark": job.watermark,
-                "ctx.view.revision": job.view_revision,
-                "ctx.budget.input_tokens": job.input_budget,
-                "ctx.policy": f"{job.policy_name}@{job.policy_revision}",
-            },
-        )
+        attributes: dict[str, AttributeValue] = {
+            _OPERATION: "update_memory",
+            _CONVERSATION: job.thread_id,
+            "ctx.thread.id": job.thread_id,
+            "ctx.session.id": job.session_id,
+            "ctx.compaction.job_id": job.job_id,
+            "ctx.compaction.reasons": list(job.reasons),
+            "ctx.compaction.urgent": job.urgent,
+            "ctx.compaction.watermark": job.watermark,
+            "ctx.view.revision": job.view_revision,
+            "ctx.budget.input_tokens": job.input_budget,
+            "ctx.policy": f"{job.policy_name}@{job.policy_revision}",
+        }
+        return self._span("ctx.compaction", SpanKind.CONSUMER, attributes)
 
     def hook(self, binding: HookBinding, call: HookCall) -> AbstractContextManager[Span]:
         """The span of one hook call, a child of the prepare or compaction it serves."""
-        if not self.enabled:
-            return _NO_SPAN
-        return self.tracer.start_as_current_span(
-            "ctx.hook",
-            kind=SpanKind.CLIENT,
-            attributes={
-                _OPERATION: "execute_tool",
-                _TOOL_NAME: binding.source,
-                _TOOL_TYPE: "extension",
-                _CONVERSATION: call.thread_id,
-                "ctx.thread.id": call.thread_id,
-                "ctx.hook.source": binding.source,
-                "ctx.hook.point": binding.point.value,
-                "ctx.hook.subject": binding.subject,
-            },
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        attributes: dict[str, AttributeValue] = {
+            _OPERATION: "execute_tool",
+            _TOOL_NAME: binding.source,
+            _TOOL_TYPE: "extension",
+            _CONVERSATION: call.thread_id,
+            "ctx.thread.id": call.thread_id,
+            "ctx.hook.source": binding.source,
+            "ctx.hook.point": binding.point.value,
+            "ctx.hook.subject": binding.subject,
+        }
+        return self._span("ctx.hook", SpanKind.CLIENT, attributes, **_QUIET)
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """Add the current span's ``traceparent`` to an outgoing request's headers."""

@@ -8,7 +8,6 @@ what is new. Records and inherited snapshots live in one cache per process bound
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
@@ -182,20 +181,11 @@ class _Facts:
 class ViewLoader:
     """Loads thread views through one per-process cache bounded by bytes (``cache``)."""
 
-    def __init__(
-        self,
-        *,
-        cache: ViewCache | None = None,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
-        cache_threads: int = 1024,
-    ) -> None:
+    def __init__(self, *, cache: ViewCache | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         # One cache for every worker of the process (workers/compose.py passes the same loader around).
         self.cache = cache if cache is not None else ViewCache(cache_bytes)
-        self._cache_threads = cache_threads
         self._locks: dict[str, asyncio.Lock] = {}
         self._policies: dict[tuple[str, str, int], ContextPolicy] = {}
-        # Summaries are immutable: a skeleton is rendered and counted once per summary.
-        self._skeletons: OrderedDict[tuple[str, str], Skeleton] = OrderedDict()
         # The policy budget is held in the provider's count, so the budgeter compacts ahead of what
         # the provider will accept; prepares share this cache (one per process).
         self.calibrations = CalibrationCache()
@@ -384,16 +374,16 @@ class ViewLoader:
         row = state.summary
         if row is None:
             return None
-        # An adopted summary is shown beside another run's task: cached per thread too.
-        key = (row.summary_id, thread_id)
-        found = self._skeletons.get(key)
-        if found is None:
-            task = run_task_seq(records, thread_id)
-            pinned = (task,) if task is not None else ()
-            found = self._skeletons[key] = skeleton_of(row.body, state.view_revision, pinned)
-            while len(self._skeletons) > self._cache_threads:
-                self._skeletons.popitem(last=False)
-        return found
+        # Summaries are immutable: a skeleton is rendered and counted once per summary. An adopted
+        # summary is shown beside another run's task: cached per thread too.
+        key = ("skeleton", row.summary_id, thread_id)
+        found = self.cache.get(key)
+        if isinstance(found, Skeleton):
+            return found
+        task = run_task_seq(records, thread_id)
+        made = skeleton_of(row.body, state.view_revision, (task,) if task is not None else ())
+        self._evicted(self.cache.put(key, made, 1_000 + 2 * len(made.text)))
+        return made
 
     async def _inherited(
         self, conn: ViewReads, session_id: str, thread_id: str, scope: ThreadScope

@@ -7,8 +7,6 @@ the fleet prepared with what an agent sending its whole history would have sent.
 
 from __future__ import annotations
 
-from contracts import EventKind
-
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +18,7 @@ from typing import assert_never
 from pydantic import JsonValue
 
 from contracts import (
+    EventKind,
     RunStatusEvent,
     RunStatusPayload,
     AssistantMessageEvent,

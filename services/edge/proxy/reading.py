@@ -177,9 +177,7 @@ def responses_items(inputs: list[Any], start: int = 0) -> list[Item]:
             answer = (at, text, calls)
             continue
         if answer is not None:
-            items.append(
-                Item(f"{answer[0]}.0", AssistantMessagePayload(text=answer[1], tool_calls=tuple(answer[2])))
-            )
+            items.append(_answer_item(*answer))
             answer = None
         payload: Payload
         match kind, role:
@@ -195,10 +193,12 @@ def responses_items(inputs: list[Any], start: int = 0) -> list[Item]:
                 raise InvalidRequest(f"input[{n}]: item {kind!r} ({role}) is not one the proxy records")
         items.append(Item(f"{n}.0", payload))
     if answer is not None:
-        items.append(
-            Item(f"{answer[0]}.0", AssistantMessagePayload(text=answer[1], tool_calls=tuple(answer[2])))
-        )
+        items.append(_answer_item(*answer))
     return items
+
+
+def _answer_item(at: int, text: str, calls: list[ToolCall]) -> Item:
+    return Item(f"{at}.0", AssistantMessagePayload(text=text, tool_calls=tuple(calls)))
 
 
 def _messages_items(messages: list[Any]) -> list[Item]:
