@@ -638,6 +638,7 @@ def plan_steps(
         state.apply(event, write, pins_release=admitted.change.release is not None)
         receipts.apply(event, thread_id)
         calls.apply(event, thread_id, seq)
+    new_runs, new_threads, principals, releases = sessions.life.written()
     return BatchPlan(
         records=tuple(chains.records),
         blobs=tuple(chains.blobs.values()),
@@ -649,11 +650,11 @@ def plan_steps(
         session_counts=chains.session_counts,
         session_policies=sessions.policies,
         session_tenants={s: sessions.tenants[s] for s in sessions.policies},
-        new_runs=sessions.life.new_runs,
+        new_runs=new_runs,
         run_statuses=sessions.life.run_statuses,
-        new_threads=sessions.life.new_threads,
-        principals=sessions.life.new_principals,
-        releases=sessions.life.new_releases,
+        new_threads=new_threads,
+        principals=principals,
+        releases=releases,
         resets=tuple(sessions.resets),
         state_writes=tuple(state.writes),
         session_catalogs=state.session_catalogs,

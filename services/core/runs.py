@@ -87,21 +87,15 @@ class Lifecycle:
         # Also a status equal to the one stored: the store writes each status an event sets.
         self.run_statuses: dict[str, str] = {}
 
-    @property
-    def new_runs(self) -> tuple[RunState, ...]:
-        return tuple(run for run_id, run in self.runs.items() if run_id not in self._read_runs)
-
-    @property
-    def new_threads(self) -> dict[str, ThreadMeta]:
-        return {t: meta for t, meta in self.threads.items() if t not in self._read_threads}
-
-    @property
-    def new_principals(self) -> dict[str, str]:
-        return _pinned(self.principals, self._read_principals)
-
-    @property
-    def new_releases(self) -> dict[str, str]:
-        return _pinned(self.releases, self._read_releases)
+    def written(self) -> tuple[tuple[RunState, ...], dict[str, ThreadMeta], dict[str, str], dict[str, str]]:
+        """The runs, threads, principals and releases the batch added to the read."""
+        runs = tuple(run for run_id, run in self.runs.items() if run_id not in self._read_runs)
+        threads = {t: meta for t, meta in self.threads.items() if t not in self._read_threads}
+        principals = {
+            s: p for s, p in self.principals.items() if s not in self._read_principals and p is not None
+        }
+        releases = {s: r for s, r in self.releases.items() if s not in self._read_releases and r is not None}
+        return runs, threads, principals, releases
 
     def check(self, event: Event, thread_id: str, *, session_known: bool) -> LifecycleChange:
         """Raise InvalidEvent unless the event may be recorded; what it would change otherwise."""
@@ -221,8 +215,3 @@ class Lifecycle:
                 or ref.seq > parent_meta.last_seq
             ):
                 raise GrantViolation(event.thread_id, ref.thread_id, ref.seq)
-
-
-def _pinned(pins: Mapping[str, str | None], read: Mapping[str, str | None]) -> dict[str, str]:
-    """The pins a batch added: a session is pinned once, by its first event naming a value."""
-    return {session_id: v for session_id, v in pins.items() if session_id not in read and v is not None}
