@@ -638,6 +638,7 @@ def plan_steps(
         state.apply(event, write, pins_release=admitted.change.release is not None)
         receipts.apply(event, thread_id)
         calls.apply(event, thread_id, seq)
+    new_runs, new_threads, principals, releases = sessions.life.written()
     return BatchPlan(
         records=tuple(chains.records),
         blobs=tuple(chains.blobs.values()),
@@ -649,11 +650,11 @@ def plan_steps(
         session_counts=chains.session_counts,
         session_policies=sessions.policies,
         session_tenants={s: sessions.tenants[s] for s in sessions.policies},
-        new_runs=tuple(sessions.new_runs),
-        run_statuses=sessions.run_statuses,
-        new_threads=sessions.new_threads,
-        principals=sessions.principals,
-        releases=sessions.releases,
+        new_runs=new_runs,
+        run_statuses=sessions.life.run_statuses,
+        new_threads=new_threads,
+        principals=principals,
+        releases=releases,
         resets=tuple(sessions.resets),
         state_writes=tuple(state.writes),
         session_catalogs=state.session_catalogs,
@@ -777,14 +778,7 @@ class _Sessions:
         self._reads = reads
         self.tenants: dict[str, str] = dict(reads.sessions)
         self.policies: dict[str, str] = {}
-        self.life = Lifecycle.from_reads(
-            reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases
-        )
-        self.new_runs: list[RunState] = []
-        self.run_statuses: dict[str, str] = {}
-        self.new_threads: dict[str, ThreadMeta] = {}
-        self.principals: dict[str, str] = {}
-        self.releases: dict[str, str] = {}
+        self.life = Lifecycle(reads.runs, reads.active_runs, reads.threads, reads.principals, reads.releases)
         self.resets: list[SessionReset] = []
 
     def check_tenant(self, item: Decoded) -> None:
@@ -797,28 +791,12 @@ class _Sessions:
         return _Admitted(policy, known, self.life.check(event, item.subject_thread, session_known=known))
 
     def apply(self, item: Decoded, admitted: _Admitted, seq: int) -> None:
-        event, thread_id, change = item.event, item.subject_thread, admitted.change
         if admitted.policy is not None:
-            self.policies[event.session_id] = admitted.policy
-            self.tenants[event.session_id] = item.tenant
-        self.life.apply(change)
-        if change.new_run is not None:
-            self.new_runs.append(change.new_run)
-        if change.new_thread is not None:
-            self.new_threads[thread_id] = change.new_thread
-        if change.run_status is not None:
-            self.run_statuses[change.run_status[0]] = change.run_status[1]
-        if change.principal is not None:
-            self.principals[change.principal[0]] = change.principal[1]
-        if change.release is not None:
-            self.releases[change.release[0]] = change.release[1]
-        if change.reset_session is not None:
-            self.resets.append(SessionReset(change.reset_session, thread_id, seq))
-        meta = self.life.threads.get(thread_id)
-        if meta is not None:
-            self.life.threads[thread_id] = ThreadMeta(
-                meta.thread_id, meta.session_id, meta.role, meta.parent_thread_id, seq
-            )
+            self.policies[item.event.session_id] = admitted.policy
+            self.tenants[item.event.session_id] = item.tenant
+        self.life.apply(admitted.change, item.subject_thread, seq)
+        if admitted.change.reset_session is not None:
+            self.resets.append(SessionReset(admitted.change.reset_session, item.subject_thread, seq))
 
 
 class _States:

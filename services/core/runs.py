@@ -18,7 +18,7 @@ Rules, one check each:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from contracts import ContextExportEvent, ContextResetEvent, Event, RunStatusEvent, thread_id_of
 from contracts.task_budgets import TaskBudget
@@ -68,26 +68,34 @@ class LifecycleChange:
     reset_session: str | None = None
 
 
-@dataclass
 class Lifecycle:
-    """Run and thread state across one batch, starting from what the store read."""
+    """Run and thread state across one batch, starting from what the store read. What the batch writes
+    is what it added to that read, and every run status it set."""
 
-    runs: dict[str, RunState] = field(default_factory=dict)
-    active: dict[str, str] = field(default_factory=dict)
-    threads: dict[str, ThreadMeta] = field(default_factory=dict)
-    principals: dict[str, str | None] = field(default_factory=dict)
-    releases: dict[str, str | None] = field(default_factory=dict)
-
-    @classmethod
-    def from_reads(
-        cls,
+    def __init__(
+        self,
         runs: Mapping[str, RunState],
         active: Mapping[str, str],
         threads: Mapping[str, ThreadMeta],
         principals: Mapping[str, str | None],
-        releases: Mapping[str, str | None] | None = None,
-    ) -> Lifecycle:
-        return cls(dict(runs), dict(active), dict(threads), dict(principals), dict(releases or {}))
+        releases: Mapping[str, str | None],
+    ) -> None:
+        self._read_runs, self._read_threads = runs, threads
+        self._read_principals, self._read_releases = principals, releases
+        self.runs, self.active, self.threads = dict(runs), dict(active), dict(threads)
+        self.principals, self.releases = dict(principals), dict(releases)
+        # Also a status equal to the one stored: the store writes each status an event sets.
+        self.run_statuses: dict[str, str] = {}
+
+    def written(self) -> tuple[tuple[RunState, ...], dict[str, ThreadMeta], dict[str, str], dict[str, str]]:
+        """The runs, threads, principals and releases the batch added to the read."""
+        runs = tuple(run for run_id, run in self.runs.items() if run_id not in self._read_runs)
+        threads = {t: meta for t, meta in self.threads.items() if t not in self._read_threads}
+        principals = {
+            s: p for s, p in self.principals.items() if s not in self._read_principals and p is not None
+        }
+        releases = {s: r for s, r in self.releases.items() if s not in self._read_releases and r is not None}
+        return runs, threads, principals, releases
 
     def check(self, event: Event, thread_id: str, *, session_known: bool) -> LifecycleChange:
         """Raise InvalidEvent unless the event may be recorded; what it would change otherwise."""
@@ -107,8 +115,8 @@ class Lifecycle:
         reset = event.session_id if isinstance(event, ContextResetEvent) else None
         return LifecycleChange(change.new_run, change.new_thread, status, principal, release, reset)
 
-    def apply(self, change: LifecycleChange) -> None:
-        """Remember an accepted event's change for the rest of the batch."""
+    def apply(self, change: LifecycleChange, thread_id: str, seq: int) -> None:
+        """Remember an accepted event's change, recorded at ``seq`` of ``thread_id``."""
         if change.principal is not None:
             self.principals[change.principal[0]] = change.principal[1]
         if change.release is not None:
@@ -117,15 +125,18 @@ class Lifecycle:
             self.runs[change.new_run.run_id] = change.new_run
             self.active[change.new_run.session_id] = change.new_run.run_id
         if change.new_thread is not None:
-            self.threads[change.new_thread.thread_id] = change.new_thread
+            self.threads[thread_id] = change.new_thread
         if change.run_status is not None:
             run_id, status = change.run_status
             run = self.runs[run_id]
             self.runs[run_id] = replace(run, status=status)
+            self.run_statuses[run_id] = status
             if status == "active":
                 self.active[run.session_id] = run_id
             elif self.active.get(run.session_id) == run_id:
                 del self.active[run.session_id]
+        if (meta := self.threads.get(thread_id)) is not None:
+            self.threads[thread_id] = replace(meta, last_seq=seq)
 
     def _check_principal(self, event: Event, session_known: bool) -> tuple[str, str] | None:
         owner = self.principals.get(event.session_id)
