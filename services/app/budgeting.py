@@ -100,10 +100,7 @@ class BudgetService:
                     self._loader.cache, thread_id, summarized=view.state.summary is not None
                 ),
             )
-            pending = (
-                view.state.pending_fingerprint is not None
-                and (view.state.pending_age_s or 0) < PENDING_STALE_S
-            )
+            pending = _job_pending(view)
             decision = decide(
                 measured, view.totals, view.baseline, policy, throttle=view.state.throttle, pending=pending
             )
@@ -126,12 +123,7 @@ class BudgetService:
             await store.ensure_view(thread_id)
             await store.mark_evaluated(thread_id, view.head.revision)
         return Evaluation(
-            decision,
-            measured.estimated,
-            measured.budget,
-            enqueued,
-            view.policy_name,
-            view.budget.profile,
+            decision, measured.estimated, measured.budget, enqueued, view.policy_name, view.budget.profile
         )
 
     async def evaluate_idle(self, spell: IdleSpell) -> Evaluation:
@@ -145,10 +137,7 @@ class BudgetService:
             measured, _, _ = measure(
                 view, view.records, budget=view.compaction_budget, reserved=view.state.prepare_reserved
             )
-            pending = (
-                view.state.pending_fingerprint is not None
-                and (view.state.pending_age_s or 0) < PENDING_STALE_S
-            )
+            pending = _job_pending(view)
             rollover = view.policy.window.strategy is WindowStrategy.ROLLOVER
             decision = Decision("none")
             enqueued = False
@@ -161,6 +150,11 @@ class BudgetService:
         return Evaluation(
             decision, measured.estimated, measured.budget, enqueued, view.policy_name, view.budget.profile
         )
+
+
+def _job_pending(view: ThreadView) -> bool:
+    """A job for the thread is queued and not yet presumed lost."""
+    return view.state.pending_fingerprint is not None and (view.state.pending_age_s or 0) < PENDING_STALE_S
 
 
 async def pass_over(store: BudgetStore, thread_id: str) -> None:

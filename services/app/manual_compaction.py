@@ -12,12 +12,12 @@ from __future__ import annotations
 from contracts import CompactionJob, CompactReply, CompactRequest, thread_id_of
 
 from services.app.compacting import CompactionService, JobOutcome
+from services.app.scheduling import compaction_job
 from services.app.views import ThreadView, ViewLoader
-from services.core.compaction.policy import job_fingerprint
 from contracts.exceptions import CompactionFailed, NothingToCompact
 from services.store.ports import CompactionStore
 
-__all__ = ["MANUAL_REASON", "ManualCompaction", "manual_job"]
+__all__ = ["MANUAL_REASON", "ManualCompaction"]
 
 # The job's reason, as the compactor's logs and the summary's trigger_reasons show it.
 MANUAL_REASON = "manual"
@@ -45,7 +45,14 @@ class ManualCompaction:
         outcome = JobOutcome("dropped")
         for _ in range(_ATTEMPTS):
             view = await self._view(request, tenant)
-            job = manual_job(view)
+            # Never the budgeter's id for the same state: this job holds no pending slot to release.
+            job = compaction_job(
+                view,
+                (MANUAL_REASON,),
+                view.compaction_budget,
+                view.state.prepare_reserved,
+                id_prefix=f"{MANUAL_REASON}-",
+            )
             outcome = await self._compaction.run(job)
             match outcome.status:
                 case "committed":
@@ -90,29 +97,3 @@ class ManualCompaction:
             summarizer=outcome.summarizer,
             calls=outcome.calls,
         )
-
-
-def manual_job(view: ThreadView) -> CompactionJob:
-    """The job of a manual compaction of ``view``: the budgeter's, minus any trigger (a pure step)."""
-    budget = view.compaction_budget
-    fingerprint = job_fingerprint(
-        view.head.thread_id,
-        view.watermark,
-        view.state.view_revision,
-        view.policy_name,
-        view.policy_revision,
-        budget,
-    )
-    return CompactionJob(
-        # Never the budgeter's id for the same state: this job holds no pending slot to release.
-        job_id=f"{MANUAL_REASON}-{fingerprint}",
-        thread_id=view.head.thread_id,
-        session_id=view.head.session_id,
-        watermark=view.watermark,
-        view_revision=view.state.view_revision,
-        policy_name=view.policy_name,
-        policy_revision=view.policy_revision,
-        input_budget=budget,
-        reasons=(MANUAL_REASON,),
-        reserved_tokens=view.state.prepare_reserved,
-    )

@@ -20,6 +20,7 @@ __all__ = [
     "JobQueue",
     "PENDING_STALE_S",
     "cache_ttl_for",
+    "compaction_job",
     "request_job",
 ]
 
@@ -51,6 +52,30 @@ async def request_job(
     """
     budget = min(view.budget.input_budget, input_budget) if input_budget else view.compaction_budget
     reserved_tokens = reserved_tokens if input_budget else max(reserved_tokens, view.state.prepare_reserved)
+    job = compaction_job(view, reasons, budget, reserved_tokens, urgent=urgent)
+    await store.ensure_view(view.head.thread_id)
+    if urgent and input_budget and input_budget < view.budget.input_budget:
+        await store.note_prepare_budget(view.head.thread_id, budget, reserved_tokens)
+    if not await store.set_pending(view.head.thread_id, job.job_id, stale_after_s=PENDING_STALE_S):
+        return None
+    try:
+        await queue.publish(job)
+    except BaseException:
+        await store.clear_pending(view.head.thread_id, job.job_id)
+        raise
+    return job
+
+
+def compaction_job(
+    view: ThreadView,
+    reasons: tuple[str, ...],
+    budget: int,
+    reserved_tokens: int,
+    *,
+    urgent: bool = False,
+    id_prefix: str = "",
+) -> CompactionJob:
+    """The job for the view's current state, named by its fingerprint (a pure step)."""
     fingerprint = job_fingerprint(
         view.head.thread_id,
         view.watermark,
@@ -60,13 +85,8 @@ async def request_job(
         budget,
         urgent=urgent,
     )
-    await store.ensure_view(view.head.thread_id)
-    if urgent and input_budget and input_budget < view.budget.input_budget:
-        await store.note_prepare_budget(view.head.thread_id, budget, reserved_tokens)
-    if not await store.set_pending(view.head.thread_id, fingerprint, stale_after_s=PENDING_STALE_S):
-        return None
-    job = CompactionJob(
-        job_id=fingerprint,
+    return CompactionJob(
+        job_id=id_prefix + fingerprint,
         thread_id=view.head.thread_id,
         session_id=view.head.session_id,
         watermark=view.watermark,
@@ -78,12 +98,6 @@ async def request_job(
         urgent=urgent,
         reserved_tokens=reserved_tokens,
     )
-    try:
-        await queue.publish(job)
-    except BaseException:
-        await store.clear_pending(view.head.thread_id, fingerprint)
-        raise
-    return job
 
 
 def cache_ttl_for(profile: str) -> float:
