@@ -22,6 +22,7 @@ from contracts import (
     DEFAULT_POLICY_NAME,
     ContextPolicy,
     InspectedDeadLetter,
+    InspectedRecord,
     SearchHit,
     SearchRequest,
     ToolCatalog,
@@ -62,7 +63,6 @@ from services.store.ledger import (
     EvidenceRow,
     FullRecord,
     StoredHead,
-    TailRecord,
     _ledger_record,
     blob_preview,
     evidence_of_row,
@@ -1147,19 +1147,20 @@ class MemoryConnection:
             for r in self._thread_rows(thread_id)
         ]
 
-    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[InspectedRecord]:
         return [
-            TailRecord(
-                r["seq"],
-                r["session_seq"],
-                r["kind"],
-                r["event_key"],
-                r["tokens_o200k"],
-                r["content_sha256"],
-                r["record_hash"],
-                r["blob_sha256"],
-                _preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
-                *self._tools_and_status(thread_id, r),
+            InspectedRecord(
+                seq=r["seq"],
+                session_seq=r["session_seq"],
+                kind=r["kind"],
+                event_key=r["event_key"],
+                tokens=r["tokens_o200k"],
+                content_sha256=r["content_sha256"],
+                record_hash=r["record_hash"],
+                blob_sha256=r["blob_sha256"],
+                preview=_preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
+                tools=self._tools(thread_id, r),
+                status=json.loads(r["payload"]).get("status") if r["kind"] == "tool_outcome" else None,
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
@@ -1169,13 +1170,13 @@ class MemoryConnection:
             return ""
         return blob_preview(self._t.blobs[row["blob_sha256"]][: chars * 4], chars)
 
-    def _tools_and_status(self, thread_id: str, row: _Row) -> tuple[tuple[str, ...], str | None]:
-        """As the PostgreSQL store's tail: the calls' names, or the answered tool and the outcome's status."""
+    def _tools(self, thread_id: str, row: _Row) -> tuple[str, ...]:
+        """As the PostgreSQL store's tail: the calls' names, or the tool an outcome answers."""
         payload = json.loads(row["payload"])
         if row["kind"] == "tool_outcome":
             call = self._t.calls.get((thread_id, str(payload.get("call_id"))))
-            return ((call["name"],) if call else ()), payload.get("status")
-        return tuple(_call_names(payload)), None
+            return (call["name"],) if call else ()
+        return tuple(_call_names(payload))
 
     async def select_full(self, thread_id: str) -> list[FullRecord]:
         out: list[FullRecord] = []
