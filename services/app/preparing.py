@@ -20,7 +20,6 @@ from typing import assert_never
 
 from contracts import (
     CompactionJob,
-    InspectedRecord,
     InspectRequest,
     PreparedContext,
     PrepareRequest,
@@ -650,21 +649,7 @@ class PrepareService:
             dead_letters=dead,
             recent_dead_letters=tuple(recent_dead),
             records=tuple(
-                InspectedRecord(
-                    seq=r.seq,
-                    session_seq=r.session_seq,
-                    kind=r.kind,
-                    event_key=r.event_key,
-                    tokens=r.tokens_o200k,
-                    content_sha256=r.content_sha256,
-                    record_hash=r.record_hash,
-                    blob_sha256=r.blob_sha256,
-                    preview=r.preview,
-                    tools=r.tools,
-                    status=r.status,
-                    window=window_of(r.session_seq, closed),
-                )
-                for r in reversed(tail)
+                r.model_copy(update={"window": window_of(r.session_seq, closed)}) for r in reversed(tail)
             ),
             view_revision=state.view_revision,
             summaries=summaries,

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, cast
 
 import asyncpg
 
+from contracts.inspect import InspectedRecord
+
 
 from services.core.hashing import ChainLink
 from services.core.records import LedgerRecord
@@ -42,7 +44,6 @@ __all__ = [
     "RECORD_ROW",
     "Row",
     "StoredHead",
-    "TailRecord",
     "blob_preview",
     "evidence_of_row",
     "event_outcome_of",
@@ -205,23 +206,6 @@ SELECT r.seq, r.event_key, r.kind, r.payload,
 FROM ctx.records r LEFT JOIN ctx.blobs b ON r.text IS NULL AND b.sha256 = r.blob_sha256
 WHERE r.thread_id = $1 ORDER BY r.seq
 """
-
-
-@dataclass(frozen=True, slots=True)
-class TailRecord:
-    """One of a thread's latest records, as an inspection lists it."""
-
-    seq: int
-    session_seq: int
-    kind: str
-    event_key: str
-    tokens_o200k: int
-    content_sha256: str
-    record_hash: str
-    blob_sha256: str | None
-    preview: str
-    tools: tuple[str, ...] = ()
-    status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,21 +388,22 @@ async def select_links(conn: Conn, thread_id: str) -> list[ChainLink]:
     ]
 
 
-async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
-    """The last ``limit`` records of a thread, newest first, with a short preview."""
+async def select_tail(conn: Conn, thread_id: str, *, limit: int, preview_chars: int) -> list[InspectedRecord]:
+    """The last ``limit`` records of a thread, newest first, with a short preview (their ``window``
+    is the caller's to place: the store keeps where windows opened, not which a record is in)."""
     return [
-        TailRecord(
-            r["seq"],
-            r["session_seq"],
-            r["kind"],
-            r["event_key"],
-            r["tokens_o200k"],
-            r["content_sha256"],
-            r["record_hash"],
-            r["blob_sha256"],
-            r["preview"] or blob_preview(r["blob_head"], preview_chars),
-            tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
-            r["status"],
+        InspectedRecord(
+            seq=r["seq"],
+            session_seq=r["session_seq"],
+            kind=r["kind"],
+            event_key=r["event_key"],
+            tokens=r["tokens_o200k"],
+            content_sha256=r["content_sha256"],
+            record_hash=r["record_hash"],
+            blob_sha256=r["blob_sha256"],
+            preview=r["preview"] or blob_preview(r["blob_head"], preview_chars),
+            tools=tuple(r["call_names"]) or ((r["outcome_tool"],) if r["outcome_tool"] else ()),
+            status=r["status"],
         )
         for r in await conn.fetch(_SELECT_TAIL, thread_id, limit, preview_chars)
     ]

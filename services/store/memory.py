@@ -22,6 +22,7 @@ from contracts import (
     DEFAULT_POLICY_NAME,
     ContextPolicy,
     InspectedDeadLetter,
+    InspectedRecord,
     SearchHit,
     SearchRequest,
     ToolCatalog,
@@ -62,7 +63,6 @@ from services.store.ledger import (
     EvidenceRow,
     FullRecord,
     StoredHead,
-    TailRecord,
     _ledger_record,
     blob_preview,
     evidence_of_row,
@@ -145,6 +145,13 @@ class _Tables:
 def _next_revision(table: Mapping[tuple[str, str, int], object], tenants: tuple[str, ...], name: str) -> int:
     """The revision after the newest of ``name`` of ``tenants`` in a table keyed ``(tenant, name, rev)``."""
     return 1 + max((r for (t, n, r) in table if t in tenants and n == name), default=0)
+
+
+def _unique_violation(constraint: str) -> StoreRejected:
+    """What the server raises for a duplicate under a unique constraint outside the race set."""
+    return StoreRejected(
+        "UniqueViolationError", "23505", f'duplicate key value violates unique constraint "{constraint}"'
+    )
 
 
 def _as_timestamptz(ts: datetime | None) -> datetime | None:
@@ -334,13 +341,8 @@ class MemoryConnection:
     async def read_for_batch(self, wanted: BatchKeys, tracking: tuple[str, int] | None = None) -> LedgerReads:
         t = self._t
         heads = {
-            h["thread_id"]: ThreadHead(
-                h["thread_id"],
-                h["session_id"],
-                h["revision"],
-                h["last_seq"],
-                h["last_hash"],
-                h["last_event_key"],
+            tid: ThreadHead(
+                tid, h["session_id"], h["revision"], h["last_seq"], h["last_hash"], h["last_event_key"]
             )
             for tid in wanted.thread_ids
             if (h := t.heads.get(tid)) is not None
@@ -650,11 +652,7 @@ class MemoryConnection:
             if (session_id, operation_id) in t.receipts or any(
                 r["thread_id"] == thread_id and r["call_id"] == call_id for r in t.receipts.values()
             ):
-                raise StoreRejected(
-                    "UniqueViolationError",
-                    "23505",
-                    'duplicate key value violates unique constraint "receipts_pkey"',
-                )
+                raise _unique_violation("receipts_pkey")
             t.receipts[(session_id, operation_id)] = {
                 "operation_id": operation_id,
                 "thread_id": thread_id,
@@ -785,11 +783,7 @@ class MemoryConnection:
         return scope_of_row({**s, **h, **run, "run_status": run["status"]})
 
     async def select_records(self, thread_id: str, *, gt: int, lte: int) -> list[LedgerRecord]:
-        rows = sorted(
-            (r for (tid, seq), r in self._t.records.items() if tid == thread_id and gt < seq <= lte),
-            key=lambda r: r["seq"],
-        )
-        return [self._record(r) for r in rows]
+        return [self._record(r) for r in self._thread_rows(thread_id) if gt < r["seq"] <= lte]
 
     async def select_inherited(
         self, session_id: str, *, after: int, through: int, exclude_thread: str
@@ -868,8 +862,7 @@ class MemoryConnection:
         parent = self._t.summaries[summary_id]["parent_summary_id"]
         while parent is not None:
             s = self._t.summaries[parent]
-            row = summary_of_row(s)
-            chain.append((s["view_revision"], row))
+            chain.append((s["view_revision"], summary_of_row(s)))
             parent = s["parent_summary_id"]
         return chain
 
@@ -877,10 +870,7 @@ class MemoryConnection:
         v = self._t.views.get(thread_id)
         if v is None:
             return ViewState()
-        summary = None
-        if v["summary_id"] is not None:
-            s = self._t.summaries[v["summary_id"]]
-            summary = summary_of_row(s)
+        summary = None if v["summary_id"] is None else summary_of_row(self._t.summaries[v["summary_id"]])
         since = v["pending_since"]
         return view_of_row({**v, "pending_age_s": None if since is None else self._now() - since}, summary)
 
@@ -1022,11 +1012,7 @@ class MemoryConnection:
             handoff.thread_id,
             handoff.new_window,
         ) in self._t.windows or handoff.handoff_id in self._t.handoffs:
-            raise StoreRejected(
-                "UniqueViolationError",
-                "23505",
-                'duplicate key value violates unique constraint "windows_pkey"',
-            )
+            raise _unique_violation("windows_pkey")
         async with self.transaction():
             revision = expected_view_revision + 1
             self._t.views[handoff.thread_id].update(view_revision=revision)
@@ -1060,11 +1046,7 @@ class MemoryConnection:
             s["thread_id"] == summary.thread_id and s["view_revision"] == new_revision
             for s in self._t.summaries.values()
         ):
-            raise StoreRejected(
-                "UniqueViolationError",
-                "23505",
-                'duplicate key value violates unique constraint "summaries_revision"',
-            )
+            raise _unique_violation("summaries_revision")
         async with self.transaction():
             self._t.summaries[summary_id] = {
                 "summary_id": summary_id,
@@ -1147,19 +1129,20 @@ class MemoryConnection:
             for r in self._thread_rows(thread_id)
         ]
 
-    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]:
+    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[InspectedRecord]:
         return [
-            TailRecord(
-                r["seq"],
-                r["session_seq"],
-                r["kind"],
-                r["event_key"],
-                r["tokens_o200k"],
-                r["content_sha256"],
-                r["record_hash"],
-                r["blob_sha256"],
-                _preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
-                *self._tools_and_status(thread_id, r),
+            InspectedRecord(
+                seq=r["seq"],
+                session_seq=r["session_seq"],
+                kind=r["kind"],
+                event_key=r["event_key"],
+                tokens=r["tokens_o200k"],
+                content_sha256=r["content_sha256"],
+                record_hash=r["record_hash"],
+                blob_sha256=r["blob_sha256"],
+                preview=_preview(r)[:preview_chars] or self._blob_preview(r, preview_chars),
+                tools=self._tools(thread_id, r),
+                status=json.loads(r["payload"]).get("status") if r["kind"] == "tool_outcome" else None,
             )
             for r in reversed(self._thread_rows(thread_id)[-limit:] if limit > 0 else [])
         ]
@@ -1169,13 +1152,13 @@ class MemoryConnection:
             return ""
         return blob_preview(self._t.blobs[row["blob_sha256"]][: chars * 4], chars)
 
-    def _tools_and_status(self, thread_id: str, row: _Row) -> tuple[tuple[str, ...], str | None]:
-        """As the PostgreSQL store's tail: the calls' names, or the answered tool and the outcome's status."""
+    def _tools(self, thread_id: str, row: _Row) -> tuple[str, ...]:
+        """As the PostgreSQL store's tail: the calls' names, or the tool an outcome answers."""
         payload = json.loads(row["payload"])
         if row["kind"] == "tool_outcome":
             call = self._t.calls.get((thread_id, str(payload.get("call_id"))))
-            return ((call["name"],) if call else ()), payload.get("status")
-        return tuple(_call_names(payload)), None
+            return (call["name"],) if call else ()
+        return tuple(_call_names(payload))
 
     async def select_full(self, thread_id: str) -> list[FullRecord]:
         out: list[FullRecord] = []

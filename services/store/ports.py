@@ -14,6 +14,7 @@ from typing import Protocol, TypeAlias, TypeVar
 from contracts import (
     ContextPolicy,
     InspectedDeadLetter,
+    InspectedRecord,
     Receipt,
     SearchHit,
     SearchRequest,
@@ -38,7 +39,7 @@ from services.store.final_checks import StoredCheck
 from services.store.batch_write import LedgerWritten, Position
 from services.store.branches import ForkOrigin, ForkParent, HistoryRow, NewFork
 from services.store.hook_sets import PinnedHooks
-from services.store.ledger import EventOutcome, EvidenceRow, FullRecord, StoredHead, TailRecord
+from services.store.ledger import EventOutcome, EvidenceRow, FullRecord, StoredHead
 from services.store.listing import CompactionEntry, ServedStep, SessionListing, ToolCallEntry
 from services.store.search import Chunker, IndexStep
 from services.store.views import Candidate, NewSummary, SummaryRow, ThreadScope, ViewState
@@ -219,7 +220,9 @@ class PrepareConnection(Transactional, ViewReads, ViewWrites, Protocol):
 
     async def select_links(self, thread_id: str) -> list[ChainLink]: ...
 
-    async def select_tail(self, thread_id: str, *, limit: int, preview_chars: int) -> list[TailRecord]: ...
+    async def select_tail(
+        self, thread_id: str, *, limit: int, preview_chars: int
+    ) -> list[InspectedRecord]: ...
 
     async def select_full(self, thread_id: str) -> list[FullRecord]: ...
 
