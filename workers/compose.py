@@ -19,7 +19,6 @@ from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
 from ctxfleet_client.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
-from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
@@ -28,7 +27,6 @@ from services.app.hook_registry import HookRegistry
 from services.app.tracing import Tracing
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner
-from services.core.records import LedgerRecord
 from services.settings import Settings, nats_connection
 from services.store.postgres import PgStore
 from services.store.ports import GatewayStore, HookGrants
@@ -88,16 +86,8 @@ def summarizer_factory(settings: Settings) -> SummarizerFactory:
             api_key=chosen.summarizer_api_key.get_secret_value() if chosen.summarizer_api_key else None,
             api=chosen.summarizer_api,
         )
-
-        def http(current_request: LedgerRecord | None) -> Summarizer:
-            return HttpSummarizer(config)
-
-        return http
-
-    def structured(current_request: LedgerRecord | None) -> Summarizer:
-        return StructuredSummarizer(current_request)
-
-    return structured
+        return lambda current_request: HttpSummarizer(config)
+    return StructuredSummarizer
 
 
 def broker_security(options: dict[str, Any]) -> NatsSecurity | None:
@@ -242,10 +232,7 @@ def compose(
         indexer = IndexerWorker(store, metrics, prepares=prepares)
         broker.include_router(indexer.router)
     if "compactor" in names:
-
-        async def notify(subject: str, body: bytes) -> None:
-            await nc.publish(subject, body)
-
+        notify = nc.publish
         compaction = CompactionService(
             store, loader, summarizer_factory(settings), hooks=hooks, tracing=tracing
         )
