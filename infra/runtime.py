@@ -56,8 +56,6 @@ log = logging.getLogger("ctxfleet")
 
 
 class SchemaBehind(RuntimeError):
-    """The database lacks migrations this build needs."""
-
     def __init__(self, pending: list[str]) -> None:
         super().__init__(
             f"the database lacks migrations {', '.join(pending)}: run 'ctxfleet migrate' "

@@ -76,7 +76,6 @@ def recording_limits(settings: Settings) -> RecordingLimits:
 
 
 def summarizer_factory(settings: Settings) -> SummarizerFactory:
-    """The configured summarizer (deterministic by default)."""
     chosen = settings.compaction
     if chosen.summarizer == "openai":
         assert chosen.summarizer_base_url and chosen.summarizer_model

@@ -94,8 +94,6 @@ class JetStreamDeadLetterSink:
 
 
 class RecorderWorker:
-    """Runs one ordered read loop per owned partition."""
-
     def __init__(
         self,
         nc: NatsClient,
