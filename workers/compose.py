@@ -231,7 +231,10 @@ def compose(
         indexer = IndexerWorker(store, metrics, prepares=prepares)
         broker.include_router(indexer.router)
     if "compactor" in names:
-        notify = nc.publish
+
+        async def notify(subject: str, body: bytes) -> None:
+            await nc.publish(subject, body)
+
         compaction = CompactionService(
             store, loader, summarizer_factory(settings), hooks=hooks, tracing=tracing
         )
