@@ -50,7 +50,7 @@ from .cli_served import history_json, render_history, render_step, step_json, wr
 from .cli_progress import progress_bar
 from .cluster_cli import add_cluster_command
 from .proxy_cli import add_proxy_command
-from .ladder_cli import ladder_traces, print_ladder, run_ladder_command, write_synthetic
+from .ladder_cli import ladder_traces, print_ladder, print_tables, run_ladder_command, write_synthetic
 from .credentials import as_identity, load_credentials
 from .nats_accounts import runtime_user
 from .embedded import EmbeddedServerError, free_port, read_endpoints, remove_endpoints, write_endpoints
@@ -1226,7 +1226,6 @@ def _money(bill: dict[str, Any]) -> tuple[str, str]:
 
 def _print_eval(report: EvalReport) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     def rate(s: dict[str, Any], kind: str) -> str:
         r = s["probes"][kind]["rate"]
@@ -1262,25 +1261,27 @@ def _print_eval(report: EvalReport) -> None:
         *(head for p in priced for head in (f"$/task {p}", "hit")),
     ]
     console = Console(width=200)
-    per_trace = Table(
-        title="ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)"
-    )
-    for head in ["trace", "budget", "system", *heads]:
-        per_trace.add_column(head, justify="left" if head in ("trace", "system") else "right")
-    for score in report.traces:
-        for name, system in score.systems.items():
-            per_trace.add_row(score.trace[:48], str(score.budget), name, *row(system.as_json()))
-        per_trace.add_section()
-    console.print(per_trace)
-    total = Table(title="ctxfleet eval: all traces, per budget")
-    for head in ["budget", "system", *heads]:
-        total.add_column(head, justify="left" if head == "system" else "right")
     aggregate = report.aggregate()
-    for budget, systems in aggregate.items():
-        for name, system in systems.items():
-            total.add_row(str(budget), name, *row(system.as_json()))
-        total.add_section()
-    console.print(total)
+    print_tables(
+        console,
+        (
+            "ctxfleet eval: per trace and budget (probes over contexts whose full history does not fit)",
+            "ctxfleet eval: all traces, per budget",
+        ),
+        "system",
+        heads,
+        [
+            [
+                [score.trace[:48], str(score.budget), name, *row(system.as_json())]
+                for name, system in score.systems.items()
+            ]
+            for score in report.traces
+        ],
+        [
+            [[str(budget), name, *row(system.as_json())] for name, system in systems.items()]
+            for budget, systems in aggregate.items()
+        ],
+    )
     for budget, systems in aggregate.items():
         for p in priced:
             usd = {

@@ -75,7 +75,6 @@ class DataFolderLock:
     fd: int | None
 
     def release(self) -> None:
-        """Let go (closing the descriptor drops the ``flock``)."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

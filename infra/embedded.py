@@ -76,7 +76,6 @@ class ProcessIdentity:
 
     @classmethod
     def of(cls, pid: int) -> ProcessIdentity | None:
-        """The identity of the running process ``pid``, or ``None`` if there is none."""
         try:
             return cls(pid, psutil.Process(pid).create_time())
         except psutil.Error:
@@ -430,7 +429,6 @@ class EmbeddedNats:
         return True
 
     def _new_store_failure(self) -> str | None:
-        """The first store failure the log reports since the last look, if any."""
         said = self._log_since(self._scanned)
         self._scanned += len(said)
         for line in said.decode("utf-8", "replace").splitlines():
@@ -447,7 +445,6 @@ class EmbeddedNats:
             return b""
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after ``timeout``)."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.terminate()
@@ -539,7 +536,6 @@ class EmbeddedPostgres:
         return ProcessIdentity.of(info.pid) if info is not None and self.is_running() else None
 
     def is_running(self) -> bool:
-        """Whether the postmaster we started (or adopted) is alive."""
         info = self._postmaster()
         if info is None or info.process is None:
             return False
@@ -734,6 +730,5 @@ def remove_endpoints(data_dir: Path) -> None:
 
 
 def server_version_ok(version: str, minimum: tuple[int, int]) -> bool:
-    """Whether a ``major.minor.patch`` version string is at least ``minimum``."""
     match = re.match(r"(\d+)\.(\d+)", version)
     return bool(match) and (int(match.group(1)), int(match.group(2))) >= minimum  # type: ignore[union-attr]

@@ -25,6 +25,7 @@ __all__ = [
     "ladder_traces",
     "line_json",
     "print_ladder",
+    "print_tables",
     "run_ladder_command",
     "write_synthetic",
 ]
@@ -77,7 +78,6 @@ def run_ladder_command(traces: Sequence[LadderTrace], budgets: Sequence[int]) ->
 def print_ladder(report: LadderReport) -> None:
     """The ladder as text tables: per trace and budget, then all traces per budget."""
     from rich.console import Console
-    from rich.table import Table
 
     heads = [
         "tok/step",
@@ -96,22 +96,47 @@ def print_ladder(report: LadderReport) -> None:
         "evidence",
     ]
     console = Console(width=210)
-    per_trace = Table(title="ctxfleet eval --ladder: per trace and budget")
-    for head in ["trace", "budget", "rung", *heads]:
-        per_trace.add_column(head, justify="left" if head in ("trace", "rung") else "right")
-    for score in report.traces:
-        for name, rung in score.rungs.items():
-            per_trace.add_row(score.trace[:44], str(score.budget), name, *_row(rung.as_json()))
-        per_trace.add_section()
-    console.print(per_trace)
-    total = Table(title="ctxfleet eval --ladder: all traces, per budget")
-    for head in ["budget", "rung", *heads]:
-        total.add_column(head, justify="left" if head == "rung" else "right")
-    for budget, rungs in report.aggregate().items():
-        for name, rung in rungs.items():
-            total.add_row(str(budget), name, *_row(rung.as_json()))
-        total.add_section()
-    console.print(total)
+    print_tables(
+        console,
+        ("ctxfleet eval --ladder: per trace and budget", "ctxfleet eval --ladder: all traces, per budget"),
+        "rung",
+        heads,
+        [
+            [
+                [score.trace[:44], str(score.budget), name, *_row(rung.as_json())]
+                for name, rung in score.rungs.items()
+            ]
+            for score in report.traces
+        ],
+        [
+            [[str(budget), name, *_row(rung.as_json())] for name, rung in rungs.items()]
+            for budget, rungs in report.aggregate().items()
+        ],
+    )
+
+
+def print_tables(
+    console: Any,
+    titles: tuple[str, str],
+    key: str,
+    heads: Sequence[str],
+    per_trace: Sequence[Sequence[Sequence[str]]],
+    per_budget: Sequence[Sequence[Sequence[str]]],
+) -> None:
+    """An eval's two tables, per trace and budget then per budget; a section per trace × budget."""
+    from rich.table import Table
+
+    for title, first, sections in zip(
+        titles, (["trace", "budget"], ["budget"]), (per_trace, per_budget), strict=True
+    ):
+        table = Table(title=title)
+        for head in [*first, key, *heads]:
+            table.add_column(head, justify="left" if head in ("trace", key) else "right")
+        for rows in sections:
+            for row in rows:
+                table.add_row(*row)
+            table.add_section()
+        console.print(table)
 
 
 def _row(s: dict[str, Any]) -> list[str]:

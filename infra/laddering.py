@@ -39,7 +39,7 @@ from services.app.compacting import CompactionService
 from services.app.indexing import index_thread
 from services.app.reading import verified_blob
 from services.app.recording import RecordingService
-from services.app.views import ThreadView, ViewLoader
+from services.app.views import ViewLoader
 from services.core.assemble import Evidence, ThreadSnapshot
 from services.core.budget import resolve_budget
 from services.core.evaluation import ContextCounter
@@ -118,11 +118,7 @@ class _Jobs:
 
 
 async def ladder_trace(
-    trace: LadderTrace,
-    budget: int,
-    *,
-    rungs: RungFactory | None = None,
-    session_id: str = "ladder",
+    trace: LadderTrace, budget: int, *, rungs: RungFactory | None = None, session_id: str = "ladder"
 ) -> LadderTraceScore:
     """Replay ``trace`` at ``budget`` once and score every rung at every prepare."""
     store, jobs, letters = MemoryStore(), _Jobs(), _Letters()
@@ -169,8 +165,11 @@ async def ladder_trace(
                     f"{trace.name}: the recorder refused {first.event_key} ({first.code.value}): "
                     "the ladder scores whole traces only"
                 )
+            # What the budgeter and the compactors do after a batch: evaluate, run every job it enqueued.
             for thread_id in sorted(result.heads):
-                await _compact(store, budgeter, compactor, jobs, thread_id)
+                await budgeter.evaluate(thread_id)
+                while jobs.jobs:
+                    await compactor.run(jobs.jobs.pop(0))
                 await index_thread(store, thread_id)
             recorded = index
         if index == len(events):
@@ -183,7 +182,9 @@ async def ladder_trace(
             budget_tokens=budget,
             tools=tools,
         )
-        view = await _view_for(store, loader, event.thread_id)
+        # The view as the budgeter's compactions left it (the rungs fit the rest by dropping history).
+        async with store.connection() as s:
+            view = await loader.load(s, event.thread_id)
         snapshot = view.snapshot()
         archive = await _archive(store, snapshot) if retrieving else ()
         point = LadderPoint(
@@ -215,26 +216,6 @@ async def run_ladder(
 def ladder_rungs(catalog: ToolCatalog | None) -> list[Rung]:
     """Every rung the fleet runs from a trace: A–G of the core, then the rollover strategy."""
     return [*core_rungs(), RolloverRung(rules=catalog.paths if catalog else ())]
-
-
-async def _compact(
-    store: MemoryStore, budgeter: BudgetService, compactor: CompactionService, jobs: _Jobs, thread_id: str
-) -> None:
-    """What the budgeter and the compactors do after a batch: evaluate, run every job it enqueued."""
-    await budgeter.evaluate(thread_id)
-    await _run_jobs(compactor, jobs)
-
-
-async def _run_jobs(compactor: CompactionService, jobs: _Jobs) -> None:
-    while jobs.jobs:
-        await compactor.run(jobs.jobs.pop(0))
-
-
-async def _view_for(store: MemoryStore, loader: ViewLoader, thread_id: str) -> ThreadView:
-    """The view a prepare is answered from: as the budgeter's compactions left it (the rungs fit the
-    rest by dropping history, each as its configuration says)."""
-    async with store.connection() as s:
-        return await loader.load(s, thread_id)
 
 
 async def _archive(store: MemoryStore, snapshot: ThreadSnapshot) -> tuple[Evidence, ...]:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -55,8 +56,6 @@ log = logging.getLogger("ctxfleet")
 
 
 class SchemaBehind(RuntimeError):
-    """The database lacks migrations this build needs."""
-
     def __init__(self, pending: list[str]) -> None:
         super().__init__(
             f"the database lacks migrations {', '.join(pending)}: run 'ctxfleet migrate' "
@@ -146,9 +145,8 @@ def start_servers(settings: Settings, lock: DataFolderLock | None = None) -> Ser
     data_dir = settings.embedded.data_dir
     own_lock = lock is None
     held = lock if lock is not None else lock_data_folder(data_dir)
-    secure_folder(
-        data_dir, DATA_FOLDER_MODE
-    )  # credentials, endpoints and the broker's store: the owner's alone
+    # Credentials, endpoints and the broker's store: the owner's alone.
+    secure_folder(data_dir, DATA_FOLDER_MODE)
     servers = Servers(
         nats_urls or (), database_url or "", owned, data_dir=data_dir, lock=held, _own_lock=own_lock
     )
@@ -243,11 +241,7 @@ async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
     """
     if not servers.owned:
         await asyncio.Future()  # nothing of ours to watch: external servers have their own keepers
-    await supervise(
-        servers.owned,
-        restarts=settings.embedded.server_restarts,
-        on_restart=servers.record,
-    )
+    await supervise(servers.owned, restarts=settings.embedded.server_restarts, on_restart=servers.record)
 
 
 async def migrate(
@@ -335,17 +329,12 @@ async def serve_workers(settings: Settings, servers: Servers) -> Fleet:
     With ``CTX_STARTUP_WAIT_S`` the worker waits that long for it (live, not ready) instead of exiting.
     """
     fleet = Fleet(settings, nats_urls=servers.nats_urls, database_url=servers.database_url)
-
-    async def prerequisites() -> None:
-        await fleet_prerequisites(settings, servers)
-
     try:
-        await fleet.start(prerequisites=prerequisites, retry_on=_NOT_YET)
-    except NotFoundError as exc:
+        await fleet.start(prerequisites=partial(fleet_prerequisites, settings, servers), retry_on=_NOT_YET)
+    except BaseException as exc:
         await fleet.stop()
-        raise NotProvisioned(str(exc)) from None
-    except BaseException:
-        await fleet.stop()
+        if isinstance(exc, NotFoundError):
+            raise NotProvisioned(str(exc)) from None
         raise
     return fleet
 

@@ -149,18 +149,12 @@ def _default(name: str, field: FieldInfo) -> str:
     return f"`{value}`"
 
 
+_BOUNDS = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}  # lower bounds first
+
+
 def _bounds(field: FieldInfo) -> str:
-    low = high = ""
-    for rule in field.metadata:
-        for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
-            bound = getattr(rule, attr, None)
-            if bound is not None:
-                text = f"{sign} {bound}"
-                if attr in ("ge", "gt"):
-                    low = text
-                else:
-                    high = text
-    return ", ".join(part for part in (low, high) if part)
+    found = {a: v for rule in field.metadata for a in _BOUNDS if (v := getattr(rule, a, None)) is not None}
+    return ", ".join(f"{_BOUNDS[a]} {found[a]}" for a in _BOUNDS if a in found)
 
 
 def _accepted(name: str, field: FieldInfo) -> str:

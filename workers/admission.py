@@ -75,8 +75,6 @@ def deadline_of(headers: Mapping[str, str] | None) -> int | None:
 
 
 class Slot:
-    """One admitted request's hold on a compute slot."""
-
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
         self.held = True

@@ -89,8 +89,6 @@ async def _answer_what_was_delivered(broker: NatsBroker, responder: Responder | 
 
 @dataclass
 class Fleet:
-    """The running workers of this process."""
-
     settings: Settings
     nats_urls: tuple[str, ...]  # one server, or a cluster's
     database_url: str

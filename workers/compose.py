@@ -19,7 +19,6 @@ from services.app.compacting import CompactionService, SummarizerFactory
 from services.app.manual_compaction import ManualCompaction
 from ctxfleet_client.client import log_nats_error
 from services.edge.http_summarizer import HttpSummarizer, HttpSummarizerConfig
-from services.core.compaction.model import Summarizer
 from services.core.compaction.structured import StructuredSummarizer
 from services.core.ledger import RecordingLimits
 from services.app.notices import NoticeBoard
@@ -28,7 +27,6 @@ from services.app.hook_registry import HookRegistry
 from services.app.tracing import Tracing
 from services.app.preparing import PrepareService
 from workers.hook_runner import HookMetrics, NatsHookRunner
-from services.core.records import LedgerRecord
 from services.settings import Settings, nats_connection
 from services.store.postgres import PgStore
 from services.store.ports import GatewayStore, HookGrants
@@ -78,7 +76,6 @@ def recording_limits(settings: Settings) -> RecordingLimits:
 
 
 def summarizer_factory(settings: Settings) -> SummarizerFactory:
-    """The configured summarizer (deterministic by default)."""
     chosen = settings.compaction
     if chosen.summarizer == "openai":
         assert chosen.summarizer_base_url and chosen.summarizer_model
@@ -88,16 +85,8 @@ def summarizer_factory(settings: Settings) -> SummarizerFactory:
             api_key=chosen.summarizer_api_key.get_secret_value() if chosen.summarizer_api_key else None,
             api=chosen.summarizer_api,
         )
-
-        def http(current_request: LedgerRecord | None) -> Summarizer:
-            return HttpSummarizer(config)
-
-        return http
-
-    def structured(current_request: LedgerRecord | None) -> Summarizer:
-        return StructuredSummarizer(current_request)
-
-    return structured
+        return lambda current_request: HttpSummarizer(config)
+    return StructuredSummarizer
 
 
 def broker_security(options: dict[str, Any]) -> NatsSecurity | None:
@@ -181,10 +170,7 @@ def compose(
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(
-        store,
-        NatsHookRunner(nc, tracing),
-        HookMetrics(metrics.hook_calls, metrics.hook_seconds),
-        tracing,
+        store, NatsHookRunner(nc, tracing), HookMetrics(metrics.hook_calls, metrics.hook_seconds), tracing
     )
     limits = RequestLimits(
         max_inflight=settings.limits.max_inflight_requests, max_queue_age_ms=settings.limits.max_queue_age_ms

@@ -72,72 +72,60 @@ class GcPauses:
             gc.callbacks.remove(self)
 
 
-class _ViewCacheCollector(Collector):
-    """The shared view cache's counts, read at scrape time (the cache keeps them, in services/app)."""
+@dataclass(frozen=True)
+class _ScrapeCollector(Collector):
+    """Counts a service keeps itself (in services/app), read at scrape time."""
 
-    def __init__(self, cache: ViewCache) -> None:
-        self._cache = cache
-
-    def collect(self) -> Iterator[Metric]:
-        c = self._cache
-        yield CounterMetricFamily(
-            "ctx_view_cache_hits_total", "View cache lookups that found an entry", c.hits
-        )
-        yield CounterMetricFamily(
-            "ctx_view_cache_misses_total", "View cache lookups that found none", c.misses
-        )
-        yield CounterMetricFamily(
-            "ctx_view_cache_evictions_total",
-            "View cache entries evicted to stay under the bound",
-            c.evictions,
-        )
-        yield GaugeMetricFamily("ctx_view_cache_bytes", "Estimated bytes the view cache holds", c.bytes)
-        yield GaugeMetricFamily(
-            "ctx_view_cache_max_bytes", "The view cache's bound (CTX_VIEW_CACHE_MB)", c.max_bytes
-        )
-        yield GaugeMetricFamily("ctx_view_cache_entries", "Entries in the view cache", len(c))
-
-
-class _GatewayCollector(Collector):
-    """The gateway write-behind's counts, read at scrape time (the service keeps them, in services/app)."""
-
-    def __init__(self, gateway: GatewayService) -> None:
-        self._gateway = gateway
+    read: Callable[[], Iterator[Metric]]
 
     def collect(self) -> Iterator[Metric]:
-        g = self._gateway
-        yield GaugeMetricFamily(
-            "ctx_gateway_pending_records",
-            "Records of answered prepared contexts not stored yet (through a store outage)",
-            g.pending_records,
-        )
-        yield GaugeMetricFamily(
-            "ctx_gateway_pending_bytes",
-            "Estimated bytes of the pending gateway records",
-            g.pending_bytes,
-        )
-        yield CounterMetricFamily(
-            "ctx_gateway_records_stored_total", "Gateway records stored by the write-behind", g.stored_records
-        )
-        yield CounterMetricFamily(
-            "ctx_gateway_record_retries_total",
-            "Gateway records whose store was retried because the store was unavailable",
-            g.retried_records,
-        )
-        dropped = CounterMetricFamily(
-            "ctx_gateway_records_dropped_total",
-            "Gateway records never stored, by reason: rejected by the store, underivable, "
-            "or still pending at shutdown",
-            labels=["reason"],
-        )
-        for reason in ("rejected", "underivable", "shutdown"):
-            dropped.add_metric([reason], g.dropped_records[reason])
-        yield dropped
-        yield CounterMetricFamily(
-            "ctx_gateway_prepares_refused_total",
-            "Prepares answered overloaded because the pending gateway records were at their bound",
-            g.refused_prepares,
-        )
+        return self.read()
+
+
+def _view_cache_metrics(c: ViewCache) -> Iterator[Metric]:
+    yield CounterMetricFamily("ctx_view_cache_hits_total", "View cache lookups that found an entry", c.hits)
+    yield CounterMetricFamily("ctx_view_cache_misses_total", "View cache lookups that found none", c.misses)
+    yield CounterMetricFamily(
+        "ctx_view_cache_evictions_total", "View cache entries evicted to stay under the bound", c.evictions
+    )
+    yield GaugeMetricFamily("ctx_view_cache_bytes", "Estimated bytes the view cache holds", c.bytes)
+    yield GaugeMetricFamily(
+        "ctx_view_cache_max_bytes", "The view cache's bound (CTX_VIEW_CACHE_MB)", c.max_bytes
+    )
+    yield GaugeMetricFamily("ctx_view_cache_entries", "Entries in the view cache", len(c))
+
+
+def _gateway_metrics(g: GatewayService) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "ctx_gateway_pending_records",
+        "Records of answered prepared contexts not stored yet (through a store outage)",
+        g.pending_records,
+    )
+    yield GaugeMetricFamily(
+        "ctx_gateway_pending_bytes", "Estimated bytes of the pending gateway records", g.pending_bytes
+    )
+    yield CounterMetricFamily(
+        "ctx_gateway_records_stored_total", "Gateway records stored by the write-behind", g.stored_records
+    )
+    yield CounterMetricFamily(
+        "ctx_gateway_record_retries_total",
+        "Gateway records whose store was retried because the store was unavailable",
+        g.retried_records,
+    )
+    dropped = CounterMetricFamily(
+        "ctx_gateway_records_dropped_total",
+        "Gateway records never stored, by reason: rejected by the store, underivable, "
+        "or still pending at shutdown",
+        labels=["reason"],
+    )
+    for reason in ("rejected", "underivable", "shutdown"):
+        dropped.add_metric([reason], g.dropped_records[reason])
+    yield dropped
+    yield CounterMetricFamily(
+        "ctx_gateway_prepares_refused_total",
+        "Prepares answered overloaded because the pending gateway records were at their bound",
+        g.refused_prepares,
+    )
 
 
 @dataclass
@@ -145,23 +133,22 @@ class FleetMetrics:
     """Counters and histograms of recording and preparing."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _watched: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         counter = partial(Counter, registry=self.registry)
         gauge = partial(Gauge, registry=self.registry)
         histogram = partial(Histogram, registry=self.registry)
+        latency = partial(histogram, buckets=_LATENCY_BUCKETS)
+        tokens = partial(histogram, buckets=_TOKEN_BUCKETS)
+        stages = partial(histogram, buckets=_STAGE_BUCKETS)
         self.events_recorded = counter("ctx_events_recorded_total", "Events appended to the ledger")
         self.hook_calls = counter(
             "ctx_hook_calls_total",
             "Context hook calls, by point and outcome (ok, patched, rejected, refused, timeout, error)",
             ["point", "outcome"],
         )
-        self.hook_seconds = histogram(
-            "ctx_hook_seconds",
-            "Context hook call latency, by point",
-            ["point"],
-            buckets=_LATENCY_BUCKETS,
-        )
+        self.hook_seconds = latency("ctx_hook_seconds", "Context hook call latency, by point", ["point"])
         self.gc_pauses = GcPauses(
             histogram(
                 "ctx_gc_pause_seconds",
@@ -171,8 +158,7 @@ class FleetMetrics:
             )
         )
         self.events_duplicate = counter(
-            "ctx_events_duplicate_total",
-            "Redelivered or re-published events recognised as already recorded",
+            "ctx_events_duplicate_total", "Redelivered or re-published events recognised as already recorded"
         )
         self.events_rejected = counter(
             "ctx_events_rejected_total", "Events dead-lettered, by error code", ["code"]
@@ -184,17 +170,12 @@ class FleetMetrics:
             "recorder did not foresee: see the recorder's log for the traceback)",
             ["stage"],
         )
-        self.record_batch_seconds = histogram(
-            "ctx_record_batch_seconds",
-            "Time to apply one fetched batch",
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.record_stage_seconds = histogram(
+        self.record_batch_seconds = latency("ctx_record_batch_seconds", "Time to apply one fetched batch")
+        self.record_stage_seconds = stages(
             "ctx_record_stage_seconds",
             "Time of each stage of a batch's attempt: read (the ledger's state its plan needs), plan, "
             "write (dead letters and the commit)",
             ["stage"],
-            buckets=_STAGE_BUCKETS,
         )
         self.record_batch_events = histogram(
             "ctx_record_batch_events",
@@ -202,9 +183,7 @@ class FleetMetrics:
             buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000),
         )
         self.record_retries = counter(
-            "ctx_record_retries_total",
-            "Batches retried after a retryable failure, by error code",
-            ["code"],
+            "ctx_record_retries_total", "Batches retried after a retryable failure, by error code", ["code"]
         )
         self.recorder_position = gauge(
             "ctx_recorder_position", "Last stream sequence recorded, by partition", ["partition"]
@@ -220,32 +199,24 @@ class FleetMetrics:
             "1 while the recorder records nothing because the events stream went backwards or was "
             "re-created (see /readyz)",
         )
-        self.prepare_seconds = histogram(
-            "ctx_prepare_seconds",
-            "Prepare latency by purpose",
-            ["purpose", "policy"],
-            buckets=_LATENCY_BUCKETS,
+        self.prepare_seconds = latency(
+            "ctx_prepare_seconds", "Prepare latency by purpose", ["purpose", "policy"]
         )
-        self.prepare_stage_seconds = histogram(
+        self.prepare_stage_seconds = stages(
             "ctx_prepare_stage_seconds",
             "Time of each stage of a prepare: wait (for the event it names), load (its view from the "
             "ledger), assemble, reply (serialized)",
             ["stage"],
-            buckets=_STAGE_BUCKETS,
         )
-        self.prepare_input_tokens = histogram(
+        self.prepare_input_tokens = tokens(
             "ctx_prepare_input_tokens",
             "Input tokens of a prepared context as held against its budget, by how they were counted: "
             "local (counted here) or provider_usage+local (the provider's usage of the last response "
             "plus what came after it)",
             ["purpose", "policy", "calibration"],
-            buckets=_TOKEN_BUCKETS,
         )
-        self.prepare_budget_tokens = histogram(
-            "ctx_prepare_budget_tokens",
-            "Input budget per prepare",
-            ["purpose", "policy"],
-            buckets=_TOKEN_BUCKETS,
+        self.prepare_budget_tokens = tokens(
+            "ctx_prepare_budget_tokens", "Input budget per prepare", ["purpose", "policy"]
         )
         self.prepare_reductions = counter(
             "ctx_prepare_reductions_total",
@@ -263,29 +234,21 @@ class FleetMetrics:
             ["level"],
         )
         self.prepare_compaction_waits = counter(
-            "ctx_prepare_compaction_waits_total",
-            "Prepares that waited for a compaction to land",
-            ["outcome"],
+            "ctx_prepare_compaction_waits_total", "Prepares that waited for a compaction to land", ["outcome"]
         )
-        self.prepare_compaction_wait_seconds = histogram(
-            "ctx_prepare_compaction_wait_seconds",
-            "Time prepares waited for a compaction",
-            buckets=_LATENCY_BUCKETS,
+        self.prepare_compaction_wait_seconds = latency(
+            "ctx_prepare_compaction_wait_seconds", "Time prepares waited for a compaction"
         )
         # Window rollovers: why each window closed, how large its handoff was, and how
         # long the prepare spent closing it before assembling the next window.
         self.window_rollovers = counter(
             "ctx_window_rollovers_total", "Windows closed by a rollover, by trigger", ["trigger"]
         )
-        self.window_handoff_tokens = histogram(
-            "ctx_window_handoff_tokens",
-            "Tokens of the handoff a rollover committed (o200k)",
-            buckets=_TOKEN_BUCKETS,
+        self.window_handoff_tokens = tokens(
+            "ctx_window_handoff_tokens", "Tokens of the handoff a rollover committed (o200k)"
         )
-        self.window_rollover_seconds = histogram(
-            "ctx_window_rollover_seconds",
-            "Time a prepare spent deciding, building and committing a rollover",
-            buckets=_LATENCY_BUCKETS,
+        self.window_rollover_seconds = latency(
+            "ctx_window_rollover_seconds", "Time a prepare spent deciding, building and committing a rollover"
         )
         self.budget_overflows = counter(
             "ctx_budget_overflows_total", "Prepares refused as over budget, by reason", ["reason"]
@@ -323,44 +286,33 @@ class FleetMetrics:
             "Manual compactions (ctx.compact) by outcome: committed, or the error code of the reply",
             ["outcome"],
         )
-        self.compaction_before_tokens = histogram(
-            "ctx_compaction_before_tokens",
-            "View tokens before a committed compaction",
-            buckets=_TOKEN_BUCKETS,
+        self.compaction_before_tokens = tokens(
+            "ctx_compaction_before_tokens", "View tokens before a committed compaction"
         )
-        self.compaction_after_tokens = histogram(
-            "ctx_compaction_after_tokens",
-            "View tokens after a committed compaction",
-            buckets=_TOKEN_BUCKETS,
+        self.compaction_after_tokens = tokens(
+            "ctx_compaction_after_tokens", "View tokens after a committed compaction"
         )
         self.compaction_target = counter(
             "ctx_compaction_target_total",
             "Committed compactions by whether they reached the target ratio",
             ["reached"],
         )
-        self.compaction_seconds = histogram(
-            "ctx_compaction_seconds", "Time to run one compaction job", buckets=_LATENCY_BUCKETS
-        )
+        self.compaction_seconds = latency("ctx_compaction_seconds", "Time to run one compaction job")
         self.summarizer_calls = counter("ctx_summarizer_calls_total", "Summarizer calls", ["summarizer"])
         self.summarizer_tokens = counter(
             "ctx_summarizer_tokens_total",
             "Tokens summarizers reported using, by direction",
             ["summarizer", "direction"],
         )
-        self.summarizer_seconds = histogram(
-            "ctx_summarizer_seconds",
-            "Time spent in summarizer calls per job",
-            ["summarizer"],
-            buckets=_LATENCY_BUCKETS,
+        self.summarizer_seconds = latency(
+            "ctx_summarizer_seconds", "Time spent in summarizer calls per job", ["summarizer"]
         )
         self.revision_conflicts = counter(
-            "ctx_revision_conflicts_total",
-            "Optimistic revision checks that lost, by where",
-            ["where"],
+            "ctx_revision_conflicts_total", "Optimistic revision checks that lost, by where", ["where"]
         )
         self.read_backs = counter("ctx_read_backs_total", "ctx.read requests, by outcome", ["outcome"])
         self.searches = counter("ctx_searches_total", "ctx.search requests, by outcome", ["outcome"])
-        self.search_seconds = histogram("ctx_search_seconds", "ctx.search latency", buckets=_LATENCY_BUCKETS)
+        self.search_seconds = latency("ctx_search_seconds", "ctx.search latency")
         self.budgeter_failures = counter(
             "ctx_budgeter_failures_total",
             "Evaluations that failed for what the thread holds (by code): passed over until it moves",
@@ -392,9 +344,7 @@ class FleetMetrics:
             ["worker", "consumer"],
         )
         self.consumer_lag_threads = gauge(
-            "ctx_consumer_lag_threads",
-            "Threads waiting for the budgeter or the indexer",
-            ["worker"],
+            "ctx_consumer_lag_threads", "Threads waiting for the budgeter or the indexer", ["worker"]
         )
         self.prepare_errors = counter(
             "ctx_prepare_errors_total", "Prepares answered with an error, by code", ["code"]
@@ -414,13 +364,10 @@ class FleetMetrics:
         self.inflight_requests = gauge("ctx_inflight_requests", "Requests holding a compute slot")
         self.queued_requests = gauge("ctx_queued_requests", "Requests queued for a compute slot")
         self.waiting_requests = gauge(
-            "ctx_waiting_requests",
-            "Admitted requests waiting for an event or a compaction (holding no slot)",
+            "ctx_waiting_requests", "Admitted requests waiting for an event or a compaction (holding no slot)"
         )
-        self.request_queue_seconds = histogram(
-            "ctx_request_queue_seconds",
-            "Time admitted requests queued for a compute slot",
-            buckets=_LATENCY_BUCKETS,
+        self.request_queue_seconds = latency(
+            "ctx_request_queue_seconds", "Time admitted requests queued for a compute slot"
         )
         self.prepare_budget_ratio = histogram(
             "ctx_prepare_budget_ratio",
@@ -431,15 +378,16 @@ class FleetMetrics:
 
     def watch_view_cache(self, cache: ViewCache) -> None:
         """Export the process's view cache (``ctx_view_cache_*``); once per registry."""
-        if not getattr(self, "_view_cache_watched", False):
-            self.registry.register(_ViewCacheCollector(cache))
-            self._view_cache_watched = True
+        self._watch("view_cache", partial(_view_cache_metrics, cache))
 
     def watch_gateway(self, gateway: GatewayService) -> None:
         """Export the gateway write-behind's counts (``ctx_gateway_records_*``); once per registry."""
-        if not getattr(self, "_gateway_watched", False):
-            self.registry.register(_GatewayCollector(gateway))
-            self._gateway_watched = True
+        self._watch("gateway", partial(_gateway_metrics, gateway))
+
+    def _watch(self, what: str, read: Callable[[], Iterator[Metric]]) -> None:
+        if what not in self._watched:
+            self.registry.register(_ScrapeCollector(read))
+            self._watched.add(what)
 
     def record_stages(self) -> RecordStages:
         """The recorder's stage observer: each stage's seconds into ``ctx_record_stage_seconds``."""

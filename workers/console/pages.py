@@ -86,12 +86,11 @@ def _guarded(source: StoreSource, page: _Page, *, remote: bool) -> Callable[[Req
             )
         try:
             return await page(request, store)
-        except ThreadNotFound as exc:
-            return _render(request, "error.html", 404, code=exc.code.value, message=exc.message)
-        except StoreUnavailable as exc:
-            return _render(request, "error.html", 503, code=exc.code.value, message=exc.message)
         except CtxError as exc:
-            return _render(request, "error.html", 400, code=exc.code.value, message=exc.message)
+            status = (
+                404 if isinstance(exc, ThreadNotFound) else 503 if isinstance(exc, StoreUnavailable) else 400
+            )
+            return _render(request, "error.html", status, code=exc.code.value, message=exc.message)
 
     return endpoint
 
