@@ -118,7 +118,11 @@ class _Jobs:
 
 
 async def ladder_trace(
-    trace: LadderTrace, budget: int, *, rungs: RungFactory | None = None, session_id: str = "ladder"
+    trace: LadderTrace,
+    budget: int,
+    *,
+    rungs: RungFactory | None = None,
+    session_id: str = "ladder",
 ) -> LadderTraceScore:
     """Replay ``trace`` at ``budget`` once and score every rung at every prepare."""
     store, jobs, letters = MemoryStore(), _Jobs(), _Letters()

@@ -123,7 +123,8 @@ def worker_permissions() -> dict[str, SubjectPermissions]:
             allow_responses=True,
         ),
         "budgeter": SubjectPermissions(
-            publish=(COMPACTION_JOBS, *_QUEUE_GAUGES), subscribe=(f"{RECORDED}.>", _INBOX)
+            publish=(COMPACTION_JOBS, *_QUEUE_GAUGES),
+            subscribe=(f"{RECORDED}.>", _INBOX),
         ),
         # Pulls from the durable that provisioning created; never creates or edits consumers.
         "compactor": SubjectPermissions(

@@ -241,7 +241,11 @@ async def supervise_servers(settings: Settings, servers: Servers) -> NoReturn:
     """
     if not servers.owned:
         await asyncio.Future()  # nothing of ours to watch: external servers have their own keepers
-    await supervise(servers.owned, restarts=settings.embedded.server_restarts, on_restart=servers.record)
+    await supervise(
+        servers.owned,
+        restarts=settings.embedded.server_restarts,
+        on_restart=servers.record,
+    )
 
 
 async def migrate(

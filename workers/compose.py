@@ -170,7 +170,10 @@ def compose(
     metrics.watch_view_cache(loader.cache)
     broker = create_broker(settings, nats_urls)
     hooks = HookRegistry(
-        store, NatsHookRunner(nc, tracing), HookMetrics(metrics.hook_calls, metrics.hook_seconds), tracing
+        store,
+        NatsHookRunner(nc, tracing),
+        HookMetrics(metrics.hook_calls, metrics.hook_seconds),
+        tracing,
     )
     limits = RequestLimits(
         max_inflight=settings.limits.max_inflight_requests, max_queue_age_ms=settings.limits.max_queue_age_ms

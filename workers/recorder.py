@@ -41,7 +41,12 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from contracts.subjects import EVENTS_STREAM, dead_subject, partition_filter, recorded_subject
+from contracts.subjects import (
+    EVENTS_STREAM,
+    dead_subject,
+    partition_filter,
+    recorded_subject,
+)
 from contracts import DeadLetter, ErrorCode, reply_json
 from contracts.exceptions import CtxError, FleetUnavailable, StoreUnavailable
 from services.core.ledger import Incoming, RecordingLimits
@@ -383,7 +388,8 @@ class RecorderWorker:
             # A hint for waiting prepares and the background workers of every process (this one's too):
             # they read the ledger, so a lost notice only delays.
             await self._nc.publish(
-                recorded_subject(thread_id), json.dumps({"seq": seq, "revision": revision}).encode()
+                recorded_subject(thread_id),
+                json.dumps({"seq": seq, "revision": revision}).encode(),
             )
 
 

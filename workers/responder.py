@@ -90,7 +90,13 @@ class Responder:
         return len(self._tasks)
 
     def endpoint(
-        self, router: NatsRouter, subject: str, *, queue: str, title: str, max_tasks: int | None = None
+        self,
+        router: NatsRouter,
+        subject: str,
+        *,
+        queue: str,
+        title: str,
+        max_tasks: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Declare ``subject`` on ``router``; the decorated handler answers each request (invariant 2).
 
@@ -139,7 +145,12 @@ class Responder:
         await self.answered()
 
     def serving(
-        self, handler: Handler, *, name: str = "", tenant_at: int | None = None, max_tasks: int | None = None
+        self,
+        handler: Handler,
+        *,
+        name: str = "",
+        tenant_at: int | None = None,
+        max_tasks: int | None = None,
     ) -> Endpoint:
         """One endpoint's bound on requests in hand and its reply rule, in front of ``handler``
         (invariants 1 and 5): ``name`` labels its refusals, ``tenant_at`` is the index of the subject
