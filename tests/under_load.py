@@ -32,7 +32,6 @@ TIMING_SENSITIVE: tuple[str, ...] = (
     "tests/integration/test_compaction.py::test_two_compactors_racing_on_one_thread_commit_exactly_one_summary",
     "tests/integration/test_compaction.py::test_user_message_arriving_while_a_compaction_commits_is_kept_after_the_summary",
     "tests/integration/test_responder_serving.py::test_a_drain_answers_every_request_delivered_and_takes_no_more",
-    "tests/unit/test_shutdown_drain.py::test_draining_waits_until_queued_and_running_requests_are_answered",
 )
 
 
